@@ -1,0 +1,46 @@
+"""``writescope`` command line: one module per subcommand under ``writescope/commands``.
+
+Each command module defines ``register(subparsers)`` (adds its parser, sets ``func``).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS = ("generate", "serve", "bench", "calibrate", "plan")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="writescope",
+        description="Long-context MoE inference on one budgeted GPU.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        try:
+            mod = importlib.import_module(f"writescope.commands.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"writescope.commands.{name}":
+                raise
+            continue
+        mod.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except (ValueError, FileNotFoundError, MemoryError) as e:
+        print(f"writescope {args.command}: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

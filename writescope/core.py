@@ -1,0 +1,165 @@
+"""Typed data passed between the API, the scheduler, the runner and the server.
+
+Nothing here touches tensors: these are the pure-data records of a request's life.
+"""
+from __future__ import annotations
+
+import enum
+import itertools
+import math
+from dataclasses import dataclass, field
+
+
+class InvalidRequestError(ValueError):
+    """A request's parameters are malformed or out of range (maps to HTTP 400)."""
+
+
+class RequestTooLargeError(InvalidRequestError):
+    """A request can never fit the model's context or the KV budgets (refused before any write)."""
+
+
+@dataclass
+class SamplingParams:
+    """Sampling options, named and defaulted as in vLLM."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1 or 0: off
+    max_tokens: int | None = 16
+    seed: int | None = None
+    stop: list[str] | str | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    logprobs: int | None = None  # 1: return the chosen token's log-probability per step
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        self.validate()
+
+    def validate(self) -> None:
+        def bad(msg: str) -> InvalidRequestError:
+            return InvalidRequestError(msg)
+        for name in ("temperature", "top_p"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+                raise bad(f"{name} must be a finite number, got {v!r}")
+        if self.temperature < 0:
+            raise bad(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise bad(f"top_p must be in (0, 1], got {self.top_p}")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < -1:
+            raise bad(f"top_k must be -1 (off) or a positive integer, got {self.top_k!r}")
+        if self.max_tokens is not None and (not isinstance(self.max_tokens, int)
+                                            or isinstance(self.max_tokens, bool)
+                                            or self.max_tokens < 1):
+            raise bad(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
+            raise bad(f"seed must be an integer, got {self.seed!r}")
+        if self.logprobs is not None and (not isinstance(self.logprobs, int) or self.logprobs < 0):
+            raise bad(f"logprobs must be a non-negative integer, got {self.logprobs!r}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise bad("stop must be a list of non-empty strings")
+        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+            raise bad("stop_token_ids must be non-negative integers")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"      # EOS, a stop token or a stop string
+    LENGTH = "length"  # max_tokens or the context limit
+    ABORT = "abort"    # cancelled by the client
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+_req_counter = itertools.count()
+
+
+@dataclass(eq=False)
+class Request:
+    """One generation request as the scheduler and runner see it."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    prompt: str | None = None
+    arrival: float = 0.0
+    seq_id: int = field(default_factory=lambda: next(_req_counter))
+    output_token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: FinishReason | None = None
+    num_computed: int = 0  # tokens whose KV is in the cache
+    first_token_time: float | None = None
+    text: str = ""  # detokenised output (stop strings trimmed)
+    max_tokens: int = 0  # resolved from params and the context limit
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def is_prefilling(self) -> bool:
+        return self.num_computed < len(self.prompt_token_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+
+@dataclass
+class RequestOutput:
+    """What ``LLM.generate`` returns per prompt and ``LLMEngine.step`` per advanced request."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None
+    logprobs: list[float] | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class ScheduledSeq:
+    """One sequence's share of a step: its new tokens ``[start, start + num_new)``."""
+
+    request: Request
+    start: int
+    num_new: int
+    sample: bool  # whether this step's last token produces a next token
+
+
+@dataclass
+class StepBatch:
+    """What the scheduler hands the runner: pure data, no tensors."""
+
+    seqs: list[ScheduledSeq]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new for s in self.seqs)
+
+    def __bool__(self) -> bool:
+        return bool(self.seqs)

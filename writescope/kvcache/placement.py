@@ -1,0 +1,144 @@
+"""Where blocks are written and who attends them: the policy interface and the rule policies.
+
+The cache asks its policy two questions, both pure data in, pure data out:
+
+* :meth:`PlacementPolicy.place` -- when blocks of a sequence are about to be sealed (a prefill
+  chunk's full blocks, or a full W tail), which region each goes to. Called once per sequence
+  per step with all of that step's new blocks, in sequence order. The answer is final: the block
+  is written there once and never moved.
+* :meth:`PlacementPolicy.assign` -- each step, which of a sequence's sealed blocks the CPU attends
+  (the rest, and the W tail, go to the GPU). Any answer is correct; it only changes speed.
+
+:meth:`PlacementPolicy.observe` receives measured step timings (the planner's feedback hook).
+"""
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from .regions import Region
+
+
+@dataclass(frozen=True)
+class SeqKV:
+    """A sequence's KV as the policy sees it."""
+
+    seq_id: int
+    num_tokens: int  # tokens in the cache once this step's writes are done
+    regions: tuple[Region, ...]  # region of each sealed block so far, in order
+
+
+@dataclass(frozen=True)
+class CacheCapacity:
+    """Free sealed-block slots per region at the time of the question."""
+
+    free: dict[Region, int]
+    block_size: int
+    block_bytes: int
+
+
+class PlacementPolicy(ABC):
+    name: ClassVar[str] = ""
+
+    @abstractmethod
+    def place(self, seq: SeqKV, num_blocks: int, capacity: CacheCapacity) -> list[Region]:
+        """Regions (G, T or C) for the next ``num_blocks`` sealed blocks of ``seq``."""
+
+    def assign(self, seq: SeqKV) -> list[bool]:
+        """Per sealed block: True if the CPU attends it this step. Default: exactly the C blocks."""
+        return [r is Region.C for r in seq.regions]
+
+    def observe(self, timing: dict[str, Any]) -> None:  # feedback hook; rule policies ignore it
+        return None
+
+    def stats(self) -> dict[str, Any]:
+        return {}
+
+
+def fill_then_split(seq: SeqKV, num_blocks: int, capacity: CacheCapacity, cpu_share: float
+                    ) -> list[Region]:
+    """G while it has room; of the rest, C until the sequence's spilled blocks reach ``cpu_share``
+    in C (so C holds a prefix of the spill), then T. Falls back to whichever host region has room."""
+    free = dict(capacity.free)
+    spilled = [r for r in seq.regions if r is not Region.G]
+    n_c = sum(r is Region.C for r in spilled)
+    n_spilled = len(spilled)
+    g_take = min(num_blocks, free.get(Region.G, 0))
+    out = [Region.G] * g_take
+    rest = num_blocks - g_take
+    total_spilled = n_spilled + rest
+    want_c = max(0, math.floor(cpu_share * total_spilled + 1e-9) - n_c)
+    if cpu_share >= 1.0:
+        want_c = rest
+    for _ in range(rest):
+        prefer = Region.C if want_c > 0 else Region.T
+        other = Region.T if prefer is Region.C else Region.C
+        r = prefer if free.get(prefer, 0) > 0 else other
+        if free.get(r, 0) <= 0:
+            raise MemoryError("no free KV block in any region")  # the cache checks capacity first
+        free[r] -= 1
+        if r is Region.C:
+            want_c -= 1
+        out.append(r)
+    return out
+
+
+class StaticPolicy(PlacementPolicy):
+    """A fixed CPU fraction of each sequence's spilled blocks, chosen once."""
+
+    name = "static"
+
+    def __init__(self, cpu_share: float = 0.5):
+        if not 0.0 <= cpu_share <= 1.0:
+            raise ValueError(f"cpu_share must be in [0, 1], got {cpu_share}")
+        self.cpu_share = float(cpu_share)
+
+    def place(self, seq: SeqKV, num_blocks: int, capacity: CacheCapacity) -> list[Region]:
+        return fill_then_split(seq, num_blocks, capacity, self.cpu_share)
+
+    def stats(self) -> dict[str, Any]:
+        return {"planner.cpu_share": self.cpu_share}
+
+
+class TransferPolicy(StaticPolicy):
+    """Everything spilled goes to T and is streamed to the GPU."""
+
+    name = "transfer"
+
+    def __init__(self, **_: Any):
+        super().__init__(0.0)
+
+
+class CpuPolicy(StaticPolicy):
+    """Everything spilled goes to C and is attended by the CPU."""
+
+    name = "cpu"
+
+    def __init__(self, **_: Any):
+        super().__init__(1.0)
+
+
+POLICIES: dict[str, type[PlacementPolicy]] = {}
+
+
+def register_policy(cls: type[PlacementPolicy]) -> type[PlacementPolicy]:
+    POLICIES[cls.name] = cls
+    return cls
+
+
+for _cls in (StaticPolicy, TransferPolicy, CpuPolicy):
+    register_policy(_cls)
+
+
+def make_policy(name: str, **options: Any) -> PlacementPolicy:
+    if name not in POLICIES:
+        # policies that live elsewhere (the planner) register themselves on import
+        try:
+            from .. import planner  # noqa: F401
+        except ImportError:
+            pass
+    if name not in POLICIES:
+        raise ValueError(f"unknown kv_policy {name!r}; choose one of {sorted(POLICIES)}")
+    return POLICIES[name](**options)

@@ -1,0 +1,286 @@
+"""``ModelConfig.from_hf``: one normalised view of Hugging Face MoE configs.
+
+Field names differ across families and across transformers versions (``num_local_experts`` vs
+``num_experts`` vs ``n_routed_experts``; ``rope_theta``/``rope_scaling`` vs ``rope_parameters``).
+Everything downstream reads this dataclass only.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..kvcache.regions import KVSpec
+
+SUPPORTED = ("mixtral", "qwen3_moe", "deepseek_v2")
+REFERENCE_DIR = Path(__file__).parent / "configs"
+#: short names accepted wherever a checkpoint path is
+REFERENCE_MODELS = {
+    "deepseek-v2-lite": "deepseek-v2-lite.json",
+    "qwen3-30b-a3b": "qwen3-30b-a3b.json",
+    "mixtral-8x7b": "mixtral-8x7b.json",
+}
+
+
+class ConfigError(ValueError):
+    """A config.json that writescope cannot run: unsupported model_type or a missing field."""
+
+
+def _req(d: dict, *names: str, what: str | None = None) -> Any:
+    for n in names:
+        if n in d and d[n] is not None:
+            return d[n]
+    raise ConfigError(f"config.json ({d.get('model_type', '?')}) is missing required field "
+                      f"{what or names[0]!r}")
+
+
+def _opt(d: dict, name: str, default: Any) -> Any:
+    v = d.get(name)
+    return default if v is None else v
+
+
+def yarn_get_mscale(scale: float = 1.0, mscale: float = 1.0) -> float:
+    if scale <= 1:
+        return 1.0
+    return 0.1 * mscale * math.log(scale) + 1.0
+
+
+@dataclass
+class ModelConfig:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int  # dense MLP (DeepSeek's first_k_dense_replace layers)
+    moe_intermediate_size: int
+    num_experts: int
+    num_experts_per_tok: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None = None
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    norm_topk_prob: bool = False
+    # MoE details
+    num_shared_experts: int = 0
+    shared_expert_intermediate_size: int = 0
+    routed_scaling_factor: float = 1.0
+    topk_method: str = "greedy"
+    n_group: int = 1
+    topk_group: int = 1
+    dense_layers: tuple[int, ...] = ()  # layers with a dense MLP instead of MoE
+    # attention details
+    attention_bias: bool = False
+    qk_norm: bool = False
+    # MLA (deepseek_v2)
+    q_lora_rank: int | None = None
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    bos_token_id: int | None = None
+    eos_token_id: list[int] = field(default_factory=list)
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_hf(cls, source: str | Path | dict) -> "ModelConfig":
+        """From a checkpoint folder, a config.json path, a reference name or a dict."""
+        d = load_config_dict(source)
+        mt = d.get("model_type")
+        if mt not in SUPPORTED:
+            raise ConfigError(f"unsupported model_type {mt!r}; writescope runs {', '.join(SUPPORTED)}")
+        rope_theta, rope_scaling = _rope(d)
+        eos = d.get("eos_token_id")
+        eos = [] if eos is None else (list(eos) if isinstance(eos, (list, tuple)) else [eos])
+        common = dict(
+            model_type=mt,
+            vocab_size=_req(d, "vocab_size"),
+            hidden_size=_req(d, "hidden_size"),
+            num_layers=_req(d, "num_hidden_layers"),
+            num_heads=_req(d, "num_attention_heads"),
+            rms_norm_eps=float(_req(d, "rms_norm_eps")),
+            rope_theta=float(rope_theta),
+            rope_scaling=rope_scaling,
+            max_position_embeddings=int(_opt(d, "max_position_embeddings", 4096)),
+            tie_word_embeddings=bool(_opt(d, "tie_word_embeddings", False)),
+            bos_token_id=d.get("bos_token_id"),
+            eos_token_id=eos,
+            raw=d,
+        )
+        num_layers = common["num_layers"]
+        if mt == "mixtral":
+            num_heads = common["num_heads"]
+            return cls(**common,
+                       num_kv_heads=_opt(d, "num_key_value_heads", num_heads),
+                       head_dim=_opt(d, "head_dim", common["hidden_size"] // num_heads),
+                       intermediate_size=_req(d, "intermediate_size"),
+                       moe_intermediate_size=_req(d, "intermediate_size"),
+                       num_experts=_req(d, "num_local_experts", "num_experts", what="num_local_experts"),
+                       num_experts_per_tok=_req(d, "num_experts_per_tok"),
+                       norm_topk_prob=True)
+        if mt == "qwen3_moe":
+            num_heads = common["num_heads"]
+            step = _opt(d, "decoder_sparse_step", 1)
+            mlp_only = set(_opt(d, "mlp_only_layers", []))
+            n_exp = _req(d, "num_experts", "num_local_experts", what="num_experts")
+            dense = tuple(i for i in range(num_layers)
+                          if i in mlp_only or not (n_exp > 0 and (i + 1) % step == 0))
+            return cls(**common,
+                       num_kv_heads=_opt(d, "num_key_value_heads", num_heads),
+                       head_dim=_opt(d, "head_dim", common["hidden_size"] // num_heads),
+                       intermediate_size=_req(d, "intermediate_size"),
+                       moe_intermediate_size=_req(d, "moe_intermediate_size"),
+                       num_experts=n_exp,
+                       num_experts_per_tok=_req(d, "num_experts_per_tok"),
+                       norm_topk_prob=bool(_opt(d, "norm_topk_prob", False)),
+                       attention_bias=bool(_opt(d, "attention_bias", False)),
+                       qk_norm=True,
+                       dense_layers=dense)
+        # deepseek_v2
+        first_dense = _opt(d, "first_k_dense_replace", 0)
+        freq = _opt(d, "moe_layer_freq", 1)
+        n_exp = _req(d, "n_routed_experts")
+        dense = tuple(i for i in range(num_layers) if not (i >= first_dense and i % freq == 0))
+        n_shared = _opt(d, "n_shared_experts", 0)
+        moe_inter = _req(d, "moe_intermediate_size")
+        scoring = _opt(d, "scoring_func", "softmax")
+        if scoring != "softmax":
+            raise ConfigError(f"deepseek_v2 scoring_func {scoring!r} is not supported (softmax only)")
+        method = _opt(d, "topk_method", "greedy")
+        if method not in ("greedy", "group_limited_greedy"):
+            raise ConfigError(f"deepseek_v2 topk_method {method!r} is not supported "
+                              "(greedy, group_limited_greedy)")
+        return cls(**common,
+                   num_kv_heads=1,
+                   head_dim=_req(d, "qk_nope_head_dim") + _req(d, "qk_rope_head_dim"),
+                   intermediate_size=_req(d, "intermediate_size"),
+                   moe_intermediate_size=moe_inter,
+                   num_experts=n_exp,
+                   num_experts_per_tok=_req(d, "num_experts_per_tok"),
+                   # transformers' deepseek_v2 never normalises top-k weights; the released
+                   # checkpoints set norm_topk_prob false, so following the flag changes nothing there
+                   norm_topk_prob=bool(_opt(d, "norm_topk_prob", False)),
+                   num_shared_experts=n_shared,
+                   shared_expert_intermediate_size=moe_inter * n_shared,
+                   routed_scaling_factor=float(_opt(d, "routed_scaling_factor", 1.0)),
+                   topk_method=method,
+                   n_group=int(_opt(d, "n_group", 1)),
+                   topk_group=int(_opt(d, "topk_group", 1)),
+                   dense_layers=dense,
+                   attention_bias=bool(_opt(d, "attention_bias", False)),
+                   q_lora_rank=d.get("q_lora_rank"),
+                   kv_lora_rank=_req(d, "kv_lora_rank"),
+                   qk_nope_head_dim=_req(d, "qk_nope_head_dim"),
+                   qk_rope_head_dim=_req(d, "qk_rope_head_dim"),
+                   v_head_dim=_req(d, "v_head_dim"))
+
+    # ------------------------------------------------------------------ derived facts
+    @property
+    def is_mla(self) -> bool:
+        return self.model_type == "deepseek_v2"
+
+    @property
+    def moe_layers(self) -> tuple[int, ...]:
+        return tuple(i for i in range(self.num_layers) if i not in set(self.dense_layers))
+
+    def kv_spec(self, dtype: torch.dtype) -> KVSpec:
+        if self.is_mla:
+            return KVSpec.mla(self.num_layers, self.kv_lora_rank, self.qk_rope_head_dim, dtype)
+        return KVSpec.gqa(self.num_layers, self.num_kv_heads, self.head_dim, dtype)
+
+    def kv_bytes_per_token(self, dtype: torch.dtype = torch.bfloat16) -> int:
+        return self.kv_spec(dtype).token_bytes()
+
+    @property
+    def softmax_scale(self) -> float:
+        """The attention scale, including DeepSeek's YaRN mscale correction."""
+        if not self.is_mla:
+            return self.head_dim ** -0.5
+        scale = (self.qk_nope_head_dim + self.qk_rope_head_dim) ** -0.5
+        rs = self.rope_scaling or {}
+        if rs.get("rope_type", rs.get("type")) == "yarn":
+            mall = rs.get("mscale_all_dim", 0) or 0
+            if mall:
+                m = yarn_get_mscale(rs["factor"], mall)
+                scale = scale * m * m
+        return scale
+
+    @property
+    def rope_dim(self) -> int:
+        return self.qk_rope_head_dim if self.is_mla else self.head_dim
+
+    def param_counts(self) -> dict[str, int]:
+        """Parameter counts: routed experts and everything else (for placement and planning)."""
+        h, v = self.hidden_size, self.vocab_size
+        embed = v * h * (1 if self.tie_word_embeddings else 2)
+        if self.is_mla:
+            qk = self.qk_nope_head_dim + self.qk_rope_head_dim
+            q = (h * self.num_heads * qk if self.q_lora_rank is None else
+                 h * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * self.num_heads * qk)
+            attn = (q + h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank
+                    + self.kv_lora_rank * self.num_heads * (self.qk_nope_head_dim + self.v_head_dim)
+                    + self.num_heads * self.v_head_dim * h)
+        else:
+            d = self.head_dim
+            attn = h * d * (self.num_heads * 2 + self.num_kv_heads * 2)
+            if self.qk_norm:
+                attn += 2 * d
+        expert = 3 * h * self.moe_intermediate_size
+        n_moe = len(self.moe_layers)
+        routed = n_moe * self.num_experts * expert
+        per_layer_other = attn + 2 * h
+        shared = n_moe * (3 * h * self.shared_expert_intermediate_size + h * self.num_experts)
+        dense = len(self.dense_layers) * 3 * h * self.intermediate_size
+        other = embed + h + self.num_layers * per_layer_other + shared + dense
+        return {"routed_experts": routed, "other": other, "total": routed + other,
+                "expert": expert}
+
+
+def _rope(d: dict) -> tuple[float, dict | None]:
+    """(theta, scaling dict or None) from either the old keys or ``rope_parameters``."""
+    rp = d.get("rope_parameters")
+    if isinstance(rp, dict) and rp:
+        # per-layer-type dicts ({"full_attention": {...}}) are not used by these families
+        if "rope_theta" not in rp and len(rp) == 1 and isinstance(next(iter(rp.values())), dict):
+            rp = next(iter(rp.values()))
+        theta = rp.get("rope_theta", d.get("rope_theta", 10000.0))
+        rtype = rp.get("rope_type", rp.get("type", "default"))
+        scaling = None if rtype == "default" else {k: v for k, v in rp.items() if k != "rope_theta"}
+        if scaling is not None:
+            scaling["rope_type"] = rtype
+        return theta, scaling
+    theta = d.get("rope_theta", 10000.0)
+    rs = d.get("rope_scaling")
+    if rs:
+        rs = dict(rs)
+        rtype = rs.get("rope_type", rs.get("type", "default"))
+        rs["rope_type"] = rtype
+        if rtype == "default":
+            rs = None
+    return theta, rs or None
+
+
+def load_config_dict(source: str | Path | dict) -> dict:
+    if isinstance(source, dict):
+        return dict(source)
+    s = str(source)
+    if s in REFERENCE_MODELS:
+        return json.loads((REFERENCE_DIR / REFERENCE_MODELS[s]).read_text())
+    p = Path(s)
+    if p.is_dir():
+        p = p / "config.json"
+    if not p.exists():
+        names = ", ".join(REFERENCE_MODELS)
+        raise ConfigError(f"no config.json at {p} (and {s!r} is not one of the reference models: {names})")
+    try:
+        return json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{p} is not valid JSON: {e}") from e
