@@ -4,10 +4,33 @@ Plan once per step (:meth:`HybridAttention.begin_step`), run per layer (:meth:`a
 The plan is pure data built by the cache: per side, a list of ``(region, BlockBatch)`` over that
 region's pool. Reading a T block from the GPU side stages it into HBM first (a read, never a
 move); the CPU reads C blocks, and T blocks when assigned, in place.
+
+Per layer, with CUDA and Triton (the fast path)::
+
+    compute stream:  q -> pinned (D2H) | partials over G, W | wait T piece | partials | ... | reduce
+    copy stream:     ... T copies of this layer and of the next layers, as far as the ring allows
+    CPU worker:                          wait q | attend C (and CPU-assigned T) | -> pinned
+
+* ``begin_step`` plans everything that is the same for every layer -- the chunk lists of the
+  split-KV kernel, the row -> partials map of the merge, the staging pieces and their coalesced
+  DMA runs -- and starts the copy stream on the first layers' T blocks.
+* ``attend`` enqueues the GPU side without waiting for anything, hands the CPU side to a worker
+  thread (the query arrives through a pinned buffer; the CPU kernel releases the GIL), then waits
+  for the CPU's ``(out, lse)`` and enqueues one reduce kernel that merges every GPU partial with
+  the CPU's result, read in place from pinned memory (no copy-engine transfer, so it never queues
+  behind the T stream). There is no Python work per block on this path: per layer, one launch per
+  resident region, one per staged piece, one reduce.
+* The copy stream is gated only by device events (a slot is refilled once the kernel that read it
+  has run), so while the compute stream waits on the CPU, PCIe keeps moving the next layers.
+
+Without CUDA the same orchestration runs with the torch path (:func:`attend_torch`) on both
+sides, the CPU side on its worker thread; ``stage_t=True`` runs the staging ring with synchronous
+copies, so the ring logic is tested on CPU-only machines too.
 """
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -15,7 +38,11 @@ import torch
 from ..kvcache.regions import KVSpec, Region
 from .batch import BlockBatch
 from .merge import merge_many
+from .staging import StagingRing
 from .torch_paged import attend_torch
+
+#: default size of the T staging ring in device memory
+DEFAULT_STAGING_BYTES = 512 * 2**20
 
 
 @dataclass
@@ -40,56 +67,302 @@ def cpu_kernel():
         return attend_torch
 
 
+def _empty_result(nq: int, hq: int, dv: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    return (torch.zeros(nq, hq, dv, dtype=torch.float32, device=device),
+            torch.full((nq, hq), float("-inf"), dtype=torch.float32, device=device))
+
+
+@dataclass
+class _Source:
+    """One GPU-side launch per layer: a resident pool region, or one staged T piece."""
+    region: Region
+    batch: BlockBatch                 # on the device
+    piece: int | None = None          # index into the ring's pieces (staged T), else None
+    chunks: object = None             # gpu.ChunkPlan on the device (Triton backend)
+
+
 class HybridAttention:
+    """Attention over every cached block of a step, split between the CPU and the GPU.
+
+    ``pools``: Region -> pool tensor ``[L, N, ...]`` (G/W on the device, T pinned host in the GPU
+    layout, C pageable host in the CPU layout). ``staging_bytes``: size of the T staging ring in
+    device memory (allocated here, once; :attr:`staging_bytes` is what the VRAM budget must count).
+    ``cpu_threads``: threads the CPU kernel may use (set on the worker thread).
+
+    Options (defaults are what the engine wants): ``backend`` ``"triton"`` / ``"torch"`` (default:
+    Triton on CUDA when importable); ``stage_t`` stage GPU-side T blocks through the ring (default:
+    when the T pool is not on the device); ``cpu_async`` run the CPU side on a worker thread;
+    ``cpu_result`` ``"pinned"`` (the merge reads the CPU result in place) or ``"copy"`` (an H2D
+    copy first); ``max_slot_blocks`` caps a staging piece (finer pipelining).
+    """
+
     def __init__(self, pools: dict[Region, torch.Tensor], spec: KVSpec, device: torch.device,
-                 cpu_threads: int | None = None):
+                 cpu_threads: int | None = None, staging_bytes: int | None = None, *,
+                 backend: str | None = None, stage_t: bool | None = None, cpu_async: bool = True,
+                 cpu_result: str = "pinned", max_slot_blocks: int | None = None,
+                 chunk_blocks: int | None = None, cpu_attend=None):
         self.pools = pools
         self.spec = spec
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.cpu_threads = cpu_threads
-        self._cpu_attend = cpu_kernel()
+        self._cpu_attend = cpu_attend or cpu_kernel()
         self.plan: AttentionStepPlan | None = None
         self.timings = {"cpu_s": 0.0, "gpu_s": 0.0, "pcie_s": 0.0}
+        if backend is None:
+            from .gpu import triton_available
+            backend = "triton" if self.device.type == "cuda" and triton_available() else "torch"
+        if backend not in ("triton", "torch"):
+            raise ValueError(f"backend must be 'triton' or 'torch', got {backend!r}")
+        self.backend = backend
+        self.cpu_result = cpu_result
+        self.max_slot_blocks = max_slot_blocks
+        self.chunk_blocks = chunk_blocks
+        self.cpu_async = cpu_async
+        t_pool = pools.get(Region.T)
+        if stage_t is None:
+            stage_t = t_pool is not None and t_pool.device != self.device
+        self.ring: StagingRing | None = None
+        if stage_t and t_pool is not None:
+            nbytes = DEFAULT_STAGING_BYTES if staging_bytes is None else int(staging_bytes)
+            self.ring = StagingRing(tuple(t_pool.shape[2:]), t_pool.dtype, self.device, nbytes)
+        self._worker: ThreadPoolExecutor | None = None
+        self._pinned: dict = {}
+        self._parts: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def begin_step(self, plan: AttentionStepPlan) -> None:
+    # ------------------------------------------------------------------------------------------
+    @property
+    def staging_bytes(self) -> int:
+        """Device bytes held by the T staging ring (0 without one)."""
+        return self.ring.staging_bytes if self.ring is not None else 0
+
+    def close(self) -> None:
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
+            self._worker = None
+
+    def __del__(self):  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def _pool_worker(self) -> ThreadPoolExecutor:
+        if self._worker is None:
+            def init():
+                if self.cpu_threads:
+                    torch.set_num_threads(int(self.cpu_threads))
+            self._worker = ThreadPoolExecutor(1, thread_name_prefix="ws-cpu-attn",
+                                              initializer=init)
+        return self._worker
+
+    # ------------------------------------------------------------------------------------------
+    def begin_step(self, plan: AttentionStepPlan, layers: list[int] | None = None) -> None:
+        """Plan the step (same for every layer) and start streaming the first layers' T blocks.
+
+        ``layers``: the order :meth:`attend` will be called in (default: all, ascending)."""
         self.plan = plan
-        self.timings = {"cpu_s": 0.0, "gpu_s": 0.0, "pcie_s": 0.0}
-        self._gpu = [(r, b.to(self.device)) for r, b in plan.gpu]
-        self._cpu = [(r, b.to("cpu")) for r, b in plan.cpu]
+        self.timings = {"cpu_s": 0.0, "gpu_s": 0.0, "pcie_s": 0.0, "cpu_wait_s": 0.0}
+        self._t0 = time.perf_counter()
+        self._events: list = []
+        dev = self.device
+        sources: list[_Source] = []
+        staged = None
+        for region, batch in plan.gpu:
+            if batch.num_blocks == 0:
+                continue
+            pool = self.pools[region]
+            if self.ring is not None and region is Region.T:
+                if staged is not None:
+                    raise ValueError("one T batch per side per step")
+                staged = batch
+                continue
+            if pool.device != dev:
+                raise ValueError(f"region {region} pool is on {pool.device}, not {dev}, and "
+                                 "is not staged")
+            sources.append(_Source(region, batch.to(dev)))
+        self._stage_plan = None
+        if staged is not None:
+            sp = self.ring.plan(staged, self.max_slot_blocks)
+            self._stage_plan = sp
+            for i, piece in enumerate(sp.pieces):
+                sources.append(_Source(Region.T, piece.batch.to(dev), piece=i))
+        self._sources = sources
+        self._cpu = [(r, b.to("cpu")) for r, b in plan.cpu if b.num_blocks > 0]
+        if self.backend == "triton":
+            self._plan_triton(plan)
+        if self._stage_plan is not None:
+            ly = list(range(self.spec.num_layers)) if layers is None else list(layers)
+            self.ring.begin(self.pools[Region.T], self._stage_plan, ly)
 
+    def _plan_triton(self, plan: AttentionStepPlan) -> None:
+        from . import gpu as G
+        base = 0
+        cpu_plans = []
+        for src in self._sources:
+            b = src.batch
+            cpu_b = BlockBatch(b.q_indptr.cpu(), b.kv_indptr.cpu(), b.kv_blocks, b.kv_lens)
+            cb = self.chunk_blocks or G.choose_chunk_blocks(
+                sum(s.batch.num_blocks for s in self._sources), self.spec.num_kv_heads)
+            cp = G.plan_chunks(cpu_b, cb, base)
+            base += cp.num_chunks
+            cpu_plans.append(cp)
+        qmax = max([p.qmax for p in cpu_plans] + [1])
+        self._qmax = qmax
+        self._num_chunks = base
+        row_ptr, row_idx = G.plan_rows(cpu_plans, plan.num_q_rows, qmax)
+        dev = self.device
+        for src, cp in zip(self._sources, cpu_plans):
+            src.chunks = cp.to(dev)
+        self._row_ptr = row_ptr.to(dev)
+        self._row_idx = row_idx.to(dev)
+
+    # ------------------------------------------------------------------------------------------
     def attend(self, layer: int, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Attention of this step's queries over every cached block in the plan, for one layer."""
+        assert self.plan is not None, "begin_step first"
+        if self.backend == "triton":
+            return self._attend_triton(layer, q)
+        return self._attend_torch(layer, q)
+
+    # ---- CPU side ----
+    def _cpu_job(self, layer: int, q_host: torch.Tensor, ready, out_bufs):
+        if ready is not None:
+            ready.synchronize()
+        t0 = time.perf_counter()
         plan = self.plan
-        assert plan is not None, "begin_step first"
+        parts = [self._cpu_attend(q_host, self.pools[r][layer], _layout(r), plan.spec, b,
+                                  plan.scale) for r, b in self._cpu]
+        o, l = parts[0] if len(parts) == 1 else merge_many(parts)
+        if out_bufs is not None:
+            out_bufs[0].copy_(o)
+            out_bufs[1].copy_(l)
+            o, l = out_bufs
+        return o, l, time.perf_counter() - t0
+
+    def _submit_cpu(self, layer: int, q_host, ready, out_bufs) -> Future | tuple:
+        if self.cpu_async:
+            return self._pool_worker().submit(self._cpu_job, layer, q_host, ready, out_bufs)
+        return self._cpu_job(layer, q_host, ready, out_bufs)
+
+    def _collect_cpu(self, job) -> tuple[torch.Tensor, torch.Tensor]:
+        t = time.perf_counter()
+        o, l, dt = job.result() if isinstance(job, Future) else job
+        self.timings["cpu_wait_s"] += time.perf_counter() - t
+        self.timings["cpu_s"] += dt
+        return o, l
+
+    def _pinned_bufs(self, key: str, shapes: list[tuple], dtypes: list, parity: int):
+        k = (key, parity, tuple(shapes), tuple(dtypes))
+        bufs = self._pinned.get(k)
+        if bufs is None:
+            pin = self.device.type == "cuda"
+            bufs = [torch.empty(s, dtype=d, pin_memory=pin) for s, d in zip(shapes, dtypes)]
+            self._pinned[k] = bufs
+        return bufs
+
+    # ---- torch backend (any device; the CPU-only path) ----
+    def _attend_torch(self, layer: int, q: torch.Tensor):
+        plan = self.plan
+        job = None
+        if self._cpu:
+            q_host = q if q.device.type == "cpu" else q.to("cpu")
+            job = self._submit_cpu(layer, q_host, None, None)
         parts = []
         t0 = time.perf_counter()
-        for region, batch in self._gpu:
-            kv = self.pools[region][layer]
-            if kv.device != self.device:  # T on a CUDA machine: stage the listed blocks
-                kv, batch = self._stage(kv, batch)
-            parts.append(attend_torch(q, kv, _layout(region), plan.spec, batch, plan.scale))
-        t1 = time.perf_counter()
-        if self._cpu:
-            q_cpu = q.to("cpu")
-            for region, batch in self._cpu:
-                kv = self.pools[region][layer]
-                o, l = self._cpu_attend(q_cpu, kv, _layout(region), plan.spec, batch, plan.scale)
-                parts.append((o.to(self.device), l.to(self.device)))
-        t2 = time.perf_counter()
-        self.timings["gpu_s"] += t1 - t0
-        self.timings["cpu_s"] += t2 - t1
+        for src in self._sources:
+            if src.piece is None:
+                kv = self.pools[src.region][layer]
+                parts.append(attend_torch(q, kv, _layout(src.region), plan.spec, src.batch,
+                                          plan.scale))
+            else:
+                kv = self.ring.acquire(layer, src.piece)
+                parts.append(attend_torch(q, kv, "gpu", plan.spec, src.batch, plan.scale))
+                self.ring.release(layer, src.piece)
+        self.timings["gpu_s"] += time.perf_counter() - t0
+        if job is not None:
+            o, l = self._collect_cpu(job)
+            parts.append((o.to(q.device), l.to(q.device)))
         if not parts:
-            nq, hq = q.shape[0], q.shape[1]
-            return (torch.zeros(nq, hq, plan.spec.v_dim, dtype=torch.float32, device=q.device),
-                    torch.full((nq, hq), float("-inf"), dtype=torch.float32, device=q.device))
+            return _empty_result(q.shape[0], q.shape[1], plan.spec.v_dim, q.device)
         return merge_many(parts)
 
-    def _stage(self, kv: torch.Tensor, batch: BlockBatch) -> tuple[torch.Tensor, BlockBatch]:
-        ids = batch.kv_blocks.to("cpu").long()
-        staged = kv.index_select(0, ids).to(self.device, non_blocking=True)
-        remap = torch.arange(ids.numel(), dtype=torch.int32, device=self.device)
-        return staged, BlockBatch(batch.q_indptr, batch.kv_indptr, remap, batch.kv_lens)
+    # ---- Triton backend (CUDA) ----
+    def _tick(self):
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
 
+    def _attend_triton(self, layer: int, q: torch.Tensor):
+        from . import gpu as G
+        plan = self.plan
+        spec = plan.spec
+        nq, hq, _ = q.shape
+        dv = spec.v_dim
+        parity = layer & 1
+        job = None
+        if self._cpu:
+            (q_host,) = self._pinned_bufs("q", [tuple(q.shape)], [q.dtype], parity)
+            q_host.copy_(q, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record()
+            res = self._pinned_bufs("x", [(nq, hq, dv), (nq, hq)],
+                                    [torch.float32, torch.float32], parity)
+            job = self._submit_cpu(layer, q_host, ready, res)
+        dtype = None
+        for src in self._sources:
+            dtype = self.pools[src.region].dtype
+            break
+        qk = q.to(dtype).contiguous() if dtype is not None else q
+        nparts = max(1, self._num_chunks * self._qmax)
+        if self._parts is None or self._parts[0].shape[0] < nparts or \
+                self._parts[0].shape[1:] != (hq, dv):
+            self._parts = (torch.empty(nparts, hq, dv, dtype=torch.float32, device=self.device),
+                           torch.empty(nparts, hq, dtype=torch.float32, device=self.device))
+        p_out, p_lse = self._parts
+        ev = self._events
+        e0 = self._tick()
+        for src in self._sources:
+            if src.piece is None:
+                kv = self.pools[src.region][layer]
+            else:
+                ev.append((e0, self._tick()))
+                kv = self.ring.acquire(layer, src.piece)
+                e0 = self._tick()
+            G.launch_partials(qk, kv, spec, src.chunks, src.batch.kv_blocks, src.batch.kv_lens,
+                              plan.scale, p_out, p_lse, self._qmax)
+            if src.piece is not None:
+                self.ring.release(layer, src.piece)
+        extra = None
+        if job is not None:
+            xo, xl = self._collect_cpu(job)
+            if self.cpu_result == "copy":
+                xo = xo.to(self.device, non_blocking=True)
+                xl = xl.to(self.device, non_blocking=True)
+            extra = (xo, xl)
+        out = torch.empty(nq, hq, dv, dtype=torch.float32, device=self.device)
+        lse = torch.empty(nq, hq, dtype=torch.float32, device=self.device)
+        G.launch_reduce(p_out, p_lse, self._row_ptr, self._row_idx, out, lse, extra)
+        ev.append((e0, self._tick()))
+        return out, lse
+
+    # ------------------------------------------------------------------------------------------
     def end_step(self) -> dict[str, float]:
+        """Finish the step (waits for the device); returns ``{cpu_s, gpu_s, pcie_s, ...}``:
+        CPU kernel seconds, GPU attention seconds (kernel time, not waits), copy-stream busy
+        seconds, host seconds spent waiting for the CPU side, and the step's wall seconds."""
+        if self.plan is None:  # not in a step (e.g. an aborted step that never began)
+            return dict(self.timings)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+            self.timings["gpu_s"] += sum(a.elapsed_time(b) for a, b in self._events) / 1e3
+        self._events = []
+        if self.ring is not None and self._stage_plan is not None:
+            self.timings["pcie_s"] += self.ring.finish()
+            self.timings["pcie_bytes"] = float(self.ring.copier.bytes)
+            self.timings["pcie_copies"] = float(self.ring.copier.copies)
+        self.timings["step_s"] = time.perf_counter() - self._t0
         self.plan = None
+        self._stage_plan = None
         return dict(self.timings)

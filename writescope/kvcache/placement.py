@@ -90,7 +90,7 @@ class StaticPolicy(PlacementPolicy):
 
     name = "static"
 
-    def __init__(self, cpu_share: float = 0.5):
+    def __init__(self, cpu_share: float = 0.5, **_: Any):
         if not 0.0 <= cpu_share <= 1.0:
             raise ValueError(f"cpu_share must be in [0, 1], got {cpu_share}")
         self.cpu_share = float(cpu_share)

@@ -26,10 +26,17 @@ Pool layouts (``L`` layers, ``N`` blocks, ``bs`` tokens per block, ``H`` KV head
 * GPU layout (G, T, W): ``[L, N, bs, H, R]`` -- token-major inside a block, like vLLM/FlashInfer
   paged caches. For one layer, consecutive block ids are contiguous in memory, which is what lets
   a run of T blocks move to the GPU in one DMA copy.
-* CPU layout (C): ``[L, N, H, bs, R]`` -- head-major inside a block, so the CPU kernel streams
-  ``bs`` contiguous records of one KV head and every query head of the group uses each row
-  once. Each (layer, block, head) tile is ``bs * R * itemsize`` bytes, a multiple of 64 for
-  every supported shape, and the pool itself is 64-byte aligned.
+* CPU layout (C): ``[L, N, H, bs/2, R, 2]`` -- head-major inside a block, and inside a head's
+  tile the tokens come in *interleaved pairs*: element ``(t, d)`` sits at
+  ``[t // 2, d, t % 2]``. One vector load then brings the same dims of two tokens, which is the
+  operand format ("VNNI pairs") of AVX-512 BF16 dot products and of AMX ``TDPBF16PS`` for P.V,
+  and Q.K uses the pair rows as the A operand (see ``attention/csrc/attn_amx.cpp``): the CPU
+  kernel reads every operand in place, all query heads of a group use each row once, and no
+  transposes are needed. Each (layer, block, head) tile is ``bs * R * itemsize`` contiguous
+  bytes, a multiple of 64 for every supported shape, and the pool is 64-byte aligned. The
+  block size must be even for this layout. Only :func:`to_cpu_layout` and
+  :func:`from_cpu_layout` know this order (the cache writes and the torch path reads through
+  them).
 
 On a machine without CUDA, G and W live in ordinary memory and T is not pinned: the same code
 paths run.
@@ -118,7 +125,9 @@ def gpu_pool_shape(spec: KVSpec, num_blocks: int, block_size: int) -> tuple[int,
 
 
 def cpu_pool_shape(spec: KVSpec, num_blocks: int, block_size: int) -> tuple[int, ...]:
-    return (spec.num_layers, num_blocks, spec.num_kv_heads, block_size, spec.rec_dim)
+    if block_size % 2:
+        raise ValueError(f"the C layout needs an even block size, got {block_size}")
+    return (spec.num_layers, num_blocks, spec.num_kv_heads, block_size // 2, spec.rec_dim, 2)
 
 
 def pool_shape(region: Region, spec: KVSpec, num_blocks: int, block_size: int) -> tuple[int, ...]:
@@ -128,13 +137,24 @@ def pool_shape(region: Region, spec: KVSpec, num_blocks: int, block_size: int) -
 
 
 def to_cpu_layout(records: torch.Tensor) -> torch.Tensor:
-    """``[..., bs, H, R]`` (GPU layout) -> ``[..., H, bs, R]`` (CPU layout), as a view."""
-    return records.transpose(-3, -2)
+    """``[..., bs, H, R]`` (GPU layout) -> ``[..., H, bs/2, R, 2]`` (CPU layout), as a view.
+
+    The view is not contiguous: write it into the pool with ``copy_``.
+    """
+    *lead, bs, h, r = records.shape
+    if bs % 2:
+        raise ValueError(f"the C layout needs an even block size, got {bs}")
+    x = records.reshape(*lead, bs // 2, 2, h, r)
+    n = len(lead)
+    return x.permute(*range(n), n + 2, n, n + 3, n + 1)
 
 
 def from_cpu_layout(records: torch.Tensor) -> torch.Tensor:
-    """``[..., H, bs, R]`` (CPU layout) -> ``[..., bs, H, R]`` (GPU layout), as a view."""
-    return records.transpose(-3, -2)
+    """``[..., H, bs/2, R, 2]`` (CPU layout) -> ``[..., bs, H, R]`` (GPU layout), a copy."""
+    *lead, h, half, r, two = records.shape
+    n = len(lead)
+    x = records.permute(*range(n), n + 1, n + 3, n, n + 2)  # [..., bs/2, 2, H, R]
+    return x.reshape(*lead, half * 2, h, r)
 
 
 def block_records(region: Region, pool: torch.Tensor, layer: int, block: int) -> torch.Tensor:

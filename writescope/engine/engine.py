@@ -1,0 +1,309 @@
+"""LLMEngine: the loop that owns the model, the KV cache, the scheduler and the runner.
+
+``add_request`` validates and queues; ``step`` schedules, runs one forward pass, and turns sampled
+tokens into :class:`~writescope.core.RequestOutput` records; finished and aborted requests give
+their KV blocks back at once. Not thread-safe: the server runs it on one thread.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from ..core import (FinishReason, InvalidRequestError, Request, RequestOutput, RequestStatus,
+                    RequestTooLargeError, SamplingParams)
+from ..kvcache.cache import InplaceKVCache, plan_layout
+from ..kvcache.placement import make_policy
+from ..kvcache.regions import DEFAULT_BLOCK_SIZE
+from ..models.config import REFERENCE_MODELS, ModelConfig
+from ..models.loader import build_model
+from .runner import ModelRunner
+from .scheduler import Scheduler
+
+DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
+          "fp16": torch.float16, "half": torch.float16, "float32": torch.float32,
+          "fp32": torch.float32, "float": torch.float32}
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        return DTYPES[str(dtype).lower()]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}") from None
+
+
+def _bytes(v) -> int | None:
+    if v is None:
+        return None
+    from ..units import parse_bytes
+    return parse_bytes(v)
+
+
+def _ram_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def resolve_model(model: str | os.PathLike | None, random_weights: bool
+                  ) -> tuple[ModelConfig, Path | None, str]:
+    """(config, checkpoint folder or None, display name)."""
+    if model is None:
+        from ..models.default import default_model_path
+        path = default_model_path()
+        return ModelConfig.from_hf(path), path, "writescope-default"
+    s = str(model)
+    if s in REFERENCE_MODELS and not Path(s).exists():
+        if not random_weights:
+            raise ValueError(f"{s!r} names a reference config without weights; pass "
+                             "random_weights=True (--random-weights) or a checkpoint folder")
+        return ModelConfig.from_hf(s), None, s
+    path = Path(s).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"model {s!r} is neither a folder nor one of the reference "
+                                f"names {', '.join(REFERENCE_MODELS)}")
+    return ModelConfig.from_hf(path), (None if random_weights else path), path.name
+
+
+class LLMEngine:
+    def __init__(self, model: str | os.PathLike | None = None, dtype: str | torch.dtype = "bfloat16",
+                 device: str | torch.device | None = None, random_weights: bool = False,
+                 seed: int = 0, *, max_num_seqs: int = 64, max_model_len: int | None = None,
+                 max_num_batched_tokens: int = 2048, block_size: int = DEFAULT_BLOCK_SIZE,
+                 vram_budget: int | str | None = None, pinned_budget: int | str | None = None,
+                 host_budget: int | str | None = None, num_gpu_blocks: int | None = None,
+                 kv_policy: str = "writescope", cpu_share: float = 0.5, experts: str = "auto",
+                 cpu_threads: int | None = None, profile: str | os.PathLike | None = None,
+                 show_progress: bool = False):
+        self.dtype = parse_dtype(dtype)
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device='cuda' was asked for but CUDA is not available")
+        for name, v in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens),
+                        ("block_size", block_size)):
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        self.config, ckpt, self.model_name = resolve_model(model, random_weights)
+        cfg = self.config
+        self.max_model_len = int(max_model_len or cfg.max_position_embeddings)
+        if self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be at least 2, got {self.max_model_len}")
+        self.tokenizer = None
+        tok_dir = Path(model) if (model is not None and ckpt is None and Path(str(model)).exists()) else ckpt
+        if tok_dir is not None and (tok_dir / "tokenizer_config.json").exists():
+            from ..models.tokenizer import Tokenizer
+            self.tokenizer = Tokenizer.from_pretrained(tok_dir)
+
+        vram = _bytes(vram_budget)
+        if vram is None and self.device.type == "cuda":
+            vram = int(torch.cuda.get_device_properties(self.device).total_memory * 0.9)
+        if vram is None:  # CPU-only: "device" memory is host memory
+            vram = _ram_bytes() // 4
+        self.vram_budget = vram
+        spec = cfg.kv_spec(self.dtype)
+        from ..layers.expert_placement import choose_expert_layers
+        kv_need = spec.token_bytes() * self.max_model_len
+        self.cpu_expert_layers = choose_expert_layers(cfg, experts, vram, kv_need, self.dtype)
+
+        bar = tqdm(desc=f"loading {self.model_name}", unit="tensor", disable=not show_progress)
+        with bar:
+            self.model = build_model(cfg, dtype=self.dtype, device=self.device, checkpoint=ckpt,
+                                     random_weights=random_weights, seed=seed,
+                                     cpu_expert_layers=self.cpu_expert_layers, progress=bar)
+        weights_on_device = sum(p.numel() * p.element_size() for p in self.model.parameters()
+                                if p.device.type == self.device.type)
+        act = self._activation_bytes(max_num_batched_tokens)
+        self.weights_bytes = weights_on_device
+        kv_device = vram - weights_on_device - act
+        if kv_device <= 0:
+            raise ValueError(
+                f"vram_budget {vram / 2**30:.2f} GiB leaves no room for KV: weights placed on the "
+                f"{self.device.type} take {weights_on_device / 2**30:.2f} GiB and activations "
+                f"{act / 2**30:.2f} GiB (try experts='cpu' or a larger budget)")
+        max_total = max_num_seqs * self.max_model_len
+        bb = spec.block_bytes(block_size)
+        host_default = min(max_total // block_size + 1, _ram_bytes() // 2 // bb) * bb
+        pinned = _bytes(pinned_budget)
+        host = _bytes(host_budget)
+        layout = plan_layout(spec, block_size, device_bytes=kv_device,
+                             pinned_bytes=pinned if pinned is not None else host_default // 2,
+                             host_bytes=host if host is not None else host_default,
+                             max_tokens_total=max_total, max_num_seqs=max_num_seqs,
+                             num_gpu_blocks=num_gpu_blocks)
+        self.profile = self._load_profile(profile)
+        policy = make_policy(kv_policy, cpu_share=cpu_share, profile=self.profile, model_config=cfg,
+                             experts_on_cpu=any(self.cpu_expert_layers), block_size=block_size)
+        self.kv_policy = kv_policy
+        self.cache = InplaceKVCache(spec, layout, policy, self.device, cfg.softmax_scale, cpu_threads)
+        self.scheduler = Scheduler(self.cache, max_num_seqs, max_num_batched_tokens)
+        self.runner = ModelRunner(self.model, self.cache, self.device)
+        self.requests: dict[str, Request] = {}
+        self._detok: dict[str, object] = {}
+        self.counters = {"engine.steps": 0, "engine.prompt_tokens": 0, "engine.generated_tokens": 0,
+                         "engine.requests_finished": 0, "engine.requests_aborted": 0,
+                         "engine.step_time_s": 0.0}
+
+    # ------------------------------------------------------------------ sizing helpers
+    def _activation_bytes(self, max_tokens: int) -> int:
+        """Activation memory of one step, planned from the model's widest tensors: hidden states,
+        the MLP/expert intermediate, q/k/v, a prefill chunk's attention scores and the logits of
+        the sampled rows. (On CUDA the engine's peak use is checked against the budget in stats.)"""
+        cfg = self.config
+        item = torch.tensor([], dtype=self.dtype).element_size()
+        width = max(cfg.hidden_size * 4, cfg.intermediate_size * 2,
+                    cfg.moe_intermediate_size * 2 * cfg.num_experts_per_tok,
+                    cfg.num_heads * (cfg.head_dim + cfg.kv_lora_rank + 64) * 2)
+        chunk = min(max_tokens, 2048)
+        scores = cfg.num_heads * chunk * chunk * 4 * 2
+        logits = 256 * cfg.vocab_size * 4
+        return max_tokens * width * item * 2 + scores + logits
+
+    @staticmethod
+    def _load_profile(profile):
+        try:
+            from ..planner.profile import load_or_default
+        except ImportError:
+            return None
+        return load_or_default(profile)
+
+    # ------------------------------------------------------------------ requests
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_work()
+
+    def add_request(self, request_id: str, prompt: str | list[int],
+                    params: SamplingParams | None = None) -> None:
+        params = params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequestError("params must be a SamplingParams")
+        params.validate()
+        if request_id in self.requests:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise InvalidRequestError(f"model {self.model_name} has no tokenizer: pass token ids")
+            ids, text = self.tokenizer.encode(prompt), prompt
+        else:
+            ids, text = list(prompt), None
+            if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.config.vocab_size
+                   for t in ids):
+                raise InvalidRequestError(f"token ids must be integers in [0, {self.config.vocab_size})")
+        if not ids:
+            raise InvalidRequestError("the prompt is empty")
+        if len(ids) >= self.max_model_len:
+            raise RequestTooLargeError(f"the prompt has {len(ids)} tokens; this model's context "
+                                       f"(max_model_len) is {self.max_model_len}")
+        room = self.max_model_len - len(ids)
+        max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
+        if not self.cache.can_ever_fit(len(ids) + max_tokens):
+            raise RequestTooLargeError(
+                f"{len(ids)} prompt + {max_tokens} new tokens can never fit the KV budgets "
+                f"({self.cache.sealed_capacity} blocks of {self.cache.bs} tokens)")
+        req = Request(request_id, ids, params, prompt=text, arrival=time.monotonic(),
+                      max_tokens=max_tokens)
+        self.requests[request_id] = req
+        if self.tokenizer is not None:
+            from ..models.tokenizer import IncrementalDetokenizer
+            self._detok[request_id] = IncrementalDetokenizer(self.tokenizer, ids)
+        self.scheduler.add(req)
+        self.counters["engine.prompt_tokens"] += len(ids)
+
+    def abort_request(self, request_id: str) -> None:
+        req = self.requests.get(request_id)
+        if req is None or req.finished:
+            return
+        self._finish(req, FinishReason.ABORT)
+        self.counters["engine.requests_aborted"] += 1
+
+    def _finish(self, req: Request, reason: FinishReason) -> None:
+        self.scheduler.remove(req)
+        req.status = RequestStatus.FINISHED
+        req.finish_reason = reason
+        self.runner.sampler.forget(req.seq_id)
+        self.requests.pop(req.request_id, None)
+        self._detok.pop(req.request_id, None)
+
+    # ------------------------------------------------------------------ the step
+    def step(self) -> list[RequestOutput]:
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        t0 = time.perf_counter()
+        tokens, logprobs = self.runner.run(batch)
+        self.counters["engine.steps"] += 1
+        self.counters["engine.step_time_s"] += time.perf_counter() - t0
+        outputs = []
+        sampled = iter(zip(tokens, logprobs))
+        now = time.monotonic()
+        for s in batch.seqs:
+            req = s.request
+            req.num_computed = s.start + s.num_new
+            if not s.sample:
+                continue
+            tok, lp = next(sampled)
+            req.output_token_ids.append(tok)
+            req.logprobs.append(lp)
+            if req.first_token_time is None:
+                req.first_token_time = now
+            self.counters["engine.generated_tokens"] += 1
+            reason = self._check_stop(req, tok)
+            if reason is not None:
+                self._finish(req, reason)
+                self.counters["engine.requests_finished"] += 1
+            outputs.append(self._output(req))
+        return outputs
+
+    def _check_stop(self, req: Request, tok: int) -> FinishReason | None:
+        p = req.params
+        detok = self._detok.get(req.request_id)
+        if detok is not None:
+            req.text += detok.add(tok)
+        if not p.ignore_eos and tok in self._eos_ids():
+            return FinishReason.STOP
+        if tok in p.stop_token_ids:
+            return FinishReason.STOP
+        if p.stop and detok is not None:
+            for s in p.stop:
+                i = req.text.find(s)
+                if i >= 0:
+                    req.text = req.text[:i]
+                    return FinishReason.STOP
+        if len(req.output_token_ids) >= req.max_tokens:
+            return FinishReason.LENGTH
+        return None
+
+    def _eos_ids(self) -> set[int]:
+        if self.tokenizer is not None:
+            return set(self.tokenizer.eos_token_ids)
+        return set(self.config.eos_token_id)
+
+    def _output(self, req: Request) -> RequestOutput:
+        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids,
+                             list(req.output_token_ids), req.text,
+                             None if req.finish_reason is None else str(req.finish_reason),
+                             list(req.logprobs) if req.params.logprobs else None)
+
+    # ------------------------------------------------------------------ statistics
+    def stats(self) -> dict:
+        s = dict(self.cache.stats())
+        s.update(self.counters)
+        s["engine.running"] = self.num_running
+        s["engine.waiting"] = self.num_waiting
+        t = self.counters["engine.step_time_s"]
+        s["engine.tokens_per_s"] = self.counters["engine.generated_tokens"] / t if t else 0.0
+        s["engine.weights_device_bytes"] = self.weights_bytes
+        s["engine.vram_budget"] = self.vram_budget
+        s["engine.experts_on_cpu_layers"] = sum(self.cpu_expert_layers)
+        if self.device.type == "cuda":
+            s["engine.cuda_peak_bytes"] = torch.cuda.max_memory_allocated(self.device)
+        return s

@@ -1,0 +1,67 @@
+"""Who runs this step: decodes first, then prefill chunks, within a token budget.
+
+Pure bookkeeping over :class:`~writescope.core.Request` records. The only thing the scheduler
+asks of the cache is whether a request's blocks can be reserved (admission control); it never
+touches tensors. Continuous batching: requests join and leave the running set between steps, and
+a long prompt is prefilled in chunks so the running requests keep decoding meanwhile.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from ..core import Request, RequestStatus, ScheduledSeq, StepBatch
+
+
+class Scheduler:
+    def __init__(self, cache, max_num_seqs: int, max_num_batched_tokens: int):
+        self.cache = cache
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def remove(self, req: Request) -> None:
+        """Drop a request wherever it is and release its KV (finished or aborted)."""
+        if req in self.running:
+            self.running.remove(req)
+            self.cache.free_sequence(req.seq_id)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> StepBatch:
+        budget = self.max_num_batched_tokens
+        seqs: list[ScheduledSeq] = []
+        # 1. every running sequence that is decoding gets one token
+        for req in self.running:
+            if not req.is_prefilling and budget > 0:
+                seqs.append(ScheduledSeq(req, req.num_computed, 1, True))
+                budget -= 1
+        # 2. running prefills continue, chunked to the remaining budget
+        for req in self.running:
+            if req.is_prefilling and budget > 0:
+                budget -= self._prefill_chunk(req, budget, seqs)
+        # 3. admit waiting requests (FCFS) while they fit the cache and the batch
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            req = self.waiting[0]
+            total = len(req.prompt_token_ids) + req.max_tokens
+            if not self.cache.can_admit(total):
+                break
+            self.waiting.popleft()
+            self.cache.add_sequence(req.seq_id, total)
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            budget -= self._prefill_chunk(req, budget, seqs)
+        return StepBatch(seqs)
+
+    @staticmethod
+    def _prefill_chunk(req: Request, budget: int, seqs: list[ScheduledSeq]) -> int:
+        left = len(req.prompt_token_ids) - req.num_computed
+        n = min(left, budget)
+        seqs.append(ScheduledSeq(req, req.num_computed, n, n == left))
+        return n

@@ -1,0 +1,379 @@
+"""InplaceKVCache: every block gets its home once, when it is written, and is never moved.
+
+Life of a step (the runner drives it; the model only calls :meth:`attention`):
+
+1. :meth:`begin_step` with each scheduled sequence's new-token range. For every block that becomes
+   full this step the placement policy picks G, T or C and an id is allocated (T ids as
+   contiguous runs). The policy's :meth:`assign` decides which sealed blocks the CPU attends; the
+   cache turns that into an :class:`AttentionStepPlan` (per side, per region, a CSR
+   :class:`BlockBatch`) and precomputes every index the layer writes need. All of this is array
+   work over sequences; nothing here loops over blocks in Python.
+2. :meth:`attention` per layer: the plan's partial over cached blocks (CPU and GPU sides, see
+   ``attention/hybrid.py``), the causal partial over the step's own tokens, one LSE merge; then
+   the layer's new records are written: blocks completed this step straight to their region
+   (C re-laid-out for the CPU on arrival), the rest appended to the sequence's W tail.
+3. :meth:`end_step`: blocks written this step become sealed; counters and timings are updated
+   and the policy observes the step.
+
+Invariants (checked in tests, visible in :meth:`stats`): ``kv.bytes_moved_after_placement`` stays
+0 (there is no code path that copies a sealed block); device bytes <= the VRAM share given to the
+cache, pinned bytes <= pinned budget; any CPU/GPU assignment gives the same attention output.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..attention.batch import BlockBatch
+from ..attention.hybrid import AttentionStepPlan, HybridAttention
+from ..attention.merge import merge
+from ..attention.selfattn import causal_self_attention
+from ..core import RequestTooLargeError
+from .placement import CacheCapacity, PlacementPolicy, SeqKV
+from .pools import BlockAllocator, ExtentAllocator, KVCacheError, allocate_pool
+from .regions import DEVICE_REGIONS, KVSpec, Region, to_cpu_layout
+from .table import CODE_REGIONS, REGION_CODES, SeqTable
+
+
+@dataclass
+class CacheLayout:
+    """How many blocks each region holds (sized by the engine from the budgets)."""
+
+    block_size: int
+    num_blocks: dict[Region, int]  # G, T, C sealed blocks; W = number of tail slots
+
+    def bytes(self, spec: KVSpec) -> dict[Region, int]:
+        bb = spec.block_bytes(self.block_size)
+        return {r: n * bb for r, n in self.num_blocks.items()}
+
+
+class InplaceKVCache:
+    def __init__(self, spec: KVSpec, layout: CacheLayout, policy: PlacementPolicy,
+                 device: torch.device | str, scale: float, cpu_threads: int | None = None):
+        self.spec = spec
+        self.bs = layout.block_size
+        self.layout = layout
+        self.policy = policy
+        self.device = torch.device(device)
+        self.scale = scale
+        self.block_bytes = spec.block_bytes(self.bs)
+        self.pools: dict[Region, torch.Tensor] = {
+            r: allocate_pool(r, spec, max(n, 0), self.bs, self.device)
+            for r, n in layout.num_blocks.items()}
+        self.alloc: dict[Region, BlockAllocator] = {
+            Region.G: BlockAllocator(layout.num_blocks[Region.G], "G"),
+            Region.T: ExtentAllocator(layout.num_blocks[Region.T], "T"),
+            Region.C: BlockAllocator(layout.num_blocks[Region.C], "C"),
+            Region.W: BlockAllocator(layout.num_blocks[Region.W], "W"),
+        }
+        self.hybrid = HybridAttention(self.pools, spec, self.device, cpu_threads)
+        self.seqs: dict[int, SeqTable] = {}
+        self.reserved = 0  # blocks promised to admitted sequences, not yet sealed
+        self.counters = {f"kv.bytes_written.{r}": 0 for r in Region}
+        self.counters.update({"kv.bytes_read.gpu": 0, "kv.bytes_read.cpu": 0,
+                              "kv.bytes_moved_after_placement": 0, "kv.steps": 0})
+        self._step = None
+        self.last_timing: dict = {}
+
+    # ------------------------------------------------------------------ capacity and admission
+    @property
+    def sealed_capacity(self) -> int:
+        return sum(self.layout.num_blocks[r] for r in (Region.G, Region.T, Region.C))
+
+    def blocks_for(self, num_tokens: int) -> int:
+        """Sealed blocks a sequence of ``num_tokens`` tokens can need (its tail stays in W)."""
+        return num_tokens // self.bs
+
+    def can_ever_fit(self, num_tokens: int) -> bool:
+        return self.blocks_for(num_tokens) <= self.sealed_capacity and self.layout.num_blocks[Region.W] > 0
+
+    def free_sealed(self) -> int:
+        return sum(self.alloc[r].num_free for r in (Region.G, Region.T, Region.C))
+
+    def can_admit(self, num_tokens: int) -> bool:
+        return (self.alloc[Region.W].num_free > 0
+                and self.blocks_for(num_tokens) <= self.free_sealed() - self.reserved)
+
+    def add_sequence(self, seq_id: int, max_tokens: int) -> None:
+        """Admit a sequence that may grow to ``max_tokens`` tokens; reserves its blocks.
+
+        Raises :class:`RequestTooLargeError` if it can never fit and :class:`KVCacheError` if it
+        does not fit now (the scheduler checks :meth:`can_admit` first and keeps it waiting)."""
+        if seq_id in self.seqs:
+            raise KVCacheError(f"sequence {seq_id} is already in the cache")
+        if not self.can_ever_fit(max_tokens):
+            raise RequestTooLargeError(
+                f"a sequence of {max_tokens} tokens needs {self.blocks_for(max_tokens)} KV blocks of "
+                f"{self.bs} tokens; the budgets hold {self.sealed_capacity}")
+        if not self.can_admit(max_tokens):
+            raise KVCacheError("not enough free KV blocks now; admit it later")
+        need = self.blocks_for(max_tokens)
+        (slot,) = self.alloc[Region.W].alloc(1)
+        self.reserved += need
+        self.seqs[seq_id] = SeqTable(seq_id, slot, need)
+
+    def free_sequence(self, seq_id: int) -> None:
+        t = self.seqs.pop(seq_id, None)
+        if t is None:
+            raise KVCacheError(f"sequence {seq_id} is not in the cache (freed twice?)")
+        t.freed = True
+        for code, region in CODE_REGIONS.items():
+            ids = t.sealed_ids[t.sealed_codes == code]
+            self.alloc[region].free(ids.tolist())
+        self.alloc[Region.W].free([t.w_slot])
+        self.reserved -= t.reserved_blocks
+
+    def num_tokens(self, seq_id: int) -> int:
+        return self._table(seq_id).num_tokens
+
+    def _table(self, seq_id: int) -> SeqTable:
+        t = self.seqs.get(seq_id)
+        if t is None:
+            raise KVCacheError(f"sequence {seq_id} is not in the cache (freed or never added)")
+        return t
+
+    # ------------------------------------------------------------------ the step
+    def begin_step(self, work: list[tuple[int, int, int]]) -> None:
+        """``work``: per scheduled sequence ``(seq_id, start, num_new)``, in batch order."""
+        if self._step is not None:
+            raise KVCacheError("begin_step called twice without end_step")
+        bs = self.bs
+        cap = CacheCapacity({r: self.alloc[r].num_free for r in (Region.G, Region.T, Region.C)},
+                            bs, self.block_bytes)
+        # ---- placement of the blocks completed this step
+        new_blocks: list[tuple[int, int, Region, int]] = []  # (row in batch, block index, region, id)
+        seg_lens, row0 = [], 0
+        tail_src: list[int] = []  # flat W token index of old tail tokens of completing blocks
+        block_src: list[np.ndarray] = []  # per new block: source row per token (>=N: tail)
+        w_dst: list[np.ndarray] = []
+        w_src: list[np.ndarray] = []
+        n_total = sum(n for _, _, n in work)
+        for seq_id, start, n in work:
+            t = self._table(seq_id)
+            if start != t.num_tokens:
+                raise KVCacheError(f"sequence {seq_id}: step starts at token {start} but the cache "
+                                   f"holds {t.num_tokens}")
+            if n <= 0:
+                raise KVCacheError(f"sequence {seq_id}: a step must add at least one token")
+            end = start + n
+            first_new_block, n_full_after = t.num_sealed, end // bs
+            k = n_full_after - first_new_block
+            if k > 0:
+                if k > t.reserved_blocks:
+                    raise KVCacheError(f"sequence {seq_id} grew past its reservation")
+                regions = self.policy.place(SeqKV(seq_id, end, t.regions()), k, cap)
+                if len(regions) != k or any(r not in (Region.G, Region.T, Region.C) for r in regions):
+                    raise KVCacheError(f"placement policy {self.policy.name!r} returned {regions}")
+                for r in (Region.G, Region.T, Region.C):
+                    want = sum(x is r for x in regions)
+                    if want > cap.free[r]:
+                        raise KVCacheError(f"placement put {want} blocks in {r}, {cap.free[r]} free")
+                ids = {}
+                for r in (Region.G, Region.T, Region.C):
+                    want = sum(x is r for x in regions)
+                    if want:
+                        ids[r] = iter(self.alloc[r].alloc(want, after=t.last_id(r)))
+                        cap.free[r] -= want
+                tail = start - first_new_block * bs  # old tail tokens in W (0..bs-1)
+                for j, r in enumerate(regions):
+                    b = first_new_block + j
+                    bid = next(ids[r])
+                    new_blocks.append((seq_id, b, r, bid))
+                    pos = np.arange(b * bs, (b + 1) * bs)
+                    src = pos - start + row0  # rows of this step's records
+                    if j == 0 and tail > 0:
+                        old = np.arange(tail)
+                        src[:tail] = n_total + len(tail_src) + old
+                        tail_src.extend((t.w_slot * bs + old).tolist())
+                    block_src.append(src)
+            # tokens of the (incomplete) last block go to W
+            w_from = max(start, n_full_after * bs)
+            if end > w_from:
+                pos = np.arange(w_from, end)
+                w_dst.append(t.w_slot * bs + pos % bs)
+                w_src.append(pos - start + row0)
+            seg_lens.append(n)
+            row0 += n
+        plan, read_tokens = self._build_plan(work)
+        dev = self.device
+        as_idx = lambda a: torch.as_tensor(np.concatenate(a) if a else np.zeros(0, np.int64),
+                                           dtype=torch.long, device=dev)
+        step = {
+            "work": work, "seg_lens": seg_lens, "new_blocks": new_blocks,
+            "tail_src": torch.as_tensor(tail_src, dtype=torch.long, device=dev),
+            "block_src": as_idx(block_src), "w_dst": as_idx(w_dst), "w_src": as_idx(w_src),
+            "read_tokens": read_tokens, "t0": time.perf_counter(),
+        }
+        by_region = {}
+        for r in (Region.G, Region.T, Region.C):
+            sel = [i for i, nb in enumerate(new_blocks) if nb[2] is r]
+            if sel:
+                by_region[r] = (torch.as_tensor(sel, dtype=torch.long, device=dev),
+                                torch.as_tensor([new_blocks[i][3] for i in sel], dtype=torch.long,
+                                                device=self.pools[r].device))
+        step["by_region"] = by_region
+        self._step = step
+        self.hybrid.begin_step(plan)
+
+    def _build_plan(self, work) -> tuple[AttentionStepPlan, dict[str, int]]:
+        """Which cached blocks each side attends, as one BlockBatch per (side, region)."""
+        bs = self.bs
+        per = {(side, r): ([], []) for side in ("cpu", "gpu") for r in Region}
+        q_counts = []
+        read = {"cpu": 0, "gpu": 0}
+        custom = type(self.policy).assign is not PlacementPolicy.assign
+        for seq_id, start, n in work:
+            t = self.seqs[seq_id]
+            q_counts.append(n)
+            codes, ids = t.sealed_codes, t.sealed_ids
+            if custom:
+                cpu_mask = np.asarray(self.policy.assign(SeqKV(seq_id, start, t.regions())), dtype=bool)
+                if cpu_mask.shape != codes.shape:
+                    raise KVCacheError(f"policy {self.policy.name!r} assigned {cpu_mask.size} blocks, "
+                                       f"sequence has {codes.size}")
+            else:
+                cpu_mask = codes == REGION_CODES[Region.C]
+            for side, mask in (("cpu", cpu_mask), ("gpu", ~cpu_mask)):
+                for code, r in CODE_REGIONS.items():
+                    sel = ids[mask & (codes == code)]
+                    per[(side, r)][0].append(sel)
+                    per[(side, r)][1].append(np.full(sel.size, bs, dtype=np.int32))
+                    read[side] += sel.size * bs
+            tail = start - t.num_sealed * bs
+            per[("gpu", Region.W)][0].append(np.array([t.w_slot] if tail else [], dtype=np.int32))
+            per[("gpu", Region.W)][1].append(np.array([tail] if tail else [], dtype=np.int32))
+            per[("cpu", Region.W)][0].append(np.zeros(0, np.int32))
+            per[("cpu", Region.W)][1].append(np.zeros(0, np.int32))
+            read["gpu"] += tail
+        plan = AttentionStepPlan(self.spec, self.scale, sum(q_counts))
+        qi = np.concatenate(([0], np.cumsum(q_counts))).astype(np.int32)
+        for (side, r), (blocks, lens) in per.items():
+            if not any(b.size for b in blocks):
+                continue
+            ki = np.concatenate(([0], np.cumsum([b.size for b in blocks]))).astype(np.int32)
+            dev = self.device if side == "gpu" else torch.device("cpu")
+            batch = BlockBatch(*(torch.as_tensor(a, device=dev) for a in
+                                 (qi, ki, np.concatenate(blocks).astype(np.int32),
+                                  np.concatenate(lens).astype(np.int32))))
+            getattr(plan, side).append((r, batch))
+        return plan, read
+
+    def attention(self, layer: int, q: torch.Tensor, records: torch.Tensor) -> torch.Tensor:
+        """The model's attention entry point (see ``models/base.AttentionContext``)."""
+        step = self._step
+        if step is None:
+            raise KVCacheError("attention called outside a step")
+        out_c, lse_c = self.hybrid.attend(layer, q)
+        out_s, lse_s = causal_self_attention(q, records, self.spec, step["seg_lens"], self.scale)
+        out, _ = merge(out_c, lse_c, out_s, lse_s)
+        self._write(layer, records)
+        return out.to(q.dtype)
+
+    def _write(self, layer: int, records: torch.Tensor) -> None:
+        step = self._step
+        spec = self.spec
+        records = records.to(spec.dtype)
+        w = self.pools[Region.W][layer]  # [slots, bs, H, R]
+        w_flat = w.view(-1, spec.num_kv_heads, spec.rec_dim)
+        tok_bytes = spec.num_kv_heads * spec.rec_dim * spec.itemsize
+        if step["new_blocks"]:
+            src = torch.cat((records, w_flat.index_select(0, step["tail_src"])), dim=0)
+            blocks = src.index_select(0, step["block_src"]).view(-1, self.bs, spec.num_kv_heads,
+                                                                 spec.rec_dim)
+            for r, (sel, ids) in step["by_region"].items():
+                data = blocks.index_select(0, sel)
+                pool = self.pools[r][layer]
+                if r is Region.C:
+                    data = to_cpu_layout(data.to("cpu"))
+                elif pool.device != data.device:
+                    data = data.to(pool.device)
+                pool.index_copy_(0, ids, data.contiguous())
+                self.counters[f"kv.bytes_written.{r}"] += data.numel() * spec.itemsize
+        if step["w_dst"].numel():
+            w_flat.index_copy_(0, step["w_dst"], records.index_select(0, step["w_src"]))
+            self.counters["kv.bytes_written.W"] += step["w_dst"].numel() * tok_bytes
+
+    def end_step(self) -> dict:
+        step = self._step
+        if step is None:
+            raise KVCacheError("end_step without begin_step")
+        for seq_id, b, r, bid in step["new_blocks"]:
+            t = self.seqs[seq_id]
+            assert b == t.num_sealed, "blocks are sealed in order"
+            t.append(r, bid)
+            t.reserved_blocks -= 1
+            self.reserved -= 1
+        for seq_id, start, n in step["work"]:
+            self.seqs[seq_id].num_tokens = start + n
+        timing = self.hybrid.end_step()
+        tb = self.spec.token_bytes()
+        for side in ("cpu", "gpu"):
+            self.counters[f"kv.bytes_read.{side}"] += step["read_tokens"][side] * tb
+        self.counters["kv.steps"] += 1
+        timing.update(step_s=time.perf_counter() - step["t0"],
+                      cpu_bytes=step["read_tokens"]["cpu"] * tb,
+                      gpu_bytes=step["read_tokens"]["gpu"] * tb,
+                      batch_lengths=[s + n for _, s, n in step["work"]])
+        self.last_timing = timing
+        self.policy.observe(timing)
+        self._step = None
+        return timing
+
+    def abort_step(self) -> None:
+        """Undo a step that failed before end_step: release the blocks allocated for it."""
+        step = self._step
+        if step is None:
+            return
+        for _, _, r, bid in step["new_blocks"]:
+            self.alloc[r].free([bid])
+        self.hybrid.end_step()
+        self._step = None
+
+    # ------------------------------------------------------------------ statistics
+    def live_blocks(self) -> dict[Region, int]:
+        return {r: a.n - a.num_free for r, a in self.alloc.items()}
+
+    def stats(self) -> dict:
+        s = {f"kv.blocks.{r}": n for r, n in self.live_blocks().items()}
+        s.update({f"kv.capacity_blocks.{r}": n for r, n in self.layout.num_blocks.items()})
+        s.update(self.counters)
+        nbytes = {r: p.numel() * p.element_size() for r, p in self.pools.items()}
+        s["kv.vram_bytes"] = sum(nbytes[r] for r in DEVICE_REGIONS) + self.hybrid_staging_bytes()
+        s["kv.pinned_bytes"] = nbytes[Region.T]
+        s["kv.host_bytes"] = nbytes[Region.C]
+        s["kv.block_size"] = self.bs
+        s["kv.sequences"] = len(self.seqs)
+        read = s["kv.bytes_read.cpu"] + s["kv.bytes_read.gpu"]
+        s["kv.cpu_share_of_reads"] = s["kv.bytes_read.cpu"] / read if read else 0.0
+        s.update(self.policy.stats())
+        return s
+
+    def hybrid_staging_bytes(self) -> int:
+        return int(getattr(self.hybrid, "staging_bytes", 0))
+
+
+def plan_layout(spec: KVSpec, block_size: int, *, device_bytes: int | None, pinned_bytes: int,
+                host_bytes: int, max_tokens_total: int, max_num_seqs: int,
+                num_gpu_blocks: int | None = None) -> CacheLayout:
+    """Split the byte budgets into block counts. Never more blocks than ``max_tokens_total`` needs
+    in any one region; W has one tail slot per sequence (its bytes come out of ``device_bytes``)."""
+    bb = spec.block_bytes(block_size)
+    cap = math.ceil(max_tokens_total / block_size)
+    w = max_num_seqs
+    if device_bytes is None:
+        g = cap
+    else:
+        g = max(0, device_bytes // bb - w)
+        if device_bytes < w * bb:
+            raise ValueError(f"the VRAM left for KV ({device_bytes} bytes) cannot hold one write "
+                             f"tail per sequence ({w} x {bb} bytes)")
+    if num_gpu_blocks is not None:
+        g = min(g, num_gpu_blocks)
+    g = min(g, cap)
+    t = min(pinned_bytes // bb, cap)
+    c = min(host_bytes // bb, cap)
+    return CacheLayout(block_size, {Region.G: g, Region.T: t, Region.C: c, Region.W: w})

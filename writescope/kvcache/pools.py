@@ -1,0 +1,121 @@
+"""Memory for the regions, within their budgets, and the block-id allocators.
+
+* :func:`allocate_pool` -- one tensor per region: HBM for G and W, pinned host memory for T (when
+  CUDA is present), pageable 64-byte-aligned host memory for C (advised for huge pages).
+* :class:`BlockAllocator` -- free-list ids for G and C; W slots.
+* :class:`ExtentAllocator` -- T ids as contiguous runs: a sequence's next T block is taken right
+  after its previous one when free, so a layer's T blocks of one sequence form few extents and
+  move to the GPU in few DMA copies.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+
+import numpy as np
+import torch
+
+from .regions import C_ALIGN, KVSpec, Region, pool_shape
+
+
+class KVCacheError(RuntimeError):
+    """Misuse of the cache: double free, write to a sealed block, read of a freed block."""
+
+
+def _madvise_hugepage(t: torch.Tensor) -> None:
+    """Advise transparent huge pages for a large pageable pool (best effort, Linux only)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        page = 4096
+        start = t.data_ptr() // page * page
+        length = t.data_ptr() + t.numel() * t.element_size() - start
+        libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), 14)  # MADV_HUGEPAGE
+    except (OSError, AttributeError):
+        pass
+
+
+def allocate_pool(region: Region, spec: KVSpec, num_blocks: int, block_size: int,
+                  device: torch.device) -> torch.Tensor:
+    shape = pool_shape(region, spec, num_blocks, block_size)
+    if region in (Region.G, Region.W):
+        return torch.empty(shape, dtype=spec.dtype, device=device)
+    if region is Region.T:
+        pin = device.type == "cuda" and torch.cuda.is_available()
+        return torch.empty(shape, dtype=spec.dtype, pin_memory=pin)
+    # C: pageable, 64-byte aligned (over-allocate and offset if the allocator did not align)
+    numel = math.prod(shape)
+    item = spec.itemsize
+    raw = torch.empty(numel + C_ALIGN // item, dtype=spec.dtype)
+    off = (-raw.data_ptr() % C_ALIGN) // item
+    pool = raw[off:off + numel].view(shape)
+    assert pool.data_ptr() % C_ALIGN == 0
+    if numel * item >= (64 << 20):
+        _madvise_hugepage(pool)
+    return pool
+
+
+class BlockAllocator:
+    """Free-list of block ids ``0..n-1`` (lowest ids first)."""
+
+    def __init__(self, n: int, name: str):
+        self.n = n
+        self.name = name
+        self.used = np.zeros(n, dtype=bool)
+        self._free: list[int] = list(range(n - 1, -1, -1))
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def alloc(self, k: int, after: int | None = None) -> list[int]:
+        if k > len(self._free):
+            raise KVCacheError(f"region {self.name}: asked for {k} blocks, {len(self._free)} free")
+        ids = [self._free.pop() for _ in range(k)]
+        self.used[ids] = True
+        return ids
+
+    def free(self, ids) -> None:
+        ids = list(ids)
+        if not ids:
+            return
+        if not self.used[ids].all():
+            raise KVCacheError(f"region {self.name}: freeing a block that is not allocated")
+        self.used[ids] = False
+        self._free.extend(sorted(ids, reverse=True))
+        self._free.sort(reverse=True)
+
+
+class ExtentAllocator(BlockAllocator):
+    """Allocates ids as contiguous runs, extending a sequence's last run when possible."""
+
+    def alloc(self, k: int, after: int | None = None) -> list[int]:
+        if k > self.num_free:
+            raise KVCacheError(f"region {self.name}: asked for {k} blocks, {self.num_free} free")
+        out: list[int] = []
+        # 1. extend the run that ends at `after`
+        nxt = -1 if after is None else after + 1
+        while len(out) < k and 0 <= nxt < self.n and not self.used[nxt]:
+            out.append(nxt)
+            nxt += 1
+        # 2. the first free run long enough for the rest, else the longest runs first
+        while len(out) < k:
+            need = k - len(out)
+            free = ~self.used
+            free[out] = False
+            start, length = _best_run(free, need)
+            out.extend(range(start, start + min(length, need)))
+        self.used[out] = True
+        taken = set(out)
+        self._free = [i for i in self._free if i not in taken]
+        return out
+
+
+def _best_run(free: np.ndarray, need: int) -> tuple[int, int]:
+    """(start, length) of the first free run of at least ``need`` ids, else of the longest run."""
+    padded = np.concatenate(([False], free, [False]))
+    edges = np.flatnonzero(padded[1:] != padded[:-1])
+    starts, ends = edges[::2], edges[1::2]
+    lengths = ends - starts
+    ok = np.flatnonzero(lengths >= need)
+    i = int(ok[0]) if ok.size else int(np.argmax(lengths))
+    return int(starts[i]), int(lengths[i])

@@ -1,0 +1,53 @@
+"""Per-sequence block tables: each sealed block's region and id, in sequence order, plus the tail.
+
+Kept as growing numpy arrays so that building a step's plan is array work, not a Python loop over
+blocks.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .regions import Region
+
+REGION_CODES = {Region.G: 0, Region.T: 1, Region.C: 2}
+CODE_REGIONS = {v: k for k, v in REGION_CODES.items()}
+
+
+@dataclass
+class SeqTable:
+    seq_id: int
+    w_slot: int
+    reserved_blocks: int  # admission reservation (blocks this sequence may still need)
+    num_tokens: int = 0  # tokens whose KV is in the cache (sealed blocks + tail)
+    codes: np.ndarray = field(default_factory=lambda: np.zeros(16, dtype=np.uint8))
+    ids: np.ndarray = field(default_factory=lambda: np.zeros(16, dtype=np.int32))
+    num_sealed: int = 0
+    freed: bool = False
+
+    def append(self, region: Region, block_id: int) -> None:
+        if self.num_sealed == self.codes.size:
+            self.codes = np.resize(self.codes, 2 * self.codes.size)
+            self.ids = np.resize(self.ids, 2 * self.ids.size)
+        self.codes[self.num_sealed] = REGION_CODES[region]
+        self.ids[self.num_sealed] = block_id
+        self.num_sealed += 1
+
+    @property
+    def sealed_codes(self) -> np.ndarray:
+        return self.codes[:self.num_sealed]
+
+    @property
+    def sealed_ids(self) -> np.ndarray:
+        return self.ids[:self.num_sealed]
+
+    def regions(self) -> tuple[Region, ...]:
+        return tuple(CODE_REGIONS[int(c)] for c in self.sealed_codes)
+
+    def last_id(self, region: Region) -> int | None:
+        sel = np.flatnonzero(self.sealed_codes == REGION_CODES[region])
+        return int(self.sealed_ids[sel[-1]]) if sel.size else None
+
+    def count(self, region: Region) -> int:
+        return int((self.sealed_codes == REGION_CODES[region]).sum())

@@ -1,0 +1,115 @@
+"""Mixture-of-experts block: router, routed experts (GPU in-process or CPU), shared experts.
+
+Routed-expert weights are held stacked (``gate_up [E, 2I, H]``, ``down [E, H, I]``) when they run
+on the accelerator, or by :class:`~writescope.layers.cpu_experts.CpuExperts` in host memory when the
+layer's experts were placed on the CPU. The router follows each family's reference exactly:
+
+* mixtral: softmax over experts, top-k, renormalise;
+* qwen3_moe: softmax, top-k, renormalise if ``norm_topk_prob``;
+* deepseek_v2: float32 router, softmax, top-k (``greedy`` or ``group_limited_greedy`` over
+  ``n_group`` groups keeping ``topk_group``), times ``routed_scaling_factor``; renormalised only when
+  ``norm_topk_prob`` is set (as DeepSeek's own code does; transformers ignores the flag and the
+  released checkpoints set it false, so both agree on them).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..models.config import ModelConfig
+from .mlp import GatedMLP
+
+
+class Router(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        fp32 = cfg.model_type == "deepseek_v2"
+        self.weight = nn.Parameter(torch.zeros(cfg.num_experts, cfg.hidden_size,
+                                               dtype=torch.float32 if fp32 else None))
+        self.fp32 = fp32
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg = self.cfg
+        k = cfg.num_experts_per_tok
+        if self.fp32:
+            logits = F.linear(x.float(), self.weight.float())
+        else:
+            logits = F.linear(x, self.weight)
+        scores = logits.softmax(dim=-1, dtype=torch.float32)
+        if cfg.model_type == "deepseek_v2" and cfg.topk_method == "group_limited_greedy":
+            n, g = scores.shape[0], cfg.n_group
+            group_scores = scores.view(n, g, -1).max(dim=-1).values
+            group_idx = torch.topk(group_scores, k=cfg.topk_group, dim=-1, sorted=False)[1]
+            mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
+            mask = mask.unsqueeze(-1).expand(n, g, cfg.num_experts // g).reshape(n, -1)
+            scores = scores.masked_fill(~mask.bool(), 0.0)
+        sorted_ = cfg.model_type != "deepseek_v2"
+        w, idx = torch.topk(scores, k=k, dim=-1, sorted=sorted_)
+        if cfg.norm_topk_prob and (cfg.model_type != "deepseek_v2" or k > 1):
+            w = w / (w.sum(dim=-1, keepdim=True) + (1e-20 if cfg.model_type == "deepseek_v2" else 0.0))
+        if cfg.model_type == "deepseek_v2":
+            w = w * cfg.routed_scaling_factor
+        elif cfg.model_type == "qwen3_moe":
+            w = w.to(logits.dtype)
+        return w, idx
+
+
+class StackedExperts(nn.Module):
+    """Routed experts as stacked tensors on the compute device (the ``experts="gpu"`` path)."""
+
+    def __init__(self, num_experts: int, hidden: int, inter: int):
+        super().__init__()
+        self.gate_up = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden))
+        self.down = nn.Parameter(torch.empty(num_experts, hidden, inter))
+
+    def forward(self, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(x)
+        n_exp = self.gate_up.shape[0]
+        flat = idx.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=n_exp).tolist()
+        tok = order // idx.shape[1]
+        slot = order % idx.shape[1]
+        start = 0
+        for e, c in enumerate(counts):
+            if c == 0:
+                continue
+            t, s = tok[start:start + c], slot[start:start + c]
+            start += c
+            gate, up = F.linear(x[t], self.gate_up[e]).chunk(2, dim=-1)
+            h = F.linear(F.silu(gate) * up, self.down[e])
+            out.index_add_(0, t, (h * w[t, s, None]).to(out.dtype))
+        return out
+
+
+class MoE(nn.Module):
+    """Router + routed experts (+ shared experts for DeepSeek)."""
+
+    def __init__(self, cfg: ModelConfig, expert_names: tuple[str, str, str]):
+        super().__init__()
+        self.cfg = cfg
+        self.expert_names = expert_names  # hub names of gate, up, down
+        self.gate = Router(cfg)
+        self.experts = StackedExperts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size)
+        self.cpu_experts = None  # set by the loader when this layer's experts live on the CPU
+        if cfg.num_shared_experts:
+            self.shared_experts = GatedMLP(cfg.hidden_size, cfg.shared_expert_intermediate_size)
+        else:
+            self.shared_experts = None
+
+    def use_cpu_experts(self, cpu_experts) -> None:
+        self.cpu_experts = cpu_experts
+        self.experts = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w, idx = self.gate(x)
+        if self.cpu_experts is not None:
+            handle = self.cpu_experts.submit(x, idx, w)  # the CPU works while the GPU does the rest
+            shared = self.shared_experts(x) if self.shared_experts is not None else None
+            out = self.cpu_experts.wait(handle)
+        else:
+            out = self.experts(x, idx, w)
+            shared = self.shared_experts(x) if self.shared_experts is not None else None
+        return out if shared is None else out + shared

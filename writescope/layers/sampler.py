@@ -1,0 +1,57 @@
+"""Sampling: greedy, temperature, top-k, top-p, per-request seeds, chosen-token log-probabilities.
+
+Log-probabilities are those of the model's distribution (log-softmax of the raw logits in
+float32), as vLLM and transformers' ``output_scores``/``compute_transition_scores`` report them
+for greedy decoding.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..core import SamplingParams
+
+
+class Sampler:
+    def __init__(self):
+        self._generators: dict[int, torch.Generator] = {}
+
+    def forget(self, seq_id: int) -> None:
+        self._generators.pop(seq_id, None)
+
+    def _generator(self, seq_id: int, seed: int | None, device: torch.device) -> torch.Generator | None:
+        if seed is None:
+            return None
+        g = self._generators.get(seq_id)
+        if g is None:
+            g = torch.Generator(device="cpu")
+            g.manual_seed(seed)
+            self._generators[seq_id] = g
+        return g
+
+    def sample(self, logits: torch.Tensor, params: list[SamplingParams], seq_ids: list[int]
+               ) -> tuple[list[int], list[float]]:
+        """``logits [B, V]`` -> (chosen token ids, their log-probabilities)."""
+        logits = logits.float()
+        logprobs = torch.log_softmax(logits, dim=-1)
+        greedy = torch.argmax(logits, dim=-1)
+        out = greedy.tolist()
+        for i, p in enumerate(params):
+            if p.greedy:
+                continue
+            row = logits[i] / p.temperature
+            if p.top_k and p.top_k > 0:
+                kth = torch.topk(row, min(p.top_k, row.numel())).values[-1]
+                row = row.masked_fill(row < kth, float("-inf"))
+            if p.top_p < 1.0:
+                sorted_logits, order = torch.sort(row, descending=True)
+                probs = torch.softmax(sorted_logits, dim=-1)
+                cum = torch.cumsum(probs, dim=-1)
+                drop = cum - probs > p.top_p  # keep the smallest prefix whose mass reaches top_p
+                sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+                row = torch.full_like(row, float("-inf")).scatter(0, order, sorted_logits)
+            probs = torch.softmax(row, dim=-1).cpu()
+            gen = self._generator(seq_ids[i], p.seed, logits.device)
+            out[i] = int(torch.multinomial(probs, 1, generator=gen).item())
+        idx = torch.tensor(out, device=logits.device)
+        chosen = logprobs.gather(1, idx.view(-1, 1)).view(-1).tolist()
+        return out, chosen

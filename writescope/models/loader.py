@@ -1,0 +1,221 @@
+"""Build a model from a Hugging Face checkpoint (safetensors, memory-mapped) or at full size with
+seeded random weights.
+
+Parameters are named like the hub's tensors, so loading is a name lookup; the routed experts are
+the one exception: the hub stores one tensor per expert and projection
+(``...experts.7.gate_proj.weight``), which the loader stacks into the layer's expert tensors (on
+the compute device) or hands to :class:`~writescope.layers.cpu_experts.CpuExperts` (host memory)
+when that layer's experts run on the CPU.
+"""
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .base import CausalLM
+from .config import ModelConfig
+from .registry import model_class
+
+
+class CheckpointError(ValueError):
+    """A checkpoint whose tensors do not match the model: missing, unexpected or wrong shape."""
+
+
+# --------------------------------------------------------------------------- checkpoint files
+class Checkpoint:
+    """The tensors of a safetensors checkpoint (single file or sharded), opened lazily (mmap)."""
+
+    def __init__(self, path: Path):
+        from safetensors import safe_open
+
+        self.path = Path(path)
+        index = self.path / "model.safetensors.index.json"
+        single = self.path / "model.safetensors"
+        if index.exists():
+            weight_map = json.loads(index.read_text())["weight_map"]
+            self.file_of = {name: self.path / f for name, f in weight_map.items()}
+        elif single.exists():
+            self.file_of = None
+        else:
+            raise CheckpointError(f"no model.safetensors or model.safetensors.index.json in {self.path}")
+        self._open: dict[Path, object] = {}
+        self._safe_open = safe_open
+        if self.file_of is None:
+            self.file_of = {n: single for n in self._handle(single).keys()}
+
+    def _handle(self, f: Path):
+        h = self._open.get(f)
+        if h is None:
+            if not f.exists():
+                raise CheckpointError(f"shard {f.name} listed in the index is missing from {self.path}")
+            h = self._safe_open(str(f), framework="pt", device="cpu")
+            self._open[f] = h
+        return h
+
+    def names(self) -> set[str]:
+        return set(self.file_of)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._handle(self.file_of[name]).get_slice(name).get_shape())
+
+    def get(self, name: str) -> torch.Tensor:
+        return self._handle(self.file_of[name]).get_tensor(name)
+
+    def where(self, name: str) -> str:
+        f = self.file_of.get(name)
+        return f.name if f is not None else "model.safetensors.index.json"
+
+
+# --------------------------------------------------------------------------- model building
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def _is_fp32_param(cfg: ModelConfig, name: str) -> bool:
+    # DeepSeek keeps its router in float32 (transformers: _keep_in_fp32_modules_strict)
+    return cfg.model_type == "deepseek_v2" and name.endswith("gate.weight") and ".experts." not in name
+
+
+def _materialize(model: nn.Module, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+    """Replace meta parameters by empty ones of the right dtype on ``device``."""
+    for mod_name, mod in model.named_modules():
+        for pname, p in list(mod._parameters.items()):
+            if p is None or not p.is_meta:
+                continue
+            full = f"{mod_name}.{pname}" if mod_name else pname
+            dt = torch.float32 if _is_fp32_param(cfg, full) else dtype
+            mod._parameters[pname] = nn.Parameter(torch.empty(p.shape, dtype=dt, device=device),
+                                                  requires_grad=False)
+
+
+def expert_tensor_names(model: CausalLM, layer: int, expert: int) -> tuple[str, str, str]:
+    prefix = f"model.layers.{layer}.{model.mlp_name}.experts.{expert}"
+    return tuple(f"{prefix}.{n}.weight" for n in model.expert_names)  # gate, up, down
+
+
+def build_model(cfg: ModelConfig, *, dtype: torch.dtype, device: torch.device | str,
+                checkpoint: str | Path | None = None, random_weights: bool = False, seed: int = 0,
+                cpu_expert_layers: list[bool] | None = None,
+                progress=None) -> CausalLM:
+    """Build ``cfg``'s model on ``device`` and fill its weights (checkpoint or seeded random).
+
+    ``progress``: a tqdm-like bar; its total is set here and it advances per tensor group."""
+    device = torch.device(device)
+    if checkpoint is None and not random_weights:
+        raise ValueError("build_model needs a checkpoint folder or random_weights=True")
+    cls = model_class(cfg)
+    with torch.device("meta"):
+        model = cls(cfg)
+    cpu_layers = cpu_expert_layers or [False] * cfg.num_layers
+    for i, moe in model.moe_blocks():
+        if cpu_layers[i]:
+            moe.experts = None  # filled below with host-memory experts
+    _materialize(model, cfg, dtype, device)
+    model.rotary = type(model.rotary)(cfg.rope_dim, cfg.rope_theta, cfg.rope_scaling).to(device)
+    model.eval()
+    if progress is not None:
+        progress.total = sum(1 for _ in _dense_params(model)) + len(model.moe_blocks())
+        progress.refresh()
+    tick = progress.update if progress is not None else None
+    if checkpoint is not None:
+        _load_checkpoint(model, cfg, Checkpoint(Path(checkpoint)), dtype, cpu_layers, tick)
+    else:
+        _init_random(model, cfg, dtype, seed, cpu_layers, tick)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    return model
+
+
+def _dense_params(model: CausalLM) -> Iterator[tuple[str, nn.Parameter]]:
+    for name, p in model.named_parameters():
+        if ".experts.gate_up" in name or ".experts.down" in name:
+            continue
+        if model.cfg.tie_word_embeddings and name == "lm_head.weight":
+            continue
+        yield name, p
+
+
+def _load_checkpoint(model: CausalLM, cfg: ModelConfig, ckpt: Checkpoint, dtype: torch.dtype,
+                     cpu_layers: list[bool], progress) -> None:
+    expected: dict[str, tuple[int, ...]] = {}
+    dense = dict(_dense_params(model))
+    for name, p in dense.items():
+        expected[name] = tuple(p.shape)
+    h, inter = cfg.hidden_size, cfg.moe_intermediate_size
+    for i, _ in model.moe_blocks():
+        for e in range(cfg.num_experts):
+            g, u, d = expert_tensor_names(model, i, e)
+            expected[g] = expected[u] = (inter, h)
+            expected[d] = (h, inter)
+    present = {n for n in ckpt.names() if not n.endswith(IGNORED_SUFFIXES)}
+    if cfg.tie_word_embeddings:
+        present.discard("lm_head.weight")
+    missing = sorted(set(expected) - present)
+    if missing:
+        raise CheckpointError(f"checkpoint {ckpt.path} is missing tensor {missing[0]!r}"
+                              + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    unexpected = sorted(present - set(expected))
+    if unexpected:
+        n = unexpected[0]
+        raise CheckpointError(f"unexpected tensor {n!r} in {ckpt.where(n)} ({ckpt.path}) "
+                              f"for model_type {cfg.model_type}")
+    for n, shape in expected.items():
+        got = ckpt.shape(n)
+        if got != shape:
+            raise CheckpointError(f"tensor {n!r} in {ckpt.where(n)} ({ckpt.path}) has shape "
+                                  f"{list(got)}, expected {list(shape)}")
+    with torch.no_grad():
+        for name, p in dense.items():
+            p.copy_(ckpt.get(name).to(p.dtype))
+            if progress:
+                progress(1)
+        for i, moe in model.moe_blocks():
+            names = [expert_tensor_names(model, i, e) for e in range(cfg.num_experts)]
+            if cpu_layers[i]:
+                from ..layers.cpu_experts import CpuExperts
+                stack = [torch.stack([ckpt.get(n[j]) for n in names]) for j in range(3)]
+                moe.use_cpu_experts(CpuExperts.from_weights(*stack, dtype=dtype))
+            else:
+                for e, (g, u, d) in enumerate(names):
+                    moe.experts.gate_up[e, :inter].copy_(ckpt.get(g).to(dtype))
+                    moe.experts.gate_up[e, inter:].copy_(ckpt.get(u).to(dtype))
+                    moe.experts.down[e].copy_(ckpt.get(d).to(dtype))
+            if progress:
+                progress(1)
+
+
+def _seed_for(seed: int, name: str) -> int:
+    return (seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63)
+
+
+def _init_random(model: CausalLM, cfg: ModelConfig, dtype: torch.dtype, seed: int,
+                 cpu_layers: list[bool], progress) -> None:
+    """Seeded init like the models' own ``_init_weights``: normal(0, initializer_range) for
+    matrices and embeddings, ones for norms. Each tensor has its own seed (stable across runs)."""
+    std = float(cfg.raw.get("initializer_range", 0.02))
+    with torch.no_grad():
+        for name, p in _dense_params(model):
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                g = torch.Generator(device=p.device).manual_seed(_seed_for(seed, name))
+                p.normal_(0.0, std, generator=g)
+            if progress:
+                progress(1)
+        for i, moe in model.moe_blocks():
+            if cpu_layers[i]:
+                from ..layers.cpu_experts import CpuExperts
+                moe.use_cpu_experts(CpuExperts.random(cfg.num_experts, cfg.hidden_size,
+                                                      cfg.moe_intermediate_size, dtype=dtype,
+                                                      seed=_seed_for(seed, f"experts.{i}"), std=std))
+            else:
+                for t in (moe.experts.gate_up, moe.experts.down):
+                    g = torch.Generator(device=t.device).manual_seed(_seed_for(seed, f"{i}.{t.shape}"))
+                    t.normal_(0.0, std, generator=g)
+            if progress:
+                progress(1)
+
