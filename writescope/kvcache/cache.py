@@ -314,6 +314,9 @@ class InplaceKVCache:
         for side in ("cpu", "gpu"):
             self.counters[f"kv.bytes_read.{side}"] += step["read_tokens"][side] * tb
         self.counters["kv.steps"] += 1
+        for r, n in self.live_blocks().items():
+            key = f"kv.peak_blocks.{r}"
+            self.counters[key] = max(self.counters.get(key, 0), n)
         timing.update(step_s=time.perf_counter() - step["t0"],
                       cpu_bytes=step["read_tokens"]["cpu"] * tb,
                       gpu_bytes=step["read_tokens"]["gpu"] * tb,

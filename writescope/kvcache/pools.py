@@ -4,8 +4,9 @@
   CUDA is present), pageable 64-byte-aligned host memory for C (advised for huge pages).
 * :class:`BlockAllocator` -- free-list ids for G and C; W slots.
 * :class:`ExtentAllocator` -- T ids as contiguous runs: a sequence's next T block is taken right
-  after its previous one when free, so a layer's T blocks of one sequence form few extents and
-  move to the GPU in few DMA copies.
+  after its previous one when free, and a new run starts in the middle of the largest free gap
+  (leaving room on both sides), so a layer's T blocks of one sequence form few extents and move
+  to the GPU in few DMA copies.
 """
 from __future__ import annotations
 
@@ -97,25 +98,27 @@ class ExtentAllocator(BlockAllocator):
         while len(out) < k and 0 <= nxt < self.n and not self.used[nxt]:
             out.append(nxt)
             nxt += 1
-        # 2. the first free run long enough for the rest, else the longest runs first
+        # 2. a new run in the middle of the largest free gap, so that both this sequence and
+        #    the one before the gap have room to grow contiguously
         while len(out) < k:
             need = k - len(out)
             free = ~self.used
             free[out] = False
-            start, length = _best_run(free, need)
-            out.extend(range(start, start + min(length, need)))
+            start, length = _largest_run(free)
+            take = min(length, need)
+            if start > 0:  # a neighbour ends just before the gap: leave it half the slack
+                start += (length - take) // 2
+            out.extend(range(start, start + take))
         self.used[out] = True
         taken = set(out)
         self._free = [i for i in self._free if i not in taken]
         return out
 
 
-def _best_run(free: np.ndarray, need: int) -> tuple[int, int]:
-    """(start, length) of the first free run of at least ``need`` ids, else of the longest run."""
+def _largest_run(free: np.ndarray) -> tuple[int, int]:
+    """(start, length) of the longest run of free ids (the first of equals)."""
     padded = np.concatenate(([False], free, [False]))
     edges = np.flatnonzero(padded[1:] != padded[:-1])
     starts, ends = edges[::2], edges[1::2]
-    lengths = ends - starts
-    ok = np.flatnonzero(lengths >= need)
-    i = int(ok[0]) if ok.size else int(np.argmax(lengths))
-    return int(starts[i]), int(lengths[i])
+    i = int(np.argmax(ends - starts))
+    return int(starts[i]), int(ends[i] - starts[i])

@@ -253,7 +253,8 @@ def _rope(d: dict) -> tuple[float, dict | None]:
             rp = next(iter(rp.values()))
         theta = rp.get("rope_theta", d.get("rope_theta", 10000.0))
         rtype = rp.get("rope_type", rp.get("type", "default"))
-        scaling = None if rtype == "default" else {k: v for k, v in rp.items() if k != "rope_theta"}
+        scaling = None if rtype == "default" else {
+            k: v for k, v in rp.items() if k not in ("rope_theta", "type", "rope_type")}
         if scaling is not None:
             scaling["rope_type"] = rtype
         return theta, scaling
@@ -261,7 +262,8 @@ def _rope(d: dict) -> tuple[float, dict | None]:
     rs = d.get("rope_scaling")
     if rs:
         rs = dict(rs)
-        rtype = rs.get("rope_type", rs.get("type", "default"))
+        rtype = rs.pop("rope_type", None) or rs.pop("type", "default")
+        rs.pop("type", None)
         rs["rope_type"] = rtype
         if rtype == "default":
             rs = None

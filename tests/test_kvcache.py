@@ -1,0 +1,153 @@
+"""InplaceKVCache: any placement and any CPU/GPU assignment gives dense attention; invariants."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from writescope.attention.reference import dense_attention
+from writescope.core import RequestTooLargeError
+from writescope.kvcache.cache import CacheLayout, InplaceKVCache, plan_layout
+from writescope.kvcache.placement import PlacementPolicy, StaticPolicy
+from writescope.kvcache.pools import KVCacheError
+from writescope.kvcache.regions import KVSpec, Region
+
+SPECS = {
+    "gqa": lambda L: KVSpec.gqa(L, 2, 16, torch.float32),
+    "mla": lambda L: KVSpec.mla(L, 24, 8, torch.float32),
+}
+
+
+class RandomPolicy(PlacementPolicy):
+    """Random homes and random CPU/GPU assignments (T blocks read by the CPU, C by the GPU...)."""
+
+    name = "random-test"
+
+    def __init__(self, seed: int):
+        self.rng = random.Random(seed)
+
+    def place(self, seq, num_blocks, capacity):
+        free = dict(capacity.free)
+        out = []
+        for _ in range(num_blocks):
+            r = self.rng.choice([r for r in (Region.G, Region.T, Region.C) if free[r] > 0])
+            free[r] -= 1
+            out.append(r)
+        return out
+
+    def assign(self, seq):
+        return [self.rng.random() < 0.5 for _ in seq.regions]
+
+
+def make_cache(spec, bs, policy, blocks=64, seqs=4):
+    layout = CacheLayout(bs, {Region.G: blocks, Region.T: blocks, Region.C: blocks, Region.W: seqs})
+    return InplaceKVCache(spec, layout, policy, "cpu", scale=0.3)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(kind=st.sampled_from(["gqa", "mla"]), bs=st.sampled_from([2, 4, 8, 16]),
+       lens=st.lists(st.integers(1, 50), min_size=1, max_size=3),
+       chunk=st.integers(1, 40), seed=st.integers(0, 10_000))
+def test_any_placement_and_assignment_equals_dense(kind, bs, lens, chunk, seed):
+    L = 2
+    spec = SPECS[kind](L)
+    hq = 4
+    cache = make_cache(spec, bs, RandomPolicy(seed), blocks=sum(lens) // bs + 8)
+    g = torch.Generator().manual_seed(seed)
+    recs = {i: torch.randn(L, n, spec.num_kv_heads, spec.rec_dim, generator=g) for i, n in enumerate(lens)}
+    for i, n in enumerate(lens):
+        cache.add_sequence(i, n)
+    done = [0] * len(lens)
+    while any(d < n for d, n in zip(done, lens)):
+        work = []
+        for i, n in enumerate(lens):
+            if done[i] < n:
+                k = min(chunk if done[i] == 0 else random.Random(seed + done[i]).randint(1, chunk), n - done[i])
+                work.append((i, done[i], k))
+        cache.begin_step(work)
+        nq = sum(k for _, _, k in work)
+        for layer in range(L):
+            q = torch.randn(nq, hq, spec.k_dim, generator=g)
+            rec = torch.cat([recs[i][layer, s:s + k] for i, s, k in work])
+            out = cache.attention(layer, q, rec)
+            row = 0
+            for i, s, k in work:
+                r = recs[i][layer, :s + k]
+                ref, _ = dense_attention(q[row:row + k], spec.k(r), spec.v(r), 0.3,
+                                         torch.arange(s, s + k), torch.arange(s + k))
+                err = (out[row:row + k].double() - ref).norm() / ref.norm()
+                assert err < 1e-5, (kind, bs, lens, i, s, k, float(err))
+                row += k
+        cache.end_step()
+        for i, s, k in work:
+            done[i] = s + k
+    s = cache.stats()
+    assert s["kv.bytes_moved_after_placement"] == 0
+    for i in range(len(lens)):
+        cache.free_sequence(i)
+    assert all(cache.stats()[f"kv.blocks.{r}"] == 0 for r in "GTCW")
+
+
+def test_static_policy_puts_prefix_in_c():
+    spec = SPECS["gqa"](1)
+    cache = make_cache(spec, 4, StaticPolicy(0.5), blocks=32)
+    cache.layout.num_blocks[Region.G] = 0
+    cache.alloc[Region.G].__init__(0, "G")
+    cache.add_sequence(0, 40)
+    cache.begin_step([(0, 0, 40)])
+    cache.attention(0, torch.randn(40, 4, 16), torch.randn(40, 2, 32))
+    cache.end_step()
+    assert cache.seqs[0].regions() == (Region.C,) * 5 + (Region.T,) * 5
+
+
+def test_budgets_and_admission():
+    spec = SPECS["gqa"](1)
+    layout = plan_layout(spec, 8, device_bytes=spec.block_bytes(8) * 6, pinned_bytes=spec.block_bytes(8) * 2,
+                         host_bytes=spec.block_bytes(8) * 2, max_tokens_total=10_000, max_num_seqs=2)
+    assert layout.num_blocks == {Region.G: 4, Region.T: 2, Region.C: 2, Region.W: 2}
+    cache = InplaceKVCache(spec, layout, StaticPolicy(0.5), "cpu", 1.0)
+    with pytest.raises(RequestTooLargeError):
+        cache.add_sequence(0, 8 * 9)  # 9 blocks > 8 sealed blocks in all regions
+    cache.add_sequence(0, 8 * 6)
+    assert not cache.can_admit(8 * 3)  # only 2 unreserved blocks left
+    with pytest.raises(KVCacheError):
+        cache.add_sequence(1, 8 * 3)
+    st = cache.stats()
+    assert st["kv.vram_bytes"] <= spec.block_bytes(8) * 6
+    assert st["kv.pinned_bytes"] <= spec.block_bytes(8) * 2
+
+
+def test_misuse_raises():
+    spec = SPECS["gqa"](1)
+    cache = make_cache(spec, 4, StaticPolicy(0.5))
+    cache.add_sequence(0, 8)
+    cache.free_sequence(0)
+    with pytest.raises(KVCacheError):
+        cache.free_sequence(0)  # freed twice
+    with pytest.raises(KVCacheError):
+        cache.begin_step([(0, 0, 1)])  # reading/writing a freed sequence
+    cache.add_sequence(1, 8)
+    with pytest.raises(KVCacheError):
+        cache.begin_step([(1, 3, 1)])  # writing at the wrong position (into sealed history)
+    with pytest.raises(KVCacheError):
+        cache.alloc[Region.G].free([5])  # freeing a block that is not allocated
+
+
+def test_t_blocks_are_contiguous_runs():
+    spec = SPECS["gqa"](1)
+    cache = make_cache(spec, 2, StaticPolicy(0.0), blocks=64)
+    cache.layout.num_blocks[Region.G] = 0
+    cache.alloc[Region.G].__init__(0, "G")
+    for i in range(3):
+        cache.add_sequence(i, 40)
+    for s in range(0, 20):  # three sequences decoding in lock-step
+        cache.begin_step([(i, s, 1) for i in range(3)])
+        cache.attention(0, torch.randn(3, 4, 16), torch.randn(3, 2, 32))
+        cache.end_step()
+    for i in range(3):
+        ids = cache.seqs[i].sealed_ids.tolist()
+        runs = 1 + sum(b != a + 1 for a, b in zip(ids, ids[1:]))
+        assert runs <= 2, ids

@@ -1,0 +1,57 @@
+"""Options every command that builds an engine shares (model, dtype, device, budgets, policy)."""
+from __future__ import annotations
+
+import argparse
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model and engine")
+    g.add_argument("--model", default=None,
+                   help="checkpoint folder, or deepseek-v2-lite | qwen3-30b-a3b | mixtral-8x7b with "
+                        "--random-weights (default: the embedded default model)")
+    g.add_argument("--random-weights", action="store_true", help="seeded random weights at full size")
+    g.add_argument("--dtype", default="bfloat16", help="bfloat16 (default), float16 or float32")
+    g.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--vram-budget", default=None, help="everything the engine puts on the GPU, e.g. 32GiB")
+    g.add_argument("--pinned-budget", default=None, help="pinned host memory for the T region")
+    g.add_argument("--host-budget", default=None, help="pageable host memory for the C region")
+    g.add_argument("--num-gpu-blocks", type=int, default=None, help="cap on G-region blocks")
+    g.add_argument("--block-size", type=int, default=None, help="tokens per KV block")
+    g.add_argument("--kv-policy", default="writescope",
+                   help="writescope (default), static, transfer, cpu")
+    g.add_argument("--cpu-share", type=float, default=0.5, help="CPU fraction of spilled KV (static)")
+    g.add_argument("--experts", default="auto", choices=("auto", "gpu", "cpu"),
+                   help="where routed experts run")
+    g.add_argument("--max-num-seqs", type=int, default=64)
+    g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    g.add_argument("--cpu-threads", type=int, default=None, help="threads for CPU attention")
+    g.add_argument("--profile", default=None, help="hardware profile JSON (writescope calibrate)")
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict:
+    kw = dict(model=args.model, dtype=args.dtype, device=args.device,
+              random_weights=args.random_weights, seed=args.seed,
+              vram_budget=args.vram_budget, pinned_budget=args.pinned_budget,
+              host_budget=args.host_budget, num_gpu_blocks=args.num_gpu_blocks,
+              kv_policy=args.kv_policy, cpu_share=args.cpu_share, experts=args.experts,
+              max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+              max_num_batched_tokens=args.max_num_batched_tokens, cpu_threads=args.cpu_threads,
+              profile=args.profile)
+    if args.block_size is not None:
+        kw["block_size"] = args.block_size
+    return kw
+
+
+def kv_summary(stats: dict) -> str:
+    """One line: where the KV lived, the CPU share of attention, bytes moved after placement."""
+    from ..units import format_bytes
+    parts = []
+    for r in "GTCW":
+        w = stats.get(f"kv.bytes_written.{r}", 0)
+        parts.append(f"{r} {stats.get(f'kv.peak_blocks.{r}', stats.get(f'kv.blocks.{r}', 0))} blk/"
+                     f"{format_bytes(w)}")
+    return (f"KV: {', '.join(parts)} written | CPU share of attention reads "
+            f"{stats.get('kv.cpu_share_of_reads', 0.0):.0%} | moved after placement "
+            f"{format_bytes(stats.get('kv.bytes_moved_after_placement', 0))}")

@@ -1,0 +1,79 @@
+"""``writescope generate``: run prompts through the engine and print or save the results."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from .common import add_engine_args, engine_kwargs, kv_summary
+
+
+def register(sub) -> None:
+    p = sub.add_parser("generate", help="generate text for one prompt or a JSONL file of prompts",
+                       description="Generate text. With no --model the embedded default model is used.")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="the prompt text")
+    src.add_argument("--prompts-file", help='JSONL: one {"prompt": "..."} (or a plain string) per line')
+    p.add_argument("--chat", action="store_true", help="wrap prompts in the model's chat template")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=-1)
+    p.add_argument("--output", help="write results as JSONL here")
+    add_engine_args(p)
+    p.set_defaults(func=run)
+
+
+def _read_prompts(path: str) -> list:
+    prompts = []
+    with open(path) as f:
+        for i, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{i}: not valid JSON ({e})") from None
+            if isinstance(obj, dict):
+                obj = obj.get("prompt", obj.get("prompt_token_ids"))
+            if not isinstance(obj, (str, list)):
+                raise ValueError(f'{path}:{i}: expected a string or {{"prompt": ...}}')
+            prompts.append(obj)
+    if not prompts:
+        raise ValueError(f"{path} holds no prompts")
+    return prompts
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..core import SamplingParams
+    from ..llm import LLM
+
+    prompts = [args.prompt] if args.prompt is not None else _read_prompts(args.prompts_file)
+    llm = LLM(**engine_kwargs(args), show_progress=True)
+    if args.chat:
+        prompts = [llm.tokenizer.apply_chat_template([{"role": "user", "content": p}])
+                   if isinstance(p, str) else p for p in prompts]
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                            max_tokens=args.max_tokens, seed=args.seed)
+    t0 = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=True)
+    dt = time.perf_counter() - t0
+    n_tok = sum(len(o.token_ids) for o in outputs)
+    out_f = open(args.output, "w") if args.output else None
+    for o in outputs:
+        if out_f:
+            out_f.write(json.dumps({"prompt": o.prompt, "prompt_token_ids": o.prompt_token_ids,
+                                    "text": o.text, "token_ids": o.token_ids,
+                                    "finish_reason": o.finish_reason}) + "\n")
+        else:
+            print(o.text)
+    if out_f:
+        out_f.close()
+        print(f"wrote {len(outputs)} results to {args.output}", file=sys.stderr)
+    stats = llm.stats()
+    print(f"{len(outputs)} requests, {n_tok} tokens in {dt:.2f} s: {n_tok / dt:.1f} tokens/s",
+          file=sys.stderr)
+    print(kv_summary(stats), file=sys.stderr)
+    return 0
