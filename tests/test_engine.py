@@ -1,0 +1,137 @@
+"""The engine and the vLLM-shaped API: sampling, stops, limits, errors, aborts, statistics."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from writescope import LLM, SamplingParams
+from writescope.core import InvalidRequestError, RequestTooLargeError
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_qwen3_moe):
+    return LLM(str(tiny_qwen3_moe), dtype="float32", device="cpu", block_size=8, max_model_len=256,
+               max_num_seqs=8, num_gpu_blocks=4, kv_policy="static", cpu_share=0.5)
+
+
+def test_outputs_have_vllm_fields(llm):
+    outs = llm.generate(["hello there", [5, 6, 7]], SamplingParams(temperature=0, max_tokens=5,
+                                                                  ignore_eos=True, logprobs=1))
+    assert len(outs) == 2
+    o = outs[0]
+    assert o.prompt == "hello there" and o.prompt_token_ids == llm.tokenizer.encode("hello there")
+    assert len(o.token_ids) == 5 and o.finish_reason == "length" and len(o.logprobs) == 5
+    assert o.text == llm.tokenizer.decode(o.token_ids)
+    assert outs[1].prompt is None and outs[1].prompt_token_ids == [5, 6, 7]
+    assert llm.generate("x", SamplingParams(max_tokens=2, ignore_eos=True))[0].logprobs is None
+
+
+def test_seeded_sampling_is_reproducible_and_varies(llm):
+    p = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, max_tokens=12, seed=7, ignore_eos=True)
+    a = llm.generate(["once upon"], p)[0].token_ids
+    b = llm.generate(["once upon"], p)[0].token_ids
+    c = llm.generate(["once upon"], SamplingParams(temperature=1.0, max_tokens=12, seed=8,
+                                                   ignore_eos=True))[0].token_ids
+    assert a == b and a != c
+
+
+def test_top_k_one_is_greedy(llm):
+    g = llm.generate(["abc"], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))[0]
+    k1 = llm.generate(["abc"], SamplingParams(temperature=1.5, top_k=1, max_tokens=8, seed=3,
+                                              ignore_eos=True))[0]
+    assert g.token_ids == k1.token_ids
+
+
+def test_stop_token_and_stop_string(llm):
+    base = llm.generate(["the"], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
+    stop_tok = base.token_ids[3]
+    o = llm.generate(["the"], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True,
+                                             stop_token_ids=[stop_tok]))[0]
+    assert o.finish_reason == "stop" and o.token_ids == base.token_ids[:base.token_ids.index(stop_tok) + 1]
+    text = base.text
+    assert len(text) > 4
+    stop = text[2:4]
+    o = llm.generate(["the"], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop=[stop]))[0]
+    assert o.finish_reason == "stop" and o.text == text[:text.find(stop)]
+
+
+def test_bad_parameters_are_rejected():
+    for kw in (dict(temperature=-1), dict(top_p=0), dict(top_p=1.5), dict(max_tokens=0),
+               dict(max_tokens=-3), dict(top_k=-2), dict(temperature=float("nan"))):
+        with pytest.raises(InvalidRequestError):
+            SamplingParams(**kw)
+
+
+def test_limits(llm):
+    with pytest.raises(RequestTooLargeError, match="max_model_len"):
+        llm.generate([[5] * 300])
+    with pytest.raises(InvalidRequestError, match="token ids"):
+        llm.generate([[5, 10**6]])
+    with pytest.raises(InvalidRequestError, match="empty"):
+        llm.generate([[]])
+    # max_tokens is clipped to the context
+    o = llm.generate([[5] * 250], SamplingParams(temperature=0, max_tokens=100, ignore_eos=True))[0]
+    assert len(o.token_ids) == 6 and o.finish_reason == "length"
+
+
+def test_request_that_can_never_fit_the_budgets(tiny_qwen3_moe):
+    small = LLM(str(tiny_qwen3_moe), dtype="float32", device="cpu", block_size=8, max_model_len=512,
+                max_num_seqs=2, num_gpu_blocks=2, pinned_budget=0, host_budget=0)
+    with pytest.raises(RequestTooLargeError, match="never fit"):
+        small.generate([[5] * 100], SamplingParams(max_tokens=10))
+    assert small.stats()["kv.bytes_written.G"] == 0  # refused before anything was written
+    assert len(small.generate([[5] * 9], SamplingParams(max_tokens=5, ignore_eos=True))[0].token_ids) == 5
+
+
+def test_abort_frees_kv_at_once(llm):
+    eng = llm.engine
+    eng.add_request("x", [3] * 40, SamplingParams(max_tokens=50, ignore_eos=True))
+    eng.add_request("y", [4] * 20, SamplingParams(max_tokens=50, ignore_eos=True))
+    for _ in range(8):
+        eng.step()
+    assert eng.stats()["kv.blocks.W"] == 2
+    eng.abort_request("x")
+    assert eng.stats()["kv.blocks.W"] == 1
+    eng.abort_request("y")
+    eng.abort_request("unknown")
+    s = eng.stats()
+    assert all(s[f"kv.blocks.{r}"] == 0 for r in "GTCW") and not eng.has_unfinished_requests()
+
+
+def test_more_requests_than_batch_slots_all_finish(llm):
+    prompts = [[7 + i] * (3 + 5 * i) for i in range(20)]
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+    assert [len(o.token_ids) for o in outs] == [6] * 20
+    assert llm.stats()["kv.bytes_moved_after_placement"] == 0
+
+
+def test_cli_generate(tmp_path, tiny_qwen3_moe):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "hi"}) + "\n" + json.dumps("there") + "\n")
+    out = tmp_path / "o.jsonl"
+    r = subprocess.run([sys.executable, "-m", "writescope.cli", "generate", "--model", str(tiny_qwen3_moe),
+                        "--prompts-file", str(prompts), "--max-tokens", "4", "--dtype", "float32",
+                        "--device", "cpu", "--output", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [row["prompt"] for row in rows] == ["hi", "there"]
+    assert "tokens/s" in r.stderr and "moved after placement 0 B" in r.stderr
+
+
+def test_cli_errors_are_clear(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "writescope.cli", "generate", "--model", str(tmp_path / "none"),
+                        "--prompt", "x"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "error:" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cli_generate_default_model_fresh_cache(tmp_path):
+    import os
+    env = dict(os.environ, WRITESCOPE_CACHE=str(tmp_path / "cache"))
+    r = subprocess.run([sys.executable, "-m", "writescope.cli", "generate", "--prompt", "hello",
+                        "--max-tokens", "4", "--device", "cpu"], capture_output=True, text=True,
+                       timeout=600, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() and "tokens/s" in r.stderr
