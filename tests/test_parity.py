@@ -101,3 +101,15 @@ def test_batch_of_different_lengths_equals_one_at_a_time(all_tiny):
         single = engine(all_tiny, kv_policy="static", cpu_share=0.5, num_gpu_blocks=6).generate([p], params)[0]
         assert b.token_ids == single.token_ids
         assert max(abs(x - y) for x, y in zip(b.logprobs, single.logprobs)) < 1e-4
+
+
+def test_cpu_experts_match_transformers(all_tiny):
+    """Routed experts computed by the CPU kernel (experts="cpu") give transformers' tokens too."""
+    llm = engine(all_tiny, experts="cpu", kv_policy="static", cpu_share=0.5, num_gpu_blocks=3)
+    assert llm.stats()["engine.experts_on_cpu_layers"] == len(llm.engine.config.moe_layers)
+    ids = prompt_ids(llm.engine.config.vocab_size)
+    ref_toks, ref_lps = reference(str(all_tiny), tuple(ids))
+    (out,) = llm.generate([ids], GREEDY)
+    check(out, ref_toks, ref_lps)
+    gpu = engine(all_tiny, experts="gpu", kv_policy="static", cpu_share=0.5, num_gpu_blocks=3)
+    assert gpu.generate([ids], GREEDY)[0].token_ids == out.token_ids

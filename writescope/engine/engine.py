@@ -148,9 +148,13 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ sizing helpers
     def _activation_bytes(self, max_tokens: int) -> int:
-        """Activation memory of one step, planned from the model's widest tensors: hidden states,
-        the MLP/expert intermediate, q/k/v, a prefill chunk's attention scores and the logits of
-        the sampled rows. (On CUDA the engine's peak use is checked against the budget in stats.)"""
+        """Activation memory of the largest step. On CUDA it is measured, as vLLM does: one
+        warm-up forward of ``max_tokens`` prompt tokens (attention over themselves only), peak
+        allocation minus what was allocated before. Elsewhere it is planned from the widest
+        tensors of a step: hidden states, the MLP/expert intermediate, q/k/v, a prefill chunk's
+        attention scores and the logits of the sampled rows."""
+        if self.device.type == "cuda":
+            return self._measure_activation_bytes(max_tokens)
         cfg = self.config
         item = torch.tensor([], dtype=self.dtype).element_size()
         width = max(cfg.hidden_size * 4, cfg.intermediate_size * 2,
@@ -160,6 +164,28 @@ class LLMEngine:
         scores = cfg.num_heads * chunk * chunk * 4 * 2
         logits = 256 * cfg.vocab_size * 4
         return max_tokens * width * item * 2 + scores + logits
+
+    @torch.inference_mode()
+    def _measure_activation_bytes(self, max_tokens: int) -> int:
+        from ..attention.selfattn import causal_self_attention
+        spec, scale = self.config.kv_spec(self.dtype), self.config.softmax_scale
+
+        class WarmupContext:  # attention of one long segment over itself; no cache writes
+            def attention(self, layer, q, records):
+                return causal_self_attention(q, records, spec, [q.shape[0]], scale)[0].to(q.dtype)
+
+        torch.cuda.synchronize(self.device)
+        before = torch.cuda.memory_allocated(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        n = min(max_tokens, self.max_model_len)
+        ids = torch.randint(0, self.config.vocab_size, (n,), device=self.device)
+        hidden = self.model(ids, torch.arange(n, device=self.device), WarmupContext())
+        self.model.compute_logits(hidden[-min(n, 256):])
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) - before
+        del hidden
+        torch.cuda.empty_cache()
+        return int(peak * 1.1)  # 10% headroom for allocator fragmentation
 
     @staticmethod
     def _load_profile(profile):

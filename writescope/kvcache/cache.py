@@ -35,7 +35,7 @@ from ..attention.selfattn import causal_self_attention
 from ..core import RequestTooLargeError
 from .placement import CacheCapacity, PlacementPolicy, SeqKV
 from .pools import BlockAllocator, ExtentAllocator, KVCacheError, allocate_pool
-from .regions import DEVICE_REGIONS, KVSpec, Region, to_cpu_layout
+from .regions import DEVICE_REGIONS, KVSpec, Region, block_records, to_cpu_layout
 from .table import CODE_REGIONS, REGION_CODES, SeqTable
 
 
@@ -142,6 +142,8 @@ class InplaceKVCache:
         if self._step is not None:
             raise KVCacheError("begin_step called twice without end_step")
         bs = self.bs
+        if type(self.policy).migrations is not PlacementPolicy.migrations:
+            self._migrate(work)
         cap = CacheCapacity({r: self.alloc[r].num_free for r in (Region.G, Region.T, Region.C)},
                             bs, self.block_bytes)
         # ---- placement of the blocks completed this step
@@ -218,6 +220,30 @@ class InplaceKVCache:
         step["by_region"] = by_region
         self._step = step
         self.hybrid.begin_step(plan)
+
+    def _migrate(self, work) -> None:
+        """Apply the policy's block moves (the ``migrate`` baseline only): copy each block to its
+        new region, re-laid-out for it, free the old slot, count the bytes moved."""
+        cap = CacheCapacity({r: self.alloc[r].num_free for r in (Region.G, Region.T, Region.C)},
+                            self.bs, self.block_bytes)
+        views = [SeqKV(sid, self.seqs[sid].num_tokens, self.seqs[sid].regions()) for sid, _, _ in work]
+        for seq_id, idx, dst in self.policy.migrations(views, cap):
+            t = self._table(seq_id)
+            src = CODE_REGIONS[int(t.codes[idx])]
+            if src is dst or self.alloc[dst].num_free == 0:
+                continue
+            old = int(t.ids[idx])
+            (new,) = self.alloc[dst].alloc(1)
+            for layer in range(self.spec.num_layers):
+                rec = block_records(src, self.pools[src], layer, old)  # [bs, H, R]
+                if dst is Region.C:
+                    self.pools[dst][layer, new].copy_(to_cpu_layout(rec.to("cpu")))
+                else:
+                    self.pools[dst][layer, new].copy_(rec.to(self.pools[dst].device))
+            self.alloc[src].free([old])
+            t.codes[idx] = REGION_CODES[dst]
+            t.ids[idx] = new
+            self.counters["kv.bytes_moved_after_placement"] += self.block_bytes
 
     def _build_plan(self, work) -> tuple[AttentionStepPlan, dict[str, int]]:
         """Which cached blocks each side attends, as one BlockBatch per (side, region)."""

@@ -10,6 +10,7 @@ The cache asks its policy two questions, both pure data in, pure data out:
   (the rest, and the W tail, go to the GPU). Any answer is correct; it only changes speed.
 
 :meth:`PlacementPolicy.observe` receives measured step timings (the planner's feedback hook).
+:meth:`PlacementPolicy.migrations` exists for the ``migrate`` baseline only.
 """
 from __future__ import annotations
 
@@ -52,6 +53,14 @@ class PlacementPolicy(ABC):
 
     def observe(self, timing: dict[str, Any]) -> None:  # feedback hook; rule policies ignore it
         return None
+
+    def migrations(self, seqs: list[SeqKV], capacity: CacheCapacity) -> list[tuple[int, int, Region]]:
+        """Sealed blocks to move before this step, as ``(seq_id, block_index, new_region)``.
+
+        Only the ``migrate`` baseline (a NEO-style one-state cache that rebalances by moving data)
+        returns anything: every writescope policy and every rule policy leaves blocks where they
+        were written. Moved bytes are counted in ``kv.bytes_moved_after_placement``."""
+        return []
 
     def stats(self) -> dict[str, Any]:
         return {}
@@ -142,3 +151,6 @@ def make_policy(name: str, **options: Any) -> PlacementPolicy:
     if name not in POLICIES:
         raise ValueError(f"unknown kv_policy {name!r}; choose one of {sorted(POLICIES)}")
     return POLICIES[name](**options)
+
+
+from . import migrate  # noqa: E402,F401  (registers the "migrate" baseline policy)

@@ -1,0 +1,121 @@
+"""Routed-expert placement rule (writescope.layers.expert_placement)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from writescope.layers.expert_placement import (choose_expert_layers, default_margin_bytes,
+                                                expert_placement_summary)
+from writescope.models.config import ModelConfig
+
+GB = 10**9
+GiB = 2**30
+BF = torch.bfloat16
+MODELS = ["deepseek-v2-lite", "qwen3-30b-a3b", "mixtral-8x7b"]
+
+
+@pytest.fixture(scope="module", params=MODELS)
+def cfg(request):
+    return ModelConfig.from_hf(request.param)
+
+
+def _bytes(cfg, key, dtype=BF):
+    return cfg.param_counts()[key] * torch.empty(0, dtype=dtype).element_size()
+
+
+def test_modes_without_budget(cfg):
+    n = cfg.num_layers
+    assert choose_expert_layers(cfg, "gpu", None, 0, BF) == [False] * n
+    assert choose_expert_layers(cfg, "auto", None, 10 * GB, BF) == [False] * n  # no GPU limit
+    cpu = choose_expert_layers(cfg, "cpu", None, 0, BF)
+    assert cpu == [i in set(cfg.moe_layers) for i in range(n)]
+    assert not any(cpu[i] for i in cfg.dense_layers)
+
+
+def test_deepseek_dense_first_layer_stays():
+    cfg = ModelConfig.from_hf("deepseek-v2-lite")
+    assert cfg.dense_layers == (0,)
+    flags = choose_expert_layers(cfg, "cpu", 32 * GB, 2 * GiB, BF)
+    assert flags[0] is False and all(flags[1:])
+
+
+def test_auto_at_32gb_moves_experts_and_fits(cfg):
+    budget, kv = 32 * GB, 2 * GiB
+    flags = choose_expert_layers(cfg, "auto", budget, kv, BF)
+    s = expert_placement_summary(cfg, flags, BF)
+    # none of the reference models fits 32 GB with its routed experts on the GPU
+    assert s["cpu_expert_layers"] >= 1
+    assert s["gpu_weight_bytes"] + kv + default_margin_bytes(budget) <= budget
+    # maximal: one more MoE layer on the GPU would not fit
+    per_layer = cfg.num_experts * _bytes(cfg, "expert")
+    if s["cpu_expert_layers"] < s["moe_layers"]:
+        assert s["gpu_weight_bytes"] + per_layer + kv + default_margin_bytes(budget) > budget
+    # the first MoE layers go to the CPU (llama.cpp --n-cpu-moe convention)
+    cpu_layers = [i for i, f in enumerate(flags) if f]
+    assert cpu_layers == list(cfg.moe_layers[: len(cpu_layers)])
+
+
+def test_auto_everything_fits(cfg):
+    need = _bytes(cfg, "total") + 4 * GiB + GiB
+    big = need * 21 // 20 + 2 * GiB
+    assert choose_expert_layers(cfg, "auto", big, 4 * GiB, BF) == [False] * cfg.num_layers
+    # exact arithmetic with an explicit margin: fits at the boundary, not one byte below
+    exact = _bytes(cfg, "total") + 4 * GiB + 123
+    assert not any(choose_expert_layers(cfg, "auto", exact, 4 * GiB, BF, margin_bytes=123))
+    assert any(choose_expert_layers(cfg, "auto", exact - 1, 4 * GiB, BF, margin_bytes=123))
+
+
+def test_fp32_needs_more_cpu_layers():
+    cfg = ModelConfig.from_hf("qwen3-30b-a3b")
+    b = sum(choose_expert_layers(cfg, "auto", 64 * GB, GiB, BF))
+    f = sum(choose_expert_layers(cfg, "auto", 64 * GB, GiB, torch.float32))
+    assert f > b
+
+
+def test_budget_too_small_raises(cfg):
+    with pytest.raises(ValueError, match="exceed the VRAM budget"):
+        choose_expert_layers(cfg, "gpu", 32 * GB, GiB, BF)
+    with pytest.raises(ValueError, match="every routed expert on the CPU"):
+        choose_expert_layers(cfg, "auto", 2 * GB, GiB, BF)
+    with pytest.raises(ValueError, match="every routed expert on the CPU"):
+        choose_expert_layers(cfg, "cpu", 2 * GB, GiB, BF)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(experts="GPUs"), "experts must be"),
+    (dict(experts=None), "experts must be"),
+    (dict(vram_budget_bytes=-1), "vram_budget_bytes"),
+    (dict(vram_budget_bytes=3.5e10), "vram_budget_bytes"),
+    (dict(kv_bytes_needed=-5), "kv_bytes_needed"),
+    (dict(dtype="bfloat16"), "dtype"),
+    (dict(dtype=torch.int8), "dtype"),
+    (dict(margin_bytes=-1), "margin_bytes"),
+])
+def test_bad_values(kwargs, match):
+    cfg = ModelConfig.from_hf("mixtral-8x7b")
+    args = dict(experts="auto", vram_budget_bytes=32 * GB, kv_bytes_needed=0, dtype=BF)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        choose_expert_layers(cfg, **args)
+    with pytest.raises(ValueError, match="dense"):
+        expert_placement_summary(ModelConfig.from_hf("deepseek-v2-lite"), [True] * 27, BF)
+
+
+@settings(max_examples=40, deadline=None)
+@given(model=st.sampled_from(MODELS), b1=st.integers(8, 400), b2=st.integers(8, 400),
+       kv=st.integers(0, 8))
+def test_auto_monotone_in_budget(model, b1, b2, kv):
+    cfg = ModelConfig.from_hf(model)
+    lo, hi = sorted((b1, b2))
+
+    def n_cpu(b):
+        try:
+            return sum(choose_expert_layers(cfg, "auto", b * GB, kv * GiB, BF))
+        except ValueError:
+            return None  # cannot fit even with every expert on the CPU
+
+    a, b = n_cpu(lo), n_cpu(hi)
+    if a is not None:
+        assert b is not None and b <= a  # more VRAM never moves more experts to the CPU
+        assert a <= len(cfg.moe_layers)

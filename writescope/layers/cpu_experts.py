@@ -1,0 +1,505 @@
+"""Routed experts computed on the CPU, at DRAM bandwidth (issue 5).
+
+One :class:`CpuExperts` per MoE layer holds that layer's routed-expert weights in host memory and
+computes ``y[t] = sum_j w[t, j] * down_e(silu(gate_e(x[t])) * up_e(x[t]))`` for each token's
+top-k experts ``e = ids[t, j]``. ``submit`` starts the work on a background thread and returns at
+once, so the GPU computes shared experts / the next ops meanwhile; ``wait`` returns the result on
+the hidden states' device and dtype.
+
+Backends
+--------
+``cpp``   (default) ``csrc/cpu_experts.cpp``, compiled on first use with the system C++ compiler
+          (``g++ -O3 -fopenmp -shared``) into a per-user cache and loaded with :mod:`ctypes`; one
+          .so holds generic / AVX2+FMA / AVX-512F / AVX-512 BF16 / AMX-BF16 code paths chosen at
+          run time. Weights are repacked once into 16-row VNNI tiles so every activated expert's
+          weights are streamed exactly once per call. (We build with a plain compiler call rather
+          than ``torch.utils.cpp_extension``: the kernel needs no torch headers, so it compiles in
+          ~5 s instead of ~60 s and needs no ninja; ctypes releases the GIL during the call.)
+``torch`` pure torch (``F.linear`` per activated expert, oneDNN underneath); used when no compiler
+          is found (one warning) or when ``WRITESCOPE_CPU_EXPERT_BACKEND=torch``.
+
+Environment: ``WRITESCOPE_CPU_EXPERT_THREADS`` (default: the CPUs this process may run on),
+``WRITESCOPE_CPU_EXPERT_BACKEND`` (``auto``/``cpp``/``torch``), ``WRITESCOPE_CPU_EXPERT_ISA``
+(cap: ``generic``/``avx2``/``avx512``/``avx512bf16``/``amx``), ``WRITESCOPE_KERNEL_CACHE`` (build
+folder, default ``~/.cache/writescope/kernels``), ``CXX`` (compiler).
+
+References (ideas, not code): KTransformers kt-kernel's AMX/AVX-512 MoE operators (packed
+per-expert tiles, tokens grouped by expert, gate/up then down phases over a CPU thread pool while
+the GPU runs the rest of the layer) and llama.cpp's ggml-cpu ``MUL_MAT_ID`` (counting-sort of
+(token, slot) rows by expert, ``--cpu-moe``).
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["CpuExperts", "CpuExpertsHandle", "set_num_threads", "get_num_threads", "kernel_info",
+           "available_isas", "ISA_NAMES"]
+
+ISA_NAMES = ("generic", "avx2", "avx512", "avx512bf16", "amx")
+_SRC = Path(__file__).parent / "csrc" / "cpu_experts.cpp"
+_TILE = 16   # output rows per packed tile
+_KPAD = 32   # K (input) dims padded to a multiple of this (one AMX B tile)
+
+# ---------------------------------------------------------------------------------------------
+# threads
+# ---------------------------------------------------------------------------------------------
+_num_threads: int | None = None
+
+
+def _default_threads() -> int:
+    env = os.environ.get("WRITESCOPE_CPU_EXPERT_THREADS")
+    if env:
+        n = int(env)
+        if n < 1:
+            raise ValueError(f"WRITESCOPE_CPU_EXPERT_THREADS must be >= 1, got {env!r}")
+        return n
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def set_num_threads(n: int | None) -> None:
+    """Threads used by the CPU expert kernel (None: back to the default / the env variable)."""
+    global _num_threads
+    if n is not None and int(n) < 1:
+        raise ValueError(f"number of threads must be >= 1, got {n}")
+    _num_threads = None if n is None else int(n)
+
+
+def get_num_threads() -> int:
+    return _num_threads if _num_threads is not None else _default_threads()
+
+
+# ---------------------------------------------------------------------------------------------
+# the compiled kernel
+# ---------------------------------------------------------------------------------------------
+_lib = None
+_lib_error: str | None = None
+_lib_lock = threading.Lock()
+_warned = False
+
+
+def _compiler() -> str | None:
+    for c in (os.environ.get("CXX"), "g++", "c++", "clang++"):
+        if c and shutil.which(c):
+            return c
+    return None
+
+
+def _build() -> ctypes.CDLL:
+    cxx = _compiler()
+    if cxx is None:
+        raise RuntimeError("no C++ compiler found (set CXX, or install g++)")
+    flags = ["-O3", "-fopenmp", "-fPIC", "-shared", "-std=c++17", "-w"]
+    src = _SRC.read_bytes()
+    try:
+        ver = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        raise RuntimeError(f"C++ compiler {cxx!r} does not run: {e}") from e
+    key = hashlib.sha1(src + " ".join([cxx, ver] + flags).encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("WRITESCOPE_KERNEL_CACHE",
+                                Path.home() / ".cache" / "writescope" / "kernels"))
+    so = cache / f"cpu_experts-{key}.so"
+    if not so.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)
+        os.close(fd)
+        cmd = [cxx, *flags, str(_SRC), "-o", tmp]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            os.unlink(tmp)
+            raise RuntimeError(f"building the CPU expert kernel failed ({' '.join(cmd)}):\n"
+                               f"{r.stderr[-4000:]}")
+        os.replace(tmp, so)  # atomic: concurrent builders never see a half-written .so
+    lib = ctypes.CDLL(str(so))  # CDLL (not PyDLL): the GIL is released during calls
+    vp, i32, f32p = ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_float)
+    lib.ws_moe_forward.argtypes = [vp, vp, i32, i32, i32, i32, i32, i32, vp, i32, vp, vp, i32, vp,
+                                   i32, i32, i32]
+    lib.ws_moe_forward.restype = i32
+    lib.ws_detect_isa.argtypes = []
+    lib.ws_detect_isa.restype = i32
+    lib.ws_read_sum.argtypes = [vp, ctypes.c_long, i32]
+    lib.ws_read_sum.restype = ctypes.c_double
+    del f32p
+    return lib
+
+
+def _get_lib():
+    """The compiled kernel, or None (with one warning) when it cannot be built."""
+    global _lib, _lib_error, _warned
+    if _lib is not None or _lib_error is not None:
+        return _lib
+    with _lib_lock:
+        if _lib is None and _lib_error is None:
+            try:
+                _lib = _build()
+            except Exception as e:  # noqa: BLE001 - any build failure means: use the torch path
+                _lib_error = str(e)
+                if not _warned:
+                    _warned = True
+                    warnings.warn(f"writescope: CPU expert C++ kernel unavailable, using the slower "
+                                  f"pure-torch path ({e})", RuntimeWarning, stacklevel=3)
+    return _lib
+
+
+_detected_isa: int | None = None
+
+
+def _detected() -> int:
+    global _detected_isa
+    if _detected_isa is None:
+        _detected_isa = _get_lib().ws_detect_isa()
+    return _detected_isa
+
+
+def _isa_cap() -> int:
+    env = os.environ.get("WRITESCOPE_CPU_EXPERT_ISA", "").strip().lower()
+    if not env:
+        return len(ISA_NAMES) - 1
+    if env not in ISA_NAMES:
+        raise ValueError(f"WRITESCOPE_CPU_EXPERT_ISA={env!r}: expected one of {', '.join(ISA_NAMES)}")
+    return ISA_NAMES.index(env)
+
+
+#: AMX tiles are used for an expert once it has this many tokens in the call (fewer: AVX-512 BF16).
+#: Measured on the H200 host (bench/results/cpu_experts-h200.json): AMX for every expert loses up
+#: to 25 % at 1-2 tokens per expert, ties at ~8 and wins at >= 12 (3x at 32 tokens per expert).
+AMX_MIN_TOKENS = 8
+
+
+def _amx_min() -> int:
+    return int(os.environ.get("WRITESCOPE_CPU_EXPERT_AMX_MIN", AMX_MIN_TOKENS))
+
+
+def available_isas() -> list[str]:
+    """Kernel code paths this machine can run (empty when the C++ kernel is unavailable)."""
+    lib = _get_lib()
+    return [] if lib is None else list(ISA_NAMES[: _detected() + 1])
+
+
+def kernel_info() -> dict:
+    lib = _get_lib()
+    info = {"backend": "cpp" if lib is not None else "torch", "threads": get_num_threads()}
+    if lib is not None:
+        info["isa_detected"] = ISA_NAMES[_detected()]
+        info["isa_used"] = ISA_NAMES[min(_detected(), _isa_cap())]
+        info["amx_min_tokens"] = _amx_min()
+    else:
+        info["error"] = _lib_error
+    return info
+
+
+def _read_bandwidth_probe(buf: torch.Tensor, threads: int | None = None) -> float:
+    """Read ``buf`` once with the kernel library's threads (for the benchmark); returns a checksum."""
+    lib = _get_lib()
+    if lib is None:
+        return float(buf.view(torch.float32).sum())
+    return lib.ws_read_sum(buf.data_ptr(), buf.numel() * buf.element_size(),
+                           threads or get_num_threads())
+
+
+# ---------------------------------------------------------------------------------------------
+# packing (HF layout <-> 16-row VNNI tiles)
+# ---------------------------------------------------------------------------------------------
+def _ceil(a: int, b: int) -> int:
+    return (a + b - 1) // b * b
+
+
+def _pack(w: torch.Tensor, op: int, kp: int) -> torch.Tensor:
+    """[O, K] -> tiles [O_p/16, ...]: bf16 [K_p/2][16][2], fp32 [K_p][16]; zero padded."""
+    o, k = w.shape
+    if (o, k) != (op, kp):
+        w = F.pad(w, (0, kp - k, 0, op - o))
+    if w.dtype == torch.bfloat16:
+        return w.reshape(op // _TILE, _TILE, kp // 2, 2).permute(0, 2, 1, 3).reshape(op // _TILE, -1)
+    return w.reshape(op // _TILE, _TILE, kp).permute(0, 2, 1).reshape(op // _TILE, -1)
+
+
+def _unpack(t: torch.Tensor, o: int, k: int, op: int, kp: int) -> torch.Tensor:
+    if t.dtype == torch.bfloat16:
+        w = t.reshape(op // _TILE, kp // 2, _TILE, 2).permute(0, 2, 1, 3).reshape(op, kp)
+    else:
+        w = t.reshape(op // _TILE, kp, _TILE).permute(0, 2, 1).reshape(op, kp)
+    return w[:o, :k]
+
+
+# ---------------------------------------------------------------------------------------------
+# async execution
+# ---------------------------------------------------------------------------------------------
+_executor: concurrent.futures.ThreadPoolExecutor | None = None
+_executor_lock = threading.Lock()
+
+
+def _get_executor() -> concurrent.futures.ThreadPoolExecutor:
+    # one worker for all layers: layers run in order, and the kernel's OpenMP team is reused
+    global _executor
+    if _executor is None:
+        with _executor_lock:
+            if _executor is None:
+                _executor = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=1, thread_name_prefix="writescope-cpu-experts")
+    return _executor
+
+
+@dataclass
+class CpuExpertsHandle:
+    future: concurrent.futures.Future
+    device: torch.device
+    dtype: torch.dtype
+    n: int
+
+
+class CpuExperts:
+    """One MoE layer's routed experts in host memory (see the module docstring)."""
+
+    def __init__(self, num_experts: int, hidden: int, inter: int, dtype: torch.dtype,
+                 backend: str | None = None):
+        if dtype not in (torch.bfloat16, torch.float32):
+            raise ValueError(f"CpuExperts weights must be bfloat16 or float32, got {dtype}")
+        if min(num_experts, hidden, inter) < 1:
+            raise ValueError(f"bad expert shape: {num_experts} experts, hidden {hidden}, "
+                             f"intermediate {inter}")
+        backend = (backend or os.environ.get("WRITESCOPE_CPU_EXPERT_BACKEND", "auto")).lower()
+        if backend not in ("auto", "cpp", "torch"):
+            raise ValueError(f"CpuExperts backend must be 'auto', 'cpp' or 'torch', got {backend!r}")
+        if backend in ("auto", "cpp"):
+            lib = _get_lib()
+            if lib is None and backend == "cpp":
+                raise RuntimeError(f"CPU expert C++ kernel unavailable: {_lib_error}")
+            backend = "cpp" if lib is not None else "torch"
+        self.backend = backend
+        self.num_experts, self.hidden, self.inter, self.dtype = num_experts, hidden, inter, dtype
+        self.hp, self.ip = _ceil(hidden, _KPAD), _ceil(inter, _KPAD)
+        E = num_experts
+        if backend == "cpp":
+            # [E][I_p/16][gate|up][tile of 16 x H_p], [E][H_p/16][tile of 16 x I_p]
+            self.gate_up = torch.empty(E, self.ip // _TILE, 2, _TILE * self.hp, dtype=dtype)
+            self.down = torch.empty(E, self.hp // _TILE, _TILE * self.ip, dtype=dtype)
+        else:
+            self.gate_up = torch.empty(E, 2 * inter, hidden, dtype=dtype)
+            self.down = torch.empty(E, hidden, inter, dtype=dtype)
+
+    # ------------------------------------------------------------------ construction
+    def _set_expert(self, e: int, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> None:
+        H, I = self.hidden, self.inter
+        if tuple(gate.shape) != (I, H) or tuple(up.shape) != (I, H) or tuple(down.shape) != (H, I):
+            raise ValueError(f"expert {e}: expected gate/up [{I}, {H}] and down [{H}, {I}], got "
+                             f"{tuple(gate.shape)}, {tuple(up.shape)}, {tuple(down.shape)}")
+        gate, up, down = (t.detach().to("cpu", self.dtype) for t in (gate, up, down))
+        if self.backend == "cpp":
+            self.gate_up[e, :, 0] = _pack(gate, self.ip, self.hp)
+            self.gate_up[e, :, 1] = _pack(up, self.ip, self.hp)
+            self.down[e] = _pack(down, self.hp, self.ip)
+        else:
+            self.gate_up[e, :I] = gate
+            self.gate_up[e, I:] = up
+            self.down[e] = down
+
+    @classmethod
+    def from_weights(cls, gate: torch.Tensor | Sequence[torch.Tensor],
+                     up: torch.Tensor | Sequence[torch.Tensor],
+                     down: torch.Tensor | Sequence[torch.Tensor],
+                     dtype: torch.dtype = torch.bfloat16, backend: str | None = None) -> "CpuExperts":
+        """From HF-layout weights: gate/up ``[E, I, H]`` (or E tensors ``[I, H]``), down ``[E, H, I]``.
+
+        Tensors may live on any device; they are copied (one expert at a time) into host memory.
+        """
+        E = len(gate)
+        if len(up) != E or len(down) != E or E == 0:
+            raise ValueError(f"gate, up and down must hold the same (non-zero) number of experts, "
+                             f"got {len(gate)}, {len(up)}, {len(down)}")
+        inter, hidden = gate[0].shape
+        self = cls(E, hidden, inter, dtype, backend)
+        for e in range(E):
+            self._set_expert(e, gate[e], up[e], down[e])
+        return self
+
+    @classmethod
+    def random(cls, num_experts: int, hidden: int, inter: int, dtype: torch.dtype = torch.bfloat16,
+               generator: torch.Generator | None = None, seed: int | None = None,
+               std: float = 0.02, unique_experts: int | None = None,
+               backend: str | None = None) -> "CpuExperts":
+        """Full-size random experts without a checkpoint: N(0, std) in the HF layout, expert by
+        expert in the order gate, up, down from ``generator`` (or ``torch.Generator`` seeded
+        with ``seed``, default 0). ``unique_experts=n`` draws only n experts and repeats them
+        cyclically (separate memory, same values): benchmarks use it to fill tens of GB fast."""
+        if generator is None:
+            generator = torch.Generator().manual_seed(0 if seed is None else seed)
+        self = cls(num_experts, hidden, inter, dtype, backend)
+        n = num_experts if unique_experts is None else max(1, min(unique_experts, num_experts))
+
+        def draw(*shape):
+            return torch.empty(*shape, dtype=torch.float32).normal_(0.0, std, generator=generator).to(dtype)
+
+        for e in range(n):
+            self._set_expert(e, draw(inter, hidden), draw(inter, hidden), draw(hidden, inter))
+        for e in range(n, num_experts):
+            self.gate_up[e].copy_(self.gate_up[e % n])
+            self.down[e].copy_(self.down[e % n])
+        return self
+
+    def expert_weights(self, e: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Expert ``e``'s (gate [I, H], up [I, H], down [H, I]) in the HF layout (copies)."""
+        H, I = self.hidden, self.inter
+        if self.backend == "cpp":
+            gate = _unpack(self.gate_up[e, :, 0], I, H, self.ip, self.hp)
+            up = _unpack(self.gate_up[e, :, 1], I, H, self.ip, self.hp)
+            down = _unpack(self.down[e], H, I, self.hp, self.ip)
+            return gate.contiguous(), up.contiguous(), down.contiguous()
+        return (self.gate_up[e, :I].clone(), self.gate_up[e, I:].clone(), self.down[e].clone())
+
+    # ------------------------------------------------------------------ facts
+    @property
+    def nbytes(self) -> int:
+        """Host bytes held by the weights (including tile padding)."""
+        return (self.gate_up.numel() + self.down.numel()) * self.gate_up.element_size()
+
+    @property
+    def expert_bytes(self) -> int:
+        """Bytes of one expert's weights (unpadded): what a call reads per activated expert."""
+        return 3 * self.hidden * self.inter * torch.empty(0, dtype=self.dtype).element_size()
+
+    def __repr__(self) -> str:
+        return (f"CpuExperts({self.num_experts} experts, hidden={self.hidden}, "
+                f"inter={self.inter}, {self.dtype}, backend={self.backend}, "
+                f"{self.nbytes / 2**30:.2f} GiB)")
+
+    # ------------------------------------------------------------------ compute
+    def _check(self, hidden: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> None:
+        if hidden.dim() != 2 or hidden.shape[1] != self.hidden:
+            raise ValueError(f"hidden must be [N, {self.hidden}], got {tuple(hidden.shape)}")
+        if ids.dim() != 2 or ids.shape[0] != hidden.shape[0] or tuple(w.shape) != tuple(ids.shape):
+            raise ValueError(f"topk_ids and topk_weights must both be [N={hidden.shape[0]}, k], got "
+                             f"{tuple(ids.shape)} and {tuple(w.shape)}")
+        if ids.dtype.is_floating_point or ids.dtype == torch.bool:
+            raise ValueError(f"topk_ids must be an integer tensor, got {ids.dtype}")
+        if not hidden.dtype.is_floating_point:
+            raise ValueError(f"hidden must be floating point, got {hidden.dtype}")
+
+    def submit(self, hidden: torch.Tensor, topk_ids: torch.Tensor,
+               topk_weights: torch.Tensor) -> CpuExpertsHandle:
+        """Start the computation and return at once (see :meth:`wait`)."""
+        self._check(hidden, topk_ids, topk_weights)
+        n = hidden.shape[0]
+        dev, dtype = hidden.device, hidden.dtype
+        if n == 0:
+            fut: concurrent.futures.Future = concurrent.futures.Future()
+            fut.set_result(torch.zeros(0, self.hidden, dtype=dtype))
+            return CpuExpertsHandle(fut, dev, dtype, 0)
+        x = hidden.detach().to(self.dtype)
+        ids = topk_ids.detach().to(torch.int32)
+        w = topk_weights.detach().to(torch.float32)
+        event = None
+        if dev.type == "cuda":
+            # async D2H into pinned buffers; the worker waits on the event before reading them
+            xs = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+            ids_h = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
+            w_h = torch.empty(w.shape, dtype=w.dtype, pin_memory=True)
+            xs.copy_(x, non_blocking=True)
+            ids_h.copy_(ids, non_blocking=True)
+            w_h.copy_(w, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            x, ids, w = xs, ids_h, w_h
+        else:
+            x, ids, w = (t.to("cpu").contiguous() for t in (x, ids, w))
+            if x.data_ptr() == hidden.data_ptr():  # the caller may overwrite hidden meanwhile
+                x = x.clone()
+        pin = dev.type == "cuda"
+        fut = _get_executor().submit(self._compute, x, ids, w, dtype, pin, event)
+        return CpuExpertsHandle(fut, dev, dtype, n)
+
+    def wait(self, handle: CpuExpertsHandle) -> torch.Tensor:
+        """``[N, H]`` on the device and dtype of the submitted hidden states."""
+        out = handle.future.result()
+        if handle.device.type != "cpu":
+            out = out.to(handle.device, non_blocking=True)
+        return out
+
+    def forward(self, hidden: torch.Tensor, topk_ids: torch.Tensor,
+                topk_weights: torch.Tensor) -> torch.Tensor:
+        """``wait(submit(...))``. With host tensors there is nothing to overlap, so the kernel runs
+        in the calling thread: the hop to the worker thread costs ~0.2 ms a call (H200 host,
+        bench/results/cpu_experts-h200-threads.json, async vs inline rows)."""
+        if hidden.device.type != "cpu":
+            return self.wait(self.submit(hidden, topk_ids, topk_weights))
+        self._check(hidden, topk_ids, topk_weights)
+        if hidden.shape[0] == 0:
+            return torch.zeros(0, self.hidden, dtype=hidden.dtype)
+        x = hidden.detach().to(self.dtype).contiguous()
+        ids = topk_ids.detach().to("cpu", torch.int32).contiguous()
+        w = topk_weights.detach().to("cpu", torch.float32).contiguous()
+        return self._compute(x, ids, w, hidden.dtype, False, None)
+
+    __call__ = forward
+
+    def _compute(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype,
+                 pin: bool, event) -> torch.Tensor:
+        if event is not None:
+            event.synchronize()
+        if self.backend == "cpp":
+            out = self._compute_cpp(x, ids, w)
+        else:
+            out = self._compute_torch(x, ids, w)
+        if pin:
+            res = torch.empty(out.shape, dtype=out_dtype, pin_memory=True)
+            res.copy_(out)
+            return res
+        return out.to(out_dtype)
+
+    def _compute_cpp(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        lib = _get_lib()
+        n, k = ids.shape
+        out = torch.empty(n, self.hp, dtype=torch.float32)
+        isa = min(_detected(), _isa_cap())
+        amx_min = _amx_min()
+        rc = lib.ws_moe_forward(
+            self.gate_up.data_ptr(), self.down.data_ptr(), 0 if self.dtype == torch.bfloat16 else 1,
+            self.num_experts, self.hidden, self.inter, self.hp, self.ip,
+            x.data_ptr(), n, ids.data_ptr(), w.data_ptr(), k, out.data_ptr(),
+            isa, amx_min, get_num_threads())
+        if rc == -1:
+            bad = ids[(ids < 0) | (ids >= self.num_experts)]
+            raise IndexError(f"topk_ids out of range [0, {self.num_experts}): {bad[:8].tolist()}")
+        if rc != 0:
+            raise RuntimeError(f"CPU expert kernel failed (code {rc})")
+        return out[:, :self.hidden]
+
+    def _compute_torch(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        n, k = ids.shape
+        E, I = self.num_experts, self.inter
+        flat = ids.reshape(-1).long()
+        if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= E):
+            bad = flat[(flat < 0) | (flat >= E)]
+            raise IndexError(f"topk_ids out of range [0, {E}): {bad[:8].tolist()}")
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=E).tolist()
+        tok, wflat = order // k, w.reshape(-1)[order]
+        out = torch.zeros(n, self.hidden, dtype=torch.float32)
+        start = 0
+        for e, c in enumerate(counts):
+            if c == 0:
+                continue
+            t = tok[start:start + c]
+            we = wflat[start:start + c]
+            start += c
+            gu = F.linear(x[t], self.gate_up[e])
+            h = F.silu(gu[:, :I]) * gu[:, I:]
+            y = F.linear(h, self.down[e])
+            out.index_add_(0, t, y.float() * we[:, None])
+        return out

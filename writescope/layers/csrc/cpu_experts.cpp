@@ -1,0 +1,567 @@
+// Routed-expert FFN on the CPU: y[t] = sum_j w[t,j] * down_e(silu(gate_e(x[t])) * up_e(x[t])).
+//
+// Built on first use by writescope/layers/cpu_experts.py (g++ -O3 -fopenmp -shared, loaded with
+// ctypes: no torch headers, so it compiles in seconds) into one .so holding every code path; the
+// path is chosen at run time (generic C++ / AVX2+FMA / AVX-512F / AVX-512 BF16 / AMX-BF16).
+//
+// Design (what we took from KTransformers' kt-kernel AMX/AVX-512 MoE operators and llama.cpp's
+// ggml-cpu MUL_MAT_ID; the code is our own):
+//  * weights are repacked once, at load, into 16-output-row tiles in the "VNNI" order
+//    [tile][K/2][16 rows][2]: one 64-byte line holds 16 rows x one k-pair, which is exactly one
+//    AVX-512 register for VDPBF16PS and one row of an AMX B tile, and 16 consecutive lines are one
+//    1 KB AMX B tile.  gate and up tiles of the same rows are stored back to back, so one work item
+//    streams 2 x 16 x H contiguous weights;
+//  * tokens are grouped by expert (counting sort, as llama.cpp's mul_mat_id does), gathered into a
+//    per-expert block, and every activated expert's weights are read exactly once per call: the
+//    token loop runs inside the tile (the tile stays in L1/L2 while several token blocks use it);
+//  * phase 1 parallelises over (expert, 16-row tile of I); phase 2 over 16-column tiles of the
+//    output, looping over the activated experts inside, so each thread owns its output columns and
+//    accumulates w * y without atomics (deterministic order);
+//  * fp32 accumulation everywhere; the intermediate h = silu(g) * u is rounded to the weight dtype
+//    (bf16) before the down projection, as torch's bf16 linear chain does.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include <omp.h>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#define WS_X86 1
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+typedef uint16_t bf16_t;
+
+enum { ISA_GENERIC = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_AVX512BF16 = 3, ISA_AMX = 4 };
+enum { W_BF16 = 0, W_F32 = 1 };
+
+static inline float bf16_to_f32(bf16_t v) {
+  uint32_t u = (uint32_t)v << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+static inline bf16_t f32_to_bf16(float f) {  // round to nearest even, NaN stays NaN
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16_t)((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (bf16_t)(u >> 16);
+}
+
+static inline float silu(float g) { return g / (1.0f + std::exp(-g)); }
+
+// --------------------------------------------------------------------------------------------
+// Micro-kernels: out[t][r] = sum_k W[r][k] * X[t][k] for one 16-row tile and MB tokens.
+// W: packed tile (bf16: [Kp/2][16][2]; f32: [Kp][16]); X: MB rows of Kp activations, stride ldx
+// (fp32 activations, except the BF16-dot paths, which take bf16 activations).
+// --------------------------------------------------------------------------------------------
+template <int MB>
+static void k_generic_bf16(const void* Wv, int Kp, const void* Xv, long ldx, float* out) {
+  const bf16_t* W = (const bf16_t*)Wv;
+  const float* X = (const float*)Xv;
+  float acc[MB][16];
+  for (int t = 0; t < MB; ++t)
+    for (int r = 0; r < 16; ++r) acc[t][r] = 0.f;
+  for (int kp = 0; kp < Kp / 2; ++kp) {
+    const bf16_t* w = W + (long)kp * 32;
+    float we[16], wo[16];
+    for (int r = 0; r < 16; ++r) {
+      we[r] = bf16_to_f32(w[2 * r]);
+      wo[r] = bf16_to_f32(w[2 * r + 1]);
+    }
+    for (int t = 0; t < MB; ++t) {
+      const float xe = X[t * ldx + 2 * kp], xo = X[t * ldx + 2 * kp + 1];
+      for (int r = 0; r < 16; ++r) acc[t][r] += we[r] * xe + wo[r] * xo;
+    }
+  }
+  for (int t = 0; t < MB; ++t)
+    for (int r = 0; r < 16; ++r) out[t * 16 + r] = acc[t][r];
+}
+
+template <int MB>
+static void k_generic_f32(const void* Wv, int Kp, const void* Xv, long ldx, float* out) {
+  const float* W = (const float*)Wv;
+  const float* X = (const float*)Xv;
+  float acc[MB][16];
+  for (int t = 0; t < MB; ++t)
+    for (int r = 0; r < 16; ++r) acc[t][r] = 0.f;
+  for (int k = 0; k < Kp; ++k) {
+    const float* w = W + (long)k * 16;
+    for (int t = 0; t < MB; ++t) {
+      const float xv = X[t * ldx + k];
+      for (int r = 0; r < 16; ++r) acc[t][r] += w[r] * xv;
+    }
+  }
+  for (int t = 0; t < MB; ++t)
+    for (int r = 0; r < 16; ++r) out[t * 16 + r] = acc[t][r];
+}
+
+#ifdef WS_X86
+#define WS_PREFETCH_AHEAD 1024  // bytes ahead in the weight stream (16 lines)
+
+template <int MB>
+__attribute__((target("avx2,fma"))) static void k_avx2_bf16(const void* Wv, int Kp, const void* Xv,
+                                                          long ldx, float* out) {
+  const bf16_t* W = (const bf16_t*)Wv;
+  const float* X = (const float*)Xv;
+  __m256 a0[MB], a1[MB];
+  for (int t = 0; t < MB; ++t) a0[t] = a1[t] = _mm256_setzero_ps();
+  const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
+  for (int kp = 0; kp < Kp / 2; ++kp) {
+    const char* p = (const char*)(W + (long)kp * 32);
+    _mm_prefetch(p + WS_PREFETCH_AHEAD, _MM_HINT_T0);
+    const __m256i v0 = _mm256_loadu_si256((const __m256i*)p);
+    const __m256i v1 = _mm256_loadu_si256((const __m256i*)(p + 32));
+    const __m256 e0 = _mm256_castsi256_ps(_mm256_slli_epi32(v0, 16));
+    const __m256 o0 = _mm256_castsi256_ps(_mm256_and_si256(v0, hi));
+    const __m256 e1 = _mm256_castsi256_ps(_mm256_slli_epi32(v1, 16));
+    const __m256 o1 = _mm256_castsi256_ps(_mm256_and_si256(v1, hi));
+    for (int t = 0; t < MB; ++t) {
+      const __m256 xe = _mm256_broadcast_ss(X + t * ldx + 2 * kp);
+      const __m256 xo = _mm256_broadcast_ss(X + t * ldx + 2 * kp + 1);
+      a0[t] = _mm256_fmadd_ps(e0, xe, a0[t]);
+      a1[t] = _mm256_fmadd_ps(e1, xe, a1[t]);
+      a0[t] = _mm256_fmadd_ps(o0, xo, a0[t]);
+      a1[t] = _mm256_fmadd_ps(o1, xo, a1[t]);
+    }
+  }
+  for (int t = 0; t < MB; ++t) {
+    _mm256_storeu_ps(out + t * 16, a0[t]);
+    _mm256_storeu_ps(out + t * 16 + 8, a1[t]);
+  }
+}
+
+template <int MB>
+__attribute__((target("avx2,fma"))) static void k_avx2_f32(const void* Wv, int Kp, const void* Xv,
+                                                         long ldx, float* out) {
+  const float* W = (const float*)Wv;
+  const float* X = (const float*)Xv;
+  __m256 a0[MB], a1[MB];
+  for (int t = 0; t < MB; ++t) a0[t] = a1[t] = _mm256_setzero_ps();
+  for (int k = 0; k < Kp; ++k) {
+    const float* p = W + (long)k * 16;
+    _mm_prefetch((const char*)p + WS_PREFETCH_AHEAD, _MM_HINT_T0);
+    const __m256 w0 = _mm256_loadu_ps(p), w1 = _mm256_loadu_ps(p + 8);
+    for (int t = 0; t < MB; ++t) {
+      const __m256 xv = _mm256_broadcast_ss(X + t * ldx + k);
+      a0[t] = _mm256_fmadd_ps(w0, xv, a0[t]);
+      a1[t] = _mm256_fmadd_ps(w1, xv, a1[t]);
+    }
+  }
+  for (int t = 0; t < MB; ++t) {
+    _mm256_storeu_ps(out + t * 16, a0[t]);
+    _mm256_storeu_ps(out + t * 16 + 8, a1[t]);
+  }
+}
+
+template <int MB>
+__attribute__((target("avx512f"))) static void k_avx512_bf16(const void* Wv, int Kp, const void* Xv,
+                                                            long ldx, float* out) {
+  const bf16_t* W = (const bf16_t*)Wv;
+  const float* X = (const float*)Xv;
+  __m512 a[MB];
+  for (int t = 0; t < MB; ++t) a[t] = _mm512_setzero_ps();
+  const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+  for (int kp = 0; kp < Kp / 2; ++kp) {
+    const char* p = (const char*)(W + (long)kp * 32);
+    _mm_prefetch(p + WS_PREFETCH_AHEAD, _MM_HINT_T0);
+    const __m512i v = _mm512_loadu_si512((const void*)p);
+    const __m512 e = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+    const __m512 o = _mm512_castsi512_ps(_mm512_and_si512(v, hi));
+    for (int t = 0; t < MB; ++t) {
+      a[t] = _mm512_fmadd_ps(e, _mm512_set1_ps(X[t * ldx + 2 * kp]), a[t]);
+      a[t] = _mm512_fmadd_ps(o, _mm512_set1_ps(X[t * ldx + 2 * kp + 1]), a[t]);
+    }
+  }
+  for (int t = 0; t < MB; ++t) _mm512_storeu_ps(out + t * 16, a[t]);
+}
+
+template <int MB>
+__attribute__((target("avx512f"))) static void k_avx512_f32(const void* Wv, int Kp, const void* Xv,
+                                                           long ldx, float* out) {
+  const float* W = (const float*)Wv;
+  const float* X = (const float*)Xv;
+  __m512 a[MB];
+  for (int t = 0; t < MB; ++t) a[t] = _mm512_setzero_ps();
+  for (int k = 0; k < Kp; ++k) {
+    const float* p = W + (long)k * 16;
+    _mm_prefetch((const char*)p + WS_PREFETCH_AHEAD, _MM_HINT_T0);
+    const __m512 w = _mm512_loadu_ps(p);
+    for (int t = 0; t < MB; ++t) a[t] = _mm512_fmadd_ps(w, _mm512_set1_ps(X[t * ldx + k]), a[t]);
+  }
+  for (int t = 0; t < MB; ++t) _mm512_storeu_ps(out + t * 16, a[t]);
+}
+
+// VDPBF16PS: a[r] += W[r][2kp]*x[2kp] + W[r][2kp+1]*x[2kp+1] (products exact in fp32, fp32 sum).
+template <int MB>
+__attribute__((target("avx512f,avx512bf16"))) static void k_avx512bf16_bf16(const void* Wv, int Kp,
+                                                                          const void* Xv, long ldx,
+                                                                          float* out) {
+  const bf16_t* W = (const bf16_t*)Wv;
+  const bf16_t* X = (const bf16_t*)Xv;
+  __m512 a[MB];
+  for (int t = 0; t < MB; ++t) a[t] = _mm512_setzero_ps();
+  for (int kp = 0; kp < Kp / 2; ++kp) {
+    const char* p = (const char*)(W + (long)kp * 32);
+    _mm_prefetch(p + WS_PREFETCH_AHEAD, _MM_HINT_T0);
+    const __m512i v = _mm512_loadu_si512((const void*)p);
+    for (int t = 0; t < MB; ++t) {
+      int32_t pair;
+      std::memcpy(&pair, X + t * ldx + 2 * kp, 4);
+      a[t] = _mm512_dpbf16_ps(a[t], (__m512bh)v, (__m512bh)_mm512_set1_epi32(pair));
+    }
+  }
+  for (int t = 0; t < MB; ++t) _mm512_storeu_ps(out + t * 16, a[t]);
+}
+#endif  // WS_X86
+
+typedef void (*kern_t)(const void*, int, const void*, long, float*);
+
+#define WS_TABLE16(fn)                                                                          \
+  {nullptr, fn<1>, fn<2>, fn<3>, fn<4>, fn<5>, fn<6>, fn<7>, fn<8>, fn<9>, fn<10>, fn<11>, fn<12>, \
+   fn<13>, fn<14>, fn<15>, fn<16>}
+#define WS_TABLE4(fn) \
+  {nullptr, fn<1>, fn<2>, fn<3>, fn<4>}
+
+static const kern_t T_GEN_BF16[5] = WS_TABLE4(k_generic_bf16);
+static const kern_t T_GEN_F32[5] = WS_TABLE4(k_generic_f32);
+#ifdef WS_X86
+static const kern_t T_AVX2_BF16[5] = WS_TABLE4(k_avx2_bf16);
+static const kern_t T_AVX2_F32[5] = WS_TABLE4(k_avx2_f32);
+static const kern_t T_512_BF16[17] = WS_TABLE16(k_avx512_bf16);
+static const kern_t T_512_F32[17] = WS_TABLE16(k_avx512_f32);
+static const kern_t T_512BF_BF16[17] = WS_TABLE16(k_avx512bf16_bf16);
+#endif
+
+struct KernSel {
+  const kern_t* table;
+  int mb;          // max tokens per register block
+  bool act_bf16;   // activations handed to the kernel in bf16 (else fp32)
+};
+
+static KernSel select_kernel(int isa, int wdtype) {
+#ifdef WS_X86
+  if (isa >= ISA_AVX512BF16 && wdtype == W_BF16) return {T_512BF_BF16, 16, true};
+  if (isa >= ISA_AVX512) return {wdtype == W_BF16 ? T_512_BF16 : T_512_F32, 16, false};
+  if (isa >= ISA_AVX2) return {wdtype == W_BF16 ? T_AVX2_BF16 : T_AVX2_F32, 4, false};
+#endif
+  (void)isa;
+  return {wdtype == W_BF16 ? T_GEN_BF16 : T_GEN_F32, 4, false};
+}
+
+// out[m][16] for m tokens (any m), re-reading the (cache-resident) tile per block of sel.mb tokens
+static inline void tile_tokens(const KernSel& sel, const void* W, int Kp, const char* X, long ldx,
+                               int esz, int m, float* out) {
+  for (int t0 = 0; t0 < m; t0 += sel.mb) {
+    const int mt = std::min(sel.mb, m - t0);
+    sel.table[mt](W, Kp, X + (long)t0 * ldx * esz, ldx, out + t0 * 16);
+  }
+}
+
+// --------------------------------------------------------------------------------------------
+// AMX-BF16 path (Sapphire Rapids and later): one 16x16 fp32 C tile per 16 tokens x 16 outputs,
+// A = 16 token rows x 32 bf16, B = one 1 KB packed tile chunk (16 k-pairs x 16 rows x 2).
+// --------------------------------------------------------------------------------------------
+#ifdef WS_X86
+struct alignas(64) TileConfig {
+  uint8_t palette_id;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+__attribute__((target("amx-tile"))) static void amx_thread_config() {
+  TileConfig cfg;
+  std::memset(&cfg, 0, sizeof(cfg));
+  cfg.palette_id = 1;
+  for (int i = 0; i < 8; ++i) {
+    cfg.rows[i] = 16;
+    cfg.colsb[i] = 64;
+  }
+  _tile_loadconfig(&cfg);
+}
+
+__attribute__((target("amx-tile"))) static void amx_thread_release() { _tile_release(); }
+
+// gate/up for 16 token rows: G, U [16][16]
+__attribute__((target("amx-tile,amx-bf16"))) static void amx_gate_up(const bf16_t* Wg, const bf16_t* Wu,
+                                                                   int Kp, const bf16_t* X, long ldx,
+                                                                   float* G, float* U) {
+  _tile_zero(0);
+  _tile_zero(1);
+  for (int kc = 0; kc < Kp / 32; ++kc) {
+    _tile_loadd(2, X + kc * 32, ldx * 2);
+    _tile_loadd(3, Wg + (long)kc * 512, 64);
+    _tile_loadd(4, Wu + (long)kc * 512, 64);
+    _tile_dpbf16ps(0, 2, 3);
+    _tile_dpbf16ps(1, 2, 4);
+  }
+  _tile_stored(0, G, 64);
+  _tile_stored(1, U, 64);
+}
+
+__attribute__((target("amx-tile,amx-bf16"))) static void amx_tile(const bf16_t* W, int Kp,
+                                                                const bf16_t* X, long ldx,
+                                                                float* Y) {
+  _tile_zero(0);
+  for (int kc = 0; kc < Kp / 32; ++kc) {
+    _tile_loadd(2, X + kc * 32, ldx * 2);
+    _tile_loadd(3, W + (long)kc * 512, 64);
+    _tile_dpbf16ps(0, 2, 3);
+  }
+  _tile_stored(0, Y, 64);
+}
+#endif
+
+// --------------------------------------------------------------------------------------------
+// ISA detection
+// --------------------------------------------------------------------------------------------
+static int g_amx_ok = -1;
+
+static bool amx_request_permission() {
+#if defined(WS_X86) && defined(__linux__)
+  // Linux >= 5.16: ask for the AMX tile-data state (ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)
+  const long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+  return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+#else
+  return false;
+#endif
+}
+
+extern "C" int ws_detect_isa(void) {
+#ifdef WS_X86
+  __builtin_cpu_init();
+  int isa = ISA_GENERIC;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) isa = ISA_AVX2;
+  if (isa == ISA_AVX2 && __builtin_cpu_supports("avx512f")) isa = ISA_AVX512;
+  if (isa == ISA_AVX512 && __builtin_cpu_supports("avx512bf16")) isa = ISA_AVX512BF16;
+  if (isa == ISA_AVX512BF16) {
+    unsigned a, b, c, d;
+    bool amx = false;
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) amx = ((d >> 22) & 1) && ((d >> 24) & 1);
+    if (amx) {
+      if (g_amx_ok < 0) g_amx_ok = amx_request_permission() ? 1 : 0;
+      if (g_amx_ok == 1) isa = ISA_AMX;
+    }
+  }
+  return isa;
+#else
+  return ISA_GENERIC;
+#endif
+}
+
+// --------------------------------------------------------------------------------------------
+// Scratch (grow-only, per calling thread: no page faults on the hot path)
+// --------------------------------------------------------------------------------------------
+struct Scratch {
+  std::vector<int32_t> count, active, row_off, tok_of;
+  std::vector<float> wt_of;
+  std::vector<char> xg, h;
+  void* grow(std::vector<char>& v, size_t bytes) {
+    if (v.size() < bytes + 64) v.resize(bytes + 64);
+    return (void*)(((uintptr_t)v.data() + 63) & ~(uintptr_t)63);
+  }
+};
+static thread_local Scratch g_scratch;
+
+// --------------------------------------------------------------------------------------------
+// Entry point
+//   gu:   [E][Ip/16][2 (gate, up)][tile] packed tiles, tile = 16 x Hp elements
+//   down: [E][Hp/16][tile], tile = 16 x Ip elements
+//   x:    [N][H] in the weight dtype; ids [N][k] int32; tw [N][k] fp32; out [N][Hp] fp32 (written)
+// returns 0, or -1 when an expert id is out of range, -2 on a bad argument
+// --------------------------------------------------------------------------------------------
+extern "C" int ws_moe_forward(const void* gu, const void* down, int wdtype, int E, int H, int I,
+                              int Hp, int Ip, const void* x, int N, const int32_t* ids,
+                              const float* tw, int k, float* out, int isa, int amx_min,
+                              int nthreads) {
+  if (Hp % 32 || Ip % 32 || H > Hp || I > Ip || N < 0 || k <= 0 || E <= 0) return -2;
+  if (wdtype != W_BF16 && wdtype != W_F32) return -2;
+  const int detected = ws_detect_isa();
+  if (isa > detected) isa = detected;
+  const bool amx = (isa >= ISA_AMX) && wdtype == W_BF16;
+  if (amx_min < 1) amx_min = 1;
+  const KernSel sel = select_kernel(isa, wdtype);
+  const int esz = (sel.act_bf16 || amx) ? 2 : 4;  // activation element size handed to the kernel
+  const bool act_bf16 = esz == 2;
+  const int wsz = wdtype == W_BF16 ? 2 : 4;
+  if (nthreads < 1) nthreads = 1;
+
+  Scratch& S = g_scratch;
+  // ---- group (token, slot) assignments by expert: counting sort
+  S.count.assign(E, 0);
+  for (long i = 0; i < (long)N * k; ++i) {
+    const int e = ids[i];
+    if (e < 0 || e >= E) return -1;
+    S.count[e]++;
+  }
+  S.active.clear();
+  S.row_off.clear();
+  int rows = 0;
+  for (int e = 0; e < E; ++e) {
+    if (!S.count[e]) continue;
+    S.active.push_back(e);
+    S.row_off.push_back(rows);
+    const int m = S.count[e];
+    const bool ea = amx && m >= amx_min;
+    rows += ea ? (m + 15) / 16 * 16 : m;
+  }
+  const int nact = (int)S.active.size();
+  S.row_off.push_back(rows);
+  S.tok_of.assign(rows, -1);
+  S.wt_of.assign(rows, 0.f);
+  {
+    std::vector<int32_t> fill(nact, 0), slot_of(E, -1);
+    for (int j = 0; j < nact; ++j) slot_of[S.active[j]] = j;
+    for (long i = 0; i < (long)N * k; ++i) {
+      const int j = slot_of[ids[i]];
+      const int r = S.row_off[j] + fill[j]++;
+      S.tok_of[r] = (int)(i / k);
+      S.wt_of[r] = tw[i];
+    }
+  }
+  char* xg = (char*)S.grow(S.xg, (size_t)rows * Hp * esz);
+  char* hb = (char*)S.grow(S.h, (size_t)rows * Ip * esz);
+
+  const long gu_tile = 16L * Hp, gu_expert = 2L * gu_tile * (Ip / 16);
+  const long dn_tile = 16L * Ip, dn_expert = dn_tile * (Hp / 16);
+  const int it = Ip / 16, ht = Hp / 16;
+  const int n_items1 = nact * it;
+  const char* GU = (const char*)gu;
+  const char* DN = (const char*)down;
+  const int32_t* row_off = S.row_off.data();
+  const int32_t* active = S.active.data();
+  const int32_t* tok_of = S.tok_of.data();
+  const float* wt_of = S.wt_of.data();
+  const int32_t* count = S.count.data();
+
+#pragma omp parallel num_threads(nthreads)
+  {
+#ifdef WS_X86
+    if (amx) amx_thread_config();
+#endif
+    // ---- gather token rows per expert (converted to the kernel's activation format, K padded)
+#pragma omp for schedule(static)
+    for (int r = 0; r < rows; ++r) {
+      const int tok = tok_of[r];
+      char* dst = xg + (long)r * Hp * esz;
+      if (tok < 0) {
+        std::memset(dst, 0, (size_t)Hp * esz);
+        continue;
+      }
+      const char* src = (const char*)x + (long)tok * H * wsz;
+      if (wsz == esz) {
+        std::memcpy(dst, src, (size_t)H * esz);
+      } else {  // bf16 -> f32
+        const bf16_t* s = (const bf16_t*)src;
+        float* d = (float*)dst;
+        for (int c = 0; c < H; ++c) d[c] = bf16_to_f32(s[c]);
+      }
+      std::memset(dst + (long)H * esz, 0, (size_t)(Hp - H) * esz);
+    }
+#pragma omp for schedule(static)
+    for (int n = 0; n < N; ++n) std::memset(out + (long)n * Hp, 0, sizeof(float) * Hp);
+
+    // ---- phase 1: h = silu(x Wg^T) * (x Wu^T), items = (expert, 16-row tile of I)
+    {
+      std::vector<float> G(16 * 16 * 4), U(16 * 16 * 4);
+#pragma omp for schedule(dynamic, 1)
+      for (int item = 0; item < n_items1; ++item) {
+        const int j = item / it, tile = item % it;
+        const int e = active[j];
+        const int r0 = row_off[j], m = count[e];
+        const bool ea = amx && m >= amx_min;
+        const char* wg = GU + (e * gu_expert + (2L * tile) * gu_tile) * wsz;
+        const char* wu = wg + gu_tile * wsz;
+        const char* X = xg + (long)r0 * Hp * esz;
+        const int mp = ea ? (m + 15) / 16 * 16 : m;
+        for (int t0 = 0; t0 < mp; t0 += 16) {
+          const int mt = std::min(16, mp - t0);
+#ifdef WS_X86
+          if (ea) {
+            amx_gate_up((const bf16_t*)wg, (const bf16_t*)wu, Hp,
+                        (const bf16_t*)(X + (long)t0 * Hp * esz), Hp, G.data(), U.data());
+          } else
+#endif
+          {
+            tile_tokens(sel, wg, Hp, X + (long)t0 * Hp * esz, Hp, esz, mt, G.data());
+            tile_tokens(sel, wu, Hp, X + (long)t0 * Hp * esz, Hp, esz, mt, U.data());
+          }
+          for (int t = 0; t < mt; ++t) {
+            char* hrow = hb + ((long)(r0 + t0 + t) * Ip + tile * 16) * esz;
+            for (int r = 0; r < 16; ++r) {
+              float v = silu(G[t * 16 + r]) * U[t * 16 + r];
+              if (wdtype == W_BF16) {
+                const bf16_t b = f32_to_bf16(v);
+                if (act_bf16)
+                  ((bf16_t*)hrow)[r] = b;
+                else
+                  ((float*)hrow)[r] = bf16_to_f32(b);
+              } else {
+                ((float*)hrow)[r] = v;
+              }
+            }
+          }
+        }
+      }
+      // (implicit barrier: phase 2 needs every h row)
+
+      // ---- phase 2: out[tok] += w * (h Wd^T), items = 16-column tiles of the output
+#pragma omp for schedule(dynamic, 1)
+      for (int c = 0; c < ht; ++c) {
+        for (int j = 0; j < nact; ++j) {
+          const int e = active[j];
+          const int r0 = row_off[j], m = count[e];
+          const bool ea = amx && m >= amx_min;
+          const char* wd = DN + (e * dn_expert + (long)c * dn_tile) * wsz;
+          const char* X = hb + (long)r0 * Ip * esz;
+          const int mp = ea ? (m + 15) / 16 * 16 : m;
+          for (int t0 = 0; t0 < mp; t0 += 16) {
+            const int mt = std::min(16, mp - t0);
+#ifdef WS_X86
+            if (ea)
+              amx_tile((const bf16_t*)wd, Ip, (const bf16_t*)(X + (long)t0 * Ip * esz), Ip, G.data());
+            else
+#endif
+              tile_tokens(sel, wd, Ip, X + (long)t0 * Ip * esz, Ip, esz, mt, G.data());
+            for (int t = 0; t < mt; ++t) {
+              const int tok = tok_of[r0 + t0 + t];
+              if (tok < 0) continue;
+              const float w = wt_of[r0 + t0 + t];
+              float* o = out + (long)tok * Hp + c * 16;
+              for (int r = 0; r < 16; ++r) o[r] += w * G[t * 16 + r];
+            }
+          }
+        }
+      }
+    }
+#ifdef WS_X86
+    if (amx) amx_thread_release();
+#endif
+  }
+  return 0;
+}
+
+// Multi-threaded read of a buffer (DRAM read-bandwidth probe for the benchmark).
+extern "C" double ws_read_sum(const void* p, long bytes, int nthreads) {
+  const uint64_t* w = (const uint64_t*)p;
+  const long n = bytes / 8;
+  uint64_t acc = 0;
+#pragma omp parallel for num_threads(nthreads) reduction(^ : acc) schedule(static)
+  for (long i = 0; i < n; i += 8) {
+    uint64_t a = 0;
+    const long end = std::min(n, i + 8);
+    for (long q = i; q < end; ++q) a ^= w[q];
+    acc ^= a;
+  }
+  return (double)(acc & 0xffff);
+}

@@ -1,0 +1,127 @@
+"""Where each MoE layer's routed experts live: ``experts="gpu" | "cpu" | "auto"``.
+
+``choose_expert_layers`` returns, per layer, whether that layer's routed experts run on the CPU
+(:class:`~writescope.layers.cpu_experts.CpuExperts`). Dense layers and everything that is not a
+routed expert (attention, norms, router, shared experts, embeddings) always stay on the GPU.
+
+* ``gpu``  — every routed expert on the GPU (raises if a VRAM budget is given and it cannot hold
+  them with the KV the workload needs and the margin);
+* ``cpu``  — every MoE layer's routed experts on the CPU (as llama.cpp ``--cpu-moe``);
+* ``auto`` — everything on the GPU when all weights + the KV the workload needs + an
+  activation/staging margin fit the budget; otherwise as many MoE layers as fit keep their experts
+  on the GPU and the others go to the CPU. The *first* MoE layers go to the CPU (the convention of
+  llama.cpp's ``--n-cpu-moe N``); which layers move does not change the step time, only how many.
+  No budget (``None``: no GPU limit, e.g. a CPU-only machine where "GPU" is the in-process device)
+  means everything stays on the "GPU" path.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..models.config import ModelConfig
+
+__all__ = ["choose_expert_layers", "default_margin_bytes", "expert_placement_summary", "EXPERT_MODES"]
+
+EXPERT_MODES = ("gpu", "cpu", "auto")
+GiB = 2**30
+
+
+def default_margin_bytes(vram_budget_bytes: int) -> int:
+    """Activation / staging / allocator-fragmentation margin kept free inside the budget:
+    1 GiB or 5 % of the budget, whichever is larger."""
+    return max(GiB, vram_budget_bytes // 20)
+
+
+def _validate(cfg, experts, vram_budget_bytes, kv_bytes_needed, dtype, margin_bytes) -> str:
+    if not isinstance(cfg, ModelConfig):
+        raise ValueError(f"cfg must be a ModelConfig, got {type(cfg).__name__}")
+    if not isinstance(experts, str) or experts.lower() not in EXPERT_MODES:
+        raise ValueError(f"experts must be one of {', '.join(map(repr, EXPERT_MODES))}, got {experts!r}")
+    if vram_budget_bytes is not None and (isinstance(vram_budget_bytes, bool)
+                                          or not isinstance(vram_budget_bytes, int)
+                                          or vram_budget_bytes <= 0):
+        raise ValueError(f"vram_budget_bytes must be a positive int or None, got {vram_budget_bytes!r}")
+    if isinstance(kv_bytes_needed, bool) or not isinstance(kv_bytes_needed, int) or kv_bytes_needed < 0:
+        raise ValueError(f"kv_bytes_needed must be an int >= 0, got {kv_bytes_needed!r}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+    if margin_bytes is not None and (not isinstance(margin_bytes, int) or margin_bytes < 0):
+        raise ValueError(f"margin_bytes must be an int >= 0 or None, got {margin_bytes!r}")
+    return experts.lower()
+
+
+def _gb(b: int) -> str:
+    return f"{b / 1e9:.2f} GB"
+
+
+def choose_expert_layers(cfg: ModelConfig, experts: str, vram_budget_bytes: int | None,
+                         kv_bytes_needed: int, dtype: torch.dtype,
+                         margin_bytes: int | None = None) -> list[bool]:
+    """Per layer: are this layer's routed experts on the CPU? (see the module docstring)
+
+    ``kv_bytes_needed``: GPU bytes the KV cache of the workload needs (its G/W regions and staging);
+    ``margin_bytes``: activation/staging margin (default :func:`default_margin_bytes`).
+    Raises ``ValueError`` on bad values and when the budget cannot hold what must stay on the GPU.
+    """
+    mode = _validate(cfg, experts, vram_budget_bytes, kv_bytes_needed, dtype, margin_bytes)
+    n = cfg.num_layers
+    moe = list(cfg.moe_layers)
+    if mode == "cpu":
+        s = set(moe)
+        flags = [i in s for i in range(n)]
+        if vram_budget_bytes is not None:
+            _check_fits(cfg, flags, vram_budget_bytes, kv_bytes_needed, dtype, margin_bytes, mode)
+        return flags
+    if vram_budget_bytes is None:
+        return [False] * n
+    all_gpu = [False] * n
+    if mode == "gpu":
+        _check_fits(cfg, all_gpu, vram_budget_bytes, kv_bytes_needed, dtype, margin_bytes, mode)
+        return all_gpu
+    # auto
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    pc = cfg.param_counts()
+    margin = default_margin_bytes(vram_budget_bytes) if margin_bytes is None else margin_bytes
+    fixed = pc["other"] * itemsize + kv_bytes_needed + margin
+    if fixed + pc["routed_experts"] * itemsize <= vram_budget_bytes:
+        return all_gpu
+    per_layer = cfg.num_experts * pc["expert"] * itemsize
+    free = vram_budget_bytes - fixed
+    if free < 0:
+        _check_fits(cfg, [i in set(moe) for i in range(n)], vram_budget_bytes, kv_bytes_needed,
+                    dtype, margin_bytes, mode)
+    keep = min(len(moe), max(0, free) // per_layer) if per_layer else len(moe)
+    on_cpu = set(moe[: len(moe) - keep])
+    return [i in on_cpu for i in range(n)]
+
+
+def _check_fits(cfg, flags, budget, kv, dtype, margin_bytes, mode) -> None:
+    s = expert_placement_summary(cfg, flags, dtype)
+    margin = default_margin_bytes(budget) if margin_bytes is None else margin_bytes
+    need = s["gpu_weight_bytes"] + kv + margin
+    if need > budget:
+        hint = ("use experts='auto' or 'cpu'" if mode == "gpu" else
+                "even with every routed expert on the CPU; lower the KV need or raise the budget")
+        raise ValueError(
+            f"experts={mode!r}: GPU weights {_gb(s['gpu_weight_bytes'])} + KV {_gb(kv)} + margin "
+            f"{_gb(margin)} = {_gb(need)} exceed the VRAM budget of {_gb(budget)} ({hint})")
+
+
+def expert_placement_summary(cfg: ModelConfig, flags: list[bool], dtype: torch.dtype) -> dict:
+    """Bytes on each side for a placement (for logs, the planner and the CLI)."""
+    if len(flags) != cfg.num_layers:
+        raise ValueError(f"flags has {len(flags)} entries, the model has {cfg.num_layers} layers")
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    pc = cfg.param_counts()
+    per_layer = cfg.num_experts * pc["expert"] * itemsize
+    moe = set(cfg.moe_layers)
+    cpu_layers = [i for i, f in enumerate(flags) if f]
+    bad = [i for i in cpu_layers if i not in moe]
+    if bad:
+        raise ValueError(f"layers {bad} are dense: they have no routed experts to put on the CPU")
+    cpu_bytes = len(cpu_layers) * per_layer
+    return {"cpu_expert_layers": len(cpu_layers), "moe_layers": len(moe),
+            "cpu_expert_bytes": cpu_bytes,
+            "gpu_expert_bytes": pc["routed_experts"] * itemsize - cpu_bytes,
+            "gpu_weight_bytes": pc["total"] * itemsize - cpu_bytes,
+            "expert_bytes": pc["expert"] * itemsize}
