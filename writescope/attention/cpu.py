@@ -1,0 +1,274 @@
+"""CPU decode attention over C blocks (CPU layout) and T blocks (GPU layout), read in place.
+
+:func:`attend_cpu` has the signature of :func:`~writescope.attention.torch_paged.attend_torch`
+and returns ``(out, lse)`` in the convention of :mod:`writescope.attention.merge`.
+
+The kernel (``csrc/``) is plain C++ with OpenMP, built on first use with the system compiler
+and cached under the torch extensions directory, keyed by a hash of the sources and flags. It
+is one shared library holding one translation unit per instruction set (AVX2, AVX-512, AMX;
+each compiled for its ISA by a ``#pragma GCC target``), chosen at run time from cpuid, so the
+same build runs on any x86-64 machine. Without a compiler (or on another architecture) the
+module warns once and uses :func:`attend_torch`.
+
+Work is split over (sequence, KV head, chunk of blocks); every query vector of a KV group (all
+query heads, all query rows of the sequence) is computed from each K/V row read once; the
+chunks are merged by log-sum-exp inside the kernel. See ``csrc/attn_impl.h`` (AVX2/AVX-512)
+and ``csrc/attn_amx.cpp`` (AMX tiles, bf16) for the arithmetic.
+
+Threads: ``WRITESCOPE_CPU_ATTN_THREADS`` or :func:`set_num_threads`; by default every usable
+core minus :func:`reserve_cores` (cores the engine keeps for its other CPU work).
+ISA: ``WRITESCOPE_CPU_ATTN_ISA`` = ``auto`` (default) | ``amx`` | ``avx512`` | ``avx2``, or
+:func:`set_isa`.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+
+import torch
+
+from ..kvcache.regions import KVSpec
+from .batch import BlockBatch
+from .torch_paged import attend_torch
+
+__all__ = ["attend_cpu", "available", "set_num_threads", "get_num_threads", "reserve_cores",
+           "set_isa", "get_isa", "isas", "features", "read_bandwidth"]
+
+_CSRC = Path(__file__).with_name("csrc")
+_SOURCES = ("attn_ops.cpp", "attn_avx2.cpp", "attn_avx512.cpp", "attn_amx.cpp")
+_HEADERS = ("attn_common.h", "attn_impl.h", "attn_v512.h")
+_CFLAGS = ["-O3", "-fPIC", "-std=c++17", "-fopenmp", "-fno-math-errno"]
+_ISA_CODE = {"avx2": 0, "avx512": 1, "amx": 2}
+_F_AVX2, _F_AVX512, _F_BF16, _F_AMX = 1, 2, 4, 8
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_load_tried = False
+_load_error: str | None = None
+_warned = False
+_features = 0
+_amx_ok = False
+_threads: int | None = None
+_reserved = 0
+_isa = os.environ.get("WRITESCOPE_CPU_ATTN_ISA", "auto")
+
+
+def _build_dir() -> Path:
+    from torch.utils.cpp_extension import get_default_build_root
+    h = hashlib.sha256()
+    for name in _SOURCES + _HEADERS:
+        h.update(name.encode())
+        h.update((_CSRC / name).read_bytes())
+    h.update(" ".join(_CFLAGS).encode())
+    return Path(get_default_build_root()) / f"writescope_cpu_attn_{h.hexdigest()[:16]}"
+
+
+def _compile(out: Path) -> None:
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if not cxx:
+        raise RuntimeError("no C++ compiler found (set CXX)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        procs, objs = [], []
+        for src in _SOURCES:
+            obj = Path(tmp) / (src + ".o")
+            objs.append(str(obj))
+            procs.append(subprocess.Popen([cxx, *_CFLAGS, "-c", str(_CSRC / src), "-o", str(obj)],
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+        errs = []
+        for src, p in zip(_SOURCES, procs):
+            log = p.communicate()[0].decode(errors="replace")
+            if p.returncode:
+                errs.append(f"{src}:\n{log[-3000:]}")
+        if errs:
+            raise RuntimeError("compiling the CPU attention kernel failed:\n" + "\n".join(errs))
+        so = Path(tmp) / "lib.so"
+        subprocess.run([cxx, "-shared", "-fopenmp", *objs, "-o", str(so)], check=True,
+                       capture_output=True)
+        os.replace(so, out)  # atomic: concurrent builders each publish a complete library
+
+
+def _load() -> ctypes.CDLL | None:
+    global _lib, _load_tried, _load_error, _features, _amx_ok
+    if _load_tried:
+        return _lib
+    with _lock:
+        if _load_tried:
+            return _lib
+        try:
+            if platform.machine().lower() not in ("x86_64", "amd64"):
+                raise RuntimeError(f"the kernel targets x86-64, this is {platform.machine()}")
+            path = _build_dir() / "libwritescope_cpu_attn.so"
+            if not path.exists():
+                _compile(path)
+            lib = ctypes.CDLL(str(path))
+            f = ctypes.c_float
+            i, i64, p = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
+            lib.ws_attend.restype = i
+            lib.ws_attend.argtypes = [p, i, i, p, i, i, i64, i, i, i, i, i, i, i, p, p, p, p, i, f,
+                                      p, p, i, i, i]
+            lib.ws_cpu_features.restype = i
+            lib.ws_amx_request.restype = i
+            lib.ws_default_threads.restype = i
+            lib.ws_read_seconds.restype = ctypes.c_double
+            lib.ws_read_seconds.argtypes = [p, i64, i, i, ctypes.POINTER(ctypes.c_double)]
+            _features = lib.ws_cpu_features()
+            if _features & _F_AMX:
+                _amx_ok = lib.ws_amx_request() == 0
+            if not _features & _F_AVX2:
+                raise RuntimeError("the CPU lacks AVX2+FMA")
+            _lib = lib
+        except Exception as e:  # no compiler, failed build, unsupported CPU: torch fallback
+            _load_error = f"{type(e).__name__}: {e}"
+            _lib = None
+        _load_tried = True
+    return _lib
+
+
+def available() -> bool:
+    """True when the compiled kernel is loaded (building it on first call)."""
+    return _load() is not None
+
+
+def load_error() -> str | None:
+    """Why :func:`available` is False (None when it is True or was not asked yet)."""
+    _load()
+    return _load_error
+
+
+def features() -> dict[str, bool]:
+    _load()
+    return {"avx2": bool(_features & _F_AVX2), "avx512": bool(_features & _F_AVX512),
+            "avx512_bf16": bool(_features & _F_BF16), "amx": bool(_features & _F_AMX) and _amx_ok}
+
+
+def isas() -> list[str]:
+    """Kernel variants this machine can run, slowest first."""
+    f = features()
+    return [k for k in ("avx2", "avx512", "amx") if f[k]] if available() else []
+
+
+def set_isa(isa: str) -> None:
+    """``auto``, or force one of :func:`isas` (tests and benchmarks)."""
+    global _isa
+    if isa != "auto" and isa not in _ISA_CODE:
+        raise ValueError(f"unknown ISA {isa!r}")
+    _isa = isa
+
+
+def get_isa(dtype: torch.dtype = torch.bfloat16) -> str:
+    """The variant :func:`attend_cpu` uses for KV of ``dtype`` (AMX only runs bf16 KV)."""
+    have = isas()
+    if not have:
+        return "torch"
+    if _isa != "auto":
+        if _isa not in have:
+            raise RuntimeError(f"ISA {_isa!r} not available here (have {have})")
+        return _isa
+    if "amx" in have and dtype == torch.bfloat16:
+        return "amx"
+    return "avx512" if "avx512" in have else "avx2"
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def reserve_cores(n: int) -> None:
+    """Keep ``n`` cores out of the default thread count (the engine's other CPU work)."""
+    global _reserved
+    _reserved = max(0, int(n))
+
+
+def set_num_threads(n: int | None) -> None:
+    """The kernel's own thread count (None: back to the default)."""
+    global _threads
+    _threads = None if n is None else max(1, int(n))
+
+
+def get_num_threads() -> int:
+    if _threads is not None:
+        return _threads
+    env = os.environ.get("WRITESCOPE_CPU_ATTN_THREADS")
+    if env:
+        return max(1, int(env))
+    return max(1, _usable_cores() - _reserved)
+
+
+def _warn_fallback() -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        warnings.warn(f"writescope: compiled CPU attention kernel unavailable ({_load_error}); "
+                      "using the torch path", RuntimeWarning, stacklevel=3)
+
+
+def _ptr(t: torch.Tensor) -> int:
+    return t.data_ptr()
+
+
+def attend_cpu(q: torch.Tensor, kv: torch.Tensor, layout: str, spec: KVSpec, batch: BlockBatch,
+               scale: float, *, chunk_blocks: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``q [nq, Hq, Dk]`` over one layer's pool ``kv``; returns float32 ``(out, lse)``.
+
+    ``layout`` "cpu": ``kv`` is a C region layer ``[N, H, bs/2, R, 2]`` (see
+    :func:`~writescope.kvcache.regions.cpu_pool_shape`); "gpu": a T/G region layer
+    ``[N, bs, H, R]``. Falls back to :func:`attend_torch` (with one warning) when the kernel
+    cannot run.
+    """
+    lib = _load()
+    if lib is None:
+        _warn_fallback()
+        return attend_torch(q, kv, layout, spec, batch, scale)
+    nq, hq, dk = q.shape
+    H, R = spec.num_kv_heads, spec.rec_dim
+    if layout == "cpu":
+        bs = kv.shape[2] * 2
+        inner_ok = kv.dim() == 5 and tuple(kv.shape[1:]) == (H, bs // 2, R, 2)
+        inner = H * bs * R
+    else:
+        bs = kv.shape[1]
+        inner_ok = kv.dim() == 4 and tuple(kv.shape[2:]) == (H, R)
+        inner = bs * H * R
+    if (kv.device.type != "cpu" or q.device.type != "cpu" or kv.dtype not in (torch.float32, torch.bfloat16)
+            or not inner_ok or hq % H or dk != spec.k_dim or spec.k_dim % 8 or spec.v_dim % 8
+            or (kv.shape[0] > 1 and kv.stride(0) < inner)
+            or not kv[:1].is_contiguous()):
+        return attend_torch(q, kv, layout, spec, batch, scale)
+    isa = get_isa(kv.dtype)
+    qf = q.detach().to(torch.float32).contiguous()
+    out = torch.empty(nq, hq, spec.v_dim, dtype=torch.float32)
+    lse = torch.empty(nq, hq, dtype=torch.float32)
+    ints = [t.to(torch.int32).contiguous() for t in
+            (batch.q_indptr, batch.kv_indptr, batch.kv_blocks, batch.kv_lens)]
+    rc = lib.ws_attend(_ptr(qf), nq, hq, _ptr(kv), 1 if kv.dtype == torch.bfloat16 else 0,
+                       0 if layout == "cpu" else 1, kv.stride(0), H, bs, R, spec.k_offset,
+                       spec.k_dim, spec.v_offset, spec.v_dim, *(_ptr(t) for t in ints),
+                       batch.num_seqs, float(scale), _ptr(out), _ptr(lse), _ISA_CODE[isa],
+                       get_num_threads(), int(chunk_blocks))
+    if rc != 0:
+        raise RuntimeError(f"ws_attend failed ({rc})")
+    return out, lse
+
+
+def read_bandwidth(nbytes: int, threads: int | None = None, reps: int = 5) -> float:
+    """DRAM read bandwidth in GB/s: best of ``reps`` multi-threaded sums of an ``nbytes`` array."""
+    lib = _load()
+    if lib is None:
+        raise RuntimeError(f"kernel unavailable: {_load_error}")
+    x = torch.ones(nbytes // 4, dtype=torch.float32)
+    chk = ctypes.c_double()
+    dt = lib.ws_read_seconds(_ptr(x), x.numel(), threads or get_num_threads(), reps,
+                             ctypes.byref(chk))
+    return x.numel() * 4 / dt / 1e9

@@ -1,0 +1,42 @@
+// Shared declarations of the CPU decode-attention kernel (writescope/attention/cpu.py).
+//
+// Plain C structs only: the ISA translation units (attn_avx2.cpp, attn_avx512.cpp, attn_amx.cpp)
+// are compiled for different instruction sets, so nothing inline may be shared between them
+// (an inline function instantiated with AVX-512 code could be picked by the linker for the AVX2
+// caller). Each ISA unit keeps its code in an anonymous namespace and exports one function.
+#pragma once
+#include <stdint.h>
+
+// One layer of one pool.
+//   layout 0 (C region):  [N, H, bs/2, R, 2]  -- token pairs interleaved ("VNNI pairs"):
+//                          element (t, d) of head h of block b is at
+//                          b*block_stride + h*bs*R + ((t>>1)*R + d)*2 + (t&1)
+//   layout 1 (T/G region): [N, bs, H, R]     -- element at b*block_stride + (t*H + h)*R + d
+struct WsArgs {
+    const void* kv;
+    int dtype;   // 0: float32, 1: bfloat16
+    int layout;  // 0: cpu, 1: gpu
+    int64_t block_stride;  // elements between consecutive blocks
+    int H, bs, R, k_off, Dk, v_off, Dv;
+};
+
+// One unit of work: M query vectors (query rows x heads of one KV group) of one sequence over
+// a run of that sequence's blocks, for one KV head.
+struct WsItem {
+    const float* q;  // [M][Dk], already multiplied by scale * log2(e)
+    int M, head;
+    const int32_t* blocks;
+    const int32_t* lens;
+    int nblocks;
+    float* o;  // [M][Dv] out: un-normalised sum of 2^(s - m) v
+    float* m;  // [M] out: running max of s (base-2 units)
+    float* l;  // [M] out: sum of 2^(s - m)
+};
+
+typedef void (*ws_item_fn)(const WsArgs*, const WsItem*);
+
+void ws_item_avx2(const WsArgs*, const WsItem*);
+void ws_item_avx512(const WsArgs*, const WsItem*);
+void ws_item_amx(const WsArgs*, const WsItem*);
+// 1 when the AMX unit accepts this shape (bf16, bs % 32 == 0, Dk and Dv % 16 == 0)
+int ws_amx_eligible(const WsArgs*);

@@ -1,0 +1,218 @@
+"""CPU decode-attention benchmark: the kernel against DRAM read bandwidth and the torch path.
+
+``python -m writescope.bench.cpu_attention [--json FILE]`` measures, in one run:
+
+* the machine's DRAM read bandwidth (a multi-threaded sum over an array several times the
+  last-level cache, the kernel's thread count);
+* the kernel's achieved GB/s of KV read (bytes of the valid records / time), C layout, bf16,
+  for the default variant and every other variant this CPU runs, and the T (GPU) layout;
+* the torch-matmul path: bf16 matmuls + fp32 softmax over the same KV held dense and
+  head-major (``torch_gbps``, the best torch can do), and the engine's portable paged path
+  :func:`attend_torch` on the pool (``torch_paged_gbps``),
+
+for GQA 32/4/128 and MLA 16/1/576 at batch x length 1x256K, 8x32K and 64x4K. Prints a table
+and writes JSON with, per shape, ``kernel_gbps``, ``torch_gbps``, ``read_bw_gbps``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+from ..attention import cpu
+from ..attention.batch import BlockBatch
+from ..attention.torch_paged import attend_torch
+from ..kvcache.regions import KVSpec, cpu_pool_shape, gpu_pool_shape
+
+SHAPES = {
+    "gqa-32/4/128": (lambda: KVSpec.gqa(1, 4, 128, torch.bfloat16), 32),
+    "mla-16/1/576": (lambda: KVSpec.mla(1, 512, 64, torch.bfloat16), 16),
+}
+SIZES = [(1, 262144), (8, 32768), (64, 4096)]
+
+
+def _llc_bytes() -> int:
+    best = 0
+    for p in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            s = (p / "size").read_text().strip()
+            mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1], 1)
+            best = max(best, int(s.rstrip("KMG")) * mult)
+        except (OSError, ValueError):
+            pass
+    return best or 32 << 20
+
+
+def _machine() -> dict:
+    model = platform.processor()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": model, "logical_cpus": os.cpu_count(), "usable_cpus": len(os.sched_getaffinity(0)),
+            "llc_bytes": _llc_bytes(), "features": cpu.features(), "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(), "python": platform.python_version()}
+
+
+def _git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                             cwd=Path(__file__).resolve().parents[2]).stdout.strip()
+    except OSError:
+        return "unknown"
+    return out if len(out) == 40 else "unknown"
+
+
+def _time(fn, reps: int) -> float:
+    fn()  # warm-up (first touch, thread pool start)
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def torch_matmul_attention(q: torch.Tensor, dense: torch.Tensor, spec: KVSpec, scale: float,
+                           dtype: torch.dtype = torch.bfloat16):
+    """Decode attention with torch matmuls over dense ``[B, H, T, R]`` KV (operands in
+    ``dtype``, fp32 softmax): what the torch path could do with no paging at all."""
+    b, h, t, _ = dense.shape
+    g = q.shape[1] // h
+    x = dense if dense.dtype == dtype else dense.to(dtype)
+    k = spec.k(x)  # [B, H, T, Dk]
+    v = spec.v(x)
+    qs = q.view(b, h, g, -1).to(dtype)
+    s = torch.matmul(qs, k.transpose(-1, -2)).float() * scale  # [B, H, G, T]
+    lse = torch.logsumexp(s, dim=-1, keepdim=True)
+    p = torch.exp(s - lse).to(dtype)
+    out = torch.matmul(p, v).float()  # [B, H, G, Dv]
+    return out.reshape(b, h * g, -1), lse.reshape(b, h * g)
+
+
+def bench_shape(name: str, batch: int, length: int, reps: int, torch_reps: int, bs: int,
+                variants: bool, gpu_layout: bool, gen: torch.Generator) -> dict:
+    spec_fn, hq = SHAPES[name]
+    spec = spec_fn()
+    nb_seq = math.ceil(length / bs)
+    nblocks = batch * nb_seq
+    # random contents written straight in the C layout (any values do: the rate is what counts)
+    pool = torch.empty(cpu_pool_shape(spec, nblocks, bs)[1:], dtype=spec.dtype)
+    flat = pool.view(-1)
+    step = 1 << 24
+    for i in range(0, flat.numel(), step):
+        flat[i:i + step] = torch.randn(min(step, flat.numel() - i), generator=gen)
+    perm = torch.randperm(nblocks, generator=gen)
+    blocks = [perm[i * nb_seq:(i + 1) * nb_seq].tolist() for i in range(batch)]
+    lens = [[bs] * (nb_seq - 1) + [length - bs * (nb_seq - 1)] for _ in range(batch)]
+    bb = BlockBatch.build([1] * batch, blocks, lens)
+    q = torch.randn(batch, hq, spec.k_dim, generator=gen).to(torch.bfloat16)
+    scale = 1.0 / math.sqrt(spec.k_dim)
+    kv_bytes = batch * length * spec.num_kv_heads * spec.rec_dim * spec.itemsize
+    row = {"shape": name, "batch": batch, "length": length, "block_size": bs,
+           "kv_bytes": kv_bytes, "threads": cpu.get_num_threads()}
+
+    isa = cpu.get_isa(spec.dtype)
+    row["kernel_isa"] = isa
+    t = _time(lambda: cpu.attend_cpu(q, pool, "cpu", spec, bb, scale), reps)
+    row["kernel_s"] = t
+    row["kernel_gbps"] = kv_bytes / t / 1e9
+    if variants:
+        by = {}
+        for v in cpu.isas():
+            cpu.set_isa(v)
+            by[v] = kv_bytes / _time(lambda: cpu.attend_cpu(q, pool, "cpu", spec, bb, scale), reps) / 1e9
+        cpu.set_isa("auto")
+        row["kernel_gbps_by_isa"] = by
+    ref = attend_torch(q, pool, "cpu", spec, bb, scale)
+    out = cpu.attend_cpu(q, pool, "cpu", spec, bb, scale)
+    row["max_abs_diff_vs_torch"] = float((out[0] - ref[0]).abs().max())
+    del ref, out
+    if torch_reps > 0:
+        t = _time(lambda: attend_torch(q, pool, "cpu", spec, bb, scale), torch_reps)
+        row["torch_paged_gbps"] = kv_bytes / t / 1e9
+        # the torch-matmul path at its best: KV already dense and head-major per sequence
+        dense = torch.empty(batch, spec.num_kv_heads, length, spec.rec_dim, dtype=spec.dtype)
+        dense.view(-1)[: min(dense.numel(), pool.numel())].copy_(pool.view(-1)[: dense.numel()])
+        by = {}
+        for dt in (torch.bfloat16, torch.float32):  # bf16 operands, or KV upcast per call
+            t = _time(lambda: torch_matmul_attention(q, dense, spec, scale, dt), torch_reps)
+            by[str(dt).replace("torch.", "")] = kv_bytes / t / 1e9
+        row["torch_gbps_by_dtype"] = by
+        row["torch_gbps"] = max(by.values())
+        del dense
+    if gpu_layout:  # T blocks read in place (GPU layout, token-major)
+        gp = torch.empty(gpu_pool_shape(spec, nblocks, bs)[1:], dtype=spec.dtype)
+        gp.view(-1).copy_(pool.view(-1))  # contents do not matter for the rate
+        del pool
+        t = _time(lambda: cpu.attend_cpu(q, gp, "gpu", spec, bb, scale), reps)
+        row["kernel_gbps_gpu_layout"] = kv_bytes / t / 1e9
+    return row
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(prog="python -m writescope.bench.cpu_attention", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--threads", type=int, help="kernel threads (default: cpu.get_num_threads())")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--torch-reps", type=int, default=2, help="0 skips the torch path")
+    ap.add_argument("--block-size", type=int, default=64)
+    ap.add_argument("--shapes", default=",".join(SHAPES), help="comma list of " + ", ".join(SHAPES))
+    ap.add_argument("--sizes", default=",".join(f"{b}x{l}" for b, l in SIZES),
+                    help="comma list of BATCHxLENGTH")
+    ap.add_argument("--no-variants", action="store_true", help="time only the default ISA")
+    ap.add_argument("--no-gpu-layout", action="store_true", help="skip the T-layout timing")
+    ap.add_argument("--read-bytes", type=int, default=0,
+                    help="bandwidth probe array (default: max(1 GiB, 6 x last-level cache))")
+    args = ap.parse_args(argv)
+    if not cpu.available():
+        raise SystemExit(f"CPU attention kernel unavailable: {cpu.load_error()}")
+    if args.threads:
+        cpu.set_num_threads(args.threads)
+    gen = torch.Generator().manual_seed(0)
+    nbytes = args.read_bytes or max(1 << 30, 6 * _llc_bytes())
+    read_bw = cpu.read_bandwidth(nbytes, reps=5)
+    res = {"bench": "cpu_attention", "git_commit": _git_commit(), "machine": _machine(),
+           "command": "python -m writescope.bench.cpu_attention " + " ".join(argv if argv is not None else __import__("sys").argv[1:]),
+           "threads": cpu.get_num_threads(), "read_bw_array_bytes": nbytes, "read_bw_gbps": read_bw,
+           "rows": []}
+    print(f"DRAM read bandwidth ({nbytes / 2**30:.2f} GiB array, {cpu.get_num_threads()} threads): "
+          f"{read_bw:.1f} GB/s", flush=True)
+    hdr = f"{'shape':14} {'BxL':>9} {'isa':>6} {'kernel':>8} {'%read':>6} {'torch':>7} {'x torch':>7} {'paged':>6} {'T-layout':>8}  variants"
+    print(hdr, flush=True)
+    for name in args.shapes.split(","):
+        for bl in args.sizes.split(","):
+            b, l = (int(x) for x in bl.lower().split("x"))
+            row = bench_shape(name, b, l, args.reps, args.torch_reps, args.block_size,
+                              not args.no_variants, not args.no_gpu_layout, gen)
+            row["read_bw_gbps"] = read_bw
+            row["kernel_frac_of_read_bw"] = row["kernel_gbps"] / read_bw
+            if "torch_gbps" in row:
+                row["speedup_vs_torch"] = row["kernel_gbps"] / row["torch_gbps"]
+                row["speedup_vs_torch_paged"] = row["kernel_gbps"] / row["torch_paged_gbps"]
+            res["rows"].append(row)
+            var = " ".join(f"{k}={v:.1f}" for k, v in row.get("kernel_gbps_by_isa", {}).items())
+            print(f"{name:14} {b}x{l // 1024}K".ljust(25) + f" {row['kernel_isa']:>6} {row['kernel_gbps']:8.1f} "
+                  f"{100 * row['kernel_frac_of_read_bw']:5.0f}% {row.get('torch_gbps', float('nan')):7.1f} "
+                  f"{row.get('speedup_vs_torch', float('nan')):7.1f} {row.get('torch_paged_gbps', float('nan')):6.1f} {row.get('kernel_gbps_gpu_layout', float('nan')):8.1f}  {var}",
+                  flush=True)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(res, indent=1))
+    return res
+
+
+if __name__ == "__main__":
+    main()
