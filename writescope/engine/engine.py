@@ -294,19 +294,20 @@ class LLMEngine:
         detok = self._detok.get(req.request_id)
         if detok is not None:
             req.text += detok.add(tok)
-        if not p.ignore_eos and tok in self._eos_ids():
-            return FinishReason.STOP
-        if tok in p.stop_token_ids:
-            return FinishReason.STOP
         if p.stop and detok is not None:
             for s in p.stop:
                 i = req.text.find(s)
                 if i >= 0:
                     req.text = req.text[:i]
                     return FinishReason.STOP
-        if len(req.output_token_ids) >= req.max_tokens:
-            return FinishReason.LENGTH
-        return None
+        reason = None
+        if (not p.ignore_eos and tok in self._eos_ids()) or tok in p.stop_token_ids:
+            reason = FinishReason.STOP
+        elif len(req.output_token_ids) >= req.max_tokens:
+            reason = FinishReason.LENGTH
+        if reason is not None and detok is not None:
+            req.text += detok.flush()  # text held back waiting for the rest of a UTF-8 character
+        return reason
 
     def _eos_ids(self) -> set[int]:
         if self.tokenizer is not None:
