@@ -29,6 +29,7 @@ copies, so the ring logic is tested on CPU-only machines too.
 """
 from __future__ import annotations
 
+import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -108,6 +109,10 @@ class HybridAttention:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.cpu_threads = cpu_threads
         self._cpu_attend = cpu_attend or cpu_kernel()
+        if cpu_threads:  # the compiled CPU kernel keeps its own thread count
+            mod = sys.modules.get(getattr(self._cpu_attend, "__module__", ""), None)
+            if hasattr(mod, "set_num_threads"):
+                mod.set_num_threads(int(cpu_threads))
         self.plan: AttentionStepPlan | None = None
         self.timings = {"cpu_s": 0.0, "gpu_s": 0.0, "pcie_s": 0.0}
         if backend is None:
@@ -124,7 +129,7 @@ class HybridAttention:
         if stage_t is None:
             stage_t = t_pool is not None and t_pool.device != self.device
         self.ring: StagingRing | None = None
-        if stage_t and t_pool is not None:
+        if stage_t and t_pool is not None and t_pool.shape[1] > 0:
             nbytes = DEFAULT_STAGING_BYTES if staging_bytes is None else int(staging_bytes)
             self.ring = StagingRing(tuple(t_pool.shape[2:]), t_pool.dtype, self.device, nbytes)
         self._worker: ThreadPoolExecutor | None = None
@@ -163,9 +168,12 @@ class HybridAttention:
 
         ``layers``: the order :meth:`attend` will be called in (default: all, ascending)."""
         self.plan = plan
-        self.timings = {"cpu_s": 0.0, "gpu_s": 0.0, "pcie_s": 0.0, "cpu_wait_s": 0.0}
+        self.timings = {"cpu_s": 0.0, "gpu_s": 0.0, "pcie_s": 0.0, "cpu_wait_s": 0.0,
+                        "host_attend_s": 0.0}
+        self._lag = {"handoff": 0.0, "q_wait": 0.0, "return": 0.0, "t_done": 0.0}
         self._t0 = time.perf_counter()
         self._events: list = []
+        self._ev_start = self._tick() if self.device.type == "cuda" else None
         dev = self.device
         sources: list[_Source] = []
         staged = None
@@ -183,28 +191,30 @@ class HybridAttention:
                                  "is not staged")
             sources.append(_Source(region, batch.to(dev)))
         self._stage_plan = None
+        t_plan = time.perf_counter()
         if staged is not None:
             sp = self.ring.plan(staged, self.max_slot_blocks)
             self._stage_plan = sp
             for i, piece in enumerate(sp.pieces):
                 sources.append(_Source(Region.T, piece.batch.to(dev), piece=i))
         self._sources = sources
+        if self._stage_plan is not None:  # start the copy stream first, then plan the rest
+            ly = list(range(self.spec.num_layers)) if layers is None else list(layers)
+            self.ring.begin(self.pools[Region.T], self._stage_plan, ly)
         self._cpu = [(r, b.to("cpu")) for r, b in plan.cpu if b.num_blocks > 0]
         if self.backend == "triton":
             self._plan_triton(plan)
-        if self._stage_plan is not None:
-            ly = list(range(self.spec.num_layers)) if layers is None else list(layers)
-            self.ring.begin(self.pools[Region.T], self._stage_plan, ly)
+        self.timings["host_begin_s"] = time.perf_counter() - self._t0
+        self.timings["host_plan_s"] = time.perf_counter() - t_plan
 
     def _plan_triton(self, plan: AttentionStepPlan) -> None:
         from . import gpu as G
         base = 0
         cpu_plans = []
-        for src in self._sources:
-            b = src.batch
-            cpu_b = BlockBatch(b.q_indptr.cpu(), b.kv_indptr.cpu(), b.kv_blocks, b.kv_lens)
-            cb = self.chunk_blocks or G.choose_chunk_blocks(
-                sum(s.batch.num_blocks for s in self._sources), self.spec.num_kv_heads)
+        cpu_bs = [BlockBatch(s.batch.q_indptr.cpu(), s.batch.kv_indptr.cpu(), s.batch.kv_blocks,
+                             s.batch.kv_lens) for s in self._sources]
+        cb = self.chunk_blocks or G.chunk_blocks_for(cpu_bs, self.spec.num_kv_heads)
+        for cpu_b in cpu_bs:
             cp = G.plan_chunks(cpu_b, cb, base)
             base += cp.num_chunks
             cpu_plans.append(cp)
@@ -227,10 +237,13 @@ class HybridAttention:
         return self._attend_torch(layer, q)
 
     # ---- CPU side ----
-    def _cpu_job(self, layer: int, q_host: torch.Tensor, ready, out_bufs):
+    def _cpu_job(self, layer: int, q_host: torch.Tensor, ready, out_bufs, t_submit=None):
+        t_in = time.perf_counter()
         if ready is not None:
             ready.synchronize()
         t0 = time.perf_counter()
+        self._lag["handoff"] += t_in - (t_submit or t_in)
+        self._lag["q_wait"] += t0 - t_in
         plan = self.plan
         parts = [self._cpu_attend(q_host, self.pools[r][layer], _layout(r), plan.spec, b,
                                   plan.scale) for r, b in self._cpu]
@@ -239,17 +252,22 @@ class HybridAttention:
             out_bufs[0].copy_(o)
             out_bufs[1].copy_(l)
             o, l = out_bufs
-        return o, l, time.perf_counter() - t0
+        t1 = time.perf_counter()
+        self._lag["t_done"] = t1
+        return o, l, t1 - t0
 
     def _submit_cpu(self, layer: int, q_host, ready, out_bufs) -> Future | tuple:
         if self.cpu_async:
-            return self._pool_worker().submit(self._cpu_job, layer, q_host, ready, out_bufs)
+            return self._pool_worker().submit(self._cpu_job, layer, q_host, ready, out_bufs,
+                                              time.perf_counter())
         return self._cpu_job(layer, q_host, ready, out_bufs)
 
     def _collect_cpu(self, job) -> tuple[torch.Tensor, torch.Tensor]:
         t = time.perf_counter()
         o, l, dt = job.result() if isinstance(job, Future) else job
-        self.timings["cpu_wait_s"] += time.perf_counter() - t
+        t1 = time.perf_counter()
+        self.timings["cpu_wait_s"] += t1 - t
+        self._lag["return"] += t1 - self._lag["t_done"]
         self.timings["cpu_s"] += dt
         return o, l
 
@@ -269,6 +287,8 @@ class HybridAttention:
         if self._cpu:
             q_host = q if q.device.type == "cpu" else q.to("cpu")
             job = self._submit_cpu(layer, q_host, None, None)
+        if self.ring is not None:
+            self.ring.top_up()
         parts = []
         t0 = time.perf_counter()
         for src in self._sources:
@@ -296,6 +316,7 @@ class HybridAttention:
 
     def _attend_triton(self, layer: int, q: torch.Tensor):
         from . import gpu as G
+        t_host = time.perf_counter()
         plan = self.plan
         spec = plan.spec
         nq, hq, _ = q.shape
@@ -310,6 +331,8 @@ class HybridAttention:
             res = self._pinned_bufs("x", [(nq, hq, dv), (nq, hq)],
                                     [torch.float32, torch.float32], parity)
             job = self._submit_cpu(layer, q_host, ready, res)
+        if self._stage_plan is not None:
+            self.ring.top_up()  # the rest of the copy window, while the CPU side works
         dtype = None
         for src in self._sources:
             dtype = self.pools[src.region].dtype
@@ -322,18 +345,23 @@ class HybridAttention:
                            torch.empty(nparts, hq, dtype=torch.float32, device=self.device))
         p_out, p_lse = self._parts
         ev = self._events
-        e0 = self._tick()
+        open_ev = None
         for src in self._sources:
             if src.piece is None:
                 kv = self.pools[src.region][layer]
             else:
-                ev.append((e0, self._tick()))
+                if open_ev is not None:
+                    ev.append((open_ev, self._tick()))
+                    open_ev = None
                 kv = self.ring.acquire(layer, src.piece)
-                e0 = self._tick()
+            if open_ev is None:
+                open_ev = self._tick()
             G.launch_partials(qk, kv, spec, src.chunks, src.batch.kv_blocks, src.batch.kv_lens,
                               plan.scale, p_out, p_lse, self._qmax)
             if src.piece is not None:
                 self.ring.release(layer, src.piece)
+        if open_ev is not None:
+            ev.append((open_ev, self._tick()))
         extra = None
         if job is not None:
             xo, xl = self._collect_cpu(job)
@@ -343,8 +371,16 @@ class HybridAttention:
             extra = (xo, xl)
         out = torch.empty(nq, hq, dv, dtype=torch.float32, device=self.device)
         lse = torch.empty(nq, hq, dtype=torch.float32, device=self.device)
-        G.launch_reduce(p_out, p_lse, self._row_ptr, self._row_idx, out, lse, extra)
-        ev.append((e0, self._tick()))
+        try:
+            G.launch_reduce(p_out, p_lse, self._row_ptr, self._row_idx, out, lse, extra)
+        except ValueError:  # this Triton/driver cannot read pinned host memory in place
+            if extra is None or extra[0].device.type == "cuda":
+                raise
+            self.cpu_result = "copy"
+            extra = (extra[0].to(self.device, non_blocking=True),
+                     extra[1].to(self.device, non_blocking=True))
+            G.launch_reduce(p_out, p_lse, self._row_ptr, self._row_idx, out, lse, extra)
+        self.timings["host_attend_s"] += time.perf_counter() - t_host
         return out, lse
 
     # ------------------------------------------------------------------------------------------
@@ -358,7 +394,18 @@ class HybridAttention:
             torch.cuda.current_stream(self.device).synchronize()
             self.timings["gpu_s"] += sum(a.elapsed_time(b) for a, b in self._events) / 1e3
         self._events = []
+        self.timings["cpu_handoff_s"] = self._lag["handoff"]
+        self.timings["cpu_q_wait_s"] = self._lag["q_wait"]
+        self.timings["cpu_return_s"] = self._lag["return"]
         if self.ring is not None and self._stage_plan is not None:
+            tl_ = getattr(self.ring.copier, "_timing", None)
+            if tl_ and self._ev_start is not None:
+                end = self._tick()
+                end.synchronize()
+                self.ring.copier.stream.synchronize()
+                self.timings["dev_first_copy_s"] = self._ev_start.elapsed_time(tl_[0][0]) / 1e3
+                self.timings["dev_last_copy_s"] = self._ev_start.elapsed_time(tl_[-1][1]) / 1e3
+                self.timings["dev_end_s"] = self._ev_start.elapsed_time(end) / 1e3
             self.timings["pcie_s"] += self.ring.finish()
             self.timings["pcie_bytes"] = float(self.ring.copier.bytes)
             self.timings["pcie_copies"] = float(self.ring.copier.copies)

@@ -1,0 +1,110 @@
+"""GPU attention paths against the float64 dense reference (need CUDA; Triton for the kernels)."""
+import pytest
+import torch
+
+from writescope.attention.batch import BlockBatch
+from writescope.attention.hybrid import HybridAttention
+from writescope.attention.staging import StagingRing
+from writescope.bench.gpu_attention import Case, build_case, rel_err
+from writescope.kvcache.regions import KVSpec, Region
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+pytestmark = [pytest.mark.gpu, cuda]
+
+SHAPES = {
+    "gqa": (KVSpec.gqa(2, 4, 128, torch.bfloat16), 32),
+    "gqa-g1": (KVSpec.gqa(2, 2, 64, torch.bfloat16), 2),
+    "mla": (KVSpec.mla(2, 512, 64, torch.bfloat16), 16),
+}
+BF16_TOL = 2e-2  # bf16 K/V/Q and bf16 P in the second product
+
+
+def _triton():
+    from writescope.attention.gpu import triton_available
+    if not triton_available():
+        pytest.skip("Triton not installed")
+
+
+def _only(case: Case, regions) -> Case:
+    return Case(case.spec, case.hq, case.scale, case.pools, case.plan,
+                [[b for b in s if b[0] in regions] for s in case.seqs], case.q_counts)
+
+
+def _check(o, l, ro, rl, tol=BF16_TOL):
+    assert torch.isfinite(o).all()
+    assert rel_err(o, ro) < tol, rel_err(o, ro)
+    fin = torch.isfinite(rl)
+    assert torch.equal(torch.isfinite(l.cpu()), fin)
+    assert torch.allclose(l.cpu()[fin].double(), rl[fin], atol=2e-2, rtol=1e-3)
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("bs", [16, 64])
+@pytest.mark.parametrize("qn", [[1, 1, 1, 1, 1], [1, 4, 16, 2, 7], [1, 40, 3, 1, 2]])
+@pytest.mark.parametrize("chunk", [None, 1, 5])
+def test_paged_decode_vs_reference(shape, bs, qn, chunk):
+    _triton()
+    from writescope.attention.gpu import attend_gpu
+    spec, hq = SHAPES[shape]
+    case = build_case(spec, hq, [300, 0, 1000, 65, 4100], q_counts=qn, block_size=bs,
+                      frac={"G": 1.0}, w_tail=False, device="cuda", seed=bs + len(qn))
+    q = case.random_q("cuda", seed=11)
+    batch = dict(case.plan.gpu)[Region.G]
+    o, l = attend_gpu(q, case.pools[Region.G][1], "gpu", spec, batch, case.scale,
+                      chunk_blocks=chunk)
+    ro, rl = case.reference(1, q)
+    _check(o, l, ro, rl)
+
+
+@pytest.mark.parametrize("shape", ["gqa", "mla"])
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("ring_blocks,cpu_result", [(3, "pinned"), (10**6, "pinned"),
+                                                    (7, "copy")])
+def test_hybrid_cuda_vs_reference(shape, backend, ring_blocks, cpu_result):
+    if backend == "triton":
+        _triton()
+    spec, hq = SHAPES[shape]
+    bs = 16
+    case = build_case(spec, hq, [200, 5, 0, 513, 64], q_counts=[1, 2, 1, 3, 1], block_size=bs,
+                      frac={"G": 0.2, "T": 0.5, "C": 0.3}, cpu_t_frac=0.25, device="cuda",
+                      seed=4)
+    assert case.pools[Region.T].is_pinned()
+    blk = bs * spec.num_kv_heads * spec.rec_dim * 2
+    ha = HybridAttention(case.pools, spec, "cuda", cpu_threads=2,
+                         staging_bytes=min(ring_blocks, 4096) * blk, backend=backend,
+                         cpu_result=cpu_result)
+    for step in range(2):
+        q = case.random_q("cuda", seed=step)
+        ha.begin_step(case.plan)
+        outs = [ha.attend(layer, q) for layer in range(spec.num_layers)]
+        tm = ha.end_step()
+        for layer, (o, l) in enumerate(outs):
+            assert o.device.type == "cuda"
+            ro, rl = case.reference(layer, q)
+            _check(o, l, ro, rl)
+        n_t = dict(case.plan.gpu)[Region.T].num_blocks
+        assert tm["pcie_bytes"] == n_t * blk * spec.num_layers
+        assert tm["pcie_s"] > 0 and tm["gpu_s"] > 0 and tm["cpu_s"] > 0
+    ha.close()
+
+
+def test_ring_on_copy_stream_stages_exact_bytes():
+    pool = torch.randn(4, 40, 16, 2, 8).to(torch.bfloat16).pin_memory()
+    b = BlockBatch.build([1, 1, 1], [list(range(3, 15)), [30, 31, 32, 20], [0]],
+                         [[16] * 12, [16] * 4, [5]])
+    ring = StagingRing((16, 2, 8), torch.bfloat16, "cuda", staging_bytes=5 * 16 * 2 * 8 * 2)
+    plan = ring.plan(b)
+    ring.begin(pool, plan, [0, 1, 2, 3])
+    flat = list(range(3, 15)) + [30, 31, 32, 20, 0]
+    k = 0
+    for layer in range(4):
+        pos = 0
+        for i, piece in enumerate(plan.pieces):
+            v = ring.acquire(layer, i)
+            got = v.clone()  # on the current stream, after the fill
+            ring.release(layer, i)
+            want = pool[layer, flat[pos:pos + piece.num_blocks]]
+            assert torch.equal(got.cpu(), want)
+            pos += piece.num_blocks
+            k += 1
+    assert ring.finish() > 0

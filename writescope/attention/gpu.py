@@ -1,0 +1,421 @@
+"""Paged decode attention with LSE on the GPU (Triton): GQA and MLA over GPU-layout pools.
+
+Split-KV ("flash-decoding") in two launches, planned once per step and run per layer:
+
+1. :func:`launch_partials` -- one program per (chunk, KV head, row tile). A *chunk* is a run of
+   at most ``chunk_blocks`` consecutive entries of one sequence's block list. The program's rows
+   are that sequence's query rows times the query heads of its KV-head group (GQA: the group
+   shares every K/V tile it loads; MLA: one "KV head", all 16 query heads share each latent
+   row, and V is the first ``v_dim`` values of the same tile, loaded once). It streams the
+   chunk's tokens through an online softmax and writes a partial ``(out, lse)`` per row.
+2. :func:`launch_reduce` -- one program per (query row, head tile): merges every partial of that
+   row (from any number of launches: G, W, staged T pieces) plus, optionally, one extra partial
+   that is already merged (the CPU side's, read in place from pinned host memory), by the
+   log-sum-exp rule of :mod:`writescope.attention.merge`.
+
+No causal mask (the blocks are cached context) and small query counts per sequence (decode,
+speculative rows: up to a few tens) are the target; larger counts tile over rows.
+
+Design learned from the split-KV decode kernels of lightllm/SGLang
+(``triton_ops/decode_attention.py``: grouped heads per program, MLA with a shared latent tile,
+a second stage that merges splits) and FlashInfer's ``merge_states``; written anew for
+writescope's CSR :class:`BlockBatch` over token-major paged pools ``[N, bs, H, R]`` with
+per-block valid lengths, and for merging partials from several launches in one pass.
+
+Triton is imported lazily: this module imports on machines without it (``triton_available()``
+says whether the kernels can run).
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..kvcache.regions import KVSpec
+from .batch import BlockBatch
+
+LOG2E = 1.4426950408889634
+
+#: programs to aim for per launch (H200: 132 SMs, a few resident programs each)
+TARGET_PROGRAMS = 132 * 4
+
+
+@functools.lru_cache(maxsize=None)
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401  (the kernels need both)
+    except Exception:
+        return False
+    return True
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+# ----------------------------------------------------------------------------------------------
+# planning (pure torch on the CPU; once per step)
+# ----------------------------------------------------------------------------------------------
+
+@dataclass
+class ChunkPlan:
+    """Chunks of one BlockBatch: chunk ``c`` covers entries ``kv0[c]:kv1[c]`` of ``kv_blocks``,
+    the query rows ``q0[c] : q0[c] + qn[c]``, and writes partial rows ``(base + c) * qmax + j``."""
+
+    kv0: torch.Tensor
+    kv1: torch.Tensor
+    q0: torch.Tensor
+    qn: torch.Tensor
+    base: int
+    qmax: int
+
+    @property
+    def num_chunks(self) -> int:
+        return self.kv0.numel()
+
+    def to(self, device) -> "ChunkPlan":
+        return ChunkPlan(*(t.to(device, non_blocking=True) for t in
+                           (self.kv0, self.kv1, self.q0, self.qn)), self.base, self.qmax)
+
+
+def choose_chunk_blocks(num_blocks: int, num_kv_heads: int, min_blocks: int = 16,
+                        max_blocks: int = 512, target_programs: int = TARGET_PROGRAMS) -> int:
+    """Blocks per chunk so that one launch has about ``target_programs`` programs."""
+    if num_blocks <= 0:
+        return min_blocks
+    want = math.ceil(num_blocks * num_kv_heads / target_programs)
+    return int(min(max_blocks, max(min_blocks, want)))
+
+
+#: above this many query rows per sequence (prefill chunks), a sequence's blocks form one chunk:
+#: the row tiles give the parallelism, and the partials stay the size of the output
+MAX_SPLIT_ROWS = 16
+
+
+def chunk_blocks_for(batches: list[BlockBatch], num_kv_heads: int) -> int:
+    """Chunk size for one step's launches (host-side index arrays): split-KV for decode-sized
+    query counts, whole sequences for long query chunks."""
+    qmax, total, longest = 0, 0, 1
+    for b in batches:
+        qi = b.q_indptr.to("cpu").numpy()
+        ki = b.kv_indptr.to("cpu").numpy()
+        if qi.size > 1:
+            qmax = max(qmax, int((qi[1:] - qi[:-1]).max()))
+            longest = max(longest, int((ki[1:] - ki[:-1]).max()))
+        total += int(ki[-1]) if ki.size else 0
+    if qmax > MAX_SPLIT_ROWS:
+        return longest
+    return choose_chunk_blocks(total, num_kv_heads)
+
+
+def plan_chunks(batch: BlockBatch, chunk_blocks: int, base: int = 0) -> ChunkPlan:
+    """Split every sequence's block list into chunks of at most ``chunk_blocks`` (CPU tensors).
+
+    numpy, not torch: this runs once per step on the host, on small arrays, where torch's
+    per-op overhead (and a slow CPU ``repeat_interleave``) would dominate."""
+    qi = batch.q_indptr.to("cpu").numpy().astype(np.int64)
+    ki = batch.kv_indptr.to("cpu").numpy().astype(np.int64)
+    qn_seq = qi[1:] - qi[:-1]
+    kn_seq = ki[1:] - ki[:-1]
+    nch = np.where(qn_seq > 0, (kn_seq + chunk_blocks - 1) // chunk_blocks, 0)
+    seq = np.repeat(np.arange(nch.size), nch)
+    first = np.cumsum(nch) - nch
+    within = np.arange(seq.size) - first[seq]
+    kv0 = ki[seq] + within * chunk_blocks
+    kv1 = np.minimum(kv0 + chunk_blocks, ki[seq + 1])
+    qmax = int(qn_seq.max()) if qn_seq.size else 0
+    t = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32))  # noqa: E731
+    return ChunkPlan(t(kv0), t(kv1), t(qi[seq]), t(qn_seq[seq]), base, max(qmax, 1))
+
+
+def plan_rows(plans: list[ChunkPlan], num_rows: int, qmax: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """CSR from each query row to its partial rows (``chunk * qmax + j``) over all ``plans``."""
+    rows, idx = [], []
+    for p in plans:
+        if p.num_chunks == 0:
+            continue
+        qn = p.qn.numpy().astype(np.int64)
+        c = np.repeat(np.arange(p.num_chunks), qn)
+        j = np.arange(c.size) - (np.cumsum(qn) - qn)[c]
+        rows.append(p.q0.numpy().astype(np.int64)[c] + j)
+        idx.append((c + p.base) * qmax + j)
+    if rows:
+        r = np.concatenate(rows)
+        e = np.concatenate(idx)
+        order = np.argsort(r, kind="stable")
+        e = e[order]
+        counts = np.bincount(r, minlength=num_rows)
+    else:
+        e = np.zeros(0, dtype=np.int64)
+        counts = np.zeros(num_rows, dtype=np.int64)
+    indptr = np.zeros(num_rows + 1, dtype=np.int64)
+    indptr[1:] = np.cumsum(counts)
+    return (torch.from_numpy(indptr.astype(np.int32)),
+            torch.from_numpy(np.ascontiguousarray(e, dtype=np.int64)))
+
+
+# ----------------------------------------------------------------------------------------------
+# kernels
+# ----------------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def _kernels():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def partial_kernel(Q, KV, BLOCKS, LENS, C_KV0, C_KV1, C_Q0, C_QN, P_OUT, P_LSE,
+                       chunk_base, stride_qt, stride_qh, qk_scale,
+                       BS: tl.constexpr, TOK_STRIDE: tl.constexpr, REC: tl.constexpr,
+                       HQ: tl.constexpr, GROUP: tl.constexpr, QMAX,
+                       K_OFF: tl.constexpr, DA: tl.constexpr, BLOCK_DA: tl.constexpr,
+                       DB: tl.constexpr, BLOCK_DB: tl.constexpr,
+                       V_OFF: tl.constexpr, DV: tl.constexpr, BLOCK_DV: tl.constexpr,
+                       SHARE_V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        c = tl.program_id(0)
+        h = tl.program_id(1)
+        mt = tl.program_id(2)
+        kv0 = tl.load(C_KV0 + c)
+        kv1 = tl.load(C_KV1 + c)
+        q0 = tl.load(C_Q0 + c)
+        qn = tl.load(C_QN + c)
+        r = mt * BLOCK_M + tl.arange(0, BLOCK_M)
+        qrow = r // GROUP
+        head = h * GROUP + r % GROUP
+        rmask = qrow < qn
+        qoff = (q0 + qrow).to(tl.int64) * stride_qt + head * stride_qh
+        da = tl.arange(0, BLOCK_DA)
+        if BLOCK_DA == DA:
+            q_a = tl.load(Q + qoff[:, None] + da[None, :], mask=rmask[:, None], other=0.0)
+        else:
+            q_a = tl.load(Q + qoff[:, None] + da[None, :],
+                          mask=rmask[:, None] & (da < DA)[None, :], other=0.0)
+        if DB > 0:
+            db = tl.arange(0, BLOCK_DB)
+            q_b = tl.load(Q + qoff[:, None] + DA + db[None, :],
+                          mask=rmask[:, None] & (db < DB)[None, :], other=0.0)
+        dv = tl.arange(0, BLOCK_DV)
+        m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+        total = (kv1 - kv0) * BS
+        for p in range(0, total, BLOCK_N):
+            pos = p + tl.arange(0, BLOCK_N)
+            inr = pos < total
+            ent = kv0 + pos // BS
+            off = pos % BS
+            blk = tl.load(BLOCKS + ent, mask=inr, other=0)
+            ln = tl.load(LENS + ent, mask=inr, other=0)
+            valid = inr & (off < ln)
+            tok = (blk.to(tl.int64) * BS + off) * TOK_STRIDE + h * REC
+            if BLOCK_DA == DA:
+                k_a = tl.load(KV + tok[:, None] + K_OFF + da[None, :], mask=valid[:, None],
+                              other=0.0)
+            else:
+                k_a = tl.load(KV + tok[:, None] + K_OFF + da[None, :],
+                              mask=valid[:, None] & (da < DA)[None, :], other=0.0)
+            s = tl.dot(q_a, tl.trans(k_a))
+            if DB > 0:
+                if BLOCK_DB == DB:
+                    k_b = tl.load(KV + tok[:, None] + K_OFF + DA + db[None, :],
+                                  mask=valid[:, None], other=0.0)
+                else:
+                    k_b = tl.load(KV + tok[:, None] + K_OFF + DA + db[None, :],
+                                  mask=valid[:, None] & (db < DB)[None, :], other=0.0)
+                s += tl.dot(q_b, tl.trans(k_b))
+            s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            pr = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(pr, 1)
+            if SHARE_V:
+                v = k_a
+            else:
+                if BLOCK_DV == DV:
+                    v = tl.load(KV + tok[:, None] + V_OFF + dv[None, :], mask=valid[:, None],
+                                other=0.0)
+                else:
+                    v = tl.load(KV + tok[:, None] + V_OFF + dv[None, :],
+                                mask=valid[:, None] & (dv < DV)[None, :], other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(pr.to(v.dtype), v)
+            m_i = m_new
+        has = l_i > 0
+        out = acc / tl.where(has, l_i, 1.0)[:, None]
+        lse = tl.where(has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) * 0.6931471805599453,
+                       float("-inf"))
+        prow = ((chunk_base + c).to(tl.int64) * QMAX + qrow) * HQ + head
+        tl.store(P_LSE + prow, lse, mask=rmask)
+        tl.store(P_OUT + prow[:, None] * DV + dv[None, :], out,
+                 mask=rmask[:, None] & (dv < DV)[None, :])
+
+    @triton.jit
+    def reduce_kernel(P_OUT, P_LSE, ROW_PTR, ROW_IDX, X_OUT, X_LSE, OUT, LSE,
+                      HQ: tl.constexpr, DV: tl.constexpr, BLOCK_H: tl.constexpr,
+                      BLOCK_DV: tl.constexpr, BLOCK_E: tl.constexpr, HAS_X: tl.constexpr):
+        # one program per (query row, head tile, value tile); BLOCK_E partials loaded at once
+        row = tl.program_id(0)
+        hh = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+        dv = tl.program_id(2) * BLOCK_DV + tl.arange(0, BLOCK_DV)
+        hm = hh < HQ
+        dm = dv < DV
+        e0 = tl.load(ROW_PTR + row)
+        e1 = tl.load(ROW_PTR + row + 1)
+        xr = row.to(tl.int64) * HQ + hh
+        m = tl.full([BLOCK_H], -1.0e30, dtype=tl.float32)
+        for e in range(e0, e1, BLOCK_E):
+            ee = e + tl.arange(0, BLOCK_E)
+            em = ee < e1
+            pr = tl.load(ROW_IDX + ee, mask=em, other=0)
+            lp = tl.load(P_LSE + pr[:, None] * HQ + hh[None, :], mask=em[:, None] & hm[None, :],
+                         other=float("-inf"))
+            m = tl.maximum(m, tl.max(lp, 0))
+        if HAS_X:
+            lx = tl.load(X_LSE + xr, mask=hm, other=float("-inf"))
+            m = tl.maximum(m, lx)
+        acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
+        ssum = tl.zeros([BLOCK_H], dtype=tl.float32)
+        for e in range(e0, e1, BLOCK_E):
+            ee = e + tl.arange(0, BLOCK_E)
+            em = ee < e1
+            pr = tl.load(ROW_IDX + ee, mask=em, other=0)
+            prh = pr[:, None] * HQ + hh[None, :]
+            mk = em[:, None] & hm[None, :]
+            lp = tl.load(P_LSE + prh, mask=mk, other=float("-inf"))
+            w = tl.exp(lp - m[None, :])
+            op = tl.load(P_OUT + prh[:, :, None] * DV + dv[None, None, :],
+                         mask=mk[:, :, None] & dm[None, None, :], other=0.0)
+            acc += tl.sum(op * w[:, :, None], 0)
+            ssum += tl.sum(w, 0)
+        if HAS_X:
+            w = tl.exp(lx - m)
+            op = tl.load(X_OUT + xr[:, None] * DV + dv[None, :], mask=hm[:, None] & dm[None, :],
+                         other=0.0)
+            acc += op * w[:, None]
+            ssum += w
+        has = ssum > 0
+        out = acc / tl.where(has, ssum, 1.0)[:, None]
+        lse = tl.where(has, m + tl.log(tl.where(has, ssum, 1.0)), float("-inf"))
+        if tl.program_id(2) == 0:
+            tl.store(LSE + xr, lse, mask=hm)
+        tl.store(OUT + xr[:, None] * DV + dv[None, :], out, mask=hm[:, None] & dm[None, :])
+
+    return partial_kernel, reduce_kernel
+
+
+# ----------------------------------------------------------------------------------------------
+# launch configuration
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class KernelConfig:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+def default_config(spec: KVSpec, group: int, qmax: int) -> KernelConfig:
+    rows = max(16, _next_pow2(qmax * group))
+    # measured on the H200 (bench/results/gpu_attention.md): 2 stages beat 3-4 for GQA (more
+    # programs per SM); for MLA 32-token tiles with 4 warps, 16-block chunks
+    if spec.is_mla:  # [BLOCK_M, 512] fp32 accumulator, [BLOCK_N, 576] bf16 tile per stage
+        return KernelConfig(min(rows, 32), 32, 8 if rows > 16 else 4, 2)
+    wide = max(spec.k_dim, spec.v_dim) > 128
+    return KernelConfig(min(rows, 64), 32 if wide else 64, 4, 2)
+
+
+def _split_k(spec: KVSpec) -> tuple[int, int, bool]:
+    """(DA, DB, SHARE_V): K is loaded as a power-of-two piece DA and a rest DB; for MLA the first
+    piece is exactly V, shared."""
+    if spec.is_mla and spec.v_offset == spec.k_offset and spec.v_dim < spec.k_dim \
+            and spec.v_dim == _next_pow2(spec.v_dim):
+        return spec.v_dim, spec.k_dim - spec.v_dim, True
+    return spec.k_dim, 0, False
+
+
+def launch_partials(q: torch.Tensor, kv: torch.Tensor, spec: KVSpec, plan: ChunkPlan,
+                    kv_blocks: torch.Tensor, kv_lens: torch.Tensor, scale: float,
+                    part_out: torch.Tensor, part_lse: torch.Tensor, qmax: int,
+                    config: KernelConfig | None = None) -> None:
+    """Write the partials of ``plan``'s chunks. ``q [nq, Hq, Dk]`` in the pool's dtype;
+    ``kv`` one layer of a GPU-layout pool ``[N, bs, H, R]`` (contiguous); ``part_out
+    [P, Hq, Dv]`` / ``part_lse [P, Hq]`` fp32 with ``P >= (plan.base + chunks) * qmax``."""
+    if plan.num_chunks == 0:
+        return
+    partial_kernel, _ = _kernels()
+    nq, hq, dk = q.shape
+    n, bs, hkv, rec = kv.shape
+    assert kv.is_contiguous() and q.stride(-1) == 1 and dk == spec.k_dim
+    group = hq // hkv
+    cfg = config or default_config(spec, group, qmax)
+    da, db, share = _split_k(spec)
+    grid = (plan.num_chunks, hkv, triton_cdiv(qmax * group, cfg.block_m))
+    partial_kernel[grid](
+        q, kv, kv_blocks, kv_lens, plan.kv0, plan.kv1, plan.q0, plan.qn, part_out, part_lse,
+        plan.base, q.stride(0), q.stride(1), scale * LOG2E,
+        BS=bs, TOK_STRIDE=hkv * rec, REC=rec, HQ=hq, GROUP=group, QMAX=qmax,
+        K_OFF=spec.k_offset, DA=da, BLOCK_DA=max(16, _next_pow2(da)),
+        DB=db, BLOCK_DB=max(16, _next_pow2(db)) if db else 16,
+        V_OFF=spec.v_offset, DV=spec.v_dim, BLOCK_DV=max(16, _next_pow2(spec.v_dim)),
+        SHARE_V=share, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def launch_reduce(part_out: torch.Tensor, part_lse: torch.Tensor, row_indptr: torch.Tensor,
+                  row_idx: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                  extra: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+    """Merge every row's partials (and ``extra``, a merged partial per row) into ``out``/``lse``."""
+    _, reduce_kernel = _kernels()
+    nq, hq, dv = out.shape
+    if nq == 0:
+        return
+    block_dv = min(64, max(16, _next_pow2(dv)))
+    block_h = min(4, _next_pow2(hq))
+    xo, xl = extra if extra is not None else (out, lse)
+    reduce_kernel[(nq, triton_cdiv(hq, block_h), triton_cdiv(dv, block_dv))](
+        part_out, part_lse, row_indptr, row_idx, xo, xl, out, lse,
+        HQ=hq, DV=dv, BLOCK_H=block_h, BLOCK_DV=block_dv, BLOCK_E=8, HAS_X=extra is not None,
+        num_warps=4)
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-int(a) // int(b))
+
+
+# ----------------------------------------------------------------------------------------------
+# one-call form (the signature every attention kernel shares)
+# ----------------------------------------------------------------------------------------------
+
+def attend_gpu(q: torch.Tensor, kv: torch.Tensor, layout: str, spec: KVSpec, batch: BlockBatch,
+               scale: float, chunk_blocks: int | None = None,
+               config: KernelConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``q [nq, Hq, Dk]`` over one layer's GPU-layout pool ``kv``; float32 ``(out, lse)``.
+
+    Plans on the host (one small device-to-host read of the batch's index arrays); the hybrid
+    runner plans once per step instead and calls :func:`launch_partials` per layer.
+    """
+    if layout != "gpu":
+        raise ValueError("attend_gpu reads GPU-layout pools ([N, bs, H, R]) only")
+    nq, hq, _ = q.shape
+    dev = q.device
+    cpu_batch = BlockBatch(batch.q_indptr.cpu(), batch.kv_indptr.cpu(), batch.kv_blocks,
+                           batch.kv_lens)
+    if chunk_blocks is None:
+        chunk_blocks = chunk_blocks_for([cpu_batch], spec.num_kv_heads)
+    plan = plan_chunks(cpu_batch, chunk_blocks)
+    qmax = plan.qmax
+    row_ptr, row_idx = plan_rows([plan], nq, qmax)
+    nparts = max(1, plan.num_chunks * qmax)
+    part_out = torch.empty(nparts, hq, spec.v_dim, dtype=torch.float32, device=dev)
+    part_lse = torch.empty(nparts, hq, dtype=torch.float32, device=dev)
+    out = torch.empty(nq, hq, spec.v_dim, dtype=torch.float32, device=dev)
+    lse = torch.empty(nq, hq, dtype=torch.float32, device=dev)
+    qk = q.to(kv.dtype).contiguous()
+    launch_partials(qk, kv, spec, plan.to(dev), batch.kv_blocks.to(dev, torch.int32),
+                    batch.kv_lens.to(dev, torch.int32), scale, part_out, part_lse, qmax, config)
+    launch_reduce(part_out, part_lse, row_ptr.to(dev), row_idx.to(dev), out, lse)
+    return out, lse

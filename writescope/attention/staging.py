@@ -1,0 +1,297 @@
+"""Streaming T blocks into HBM: a staging ring filled on a copy stream, layers ahead.
+
+The T region is pinned host memory in the GPU layout, ``[L, N, bs, H, R]``; for one layer,
+consecutive block ids are contiguous bytes, and a sequence's T blocks are allocated as runs of
+consecutive ids. Per step the GPU side's T work (one :class:`BlockBatch` over the T pool, the
+same for every layer) is cut into *pieces* of at most ``slot_blocks`` blocks; each piece's
+source ids are coalesced into runs (one DMA copy per run, per layer). A *unit* is
+``(layer, piece)``, and units are staged in order into ``num_slots`` slots of one ring buffer
+allocated once, at construction (its bytes, :attr:`StagingRing.staging_bytes`, count against the
+VRAM budget).
+
+Flow control uses device events only, so the host never waits on the ring: the copy of unit
+``u`` goes into slot ``u % num_slots`` after the consumer kernel of unit ``u - num_slots``
+*released* that slot (an event recorded on the compute stream right after the kernel was
+enqueued); the consumer stream waits for the unit's *filled* event before its kernel. The copy
+stream therefore runs as far ahead as the ring allows -- several layers when a layer's T bytes
+are small against the ring, a fraction of a layer when they are large -- which keeps PCIe busy
+across layer boundaries while the compute stream waits for the CPU side.
+
+Without CUDA (or for tests) :class:`SyncCopier` does the same steps as plain synchronous copies,
+so the whole orchestration runs and is checked on a CPU-only machine.
+
+What was learned from: FlexGen's overlapped weight/KV prefetch on separate CUDA streams (one
+layer ahead), and NEO's swap-in pipeline; the ring with per-slot release events is ours.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .batch import BlockBatch
+
+
+# ----------------------------------------------------------------------------------------------
+# planning (pure torch on the CPU, once per step)
+# ----------------------------------------------------------------------------------------------
+
+def coalesce_runs(ids: torch.Tensor) -> torch.Tensor:
+    """Runs of consecutive ids as an int64 ``[n_runs, 3]`` tensor of ``(src, dst, count)``,
+    where ``dst`` is the position of the run's first id in ``ids``."""
+    ids = ids.to("cpu", torch.int64).reshape(-1)
+    if ids.numel() == 0:
+        return torch.zeros(0, 3, dtype=torch.int64)
+    brk = torch.ones(ids.numel(), dtype=torch.bool)
+    brk[1:] = ids[1:] != ids[:-1] + 1
+    starts = torch.nonzero(brk).reshape(-1)
+    ends = torch.cat([starts[1:], torch.tensor([ids.numel()])])
+    return torch.stack([ids[starts], starts, ends - starts], dim=1)
+
+
+@dataclass
+class StagedPiece:
+    """One piece of a step's T work: ``batch`` addresses slot positions ``0..num_blocks-1``
+    (CPU tensors); ``runs`` are the copies that fill the slot from the pool, per layer."""
+
+    batch: BlockBatch
+    runs: torch.Tensor  # [n_runs, 3] int64: (src block id, dst slot position, count)
+    num_blocks: int
+    runs_list: list = field(default_factory=list)
+
+    def __post_init__(self):
+        self.runs_list = [tuple(r) for r in self.runs.tolist()]
+
+
+def split_pieces(batch: BlockBatch, piece_blocks: int) -> list[StagedPiece]:
+    """Cut the flat (CSR-order) block list into pieces of at most ``piece_blocks`` entries."""
+    qi = batch.q_indptr.to("cpu", torch.int32)
+    ki = batch.kv_indptr.to("cpu", torch.int64)
+    blocks = batch.kv_blocks.to("cpu", torch.int64)
+    lens = batch.kv_lens.to("cpu", torch.int32)
+    nnz = blocks.numel()
+    pieces = []
+    for lo in range(0, nnz, piece_blocks):
+        hi = min(nnz, lo + piece_blocks)
+        kip = (ki.clamp(lo, hi) - lo).to(torch.int32)
+        n = hi - lo
+        b = BlockBatch(qi.clone(), kip, torch.arange(n, dtype=torch.int32), lens[lo:hi].clone())
+        pieces.append(StagedPiece(b, coalesce_runs(blocks[lo:hi]), n))
+    return pieces
+
+
+@dataclass
+class StagePlan:
+    pieces: list[StagedPiece]
+    slot_blocks: int
+    num_slots: int
+
+    @property
+    def num_blocks(self) -> int:
+        return sum(p.num_blocks for p in self.pieces)
+
+
+# ----------------------------------------------------------------------------------------------
+# copy engines
+# ----------------------------------------------------------------------------------------------
+
+class SyncCopier:
+    """Synchronous stand-in for the copy stream (CPU-only machines and tests)."""
+
+    timed = False
+
+    def __init__(self):
+        self.copies = 0
+        self.bytes = 0
+
+    def copy_unit(self, dst: torch.Tensor, src_layer: torch.Tensor, runs: list, wait_free,
+                  ) -> object:
+        for s, d, n in runs:
+            dst[d:d + n].copy_(src_layer[s:s + n])
+            self.copies += 1
+            self.bytes += n * src_layer[0].numel() * src_layer.element_size()
+        return None
+
+    def fence(self) -> None:
+        pass
+
+    def wait_filled(self, token) -> None:
+        pass
+
+    def release(self) -> object:
+        return None
+
+    def elapsed_s(self) -> float:
+        return 0.0
+
+    def reset(self) -> None:
+        self.copies = 0
+        self.bytes = 0
+
+
+class CudaCopier:
+    """H2D copies on a dedicated stream; device events for flow control and timing."""
+
+    timed = True
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.stream = torch.cuda.Stream(device=device)
+        self.copies = 0
+        self.bytes = 0
+        self._timing: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    def copy_unit(self, dst, src_layer, runs, wait_free):
+        s0 = torch.cuda.Event(enable_timing=True)
+        s1 = torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(self.stream):
+            if wait_free is not None:
+                self.stream.wait_event(wait_free)
+            s0.record(self.stream)
+            for s, d, n in runs:
+                dst[d:d + n].copy_(src_layer[s:s + n], non_blocking=True)
+                self.copies += 1
+                self.bytes += n * src_layer[0].numel() * src_layer.element_size()
+            s1.record(self.stream)
+        self._timing.append((s0, s1))
+        return s1
+
+    def fence(self) -> None:
+        """Copies issued from now on start after the work already on the current stream."""
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+
+    def wait_filled(self, token) -> None:
+        torch.cuda.current_stream(self.device).wait_event(token)
+
+    def release(self):
+        ev = torch.cuda.Event()
+        ev.record(torch.cuda.current_stream(self.device))
+        return ev
+
+    def elapsed_s(self) -> float:
+        self.stream.synchronize()
+        t = sum(a.elapsed_time(b) for a, b in self._timing) / 1e3
+        return t
+
+    def reset(self) -> None:
+        self.copies = 0
+        self.bytes = 0
+        self._timing = []
+
+
+# ----------------------------------------------------------------------------------------------
+# the ring
+# ----------------------------------------------------------------------------------------------
+
+class StagingRing:
+    """A ring of staging slots in device memory for one pool's blocks (see module docstring).
+
+    ``block_shape`` is one layer's block, ``(bs, H, R)``. The buffer is ``staging_bytes`` rounded
+    down to whole blocks, allocated here once.
+    """
+
+    def __init__(self, block_shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str,
+                 staging_bytes: int, copier=None):
+        self.device = torch.device(device)
+        self.block_shape = tuple(block_shape)
+        self.dtype = dtype
+        itemsize = torch.tensor([], dtype=dtype).element_size()
+        self.block_elems = 1
+        for s in block_shape:
+            self.block_elems *= int(s)
+        self.block_bytes = self.block_elems * itemsize
+        self.capacity_blocks = int(staging_bytes) // self.block_bytes
+        if self.capacity_blocks < 1:
+            raise ValueError(f"staging ring of {staging_bytes} bytes holds no block "
+                             f"({self.block_bytes} bytes per block and layer)")
+        self.buffer = torch.empty(self.capacity_blocks * self.block_elems, dtype=dtype,
+                                  device=self.device)
+        if copier is None:
+            copier = CudaCopier(self.device) if self.device.type == "cuda" else SyncCopier()
+        self.copier = copier
+        self._plan: StagePlan | None = None
+        self._units: list[tuple[int, int]] = []
+
+    @property
+    def staging_bytes(self) -> int:
+        return self.capacity_blocks * self.block_bytes
+
+    # ---- per step ----
+    def plan(self, batch: BlockBatch, max_slot_blocks: int | None = None) -> StagePlan:
+        """Pieces and slots for one step's T batch: a piece is a whole layer if two fit in the
+        ring (then as many layers are in flight as fit), else half the ring."""
+        nnz = batch.num_blocks
+        cap = self.capacity_blocks
+        slot = max(1, min(nnz, cap // 2 if cap >= 2 else cap))
+        if max_slot_blocks:
+            slot = max(1, min(slot, max_slot_blocks))
+        return StagePlan(split_pieces(batch, slot) if nnz else [], slot, max(1, cap // slot))
+
+    def slot_view(self, slot: int, n: int) -> torch.Tensor:
+        p = self._plan
+        off = slot * p.slot_blocks * self.block_elems
+        return self.buffer[off:off + n * self.block_elems].view(n, *self.block_shape)
+
+    def begin(self, pool: torch.Tensor, plan: StagePlan, layers: list[int],
+              issue_now: int = 1) -> None:
+        """Start a step: ``pool [L, N, bs, H, R]`` (pinned host); units are staged for
+        ``layers`` in that order, every piece of a layer before the next layer's.
+
+        Only ``issue_now`` units are issued here (enough to start PCIe); the rest of the window
+        is issued by :meth:`top_up` / :meth:`release`, i.e. while the host would otherwise wait
+        for the CPU side -- each DMA run costs the host a driver call, and a layer of many
+        sequences has many runs."""
+        self._pool = pool
+        self._plan = plan
+        self._units = [(l, i) for l in layers for i in range(len(plan.pieces))]
+        self._unit_of = {u: k for k, u in enumerate(self._units)}
+        self._filled: list = [None] * len(self._units)
+        self._free: list = [None] * plan.num_slots
+        self._issued = 0
+        self._released = 0
+        self.copier.reset()
+        self.copier.fence()
+        self._issue(limit=issue_now)
+
+    def top_up(self) -> None:
+        """Issue every unit the ring has room for."""
+        if self._plan is not None:
+            self._issue()
+
+    def _issue(self, limit: int | None = None) -> None:
+        p = self._plan
+        window = p.num_slots if limit is None else min(p.num_slots, max(1, limit))
+        while self._issued < len(self._units) and self._issued < self._released + window:
+            u = self._issued
+            layer, i = self._units[u]
+            piece = p.pieces[i]
+            slot = u % p.num_slots
+            dst = self.slot_view(slot, piece.num_blocks)
+            self._filled[u] = self.copier.copy_unit(dst, self._pool[layer], piece.runs_list,
+                                                    self._free[slot])
+            self._issued += 1
+
+    def acquire(self, layer: int, piece: int) -> torch.Tensor:
+        """The slot holding ``(layer, piece)``; the current stream waits until it is filled."""
+        u = self._unit_of[(layer, piece)]
+        if u != self._released:
+            raise RuntimeError(f"staged units must be consumed in order: asked for unit {u} "
+                               f"(layer {layer}, piece {piece}), next is {self._released}")
+        if u >= self._issued:  # cannot happen while consumption is in order
+            self._issue()
+        self.copier.wait_filled(self._filled[u])
+        return self.slot_view(u % self._plan.num_slots, self._plan.pieces[piece].num_blocks)
+
+    def release(self, layer: int, piece: int) -> None:
+        """The consumer of ``(layer, piece)`` is enqueued: its slot may be refilled after it."""
+        u = self._unit_of[(layer, piece)]
+        self._free[u % self._plan.num_slots] = self.copier.release()
+        self._released = u + 1
+        self._issue()
+
+    def finish(self) -> float:
+        """End the step; returns the copy stream's busy seconds (0 for the synchronous copier)."""
+        t = self.copier.elapsed_s() if self._plan is not None else 0.0
+        self._plan = None
+        self._pool = None
+        return t

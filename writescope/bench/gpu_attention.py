@@ -1,0 +1,592 @@
+"""GPU attention benchmark: resident decode, streamed T attention, hybrid CPU+GPU attention.
+
+``python -m writescope.bench.gpu_attention [--json FILE] [--quick]``
+
+For each attention shape (GQA as in Qwen3-30B-A3B: 32 query heads, 4 KV heads x 128; MLA as in
+DeepSeek-V2-Lite: 16 heads over the 576-value latent, V = its first 512) and each batch
+(1x256K, 8x32K, 64x4K tokens; one query row per sequence, block size 64):
+
+* **resident**: the Triton paged decode kernel over G blocks; GB/s of KV read vs the HBM copy
+  bandwidth measured in the same run (bytes read + written, as the design brief counts it);
+* **streamed**: every block in T (pinned host), all layers through :class:`HybridAttention`'s
+  staging ring; GB/s vs a plain pinned H2D copy measured in the same run;
+* **hybrid**: a share ``x`` of every sequence's blocks in C (pageable, CPU layout, attended by the
+  CPU kernel on its worker thread), the rest in T (streamed); spilled GB/s vs the combined
+  ceiling measured in the same run (H2D and a CPU read of DRAM running at the same time).
+
+Also importable: :func:`build_case` makes a random multi-region cache with its float64
+reference (the tests use it).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..attention.batch import BlockBatch
+from ..attention.hybrid import AttentionStepPlan, HybridAttention, cpu_kernel
+from ..attention.reference import dense_attention
+from ..kvcache.regions import KVSpec, Region, block_records, pool_shape, to_cpu_layout
+
+
+# ----------------------------------------------------------------------------------------------
+# random multi-region cases with a float64 reference
+# ----------------------------------------------------------------------------------------------
+
+@dataclass
+class Case:
+    spec: KVSpec
+    hq: int
+    scale: float
+    pools: dict
+    plan: AttentionStepPlan
+    seqs: list  # per sequence: list of (region, block id, valid tokens)
+    q_counts: list
+
+    def random_q(self, device, dtype=None, seed: int = 0) -> torch.Tensor:
+        g = torch.Generator().manual_seed(seed)
+        q = torch.randn(sum(self.q_counts), self.hq, self.spec.k_dim, generator=g)
+        return q.to(device=device, dtype=dtype or self.spec.dtype)
+
+    def reference(self, layer: int, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Float64 dense attention of ``q`` over each sequence's whole cached context."""
+        spec = self.spec
+        outs, lses = [], []
+        r0 = 0
+        for blocks, nq in zip(self.seqs, self.q_counts):
+            qs = q[r0:r0 + nq].cpu().double()
+            r0 += nq
+            recs = [block_records(reg, self.pools[reg], layer, b)[:n].cpu().double()
+                    for reg, b, n in blocks]
+            if recs:
+                rec = torch.cat(recs)
+                o, l = dense_attention(qs, spec.k(rec), spec.v(rec), self.scale)
+            else:
+                o = torch.zeros(nq, self.hq, spec.v_dim, dtype=torch.float64)
+                l = torch.full((nq, self.hq), float("-inf"), dtype=torch.float64)
+            outs.append(o)
+            lses.append(l)
+        return torch.cat(outs), torch.cat(lses)
+
+
+def _alloc_ids(counts: list[int], n_pool: int, gen: torch.Generator, contiguous: bool
+               ) -> list[list[int]]:
+    """Block ids for each sequence: contiguous runs (T, as the extent allocator gives) placed in
+    a shuffled order with gaps, or scattered ids."""
+    if contiguous:
+        order = torch.randperm(len(counts), generator=gen).tolist()
+        ids: list[list[int]] = [[] for _ in counts]
+        nxt = 0
+        for i in order:
+            nxt += int(torch.randint(0, 2, (1,), generator=gen))
+            ids[i] = list(range(nxt, nxt + counts[i]))
+            nxt += counts[i]
+        return ids
+    perm = torch.randperm(n_pool, generator=gen).tolist()
+    out, k = [], 0
+    for c in counts:
+        out.append(perm[k:k + c])
+        k += c
+    return out
+
+
+def build_case(spec: KVSpec, hq: int, seq_lens: list[int], q_counts: list[int] | int = 1,
+               block_size: int = 16, frac: dict | None = None, w_tail: bool = True,
+               cpu_t_frac: float = 0.0, device: str | torch.device = "cpu", seed: int = 0,
+               pin: bool | None = None) -> Case:
+    """Random pools for all four regions and the step plan: each sequence's sealed blocks are
+    split G / T / C by ``frac`` (fractions of its sealed blocks), its last partial block is a W
+    tail; G/W/T go to the GPU side, C (and a ``cpu_t_frac`` of the T blocks) to the CPU side."""
+    device = torch.device(device)
+    if pin is None:
+        pin = device.type == "cuda"
+    frac = frac or {"G": 0.25, "T": 0.5, "C": 0.25}
+    if isinstance(q_counts, int):
+        q_counts = [q_counts] * len(seq_lens)
+    gen = torch.Generator().manual_seed(seed)
+    bs = block_size
+    per_seq = []  # per sequence: {region: [valid lens]}
+    for n in seq_lens:
+        full, rest = divmod(n, bs)
+        tail = rest if (w_tail and rest) else 0
+        if not w_tail and rest:
+            full += 1
+        ng = int(round(frac.get("G", 0) * full))
+        nt = int(round(frac.get("T", 0) * full))
+        nt = min(nt, full - ng)
+        nc = full - ng - nt
+        lens = {Region.G: [bs] * ng, Region.T: [bs] * nt, Region.C: [bs] * nc,
+                Region.W: [tail] if tail else []}
+        if not w_tail and rest:  # the last sealed block is partial
+            last = next(r for r in (Region.C, Region.T, Region.G) if lens[r])
+            lens[last][-1] = rest
+        per_seq.append(lens)
+    ids = {}
+    pools = {}
+    for r in Region:
+        counts = [len(p[r]) for p in per_seq]
+        n_pool = sum(counts) + 2 * len(counts) + 1
+        ids[r] = _alloc_ids(counts, n_pool, gen, contiguous=(r is Region.T))
+        on_dev = r in (Region.G, Region.W)
+        shape = pool_shape(r, spec, n_pool, bs)
+        pool = torch.empty(shape, dtype=spec.dtype, device=device if on_dev else "cpu",
+                           pin_memory=bool(pin and r is Region.T))
+        src = torch.randn(shape, generator=gen, dtype=torch.float32)
+        pool.copy_(src.to(spec.dtype))
+        pools[r] = pool
+    seqs = []
+    side_blocks = {(s, r): ([], []) for s in ("gpu", "cpu") for r in Region}
+    for i, p in enumerate(per_seq):
+        blocks = []
+        for r in Region:
+            ids_r, lens_r = ids[r][i], p[r]
+            blocks += [(r, b, n) for b, n in zip(ids_r, lens_r)]
+            n_cpu_t = int(round(cpu_t_frac * len(ids_r))) if r is Region.T else 0
+            for k, (b, n) in enumerate(zip(ids_r, lens_r)):
+                side = "cpu" if (r is Region.C or (r is Region.T and k >= len(ids_r) - n_cpu_t)) \
+                    else "gpu"
+                side_blocks[(side, r)][0].append((i, b))
+                side_blocks[(side, r)][1].append(n)
+        seqs.append(blocks)
+    plan = AttentionStepPlan(spec, spec.k_dim ** -0.5, sum(q_counts))
+    for (side, r), (bl, ln) in side_blocks.items():
+        if not bl:
+            continue
+        per_b = [[b for s, b in bl if s == i] for i in range(len(seq_lens))]
+        per_l = [[n for (s, _), n in zip(bl, ln) if s == i] for i in range(len(seq_lens))]
+        batch = BlockBatch.build(q_counts, per_b, per_l,
+                                 device=device if side == "gpu" else "cpu")
+        getattr(plan, side).append((r, batch))
+    return Case(spec, hq, plan.scale, pools, plan, seqs, q_counts)
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a = a.double().cpu()
+    b = b.double().cpu()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+# ----------------------------------------------------------------------------------------------
+# benchmark
+# ----------------------------------------------------------------------------------------------
+
+SHAPES = {
+    # name: (spec factory(layers), query heads, model)
+    "gqa": (lambda L: KVSpec.gqa(L, 4, 128, torch.bfloat16), 32, "Qwen3-30B-A3B"),
+    "mla": (lambda L: KVSpec.mla(L, 512, 64, torch.bfloat16), 16, "DeepSeek-V2-Lite"),
+}
+BATCHES = {"1x256K": (1, 262144), "8x32K": (8, 32768), "64x4K": (64, 4096)}
+BLOCK = 64
+
+
+def _events_time(fn, reps: int) -> float:
+    """Median seconds of ``fn`` (device events)."""
+    ts = []
+    for _ in range(reps):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) / 1e3)
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+def measure_hbm(dev) -> float:
+    x = torch.empty(2 * 2**30, dtype=torch.uint8, device=dev)
+    y = torch.empty_like(x)
+    y.copy_(x)
+    t = _events_time(lambda: y.copy_(x), 10)
+    return 2 * 2 * 2**30 / t / 1e9
+
+
+def measure_h2d(dev, nbytes: int = 2 * 2**30) -> float:
+    h = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    h.fill_(1)
+    d = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+    d.copy_(h, non_blocking=True)
+    t = _events_time(lambda: d.copy_(h, non_blocking=True), 5)
+    return nbytes / t / 1e9
+
+
+def measure_combined(dev, threads: int) -> dict:
+    """H2D and a multithreaded CPU read of DRAM at the same time (as shared/hw/probe2.py)."""
+    hp = torch.empty(2 * 2**30, dtype=torch.uint8, pin_memory=True)
+    hp.fill_(1)
+    d = torch.empty_like(hp, device=dev)
+    a = torch.empty(2**31, dtype=torch.float32)  # 8 GiB: past the 300 MB L3
+    a.fill_(1.0)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    a.sum()
+    st = torch.cuda.Stream()
+    n = 20
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.cuda.stream(st):
+        e0.record(st)
+        for _ in range(n):
+            d.copy_(hp, non_blocking=True)
+        e1.record(st)
+    t = time.perf_counter()
+    k = 0
+    while not e1.query():
+        a.sum()
+        k += 1
+    tc = time.perf_counter() - t
+    torch.cuda.synchronize()
+    h2d = n * hp.numel() / (e0.elapsed_time(e1) / 1e3) / 1e9
+    cpu = k * a.numel() * 4 / tc / 1e9
+    t = time.perf_counter()
+    for _ in range(3):
+        a.sum()
+    cpu_alone = 3 * a.numel() * 4 / (time.perf_counter() - t) / 1e9
+    torch.set_num_threads(old)
+    del hp, d, a
+    return {"h2d_GBps": h2d, "cpu_read_GBps": cpu, "combined_GBps": h2d + cpu,
+            "cpu_read_alone_GBps": cpu_alone, "threads": threads}
+
+
+def _fill_random(t: torch.Tensor, dev) -> None:
+    """Fill a large (host or device) tensor with random bf16 data, generated on the GPU."""
+    flat = t.view(-1)
+    step = 2**28
+    for i in range(0, flat.numel(), step):
+        n = min(step, flat.numel() - i)
+        flat[i:i + n].copy_(torch.randn(n, device=dev, dtype=t.dtype))
+
+
+def _seq_batch(nseq: int, tokens: int, ids: torch.Tensor, device, q: int = 1) -> BlockBatch:
+    """CSR batch: sequence i attends ``ids[i]`` (full blocks), ``q`` rows each."""
+    nb = ids.shape[1] if ids.numel() else 0
+    qi = torch.arange(nseq + 1, dtype=torch.int32) * q
+    ki = torch.arange(nseq + 1, dtype=torch.int32) * nb
+    return BlockBatch(qi, ki, ids.reshape(-1).to(torch.int32),
+                      torch.full((nseq * nb,), BLOCK, dtype=torch.int32)).to(device)
+
+
+def _cfg_name(c) -> str:
+    return f"m{c.block_m}n{c.block_n}w{c.num_warps}s{c.num_stages}"
+
+
+def _configs():
+    from ..attention.gpu import KernelConfig as K
+    return {"gqa": [K(16, 64, 4, 3), K(16, 64, 2, 2), K(16, 32, 2, 3), K(16, 128, 8, 2),
+                    K(16, 32, 4, 4)],
+            "mla": [K(16, 32, 4, 3), K(16, 64, 8, 2), K(16, 16, 4, 2), K(16, 32, 8, 2)]}
+
+
+class _Lazy(dict):
+    def __missing__(self, k):
+        self.update(_configs())
+        return dict.__getitem__(self, k)
+
+
+CONFIGS = _Lazy()
+
+
+def bench_resident(shape: str, batch: str, dev, reps: int) -> dict:
+    from ..attention import gpu as G
+    mk, hq, _ = SHAPES[shape]
+    nseq, toks = BATCHES[batch]
+    spec = mk(1)
+    nb = toks // BLOCK
+    pool = torch.empty(pool_shape(Region.G, spec, nseq * nb, BLOCK), dtype=spec.dtype, device=dev)
+    _fill_random(pool, dev)
+    perm = torch.randperm(nseq * nb).view(nseq, nb)  # scattered blocks
+    bb = _seq_batch(nseq, toks, perm, dev)
+    q = torch.randn(nseq, hq, spec.k_dim, device=dev, dtype=spec.dtype)
+    cpu_b = BlockBatch(bb.q_indptr.cpu(), bb.kv_indptr.cpu(), bb.kv_blocks, bb.kv_lens)
+    res = {}
+    auto = G.choose_chunk_blocks(nseq * nb, spec.num_kv_heads)
+    dflt = G.default_config(spec, hq // spec.num_kv_heads, 1)
+    cfgs = [dflt] + [c for c in CONFIGS[shape] if c != dflt]
+    variants = [(cb, dflt) for cb in sorted({auto, 16, 32, 64})]
+    variants += [(32, c) for c in cfgs[1:]]
+    best = None
+    plans = {}
+    for cb, cfg in variants:
+        if cb not in plans:
+            plan = G.plan_chunks(cpu_b, cb)
+            rp, ri = G.plan_rows([plan], nseq, plan.qmax)
+            n = max(1, plan.num_chunks * plan.qmax)
+            plans[cb] = (plan.to(dev), plan.qmax, rp.to(dev), ri.to(dev),
+                         torch.empty(n, hq, spec.v_dim, device=dev),
+                         torch.empty(n, hq, device=dev))
+        pd, qmax, rp, ri, po, pl = plans[cb]
+        out = torch.empty(nseq, hq, spec.v_dim, device=dev)
+        lse = torch.empty(nseq, hq, device=dev)
+        kv = pool[0]
+
+        def run():
+            G.launch_partials(q, kv, spec, pd, bb.kv_blocks, bb.kv_lens, spec.k_dim ** -0.5,
+                              po, pl, qmax, cfg)
+            G.launch_reduce(po, pl, rp, ri, out, lse)
+        try:
+            run()
+        except Exception as e:  # a config this Triton/GPU cannot compile (e.g. shared memory)
+            res[f"chunk{cb}/{_cfg_name(cfg)}"] = {"error": str(e)[:200]}
+            continue
+        t = _events_time(run, reps)
+        gbps = pool.numel() * pool.element_size() / t / 1e9
+        res[f"chunk{cb}/{_cfg_name(cfg)}"] = {"s": t, "GBps": gbps}
+        if best is None or gbps > best[1]:
+            best = (f"chunk{cb}/{_cfg_name(cfg)}", gbps, t)
+    dkey = f"chunk{auto}/{_cfg_name(dflt)}"
+    # correctness spot check against the torch path on two sequences' worth
+    from ..attention.torch_paged import attend_torch
+    o_ref, l_ref = attend_torch(q, pool[0], "gpu", spec, bb, spec.k_dim ** -0.5)
+    o, l = G.attend_gpu(q, pool[0], "gpu", spec, bb, spec.k_dim ** -0.5)
+    del pool
+    torch.cuda.empty_cache()
+    return {"bytes": nseq * toks * spec.token_bytes(), "best_variant": best[0],
+            "GBps": best[1], "s": best[2], "default_variant": dkey,
+            "default_GBps": res[dkey].get("GBps"), "variants": res,
+            "rel_err_vs_torch": rel_err(o, o_ref)}
+
+
+class _SpilledCache:
+    """T pool (pinned, GPU layout) and C pool (pageable, CPU layout), each holding every block
+    of every sequence for ``layers`` layers, so any CPU share is a choice of ids, not a copy."""
+
+    def __init__(self, shape: str, batch: str, layers: int, dev):
+        mk, self.hq, _ = SHAPES[shape]
+        self.nseq, self.toks = BATCHES[batch]
+        self.spec = mk(layers)
+        self.nb = self.toks // BLOCK
+        n = self.nseq * self.nb
+        self.t_pool = torch.empty(pool_shape(Region.T, self.spec, n, BLOCK),
+                                  dtype=self.spec.dtype, pin_memory=True)
+        self.c_pool = torch.empty(pool_shape(Region.C, self.spec, n, BLOCK),
+                                  dtype=self.spec.dtype)
+        one = torch.empty(pool_shape(Region.T, self.spec, n, BLOCK)[1:], dtype=self.spec.dtype,
+                          device=dev)
+        _fill_random(one, dev)
+        host = one.cpu()
+        for l in range(layers):
+            self.t_pool[l].copy_(host)
+            self.c_pool[l].copy_(to_cpu_layout(host))
+        del one, host
+        self.dev = dev
+        # T: each sequence one contiguous extent (as the extent allocator gives); C: scattered
+        self.t_ids = torch.arange(n).view(self.nseq, self.nb)
+        self.c_ids = torch.randperm(n).view(self.nseq, self.nb)
+
+    def plan(self, share: float) -> AttentionStepPlan:
+        spec = self.spec
+        ncpu = int(round(share * self.nb))
+        p = AttentionStepPlan(spec, spec.k_dim ** -0.5, self.nseq)
+        if ncpu < self.nb:
+            p.gpu.append((Region.T, _seq_batch(self.nseq, self.toks, self.t_ids[:, ncpu:],
+                                               self.dev)))
+        if ncpu > 0:
+            p.cpu.append((Region.C, _seq_batch(self.nseq, self.toks, self.c_ids[:, :ncpu],
+                                               "cpu")))
+        return p
+
+    @property
+    def bytes_per_step(self) -> int:
+        return self.nseq * self.toks * self.spec.token_bytes()
+
+
+def _run_steps(ha: HybridAttention, plan_fn, q, layers: int, reps: int) -> tuple[float, dict]:
+    """Median wall seconds of a decode step's attention over all layers (each layer's query
+    depends on the previous layer's output, as in a model)."""
+    times, tims = [], []
+    for _ in range(reps + 1):
+        plan = plan_fn()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        ha.begin_step(plan)
+        x = q
+        for l in range(layers):
+            out, _ = ha.attend(l, x)
+            x = q + out[..., :1].to(q.dtype) * 0  # data dependency on the previous layer
+        tm = ha.end_step()
+        times.append(time.perf_counter() - t)
+        tims.append(tm)
+    times = times[1:]
+    k = sorted(range(len(times)), key=lambda i: times[i])[len(times) // 2]
+    return times[k], tims[k + 1]
+
+
+def bench_spilled(shape: str, batch: str, layers: int, shares: list[float], dev, reps: int,
+                  staging: list[int], cpu_threads: int) -> dict:
+    sc = _SpilledCache(shape, batch, layers, dev)
+    pools = {Region.T: sc.t_pool, Region.C: sc.c_pool}
+    q = torch.randn(sc.nseq, sc.hq, sc.spec.k_dim, device=dev, dtype=sc.spec.dtype)
+    res = {"bytes_per_step": sc.bytes_per_step, "layers": layers, "streamed": {}, "hybrid": {}}
+    # streamed only, for several ring sizes
+    for sb in staging:
+        ha = HybridAttention(pools, sc.spec, dev, cpu_threads, staging_bytes=sb)
+        t, tm = _run_steps(ha, lambda: sc.plan(0.0), q, layers, reps)
+        res["streamed"][str(sb)] = {"s": t, "GBps": sc.bytes_per_step / t / 1e9,
+                                    **{k: v for k, v in tm.items() if isinstance(v, float)}}
+        ha.close()
+        del ha
+        torch.cuda.empty_cache()
+    sb = staging[-1]
+    for mode in ("pinned",):
+        ha = HybridAttention(pools, sc.spec, dev, cpu_threads, staging_bytes=sb, cpu_result=mode)
+        for x in shares:
+            t, tm = _run_steps(ha, lambda: sc.plan(x), q, layers, reps)
+            res["hybrid"][f"{x:.2f}"] = {"s": t, "GBps": sc.bytes_per_step / t / 1e9,
+                                         **{k: v for k, v in tm.items()
+                                            if isinstance(v, float)}}
+        res["cpu_result_mode"] = ha.cpu_result
+        ha.close()
+    # correctness spot check of the hybrid output at one share (layer 0) vs the torch path
+    from ..attention.torch_paged import attend_torch
+    from ..attention.merge import merge
+    plan = sc.plan(0.5)
+    ha = HybridAttention(pools, sc.spec, dev, cpu_threads, staging_bytes=sb)
+    ha.begin_step(plan)
+    outs = [ha.attend(l, q) for l in range(layers)]
+    ha.end_step()
+    ha.close()
+    (_, b_t), (_, b_c) = plan.gpu[0], plan.cpu[0]
+    ot, lt = attend_torch(q.cpu(), sc.t_pool[layers - 1], "gpu", sc.spec, b_t.to("cpu"),
+                          sc.spec.k_dim ** -0.5)
+    oc, lc = attend_torch(q.cpu(), sc.c_pool[layers - 1], "cpu", sc.spec, b_c,
+                          sc.spec.k_dim ** -0.5)
+    o_ref, _ = merge(ot, lt, oc, lc)
+    res["rel_err_vs_torch"] = rel_err(outs[-1][0], o_ref)
+    return res
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.check_output(["git", "rev-parse", "HEAD"], text=True,
+                                       stderr=subprocess.DEVNULL).strip()
+    except Exception:  # e.g. a copy of the tree without .git (the device machine)
+        return os.environ.get("WRITESCOPE_GIT_COMMIT", "unknown")
+
+
+def _machine() -> dict:
+    d = {"python": platform.python_version(), "torch": torch.__version__,
+         "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count()}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    d["cpu"] = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    if torch.cuda.is_available():
+        d["gpu"] = torch.cuda.get_device_name()
+    try:
+        import triton
+        d["triton"] = triton.__version__
+    except Exception:
+        pass
+    k = cpu_kernel()
+    d["cpu_kernel"] = f"{k.__module__}.{k.__name__}"
+    return d
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m writescope.bench.gpu_attention",
+                                 description=__doc__.split("\n")[0])
+    ap.add_argument("--json", help="write results to this JSON file")
+    ap.add_argument("--shapes", default="gqa,mla")
+    ap.add_argument("--batches", default=",".join(BATCHES))
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--shares", default="0,0.2,0.3,0.35,0.4,0.45,0.5,0.55,0.6,1")
+    ap.add_argument("--staging-mib", default="512,2048",
+                    help="staging ring sizes to try for the streamed path (MiB); the last is "
+                         "used for the hybrid runs")
+    ap.add_argument("--cpu-threads", type=int, default=os.cpu_count())
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: resident,spilled")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("gpu_attention: no CUDA device; nothing to measure", file=sys.stderr)
+        return 2
+    dev = torch.device("cuda", torch.cuda.current_device())
+    skip = set(filter(None, args.skip.split(",")))
+    shares = [float(s) for s in args.shares.split(",")]
+    staging = [int(float(s) * 2**20) for s in args.staging_mib.split(",")]
+    out = {"benchmark": "gpu_attention", "git_commit": _git_commit(), "machine": _machine(),
+           "command": "python -m writescope.bench.gpu_attention " + " ".join(
+               argv if argv is not None else sys.argv[1:]),
+           "block_size": BLOCK, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "results": {}}
+    t0 = time.time()
+    out["ceilings"] = {"hbm_copy_GBps": measure_hbm(dev), "h2d_pinned_GBps": measure_h2d(dev),
+                       "combined": measure_combined(dev, args.cpu_threads)}
+    print(json.dumps(out["ceilings"]), flush=True)
+    for shape in args.shapes.split(","):
+        for batch in args.batches.split(","):
+            key = f"{shape}/{batch}"
+            r = out["results"].setdefault(key, {})
+            if "resident" not in skip:
+                r["resident"] = bench_resident(shape, batch, dev, max(5, args.reps * 3))
+                print(key, "resident", json.dumps({k: v for k, v in r["resident"].items()
+                                                   if k != "variants"}), flush=True)
+            if "spilled" not in skip:
+                r.update(bench_spilled(shape, batch, args.layers, shares, dev, args.reps,
+                                       staging, args.cpu_threads))
+                print(key, "streamed", json.dumps(r["streamed"]), flush=True)
+                print(key, "hybrid", json.dumps({k: round(v["GBps"], 1)
+                                                 for k, v in r["hybrid"].items()}), flush=True)
+            if args.json:
+                _write(args.json, out)
+    out["wall_s"] = time.time() - t0
+    print(summary_markdown(out))
+    if args.json:
+        _write(args.json, out)
+    return 0
+
+
+def _write(path: str, out: dict) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
+
+
+def summary_markdown(out: dict) -> str:
+    c = out["ceilings"]
+    hbm, h2d, comb = c["hbm_copy_GBps"], c["h2d_pinned_GBps"], c["combined"]["combined_GBps"]
+    lines = [f"Ceilings (same run): HBM copy {hbm:.0f} GB/s (read+write); pinned H2D "
+             f"{h2d:.1f} GB/s; H2D + CPU read together {c['combined']['h2d_GBps']:.1f} + "
+             f"{c['combined']['cpu_read_GBps']:.1f} = {comb:.1f} GB/s "
+             f"({c['combined']['threads']} threads). CPU kernel: {out['machine']['cpu_kernel']}.",
+             "",
+             "| shape/batch | resident GB/s default / best (% HBM) | streamed GB/s (% H2D) | hybrid best GB/s "
+             "(share) | % combined | x streamed-only | CPU-only GB/s |",
+             "|---|---|---|---|---|---|---|"]
+    for key, r in out["results"].items():
+        res = r.get("resident")
+        rs = (f"{res['default_GBps'] or 0:.0f} / {res['GBps']:.0f} "
+              f"({100 * res['GBps'] / hbm:.0f}%)") if res else "-"
+        st = r.get("streamed")
+        if st:
+            sbest = max(v["GBps"] for v in st.values())
+            ss = f"{sbest:.1f} ({100 * sbest / h2d:.0f}%)"
+        else:
+            sbest, ss = None, "-"
+        hy = r.get("hybrid")
+        if hy:
+            x, v = max(hy.items(), key=lambda kv: kv[1]["GBps"])
+            base = hy.get("0.00", {}).get("GBps")
+            cpu_only = hy.get("1.00", {}).get("GBps")
+            hs = f"{v['GBps']:.1f} ({x})"
+            pc = f"{100 * v['GBps'] / comb:.0f}%"
+            xs = f"{v['GBps'] / base:.2f}x" if base else "-"
+            co = f"{cpu_only:.1f}" if cpu_only else "-"
+        else:
+            hs = pc = xs = co = "-"
+        lines.append(f"| {key} | {rs} | {ss} | {hs} | {pc} | {xs} | {co} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
