@@ -17,7 +17,8 @@ from ..core import (FinishReason, InvalidRequestError, Request, RequestOutput, R
                     RequestTooLargeError, SamplingParams)
 from ..kvcache.cache import InplaceKVCache, plan_layout
 from ..kvcache.placement import make_policy
-from ..kvcache.regions import DEFAULT_BLOCK_SIZE
+from ..attention.hybrid import DEFAULT_STAGING_BYTES
+from ..kvcache.regions import DEFAULT_BLOCK_SIZE, Region
 from ..models.config import REFERENCE_MODELS, ModelConfig
 from ..models.loader import build_model
 from .runner import ModelRunner
@@ -117,12 +118,15 @@ class LLMEngine:
                                 if p.device.type == self.device.type)
         act = self._activation_bytes(max_num_batched_tokens)
         self.weights_bytes = weights_on_device
-        kv_device = vram - weights_on_device - act
+        # the T staging ring lives in HBM too (only on CUDA; elsewhere T is read in place)
+        staging = DEFAULT_STAGING_BYTES if self.device.type == "cuda" else 0
+        kv_device = vram - weights_on_device - act - staging
         if kv_device <= 0:
             raise ValueError(
                 f"vram_budget {vram / 2**30:.2f} GiB leaves no room for KV: weights placed on the "
-                f"{self.device.type} take {weights_on_device / 2**30:.2f} GiB and activations "
-                f"{act / 2**30:.2f} GiB (try experts='cpu' or a larger budget)")
+                f"{self.device.type} take {weights_on_device / 2**30:.2f} GiB, activations "
+                f"{act / 2**30:.2f} GiB and the staging ring {staging / 2**30:.2f} GiB "
+                "(try experts='cpu' or a larger budget)")
         max_total = max_num_seqs * self.max_model_len
         bb = spec.block_bytes(block_size)
         host_default = min(max_total // block_size + 1, _ram_bytes() // 2 // bb) * bb
@@ -137,7 +141,8 @@ class LLMEngine:
         policy = make_policy(kv_policy, cpu_share=cpu_share, profile=self.profile, model_config=cfg,
                              experts_on_cpu=any(self.cpu_expert_layers), block_size=block_size)
         self.kv_policy = kv_policy
-        self.cache = InplaceKVCache(spec, layout, policy, self.device, cfg.softmax_scale, cpu_threads)
+        self.cache = InplaceKVCache(spec, layout, policy, self.device, cfg.softmax_scale, cpu_threads,
+                                    staging_bytes=staging if layout.num_blocks[Region.T] else 0)
         self.scheduler = Scheduler(self.cache, max_num_seqs, max_num_batched_tokens)
         self.runner = ModelRunner(self.model, self.cache, self.device)
         self.requests: dict[str, Request] = {}

@@ -53,7 +53,8 @@ class CacheLayout:
 
 class InplaceKVCache:
     def __init__(self, spec: KVSpec, layout: CacheLayout, policy: PlacementPolicy,
-                 device: torch.device | str, scale: float, cpu_threads: int | None = None):
+                 device: torch.device | str, scale: float, cpu_threads: int | None = None,
+                 staging_bytes: int | None = None):
         self.spec = spec
         self.bs = layout.block_size
         self.layout = layout
@@ -70,7 +71,7 @@ class InplaceKVCache:
             Region.C: BlockAllocator(layout.num_blocks[Region.C], "C"),
             Region.W: BlockAllocator(layout.num_blocks[Region.W], "W"),
         }
-        self.hybrid = HybridAttention(self.pools, spec, self.device, cpu_threads)
+        self.hybrid = HybridAttention(self.pools, spec, self.device, cpu_threads, staging_bytes)
         self.seqs: dict[int, SeqTable] = {}
         self.reserved = 0  # blocks promised to admitted sequences, not yet sealed
         self.counters = {f"kv.bytes_written.{r}": 0 for r in Region}
