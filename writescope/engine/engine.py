@@ -137,7 +137,7 @@ class LLMEngine:
                              host_bytes=host if host is not None else host_default,
                              max_tokens_total=max_total, max_num_seqs=max_num_seqs,
                              num_gpu_blocks=num_gpu_blocks)
-        self.profile = self._load_profile(profile)
+        self.profile = self._load_profile(profile, cfg)
         policy = make_policy(kv_policy, cpu_share=cpu_share, profile=self.profile, model_config=cfg,
                              experts_on_cpu=any(self.cpu_expert_layers), block_size=block_size)
         self.kv_policy = kv_policy
@@ -193,12 +193,11 @@ class LLMEngine:
         return int(peak * 1.1)  # 10% headroom for allocator fragmentation
 
     @staticmethod
-    def _load_profile(profile):
-        try:
-            from ..planner.profile import load_or_default
-        except ImportError:
-            return None
-        return load_or_default(profile)
+    def _load_profile(profile, cfg):
+        """The hardware profile the planner plans with: the given file, ``$WRITESCOPE_PROFILE``,
+        this machine's cached profile, or a quick calibration (cached)."""
+        from ..planner.profile import load_or_default
+        return load_or_default(profile, model_config=cfg)
 
     # ------------------------------------------------------------------ requests
     @property

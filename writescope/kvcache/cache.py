@@ -251,7 +251,7 @@ class InplaceKVCache:
         bs = self.bs
         per = {(side, r): ([], []) for side in ("cpu", "gpu") for r in Region}
         q_counts = []
-        read = {"cpu": 0, "gpu": 0}
+        read = {"cpu": 0, "gpu": 0, "t_gpu": 0}
         custom = type(self.policy).assign is not PlacementPolicy.assign
         for seq_id, start, n in work:
             t = self.seqs[seq_id]
@@ -270,6 +270,8 @@ class InplaceKVCache:
                     per[(side, r)][0].append(sel)
                     per[(side, r)][1].append(np.full(sel.size, bs, dtype=np.int32))
                     read[side] += sel.size * bs
+                    if side == "gpu" and r is Region.T:
+                        read["t_gpu"] += sel.size * bs
             tail = start - t.num_sealed * bs
             per[("gpu", Region.W)][0].append(np.array([t.w_slot] if tail else [], dtype=np.int32))
             per[("gpu", Region.W)][1].append(np.array([tail] if tail else [], dtype=np.int32))
@@ -347,6 +349,7 @@ class InplaceKVCache:
         timing.update(step_s=time.perf_counter() - step["t0"],
                       cpu_bytes=step["read_tokens"]["cpu"] * tb,
                       gpu_bytes=step["read_tokens"]["gpu"] * tb,
+                      t_bytes=step["read_tokens"]["t_gpu"] * tb,
                       batch_lengths=[s + n for _, s, n in step["work"]])
         self.last_timing = timing
         self.policy.observe(timing)

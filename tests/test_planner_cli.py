@@ -1,0 +1,133 @@
+"""``writescope plan`` and ``writescope calibrate``, and finding a profile."""
+import json
+
+import pytest
+
+from writescope import cli
+from writescope.models.config import ModelConfig
+from writescope.planner import calibrate as cal
+from writescope.planner import profile as prof_mod
+from writescope.planner.profile import HardwareProfile, load_or_calibrate
+
+from test_planner import h200_like, tiny_cfg
+
+POLICIES = ("transfer", "cpu", "static", "writescope")
+
+
+@pytest.fixture
+def profile_file(tmp_path):
+    p = tmp_path / "h200-like.json"
+    h200_like().save(p)
+    return p
+
+
+@pytest.mark.parametrize("model", ["deepseek-v2-lite", "qwen3-30b-a3b", "mixtral-8x7b"])
+def test_plan_json_and_plot(tmp_path, profile_file, model, capsys):
+    out, png = tmp_path / "plan.json", tmp_path / "plan.png"
+    rc = cli.main(["plan", "--model", model, "--profile", str(profile_file), "--batch", "16",
+                   "--context-lengths", "1k,8k,32k,128k", "--experts", "cpu",
+                   "--vram-budget", "32GiB", "--json", str(out), "--plot", str(png)])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    for pol in POLICIES:
+        rows = doc[pol]
+        assert [r["context_length"] for r in rows] == [1024, 8192, 32768, 131072]
+        for r in rows:
+            assert 0.0 <= r["cpu_share"] <= 1.0 and r["predicted_step_s"] > 0
+    assert [r["cpu_share"] for r in doc["transfer"]] == [0.0] * 4
+    ws = [r["cpu_share"] for r in doc["writescope"]]
+    assert ws == sorted(ws)
+    for i, b in enumerate(doc["roofline_bound"]):
+        assert b["context_length"] == doc["writescope"][i]["context_length"]
+        assert b["step_s"] <= min(doc[p][i]["predicted_step_s"] for p in POLICIES) * (1 + 1e-9)
+    assert doc["meta"]["experts"] == "cpu" and doc["meta"]["batch"] == 16
+    assert png.stat().st_size > 10_000
+    text = capsys.readouterr().out
+    assert "writescope" in text and "128k" in text
+
+
+def test_plan_rejects_weights_that_do_not_fit(profile_file, capsys):
+    rc = cli.main(["plan", "--model", "mixtral-8x7b", "--profile", str(profile_file),
+                   "--experts", "gpu", "--vram-budget", "32GiB"])
+    assert rc == 1
+    assert "do not fit" in capsys.readouterr().err
+
+
+def test_plan_auto_experts(profile_file, tmp_path):
+    out = tmp_path / "p.json"
+    assert cli.main(["plan", "--model", "mixtral-8x7b", "--profile", str(profile_file),
+                     "--vram-budget", "200GiB", "--json", str(out), "--context-lengths", "4k"]) == 0
+    assert json.loads(out.read_text())["meta"]["experts"] == "gpu"
+    assert cli.main(["plan", "--model", "mixtral-8x7b", "--profile", str(profile_file),
+                     "--vram-budget", "32GiB", "--json", str(out), "--context-lengths", "4k"]) == 0
+    assert json.loads(out.read_text())["meta"]["experts"] == "cpu"
+
+
+def test_profile_json_round_trip_and_version(tmp_path):
+    p = h200_like()
+    path = tmp_path / "x.json"
+    p.save(path)
+    q = HardwareProfile.load(path)
+    assert q == p
+    d = json.loads(path.read_text())
+    d["version"] = 999
+    path.write_text(json.dumps(d))
+    with pytest.raises(ValueError, match="version"):
+        HardwareProfile.load(path)
+    d["version"] = prof_mod.PROFILE_VERSION
+    del d["cpu_read_Bps"]
+    path.write_text(json.dumps(d))
+    with pytest.raises(ValueError, match="cpu_read_Bps"):
+        HardwareProfile.load(path)
+
+
+def test_profile_lookups():
+    p = h200_like(cpu_expert={"h2048-i768": 50e9, "h4096-i14336": 80e9})
+    assert p.cpu_expert_rate(2048, 768) == 50e9
+    assert p.cpu_expert_rate(4096, 12000) == 80e9  # nearest in size
+    assert p.cpu_attn_rate("gqa-g99-d7", "C") == min(r["C"] for r in p.cpu_attn.values())
+    assert p.scaled(cpu_attn=0.5).cpu_attn_rate("gqa-g8-d128", "T") == p.cpu_attn_rate("gqa-g8-d128", "T") / 2
+
+
+@pytest.fixture
+def tiny_sizes(monkeypatch):
+    MiB = 2 ** 20
+    monkeypatch.setitem(cal.SIZES, "quick", dict(copy=8 * MiB, cpu_read=16 * MiB, concurrent_rounds=2,
+                                                 cpu_attn=2 * MiB, dev_attn_gpu=8 * MiB,
+                                                 dev_attn_cpu=MiB // 4, experts=MiB, reps=1, rt_reps=2))
+
+
+def test_calibrate_command_writes_a_usable_profile(tmp_path, tiny_sizes, monkeypatch):
+    cfg = tiny_cfg()
+    monkeypatch.setattr(ModelConfig, "from_hf", classmethod(lambda cls, src: cfg))
+    out = tmp_path / "prof.json"
+    assert cli.main(["calibrate", "--quick", "--out", str(out), "--model", "tiny"]) == 0
+    p = HardwareProfile.load(out)
+    assert p.quick and p.cpu_read_Bps > 0 and p.cpu_roundtrip_s > 0
+    fam = "gqa-g2-d16"
+    assert set(p.cpu_attn[fam]) == {"C", "T"} and p.cpu_attn[fam]["C"] > 0
+    assert p.device_attn[fam] > 0 and p.cpu_expert["h64-i32"] > 0
+    import torch
+    assert p.has_gpu == torch.cuda.is_available()
+
+
+def test_load_or_calibrate_caches_and_extends(tmp_path, tiny_sizes, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("WRITESCOPE_PROFILE", raising=False)
+    calls = []
+    real = cal.calibrate
+
+    def counting(**kw):
+        calls.append(kw)
+        return real(**kw)
+    monkeypatch.setattr(cal, "calibrate", counting)
+    a = load_or_calibrate(model_config=tiny_cfg())
+    assert len(calls) == 1 and prof_mod.default_cache_path().exists()
+    b = load_or_calibrate(model_config=tiny_cfg())
+    assert len(calls) == 1 and b.cpu_attn == a.cpu_attn  # from the cache
+    other = ModelConfig.from_hf({**tiny_cfg().raw, "num_key_value_heads": 4})
+    c = load_or_calibrate(model_config=other)  # a new attention family: measured and merged
+    assert len(calls) == 2 and {"gqa-g2-d16", "gqa-g1-d16"} <= set(c.cpu_attn)
+    explicit = tmp_path / "given.json"
+    h200_like().save(explicit)
+    assert load_or_calibrate(str(explicit)).has_gpu and len(calls) == 2

@@ -1,0 +1,34 @@
+"""``writescope calibrate [--quick] [--out profile.json] [--model M ...] [--threads N]``
+
+Measures this machine's ceilings (see :mod:`writescope.planner.profile`) and saves them as a
+versioned JSON profile. Without ``--out`` it writes this machine's profile cache, which the
+engine reads at start-up.
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("calibrate", help="measure this machine's bandwidths and kernel rates",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="smaller probes (seconds, less exact)")
+    p.add_argument("--out", metavar="PATH", help="profile JSON to write (default: this machine's cache)")
+    p.add_argument("--model", action="append", metavar="PATH|NAME",
+                   help="time this model's attention family and expert shape (repeatable; "
+                        "default: the three reference models)")
+    p.add_argument("--threads", type=int, help="torch CPU threads for the probes")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..planner.calibrate import calibrate
+    from ..planner.profile import default_cache_path
+    cmd = "writescope " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else ""
+    prof = calibrate(quick=args.quick, models=args.model, threads=args.threads, command=cmd)
+    out = args.out or default_cache_path()
+    prof.save(out)
+    print(f"profile written to {out}")
+    return 0

@@ -1,0 +1,179 @@
+"""``writescope plan``: predicted CPU share and step time against context length, per policy.
+
+    writescope plan --model qwen3-30b-a3b --profile bench/profiles/h200.json --batch 8 \\
+        --context-lengths 1k,4k,16k,64k,128k --vram-budget 32GiB --json plan.json --plot plan.png
+
+For each context length (every sequence of the batch that long) and each policy the roofline
+(:mod:`writescope.planner.roofline`) predicts the decode step in steady state: ``transfer``
+streams every spilled block, ``cpu`` attends every spilled block on the CPU, ``static`` keeps one
+share chosen once from the hardware alone (by default the bandwidth ratio
+``B_cpu / (B_cpu + B_pcie)``, the share long sequences tend to), ``writescope`` takes the
+best share for that length. The roofline bound is the step with spilled KV read at the sum of
+the concurrent H2D and CPU read ceilings. ``--model`` takes a checkpoint folder or a reference
+name (its config ships with the package: no checkpoint needed).
+
+JSON: ``{"transfer": [{"context_length", "cpu_share", "predicted_step_s", ...}, ...], "cpu": [...],
+"static": [...], "writescope": [...], "roofline_bound": [{"context_length", "step_s"}, ...],
+"meta": {...}}``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+POLICIES = ("transfer", "cpu", "static", "writescope")
+DEFAULT_LENGTHS = "1k,2k,4k,8k,16k,32k,64k,128k"
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("plan", help="predicted CPU share and step time per policy",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, metavar="PATH|NAME",
+                   help="checkpoint folder or deepseek-v2-lite | qwen3-30b-a3b | mixtral-8x7b")
+    p.add_argument("--profile", metavar="P", help="hardware profile JSON (default: this machine's)")
+    p.add_argument("--batch", type=int, default=1, help="sequences per step (default 1)")
+    p.add_argument("--context-lengths", default=DEFAULT_LENGTHS, metavar="L1,L2,...",
+                   help=f"tokens per sequence, e.g. 1k,8k,128k (default {DEFAULT_LENGTHS})")
+    p.add_argument("--experts", choices=("auto", "cpu", "gpu"), default="auto",
+                   help="where routed experts run (auto: the GPU if all weights fit the budget)")
+    p.add_argument("--vram-budget", default="32GiB", help="GPU memory the engine may use (default 32GiB)")
+    p.add_argument("--static-share", type=float, default=None,
+                   help="the static policy's CPU share (default: the CPU/PCIe bandwidth ratio)")
+    p.add_argument("--json", metavar="F", help="write the predictions as JSON")
+    p.add_argument("--plot", metavar="F.png", help="plot share and step time against length")
+    p.set_defaults(func=run)
+
+
+def make_plan(cfg, profile, batch: int, lengths: list[int], experts_on_cpu: bool,
+              vram_budget: int | None, static_share: float | None = None) -> dict:
+    """The plan as the JSON document ``writescope plan --json`` writes."""
+    from ..planner import roofline as rl
+    if batch < 1:
+        raise ValueError(f"--batch must be >= 1, got {batch}")
+    if not lengths or any(n < 1 for n in lengths):
+        raise ValueError("context lengths must be positive")
+    g_tokens = rl.gpu_kv_capacity_tokens(cfg, vram_budget, experts_on_cpu)
+    if static_share is None:
+        static_share = rl.bandwidth_ratio(profile, cfg)
+    doc: dict = {}
+    for policy in POLICIES:
+        rows = []
+        for n in lengths:
+            sp = rl.plan_for_lengths(profile, cfg, [n] * batch, g_tokens, experts_on_cpu, policy,
+                                     static_share=static_share)
+            p = sp.prediction
+            rows.append({"context_length": n, "cpu_share": round(sp.cpu_share, 6),
+                         "predicted_step_s": p.step_s, "tokens_per_s": batch / p.step_s,
+                         "cpu_attn_s": p.cpu_attn_s, "pcie_s": p.pcie_s, "gpu_attn_s": p.gpu_attn_s,
+                         "expert_s": p.expert_s})
+        doc[policy] = rows
+    doc["roofline_bound"] = [
+        {"context_length": n,
+         "step_s": rl.roofline_bound_s(profile, cfg, [n] * batch, g_tokens, experts_on_cpu)}
+        for n in lengths]
+    kvb = rl.kv_bytes_per_token_layer(cfg) * cfg.num_layers
+    doc["meta"] = {
+        "model": cfg.raw.get("_name_or_path") or cfg.model_type, "model_type": cfg.model_type,
+        "batch": batch, "experts": "cpu" if experts_on_cpu else "gpu", "vram_budget": vram_budget,
+        "gpu_weight_bytes": rl.gpu_weight_bytes(cfg, experts_on_cpu),
+        "g_region_tokens": None if g_tokens == float("inf") else int(g_tokens),
+        "kv_bytes_per_token": kvb, "static_share": static_share,
+        "profile_machine": profile.machine, "profile_created": profile.created,
+        "cpu_attn_family": rl.attn_family(cfg),
+    }
+    return doc
+
+
+def format_table(doc: dict) -> str:
+    from ..units import format_count
+    lines = []
+    head = f"{'context':>8} " + " ".join(f"{p:>19}" for p in POLICIES) + f" {'bound':>9}"
+    lines.append(head)
+    lines.append(f"{'':>8} " + " ".join(f"{'share   step ms':>19}" for _ in POLICIES) + f" {'ms':>9}")
+    for i, b in enumerate(doc["roofline_bound"]):
+        cells = []
+        for p in POLICIES:
+            r = doc[p][i]
+            cells.append(f"{r['cpu_share']:>7.2f} {r['predicted_step_s'] * 1e3:>11.2f}")
+        lines.append(f"{format_count(b['context_length']):>8} " + " ".join(cells)
+                     + f" {b['step_s'] * 1e3:>9.2f}")
+    return "\n".join(lines)
+
+
+def plot(doc: dict, path: str, title: str = "") -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from ..units import format_count
+    xs = [b["context_length"] for b in doc["roofline_bound"]]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    styles = {"transfer": "s--", "cpu": "^--", "static": "d:", "writescope": "o-"}
+    for p in POLICIES:
+        a1.plot(xs, [r["cpu_share"] for r in doc[p]], styles[p], label=p)
+        a2.plot(xs, [r["predicted_step_s"] * 1e3 for r in doc[p]], styles[p], label=p)
+    a2.plot(xs, [b["step_s"] * 1e3 for b in doc["roofline_bound"]], "k-", lw=2, alpha=0.4,
+            label="roofline bound")
+    for a in (a1, a2):
+        a.set_xscale("log", base=2)
+        a.set_xticks(xs)
+        a.set_xticklabels([format_count(x) for x in xs])
+        a.set_xlabel("context length per sequence (tokens)")
+        a.grid(alpha=0.3)
+    a1.set_ylabel("CPU share of spilled KV")
+    a1.set_ylim(-0.03, 1.03)
+    a2.set_ylabel("predicted decode step (ms)")
+    a2.set_yscale("log")
+    a2.legend(fontsize=8)
+    m = doc["meta"]
+    fig.suptitle(title or f"{m['model']}: batch {m['batch']}, experts on {m['experts']}")
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _git_commit() -> str | None:
+    import subprocess
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent, timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..models.config import ModelConfig
+    from ..planner import roofline as rl
+    from ..planner.profile import HardwareProfile, load_or_calibrate
+    from ..units import format_bytes, parse_bytes, parse_count
+    cfg = ModelConfig.from_hf(args.model)
+    if "_name_or_path" not in cfg.raw:
+        cfg.raw["_name_or_path"] = Path(args.model).name or args.model
+    profile = HardwareProfile.load(args.profile) if args.profile else load_or_calibrate(model_config=cfg)
+    lengths = [parse_count(x) for x in args.context_lengths.split(",") if x.strip()]
+    budget = parse_bytes(args.vram_budget) if args.vram_budget not in (None, "", "none") else None
+    all_gpu = rl.gpu_weight_bytes(cfg, experts_on_cpu=False)
+    if args.experts == "auto":
+        experts_on_cpu = budget is not None and all_gpu + 2 * 2 ** 30 > budget
+    else:
+        experts_on_cpu = args.experts == "cpu"
+    if not experts_on_cpu and budget is not None and all_gpu > budget:
+        raise ValueError(f"the model's weights ({format_bytes(all_gpu)}) do not fit the VRAM budget "
+                         f"({format_bytes(budget)}); use --experts cpu")
+    doc = make_plan(cfg, profile, args.batch, lengths, experts_on_cpu, budget, args.static_share)
+    doc["meta"]["command"] = "writescope " + " ".join(sys.argv[1:])
+    doc["meta"]["git_commit"] = _git_commit()
+    m = doc["meta"]
+    print(f"{m['model']} | batch {args.batch} | experts on {m['experts']} | VRAM budget "
+          f"{format_bytes(budget) if budget else 'unlimited'} | G region "
+          f"{m['g_region_tokens'] if m['g_region_tokens'] is not None else 'unlimited'} tokens | "
+          f"static share {m['static_share']:.2f}")
+    print(format_table(doc))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
+    if args.plot:
+        plot(doc, args.plot)
+    return 0

@@ -1,0 +1,252 @@
+"""``kv_policy="writescope"``: write-time placement and per-step assignment from the roofline.
+
+The cache asks (see :mod:`writescope.kvcache.placement`):
+
+* ``place(seq, k, capacity)`` -- where the ``k`` blocks this sequence seals now go. G while it has
+  free blocks (the GPU reads G in place at HBM speed: nothing beats it). Each spilled block then
+  goes to C or T, whichever brings the sequence's C fraction of its spilled blocks closer to the
+  **target share** (ties to T, the flexible region). Blocks are never moved afterwards: as the
+  target rises with context length, the split is steered by where *new* blocks land.
+* ``assign(seq)`` -- who attends each sealed block this step. C blocks are the CPU's (their
+  layout is the CPU kernel's). T blocks go to the GPU (streamed), except that when the step plan
+  says the CPU should take more than the C blocks, it reads some T blocks in place (the oldest
+  ones, so the streamed blocks stay one contiguous run at the end).
+* ``observe(timing)`` -- closes the step: corrects the rates (:mod:`.feedback`) and plans anew.
+  Only decode steps (every sequence one token longer, seen by comparing ``batch_lengths`` with
+  the lengths ``assign`` was shown) correct the rates; ``planner.predicted_step_s`` and
+  ``planner.measured_step_s`` are those of the last decode step.
+
+Two shares come out of the roofline (:mod:`.roofline`), both over the batch of the last step:
+
+* the *target share*: the best CPU share of spilled KV if every block sat where it should
+  (:func:`~.roofline.target_share`) -- it steers placement;
+* the *step share* (``planner.cpu_share``): the best share given where the blocks actually are
+  (:func:`~.roofline.optimal_cpu_share`: at least the C blocks, at most C + T) -- it drives
+  ``assign``.
+
+Constructor (as the cache calls it through ``make_policy("writescope", ...)``)::
+
+    WriteScopePolicy(profile=HardwareProfile | path | None, model_config=ModelConfig,
+                     experts_on_cpu=False, batch_hint=None, feedback_alpha=0.3,
+                     block_size=None, **ignored)
+
+``profile=None`` loads this machine's profile or runs a quick calibration and caches it
+(:func:`~.profile.load_or_calibrate`). ``batch_hint``: the expected number of sequences per step;
+only used before the first step shows the real batch. ``block_size``: tokens per block (learnt
+from the first ``place`` call when not given; 64 until then). Unknown options (``cpu_share``, ...) are
+accepted and ignored so every policy takes the same call.
+
+Timing keys read by :meth:`observe` (per step, summed over layers): ``cpu_s`` (CPU attention, with
+its round trips), ``gpu_s`` (GPU attention), ``pcie_s`` (H2D of T blocks; 0 or missing = not
+measured), ``step_s`` (wall), ``cpu_bytes``/``gpu_bytes`` (KV bytes each side attended, all
+layers), ``t_bytes`` (T bytes streamed; missing: taken from this policy's own assignment),
+``batch_lengths``; optionally ``cpu_expert_s`` (routed experts on the CPU).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..kvcache.placement import CacheCapacity, PlacementPolicy, SeqKV, register_policy
+from ..kvcache.regions import DEFAULT_BLOCK_SIZE, Region
+from . import roofline as rl
+from .feedback import RateFeedback
+from .profile import HardwareProfile, load_or_calibrate
+
+
+def choose_spilled_region(n_c: int, n_spilled: int, target: float) -> Region:
+    """C or T for the next spilled block of a sequence holding ``n_c`` C blocks out of
+    ``n_spilled``: the one leaving its C fraction nearer ``target`` (ties: T)."""
+    n = n_spilled + 1
+    return Region.C if abs((n_c + 1) / n - target) < abs(n_c / n - target) else Region.T
+
+
+@register_policy
+class WriteScopePolicy(PlacementPolicy):
+    name = "writescope"
+
+    def __init__(self, profile: HardwareProfile | str | None = None, model_config=None,
+                 experts_on_cpu: bool = False, batch_hint: int | None = None,
+                 feedback_alpha: float = 0.3, block_size: int | None = None, **_ignored: Any):
+        if model_config is None:
+            raise ValueError("kv_policy 'writescope' needs the model's config (model_config=...)")
+        if profile is None or isinstance(profile, str):
+            profile = load_or_calibrate(profile, model_config=model_config)
+        self.profile = profile
+        self.cfg = model_config
+        self.experts_on_cpu = bool(experts_on_cpu)
+        self.batch_hint = int(batch_hint) if batch_hint else None
+        self.feedback = RateFeedback(feedback_alpha)
+        # tokens per block: from the constructor, else learnt from the first place() call
+        # (the cache always places before it assigns blocks), else the default
+        self.block_size: int | None = block_size
+        self.token_bytes: float = float(model_config.kv_bytes_per_token())  # all layers
+        # the batch as last seen: seq_id -> (num_tokens, regions of sealed blocks)
+        self._view: dict[int, SeqKV] = {}
+        self._batch: set[int] = set()       # sequences of the last finished step
+        self._this_step: set[int] = set()   # sequences seen in the step under way
+        self._plan: dict[str, Any] | None = None
+        self._assigned = {"cpu_c": 0, "cpu_t": 0, "streamed": 0}
+        self._last: dict[str, float] = {}
+        self.steps = 0
+        self.skipped_steps = 0  # steps with prefill rows: no feedback from them
+        self._starts: list[int] = []  # per assign() this step: the sequence's tokens before it
+        self.cpu_t_tokens_total = 0  # T tokens the CPU read in place, over all steps
+
+    # ------------------------------------------------------------------ the cache's questions
+    def place(self, seq: SeqKV, num_blocks: int, capacity: CacheCapacity) -> list[Region]:
+        self._learn_geometry(capacity)
+        self._see(seq)
+        plan = self._current_plan(seq.seq_id)
+        target = plan["target_share"]
+        free = dict(capacity.free)
+        n_c = seq.regions.count(Region.C)
+        n_sp = n_c + seq.regions.count(Region.T)
+        out: list[Region] = []
+        for _ in range(num_blocks):
+            if free.get(Region.G, 0) > 0:
+                r = Region.G
+            else:
+                r = choose_spilled_region(n_c, n_sp, target)
+                if free.get(r, 0) <= 0:
+                    r = Region.T if r is Region.C else Region.C
+                if free.get(r, 0) <= 0:
+                    raise MemoryError("no free KV block in G, T or C")  # the cache checks first
+                n_sp += 1
+                n_c += r is Region.C
+            free[r] -= 1
+            out.append(r)
+        # the view holds the sequence as it will be once these blocks are sealed
+        self._view[seq.seq_id] = SeqKV(seq.seq_id, seq.num_tokens, tuple(seq.regions) + tuple(out))
+        return out
+
+    def assign(self, seq: SeqKV) -> list[bool]:
+        self._see(seq)
+        self._starts.append(seq.num_tokens)
+        plan = self._current_plan(seq.seq_id)
+        regions = seq.regions
+        n_t = regions.count(Region.T)
+        n_cpu_t = min(n_t, int(math.floor(plan["t_fraction_to_cpu"] * n_t + 0.5)))
+        out = [r is Region.C for r in regions]
+        left = n_cpu_t  # the oldest T blocks: the streamed ones stay one run at the end
+        for i, r in enumerate(regions):
+            if left == 0:
+                break
+            if r is Region.T:
+                out[i] = True
+                left -= 1
+        bs = self.block_size or DEFAULT_BLOCK_SIZE
+        self._assigned["cpu_c"] += regions.count(Region.C) * bs
+        self._assigned["cpu_t"] += n_cpu_t * bs
+        self._assigned["streamed"] += (n_t - n_cpu_t) * bs
+        self.cpu_t_tokens_total += n_cpu_t * bs
+        return out
+
+    def observe(self, timing: dict[str, Any]) -> None:
+        lengths = list(timing.get("batch_lengths") or [])
+        # the model is of decode steps (one new token per sequence): a step that also ran
+        # prefill rows does not say how fast decode runs, so it does not correct the rates
+        starts, self._starts = self._starts, []
+        decode = len(starts) == len(lengths) and all(e - s == 1 for s, e in zip(starts, lengths))
+        if decode:
+            self._feedback(timing, lengths)
+        else:
+            self.skipped_steps += 1
+        self.steps += 1
+        # close the step: its sequences are the batch the next step is planned for
+        self._batch = set(self._this_step)
+        self._this_step.clear()
+        self._view = {k: v for k, v in self._view.items() if k in self._batch}
+        self._assigned = {"cpu_c": 0, "cpu_t": 0, "streamed": 0}
+        self._plan = None
+
+    def _feedback(self, timing: dict[str, Any], lengths: list[int]) -> None:
+        tb = self.token_bytes
+        cpu_tok = float(timing.get("cpu_bytes", 0)) / tb
+        gpu_tok = float(timing.get("gpu_bytes", 0)) / tb
+        a = self._assigned
+        if "t_bytes" in timing:
+            streamed = float(timing["t_bytes"]) / tb
+        else:
+            streamed = float(a["streamed"])
+        streamed = min(streamed, gpu_tok)
+        assigned_cpu = a["cpu_c"] + a["cpu_t"]
+        t_frac = a["cpu_t"] / assigned_cpu if assigned_cpu else 0.0
+        load = rl.StepLoad(max(1, len(lengths)), gpu_tok - streamed, streamed,
+                           cpu_tok * (1 - t_frac), cpu_tok * t_frac)
+        raw = rl.predict_step(self.profile, self.cfg, load, self.experts_on_cpu)
+        pcie_s = timing.get("pcie_s")
+        self.feedback.update(
+            {"cpu": timing.get("cpu_s"), "gpu": timing.get("gpu_s"),
+             "pcie": pcie_s if pcie_s else None, "expert": timing.get("cpu_expert_s")},
+            {"cpu": raw.cpu_attn_s, "gpu": raw.gpu_attn_s, "pcie": raw.pcie_s,
+             "expert": raw.expert_s if self.experts_on_cpu else 0.0})
+        corrected = rl.predict_step(self.profile, self.cfg, load, self.experts_on_cpu,
+                                    self.feedback.corrections)
+        measured = timing.get("step_s")
+        self._last = {"predicted_step_s": corrected.step_s,
+                      "measured_step_s": float(measured) if measured is not None else math.nan}
+
+    def stats(self) -> dict[str, Any]:
+        plan = self._plan or self._make_plan()
+        c = self.feedback.corrections
+        pred, meas = self._last.get("predicted_step_s", math.nan), self._last.get("measured_step_s", math.nan)
+        return {
+            "planner.cpu_share": plan["cpu_share"],
+            "planner.target_share": plan["target_share"],
+            "planner.planned_step_s": plan["predicted_step_s"],
+            "planner.predicted_step_s": pred,
+            "planner.measured_step_s": meas,
+            "planner.prediction_error": (meas / pred - 1.0) if pred and pred == pred and meas == meas else math.nan,
+            "planner.cpu_rate_correction": c.cpu,
+            "planner.pcie_rate_correction": c.pcie,
+            "planner.gpu_rate_correction": c.gpu,
+            "planner.expert_rate_correction": c.expert,
+            "planner.steps": self.steps,
+            "planner.prefill_steps": self.skipped_steps,
+            "planner.cpu_read_t_tokens": self.cpu_t_tokens_total,
+        }
+
+    # ------------------------------------------------------------------ planning
+    def _learn_geometry(self, capacity: CacheCapacity) -> None:
+        self.block_size = capacity.block_size
+        self.token_bytes = capacity.block_bytes / capacity.block_size
+
+    def _see(self, seq: SeqKV) -> None:
+        old = self._view.get(seq.seq_id)  # place() may already have shown this step's blocks
+        if old is None or (len(seq.regions), seq.num_tokens) >= (len(old.regions), old.num_tokens):
+            self._view[seq.seq_id] = seq
+        self._this_step.add(seq.seq_id)
+
+    def _current_plan(self, seq_id: int) -> dict[str, Any]:
+        """The step's plan; made anew once per step, or when a sequence joins the batch."""
+        if self._plan is None or seq_id not in self._plan["members"]:
+            self._plan = self._make_plan()
+        return self._plan
+
+    def _make_plan(self) -> dict[str, Any]:
+        ids = (self._batch | self._this_step) & set(self._view)
+        seqs = [self._view[i] for i in sorted(ids)]
+        bs = self.block_size or DEFAULT_BLOCK_SIZE
+        resident = c_tok = t_tok = 0.0
+        for s in seqs:
+            n_g, n_c, n_t = (s.regions.count(r) for r in (Region.G, Region.C, Region.T))
+            tail = max(0, s.num_tokens - len(s.regions) * bs)
+            resident += n_g * bs + tail
+            c_tok += n_c * bs
+            t_tok += n_t * bs
+        b = max(len(seqs), self.batch_hint or 1)
+        corr = self.feedback.corrections
+        target = rl.target_share(self.profile, self.cfg, b, resident, c_tok + t_tok,
+                                 self.experts_on_cpu, corr)
+        step = rl.optimal_cpu_share(self.profile, self.cfg, b, resident, c_tok, t_tok,
+                                    self.experts_on_cpu, corr)
+        spilled = c_tok + t_tok
+        extra_t = max(0.0, step.cpu_share * spilled - c_tok)
+        return {
+            "members": ids,
+            "target_share": target.cpu_share,
+            "cpu_share": step.cpu_share,
+            "predicted_step_s": step.prediction.step_s,
+            "t_fraction_to_cpu": min(1.0, extra_t / t_tok) if t_tok else 0.0,
+        }

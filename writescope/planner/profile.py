@@ -1,0 +1,279 @@
+"""The hardware profile: this machine's measured ceilings, saved as versioned JSON.
+
+``writescope calibrate`` measures (GPU terms only where CUDA is present):
+
+=========================  =====================================================================
+field                      what
+=========================  =====================================================================
+h2d_pinned_Bps             host->device copy from pinned memory, large copies
+h2d_pinned_block_Bps       the same, one KV-block-sized (512 KiB) copy at a time
+h2d_pageable_Bps           host->device from ordinary (pageable) memory
+d2h_pinned_Bps             device->host into pinned memory
+hbm_Bps                    device->device copy, (read + written bytes) / s
+cpu_read_Bps               CPU threads summing a DRAM-sized array
+concurrent_h2d_Bps         H2D while the CPU threads read DRAM ...
+concurrent_cpu_read_Bps    ... and the CPU read rate meanwhile
+cpu_attn                   the CPU attention kernel's KV bytes/s per shape family
+                           (``attn_family``), on C blocks (CPU layout) and T blocks (GPU layout)
+device_attn                attention rate on the device path (the GPU, or the torch path where
+                           there is no GPU), KV bytes/s per family
+cpu_expert                 routed-expert FFN on the CPU: weight bytes/s per expert shape
+cpu_roundtrip_s            fixed cost of one CPU round trip per layer (queries to the host,
+                           the CPU kernel's start on tiny input, results back, sync)
+launch_s                   one small device kernel launch (the per-layer fixed GPU cost)
+=========================  =====================================================================
+
+All rates are bytes per second. The engine loads a profile with :func:`load_or_calibrate`
+(``--profile`` / ``$WRITESCOPE_PROFILE`` / a cached quick calibration of this machine).
+Calibration is in :mod:`writescope.planner.calibrate`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import platform
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PROFILE_VERSION = 1
+
+
+@dataclass
+class HardwareProfile:
+    machine: dict[str, Any]
+    cpu_threads: int
+    cpu_read_Bps: float
+    cpu_attn: dict[str, dict[str, float]]   # family -> {"C": Bps, "T": Bps}
+    device_attn: dict[str, float]           # family -> Bps
+    cpu_expert: dict[str, float]            # "h{hidden}-i{inter}" -> weight Bps
+    cpu_roundtrip_s: float
+    launch_s: float
+    # GPU terms (None on a machine without CUDA)
+    h2d_pinned_Bps: float | None = None
+    h2d_pinned_block_Bps: float | None = None
+    h2d_pageable_Bps: float | None = None
+    d2h_pinned_Bps: float | None = None
+    hbm_Bps: float | None = None
+    concurrent_h2d_Bps: float | None = None
+    concurrent_cpu_read_Bps: float | None = None
+    # provenance
+    cpu_attn_kernel: str = ""
+    cpu_expert_kernel: str = ""
+    quick: bool = False
+    created: str = ""
+    command: str = ""
+    version: int = PROFILE_VERSION
+    notes: list[str] = field(default_factory=list)
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def has_gpu(self) -> bool:
+        return self.h2d_pinned_Bps is not None and self.hbm_Bps is not None
+
+    @property
+    def weight_read_Bps(self) -> float:
+        """Rate the device reads weights at: HBM (a copy's read+write rate approximates a pure
+        read), or DRAM on a machine without a GPU."""
+        return self.hbm_Bps if self.has_gpu else self.cpu_read_Bps
+
+    def cpu_attn_rate(self, family: str, layout: str = "C") -> float:
+        """CPU attention KV bytes/s for a shape family; a family not measured takes the slowest
+        measured one (the feedback corrects it within a few steps)."""
+        rates = self.cpu_attn.get(family)
+        if rates is None:
+            rates = min(self.cpu_attn.values(), key=lambda r: r.get("C", math.inf))
+        return rates.get(layout) or rates["C"]
+
+    def device_attn_rate(self, family: str) -> float:
+        if family in self.device_attn:
+            return self.device_attn[family]
+        if self.device_attn:
+            return min(self.device_attn.values())
+        return self.weight_read_Bps
+
+    def cpu_expert_rate(self, hidden: int, inter: int) -> float:
+        """Expert weight bytes/s for a shape: measured, else the measured shape nearest in size."""
+        key = expert_key(hidden, inter)
+        if key in self.cpu_expert:
+            return self.cpu_expert[key]
+        size = hidden * inter
+
+        def dist(k: str) -> float:
+            h, i = (int(v) for v in re.findall(r"\d+", k))
+            return abs(math.log((h * i) / size))
+        return self.cpu_expert[min(self.cpu_expert, key=dist)]
+
+    # ------------------------------------------------------------------ JSON
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "HardwareProfile":
+        v = d.get("version")
+        if v != PROFILE_VERSION:
+            raise ValueError(f"hardware profile version {v!r} is not {PROFILE_VERSION}: "
+                             "run `writescope calibrate` again")
+        names = {f.name for f in dataclasses.fields(cls)}
+        missing = [f.name for f in dataclasses.fields(cls)
+                   if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+                   and f.name not in d]
+        if missing:
+            raise ValueError(f"hardware profile lacks {', '.join(missing)}")
+        p = cls(**{k: v for k, v in d.items() if k in names})
+        p.validate()
+        return p
+
+    def validate(self) -> None:
+        def pos(name: str, v: Any) -> None:
+            if not isinstance(v, (int, float)) or not v > 0 or not math.isfinite(v):
+                raise ValueError(f"hardware profile: {name} must be a positive number, got {v!r}")
+        pos("cpu_read_Bps", self.cpu_read_Bps)
+        if not self.cpu_attn:
+            raise ValueError("hardware profile: cpu_attn is empty")
+        for fam, r in self.cpu_attn.items():
+            pos(f"cpu_attn[{fam}].C", r.get("C"))
+        for fam, r in self.device_attn.items():
+            pos(f"device_attn[{fam}]", r)
+        if not self.cpu_expert:
+            raise ValueError("hardware profile: cpu_expert is empty")
+        for k, r in self.cpu_expert.items():
+            pos(f"cpu_expert[{k}]", r)
+        for name in ("cpu_roundtrip_s", "launch_s"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or v < 0:
+                raise ValueError(f"hardware profile: {name} must be >= 0, got {v!r}")
+        if (self.h2d_pinned_Bps is None) != (self.hbm_Bps is None):
+            raise ValueError("hardware profile: h2d_pinned_Bps and hbm_Bps come together")
+        if self.has_gpu:
+            pos("h2d_pinned_Bps", self.h2d_pinned_Bps)
+            pos("hbm_Bps", self.hbm_Bps)
+
+    def save(self, path: str | os.PathLike) -> None:
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_suffix(p.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        tmp.replace(p)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "HardwareProfile":
+        p = Path(path)
+        try:
+            d = json.loads(p.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{p} is not valid JSON: {e}") from e
+        return cls.from_dict(d)
+
+    def scaled(self, **factors: float) -> "HardwareProfile":
+        """A copy with some terms multiplied: ``cpu_attn=0.5`` halves every CPU attention rate
+        (used to inject synthetic drift in tests and what-if plans)."""
+        p = dataclasses.replace(self)
+        for k, f in factors.items():
+            if k == "cpu_attn":
+                p.cpu_attn = {fam: {lay: v * f for lay, v in r.items()} for fam, r in self.cpu_attn.items()}
+            elif k == "device_attn":
+                p.device_attn = {fam: v * f for fam, v in self.device_attn.items()}
+            elif k == "cpu_expert":
+                p.cpu_expert = {s: v * f for s, v in self.cpu_expert.items()}
+            elif getattr(self, k) is not None:
+                setattr(p, k, getattr(self, k) * f)
+        return p
+
+
+def expert_key(hidden: int, inter: int) -> str:
+    return f"h{hidden}-i{inter}"
+
+
+# ---------------------------------------------------------------------------------- locating
+def machine_description() -> dict[str, Any]:
+    """What the profile was measured on (no host names, no user data)."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    desc: dict[str, Any] = {"cpu": cpu, "logical_cpus": os.cpu_count(), "python": platform.python_version()}
+    try:
+        import torch
+        desc["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            desc["gpu"] = torch.cuda.get_device_name(0)
+            desc["gpu_mem_bytes"] = torch.cuda.get_device_properties(0).total_memory
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        flags = next(l for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("flags"))
+        desc["cpu_flags"] = sorted(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+                                   if f in flags.split())
+    except (OSError, StopIteration):
+        pass
+    try:
+        mem = next(l for l in Path("/proc/meminfo").read_text().splitlines() if l.startswith("MemTotal"))
+        desc["mem_bytes"] = int(mem.split()[1]) * 1024
+    except (OSError, StopIteration, ValueError):
+        pass
+    return desc
+
+
+def machine_key(desc: dict[str, Any] | None = None) -> str:
+    d = desc or machine_description()
+    parts = [d.get("cpu", "cpu"), str(d.get("logical_cpus", "")), d.get("gpu", "nogpu")]
+    return re.sub(r"[^A-Za-z0-9]+", "-", "-".join(parts)).strip("-").lower()[:120]
+
+
+def default_cache_path() -> Path:
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "writescope" / f"profile-{machine_key()}.json"
+
+
+def load_or_calibrate(path: str | os.PathLike | None = None, quick: bool = True,
+                      model_config=None, log=None) -> HardwareProfile:
+    """The profile the engine plans with.
+
+    ``path`` (or ``$WRITESCOPE_PROFILE``) names a saved profile, which must exist. Otherwise the
+    cached profile of this machine (``~/.cache/writescope/profile-<machine>.json``) is used; if
+    there is none, it is from another version, or it lacks ``model_config``'s attention family
+    or expert shape, a quick calibration of what is missing runs and the cache is updated.
+    """
+    path = path or os.environ.get("WRITESCOPE_PROFILE")
+    if path:
+        return HardwareProfile.load(path)
+    from .calibrate import calibrate
+    from .roofline import attn_family
+    cache = default_cache_path()
+    cached = None
+    if cache.exists():
+        try:
+            cached = HardwareProfile.load(cache)
+        except ValueError:
+            cached = None  # stale or broken cache: measure again
+    if cached is not None and (model_config is None or (
+            attn_family(model_config) in cached.cpu_attn
+            and expert_key(model_config.hidden_size, model_config.moe_intermediate_size)
+            in cached.cpu_expert)):
+        return cached
+    prof = calibrate(quick=quick, models=[model_config] if model_config is not None else None,
+                     log=log)
+    if cached is not None:  # keep what the cache knew about other models
+        for name in ("cpu_attn", "device_attn", "cpu_expert"):
+            setattr(prof, name, {**getattr(cached, name), **getattr(prof, name)})
+    try:
+        prof.save(cache)
+    except OSError:
+        pass  # a read-only home still runs, just without the cache
+    return prof
+
+
+def load_or_default(path: str | os.PathLike | None = None, model_config=None,
+                    log=None) -> HardwareProfile:
+    """What the engine calls at start-up: ``path`` if given, else ``$WRITESCOPE_PROFILE``, else
+    this machine's cached profile, else a quick calibration (cached). Pass ``model_config`` so
+    its attention family and expert shape are measured (otherwise the reference models' are)."""
+    return load_or_calibrate(path, quick=True, model_config=model_config, log=log)

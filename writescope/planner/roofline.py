@@ -1,0 +1,449 @@
+"""The WriteScope roofline: a decode step's time from measured ceilings, as pure functions.
+
+Everything here is arithmetic on a :class:`~writescope.planner.profile.HardwareProfile`, a
+:class:`~writescope.models.config.ModelConfig` and a :class:`StepLoad` (who reads how many KV
+tokens this step). No tensors, no clocks, no state: the planner, ``writescope plan`` and the
+tests all call the same functions.
+
+One decode layer, for a batch of ``B`` sequences (one new token each)::
+
+    GPU   |dense (attn projections, norms, router, shared experts) | attention over G/W + staged T |
+    CPU   |                                                        | round trip + attention over C |  routed experts (when on the CPU) |
+    PCIe  |  H2D of the next layer's T blocks (prefetched: overlaps this whole layer)          |
+
+* ``gpu_attn  = (resident + streamed) tokens x kv_bytes / gpu attention rate``
+* ``cpu_attn  = round trip + cpu tokens x kv_bytes / cpu attention rate``  (0 with no CPU tokens)
+* ``compute   = dense + max(gpu_attn, cpu_attn) + routed experts``  (experts need the attention
+  output, so they follow it; on the GPU they read their weights from HBM, on the CPU at the CPU
+  expert rate)
+* ``pcie      = streamed tokens x kv_bytes / H2D rate``
+* ``layer     = max(compute, pcie)``: the staging ring copies layer l+1 while layer l computes,
+  so streaming costs nothing until it is the slower of the two;
+* ``step      = sum(layer) + pcie of the first layer`` (nothing hides the first copy) ``+ lm head``.
+
+Contention: the CPU's reads and the H2D DMA share host DRAM. When the CPU is busy (attention or
+experts) while T streams, the H2D rate is the profile's *concurrent* H2D rate, and the CPU
+attention rate is capped at the concurrent CPU read rate. On a machine without a GPU the
+"device" side is the same CPU (the portable torch path over G/T blocks): nothing overlaps and
+nothing crosses a bus, so ``compute = dense + gpu_attn + cpu_attn + experts`` and pcie = 0.
+
+The CPU share ``x`` is the fraction of *spilled* tokens (T and C blocks) the CPU attends.
+Inside ``(0, 1)`` every term is linear in ``x`` (or, with T blocks read by the CPU at their own
+rate, piecewise linear with one kink), so step time is a convex piecewise-linear function of
+``x``; :func:`optimal_cpu_share` evaluates it at every breakpoint and at the two ends (where the
+fixed costs and the contention switch on or off) and keeps the smallest best ``x``; the CPU
+starts attending only for a predicted gain of at least ``MIN_GAIN`` (1 %) of the step. For short
+sequences the round trip outweighs what the CPU could take off the PCIe link and ``x = 0``;
+for long ones the optimum balances ``x*S/B_cpu`` against ``(1-x)*S/B_pcie`` and tends to the
+bandwidth ratio ``B_cpu / (B_cpu + B_pcie)``.
+
+Online feedback (:mod:`writescope.planner.feedback`) multiplies the CPU attention, PCIe, GPU
+attention and CPU expert terms by :class:`Corrections` (measured over predicted, smoothed).
+
+The layer pipeline follows the designs of NEO (CPU attention overlapped with GPU work, load
+split from a per-layer cost model) and FlexGen/KTransformers (prefetching the next layer's
+offloaded data during this layer's compute, routed experts on the CPU); the model is ours.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..models.config import ModelConfig
+    from .profile import HardwareProfile
+
+WEIGHT_BYTES = 2  # bf16 weights
+KV_ITEMSIZE = 2   # bf16 KV
+#: torch kernels launched per layer outside attention (projections, norms, rotary, router, ...):
+#: the fixed GPU cost of a layer is this many launches
+KERNELS_PER_LAYER = 24
+#: the smallest predicted gain (fraction of the step) for which the CPU starts attending
+MIN_GAIN = 0.01
+
+
+# ----------------------------------------------------------------------------- inputs
+@dataclass(frozen=True)
+class StepLoad:
+    """KV tokens one decode step reads in each layer, summed over the batch, by who reads them."""
+
+    batch_size: int
+    resident_tokens: float      # G blocks + W tails: the GPU reads them in place
+    streamed_tokens: float      # T blocks the GPU attends after an H2D copy
+    cpu_c_tokens: float         # C blocks: the CPU reads them in place
+    cpu_t_tokens: float = 0.0   # T blocks the CPU reads in place (no copy)
+
+    @property
+    def spilled_tokens(self) -> float:
+        return self.streamed_tokens + self.cpu_c_tokens + self.cpu_t_tokens
+
+    @property
+    def cpu_tokens(self) -> float:
+        return self.cpu_c_tokens + self.cpu_t_tokens
+
+    @property
+    def cpu_share(self) -> float:
+        s = self.spilled_tokens
+        return self.cpu_tokens / s if s > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Corrections:
+    """Measured/predicted ratios the feedback learned (1 = the profile is right)."""
+
+    cpu: float = 1.0     # CPU attention
+    pcie: float = 1.0    # H2D streaming
+    gpu: float = 1.0     # GPU attention
+    expert: float = 1.0  # routed experts on the CPU
+
+
+@dataclass(frozen=True)
+class LayerTime:
+    dense_s: float       # GPU work outside attention and routed experts (weights + launches)
+    gpu_attn_s: float
+    cpu_attn_s: float
+    expert_s: float      # routed experts (GPU or CPU, wherever they run)
+    pcie_s: float
+    compute_s: float
+    total_s: float       # max(compute, pcie)
+
+
+@dataclass(frozen=True)
+class StepPrediction:
+    step_s: float
+    gpu_attn_s: float    # summed over layers, like the engine's measured ``gpu_s``
+    cpu_attn_s: float    # like ``cpu_s``
+    pcie_s: float        # like ``pcie_s``
+    expert_s: float
+    dense_s: float
+    cpu_share: float
+    layers: tuple[LayerTime, ...] = field(repr=False, default=())
+
+
+# ----------------------------------------------------------------------------- model facts
+def kv_bytes_per_token_layer(cfg: "ModelConfig") -> float:
+    """Bytes one token's KV takes in one layer (bf16)."""
+    if cfg.is_mla:
+        return (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * KV_ITEMSIZE
+    return cfg.num_kv_heads * 2 * cfg.head_dim * KV_ITEMSIZE
+
+
+def attn_family(cfg: "ModelConfig") -> str:
+    """The CPU attention kernel's shape family: what sets its speed per KV byte."""
+    if cfg.is_mla:
+        return f"mla-h{cfg.num_heads}-r{cfg.kv_lora_rank + cfg.qk_rope_head_dim}"
+    return f"gqa-g{cfg.num_heads // cfg.num_kv_heads}-d{cfg.head_dim}"
+
+
+def active_experts(num_experts: int, top_k: int, tokens: int) -> float:
+    """Expected distinct experts hit by ``tokens`` tokens routing to ``top_k`` each (uniform)."""
+    if num_experts <= 0 or tokens <= 0:
+        return 0.0
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
+
+
+def layer_param_counts(cfg: "ModelConfig", layer: int) -> dict[str, int]:
+    """Parameters of one decoder layer: ``attn`` (with norms), ``mlp`` (dense MLP, or router and
+    shared experts of an MoE layer) and ``expert`` (one routed expert; 0 in a dense layer)."""
+    facts = _facts(cfg)
+    return dict(facts["moe" if layer in facts["moe_layers"] else "dense"])
+
+
+_FACTS: dict[int, tuple["ModelConfig", dict]] = {}
+
+
+def _facts(cfg: "ModelConfig") -> dict:
+    """Per-config constants, computed once (the planner asks for them every step)."""
+    hit = _FACTS.get(id(cfg))
+    if hit is not None and hit[0] is cfg:
+        return hit[1]
+    h = cfg.hidden_size
+    pc = cfg.param_counts()
+    moe_layers = frozenset(cfg.moe_layers)
+    n_moe, n_dense = len(moe_layers), cfg.num_layers - len(moe_layers)
+    shared = 3 * h * cfg.shared_expert_intermediate_size + h * cfg.num_experts
+    dense = 3 * h * cfg.intermediate_size
+    embed = cfg.vocab_size * h * (1 if cfg.tie_word_embeddings else 2)
+    attn = (pc["other"] - embed - h - n_moe * shared - n_dense * dense) // cfg.num_layers
+    facts = {"moe_layers": moe_layers,
+             "moe": {"attn": attn, "mlp": shared, "expert": pc["expert"]},
+             "dense": {"attn": attn, "mlp": dense, "expert": 0}}
+    if len(_FACTS) > 64:
+        _FACTS.clear()
+    _FACTS[id(cfg)] = (cfg, facts)
+    return facts
+
+
+def gpu_weight_bytes(cfg: "ModelConfig", experts_on_cpu: bool) -> int:
+    """Weight bytes resident on the GPU (everything, less the routed experts when on the CPU)."""
+    pc = cfg.param_counts()
+    return WEIGHT_BYTES * (pc["other"] if experts_on_cpu else pc["total"])
+
+
+# ----------------------------------------------------------------------------- the model
+def _concurrent(profile: "HardwareProfile", cpu_busy: bool, streaming: bool) -> tuple[float, float]:
+    """(H2D rate, cap on CPU read rate) given what runs at the same time."""
+    if not profile.has_gpu:
+        return float("inf"), float("inf")
+    h2d = profile.concurrent_h2d_Bps if cpu_busy and profile.concurrent_h2d_Bps else profile.h2d_pinned_Bps
+    cap = (profile.concurrent_cpu_read_Bps if streaming and profile.concurrent_cpu_read_Bps
+           else float("inf"))
+    return h2d, cap
+
+
+def layer_time(profile: "HardwareProfile", cfg: "ModelConfig", layer: int, load: StepLoad,
+               experts_on_cpu: bool, corr: Corrections = Corrections(),
+               regime: tuple[bool, bool] | None = None) -> LayerTime:
+    """One layer's times. ``regime`` = (cpu attends, pcie streams) overrides the contention
+    regime (the optimiser uses it for the open interval between the ends)."""
+    kvb = kv_bytes_per_token_layer(cfg)
+    fam = attn_family(cfg)
+    p = layer_param_counts(cfg, layer)
+    n_act = active_experts(cfg.num_experts, cfg.num_experts_per_tok, load.batch_size) if p["expert"] else 0.0
+    expert_bytes = n_act * p["expert"] * WEIGHT_BYTES
+
+    cpu_attends, streams = regime if regime is not None else (load.cpu_tokens > 0,
+                                                              load.streamed_tokens > 0)
+    cpu_busy = cpu_attends or (experts_on_cpu and expert_bytes > 0)
+    h2d, cpu_cap = _concurrent(profile, cpu_busy, streams)
+
+    # GPU: dense weights from HBM + a fixed number of launches; attention over resident + staged
+    dense_s = ((p["attn"] + p["mlp"]) * WEIGHT_BYTES / profile.weight_read_Bps
+               + KERNELS_PER_LAYER * profile.launch_s)
+    gpu_attn_s = corr.gpu * (load.resident_tokens + load.streamed_tokens) * kvb / profile.device_attn_rate(fam)
+    # CPU attention: a fixed round trip whenever it attends anything, then its bytes
+    cpu_attn_s = 0.0
+    if cpu_attends:
+        rate_c = min(profile.cpu_attn_rate(fam, "C"), cpu_cap)
+        rate_t = min(profile.cpu_attn_rate(fam, "T"), cpu_cap)
+        cpu_attn_s = corr.cpu * (profile.cpu_roundtrip_s + load.cpu_c_tokens * kvb / rate_c
+                                 + load.cpu_t_tokens * kvb / rate_t)
+    # routed experts
+    if not expert_bytes:
+        expert_s = 0.0
+    elif experts_on_cpu:
+        rate = profile.cpu_expert_rate(cfg.hidden_size, cfg.moe_intermediate_size)
+        expert_s = corr.expert * (profile.cpu_roundtrip_s + expert_bytes / rate)
+    else:
+        expert_s = expert_bytes / profile.weight_read_Bps
+    pcie_s = corr.pcie * load.streamed_tokens * kvb / h2d if streams else 0.0
+
+    if profile.has_gpu:
+        compute_s = dense_s + max(gpu_attn_s, cpu_attn_s) + expert_s
+    else:  # one processor does everything, one thing at a time
+        compute_s = dense_s + gpu_attn_s + cpu_attn_s + expert_s
+    return LayerTime(dense_s, gpu_attn_s, cpu_attn_s, expert_s, pcie_s, compute_s,
+                     max(compute_s, pcie_s))
+
+
+def predict_step(profile: "HardwareProfile", cfg: "ModelConfig", load: StepLoad,
+                 experts_on_cpu: bool, corr: Corrections = Corrections(),
+                 regime: tuple[bool, bool] | None = None) -> StepPrediction:
+    """Predicted time of one decode step with ``load`` (see the module docstring)."""
+    # layers of one kind (dense MLP or MoE) take the same time: compute each kind once
+    kinds: dict[bool, LayerTime] = {}
+    layers = []
+    moe_layers = _facts(cfg)["moe_layers"]
+    for i in range(cfg.num_layers):
+        moe = i in moe_layers
+        if moe not in kinds:
+            kinds[moe] = layer_time(profile, cfg, i, load, experts_on_cpu, corr, regime)
+        layers.append(kinds[moe])
+    head_s = cfg.vocab_size * cfg.hidden_size * WEIGHT_BYTES / profile.weight_read_Bps
+    step = sum(lt.total_s for lt in layers) + layers[0].pcie_s + head_s
+    return StepPrediction(
+        step_s=step,
+        gpu_attn_s=sum(lt.gpu_attn_s for lt in layers),
+        cpu_attn_s=sum(lt.cpu_attn_s for lt in layers),
+        pcie_s=sum(lt.pcie_s for lt in layers),
+        expert_s=sum(lt.expert_s for lt in layers),
+        dense_s=sum(lt.dense_s for lt in layers) + head_s,
+        cpu_share=load.cpu_share,
+        layers=tuple(layers))
+
+
+def load_at_share(batch_size: int, resident: float, c_tokens: float, t_tokens: float, x: float,
+                  free: bool = False) -> StepLoad:
+    """The load when the CPU attends a share ``x`` of the spilled tokens.
+
+    Placed (``free=False``): the CPU takes all C tokens, then reads T tokens in place; the GPU
+    streams the remaining T tokens (``x`` is clamped to ``[C/S, 1]``). Free (``free=True``, for
+    planning where blocks *should* go): the CPU's share is in C and the rest in T."""
+    spilled = c_tokens + t_tokens
+    if free:
+        x = min(max(x, 0.0), 1.0)
+        return StepLoad(batch_size, resident, (1 - x) * spilled, x * spilled, 0.0)
+    cpu = min(max(x * spilled, c_tokens), spilled)
+    cpu_t = cpu - c_tokens
+    return StepLoad(batch_size, resident, t_tokens - cpu_t, c_tokens, cpu_t)
+
+
+@dataclass(frozen=True)
+class SharePlan:
+    cpu_share: float
+    prediction: StepPrediction
+
+
+def optimal_cpu_share(profile: "HardwareProfile", cfg: "ModelConfig", batch_size: int,
+                      resident: float, c_tokens: float, t_tokens: float, experts_on_cpu: bool,
+                      corr: Corrections = Corrections(), free: bool = False,
+                      min_gain: float = MIN_GAIN) -> SharePlan:
+    """The CPU share of spilled tokens that minimises predicted step time.
+
+    ``c_tokens`` must go to the CPU (their layout is the CPU's); ``t_tokens`` may go either way
+    (the CPU reads them in place at the T rate). With ``free=True`` the split is not constrained
+    by any placement (see :func:`target_share`). Ties go to the smallest share: less CPU work
+    for the same predicted time. The CPU starts attending (leaves the smallest share) only for
+    a predicted gain of at least ``min_gain`` of the step: below that the model's own error and
+    the costs it leaves out (CPU threads woken, caches polluted, C blocks committed for good)
+    outweigh it. This also keeps the share from taking small side gains -- CPU attention that
+    hides inside GPU attention time only to shorten the first layer's copy -- that would make it
+    dip as sequences grow.
+    """
+    spilled = c_tokens + t_tokens
+    if spilled <= 0:
+        load = StepLoad(batch_size, resident, 0.0, 0.0, 0.0)
+        return SharePlan(0.0, predict_step(profile, cfg, load, experts_on_cpu, corr))
+    lo, hi = (0.0, 1.0) if free else (c_tokens / spilled, 1.0)
+
+    def at(x: float, regime: tuple[bool, bool] | None = None) -> StepPrediction:
+        load = load_at_share(batch_size, resident, c_tokens, t_tokens, x, free)
+        return predict_step(profile, cfg, load, experts_on_cpu, corr, regime)
+
+    # the two ends, each in its own contention regime (no CPU attention / no streaming)
+    candidates = {lo: at(lo), hi: at(hi)}
+    if hi > lo:
+        # inside, both paths run and each layer's time is max of three lines in x:
+        # dense + gpu_attn + experts, dense + cpu_attn + experts, pcie. The minimum of a sum of
+        # such convex pieces lies where two lines of some layer cross.
+        both = (True, True)
+        pa, pb = at(lo, both), at(hi, both)
+        for la, lb in zip(_kinds(cfg, pa), _kinds(cfg, pb)):
+            fa = _lines(la, profile.has_gpu)
+            fb = _lines(lb, profile.has_gpu)
+            for i in range(len(fa)):
+                for j in range(i + 1, len(fa)):
+                    d0, d1 = fa[i] - fa[j], fb[i] - fb[j]
+                    if d0 * d1 < 0:
+                        x = lo + (hi - lo) * d0 / (d0 - d1)
+                        candidates[x] = at(x, both)
+    best = min(p.step_s for p in candidates.values())
+    x_best = min(x for x, p in candidates.items() if p.step_s <= best * (1 + 1e-9))
+    if x_best > lo and candidates[lo].step_s <= best * (1 + min_gain):
+        x_best = lo
+    return SharePlan(x_best, candidates[x_best])
+
+
+def _lines(lt: LayerTime, has_gpu: bool) -> tuple[float, ...]:
+    """The linear pieces whose max is the layer's time (see :func:`layer_time`)."""
+    if not has_gpu:
+        return (lt.compute_s,)
+    return (lt.dense_s + lt.gpu_attn_s + lt.expert_s, lt.dense_s + lt.cpu_attn_s + lt.expert_s,
+            lt.pcie_s)
+
+
+def _kinds(cfg: "ModelConfig", pred: StepPrediction) -> list[LayerTime]:
+    """One LayerTime per distinct layer kind (dense first, then MoE), in a fixed order."""
+    moe = _facts(cfg)["moe_layers"]
+    out = []
+    for want in (False, True):
+        for i, lt in enumerate(pred.layers):
+            if (i in moe) == want:
+                out.append(lt)
+                break
+    return out
+
+
+def target_share(profile: "HardwareProfile", cfg: "ModelConfig", batch_size: int,
+                 resident: float, spilled: float, experts_on_cpu: bool,
+                 corr: Corrections = Corrections()) -> SharePlan:
+    """The share the write scope aims at: the best split if every CPU token sat in C (the
+    CPU's layout) and every GPU token in T, i.e. with no placement constraint."""
+    return optimal_cpu_share(profile, cfg, batch_size, resident, 0.0, spilled, experts_on_cpu,
+                             corr, free=True)
+
+
+def bandwidth_ratio(profile: "HardwareProfile", cfg: "ModelConfig") -> float:
+    """``B_cpu / (B_cpu + B_pcie)`` with both paths busy: the share long sequences tend to (and
+    what a static split chosen from the hardware alone would pick)."""
+    fam = attn_family(cfg)
+    if not profile.has_gpu:
+        rc, other = profile.cpu_attn_rate(fam, "C"), profile.device_attn_rate(fam)
+        return rc / (rc + other)
+    h2d, cap = _concurrent(profile, True, True)
+    rc = min(profile.cpu_attn_rate(fam, "C"), cap)
+    return rc / (rc + h2d)
+
+
+# ----------------------------------------------------------------------------- batches
+def resident_tokens(lengths: Sequence[int], gpu_kv_tokens: float) -> list[float]:
+    """Tokens per sequence that fit in G (filled in batch order, as G-first placement does)."""
+    out, left = [], float(gpu_kv_tokens)
+    for n in lengths:
+        take = min(float(n), max(left, 0.0))
+        out.append(take)
+        left -= take
+    return out
+
+
+def gpu_kv_capacity_tokens(cfg: "ModelConfig", vram_budget: int | None, experts_on_cpu: bool,
+                           reserve_bytes: int = 2 ** 30) -> float:
+    """KV tokens the G region can hold in a VRAM budget: budget - GPU weights - a reserve for
+    activations, W tails and the staging ring (1 GiB by default). ``None``: unlimited."""
+    if vram_budget is None:
+        return float("inf")
+    free = vram_budget - gpu_weight_bytes(cfg, experts_on_cpu) - reserve_bytes
+    return max(0.0, free / (kv_bytes_per_token_layer(cfg) * cfg.num_layers))
+
+
+def roofline_bound_s(profile: "HardwareProfile", cfg: "ModelConfig", lengths: Sequence[int],
+                     gpu_kv_tokens: float, experts_on_cpu: bool) -> float:
+    """A lower bound on step time: spilled KV read at the *sum* of the concurrent H2D and CPU
+    DRAM read ceilings (no kernel inefficiency, no fixed costs), overlapped perfectly with the
+    rest of the layer, which keeps only its weight reads (dense, experts)."""
+    res = sum(resident_tokens(lengths, gpu_kv_tokens))
+    spilled = sum(lengths) - res
+    kvb = kv_bytes_per_token_layer(cfg)
+    if profile.has_gpu:
+        host = ((profile.concurrent_h2d_Bps or profile.h2d_pinned_Bps)
+                + (profile.concurrent_cpu_read_Bps or profile.cpu_read_Bps))
+    else:
+        host = profile.cpu_read_Bps
+    b = len(lengths)
+    total = 0.0
+    for i in range(cfg.num_layers):
+        p = layer_param_counts(cfg, i)
+        exp = active_experts(cfg.num_experts, cfg.num_experts_per_tok, b) * p["expert"] * WEIGHT_BYTES
+        weights = (p["attn"] + p["mlp"]) * WEIGHT_BYTES / profile.weight_read_Bps
+        exp_s = exp / (profile.cpu_read_Bps if experts_on_cpu else profile.weight_read_Bps)
+        kv_s = spilled * kvb / host + res * kvb / profile.weight_read_Bps
+        total += max(weights + exp_s, kv_s) if profile.has_gpu else weights + exp_s + kv_s
+    return total + cfg.vocab_size * cfg.hidden_size * WEIGHT_BYTES / profile.weight_read_Bps
+
+
+def plan_for_lengths(profile: "HardwareProfile", cfg: "ModelConfig", lengths: Sequence[int],
+                     gpu_kv_tokens: float, experts_on_cpu: bool, policy: str,
+                     static_share: float = 0.5, corr: Corrections = Corrections()) -> SharePlan:
+    """Predicted share and step for one batch under a policy, in the steady state where the
+    placement has reached its target (``writescope`` puts its share in C; ``transfer`` all in T;
+    ``cpu`` all in C; ``static`` a fixed share in C)."""
+    res = sum(resident_tokens(lengths, gpu_kv_tokens))
+    spilled = float(sum(lengths)) - res
+    b = len(lengths)
+    if policy == "writescope":
+        return target_share(profile, cfg, b, res, spilled, experts_on_cpu, corr)
+    shares = {"transfer": 0.0, "cpu": 1.0, "static": static_share}
+    if policy not in shares:
+        raise ValueError(f"unknown policy {policy!r}")
+    x = shares[policy] if spilled > 0 else 0.0
+    load = StepLoad(b, res, (1 - x) * spilled, x * spilled, 0.0)
+    return SharePlan(x, predict_step(profile, cfg, load, experts_on_cpu, corr))
+
+
+__all__ = [
+    "StepLoad", "Corrections", "LayerTime", "StepPrediction", "SharePlan",
+    "kv_bytes_per_token_layer", "attn_family", "active_experts", "layer_param_counts",
+    "gpu_weight_bytes", "layer_time", "predict_step", "load_at_share", "optimal_cpu_share",
+    "target_share", "resident_tokens", "gpu_kv_capacity_tokens", "roofline_bound_s",
+    "plan_for_lengths", "bandwidth_ratio",
+]
