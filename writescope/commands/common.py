@@ -19,7 +19,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--num-gpu-blocks", type=int, default=None, help="cap on G-region blocks")
     g.add_argument("--block-size", type=int, default=None, help="tokens per KV block")
     g.add_argument("--kv-policy", default="writescope",
-                   help="writescope (default), static, transfer, cpu")
+                   help="writescope (default), static, transfer, cpu, migrate")
     g.add_argument("--cpu-share", type=float, default=0.5, help="CPU fraction of spilled KV (static)")
     g.add_argument("--experts", default="auto", choices=("auto", "gpu", "cpu"),
                    help="where routed experts run")

@@ -138,18 +138,37 @@ class LLMEngine:
                              max_tokens_total=max_total, max_num_seqs=max_num_seqs,
                              num_gpu_blocks=num_gpu_blocks)
         self.profile = self._load_profile(profile, cfg)
-        policy = make_policy(kv_policy, cpu_share=cpu_share, profile=self.profile, model_config=cfg,
-                             experts_on_cpu=any(self.cpu_expert_layers), block_size=block_size)
-        self.kv_policy = kv_policy
-        self.cache = InplaceKVCache(spec, layout, policy, self.device, cfg.softmax_scale, cpu_threads,
-                                    staging_bytes=staging if layout.num_blocks[Region.T] else 0)
-        self.scheduler = Scheduler(self.cache, max_num_seqs, max_num_batched_tokens)
-        self.runner = ModelRunner(self.model, self.cache, self.device)
+        self._kv_args = dict(spec=spec, layout=layout, cpu_threads=cpu_threads,
+                             staging=staging if layout.num_blocks[Region.T] else 0,
+                             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
+        self.cache = None
+        self.set_kv_policy(kv_policy, cpu_share=cpu_share)
         self.requests: dict[str, Request] = {}
         self._detok: dict[str, object] = {}
         self.counters = {"engine.steps": 0, "engine.prompt_tokens": 0, "engine.generated_tokens": 0,
                          "engine.requests_finished": 0, "engine.requests_aborted": 0,
                          "engine.step_time_s": 0.0}
+
+    def set_kv_policy(self, kv_policy: str, cpu_share: float = 0.5) -> None:
+        """(Re)build an empty KV cache of the same layout under ``kv_policy``, over the same
+        weights (the bench compares policies this way). Only between requests."""
+        if self.cache is not None:
+            if self.has_unfinished_requests():
+                raise RuntimeError("cannot change the KV policy while requests are running")
+            self.cache.hybrid.close()
+            self.cache = self.scheduler = self.runner = None
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+        a = self._kv_args
+        policy = make_policy(kv_policy, cpu_share=cpu_share, profile=self.profile,
+                             model_config=self.config, experts_on_cpu=any(self.cpu_expert_layers),
+                             block_size=a["layout"].block_size)
+        self.kv_policy = kv_policy
+        self.cache = InplaceKVCache(a["spec"], a["layout"], policy, self.device,
+                                    self.config.softmax_scale, a["cpu_threads"],
+                                    staging_bytes=a["staging"])
+        self.scheduler = Scheduler(self.cache, a["max_num_seqs"], a["max_num_batched_tokens"])
+        self.runner = ModelRunner(self.model, self.cache, self.device)
 
     # ------------------------------------------------------------------ sizing helpers
     def _activation_bytes(self, max_tokens: int) -> int:

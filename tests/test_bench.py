@@ -1,0 +1,174 @@
+"""``writescope bench``: the grid on a tiny checkpoint (all five policies and the transformers
+peer), its files, failed rows, the summary arithmetic."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from writescope.bench.grid import GridSpec, make_prompts, parse_int_list, parse_name_list, run_grid
+from writescope.bench.report import geomean, markdown, summarize
+
+POLICIES = ("writescope", "transfer", "cpu", "static", "migrate")
+
+
+def test_list_parsing():
+    assert parse_int_list("1k,8k,32k,128k") == [1024, 8192, 32768, 131072]
+    assert parse_int_list("1,4,16") == [1, 4, 16]
+    assert parse_name_list(["a,b", "c"]) == ["a", "b", "c"]
+    with pytest.raises(ValueError):
+        parse_int_list("8KiB")
+    with pytest.raises(ValueError):
+        GridSpec(models=["m"], batches=[0], context_lengths=[8]).validate()
+    with pytest.raises(ValueError):
+        GridSpec(models=["m"], batches=[1], context_lengths=[8], peers=["vllm"]).validate()
+
+
+def test_prompts_are_seeded_and_shared():
+    a = make_prompts(320, 2, 50, seed=0)
+    assert a == make_prompts(320, 2, 50, seed=0) and a != make_prompts(320, 2, 50, seed=1)
+    assert len(a) == 2 and all(len(p) == 50 and all(3 <= t < 320 for t in p) for p in a)
+
+
+def _row(policy, b, n, tps=None, error=None, peer=False, eff=None):
+    r = {"model": "m", "batch": b, "context": n, "policy": policy, "peer": peer}
+    if tps is not None:
+        r["decode_tokens_per_s"] = tps
+    if error:
+        r["error"] = error
+    if eff is not None:
+        r["bound_efficiency"] = eff
+    return r
+
+
+def test_summary_geomean_over_long_contexts_only():
+    rows = [_row("writescope", 1, 1024, 100, eff=0.5), _row("transfer", 1, 1024, 1),   # < 8K: out
+            _row("writescope", 1, 8192, 100, eff=0.9), _row("transfer", 1, 8192, 50),
+            _row("writescope", 4, 32768, 100, eff=0.8), _row("transfer", 4, 32768, 25),
+            _row("cpu", 1, 8192, 104), _row("cpu", 4, 32768, error="out of memory"),
+            _row("transformers", 1, 8192, 10, peer=True)]
+    s = summarize(rows)["m"]
+    assert s["speedup_over"]["transfer"]["pairs"] == 2
+    assert s["speedup_over"]["transfer"]["geomean_speedup"] == pytest.approx(math.sqrt(2 * 4))
+    assert s["speedup_over"]["cpu"]["pairs"] == 1          # the failed row is left out
+    assert s["speedup_over"]["transformers"]["peer"] is True
+    worst = s["vs_best_other_policy"]["worst"]            # the peer is not a policy
+    assert worst["ratio"] == pytest.approx(100 / 104) and worst["context"] == 8192
+    assert s["vs_best_other_policy"]["pairs_more_than_3pct_slower"] == 1
+    assert s["roofline_efficiency"]["pairs_below_0.85"] == 2
+    assert geomean([]) != geomean([])  # nan
+    assert "| m | transfer | 2.828 | 2 |" in markdown({"rows": rows, "summary": summarize(rows)})
+
+
+def test_unknown_model_gives_failed_rows_and_files(tmp_path):
+    spec = GridSpec(models=["no-such-model"], batches=[1], context_lengths=[64, 128],
+                    decode_steps=4, policies=["transfer", "migrate"], out=str(tmp_path), device="cpu")
+    doc = run_grid(spec, progress=False, log=lambda m: None)
+    assert len(doc["rows"]) == 4 and all("error" in r for r in doc["rows"])
+    assert json.loads((tmp_path / "results.json").read_text())["rows"][0]["error"]
+    assert (tmp_path / "results.md").exists()
+
+
+@pytest.fixture(scope="module")
+def grid(tiny_qwen3_moe, tmp_path_factory):
+    """The CLI on the tiny Qwen3-MoE: 5 policies + the transformers peer, batches 1 and 2,
+    contexts 40 and 72 (G holds 32 tokens, so both spill) and 3000 (beyond the checkpoint's
+    max_position_embeddings of 2048: every policy's row there fails, the run goes on)."""
+    import torch
+    from test_migrate import synthetic_profile
+    from writescope.cli import main
+
+    out = tmp_path_factory.mktemp("bench")
+    prof = out / "profile.json"
+    synthetic_profile().save(prof)
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        rc = main(["bench", "--model", str(tiny_qwen3_moe), "--dtype", "float32", "--device", "cpu",
+                   "--batch", "1,2", "--context-lengths", "40,72,3000", "--decode-steps", "8",
+                   "--block-size", "8", "--num-gpu-blocks", "4", "--profile", str(prof),
+                   "--policies", ",".join(POLICIES), "--peer", "transformers",
+                   "--max-num-batched-tokens", "256", "--out", str(out), "--no-progress"])
+    finally:
+        torch.set_num_threads(n)
+    assert rc == 0
+    return out
+
+
+def _strict_json(path):
+    def no_nan(x):
+        raise ValueError(f"non-standard JSON constant {x}")
+    return json.loads(path.read_text(), parse_constant=no_nan)
+
+
+def test_grid_writes_json_markdown_and_plots(grid):
+    doc = _strict_json(grid / "results.json")
+    meta = doc["meta"]
+    assert meta["command"] and meta["spec"]["decode_steps"] == 8
+    assert "commit" in meta["git"] and meta["machine"]["cpu"] and meta["timestamp"]
+    rows = doc["rows"]
+    assert len(rows) == 2 * 3 * (len(POLICIES) + 1)
+    md = (grid / "results.md").read_text()
+    assert "## Summary" in md and "## Rows" in md
+    table = md.split("## Rows")[1]
+    assert sum(line.startswith(f"| {next(iter(doc['models']))} |") for line in table.splitlines()) == len(rows)
+    pngs = sorted(p.name for p in grid.glob("*.png"))
+    assert len(pngs) == 2 and any(p.startswith("throughput-") for p in pngs)
+    for p in grid.glob("*.png"):
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert doc["summary"][next(iter(doc["models"]))]["speedup_over"].keys() >= {
+        "transfer", "cpu", "static", "migrate", "transformers"}
+
+
+def test_failed_rows_do_not_stop_the_run(grid):
+    rows = _strict_json(grid / "results.json")["rows"]
+    long = [r for r in rows if r["context"] == 3000]
+    assert len(long) == 12 and all("max_model_len" in r["error"] for r in long)
+    short = [r for r in rows if r["context"] != 3000]
+    assert short and all(not r.get("error") for r in short), [r.get("error") for r in short]
+    for r in short:
+        assert r["decode_tokens_per_s"] > 0 and len(r["step_times_s"]) == 8
+        assert r["p50_step_s"] <= r["p99_step_s"] and r["ttft_s"] > 0
+        if not r["peer"]:  # (the peer's peak is measured on CUDA only)
+            assert 0 < r["peak_vram_bytes"] <= r["vram_budget"]
+
+
+def test_only_migrate_moves_bytes_and_all_decode_the_same_tokens(grid):
+    rows = [r for r in _strict_json(grid / "results.json")["rows"] if not r.get("error")]
+    moved = {p: sum(r["bytes_moved"] for r in rows if r["policy"] == p) for p in POLICIES}
+    assert moved["migrate"] > 0
+    assert all(moved[p] == 0 for p in POLICIES if p != "migrate"), moved
+    for key in {(r["batch"], r["context"]) for r in rows}:
+        cell = [r for r in rows if (r["batch"], r["context"]) == key]
+        assert len(cell) == len(POLICIES) + 1
+        assert len({r["output_digest"] for r in cell}) == 1, key
+        peer = next(r for r in cell if r["peer"])
+        assert peer["same_tokens_as_writescope"] == 1.0
+        for r in cell:  # the CPU share trace has one value per decode step
+            if not r["peer"]:
+                assert len(r["cpu_share_steps"]) == 8
+                assert all(0.0 <= x <= 1.0 for x in r["cpu_share_steps"])
+    cpu = [r for r in rows if r["policy"] == "cpu"]
+    transfer = [r for r in rows if r["policy"] == "transfer"]
+    assert all(r["cpu_share_mean"] > 0 for r in cpu) and all(r["cpu_share_mean"] == 0 for r in transfer)
+    assert all(r["host_used_bytes"] == 0 for r in transfer)
+    assert all(r["model_step_s"] > 0 and r["roofline_bound_s"] > 0 for r in rows if not r["peer"])
+
+
+def test_report_only_rewrites_the_report(grid):
+    from writescope.cli import main
+    (grid / "results.md").unlink()
+    for p in grid.glob("*.png"):
+        p.unlink()
+    assert main(["bench", "--report", str(grid)]) == 0
+    assert (grid / "results.md").exists() and len(list(grid.glob("*.png"))) == 2
+    assert _strict_json(grid / "results.json")["summary"]
+
+
+def test_report_merges_several_runs(grid, tmp_path):
+    from writescope.cli import main
+    assert main(["bench", "--report", str(grid), str(grid), "--out", str(tmp_path)]) == 0
+    merged = _strict_json(tmp_path / "results.json")
+    assert len(merged["rows"]) == 2 * len(_strict_json(grid / "results.json")["rows"])
+    assert len(merged["meta"]["sources"]) == 2

@@ -1,0 +1,643 @@
+"""``writescope bench``: every model x batch x context x KV policy (and the peers) in one run.
+
+For each model one engine is built (weights once); each policy then gets a fresh KV cache of the
+same layout (:func:`swap_kv_policy`), and each (batch, context) row runs ``batch`` seeded random
+prompts of ``context`` tokens through prefill and then ``decode_steps`` timed decode steps:
+
+* ``ttft_s`` -- from adding the requests to the first token of each (mean; max in ``ttft_max_s``);
+* ``step_times_s`` -- each decode step's ``engine.step()`` wall time (CUDA synchronised), all
+  ``batch`` sequences decoding; ``decode_tokens_per_s = batch * steps / sum(step times)``, mean,
+  p50 and p99 step time;
+* ``peak_vram_bytes`` -- ``torch.cuda.max_memory_allocated`` over the row on CUDA; elsewhere the
+  engine's device bytes (weights placed on the device + KV pools in G/W); a row above the VRAM
+  budget is a failure (``error``), its measurements kept;
+* ``pinned_bytes``/``host_bytes`` -- the T and C pools allocated, and ``*_used_bytes`` the blocks
+  the row occupied at its end; ``bytes_moved`` -- ``kv.bytes_moved_after_placement`` during the
+  row (only ``migrate`` moves anything);
+* ``cpu_share_steps`` -- per decode step, the CPU's share of the KV bytes attended;
+* ``model_step_s`` -- the roofline model's step time for this policy at the row's mid-decode
+  lengths (:func:`writescope.planner.roofline.plan_for_lengths`; ``migrate`` as its target share),
+  ``planner_predicted_step_s`` -- the policy's own online prediction when it makes one (mean over
+  the decode steps), ``roofline_bound_s`` -- the lower bound of
+  :func:`~writescope.planner.roofline.roofline_bound_s` and ``bound_efficiency`` = bound / mean step.
+
+``static`` gets its CPU share once per model: the roofline's best share for one sequence of
+``static_ref_length`` tokens (:func:`~writescope.planner.roofline.target_share`), unless
+``static_share`` is given -- HGCA/FlexGen-style, chosen once and never adapted.
+
+A configuration that cannot run (does not fit a budget, runs out of memory, a kernel error) is a
+row with ``error`` and the grid goes on. ``results.json`` is rewritten after every row, so an
+interrupted run keeps what it measured; the markdown table, the plots and the summary
+(:mod:`writescope.bench.report`) come at the end.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import gc
+import hashlib
+import json
+import math
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+DEFAULT_POLICIES = ("writescope", "transfer", "cpu", "static", "migrate")
+
+
+@dataclass
+class GridSpec:
+    models: list[str]
+    batches: list[int]
+    context_lengths: list[int]
+    decode_steps: int = 32
+    policies: list[str] = field(default_factory=lambda: list(DEFAULT_POLICIES))
+    peers: list[str] = field(default_factory=list)
+    out: str = "bench/results/grid"
+    random_weights: bool = False
+    dtype: str = "bfloat16"
+    device: str | None = None
+    seed: int = 0
+    vram_budget: str | int | None = None
+    pinned_budget: str | int | None = None
+    host_budget: str | int | None = None
+    num_gpu_blocks: int | None = None
+    block_size: int | None = None
+    experts: str = "auto"
+    cpu_threads: int | None = None
+    profile: str | None = None
+    max_num_batched_tokens: int = 8192
+    static_share: float | None = None
+    static_ref_length: int = 32768
+    peer_offload_weights: bool = False
+    command: str = ""
+
+    def validate(self) -> None:
+        if not self.models:
+            raise ValueError("give at least one --model")
+        if not self.batches or any(b < 1 for b in self.batches):
+            raise ValueError("batch sizes must be positive integers")
+        if not self.context_lengths or any(n < 1 for n in self.context_lengths):
+            raise ValueError("context lengths must be positive")
+        if self.decode_steps < 2:
+            raise ValueError("--decode-steps must be at least 2")
+        if not self.policies:
+            raise ValueError("give at least one policy")
+        from .peers import PEERS
+        for p in self.peers:
+            if p not in PEERS:
+                raise ValueError(f"unknown peer {p!r}; choose one of {', '.join(PEERS)}")
+        if self.static_share is not None and not 0.0 <= self.static_share <= 1.0:
+            raise ValueError("--static-share must be in [0, 1]")
+
+
+# ---------------------------------------------------------------------------------- helpers
+def parse_int_list(text: str) -> list[int]:
+    from ..units import parse_count
+    out = [parse_count(t.strip()) for t in str(text).split(",") if t.strip()]
+    if not out:
+        raise ValueError(f"empty list: {text!r}")
+    return out
+
+
+def parse_name_list(text: str | list[str]) -> list[str]:
+    items = text if isinstance(text, list) else [text]
+    out: list[str] = []
+    for item in items:
+        out.extend(t.strip() for t in str(item).split(",") if t.strip())
+    return out
+
+
+def git_info(repo: Path | None = None) -> dict[str, Any]:
+    repo = repo or Path(__file__).resolve().parents[2]
+    info: dict[str, Any] = {}
+    try:
+        info["commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True,
+                                        text=True, timeout=10).stdout.strip() or None
+        st = subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True,
+                            text=True, timeout=10).stdout
+        info["dirty"] = bool(st.strip())
+    except (OSError, subprocess.SubprocessError):
+        info["commit"] = None
+    return info
+
+
+def machine_info() -> dict[str, Any]:
+    try:
+        from ..planner.profile import machine_description
+        return machine_description()
+    except ImportError:  # pragma: no cover
+        d = {"cpu": platform.processor() or platform.machine(), "logical_cpus": os.cpu_count()}
+        if torch.cuda.is_available():
+            d["gpu"] = torch.cuda.get_device_name(0)
+        return d
+
+
+def make_prompts(vocab_size: int, batch: int, context: int, seed: int) -> list[list[int]]:
+    """``batch`` prompts of ``context`` random token ids, the same for every policy and peer."""
+    rng = np.random.default_rng([seed, batch, context])
+    return rng.integers(3, vocab_size, size=(batch, context)).tolist()
+
+
+def percentile(xs: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(xs, dtype=np.float64), q)) if xs else math.nan
+
+
+def token_digest(seqs: list[list[int]]) -> str:
+    return hashlib.sha1(json.dumps(seqs).encode()).hexdigest()[:12]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _free_memory(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def error_text(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    if isinstance(e, torch.cuda.OutOfMemoryError):
+        return f"out of memory: {msg[:300]}"
+    return f"{type(e).__name__}: {msg[:300]}"
+
+
+# ---------------------------------------------------------------------------------- engine
+def load_profile(path: str | None, cfg):
+    """The hardware profile the bench models with (None without the planner package)."""
+    try:
+        from ..planner.profile import HardwareProfile, load_or_calibrate
+    except ImportError:
+        return None
+    if path:
+        return HardwareProfile.load(path)
+    return load_or_calibrate(None, model_config=cfg)
+
+
+def swap_kv_policy(engine, policy: str, *, cpu_share: float) -> None:
+    """Give ``engine`` a fresh, empty KV cache of the same layout under ``policy`` (same weights)."""
+    engine.set_kv_policy(policy, cpu_share=cpu_share)
+    _free_memory(engine.device)
+
+
+def release_kv(engine) -> None:
+    """Drop the engine's KV cache (before a peer runs in the same VRAM budget)."""
+    engine.cache = engine.scheduler = engine.runner = None
+    _free_memory(engine.device)
+
+
+def default_host_budgets(cfg, spec: GridSpec) -> tuple[Any, Any]:
+    """Pinned (T) and host (C) budgets: as given, else each large enough for the largest row's
+    whole KV cache -- so that ``transfer`` (all spilled KV in T) and ``cpu`` (all in C) can run
+    every row -- capped at a quarter (pinned) and half (host) of this machine's memory."""
+    from ..engine.engine import parse_dtype
+    from ..kvcache.regions import DEFAULT_BLOCK_SIZE
+    bs = spec.block_size or DEFAULT_BLOCK_SIZE
+    bb = cfg.kv_spec(parse_dtype(spec.dtype)).block_bytes(bs)
+    need = max(b * (math.ceil((n + spec.decode_steps + 2) / bs) + 1) * bb
+               for b in spec.batches for n in spec.context_lengths)
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    pinned = spec.pinned_budget if spec.pinned_budget is not None else min(need, ram // 4)
+    host = spec.host_budget if spec.host_budget is not None else min(need, ram // 2)
+    return pinned, host
+
+
+def static_share_from_profile(profile, cfg, engine, ref_length: int) -> tuple[float, str]:
+    """The ``static`` policy's CPU share, chosen once: the roofline's best share for one sequence
+    of ``ref_length`` tokens with this engine's G capacity."""
+    if profile is None:
+        return 0.5, "no hardware profile: the default 0.5"
+    from ..planner import roofline as rl
+    g_tokens = engine.cache.layout.num_blocks[_region("G")] * engine.cache.bs
+    resident = min(float(ref_length), float(g_tokens))
+    plan = rl.target_share(profile, cfg, 1, resident, ref_length - resident,
+                           any(engine.cpu_expert_layers))
+    return float(plan.cpu_share), f"roofline target share at {ref_length} tokens, batch 1"
+
+
+def _region(name: str):
+    from ..kvcache.regions import Region
+    return Region(name)
+
+
+# ---------------------------------------------------------------------------------- rows
+class RowFailed(RuntimeError):
+    pass
+
+
+#: policies that by definition keep every spilled block in one region
+ONE_STATE = {"transfer": "T", "cpu": "C"}
+
+
+def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_budget: int,
+                   tag: str) -> dict[str, Any]:
+    """Prefill ``prompts`` and time ``decode_steps`` decode steps (see the module docstring)."""
+    from ..core import SamplingParams
+
+    dev = engine.device
+    cache = engine.cache
+    bs = cache.bs
+    batch, ctx = len(prompts), len(prompts[0])
+    if ctx + decode_steps + 1 > engine.max_model_len:
+        raise RowFailed(f"{ctx} + {decode_steps} tokens exceed max_model_len {engine.max_model_len} "
+                        "(the model's max_position_embeddings; --random-weights lifts it)")
+    if batch > engine.scheduler.max_num_seqs:
+        raise RowFailed(f"batch {batch} > max_num_seqs {engine.scheduler.max_num_seqs}")
+    # all sequences must be in the cache at once, or the "batch" would not be one; and the
+    # baselines defined by one host state need all spilled KV to fit that state's budget
+    need = batch * cache.blocks_for(ctx + decode_steps + 2)
+    free = cache.free_sealed() - cache.reserved
+    if need > free or cache.alloc[_region("W")].num_free < batch:
+        raise RowFailed(f"the KV budgets hold {free} blocks of {bs} tokens; {batch} x "
+                        f"{ctx + decode_steps} tokens need {need} (over the KV budget)")
+    only = ONE_STATE.get(engine.kv_policy)
+    if only is not None:
+        room = cache.alloc[_region("G")].num_free + cache.alloc[_region(only)].num_free
+        if need > room:
+            raise RowFailed(f"{engine.kv_policy} keeps all spilled KV in {only}: {need} blocks "
+                            f"needed, G + {only} hold {room} (over the "
+                            f"{'pinned' if only == 'T' else 'host'} budget)")
+    # enough tokens that no sequence finishes before the timed steps are done; aborted after
+    prefill_steps = math.ceil(batch * ctx / engine.scheduler.max_num_batched_tokens) + batch
+    params = SamplingParams(temperature=0.0, max_tokens=decode_steps + prefill_steps + 2,
+                            ignore_eos=True)
+    moved0 = cache.counters["kv.bytes_moved_after_placement"]
+    if dev.type == "cuda":
+        _sync(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+    ids = [f"{tag}-{i}" for i in range(batch)]
+    tokens: dict[str, list[int]] = {r: [] for r in ids}
+    first: dict[str, float] = {}
+    t_add = time.perf_counter()
+    try:
+        for rid, p in zip(ids, prompts):
+            engine.add_request(rid, p, params)
+        # ---- prefill (chunked by the scheduler) until every sequence has its first token
+        guard = 0
+        while len(first) < batch:
+            outs = engine.step()
+            _sync(dev)
+            now = time.perf_counter()
+            for o in outs:
+                if o.request_id in tokens and o.request_id not in first:
+                    first[o.request_id] = now - t_add
+            guard += 1
+            if guard > 4 * prefill_steps + 16:
+                raise RowFailed(f"only {len(first)} of {batch} sequences started (KV budget)")
+        prefill_end = time.perf_counter()
+        # tokens produced so far (sequences prefilled early already decoded some)
+        for rid in ids:
+            tokens[rid] = list(engine.requests[rid].output_token_ids)
+        # ---- timed decode steps, the whole batch decoding
+        counters = cache.counters
+        step_times, shares, predicted = [], [], []
+        moved_prefill = counters["kv.bytes_moved_after_placement"] - moved0
+        for _ in range(decode_steps):
+            c0, g0 = counters["kv.bytes_read.cpu"], counters["kv.bytes_read.gpu"]
+            t0 = time.perf_counter()
+            outs = engine.step()
+            _sync(dev)
+            dt = time.perf_counter() - t0
+            if len(outs) != batch:
+                raise RowFailed(f"a decode step produced {len(outs)} tokens for a batch of {batch}")
+            step_times.append(dt)
+            dc, dg = counters["kv.bytes_read.cpu"] - c0, counters["kv.bytes_read.gpu"] - g0
+            shares.append(dc / (dc + dg) if dc + dg else 0.0)
+            pst = cache.policy.stats().get("planner.predicted_step_s")
+            if isinstance(pst, (int, float)) and math.isfinite(pst):
+                predicted.append(float(pst))
+            for o in outs:
+                tokens[o.request_id] = list(o.token_ids)
+        live = cache.live_blocks()
+        timing = dict(cache.last_timing)
+        peak = (torch.cuda.max_memory_allocated(dev) if dev.type == "cuda"
+                else engine.weights_bytes + cache.stats()["kv.vram_bytes"])
+        moved = counters["kv.bytes_moved_after_placement"] - moved0
+    finally:
+        for rid in ids:
+            engine.abort_request(rid)
+        if engine.cache is not None:
+            engine.cache.abort_step()
+    st = cache.stats()
+    total = sum(step_times)
+    row = {
+        "ttft_s": float(np.mean(list(first.values()))), "ttft_max_s": max(first.values()),
+        "prefill_s": prefill_end - t_add,
+        "decode_tokens_per_s": batch * decode_steps / total,
+        "mean_step_s": total / decode_steps, "p50_step_s": percentile(step_times, 50),
+        "p99_step_s": percentile(step_times, 99), "step_times_s": step_times,
+        "peak_vram_bytes": int(peak), "vram_budget": int(vram_budget),
+        "weights_device_bytes": int(engine.weights_bytes),
+        "kv_vram_bytes": int(st["kv.vram_bytes"]),
+        "pinned_bytes": int(st["kv.pinned_bytes"]), "host_bytes": int(st["kv.host_bytes"]),
+        "pinned_used_bytes": int(live[_region("T")] * cache.block_bytes),
+        "host_used_bytes": int(live[_region("C")] * cache.block_bytes),
+        "blocks": {str(r): int(n) for r, n in live.items()},
+        "bytes_moved": int(moved), "bytes_moved_prefill": int(moved_prefill),
+        "cpu_share_steps": shares,
+        "cpu_share_mean": float(np.mean(shares)) if shares else 0.0,
+        "planner_predicted_step_s": float(np.mean(predicted)) if predicted else None,
+        "planner_target_share": st.get("planner.target_share", st.get("planner.cpu_share")),
+        "last_step_timing": {k: v for k, v in timing.items()
+                             if isinstance(v, (int, float)) and not isinstance(v, bool)},
+        "output_digest": token_digest([tokens[r][:decode_steps + 1] for r in ids]),
+        "output_token_ids": [tokens[r][:decode_steps + 1] for r in ids],
+    }
+    if peak > vram_budget:
+        row["error"] = (f"over the VRAM budget: peak {peak / 2**30:.2f} GiB > "
+                        f"{vram_budget / 2**30:.2f} GiB")
+    only = ONE_STATE.get(engine.kv_policy)
+    other = {"T": "C", "C": "T"}.get(only)
+    if other and live[_region(other)]:
+        row["error"] = (f"{engine.kv_policy} had to put {live[_region(other)]} blocks in {other}: "
+                        f"its region {only} is full (over the {'pinned' if only == 'T' else 'host'} budget)")
+    return row
+
+
+def warm_up(engine, vocab_size: int, seed: int, length: int) -> None:
+    """One untimed request of ``length`` tokens (the grid's shortest context), so that one-time
+    costs (kernel loading, first allocations, thread pools) do not land in the first timed row of
+    a policy."""
+    from ..core import SamplingParams
+    n = max(2, min(length, engine.max_model_len - 4))
+    prompt = make_prompts(vocab_size, 1, n, seed + 1)[0]
+    engine.add_request("bench-warmup", prompt, SamplingParams(temperature=0.0, max_tokens=3,
+                                                              ignore_eos=True))
+    try:
+        while engine.has_unfinished_requests():
+            engine.step()
+    finally:
+        engine.abort_request("bench-warmup")
+    _sync(engine.device)
+
+
+def model_terms(profile, cfg, engine, policy: str, batch: int, ctx: int, decode_steps: int,
+                static_share: float) -> dict[str, Any]:
+    """The roofline model's step time for this policy and the roofline bound (mid-decode)."""
+    if profile is None:
+        return {"model_step_s": None, "roofline_bound_s": None}
+    from ..planner import roofline as rl
+    lengths = [ctx + decode_steps // 2] * batch
+    g_tokens = float(engine.cache.layout.num_blocks[_region("G")] * engine.cache.bs)
+    on_cpu = any(engine.cpu_expert_layers)
+    pol = {"migrate": "writescope"}.get(policy, policy)
+    out: dict[str, Any] = {}
+    try:
+        sp = rl.plan_for_lengths(profile, cfg, lengths, g_tokens, on_cpu, pol, static_share=static_share)
+        out["model_step_s"], out["model_cpu_share"] = sp.prediction.step_s, sp.cpu_share
+    except ValueError:
+        out["model_step_s"] = None
+    out["roofline_bound_s"] = rl.roofline_bound_s(profile, cfg, lengths, g_tokens, on_cpu)
+    return out
+
+
+# ---------------------------------------------------------------------------------- the grid
+class Grid:
+    def __init__(self, spec: GridSpec, log=None, progress: bool = True):
+        spec.validate()
+        self.spec = spec
+        self.out = Path(spec.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.log = log or (lambda msg: print(msg, file=sys.stderr))
+        self.progress = progress
+        self.rows: list[dict[str, Any]] = []
+        self.models_meta: dict[str, Any] = {}
+        self.doc = {
+            "meta": {
+                "command": spec.command or " ".join(shlex.quote(a) for a in sys.argv),
+                "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                "git": git_info(), "machine": machine_info(),
+                "torch": torch.__version__, "spec": asdict(spec),
+            },
+            "models": self.models_meta, "rows": self.rows, "summary": {},
+        }
+
+    # -------------------------------------------------------------- bookkeeping
+    def _save(self) -> None:
+        path = self.out / "results.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(clean_json(self.doc), indent=1, default=_json_default,
+                                  allow_nan=False) + "\n")
+        tmp.replace(path)
+
+    def _add(self, row: dict[str, Any], bar) -> None:
+        from .report import markdown, summarize
+        self.rows.append(row)
+        self.doc["summary"] = summarize(self.rows)
+        self._save()
+        (self.out / "results.md").write_text(markdown(self.doc))  # plots come at the end
+        if bar is not None:
+            bar.update(1)
+            tps = row.get("decode_tokens_per_s")
+            bar.set_postfix_str(f"{row['model']} b{row['batch']} {row['context']} {row['policy']}: "
+                                + (f"{tps:.1f} tok/s" if tps else "failed"), refresh=False)
+        if row.get("error"):
+            self.log(f"[bench] {row['model']} batch {row['batch']} ctx {row['context']} "
+                     f"{row['policy']}: {row['error']}")
+
+    def _fail_rows(self, model: str, policy: str, error: str, bar, peer: bool = False) -> None:
+        for b in self.spec.batches:
+            for n in self.spec.context_lengths:
+                self._add({"model": model, "batch": b, "context": n, "policy": policy,
+                           "peer": peer, "error": error}, bar)
+
+    # -------------------------------------------------------------- run
+    def run(self) -> dict[str, Any]:
+        from tqdm.auto import tqdm
+
+        s = self.spec
+        total = len(s.models) * len(s.batches) * len(s.context_lengths) * (len(s.policies) + len(s.peers))
+        bar = tqdm(total=total, desc="bench", unit="row", disable=not self.progress,
+                   dynamic_ncols=True)
+        with bar:
+            for model in s.models:
+                self._run_model(model, bar)
+        from .report import summarize, write_report
+        self.doc["summary"] = summarize(self.rows)
+        self._save()
+        write_report(self.doc, self.out)
+        return self.doc
+
+    def _run_model(self, model: str, bar) -> None:
+        from ..engine.engine import LLMEngine, resolve_model
+
+        s = self.spec
+        try:
+            cfg, _, _ = resolve_model(model, s.random_weights)
+        except (ValueError, FileNotFoundError) as e:
+            for pol in list(s.policies) + list(s.peers):
+                self._fail_rows(model, pol, error_text(e), bar, peer=pol in s.peers)
+            return
+        max_len = max(s.context_lengths) + s.decode_steps + math.ceil(
+            max(s.batches) * max(s.context_lengths) / s.max_num_batched_tokens) + max(s.batches) + 8
+        max_len = min(max_len, cfg.max_position_embeddings) if not s.random_weights else max_len
+        pinned, host = default_host_budgets(cfg, s)
+        kw = dict(dtype=s.dtype, device=s.device, random_weights=s.random_weights, seed=s.seed,
+                  max_num_seqs=max(s.batches), max_model_len=max_len,
+                  max_num_batched_tokens=s.max_num_batched_tokens, vram_budget=s.vram_budget,
+                  pinned_budget=pinned, host_budget=host,
+                  num_gpu_blocks=s.num_gpu_blocks, kv_policy="transfer", experts=s.experts,
+                  cpu_threads=s.cpu_threads, profile=s.profile)
+        if s.block_size is not None:
+            kw["block_size"] = s.block_size
+        engine = None
+        try:
+            t0 = time.perf_counter()
+            engine = LLMEngine(model, **kw)
+            build_s = time.perf_counter() - t0
+            # the profile the engine plans with (the given file, or this machine's)
+            profile = getattr(engine, "profile", None) or load_profile(s.profile, cfg)
+        except Exception as e:  # noqa: BLE001 -- any build failure is this model's rows' reason
+            self.log(traceback.format_exc())
+            for pol in list(s.policies) + list(s.peers):
+                self._fail_rows(model, pol, f"engine: {error_text(e)}", bar, peer=pol in s.peers)
+            return
+        vram_budget = engine.vram_budget
+        if s.static_share is not None:
+            static_share, static_why = s.static_share, "--static-share"
+        else:
+            static_share, static_why = static_share_from_profile(profile, cfg, engine,
+                                                                 s.static_ref_length)
+        layout = engine.cache.layout
+        self.models_meta[model] = {
+            "model_type": cfg.model_type, "engine_build_s": build_s,
+            "vram_budget": vram_budget, "weights_device_bytes": engine.weights_bytes,
+            "experts_on_cpu_layers": sum(engine.cpu_expert_layers),
+            "block_size": engine.cache.bs, "block_bytes": engine.cache.block_bytes,
+            "kv_capacity_blocks": {str(r): n for r, n in layout.num_blocks.items()},
+            "kv_bytes_per_token": cfg.kv_bytes_per_token(engine.dtype),
+            "static_share": static_share, "static_share_from": static_why,
+            "profile": (None if profile is None else
+                        {"machine": profile.machine, "created": profile.created,
+                         "quick": profile.quick, "path": s.profile}),
+        }
+        self.log(f"[bench] {model}: built in {build_s:.1f} s; G/T/C/W blocks "
+                 f"{ {str(r): n for r, n in layout.num_blocks.items()} }; static share "
+                 f"{static_share:.3f} ({static_why})")
+        ws_tokens: dict[tuple[int, int], list[list[int]]] = {}
+        for policy in s.policies:
+            try:
+                swap_kv_policy(engine, policy, cpu_share=static_share)
+            except Exception as e:  # noqa: BLE001
+                self._fail_rows(model, policy, f"policy: {error_text(e)}", bar)
+                continue
+            try:
+                warm_up(engine, cfg.vocab_size, s.seed, min(s.context_lengths))
+            except Exception as e:  # noqa: BLE001 -- the rows will say what is wrong
+                self.log(f"[bench] {model} {policy}: warm-up failed: {error_text(e)}")
+                _free_memory(engine.device)
+            for b in s.batches:
+                for n in s.context_lengths:
+                    row = {"model": model, "batch": b, "context": n, "policy": policy, "peer": False}
+                    prompts = make_prompts(cfg.vocab_size, b, n, s.seed)
+                    try:
+                        row.update(run_engine_row(engine, prompts, s.decode_steps, vram_budget,
+                                                  f"{policy}-{b}-{n}"))
+                        row.update(model_terms(profile, cfg, engine, policy, b, n, s.decode_steps,
+                                               static_share))
+                        if row.get("roofline_bound_s") and row.get("mean_step_s"):
+                            row["bound_efficiency"] = row["roofline_bound_s"] / row["mean_step_s"]
+                        if policy == "writescope":
+                            ws_tokens[(b, n)] = row["output_token_ids"]
+                    except Exception as e:  # noqa: BLE001 -- a failed row, the grid goes on
+                        if not isinstance(e, (RowFailed, torch.cuda.OutOfMemoryError, MemoryError)):
+                            self.log(traceback.format_exc())
+                        row["error"] = error_text(e) if not isinstance(e, RowFailed) else str(e)
+                        _free_memory(engine.device)
+                    self._add(row, bar)
+        for peer_name in s.peers:
+            self._run_peer(engine, model, cfg, peer_name, vram_budget, ws_tokens, bar)
+        del engine
+        _free_memory(torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
+
+    def _run_peer(self, engine, model, cfg, peer_name, vram_budget, ws_tokens, bar) -> None:
+        from .peers import make_peer
+
+        s = self.spec
+        try:
+            release_kv(engine)
+            # the last peer may take the engine's host-memory experts apart (the engine is done)
+            peer = make_peer(peer_name, engine, vram_budget, s.peer_offload_weights,
+                             consume_engine=peer_name == s.peers[-1])
+        except Exception as e:  # noqa: BLE001
+            self._fail_rows(model, peer_name, error_text(e), bar, peer=True)
+            return
+        try:
+            for b in s.batches:
+                for n in s.context_lengths:
+                    row = {"model": model, "batch": b, "context": n, "policy": peer_name,
+                           "peer": True, "peer_cache": peer.cache_impl,
+                           "peer_weights": peer.weights_placement}
+                    if peer.note:
+                        row["note"] = peer.note
+                    try:
+                        if n + s.decode_steps + 1 > engine.max_model_len:
+                            raise RowFailed(f"{n} + {s.decode_steps} tokens exceed max_model_len "
+                                            f"{engine.max_model_len}")
+                        r = peer.run(make_prompts(cfg.vocab_size, b, n, s.seed), s.decode_steps)
+                        steps = r["step_times_s"]
+                        total = sum(steps)
+                        peak = r["peak_vram_bytes"]
+                        row.update({
+                            "ttft_s": r["ttft_s"], "decode_tokens_per_s": b * len(steps) / total,
+                            "mean_step_s": total / len(steps), "p50_step_s": percentile(steps, 50),
+                            "p99_step_s": percentile(steps, 99), "step_times_s": steps,
+                            "peak_vram_bytes": peak, "vram_budget": vram_budget,
+                            "weights_device_bytes": peer.weight_bytes, "bytes_moved": None,
+                            "output_digest": token_digest(r["output_token_ids"]),
+                            "output_token_ids": r["output_token_ids"]})
+                        ref = ws_tokens.get((b, n))
+                        if ref is not None:
+                            same = sum(a == c for a, c in zip(ref, r["output_token_ids"]))
+                            row["same_tokens_as_writescope"] = same / b
+                        if peak is not None and peak > vram_budget:
+                            row["error"] = (f"over the VRAM budget: peak {peak / 2**30:.2f} GiB > "
+                                            f"{vram_budget / 2**30:.2f} GiB")
+                    except Exception as e:  # noqa: BLE001
+                        if not isinstance(e, (RowFailed, torch.cuda.OutOfMemoryError, MemoryError)):
+                            self.log(traceback.format_exc())
+                        row["error"] = str(e) if isinstance(e, RowFailed) else error_text(e)
+                        _free_memory(engine.device)
+                    self._add(row, bar)
+        finally:
+            peer.close()
+
+
+def clean_json(o):
+    """JSON-safe copy: non-finite floats become null (strict JSON has no NaN)."""
+    if isinstance(o, dict):
+        return {str(k): clean_json(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [clean_json(v) for v in o]
+    if isinstance(o, (float, np.floating)):
+        return float(o) if math.isfinite(o) else None
+    if isinstance(o, np.integer):
+        return int(o)
+    return o
+
+
+def _json_default(o):
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, Path):
+        return str(o)
+    return str(o)
+
+
+def run_grid(spec: GridSpec, log=None, progress: bool = True) -> dict[str, Any]:
+    """Run the whole grid; returns the results document (also written to ``spec.out``)."""
+    return Grid(spec, log=log, progress=progress).run()

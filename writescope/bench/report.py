@@ -1,0 +1,229 @@
+"""``writescope bench`` output: the summary, the markdown table and the plots.
+
+* :func:`summarize` -- per model, the geometric-mean speedup of ``writescope`` decode throughput
+  over every other policy and peer, over the (batch, context) pairs with context >= 8K where both
+  ran; plus the two targets of the issue: the worst ratio of ``writescope`` to the best other
+  *policy* per pair (target: never more than 3% slower) and the roofline-bound efficiency
+  (bound / measured step; target: within 15%, i.e. >= 0.85).
+* :func:`write_report` -- ``results.md`` (meta, summary, one line per row, failures with their
+  reasons) and per model ``throughput-<model>.png`` (decode tokens/s against context length, one
+  line per policy, one panel per batch size) and ``cpu-share-<model>.png`` (the CPU's share of
+  attended KV bytes over the decode steps, per policy, at the longest context that ran).
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+SUMMARY_MIN_CONTEXT = 8192
+BASE = "writescope"
+
+
+def _ok(row: dict) -> bool:
+    return not row.get("error") and bool(row.get("decode_tokens_per_s"))
+
+
+def geomean(xs: list[float]) -> float:
+    xs = [x for x in xs if x > 0 and math.isfinite(x)]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else math.nan
+
+
+def summarize(rows: list[dict[str, Any]], min_context: int = SUMMARY_MIN_CONTEXT) -> dict[str, Any]:
+    by_model: dict[str, dict[tuple, dict[str, dict]]] = defaultdict(lambda: defaultdict(dict))
+    for r in rows:
+        by_model[r["model"]][(r["batch"], r["context"])][r["policy"]] = r
+    out: dict[str, Any] = {}
+    for model, cells in by_model.items():
+        names = sorted({p for c in cells.values() for p in c} - {BASE})
+        peers = {p for c in cells.values() for p, r in c.items() if r.get("peer")}
+        speedups: dict[str, Any] = {}
+        for other in names:
+            ratios = [c[BASE]["decode_tokens_per_s"] / c[other]["decode_tokens_per_s"]
+                      for (b, n), c in sorted(cells.items())
+                      if n >= min_context and BASE in c and other in c
+                      and _ok(c[BASE]) and _ok(c[other])]
+            speedups[other] = {"geomean_speedup": geomean(ratios), "pairs": len(ratios),
+                               "min": min(ratios) if ratios else math.nan,
+                               "max": max(ratios) if ratios else math.nan, "peer": other in peers}
+        vs_best, eff = [], []
+        for (b, n), c in sorted(cells.items()):
+            ws = c.get(BASE)
+            if ws is None or not _ok(ws):
+                continue
+            if ws.get("bound_efficiency"):
+                eff.append(ws["bound_efficiency"])
+            others = [r["decode_tokens_per_s"] for p, r in c.items()
+                      if p != BASE and p not in peers and _ok(r)]
+            if others:
+                vs_best.append({"batch": b, "context": n,
+                                "ratio": ws["decode_tokens_per_s"] / max(others)})
+        worst = min(vs_best, key=lambda d: d["ratio"]) if vs_best else None
+        out[model] = {
+            "min_context": min_context, "speedup_over": speedups,
+            "vs_best_other_policy": {
+                "worst": worst, "pairs": len(vs_best),
+                "pairs_more_than_3pct_slower": sum(d["ratio"] < 0.97 for d in vs_best)},
+            "roofline_efficiency": {"geomean": geomean(eff), "min": min(eff) if eff else math.nan,
+                                    "pairs": len(eff),
+                                    "pairs_below_0.85": sum(e < 0.85 for e in eff)},
+        }
+    return out
+
+
+# ------------------------------------------------------------------------------ formatting
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", Path(str(name)).name or str(name)).strip("-") or "model"
+
+
+def _ctx(n: int) -> str:
+    from ..units import format_count
+    return format_count(int(n))
+
+
+def _gib(x) -> str:
+    return "" if x is None else f"{x / 2**30:.2f}"
+
+
+def _bytes(x) -> str:
+    from ..units import format_bytes
+    return "" if x is None else format_bytes(int(x))
+
+
+def _ms(x) -> str:
+    return "" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x * 1e3:.4g}"
+
+
+def _num(x, fmt="{:.2f}") -> str:
+    return "" if x is None or (isinstance(x, float) and not math.isfinite(x)) else fmt.format(x)
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    meta = doc.get("meta", {})
+    git = meta.get("git", {})
+    mach = meta.get("machine", {})
+    lines = ["# writescope bench", "",
+             f"- command: `{meta.get('command', '')}`",
+             f"- git: `{git.get('commit')}`" + (" (uncommitted changes)" if git.get("dirty") else ""),
+             f"- machine: {mach.get('cpu', '?')}, {mach.get('logical_cpus', '?')} CPUs"
+             + (f", {mach['gpu']}" if mach.get("gpu") else ", no GPU")
+             + f"; torch {meta.get('torch', '?')}",
+             f"- when: {meta.get('timestamp', '')}", ""]
+    for model, m in doc.get("models", {}).items():
+        lines.append(f"- **{model}**: static share {m.get('static_share', float('nan')):.3f} "
+                     f"({m.get('static_share_from', '')}); KV blocks {m.get('kv_capacity_blocks')} "
+                     f"of {m.get('block_size')} tokens; routed experts on the CPU in "
+                     f"{m.get('experts_on_cpu_layers')} layers; VRAM budget {_gib(m.get('vram_budget'))} GiB")
+    lines.append("")
+    summ = doc.get("summary", {})
+    if summ:
+        lines += ["## Summary", "",
+                  f"Geometric-mean decode-throughput speedup of `writescope` over each other "
+                  f"policy and peer, contexts >= {_ctx(SUMMARY_MIN_CONTEXT)}.", "",
+                  "| model | over | geomean speedup | pairs | min | max |", "|---|---|---|---|---|---|"]
+        for model, s in summ.items():
+            for other, v in s["speedup_over"].items():
+                lines.append(f"| {model} | {other}{' (peer)' if v['peer'] else ''} | "
+                             f"{_num(v['geomean_speedup'], '{:.3f}')} | {v['pairs']} | "
+                             f"{_num(v['min'], '{:.3f}')} | {_num(v['max'], '{:.3f}')} |")
+        lines += ["", "| model | worst writescope / best other policy | pairs > 3% slower | "
+                      "roofline efficiency (geomean, min) | pairs < 0.85 |", "|---|---|---|---|---|"]
+        for model, s in summ.items():
+            w = s["vs_best_other_policy"]["worst"]
+            e = s["roofline_efficiency"]
+            lines.append(f"| {model} | "
+                         + (f"{w['ratio']:.3f} (b{w['batch']}, {_ctx(w['context'])})" if w else "")
+                         + f" | {s['vs_best_other_policy']['pairs_more_than_3pct_slower']} of "
+                           f"{s['vs_best_other_policy']['pairs']} | "
+                         f"{_num(e['geomean'], '{:.3f}')}, {_num(e['min'], '{:.3f}')} | "
+                         f"{e['pairs_below_0.85']} of {e['pairs']} |")
+        lines.append("")
+    lines += ["## Rows", "",
+              "| model | batch | context | policy | tok/s | mean ms | p50 ms | p99 ms | TTFT s | "
+              "peak VRAM | pinned used | host used | moved | CPU share | model ms | "
+              "bound ms | error |",
+              "|" + "---|" * 17]
+    for r in doc.get("rows", []):
+        moved = r.get("bytes_moved")
+        lines.append(
+            f"| {r['model']} | {r['batch']} | {_ctx(r['context'])} | {r['policy']} | "
+            f"{_num(r.get('decode_tokens_per_s'), '{:.1f}')} | {_ms(r.get('mean_step_s'))} | "
+            f"{_ms(r.get('p50_step_s'))} | {_ms(r.get('p99_step_s'))} | "
+            f"{_num(r.get('ttft_s'), '{:.3f}')} | {_bytes(r.get('peak_vram_bytes'))} | "
+            f"{_bytes(r.get('pinned_used_bytes'))} | {_bytes(r.get('host_used_bytes'))} | "
+            f"{_bytes(moved)} | "
+            f"{_num(r.get('cpu_share_mean'), '{:.2f}')} | {_ms(r.get('model_step_s'))} | "
+            f"{_ms(r.get('roofline_bound_s'))} | {(r.get('error') or '').replace('|', '/')} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def plot(doc: dict[str, Any], out: Path) -> list[Path]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = doc.get("rows", [])
+    written = []
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    for model in models:
+        mrows = [r for r in rows if r["model"] == model]
+        batches = sorted({r["batch"] for r in mrows})
+        policies = list(dict.fromkeys(r["policy"] for r in mrows))
+        # ---- decode throughput against context length
+        fig, axes = plt.subplots(1, len(batches), figsize=(5 * len(batches), 4), squeeze=False)
+        for ax, b in zip(axes[0], batches):
+            for p in policies:
+                pts = sorted((r["context"], r["decode_tokens_per_s"]) for r in mrows
+                             if r["batch"] == b and r["policy"] == p and _ok(r))
+                if pts:
+                    ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=p,
+                            linestyle="--" if any(r.get("peer") for r in mrows if r["policy"] == p) else "-")
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("context length (tokens)")
+            ax.set_ylabel("decode tokens/s")
+            ax.set_title(f"{model}, batch {b}")
+            ax.grid(True, alpha=0.3)
+            if ax.lines:
+                ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = out / f"throughput-{_slug(model)}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+        # ---- CPU share over decode steps, at the longest context that ran
+        fig, axes = plt.subplots(1, len(batches), figsize=(5 * len(batches), 4), squeeze=False)
+        for ax, b in zip(axes[0], batches):
+            ran = [r for r in mrows if r["batch"] == b and _ok(r) and r.get("cpu_share_steps")]
+            if ran:
+                n = max(r["context"] for r in ran)
+                for r in ran:
+                    if r["context"] == n:
+                        ax.plot(range(1, len(r["cpu_share_steps"]) + 1), r["cpu_share_steps"],
+                                label=r["policy"], marker=".")
+                ax.set_title(f"{model}, batch {b}, context {_ctx(n)}")
+            else:
+                ax.set_title(f"{model}, batch {b}: no run")
+            ax.set_ylim(-0.05, 1.05)
+            ax.set_xlabel("decode step")
+            ax.set_ylabel("CPU share of attended KV")
+            ax.grid(True, alpha=0.3)
+            if ran:
+                ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = out / f"cpu-share-{_slug(model)}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def write_report(doc: dict[str, Any], out: str | Path) -> dict[str, Any]:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    md = out / "results.md"
+    md.write_text(markdown(doc))
+    pngs = plot(doc, out)
+    return {"markdown": md, "plots": pngs}

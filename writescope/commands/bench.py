@@ -1,0 +1,129 @@
+"""``writescope bench``: decode throughput of every KV policy (and peers) over a grid.
+
+    writescope bench --model qwen3-30b-a3b --random-weights --vram-budget 32GiB \\
+        --batch 1,4,16 --context-lengths 1k,8k,32k,128k --decode-steps 32 \\
+        --policies writescope,transfer,cpu,static,migrate --peer transformers --out bench/results/grid
+
+For every model x batch x context x policy: decode tokens/s, mean/p50/p99 step time, time to
+first token, peak VRAM (must stay within the budget), pinned and host bytes, bytes moved after
+placement, the roofline model's step time and bound. Writes ``results.json`` (rewritten after
+every row), ``results.md`` and PNG plots into ``--out``. A configuration that cannot run is a
+row with its reason and the run goes on. See ``writescope/bench/grid.py``.
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+
+def register(subparsers) -> None:
+    from ..bench.grid import DEFAULT_POLICIES
+    p = subparsers.add_parser("bench", help="benchmark the KV policies (and peers) over a grid",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", action="append", metavar="PATH|NAME",
+                   help="checkpoint folder or deepseek-v2-lite | qwen3-30b-a3b | mixtral-8x7b "
+                        "(repeatable, or comma-separated)")
+    p.add_argument("--random-weights", action="store_true", help="seeded random weights at full size")
+    p.add_argument("--vram-budget", default=None, help="everything the engine puts on the GPU, e.g. 32GiB")
+    p.add_argument("--pinned-budget", default=None, help="pinned host memory for the T region")
+    p.add_argument("--host-budget", default=None, help="pageable host memory for the C region")
+    p.add_argument("--batch", default="1", metavar="B1,B2,...", help="batch sizes (default 1)")
+    p.add_argument("--context-lengths", default="1k,8k", metavar="L1,L2,...",
+                   help="prompt tokens per sequence, e.g. 1k,8k,32k,128k (default 1k,8k)")
+    p.add_argument("--decode-steps", type=int, default=32, help="timed decode steps per row (default 32)")
+    p.add_argument("--policies", default=",".join(DEFAULT_POLICIES), metavar="P1,P2,...",
+                   help=f"KV policies (default {','.join(DEFAULT_POLICIES)})")
+    p.add_argument("--peer", action="append", default=[], metavar="NAME",
+                   help="external peer run on the same weights and prompts: transformers")
+    p.add_argument("--peer-offload-weights", action="store_true",
+                   help="let accelerate keep peer weights that do not fit the budget in host memory")
+    p.add_argument("--out", default="bench/results/grid", metavar="DIR", help="output folder")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
+    p.add_argument("--seed", type=int, default=0, help="weights and prompts seed")
+    p.add_argument("--num-gpu-blocks", type=int, default=None, help="cap on G-region blocks")
+    p.add_argument("--block-size", type=int, default=None, help="tokens per KV block")
+    p.add_argument("--experts", default="auto", choices=("auto", "gpu", "cpu"))
+    p.add_argument("--cpu-threads", type=int, default=None, help="threads for CPU attention")
+    p.add_argument("--profile", default=None, help="hardware profile JSON (writescope calibrate)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192,
+                   help="prefill chunk (tokens per step, default 8192)")
+    p.add_argument("--static-share", type=float, default=None,
+                   help="the static policy's CPU share (default: from the profile at --static-ref-length)")
+    p.add_argument("--static-ref-length", default="32k",
+                   help="reference length the static share is chosen at (default 32k)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--report", metavar="DIR", nargs="+",
+                   help="run nothing: (re)write the summary, results.md and plots of "
+                        "DIR/results.json (e.g. of a run that was cut short); with several DIRs, "
+                        "merge their rows into --out")
+    p.set_defaults(func=run)
+
+
+def spec_from_args(args: argparse.Namespace):
+    from ..bench.grid import GridSpec, parse_int_list, parse_name_list
+    from ..units import parse_count
+    return GridSpec(
+        models=parse_name_list(args.model), batches=parse_int_list(args.batch),
+        context_lengths=parse_int_list(args.context_lengths), decode_steps=args.decode_steps,
+        policies=parse_name_list(args.policies), peers=parse_name_list(args.peer), out=args.out,
+        random_weights=args.random_weights, dtype=args.dtype, device=args.device, seed=args.seed,
+        vram_budget=args.vram_budget, pinned_budget=args.pinned_budget, host_budget=args.host_budget,
+        num_gpu_blocks=args.num_gpu_blocks, block_size=args.block_size, experts=args.experts,
+        cpu_threads=args.cpu_threads, profile=args.profile,
+        max_num_batched_tokens=args.max_num_batched_tokens, static_share=args.static_share,
+        static_ref_length=parse_count(args.static_ref_length),
+        peer_offload_weights=args.peer_offload_weights,
+        command="writescope " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..bench.grid import run_grid
+    from ..bench.report import markdown
+
+    if args.report:
+        return report_only(args.report, args.out if len(args.report) > 1 else args.report[0])
+    if not args.model:
+        raise ValueError("give --model (one or more), or --report DIR")
+    spec = spec_from_args(args)
+    doc = run_grid(spec, progress=not args.no_progress)
+    rows = doc["rows"]
+    failed = sum(1 for r in rows if r.get("error"))
+    md = markdown(doc)
+    summary = md.split("## Rows")[0]
+    print(summary.rstrip())
+    print(f"\n{len(rows)} rows ({failed} failed) written to {spec.out}/results.json, results.md "
+          "and the PNG plots", file=sys.stderr)
+    return 0
+
+
+def report_only(folders: list[str], out: str) -> int:
+    """Summary, markdown and plots of one results.json, or of several merged (rows and model
+    facts concatenated; the first one's meta, with every source's command and commit listed)."""
+    import json
+    from pathlib import Path
+
+    from ..bench.grid import clean_json
+    from ..bench.report import summarize, write_report
+    docs = []
+    for folder in folders:
+        path = Path(folder) / "results.json"
+        if not path.exists():
+            raise FileNotFoundError(f"no results.json in {folder}")
+        docs.append(json.loads(path.read_text()))
+    doc = docs[0]
+    if len(docs) > 1:
+        doc = {"meta": dict(docs[0].get("meta", {}), sources=[
+                   {"folder": f, "command": d.get("meta", {}).get("command"),
+                    "git": d.get("meta", {}).get("git"), "timestamp": d.get("meta", {}).get("timestamp")}
+                   for f, d in zip(folders, docs)]),
+               "models": {k: v for d in docs for k, v in d.get("models", {}).items()},
+               "rows": [r for d in docs for r in d.get("rows", [])]}
+    doc["summary"] = summarize(doc.get("rows", []))
+    Path(out).mkdir(parents=True, exist_ok=True)
+    (Path(out) / "results.json").write_text(json.dumps(clean_json(doc), indent=1, allow_nan=False) + "\n")
+    res = write_report(doc, out)
+    print(f"wrote {Path(out) / 'results.json'}, {res['markdown']} and {len(res['plots'])} plots",
+          file=sys.stderr)
+    return 0
