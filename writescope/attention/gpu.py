@@ -175,7 +175,8 @@ def _kernels():
                        K_OFF: tl.constexpr, DA: tl.constexpr, BLOCK_DA: tl.constexpr,
                        DB: tl.constexpr, BLOCK_DB: tl.constexpr,
                        V_OFF: tl.constexpr, DV: tl.constexpr, BLOCK_DV: tl.constexpr,
-                       SHARE_V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                       SHARE_V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       PREC: tl.constexpr):
         c = tl.program_id(0)
         h = tl.program_id(1)
         mt = tl.program_id(2)
@@ -218,7 +219,7 @@ def _kernels():
             else:
                 k_a = tl.load(KV + tok[:, None] + K_OFF + da[None, :],
                               mask=valid[:, None] & (da < DA)[None, :], other=0.0)
-            s = tl.dot(q_a, tl.trans(k_a))
+            s = tl.dot(q_a, tl.trans(k_a), input_precision=PREC)
             if DB > 0:
                 if BLOCK_DB == DB:
                     k_b = tl.load(KV + tok[:, None] + K_OFF + DA + db[None, :],
@@ -226,7 +227,7 @@ def _kernels():
                 else:
                     k_b = tl.load(KV + tok[:, None] + K_OFF + DA + db[None, :],
                                   mask=valid[:, None] & (db < DB)[None, :], other=0.0)
-                s += tl.dot(q_b, tl.trans(k_b))
+                s += tl.dot(q_b, tl.trans(k_b), input_precision=PREC)
             s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             alpha = tl.exp2(m_i - m_new)
@@ -241,7 +242,7 @@ def _kernels():
                 else:
                     v = tl.load(KV + tok[:, None] + V_OFF + dv[None, :],
                                 mask=valid[:, None] & (dv < DV)[None, :], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(pr.to(v.dtype), v)
+            acc = acc * alpha[:, None] + tl.dot(pr.to(v.dtype), v, input_precision=PREC)
             m_i = m_new
         has = l_i > 0
         out = acc / tl.where(has, l_i, 1.0)[:, None]
@@ -362,6 +363,8 @@ def launch_partials(q: torch.Tensor, kv: torch.Tensor, spec: KVSpec, plan: Chunk
         DB=db, BLOCK_DB=max(16, _next_pow2(db)) if db else 16,
         V_OFF=spec.v_offset, DV=spec.v_dim, BLOCK_DV=max(16, _next_pow2(spec.v_dim)),
         SHARE_V=share, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        # fp32 KV (the exact-parity runs) must not be rounded to TF32 inside tl.dot
+        PREC="ieee" if kv.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 

@@ -189,7 +189,7 @@ class LLMEngine:
         logits = 256 * cfg.vocab_size * 4
         return max_tokens * width * item * 2 + scores + logits
 
-    @torch.inference_mode()
+    @torch.no_grad()  # not inference_mode: the CPU worker thread writes pinned buffers
     def _measure_activation_bytes(self, max_tokens: int) -> int:
         from ..attention.selfattn import causal_self_attention
         spec, scale = self.config.kv_spec(self.dtype), self.config.softmax_scale

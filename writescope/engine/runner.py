@@ -16,7 +16,7 @@ class ModelRunner:
         self.device = device
         self.sampler = Sampler()
 
-    @torch.inference_mode()
+    @torch.no_grad()  # not inference_mode: the CPU worker thread writes pinned buffers
     def run(self, batch: StepBatch) -> tuple[list[int], list[float]]:
         """One step; returns the sampled token and its log-probability for each sequence with
         ``sample=True``, in batch order."""

@@ -1,0 +1,168 @@
+"""Pieces of the server that need no engine: request validation, the Prometheus text, streaming
+hold-back of possible stop-string prefixes, and the serve command's argument handling."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+pytest.importorskip("fastapi")  # the server's own dependency (absent on the bare GPU machine)
+
+from writescope.server import protocol as P  # noqa: E402
+from writescope.server.api import _Choice, _text_delta
+from writescope.server.metrics import Registry, Histogram, Counter, ServerMetrics, parse_text
+
+
+def _err(model, body) -> P.APIError:
+    with pytest.raises(P.APIError) as e:
+        P.parse_request(model, body if isinstance(body, bytes) else json.dumps(body).encode())
+    return e.value
+
+
+@pytest.mark.parametrize("body,param,code", [
+    (b"{", None, "invalid_json"),
+    (b"null", None, "invalid_json"),
+    ({"prompt": "x", "max_tokens": "3"}, "max_tokens", "invalid_value"),
+    ({"prompt": "x", "max_tokens": 0}, "max_tokens", "invalid_value"),
+    ({"prompt": "x", "max_tokens": True}, "max_tokens", "invalid_value"),
+    ({"prompt": "x", "temperature": 2.5}, "temperature", "invalid_value"),
+    ({"prompt": "x", "top_p": 0.0}, "top_p", "invalid_value"),
+    ({"prompt": "x", "seed": 2 ** 70}, "seed", "invalid_value"),
+    ({"prompt": "x", "n": 100}, "n", "invalid_value"),
+    ({"prompt": "x", "bogus": 1}, "bogus", "unknown_parameter"),
+    ({"prompt": {"a": 1}}, "prompt", "invalid_value"),
+    ({}, "prompt", "missing_required_parameter"),
+])
+def test_completion_request_errors(body, param, code):
+    e = _err(P.CompletionRequest, body)
+    assert e.status == 400 and e.param == param and e.code == code
+    assert e.body()["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("body,needle", [
+    ({"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
+    ({"prompt": "x", "logit_bias": {"5": 1.0}}, "logit_bias"),
+    ({"prompt": "x", "logprobs": 3}, "logprobs"),
+    ({"prompt": "x", "stop": [""]}, "non-empty"),
+    ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream"),
+    ({"prompt": "x", "echo": True, "logprobs": 1}, "echo"),
+])
+def test_unsupported_values_are_refused_by_name(body, needle):
+    assert needle in _err(P.CompletionRequest, body).message
+
+
+def test_chat_request_parsing():
+    r = P.parse_request(P.ChatCompletionRequest, json.dumps({
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
+                                                  {"type": "text", "text": "b"}]},
+                     {"role": "assistant", "content": "c", "refusal": None}],
+        "max_completion_tokens": 7, "max_tokens": 3}).encode())
+    assert [m.text() for m in r.messages] == ["ab", "c"]
+    assert r.requested_max_tokens == 7
+    e = _err(P.ChatCompletionRequest,
+             {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})
+    assert "only text" in e.message and e.param.startswith("messages.0.content")
+    assert _err(P.ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}],
+                                          "tools": [{"type": "function"}]}).status == 400
+
+
+def test_sampling_params_mapping():
+    r = P.parse_request(P.CompletionRequest, json.dumps(
+        {"prompt": ["a", "b"], "temperature": 0, "seed": 5, "stop": "x", "top_k": 3}).encode())
+    assert r.prompts() == ["a", "b"]
+    sp0, sp1 = r.sampling_params(10, None, 0), r.sampling_params(10, 1, 1)
+    assert sp0.greedy and sp0.max_tokens == 10 and sp0.stop == ["x"] and sp0.top_k == 3
+    assert sp0.seed == 5 and sp1.seed == 6 and sp1.logprobs == 1
+    assert P.parse_request(P.CompletionRequest, b'{"prompt": [1, 2]}').prompts() == [[1, 2]]
+    assert P.parse_request(P.CompletionRequest, b'{"prompt": [[1], [2]]}').prompts() == [[1], [2]]
+
+
+def test_chat_delta_has_no_nulls():
+    d = P.ChatDelta(content="hi")
+    assert json.loads(P.ChatStreamChoice(index=0, delta=d).model_dump_json())["delta"] == \
+        {"content": "hi"}
+
+
+def test_stream_holds_back_possible_stop_prefix():
+    c = _Choice(0, "r", [1], None, 10)
+    c.text = "hello wo"
+    assert _text_delta(c, holdback=2) == "hello "
+    c.text = "hello world"
+    assert _text_delta(c, holdback=2) == "wor"
+    c.text = "hello world\ufffd"  # an incomplete UTF-8 sequence stays back too
+    assert _text_delta(c, holdback=0) == "ld"
+    c.text, c.finish_reason = "hello world!", "stop"
+    assert _text_delta(c, holdback=2) == "!"
+    assert c.sent_text == len(c.text)
+
+
+# ------------------------------------------------------------------------------ metrics
+
+
+def test_prometheus_text_and_histogram_edges():
+    r = Registry()
+    h = Histogram(r, "lat_seconds", "latency", buckets=(0.1, 1.0))
+    cnt = Counter(r, "reqs_total", "requests", ["code"])
+    for v in (0.1, 0.5, 1.0, 3.0):  # an edge value falls in its own bucket (le is inclusive)
+        h.observe(v)
+    cnt.inc(labels={"code": "400"})
+    cnt.inc(2, labels={"code": "400"})
+    text = r.render()
+    assert "# TYPE lat_seconds histogram" in text and "# TYPE reqs_total counter" in text
+    m = parse_text(text)
+    assert m['lat_seconds_bucket{le="0.1"}'] == 1
+    assert m['lat_seconds_bucket{le="1.0"}'] == 3
+    assert m['lat_seconds_bucket{le="+Inf"}'] == 4 == m["lat_seconds_count"]
+    assert m["lat_seconds_sum"] == pytest.approx(4.6)
+    assert m['reqs_total{code="400"}'] == 3
+    with pytest.raises(ValueError):
+        cnt.inc(-1, labels={"code": "400"})
+    with pytest.raises(ValueError):
+        cnt.inc(labels={"status": "400"})
+
+
+def test_engine_stats_become_gauges():
+    sm = ServerMetrics("m")
+    sm.record_engine_stats({"kv.blocks.G": 3, "kv.blocks.C": 1, "planner.cpu_share": 0.4,
+                            "planner.prediction_error": 0.05, "engine.steps": 7,
+                            "kv.policy": "writescope", "flag": True}, 2, 5)
+    m = parse_text(sm.render())
+    assert m['writescope_kv_blocks{region="G"}'] == 3
+    assert m['writescope_kv_blocks{region="C"}'] == 1
+    assert m["writescope_planner_cpu_share"] == 0.4
+    assert m["writescope_planner_prediction_error"] == 0.05
+    assert m["writescope_engine_engine_steps"] == 7
+    assert m["writescope_engine_flag"] == 1
+    assert not any("policy" in k for k in m)  # non-numbers are skipped
+    assert m["writescope_num_requests_running"] == 2 and m["writescope_num_requests_waiting"] == 5
+    assert m['writescope_model_info{model="m"}'] == 1
+
+
+def test_tokens_per_second_window():
+    sm = ServerMetrics("m", throughput_window_s=10.0)
+    sm.record_step(0.01, 50, now=100.0)
+    sm.record_step(0.01, 30, now=105.0)
+    assert sm.tokens_per_second(now=106.0) == pytest.approx(8.0)
+    assert sm.tokens_per_second(now=112.0) == pytest.approx(3.0)  # the first fell out
+    assert sm.generation_tokens.value() == 80
+    assert math.isfinite(parse_text(sm.render())["writescope_generation_tokens_per_second"])
+
+
+# ------------------------------------------------------------------------------ the command
+
+
+def test_serve_command_arguments():
+    from writescope.cli import build_parser
+    from writescope.commands.common import engine_kwargs
+
+    args = build_parser().parse_args(
+        ["serve", "--port", "0", "--vram-budget", "2GiB", "--max-model-len", "8192",
+         "--kv-policy", "cpu", "--max-num-seqs", "4", "--api-key", "k",
+         "--shutdown-timeout", "5"])
+    assert args.func.__module__ == "writescope.commands.serve"
+    assert args.host == "127.0.0.1" and args.port == 0 and args.model is None
+    assert args.api_key == "k" and args.shutdown_timeout == 5.0
+    kw = engine_kwargs(args)
+    assert kw["model"] is None and kw["vram_budget"] == "2GiB" and kw["max_model_len"] == 8192
+    assert kw["kv_policy"] == "cpu" and kw["max_num_seqs"] == 4

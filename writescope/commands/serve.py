@@ -1,0 +1,107 @@
+"""``writescope serve``: the OpenAI-compatible HTTP server (FastAPI + uvicorn).
+
+SIGTERM (or Ctrl-C) shuts down gracefully: the server stops accepting connections, running
+requests get ``--shutdown-timeout`` seconds to finish, the rest are cancelled through the engine
+(streams end with ``finish_reason: "abort"``, their KV is freed), the engine thread stops, and
+the process exits 0 (130 for Ctrl-C).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import socket
+import sys
+
+
+def register(subparsers) -> None:
+    from .common import add_engine_args
+
+    p = subparsers.add_parser(
+        "serve", help="serve an OpenAI-compatible HTTP API with continuous batching",
+        description="Serve /v1/completions, /v1/chat/completions (streaming and not), /v1/models, "
+                    "/health and /metrics (Prometheus text). With no --model, serves the "
+                    "embedded default model (it ships a chat template).")
+    add_engine_args(p)
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    g.add_argument("--port", type=int, default=8000,
+                   help="port to bind (default 8000; 0 picks a free one, printed when ready)")
+    g.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on the /v1 routes")
+    g.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                   help="model name(s) clients use (default: the engine's model name)")
+    g.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="seconds running requests get to finish after SIGTERM before they are "
+                        "cancelled (default 30)")
+    g.add_argument("--log-level", default="info",
+                   choices=["critical", "error", "warning", "info", "debug"])
+    g.add_argument("--no-access-log", action="store_true", help="do not log every HTTP request")
+    p.set_defaults(func=run)
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, socktype, proto, _, addr = info[0]
+    sock = socket.socket(family, socktype, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from ..engine.engine import LLMEngine
+    from ..server.api import GracefulServer, create_app
+    from .common import engine_kwargs
+
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.shutdown_timeout < 0:
+        raise ValueError("--shutdown-timeout must be >= 0")
+    sock = bind_socket(args.host, args.port)  # bind first: a busy port fails before loading
+    host, port = sock.getsockname()[:2]
+    try:
+        engine = LLMEngine(**engine_kwargs(args))
+    except BaseException:
+        sock.close()
+        raise
+    if engine.tokenizer is None:
+        sock.close()
+        raise ValueError(f"model {engine.model_name} has no tokenizer files; the server needs one")
+    url_host = f"[{host}]" if ":" in host else host
+
+    def ready() -> None:
+        print(f"writescope serve: {engine.model_name} ready on http://{url_host}:{port} "
+              f"(max_model_len {engine.max_model_len})", flush=True)
+
+    app = create_app(engine, served_model_names=args.served_model_name, api_key=args.api_key,
+                     on_ready=ready)
+    config = uvicorn.Config(app, host=host, port=port, log_level=args.log_level,
+                            access_log=not args.no_access_log, lifespan="on",
+                            timeout_graceful_shutdown=10.0)  # backstop after our own grace
+    server = GracefulServer(config, app, grace_s=args.shutdown_timeout)
+    # uvicorn re-raises the signal that stopped it once it has shut down gracefully; with the
+    # default SIGTERM action that would kill the process with status -15. Catch it here instead
+    # so a graceful stop exits 0.
+    previous = signal.signal(signal.SIGTERM, _ignore_signal)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        sock.close()
+    if not server.started:
+        print("writescope serve: the server failed to start", file=sys.stderr)
+        return 1
+    print("writescope serve: stopped", flush=True)
+    return 0
+
+
+def _ignore_signal(signum, frame) -> None:
+    return None

@@ -1,0 +1,929 @@
+"""The OpenAI-compatible HTTP server: a FastAPI app around one engine loop thread.
+
+Threads and ownership
+    The engine is not thread-safe, so exactly one thread -- :class:`EngineLoop` -- calls it. HTTP
+    handlers run on the asyncio event loop and talk to the engine only through a thread-safe
+    command queue (add, abort, stop). The engine thread steps while any request is unfinished and
+    blocks on the queue when there is none (no busy wait). Between two steps it applies every
+    queued command, so requests join and leave the running batch at step boundaries (continuous
+    batching; the engine's scheduler chunks long prefills so decodes keep going). Each step's
+    outputs go back to the event loop in one ``call_soon_threadsafe`` per step, as *deltas* (new
+    token ids and log-probabilities, plus the engine's full text so far), onto per-HTTP-request
+    asyncio queues.
+
+Admission
+    ``engine.add_request`` runs on the engine thread and either accepts the request (it then runs
+    or waits for KV room) or raises ``InvalidRequestError``/``RequestTooLargeError`` before it
+    writes anything; the handler awaits that answer before it sends a status line, so a request
+    that can never fit gets a 400 and a streaming request is only answered ``200`` once admitted.
+
+Cancellation
+    A client that disconnects (streaming: Starlette's disconnect listener cancels the response;
+    non-streaming: a watcher on ``http.disconnect`` races the wait), a cancelled handler, or a
+    server shutdown all end in ``abort`` commands, which the engine thread applies before its
+    next step, freeing the request's KV at once.
+
+Patterns learned from vLLM's OpenAI server (``vllm/entrypoints/openai/api_server.py``,
+``serving_completion.py``, ``serving_chat.py``, ``entrypoints/utils.py: with_cancellation``):
+racing the handler against ``http.disconnect``, holding back the last ``len(stop) - 1``
+characters while streaming so a stop string is never half-sent, the ``stream_options``
+usage chunk, and the ``context_length_exceeded`` wording. The code here is our own.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import hmac
+import json
+import logging
+import queue
+import threading
+import time
+import traceback
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable, Sequence
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..core import InvalidRequestError, SamplingParams
+from . import protocol as P
+from .metrics import CONTENT_TYPE, ServerMetrics
+
+log = logging.getLogger("writescope.server")
+
+MAX_BODY_BYTES = 64 * 2 ** 20  # 64 MiB of JSON: far above any context this engine serves
+INLINE_TOKENIZE_CHARS = 4096   # shorter prompts are tokenised on the event loop, longer off it
+
+
+# ---------------------------------------------------------------------------------------------
+# the engine loop
+
+
+@dataclass
+class Delta:
+    """What one engine step produced for one request (sent to the event loop)."""
+
+    new_token_ids: list[int]
+    new_logprobs: list[float] | None
+    text: str | None           # the engine's full detokenised text so far (None: unchanged)
+    finish_reason: str | None
+
+
+class EngineFailure(Exception):
+    """The engine raised while stepping; every request in flight fails with it."""
+
+
+@dataclass
+class _Sink:
+    queue: asyncio.Queue
+    tag: Any
+    arrival: float
+    n_tokens: int = 0
+    n_logprobs: int = 0
+    first_token_time: float | None = None
+
+
+_STOP = object()
+
+
+class EngineLoop:
+    """Owns the engine: one thread steps it; everything else sends commands through a queue."""
+
+    def __init__(self, engine: Any, metrics: ServerMetrics, stats_interval_s: float = 0.05
+                 ) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self.stats_interval_s = stats_interval_s
+        self._cmds: queue.SimpleQueue = queue.SimpleQueue()
+        self._sinks: dict[str, _Sink] = {}  # engine thread only
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._last_stats = 0.0
+        self.dead: BaseException | None = None  # set when the engine can no longer be trusted
+        self.stopping = False
+
+    # -- event-loop side ----------------------------------------------------------------------
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._publish_stats()
+        self._thread = threading.Thread(target=self._run, name="writescope-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self.dead is None
+
+    def add(self, request_id: str, prompt: list[int], params: SamplingParams,
+            out: asyncio.Queue, tag: Any, arrival: float) -> asyncio.Future:
+        """Queue a request; the future resolves to None once admitted or raises why not."""
+        assert self._loop is not None, "engine loop not started"
+        fut = self._loop.create_future()
+        if self.stopping or not self.alive:
+            fut.set_exception(P.APIError("the server is shutting down" if self.stopping
+                                         else "the engine is not running", status=503,
+                                         type="server_error", code="unavailable"))
+            return fut
+        self._cmds.put(("add", request_id, prompt, params, out, tag, arrival, fut))
+        return fut
+
+    def abort(self, request_id: str) -> None:
+        self._cmds.put(("abort", request_id))
+
+    def cancel_all(self) -> None:
+        """Abort every running or waiting request; each ends with finish_reason "abort"."""
+        self._cmds.put(("cancel_all",))
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Abort what is left, end the thread (called at lifespan shutdown)."""
+        self.stopping = True
+        if self._thread is None:
+            return
+        self._cmds.put(_STOP)
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.error("engine thread did not stop within %.0f s", timeout)
+
+    # -- engine thread ------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            self._loop_forever()
+        except BaseException as e:  # noqa: BLE001 -- a bug here must not leave clients hanging
+            log.critical("the engine loop crashed:\n%s", traceback.format_exc())
+            self.dead = e
+            self._fail_all(EngineFailure(f"engine loop crashed: {type(e).__name__}: {e}"))
+            gone = P.APIError("the engine is not running", status=503, type="server_error",
+                              code="unavailable")
+            while True:
+                try:
+                    cmd = self._cmds.get_nowait()
+                except queue.Empty:
+                    break
+                if cmd is not _STOP and cmd[0] == "add":
+                    self._resolve(cmd[-1], gone)
+
+    def _loop_forever(self) -> None:
+        eng = self.engine
+        while True:
+            idle = not eng.has_unfinished_requests()
+            if idle:
+                self._publish_stats()
+            try:
+                while True:  # apply every queued command; wait for one only when idle
+                    cmd = self._cmds.get(block=idle)
+                    idle = False
+                    if cmd is _STOP:
+                        self._shutdown()
+                        return
+                    self._apply(cmd)
+            except queue.Empty:
+                pass
+            if eng.has_unfinished_requests():
+                self._step()
+
+    def _apply(self, cmd: tuple) -> None:
+        if cmd[0] == "add":
+            _, rid, prompt, params, out, tag, arrival, fut = cmd
+            try:
+                self.engine.add_request(rid, prompt, params)
+            except BaseException as e:  # noqa: BLE001 -- handed to the waiting handler
+                self._resolve(fut, e)
+                return
+            self._sinks[rid] = _Sink(out, tag, arrival)
+            self.metrics.prompt_tokens.inc(len(prompt))
+            self._resolve(fut, None)
+        elif cmd[0] == "cancel_all":
+            deliveries = []
+            for rid, sink in list(self._sinks.items()):
+                self._apply(("abort", rid))
+                deliveries.append((sink.queue, sink.tag, Delta([], None, None, "abort")))
+            if deliveries:
+                self._call(_deliver, deliveries)
+        elif cmd[0] == "abort":
+            rid = cmd[1]
+            sink = self._sinks.pop(rid, None)
+            try:
+                self.engine.abort_request(rid)
+            except Exception as e:  # noqa: BLE001
+                log.error("abort of %s failed: %s", rid, e)
+                self.dead = e
+            if sink is not None:
+                self.metrics.requests_total.inc(labels={"finished_reason": "abort"})
+
+    def _step(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            outs = self.engine.step()
+        except Exception as e:  # noqa: BLE001
+            log.error("engine step failed:\n%s", traceback.format_exc())
+            self.metrics.engine_errors.inc()
+            self._fail_all(EngineFailure(f"engine error: {type(e).__name__}: {e}"))
+            return
+        dt = time.perf_counter() - t0
+        now = time.monotonic()
+        deliveries: list[tuple[asyncio.Queue, Any, Delta]] = []
+        new_total = 0
+        for out in outs:
+            sink = self._sinks.get(out.request_id)
+            if sink is None:
+                continue  # aborted since it was scheduled
+            ids = out.token_ids
+            n = len(ids)
+            new_ids = list(ids[sink.n_tokens:n])
+            new_lp = None
+            if out.logprobs is not None:
+                new_lp = list(out.logprobs[sink.n_logprobs:])
+                sink.n_logprobs = len(out.logprobs)
+            if new_ids:
+                new_total += len(new_ids)
+                if sink.first_token_time is None:
+                    sink.first_token_time = now
+                    self.metrics.ttft.observe(now - sink.arrival)
+            sink.n_tokens = n
+            deliveries.append((sink.queue, sink.tag,
+                               Delta(new_ids, new_lp, out.text, out.finish_reason)))
+            if out.finish_reason is not None:
+                del self._sinks[out.request_id]
+                self.metrics.requests_total.inc(labels={"finished_reason": str(out.finish_reason)})
+                self.metrics.e2e.observe(now - sink.arrival)
+                if n > 1 and sink.first_token_time is not None:
+                    self.metrics.tpot.observe((now - sink.first_token_time) / (n - 1))
+        self.metrics.record_step(dt, new_total, now)
+        if deliveries:
+            self._call(_deliver, deliveries)
+        if time.monotonic() - self._last_stats >= self.stats_interval_s:
+            self._publish_stats()
+
+    def _fail_all(self, err: Exception) -> None:
+        deliveries = [(s.queue, s.tag, err) for s in self._sinks.values()]
+        for rid in list(self._sinks):
+            try:
+                self.engine.abort_request(rid)
+            except Exception as e:  # noqa: BLE001
+                log.error("abort after a failed step raised too; engine marked dead: %s", e)
+                self.dead = e
+        self._sinks.clear()
+        if deliveries:
+            self._call(_deliver, deliveries)
+        self._publish_stats()
+
+    def _shutdown(self) -> None:
+        gone = P.APIError("the server is shutting down", status=503, type="server_error",
+                          code="unavailable")
+        deliveries = []
+        for rid, s in list(self._sinks.items()):
+            try:
+                self.engine.abort_request(rid)
+            except Exception as e:  # noqa: BLE001
+                log.error("abort of %s at shutdown failed: %s", rid, e)
+            deliveries.append((s.queue, s.tag, Delta([], None, None, "abort")))
+        self._sinks.clear()
+        while True:  # commands that raced the stop
+            try:
+                cmd = self._cmds.get_nowait()
+            except queue.Empty:
+                break
+            if cmd is not _STOP and cmd[0] == "add":
+                self._resolve(cmd[-1], gone)
+        if deliveries:
+            self._call(_deliver, deliveries)
+        self._publish_stats()
+
+    def _publish_stats(self) -> None:
+        self._last_stats = time.monotonic()
+        eng = self.engine
+        try:
+            stats = eng.stats()
+        except Exception as e:  # noqa: BLE001 -- metrics must never take the loop down
+            log.warning("engine.stats() failed: %s", e)
+            stats = {}
+        self.metrics.record_engine_stats(stats, int(getattr(eng, "num_running", 0)),
+                                         int(getattr(eng, "num_waiting", 0)))
+
+    def _resolve(self, fut: asyncio.Future, exc: BaseException | None) -> None:
+        self._call(_set_future, fut, exc)
+
+    def _call(self, fn: Callable, *args: Any) -> None:
+        try:
+            self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the event loop is closed: nobody is listening any more
+            pass
+
+
+def _deliver(deliveries: list) -> None:
+    for q, tag, item in deliveries:
+        q.put_nowait((tag, item))
+
+
+def _set_future(fut: asyncio.Future, exc: BaseException | None) -> None:
+    if fut.done():
+        return
+    if exc is None:
+        fut.set_result(None)
+    else:
+        fut.set_exception(exc)
+
+
+# ---------------------------------------------------------------------------------------------
+# one HTTP request's generations (n choices x prompts)
+
+
+@dataclass
+class _Choice:
+    index: int
+    request_id: str
+    prompt_ids: list[int]
+    prompt_text: str | None
+    max_tokens: int
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    # streaming cursors
+    sent_text: int = 0
+    sent_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class _Generation:
+    def __init__(self, server: "OpenAIServer", choices: list[_Choice],
+                 params: list[SamplingParams], arrival: float, n: int = 1) -> None:
+        self.server = server
+        self.n = n  # choices per prompt: prompt tokens count once per prompt, as OpenAI does
+        self.choices = choices
+        self.params = params
+        self.arrival = arrival
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self._submitted: list[str] = []
+        self._open = False
+
+    async def submit(self) -> None:
+        loop = self.server.loop
+        futs = []
+        for c, p in zip(self.choices, self.params):
+            futs.append(loop.add(c.request_id, c.prompt_ids, p, self.queue, c.index, self.arrival))
+            self._submitted.append(c.request_id)
+        try:
+            results = await asyncio.gather(*futs, return_exceptions=True)
+        except BaseException:  # cancelled while waiting for admission: take it all back
+            self.abort_unfinished()
+            raise
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if not errors:
+            self._open = True
+            self.server.active += 1
+            return
+        self.abort_unfinished()  # the admitted siblings of a refused one
+        e = errors[0]
+        if isinstance(e, InvalidRequestError):
+            raise P.invalid_request(e) from None
+        if isinstance(e, P.APIError):
+            raise e
+        raise P.APIError(f"could not start the request: {type(e).__name__}: {e}",
+                         status=500, type="server_error") from None
+
+    def close(self) -> None:
+        """The response is over (sent, failed or abandoned): abort what still runs."""
+        self.abort_unfinished()
+        if self._open:
+            self._open = False
+            self.server.active -= 1
+
+    def abort_unfinished(self) -> None:
+        for c in self.choices:
+            if not c.finished and c.request_id in self._submitted:
+                self.server.loop.abort(c.request_id)
+                c.finish_reason = c.finish_reason or "abort"
+
+    def unfinished(self) -> bool:
+        return any(not c.finished for c in self.choices)
+
+    async def next_updates(self) -> set[int]:
+        """Wait for at least one delta, apply every queued one; the indices that changed."""
+        items = [await self.queue.get()]
+        while True:
+            try:
+                items.append(self.queue.get_nowait())
+            except asyncio.QueueEmpty:
+                break
+        changed: set[int] = set()
+        for tag, item in items:
+            c = self.choices[tag]
+            if isinstance(item, BaseException):
+                for other in self.choices:
+                    other.finish_reason = other.finish_reason or "abort"
+                raise item
+            c.token_ids.extend(item.new_token_ids)
+            if item.new_logprobs:
+                c.logprobs.extend(item.new_logprobs)
+            if item.text is not None:
+                c.text = item.text
+            if item.finish_reason is not None:
+                c.finish_reason = str(item.finish_reason)
+            changed.add(tag)
+        return changed
+
+    async def run_to_end(self) -> None:
+        try:
+            while self.unfinished():
+                await self.next_updates()
+        finally:
+            self.abort_unfinished()  # no-op when all finished; frees KV when cancelled
+
+    def usage(self) -> P.UsageInfo:
+        prompt = sum(len(c.prompt_ids) for c in self.choices[::self.n])
+        completion = sum(len(c.token_ids) for c in self.choices)
+        return P.UsageInfo(prompt_tokens=prompt, completion_tokens=completion,
+                           total_tokens=prompt + completion)
+
+
+class _SSEResponse(StreamingResponse):
+    """A server-sent-events stream that runs ``on_close`` however it ends (done, error,
+    client gone, task cancelled), so unfinished generations are aborted at once."""
+
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
+def _sse(obj: Any) -> str:
+    if hasattr(obj, "model_dump_json"):
+        return f"data: {obj.model_dump_json(exclude_unset=False)}\n\n"
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+_DONE = "data: [DONE]\n\n"
+
+
+async def _until_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+# ---------------------------------------------------------------------------------------------
+# the server
+
+
+class OpenAIServer:
+    def __init__(self, engine: Any, served_model_names: Sequence[str] | None = None,
+                 api_key: str | None = None, metrics: ServerMetrics | None = None,
+                 max_body_bytes: int = MAX_BODY_BYTES) -> None:
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.model_names = list(served_model_names or [engine.model_name])
+        self.max_model_len = int(engine.max_model_len)
+        self.api_key = api_key or None
+        self.max_body_bytes = max_body_bytes
+        self.metrics = metrics or ServerMetrics(self.model_names[0])
+        self.loop = EngineLoop(engine, self.metrics)
+        self.vocab_size = _vocab_size(engine)
+        self._tok_pool = concurrent.futures.ThreadPoolExecutor(1, "writescope-tokenize")
+        self.active = 0  # HTTP requests holding admitted generations
+
+    # -- helpers --------------------------------------------------------------------------------
+    def check_auth(self, request: Request) -> None:
+        if self.api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
+                                                                 self.api_key.encode()):
+            raise P.APIError("Incorrect API key provided.", status=401,
+                             code="invalid_api_key")
+
+    def check_model(self, model: str | None) -> str:
+        if model is None or model in self.model_names:
+            return self.model_names[0] if model is None else model
+        raise P.APIError(f"The model `{model}` does not exist.", status=404,
+                         type="invalid_request_error", param="model", code="model_not_found")
+
+    async def read_body(self, request: Request) -> bytes:
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
+            raise P.APIError(f"request body larger than {self.max_body_bytes} bytes",
+                             status=413, code="request_too_large")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise P.APIError(f"request body larger than {self.max_body_bytes} bytes",
+                                 status=413, code="request_too_large")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def off_loop(self, fn: Callable[[], Any], heavy: bool) -> Any:
+        if not heavy:
+            return fn()
+        return await asyncio.get_running_loop().run_in_executor(self._tok_pool, fn)
+
+    def check_ids(self, ids: list[int], what: str) -> None:
+        if self.vocab_size is not None:
+            bad = [t for t in ids if t >= self.vocab_size]
+            if bad:
+                raise P.APIError(f"{what}: token id {bad[0]} is out of range "
+                                 f"(vocabulary size {self.vocab_size})", param=what)
+        if any(t < 0 for t in ids):
+            raise P.APIError(f"{what}: token ids must be non-negative", param=what)
+
+    def resolve_max_tokens(self, prompt_len: int, requested: int | None, noun: str) -> int:
+        L = self.max_model_len
+        if prompt_len == 0:
+            raise P.APIError("the prompt is empty", param="prompt")
+        if prompt_len >= L:
+            raise P.APIError(
+                f"This model's maximum context length is {L} tokens. However, your {noun} "
+                f"has {prompt_len} tokens, which leaves no room for the completion. Please "
+                f"reduce the length of the {noun}.", code="context_length_exceeded")
+        if requested is None:
+            return L - prompt_len
+        if prompt_len + requested > L:
+            raise P.APIError(
+                f"This model's maximum context length is {L} tokens. However, you requested "
+                f"{prompt_len + requested} tokens ({prompt_len} in the {noun}, {requested} in "
+                f"the completion). Please reduce the length of the {noun} or completion.",
+                param="max_tokens", code="context_length_exceeded")
+        return requested
+
+    def token_str(self, tid: int) -> str:
+        return self.tokenizer.decode([tid])
+
+    # -- /v1/completions --------------------------------------------------------------------------
+    async def completions(self, request: Request) -> Response:
+        arrival = time.monotonic()
+        self.check_auth(request)
+        req = P.parse_request(P.CompletionRequest, await self.read_body(request))
+        model = self.check_model(req.model)
+        prompts = req.prompts()
+        heavy = sum(len(p) for p in prompts if isinstance(p, str)) > INLINE_TOKENIZE_CHARS
+
+        def tokenize() -> list[tuple[list[int], str | None]]:
+            out = []
+            for p in prompts:
+                if isinstance(p, str):
+                    out.append((list(self.tokenizer.encode(p)), p))
+                else:
+                    out.append((list(p), None))
+            return out
+
+        encoded = await self.off_loop(tokenize, heavy)
+        choices, params = [], []
+        base = P.new_id("cmpl")
+        lp = None if req.logprobs is None else 1
+        for pi, (ids, text) in enumerate(encoded):
+            if text is None:
+                self.check_ids(ids, "prompt")
+            max_tokens = self.resolve_max_tokens(len(ids), req.max_tokens, "prompt")
+            if req.echo and text is None:
+                text = self.tokenizer.decode(ids)
+            for j in range(req.num_choices):
+                idx = pi * req.num_choices + j
+                choices.append(_Choice(idx, f"{base}-{idx}", ids, text, max_tokens))
+                params.append(self._params(req, max_tokens, lp, j))
+        gen = _Generation(self, choices, params, arrival, req.num_choices)
+        await gen.submit()
+        if req.stream:
+            return _SSEResponse(self._completion_stream(gen, req, base, model), gen.close)
+        done = await self._until_done_or_disconnect(request, gen)
+        if not done:
+            return Response(status_code=499)
+        resp = P.CompletionResponse(
+            id=base, model=model, usage=gen.usage(),
+            choices=[P.CompletionChoice(
+                index=c.index,
+                text=(c.prompt_text or "") + c.text if req.echo else c.text,
+                logprobs=self._completion_logprobs(c, 0, len(c.token_ids), req.logprobs,
+                                                   0) if req.logprobs is not None else None,
+                finish_reason=c.finish_reason) for c in gen.choices])
+        return JSONResponse(resp.model_dump())
+
+    def _params(self, req, max_tokens: int, lp: int | None, j: int) -> SamplingParams:
+        try:
+            return req.sampling_params(max_tokens, lp, seed_offset=j)
+        except InvalidRequestError as e:
+            raise P.invalid_request(e) from None
+
+    def _completion_logprobs(self, c: _Choice, start: int, end: int, k: int,
+                             text_offset: int) -> P.CompletionLogprobs:
+        toks = [self.token_str(t) for t in c.token_ids[start:end]]
+        lps = c.logprobs[start:end]
+        offsets, off = [], text_offset
+        for t in toks:
+            offsets.append(off)
+            off += len(t)
+        return P.CompletionLogprobs(
+            tokens=toks, token_logprobs=list(lps), text_offset=offsets,
+            top_logprobs=[{t: v} for t, v in zip(toks, lps)] if k >= 1 else None)
+
+    async def _completion_stream(self, gen: _Generation, req: P.CompletionRequest, rid: str,
+                                 model: str) -> AsyncIterator[str]:
+        holdback = max((len(s) for s in req.stop_list), default=1) - 1
+        usage_every = bool(req.stream_options and req.stream_options.continuous_usage_stats)
+        created = P.now_s()
+        text_offsets = {c.index: 0 for c in gen.choices}
+        try:
+            if req.echo:
+                for c in gen.choices:
+                    yield _sse(P.CompletionResponse(id=rid, created=created, model=model, choices=[
+                        P.CompletionChoice(index=c.index, text=c.prompt_text or "")]))
+                    text_offsets[c.index] = len(c.prompt_text or "")
+            while gen.unfinished():
+                for idx in sorted(await gen.next_updates()):
+                    c = gen.choices[idx]
+                    piece = _text_delta(c, holdback)
+                    n_tok = len(c.token_ids)
+                    if not piece and not c.finished and n_tok == c.sent_tokens:
+                        continue
+                    logprobs = None
+                    if req.logprobs is not None:
+                        logprobs = self._completion_logprobs(c, c.sent_tokens, n_tok, req.logprobs,
+                                                             text_offsets[idx])
+                        text_offsets[idx] += sum(len(t) for t in logprobs.tokens)
+                    c.sent_tokens = n_tok
+                    chunk = P.CompletionResponse(
+                        id=rid, created=created, model=model,
+                        choices=[P.CompletionChoice(index=idx, text=piece, logprobs=logprobs,
+                                                    finish_reason=c.finish_reason)])
+                    if usage_every:
+                        chunk.usage = gen.usage()
+                    yield _sse(chunk)
+            if req.stream_options and req.stream_options.include_usage:
+                yield _sse(P.CompletionResponse(id=rid, created=created, model=model, choices=[],
+                                                usage=gen.usage()))
+            yield _DONE
+        except (EngineFailure, P.APIError) as e:
+            yield _sse(_error_body(e))
+            yield _DONE
+
+    # -- /v1/chat/completions ---------------------------------------------------------------------
+    async def chat(self, request: Request) -> Response:
+        arrival = time.monotonic()
+        self.check_auth(request)
+        req = P.parse_request(P.ChatCompletionRequest, await self.read_body(request))
+        model = self.check_model(req.model)
+        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+                    | ({"name": m.name} if m.name else {}) for m in req.messages]
+        heavy = sum(len(m["content"]) for m in messages) > INLINE_TOKENIZE_CHARS
+
+        def template() -> list[int]:
+            return list(self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=bool(req.add_generation_prompt)))
+
+        try:
+            ids = await self.off_loop(template, heavy)
+        except Exception as e:  # noqa: BLE001 -- a template's own raise_exception or a bad turn
+            log.info("chat template rejected a request: %s", e)
+            raise P.APIError(f"cannot apply the model's chat template to these messages: {e}",
+                             param="messages") from None
+        max_tokens = self.resolve_max_tokens(len(ids), req.requested_max_tokens, "messages")
+        base = P.new_id("chatcmpl")
+        lp = 1 if req.logprobs else None
+        choices = [_Choice(j, f"{base}-{j}", ids, None, max_tokens) for j in range(req.num_choices)]
+        params = [self._params(req, max_tokens, lp, j) for j in range(req.num_choices)]
+        gen = _Generation(self, choices, params, arrival, req.num_choices)
+        await gen.submit()
+        if req.stream:
+            return _SSEResponse(self._chat_stream(gen, req, base, model), gen.close)
+        done = await self._until_done_or_disconnect(request, gen)
+        if not done:
+            return Response(status_code=499)
+        resp = P.ChatCompletionResponse(
+            id=base, model=model, usage=gen.usage(),
+            choices=[P.ChatChoice(
+                index=c.index, message=P.ChatResponseMessage(content=c.text),
+                logprobs=self._chat_logprobs(c, 0, len(c.token_ids), req.top_logprobs)
+                if req.logprobs else None,
+                finish_reason=c.finish_reason) for c in gen.choices])
+        return JSONResponse(resp.model_dump())
+
+    def _chat_logprobs(self, c: _Choice, start: int, end: int, top: int | None
+                       ) -> P.ChatChoiceLogprobs:
+        items = []
+        for tid, lp in zip(c.token_ids[start:end], c.logprobs[start:end]):
+            tok = self.token_str(tid)
+            b = list(tok.encode("utf-8"))
+            items.append(P.ChatLogprob(
+                token=tok, logprob=lp, bytes=b,
+                top_logprobs=[P.ChatTopLogprob(token=tok, logprob=lp, bytes=b)] if top else []))
+        return P.ChatChoiceLogprobs(content=items)
+
+    async def _chat_stream(self, gen: _Generation, req: P.ChatCompletionRequest, rid: str,
+                           model: str) -> AsyncIterator[str]:
+        holdback = max((len(s) for s in req.stop_list), default=1) - 1
+        usage_every = bool(req.stream_options and req.stream_options.continuous_usage_stats)
+        created = P.now_s()
+
+        def chunk(choices: list[P.ChatStreamChoice]) -> str:
+            c = P.ChatCompletionChunk(id=rid, created=created, model=model, choices=choices)
+            if usage_every:
+                c.usage = gen.usage()
+            return _sse(c)
+
+        try:
+            for c in gen.choices:
+                yield chunk([P.ChatStreamChoice(index=c.index,
+                                                delta=P.ChatDelta(role="assistant", content=""))])
+            while gen.unfinished():
+                for idx in sorted(await gen.next_updates()):
+                    c = gen.choices[idx]
+                    piece = _text_delta(c, holdback)
+                    n_tok = len(c.token_ids)
+                    if not piece and not c.finished and n_tok == c.sent_tokens:
+                        continue
+                    logprobs = None
+                    if req.logprobs:
+                        logprobs = self._chat_logprobs(c, c.sent_tokens, n_tok, req.top_logprobs)
+                    c.sent_tokens = n_tok
+                    yield chunk([P.ChatStreamChoice(
+                        index=idx, delta=P.ChatDelta(content=piece if piece else None),
+                        logprobs=logprobs, finish_reason=c.finish_reason)])
+            if req.stream_options and req.stream_options.include_usage:
+                yield _sse(P.ChatCompletionChunk(id=rid, created=created, model=model, choices=[],
+                                                 usage=gen.usage()))
+            yield _DONE
+        except (EngineFailure, P.APIError) as e:
+            yield _sse(_error_body(e))
+            yield _DONE
+
+    async def _until_done_or_disconnect(self, request: Request, gen: _Generation) -> bool:
+        """Wait for every choice to finish; False (and all aborted) if the client left first."""
+        work = asyncio.ensure_future(gen.run_to_end())
+        watch = asyncio.ensure_future(_until_disconnect(request))
+        try:
+            done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (work, watch):
+                if not t.done():
+                    t.cancel()
+            gen.close()
+        if work not in done:
+            return False
+        e = work.exception()
+        if isinstance(e, EngineFailure):
+            raise P.APIError(str(e), status=500, type="server_error") from None
+        if e is not None:
+            raise e
+        if self.loop.stopping and any(c.finish_reason == "abort" for c in gen.choices):
+            raise P.APIError("the server is shutting down; the request was cancelled",
+                             status=503, type="server_error", code="unavailable")
+        return True
+
+    # -- the rest ---------------------------------------------------------------------------------
+    def models(self) -> P.ModelList:
+        return P.ModelList(data=[P.ModelCard(id=n, root=getattr(self.engine, "model_name", n),
+                                             max_model_len=self.max_model_len)
+                                 for n in self.model_names])
+
+
+def _text_delta(c: _Choice, holdback: int) -> str:
+    """New text to send for a choice. Until it finishes, the last ``holdback`` characters (a
+    possible stop-string prefix) and a trailing replacement character (an incomplete UTF-8
+    sequence) stay back."""
+    text = c.text
+    end = len(text)
+    if not c.finished:
+        end -= holdback
+        while end > c.sent_text and text[end - 1] == "\ufffd":
+            end -= 1
+    if end <= c.sent_text:
+        return ""
+    piece = text[c.sent_text:end]
+    c.sent_text = end
+    return piece
+
+
+def _error_body(e: Exception) -> dict:
+    if isinstance(e, P.APIError):
+        return e.body()
+    return P.APIError(str(e), status=500, type="server_error").body()
+
+
+def _vocab_size(engine: Any) -> int | None:
+    tok = engine.tokenizer
+    for obj, attr in ((tok, "vocab_size"), (getattr(engine, "model_config", None), "vocab_size"),
+                      (getattr(engine, "config", None), "vocab_size")):
+        v = getattr(obj, attr, None) if obj is not None else None
+        if isinstance(v, int) and v > 0:
+            return v
+    try:
+        return len(tok) or None
+    except TypeError:
+        return None
+
+
+class GracefulServer(uvicorn.Server):
+    """uvicorn's server with a shutdown that suits a generation server: stop accepting and close
+    idle connections, give running requests ``grace_s`` to finish, then cancel the rest through
+    the engine (streams end with ``finish_reason: "abort"`` and ``[DONE]``, waiting non-streaming
+    requests get a 503) instead of killing their tasks mid-write, then uvicorn's own shutdown
+    (its ``timeout_graceful_shutdown`` is the backstop) and the app's lifespan shutdown."""
+
+    def __init__(self, config: uvicorn.Config, app: FastAPI, grace_s: float) -> None:
+        super().__init__(config)
+        self.app_server: OpenAIServer = app.state.server
+        self.grace_s = grace_s
+
+    async def shutdown(self, sockets=None) -> None:
+        for server in self.servers:
+            server.close()
+        for connection in list(self.server_state.connections):
+            connection.shutdown()  # idle keep-alive: closed; busy: closed after its response
+        srv = self.app_server
+        srv.loop.stopping = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.grace_s
+        if srv.active:
+            log.info("waiting up to %.0f s for %d running request(s)", self.grace_s, srv.active)
+        while srv.active and loop.time() < deadline and not self.force_exit:
+            await asyncio.sleep(0.05)
+        if srv.active:
+            log.warning("cancelling %d running request(s)", srv.active)
+            srv.loop.cancel_all()
+        await super().shutdown(sockets)
+
+
+def create_app(engine: Any, *, served_model_names: Sequence[str] | None = None,
+               api_key: str | None = None, on_ready: Callable[[], None] | None = None,
+               max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+    """The FastAPI app serving ``engine`` (an :class:`~writescope.engine.engine.LLMEngine` or
+    anything with its interface). The engine loop starts and stops with the app's lifespan."""
+    server = OpenAIServer(engine, served_model_names, api_key, max_body_bytes=max_body_bytes)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        server.loop.start(asyncio.get_running_loop())
+        if on_ready is not None:
+            on_ready()
+        try:
+            yield
+        finally:
+            server.loop.stop()
+            server._tok_pool.shutdown(wait=False, cancel_futures=True)
+
+    app = FastAPI(title="writescope", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.server = server
+
+    @app.exception_handler(P.APIError)
+    async def _api_error(request: Request, e: P.APIError):
+        if 400 <= e.status < 500:
+            server.metrics.requests_rejected.inc(labels={"status": str(e.status)})
+        return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, e: StarletteHTTPException):
+        code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code)
+        if 400 <= e.status_code < 500:
+            server.metrics.requests_rejected.inc(labels={"status": str(e.status_code)})
+        return JSONResponse(P.APIError(str(e.detail), status=e.status_code, code=code).body(),
+                            status_code=e.status_code, headers=getattr(e, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, e: RequestValidationError):
+        return JSONResponse(P.APIError(str(e)).body(), status_code=400)
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, e: Exception):
+        log.error("unhandled error on %s:\n%s", request.url.path, traceback.format_exc())
+        return JSONResponse(P.APIError(f"internal error: {type(e).__name__}: {e}", status=500,
+                                       type="server_error").body(), status_code=500)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await server.completions(request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await server.chat(request)
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        server.check_auth(request)
+        return JSONResponse(server.models().model_dump())
+
+    @app.get("/health")
+    async def health():
+        if server.loop.alive and not server.loop.stopping:
+            return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "unavailable"}, status_code=503)
+
+    @app.get("/metrics")
+    async def metrics():
+        return PlainTextResponse(server.metrics.render(), media_type=CONTENT_TYPE)
+
+    return app

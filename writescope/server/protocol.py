@@ -1,0 +1,415 @@
+"""Request and response bodies of the OpenAI-compatible API, as pydantic models.
+
+Shapes follow OpenAI's API reference for ``/v1/completions`` and ``/v1/chat/completions`` (and
+the objects the official ``openai`` client parses); field names of the few extensions (``top_k``,
+``ignore_eos``, ``stop_token_ids``) follow vLLM's server. Requests are validated strictly, as
+OpenAI does: an unknown field, a field of the wrong type (``"max_tokens": "16"``) or a value out of
+range is a 400 naming the parameter. Parameters this engine cannot honour (penalties, logit bias,
+tools, more than the sampled token's log-probability) are refused with a clear message rather
+than silently ignored; neutral values of them (``0``, ``{}``, ``"none"``) are accepted because
+common clients send them.
+"""
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from typing import Any, Literal, Optional, Union
+
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
+                      model_serializer, model_validator)
+
+from ..core import InvalidRequestError, SamplingParams
+
+MAX_CHOICES = 16       # n
+MAX_SUBREQUESTS = 128  # prompts x n in one completions call
+MAX_STOP = 16
+SEED_RANGE = (-(2 ** 63), 2 ** 64 - 1)  # what torch.Generator.manual_seed accepts
+
+
+class APIError(Exception):
+    """An error answered as OpenAI's ``{"error": {...}}`` body with an HTTP status."""
+
+    def __init__(self, message: str, status: int = 400, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+
+class _Strict(BaseModel):
+    # strict: no "16" -> 16 or 1.0 -> True coercions; JSON ints are still accepted for floats
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(_Strict):
+    include_usage: Optional[bool] = False
+    continuous_usage_stats: Optional[bool] = False
+
+
+Stop = Union[str, list[str], None]
+
+
+class _SamplingFields(_Strict):
+    """Fields shared by both endpoints."""
+
+    model: Optional[str] = None
+    n: Optional[int] = Field(1, ge=1, le=MAX_CHOICES)
+    stream: Optional[bool] = False
+    stream_options: Optional[StreamOptions] = None
+    temperature: Optional[float] = Field(1.0, ge=0.0, le=2.0)
+    top_p: Optional[float] = Field(1.0, gt=0.0, le=1.0)
+    stop: Stop = None
+    seed: Optional[int] = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
+    presence_penalty: Optional[float] = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: Optional[float] = Field(0.0, ge=-2.0, le=2.0)
+    logit_bias: Optional[dict[str, float]] = None
+    user: Optional[str] = None
+    # extensions (vLLM's names)
+    top_k: Optional[int] = Field(None, ge=-1)
+    ignore_eos: Optional[bool] = False
+    stop_token_ids: Optional[list[int]] = None
+
+    @field_validator("stop")
+    @classmethod
+    def _check_stop(cls, v: Stop) -> Stop:
+        stops = [v] if isinstance(v, str) else (v or [])
+        if len(stops) > MAX_STOP:
+            raise ValueError(f"at most {MAX_STOP} stop sequences are allowed")
+        if any(not s for s in stops):
+            raise ValueError("stop sequences must be non-empty strings")
+        return v
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _check_stop_ids(cls, v: list[int] | None) -> list[int] | None:
+        if v and any(t < 0 for t in v):
+            raise ValueError("stop_token_ids must be non-negative")
+        return v
+
+    @model_validator(mode="after")
+    def _unsupported(self):
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name):
+                raise ValueError(f"{name} is not supported by this server (use 0)")
+        if self.logit_bias:
+            raise ValueError("logit_bias is not supported by this server")
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed when stream is true")
+        return self
+
+    @property
+    def num_choices(self) -> int:
+        return 1 if self.n is None else self.n
+
+    @property
+    def stop_list(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    def sampling_params(self, max_tokens: int, logprobs: int | None, seed_offset: int = 0
+                        ) -> SamplingParams:
+        seed = self.seed
+        if seed is not None and seed_offset:
+            seed = (seed + seed_offset) % (2 ** 63)
+        return SamplingParams(
+            temperature=1.0 if self.temperature is None else float(self.temperature),
+            top_p=1.0 if self.top_p is None else float(self.top_p),
+            top_k=-1 if self.top_k is None else self.top_k,
+            max_tokens=max_tokens,
+            seed=seed,
+            stop=self.stop_list,
+            stop_token_ids=list(self.stop_token_ids or []),
+            ignore_eos=bool(self.ignore_eos),
+            logprobs=logprobs,
+        )
+
+
+Prompt = Union[str, list[str], list[int], list[list[int]]]
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: Prompt
+    max_tokens: Optional[int] = Field(16, ge=1)
+    echo: Optional[bool] = False
+    logprobs: Optional[int] = Field(None, ge=0, le=5)
+    best_of: Optional[int] = Field(None, ge=1)
+    suffix: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _completion_checks(self):
+        if self.logprobs is not None and self.logprobs > 1:
+            raise ValueError("logprobs > 1 is not supported: only the sampled token's "
+                             "log-probability is returned (use 0 or 1)")
+        if self.best_of is not None and self.best_of != self.num_choices:
+            raise ValueError("best_of different from n is not supported")
+        if self.suffix:
+            raise ValueError("suffix is not supported by this server")
+        if self.echo and self.logprobs is not None:
+            raise ValueError("echo together with logprobs is not supported "
+                             "(prompt log-probabilities are not computed)")
+        if isinstance(self.prompt, list):
+            if not self.prompt:
+                raise ValueError("prompt must not be empty")
+            n_prompts = len(self.prompt) if not isinstance(self.prompt[0], int) else 1
+            if n_prompts * self.num_choices > MAX_SUBREQUESTS:
+                raise ValueError(f"at most {MAX_SUBREQUESTS} completions (prompts x n) "
+                                 "per request")
+        return self
+
+    def prompts(self) -> list[str | list[int]]:
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if p and isinstance(p[0], int):
+            return [list(p)]  # type: ignore[arg-type]
+        return list(p)  # type: ignore[arg-type]
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    type: str
+    text: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _text_only(self):
+        if self.type != "text" or self.text is None:
+            raise ValueError(f"content part of type {self.type!r} is not supported "
+                             "(only text parts)")
+        return self
+
+
+class ChatMessage(BaseModel):
+    # extra fields ignored: clients echo back assistant messages with refusal/annotations/...
+    model_config = ConfigDict(extra="ignore", strict=True)
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Union[str, list[TextPart], None] = None
+    name: Optional[str] = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text or "" for p in self.content)
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[dict[str, Any]] = None
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: Optional[int] = Field(None, ge=1)
+    max_completion_tokens: Optional[int] = Field(None, ge=1)
+    logprobs: Optional[bool] = False
+    top_logprobs: Optional[int] = Field(None, ge=0, le=20)
+    response_format: Optional[ResponseFormat] = None
+    tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Optional[Union[str, dict[str, Any]]] = None
+    parallel_tool_calls: Optional[bool] = None
+    add_generation_prompt: Optional[bool] = True  # extension (vLLM)
+
+    @model_validator(mode="after")
+    def _chat_checks(self):
+        if self.top_logprobs and self.top_logprobs > 1:
+            raise ValueError("top_logprobs > 1 is not supported: only the sampled token's "
+                             "log-probability is returned (use 0 or 1)")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs requires logprobs to be true")
+        if self.response_format is not None and self.response_format.type != "text":
+            raise ValueError("response_format other than text is not supported")
+        if self.tools:
+            raise ValueError("tools are not supported by this server")
+        if self.tool_choice not in (None, "none", "auto"):
+            raise ValueError("tool_choice is not supported by this server")
+        return self
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None \
+            else self.max_tokens
+
+
+def parse_request(model: type[BaseModel], body: bytes):
+    """Validate a raw JSON body; malformed JSON or a bad field becomes a 400 :class:`APIError`."""
+    if not body.strip():
+        raise APIError("request body is empty; expected a JSON object")
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as e:
+        errors = e.errors()
+        err = next((x for x in errors if x.get("type") == "value_error"), errors[0])
+        loc = [x for x in err.get("loc", ()) if isinstance(x, int) or _FIELD.match(str(x))]
+        param = ".".join(str(x) for x in loc) or None
+        etype = err.get("type", "")
+        if etype == "json_invalid":
+            raise APIError(f"malformed JSON: {err.get('msg')}", code="invalid_json") from None
+        if etype == "model_type" and not loc:
+            raise APIError("request body must be a JSON object", code="invalid_json") from None
+        if etype == "extra_forbidden":
+            raise APIError(f"Unrecognized request argument supplied: {param}", param=param,
+                           code="unknown_parameter") from None
+        if etype == "missing":
+            raise APIError(f"Missing required parameter: {param}", param=param,
+                           code="missing_required_parameter") from None
+        msg = err.get("msg", "invalid value")
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, "):]
+        if param and param in _UNION_HINTS and etype != "value_error":
+            msg = _UNION_HINTS[param]
+        if param:
+            msg = f"{param}: {msg} (got {_short(err.get('input'))})"
+        raise APIError(msg, param=param, code="invalid_value") from None
+
+
+_FIELD = re.compile(r"^(?!(?:str|int|float|bool|list|dict|none|tuple)$)[A-Za-z_][A-Za-z0-9_]*$")
+_UNION_HINTS = {
+    "prompt": "must be a string, a list of strings, a list of token ids or a list of lists "
+              "of token ids",
+    "stop": "must be a string or a list of strings",
+}
+
+
+def _short(v: Any, limit: int = 60) -> str:
+    s = repr(v)
+    return s if len(s) <= limit else s[:limit] + "..."
+
+
+def invalid_request(e: InvalidRequestError) -> APIError:
+    from ..core import RequestTooLargeError
+    code = "context_length_exceeded" if isinstance(e, RequestTooLargeError) else "invalid_value"
+    return APIError(str(e), code=code)
+
+
+# ----------------------------------------------------------------------------------------------
+# responses
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def now_s() -> int:
+    return int(time.time())
+
+
+class UsageInfo(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class CompletionLogprobs(BaseModel):
+    text_offset: list[int] = Field(default_factory=list)
+    token_logprobs: list[Optional[float]] = Field(default_factory=list)
+    tokens: list[str] = Field(default_factory=list)
+    top_logprobs: Optional[list[Optional[dict[str, float]]]] = None
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: Optional[CompletionLogprobs] = None
+    finish_reason: Optional[Literal["stop", "length", "abort"]] = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=now_s)
+    model: str
+    choices: list[CompletionChoice]
+    usage: Optional[UsageInfo] = None
+    system_fingerprint: Optional[str] = None
+
+
+class ChatLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: Optional[list[int]] = None
+    top_logprobs: list["ChatTopLogprob"] = Field(default_factory=list)
+
+
+class ChatTopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: Optional[list[int]] = None
+
+
+ChatLogprob.model_rebuild()
+
+
+class ChatChoiceLogprobs(BaseModel):
+    content: Optional[list[ChatLogprob]] = None
+    refusal: Optional[list[ChatLogprob]] = None
+
+
+class ChatResponseMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: Optional[str] = None
+    refusal: Optional[str] = None
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ChatResponseMessage
+    logprobs: Optional[ChatChoiceLogprobs] = None
+    finish_reason: Optional[Literal["stop", "length", "abort"]] = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=now_s)
+    model: str
+    choices: list[ChatChoice]
+    usage: Optional[UsageInfo] = None
+    system_fingerprint: Optional[str] = None
+
+
+class ChatDelta(BaseModel):
+    role: Optional[Literal["assistant"]] = None
+    content: Optional[str] = None
+
+    @model_serializer(mode="wrap")
+    def _drop_none(self, handler):  # OpenAI sends {"content": "..."} or {}, never nulls
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class ChatStreamChoice(BaseModel):
+    index: int
+    delta: ChatDelta
+    logprobs: Optional[ChatChoiceLogprobs] = None
+    finish_reason: Optional[Literal["stop", "length", "abort"]] = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int = Field(default_factory=now_s)
+    model: str
+    choices: list[ChatStreamChoice]
+    usage: Optional[UsageInfo] = None
+    system_fingerprint: Optional[str] = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=now_s)
+    owned_by: str = "writescope"
+    root: Optional[str] = None
+    max_model_len: Optional[int] = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
