@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from test_parity import GREEDY, PLACEMENTS, check, engine, prompt_ids, reference
+from test_parity import GREEDY, PLACEMENTS, engine, generate_checked, prompt_ids, reference
 from writescope import SamplingParams
 
 pytestmark = [pytest.mark.gpu,
@@ -14,12 +14,7 @@ pytestmark = [pytest.mark.gpu,
 
 @pytest.mark.parametrize("placement", ["mixed", "all-T", "all-C"])
 def test_cuda_fp32_matches_transformers(all_tiny, placement):
-    llm = engine(all_tiny, device="cuda", **PLACEMENTS[placement])
-    ids = prompt_ids(llm.engine.config.vocab_size)
-    ref_toks, ref_lps = reference(str(all_tiny), tuple(ids))
-    (out,) = llm.generate([ids], GREEDY)
-    check(out, ref_toks, ref_lps)
-    s = llm.stats()
+    s = generate_checked(all_tiny, device="cuda", **PLACEMENTS[placement]).stats()
     assert s["kv.bytes_moved_after_placement"] == 0
     assert s["engine.cuda_peak_bytes"] <= s["engine.vram_budget"]
 

@@ -55,14 +55,18 @@ def check(out, ref_toks, ref_lps):
         assert abs(a - b) < 1e-4, f"step {step}: logprob {a} vs transformers {b}"
 
 
+def generate_checked(path, **engine_options) -> LLM:
+    """Greedy generation after a 210-token prompt, checked against transformers; returns the LLM."""
+    llm = engine(path, **engine_options)
+    ids = prompt_ids(llm.engine.config.vocab_size)
+    (out,) = llm.generate([ids], GREEDY)
+    check(out, *reference(str(path), tuple(ids)))
+    return llm
+
+
 @pytest.mark.parametrize("placement", list(PLACEMENTS))
 def test_greedy_matches_transformers(all_tiny, placement):
-    llm = engine(all_tiny, **PLACEMENTS[placement])
-    ids = prompt_ids(llm.engine.config.vocab_size)
-    ref_toks, ref_lps = reference(str(all_tiny), tuple(ids))
-    (out,) = llm.generate([ids], GREEDY)
-    check(out, ref_toks, ref_lps)
-    s = llm.stats()
+    s = generate_checked(all_tiny, **PLACEMENTS[placement]).stats()
     assert s["kv.bytes_moved_after_placement"] == 0
     written = {r: s[f"kv.bytes_written.{r}"] for r in "GTC"}
     if placement == "all-G":
@@ -77,11 +81,7 @@ def test_greedy_matches_transformers(all_tiny, placement):
 
 
 def test_hub_style_configs_match_transformers(all_hub):
-    llm = engine(all_hub, kv_policy="static", cpu_share=0.5, num_gpu_blocks=3)
-    ids = prompt_ids(llm.engine.config.vocab_size)
-    ref_toks, ref_lps = reference(str(all_hub), tuple(ids))
-    (out,) = llm.generate([ids], GREEDY)
-    check(out, ref_toks, ref_lps)
+    generate_checked(all_hub, kv_policy="static", cpu_share=0.5, num_gpu_blocks=3)
 
 
 def test_sharded_checkpoint_matches(tiny_qwen3_moe, tiny_qwen3_moe_sharded):
@@ -105,11 +105,9 @@ def test_batch_of_different_lengths_equals_one_at_a_time(all_tiny):
 
 def test_cpu_experts_match_transformers(all_tiny):
     """Routed experts computed by the CPU kernel (experts="cpu") give transformers' tokens too."""
-    llm = engine(all_tiny, experts="cpu", kv_policy="static", cpu_share=0.5, num_gpu_blocks=3)
+    llm = generate_checked(all_tiny, experts="cpu", kv_policy="static", cpu_share=0.5,
+                           num_gpu_blocks=3)
     assert llm.stats()["engine.experts_on_cpu_layers"] == len(llm.engine.config.moe_layers)
     ids = prompt_ids(llm.engine.config.vocab_size)
-    ref_toks, ref_lps = reference(str(all_tiny), tuple(ids))
-    (out,) = llm.generate([ids], GREEDY)
-    check(out, ref_toks, ref_lps)
     gpu = engine(all_tiny, experts="gpu", kv_policy="static", cpu_share=0.5, num_gpu_blocks=3)
-    assert gpu.generate([ids], GREEDY)[0].token_ids == out.token_ids
+    assert gpu.generate([ids], GREEDY)[0].token_ids == llm.generate([ids], GREEDY)[0].token_ids

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from writescope.kvcache.placement import CacheCapacity, SeqKV, make_policy
+from writescope.kvcache.placement import CacheCapacity, SeqKV, cpu_mask, make_policy
 from writescope.kvcache.regions import Region
 from writescope.models.config import ModelConfig
 from writescope.planner import roofline as rl
@@ -337,7 +337,8 @@ class MiniCache:
                     assert self.free[r] > 0
                     self.free[r] -= 1
                 self.seqs[sid].extend(out)
-        masks = {sid: self.pol.assign(SeqKV(sid, self.tokens[sid], tuple(self.seqs[sid])))
+        masks = {sid: cpu_mask(tuple(self.seqs[sid]),
+                               self.pol.assign(SeqKV(sid, self.tokens[sid], tuple(self.seqs[sid]))))
                  for sid in grow}
         for sid, n in grow.items():
             self.tokens[sid] += n
@@ -396,7 +397,7 @@ def test_assign_reads_t_in_place_when_it_helps():
     for s in seqs:
         p.assign(s)
     p.observe({"batch_lengths": [s.num_tokens for s in seqs]})
-    masks = [p.assign(s) for s in seqs]
+    masks = [cpu_mask(regs, p.assign(s)) for s in seqs]
     share = p.stats()["planner.cpu_share"]
     want = rl.optimal_cpu_share(prof, cfg, 4, 4 * (4 * 64 + 3), 0, 4 * 400 * 64, False).cpu_share
     assert share == pytest.approx(want) and share > 0.2
@@ -446,7 +447,7 @@ def simulate(alpha, steps, slow_from, slow_until, noise=0.03, seed=0):
         c = t = cpu_c = cpu_t = 0
         res = 0
         for i in range(b):
-            m = pol.assign(SeqKV(i, tokens[i], tuple(seqs[i])))
+            m = cpu_mask(tuple(seqs[i]), pol.assign(SeqKV(i, tokens[i], tuple(seqs[i]))))
             for r, on_cpu in zip(seqs[i], m):
                 if r is Region.C:
                     cpu_c += bs

@@ -5,7 +5,7 @@ policy writes both C and T blocks and the CPU also reads T blocks in place, so e
 """
 import pytest
 
-from test_parity import GREEDY, check, engine, prompt_ids, reference
+from test_parity import generate_checked
 from test_planner import GB, simple_profile
 
 
@@ -19,12 +19,8 @@ def mixed_profile(tmp_path):
 @pytest.mark.parametrize("arch", ["tiny_qwen3_moe", "tiny_deepseek_v2"])  # GQA and MLA
 def test_writescope_greedy_matches_transformers(request, arch, mixed_profile):
     all_tiny = request.getfixturevalue(arch)
-    llm = engine(all_tiny, kv_policy="writescope", profile=str(mixed_profile), num_gpu_blocks=2)
-    ids = prompt_ids(llm.engine.config.vocab_size)
-    ref_toks, ref_lps = reference(str(all_tiny), tuple(ids))
-    (out,) = llm.generate([ids], GREEDY)
-    check(out, ref_toks, ref_lps)
-    s = llm.stats()
+    s = generate_checked(all_tiny, kv_policy="writescope", profile=str(mixed_profile),
+                         num_gpu_blocks=2).stats()
     assert s["kv.bytes_moved_after_placement"] == 0
     assert s["kv.bytes_written.G"] > 0 and s["kv.bytes_written.T"] > 0 and s["kv.bytes_written.C"] > 0
     assert 0.2 < s["planner.target_share"] < 0.5

@@ -242,8 +242,7 @@ class InplaceKVCache:
                 else:
                     self.pools[dst][layer, new].copy_(rec.to(self.pools[dst].device))
             self.alloc[src].free([old])
-            t.codes[idx] = REGION_CODES[dst]
-            t.ids[idx] = new
+            t.set_region(idx, dst, new)
             self.counters["kv.bytes_moved_after_placement"] += self.block_bytes
 
     def _build_plan(self, work) -> tuple[AttentionStepPlan, dict[str, int]]:
@@ -257,13 +256,16 @@ class InplaceKVCache:
             t = self.seqs[seq_id]
             q_counts.append(n)
             codes, ids = t.sealed_codes, t.sealed_ids
+            cpu_mask = codes == REGION_CODES[Region.C]
             if custom:
-                cpu_mask = np.asarray(self.policy.assign(SeqKV(seq_id, start, t.regions())), dtype=bool)
-                if cpu_mask.shape != codes.shape:
-                    raise KVCacheError(f"policy {self.policy.name!r} assigned {cpu_mask.size} blocks, "
-                                       f"sequence has {codes.size}")
-            else:
-                cpu_mask = codes == REGION_CODES[Region.C]
+                a = self.policy.assign(SeqKV(seq_id, start, t.regions()))
+                if isinstance(a, (int, np.integer)):  # the n oldest T blocks too
+                    cpu_mask[np.flatnonzero(codes == REGION_CODES[Region.T])[:int(a)]] = True
+                else:
+                    cpu_mask = np.asarray(a, dtype=bool)
+                    if cpu_mask.shape != codes.shape:
+                        raise KVCacheError(f"policy {self.policy.name!r} assigned {cpu_mask.size} "
+                                           f"blocks, sequence has {codes.size}")
             for side, mask in (("cpu", cpu_mask), ("gpu", ~cpu_mask)):
                 for code, r in CODE_REGIONS.items():
                     sel = ids[mask & (codes == code)]

@@ -47,9 +47,12 @@ class PlacementPolicy(ABC):
     def place(self, seq: SeqKV, num_blocks: int, capacity: CacheCapacity) -> list[Region]:
         """Regions (G, T or C) for the next ``num_blocks`` sealed blocks of ``seq``."""
 
-    def assign(self, seq: SeqKV) -> list[bool]:
-        """Per sealed block: True if the CPU attends it this step. Default: exactly the C blocks."""
-        return [r is Region.C for r in seq.regions]
+    def assign(self, seq: SeqKV) -> int | list[bool]:
+        """Which sealed blocks the CPU attends this step. Either an int ``n``: the C blocks and the
+        sequence's ``n`` oldest T blocks (read in place) -- the cheap form the cache applies with
+        array operations -- or one bool per sealed block (any assignment at all). Default: 0,
+        exactly the C blocks."""
+        return 0
 
     def observe(self, timing: dict[str, Any]) -> None:  # feedback hook; rule policies ignore it
         return None
@@ -64,6 +67,19 @@ class PlacementPolicy(ABC):
 
     def stats(self) -> dict[str, Any]:
         return {}
+
+
+def cpu_mask(regions: tuple[Region, ...], assignment: int | list[bool]) -> list[bool]:
+    """An :meth:`PlacementPolicy.assign` answer as one bool per sealed block (True = the CPU
+    attends it). The cache does the same with array operations."""
+    if not isinstance(assignment, int):
+        return [bool(x) for x in assignment]
+    out, left = [], assignment
+    for r in regions:
+        take = r is Region.C or (r is Region.T and left > 0)
+        left -= r is Region.T and take
+        out.append(take)
+    return out
 
 
 def fill_then_split(seq: SeqKV, num_blocks: int, capacity: CacheCapacity, cpu_share: float

@@ -25,6 +25,7 @@ class SeqTable:
     ids: np.ndarray = field(default_factory=lambda: np.zeros(16, dtype=np.int32))
     num_sealed: int = 0
     freed: bool = False
+    _regions: tuple[Region, ...] = ()  # kept in step with codes, for the policies' SeqKV views
 
     def append(self, region: Region, block_id: int) -> None:
         if self.num_sealed == self.codes.size:
@@ -33,6 +34,7 @@ class SeqTable:
         self.codes[self.num_sealed] = REGION_CODES[region]
         self.ids[self.num_sealed] = block_id
         self.num_sealed += 1
+        self._regions += (region,)
 
     @property
     def sealed_codes(self) -> np.ndarray:
@@ -43,7 +45,13 @@ class SeqTable:
         return self.ids[:self.num_sealed]
 
     def regions(self) -> tuple[Region, ...]:
-        return tuple(CODE_REGIONS[int(c)] for c in self.sealed_codes)
+        return self._regions
+
+    def set_region(self, index: int, region: Region, block_id: int) -> None:
+        """Re-home one sealed block (the ``migrate`` baseline only)."""
+        self.codes[index] = REGION_CODES[region]
+        self.ids[index] = block_id
+        self._regions = self._regions[:index] + (region,) + self._regions[index + 1:]
 
     def last_id(self, region: Region) -> int | None:
         sel = np.flatnonzero(self.sealed_codes == REGION_CODES[region])

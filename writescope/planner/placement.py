@@ -120,27 +120,21 @@ class WriteScopePolicy(PlacementPolicy):
         self._view[seq.seq_id] = SeqKV(seq.seq_id, seq.num_tokens, tuple(seq.regions) + tuple(out))
         return out
 
-    def assign(self, seq: SeqKV) -> list[bool]:
+    def assign(self, seq: SeqKV) -> int:
+        """C blocks go to the CPU; so do the oldest ``n`` T blocks (returned), read in place, so
+        that the streamed ones stay one run at the end of the sequence."""
         self._see(seq)
         self._starts.append(seq.num_tokens)
         plan = self._current_plan(seq.seq_id)
         regions = seq.regions
         n_t = regions.count(Region.T)
         n_cpu_t = min(n_t, int(math.floor(plan["t_fraction_to_cpu"] * n_t + 0.5)))
-        out = [r is Region.C for r in regions]
-        left = n_cpu_t  # the oldest T blocks: the streamed ones stay one run at the end
-        for i, r in enumerate(regions):
-            if left == 0:
-                break
-            if r is Region.T:
-                out[i] = True
-                left -= 1
         bs = self.block_size or DEFAULT_BLOCK_SIZE
         self._assigned["cpu_c"] += regions.count(Region.C) * bs
         self._assigned["cpu_t"] += n_cpu_t * bs
         self._assigned["streamed"] += (n_t - n_cpu_t) * bs
         self.cpu_t_tokens_total += n_cpu_t * bs
-        return out
+        return n_cpu_t
 
     def observe(self, timing: dict[str, Any]) -> None:
         lengths = list(timing.get("batch_lengths") or [])

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import tempfile
 import math
 import os
 import platform
@@ -155,9 +156,11 @@ class HardwareProfile:
     def save(self, path: str | os.PathLike) -> None:
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_suffix(p.suffix + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
-        tmp.replace(p)
+        # a unique temporary file, so two processes calibrating at once never clobber each other
+        fd, tmp = tempfile.mkstemp(prefix=p.name + ".", suffix=".tmp", dir=p.parent)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(self.to_dict(), indent=1) + "\n")
+        os.replace(tmp, p)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "HardwareProfile":

@@ -596,21 +596,26 @@ class OpenAIServer:
                 choices.append(_Choice(idx, f"{base}-{idx}", ids, text, max_tokens))
                 params.append(self._params(req, max_tokens, lp, j))
         gen = _Generation(self, choices, params, arrival, req.num_choices)
+        return await self._respond(
+            request, gen, req.stream, lambda: self._completion_stream(gen, req, base, model),
+            lambda: P.CompletionResponse(
+                id=base, model=model, usage=gen.usage(),
+                choices=[P.CompletionChoice(
+                    index=c.index,
+                    text=(c.prompt_text or "") + c.text if req.echo else c.text,
+                    logprobs=self._completion_logprobs(c, 0, len(c.token_ids), req.logprobs,
+                                                       0) if req.logprobs is not None else None,
+                    finish_reason=c.finish_reason) for c in gen.choices]))
+
+    async def _respond(self, request, gen: "_Generation", stream: bool, make_stream, make_response):
+        """Submit the generation, then stream it (SSE) or wait for the whole answer (499 when the
+        client left first)."""
         await gen.submit()
-        if req.stream:
-            return _SSEResponse(self._completion_stream(gen, req, base, model), gen.close)
-        done = await self._until_done_or_disconnect(request, gen)
-        if not done:
+        if stream:
+            return _SSEResponse(make_stream(), gen.close)
+        if not await self._until_done_or_disconnect(request, gen):
             return Response(status_code=499)
-        resp = P.CompletionResponse(
-            id=base, model=model, usage=gen.usage(),
-            choices=[P.CompletionChoice(
-                index=c.index,
-                text=(c.prompt_text or "") + c.text if req.echo else c.text,
-                logprobs=self._completion_logprobs(c, 0, len(c.token_ids), req.logprobs,
-                                                   0) if req.logprobs is not None else None,
-                finish_reason=c.finish_reason) for c in gen.choices])
-        return JSONResponse(resp.model_dump())
+        return JSONResponse(make_response().model_dump())
 
     def _params(self, req, max_tokens: int, lp: int | None, j: int) -> SamplingParams:
         try:
@@ -696,20 +701,15 @@ class OpenAIServer:
         choices = [_Choice(j, f"{base}-{j}", ids, None, max_tokens) for j in range(req.num_choices)]
         params = [self._params(req, max_tokens, lp, j) for j in range(req.num_choices)]
         gen = _Generation(self, choices, params, arrival, req.num_choices)
-        await gen.submit()
-        if req.stream:
-            return _SSEResponse(self._chat_stream(gen, req, base, model), gen.close)
-        done = await self._until_done_or_disconnect(request, gen)
-        if not done:
-            return Response(status_code=499)
-        resp = P.ChatCompletionResponse(
-            id=base, model=model, usage=gen.usage(),
-            choices=[P.ChatChoice(
-                index=c.index, message=P.ChatResponseMessage(content=c.text),
-                logprobs=self._chat_logprobs(c, 0, len(c.token_ids), req.top_logprobs)
-                if req.logprobs else None,
-                finish_reason=c.finish_reason) for c in gen.choices])
-        return JSONResponse(resp.model_dump())
+        return await self._respond(
+            request, gen, req.stream, lambda: self._chat_stream(gen, req, base, model),
+            lambda: P.ChatCompletionResponse(
+                id=base, model=model, usage=gen.usage(),
+                choices=[P.ChatChoice(
+                    index=c.index, message=P.ChatResponseMessage(content=c.text),
+                    logprobs=self._chat_logprobs(c, 0, len(c.token_ids), req.top_logprobs)
+                    if req.logprobs else None,
+                    finish_reason=c.finish_reason) for c in gen.choices]))
 
     def _chat_logprobs(self, c: _Choice, start: int, end: int, top: int | None
                        ) -> P.ChatChoiceLogprobs:
