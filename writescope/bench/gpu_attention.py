@@ -507,6 +507,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cpu-threads", type=int, default=os.cpu_count())
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--skip", default="", help="comma list of parts to skip: resident,spilled")
+    ap.add_argument("--block-sizes", default=None,
+                    help="comma list: sweep the KV block size (tokens) instead of the default run; "
+                         "prints one table of GB/s per block size")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("gpu_attention: no CUDA device; nothing to measure", file=sys.stderr)
@@ -523,6 +526,8 @@ def main(argv: list[str] | None = None) -> int:
     out["ceilings"] = {"hbm_copy_GBps": measure_hbm(dev), "h2d_pinned_GBps": measure_h2d(dev),
                        "combined": measure_combined(dev, args.cpu_threads)}
     print(json.dumps(out["ceilings"]), flush=True)
+    if args.block_sizes:
+        return _block_sweep(args, out, dev, shares, staging, skip, t0)
     for shape in args.shapes.split(","):
         for batch in args.batches.split(","):
             key = f"{shape}/{batch}"
@@ -541,6 +546,38 @@ def main(argv: list[str] | None = None) -> int:
                 _write(args.json, out)
     out["wall_s"] = time.time() - t0
     print(summary_markdown(out))
+    if args.json:
+        _write(args.json, out)
+    return 0
+
+
+def _block_sweep(args, out: dict, dev, shares, staging, skip, t0) -> int:
+    """The same measurements at several block sizes (how the default block size was chosen)."""
+    global BLOCK
+    sweep = out["block_sweep"] = {}
+    rows = []
+    for bs in (int(b) for b in args.block_sizes.split(",")):
+        BLOCK = bs
+        for shape in args.shapes.split(","):
+            for batch in args.batches.split(","):
+                r = sweep.setdefault(str(bs), {}).setdefault(f"{shape}/{batch}", {})
+                if "resident" not in skip:
+                    r["resident"] = bench_resident(shape, batch, dev, max(5, args.reps * 3))
+                if "spilled" not in skip:
+                    r.update(bench_spilled(shape, batch, args.layers, shares, dev, args.reps,
+                                           staging, args.cpu_threads))
+                res = r.get("resident", {}).get("GBps", float("nan"))
+                st = max((v["GBps"] for v in r.get("streamed", {}).values()), default=float("nan"))
+                hy = max((v["GBps"] for v in r.get("hybrid", {}).values()), default=float("nan"))
+                rows.append(f"| {bs} | {shape}/{batch} | {res:.0f} | {st:.1f} | {hy:.1f} |")
+                print(rows[-1], flush=True)
+                if args.json:
+                    _write(args.json, out)
+    out["block_size"] = None
+    out["wall_s"] = time.time() - t0
+    print("| block size | shape/batch | resident GB/s | streamed GB/s | hybrid best GB/s |")
+    print("|---|---|---|---|---|")
+    print("\n".join(rows))
     if args.json:
         _write(args.json, out)
     return 0
