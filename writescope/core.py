@@ -115,6 +115,14 @@ class Request:
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 
+    def token_ids_at(self, start: int, n: int) -> list[int]:
+        """Tokens ``[start, start + n)`` of prompt + output, without copying either list whole."""
+        p = len(self.prompt_token_ids)
+        if start >= p:
+            return self.output_token_ids[start - p:start - p + n]
+        head = self.prompt_token_ids[start:start + n]
+        return head + self.output_token_ids[:n - len(head)]
+
     @property
     def is_prefilling(self) -> bool:
         return self.num_computed < len(self.prompt_token_ids)

@@ -143,6 +143,8 @@ class LLMEngine:
                              max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
         self.cache = None
         self.set_kv_policy(kv_policy, cpu_share=cpu_share)
+        self.eos_ids = set(self.tokenizer.eos_token_ids if self.tokenizer is not None
+                           else self.config.eos_token_id)
         self.requests: dict[str, Request] = {}
         self._detok: dict[str, object] = {}
         self.counters = {"engine.steps": 0, "engine.prompt_tokens": 0, "engine.generated_tokens": 0,
@@ -315,16 +317,16 @@ class LLMEngine:
     def _check_stop(self, req: Request, tok: int) -> FinishReason | None:
         p = req.params
         detok = self._detok.get(req.request_id)
-        if detok is not None:
-            req.text += detok.add(tok)
-        if p.stop and detok is not None:
-            for s in p.stop:
-                i = req.text.find(s)
+        new = detok.add(tok) if detok is not None else ""
+        req.text += new
+        if p.stop and new:
+            for s in p.stop:  # only where this token's text can have completed a stop string
+                i = req.text.find(s, max(0, len(req.text) - len(new) - len(s) + 1))
                 if i >= 0:
                     req.text = req.text[:i]
                     return FinishReason.STOP
         reason = None
-        if (not p.ignore_eos and tok in self._eos_ids()) or tok in p.stop_token_ids:
+        if (not p.ignore_eos and tok in self.eos_ids) or tok in p.stop_token_ids:
             reason = FinishReason.STOP
         elif len(req.output_token_ids) >= req.max_tokens:
             reason = FinishReason.LENGTH
@@ -332,10 +334,6 @@ class LLMEngine:
             req.text += detok.flush()  # text held back waiting for the rest of a UTF-8 character
         return reason
 
-    def _eos_ids(self) -> set[int]:
-        if self.tokenizer is not None:
-            return set(self.tokenizer.eos_token_ids)
-        return set(self.config.eos_token_id)
 
     def _output(self, req: Request) -> RequestOutput:
         return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids,

@@ -23,7 +23,7 @@ class ModelRunner:
         ids, pos, last_rows = [], [], []
         row = 0
         for s in batch.seqs:
-            toks = s.request.all_token_ids[s.start:s.start + s.num_new]
+            toks = s.request.token_ids_at(s.start, s.num_new)
             ids.extend(toks)
             pos.extend(range(s.start, s.start + s.num_new))
             row += s.num_new
