@@ -219,40 +219,21 @@ def measure_h2d(dev, nbytes: int = 2 * 2**30) -> float:
 
 
 def measure_combined(dev, threads: int) -> dict:
-    """H2D and a multithreaded CPU read of DRAM at the same time (as shared/hw/probe2.py)."""
-    hp = torch.empty(2 * 2**30, dtype=torch.uint8, pin_memory=True)
-    hp.fill_(1)
-    d = torch.empty_like(hp, device=dev)
-    a = torch.empty(2**31, dtype=torch.float32)  # 8 GiB: past the 300 MB L3
-    a.fill_(1.0)
+    """H2D and a multithreaded CPU read of DRAM at the same time: the ``writescope calibrate``
+    probe (2 GiB copies, an 8 GiB array past the 300 MB L3), run with ``threads`` CPU threads."""
+    from ..planner.calibrate import concurrent_rates, cpu_read_Bps
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
-    a.sum()
-    st = torch.cuda.Stream()
-    n = 20
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    with torch.cuda.stream(st):
-        e0.record(st)
-        for _ in range(n):
-            d.copy_(hp, non_blocking=True)
-        e1.record(st)
-    t = time.perf_counter()
-    k = 0
-    while not e1.query():
-        a.sum()
-        k += 1
-    tc = time.perf_counter() - t
-    torch.cuda.synchronize()
-    h2d = n * hp.numel() / (e0.elapsed_time(e1) / 1e3) / 1e9
-    cpu = k * a.numel() * 4 / tc / 1e9
-    t = time.perf_counter()
-    for _ in range(3):
-        a.sum()
-    cpu_alone = 3 * a.numel() * 4 / (time.perf_counter() - t) / 1e9
-    torch.set_num_threads(old)
-    del hp, d, a
+    try:
+        with torch.cuda.device(dev):
+            r = concurrent_rates(2 * 2**30, 8 * 2**30, 20, lambda _msg: None)
+        alone = cpu_read_Bps(8 * 2**30, 3)
+    finally:
+        torch.set_num_threads(old)
+    h2d = r["concurrent_h2d_Bps"] / 1e9
+    cpu = (r["concurrent_cpu_read_Bps"] or 0.0) / 1e9
     return {"h2d_GBps": h2d, "cpu_read_GBps": cpu, "combined_GBps": h2d + cpu,
-            "cpu_read_alone_GBps": cpu_alone, "threads": threads}
+            "cpu_read_alone_GBps": alone / 1e9, "threads": threads}
 
 
 def _fill_random(t: torch.Tensor, dev) -> None:
