@@ -135,3 +135,10 @@ def test_cli_generate_default_model_fresh_cache(tmp_path):
                        timeout=600, env=env)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() and "tokens/s" in r.stderr
+
+
+def test_weights_larger_than_host_memory_are_refused_before_loading(tiny_qwen3_moe, monkeypatch):
+    from writescope.engine import engine as engine_mod
+    monkeypatch.setattr(engine_mod, "_available_ram_bytes", lambda: 1024)
+    with pytest.raises(MemoryError, match="GiB of weights in host memory"):
+        LLM(str(tiny_qwen3_moe), dtype="float32", device="cpu", experts="cpu")

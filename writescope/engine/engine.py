@@ -49,6 +49,18 @@ def _ram_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def _available_ram_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (None where there is no such file)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
 def resolve_model(model: str | os.PathLike | None, random_weights: bool
                   ) -> tuple[ModelConfig, Path | None, str]:
     """(config, checkpoint folder or None, display name)."""
@@ -109,6 +121,7 @@ class LLMEngine:
         kv_need = spec.token_bytes() * self.max_model_len
         self.cpu_expert_layers = choose_expert_layers(cfg, experts, vram, kv_need, self.dtype)
 
+        self._check_host_memory()
         bar = tqdm(desc=f"loading {self.model_name}", unit="tensor", disable=not show_progress)
         with bar:
             self.model = build_model(cfg, dtype=self.dtype, device=self.device, checkpoint=ckpt,
@@ -150,6 +163,22 @@ class LLMEngine:
         self.counters = {"engine.steps": 0, "engine.prompt_tokens": 0, "engine.generated_tokens": 0,
                          "engine.requests_finished": 0, "engine.requests_aborted": 0,
                          "engine.step_time_s": 0.0}
+
+    def _check_host_memory(self) -> None:
+        """Refuse, before allocating anything, a model whose host-resident weights (routed experts
+        on the CPU; every weight when the device is the CPU) exceed the memory available now."""
+        from ..layers.expert_placement import expert_placement_summary
+        summary = expert_placement_summary(self.config, self.cpu_expert_layers, self.dtype)
+        host = summary["cpu_expert_bytes"]
+        if self.device.type == "cpu":
+            host += summary["gpu_weight_bytes"]
+        avail = _available_ram_bytes()
+        if avail is not None and host > avail:
+            raise MemoryError(
+                f"{self.model_name} needs {host / 2**30:.1f} GiB of weights in host memory "
+                f"({summary['cpu_expert_layers']} layers of routed experts on the CPU"
+                f"{', all weights on the CPU device' if self.device.type == 'cpu' else ''}); "
+                f"{avail / 2**30:.1f} GiB is available")
 
     def set_kv_policy(self, kv_policy: str, cpu_share: float = 0.5) -> None:
         """(Re)build an empty KV cache of the same layout under ``kv_policy``, over the same
