@@ -82,8 +82,8 @@ class BlockAllocator:
         if not self.used[ids].all():
             raise KVCacheError(f"region {self.name}: freeing a block that is not allocated")
         self.used[ids] = False
-        self._free.extend(sorted(ids, reverse=True))
-        self._free.sort(reverse=True)
+        self._free.extend(ids)
+        self._free.sort(reverse=True)  # lowest ids are handed out first
 
 
 class ExtentAllocator(BlockAllocator):

@@ -647,26 +647,19 @@ class OpenAIServer:
                     yield _sse(P.CompletionResponse(id=rid, created=created, model=model, choices=[
                         P.CompletionChoice(index=c.index, text=c.prompt_text or "")]))
                     text_offsets[c.index] = len(c.prompt_text or "")
-            while gen.unfinished():
-                for idx in sorted(await gen.next_updates()):
-                    c = gen.choices[idx]
-                    piece = _text_delta(c, holdback)
-                    n_tok = len(c.token_ids)
-                    if not piece and not c.finished and n_tok == c.sent_tokens:
-                        continue
-                    logprobs = None
-                    if req.logprobs is not None:
-                        logprobs = self._completion_logprobs(c, c.sent_tokens, n_tok, req.logprobs,
-                                                             text_offsets[idx])
-                        text_offsets[idx] += sum(len(t) for t in logprobs.tokens)
-                    c.sent_tokens = n_tok
-                    chunk = P.CompletionResponse(
-                        id=rid, created=created, model=model,
-                        choices=[P.CompletionChoice(index=idx, text=piece, logprobs=logprobs,
-                                                    finish_reason=c.finish_reason)])
-                    if usage_every:
-                        chunk.usage = gen.usage()
-                    yield _sse(chunk)
+            async for c, piece, start, end in _deltas(gen, holdback):
+                logprobs = None
+                if req.logprobs is not None:
+                    logprobs = self._completion_logprobs(c, start, end, req.logprobs,
+                                                         text_offsets[c.index])
+                    text_offsets[c.index] += sum(len(t) for t in logprobs.tokens)
+                chunk = P.CompletionResponse(
+                    id=rid, created=created, model=model,
+                    choices=[P.CompletionChoice(index=c.index, text=piece, logprobs=logprobs,
+                                                finish_reason=c.finish_reason)])
+                if usage_every:
+                    chunk.usage = gen.usage()
+                yield _sse(chunk)
             if req.stream_options and req.stream_options.include_usage:
                 yield _sse(P.CompletionResponse(id=rid, created=created, model=model, choices=[],
                                                 usage=gen.usage()))
@@ -738,20 +731,12 @@ class OpenAIServer:
             for c in gen.choices:
                 yield chunk([P.ChatStreamChoice(index=c.index,
                                                 delta=P.ChatDelta(role="assistant", content=""))])
-            while gen.unfinished():
-                for idx in sorted(await gen.next_updates()):
-                    c = gen.choices[idx]
-                    piece = _text_delta(c, holdback)
-                    n_tok = len(c.token_ids)
-                    if not piece and not c.finished and n_tok == c.sent_tokens:
-                        continue
-                    logprobs = None
-                    if req.logprobs:
-                        logprobs = self._chat_logprobs(c, c.sent_tokens, n_tok, req.top_logprobs)
-                    c.sent_tokens = n_tok
-                    yield chunk([P.ChatStreamChoice(
-                        index=idx, delta=P.ChatDelta(content=piece if piece else None),
-                        logprobs=logprobs, finish_reason=c.finish_reason)])
+            async for c, piece, start, end in _deltas(gen, holdback):
+                logprobs = (self._chat_logprobs(c, start, end, req.top_logprobs)
+                            if req.logprobs else None)
+                yield chunk([P.ChatStreamChoice(
+                    index=c.index, delta=P.ChatDelta(content=piece if piece else None),
+                    logprobs=logprobs, finish_reason=c.finish_reason)])
             if req.stream_options and req.stream_options.include_usage:
                 yield _sse(P.ChatCompletionChunk(id=rid, created=created, model=model, choices=[],
                                                  usage=gen.usage()))
@@ -788,6 +773,20 @@ class OpenAIServer:
         return P.ModelList(data=[P.ModelCard(id=n, root=getattr(self.engine, "model_name", n),
                                              max_model_len=self.max_model_len)
                                  for n in self.model_names])
+
+
+async def _deltas(gen: "_Generation", holdback: int):
+    """What each choice has to send as the engine advances: ``(choice, new text, first new
+    token, end)``, skipping updates with nothing new; marks what it yields as sent."""
+    while gen.unfinished():
+        for idx in sorted(await gen.next_updates()):
+            c = gen.choices[idx]
+            piece = _text_delta(c, holdback)
+            start, end = c.sent_tokens, len(c.token_ids)
+            if not piece and not c.finished and end == start:
+                continue
+            c.sent_tokens = end
+            yield c, piece, start, end
 
 
 def _text_delta(c: _Choice, holdback: int) -> str:
