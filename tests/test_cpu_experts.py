@@ -275,3 +275,29 @@ def test_cuda_hidden_round_trip():
     y = layer.wait(h)
     assert y.device.type == "cuda" and y.dtype == bf and side.shape == (256, 256)
     assert torch.equal(y.cpu(), cpu)
+
+
+@pytest.mark.parametrize("backend", ["cpp", "torch"] if ISAS else ["torch"])
+def test_uploader_runs_cpu_experts_on_the_device_path(backend):
+    """Prefill-sized steps: the packed host weights are copied into one shared buffer and
+    unpacked expert by expert; layers of different shapes share the buffer."""
+    from writescope.layers.expert_upload import ExpertUploader
+    layers = []
+    for E, H, I, seed in ((6, 40, 24, 0), (4, 64, 48, 1)):
+        gate, up, down = _weights(E, H, I, seed=seed)
+        layers.append((CpuExperts.from_weights(gate, up, down, dtype=torch.float32,
+                                               backend=backend), gate, up, down))
+    upl = ExpertUploader("cpu", min_tokens=8)
+    for ex, *_ in layers:
+        upl.register(ex)
+    assert upl.max_bytes == max(ex.gate_up.nbytes + ex.down.nbytes for ex, *_ in layers)
+    assert not upl.wants(7) and upl.wants(8)
+    for ex, gate, up, down in layers:
+        x = torch.randn(9, ex.hidden)
+        ids, w = _routing(9, ex.num_experts, 2)
+        got = upl.forward(ex, x, ids, w)
+        ref = ref64(x, ids, w, gate, up, down)
+        assert (got.double() - ref).norm() / ref.norm() < 1e-5
+        assert torch.allclose(got, ex.forward(x, ids, w), atol=1e-5)
+    assert upl.uploads == 2 and upl.device_bytes >= upl.max_bytes
+    assert not ExpertUploader("cpu", min_tokens=0).wants(10**6)

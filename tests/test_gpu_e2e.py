@@ -35,3 +35,14 @@ def test_cuda_batch_with_cpu_experts(all_tiny):
     b = engine(all_tiny, device="cpu", **PLACEMENTS["mixed"]).generate(prompts, GREEDY)
     for x, y in zip(a, b):
         assert x.token_ids == y.token_ids
+
+
+def test_cuda_prefill_runs_cpu_experts_on_the_gpu(all_tiny, monkeypatch):
+    """Prefill chunks of >= WRITESCOPE_EXPERT_UPLOAD_TOKENS tokens copy the CPU experts' packed
+    weights to the GPU and compute there; decode steps use the CPU kernel. Same greedy tokens."""
+    monkeypatch.setenv("WRITESCOPE_EXPERT_UPLOAD_TOKENS", "32")
+    llm = generate_checked(all_tiny, device="cuda", experts="cpu", **PLACEMENTS["all-C"])
+    up = llm.engine.expert_uploader
+    assert up is not None and up.uploads > 0 and up.pinned_bytes > 0
+    s = llm.stats()
+    assert s["engine.cuda_peak_bytes"] <= s["engine.vram_budget"]

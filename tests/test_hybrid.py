@@ -159,3 +159,25 @@ print("ok")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=300, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("spec,hq", [(GQA, 4), (MLA, 4)])
+@pytest.mark.parametrize("piece_blocks", [1, 3, 1000])
+def test_gpu_side_reads_c_blocks_through_gather(spec, hq, piece_blocks):
+    """Prefill chunks give C blocks to the GPU side: they are gathered piece by piece into a
+    device buffer and re-laid-out there; the C pool itself is only read."""
+    case = build_case(spec, hq, [70, 3, 0, 129, 40], q_counts=[1, 30, 2, 17, 4], block_size=8,
+                      frac={"G": 0.2, "T": 0.3, "C": 0.5}, seed=5)
+    c_before = case.pools[Region.C].clone()
+    case.plan = AttentionStepPlan(case.plan.spec, case.plan.scale, case.plan.num_q_rows,
+                                  gpu=case.plan.gpu + case.plan.cpu, cpu=[])
+    blk = 8 * spec.num_kv_heads * spec.rec_dim * 4
+    ha = HybridAttention(case.pools, spec, "cpu", stage_t=True, staging_bytes=4 * blk,
+                         stage_c=True, gather_bytes=2 * piece_blocks * blk)
+    assert ha.cgather.piece_blocks == piece_blocks
+    assert ha.staging_bytes == 4 * blk + 2 * piece_blocks * blk
+    check_all_layers(case, ha)
+    n_c = dict(case.plan.gpu)[Region.C].num_blocks
+    assert ha.cgather.bytes == n_c * blk * spec.num_layers
+    assert torch.equal(case.pools[Region.C], c_before)
+    ha.close()

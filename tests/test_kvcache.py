@@ -42,20 +42,22 @@ class RandomPolicy(PlacementPolicy):
         return [self.rng.random() < 0.5 for _ in seq.regions]
 
 
-def make_cache(spec, bs, policy, blocks=64, seqs=4):
+def make_cache(spec, bs, policy, blocks=64, seqs=4, prefill_gpu_rows=None):
     layout = CacheLayout(bs, {Region.G: blocks, Region.T: blocks, Region.C: blocks, Region.W: seqs})
-    return InplaceKVCache(spec, layout, policy, "cpu", scale=0.3)
+    return InplaceKVCache(spec, layout, policy, "cpu", scale=0.3, prefill_gpu_rows=prefill_gpu_rows)
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(kind=st.sampled_from(["gqa", "mla"]), bs=st.sampled_from([2, 4, 8, 16]),
        lens=st.lists(st.integers(1, 50), min_size=1, max_size=3),
-       chunk=st.integers(1, 40), seed=st.integers(0, 10_000))
-def test_any_placement_and_assignment_equals_dense(kind, bs, lens, chunk, seed):
+       chunk=st.integers(1, 40), seed=st.integers(0, 10_000),
+       prefill_rows=st.sampled_from([None, 4]))
+def test_any_placement_and_assignment_equals_dense(kind, bs, lens, chunk, seed, prefill_rows):
     L = 2
     spec = SPECS[kind](L)
     hq = 4
-    cache = make_cache(spec, bs, RandomPolicy(seed), blocks=sum(lens) // bs + 8)
+    cache = make_cache(spec, bs, RandomPolicy(seed), blocks=sum(lens) // bs + 8,
+                       prefill_gpu_rows=prefill_rows)
     g = torch.Generator().manual_seed(seed)
     recs = {i: torch.randn(L, n, spec.num_kv_heads, spec.rec_dim, generator=g) for i, n in enumerate(lens)}
     for i, n in enumerate(lens):
@@ -89,6 +91,39 @@ def test_any_placement_and_assignment_equals_dense(kind, bs, lens, chunk, seed):
     for i in range(len(lens)):
         cache.free_sequence(i)
     assert all(cache.stats()[f"kv.blocks.{r}"] == 0 for r in "GTCW")
+
+
+class AllC(PlacementPolicy):
+    name = "all-c-test"
+
+    def place(self, seq, num_blocks, capacity):
+        return [Region.C] * num_blocks
+
+
+def test_prefill_chunks_attend_c_blocks_on_the_gpu_side():
+    """More than ``prefill_gpu_rows`` new tokens: the GPU side attends every cached block (C
+    included); decode-sized steps follow the policy (C on the CPU). Same output either way."""
+    spec = SPECS["gqa"](1)
+    cache = make_cache(spec, 4, AllC(), blocks=32, prefill_gpu_rows=16)
+    g = torch.Generator().manual_seed(0)
+    recs = torch.randn(45, 2, 32, generator=g)
+    cache.add_sequence(0, 45)
+    read = []
+    for s, k in ((0, 20), (20, 20), (40, 5), (45 - 0, 0)):
+        if k == 0:
+            break
+        cache.begin_step([(0, s, k)])
+        q = torch.randn(k, 4, 16, generator=g)
+        out = cache.attention(0, q, recs[s:s + k])
+        ref, _ = dense_attention(q, spec.k(recs[:s + k]), spec.v(recs[:s + k]), 0.3,
+                                 torch.arange(s, s + k), torch.arange(s + k))
+        assert (out.double() - ref).norm() / ref.norm() < 1e-5
+        cache.end_step()
+        read.append((cache.stats()["kv.bytes_read.cpu"], cache.stats()["kv.bytes_read.gpu"]))
+    assert read[0] == (0, read[0][1])
+    assert read[1][0] == 0 and read[1][1] > read[0][1]  # 20 rows: C blocks read by the GPU side
+    assert read[2][0] > 0  # 5 rows: the policy's default, C on the CPU
+    assert set(cache.seqs[0].regions()) == {Region.C}
 
 
 def test_static_policy_puts_prefix_in_c():

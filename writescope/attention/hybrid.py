@@ -38,6 +38,7 @@ import torch
 
 from ..kvcache.regions import KVSpec, Region
 from .batch import BlockBatch
+from .gather import DEFAULT_GATHER_BYTES, CGather
 from .merge import merge_many
 from .staging import StagingRing
 from .torch_paged import attend_torch
@@ -75,10 +76,12 @@ def _empty_result(nq: int, hq: int, dv: int, device) -> tuple[torch.Tensor, torc
 
 @dataclass
 class _Source:
-    """One GPU-side launch per layer: a resident pool region, or one staged T piece."""
+    """One GPU-side launch per layer: a resident pool region, one staged T piece, or one
+    gathered C piece."""
     region: Region
     batch: BlockBatch                 # on the device
     piece: int | None = None          # index into the ring's pieces (staged T), else None
+    gather: object = None             # gather.GatherPiece (C read by the GPU), else None
     chunks: object = None             # gpu.ChunkPlan on the device (Triton backend)
 
 
@@ -101,7 +104,8 @@ class HybridAttention:
                  cpu_threads: int | None = None, staging_bytes: int | None = None, *,
                  backend: str | None = None, stage_t: bool | None = None, cpu_async: bool = True,
                  cpu_result: str = "pinned", max_slot_blocks: int | None = None,
-                 chunk_blocks: int | None = None, cpu_attend=None):
+                 chunk_blocks: int | None = None, cpu_attend=None, stage_c: bool | None = None,
+                 gather_bytes: int | None = None):
         self.pools = pools
         self.spec = spec
         self.device = torch.device(device)
@@ -132,6 +136,13 @@ class HybridAttention:
         if stage_t and t_pool is not None and t_pool.shape[1] > 0:
             nbytes = DEFAULT_STAGING_BYTES if staging_bytes is None else int(staging_bytes)
             self.ring = StagingRing(tuple(t_pool.shape[2:]), t_pool.dtype, self.device, nbytes)
+        c_pool = pools.get(Region.C)
+        if stage_c is None:
+            stage_c = c_pool is not None and c_pool.device != self.device
+        self.cgather: CGather | None = None
+        if stage_c and c_pool is not None and c_pool.shape[1] > 0:
+            nbytes = DEFAULT_GATHER_BYTES if gather_bytes is None else int(gather_bytes)
+            self.cgather = CGather(tuple(c_pool.shape[2:]), c_pool.dtype, self.device, nbytes)
         self._worker: ThreadPoolExecutor | None = None
         self._pinned: dict = {}
         self._parts: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -139,8 +150,9 @@ class HybridAttention:
     # ------------------------------------------------------------------------------------------
     @property
     def staging_bytes(self) -> int:
-        """Device bytes held by the T staging ring (0 without one)."""
-        return self.ring.staging_bytes if self.ring is not None else 0
+        """Device bytes held by the T staging ring and the C gather buffers (0 without them)."""
+        return ((self.ring.staging_bytes if self.ring is not None else 0)
+                + (self.cgather.device_bytes if self.cgather is not None else 0))
 
     def close(self) -> None:
         if self._worker is not None:
@@ -185,6 +197,10 @@ class HybridAttention:
                 if staged is not None:
                     raise ValueError("one T batch per side per step")
                 staged = batch
+                continue
+            if self.cgather is not None and region is Region.C:
+                for gp in self.cgather.plan(batch):
+                    sources.append(_Source(Region.C, gp.batch.to(dev), gather=gp))
                 continue
             if pool.device != dev:
                 raise ValueError(f"region {region} pool is on {pool.device}, not {dev}, and "
@@ -292,7 +308,10 @@ class HybridAttention:
         parts = []
         t0 = time.perf_counter()
         for src in self._sources:
-            if src.piece is None:
+            if src.gather is not None:
+                kv = self.cgather.fetch(self.pools[Region.C][layer], src.gather)
+                parts.append(attend_torch(q, kv, "gpu", plan.spec, src.batch, plan.scale))
+            elif src.piece is None:
                 kv = self.pools[src.region][layer]
                 parts.append(attend_torch(q, kv, _layout(src.region), plan.spec, src.batch,
                                           plan.scale))
@@ -347,7 +366,9 @@ class HybridAttention:
         ev = self._events
         open_ev = None
         for src in self._sources:
-            if src.piece is None:
+            if src.gather is not None:
+                kv = self.cgather.fetch(self.pools[Region.C][layer], src.gather)
+            elif src.piece is None:
                 kv = self.pools[src.region][layer]
             else:
                 if open_ev is not None:

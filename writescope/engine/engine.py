@@ -18,6 +18,7 @@ from ..core import (FinishReason, InvalidRequestError, Request, RequestOutput, R
 from ..kvcache.cache import InplaceKVCache, plan_layout
 from ..kvcache.placement import make_policy
 from ..attention.hybrid import DEFAULT_STAGING_BYTES
+from ..attention.gather import DEFAULT_GATHER_BYTES
 from ..kvcache.regions import DEFAULT_BLOCK_SIZE, Region
 from ..models.config import REFERENCE_MODELS, ModelConfig
 from ..models.loader import build_model
@@ -129,16 +130,19 @@ class LLMEngine:
                                      cpu_expert_layers=self.cpu_expert_layers, progress=bar)
         weights_on_device = sum(p.numel() * p.element_size() for p in self.model.parameters()
                                 if p.device.type == self.device.type)
+        self.expert_uploader = self._attach_expert_uploader()
         act = self._activation_bytes(max_num_batched_tokens)
         self.weights_bytes = weights_on_device
-        # the T staging ring lives in HBM too (only on CUDA; elsewhere T is read in place)
+        # the T staging ring and the C gather buffers live in HBM too (only on CUDA; elsewhere
+        # T and C are read in place)
         staging = DEFAULT_STAGING_BYTES if self.device.type == "cuda" else 0
-        kv_device = vram - weights_on_device - act - staging
+        gather = DEFAULT_GATHER_BYTES if self.device.type == "cuda" else 0
+        kv_device = vram - weights_on_device - act - staging - gather
         if kv_device <= 0:
             raise ValueError(
                 f"vram_budget {vram / 2**30:.2f} GiB leaves no room for KV: weights placed on the "
                 f"{self.device.type} take {weights_on_device / 2**30:.2f} GiB, activations "
-                f"{act / 2**30:.2f} GiB and the staging ring {staging / 2**30:.2f} GiB "
+                f"{act / 2**30:.2f} GiB and the staging buffers {(staging + gather) / 2**30:.2f} GiB "
                 "(try experts='cpu' or a larger budget)")
         max_total = max_num_seqs * self.max_model_len
         bb = spec.block_bytes(block_size)
@@ -163,6 +167,22 @@ class LLMEngine:
         self.counters = {"engine.steps": 0, "engine.prompt_tokens": 0, "engine.generated_tokens": 0,
                          "engine.requests_finished": 0, "engine.requests_aborted": 0,
                          "engine.step_time_s": 0.0}
+
+    def _attach_expert_uploader(self):
+        """On CUDA, let prefill-sized steps run the CPU-placed experts on the GPU
+        (``layers/expert_upload.py``); the host weights are page-locked for fast copies."""
+        if self.device.type != "cuda" or not any(self.cpu_expert_layers):
+            return None
+        from ..layers.expert_upload import ExpertUploader
+        from ..layers.moe import MoE
+        up = ExpertUploader(self.device)
+        if up.min_tokens <= 0:
+            return None
+        layers = [m for m in self.model.modules() if isinstance(m, MoE) and m.cpu_experts is not None]
+        for m in layers:
+            up.register(m.cpu_experts)
+            m.uploader = up
+        return up
 
     def _check_host_memory(self) -> None:
         """Refuse, before allocating anything, a model whose host-resident weights (routed experts
@@ -381,6 +401,11 @@ class LLMEngine:
         s["engine.weights_device_bytes"] = self.weights_bytes
         s["engine.vram_budget"] = self.vram_budget
         s["engine.experts_on_cpu_layers"] = sum(self.cpu_expert_layers)
+        up = self.expert_uploader
+        if up is not None:  # prefill steps that ran the CPU experts on the GPU
+            s["experts.uploads"] = up.uploads
+            s["experts.upload_bytes"] = up.bytes
+            s["experts.pinned_bytes"] = up.pinned_bytes
         if self.device.type == "cuda":
             s["engine.cuda_peak_bytes"] = torch.cuda.max_memory_allocated(self.device)
         return s

@@ -51,10 +51,17 @@ class CacheLayout:
         return {r: n * bb for r, n in self.num_blocks.items()}
 
 
+#: a sequence with more new tokens than this in a step (a prefill chunk) has every cached block
+#: attended by the GPU: many query rows per cached byte make that attention compute-bound, where
+#: the GPU is two orders of magnitude faster than the CPU (C blocks reach it through
+#: ``attention/gather.py``, a read). Decode-sized rows follow the policy's CPU/GPU assignment.
+PREFILL_GPU_ROWS = 16
+
+
 class InplaceKVCache:
     def __init__(self, spec: KVSpec, layout: CacheLayout, policy: PlacementPolicy,
                  device: torch.device | str, scale: float, cpu_threads: int | None = None,
-                 staging_bytes: int | None = None):
+                 staging_bytes: int | None = None, prefill_gpu_rows: int | None = PREFILL_GPU_ROWS):
         self.spec = spec
         self.bs = layout.block_size
         self.layout = layout
@@ -72,6 +79,7 @@ class InplaceKVCache:
             Region.W: BlockAllocator(layout.num_blocks[Region.W], "W"),
         }
         self.hybrid = HybridAttention(self.pools, spec, self.device, cpu_threads, staging_bytes)
+        self.prefill_gpu_rows = prefill_gpu_rows  # None: the policy assigns prefill rows too
         self.seqs: dict[int, SeqTable] = {}
         self.reserved = 0  # blocks promised to admitted sequences, not yet sealed
         self.counters = {f"kv.bytes_written.{r}": 0 for r in Region}
@@ -266,6 +274,8 @@ class InplaceKVCache:
                     if cpu_mask.shape != codes.shape:
                         raise KVCacheError(f"policy {self.policy.name!r} assigned {cpu_mask.size} "
                                            f"blocks, sequence has {codes.size}")
+            if self.prefill_gpu_rows is not None and n > self.prefill_gpu_rows:
+                cpu_mask = np.zeros_like(cpu_mask)
             for side, mask in (("cpu", cpu_mask), ("gpu", ~cpu_mask)):
                 for code, r in CODE_REGIONS.items():
                     sel = ids[mask & (codes == code)]

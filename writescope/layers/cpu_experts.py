@@ -364,6 +364,17 @@ class CpuExperts:
         return (self.gate_up[e, :I].clone(), self.gate_up[e, I:].clone(), self.down[e].clone())
 
     # ------------------------------------------------------------------ facts
+    def unpack_expert(self, gate_up: torch.Tensor, down: torch.Tensor, e: int
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Expert ``e`` as HF-layout ``gate_up [2I, H]`` and ``down [H, I]``, read from copies of
+        this object's ``gate_up`` / ``down`` tensors on any device (the GPU prefill path)."""
+        H, I = self.hidden, self.inter
+        if self.backend != "cpp":
+            return gate_up[e], down[e]
+        gate = _unpack(gate_up[e, :, 0], I, H, self.ip, self.hp)
+        up = _unpack(gate_up[e, :, 1], I, H, self.ip, self.hp)
+        return torch.cat([gate, up]), _unpack(down[e], H, I, self.hp, self.ip)
+
     @property
     def nbytes(self) -> int:
         """Host bytes held by the weights (including tile padding)."""

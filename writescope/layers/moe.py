@@ -65,23 +65,29 @@ class StackedExperts(nn.Module):
         self.down = nn.Parameter(torch.empty(num_experts, hidden, inter))
 
     def forward(self, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        out = torch.zeros_like(x)
-        n_exp = self.gate_up.shape[0]
-        flat = idx.reshape(-1)
-        order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=n_exp).tolist()
-        tok = order // idx.shape[1]
-        slot = order % idx.shape[1]
-        start = 0
-        for e, c in enumerate(counts):
-            if c == 0:
-                continue
-            t, s = tok[start:start + c], slot[start:start + c]
-            start += c
-            gate, up = F.linear(x[t], self.gate_up[e]).chunk(2, dim=-1)
-            h = F.linear(F.silu(gate) * up, self.down[e])
-            out.index_add_(0, t, (h * w[t, s, None]).to(out.dtype))
-        return out
+        return run_experts(x, idx, w, lambda e: (self.gate_up[e], self.down[e]))
+
+
+def run_experts(x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, weights) -> torch.Tensor:
+    """``sum_j w[t, j] * expert_{idx[t, j]}(x[t])``; ``weights(e)`` gives expert ``e``'s HF-layout
+    ``gate_up [2I, H]`` and ``down [H, I]`` (on ``x``'s device). Tokens are grouped by expert."""
+    out = torch.zeros_like(x)
+    flat = idx.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat).tolist()
+    tok = order // idx.shape[1]
+    slot = order % idx.shape[1]
+    start = 0
+    for e, c in enumerate(counts):
+        if c == 0:
+            continue
+        t, s = tok[start:start + c], slot[start:start + c]
+        start += c
+        gate_up, down = weights(e)
+        gate, up = F.linear(x[t], gate_up).chunk(2, dim=-1)
+        h = F.linear(F.silu(gate) * up, down)
+        out.index_add_(0, t, (h * w[t, s, None]).to(out.dtype))
+    return out
 
 
 class MoE(nn.Module):
@@ -94,6 +100,7 @@ class MoE(nn.Module):
         self.gate = Router(cfg)
         self.experts = StackedExperts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size)
         self.cpu_experts = None  # set by the loader when this layer's experts live on the CPU
+        self.uploader = None  # set by the engine: runs CPU experts on the GPU for prefill chunks
         if cfg.num_shared_experts:
             self.shared_experts = GatedMLP(cfg.hidden_size, cfg.shared_expert_intermediate_size)
         else:
@@ -105,7 +112,11 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w, idx = self.gate(x)
-        if self.cpu_experts is not None:
+        if self.cpu_experts is not None and self.uploader is not None \
+                and self.uploader.wants(x.shape[0]):
+            out = self.uploader.forward(self.cpu_experts, x, idx, w)
+            shared = self.shared_experts(x) if self.shared_experts is not None else None
+        elif self.cpu_experts is not None:
             handle = self.cpu_experts.submit(x, idx, w)  # the CPU works while the GPU does the rest
             shared = self.shared_experts(x) if self.shared_experts is not None else None
             out = self.cpu_experts.wait(handle)
