@@ -270,6 +270,7 @@ def test_writescope_never_predicted_slower_than_baselines():
 
 # ----------------------------------------------------------------------------- placement
 def policy(cfg=None, prof=None, **kw) -> WriteScopePolicy:
+    kw.setdefault("verify_steps", 0)  # placement tests: steer from the first block
     return make_policy("writescope", profile=prof or h200_like(), model_config=cfg or tiny_cfg(),
                        experts_on_cpu=False, cpu_share=0.7, **kw)
 
@@ -352,6 +353,29 @@ def c_fraction(regs):
     return sum(r is Region.C for r in spilled) / len(spilled), len(spilled)
 
 
+def test_no_c_blocks_until_the_cpu_rate_is_measured():
+    """verify_steps=2: spilled blocks go to T (readable by both sides) until two decode steps
+    have measured the CPU path; from then on placement follows the corrected target."""
+    cfg = tiny_cfg()
+    prof = simple_profile(rc=5 * GB, rp=10 * GB, rt=1e-6)
+    p = policy(cfg, prof, verify_steps=2)
+    cache = MiniCache(p, {Region.G: 10, Region.T: 10_000, Region.C: 10_000})
+    cache.add(0, 64 * 50)
+    assert Region.C not in cache.seqs[0] and not p.stats()["planner.cpu_verified"]
+    cache.step({0: 1})
+    assert any(cache.step({0: 1})[0])  # the CPU reads some T blocks in place meanwhile
+    assert p.stats()["planner.target_share"] > 0.2  # the model wants C: the gate held it back
+    assert Region.C not in cache.seqs[0]
+    for _ in range(2):  # decode steps in which the CPU path was timed
+        n = cache.tokens[0]
+        cache.step({0: 1}, timing={"batch_lengths": [n + 1], "cpu_s": 0.01, "gpu_s": 0.001,
+                                   "cpu_bytes": 20 * 64 * KVB * 4, "gpu_bytes": 64 * KVB * 4})
+    assert p.stats()["planner.cpu_verified"]
+    for _ in range(64 * 8):
+        cache.step({0: 1})
+    assert Region.C in cache.seqs[0]
+
+
 def test_write_scope_follows_target_and_never_moves_blocks():
     cfg = tiny_cfg()
     prof = simple_profile(rc=5 * GB, rp=10 * GB, rt=1e-6)
@@ -427,7 +451,7 @@ def simulate(alpha, steps, slow_from, slow_until, noise=0.03, seed=0):
     prof = h200_like()
     rng = random.Random(seed)
     pol = make_policy("writescope", profile=prof, model_config=cfg, experts_on_cpu=False,
-                      feedback_alpha=alpha)
+                      feedback_alpha=alpha, verify_steps=0)
     bs, b = 64, 8
     # 64k tokens each; the G budget holds 200 blocks per sequence; the spill was written to T
     # (e.g. while sequences were short and the target share 0)

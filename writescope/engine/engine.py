@@ -82,6 +82,24 @@ def resolve_model(model: str | os.PathLike | None, random_weights: bool
     return ModelConfig.from_hf(path), (None if random_weights else path), path.name
 
 
+def _reserve_launch_core() -> None:
+    """On a GPU host, the CPU kernels (attention, experts) leave one core to the thread that
+    launches GPU work: an OpenMP team spread over every core makes that thread, and with it the
+    team's own barrier, wait on a shared core. Only where there are cores to spare (>= 8);
+    explicit thread counts (``cpu_threads``, the environment variables) win."""
+    from ..attention import cpu as cpu_attn
+    from ..layers import cpu_experts
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:
+        n = os.cpu_count() or 1
+    if n < 8:
+        return
+    cpu_attn.reserve_cores(1)
+    if not os.environ.get("WRITESCOPE_CPU_EXPERT_THREADS"):
+        cpu_experts.set_num_threads(n - 1)
+
+
 class LLMEngine:
     def __init__(self, model: str | os.PathLike | None = None, dtype: str | torch.dtype = "bfloat16",
                  device: str | torch.device | None = None, random_weights: bool = False,
@@ -101,6 +119,8 @@ class LLMEngine:
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
         self.config, ckpt, self.model_name = resolve_model(model, random_weights)
+        if self.device.type == "cuda" and cpu_threads is None:
+            _reserve_launch_core()
         cfg = self.config
         self.max_model_len = int(max_model_len or cfg.max_position_embeddings)
         if self.max_model_len < 2:

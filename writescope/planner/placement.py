@@ -7,6 +7,12 @@ The cache asks (see :mod:`writescope.kvcache.placement`):
   goes to C or T, whichever brings the sequence's C fraction of its spilled blocks closer to the
   **target share** (ties to T, the flexible region). Blocks are never moved afterwards: as the
   target rises with context length, the split is steered by where *new* blocks land.
+  Until the CPU path has been *measured* (``verify_steps`` decode steps in which the CPU attended
+  blocks and was timed, so the feedback has corrected its rate), spilled blocks go to T only: T is read by either
+  side, so an unverified model never commits blocks to the CPU's layout. (On the H200 machine the
+  CPU side ran at 13 GB/s inside the engine against 63 GB/s calibrated alone, and C blocks
+  placed from the uncorrected model during a 32K prefill kept the CPU busy for good:
+  bench/results/2026-11-30-h200/.)
 * ``assign(seq)`` -- who attends each sealed block this step. C blocks are the CPU's (their
   layout is the CPU kernel's). T blocks go to the GPU (streamed), except that when the step plan
   says the CPU should take more than the C blocks, it reads some T blocks in place (the oldest
@@ -28,7 +34,7 @@ Constructor (as the cache calls it through ``make_policy("writescope", ...)``)::
 
     WriteScopePolicy(profile=HardwareProfile | path | None, model_config=ModelConfig,
                      experts_on_cpu=False, batch_hint=None, feedback_alpha=0.3,
-                     block_size=None, **ignored)
+                     block_size=None, verify_steps=2, **ignored)
 
 ``profile=None`` loads this machine's profile or runs a quick calibration and caches it
 (:func:`~.profile.load_or_calibrate`). ``batch_hint``: the expected number of sequences per step;
@@ -67,7 +73,8 @@ class WriteScopePolicy(PlacementPolicy):
 
     def __init__(self, profile: HardwareProfile | str | None = None, model_config=None,
                  experts_on_cpu: bool = False, batch_hint: int | None = None,
-                 feedback_alpha: float = 0.3, block_size: int | None = None, **_ignored: Any):
+                 feedback_alpha: float = 0.3, block_size: int | None = None,
+                 verify_steps: int = 2, **_ignored: Any):
         if model_config is None:
             raise ValueError("kv_policy 'writescope' needs the model's config (model_config=...)")
         if profile is None or isinstance(profile, str):
@@ -77,6 +84,8 @@ class WriteScopePolicy(PlacementPolicy):
         self.experts_on_cpu = bool(experts_on_cpu)
         self.batch_hint = int(batch_hint) if batch_hint else None
         self.feedback = RateFeedback(feedback_alpha)
+        self.verify_steps = max(0, int(verify_steps))
+        self.cpu_samples = 0  # decode steps in which the CPU attended blocks and was timed
         # tokens per block: from the constructor, else learnt from the first place() call
         # (the cache always places before it assigns blocks), else the default
         self.block_size: int | None = block_size
@@ -98,7 +107,7 @@ class WriteScopePolicy(PlacementPolicy):
         self._learn_geometry(capacity)
         self._see(seq)
         plan = self._current_plan(seq.seq_id)
-        target = plan["target_share"]
+        target = plan["target_share"] if self.cpu_verified else 0.0
         free = dict(capacity.free)
         n_c = seq.regions.count(Region.C)
         n_sp = n_c + seq.regions.count(Region.T)
@@ -119,6 +128,11 @@ class WriteScopePolicy(PlacementPolicy):
         # the view holds the sequence as it will be once these blocks are sealed
         self._view[seq.seq_id] = SeqKV(seq.seq_id, seq.num_tokens, tuple(seq.regions) + tuple(out))
         return out
+
+    @property
+    def cpu_verified(self) -> bool:
+        """Whether the CPU path's rate has been measured (see the module docstring)."""
+        return self.cpu_samples >= self.verify_steps
 
     def assign(self, seq: SeqKV) -> int:
         """C blocks go to the CPU; so do the oldest ``n`` T blocks (returned), read in place, so
@@ -170,6 +184,8 @@ class WriteScopePolicy(PlacementPolicy):
                            cpu_tok * (1 - t_frac), cpu_tok * t_frac)
         raw = rl.predict_step(self.profile, self.cfg, load, self.experts_on_cpu)
         pcie_s = timing.get("pcie_s")
+        if (timing.get("cpu_s") or 0) > 0 and cpu_tok > 0:
+            self.cpu_samples += 1
         self.feedback.update(
             {"cpu": timing.get("cpu_s"), "gpu": timing.get("gpu_s"),
              "pcie": pcie_s if pcie_s else None, "expert": timing.get("cpu_expert_s")},
@@ -199,6 +215,7 @@ class WriteScopePolicy(PlacementPolicy):
             "planner.steps": self.steps,
             "planner.prefill_steps": self.skipped_steps,
             "planner.cpu_read_t_tokens": self.cpu_t_tokens_total,
+            "planner.cpu_verified": self.cpu_verified,
         }
 
     # ------------------------------------------------------------------ planning
