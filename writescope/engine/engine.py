@@ -7,6 +7,7 @@ their KV blocks back at once. Not thread-safe: the server runs it on one thread.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -93,6 +94,10 @@ def _reserve_launch_core() -> None:
         n = len(os.sched_getaffinity(0))
     except AttributeError:
         n = os.cpu_count() or 1
+    # the CPU side runs on a worker thread whose Python wrapper needs the GIL before and after
+    # each kernel call, while this thread holds it launching GPU work: with the default 5 ms
+    # switch interval the worker can wait milliseconds per layer for a 100-microsecond wrapper
+    sys.setswitchinterval(min(sys.getswitchinterval(), 2e-4))
     if n < 8:
         return
     cpu_attn.reserve_cores(1)
