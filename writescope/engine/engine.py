@@ -95,8 +95,10 @@ def _reserve_launch_core() -> None:
     except AttributeError:
         n = os.cpu_count() or 1
     # the CPU side runs on a worker thread whose Python wrapper needs the GIL before and after
-    # each kernel call, while this thread holds it launching GPU work: with the default 5 ms
-    # switch interval the worker can wait milliseconds per layer for a 100-microsecond wrapper
+    # each kernel call while this thread holds it launching GPU work; with the default 5 ms
+    # switch interval the worker may wait up to that long per hand-over. On the H200 machine the
+    # in-engine CPU attention cost ~1.5 ms per layer call beyond its bytes
+    # (bench/results/2026-11-30-h200/); this is the suspected cause, not yet measured.
     sys.setswitchinterval(min(sys.getswitchinterval(), 2e-4))
     if n < 8:
         return
