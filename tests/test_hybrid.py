@@ -181,3 +181,30 @@ def test_gpu_side_reads_c_blocks_through_gather(spec, hq, piece_blocks):
     assert ha.cgather.bytes == n_c * blk * spec.num_layers
     assert torch.equal(case.pools[Region.C], c_before)
     ha.close()
+
+
+def test_cpu_side_plans_once_and_writes_into_given_buffers():
+    """The compiled CPU kernel is planned on a step's first layer and then writes each layer's
+    (out, lse) straight into the buffers the GPU side reads (pinned on CUDA)."""
+    from writescope.attention import cpu as cpu_mod
+    from writescope.attention.torch_paged import attend_torch
+    if not cpu_mod.available():
+        pytest.skip("no compiled CPU kernel here")
+    spec = KVSpec.gqa(3, 2, 16, torch.float32)
+    case = build_case(spec, 4, [70, 3, 129], q_counts=1, block_size=8,
+                      frac={"G": 0.3, "C": 0.7}, seed=2)
+    ha = HybridAttention(case.pools, spec, "cpu")
+    assert ha._cpu_attend is cpu_mod.attend_cpu
+    ha.begin_step(case.plan)
+    q = case.random_q("cpu", seed=3)
+    (region, batch), = case.plan.cpu
+    for layer in range(spec.num_layers):
+        bo = torch.full((q.shape[0], 4, spec.v_dim), float("nan"))
+        bl = torch.full((q.shape[0], 4), float("nan"))
+        o, l, _ = ha._cpu_job(layer, q, None, (bo, bl))
+        assert o is bo and l is bl
+        ro, rl = attend_torch(q, case.pools[region][layer], "cpu", spec, batch, case.plan.scale)
+        assert torch.allclose(bo, ro, atol=1e-5) and torch.allclose(bl, rl, atol=1e-5)
+    assert len(ha._cpu_plans) == 1
+    ha.end_step()
+    ha.close()

@@ -186,3 +186,25 @@ def test_t_blocks_are_contiguous_runs():
         ids = cache.seqs[i].sealed_ids.tolist()
         runs = 1 + sum(b != a + 1 for a, b in zip(ids, ids[1:]))
         assert runs <= 2, ids
+
+
+@pytest.mark.parametrize("score_elems", [1 << 25, 300, 1])
+def test_self_attention_query_tiles_equal_dense(monkeypatch, score_elems):
+    """A prefill chunk's causal self-attention in query tiles (memory bounded by SCORE_ELEMS)
+    equals dense causal attention, whatever the tile size."""
+    from writescope.attention import selfattn
+    monkeypatch.setattr(selfattn, "SCORE_ELEMS", score_elems)
+    spec = KVSpec.gqa(1, 2, 8, torch.float64)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(100, 4, 8, generator=g, dtype=torch.float64)
+    rec = torch.randn(100, 2, 16, generator=g, dtype=torch.float64)
+    segs = [1, 60, 39]
+    o, l = selfattn.causal_self_attention(q, rec, spec, segs, 0.3)
+    row = 0
+    for n in segs:
+        r = rec[row:row + n]
+        ref, rl = dense_attention(q[row:row + n], spec.k(r), spec.v(r), 0.3, torch.arange(n),
+                                  torch.arange(n))
+        assert torch.allclose(o[row:row + n].double(), ref, atol=1e-5)
+        assert torch.allclose(l[row:row + n].double(), rl, atol=1e-5)
+        row += n

@@ -39,7 +39,7 @@ from ..kvcache.regions import KVSpec
 from .batch import BlockBatch
 from .torch_paged import attend_torch
 
-__all__ = ["attend_cpu", "available", "set_num_threads", "get_num_threads", "reserve_cores",
+__all__ = ["attend_cpu", "CpuAttentionPlan", "available", "set_num_threads", "get_num_threads", "reserve_cores",
            "set_isa", "get_isa", "isas", "features", "read_bandwidth"]
 
 _CSRC = Path(__file__).with_name("csrc")
@@ -227,39 +227,80 @@ def attend_cpu(q: torch.Tensor, kv: torch.Tensor, layout: str, spec: KVSpec, bat
     ``[N, bs, H, R]``. Falls back to :func:`attend_torch` (with one warning) when the kernel
     cannot run.
     """
-    lib = _load()
-    if lib is None:
-        _warn_fallback()
-        return attend_torch(q, kv, layout, spec, batch, scale)
-    nq, hq, dk = q.shape
-    H, R = spec.num_kv_heads, spec.rec_dim
-    if layout == "cpu":
-        bs = kv.shape[2] * 2
-        inner_ok = kv.dim() == 5 and tuple(kv.shape[1:]) == (H, bs // 2, R, 2)
-        inner = H * bs * R
-    else:
-        bs = kv.shape[1]
-        inner_ok = kv.dim() == 4 and tuple(kv.shape[2:]) == (H, R)
-        inner = bs * H * R
-    if (kv.device.type != "cpu" or q.device.type != "cpu" or kv.dtype not in (torch.float32, torch.bfloat16)
-            or not inner_ok or hq % H or dk != spec.k_dim or spec.k_dim % 8 or spec.v_dim % 8
-            or (kv.shape[0] > 1 and kv.stride(0) < inner)
-            or not kv[:1].is_contiguous()):
-        return attend_torch(q, kv, layout, spec, batch, scale)
-    isa = get_isa(kv.dtype)
-    qf = q.detach().to(torch.float32).contiguous()
-    out = torch.empty(nq, hq, spec.v_dim, dtype=torch.float32)
-    lse = torch.empty(nq, hq, dtype=torch.float32)
-    ints = [t.to(torch.int32).contiguous() for t in
-            (batch.q_indptr, batch.kv_indptr, batch.kv_blocks, batch.kv_lens)]
-    rc = lib.ws_attend(_ptr(qf), nq, hq, _ptr(kv), 1 if kv.dtype == torch.bfloat16 else 0,
-                       0 if layout == "cpu" else 1, kv.stride(0), H, bs, R, spec.k_offset,
-                       spec.k_dim, spec.v_offset, spec.v_dim, *(_ptr(t) for t in ints),
-                       batch.num_seqs, float(scale), _ptr(out), _ptr(lse), _ISA_CODE[isa],
-                       get_num_threads(), int(chunk_blocks))
-    if rc != 0:
-        raise RuntimeError(f"ws_attend failed ({rc})")
-    return out, lse
+    return CpuAttentionPlan(kv, layout, spec, batch, scale, q.shape[0], q.shape[1], q.dtype,
+                            chunk_blocks=chunk_blocks)(q, kv)
+
+
+class CpuAttentionPlan:
+    """:func:`attend_cpu` for one step's batch, checked and converted once and then run per
+    layer (plan once per step, run per layer): a call is one ``ctypes`` call with the layer's
+    pool and this step's queries, writing into given buffers if any. The worker thread that runs
+    the CPU side then holds the GIL only for a few microseconds around each kernel call.
+
+    ``kv``: any layer of the pool (layers share shape and strides)."""
+
+    def __init__(self, kv: torch.Tensor, layout: str, spec: KVSpec, batch: BlockBatch,
+                 scale: float, nq: int, hq: int, q_dtype: torch.dtype = torch.float32, *,
+                 chunk_blocks: int = 0):
+        self.layout, self.spec, self.batch, self.scale = layout, spec, batch, float(scale)
+        self.nq, self.hq = int(nq), int(hq)
+        self.lib = _load()
+        if self.lib is None:
+            _warn_fallback()
+            self.torch_path = True
+            return
+        H, R = spec.num_kv_heads, spec.rec_dim
+        if layout == "cpu":
+            bs = kv.shape[2] * 2
+            inner_ok = kv.dim() == 5 and tuple(kv.shape[1:]) == (H, bs // 2, R, 2)
+            inner = H * bs * R
+        else:
+            bs = kv.shape[1]
+            inner_ok = kv.dim() == 4 and tuple(kv.shape[2:]) == (H, R)
+            inner = bs * H * R
+        self.torch_path = bool(
+            kv.device.type != "cpu" or kv.dtype not in (torch.float32, torch.bfloat16)
+            or not inner_ok or self.hq % H or spec.k_dim % 8 or spec.v_dim % 8
+            or (kv.shape[0] > 1 and kv.stride(0) < inner) or not kv[:1].is_contiguous())
+        if self.torch_path:
+            return
+        self.kv_shape, self.kv_stride, self.kv_dtype = tuple(kv.shape), kv.stride(0), kv.dtype
+        self._ints = [t.to("cpu", torch.int32).contiguous() for t in
+                      (batch.q_indptr, batch.kv_indptr, batch.kv_blocks, batch.kv_lens)]
+        self._const = (H, bs, R, spec.k_offset, spec.k_dim, spec.v_offset, spec.v_dim,
+                       *(_ptr(t) for t in self._ints), batch.num_seqs, self.scale)
+        self._isa = _ISA_CODE[get_isa(kv.dtype)]
+        self._chunk = int(chunk_blocks)
+
+    def __call__(self, q: torch.Tensor, kv: torch.Tensor, out: torch.Tensor | None = None,
+                 lse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        if q.shape[0] != self.nq or q.shape[1] != self.hq:
+            raise ValueError(f"planned for {self.nq} x {self.hq} query vectors, got "
+                             f"{tuple(q.shape[:2])}")
+        if self.torch_path or q.device.type != "cpu" or q.shape[2] != self.spec.k_dim:
+            o, l = attend_torch(q, kv, self.layout, self.spec, self.batch, self.scale)
+        else:
+            if (tuple(kv.shape), kv.stride(0), kv.dtype) != (self.kv_shape, self.kv_stride,
+                                                              self.kv_dtype):
+                raise ValueError("pool layer differs from the one the plan was made for")
+            qf = q if (q.dtype == torch.float32 and q.is_contiguous()) else \
+                q.detach().to(torch.float32).contiguous()
+            o = out if out is not None else torch.empty(self.nq, self.hq, self.spec.v_dim,
+                                                        dtype=torch.float32)
+            l = lse if lse is not None else torch.empty(self.nq, self.hq, dtype=torch.float32)
+            rc = self.lib.ws_attend(_ptr(qf), self.nq, self.hq, _ptr(kv),
+                                    1 if kv.dtype == torch.bfloat16 else 0,
+                                    0 if self.layout == "cpu" else 1, self.kv_stride,
+                                    *self._const, _ptr(o), _ptr(l), self._isa, get_num_threads(),
+                                    self._chunk)
+            if rc != 0:
+                raise RuntimeError(f"ws_attend failed ({rc})")
+            return o, l
+        if out is not None:
+            out.copy_(o)
+            lse.copy_(l)
+            return out, lse
+        return o, l
 
 
 def read_bandwidth(nbytes: int, threads: int | None = None, reps: int = 5) -> float:

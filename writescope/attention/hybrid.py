@@ -69,6 +69,14 @@ def cpu_kernel():
         return attend_torch
 
 
+def _attend_cpu_compiled():
+    try:
+        from .cpu import attend_cpu
+    except ImportError:
+        return None
+    return attend_cpu
+
+
 def _empty_result(nq: int, hq: int, dv: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     return (torch.zeros(nq, hq, dv, dtype=torch.float32, device=device),
             torch.full((nq, hq), float("-inf"), dtype=torch.float32, device=device))
@@ -145,6 +153,7 @@ class HybridAttention:
             self.cgather = CGather(tuple(c_pool.shape[2:]), c_pool.dtype, self.device, nbytes)
         self._worker: ThreadPoolExecutor | None = None
         self._pinned: dict = {}
+        self._cpu_plans = None
         self._parts: tuple[torch.Tensor, torch.Tensor] | None = None
 
     # ------------------------------------------------------------------------------------------
@@ -218,6 +227,7 @@ class HybridAttention:
             ly = list(range(self.spec.num_layers)) if layers is None else list(layers)
             self.ring.begin(self.pools[Region.T], self._stage_plan, ly)
         self._cpu = [(r, b.to("cpu")) for r, b in plan.cpu if b.num_blocks > 0]
+        self._cpu_plans = None  # compiled-kernel calls of this step, made on the first layer
         if self.backend == "triton":
             self._plan_triton(plan)
         self.timings["host_begin_s"] = time.perf_counter() - self._t0
@@ -261,8 +271,23 @@ class HybridAttention:
         self._lag["handoff"] += t_in - (t_submit or t_in)
         self._lag["q_wait"] += t0 - t_in
         plan = self.plan
-        parts = [self._cpu_attend(q_host, self.pools[r][layer], _layout(r), plan.spec, b,
-                                  plan.scale) for r, b in self._cpu]
+        if self._cpu_attend is _attend_cpu_compiled():
+            if self._cpu_plans is None:  # checked and converted once per step
+                from .cpu import CpuAttentionPlan
+                self._cpu_plans = [(r, CpuAttentionPlan(self.pools[r][0], _layout(r), plan.spec,
+                                                        b, plan.scale, q_host.shape[0],
+                                                        q_host.shape[1], q_host.dtype))
+                                   for r, b in self._cpu]
+            if len(self._cpu_plans) == 1 and out_bufs is not None:  # straight into pinned
+                r, pl = self._cpu_plans[0]
+                o, l = pl(q_host, self.pools[r][layer], out_bufs[0], out_bufs[1])
+                t1 = time.perf_counter()
+                self._lag["t_done"] = t1
+                return o, l, t1 - t0
+            parts = [pl(q_host, self.pools[r][layer]) for r, pl in self._cpu_plans]
+        else:
+            parts = [self._cpu_attend(q_host, self.pools[r][layer], _layout(r), plan.spec, b,
+                                      plan.scale) for r, b in self._cpu]
         o, l = parts[0] if len(parts) == 1 else merge_many(parts)
         if out_bufs is not None:
             out_bufs[0].copy_(o)

@@ -3,13 +3,16 @@
 The cached context of every sequence is older than all of the step's new tokens, so a step's
 attention is ``merge(cached-context partial, this partial)``; only this part needs a causal mask.
 Single-token segments (decode) are computed for all rows at once; longer segments (prefill chunks)
-one at a time with a dense causal mask.
+one at a time, in query tiles with a dense causal mask (memory bounded by ``SCORE_ELEMS``).
 """
 from __future__ import annotations
 
 import torch
 
 from ..kvcache.regions import KVSpec
+
+#: score elements (per query-tile, all heads) a prefill chunk's self-attention holds at once
+SCORE_ELEMS = 1 << 25
 
 
 def causal_self_attention(q: torch.Tensor, records: torch.Tensor, spec: KVSpec,
@@ -27,13 +30,19 @@ def causal_self_attention(q: torch.Tensor, records: torch.Tensor, spec: KVSpec,
     start = 0
     for length in seg_lens:
         if length > 1:
-            sl = slice(start, start + length)
-            s = torch.einsum("qhgd,khd->hgqk", qf[sl], k[sl]) * scale
-            mask = torch.ones(length, length, dtype=torch.bool, device=q.device).tril()
-            s = s.masked_fill(~mask, float("-inf"))
-            m = torch.logsumexp(s, dim=-1, keepdim=True)
-            o = torch.einsum("hgqk,khd->qhgd", torch.exp(s - m), v[sl])
-            out[sl] = o.reshape(length, hq, -1)
-            lse[sl] = m.squeeze(-1).permute(2, 0, 1).reshape(length, hq)
+            # query tiles, each over the keys up to its last row: scores stay near
+            # SCORE_ELEMS floats whatever the chunk length, and future keys are never computed
+            tile = max(16, min(length, SCORE_ELEMS // (hq * length)))
+            for a in range(0, length, tile):
+                b = min(length, a + tile)
+                qs = slice(start + a, start + b)
+                ks = slice(start, start + b)
+                s = torch.einsum("qhgd,khd->hgqk", qf[qs], k[ks]) * scale
+                mask = torch.ones(b - a, b, dtype=torch.bool, device=q.device).tril(diagonal=a)
+                s = s.masked_fill(~mask, float("-inf"))
+                m = torch.logsumexp(s, dim=-1, keepdim=True)
+                o = torch.einsum("hgqk,khd->qhgd", torch.exp(s - m), v[ks])
+                out[qs] = o.reshape(b - a, hq, -1)
+                lse[qs] = m.squeeze(-1).permute(2, 0, 1).reshape(b - a, hq)
         start += length
     return out, lse

@@ -262,8 +262,8 @@ class LLMEngine:
         width = max(cfg.hidden_size * 4, cfg.intermediate_size * 2,
                     cfg.moe_intermediate_size * 2 * cfg.num_experts_per_tok,
                     cfg.num_heads * (cfg.head_dim + cfg.kv_lora_rank + 64) * 2)
-        chunk = min(max_tokens, 2048)
-        scores = cfg.num_heads * chunk * chunk * 4 * 2
+        from ..attention.selfattn import SCORE_ELEMS
+        scores = min(cfg.num_heads * max_tokens * max_tokens, SCORE_ELEMS) * 4 * 3
         logits = 256 * cfg.vocab_size * 4
         return max_tokens * width * item * 2 + scores + logits
 
