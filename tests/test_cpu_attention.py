@@ -222,3 +222,24 @@ def test_fallback_warns_once(monkeypatch):
     ref = attend_torch(q, pool, "cpu", spec, batch, 0.3)
     assert torch.equal(out, ref[0]) and torch.equal(lse, ref[1])
     assert not cpu.available()
+
+
+@needs_kernel
+@pytest.mark.skipif("avx512bf16" not in ISAS, reason="no AVX512-BF16 on this CPU")
+def test_bf16_dot_product_path_falls_back_for_other_dims():
+    """Head dims that are multiples of 8 but not 16 take the FMA path inside the bf16 variant."""
+    spec = KVSpec.gqa(1, 2, 40, torch.bfloat16)
+    gen = torch.Generator().manual_seed(5)
+    bs = 16
+    recs, cpool, gpool = make_pools(spec, 12, bs, gen)
+    qc, blocks, lens = [1, 2], [[0, 1, 2], [5, 7]], [[bs, bs, 5], [bs, 9]]
+    write_valid(recs, cpool, gpool, blocks, lens)
+    q = torch.randn(sum(qc), 6, spec.k_dim, generator=gen).to(torch.bfloat16)
+    ref_o, ref_l = reference(q.float(), recs, spec, qc, blocks, lens, 0.15)
+    batch = BlockBatch.build(qc, blocks, lens)
+    cpu.set_isa("avx512bf16")
+    try:
+        for layout, pool in [("cpu", cpool), ("gpu", gpool)]:
+            check(*cpu.attend_cpu(q, pool, layout, spec, batch, 0.15), ref_o, ref_l, 5e-3)
+    finally:
+        cpu.set_isa("auto")

@@ -12,13 +12,15 @@ module warns once and uses :func:`attend_torch`.
 
 Work is split over (sequence, KV head, chunk of blocks); every query vector of a KV group (all
 query heads, all query rows of the sequence) is computed from each K/V row read once; the
-chunks are merged by log-sum-exp inside the kernel. See ``csrc/attn_impl.h`` (AVX2/AVX-512)
-and ``csrc/attn_amx.cpp`` (AMX tiles, bf16) for the arithmetic.
+chunks are merged by log-sum-exp inside the kernel. See ``csrc/attn_impl.h`` (AVX2/AVX-512),
+``csrc/attn_bf16.cpp`` (VDPBF16PS) and ``csrc/attn_amx.cpp`` (AMX tiles, bf16) for the
+arithmetic.
 
 Threads: ``WRITESCOPE_CPU_ATTN_THREADS`` or :func:`set_num_threads`; by default every usable
 core minus :func:`reserve_cores` (cores the engine keeps for its other CPU work).
-ISA: ``WRITESCOPE_CPU_ATTN_ISA`` = ``auto`` (default) | ``amx`` | ``avx512`` | ``avx2``, or
-:func:`set_isa`.
+ISA: ``WRITESCOPE_CPU_ATTN_ISA`` = ``auto`` (default) | ``amx`` | ``avx512bf16`` | ``avx512`` |
+``avx2``, or :func:`set_isa`. ``auto`` picks, for bf16 KV, AMX, else AVX-512 BF16 dot products
+(``csrc/attn_bf16.cpp``), else fp32 FMAs on widened bf16; fp32 KV always takes the FMA path.
 """
 from __future__ import annotations
 
@@ -43,10 +45,10 @@ __all__ = ["attend_cpu", "CpuAttentionPlan", "available", "set_num_threads", "ge
            "set_isa", "get_isa", "isas", "features", "read_bandwidth"]
 
 _CSRC = Path(__file__).with_name("csrc")
-_SOURCES = ("attn_ops.cpp", "attn_avx2.cpp", "attn_avx512.cpp", "attn_amx.cpp")
+_SOURCES = ("attn_ops.cpp", "attn_avx2.cpp", "attn_avx512.cpp", "attn_bf16.cpp", "attn_amx.cpp")
 _HEADERS = ("attn_common.h", "attn_impl.h", "attn_v512.h")
 _CFLAGS = ["-O3", "-fPIC", "-std=c++17", "-fopenmp", "-fno-math-errno"]
-_ISA_CODE = {"avx2": 0, "avx512": 1, "amx": 2}
+_ISA_CODE = {"avx2": 0, "avx512": 1, "amx": 2, "avx512bf16": 3}
 _F_AVX2, _F_AVX512, _F_BF16, _F_AMX = 1, 2, 4, 8
 
 _lock = threading.Lock()
@@ -153,7 +155,9 @@ def features() -> dict[str, bool]:
 def isas() -> list[str]:
     """Kernel variants this machine can run, slowest first."""
     f = features()
-    return [k for k in ("avx2", "avx512", "amx") if f[k]] if available() else []
+    have = {"avx2": f["avx2"], "avx512": f["avx512"], "avx512bf16": f["avx512_bf16"],
+            "amx": f["amx"]}
+    return [k for k in ("avx2", "avx512", "avx512bf16", "amx") if have[k]] if available() else []
 
 
 def set_isa(isa: str) -> None:
@@ -175,6 +179,8 @@ def get_isa(dtype: torch.dtype = torch.bfloat16) -> str:
         return _isa
     if "amx" in have and dtype == torch.bfloat16:
         return "amx"
+    if "avx512bf16" in have and dtype == torch.bfloat16:
+        return "avx512bf16"
     return "avx512" if "avx512" in have else "avx2"
 
 

@@ -90,7 +90,7 @@ int ws_default_threads() {
 #endif
 }
 
-// isa: 0 avx2, 1 avx512, 2 amx. Returns 0, or a negative error code.
+// isa: 0 avx2, 1 avx512, 2 amx, 3 avx512bf16. Returns 0, or a negative error code.
 int ws_attend(const float* q, int nq, int Hq, const void* kv, int dtype, int layout,
               int64_t block_stride, int H, int bs, int R, int k_off, int Dk, int v_off, int Dv,
               const int32_t* q_indptr, const int32_t* kv_indptr, const int32_t* kv_blocks,
@@ -98,7 +98,8 @@ int ws_attend(const float* q, int nq, int Hq, const void* kv, int dtype, int lay
               int threads, int chunk_blocks) {
     if (H <= 0 || Hq % H != 0) return -1;
     const int G = Hq / H;
-    ws_item_fn fn = isa == 2 ? ws_item_amx : isa == 1 ? ws_item_avx512 : ws_item_avx2;
+    ws_item_fn fn = isa == 3 ? ws_item_avx512bf16 : isa == 2 ? ws_item_amx
+                  : isa == 1 ? ws_item_avx512 : ws_item_avx2;
     WsArgs args{kv, dtype, layout, block_stride, H, bs, R, k_off, Dk, v_off, Dv};
     if (threads <= 0) threads = ws_default_threads();
 
