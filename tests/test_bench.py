@@ -172,3 +172,24 @@ def test_report_merges_several_runs(grid, tmp_path):
     merged = _strict_json(tmp_path / "results.json")
     assert len(merged["rows"]) == 2 * len(_strict_json(grid / "results.json")["rows"])
     assert len(merged["meta"]["sources"]) == 2
+
+
+def test_provenance_digest_tracks_sources(tmp_path, monkeypatch):
+    """Results carry a digest of the package sources: equal trees give equal digests, any edit to
+    a source file changes it (the device copy's git HEAD can be stale)."""
+    from writescope.bench import provenance
+    a = tmp_path / "a"
+    (a / "sub").mkdir(parents=True)
+    (a / "x.py").write_text("x = 1\n")
+    (a / "sub" / "k.cpp").write_text("int k;\n")
+    (a / "notes.txt").write_text("ignored\n")
+    d0 = provenance.source_digest(a)
+    assert len(d0) == 16 and d0 == provenance.source_digest(a)
+    (a / "notes.txt").write_text("still ignored\n")
+    assert provenance.source_digest(a) == d0
+    (a / "sub" / "k.cpp").write_text("int k = 2;\n")
+    assert provenance.source_digest(a) != d0
+    info = provenance.git_info()
+    assert set(info) == {"commit", "dirty", "source_digest"}
+    monkeypatch.setenv("WRITESCOPE_GIT_COMMIT", "abc")
+    assert provenance.git_commit() == "abc"

@@ -21,7 +21,6 @@ import math
 import os
 import platform
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
@@ -31,6 +30,7 @@ from ..attention import cpu
 from ..attention.batch import BlockBatch
 from ..attention.torch_paged import attend_torch
 from ..kvcache.regions import KVSpec, cpu_pool_shape, gpu_pool_shape
+from .provenance import git_commit, source_digest
 
 SHAPES = {
     "gqa-32/4/128": (lambda: KVSpec.gqa(1, 4, 128, torch.bfloat16), 32),
@@ -63,15 +63,6 @@ def _machine() -> dict:
     return {"cpu": model, "logical_cpus": os.cpu_count(), "usable_cpus": len(os.sched_getaffinity(0)),
             "llc_bytes": _llc_bytes(), "features": cpu.features(), "torch": torch.__version__,
             "torch_threads": torch.get_num_threads(), "python": platform.python_version()}
-
-
-def _git_commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                             cwd=Path(__file__).resolve().parents[2]).stdout.strip()
-    except OSError:
-        return "unknown"
-    return out if len(out) == 40 else "unknown"
 
 
 def _time(fn, reps: int) -> float:
@@ -184,7 +175,7 @@ def main(argv: list[str] | None = None) -> dict:
     gen = torch.Generator().manual_seed(0)
     nbytes = args.read_bytes or max(1 << 30, 6 * _llc_bytes())
     read_bw = cpu.read_bandwidth(nbytes, reps=5)
-    res = {"bench": "cpu_attention", "git_commit": _git_commit(), "machine": _machine(),
+    res = {"bench": "cpu_attention", "git_commit": git_commit(), "source_digest": source_digest(), "machine": _machine(),
            "command": "python -m writescope.bench.cpu_attention " + " ".join(argv if argv is not None else __import__("sys").argv[1:]),
            "threads": cpu.get_num_threads(), "read_bw_array_bytes": nbytes, "read_bw_gbps": read_bw,
            "rows": []}

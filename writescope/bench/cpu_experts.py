@@ -19,7 +19,6 @@ import json
 import math
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ import torch.nn.functional as F
 
 from ..layers import cpu_experts as ce
 from ..models.config import ModelConfig
+from .provenance import git_commit, source_digest
 
 MODELS = ("deepseek-v2-lite", "qwen3-30b-a3b", "mixtral-8x7b")
 
@@ -55,20 +55,6 @@ def machine() -> dict:
     except Exception:  # noqa: BLE001
         info["gpu"] = None
     return info
-
-
-def git_commit() -> str | None:
-    env = os.environ.get("WRITESCOPE_GIT_COMMIT")  # for copies of the tree without git history
-    if env:
-        return env
-    try:
-        root = Path(__file__).resolve().parents[2]
-        r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                           timeout=10)
-        out = r.stdout.strip()
-        return out if r.returncode == 0 and len(out) == 40 else None
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 def dram_read_bw(gib: float, threads: int, reps: int = 5) -> dict:
@@ -312,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name in args.models:
         rows += bench_model(name, args, variants, log)
-    result = {"bench": "cpu_experts", "commit": git_commit(), "machine": info, "threads": threads,
+    result = {"bench": "cpu_experts", "commit": git_commit(), "source_digest": source_digest(), "machine": info, "threads": threads,
               "kernel": kinfo, "dram": dram,
               "command": "python -m writescope.bench.cpu_experts " + " ".join(argv or sys.argv[1:]),
               "variants": variants, "rows": rows}

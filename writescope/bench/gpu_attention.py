@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from ..attention.batch import BlockBatch
 from ..attention.hybrid import AttentionStepPlan, HybridAttention, cpu_kernel
 from ..attention.reference import dense_attention
 from ..kvcache.regions import KVSpec, Region, block_records, pool_shape, to_cpu_layout
+from .provenance import git_commit, source_digest
 
 
 # ----------------------------------------------------------------------------------------------
@@ -443,14 +443,6 @@ def bench_spilled(shape: str, batch: str, layers: int, shares: list[float], dev,
     return res
 
 
-def _git_commit() -> str:
-    try:
-        return subprocess.check_output(["git", "rev-parse", "HEAD"], text=True,
-                                       stderr=subprocess.DEVNULL).strip()
-    except Exception:  # e.g. a copy of the tree without .git (the device machine)
-        return os.environ.get("WRITESCOPE_GIT_COMMIT", "unknown")
-
-
 def _machine() -> dict:
     d = {"python": platform.python_version(), "torch": torch.__version__,
          "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count()}
@@ -499,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
     skip = set(filter(None, args.skip.split(",")))
     shares = [float(s) for s in args.shares.split(",")]
     staging = [int(float(s) * 2**20) for s in args.staging_mib.split(",")]
-    out = {"benchmark": "gpu_attention", "git_commit": _git_commit(), "machine": _machine(),
+    out = {"benchmark": "gpu_attention", "git_commit": git_commit(), "source_digest": source_digest(), "machine": _machine(),
            "command": "python -m writescope.bench.gpu_attention " + " ".join(
                argv if argv is not None else sys.argv[1:]),
            "block_size": BLOCK, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "results": {}}

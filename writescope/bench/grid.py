@@ -40,7 +40,6 @@ import math
 import os
 import platform
 import shlex
-import subprocess
 import sys
 import time
 import traceback
@@ -50,6 +49,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from .provenance import git_info
 
 DEFAULT_POLICIES = ("writescope", "transfer", "cpu", "static", "migrate")
 
@@ -115,20 +116,6 @@ def parse_name_list(text: str | list[str]) -> list[str]:
     for item in items:
         out.extend(t.strip() for t in str(item).split(",") if t.strip())
     return out
-
-
-def git_info(repo: Path | None = None) -> dict[str, Any]:
-    repo = repo or Path(__file__).resolve().parents[2]
-    info: dict[str, Any] = {}
-    try:
-        info["commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True,
-                                        text=True, timeout=10).stdout.strip() or None
-        st = subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True,
-                            text=True, timeout=10).stdout
-        info["dirty"] = bool(st.strip())
-    except (OSError, subprocess.SubprocessError):
-        info["commit"] = None
-    return info
 
 
 def machine_info() -> dict[str, Any]:

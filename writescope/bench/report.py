@@ -106,7 +106,8 @@ def markdown(doc: dict[str, Any]) -> str:
     mach = meta.get("machine", {})
     lines = ["# writescope bench", "",
              f"- command: `{meta.get('command', '')}`",
-             f"- git: `{git.get('commit')}`" + (" (uncommitted changes)" if git.get("dirty") else ""),
+             f"- git: `{git.get('commit')}`" + (" (uncommitted changes)" if git.get("dirty") else "")
+             + (f", source digest `{git['source_digest']}`" if git.get("source_digest") else ""),
              f"- machine: {mach.get('cpu', '?')}, {mach.get('logical_cpus', '?')} CPUs"
              + (f", {mach['gpu']}" if mach.get("gpu") else ", no GPU")
              + f"; torch {meta.get('torch', '?')}",

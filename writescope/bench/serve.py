@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .provenance import git_info
+
 
 # ---------------------------------------------------------------------------------- lengths
 @dataclass(frozen=True)
@@ -291,14 +293,6 @@ def _machine() -> dict:
     return info
 
 
-def _git(*args: str) -> str | None:
-    try:
-        return subprocess.run(["git", *args], capture_output=True, text=True,
-                              cwd=Path(__file__).resolve().parent, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def _jsonable(v):
     if isinstance(v, LengthDist):
         return str(v)
@@ -384,9 +378,9 @@ def main(argv: list[str] | None = None) -> int:
     if server is not None:
         print(f"server exit status after SIGTERM: {rc}")
     if args.json:
-        status = _git("status", "--porcelain")
-        out = {"benchmark": "serve", "commit": _git("rev-parse", "HEAD"),
-               "work_tree_modified": None if status is None else bool(status),
+        git = git_info()
+        out = {"benchmark": "serve", "commit": git["commit"],
+               "work_tree_modified": git["dirty"], "source_digest": git["source_digest"],
                "machine": machine,
                "command": "python -m writescope.bench.serve " + shlex.join(original),
                "config": {**{k: _jsonable(v) for k, v in vars(args).items()},
