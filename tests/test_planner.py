@@ -443,7 +443,7 @@ def test_feedback_ema():
         RateFeedback(alpha=1.5)
 
 
-def simulate(alpha, steps, slow_from, slow_until, noise=0.03, seed=0):
+def simulate(alpha, steps, slow_from, slow_until, noise=0.03, seed=0, truth_corr=None):
     """A closed loop: the policy plans, a 'true machine' (the roofline with the CPU attention
     `slow` times slower from `slow_from` to `slow_until`, plus noise) measures, the policy observes.
     Returns per step (planned share, optimal share under the true rates for the same blocks)."""
@@ -462,6 +462,7 @@ def simulate(alpha, steps, slow_from, slow_until, noise=0.03, seed=0):
     out = []
     for step in range(steps):
         slow = 2.0 if slow_from <= step < slow_until else 1.0
+        true_corr = truth_corr if truth_corr is not None else rl.Corrections(cpu=slow)
         for i in range(b):
             if (tokens[i] + 1) % bs == 0:
                 cap = CacheCapacity(dict(free), bs, bs * tb)
@@ -483,10 +484,10 @@ def simulate(alpha, steps, slow_from, slow_until, noise=0.03, seed=0):
                     res += bs
             res += tokens[i] - bs * len(seqs[i])
         planned = pol.stats()["planner.cpu_share"]
-        best = rl.optimal_cpu_share(prof, cfg, b, res, c, t, False, rl.Corrections(cpu=slow)).cpu_share
+        best = rl.optimal_cpu_share(prof, cfg, b, res, c, t, False, true_corr).cpu_share
         out.append((planned, best))
         load = rl.StepLoad(b, res, t - cpu_t, cpu_c, cpu_t)
-        truth = rl.predict_step(prof, cfg, load, False, rl.Corrections(cpu=slow))
+        truth = rl.predict_step(prof, cfg, load, False, true_corr)
         jitter = lambda v: v * (1 + rng.uniform(-noise, noise))  # noqa: E731
         for i in range(b):
             tokens[i] += 1
@@ -510,6 +511,43 @@ def test_feedback_follows_cpu_slowdown_and_recovery():
     assert s["planner.cpu_rate_correction"] == pytest.approx(1.0, abs=0.1)
     assert abs(s["planner.prediction_error"]) < 0.1
     assert math.isfinite(s["planner.measured_step_s"]) and s["planner.predicted_step_s"] > 0
+
+
+def test_feedback_fits_fixed_and_per_byte_cpu_costs_apart():
+    """measured = 2.5 x the profile's per-layer round trip + 1.0 x its per-byte time: one factor
+    fits only the share it was measured at; the two-part fit predicts other shares too."""
+    fb = RateFeedback(alpha=0.3)
+    rng = random.Random(0)
+    for i in range(60):
+        f, v = 0.019, 0.005 + 0.05 * rng.random()  # 27 layers x 0.7 ms; varying bytes
+        m = (2.5 * f + v) * (1 + rng.uniform(-0.02, 0.02))
+        fb.update({"cpu": m}, {"cpu": f + v}, cpu_split=(f, v))
+    c = fb.corrections
+    assert c.cpu_fixed == pytest.approx(2.5, rel=0.15) and c.cpu == pytest.approx(1.0, rel=0.15)
+    for v in (0.002, 0.2):  # far from the fitted points, both ways
+        truth, pred = 2.5 * 0.019 + v, c.cpu_fixed * 0.019 + c.cpu * v
+        single = fb.factors["cpu"] * (0.019 + v)
+        assert abs(pred / truth - 1) < 0.1
+        assert abs(single / truth - 1) > 0.2  # what one factor would have predicted
+    # collinear samples (one share only) leave the shape at its prior
+    fb2 = RateFeedback(alpha=0.3)
+    for _ in range(30):
+        fb2.update({"cpu": 2.0 * 0.03}, {"cpu": 0.03}, cpu_split=(0.01, 0.02))
+    assert fb2.corrections.cpu_fixed is None and fb2.corrections.cpu == pytest.approx(2.0, rel=1e-3)
+
+
+def test_closed_loop_with_an_expensive_cpu_round_trip(monkeypatch):
+    """The true CPU side costs 2.3x the profiled 0.7 ms round trip per layer, bytes as profiled:
+    the two-part fit takes over inside the loop and the planned share stays at the optimum
+    under that truth."""
+    import test_planner as tp
+    orig = tp.h200_like
+    monkeypatch.setattr(tp, "h200_like", lambda **o: orig(cpu_roundtrip_s=0.7e-3, **o))
+    truth = rl.Corrections(cpu=1.0, cpu_fixed=2.3)
+    out, pol = simulate(alpha=0.3, steps=80, slow_from=10**9, slow_until=10**9, truth_corr=truth)
+    for planned, best in out[20:]:
+        assert abs(planned - best) <= 0.05 * best, (planned, best)
+    assert pol.stats()["planner.cpu_fixed_correction"] > 1.3
 
 
 def test_without_feedback_the_share_does_not_adapt():

@@ -10,6 +10,18 @@ n steps the factor has moved ``1 - (1 - alpha)^n`` of the way (alpha = 0.3: 97 %
 while a single noisy step moves it by ``alpha`` of its error only. Ratios are clamped to
 ``[1/16, 16]`` so one absurd sample (a page fault storm, the first step's warm-up) cannot wreck
 the model, and paths that did (almost) nothing this step are not updated.
+
+The CPU attention time has two parts with different causes: a fixed cost per layer call (the
+hand-over to the worker thread, thread wake-up, the merge) and a cost per byte read. One factor
+for both fits the operating point it was measured at and mispredicts every other share: on the
+H200 machine the in-engine CPU side cost ~1.6 ms per layer call against a 0.7 ms round trip in the
+profile, while its per-byte rate was close to the calibrated one (bench/results/2026-11-30-h200/).
+So when the caller passes the predicted split (``cpu_split``), the *shape* ``a/b`` of
+``measured = a * fixed + b * per_byte`` is fitted by exponentially weighted least squares over a
+longer memory (``fit_memory`` steps, ridge-regularised toward ``a = b`` = the single factor; steps
+that all sit at one share are not used) and replaces the single factor once it rests on
+``RESET_AFTER`` samples. A measurement that the fitted model misses by more than 25% (a slowdown,
+a new tenant) starts the fit over, and the fast single factor takes over until then.
 """
 from __future__ import annotations
 
@@ -21,22 +33,36 @@ PATHS = ("cpu", "pcie", "gpu", "expert")
 CLAMP = (1.0 / 16, 16.0)
 #: a prediction below this is too small to compare with a wall-clock measurement
 MIN_PREDICTED_S = 20e-6
+#: the CPU cost-shape fit starts over when, after this many samples, a measurement misses its
+#: prediction by more than RESET_ERROR (the machine changed: another tenant, a slowdown)
+RESET_AFTER, RESET_ERROR = 5, 0.25
 
 
 @dataclass
 class RateFeedback:
     alpha: float = 0.3
+    fit_memory: float = 30.0  # steps: the e-folding memory of the CPU cost-shape fit
+    ridge: float = 0.01
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.alpha <= 1.0:
             raise ValueError(f"feedback alpha must be in [0, 1], got {self.alpha}")
+        if self.fit_memory < 1:
+            raise ValueError(f"fit_memory must be >= 1 step, got {self.fit_memory}")
         self.factors = {p: 1.0 for p in PATHS}
         self.last_ratio: dict[str, float] = {}
         self.updates = {p: 0 for p in PATHS}
+        # EMA-weighted normal equations of measured = a*f + b*v (f, v: predicted fixed, per-byte)
+        self._ff = self._fv = self._vv = self._fm = self._vm = 0.0
+        self._split: tuple[float, float] | None = None  # the last step's (f, v)
+        self._n, self._ab = 0, None  # samples since the last reset, fitted (a, b)
+        self.cpu_shape = 1.0  # fitted a / b (for stats)
 
-    def update(self, measured: dict[str, float | None], predicted: dict[str, float]) -> None:
+    def update(self, measured: dict[str, float | None], predicted: dict[str, float],
+               cpu_split: tuple[float, float] | None = None) -> None:
         """``measured`` and ``predicted`` map path names (see ``PATHS``) to seconds; a path that
-        was not measured (``None`` or missing) keeps its factor."""
+        was not measured (``None`` or missing) keeps its factor. ``cpu_split``: the uncorrected
+        prediction of the CPU attention time as (fixed per-layer part, per-byte part)."""
         for p in PATHS:
             m, q = measured.get(p), predicted.get(p, 0.0)
             if m is None or m <= 0 or q < MIN_PREDICTED_S:
@@ -45,10 +71,51 @@ class RateFeedback:
             self.last_ratio[p] = r
             self.factors[p] = (1 - self.alpha) * self.factors[p] + self.alpha * r
             self.updates[p] += 1
+            if p == "cpu" and cpu_split is not None:
+                self._fit_cpu(m, *cpu_split)
+
+    def _fit_cpu(self, m: float, f: float, v: float) -> None:
+        if f <= 0 or v <= 0:
+            return
+        if self._ab is not None and self._n >= RESET_AFTER:
+            a, b = self._ab
+            if abs(m - (a * f + b * v)) > RESET_ERROR * m:  # the machine changed: start over
+                self._ff = self._fv = self._vv = self._fm = self._vm = 0.0
+                self._n, self._ab, self.cpu_shape = 0, None, 1.0
+        lam = 1.0 - 1.0 / self.fit_memory
+        self._ff = lam * self._ff + f * f
+        self._fv = lam * self._fv + f * v
+        self._vv = lam * self._vv + v * v
+        self._fm = lam * self._fm + f * m
+        self._vm = lam * self._vm + v * m
+        self._n += 1
+        self._split = (f, v)
+        # fixed and per-byte parts that always moved together say nothing about the shape
+        if 1.0 - self._fv * self._fv / (self._ff * self._vv) < 1e-3:
+            return
+        # ridge toward a = b = the single factor: weakly informative directions keep the prior
+        c = self.factors["cpu"]
+        rf, rv = self.ridge * self._ff, self.ridge * self._vv
+        s11, s12, s22 = self._ff + rf, self._fv, self._vv + rv
+        y1, y2 = self._fm + rf * c, self._vm + rv * c
+        det = s11 * s22 - s12 * s12
+        if det <= 1e-12 * s11 * s22:
+            return
+        a = (y1 * s22 - s12 * y2) / det
+        b = (s11 * y2 - s12 * y1) / det
+        if a <= 0 or b <= 0:
+            return
+        self._ab = (a, b)
+        self.cpu_shape = min(max(a / b, CLAMP[0] ** 2), CLAMP[1] ** 2)
 
     @property
     def corrections(self) -> Corrections:
-        return Corrections(**self.factors)
+        f = dict(self.factors)
+        if self._ab is None or self._n < RESET_AFTER:
+            return Corrections(**f)
+        a, b = self._ab  # the fitted parts, once the fit has enough samples since its start
+        f["cpu"] = min(max(b, CLAMP[0]), CLAMP[1])
+        return Corrections(**f, cpu_fixed=min(max(a, CLAMP[0]), CLAMP[1]))
 
     def reset(self) -> None:
         self.__post_init__()

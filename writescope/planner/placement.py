@@ -186,11 +186,13 @@ class WriteScopePolicy(PlacementPolicy):
         pcie_s = timing.get("pcie_s")
         if (timing.get("cpu_s") or 0) > 0 and cpu_tok > 0:
             self.cpu_samples += 1
+        fixed = self.cfg.num_layers * self.profile.cpu_roundtrip_s if cpu_tok > 0 else 0.0
         self.feedback.update(
             {"cpu": timing.get("cpu_s"), "gpu": timing.get("gpu_s"),
              "pcie": pcie_s if pcie_s else None, "expert": timing.get("cpu_expert_s")},
             {"cpu": raw.cpu_attn_s, "gpu": raw.gpu_attn_s, "pcie": raw.pcie_s,
-             "expert": raw.expert_s if self.experts_on_cpu else 0.0})
+             "expert": raw.expert_s if self.experts_on_cpu else 0.0},
+            cpu_split=(fixed, raw.cpu_attn_s - fixed) if fixed else None)
         corrected = rl.predict_step(self.profile, self.cfg, load, self.experts_on_cpu,
                                     self.feedback.corrections)
         measured = timing.get("step_s")
@@ -209,6 +211,7 @@ class WriteScopePolicy(PlacementPolicy):
             "planner.measured_step_s": meas,
             "planner.prediction_error": (meas / pred - 1.0) if pred and pred == pred and meas == meas else math.nan,
             "planner.cpu_rate_correction": c.cpu,
+            "planner.cpu_fixed_correction": c.cpu if c.cpu_fixed is None else c.cpu_fixed,
             "planner.pcie_rate_correction": c.pcie,
             "planner.gpu_rate_correction": c.gpu,
             "planner.expert_rate_correction": c.expert,

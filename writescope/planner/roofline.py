@@ -38,7 +38,8 @@ for long ones the optimum balances ``x*S/B_cpu`` against ``(1-x)*S/B_pcie`` and 
 bandwidth ratio ``B_cpu / (B_cpu + B_pcie)``.
 
 Online feedback (:mod:`writescope.planner.feedback`) multiplies the CPU attention, PCIe, GPU
-attention and CPU expert terms by :class:`Corrections` (measured over predicted, smoothed).
+attention and CPU expert terms by :class:`Corrections` (measured over predicted, smoothed); the
+CPU attention's per-layer round trip and its per-byte term may get separate factors.
 
 The layer pipeline follows the designs of NEO (CPU attention overlapped with GPU work, load
 split from a per-layer cost model) and FlexGen/KTransformers (prefetching the next layer's
@@ -91,10 +92,11 @@ class StepLoad:
 class Corrections:
     """Measured/predicted ratios the feedback learned (1 = the profile is right)."""
 
-    cpu: float = 1.0     # CPU attention
-    pcie: float = 1.0    # H2D streaming
+    cpu: float = 1.0     # CPU attention (its per-byte term; also the fixed term when
+    pcie: float = 1.0    # H2D streaming                             cpu_fixed is None)
     gpu: float = 1.0     # GPU attention
     expert: float = 1.0  # routed experts on the CPU
+    cpu_fixed: float | None = None  # CPU attention's per-layer round trip, when fitted apart
 
 
 @dataclass(frozen=True)
@@ -216,8 +218,9 @@ def layer_time(profile: "HardwareProfile", cfg: "ModelConfig", layer: int, load:
     if cpu_attends:
         rate_c = min(profile.cpu_attn_rate(fam, "C"), cpu_cap)
         rate_t = min(profile.cpu_attn_rate(fam, "T"), cpu_cap)
-        cpu_attn_s = corr.cpu * (profile.cpu_roundtrip_s + load.cpu_c_tokens * kvb / rate_c
-                                 + load.cpu_t_tokens * kvb / rate_t)
+        fixed = corr.cpu if corr.cpu_fixed is None else corr.cpu_fixed
+        cpu_attn_s = (fixed * profile.cpu_roundtrip_s
+                      + corr.cpu * (load.cpu_c_tokens * kvb / rate_c + load.cpu_t_tokens * kvb / rate_t))
     # routed experts
     if not expert_bytes:
         expert_s = 0.0
