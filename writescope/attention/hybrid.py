@@ -137,24 +137,25 @@ class HybridAttention:
         self.max_slot_blocks = max_slot_blocks
         self.chunk_blocks = chunk_blocks
         self.cpu_async = cpu_async
-        t_pool = pools.get(Region.T)
-        if stage_t is None:
-            stage_t = t_pool is not None and t_pool.device != self.device
-        self.ring: StagingRing | None = None
-        if stage_t and t_pool is not None and t_pool.shape[1] > 0:
-            nbytes = DEFAULT_STAGING_BYTES if staging_bytes is None else int(staging_bytes)
-            self.ring = StagingRing(tuple(t_pool.shape[2:]), t_pool.dtype, self.device, nbytes)
-        c_pool = pools.get(Region.C)
-        if stage_c is None:
-            stage_c = c_pool is not None and c_pool.device != self.device
-        self.cgather: CGather | None = None
-        if stage_c and c_pool is not None and c_pool.shape[1] > 0:
-            nbytes = DEFAULT_GATHER_BYTES if gather_bytes is None else int(gather_bytes)
-            self.cgather = CGather(tuple(c_pool.shape[2:]), c_pool.dtype, self.device, nbytes)
+        self.ring: StagingRing | None = self._reader(pools.get(Region.T), stage_t, StagingRing,
+                                                     staging_bytes, DEFAULT_STAGING_BYTES)
+        self.cgather: CGather | None = self._reader(pools.get(Region.C), stage_c, CGather,
+                                                    gather_bytes, DEFAULT_GATHER_BYTES)
         self._worker: ThreadPoolExecutor | None = None
         self._pinned: dict = {}
         self._cpu_plans = None
         self._parts: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def _reader(self, pool, wanted, cls, nbytes, default):
+        """The device buffers through which the GPU side reads a host pool (T: the staging
+        ring, C: the gather buffers); None for a pool on the device, an empty one, or when not
+        ``wanted`` (default: whenever the pool is not on the device)."""
+        if wanted is None:
+            wanted = pool is not None and pool.device != self.device
+        if not wanted or pool is None or pool.shape[1] == 0:
+            return None
+        return cls(tuple(pool.shape[2:]), pool.dtype, self.device,
+                   default if nbytes is None else int(nbytes))
 
     # ------------------------------------------------------------------------------------------
     @property

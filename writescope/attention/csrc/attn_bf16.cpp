@@ -154,14 +154,9 @@ static void bf16_item(const WsArgs* a, const WsItem* it) {
     for (int bi = 0; bi < it->nblocks; ++bi) {
         const int n = it->lens[bi];
         if (n <= 0) continue;
-        const uint16_t* tile = ws_block_ptr<uint16_t>(a, it->blocks[bi], it->head);
-        if (a->layout != 0 || n != bs) {
-            ws_repack<uint16_t>(a, tile, n, bsp, tilebuf);
-            tile = tilebuf;
-        }
-        const int np = (n + 1) / 2;
         WsPf pf;
-        ws_pf_init<uint16_t>(pf, a, it, bi);
+        const uint16_t* tile = ws_block_tile<uint16_t>(a, it, bi, n, bsp, tilebuf, pf);
+        const int np = (n + 1) / 2;
         const int64_t pf_k = (pf.total + np - 1) / np;
         int p = 0;
         for (; p + 2 <= np; p += 2) {

@@ -103,6 +103,21 @@ static void ws_repack(const WsArgs* a, const T* src, int n, int pad, T* dst) {
     if (2 * np < pad) memset(dst + (int64_t)np * R * 2, 0, sizeof(T) * (size_t)(pad - 2 * np) * R);
 }
 
+// The block's records in the C tile format -- in place for a full C-layout block, else repacked
+// (GPU layout, or a partial block) into `tilebuf` with `pad` token slots -- and the prefetch of
+// the item's next block set up in `pf`.
+template <class T>
+static inline const T* ws_block_tile(const WsArgs* a, const WsItem* it, int bi, int n, int pad,
+                                     T* tilebuf, WsPf& pf) {
+    const T* tile = ws_block_ptr<T>(a, it->blocks[bi], it->head);
+    if (a->layout != 0 || n != a->bs) {
+        ws_repack<T>(a, tile, n, pad, tilebuf);
+        tile = tilebuf;
+    }
+    ws_pf_init<T>(pf, a, it, bi);
+    return tile;
+}
+
 // acc[r] = sum_c K2[c] * Q2[r][c] over the record's K part of one token pair; writes the two
 // scores of every row. K2: the pair's interleaved K values; Q2: q duplicated per lane pair.
 template <int MB, class T>
@@ -189,14 +204,9 @@ static void ws_item_generic(const WsArgs* a, const WsItem* it) {
     for (int bi = 0; bi < it->nblocks; ++bi) {
         const int n = it->lens[bi];
         if (n <= 0) continue;
-        const T* tile = ws_block_ptr<T>(a, it->blocks[bi], it->head);
-        if (a->layout != 0 || n != bs) {
-            ws_repack<T>(a, tile, n, bsp, tilebuf);
-            tile = tilebuf;
-        }
-        const int np = (n + 1) / 2;
         WsPf pf;
-        ws_pf_init<T>(pf, a, it, bi);
+        const T* tile = ws_block_tile<T>(a, it, bi, n, bsp, tilebuf, pf);
+        const int np = (n + 1) / 2;
         const int64_t pf_k = (pf.total + np - 1) / np;
         // scores
         for (int p = 0; p < np; ++p) {
