@@ -220,14 +220,26 @@ def _ceil(a: int, b: int) -> int:
     return (a + b - 1) // b * b
 
 
-def _pack(w: torch.Tensor, op: int, kp: int) -> torch.Tensor:
-    """[O, K] -> tiles [O_p/16, ...]: bf16 [K_p/2][16][2], fp32 [K_p][16]; zero padded."""
+def _tiles_view(w: torch.Tensor, op: int, kp: int) -> torch.Tensor:
+    """``[O, K]`` weights (zero padded to ``[op, kp]``) as a view in the packed tiles' order:
+    bf16 ``[op/16, kp/2, 16, 2]``, fp32 ``[op/16, kp, 16]``."""
     o, k = w.shape
     if (o, k) != (op, kp):
         w = F.pad(w, (0, kp - k, 0, op - o))
     if w.dtype == torch.bfloat16:
-        return w.reshape(op // _TILE, _TILE, kp // 2, 2).permute(0, 2, 1, 3).reshape(op // _TILE, -1)
-    return w.reshape(op // _TILE, _TILE, kp).permute(0, 2, 1).reshape(op // _TILE, -1)
+        return w.reshape(op // _TILE, _TILE, kp // 2, 2).permute(0, 2, 1, 3)
+    return w.reshape(op // _TILE, _TILE, kp).permute(0, 2, 1)
+
+
+def _pack(w: torch.Tensor, op: int, kp: int) -> torch.Tensor:
+    """[O, K] -> tiles [O_p/16, ...]: bf16 [K_p/2][16][2], fp32 [K_p][16]; zero padded."""
+    return _tiles_view(w, op, kp).reshape(op // _TILE, -1)
+
+
+def _pack_into(dst: torch.Tensor, w: torch.Tensor, op: int, kp: int) -> None:
+    """``_pack(w)`` written straight into ``dst [op/16, 16*kp]`` (rows may be strided): one copy."""
+    v = _tiles_view(w, op, kp)
+    dst.view(v.shape).copy_(v)
 
 
 def _unpack(t: torch.Tensor, o: int, k: int, op: int, kp: int) -> torch.Tensor:
@@ -302,9 +314,9 @@ class CpuExperts:
                              f"{tuple(gate.shape)}, {tuple(up.shape)}, {tuple(down.shape)}")
         gate, up, down = (t.detach().to("cpu", self.dtype) for t in (gate, up, down))
         if self.backend == "cpp":
-            self.gate_up[e, :, 0] = _pack(gate, self.ip, self.hp)
-            self.gate_up[e, :, 1] = _pack(up, self.ip, self.hp)
-            self.down[e] = _pack(down, self.hp, self.ip)
+            _pack_into(self.gate_up[e, :, 0], gate, self.ip, self.hp)
+            _pack_into(self.gate_up[e, :, 1], up, self.ip, self.hp)
+            _pack_into(self.down[e], down, self.hp, self.ip)
         else:
             self.gate_up[e, :I] = gate
             self.gate_up[e, I:] = up
