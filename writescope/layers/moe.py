@@ -65,7 +65,14 @@ class StackedExperts(nn.Module):
         self.down = nn.Parameter(torch.empty(num_experts, hidden, inter))
 
     def forward(self, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda and idx.numel() <= _FUSED_MAX_SLOTS:  # decode-sized: two Triton launches
+            from . import moe_triton
+            if moe_triton.enabled():
+                return moe_triton.fused_experts(x, idx, w, self.gate_up, self.down)
         return run_experts(x, idx, w, lambda e: (self.gate_up[e], self.down[e]))
+
+
+_FUSED_MAX_SLOTS = 64  # = moe_triton.MAX_SLOTS (not imported here: Triton loads lazily)
 
 
 def run_experts(x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, weights) -> torch.Tensor:

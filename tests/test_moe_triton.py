@@ -1,0 +1,62 @@
+"""The fused decode-step MoE kernels (writescope/layers/moe_triton.py) against the expert-by-expert
+computation: under Triton's CPU interpreter here, on CUDA (marked gpu) on the GPU machine."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from test_parity import GREEDY, PLACEMENTS, engine, generate_checked, prompt_ids
+
+CHECK = r"""
+import torch
+from writescope.layers.moe_triton import fused_experts
+from writescope.layers.moe import run_experts
+g = torch.Generator().manual_seed(0)
+dev = "cuda" if torch.cuda.is_available() and not __import__("os").environ.get("TRITON_INTERPRET") else "cpu"
+for E, H, I, n, k, dt in ((6, 40, 24, 3, 2, torch.float32), (8, 64, 48, 1, 3, torch.float32),
+                          (4, 130, 70, 5, 2, torch.float32), (8, 64, 32, 4, 2, torch.bfloat16)):
+    gu = (torch.randn(E, 2 * I, H, generator=g) * 0.2).to(dev, dt)
+    dn = (torch.randn(E, H, I, generator=g) * 0.2).to(dev, dt)
+    x = torch.randn(n, H, generator=g).to(dev, dt)
+    idx = torch.rand(n, E, generator=g).topk(k, dim=-1).indices.to(dev)
+    w = torch.rand(n, k, generator=g).softmax(-1).to(dev)
+    ref = run_experts(x.double(), idx, w.double(), lambda e: (gu[e].double(), dn[e].double()))
+    got = fused_experts(x, idx, w, gu, dn)
+    assert got.dtype == x.dtype and got.shape == x.shape
+    err = ((got.double() - ref).norm() / ref.norm()).item()
+    assert err < (1e-5 if dt == torch.float32 else 1e-2), (E, H, I, n, k, dt, err)
+empty = fused_experts(x[:0], idx[:0], w[:0], gu, dn)
+assert empty.shape == (0, x.shape[1])
+print("ok")
+"""
+
+
+def test_fused_experts_under_the_interpreter():
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    r = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True,
+                       timeout=600, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fused_experts_on_cuda():
+    pytest.importorskip("triton")
+    exec(compile(CHECK, "fused_check", "exec"), {})
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_engine_with_fused_moe_matches_transformers(all_tiny, monkeypatch):
+    monkeypatch.setenv("WRITESCOPE_FUSED_MOE", "1")
+    generate_checked(all_tiny, device="cuda", experts="gpu", **PLACEMENTS["mixed"])
+    prompts = [prompt_ids(320, n, seed=n) for n in (3, 70)]
+    a = engine(all_tiny, device="cuda", experts="gpu", **PLACEMENTS["mixed"]).generate(prompts, GREEDY)
+    monkeypatch.setenv("WRITESCOPE_FUSED_MOE", "0")
+    b = engine(all_tiny, device="cuda", experts="gpu", **PLACEMENTS["mixed"]).generate(prompts, GREEDY)
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
