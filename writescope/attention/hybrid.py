@@ -144,6 +144,7 @@ class HybridAttention:
         self._worker: ThreadPoolExecutor | None = None
         self._pinned: dict = {}
         self._cpu_plans = None
+        self._cpu_compiled = self._cpu_attend is _attend_cpu_compiled()  # planned per step
         self._parts: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def _reader(self, pool, wanted, cls, nbytes, default):
@@ -272,7 +273,7 @@ class HybridAttention:
         self._lag["handoff"] += t_in - (t_submit or t_in)
         self._lag["q_wait"] += t0 - t_in
         plan = self.plan
-        if self._cpu_attend is _attend_cpu_compiled():
+        if self._cpu_compiled:
             if self._cpu_plans is None:  # checked and converted once per step
                 from .cpu import CpuAttentionPlan
                 self._cpu_plans = [(r, CpuAttentionPlan(self.pools[r][0], _layout(r), plan.spec,

@@ -94,12 +94,6 @@ def _reserve_launch_core() -> None:
         n = len(os.sched_getaffinity(0))
     except AttributeError:
         n = os.cpu_count() or 1
-    # the CPU side runs on a worker thread whose Python wrapper needs the GIL before and after
-    # each kernel call while this thread holds it launching GPU work; with the default 5 ms
-    # switch interval the worker may wait up to that long per hand-over. On the H200 machine the
-    # in-engine CPU attention cost ~1.5 ms per layer call beyond its bytes
-    # (bench/results/2026-11-30-h200/); this is the suspected cause, not yet measured.
-    sys.setswitchinterval(min(sys.getswitchinterval(), 2e-4))
     if n < 8:
         return
     cpu_attn.reserve_cores(1)
@@ -126,8 +120,15 @@ class LLMEngine:
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
         self.config, ckpt, self.model_name = resolve_model(model, random_weights)
-        if self.device.type == "cuda" and cpu_threads is None:
-            _reserve_launch_core()
+        if self.device.type == "cuda":
+            # the CPU kernels' worker threads need the GIL around each call while this thread
+            # holds it launching GPU work; with the default 5 ms switch interval a worker may
+            # wait that long per hand-over. On the H200 machine the in-engine CPU attention cost
+            # ~1.5 ms per layer call beyond its bytes (bench/results/2026-11-30-h200/); this is
+            # the suspected cause, not yet measured.
+            sys.setswitchinterval(min(sys.getswitchinterval(), 2e-4))
+            if cpu_threads is None:
+                _reserve_launch_core()
         cfg = self.config
         self.max_model_len = int(max_model_len or cfg.max_position_embeddings)
         if self.max_model_len < 2:

@@ -14,7 +14,7 @@ the model, and paths that did (almost) nothing this step are not updated.
 The CPU attention time has two parts with different causes: a fixed cost per layer call (the
 hand-over to the worker thread, thread wake-up, the merge) and a cost per byte read. One factor
 for both fits the operating point it was measured at and mispredicts every other share: on the
-H200 machine the in-engine CPU side cost ~1.6 ms per layer call against a 0.7 ms round trip in the
+H200 machine the in-engine CPU side cost ~1.5 ms per layer call against a 0.7 ms round trip in the
 profile, while its per-byte rate was close to the calibrated one (bench/results/2026-11-30-h200/).
 So when the caller passes the predicted split (``cpu_split``), the *shape* ``a/b`` of
 ``measured = a * fixed + b * per_byte`` is fitted by exponentially weighted least squares over a
