@@ -109,6 +109,31 @@ def test_calibrate_command_writes_a_usable_profile(tmp_path, tiny_sizes, monkeyp
     assert p.device_attn[fam] > 0 and p.cpu_expert["h64-i32"] > 0
     import torch
     assert p.has_gpu == torch.cuda.is_available()
+    from writescope.attention import cpu
+    if cpu.available():  # the fastest variant this CPU has, chosen by timing
+        assert p.cpu_attn_isa[fam] in cpu.isas()
+        assert cpu.current_isa_setting() == "auto"  # calibration leaves the setting as it was
+
+
+def test_engine_uses_the_calibrated_cpu_variant(tmp_path, tiny_qwen3_moe, monkeypatch):
+    from writescope import LLM
+    from writescope.attention import cpu
+    if not cpu.available() or len(cpu.isas()) < 2:
+        pytest.skip("needs two compiled CPU attention variants")
+    from writescope.planner.roofline import attn_family
+    fam = attn_family(ModelConfig.from_hf(tiny_qwen3_moe))
+    prof = h200_like()
+    isa = cpu.isas()[0]  # the slowest: certainly not what auto would pick
+    prof.cpu_attn_isa = {fam: isa}
+    path = tmp_path / "p.json"
+    prof.save(path)
+    monkeypatch.delenv("WRITESCOPE_CPU_ATTN_ISA", raising=False)
+    try:
+        llm = LLM(str(tiny_qwen3_moe), device="cpu", dtype="float32", profile=str(path),
+                  max_model_len=256)
+        assert llm.engine.cpu_attn_isa == isa and cpu.get_isa() == isa
+    finally:
+        cpu.set_isa("auto")
 
 
 def test_load_or_calibrate_caches_and_extends(tmp_path, tiny_sizes, monkeypatch):

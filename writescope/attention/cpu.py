@@ -41,7 +41,7 @@ from ..kvcache.regions import KVSpec
 from .batch import BlockBatch
 from .torch_paged import attend_torch
 
-__all__ = ["attend_cpu", "CpuAttentionPlan", "available", "set_num_threads", "get_num_threads", "reserve_cores",
+__all__ = ["attend_cpu", "CpuAttentionPlan", "current_isa_setting", "available", "set_num_threads", "get_num_threads", "reserve_cores",
            "set_isa", "get_isa", "isas", "features", "read_bandwidth"]
 
 _CSRC = Path(__file__).with_name("csrc")
@@ -166,6 +166,11 @@ def set_isa(isa: str) -> None:
     if isa != "auto" and isa not in _ISA_CODE:
         raise ValueError(f"unknown ISA {isa!r}")
     _isa = isa
+
+
+def current_isa_setting() -> str:
+    """What :func:`set_isa` last set (``auto`` by default)."""
+    return _isa
 
 
 def get_isa(dtype: torch.dtype = torch.bfloat16) -> str:

@@ -183,6 +183,7 @@ class LLMEngine:
                              max_tokens_total=max_total, max_num_seqs=max_num_seqs,
                              num_gpu_blocks=num_gpu_blocks)
         self.profile = self._load_profile(profile, cfg)
+        self.cpu_attn_isa = self._use_calibrated_cpu_variant()
         self._kv_args = dict(spec=spec, layout=layout, cpu_threads=cpu_threads,
                              staging=staging if layout.num_blocks[Region.T] else 0,
                              max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
@@ -289,6 +290,19 @@ class LLMEngine:
         del hidden
         torch.cuda.empty_cache()
         return int(peak * 1.1)  # 10% headroom for allocator fragmentation
+
+    def _use_calibrated_cpu_variant(self) -> str | None:
+        """Run the CPU attention kernel variant the profile measured fastest for this model's
+        attention family (unless ``WRITESCOPE_CPU_ATTN_ISA`` chose one, or this CPU lacks it)."""
+        from ..attention import cpu as cpu_attn
+        from ..planner.roofline import attn_family
+        isa = (getattr(self.profile, "cpu_attn_isa", None) or {}).get(attn_family(self.config))
+        if (not isa or cpu_attn.current_isa_setting() != "auto"
+                or os.environ.get("WRITESCOPE_CPU_ATTN_ISA", "auto") != "auto"
+                or not cpu_attn.available() or isa not in cpu_attn.isas()):
+            return None
+        cpu_attn.set_isa(isa)
+        return isa
 
     @staticmethod
     def _load_profile(profile, cfg):

@@ -11,6 +11,7 @@ is there, else the torch path), on both layouts, per shape family of the models 
 from __future__ import annotations
 
 import datetime as _dt
+import os
 import statistics
 import sys
 import time
@@ -88,16 +89,23 @@ def _attn_case(cfg: ModelConfig, kv_bytes: int, device: str, layout: str, seqs: 
     return spec, pool, batch, q, n * block_bytes
 
 
-def cpu_attention_rates(cfgs: Iterable[ModelConfig], kv_bytes: int, reps: int, log) -> tuple[dict, str]:
+def cpu_attention_rates(cfgs: Iterable[ModelConfig], kv_bytes: int, reps: int, log
+                        ) -> tuple[dict, str, dict]:
+    """Per attention family: the CPU kernel's KV bytes/s over C blocks (its layout) and T blocks
+    (the GPU layout), with the fastest kernel variant this CPU has (timed on C blocks; the
+    engine then uses that variant). Returns (rates, kernel name, {family: variant})."""
     from ..attention.hybrid import cpu_kernel
     kernel = cpu_kernel()
     name = f"{kernel.__module__}.{kernel.__name__}"
+    compiled = name.endswith("attention.cpu.attend_cpu")
     out: dict[str, dict[str, float]] = {}
+    chosen: dict[str, str] = {}
     for cfg in cfgs:
         fam = attn_family(cfg)
         if fam in out:
             continue
         out[fam] = {}
+        best = None
         for region, layout in (("C", "cpu"), ("T", "gpu")):
             spec, pool, batch, q, nbytes = _attn_case(cfg, kv_bytes, "cpu", layout)
             fn = kernel
@@ -107,11 +115,54 @@ def cpu_attention_rates(cfgs: Iterable[ModelConfig], kv_bytes: int, reps: int, l
                 from ..attention.torch_paged import attend_torch
                 log(f"  {fam} {region}: {name} refused this layout ({e}); timing the torch path")
                 fn = attend_torch
-            dt = _median_time(lambda: fn(q, pool, layout, spec, batch, cfg.softmax_scale), reps)
+            run = lambda: fn(q, pool, layout, spec, batch, cfg.softmax_scale)  # noqa: E731
+            if compiled and fn is kernel and region == "C":
+                best = _fastest_variant(run, reps, fam, log)
+            if best is not None:
+                with _variant(best):
+                    dt = _median_time(run, reps)
+            else:
+                dt = _median_time(run, reps)
             out[fam][region] = nbytes / dt
-            log(f"  cpu attention {fam:16s} {region} ({layout} layout): {out[fam][region] / 1e9:6.1f} GB/s")
+            log(f"  cpu attention {fam:16s} {region} ({layout} layout"
+                f"{', ' + best if best else ''}): {out[fam][region] / 1e9:6.1f} GB/s")
             del pool
-    return out, name
+        if best is not None:
+            chosen[fam] = best
+    return out, name, chosen
+
+
+class _variant:
+    """Run the compiled CPU attention kernel as one variant for a while."""
+
+    def __init__(self, isa: str):
+        self.isa = isa
+
+    def __enter__(self):
+        from ..attention import cpu
+        self._old = cpu.current_isa_setting()
+        cpu.set_isa(self.isa)
+
+    def __exit__(self, *exc):
+        from ..attention import cpu
+        cpu.set_isa(self._old)
+
+
+def _fastest_variant(run, reps: int, fam: str, log) -> str | None:
+    """The kernel variant (ISA) with the shortest median time for ``run`` (bf16 KV)."""
+    from ..attention import cpu
+    if os.environ.get("WRITESCOPE_CPU_ATTN_ISA", "auto") != "auto":
+        return None  # the user chose one: calibrate that
+    times = {}
+    for isa in cpu.isas():
+        with _variant(isa):
+            times[isa] = _median_time(run, reps)
+    if not times:
+        return None
+    best = min(times, key=times.get)
+    log(f"  cpu attention {fam:16s} variants: "
+        + ", ".join(f"{k} {times[best] / v:.2f}x" for k, v in times.items()) + f" -> {best}")
+    return best
 
 
 def _first_sequence(batch):
@@ -314,7 +365,7 @@ def calibrate(quick: bool = False, models: Iterable[str | ModelConfig] | None = 
             log(f"  concurrent probe failed: {e}")
     read = cpu_read_Bps(z["cpu_read"], reps)
     log(f"  {'cpu_read_Bps':22s} {read / 1e9:8.1f} GB/s")
-    cpu_attn, kernel_name = cpu_attention_rates(cfgs, z["cpu_attn"], reps, log)
+    cpu_attn, kernel_name, attn_isa = cpu_attention_rates(cfgs, z["cpu_attn"], reps, log)
     dev_attn = device_attention_rates(cfgs, z["dev_attn_gpu" if has_gpu else "dev_attn_cpu"],
                                       reps, device, log)
     experts, expert_kind = cpu_expert_rates(cfgs, z["experts"], reps, log)
@@ -325,7 +376,7 @@ def calibrate(quick: bool = False, models: Iterable[str | ModelConfig] | None = 
     prof = HardwareProfile(
         machine=machine_description(), cpu_threads=torch.get_num_threads(), cpu_read_Bps=read,
         cpu_attn=cpu_attn, device_attn=dev_attn, cpu_expert=experts, cpu_roundtrip_s=rt,
-        launch_s=ls, cpu_attn_kernel=kernel_name, cpu_expert_kernel=expert_kind, quick=quick,
+        launch_s=ls, cpu_attn_isa=attn_isa, cpu_attn_kernel=kernel_name, cpu_expert_kernel=expert_kind, quick=quick,
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         command=command, notes=notes, **fields)
     prof.validate()

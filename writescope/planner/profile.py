@@ -14,6 +14,7 @@ cpu_read_Bps               CPU threads summing a DRAM-sized array
 concurrent_h2d_Bps         H2D while the CPU threads read DRAM ...
 concurrent_cpu_read_Bps    ... and the CPU read rate meanwhile
 cpu_attn                   the CPU attention kernel's KV bytes/s per shape family
+cpu_attn_isa               the kernel variant that gave those rates (fastest of those this CPU has)
                            (``attn_family``), on C blocks (CPU layout) and T blocks (GPU layout)
 device_attn                attention rate on the device path (the GPU, or the torch path where
                            there is no GPU), KV bytes/s per family
@@ -61,6 +62,8 @@ class HardwareProfile:
     hbm_Bps: float | None = None
     concurrent_h2d_Bps: float | None = None
     concurrent_cpu_read_Bps: float | None = None
+    # the fastest CPU attention variant per family (bf16 KV), as calibrated; {} = the default
+    cpu_attn_isa: dict[str, str] = field(default_factory=dict)
     # provenance
     cpu_attn_kernel: str = ""
     cpu_expert_kernel: str = ""
