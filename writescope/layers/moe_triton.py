@@ -29,14 +29,9 @@ import torch
 MAX_SLOTS = 64
 
 
-@functools.lru_cache(maxsize=None)
 def available() -> bool:
-    try:
-        import triton  # noqa: F401
-        import triton.language  # noqa: F401
-    except Exception:
-        return False
-    return True
+    from ..attention.gpu import triton_available
+    return triton_available()
 
 
 def enabled() -> bool:
