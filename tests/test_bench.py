@@ -119,6 +119,10 @@ def test_grid_writes_json_markdown_and_plots(grid):
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert doc["summary"][next(iter(doc["models"]))]["speedup_over"].keys() >= {
         "transfer", "cpu", "static", "migrate", "transformers"}
+    meta = next(iter(doc["models"].values()))
+    assert set(meta["engine_build_times"]) == {"weights_s", "pin_experts_s", "activations_s"}
+    assert sum(meta["engine_build_times"].values()) <= meta["engine_build_s"]
+    assert len(doc["meta"]["git"]["source_digest"]) == 16
 
 
 def test_failed_rows_do_not_stop_the_run(grid):

@@ -500,6 +500,7 @@ class Grid:
         layout = engine.cache.layout
         self.models_meta[model] = {
             "model_type": cfg.model_type, "engine_build_s": build_s,
+            "engine_build_times": dict(getattr(engine, "build_times", {})),
             "vram_budget": vram_budget, "weights_device_bytes": engine.weights_bytes,
             "experts_on_cpu_layers": sum(engine.cpu_expert_layers),
             "block_size": engine.cache.bs, "block_bytes": engine.cache.block_bytes,
@@ -510,7 +511,8 @@ class Grid:
                         {"machine": profile.machine, "created": profile.created,
                          "quick": profile.quick, "path": s.profile}),
         }
-        self.log(f"[bench] {model}: built in {build_s:.1f} s; G/T/C/W blocks "
+        parts = ", ".join(f"{k[:-2]} {v:.1f} s" for k, v in getattr(engine, "build_times", {}).items())
+        self.log(f"[bench] {model}: built in {build_s:.1f} s ({parts}); G/T/C/W blocks "
                  f"{ {str(r): n for r, n in layout.num_blocks.items()} }; static share "
                  f"{static_share:.3f} ({static_why})")
         ws_tokens: dict[tuple[int, int], list[list[int]]] = {}

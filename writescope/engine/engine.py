@@ -151,6 +151,7 @@ class LLMEngine:
         self.cpu_expert_layers = choose_expert_layers(cfg, experts, vram, kv_need, self.dtype)
 
         self._check_host_memory()
+        t0 = time.perf_counter()
         bar = tqdm(desc=f"loading {self.model_name}", unit="tensor", disable=not show_progress)
         with bar:
             self.model = build_model(cfg, dtype=self.dtype, device=self.device, checkpoint=ckpt,
@@ -158,8 +159,13 @@ class LLMEngine:
                                      cpu_expert_layers=self.cpu_expert_layers, progress=bar)
         weights_on_device = sum(p.numel() * p.element_size() for p in self.model.parameters()
                                 if p.device.type == self.device.type)
+        t1 = time.perf_counter()
         self.expert_uploader = self._attach_expert_uploader()
+        t2 = time.perf_counter()
         act = self._activation_bytes(max_num_batched_tokens)
+        #: where start-up time went (seconds): weights, page-locking CPU experts, activations
+        self.build_times = {"weights_s": t1 - t0, "pin_experts_s": t2 - t1,
+                            "activations_s": time.perf_counter() - t2}
         self.weights_bytes = weights_on_device
         # the T staging ring and the C gather buffers live in HBM too (only on CUDA; elsewhere
         # T and C are read in place)
