@@ -119,6 +119,8 @@ def test_grid_writes_json_markdown_and_plots(grid):
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert doc["summary"][next(iter(doc["models"]))]["speedup_over"].keys() >= {
         "transfer", "cpu", "static", "migrate", "transformers"}
+    ok_rows = [r for r in rows if not r.get("error") and not r.get("peer")]
+    assert ok_rows and all(0.0 <= r["host_bound_fraction"] <= 1.0 for r in ok_rows)
     meta = next(iter(doc["models"].values()))
     assert set(meta["engine_build_times"]) == {"weights_s", "pin_experts_s", "activations_s"}
     assert sum(meta["engine_build_times"].values()) <= meta["engine_build_s"]

@@ -15,6 +15,8 @@ prompts of ``context`` tokens through prefill and then ``decode_steps`` timed de
   the row occupied at its end; ``bytes_moved`` -- ``kv.bytes_moved_after_placement`` during the
   row (only ``migrate`` moves anything);
 * ``cpu_share_steps`` -- per decode step, the CPU's share of the KV bytes attended;
+* ``host_bound_fraction`` -- mean share of a decode step until the host had enqueued the forward
+  pass (near 1 on CUDA: the step is bound by Python and kernel launches);
 * ``model_step_s`` -- the roofline model's step time for this policy at the row's mid-decode
   lengths (:func:`writescope.planner.roofline.plan_for_lengths`; ``migrate`` as its target share),
   ``planner_predicted_step_s`` -- the policy's own online prediction when it makes one (mean over
@@ -289,7 +291,7 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
             tokens[rid] = list(engine.requests[rid].output_token_ids)
         # ---- timed decode steps, the whole batch decoding
         counters = cache.counters
-        step_times, shares, predicted = [], [], []
+        step_times, shares, predicted, host_fracs = [], [], [], []
         moved_prefill = counters["kv.bytes_moved_after_placement"] - moved0
         for _ in range(decode_steps):
             c0, g0 = counters["kv.bytes_read.cpu"], counters["kv.bytes_read.gpu"]
@@ -302,6 +304,10 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
             step_times.append(dt)
             dc, dg = counters["kv.bytes_read.cpu"] - c0, counters["kv.bytes_read.gpu"] - g0
             shares.append(dc / (dc + dg) if dc + dg else 0.0)
+            lt = getattr(engine.runner, "last_times", {})
+            if lt:
+                host_fracs.append(lt["forward_host_s"] / max(1e-12, lt["forward_host_s"]
+                                                             + lt["device_tail_s"]))
             pst = cache.policy.stats().get("planner.predicted_step_s")
             if isinstance(pst, (int, float)) and math.isfinite(pst):
                 predicted.append(float(pst))
@@ -325,6 +331,9 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
         "decode_tokens_per_s": batch * decode_steps / total,
         "mean_step_s": total / decode_steps, "p50_step_s": percentile(step_times, 50),
         "p99_step_s": percentile(step_times, 99), "step_times_s": step_times,
+        # share of a decode step the host spent enqueuing the forward pass (near 1: the GPU
+        # waits on Python and launches, not on bytes)
+        "host_bound_fraction": float(np.mean(host_fracs)) if host_fracs else None,
         "peak_vram_bytes": int(peak), "vram_budget": int(vram_budget),
         "weights_device_bytes": int(engine.weights_bytes),
         "kv_vram_bytes": int(st["kv.vram_bytes"]),

@@ -1,6 +1,8 @@
 """Runs a scheduled step: inputs, the forward pass over the KV cache, logits, sampling."""
 from __future__ import annotations
 
+import time
+
 import torch
 
 from ..core import StepBatch
@@ -15,6 +17,10 @@ class ModelRunner:
         self.cache = cache
         self.device = device
         self.sampler = Sampler()
+        #: the last step's host timeline: ``forward_host_s`` (until the forward pass is enqueued;
+        #: on CUDA the device may still be running it) and ``device_tail_s`` (then until the
+        #: step's work is done). A tail near 0 means the step waits on the host (launch-bound).
+        self.last_times: dict[str, float] = {}
 
     @torch.no_grad()  # not inference_mode: the CPU worker thread writes pinned buffers
     def run(self, batch: StepBatch) -> tuple[list[int], list[float]]:
@@ -31,15 +37,20 @@ class ModelRunner:
                 last_rows.append(row - 1)
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         positions = torch.tensor(pos, dtype=torch.long, device=self.device)
+        t0 = time.perf_counter()
         self.cache.begin_step([(s.request.seq_id, s.start, s.num_new) for s in batch.seqs])
         try:
             hidden = self.model(input_ids, positions, self.cache)
             sampled = [s for s in batch.seqs if s.sample]
+            if sampled:
+                hidden = hidden[torch.tensor(last_rows, device=self.device)]
+                logits = self.model.compute_logits(hidden)
+            t1 = time.perf_counter()
+            self.cache.end_step()  # waits for the device
+            self.last_times = {"forward_host_s": t1 - t0,
+                               "device_tail_s": time.perf_counter() - t1}
             if not sampled:
-                self.cache.end_step()
                 return [], []
-            logits = self.model.compute_logits(hidden[torch.tensor(last_rows, device=self.device)])
-            self.cache.end_step()
         except BaseException:
             self.cache.abort_step()
             raise
