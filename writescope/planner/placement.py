@@ -19,8 +19,10 @@ The cache asks (see :mod:`writescope.kvcache.placement`):
   ones, so the streamed blocks stay one contiguous run at the end).
 * ``observe(timing)`` -- closes the step: corrects the rates (:mod:`.feedback`) and plans anew.
   Only decode steps (every sequence one token longer, seen by comparing ``batch_lengths`` with
-  the lengths ``assign`` was shown) correct the rates; ``planner.predicted_step_s`` and
-  ``planner.measured_step_s`` are those of the last decode step.
+  the lengths ``assign`` was shown) correct the rates; ``planner.predicted_step_s`` (made
+  before the step ran, from the state after the previous one) and ``planner.measured_step_s``
+  are those of the last decode step. Step time the per-path model does not explain (Python,
+  launches, sampling) is learnt as an additive ``planner.step_overhead_s``.
 
 Two shares come out of the roofline (:mod:`.roofline`), both over the batch of the last step:
 
@@ -86,6 +88,7 @@ class WriteScopePolicy(PlacementPolicy):
         self.feedback = RateFeedback(feedback_alpha)
         self.verify_steps = max(0, int(verify_steps))
         self.cpu_samples = 0  # decode steps in which the CPU attended blocks and was timed
+        self.step_overhead_s = 0.0  # measured step time the per-path model does not explain
         # tokens per block: from the constructor, else learnt from the first place() call
         # (the cache always places before it assigns blocks), else the default
         self.block_size: int | None = block_size
@@ -183,6 +186,10 @@ class WriteScopePolicy(PlacementPolicy):
         load = rl.StepLoad(max(1, len(lengths)), gpu_tok - streamed, streamed,
                            cpu_tok * (1 - t_frac), cpu_tok * t_frac)
         raw = rl.predict_step(self.profile, self.cfg, load, self.experts_on_cpu)
+        # this step's prediction, from what was known before it ran (out of sample)
+        predicted = (rl.predict_step(self.profile, self.cfg, load, self.experts_on_cpu,
+                                     self.feedback.corrections).step_s
+                     + max(0.0, self.step_overhead_s))
         pcie_s = timing.get("pcie_s")
         if (timing.get("cpu_s") or 0) > 0 and cpu_tok > 0:
             self.cpu_samples += 1
@@ -193,10 +200,16 @@ class WriteScopePolicy(PlacementPolicy):
             {"cpu": raw.cpu_attn_s, "gpu": raw.gpu_attn_s, "pcie": raw.pcie_s,
              "expert": raw.expert_s if self.experts_on_cpu else 0.0},
             cpu_split=(fixed, raw.cpu_attn_s - fixed) if fixed else None)
-        corrected = rl.predict_step(self.profile, self.cfg, load, self.experts_on_cpu,
-                                    self.feedback.corrections)
         measured = timing.get("step_s")
-        self._last = {"predicted_step_s": corrected.step_s,
+        if measured is not None:
+            # what the per-path model does not see (Python, launches, sampling): an additive
+            # term, smoothed like the rates; it shifts the step time, not the best share
+            corrected = rl.predict_step(self.profile, self.cfg, load, self.experts_on_cpu,
+                                        self.feedback.corrections)
+            a = self.feedback.alpha
+            self.step_overhead_s = (1 - a) * self.step_overhead_s + a * (float(measured)
+                                                                         - corrected.step_s)
+        self._last = {"predicted_step_s": predicted,
                       "measured_step_s": float(measured) if measured is not None else math.nan}
 
     def stats(self) -> dict[str, Any]:
@@ -219,6 +232,7 @@ class WriteScopePolicy(PlacementPolicy):
             "planner.prefill_steps": self.skipped_steps,
             "planner.cpu_read_t_tokens": self.cpu_t_tokens_total,
             "planner.cpu_verified": self.cpu_verified,
+            "planner.step_overhead_s": max(0.0, self.step_overhead_s),
         }
 
     # ------------------------------------------------------------------ planning
@@ -261,6 +275,6 @@ class WriteScopePolicy(PlacementPolicy):
             "members": ids,
             "target_share": target.cpu_share,
             "cpu_share": step.cpu_share,
-            "predicted_step_s": step.prediction.step_s,
+            "predicted_step_s": step.prediction.step_s + max(0.0, self.step_overhead_s),
             "t_fraction_to_cpu": min(1.0, extra_t / t_tok) if t_tok else 0.0,
         }
