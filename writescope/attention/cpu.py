@@ -41,8 +41,9 @@ from ..kvcache.regions import KVSpec
 from .batch import BlockBatch
 from .torch_paged import attend_torch
 
-__all__ = ["attend_cpu", "CpuAttentionPlan", "current_isa_setting", "available", "set_num_threads", "get_num_threads", "reserve_cores",
-           "set_isa", "get_isa", "isas", "features", "read_bandwidth"]
+__all__ = ["attend_cpu", "CpuAttentionPlan", "current_isa_setting", "available",
+           "set_num_threads", "get_num_threads", "reserve_cores", "set_isa", "get_isa", "isas",
+           "features", "read_bandwidth"]
 
 _CSRC = Path(__file__).with_name("csrc")
 _SOURCES = ("attn_ops.cpp", "attn_avx2.cpp", "attn_avx512.cpp", "attn_bf16.cpp", "attn_amx.cpp")

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from .batch import BlockBatch
+from .staging import split_batch
 
 #: device bytes for gathering C blocks (half raw, half re-laid-out)
 DEFAULT_GATHER_BYTES = 128 * 2**20
@@ -36,21 +37,6 @@ class GatherPiece:
     @property
     def num_blocks(self) -> int:
         return int(self.ids.numel())
-
-
-def split_gather(batch: BlockBatch, piece_blocks: int) -> list[GatherPiece]:
-    """Cut the CSR-order block list into pieces of at most ``piece_blocks`` blocks."""
-    qi = batch.q_indptr.to("cpu", torch.int32)
-    ki = batch.kv_indptr.to("cpu", torch.int64)
-    blocks = batch.kv_blocks.to("cpu", torch.int64)
-    lens = batch.kv_lens.to("cpu", torch.int32)
-    pieces = []
-    for lo in range(0, blocks.numel(), piece_blocks):
-        hi = min(blocks.numel(), lo + piece_blocks)
-        kip = (ki.clamp(lo, hi) - lo).to(torch.int32)
-        b = BlockBatch(qi.clone(), kip, torch.arange(hi - lo, dtype=torch.int32), lens[lo:hi].clone())
-        pieces.append(GatherPiece(b, blocks[lo:hi].clone()))
-    return pieces
 
 
 class CGather:
@@ -85,7 +71,7 @@ class CGather:
         return 2 * self.piece_blocks * self.block_bytes
 
     def plan(self, batch: BlockBatch) -> list[GatherPiece]:
-        return split_gather(batch, self.piece_blocks)
+        return [GatherPiece(b, ids) for b, ids in split_batch(batch, self.piece_blocks)]
 
     def fetch(self, pool_layer: torch.Tensor, piece: GatherPiece) -> torch.Tensor:
         """The piece's blocks of one layer (``pool_layer [N, H, bs/2, R, 2]``) in the GPU layout,

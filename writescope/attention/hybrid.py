@@ -69,14 +69,6 @@ def cpu_kernel():
         return attend_torch
 
 
-def _attend_cpu_compiled():
-    try:
-        from .cpu import attend_cpu
-    except ImportError:
-        return None
-    return attend_cpu
-
-
 def _empty_result(nq: int, hq: int, dv: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     return (torch.zeros(nq, hq, dv, dtype=torch.float32, device=device),
             torch.full((nq, hq), float("-inf"), dtype=torch.float32, device=device))
@@ -144,7 +136,8 @@ class HybridAttention:
         self._worker: ThreadPoolExecutor | None = None
         self._pinned: dict = {}
         self._cpu_plans = None
-        self._cpu_compiled = self._cpu_attend is _attend_cpu_compiled()  # planned per step
+        # the compiled kernel is planned once per step (CpuAttentionPlan) and run per layer
+        self._cpu_compiled = self._cpu_attend is not attend_torch and self._cpu_attend is cpu_kernel()
         self._parts: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def _reader(self, pool, wanted, cls, nbytes, default):

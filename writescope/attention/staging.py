@@ -63,8 +63,10 @@ class StagedPiece:
         self.runs_list = [tuple(r) for r in self.runs.tolist()]
 
 
-def split_pieces(batch: BlockBatch, piece_blocks: int) -> list[StagedPiece]:
-    """Cut the flat (CSR-order) block list into pieces of at most ``piece_blocks`` entries."""
+def split_batch(batch: BlockBatch, piece_blocks: int) -> list[tuple[BlockBatch, torch.Tensor]]:
+    """Cut the flat (CSR-order) block list into pieces of at most ``piece_blocks`` entries: per
+    piece, a BlockBatch over positions ``0..n-1`` and the int64 pool ids those positions hold
+    (CPU tensors). Used for staged T pieces and for gathered C pieces."""
     qi = batch.q_indptr.to("cpu", torch.int32)
     ki = batch.kv_indptr.to("cpu", torch.int64)
     blocks = batch.kv_blocks.to("cpu", torch.int64)
@@ -74,10 +76,15 @@ def split_pieces(batch: BlockBatch, piece_blocks: int) -> list[StagedPiece]:
     for lo in range(0, nnz, piece_blocks):
         hi = min(nnz, lo + piece_blocks)
         kip = (ki.clamp(lo, hi) - lo).to(torch.int32)
-        n = hi - lo
-        b = BlockBatch(qi.clone(), kip, torch.arange(n, dtype=torch.int32), lens[lo:hi].clone())
-        pieces.append(StagedPiece(b, coalesce_runs(blocks[lo:hi]), n))
+        b = BlockBatch(qi.clone(), kip, torch.arange(hi - lo, dtype=torch.int32), lens[lo:hi].clone())
+        pieces.append((b, blocks[lo:hi].clone()))
     return pieces
+
+
+def split_pieces(batch: BlockBatch, piece_blocks: int) -> list[StagedPiece]:
+    """:func:`split_batch` with each piece's coalesced copy runs (the staging ring's pieces)."""
+    return [StagedPiece(b, coalesce_runs(ids), ids.numel())
+            for b, ids in split_batch(batch, piece_blocks)]
 
 
 @dataclass

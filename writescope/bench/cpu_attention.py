@@ -175,7 +175,8 @@ def main(argv: list[str] | None = None) -> dict:
     gen = torch.Generator().manual_seed(0)
     nbytes = args.read_bytes or max(1 << 30, 6 * _llc_bytes())
     read_bw = cpu.read_bandwidth(nbytes, reps=5)
-    res = {"bench": "cpu_attention", "git_commit": git_commit(), "source_digest": source_digest(), "machine": _machine(),
+    res = {"bench": "cpu_attention", "git_commit": git_commit(),
+           "source_digest": source_digest(), "machine": _machine(),
            "command": "python -m writescope.bench.cpu_attention " + " ".join(argv if argv is not None else __import__("sys").argv[1:]),
            "threads": cpu.get_num_threads(), "read_bw_array_bytes": nbytes, "read_bw_gbps": read_bw,
            "rows": []}

@@ -298,7 +298,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name in args.models:
         rows += bench_model(name, args, variants, log)
-    result = {"bench": "cpu_experts", "commit": git_commit(), "source_digest": source_digest(), "machine": info, "threads": threads,
+    result = {"bench": "cpu_experts", "commit": git_commit(), "source_digest": source_digest(),
+              "machine": info, "threads": threads,
               "kernel": kinfo, "dram": dram,
               "command": "python -m writescope.bench.cpu_experts " + " ".join(argv or sys.argv[1:]),
               "variants": variants, "rows": rows}

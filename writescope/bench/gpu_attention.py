@@ -491,7 +491,8 @@ def main(argv: list[str] | None = None) -> int:
     skip = set(filter(None, args.skip.split(",")))
     shares = [float(s) for s in args.shares.split(",")]
     staging = [int(float(s) * 2**20) for s in args.staging_mib.split(",")]
-    out = {"benchmark": "gpu_attention", "git_commit": git_commit(), "source_digest": source_digest(), "machine": _machine(),
+    out = {"benchmark": "gpu_attention", "git_commit": git_commit(),
+           "source_digest": source_digest(), "machine": _machine(),
            "command": "python -m writescope.bench.gpu_attention " + " ".join(
                argv if argv is not None else sys.argv[1:]),
            "block_size": BLOCK, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "results": {}}

@@ -520,7 +520,8 @@ class Grid:
                         {"machine": profile.machine, "created": profile.created,
                          "quick": profile.quick, "path": s.profile}),
         }
-        parts = ", ".join(f"{k[:-2]} {v:.1f} s" for k, v in getattr(engine, "build_times", {}).items())
+        parts = ", ".join(f"{k[:-2]} {v:.1f} s"
+                          for k, v in getattr(engine, "build_times", {}).items())
         self.log(f"[bench] {model}: built in {build_s:.1f} s ({parts}); G/T/C/W blocks "
                  f"{ {str(r): n for r, n in layout.num_blocks.items()} }; static share "
                  f"{static_share:.3f} ({static_why})")

@@ -90,10 +90,7 @@ def _reserve_launch_core() -> None:
     explicit thread counts (``cpu_threads``, the environment variables) win."""
     from ..attention import cpu as cpu_attn
     from ..layers import cpu_experts
-    try:
-        n = len(os.sched_getaffinity(0))
-    except AttributeError:
-        n = os.cpu_count() or 1
+    n = cpu_attn._usable_cores()
     if n < 8:
         return
     cpu_attn.reserve_cores(1)

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..models.config import ModelConfig
+from . import moe_triton
 from .mlp import GatedMLP
 
 
@@ -65,14 +66,9 @@ class StackedExperts(nn.Module):
         self.down = nn.Parameter(torch.empty(num_experts, hidden, inter))
 
     def forward(self, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        if x.is_cuda and idx.numel() <= _FUSED_MAX_SLOTS:  # decode-sized: two Triton launches
-            from . import moe_triton
-            if moe_triton.enabled():
-                return moe_triton.fused_experts(x, idx, w, self.gate_up, self.down)
+        if x.is_cuda and idx.numel() <= moe_triton.MAX_SLOTS and moe_triton.enabled():
+            return moe_triton.fused_experts(x, idx, w, self.gate_up, self.down)  # decode-sized
         return run_experts(x, idx, w, lambda e: (self.gate_up[e], self.down[e]))
-
-
-_FUSED_MAX_SLOTS = 64  # = moe_triton.MAX_SLOTS (not imported here: Triton loads lazily)
 
 
 def run_experts(x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, weights) -> torch.Tensor:
@@ -126,15 +122,13 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w, idx = self.gate(x)
-        if self.cpu_experts is not None and self.uploader is not None \
-                and self.uploader.wants(x.shape[0]):
-            out = self.uploader.forward(self.cpu_experts, x, idx, w)
-            shared = self.shared_experts(x) if self.shared_experts is not None else None
-        elif self.cpu_experts is not None:
+        uploaded = self.uploader is not None and self.uploader.wants(x.shape[0])
+        if self.cpu_experts is not None and not uploaded:
             handle = self.cpu_experts.submit(x, idx, w)  # the CPU works while the GPU does the rest
             shared = self.shared_experts(x) if self.shared_experts is not None else None
             out = self.cpu_experts.wait(handle)
         else:
-            out = self.experts(x, idx, w)
+            out = (self.uploader.forward(self.cpu_experts, x, idx, w) if uploaded
+                   else self.experts(x, idx, w))
             shared = self.shared_experts(x) if self.shared_experts is not None else None
         return out if shared is None else out + shared

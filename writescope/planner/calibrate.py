@@ -10,6 +10,7 @@ is there, else the torch path), on both layouts, per shape family of the models 
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import os
 import statistics
@@ -95,9 +96,10 @@ def cpu_attention_rates(cfgs: Iterable[ModelConfig], kv_bytes: int, reps: int, l
     (the GPU layout), with the fastest kernel variant this CPU has (timed on C blocks; the
     engine then uses that variant). Returns (rates, kernel name, {family: variant})."""
     from ..attention.hybrid import cpu_kernel
+    from ..attention.torch_paged import attend_torch
     kernel = cpu_kernel()
     name = f"{kernel.__module__}.{kernel.__name__}"
-    compiled = name.endswith("attention.cpu.attend_cpu")
+    compiled = kernel is not attend_torch
     out: dict[str, dict[str, float]] = {}
     chosen: dict[str, str] = {}
     for cfg in cfgs:
@@ -112,17 +114,14 @@ def cpu_attention_rates(cfgs: Iterable[ModelConfig], kv_bytes: int, reps: int, l
             try:
                 fn(q[:1], pool, layout, spec, _first_sequence(batch), cfg.softmax_scale)
             except (NotImplementedError, ValueError, RuntimeError, TypeError) as e:
-                from ..attention.torch_paged import attend_torch
                 log(f"  {fam} {region}: {name} refused this layout ({e}); timing the torch path")
                 fn = attend_torch
             run = lambda: fn(q, pool, layout, spec, batch, cfg.softmax_scale)  # noqa: E731
             if compiled and fn is kernel and region == "C":
-                best = _fastest_variant(run, reps, fam, log)
-            if best is not None:
-                with _variant(best):
-                    dt = _median_time(run, reps)
+                best, dt = _fastest_variant(run, reps, fam, log)
             else:
-                dt = _median_time(run, reps)
+                with _variant(best) if best else contextlib.nullcontext():
+                    dt = _median_time(run, reps)
             out[fam][region] = nbytes / dt
             log(f"  cpu attention {fam:16s} {region} ({layout} layout"
                 f"{', ' + best if best else ''}): {out[fam][region] / 1e9:6.1f} GB/s")
@@ -132,37 +131,32 @@ def cpu_attention_rates(cfgs: Iterable[ModelConfig], kv_bytes: int, reps: int, l
     return out, name, chosen
 
 
-class _variant:
+@contextlib.contextmanager
+def _variant(isa: str):
     """Run the compiled CPU attention kernel as one variant for a while."""
-
-    def __init__(self, isa: str):
-        self.isa = isa
-
-    def __enter__(self):
-        from ..attention import cpu
-        self._old = cpu.current_isa_setting()
-        cpu.set_isa(self.isa)
-
-    def __exit__(self, *exc):
-        from ..attention import cpu
-        cpu.set_isa(self._old)
-
-
-def _fastest_variant(run, reps: int, fam: str, log) -> str | None:
-    """The kernel variant (ISA) with the shortest median time for ``run`` (bf16 KV)."""
     from ..attention import cpu
-    if os.environ.get("WRITESCOPE_CPU_ATTN_ISA", "auto") != "auto":
-        return None  # the user chose one: calibrate that
+    old = cpu.current_isa_setting()
+    cpu.set_isa(isa)
+    try:
+        yield
+    finally:
+        cpu.set_isa(old)
+
+
+def _fastest_variant(run, reps: int, fam: str, log) -> tuple[str | None, float]:
+    """The kernel variant (ISA) with the shortest median time for ``run`` (bf16 KV), and that
+    time; ``(None, time of the current setting)`` when the user chose a variant."""
+    from ..attention import cpu
+    if os.environ.get("WRITESCOPE_CPU_ATTN_ISA", "auto") != "auto" or not cpu.isas():
+        return None, _median_time(run, reps)  # the user chose one: calibrate that
     times = {}
     for isa in cpu.isas():
         with _variant(isa):
             times[isa] = _median_time(run, reps)
-    if not times:
-        return None
     best = min(times, key=times.get)
     log(f"  cpu attention {fam:16s} variants: "
         + ", ".join(f"{k} {times[best] / v:.2f}x" for k, v in times.items()) + f" -> {best}")
-    return best
+    return best, times[best]
 
 
 def _first_sequence(batch):
@@ -376,7 +370,8 @@ def calibrate(quick: bool = False, models: Iterable[str | ModelConfig] | None = 
     prof = HardwareProfile(
         machine=machine_description(), cpu_threads=torch.get_num_threads(), cpu_read_Bps=read,
         cpu_attn=cpu_attn, device_attn=dev_attn, cpu_expert=experts, cpu_roundtrip_s=rt,
-        launch_s=ls, cpu_attn_isa=attn_isa, cpu_attn_kernel=kernel_name, cpu_expert_kernel=expert_kind, quick=quick,
+        launch_s=ls, cpu_attn_isa=attn_isa, cpu_attn_kernel=kernel_name,
+        cpu_expert_kernel=expert_kind, quick=quick,
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         command=command, notes=notes, **fields)
     prof.validate()

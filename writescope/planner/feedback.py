@@ -54,9 +54,7 @@ class RateFeedback:
         self.updates = {p: 0 for p in PATHS}
         # EMA-weighted normal equations of measured = a*f + b*v (f, v: predicted fixed, per-byte)
         self._ff = self._fv = self._vv = self._fm = self._vm = 0.0
-        self._split: tuple[float, float] | None = None  # the last step's (f, v)
         self._n, self._ab = 0, None  # samples since the last reset, fitted (a, b)
-        self.cpu_shape = 1.0  # fitted a / b (for stats)
 
     def update(self, measured: dict[str, float | None], predicted: dict[str, float],
                cpu_split: tuple[float, float] | None = None) -> None:
@@ -81,7 +79,7 @@ class RateFeedback:
             a, b = self._ab
             if abs(m - (a * f + b * v)) > RESET_ERROR * m:  # the machine changed: start over
                 self._ff = self._fv = self._vv = self._fm = self._vm = 0.0
-                self._n, self._ab, self.cpu_shape = 0, None, 1.0
+                self._n, self._ab = 0, None
         lam = 1.0 - 1.0 / self.fit_memory
         self._ff = lam * self._ff + f * f
         self._fv = lam * self._fv + f * v
@@ -89,7 +87,6 @@ class RateFeedback:
         self._fm = lam * self._fm + f * m
         self._vm = lam * self._vm + v * m
         self._n += 1
-        self._split = (f, v)
         # fixed and per-byte parts that always moved together say nothing about the shape
         if 1.0 - self._fv * self._fv / (self._ff * self._vv) < 1e-3:
             return
@@ -106,7 +103,6 @@ class RateFeedback:
         if a <= 0 or b <= 0:
             return
         self._ab = (a, b)
-        self.cpu_shape = min(max(a / b, CLAMP[0] ** 2), CLAMP[1] ** 2)
 
     @property
     def corrections(self) -> Corrections:

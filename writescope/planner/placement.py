@@ -7,12 +7,12 @@ The cache asks (see :mod:`writescope.kvcache.placement`):
   goes to C or T, whichever brings the sequence's C fraction of its spilled blocks closer to the
   **target share** (ties to T, the flexible region). Blocks are never moved afterwards: as the
   target rises with context length, the split is steered by where *new* blocks land.
-  Until the CPU path has been *measured* (``verify_steps`` decode steps in which the CPU attended
-  blocks and was timed, so the feedback has corrected its rate), spilled blocks go to T only: T is read by either
-  side, so an unverified model never commits blocks to the CPU's layout. (On the H200 machine the
-  CPU side ran at 13 GB/s inside the engine against 63 GB/s calibrated alone, and C blocks
-  placed from the uncorrected model during a 32K prefill kept the CPU busy for good:
-  bench/results/2026-11-30-h200/.)
+  Until the CPU path has been *measured* (``verify_steps`` decode steps in which the CPU
+  attended blocks and was timed, so the feedback has corrected its rate), spilled blocks go to
+  T only: T is read by either side, so an unverified model never commits blocks to the CPU's
+  layout. (On the H200 machine the CPU side ran at 13 GB/s inside the engine against 63 GB/s
+  calibrated alone, and C blocks placed from the uncorrected model during a 32K prefill kept the
+  CPU busy for good: bench/results/2026-11-30-h200/.)
 * ``assign(seq)`` -- who attends each sealed block this step. C blocks are the CPU's (their
   layout is the CPU kernel's). T blocks go to the GPU (streamed), except that when the step plan
   says the CPU should take more than the C blocks, it reads some T blocks in place (the oldest

@@ -14,8 +14,8 @@ cpu_read_Bps               CPU threads summing a DRAM-sized array
 concurrent_h2d_Bps         H2D while the CPU threads read DRAM ...
 concurrent_cpu_read_Bps    ... and the CPU read rate meanwhile
 cpu_attn                   the CPU attention kernel's KV bytes/s per shape family
-cpu_attn_isa               the kernel variant that gave those rates (fastest of those this CPU has)
                            (``attn_family``), on C blocks (CPU layout) and T blocks (GPU layout)
+cpu_attn_isa               the kernel variant that gave those rates (fastest of those this CPU has)
 device_attn                attention rate on the device path (the GPU, or the torch path where
                            there is no GPU), KV bytes/s per family
 cpu_expert                 routed-expert FFN on the CPU: weight bytes/s per expert shape

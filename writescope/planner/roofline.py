@@ -92,11 +92,11 @@ class StepLoad:
 class Corrections:
     """Measured/predicted ratios the feedback learned (1 = the profile is right)."""
 
-    cpu: float = 1.0     # CPU attention (its per-byte term; also the fixed term when
-    pcie: float = 1.0    # H2D streaming                             cpu_fixed is None)
+    cpu: float = 1.0     # CPU attention: its per-byte term (and its round trip, see cpu_fixed)
+    pcie: float = 1.0    # H2D streaming
     gpu: float = 1.0     # GPU attention
     expert: float = 1.0  # routed experts on the CPU
-    cpu_fixed: float | None = None  # CPU attention's per-layer round trip, when fitted apart
+    cpu_fixed: float | None = None  # CPU attention's per-layer round trip (None: ``cpu``)
 
 
 @dataclass(frozen=True)
@@ -220,7 +220,8 @@ def layer_time(profile: "HardwareProfile", cfg: "ModelConfig", layer: int, load:
         rate_t = min(profile.cpu_attn_rate(fam, "T"), cpu_cap)
         fixed = corr.cpu if corr.cpu_fixed is None else corr.cpu_fixed
         cpu_attn_s = (fixed * profile.cpu_roundtrip_s
-                      + corr.cpu * (load.cpu_c_tokens * kvb / rate_c + load.cpu_t_tokens * kvb / rate_t))
+                      + corr.cpu * (load.cpu_c_tokens * kvb / rate_c
+                          + load.cpu_t_tokens * kvb / rate_t))
     # routed experts
     if not expert_bytes:
         expert_s = 0.0
