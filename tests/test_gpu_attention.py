@@ -56,23 +56,29 @@ def test_paged_decode_vs_reference(shape, bs, qn, chunk):
     _check(o, l, ro, rl)
 
 
+def _mixed_case(shape, bs=16):
+    spec, hq = SHAPES[shape]
+    return build_case(spec, hq, [200, 5, 0, 513, 64], q_counts=[1, 2, 1, 3, 1], block_size=bs,
+                      frac={"G": 0.2, "T": 0.5, "C": 0.3}, cpu_t_frac=0.25, device="cuda",
+                      seed=4)
+
+
 @pytest.mark.parametrize("shape", ["gqa", "mla"])
-@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("backend,cpu_wait", [("triton", "device"), ("triton", "host"),
+                                              ("torch", "host")])
 @pytest.mark.parametrize("ring_blocks,cpu_result", [(3, "pinned"), (10**6, "pinned"),
                                                     (7, "copy")])
-def test_hybrid_cuda_vs_reference(shape, backend, ring_blocks, cpu_result):
+def test_hybrid_cuda_vs_reference(shape, backend, cpu_wait, ring_blocks, cpu_result):
     if backend == "triton":
         _triton()
     spec, hq = SHAPES[shape]
     bs = 16
-    case = build_case(spec, hq, [200, 5, 0, 513, 64], q_counts=[1, 2, 1, 3, 1], block_size=bs,
-                      frac={"G": 0.2, "T": 0.5, "C": 0.3}, cpu_t_frac=0.25, device="cuda",
-                      seed=4)
+    case = _mixed_case(shape, bs)
     assert case.pools[Region.T].is_pinned()
     blk = bs * spec.num_kv_heads * spec.rec_dim * 2
     ha = HybridAttention(case.pools, spec, "cuda", cpu_threads=2,
                          staging_bytes=min(ring_blocks, 4096) * blk, backend=backend,
-                         cpu_result=cpu_result)
+                         cpu_result=cpu_result, cpu_wait=cpu_wait)
     for step in range(2):
         q = case.random_q("cuda", seed=step)
         ha.begin_step(case.plan)
@@ -86,6 +92,76 @@ def test_hybrid_cuda_vs_reference(shape, backend, ring_blocks, cpu_result):
         assert tm["pcie_bytes"] == n_t * blk * spec.num_layers
         assert tm["pcie_s"] > 0 and tm["gpu_s"] > 0 and tm["cpu_s"] > 0
     ha.close()
+
+
+def _slow_or_failing_cpu(case: Case, delay_s: float, fail_layer: int | None):
+    """A CPU side that sleeps before each call and raises on one layer's C blocks."""
+    from writescope.attention.torch_paged import attend_torch
+    c_pool = case.pools[Region.C]
+
+    def attend(q, kv, layout, spec, batch, scale):
+        import time
+        time.sleep(delay_s)  # the GPU must wait for this, not read a stale result
+        if attend.fail is not None and kv.data_ptr() == c_pool[attend.fail].data_ptr():
+            raise RuntimeError("injected CPU-side failure")
+        return attend_torch(q, kv, layout, spec, batch, scale)
+    attend.fail = fail_layer
+    return attend
+
+
+@pytest.mark.parametrize("shape", ["gqa", "mla"])
+def test_device_wait_orders_a_slow_cpu_side(shape):
+    """With ``cpu_wait="device"`` the launching thread runs ahead; each layer's merge must still
+    see that layer's CPU result, however late it comes."""
+    _triton()
+    case = _mixed_case(shape)
+    attend = _slow_or_failing_cpu(case, 0.02, None)
+    ha = HybridAttention(case.pools, case.spec, "cuda", cpu_threads=2, backend="triton",
+                         cpu_wait="device", cpu_attend=attend)
+    q = case.random_q("cuda", seed=3)
+    ha.begin_step(case.plan)
+    outs = [ha.attend(layer, q) for layer in range(case.spec.num_layers)]
+    tm = ha.end_step()
+    for layer, (o, l) in enumerate(outs):
+        _check(o, l, *case.reference(layer, q))
+    assert tm["cpu_wait_s"] < 0.02  # the launching thread did not wait for the CPU
+    ha.close()
+
+
+def test_device_wait_reports_a_failed_cpu_side_and_recovers():
+    _triton()
+    case = _mixed_case("gqa")
+    attend = _slow_or_failing_cpu(case, 0.0, 1)
+    ha = HybridAttention(case.pools, case.spec, "cuda", cpu_threads=2, backend="triton",
+                         cpu_wait="device", cpu_attend=attend)
+    q = case.random_q("cuda", seed=5)
+    ha.begin_step(case.plan)
+    for layer in range(case.spec.num_layers):
+        ha.attend(layer, q)
+    with pytest.raises(RuntimeError, match="injected"):
+        ha.end_step()
+    attend.fail = None  # no layer fails any more
+    ha.begin_step(case.plan)
+    outs = [ha.attend(layer, q) for layer in range(case.spec.num_layers)]
+    ha.end_step()
+    for layer, (o, l) in enumerate(outs):
+        _check(o, l, *case.reference(layer, q))
+    ha.close()
+
+
+def test_host_flag_wait_times_out_instead_of_hanging():
+    _triton()
+    from writescope.attention.hostflag import HostFlags
+    f = HostFlags(2, "cuda", max_spins=1000)
+    f.signal(0, 5)
+    f.wait(0, 5)  # already there
+    torch.cuda.synchronize()
+    f.check()
+    f.wait(1, 1)  # never signalled: gives up after 1000 spins
+    torch.cuda.synchronize()
+    with pytest.raises(RuntimeError, match="gave up"):
+        f.check()
+    f.check()  # reported once
 
 
 def test_ring_on_copy_stream_stages_exact_bytes():
@@ -108,3 +184,12 @@ def test_ring_on_copy_stream_stages_exact_bytes():
             pos += piece.num_blocks
             k += 1
     assert ring.finish() > 0
+
+
+@pytest.mark.parametrize("mode", ["acquire", "volatile", "memop"])
+def test_host_flag_modes_hold_the_stream_until_signalled(mode):
+    _triton()
+    from writescope.bench.hostflag import probe
+    row = probe(mode, 5)
+    assert row["ordered"], row
+    assert row["timeout_reported"] in (True, None), row

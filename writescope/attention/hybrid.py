@@ -7,19 +7,23 @@ move); the CPU reads C blocks, and T blocks when assigned, in place.
 
 Per layer, with CUDA and Triton (the fast path)::
 
-    compute stream:  q -> pinned (D2H) | partials over G, W | wait T piece | partials | ... | reduce
+    compute stream:  q -> pinned (D2H) | partials over G, W | wait T piece | partials | ...
+                     ... | wait CPU flag | reduce
     copy stream:     ... T copies of this layer and of the next layers, as far as the ring allows
-    CPU worker:                          wait q | attend C (and CPU-assigned T) | -> pinned
+    CPU worker:                          wait q | attend C (and CPU-assigned T) | -> pinned | flag
 
 * ``begin_step`` plans everything that is the same for every layer -- the chunk lists of the
   split-KV kernel, the row -> partials map of the merge, the staging pieces and their coalesced
   DMA runs -- and starts the copy stream on the first layers' T blocks.
 * ``attend`` enqueues the GPU side without waiting for anything, hands the CPU side to a worker
-  thread (the query arrives through a pinned buffer; the CPU kernel releases the GIL), then waits
-  for the CPU's ``(out, lse)`` and enqueues one reduce kernel that merges every GPU partial with
-  the CPU's result, read in place from pinned memory (no copy-engine transfer, so it never queues
-  behind the T stream). There is no Python work per block on this path: per layer, one launch per
-  resident region, one per staged piece, one reduce.
+  thread (the query arrives through a pinned buffer; the CPU kernel releases the GIL), and
+  enqueues a device-side wait for the worker's flag (:mod:`.hostflag`) followed by one reduce
+  kernel that merges every GPU partial with the CPU's result, read in place from pinned memory
+  (no copy-engine transfer, so it never queues behind the T stream). The launching thread never
+  waits for the CPU: it goes on enqueuing the next layers while the CPU attends this one, so
+  launch time, GPU time and CPU time overlap instead of adding up (``cpu_wait="host"`` restores
+  the older host-side wait, for comparison). There is no Python work per block on this path: per
+  layer, one launch per resident region, one per staged piece, one wait, one reduce.
 * The copy stream is gated only by device events (a slot is refilled once the kernel that read it
   has run), so while the compute stream waits on the CPU, PCIe keeps moving the next layers.
 
@@ -29,6 +33,7 @@ copies, so the ring logic is tested on CPU-only machines too.
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -97,7 +102,9 @@ class HybridAttention:
     Triton on CUDA when importable); ``stage_t`` stage GPU-side T blocks through the ring (default:
     when the T pool is not on the device); ``cpu_async`` run the CPU side on a worker thread;
     ``cpu_result`` ``"pinned"`` (the merge reads the CPU result in place) or ``"copy"`` (an H2D
-    copy first); ``max_slot_blocks`` caps a staging piece (finer pipelining).
+    copy first); ``max_slot_blocks`` caps a staging piece (finer pipelining); ``cpu_wait``
+    ``"device"`` (default with Triton and ``cpu_async``: the stream waits for the CPU, this thread
+    does not) or ``"host"`` (this thread waits for each layer's CPU result before the reduce).
     """
 
     def __init__(self, pools: dict[Region, torch.Tensor], spec: KVSpec, device: torch.device,
@@ -105,7 +112,7 @@ class HybridAttention:
                  backend: str | None = None, stage_t: bool | None = None, cpu_async: bool = True,
                  cpu_result: str = "pinned", max_slot_blocks: int | None = None,
                  chunk_blocks: int | None = None, cpu_attend=None, stage_c: bool | None = None,
-                 gather_bytes: int | None = None):
+                 gather_bytes: int | None = None, cpu_wait: str | None = None):
         self.pools = pools
         self.spec = spec
         self.device = torch.device(device)
@@ -139,6 +146,22 @@ class HybridAttention:
         # the compiled kernel is planned once per step (CpuAttentionPlan) and run per layer
         self._cpu_compiled = self._cpu_attend is not attend_torch and self._cpu_attend is cpu_kernel()
         self._parts: tuple[torch.Tensor, torch.Tensor] | None = None
+        # the device (not this thread) waits for each layer's CPU result: see hostflag.py
+        if cpu_wait is None:  # WRITESCOPE_CPU_WAIT=host: the older blocking wait, to compare
+            can = self.backend == "triton" and cpu_async
+            env = os.environ.get("WRITESCOPE_CPU_WAIT", "device")
+            cpu_wait = "device" if can and env != "host" else "host"
+        if cpu_wait not in ("device", "host"):
+            raise ValueError(f"cpu_wait must be 'device' or 'host', got {cpu_wait!r}")
+        if cpu_wait == "device" and (self.backend != "triton" or not cpu_async):
+            raise ValueError("cpu_wait='device' needs the Triton backend and cpu_async=True")
+        self._device_wait = cpu_wait == "device"
+        self._flags = None
+        if self._device_wait:
+            from .hostflag import HostFlags
+            self._flags = HostFlags(spec.num_layers, self.device)
+        self._step_id = 0
+        self._jobs: list[Future] = []
 
     def _reader(self, pool, wanted, cls, nbytes, default):
         """The device buffers through which the GPU side reads a host pool (T: the staging
@@ -184,6 +207,8 @@ class HybridAttention:
 
         ``layers``: the order :meth:`attend` will be called in (default: all, ascending)."""
         self.plan = plan
+        self._step_id += 1
+        self._jobs = []
         self.timings = {"cpu_s": 0.0, "gpu_s": 0.0, "pcie_s": 0.0, "cpu_wait_s": 0.0,
                         "host_attend_s": 0.0}
         self._lag = {"handoff": 0.0, "q_wait": 0.0, "return": 0.0, "t_done": 0.0}
@@ -258,6 +283,14 @@ class HybridAttention:
         return self._attend_torch(layer, q)
 
     # ---- CPU side ----
+    def _cpu_job_signalled(self, step_id: int, layer: int, q_host, ready, out_bufs, t_submit):
+        """The CPU side of one layer when the device waits for it: the flag is raised whatever
+        happens (a failure is re-raised at :meth:`end_step`, after the device has gone on)."""
+        try:
+            return self._cpu_job(layer, q_host, ready, out_bufs, t_submit)
+        finally:
+            self._flags.signal(layer, step_id)
+
     def _cpu_job(self, layer: int, q_host: torch.Tensor, ready, out_bufs, t_submit=None):
         t_in = time.perf_counter()
         if ready is not None:
@@ -293,6 +326,9 @@ class HybridAttention:
         return o, l, t1 - t0
 
     def _submit_cpu(self, layer: int, q_host, ready, out_bufs) -> Future | tuple:
+        if self._device_wait:
+            return self._pool_worker().submit(self._cpu_job_signalled, self._step_id, layer,
+                                              q_host, ready, out_bufs, time.perf_counter())
         if self.cpu_async:
             return self._pool_worker().submit(self._cpu_job, layer, q_host, ready, out_bufs,
                                               time.perf_counter())
@@ -404,7 +440,16 @@ class HybridAttention:
         if open_ev is not None:
             ev.append((open_ev, self._tick()))
         extra = None
-        if job is not None:
+        if job is not None and self._device_wait:
+            # the stream waits for the CPU's flag; this thread goes on to the next layer
+            self._jobs.append(job)
+            self._flags.wait(layer, self._step_id)
+            xo, xl = res
+            if self.cpu_result == "copy":
+                xo = xo.to(self.device, non_blocking=True)
+                xl = xl.to(self.device, non_blocking=True)
+            extra = (xo, xl)
+        elif job is not None:
             xo, xl = self._collect_cpu(job)
             if self.cpu_result == "copy":
                 xo = xo.to(self.device, non_blocking=True)
@@ -435,6 +480,18 @@ class HybridAttention:
             torch.cuda.current_stream(self.device).synchronize()
             self.timings["gpu_s"] += sum(a.elapsed_time(b) for a, b in self._events) / 1e3
         self._events = []
+        jobs, self._jobs = self._jobs, []
+        errors = []
+        for job in jobs:  # device-waited CPU layers: every one has finished by now
+            try:
+                self.timings["cpu_s"] += job.result()[2]
+            except Exception as e:  # noqa: BLE001 - re-raised below, after the step is closed
+                errors.append(e)
+        if jobs and self._flags is not None:
+            try:
+                self._flags.check()
+            except RuntimeError as e:
+                errors.append(e)
         self.timings["cpu_handoff_s"] = self._lag["handoff"]
         self.timings["cpu_q_wait_s"] = self._lag["q_wait"]
         self.timings["cpu_return_s"] = self._lag["return"]
@@ -453,4 +510,6 @@ class HybridAttention:
         self.timings["step_s"] = time.perf_counter() - self._t0
         self.plan = None
         self._stage_plan = None
+        if errors:
+            raise errors[0]
         return dict(self.timings)

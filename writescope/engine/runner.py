@@ -7,6 +7,7 @@ import torch
 
 from ..core import StepBatch
 from ..kvcache.cache import InplaceKVCache
+from ..layers.cpu_experts import raise_pending_errors
 from ..layers.sampler import Sampler
 from ..models.base import CausalLM
 
@@ -47,12 +48,17 @@ class ModelRunner:
                 logits = self.model.compute_logits(hidden)
             t1 = time.perf_counter()
             self.cache.end_step()  # waits for the device
+            raise_pending_errors()  # CPU expert calls the device waited for
             self.last_times = {"forward_host_s": t1 - t0,
                                "device_tail_s": time.perf_counter() - t1}
             if not sampled:
                 return [], []
         except BaseException:
             self.cache.abort_step()
+            try:
+                raise_pending_errors()
+            except Exception:  # noqa: BLE001 - the step's own error is the one to report
+                pass
             raise
         return self.sampler.sample(logits, [s.request.params for s in sampled],
                                    [s.request.seq_id for s in sampled])

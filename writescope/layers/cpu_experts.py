@@ -4,7 +4,9 @@ One :class:`CpuExperts` per MoE layer holds that layer's routed-expert weights i
 computes ``y[t] = sum_j w[t, j] * down_e(silu(gate_e(x[t])) * up_e(x[t]))`` for each token's
 top-k experts ``e = ids[t, j]``. ``submit`` starts the work on a background thread and returns at
 once, so the GPU computes shared experts / the next ops meanwhile; ``wait`` returns the result on
-the hidden states' device and dtype.
+the hidden states' device and dtype. On CUDA with Triton, ``wait`` does not block: the stream
+waits on a pinned flag the worker raises (``attention/hostflag.py``), so the launching thread
+goes on enqueuing the next layers (``WRITESCOPE_CPU_WAIT=host`` restores the blocking wait).
 
 Backends
 --------
@@ -268,12 +270,60 @@ def _get_executor() -> concurrent.futures.ThreadPoolExecutor:
     return _executor
 
 
+# The device, not the launching thread, waits for the CPU's result (attention/hostflag.py): one
+# pinned flag per CpuExperts, shared by every layer's instance; failures surface at the step's
+# end through raise_pending_errors().
+_flags = None
+_flag_slots = 0
+_pending: list[concurrent.futures.Future] = []
+_MAX_LAYERS = 1024
+
+
+def _device_wait_enabled(device: torch.device) -> bool:
+    if device.type != "cuda" or os.environ.get("WRITESCOPE_CPU_WAIT", "device") == "host":
+        return False
+    from ..attention.gpu import triton_available
+    return triton_available()
+
+
+def _host_flags(device: torch.device):
+    global _flags
+    if device.index is None:
+        device = torch.device(device.type, torch.cuda.current_device())
+    if _flags is None or _flags.device != device:
+        from ..attention.hostflag import HostFlags
+        _flags = HostFlags(_MAX_LAYERS, device)
+    return _flags
+
+
+def raise_pending_errors() -> None:
+    """After the step's device work has finished: re-raise the first failure of a CPU expert call
+    the device waited for (and a device wait that gave up). Clears the pending list."""
+    global _pending
+    jobs, _pending = _pending, []
+    errors = []
+    for f in jobs:
+        try:
+            f.result()
+        except Exception as e:  # noqa: BLE001 - re-raised below
+            errors.append(e)
+    if jobs and _flags is not None:
+        try:
+            _flags.check()
+        except RuntimeError as e:
+            errors.append(e)
+    if errors:
+        raise errors[0]
+
+
 @dataclass
 class CpuExpertsHandle:
     future: concurrent.futures.Future
     device: torch.device
     dtype: torch.dtype
     n: int
+    result: torch.Tensor | None = None  # pinned: filled by the worker when the device waits
+    seq: int = 0                        # the flag value that says ``result`` is there
 
 
 class CpuExperts:
@@ -295,6 +345,10 @@ class CpuExperts:
                 raise RuntimeError(f"CPU expert C++ kernel unavailable: {_lib_error}")
             backend = "cpp" if lib is not None else "torch"
         self.backend = backend
+        global _flag_slots
+        self._slot = _flag_slots % _MAX_LAYERS  # this layer's flag (see _host_flags)
+        _flag_slots += 1
+        self._seq = 0
         self.num_experts, self.hidden, self.inter, self.dtype = num_experts, hidden, inter, dtype
         self.hp, self.ip = _ceil(hidden, _KPAD), _ceil(inter, _KPAD)
         E = num_experts
@@ -444,11 +498,32 @@ class CpuExperts:
             if x.data_ptr() == hidden.data_ptr():  # the caller may overwrite hidden meanwhile
                 x = x.clone()
         pin = dev.type == "cuda"
+        if _device_wait_enabled(dev):
+            res = torch.empty(n, self.hidden, dtype=dtype, pin_memory=True)
+            self._seq += 1
+            fut = _get_executor().submit(self._compute_signalled, x, ids, w, event, res,
+                                         _host_flags(dev), self._seq)
+            return CpuExpertsHandle(fut, dev, dtype, n, res, self._seq)
         fut = _get_executor().submit(self._compute, x, ids, w, dtype, pin, event)
         return CpuExpertsHandle(fut, dev, dtype, n)
 
+    def _compute_signalled(self, x, ids, w, event, res: torch.Tensor, flags, seq: int) -> None:
+        """Worker side when the device waits: the result goes into ``res``; the flag is raised
+        whatever happens (a failure is re-raised by :func:`raise_pending_errors`)."""
+        try:
+            res.copy_(self._compute(x, ids, w, res.dtype, False, event))
+        finally:
+            flags.signal(self._slot, seq)
+
     def wait(self, handle: CpuExpertsHandle) -> torch.Tensor:
-        """``[N, H]`` on the device and dtype of the submitted hidden states."""
+        """``[N, H]`` on the device and dtype of the submitted hidden states. On CUDA (with Triton)
+        the returned tensor is filled in stream order once the CPU is done: the device waits, this
+        thread goes on."""
+        if handle.result is not None:
+            flags = _host_flags(torch.device(handle.device))
+            flags.wait(self._slot, handle.seq)
+            _pending.append(handle.future)
+            return handle.result.to(handle.device, non_blocking=True)
         out = handle.future.result()
         if handle.device.type != "cpu":
             out = out.to(handle.device, non_blocking=True)

@@ -1,0 +1,97 @@
+"""``python -m writescope.bench.step_profile --model NAME|PATH [--random-weights] [engine options]``:
+where a decode step's host time goes.
+
+Builds one engine, prefills ``--batch`` random prompts of ``--context`` tokens, runs
+``--warmup`` decode steps, then profiles ``--steps`` more with ``torch.profiler`` and prints, per
+decode step: wall time, the host time until the forward pass was enqueued (``forward_host_s``),
+framework ops and GPU kernel launches, and the ops that cost the most host time. A decode step
+whose host time is close to its wall time is launch-bound: the list says which ops to remove or
+fuse. ``--json FILE`` writes the same figures.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+
+from .grid import make_prompts
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--random-weights", action="store_true")
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--context", type=int, default=2048)
+    ap.add_argument("--warmup", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--kv-policy", default="writescope")
+    ap.add_argument("--vram-budget")
+    ap.add_argument("--experts", default="auto")
+    ap.add_argument("--num-gpu-blocks", type=int)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=4096)
+    ap.add_argument("--profile")
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from ..core import SamplingParams
+    from ..engine.engine import LLMEngine
+
+    eng = LLMEngine(args.model, random_weights=args.random_weights, kv_policy=args.kv_policy,
+                    vram_budget=args.vram_budget, experts=args.experts,
+                    num_gpu_blocks=args.num_gpu_blocks, max_num_seqs=args.batch,
+                    max_model_len=args.context + args.warmup + args.steps + 16,
+                    max_num_batched_tokens=args.max_num_batched_tokens, profile=args.profile)
+    prompts = make_prompts(eng.config.vocab_size, args.batch, args.context, 0)
+    sp = SamplingParams(max_tokens=args.warmup + args.steps + 8, temperature=0.0, ignore_eos=True)
+    for i, p in enumerate(prompts):
+        eng.add_request(f"p{i}", p, sp)
+    while any(r.is_prefilling for r in eng.requests.values()):
+        eng.step()  # prefill
+    for _ in range(args.warmup):
+        eng.step()
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if eng.device.type == "cuda" else [])
+    walls, hosts = [], []
+    with profile(activities=acts) as prof:
+        for _ in range(args.steps):
+            t0 = time.perf_counter()
+            eng.step()
+            walls.append(time.perf_counter() - t0)
+            hosts.append(eng.runner.last_times.get("forward_host_s", float("nan")))
+    n = args.steps
+    ev = prof.key_averages()
+    ops = [e for e in ev if e.key.startswith("aten::")]
+    launches = sum(e.count for e in ev if e.key in ("cudaLaunchKernel", "cuLaunchKernel",
+                                                      "cudaLaunchKernelExC", "cuLaunchKernelEx"))
+    top = sorted(ev, key=lambda e: e.self_cpu_time_total, reverse=True)[:args.top]
+    res = {
+        "model": args.model, "batch": args.batch, "context": args.context,
+        "kv_policy": args.kv_policy, "device": str(eng.device),
+        "step_s": sum(walls) / n, "forward_host_s": sum(hosts) / n,
+        "aten_ops_per_step": sum(e.count for e in ops) / n,
+        "kernel_launches_per_step": launches / n,
+        "layers": eng.config.num_layers,
+        "top_host_ops": [{"op": e.key, "calls_per_step": e.count / n,
+                          "self_cpu_ms_per_step": e.self_cpu_time_total / 1e3 / n}
+                         for e in top],
+    }
+    print(f"decode step {res['step_s'] * 1e3:.1f} ms, host until enqueued "
+          f"{res['forward_host_s'] * 1e3:.1f} ms; {res['aten_ops_per_step']:.0f} aten ops and "
+          f"{res['kernel_launches_per_step']:.0f} kernel launches per step "
+          f"({res['layers']} layers)")
+    print(f"{'op':48s} {'calls/step':>10s} {'self ms/step':>12s}")
+    for r in res["top_host_ops"]:
+        print(f"{r['op'][:48]:48s} {r['calls_per_step']:10.1f} {r['self_cpu_ms_per_step']:12.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
