@@ -453,4 +453,7 @@ class LLMEngine:
             s["experts.pinned_bytes"] = up.pinned_bytes
         if self.device.type == "cuda":
             s["engine.cuda_peak_bytes"] = torch.cuda.max_memory_allocated(self.device)
+        graphs = getattr(getattr(self, "runner", None), "graphs", None)
+        if graphs is not None:
+            s.update(graphs.stats())
         return s

@@ -22,6 +22,9 @@ class ModelRunner:
         #: on CUDA the device may still be running it) and ``device_tail_s`` (then until the
         #: step's work is done). A tail near 0 means the step waits on the host (launch-bound).
         self.last_times: dict[str, float] = {}
+        from . import graphs
+        #: decode steps as piecewise CUDA graphs (None where the model cannot be split)
+        self.graphs = graphs.DecodeGraphs(model, device) if graphs.supported(model) else None
 
     @torch.no_grad()  # not inference_mode: the CPU worker thread writes pinned buffers
     def run(self, batch: StepBatch) -> tuple[list[int], list[float]]:
@@ -41,7 +44,11 @@ class ModelRunner:
         t0 = time.perf_counter()
         self.cache.begin_step([(s.request.seq_id, s.start, s.num_new) for s in batch.seqs])
         try:
-            hidden = self.model(input_ids, positions, self.cache)
+            decode = all(s.num_new == 1 for s in batch.seqs)
+            if decode and self.graphs is not None and self.graphs.wants(len(ids)):
+                hidden = self.graphs.run(input_ids, positions, self.cache)
+            else:
+                hidden = self.model(input_ids, positions, self.cache)
             sampled = [s for s in batch.seqs if s.sample]
             if sampled:
                 hidden = hidden[torch.tensor(last_rows, device=self.device)]
@@ -51,10 +58,14 @@ class ModelRunner:
             raise_pending_errors()  # CPU expert calls the device waited for
             self.last_times = {"forward_host_s": t1 - t0,
                                "device_tail_s": time.perf_counter() - t1}
+            if self.graphs is not None:
+                self.graphs.capture_pending()  # a new decode size ran eagerly: capture it now
             if not sampled:
                 return [], []
         except BaseException:
             self.cache.abort_step()
+            if self.graphs is not None:
+                self.graphs.drop_pending()
             try:
                 raise_pending_errors()
             except Exception:  # noqa: BLE001 - the step's own error is the one to report

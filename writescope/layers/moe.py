@@ -65,8 +65,13 @@ class StackedExperts(nn.Module):
         self.gate_up = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden))
         self.down = nn.Parameter(torch.empty(num_experts, hidden, inter))
 
+    def fused_for(self, slots: int) -> bool:
+        """Whether a step of ``slots`` (token, expert) pairs takes the fused path (which never
+        synchronises with the host, so it can be captured in a CUDA graph)."""
+        return self.gate_up.is_cuda and slots <= moe_triton.MAX_SLOTS and moe_triton.enabled()
+
     def forward(self, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        if x.is_cuda and idx.numel() <= moe_triton.MAX_SLOTS and moe_triton.enabled():
+        if self.fused_for(idx.numel()):
             return moe_triton.fused_experts(x, idx, w, self.gate_up, self.down)  # decode-sized
         return run_experts(x, idx, w, lambda e: (self.gate_up[e], self.down[e]))
 
@@ -115,6 +120,15 @@ class MoE(nn.Module):
             self.shared_experts = GatedMLP(cfg.hidden_size, cfg.shared_expert_intermediate_size)
         else:
             self.shared_experts = None
+
+    def graph_safe(self, n: int) -> bool:
+        """Whether this block's forward over ``n`` tokens runs on the device alone (no host
+        synchronisation, no CPU work): then a CUDA graph may capture it."""
+        if self.cpu_experts is not None or self.experts is None:
+            return False
+        if self.uploader is not None and self.uploader.wants(n):
+            return False
+        return self.experts.fused_for(n * self.cfg.num_experts_per_tok)
 
     def use_cpu_experts(self, cpu_experts) -> None:
         self.cpu_experts = cpu_experts

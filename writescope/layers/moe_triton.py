@@ -27,7 +27,7 @@ import os
 import torch
 
 #: (token, slot) pairs up to which a step takes the fused path
-MAX_SLOTS = 64
+MAX_SLOTS = 128
 
 
 def available() -> bool:

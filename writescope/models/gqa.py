@@ -25,7 +25,9 @@ class GQAAttention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def forward(self, x: torch.Tensor, rope, ctx, layer: int) -> torch.Tensor:
+    def pre(self, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
+        """Everything before attention: rotated queries ``[N, Hq, D]`` and the new tokens'
+        records ``[N, Hkv, 2D]``."""
         n = x.shape[0]
         q = self.q_proj(x).view(n, self.hq, self.d)
         k = self.k_proj(x).view(n, self.hkv, self.d)
@@ -34,5 +36,10 @@ class GQAAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = rope
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        out = ctx.attention(layer, q, torch.cat((k, v), dim=-1))
-        return self.o_proj(out.reshape(n, self.hq * self.d))
+        return q, torch.cat((k, v), dim=-1)
+
+    def post(self, out: torch.Tensor) -> torch.Tensor:
+        return self.o_proj(out.reshape(out.shape[0], self.hq * self.d))
+
+    def forward(self, x: torch.Tensor, rope, ctx, layer: int) -> torch.Tensor:
+        return self.post(ctx.attention(layer, *self.pre(x, rope)))

@@ -39,7 +39,9 @@ class MLAAttention(nn.Module):
         self.kv_b_proj = nn.Linear(self.lora, self.nh * (self.nope + self.vd), bias=False)
         self.o_proj = nn.Linear(self.nh * self.vd, h, bias=bias)
 
-    def forward(self, x: torch.Tensor, rope, ctx, layer: int) -> torch.Tensor:
+    def pre(self, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
+        """Everything before attention: absorbed queries ``[N, H, 576]`` and the new tokens'
+        records ``[N, 1, 576]``."""
         n = x.shape[0]
         q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if self.q_lora else self.q_proj(x)
         q = q.view(n, self.nh, self.nope + self.rope)
@@ -49,10 +51,16 @@ class MLAAttention(nn.Module):
         cos, sin = rope
         q_pe = apply_rotary(q_pe, cos, sin, interleaved=True)
         k_pe = apply_rotary(k_pe.view(n, 1, self.rope), cos, sin, interleaved=True)
-        w = self.kv_b_proj.weight.view(self.nh, self.nope + self.vd, self.lora)
-        w_uk, w_uv = w[:, :self.nope], w[:, self.nope:]
+        w_uk = self.kv_b_proj.weight.view(self.nh, self.nope + self.vd, self.lora)[:, :self.nope]
         q_abs = torch.einsum("nhd,hdc->nhc", q_nope, w_uk)
-        out = ctx.attention(layer, torch.cat((q_abs, q_pe), dim=-1),
-                            torch.cat((c.view(n, 1, self.lora), k_pe), dim=-1))
+        return torch.cat((q_abs, q_pe), dim=-1), torch.cat((c.view(n, 1, self.lora), k_pe), dim=-1)
+
+    def post(self, out: torch.Tensor) -> torch.Tensor:
+        """From the attention over latents ``[N, H, 512]`` to the layer's output ``[N, hidden]``."""
+        n = out.shape[0]
+        w_uv = self.kv_b_proj.weight.view(self.nh, self.nope + self.vd, self.lora)[:, self.nope:]
         out = torch.einsum("nhc,hvc->nhv", out, w_uv)
         return self.o_proj(out.reshape(n, self.nh * self.vd))
+
+    def forward(self, x: torch.Tensor, rope, ctx, layer: int) -> torch.Tensor:
+        return self.post(ctx.attention(layer, *self.pre(x, rope)))
