@@ -31,14 +31,15 @@ def test_pieces_with_cpu_experts_and_batches(tiny_deepseek_v2, monkeypatch):
 def test_segments_split_at_attention_and_host_bound_experts(tiny_deepseek_v2):
     llm = engine(tiny_deepseek_v2, experts="cpu")
     model = llm.engine.model
-    segs = graphs.segments(graphs.decode_pieces(model, 4))
+    segs = graphs.segments(graphs.decode_pieces(model, 4, llm.engine.cache))
     names = [[p.name for p in s.pieces] for s in segs]
     # layer 0 is dense (graph-safe); layers 1, 2 run their experts on the CPU (eager)
     assert names[0] == ["embed", "pre0"] and names[1] == ["attn0"]
     assert names[2] == ["post0", "ffn0", "pre1"]
     assert ["ffn1"] in names and ["ffn2"] in names
     assert [s.graphable for s in segs] == [i % 2 == 0 for i in range(len(segs))]
-    assert segs[2].inputs == ["x", "o", "cos", "sin"] and segs[2].outputs == ["x", "h", "q", "rec"]
+    assert segs[2].inputs == ["x", "o_kv", "l_kv", "o_self", "l_self", "q", "cos", "sin"]
+    assert segs[2].outputs == ["x", "h", "q", "rec", "o_self", "l_self"]
 
 
 def test_mode_switch(monkeypatch):

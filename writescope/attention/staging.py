@@ -149,18 +149,21 @@ class CudaCopier:
         self._timing: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
 
     def copy_unit(self, dst, src_layer, runs, wait_free):
-        s0 = torch.cuda.Event(enable_timing=True)
-        s1 = torch.cuda.Event(enable_timing=True)
+        timed = self.timed
+        s0 = torch.cuda.Event(enable_timing=True) if timed else None
+        s1 = torch.cuda.Event(enable_timing=timed)
         with torch.cuda.stream(self.stream):
             if wait_free is not None:
                 self.stream.wait_event(wait_free)
-            s0.record(self.stream)
+            if timed:
+                s0.record(self.stream)
             for s, d, n in runs:
                 dst[d:d + n].copy_(src_layer[s:s + n], non_blocking=True)
                 self.copies += 1
                 self.bytes += n * src_layer[0].numel() * src_layer.element_size()
             s1.record(self.stream)
-        self._timing.append((s0, s1))
+        if timed:
+            self._timing.append((s0, s1))
         return s1
 
     def fence(self) -> None:
@@ -175,10 +178,12 @@ class CudaCopier:
         ev.record(torch.cuda.current_stream(self.device))
         return ev
 
-    def elapsed_s(self) -> float:
+    def elapsed_s(self) -> float | None:
+        """Busy seconds of this step's copies (None when the step was not timed)."""
         self.stream.synchronize()
-        t = sum(a.elapsed_time(b) for a, b in self._timing) / 1e3
-        return t
+        if not self.timed:
+            return None
+        return sum(a.elapsed_time(b) for a, b in self._timing) / 1e3
 
     def reset(self) -> None:
         self.copies = 0
@@ -296,8 +301,9 @@ class StagingRing:
         self._released = u + 1
         self._issue()
 
-    def finish(self) -> float:
-        """End the step; returns the copy stream's busy seconds (0 for the synchronous copier)."""
+    def finish(self) -> float | None:
+        """End the step; returns the copy stream's busy seconds (0 for the synchronous copier,
+        None for a step the copier did not time)."""
         t = self.copier.elapsed_s() if self._plan is not None else 0.0
         self._plan = None
         self._pool = None

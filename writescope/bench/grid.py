@@ -362,20 +362,27 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
     return row
 
 
-def warm_up(engine, vocab_size: int, seed: int, length: int) -> None:
-    """One untimed request of ``length`` tokens (the grid's shortest context), so that one-time
-    costs (kernel loading, first allocations, thread pools) do not land in the first timed row of
-    a policy."""
+def warm_up(engine, vocab_size: int, seed: int, length: int, batches=()) -> None:
+    """One untimed request of ``length`` tokens (the grid's shortest context), then, per batch
+    size, that many short requests decoding together, so that one-time costs (kernel loading,
+    first allocations, thread pools, capturing the decode step's CUDA graphs for that size) do
+    not land in the first timed row of a policy."""
     from ..core import SamplingParams
+    sp = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
     n = max(2, min(length, engine.max_model_len - 4))
-    prompt = make_prompts(vocab_size, 1, n, seed + 1)[0]
-    engine.add_request("bench-warmup", prompt, SamplingParams(temperature=0.0, max_tokens=3,
-                                                              ignore_eos=True))
-    try:
-        while engine.has_unfinished_requests():
-            engine.step()
-    finally:
-        engine.abort_request("bench-warmup")
+    rounds = [make_prompts(vocab_size, 1, n, seed + 1)]
+    short = max(2, min(n, 64))
+    rounds += [make_prompts(vocab_size, b, short, seed + 2) for b in sorted(set(batches))]
+    for r, prompts in enumerate(rounds):
+        ids = [f"bench-warmup-{r}-{i}" for i in range(len(prompts))]
+        for rid, p in zip(ids, prompts):
+            engine.add_request(rid, p, sp)
+        try:
+            while engine.has_unfinished_requests():
+                engine.step()
+        finally:
+            for rid in ids:
+                engine.abort_request(rid)
     _sync(engine.device)
 
 
@@ -533,7 +540,7 @@ class Grid:
                 self._fail_rows(model, policy, f"policy: {error_text(e)}", bar)
                 continue
             try:
-                warm_up(engine, cfg.vocab_size, s.seed, min(s.context_lengths))
+                warm_up(engine, cfg.vocab_size, s.seed, min(s.context_lengths), s.batches)
             except Exception as e:  # noqa: BLE001 -- the rows will say what is wrong
                 self.log(f"[bench] {model} {policy}: warm-up failed: {error_text(e)}")
                 _free_memory(engine.device)

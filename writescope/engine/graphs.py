@@ -31,6 +31,8 @@ from typing import Callable
 
 import torch
 
+from ..attention.merge import merge
+
 #: decode steps of at most this many tokens are graphed
 MAX_GRAPH_TOKENS = 64
 #: distinct step sizes captured at most (each holds its own buffers)
@@ -85,17 +87,20 @@ class Segment:
             p.fn(env, ctx)
 
 
-def _layer_pieces(i: int, layer, n: int) -> list[Piece]:
+def _layer_pieces(i: int, layer, n: int, cache) -> list[Piece]:
     attn, ffn = layer.self_attn, layer.ffn
 
     def pre(env, ctx):
-        env["q"], env["rec"] = attn.pre(layer.input_layernorm(env["x"]), (env["cos"], env["sin"]))
+        q, rec = attn.pre(layer.input_layernorm(env["x"]), (env["cos"], env["sin"]))
+        env["q"], env["rec"] = q, rec
+        env["o_self"], env["l_self"] = cache.decode_self_partial(q, rec)
 
-    def attend(env, ctx):
-        env["o"] = ctx.attention(i, env["q"], env["rec"])
+    def attend(env, ctx):  # the only part that depends on the step's plan
+        env["o_kv"], env["l_kv"] = ctx.attend_cached(i, env["q"], env["rec"])
 
     def post(env, ctx):
-        x = env["x"] + attn.post(env["o"])
+        o, _ = merge(env["o_kv"], env["l_kv"], env["o_self"], env["l_self"])
+        x = env["x"] + attn.post(o.to(env["q"].dtype))
         env["x"] = x
         env["h"] = layer.post_attention_layernorm(x)
 
@@ -103,14 +108,16 @@ def _layer_pieces(i: int, layer, n: int) -> list[Piece]:
         env["x"] = env["x"] + ffn(env["h"])
 
     safe = getattr(ffn, "graph_safe", None)
-    return [Piece(f"pre{i}", pre, ("x", "cos", "sin"), ("q", "rec"), True),
-            Piece(f"attn{i}", attend, ("q", "rec"), ("o",), False),
-            Piece(f"post{i}", post, ("x", "o"), ("x", "h"), True),
+    return [Piece(f"pre{i}", pre, ("x", "cos", "sin"), ("q", "rec", "o_self", "l_self"), True),
+            Piece(f"attn{i}", attend, ("q", "rec"), ("o_kv", "l_kv"), False),
+            Piece(f"post{i}", post, ("x", "o_kv", "l_kv", "o_self", "l_self", "q"), ("x", "h"),
+                  True),
             Piece(f"ffn{i}", mlp, ("x", "h"), ("x",), True if safe is None else safe(n))]
 
 
-def decode_pieces(model, n: int) -> list[Piece]:
-    """The model's forward pass for ``n`` new tokens as pieces (equal to ``model.forward``)."""
+def decode_pieces(model, n: int, cache) -> list[Piece]:
+    """The model's forward pass for ``n`` new tokens, one per sequence, as pieces (equal to
+    ``model.forward`` over ``cache``)."""
     m, rot = model.model, model.rotary
 
     def embed(env, ctx):
@@ -122,7 +129,7 @@ def decode_pieces(model, n: int) -> list[Piece]:
 
     pieces = [Piece("embed", embed, ("ids", "pos"), ("x", "cos", "sin"), True)]
     for i, layer in enumerate(m.layers):
-        pieces += _layer_pieces(i, layer, n)
+        pieces += _layer_pieces(i, layer, n, cache)
     pieces.append(Piece("norm", norm, ("x",), ("out",), True))
     return pieces
 
@@ -145,8 +152,9 @@ def supported(model) -> bool:
 class DecodeGraphs:
     """Per step size: the segments, captured after the first eager step of that size."""
 
-    def __init__(self, model, device: torch.device):
+    def __init__(self, model, device: torch.device, cache):
         self.model = model
+        self.cache = cache
         self.device = torch.device(device)
         self.mode = mode()
         self.plans: dict[int, list[Segment]] = {}
@@ -170,7 +178,7 @@ class DecodeGraphs:
         env = {"ids": input_ids, "pos": positions}
         segs = self.plans.get(n)
         if segs is None:
-            segs = segments(decode_pieces(self.model, n))
+            segs = segments(decode_pieces(self.model, n, self.cache))
             for seg in segs:
                 if seg.graphable and self.mode == "on":  # the capture's example inputs
                     seg.static_in = {k: env[k].clone() for k in seg.inputs}

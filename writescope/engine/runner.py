@@ -24,7 +24,7 @@ class ModelRunner:
         self.last_times: dict[str, float] = {}
         from . import graphs
         #: decode steps as piecewise CUDA graphs (None where the model cannot be split)
-        self.graphs = graphs.DecodeGraphs(model, device) if graphs.supported(model) else None
+        self.graphs = graphs.DecodeGraphs(model, device, cache) if graphs.supported(model) else None
 
     @torch.no_grad()  # not inference_mode: the CPU worker thread writes pinned buffers
     def run(self, batch: StepBatch) -> tuple[list[int], list[float]]:

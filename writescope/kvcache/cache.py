@@ -305,14 +305,27 @@ class InplaceKVCache:
 
     def attention(self, layer: int, q: torch.Tensor, records: torch.Tensor) -> torch.Tensor:
         """The model's attention entry point (see ``models/base.AttentionContext``)."""
-        step = self._step
-        if step is None:
+        out_c, lse_c = self.attend_cached(layer, q, records)
+        out_s, lse_s = causal_self_attention(q, records, self.spec, self._step["seg_lens"],
+                                             self.scale)
+        out, _ = merge(out_c, lse_c, out_s, lse_s)
+        return out.to(q.dtype)
+
+    def attend_cached(self, layer: int, q: torch.Tensor, records: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The plan's part of :meth:`attention`: float32 ``(out, lse)`` over every cached block
+        (CPU and GPU sides); then the new tokens' records are written to their homes."""
+        if self._step is None:
             raise KVCacheError("attention called outside a step")
         out_c, lse_c = self.hybrid.attend(layer, q)
-        out_s, lse_s = causal_self_attention(q, records, self.spec, step["seg_lens"], self.scale)
-        out, _ = merge(out_c, lse_c, out_s, lse_s)
         self._write(layer, records)
-        return out.to(q.dtype)
+        return out_c, lse_c
+
+    def decode_self_partial(self, q: torch.Tensor, records: torch.Tensor
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The other part for a decode step (one new token per sequence): each token over
+        itself. Needs no step state, so a CUDA graph may hold it (``engine/graphs.py``)."""
+        return causal_self_attention(q, records, self.spec, [1] * q.shape[0], self.scale)
 
     def _write(self, layer: int, records: torch.Tensor) -> None:
         step = self._step
