@@ -90,7 +90,11 @@ def test_hybrid_cuda_vs_reference(shape, backend, cpu_wait, ring_blocks, cpu_res
             _check(o, l, ro, rl)
         n_t = dict(case.plan.gpu)[Region.T].num_blocks
         assert tm["pcie_bytes"] == n_t * blk * spec.num_layers
-        assert tm["pcie_s"] > 0 and tm["gpu_s"] > 0 and tm["cpu_s"] > 0
+        assert tm["cpu_s"] > 0
+        if step % ha.timing_every == 0:  # device events on one step in timing_every
+            assert tm["pcie_s"] > 0 and tm["gpu_s"] > 0
+        else:  # not measured: None, so the planner keeps its factors
+            assert tm["pcie_s"] is None and tm["gpu_s"] is None
     ha.close()
 
 
