@@ -199,3 +199,23 @@ def test_provenance_digest_tracks_sources(tmp_path, monkeypatch):
     assert set(info) == {"commit", "dirty", "source_digest"}
     monkeypatch.setenv("WRITESCOPE_GIT_COMMIT", "abc")
     assert provenance.git_commit() == "abc"
+
+
+def test_step_profile_counts_a_decode_steps_ops(tiny_deepseek_v2, tmp_path, capsys):
+    from writescope.bench import step_profile
+    out = tmp_path / "p.json"
+    assert step_profile.main(["--model", str(tiny_deepseek_v2), "--batch", "2", "--context", "40",
+                              "--warmup", "1", "--steps", "2", "--top", "5",
+                              "--num-gpu-blocks", "1", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["aten_ops_per_step"] > 100 and res["layers"] == 3
+    assert 0 < res["forward_host_s"] <= res["step_s"]
+    assert len(res["top_host_ops"]) == 5
+    assert "aten ops" in capsys.readouterr().out
+
+
+def test_cpu_attention_bench_parses_sizes_as_printed():
+    from writescope.bench import cpu_attention
+    with pytest.raises(SystemExit, match="BATCHxLENGTH"):
+        cpu_attention.main(["--sizes", "8xlots", "--shapes", "gqa-32/4/128", "--reps", "1",
+                            "--read-bytes", "1048576"])

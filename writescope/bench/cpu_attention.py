@@ -30,6 +30,7 @@ from ..attention import cpu
 from ..attention.batch import BlockBatch
 from ..attention.torch_paged import attend_torch
 from ..kvcache.regions import KVSpec, cpu_pool_shape, gpu_pool_shape
+from ..units import parse_count
 from .provenance import git_commit, source_digest
 
 SHAPES = {
@@ -186,7 +187,10 @@ def main(argv: list[str] | None = None) -> dict:
     print(hdr, flush=True)
     for name in args.shapes.split(","):
         for bl in args.sizes.split(","):
-            b, l = (int(x) for x in bl.lower().split("x"))
+            try:  # "8x32K" or "8x32768", as the table prints them
+                b, l = (parse_count(x) for x in bl.lower().split("x"))
+            except ValueError as e:
+                raise SystemExit(f"--sizes: {bl!r} is not BATCHxLENGTH ({e})") from None
             row = bench_shape(name, b, l, args.reps, args.torch_reps, args.block_size,
                               not args.no_variants, not args.no_gpu_layout, gen)
             row["read_bw_gbps"] = read_bw
