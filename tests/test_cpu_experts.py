@@ -301,3 +301,21 @@ def test_uploader_runs_cpu_experts_on_the_device_path(backend):
         assert torch.allclose(got, ex.forward(x, ids, w), atol=1e-5)
     assert upl.uploads == 2 and upl.device_bytes >= upl.max_bytes
     assert not ExpertUploader("cpu", min_tokens=0).wants(10**6)
+
+
+def test_pending_device_waited_failures_are_raised_once():
+    """CPU expert calls the GPU waited for report their errors when the step ends (the runner
+    calls raise_pending_errors after the device is done); the list is cleared either way."""
+    import concurrent.futures as cf
+
+    from writescope.layers import cpu_experts as ce
+    ok, bad = cf.Future(), cf.Future()
+    ok.set_result(None)
+    bad.set_exception(IndexError("topk_ids out of range"))
+    ce._pending.extend([ok, bad])
+    with pytest.raises(IndexError, match="out of range"):
+        ce.raise_pending_errors()
+    ce.raise_pending_errors()  # nothing left
+    ce._pending.append(ok)
+    ce.raise_pending_errors()
+    assert ce._pending == []
