@@ -219,3 +219,15 @@ def test_cpu_attention_bench_parses_sizes_as_printed():
     with pytest.raises(SystemExit, match="BATCHxLENGTH"):
         cpu_attention.main(["--sizes", "8xlots", "--shapes", "gqa-32/4/128", "--reps", "1",
                             "--read-bytes", "1048576"])
+
+
+def test_cpu_contention_bench_runs_both_cases(tmp_path):
+    from writescope.attention import cpu
+    if not cpu.available():
+        pytest.skip("no C++ compiler for the CPU attention kernel")
+    from writescope.bench import cpu_contention
+    res = cpu_contention.main(["--size", "2x300", "--reps", "3", "--gap-ms", "0",
+                               "--json", str(tmp_path / "c.json")])
+    assert [r["spinners"] for r in res["rows"]] == [0, 1]
+    assert all(r["p50_ms"] > 0 and r["gbps_p50"] > 0 for r in res["rows"])
+    assert json.loads((tmp_path / "c.json").read_text())["kv_bytes"] == 2 * 300 * 576 * 2

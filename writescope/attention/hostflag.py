@@ -13,6 +13,15 @@ does not expose stream memory operations.
 * The spin gives up after ``timeout_s`` and records that in a device word; :meth:`check` (after
   the stream has been synchronised) raises then, so a lost CPU result is an error, never a hang.
 * The CPU side must :meth:`signal` even when its work failed (the caller then raises the error).
+
+The other direction -- a host thread waiting for the device -- goes through :func:`host_event`
+and :func:`wait_for_stream`: events created with ``cudaEventBlockingSync``, so the waiting thread
+sleeps instead of spinning on a core. A spinning waiter takes a core from the CPU kernels' OpenMP
+team, and one descheduled team member stalls the whole parallel region for a scheduler time
+slice: on the 2-core dev machine one busy process took a 38 MB CPU attention call (one
+DeepSeek-V2-Lite layer at batch 4 x 8K) from 3.9 ms to 7.5 ms at p50 and 27 ms at p90
+(``python -m writescope.bench.cpu_contention``). ``WRITESCOPE_BLOCKING_SYNC=0`` restores CUDA's
+default (spinning) waits.
 """
 from __future__ import annotations
 
@@ -71,6 +80,25 @@ def _kernel():
 
     del triton
     return wait_kernel
+
+
+def blocking_sync() -> bool:
+    return os.environ.get("WRITESCOPE_BLOCKING_SYNC", "1") not in ("0", "false", "no", "off")
+
+
+def host_event() -> "torch.cuda.Event":
+    """An event a host thread will wait on (sleeping, see the module docstring)."""
+    return torch.cuda.Event(blocking=blocking_sync())
+
+
+def wait_for_stream(device: torch.device) -> None:
+    """Wait (sleeping) until the work queued so far on ``device``'s current stream is done."""
+    if not blocking_sync():
+        torch.cuda.current_stream(device).synchronize()
+        return
+    ev = host_event()
+    ev.record(torch.cuda.current_stream(device))
+    ev.synchronize()
 
 
 class HostFlags:

@@ -44,6 +44,7 @@ import torch
 from ..kvcache.regions import KVSpec, Region
 from .batch import BlockBatch
 from .gather import DEFAULT_GATHER_BYTES, CGather
+from .hostflag import host_event, wait_for_stream
 from .merge import merge_many
 from .staging import StagingRing
 from .torch_paged import attend_torch
@@ -410,7 +411,7 @@ class HybridAttention:
         if self._cpu:
             (q_host,) = self._pinned_bufs("q", [tuple(q.shape)], [q.dtype], parity)
             q_host.copy_(q, non_blocking=True)
-            ready = torch.cuda.Event()
+            ready = host_event()  # the worker sleeps on it, leaving its core to the kernel
             ready.record()
             res = self._pinned_bufs("x", [(nq, hq, dv), (nq, hq)],
                                     [torch.float32, torch.float32], parity)
@@ -487,7 +488,7 @@ class HybridAttention:
         if self.plan is None:  # not in a step (e.g. an aborted step that never began)
             return dict(self.timings)
         if self.device.type == "cuda":
-            torch.cuda.current_stream(self.device).synchronize()
+            wait_for_stream(self.device)
             if self._timed:
                 self.timings["gpu_s"] += sum(a.elapsed_time(b) for a, b in self._events) / 1e3
             else:  # not measured this step: the planner keeps its GPU factor

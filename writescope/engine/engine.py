@@ -84,18 +84,21 @@ def resolve_model(model: str | os.PathLike | None, random_weights: bool
 
 
 def _reserve_launch_core() -> None:
-    """On a GPU host, the CPU kernels (attention, experts) leave one core to the thread that
-    launches GPU work: an OpenMP team spread over every core makes that thread, and with it the
-    team's own barrier, wait on a shared core. Only where there are cores to spare (>= 8);
-    explicit thread counts (``cpu_threads``, the environment variables) win."""
+    """On a GPU host, the CPU kernels (attention, experts) leave cores to the thread that
+    launches GPU work and to the driver's threads: an OpenMP team spread over every core makes
+    that thread, and with it the team's own barrier, wait on a shared core (one descheduled team
+    member stalls the whole parallel region for a scheduler time slice, see
+    ``attention/hostflag.py``). One core where there are 8-11, two from 12 (the H200 host has 16);
+    none below 8. Explicit thread counts (``cpu_threads``, the environment variables) win."""
     from ..attention import cpu as cpu_attn
     from ..layers import cpu_experts
     n = cpu_attn._usable_cores()
     if n < 8:
         return
-    cpu_attn.reserve_cores(1)
+    k = 2 if n >= 12 else 1
+    cpu_attn.reserve_cores(k)
     if not os.environ.get("WRITESCOPE_CPU_EXPERT_THREADS"):
-        cpu_experts.set_num_threads(n - 1)
+        cpu_experts.set_num_threads(n - k)
 
 
 class LLMEngine:

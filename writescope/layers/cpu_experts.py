@@ -490,7 +490,8 @@ class CpuExperts:
             xs.copy_(x, non_blocking=True)
             ids_h.copy_(ids, non_blocking=True)
             w_h.copy_(w, non_blocking=True)
-            event = torch.cuda.Event()
+            from ..attention.hostflag import host_event
+            event = host_event()  # the worker sleeps on it, leaving its core to the kernel
             event.record()
             x, ids, w = xs, ids_h, w_h
         else:
