@@ -142,3 +142,38 @@ def test_weights_larger_than_host_memory_are_refused_before_loading(tiny_qwen3_m
     monkeypatch.setattr(engine_mod, "_available_ram_bytes", lambda: 1024)
     with pytest.raises(MemoryError, match="GiB of weights in host memory"):
         LLM(str(tiny_qwen3_moe), dtype="float32", device="cpu", experts="cpu")
+
+
+def test_a_step_whose_attention_fails_at_its_end_is_rolled_back(tiny_deepseek_v2):
+    """A CPU-side failure reported when the step ends (how the GPU's device-side wait surfaces
+    it) leaves the cache as before the step: the engine raises, and the next steps finish the
+    requests with the same tokens and every block given back."""
+    from test_parity import GREEDY, PLACEMENTS, engine, prompt_ids
+    prompts = [prompt_ids(320, n, seed=n) for n in (20, 90)]
+    want = engine(tiny_deepseek_v2, **PLACEMENTS["mixed"]).generate(prompts, GREEDY)
+    llm = engine(tiny_deepseek_v2, **PLACEMENTS["mixed"])
+    eng = llm.engine
+    for i, p in enumerate(prompts):
+        eng.add_request(f"r{i}", p, GREEDY)
+    for _ in range(12):
+        eng.step()
+    hybrid = eng.cache.hybrid
+    real_end = hybrid.end_step
+    live = eng.cache.live_blocks()
+
+    def failing_end():
+        real_end()
+        raise RuntimeError("injected: a CPU attention job failed")
+    hybrid.end_step = failing_end
+    with pytest.raises(RuntimeError, match="injected"):
+        eng.step()
+    hybrid.end_step = real_end
+    assert eng.cache.live_blocks() == live
+    outs = {}
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            if o.finished:
+                outs[o.request_id] = o
+    for i, w in enumerate(want):
+        assert outs[f"r{i}"].token_ids == w.token_ids
+    assert all(n == 0 for n in eng.cache.live_blocks().values())

@@ -355,6 +355,9 @@ class InplaceKVCache:
         step = self._step
         if step is None:
             raise KVCacheError("end_step without begin_step")
+        # first: the attention side may report a failed CPU job here; the step is then still
+        # open, so abort_step can give its blocks back
+        timing = self.hybrid.end_step()
         for seq_id, b, r, bid in step["new_blocks"]:
             t = self.seqs[seq_id]
             assert b == t.num_sealed, "blocks are sealed in order"
@@ -363,7 +366,6 @@ class InplaceKVCache:
             self.reserved -= 1
         for seq_id, start, n in step["work"]:
             self.seqs[seq_id].num_tokens = start + n
-        timing = self.hybrid.end_step()
         tb = self.spec.token_bytes()
         for side in ("cpu", "gpu"):
             self.counters[f"kv.bytes_read.{side}"] += step["read_tokens"][side] * tb
@@ -388,8 +390,11 @@ class InplaceKVCache:
             return
         for _, _, r, bid in step["new_blocks"]:
             self.alloc[r].free([bid])
-        self.hybrid.end_step()
         self._step = None
+        try:
+            self.hybrid.end_step()
+        except Exception:  # noqa: BLE001 - the step is being abandoned for its own error
+            pass
 
     # ------------------------------------------------------------------ statistics
     def live_blocks(self) -> dict[Region, int]:
