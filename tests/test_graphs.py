@@ -24,8 +24,9 @@ def test_pieces_with_cpu_experts_and_batches(tiny_deepseek_v2, monkeypatch):
     want = engine(tiny_deepseek_v2, experts="cpu", **PLACEMENTS["mixed"]).generate(prompts, GREEDY)
     monkeypatch.setenv("WRITESCOPE_CUDA_GRAPHS", "pieces")
     got = engine(tiny_deepseek_v2, experts="cpu", **PLACEMENTS["mixed"]).generate(prompts, GREEDY)
-    for a, b in zip(got, want):
-        assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
+    for a, b in zip(got, want):  # padded rows change the GEMM shapes: last-bit differences
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
 
 
 def test_segments_split_at_attention_and_host_bound_experts(tiny_deepseek_v2):
@@ -40,6 +41,25 @@ def test_segments_split_at_attention_and_host_bound_experts(tiny_deepseek_v2):
     assert [s.graphable for s in segs] == [i % 2 == 0 for i in range(len(segs))]
     assert segs[2].inputs == ["x", "o_kv", "l_kv", "o_self", "l_self", "q", "cos", "sin"]
     assert segs[2].outputs == ["x", "h", "q", "rec", "o_self", "l_self"]
+
+
+def test_step_sizes_are_bucketed():
+    assert [graphs.bucket(n) for n in (1, 2, 3, 5, 9, 13, 17, 33, 64)] == \
+        [1, 2, 4, 8, 12, 16, 24, 48, 64]
+    with pytest.raises(ValueError):
+        graphs.bucket(65)
+
+
+@pytest.mark.parametrize("n", [3, 5, 7])
+def test_padded_pieces_match_the_model(tiny_qwen3_moe, n, monkeypatch):
+    """Batches that are not a captured size run padded: same tokens and logprobs as eager."""
+    prompts = [prompt_ids(320, 10 + 13 * i, seed=i) for i in range(n)]
+    want = engine(tiny_qwen3_moe, **PLACEMENTS["mixed"]).generate(prompts, GREEDY)
+    monkeypatch.setenv("WRITESCOPE_CUDA_GRAPHS", "pieces")
+    got = engine(tiny_qwen3_moe, **PLACEMENTS["mixed"]).generate(prompts, GREEDY)
+    for a, b in zip(got, want):
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
 
 
 def test_mode_switch(monkeypatch):

@@ -12,12 +12,14 @@ piecewise capture vLLM v1 uses; the code is ours.
 
 The forward pass is a list of :class:`Piece` (``embed``, per layer ``pre``/``attn``/``post``/
 ``ffn``, ``norm``) over a dict of named tensors. Runs of graph-safe pieces form a
-:class:`Segment`. The first decode step of a size runs every piece eagerly and keeps a copy of
-each segment's inputs; after that step the segments are captured (a warm-up run, then the
-capture, in a memory pool shared by all graphs). Later steps of that size copy eager outputs
-(the attention result) into the graph's input buffers and replay; an input that an earlier
-graph produced is read in place. A capture that fails turns graphs off with one warning; the
-engine then runs eagerly as before.
+:class:`Segment`. Step sizes are bucketed (``GRAPH_SIZES``): a step of ``n`` tokens runs padded
+to the next size, the eager pieces (attention, CPU experts) on its first ``n`` rows only. The
+first decode step of a size runs every piece eagerly and keeps a copy of each segment's inputs;
+after that step the segments are captured (a warm-up run, then the capture, in a memory pool
+shared by all graphs). Later steps of that size copy eager outputs (the attention result) into
+the first rows of the graph's input buffers and replay; an input that an earlier graph produced
+is read in place. A capture that fails turns graphs off with one warning; the engine then runs
+eagerly as before.
 
 ``WRITESCOPE_CUDA_GRAPHS=0`` turns graphs off; ``=pieces`` runs the piece list eagerly on any
 device (how the CPU tests check the decomposition against the model's own forward).
@@ -33,10 +35,28 @@ import torch
 
 from ..attention.merge import merge
 
+#: the step sizes that are captured: a decode step of ``n`` tokens runs in the smallest size
+#: ``>= n``, its extra rows padding (rows never mix outside attention, and attention sees only
+#: the real ones), so a server whose batch size changes every step captures at most these
+GRAPH_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 #: decode steps of at most this many tokens are graphed
-MAX_GRAPH_TOKENS = 64
-#: distinct step sizes captured at most (each holds its own buffers)
-MAX_GRAPH_SIZES = 16
+MAX_GRAPH_TOKENS = GRAPH_SIZES[-1]
+
+
+def bucket(n: int) -> int:
+    """The captured size a decode step of ``n`` tokens runs in."""
+    for b in GRAPH_SIZES:
+        if b >= n:
+            return b
+    raise ValueError(f"no graph size holds {n} tokens (at most {MAX_GRAPH_TOKENS})")
+
+
+def _padded(t: torch.Tensor, rows: int) -> torch.Tensor:
+    if t.shape[0] == rows:
+        return t
+    out = t.new_zeros((rows,) + tuple(t.shape[1:]))
+    out[:t.shape[0]] = t
+    return out
 
 
 def mode() -> str:
@@ -85,6 +105,16 @@ class Segment:
     def run_eager(self, env: dict, ctx) -> None:
         for p in self.pieces:
             p.fn(env, ctx)
+
+    def run_rows(self, env: dict, ctx, n: int) -> None:
+        """Run eagerly on the first ``n`` rows of every input (the real tokens of a padded
+        step); only this segment's outputs go back into ``env``."""
+        local = dict(env)
+        for k in self.inputs:
+            if local[k].shape[0] != n:
+                local[k] = local[k][:n]
+        self.run_eager(local, ctx)
+        env.update({k: local[k] for k in self.outputs})
 
 
 def _layer_pieces(i: int, layer, n: int, cache) -> list[Piece]:
@@ -167,33 +197,38 @@ class DecodeGraphs:
     def wants(self, n: int) -> bool:
         if self.mode == "off" or self.disabled_reason or not 1 <= n <= MAX_GRAPH_TOKENS:
             return False
-        if self.mode == "pieces":
-            return True
-        return self.device.type == "cuda" and (n in self.plans or len(self.plans) < MAX_GRAPH_SIZES)
+        return self.mode == "pieces" or self.device.type == "cuda"
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx) -> torch.Tensor:
-        """The forward pass of a decode step of ``len(input_ids)`` tokens (final-normed hidden
-        states, as ``model.forward`` returns them)."""
+        """The forward pass of a decode step of ``n = len(input_ids)`` tokens: final-normed
+        hidden states as ``model.forward`` returns them, in the first ``n`` of ``bucket(n)``
+        rows."""
         n = input_ids.shape[0]
+        size = bucket(n)
         env = {"ids": input_ids, "pos": positions}
-        segs = self.plans.get(n)
-        if segs is None:
-            segs = segments(decode_pieces(self.model, n, self.cache))
+        segs = self.plans.get(size)
+        if segs is None:  # eagerly, padded to the size (and kept as the capture's inputs)
+            segs = segments(decode_pieces(self.model, size, self.cache))
             for seg in segs:
-                if seg.graphable and self.mode == "on":  # the capture's example inputs
+                if not seg.graphable:
+                    seg.run_rows(env, ctx, n)
+                    continue
+                for k in seg.inputs:
+                    env[k] = _padded(env[k], size)
+                if self.mode == "on":
                     seg.static_in = {k: env[k].clone() for k in seg.inputs}
                 seg.run_eager(env, ctx)
             if self.mode == "on":
-                self._pending = (n, segs)
+                self._pending = (size, segs)
             return env["out"]
         for seg in segs:
             if seg.graph is None:
-                seg.run_eager(env, ctx)
+                seg.run_rows(env, ctx, n)
                 continue
             for k, buf in seg.static_in.items():
                 v = env[k]
-                if v is not buf:
-                    buf.copy_(v)
+                if v is not buf:  # rows past n keep what they held: padding
+                    buf[:v.shape[0]].copy_(v)
             seg.graph.replay()
             env.update(seg.static_out)
         self.counters["graphs.replayed_steps"] += 1
