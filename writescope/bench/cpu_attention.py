@@ -16,7 +16,6 @@ and writes JSON with, per shape, ``kernel_gbps``, ``torch_gbps``, ``read_bw_gbps
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
@@ -31,7 +30,7 @@ from ..attention.batch import BlockBatch
 from ..attention.torch_paged import attend_torch
 from ..kvcache.regions import KVSpec, cpu_pool_shape, gpu_pool_shape
 from ..units import parse_count
-from .provenance import git_commit, source_digest
+from .provenance import git_commit, source_digest, write_json
 
 SHAPES = {
     "gqa-32/4/128": (lambda: KVSpec.gqa(1, 4, 128, torch.bfloat16), 32),
@@ -205,8 +204,7 @@ def main(argv: list[str] | None = None) -> dict:
                   f"{row.get('speedup_vs_torch', float('nan')):7.1f} {row.get('torch_paged_gbps', float('nan')):6.1f} {row.get('kernel_gbps_gpu_layout', float('nan')):8.1f}  {var}",
                   flush=True)
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(res, indent=1))
+        write_json(args.json, res)
     return res
 
 

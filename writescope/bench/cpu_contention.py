@@ -15,13 +15,11 @@ at batch 4 in the spilled-KV bench rows).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import torch
 
@@ -29,7 +27,7 @@ from ..attention import cpu
 from ..attention.batch import BlockBatch
 from ..kvcache.regions import KVSpec, cpu_pool_shape
 from ..units import parse_count
-from .provenance import git_commit, source_digest
+from .provenance import git_commit, source_digest, write_json
 
 SPECS = {"mla-16/1/576": (lambda: KVSpec.mla(1, 512, 64, torch.bfloat16), 16),
          "gqa-32/4/128": (lambda: KVSpec.gqa(1, 4, 128, torch.bfloat16), 32)}
@@ -103,8 +101,7 @@ def main(argv: list[str] | None = None) -> dict:
            "shape": args.shape, "batch": batch, "length": length, "kv_bytes": kv_bytes,
            "threads": cpu.get_num_threads(), "isa": cpu.get_isa(spec.dtype), "rows": rows}
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(res, indent=1))
+        write_json(args.json, res)
     return res
 
 

@@ -10,6 +10,7 @@ overrides the commit for copies without git history.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -37,6 +38,13 @@ def _git(*args: str) -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return r.stdout.strip() if r.returncode == 0 else None
+
+
+def write_json(path: str | os.PathLike, result: dict[str, Any]) -> None:
+    """Write a benchmark's result (creating the folder)."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
 
 
 def git_commit() -> str | None:
