@@ -6,13 +6,16 @@ layers. Instead of that thread waiting for the CPU (which also makes it wait for
 the layer, so launch time and device time add up), the stream runs a one-program Triton kernel
 that spins on a pinned host word until the CPU thread has written the layer's step number into
 it; the kernels after it (the merge reading the CPU's result in place) then run in stream order.
-This is the device-side wait of CUDA's ``cuStreamWaitValue32``, written as a kernel because torch
-does not expose stream memory operations.
+This is the device-side wait of CUDA's ``cuStreamWaitValue64``, written as a kernel so that it
+can time out (the driver call itself, reached through ctypes, is the ``"memop"`` mode).
 
 * Values only grow (the caller's step counter), so a flag never needs resetting.
-* The spin gives up after ``timeout_s`` and records that in a device word; :meth:`check` (after
+* The spin gives up after ``max_spins`` reads and records that in a device word; :meth:`check` (after
   the stream has been synchronised) raises then, so a lost CPU result is an error, never a hang.
 * The CPU side must :meth:`signal` even when its work failed (the caller then raises the error).
+* ``WRITESCOPE_HOSTFLAG_READ`` picks how the spin reads the flag (:data:`READ_MODES`; measured
+  on the H200 by ``python -m writescope.bench.hostflag``), ``WRITESCOPE_HOSTFLAG_MAX_SPINS`` its
+  time-out in spins.
 
 The other direction -- a host thread waiting for the device -- goes through :func:`host_event`
 and :func:`wait_for_stream`: events created with ``cudaEventBlockingSync``, so the waiting thread
