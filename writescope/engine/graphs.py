@@ -26,6 +26,7 @@ device (how the CPU tests check the decomposition against the model's own forwar
 """
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -87,7 +88,8 @@ class Segment:
     def graphable(self) -> bool:
         return self.pieces[0].graphable
 
-    @property
+    # the piece list is complete once segments() has returned; these are read every step
+    @functools.cached_property
     def inputs(self) -> list[str]:
         seen, out = set(), []
         for p in self.pieces:
@@ -95,7 +97,7 @@ class Segment:
             seen.update(p.writes)
         return out
 
-    @property
+    @functools.cached_property
     def outputs(self) -> list[str]:
         out = []
         for p in self.pieces:

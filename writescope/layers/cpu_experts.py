@@ -271,12 +271,15 @@ def _get_executor() -> concurrent.futures.ThreadPoolExecutor:
 
 
 # The device, not the launching thread, waits for the CPU's result (attention/hostflag.py): one
-# pinned flag per CpuExperts, shared by every layer's instance; failures surface at the step's
-# end through raise_pending_errors().
+# pinned flag array shared by every CpuExperts, a slot each; failures surface at the step's end
+# through raise_pending_errors().
 _flags = None
 _flag_slots = 0
-_pending: list[concurrent.futures.Future] = []
 _MAX_LAYERS = 1024
+# the last value raised per slot: it only grows, whichever CpuExperts holds the slot (slots are
+# reused after _MAX_LAYERS instances), so a wait can never be met by an older instance's value
+_flag_seq = [0] * _MAX_LAYERS
+_pending: list[concurrent.futures.Future] = []
 
 
 def _device_wait_enabled(device: torch.device) -> bool:
@@ -348,7 +351,6 @@ class CpuExperts:
         global _flag_slots
         self._slot = _flag_slots % _MAX_LAYERS  # this layer's flag (see _host_flags)
         _flag_slots += 1
-        self._seq = 0
         self.num_experts, self.hidden, self.inter, self.dtype = num_experts, hidden, inter, dtype
         self.hp, self.ip = _ceil(hidden, _KPAD), _ceil(inter, _KPAD)
         E = num_experts
@@ -501,10 +503,11 @@ class CpuExperts:
         pin = dev.type == "cuda"
         if _device_wait_enabled(dev):
             res = torch.empty(n, self.hidden, dtype=dtype, pin_memory=True)
-            self._seq += 1
+            _flag_seq[self._slot] += 1
+            seq = _flag_seq[self._slot]
             fut = _get_executor().submit(self._compute_signalled, x, ids, w, event, res,
-                                         _host_flags(dev), self._seq)
-            return CpuExpertsHandle(fut, dev, dtype, n, res, self._seq)
+                                         _host_flags(dev), seq)
+            return CpuExpertsHandle(fut, dev, dtype, n, res, seq)
         fut = _get_executor().submit(self._compute, x, ids, w, dtype, pin, event)
         return CpuExpertsHandle(fut, dev, dtype, n)
 
