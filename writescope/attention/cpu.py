@@ -118,6 +118,9 @@ def _load() -> ctypes.CDLL | None:
             lib.ws_attend.restype = i
             lib.ws_attend.argtypes = [p, i, i, p, i, i, i64, i, i, i, i, i, i, i, p, p, p, p, i, f,
                                       p, p, i, i, i]
+            lib.ws_attend_ex.restype = i
+            lib.ws_attend_ex.argtypes = [p, i, i, i, p, i, i, i64, i, i, i, i, i, i, i, p, p, p, p,
+                                         i, f, p, p, i, i, i]
             lib.ws_cpu_features.restype = i
             lib.ws_amx_request.restype = i
             lib.ws_default_threads.restype = i
@@ -295,18 +298,23 @@ class CpuAttentionPlan:
             if (tuple(kv.shape), kv.stride(0), kv.dtype) != (self.kv_shape, self.kv_stride,
                                                               self.kv_dtype):
                 raise ValueError("pool layer differs from the one the plan was made for")
-            qf = q if (q.dtype == torch.float32 and q.is_contiguous()) else \
-                q.detach().to(torch.float32).contiguous()
+            # bf16 or fp32 queries go to the kernel as they are (it widens while packing): no
+            # torch op here, whose intra-op team would wake up beside the kernel's
+            if q.dtype in (torch.float32, torch.bfloat16) and q.is_contiguous():
+                qf = q
+            else:
+                qf = q.detach().to(torch.float32).contiguous()
             o = out if out is not None else torch.empty(self.nq, self.hq, self.spec.v_dim,
                                                         dtype=torch.float32)
             l = lse if lse is not None else torch.empty(self.nq, self.hq, dtype=torch.float32)
-            rc = self.lib.ws_attend(_ptr(qf), self.nq, self.hq, _ptr(kv),
+            rc = self.lib.ws_attend_ex(_ptr(qf), 1 if qf.dtype == torch.bfloat16 else 0,
+                                    self.nq, self.hq, _ptr(kv),
                                     1 if kv.dtype == torch.bfloat16 else 0,
                                     0 if self.layout == "cpu" else 1, self.kv_stride,
                                     *self._const, _ptr(o), _ptr(l), self._isa, get_num_threads(),
                                     self._chunk)
             if rc != 0:
-                raise RuntimeError(f"ws_attend failed ({rc})")
+                raise RuntimeError(f"ws_attend_ex failed ({rc})")
             return o, l
         if out is not None:
             out.copy_(o)

@@ -2,20 +2,45 @@
 // (sequence, kv head, block chunk), OpenMP threads, and the log-sum-exp merge of the chunks.
 // Built for the baseline ISA (x86-64); the item kernels it calls are in the ISA units.
 // C ABI, called through ctypes from writescope/attention/cpu.py.
+//
+// Scheduling (ws_attend): one OpenMP parallel region with no worksharing construct inside, so no
+// barrier but the region's final join, and no thread owns a fixed share of the work. A call is a
+// list of items (one KV head of one sequence over a run of its blocks, >= 8 per thread so the
+// tail is short); every team member takes items from one atomic counter until none are left, so
+// a member that loses its core delays only the item it holds.
+//   * The queries of a (sequence, head) group are packed (scaled, row-interleaved, widened from
+//     bf16 if need be) by the first member that needs them; a member that finds them being
+//     packed packs a private copy rather than wait.
+//   * The member that finishes a group's last item merges the group's chunks (an atomic
+//     countdown per group): there is no separate merge phase.
+//   * The final join still needs every member to have run once. A member out of items goes
+//     straight to it (libgomp spins there, then sleeps). Making members sleep earlier, so that a
+//     descheduled member could have their core, was measured to be worse: a sleeper then has to
+//     get a core back before it can arrive. The team is capped at the usable CPUs.
+// The team is the calling thread's OpenMP team, the one torch's parallel ops on that thread use
+// too: a pool of the kernel's own threads was tried and competes for the cores with that team's
+// spinning workers (libgomp's spin count is fixed once torch has loaded it), and on a 16-core
+// host it stalled the same way beside a busy process once its threads filled every core.
+// Per-call buffers (item list, partial results, packed queries) belong to the calling thread
+// and are reused by its next call.
 #include "attn_common.h"
 
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <algorithm>
+#include <atomic>
 #include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
+#define WS_X86 1
+#endif
+#if defined(WS_X86) && defined(__linux__)
 #include <sys/syscall.h>
 #include <unistd.h>
-#define WS_X86 1
 #endif
 
 #ifdef _OPENMP
@@ -59,12 +84,175 @@ int detect() {
     return f;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Work of one call.
+
 struct Item {
-    int seq, head, chunk, M;
-    int b0, b1;        // block range in kv_blocks
-    int64_t qoff;      // offset of this (seq, head)'s packed queries
-    int64_t poff;      // offset of this item's partial result
+    int group, b0, b1;  // block range [b0, b1) in kv_blocks
+    int64_t poff;       // offset of this item's partial result (m[M], l[M], o[M][Dv])
 };
+
+struct Group {  // one (sequence, kv head): its query vectors and its chunks
+    int seq, head, M, nchunks;
+    int64_t qoff;  // offset of its packed queries
+    int64_t poff;  // offset of its first chunk's partial; chunk c at poff + c * M * (Dv + 2)
+};
+
+struct Job {
+    const void* q;  // [nq][Hq][Dk], float32 or bfloat16
+    int q_bf16, Hq, G, Dk, Dv;
+    float qs;  // scale * log2(e)
+    const int32_t* q_indptr;
+    const int32_t* kv_blocks;
+    const int32_t* kv_lens;
+    ws_item_fn fn;
+    WsArgs args;
+    const Item* items;
+    const Group* groups;
+    std::atomic<int>* pending;  // per group: items not finished
+    std::atomic<int>* qstate;   // per group: 0 queries not packed, 1 being packed, 2 packed
+    float* qpack;
+    float* part;
+    float* out;
+    float* lse;
+};
+
+// Grow-only 64-byte aligned float buffer; released after a call that needed more than kKeep.
+struct Buf {
+    static constexpr size_t kKeep = (size_t)64 << 20;
+    float* p = nullptr;
+    size_t cap = 0;  // bytes
+    Buf() = default;
+    Buf(const Buf&) = delete;
+    Buf& operator=(const Buf&) = delete;
+    ~Buf() { free(p); }
+    float* get(size_t n) {
+        const size_t bytes = std::max<size_t>(64, (n * sizeof(float) + 63) / 64 * 64);
+        if (bytes > cap) {
+            free(p);
+            p = (float*)aligned_alloc(64, bytes);
+            cap = p ? bytes : 0;
+        }
+        return p;
+    }
+    void trim() {
+        if (cap > kKeep) {
+            free(p);
+            p = nullptr;
+            cap = 0;
+        }
+    }
+};
+
+// A calling thread's plan buffers, reused by its next call (no page faults per call).
+struct Plan {
+    std::vector<Item> items;
+    std::vector<Group> groups;
+    std::vector<unsigned char> covered;
+    std::vector<std::atomic<int>> pending, qstate;
+    Buf qpack, part;
+};
+
+inline void cpu_pause() {
+#ifdef WS_X86
+    __builtin_ia32_pause();
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
+// Items.
+
+void pack_q(const Job& J, const Group& g, float* dst) {  // row m = r * G + j
+    const int q0 = J.q_indptr[g.seq], nr = g.M / J.G, G = J.G, Dk = J.Dk;
+    for (int r = 0; r < nr; ++r)
+        for (int j = 0; j < G; ++j) {
+            const int64_t off = ((int64_t)(q0 + r) * J.Hq + g.head * G + j) * Dk;
+            float* d = dst + (int64_t)(r * G + j) * Dk;
+            if (J.q_bf16) {  // bf16 -> fp32 is exact: the high half of the float
+                const uint16_t* src = (const uint16_t*)J.q + off;
+                for (int x = 0; x < Dk; ++x) {
+                    const uint32_t bits = (uint32_t)src[x] << 16;
+                    float v;
+                    memcpy(&v, &bits, sizeof v);
+                    d[x] = v * J.qs;
+                }
+            } else {
+                const float* src = (const float*)J.q + off;
+                for (int x = 0; x < Dk; ++x) d[x] = src[x] * J.qs;
+            }
+        }
+}
+
+const float* packed_q(const Job& J, int gi) {
+    const Group& g = J.groups[gi];
+    float* shared = J.qpack + g.qoff;
+    std::atomic<int>& st = J.qstate[gi];
+    int s = st.load(std::memory_order_acquire);
+    if (s == 2) return shared;
+    if (s == 0 && st.compare_exchange_strong(s, 1, std::memory_order_acq_rel,
+                                             std::memory_order_acquire)) {
+        pack_q(J, g, shared);
+        st.store(2, std::memory_order_release);
+        return shared;
+    }
+    if (s == 2) return shared;
+    // another thread is packing them now: pack a private copy rather than wait for it
+    static thread_local Buf mine;
+    float* d = mine.get((size_t)g.M * J.Dk);
+    if (!d) {  // out of memory: wait for the packer after all
+        while (st.load(std::memory_order_acquire) != 2) cpu_pause();
+        return shared;
+    }
+    pack_q(J, g, d);
+    return d;
+}
+
+// Log-sum-exp merge of a group's chunks into out / lse (natural log); rows without any valid
+// score get (0, -inf).
+void merge(const Job& J, int gi) {
+    const Group& g = J.groups[gi];
+    const int M = g.M, G = J.G, Dv = J.Dv, nc = g.nchunks, q0 = J.q_indptr[g.seq];
+    const int64_t stride = (int64_t)M * (Dv + 2);
+    const float* base = J.part + g.poff;
+    for (int m = 0; m < M; ++m) {
+        const int r = m / G, j = m % G;
+        const int64_t row = (int64_t)(q0 + r) * J.Hq + g.head * G + j;
+        float* o = J.out + row * Dv;
+        memset(o, 0, sizeof(float) * (size_t)Dv);
+        float mx = -INFINITY;
+        for (int c = 0; c < nc; ++c) {
+            const float* p = base + c * stride;
+            if (p[M + m] > 0.0f) mx = std::max(mx, p[m]);
+        }
+        if (mx == -INFINITY) {  // nothing valid: (0, -inf)
+            J.lse[row] = -INFINITY;
+            continue;
+        }
+        float L = 0.0f;
+        for (int c = 0; c < nc; ++c) {
+            const float* p = base + c * stride;
+            const float l = p[M + m];
+            if (!(l > 0.0f)) continue;
+            const float w = exp2f(p[m] - mx);
+            L += l * w;
+            const float* po = p + 2 * M + (int64_t)m * Dv;
+            for (int d = 0; d < Dv; ++d) o[d] += w * po[d];
+        }
+        const float inv = 1.0f / L;
+        for (int d = 0; d < Dv; ++d) o[d] *= inv;
+        J.lse[row] = (mx + log2f(L)) * 0.6931471805599453f;
+    }
+}
+
+void run_item(const Job& J, int i) {
+    const Item& w = J.items[i];
+    const Group& g = J.groups[w.group];
+    float* p = J.part + w.poff;
+    WsItem it{packed_q(J, w.group), g.M, g.head, J.kv_blocks + w.b0, J.kv_lens + w.b0,
+              w.b1 - w.b0, p + 2 * g.M, p, p + g.M};
+    J.fn(&J.args, &it);
+    if (J.pending[w.group].fetch_sub(1, std::memory_order_acq_rel) == 1) merge(J, w.group);
+}
 
 }  // namespace
 
@@ -90,113 +278,105 @@ int ws_default_threads() {
 #endif
 }
 
+// ws_attend with the queries in float32 (q_dtype 0) or bfloat16 (q_dtype 1), contiguous
+// [nq][Hq][Dk]. bf16 queries are widened while they are packed, so the caller needs no
+// conversion op of its own (a torch op there is a parallel region of torch's whole team, with
+// the same all-threads-at-once exposure this kernel avoids).
 // isa: 0 avx2, 1 avx512, 2 amx, 3 avx512bf16. Returns 0, or a negative error code.
+int ws_attend_ex(const void* q, int q_dtype, int nq, int Hq, const void* kv, int dtype,
+                 int layout, int64_t block_stride, int H, int bs, int R, int k_off, int Dk,
+                 int v_off, int Dv, const int32_t* q_indptr, const int32_t* kv_indptr,
+                 const int32_t* kv_blocks, const int32_t* kv_lens, int nseq, float scale,
+                 float* out, float* lse, int isa, int threads, int chunk_blocks) {
+    if (q_dtype != 0 && q_dtype != 1) return -3;
+    if (H <= 0 || Hq % H != 0) return -1;
+    const int G = Hq / H;
+    ws_item_fn fn = isa == 3 ? ws_item_avx512bf16 : isa == 2 ? ws_item_amx
+                  : isa == 1 ? ws_item_avx512 : ws_item_avx2;
+    // more threads than CPUs only add team members that the final join must wait for
+    const int procs = ws_default_threads();
+    threads = threads <= 0 ? procs : std::min(threads, procs);
+
+    int64_t total = 0;  // (block, head) pairs to read
+    for (int s = 0; s < nseq; ++s)
+        if (q_indptr[s + 1] > q_indptr[s]) total += (int64_t)(kv_indptr[s + 1] - kv_indptr[s]) * H;
+    if (total == 0) {  // every row is the empty partial (0, -inf)
+        for (int64_t i = 0; i < (int64_t)nq * Hq; ++i) lse[i] = -INFINITY;
+        memset(out, 0, sizeof(float) * (size_t)nq * Hq * Dv);
+        return 0;
+    }
+    int chunk = chunk_blocks;
+    if (chunk <= 0) {  // >= 8 items per thread (a short tail), >= 4 blocks per item
+        const int64_t per = 8 * (int64_t)threads;
+        chunk = (int)std::max<int64_t>(4, (total + per - 1) / per);
+    }
+
+    static thread_local Plan plan;
+    std::vector<Item>& items = plan.items;
+    std::vector<Group>& groups = plan.groups;
+    std::vector<unsigned char>& covered = plan.covered;
+    items.clear();
+    groups.clear();
+    covered.assign((size_t)std::max(nq, 0), 0);
+    int64_t qtot = 0, ptot = 0;
+    for (int s = 0; s < nseq; ++s) {
+        const int q0 = q_indptr[s], nr = q_indptr[s + 1] - q0;
+        const int k0 = kv_indptr[s], k1 = kv_indptr[s + 1];
+        if (nr <= 0 || k1 <= k0) continue;
+        for (int r = std::max(q0, 0); r < std::min(q0 + nr, nq); ++r) covered[r] = 1;
+        const int M = nr * G;
+        const int64_t stride = (int64_t)M * (Dv + 2);
+        for (int h = 0; h < H; ++h) {
+            const int gi = (int)groups.size();
+            int nc = 0;
+            for (int b = k0; b < k1; b += chunk, ++nc)
+                items.push_back(Item{gi, b, std::min(k1, b + chunk), ptot + nc * stride});
+            groups.push_back(Group{s, h, M, nc, qtot, ptot});
+            qtot += (int64_t)M * Dk;
+            ptot += nc * stride;
+        }
+    }
+    for (int r = 0; r < nq; ++r) {  // rows no group writes: the empty partial (0, -inf)
+        if (covered[r]) continue;
+        for (int j = 0; j < Hq; ++j) lse[(int64_t)r * Hq + j] = -INFINITY;
+        memset(out + (int64_t)r * Hq * Dv, 0, sizeof(float) * (size_t)Hq * Dv);
+    }
+    const int ngroups = (int)groups.size(), nitems = (int)items.size();
+    if (plan.pending.size() < (size_t)ngroups) {
+        plan.pending = std::vector<std::atomic<int>>((size_t)ngroups);
+        plan.qstate = std::vector<std::atomic<int>>((size_t)ngroups);
+    }
+    for (int g = 0; g < ngroups; ++g) {
+        plan.pending[g].store(groups[g].nchunks, std::memory_order_relaxed);
+        plan.qstate[g].store(0, std::memory_order_relaxed);
+    }
+    float* qpack = plan.qpack.get((size_t)qtot);
+    float* part = plan.part.get((size_t)ptot);
+    if (!qpack || !part) return -2;
+
+    const Job J{q, q_dtype, Hq, G, Dk, Dv, scale * 1.4426950408889634f,  // base-2 scores
+                q_indptr, kv_blocks, kv_lens, fn,
+                WsArgs{kv, dtype, layout, block_stride, H, bs, R, k_off, Dk, v_off, Dv},
+                items.data(), groups.data(), plan.pending.data(), plan.qstate.data(), qpack,
+                part, out, lse};
+    std::atomic<int> next{0};
+    const int team = std::max(1, std::min(threads, nitems));
+#pragma omp parallel num_threads(team)
+    for (int i; (i = next.fetch_add(1, std::memory_order_relaxed)) < nitems;) run_item(J, i);
+    plan.qpack.trim();
+    plan.part.trim();
+    return 0;
+}
+
+// float32 queries. isa: 0 avx2, 1 avx512, 2 amx, 3 avx512bf16. Returns 0, or a negative error.
 int ws_attend(const float* q, int nq, int Hq, const void* kv, int dtype, int layout,
               int64_t block_stride, int H, int bs, int R, int k_off, int Dk, int v_off, int Dv,
               const int32_t* q_indptr, const int32_t* kv_indptr, const int32_t* kv_blocks,
               const int32_t* kv_lens, int nseq, float scale, float* out, float* lse, int isa,
               int threads, int chunk_blocks) {
-    if (H <= 0 || Hq % H != 0) return -1;
-    const int G = Hq / H;
-    ws_item_fn fn = isa == 3 ? ws_item_avx512bf16 : isa == 2 ? ws_item_amx
-                  : isa == 1 ? ws_item_avx512 : ws_item_avx2;
-    WsArgs args{kv, dtype, layout, block_stride, H, bs, R, k_off, Dk, v_off, Dv};
-    if (threads <= 0) threads = ws_default_threads();
-
-    // rows with no blocks: the empty partial (0, -inf)
-    for (int64_t i = 0; i < (int64_t)nq * Hq; ++i) lse[i] = -INFINITY;
-    memset(out, 0, sizeof(float) * (size_t)nq * Hq * Dv);
-
-    int64_t total = 0;
-    for (int s = 0; s < nseq; ++s)
-        if (q_indptr[s + 1] > q_indptr[s]) total += (int64_t)(kv_indptr[s + 1] - kv_indptr[s]) * H;
-    if (total == 0) return 0;
-    int chunk = chunk_blocks;
-    if (chunk <= 0) {  // >= 4 items per thread, >= 4 blocks per item
-        int64_t c = (total + 4 * (int64_t)threads - 1) / (4 * (int64_t)threads);
-        chunk = (int)std::max<int64_t>(4, c);
-    }
-
-    std::vector<Item> items;
-    std::vector<int> sh_first;  // per (seq, head) group: first item index
-    std::vector<int> sh_seq, sh_head, sh_count;
-    std::vector<int64_t> sh_qoff;
-    int64_t qtot = 0, ptot = 0;
-    for (int s = 0; s < nseq; ++s) {
-        const int nr = q_indptr[s + 1] - q_indptr[s], k0 = kv_indptr[s], k1 = kv_indptr[s + 1];
-        if (nr <= 0 || k1 <= k0) continue;
-        const int M = nr * G;
-        for (int h = 0; h < H; ++h) {
-            sh_first.push_back((int)items.size());
-            sh_seq.push_back(s);
-            sh_head.push_back(h);
-            sh_qoff.push_back(qtot);
-            int cnt = 0;
-            for (int b = k0; b < k1; b += chunk, ++cnt) {
-                items.push_back(Item{s, h, cnt, M, b, std::min(k1, b + chunk), qtot, ptot});
-                ptot += (int64_t)M * (Dv + 2);
-            }
-            sh_count.push_back(cnt);
-            qtot += (int64_t)M * Dk;
-        }
-    }
-    std::vector<float> qpack((size_t)qtot), part((size_t)ptot);
-    const float qs = scale * 1.4426950408889634f;  // scores in base-2 units
-    const int nsh = (int)sh_first.size();
-
-#pragma omp parallel num_threads(threads)
-    {
-#pragma omp for schedule(static)
-        for (int g = 0; g < nsh; ++g) {  // queries of the group, row m = r * G + g
-            const int s = sh_seq[g], h = sh_head[g], q0 = q_indptr[s], nr = q_indptr[s + 1] - q0;
-            float* dst = qpack.data() + sh_qoff[g];
-            for (int r = 0; r < nr; ++r)
-                for (int j = 0; j < G; ++j) {
-                    const float* src = q + ((int64_t)(q0 + r) * Hq + h * G + j) * Dk;
-                    float* d = dst + (int64_t)(r * G + j) * Dk;
-                    for (int x = 0; x < Dk; ++x) d[x] = src[x] * qs;
-                }
-        }
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t i = 0; i < (int64_t)items.size(); ++i) {
-            const Item& w = items[i];
-            float* p = part.data() + w.poff;
-            WsItem it{qpack.data() + w.qoff, w.M, w.head, kv_blocks + w.b0, kv_lens + w.b0, w.b1 - w.b0,
-                      p + 2 * w.M, p, p + w.M};
-            fn(&args, &it);
-        }
-#pragma omp for schedule(static)
-        for (int g = 0; g < nsh; ++g) {  // merge the chunks of each (seq, head)
-            const int s = sh_seq[g], h = sh_head[g], q0 = q_indptr[s];
-            const Item* its = items.data() + sh_first[g];
-            const int nc = sh_count[g], M = its[0].M;
-            for (int m = 0; m < M; ++m) {
-                const int r = m / G, j = m % G;
-                float mx = -INFINITY;
-                for (int c = 0; c < nc; ++c) {
-                    const float* p = part.data() + its[c].poff;
-                    if (p[M + m] > 0.0f) mx = std::max(mx, p[m]);
-                }
-                const int64_t row = (int64_t)(q0 + r) * Hq + h * G + j;
-                if (mx == -INFINITY) continue;  // nothing valid: stays (0, -inf)
-                float L = 0.0f;
-                float* o = out + row * Dv;
-                for (int c = 0; c < nc; ++c) {
-                    const float* p = part.data() + its[c].poff;
-                    const float l = p[M + m];
-                    if (!(l > 0.0f)) continue;
-                    const float w = exp2f(p[m] - mx);
-                    L += l * w;
-                    const float* po = p + 2 * M + (int64_t)m * Dv;
-                    for (int d = 0; d < Dv; ++d) o[d] += w * po[d];
-                }
-                const float inv = 1.0f / L;
-                for (int d = 0; d < Dv; ++d) o[d] *= inv;
-                lse[row] = (mx + log2f(L)) * 0.6931471805599453f;
-            }
-        }
-    }
-    return 0;
+    return ws_attend_ex(q, 0, nq, Hq, kv, dtype, layout, block_stride, H, bs, R, k_off, Dk, v_off,
+                        Dv, q_indptr, kv_indptr, kv_blocks, kv_lens, nseq, scale, out, lse, isa,
+                        threads, chunk_blocks);
 }
 
 // Seconds to sum `n` floats `reps` times with `threads` threads (DRAM read bandwidth probe).
