@@ -104,8 +104,10 @@ def chunk_blocks_for(batches: list[BlockBatch], num_kv_heads: int) -> int:
         qi = b.q_indptr.to("cpu").numpy()
         ki = b.kv_indptr.to("cpu").numpy()
         if qi.size > 1:
-            qmax = max(qmax, int((qi[1:] - qi[:-1]).max()))
-            longest = max(longest, int((ki[1:] - ki[:-1]).max()))
+            kn = ki[1:] - ki[:-1]
+            if kn.max() > 0:  # sequences with no blocks here (dense prefill) do not count
+                qmax = max(qmax, int((qi[1:] - qi[:-1])[kn > 0].max()))
+            longest = max(longest, int(kn.max()))
         total += int(ki[-1]) if ki.size else 0
     if qmax > MAX_SPLIT_ROWS:
         return longest
@@ -127,7 +129,7 @@ def plan_chunks(batch: BlockBatch, chunk_blocks: int, base: int = 0) -> ChunkPla
     within = np.arange(seq.size) - first[seq]
     kv0 = ki[seq] + within * chunk_blocks
     kv1 = np.minimum(kv0 + chunk_blocks, ki[seq + 1])
-    qmax = int(qn_seq.max()) if qn_seq.size else 0
+    qmax = int(qn_seq[nch > 0].max()) if (nch > 0).any() else 0  # rows of chunked sequences
     t = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32))  # noqa: E731
     return ChunkPlan(t(kv0), t(kv1), t(qi[seq]), t(qn_seq[seq]), base, max(qmax, 1))
 

@@ -31,8 +31,10 @@ import torch
 from ..attention.batch import BlockBatch
 from ..attention.hybrid import AttentionStepPlan, HybridAttention
 from ..attention.merge import merge
+from ..attention.prefill import causal_prefix_attention
 from ..attention.selfattn import causal_self_attention
 from ..core import RequestTooLargeError
+from .context import ContextPlan, gather_context
 from .placement import CacheCapacity, PlacementPolicy, SeqKV
 from .pools import BlockAllocator, ExtentAllocator, KVCacheError, allocate_pool
 from .regions import DEVICE_REGIONS, KVSpec, Region, block_records, to_cpu_layout
@@ -58,10 +60,30 @@ class CacheLayout:
 PREFILL_GPU_ROWS = 16
 
 
+def dense_prefill_default() -> bool:
+    """Prefill chunks attend their context with the fused dense kernel (``attention/prefill.py``)
+    unless ``WRITESCOPE_DENSE_PREFILL=0`` (then the paged kernels run them like decode rows)."""
+    import os
+    return os.environ.get("WRITESCOPE_DENSE_PREFILL", "1") != "0"
+
+
+def _self_segments(seg_lens: list[int], prefill: list) -> list[int]:
+    """The self partial's segments: dense-prefill chunks become single-token segments."""
+    if not prefill:
+        return seg_lens
+    dense = {r0 for r0, _, _ in prefill}
+    out, row = [], 0
+    for n in seg_lens:
+        out.extend([1] * n if row in dense else [n])
+        row += n
+    return out
+
+
 class InplaceKVCache:
     def __init__(self, spec: KVSpec, layout: CacheLayout, policy: PlacementPolicy,
                  device: torch.device | str, scale: float, cpu_threads: int | None = None,
-                 staging_bytes: int | None = None, prefill_gpu_rows: int | None = PREFILL_GPU_ROWS):
+                 staging_bytes: int | None = None, prefill_gpu_rows: int | None = PREFILL_GPU_ROWS,
+                 dense_prefill: bool | None = None):
         self.spec = spec
         self.bs = layout.block_size
         self.layout = layout
@@ -80,11 +102,16 @@ class InplaceKVCache:
         }
         self.hybrid = HybridAttention(self.pools, spec, self.device, cpu_threads, staging_bytes)
         self.prefill_gpu_rows = prefill_gpu_rows  # None: the policy assigns prefill rows too
+        #: prefill chunks (more than ``prefill_gpu_rows`` new tokens) attend their whole context
+        #: in one fused causal kernel instead of the paged path
+        self.dense_prefill = (dense_prefill_default() if dense_prefill is None else dense_prefill) \
+            and prefill_gpu_rows is not None
         self.seqs: dict[int, SeqTable] = {}
         self.reserved = 0  # blocks promised to admitted sequences, not yet sealed
         self.counters = {f"kv.bytes_written.{r}": 0 for r in Region}
         self.counters.update({"kv.bytes_read.gpu": 0, "kv.bytes_read.cpu": 0,
-                              "kv.bytes_moved_after_placement": 0, "kv.steps": 0})
+                              "kv.bytes_moved_after_placement": 0, "kv.steps": 0,
+                              "kv.dense_prefill_rows": 0})
         self._step = None
         self.last_timing: dict = {}
 
@@ -209,7 +236,7 @@ class InplaceKVCache:
                 w_src.append(pos - start + row0)
             seg_lens.append(n)
             row0 += n
-        plan, read_tokens = self._build_plan(work)
+        plan, read_tokens, prefill = self._build_plan(work)
         dev = self.device
         as_idx = lambda a: torch.as_tensor(np.concatenate(a) if a else np.zeros(0, np.int64),
                                            dtype=torch.long, device=dev)
@@ -218,6 +245,10 @@ class InplaceKVCache:
             "tail_src": torch.as_tensor(tail_src, dtype=torch.long, device=dev),
             "block_src": as_idx(block_src), "w_dst": as_idx(w_dst), "w_src": as_idx(w_src),
             "read_tokens": read_tokens, "t0": time.perf_counter(),
+            # (first row, rows, context) of each sequence attended by the dense prefill kernel;
+            # the self partial then treats its rows as single tokens (they are overwritten)
+            "prefill": prefill,
+            "self_seg_lens": _self_segments(seg_lens, prefill),
         }
         by_region = {}
         for r in (Region.G, Region.T, Region.C):
@@ -253,17 +284,31 @@ class InplaceKVCache:
             t.set_region(idx, dst, new)
             self.counters["kv.bytes_moved_after_placement"] += self.block_bytes
 
-    def _build_plan(self, work) -> tuple[AttentionStepPlan, dict[str, int]]:
-        """Which cached blocks each side attends, as one BlockBatch per (side, region)."""
+    def _build_plan(self, work) -> tuple[AttentionStepPlan, dict[str, int], list]:
+        """Which cached blocks each side attends, as one BlockBatch per (side, region); and the
+        sequences whose prefill chunk attends its context densely instead (no blocks in the plan)."""
         bs = self.bs
         per = {(side, r): ([], []) for side in ("cpu", "gpu") for r in Region}
         q_counts = []
         read = {"cpu": 0, "gpu": 0, "t_gpu": 0}
+        prefill = []
         custom = type(self.policy).assign is not PlacementPolicy.assign
+        row0 = 0
+        empty = np.zeros(0, np.int32)
         for seq_id, start, n in work:
             t = self.seqs[seq_id]
             q_counts.append(n)
+            row0 += n
             codes, ids = t.sealed_codes, t.sealed_ids
+            if self.dense_prefill and n > self.prefill_gpu_rows:
+                tail = start - t.num_sealed * bs
+                prefill.append((row0 - n, n, ContextPlan.build(codes, ids, t.w_slot, tail, bs,
+                                                               self.device)))
+                read["gpu"] += codes.size * bs + tail
+                for key in per:
+                    per[key][0].append(empty)
+                    per[key][1].append(empty)
+                continue
             cpu_mask = codes == REGION_CODES[Region.C]
             if custom:
                 a = self.policy.assign(SeqKV(seq_id, start, t.regions()))
@@ -301,15 +346,27 @@ class InplaceKVCache:
                                  (qi, ki, np.concatenate(blocks).astype(np.int32),
                                   np.concatenate(lens).astype(np.int32))))
             getattr(plan, side).append((r, batch))
-        return plan, read
+        return plan, read, prefill
 
     def attention(self, layer: int, q: torch.Tensor, records: torch.Tensor) -> torch.Tensor:
         """The model's attention entry point (see ``models/base.AttentionContext``)."""
+        step = self._step
+        if step is None:
+            raise KVCacheError("attention called outside a step")
+        # dense prefill: each chunk's context, read before this layer's records are written
+        ctx = [gather_context(p, self.pools, layer, self.bs, self.device, self.hybrid.cgather)
+               for _, _, p in step["prefill"]]
         out_c, lse_c = self.attend_cached(layer, q, records)
-        out_s, lse_s = causal_self_attention(q, records, self.spec, self._step["seg_lens"],
+        out_s, lse_s = causal_self_attention(q, records, self.spec, step["self_seg_lens"],
                                              self.scale)
         out, _ = merge(out_c, lse_c, out_s, lse_s)
-        return out.to(q.dtype)
+        out = out.to(q.dtype)
+        spec = self.spec
+        for (r0, n, _), c in zip(step["prefill"], ctx):
+            kv = torch.cat((c, records[r0:r0 + n].to(c.dtype)), dim=0)
+            out[r0:r0 + n] = causal_prefix_attention(q[r0:r0 + n], spec.k(kv), spec.v(kv),
+                                                     self.scale).to(out.dtype)
+        return out
 
     def attend_cached(self, layer: int, q: torch.Tensor, records: torch.Tensor
                       ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -366,6 +423,7 @@ class InplaceKVCache:
             self.reserved -= 1
         for seq_id, start, n in step["work"]:
             self.seqs[seq_id].num_tokens = start + n
+        self.counters["kv.dense_prefill_rows"] += sum(n for _, n, _ in step["prefill"])
         tb = self.spec.token_bytes()
         for side in ("cpu", "gpu"):
             self.counters[f"kv.bytes_read.{side}"] += step["read_tokens"][side] * tb

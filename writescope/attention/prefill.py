@@ -1,0 +1,101 @@
+"""Prefill attention: one sequence's new tokens over its whole context, causally, with SDPA.
+
+A prefill chunk of ``n`` tokens after ``P`` cached ones attends keys ``0 .. P + i`` from row
+``i``: a causal mask aligned to the bottom right of the ``n x (P + n)`` score matrix. Many query
+rows per key make this compute-bound, so it runs on PyTorch's fused attention kernels
+(``scaled_dot_product_attention`` with ``causal_lower_right``): FlashAttention-2 where the head
+dims allow it (GQA, head dim <= 256; its grouped heads are native), the memory-efficient kernel
+otherwise (MLA's absorbed 576/512 latent, one KV head expanded by stride, never copied), and on the
+CPU PyTorch's flash CPU kernel. Where none of those runs (an old build, an odd dtype), query
+tiles in plain torch with a bounded score buffer give the same result.
+
+The cache gathers the context (``kvcache/context.py``); this module only computes.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+#: score elements (all heads) one fallback query tile holds at once
+TILE_SCORE_ELEMS = 1 << 26
+
+_sdpa_failed: set[tuple] = set()
+
+
+def causal_prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            scale: float) -> torch.Tensor:
+    """``q [n, Hq, Dk]`` (the last ``n`` positions), ``k [T, Hkv, Dk]``, ``v [T, Hkv, Dv]`` with
+    ``T >= n``; returns ``[n, Hq, Dv]`` in ``k``'s dtype."""
+    n, hq, dk = q.shape
+    t, hkv, _ = k.shape
+    if t < n:
+        raise ValueError(f"{n} query rows need at least {n} keys, got {t}")
+    if hq % hkv:
+        raise ValueError(f"{hq} query heads over {hkv} KV heads")
+    if n == 0:
+        return q.new_zeros((0, hq, v.shape[-1]), dtype=k.dtype)
+    q = q.to(k.dtype)
+    key = (q.device.type, k.dtype, dk, v.shape[-1], hkv == hq, hkv == 1)
+    if key not in _sdpa_failed:
+        try:
+            return _sdpa(q, k, v, scale)
+        except RuntimeError:
+            _sdpa_failed.add(key)  # no fused kernel for this shape here: tiles from now on
+    return _tiled(q, k, v, scale)
+
+
+def _sdpa(q, k, v, scale):
+    from torch.nn.attention.bias import causal_lower_right
+    n, hq, _ = q.shape
+    t, hkv, _ = k.shape
+    g = hq // hkv
+    qh = q.transpose(0, 1).unsqueeze(0)  # [1, Hq, n, Dk]
+    if hkv == 1 or k.shape[-1] != v.shape[-1]:
+        # MQA (MLA's shared latent) or unequal K/V dims: flash cannot run it; the
+        # memory-efficient kernel takes the KV head repeated by a zero stride
+        kh = k.transpose(0, 1).unsqueeze(0)
+        vh = v.transpose(0, 1).unsqueeze(0)
+        if g > 1:
+            if hkv == 1:
+                kh = kh.expand(1, hq, t, kh.shape[-1])
+                vh = vh.expand(1, hq, t, vh.shape[-1])
+            else:
+                kh = kh.repeat_interleave(g, dim=1)
+                vh = vh.repeat_interleave(g, dim=1)
+        gqa = False
+    else:
+        kh = k.transpose(0, 1).unsqueeze(0)
+        vh = v.transpose(0, 1).unsqueeze(0)
+        gqa = g > 1
+    mask = causal_lower_right(n, t)
+    if q.device.type == "cuda":  # fused kernels only: never the math path's full score matrix
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
+            out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale,
+                                                 enable_gqa=gqa)
+    else:
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale,
+                                             enable_gqa=gqa)
+    return out[0].transpose(0, 1)
+
+
+def _tiled(q, k, v, scale):
+    """The same attention in query tiles of plain torch ops (float32 scores)."""
+    n, hq, _ = q.shape
+    t, hkv, _ = k.shape
+    g = hq // hkv
+    p = t - n
+    out = torch.empty(n, hq, v.shape[-1], dtype=k.dtype, device=q.device)
+    qf = q.float().view(n, hkv, g, -1)
+    kf, vf = k.float(), v.float()
+    tile = max(1, min(n, TILE_SCORE_ELEMS // max(1, hq * t)))
+    for a in range(0, n, tile):
+        b = min(n, a + tile)
+        last = p + b  # keys the tile's last row sees
+        s = torch.einsum("qhgd,khd->hgqk", qf[a:b], kf[:last]) * scale
+        rows = torch.arange(p + a, p + b, device=q.device)
+        cols = torch.arange(last, device=q.device)
+        s = s.masked_fill(cols[None, :] > rows[:, None], float("-inf"))
+        pr = torch.softmax(s, dim=-1)
+        out[a:b] = torch.einsum("hgqk,khd->qhgd", pr, vf[:last]).reshape(b - a, hq, -1)
+    return out

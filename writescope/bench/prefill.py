@@ -1,0 +1,133 @@
+"""Prefill attention benchmark: a chunk of new tokens over its cached context, dense and paged.
+
+``python -m writescope.bench.prefill [--json FILE] [--chunk 4096] [--contexts 0,28K]``
+
+For GQA (Qwen3-30B-A3B: 32 query heads over 4 KV heads of 128) and MLA (DeepSeek-V2-Lite: 16
+heads over the 576-value latent, V its first 512), one sequence's prefill chunk of ``--chunk``
+tokens after ``P`` cached tokens, bf16, one layer:
+
+* **dense**: :func:`writescope.attention.prefill.causal_prefix_attention` (SDPA's fused
+  kernels, or the tiled fallback where none runs), with the backend it took;
+* **paged**: the split-KV decode kernel over the cached blocks plus the float32 self-attention
+  of the chunk and the merge -- the path prefill took before (``WRITESCOPE_DENSE_PREFILL=0``).
+
+Prints ms per layer and achieved TFLOP/s (causal pairs x heads x 2 x (Dk + Dv)), and checks the
+two against each other.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+
+import torch
+
+from ..attention import prefill
+from ..attention.batch import BlockBatch
+from ..attention.merge import merge
+from ..attention.selfattn import causal_self_attention
+from ..kvcache.regions import KVSpec
+from .cpu_attention import parse_count
+from .provenance import git_commit, source_digest, write_json
+
+SHAPES = {
+    "gqa-32/4/128": (lambda: KVSpec.gqa(1, 4, 128, torch.bfloat16), 32),
+    "mla-16/1/576": (lambda: KVSpec.mla(1, 512, 64, torch.bfloat16), 16),
+}
+
+
+def _time(fn, reps: int, sync) -> float:
+    fn()
+    sync()
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        ts.append(time.perf_counter() - t0)
+    return min(ts)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(prog="python -m writescope.bench.prefill", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--chunk", default="4096", help="new tokens in the chunk")
+    ap.add_argument("--contexts", default="0,28K", help="cached tokens before the chunk")
+    ap.add_argument("--block-size", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--no-paged", action="store_true", help="skip the paged (old) path")
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    n = parse_count(args.chunk)
+    rows = []
+    for name in args.shapes.split(","):
+        spec_fn, hq = SHAPES[name]
+        spec = spec_fn()
+        scale = 1 / math.sqrt(192 if spec.is_mla else spec.k_dim)
+        for p in (parse_count(x) for x in args.contexts.split(",")):
+            g = torch.Generator(device=dev).manual_seed(0)
+            t = p + n
+            rec = torch.randn(t, spec.num_kv_heads, spec.rec_dim, generator=g, device=dev,
+                              dtype=spec.dtype)
+            q = torch.randn(n, hq, spec.k_dim, generator=g, device=dev, dtype=spec.dtype)
+            k, v = spec.k(rec), spec.v(rec)
+            prefill._sdpa_failed.clear()
+            dense = lambda: prefill.causal_prefix_attention(q, k, v, scale)  # noqa: E731
+            try:
+                t_dense = _time(dense, args.reps, sync)
+                backend = "tiled" if prefill._sdpa_failed else "sdpa"
+                out_d = dense().float()
+                err = None
+            except torch.OutOfMemoryError as e:
+                t_dense, backend, out_d, err = None, "oom", None, str(e)[:200]
+            pairs = n * p + n * (n + 1) / 2
+            flops = 2 * pairs * hq * (spec.k_dim + spec.v_dim)
+            row = {"shape": name, "chunk": n, "context": p, "dense_backend": backend,
+                   "dense_ms": None if t_dense is None else t_dense * 1e3,
+                   "dense_tflops": None if t_dense is None else flops / t_dense / 1e12,
+                   "error": err}
+            if not args.no_paged and p > 0 and dev.type == "cuda":
+                from ..attention.gpu import attend_gpu
+                bs = args.block_size
+                nb = p // bs
+                pool = rec[:nb * bs].view(nb, bs, spec.num_kv_heads, spec.rec_dim)
+                batch = BlockBatch.build([n], [list(range(nb))], [[bs] * nb], dev)
+                new = rec[nb * bs:]
+
+                def paged():
+                    oc, lc = attend_gpu(q, pool, "gpu", spec, batch, scale)
+                    os_, ls = causal_self_attention(q, new, spec, [n], scale)
+                    return merge(oc, lc, os_, ls)[0]
+                try:
+                    t_paged = _time(paged, 1, sync)
+                    row["paged_ms"] = t_paged * 1e3
+                    if out_d is not None and p == nb * bs:
+                        ref = paged().float()
+                        row["max_rel_diff"] = ((out_d - ref).norm() / ref.norm()).item()
+                except torch.OutOfMemoryError as e:
+                    row["paged_ms"], row["paged_error"] = None, str(e)[:200]
+            rows.append(row)
+            print(f"{name:14s} chunk {n:6d} ctx {p:7d}  dense {row['dense_ms'] or float('nan'):9.2f} ms "
+                  f"({row['dense_tflops'] or float('nan'):6.1f} TFLOP/s, {backend})"
+                  + (f"  paged {row['paged_ms']:9.2f} ms" if row.get("paged_ms") else "")
+                  + (f"  rel diff {row['max_rel_diff']:.2e}" if "max_rel_diff" in row else ""),
+                  flush=True)
+            del rec, q, k, v, out_d
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+    res = {"bench": "prefill", "git_commit": git_commit(), "source_digest": source_digest(),
+           "command": "python -m writescope.bench.prefill " + " ".join(
+               argv if argv is not None else sys.argv[1:]),
+           "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
+           "torch": torch.__version__, "rows": rows}
+    if args.json:
+        write_json(args.json, res)
+    return res
+
+
+if __name__ == "__main__":
+    main()
