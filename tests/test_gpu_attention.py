@@ -168,6 +168,32 @@ def test_host_flag_wait_times_out_instead_of_hanging():
     f.check()  # reported once
 
 
+@pytest.mark.parametrize("memop", [True, False])
+def test_ready_flag_is_raised_in_stream_order(memop):
+    """The stream raises a ReadyFlags word only after the work queued before it; a host thread
+    sees it without calling CUDA."""
+    from writescope.attention.hostflag import ReadyFlags
+    f = ReadyFlags(torch.device("cuda"), n=4)
+    f._memop = memop
+    if not memop:
+        _triton()
+    x = torch.zeros(1 << 20, device="cuda")
+    host = torch.empty(1 << 20, pin_memory=True)
+    f.post().synchronize(timeout=60)  # first use: the store kernel's compilation is not timed
+    readies = []
+    for k in range(6):  # wraps around the 4 slots: values per slot keep growing
+        torch.cuda._sleep(20_000_000)  # ~10 ms of device time before the copy
+        x.fill_(k + 1)
+        host.copy_(x, non_blocking=True)
+        r = f.post()
+        assert not r.query()  # the device is still sleeping
+        r.synchronize(timeout=30)
+        assert host[0].item() == k + 1 and host[-1].item() == k + 1
+        readies.append(r)
+    assert all(r.query() for r in readies)
+    torch.cuda.synchronize()
+
+
 def test_ring_on_copy_stream_stages_exact_bytes():
     pool = torch.randn(4, 40, 16, 2, 8).to(torch.bfloat16).pin_memory()
     b = BlockBatch.build([1, 1, 1], [list(range(3, 15)), [30, 31, 32, 20], [0]],

@@ -236,3 +236,22 @@ def test_cpu_side_plans_once_and_writes_into_given_buffers():
     assert len(ha._cpu_plans) == 1
     ha.end_step()
     ha.close()
+
+
+def test_ready_poll_returns_when_raised_and_times_out_when_not():
+    """hostflag.Ready: the host side of a device->host ready flag (no CUDA needed)."""
+    import threading
+    import time
+
+    import numpy as np
+
+    from writescope.attention.hostflag import Ready
+    view = np.zeros(2, dtype=np.int64)
+    r = Ready(view, 1, 3)
+    assert not r.query()
+    threading.Timer(0.05, lambda: np.copyto(view[1:2], 3)).start()
+    t0 = time.perf_counter()
+    r.synchronize(timeout=10)
+    assert r.query() and time.perf_counter() - t0 < 5
+    with pytest.raises(TimeoutError, match="flag 0"):
+        Ready(view, 0, 1).synchronize(timeout=0.05)

@@ -17,19 +17,24 @@ can time out (the driver call itself, reached through ctypes, is the ``"memop"``
   on the H200 by ``python -m writescope.bench.hostflag``), ``WRITESCOPE_HOSTFLAG_MAX_SPINS`` its
   time-out in spins.
 
-The other direction -- a host thread waiting for the device -- goes through :func:`host_event`
-and :func:`wait_for_stream`: events created with ``cudaEventBlockingSync``, so the waiting thread
-sleeps instead of spinning on a core. A spinning waiter takes a core from the CPU kernels' OpenMP
-team, and one descheduled team member stalls the whole parallel region for a scheduler time
-slice: on the 2-core dev machine one busy process took a 38 MB CPU attention call (one
+The other direction -- a host thread waiting for the device -- never spins either. A CPU job's
+worker waits for its inputs with :func:`stream_ready`: the stream raises a pinned word once the
+inputs are copied (:class:`ReadyFlags`) and the worker polls it, sleeping, with no CUDA call of its
+own (a CUDA call there could queue behind a driver call of the launching thread that waits for
+the device, which waits for this worker: a deadlock until the time-out, seen once in the GPU
+tests). The launching thread waits for the end of a step with :func:`wait_for_stream`, an event
+created with ``cudaEventBlockingSync``. A spinning waiter takes a core from the CPU kernels'
+OpenMP team, and one descheduled team member stalls the whole parallel region for a scheduler
+time slice: on the 2-core dev machine one busy process took a 38 MB CPU attention call (one
 DeepSeek-V2-Lite layer at batch 4 x 8K) from 3.9 ms to 7.5 ms at p50 and 27 ms at p90
 (``python -m writescope.bench.cpu_contention``). ``WRITESCOPE_BLOCKING_SYNC=0`` restores CUDA's
-default (spinning) waits.
+default (spinning) waits; ``WRITESCOPE_READY=event`` makes workers wait on events again.
 """
 from __future__ import annotations
 
 import functools
 import os
+import time
 
 import numpy as np
 import torch
@@ -53,6 +58,30 @@ def _wait_value64():
     fn.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint]
     fn.restype = ctypes.c_int
     return fn
+
+
+@functools.lru_cache(maxsize=None)
+def _write_value64():
+    import ctypes
+    lib = ctypes.CDLL("libcuda.so.1")
+    fn = getattr(lib, "cuStreamWriteValue64_v2", None) or lib.cuStreamWriteValue64
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+@functools.lru_cache(maxsize=None)
+def _store_kernel():
+    import triton
+    import triton.language as tl
+
+    # one compilation for every slot and value (no specialisation on 16-byte alignment or on 1)
+    @triton.jit(do_not_specialize=["FLAG", "value"])
+    def store_kernel(FLAG, value):
+        tl.store(FLAG, value)
+
+    del triton
+    return store_kernel
 
 
 @functools.lru_cache(maxsize=None)
@@ -102,6 +131,106 @@ def wait_for_stream(device: torch.device) -> None:
     ev = host_event()
     ev.record(torch.cuda.current_stream(device))
     ev.synchronize()
+
+
+#: how a host thread learns that the stream has reached a point (the inputs of a CPU job are in
+#: pinned memory): "flag" (default) -- the stream writes a pinned word (``cuStreamWriteValue64``)
+#: that the thread polls with no CUDA call of its own; "event" -- a blocking-sync CUDA event
+READY_MODES = ("flag", "event")
+
+#: seconds a host thread polls a ready flag before it gives up (the device never got there)
+READY_TIMEOUT_S = 120.0
+
+
+class Ready:
+    """Waits, in a host thread, for the stream to have passed one :meth:`ReadyFlags.post`."""
+
+    __slots__ = ("_view", "_i", "_value")
+
+    def __init__(self, view, i: int, value: int):
+        self._view, self._i, self._value = view, i, value
+
+    def query(self) -> bool:
+        return int(self._view[self._i]) >= self._value
+
+    def synchronize(self, timeout: float = READY_TIMEOUT_S) -> None:
+        """Poll the flag: a short spin, then 20 us sleeps (the core stays free for the kernels)."""
+        view, i, value = self._view, self._i, self._value
+        for _ in range(64):
+            if view[i] >= value:
+                return
+        deadline = time.monotonic() + timeout
+        while view[i] < value:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the device did not reach ready flag {i} (value {value}) in "
+                                   f"{timeout:.0f} s")
+            time.sleep(2e-5)
+
+
+class ReadyFlags:
+    """Pinned int64 words the device stream writes and host threads poll (device -> host).
+
+    Why not a CUDA event: a host thread that calls into CUDA (``cudaEventSynchronize``) while the
+    stream is held by a device-side wait for that same thread's result can deadlock: when the
+    launching thread meanwhile makes a driver call that needs the device idle (a lazily loaded
+    module -- CUDA's default ``CUDA_MODULE_LOADING=LAZY`` -- or a synchronising free), the
+    waiting thread's CUDA call queues behind it and never returns. Polling a word needs no CUDA
+    call. Slots are used round-robin; values per slot only grow, so a reused slot can never
+    satisfy a wait early (all posts of one device go through one stream order)."""
+
+    def __init__(self, device: torch.device, n: int = 4096):
+        self.device = torch.device(device)
+        self.flags = torch.zeros(n, dtype=torch.int64, pin_memory=True)
+        self._view = self.flags.numpy()
+        self._values = [0] * n
+        self._next = 0
+        self._memop = True
+
+    def post(self) -> Ready:
+        """Enqueue on the current stream: the next slot's word is raised once the work queued so
+        far is done. Returns what a host thread waits on."""
+        i = self._next
+        self._next = (i + 1) % len(self._values)
+        self._values[i] += 1
+        value = self._values[i]
+        ptr = self.flags.data_ptr() + 8 * i
+        if self._memop:
+            stream = torch.cuda.current_stream(self.device).cuda_stream
+            try:
+                rc = _write_value64()(stream, ptr, value, 0)
+            except (OSError, AttributeError):
+                rc = -1
+            if rc != 0:  # no stream memory operations here: a one-thread store kernel instead
+                self._memop = False
+        if not self._memop:
+            _store_kernel()[(1,)](self.flags[i:], value, num_warps=1)
+        return Ready(self._view, i, value)
+
+
+_ready_flags: dict = {}
+
+
+def ready_mode() -> str:
+    mode = os.environ.get("WRITESCOPE_READY", "flag")
+    if mode not in READY_MODES:
+        raise ValueError(f"WRITESCOPE_READY must be one of {READY_MODES}, got {mode!r}")
+    return mode
+
+
+def stream_ready(device: torch.device):
+    """Something with ``synchronize()`` that returns in a host thread once the work queued so far
+    on ``device``'s current stream is done (see :class:`ReadyFlags`)."""
+    if ready_mode() == "event":
+        ev = host_event()
+        ev.record()
+        return ev
+    device = torch.device(device)
+    if device.index is None:
+        device = torch.device(device.type, torch.cuda.current_device())
+    flags = _ready_flags.get(device)
+    if flags is None:
+        flags = _ready_flags[device] = ReadyFlags(device)
+    return flags.post()
 
 
 class HostFlags:

@@ -44,7 +44,7 @@ import torch
 from ..kvcache.regions import KVSpec, Region
 from .batch import BlockBatch
 from .gather import DEFAULT_GATHER_BYTES, CGather
-from .hostflag import host_event, wait_for_stream
+from .hostflag import stream_ready, wait_for_stream
 from .merge import merge_many
 from .staging import StagingRing
 from .torch_paged import attend_torch
@@ -411,8 +411,9 @@ class HybridAttention:
         if self._cpu:
             (q_host,) = self._pinned_bufs("q", [tuple(q.shape)], [q.dtype], parity)
             q_host.copy_(q, non_blocking=True)
-            ready = host_event()  # the worker sleeps on it, leaving its core to the kernel
-            ready.record()
+            # the worker polls a pinned word the stream raises after the copy (no CUDA call in
+            # the worker: see hostflag.ReadyFlags), sleeping, leaving its core to the kernel
+            ready = stream_ready(self.device)
             res = self._pinned_bufs("x", [(nq, hq, dv), (nq, hq)],
                                     [torch.float32, torch.float32], parity)
             job = self._submit_cpu(layer, q_host, ready, res)

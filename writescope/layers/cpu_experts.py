@@ -492,9 +492,8 @@ class CpuExperts:
             xs.copy_(x, non_blocking=True)
             ids_h.copy_(ids, non_blocking=True)
             w_h.copy_(w, non_blocking=True)
-            from ..attention.hostflag import host_event
-            event = host_event()  # the worker sleeps on it, leaving its core to the kernel
-            event.record()
+            from ..attention.hostflag import stream_ready
+            event = stream_ready(dev)  # the worker polls it (sleeping, no CUDA call)
             x, ids, w = xs, ids_h, w_h
         else:
             x, ids, w = (t.to("cpu").contiguous() for t in (x, ids, w))
