@@ -18,6 +18,11 @@ The cache asks (see :mod:`writescope.kvcache.placement`):
   says the CPU should take more than the C blocks, it reads some T blocks in place (the oldest
   ones, so the streamed blocks stay one contiguous run at the end).
 * ``observe(timing)`` -- closes the step: corrects the rates (:mod:`.feedback`) and plans anew.
+  The first step in which the CPU attended does not correct its rate if it took more than 3x
+  the model's time (it may pay the thread team's start-up). When the corrected rates give the CPU no T blocks, every ``PROBE_EVERY`` (16)
+  decode steps one step is planned at the uncorrected model's share, so a CPU factor made
+  pessimistic by a slow moment is measured again rather than kept for good
+  (``planner.probes``).
   Only decode steps (every sequence one token longer, seen by comparing ``batch_lengths`` with
   the lengths ``assign`` was shown) correct the rates; ``planner.predicted_step_s`` (made
   before the step ran, from the state after the previous one) and ``planner.measured_step_s``
@@ -62,6 +67,12 @@ from .feedback import RateFeedback
 from .profile import HardwareProfile, load_or_calibrate
 
 
+#: decode steps without CPU attention after which a step is planned at the uncorrected share
+PROBE_EVERY = 16
+#: the first CPU-timed step is not used when it took more than this times the model's time
+FIRST_CPU_SAMPLE_MAX_RATIO = 3.0
+
+
 def choose_spilled_region(n_c: int, n_spilled: int, target: float) -> Region:
     """C or T for the next spilled block of a sequence holding ``n_c`` C blocks out of
     ``n_spilled``: the one leaving its C fraction nearer ``target`` (ties: T)."""
@@ -104,6 +115,8 @@ class WriteScopePolicy(PlacementPolicy):
         self.skipped_steps = 0  # steps with prefill rows: no feedback from them
         self._starts: list[int] = []  # per assign() this step: the sequence's tokens before it
         self.cpu_t_tokens_total = 0  # T tokens the CPU read in place, over all steps
+        self._decode_without_cpu = 0  # decode steps since the CPU last attended (was timed)
+        self.probes = 0  # steps planned at the uncorrected share to re-measure the CPU
 
     # ------------------------------------------------------------------ the cache's questions
     def place(self, seq: SeqKV, num_blocks: int, capacity: CacheCapacity) -> list[Region]:
@@ -191,11 +204,21 @@ class WriteScopePolicy(PlacementPolicy):
                                      self.feedback.corrections).step_s
                      + max(0.0, self.step_overhead_s))
         pcie_s = timing.get("pcie_s")
-        if (timing.get("cpu_s") or 0) > 0 and cpu_tok > 0:
+        cpu_s = timing.get("cpu_s")
+        if (cpu_s or 0) > 0 and cpu_tok > 0:
             self.cpu_samples += 1
+            self._decode_without_cpu = 0
+            if self.cpu_samples == 1 and cpu_s > FIRST_CPU_SAMPLE_MAX_RATIO * raw.cpu_attn_s:
+                # the CPU side's first step may pay its start-up (thread team, first touches):
+                # measured once on the H200 machine, such a step drove the CPU factor to a level
+                # that kept the share at 0 for a whole run; a first step that far off the model
+                # does not correct the rate
+                cpu_s = None
+        else:
+            self._decode_without_cpu += 1
         fixed = self.cfg.num_layers * self.profile.cpu_roundtrip_s if cpu_tok > 0 else 0.0
         self.feedback.update(
-            {"cpu": timing.get("cpu_s"), "gpu": timing.get("gpu_s"),
+            {"cpu": cpu_s, "gpu": timing.get("gpu_s"),
              "pcie": pcie_s if pcie_s else None, "expert": timing.get("cpu_expert_s")},
             {"cpu": raw.cpu_attn_s, "gpu": raw.gpu_attn_s, "pcie": raw.pcie_s,
              "expert": raw.expert_s if self.experts_on_cpu else 0.0},
@@ -213,7 +236,7 @@ class WriteScopePolicy(PlacementPolicy):
                       "measured_step_s": float(measured) if measured is not None else math.nan}
 
     def stats(self) -> dict[str, Any]:
-        plan = self._plan or self._make_plan()
+        plan = self._plan or self._make_plan(commit=False)
         c = self.feedback.corrections
         pred, meas = self._last.get("predicted_step_s", math.nan), self._last.get("measured_step_s", math.nan)
         return {
@@ -231,6 +254,7 @@ class WriteScopePolicy(PlacementPolicy):
             "planner.steps": self.steps,
             "planner.prefill_steps": self.skipped_steps,
             "planner.cpu_read_t_tokens": self.cpu_t_tokens_total,
+            "planner.probes": self.probes,
             "planner.cpu_verified": self.cpu_verified,
             "planner.step_overhead_s": max(0.0, self.step_overhead_s),
         }
@@ -252,7 +276,8 @@ class WriteScopePolicy(PlacementPolicy):
             self._plan = self._make_plan()
         return self._plan
 
-    def _make_plan(self) -> dict[str, Any]:
+    def _make_plan(self, commit: bool = True) -> dict[str, Any]:
+        """The plan for the current batch; ``commit=False`` (statistics) never starts a probe."""
         ids = (self._batch | self._this_step) & set(self._view)
         seqs = [self._view[i] for i in sorted(ids)]
         bs = self.block_size or DEFAULT_BLOCK_SIZE
@@ -269,12 +294,24 @@ class WriteScopePolicy(PlacementPolicy):
                                  self.experts_on_cpu, corr)
         step = rl.optimal_cpu_share(self.profile, self.cfg, b, resident, c_tok, t_tok,
                                     self.experts_on_cpu, corr)
+        share = step.cpu_share
         spilled = c_tok + t_tok
-        extra_t = max(0.0, step.cpu_share * spilled - c_tok)
+        if commit and share * spilled <= c_tok and t_tok > 0 and \
+                self._decode_without_cpu >= PROBE_EVERY and self.steps > 0:
+            # the corrected rates give the CPU no T blocks, so nothing would ever re-measure
+            # it: once in PROBE_EVERY decode steps, plan at the uncorrected model's share (the
+            # CPU factor may be stale: one slow step, a neighbour that has left)
+            fresh = rl.optimal_cpu_share(self.profile, self.cfg, b, resident, c_tok, t_tok,
+                                         self.experts_on_cpu)
+            if fresh.cpu_share * spilled > c_tok + bs:
+                share = fresh.cpu_share
+                self.probes += 1
+                self._decode_without_cpu = 0
+        extra_t = max(0.0, share * spilled - c_tok)
         return {
             "members": ids,
             "target_share": target.cpu_share,
-            "cpu_share": step.cpu_share,
+            "cpu_share": share,
             "predicted_step_s": step.prediction.step_s + max(0.0, self.step_overhead_s),
             "t_fraction_to_cpu": min(1.0, extra_t / t_tok) if t_tok else 0.0,
         }
