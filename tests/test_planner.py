@@ -568,18 +568,17 @@ def test_without_feedback_the_share_does_not_adapt():
     assert all(abs(p - b) > 0.1 * b for p, b in out[k + 10:30])
 
 
-def test_a_slow_first_cpu_step_does_not_lock_the_share_at_zero():
-    """The first CPU-timed step pays start-up (here 20x the model): it is not used, and the
-    planned share stays at the optimum."""
-    cfg = ModelConfig.from_hf("qwen3-30b-a3b")
-    prof = h200_like()
-    pol = make_policy("writescope", profile=prof, model_config=cfg, verify_steps=0)
+def run_fixed_placement(pol, steps: int, cpu_slowdown=lambda step: 1.0) -> list[float]:
+    """4 sequences of 100 G + 900 T blocks decoding under ``pol``; the 'true machine' is the
+    uncorrected roofline, the CPU ``cpu_slowdown(step)`` times slower. Returns the CPU share of
+    each step."""
+    cfg, prof = pol.cfg, pol.profile
     bs, b = 64, 4
     seqs = {i: (Region.G,) * 100 + (Region.T,) * 900 for i in range(b)}
     tokens = {i: 1000 * bs + 3 for i in range(b)}
     tb = cfg.kv_bytes_per_token()
     shares = []
-    for step in range(6):
+    for step in range(steps):
         res = t = cpu_t = 0
         for i in range(b):
             m = cpu_mask(seqs[i], pol.assign(SeqKV(i, tokens[i], seqs[i])))
@@ -589,13 +588,21 @@ def test_a_slow_first_cpu_step_does_not_lock_the_share_at_zero():
         shares.append(cpu_t / t)
         load = rl.StepLoad(b, res, t - cpu_t, 0, cpu_t)
         truth = rl.predict_step(prof, cfg, load, False)
-        cpu_s = truth.cpu_attn_s * (20 if step == 0 else 1)
         for i in range(b):
             tokens[i] += 1
-        pol.observe({"cpu_s": cpu_s, "gpu_s": truth.gpu_attn_s, "pcie_s": truth.pcie_s,
-                     "step_s": truth.step_s, "cpu_bytes": cpu_t * tb,
+        pol.observe({"cpu_s": truth.cpu_attn_s * cpu_slowdown(step), "gpu_s": truth.gpu_attn_s,
+                     "pcie_s": truth.pcie_s, "step_s": truth.step_s, "cpu_bytes": cpu_t * tb,
                      "gpu_bytes": (res + t - cpu_t) * tb, "t_bytes": (t - cpu_t) * tb,
                      "batch_lengths": list(tokens.values())})
+    return shares
+
+
+def test_a_slow_first_cpu_step_does_not_lock_the_share_at_zero():
+    """The first CPU-timed step pays start-up (here 20x the model): it is not used, and the
+    planned share stays at the optimum."""
+    pol = make_policy("writescope", profile=h200_like(),
+                      model_config=ModelConfig.from_hf("qwen3-30b-a3b"), verify_steps=0)
+    shares = run_fixed_placement(pol, 6, lambda step: 20.0 if step == 0 else 1.0)
     assert shares[0] > 0.2
     assert all(abs(s - shares[0]) < 0.05 for s in shares), shares
     assert pol.stats()["planner.cpu_rate_correction"] == pytest.approx(1.0, abs=0.05)
@@ -605,32 +612,11 @@ def test_a_pessimistic_cpu_factor_is_probed_again():
     """A CPU factor that says the CPU is useless (share 0) is re-measured every PROBE_EVERY decode
     steps at the uncorrected share; with the CPU back at its profiled speed the share returns."""
     from writescope.planner import placement as wp
-    assert wp.PROBE_EVERY <= 32  # the loop below gives room for several probes
-    cfg = ModelConfig.from_hf("qwen3-30b-a3b")
-    prof = h200_like()
-    pol = make_policy("writescope", profile=prof, model_config=cfg, verify_steps=0)
+    assert wp.PROBE_EVERY <= 32  # the run below gives room for several probes
+    pol = make_policy("writescope", profile=h200_like(),
+                      model_config=ModelConfig.from_hf("qwen3-30b-a3b"), verify_steps=0)
     pol.feedback.factors["cpu"] = 16.0  # as after a stall
-    bs, b = 64, 4
-    seqs = {i: (Region.G,) * 100 + (Region.T,) * 900 for i in range(b)}
-    tokens = {i: 1000 * bs + 3 for i in range(b)}
-    tb = cfg.kv_bytes_per_token()
-    shares = []
-    for step in range(8 * 16):
-        res = t = cpu_t = 0
-        for i in range(b):
-            m = cpu_mask(seqs[i], pol.assign(SeqKV(i, tokens[i], seqs[i])))
-            t += 900 * bs
-            cpu_t += bs * sum(m[100:])
-            res += 100 * bs + 3
-        shares.append(cpu_t / t)
-        load = rl.StepLoad(b, res, t - cpu_t, 0, cpu_t)
-        truth = rl.predict_step(prof, cfg, load, False)
-        for i in range(b):
-            tokens[i] += 1
-        pol.observe({"cpu_s": truth.cpu_attn_s, "gpu_s": truth.gpu_attn_s,
-                     "pcie_s": truth.pcie_s, "step_s": truth.step_s, "cpu_bytes": cpu_t * tb,
-                     "gpu_bytes": (res + t - cpu_t) * tb, "t_bytes": (t - cpu_t) * tb,
-                     "batch_lengths": list(tokens.values())})
+    shares = run_fixed_placement(pol, 128)
     assert shares[0] == 0.0
     assert pol.stats()["planner.probes"] >= 1
     assert shares[-1] > 0.2  # recovered

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import time
 
 import torch
 
@@ -28,6 +27,7 @@ from ..attention.batch import BlockBatch
 from ..attention.merge import merge
 from ..attention.selfattn import causal_self_attention
 from ..kvcache.regions import KVSpec
+from ..planner.calibrate import _median_time
 from .cpu_attention import parse_count
 from .provenance import git_commit, source_digest, write_json
 
@@ -35,18 +35,6 @@ SHAPES = {
     "gqa-32/4/128": (lambda: KVSpec.gqa(1, 4, 128, torch.bfloat16), 32),
     "mla-16/1/576": (lambda: KVSpec.mla(1, 512, 64, torch.bfloat16), 16),
 }
-
-
-def _time(fn, reps: int, sync) -> float:
-    fn()
-    sync()
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        ts.append(time.perf_counter() - t0)
-    return min(ts)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -78,7 +66,7 @@ def main(argv: list[str] | None = None) -> dict:
             prefill._sdpa_failed.clear()
             dense = lambda: prefill.causal_prefix_attention(q, k, v, scale)  # noqa: E731
             try:
-                t_dense = _time(dense, args.reps, sync)
+                t_dense = _median_time(dense, args.reps, sync)
                 backend = "tiled" if prefill._sdpa_failed else "sdpa"
                 out_d = dense().float()
                 err = None
@@ -103,7 +91,7 @@ def main(argv: list[str] | None = None) -> dict:
                     os_, ls = causal_self_attention(q, new, spec, [n], scale)
                     return merge(oc, lc, os_, ls)[0]
                 try:
-                    t_paged = _time(paged, 1, sync)
+                    t_paged = _median_time(paged, 1, sync)
                     row["paged_ms"] = t_paged * 1e3
                     if out_d is not None and p == nb * bs:
                         ref = paged().float()
