@@ -176,7 +176,10 @@ class LLMEngine:
         t1 = time.perf_counter()
         self.expert_uploader = self._attach_expert_uploader()
         t2 = time.perf_counter()
-        act = self._activation_bytes(max_num_batched_tokens)
+        # a prefill chunk's whole context, gathered for the dense prefill kernel: one layer of
+        # up to max_model_len tokens, held twice (gathered, then joined with the chunk's records)
+        act = self._activation_bytes(max_num_batched_tokens) + 2 * spec.token_bytes(1) * \
+            self.max_model_len
         #: where start-up time went (seconds): weights, page-locking CPU experts, activations
         self.build_times = {"weights_s": t1 - t0, "pin_experts_s": t2 - t1,
                             "activations_s": time.perf_counter() - t2}
