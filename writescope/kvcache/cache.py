@@ -9,7 +9,10 @@ Life of a step (the runner drives it; the model only calls :meth:`attention`):
    :class:`BlockBatch`) and precomputes every index the layer writes need. All of this is array
    work over sequences; nothing here loops over blocks in Python.
 2. :meth:`attention` per layer: the plan's partial over cached blocks (CPU and GPU sides, see
-   ``attention/hybrid.py``), the causal partial over the step's own tokens, one LSE merge; then
+   ``attention/hybrid.py``), the causal partial over the step's own tokens, one LSE merge (a
+   prefill chunk of more than ``PREFILL_GPU_ROWS`` tokens is not in the plan: its context is
+   gathered, ``kvcache/context.py``, and attended in one fused causal kernel,
+   ``attention/prefill.py``); then
    the layer's new records are written: blocks completed this step straight to their region
    (C re-laid-out for the CPU on arrival), the rest appended to the sequence's W tail.
 3. :meth:`end_step`: blocks written this step become sealed; counters and timings are updated
