@@ -151,6 +151,7 @@ def _sync(device: torch.device) -> None:
 
 
 def _free_memory(device: torch.device) -> None:
+    gc.unfreeze()  # an engine freezes its start-up objects (engine.freeze_gc): let a dropped one go
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
