@@ -621,3 +621,21 @@ def test_a_pessimistic_cpu_factor_is_probed_again():
     assert pol.stats()["planner.probes"] >= 1
     assert shares[-1] > 0.2  # recovered
     assert pol.stats()["planner.cpu_rate_correction"] < 2.0
+
+
+def test_steady_decode_reuses_the_last_solve(monkeypatch):
+    """Decode steps whose lengths and rates barely move reuse the last solve of the share (the
+    optimiser is most of the planner's host time); a rate that moves makes it solve again."""
+    from writescope.planner import placement as wp
+    solves = []
+    orig = rl.optimal_cpu_share
+    monkeypatch.setattr(rl, "optimal_cpu_share", lambda *a, **k: solves.append(1) or orig(*a, **k))
+    pol = make_policy("writescope", profile=h200_like(),
+                      model_config=ModelConfig.from_hf("qwen3-30b-a3b"), verify_steps=0)
+    shares = run_fixed_placement(pol, 40)
+    assert len(solves) <= 8, len(solves)  # 40 steps, a handful of solves
+    assert all(abs(s - shares[0]) < 0.02 for s in shares)
+    n = len(solves)
+    run_fixed_placement(pol, 3, lambda step: 3.0)  # the CPU gets 3x slower: solved again
+    assert len(solves) > n
+    assert wp.MEMO_TOLERANCE <= 0.05

@@ -22,7 +22,9 @@ The cache asks (see :mod:`writescope.kvcache.placement`):
   the model's time (it may pay the thread team's start-up). When the corrected rates give the CPU no T blocks, every ``PROBE_EVERY`` (16)
   decode steps one step is planned at the uncorrected model's share, so a CPU factor made
   pessimistic by a slow moment is measured again rather than kept for good
-  (``planner.probes``).
+  (``planner.probes``). A step whose lengths and rate factors are within 1% of the last solve
+  (``MEMO_TOLERANCE``) reuses its shares: the optimiser is most of the planner's host time, and
+  a decode step at 8K is host-bound.
   Only decode steps (every sequence one token longer, seen by comparing ``batch_lengths`` with
   the lengths ``assign`` was shown) correct the rates; ``planner.predicted_step_s`` (made
   before the step ran, from the state after the previous one) and ``planner.measured_step_s``
@@ -71,6 +73,27 @@ from .profile import HardwareProfile, load_or_calibrate
 PROBE_EVERY = 16
 #: the first CPU-timed step is not used when it took more than this times the model's time
 FIRST_CPU_SAMPLE_MAX_RATIO = 3.0
+#: a step's plan reuses the last solve while the batch size is the same and every token count
+#: and rate factor is within this relative distance of the one it was solved for
+MEMO_TOLERANCE = 0.01
+
+
+def _close(a: tuple, b: tuple) -> bool:
+    """Two planning states ``(batch, resident, c_tokens, t_tokens, corrections)`` within
+    :data:`MEMO_TOLERANCE` of each other."""
+    if a[0] != b[0]:
+        return False
+    # token counts: relative to the batch's whole context (a tail growing by one token per step
+    # is a large change of a small resident count, not of the step)
+    scale = max(sum(a[1:4]), sum(b[1:4]), 1.0)
+    if any(abs(x - y) > MEMO_TOLERANCE * scale for x, y in zip(a[1:4], b[1:4])):
+        return False
+    near = lambda x, y: abs(x - y) <= MEMO_TOLERANCE * max(abs(x), abs(y), 1.0)  # noqa: E731
+    ca, cb = a[4], b[4]
+    if (ca.cpu_fixed is None) != (cb.cpu_fixed is None):
+        return False
+    fields = ("cpu", "pcie", "gpu", "expert") + (("cpu_fixed",) if ca.cpu_fixed is not None else ())
+    return all(near(getattr(ca, f), getattr(cb, f)) for f in fields)
 
 
 def choose_spilled_region(n_c: int, n_spilled: int, target: float) -> Region:
@@ -117,6 +140,7 @@ class WriteScopePolicy(PlacementPolicy):
         self.cpu_t_tokens_total = 0  # T tokens the CPU read in place, over all steps
         self._decode_without_cpu = 0  # decode steps since the CPU last attended (was timed)
         self.probes = 0  # steps planned at the uncorrected share to re-measure the CPU
+        self._memo = None  # (planning state, (target share, step share, predicted step s))
 
     # ------------------------------------------------------------------ the cache's questions
     def place(self, seq: SeqKV, num_blocks: int, capacity: CacheCapacity) -> list[Region]:
@@ -290,11 +314,20 @@ class WriteScopePolicy(PlacementPolicy):
             t_tok += n_t * bs
         b = max(len(seqs), self.batch_hint or 1)
         corr = self.feedback.corrections
-        target = rl.target_share(self.profile, self.cfg, b, resident, c_tok + t_tok,
-                                 self.experts_on_cpu, corr)
-        step = rl.optimal_cpu_share(self.profile, self.cfg, b, resident, c_tok, t_tok,
-                                    self.experts_on_cpu, corr)
-        share = step.cpu_share
+        state = (b, resident, c_tok, t_tok, corr)
+        memo = self._memo
+        if memo is not None and _close(memo[0], state):
+            # a decode step later: lengths and rates within MEMO_TOLERANCE of the last solve,
+            # whose shares stand (the optimiser costs ~0.5 ms of a host-bound step)
+            target_share, share, predicted = memo[1]
+        else:
+            target_share = rl.target_share(self.profile, self.cfg, b, resident, c_tok + t_tok,
+                                           self.experts_on_cpu, corr).cpu_share
+            step = rl.optimal_cpu_share(self.profile, self.cfg, b, resident, c_tok, t_tok,
+                                        self.experts_on_cpu, corr)
+            share, predicted = step.cpu_share, step.prediction.step_s
+            if commit:
+                self._memo = (state, (target_share, share, predicted))
         spilled = c_tok + t_tok
         if commit and share * spilled <= c_tok and t_tok > 0 and \
                 self._decode_without_cpu >= PROBE_EVERY and self.steps > 0:
@@ -303,15 +336,15 @@ class WriteScopePolicy(PlacementPolicy):
             # CPU factor may be stale: one slow step, a neighbour that has left)
             fresh = rl.optimal_cpu_share(self.profile, self.cfg, b, resident, c_tok, t_tok,
                                          self.experts_on_cpu)
+            self._decode_without_cpu = 0  # checked: the next check is PROBE_EVERY steps on
             if fresh.cpu_share * spilled > c_tok + bs:
                 share = fresh.cpu_share
                 self.probes += 1
-                self._decode_without_cpu = 0
         extra_t = max(0.0, share * spilled - c_tok)
         return {
             "members": ids,
-            "target_share": target.cpu_share,
+            "target_share": target_share,
             "cpu_share": share,
-            "predicted_step_s": step.prediction.step_s + max(0.0, self.step_overhead_s),
+            "predicted_step_s": predicted + max(0.0, self.step_overhead_s),
             "t_fraction_to_cpu": min(1.0, extra_t / t_tok) if t_tok else 0.0,
         }
