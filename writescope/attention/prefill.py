@@ -13,6 +13,8 @@ The cache gathers the context (``kvcache/context.py``); this module only compute
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 
@@ -70,7 +72,11 @@ def _sdpa(q, k, v, scale):
     mask = causal_lower_right(n, t)
     if q.device.type == "cuda":  # fused kernels only: never the math path's full score matrix
         from torch.nn.attention import SDPBackend, sdpa_kernel
-        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
+        # SDPA warns about each kernel it cannot use (flash for MLA's 576-value head) before it
+        # takes the next; the choice is expected, and a failure of all of them raises
+        with warnings.catch_warnings(), \
+                sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
+            warnings.simplefilter("ignore", UserWarning)
             out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale,
                                                  enable_gqa=gqa)
     else:
