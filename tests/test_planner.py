@@ -366,11 +366,13 @@ def test_no_c_blocks_until_the_cpu_rate_is_measured():
     assert any(cache.step({0: 1})[0])  # the CPU reads some T blocks in place meanwhile
     assert p.stats()["planner.target_share"] > 0.2  # the model wants C: the gate held it back
     assert Region.C not in cache.seqs[0]
-    for _ in range(2):  # decode steps in which the CPU path was timed
+    for k in range(3):  # decode steps in which the CPU path was timed
         n = cache.tokens[0]
         cache.step({0: 1}, timing={"batch_lengths": [n + 1], "cpu_s": 0.01, "gpu_s": 0.001,
                                    "cpu_bytes": 20 * 64 * KVB * 4, "gpu_bytes": 64 * KVB * 4})
-    assert p.stats()["planner.cpu_verified"]
+        # the first of them is far (> 3x) off the model: a start-up sample, which neither
+        # corrects the rate nor counts toward verifying it
+        assert p.stats()["planner.cpu_verified"] == (k == 2)
     for _ in range(64 * 8):
         cache.step({0: 1})
     assert Region.C in cache.seqs[0]

@@ -143,3 +143,26 @@ def test_causal_prefix_attention_on_cuda(shape, n, p):
     assert not prefill._sdpa_failed
     ref = oracle(q, k, v, 0.1)
     assert ((got.double().cpu() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+def test_out_of_memory_is_raised_not_taken_for_a_missing_kernel(monkeypatch):
+    """A full device is reported (the caller fails the step) and the fused kernel stays in use;
+    a shape with no fused kernel falls back to the tiles for good."""
+    q, k = torch.randn(4, 2, 8), torch.randn(9, 2, 8)
+    prefill._sdpa_failed.clear()
+
+    def oom(*a):
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+    monkeypatch.setattr(prefill, "_sdpa", oom)
+    with pytest.raises(torch.OutOfMemoryError):
+        causal_prefix_attention(q, k, k, 0.3)
+    assert not prefill._sdpa_failed
+
+    def missing(*a):
+        raise RuntimeError("No available kernel. Aborting execution.")
+    monkeypatch.setattr(prefill, "_sdpa", missing)
+    ref = oracle(q, k, k, 0.3)
+    got = causal_prefix_attention(q, k, k, 0.3)
+    assert len(prefill._sdpa_failed) == 1
+    assert ((got.double() - ref).norm() / ref.norm()).item() < 1e-5
+    prefill._sdpa_failed.clear()

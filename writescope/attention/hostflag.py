@@ -35,6 +35,7 @@ from __future__ import annotations
 import functools
 import os
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -220,17 +221,22 @@ def ready_mode() -> str:
 def stream_ready(device: torch.device):
     """Something with ``synchronize()`` that returns in a host thread once the work queued so far
     on ``device``'s current stream is done (see :class:`ReadyFlags`)."""
-    if ready_mode() == "event":
-        ev = host_event()
-        ev.record()
-        return ev
     device = torch.device(device)
     if device.index is None:
         device = torch.device(device.type, torch.cuda.current_device())
     flags = _ready_flags.get(device)
-    if flags is None:
-        flags = _ready_flags[device] = ReadyFlags(device)
-    return flags.post()
+    if ready_mode() != "event" and flags is not False:
+        try:
+            if flags is None:
+                flags = _ready_flags[device] = ReadyFlags(device)
+            return flags.post()
+        except Exception as e:  # noqa: BLE001 - no memops and no Triton here: events then
+            _ready_flags[device] = False
+            warnings.warn(f"ready flags unavailable on {device} ({type(e).__name__}: {e}); CPU "
+                          "workers wait on CUDA events instead", RuntimeWarning, stacklevel=2)
+    ev = host_event()
+    ev.record()
+    return ev
 
 
 class HostFlags:

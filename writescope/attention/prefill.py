@@ -23,6 +23,11 @@ TILE_SCORE_ELEMS = 1 << 26
 
 _sdpa_failed: set[tuple] = set()
 
+# SDPA's causal-bias dispatch warns about each kernel it cannot use (flash for MLA's 576-value
+# head, ...) before it takes the next. That order is expected here, and a failure of them all
+# raises; the filter names that module only, and is set once (filters are process-wide).
+warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.nn\.attention\.bias")
+
 
 def causal_prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             scale: float) -> torch.Tensor:
@@ -41,6 +46,8 @@ def causal_prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if key not in _sdpa_failed:
         try:
             return _sdpa(q, k, v, scale)
+        except torch.OutOfMemoryError:
+            raise  # a full device is not a missing kernel (and the tiles need more memory)
         except RuntimeError:
             _sdpa_failed.add(key)  # no fused kernel for this shape here: tiles from now on
     return _tiled(q, k, v, scale)
@@ -72,11 +79,7 @@ def _sdpa(q, k, v, scale):
     mask = causal_lower_right(n, t)
     if q.device.type == "cuda":  # fused kernels only: never the math path's full score matrix
         from torch.nn.attention import SDPBackend, sdpa_kernel
-        # SDPA warns about each kernel it cannot use (flash for MLA's 576-value head) before it
-        # takes the next; the choice is expected, and a failure of all of them raises
-        with warnings.catch_warnings(), \
-                sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
-            warnings.simplefilter("ignore", UserWarning)
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
             out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale,
                                                  enable_gqa=gqa)
     else:

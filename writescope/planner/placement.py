@@ -141,6 +141,7 @@ class WriteScopePolicy(PlacementPolicy):
         self._decode_without_cpu = 0  # decode steps since the CPU last attended (was timed)
         self.probes = 0  # steps planned at the uncorrected share to re-measure the CPU
         self._memo = None  # (planning state, (target share, step share, predicted step s))
+        self._first_cpu_skipped = False
 
     # ------------------------------------------------------------------ the cache's questions
     def place(self, seq: SeqKV, num_blocks: int, capacity: CacheCapacity) -> list[Region]:
@@ -230,14 +231,17 @@ class WriteScopePolicy(PlacementPolicy):
         pcie_s = timing.get("pcie_s")
         cpu_s = timing.get("cpu_s")
         if (cpu_s or 0) > 0 and cpu_tok > 0:
-            self.cpu_samples += 1
             self._decode_without_cpu = 0
-            if self.cpu_samples == 1 and cpu_s > FIRST_CPU_SAMPLE_MAX_RATIO * raw.cpu_attn_s:
+            if self.cpu_samples == 0 and not self._first_cpu_skipped and \
+                    cpu_s > FIRST_CPU_SAMPLE_MAX_RATIO * raw.cpu_attn_s:
                 # the CPU side's first step may pay its start-up (thread team, first touches):
                 # measured once on the H200 machine, such a step drove the CPU factor to a level
                 # that kept the share at 0 for a whole run; a first step that far off the model
-                # does not correct the rate
+                # does not correct the rate (nor count toward verifying it)
                 cpu_s = None
+                self._first_cpu_skipped = True
+            else:
+                self.cpu_samples += 1
         else:
             self._decode_without_cpu += 1
         fixed = self.cfg.num_layers * self.profile.cpu_roundtrip_s if cpu_tok > 0 else 0.0
