@@ -224,15 +224,19 @@ def test_cpu_side_plans_once_and_writes_into_given_buffers():
     ha = HybridAttention(case.pools, spec, "cpu")
     assert ha._cpu_attend is cpu_mod.attend_cpu
     ha.begin_step(case.plan)
-    q = case.random_q("cpu", seed=3)
+    q_all = case.random_q("cpu", seed=3)
     (region, batch), = case.plan.cpu
+    # the CPU side sees only the rows of sequences with CPU blocks (compact_cpu_rows)
+    rows = ha._cpu_rows if ha._cpu_rows is not None else torch.arange(q_all.shape[0])
+    q = q_all[rows]
     for layer in range(spec.num_layers):
         bo = torch.full((q.shape[0], 4, spec.v_dim), float("nan"))
         bl = torch.full((q.shape[0], 4), float("nan"))
         o, l, _ = ha._cpu_job(layer, q, None, (bo, bl))
         assert o is bo and l is bl
-        ro, rl = attend_torch(q, case.pools[region][layer], "cpu", spec, batch, case.plan.scale)
-        assert torch.allclose(bo, ro, atol=1e-5) and torch.allclose(bl, rl, atol=1e-5)
+        ro, rl = attend_torch(q_all, case.pools[region][layer], "cpu", spec, batch,
+                              case.plan.scale)
+        assert torch.allclose(bo, ro[rows], atol=1e-5) and torch.allclose(bl, rl[rows], atol=1e-5)
     assert len(ha._cpu_plans) == 1
     ha.end_step()
     ha.close()
@@ -255,3 +259,30 @@ def test_ready_poll_returns_when_raised_and_times_out_when_not():
     assert r.query() and time.perf_counter() - t0 < 5
     with pytest.raises(TimeoutError, match="flag 0"):
         Ready(view, 0, 1).synchronize(timeout=0.05)
+
+
+def test_cpu_side_gets_only_the_rows_of_sequences_with_cpu_blocks(monkeypatch):
+    """A step mixing sequences with CPU blocks and one without (5 cached tokens: only a W tail;
+    20 query rows, like a prefill chunk): the CPU job gets only the former's rows, and every
+    layer matches the float64 reference and the all-rows path."""
+    from writescope.attention.hybrid import compact_cpu_rows
+    spec = KVSpec.mla(2, 32, 8, torch.float32)
+    case = build_case(spec, 4, [90, 5, 70], q_counts=[1, 20, 1], block_size=8,
+                      frac={"G": 0.3, "C": 0.7}, seed=11)
+    compacted, rows = compact_cpu_rows([(r, b.to("cpu")) for r, b in case.plan.cpu])
+    assert rows.tolist() == [0, 21]
+    assert compacted[0][1].q_indptr.tolist() == [0, 1, 2]
+    outs = {}
+    for mode in ("cpu", "all"):
+        monkeypatch.setenv("WRITESCOPE_CPU_ROWS", mode)
+        ha = HybridAttention(case.pools, spec, "cpu")
+        check_all_layers(case, ha)
+        ha.begin_step(case.plan)
+        assert (ha._cpu_rows is not None) == (mode == "cpu")
+        q = case.random_q("cpu", seed=4)
+        outs[mode] = [ha.attend(layer, q) for layer in range(spec.num_layers)]
+        ha.end_step()
+        ha.close()
+    for (a, la), (b, lb) in zip(outs["cpu"], outs["all"]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(la, lb, atol=1e-5, rtol=1e-5)

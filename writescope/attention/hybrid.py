@@ -33,6 +33,7 @@ copies, so the ring logic is tested on CPU-only machines too.
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -91,6 +92,35 @@ class _Source:
     chunks: object = None             # gpu.ChunkPlan on the device (Triton backend)
 
 
+def compact_cpu_rows(batches: list[tuple[Region, BlockBatch]]
+                     ) -> tuple[list[tuple[Region, BlockBatch]], torch.Tensor | None]:
+    """The CPU side's batches over only the sequences that have a CPU block, and the query rows
+    of those sequences (None when that is every sequence). In a step that mixes decoding
+    sequences (with CPU blocks) and prefill chunks (none: the GPU attends a chunk's context), the
+    chunk's thousands of query rows then never cross PCIe to the CPU and back. All batches of
+    one step share ``q_indptr``; a sequence without CPU blocks has no entries in any of them."""
+    if not batches:
+        return batches, None
+    qi = batches[0][1].q_indptr.to("cpu", torch.int64)
+    has = torch.zeros(qi.numel() - 1, dtype=torch.bool)
+    for _, b in batches:
+        ki = b.kv_indptr.to("cpu", torch.int64)
+        has |= (ki[1:] - ki[:-1]) > 0
+    if bool(has.all()):
+        return batches, None
+    qn = qi[1:] - qi[:-1]
+    rows = torch.cat([torch.arange(int(qi[i]), int(qi[i + 1])) for i in
+                      torch.nonzero(has).flatten().tolist()] or [torch.zeros(0, dtype=torch.int64)])
+    zero = torch.zeros(1, dtype=torch.int64)
+    new_qi = torch.cat((zero, torch.cumsum(qn[has], 0))).to(torch.int32)
+    out = []
+    for r, b in batches:
+        ki = b.kv_indptr.to("cpu", torch.int64)
+        new_ki = torch.cat((zero, torch.cumsum((ki[1:] - ki[:-1])[has], 0))).to(torch.int32)
+        out.append((r, BlockBatch(new_qi.clone(), new_ki, b.kv_blocks, b.kv_lens)))
+    return out, rows
+
+
 class HybridAttention:
     """Attention over every cached block of a step, split between the CPU and the GPU.
 
@@ -143,6 +173,7 @@ class HybridAttention:
                                                     gather_bytes, DEFAULT_GATHER_BYTES)
         self._worker: ThreadPoolExecutor | None = None
         self._pinned: dict = {}
+        self._retired: list = []  # pinned buffers replaced during this step (see _pinned_bufs)
         self._cpu_plans = None
         # the compiled kernel is planned once per step (CpuAttentionPlan) and run per layer
         self._cpu_compiled = self._cpu_attend is not attend_torch and self._cpu_attend is cpu_kernel()
@@ -257,6 +288,13 @@ class HybridAttention:
             ly = list(range(self.spec.num_layers)) if layers is None else list(layers)
             self.ring.begin(self.pools[Region.T], self._stage_plan, ly)
         self._cpu = [(r, b.to("cpu")) for r, b in plan.cpu if b.num_blocks > 0]
+        # only the rows of sequences with CPU blocks go to the CPU (WRITESCOPE_CPU_ROWS=all: all)
+        self._cpu_rows = self._cpu_rows_dev = None
+        self._full_extra = None
+        if self._cpu and os.environ.get("WRITESCOPE_CPU_ROWS", "cpu") != "all":
+            self._cpu, self._cpu_rows = compact_cpu_rows(self._cpu)
+            if self._cpu_rows is not None:
+                self._cpu_rows_dev = self._cpu_rows.to(self.device, non_blocking=True)
         self._cpu_plans = None  # compiled-kernel calls of this step, made on the first layer
         if self.backend == "triton":
             self._plan_triton(plan)
@@ -354,20 +392,31 @@ class HybridAttention:
         return o, l
 
     def _pinned_bufs(self, key: str, shapes: list[tuple], dtypes: list, parity: int):
-        k = (key, parity, tuple(shapes), tuple(dtypes))
-        bufs = self._pinned.get(k)
-        if bufs is None:
-            pin = self.device.type == "cuda"
-            bufs = [torch.empty(s, dtype=d, pin_memory=pin) for s, d in zip(shapes, dtypes)]
-            self._pinned[k] = bufs
-        return bufs
+        """Views of page-locked buffers, one per (key, position, parity, dtype), grown (doubled)
+        when a step needs more: the row count changes from step to step, and a buffer per shape
+        would pile up. A replaced buffer is kept until the step ends (the device may still
+        read it)."""
+        pin = self.device.type == "cuda"
+        out = []
+        for j, (shape, dt) in enumerate(zip(shapes, dtypes)):
+            k = (key, j, parity, dt)
+            n = math.prod(shape)
+            buf = self._pinned.get(k)
+            if buf is None or buf.numel() < n:
+                if buf is not None:
+                    self._retired.append(buf)
+                size = max(n, 2 * buf.numel()) if buf is not None else n
+                buf = self._pinned[k] = torch.empty(size, dtype=dt, pin_memory=pin)
+            out.append(buf[:n].view(shape))
+        return out
 
     # ---- torch backend (any device; the CPU-only path) ----
     def _attend_torch(self, layer: int, q: torch.Tensor):
         plan = self.plan
         job = None
         if self._cpu:
-            q_host = q if q.device.type == "cpu" else q.to("cpu")
+            qc = q if self._cpu_rows is None else q.index_select(0, self._cpu_rows_dev)
+            q_host = qc if qc.device.type == "cpu" else qc.to("cpu")
             job = self._submit_cpu(layer, q_host, None, None)
         if self.ring is not None:
             self.ring.top_up()
@@ -388,10 +437,38 @@ class HybridAttention:
         self.timings["gpu_s"] += time.perf_counter() - t0
         if job is not None:
             o, l = self._collect_cpu(job)
-            parts.append((o.to(q.device), l.to(q.device)))
+            o, l = o.to(q.device), l.to(q.device)
+            if self._cpu_rows is not None:  # back to every row: (0, -inf) where no CPU block
+                o, l = self._scatter_rows(o, l, q.shape[0])
+            parts.append((o, l))
         if not parts:
             return _empty_result(q.shape[0], q.shape[1], plan.spec.v_dim, q.device)
         return merge_many(parts)
+
+    def _scatter_rows(self, o: torch.Tensor, l: torch.Tensor, nq: int, out=None):
+        """The CPU side's partial over its compacted rows, as one over all ``nq`` rows."""
+        if out is None:
+            out = (torch.zeros((nq,) + tuple(o.shape[1:]), dtype=o.dtype, device=o.device),
+                   torch.full((nq,) + tuple(l.shape[1:]), float("-inf"), dtype=l.dtype,
+                              device=l.device))
+        rows = self._cpu_rows_dev if o.device == self.device else self._cpu_rows
+        out[0].index_copy_(0, rows, o)
+        out[1].index_copy_(0, rows, l)
+        return out
+
+    def _cpu_extra(self, xo: torch.Tensor, xl: torch.Tensor, nq: int):
+        """The CPU result as the reduce's extra partial: read in place from pinned memory, or,
+        when it covers only some rows, copied and scattered into per-step device buffers whose
+        other rows stay (0, -inf) for every layer."""
+        if self._cpu_rows is None:
+            if self.cpu_result == "copy":
+                xo = xo.to(self.device, non_blocking=True)
+                xl = xl.to(self.device, non_blocking=True)
+            return xo, xl
+        xo = xo.to(self.device, non_blocking=True)
+        xl = xl.to(self.device, non_blocking=True)
+        self._full_extra = self._scatter_rows(xo, xl, nq, self._full_extra)
+        return self._full_extra
 
     # ---- Triton backend (CUDA) ----
     def _tick(self):
@@ -409,12 +486,14 @@ class HybridAttention:
         parity = layer & 1
         job = None
         if self._cpu:
-            (q_host,) = self._pinned_bufs("q", [tuple(q.shape)], [q.dtype], parity)
-            q_host.copy_(q, non_blocking=True)
+            qc = q if self._cpu_rows is None else q.index_select(0, self._cpu_rows_dev)
+            (q_host,) = self._pinned_bufs("q", [tuple(qc.shape)], [qc.dtype], parity)
+            q_host.copy_(qc, non_blocking=True)
             # the worker polls a pinned word the stream raises after the copy (no CUDA call in
             # the worker: see hostflag.ReadyFlags), sleeping, leaving its core to the kernel
             ready = stream_ready(self.device)
-            res = self._pinned_bufs("x", [(nq, hq, dv), (nq, hq)],
+            ncpu = qc.shape[0]
+            res = self._pinned_bufs("x", [(ncpu, hq, dv), (ncpu, hq)],
                                     [torch.float32, torch.float32], parity)
             job = self._submit_cpu(layer, q_host, ready, res)
         if self._stage_plan is not None:
@@ -456,17 +535,9 @@ class HybridAttention:
             # the stream waits for the CPU's flag; this thread goes on to the next layer
             self._jobs.append(job)
             self._flags.wait(layer, self._step_id)
-            xo, xl = res
-            if self.cpu_result == "copy":
-                xo = xo.to(self.device, non_blocking=True)
-                xl = xl.to(self.device, non_blocking=True)
-            extra = (xo, xl)
+            extra = self._cpu_extra(*res, nq)
         elif job is not None:
-            xo, xl = self._collect_cpu(job)
-            if self.cpu_result == "copy":
-                xo = xo.to(self.device, non_blocking=True)
-                xl = xl.to(self.device, non_blocking=True)
-            extra = (xo, xl)
+            extra = self._cpu_extra(*self._collect_cpu(job), nq)
         out = torch.empty(nq, hq, dv, dtype=torch.float32, device=self.device)
         lse = torch.empty(nq, hq, dtype=torch.float32, device=self.device)
         try:
@@ -524,6 +595,7 @@ class HybridAttention:
             self.timings["pcie_bytes"] = float(self.ring.copier.bytes)
             self.timings["pcie_copies"] = float(self.ring.copier.copies)
         self.timings["step_s"] = time.perf_counter() - self._t0
+        self._retired = []  # the device is done with this step's buffers
         self.plan = None
         self._stage_plan = None
         if errors:
