@@ -231,3 +231,13 @@ def test_cpu_contention_bench_runs_both_cases(tmp_path):
     assert [r["spinners"] for r in res["rows"]] == [0, 1]
     assert all(r["p50_ms"] > 0 and r["gbps_p50"] > 0 for r in res["rows"])
     assert json.loads((tmp_path / "c.json").read_text())["kv_bytes"] == 2 * 300 * 576 * 2
+
+
+def test_policy_overhead_bench_reports_host_time_and_collections(tmp_path):
+    from writescope.bench import policy_overhead
+    res = policy_overhead.main(["--policies", "transfer,writescope", "--batch", "2", "--prompt",
+                                "200", "--steps", "3", "--json", str(tmp_path / "o.json")])
+    assert [r["policy"] for r in res["rows"]] == ["transfer", "writescope"]
+    for r in res["rows"]:
+        assert r["begin_step_ms"] > 0 and r["end_step_ms"] > 0 and r["gc_collections"] >= 0
+    assert (tmp_path / "o.json").exists()

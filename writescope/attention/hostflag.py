@@ -52,20 +52,12 @@ READ_MODES = ("acquire", "volatile", "cv", "memop")
 
 
 @functools.lru_cache(maxsize=None)
-def _wait_value64():
+def _stream_memop(name: str):
+    """The driver's ``cuStream{Wait,Write}Value64`` (``name``: "Wait" or "Write"), through ctypes:
+    ``(stream, address, value, flags) -> CUresult``."""
     import ctypes
     lib = ctypes.CDLL("libcuda.so.1")
-    fn = getattr(lib, "cuStreamWaitValue64_v2", None) or lib.cuStreamWaitValue64
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-@functools.lru_cache(maxsize=None)
-def _write_value64():
-    import ctypes
-    lib = ctypes.CDLL("libcuda.so.1")
-    fn = getattr(lib, "cuStreamWriteValue64_v2", None) or lib.cuStreamWriteValue64
+    fn = getattr(lib, f"cuStream{name}Value64_v2", None) or getattr(lib, f"cuStream{name}Value64")
     fn.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint]
     fn.restype = ctypes.c_int
     return fn
@@ -198,7 +190,7 @@ class ReadyFlags:
         if self._memop:
             stream = torch.cuda.current_stream(self.device).cuda_stream
             try:
-                rc = _write_value64()(stream, ptr, value, 0)
+                rc = _stream_memop("Write")(stream, ptr, value, 0)
             except (OSError, AttributeError):
                 rc = -1
             if rc != 0:  # no stream memory operations here: a one-thread store kernel instead
@@ -264,7 +256,7 @@ class HostFlags:
         """Enqueue on the current stream: nothing after this runs before flag ``i >= value``."""
         if self.mode == 3:
             stream = torch.cuda.current_stream(self.device).cuda_stream
-            rc = _wait_value64()(stream, self.flags.data_ptr() + 8 * i, int(value), 0)  # GEQ
+            rc = _stream_memop("Wait")(stream, self.flags.data_ptr() + 8 * i, int(value), 0)  # GEQ
             if rc != 0:
                 raise RuntimeError(f"cuStreamWaitValue64 failed (CUresult {rc})")
             return
