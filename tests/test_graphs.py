@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from test_parity import GREEDY, PLACEMENTS, engine, generate_checked, prompt_ids
+from test_parity import (GREEDY, PLACEMENTS, check, engine, generate_checked, prompt_ids,
+                         reference)
 from writescope.engine import graphs
 
 
@@ -60,6 +61,42 @@ def test_padded_pieces_match_the_model(tiny_qwen3_moe, n, monkeypatch):
     for a, b in zip(got, want):
         assert a.token_ids == b.token_ids
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_pipelined_pieces_match_transformers(all_tiny, n, monkeypatch):
+    """Decode steps with CPU attention run as two interleaved sub-batches (pipelined_pieces):
+    every sequence's greedy tokens and log-probabilities equal transformers' and the
+    one-batch run's, and the steps really were split."""
+    monkeypatch.setenv("WRITESCOPE_CUDA_GRAPHS", "pieces")
+    vocab = 320
+    prompts = [prompt_ids(vocab, 40 + 37 * i, seed=10 + i) for i in range(n)]
+    monkeypatch.setenv("WRITESCOPE_PIPELINE", "0")
+    want = engine(all_tiny, **PLACEMENTS["mixed"]).generate(prompts, GREEDY)
+    monkeypatch.setenv("WRITESCOPE_PIPELINE", "1")
+    llm = engine(all_tiny, **PLACEMENTS["mixed"])
+    got = llm.generate(prompts, GREEDY)
+    s = llm.stats()
+    assert s["kv.pipelined_steps"] > 0 and s["graphs.pipelined_steps"] == 0  # pieces: no replay
+    for p, a, b in zip(prompts, got, want):
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
+    check(got[0], *reference(str(all_tiny), tuple(prompts[0])))
+
+
+def test_pipelined_piece_order(tiny_qwen3_moe):
+    """Sub-batch B's dense work sits between A's launch and A's finish of each layer."""
+    llm = engine(tiny_qwen3_moe)
+    model = llm.engine.model
+    names = [p.name for p in graphs.pipelined_pieces(model, [2, 2], llm.engine.cache)]
+    assert names[:6] == ["0:embed", "0:pre0", "0:launch0", "1:embed", "1:pre0", "1:launch0"]
+    assert names[6:11] == ["0:finish0", "0:post0", "0:ffn0", "0:pre1", "0:launch1"]
+    assert names[11:16] == ["1:finish0", "1:post0", "1:ffn0", "1:pre1", "1:launch1"]
+    last = len(model.model.layers) - 1
+    assert names[-8:] == [f"0:finish{last}", f"0:post{last}", f"0:ffn{last}", "0:norm",
+                          f"1:finish{last}", f"1:post{last}", f"1:ffn{last}", "1:norm"]
+    segs = graphs.segments(graphs.pipelined_pieces(model, [2, 2], llm.engine.cache))
+    assert all(len({p.group for p in s.pieces}) == 1 for s in segs)
 
 
 def test_mode_switch(monkeypatch):

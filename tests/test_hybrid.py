@@ -227,17 +227,18 @@ def test_cpu_side_plans_once_and_writes_into_given_buffers():
     q_all = case.random_q("cpu", seed=3)
     (region, batch), = case.plan.cpu
     # the CPU side sees only the rows of sequences with CPU blocks (compact_cpu_rows)
-    rows = ha._cpu_rows if ha._cpu_rows is not None else torch.arange(q_all.shape[0])
+    (g,) = ha._groups
+    rows = g.cpu_rows if g.cpu_rows is not None else torch.arange(q_all.shape[0])
     q = q_all[rows]
     for layer in range(spec.num_layers):
         bo = torch.full((q.shape[0], 4, spec.v_dim), float("nan"))
         bl = torch.full((q.shape[0], 4), float("nan"))
-        o, l, _ = ha._cpu_job(layer, q, None, (bo, bl))
+        o, l, _ = ha._cpu_job(layer, g, q, None, (bo, bl))
         assert o is bo and l is bl
         ro, rl = attend_torch(q_all, case.pools[region][layer], "cpu", spec, batch,
                               case.plan.scale)
         assert torch.allclose(bo, ro[rows], atol=1e-5) and torch.allclose(bl, rl[rows], atol=1e-5)
-    assert len(ha._cpu_plans) == 1
+    assert len(g.cpu_plans) == 1
     ha.end_step()
     ha.close()
 
@@ -278,7 +279,7 @@ def test_cpu_side_gets_only_the_rows_of_sequences_with_cpu_blocks(monkeypatch):
         ha = HybridAttention(case.pools, spec, "cpu")
         check_all_layers(case, ha)
         ha.begin_step(case.plan)
-        assert (ha._cpu_rows is not None) == (mode == "cpu")
+        assert (ha._groups[0].cpu_rows is not None) == (mode == "cpu")
         q = case.random_q("cpu", seed=4)
         outs[mode] = [ha.attend(layer, q) for layer in range(spec.num_layers)]
         ha.end_step()
@@ -286,3 +287,49 @@ def test_cpu_side_gets_only_the_rows_of_sequences_with_cpu_blocks(monkeypatch):
     for (a, la), (b, lb) in zip(outs["cpu"], outs["all"]):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(la, lb, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("spec", [GQA, MLA], ids=["gqa", "mla"])
+@pytest.mark.parametrize("split", [[1, 3], [2, 2], [3, 1]])
+def test_groups_interleaved_match_one_group(spec, split):
+    """A step split into two sub-batches (``groups``), attended the way the pipelined decode
+    does -- per layer: launch A, finish B of the previous layer, launch B, finish A -- gives
+    every row the result of the one-group step, with T blocks through a ring small enough that
+    a layer's pieces wrap it, and the CPU side on its worker."""
+    case = build_case(spec, 4, [70, 3, 129, 40], q_counts=1, block_size=8,
+                      frac={"G": 0.2, "T": 0.4, "C": 0.4}, cpu_t_frac=0.3, seed=5)
+    q = case.random_q("cpu", seed=9)
+    blk = 8 * spec.num_kv_heads * spec.rec_dim * 4
+    ha = HybridAttention(case.pools, spec, "cpu", staging_bytes=4 * blk, stage_t=True)
+    ha.begin_step(case.plan)
+    want = [ha.attend(l, q) for l in range(spec.num_layers)]
+    ha.end_step()
+    ha.begin_step(case.plan, groups=split)
+    with pytest.raises(RuntimeError, match="launch"):
+        ha.attend(0, q)
+    a, b = q[:split[0]], q[split[0]:]
+    got = {}
+    for l in range(spec.num_layers):
+        ha.launch(l, a, 0)
+        if l:
+            got[(l - 1, 1)] = ha.finish(l - 1, 1)
+        ha.launch(l, b, 1)
+        got[(l, 0)] = ha.finish(l, 0)
+    got[(spec.num_layers - 1, 1)] = ha.finish(spec.num_layers - 1, 1)
+    ha.end_step()
+    for l in range(spec.num_layers):
+        o = torch.cat((got[(l, 0)][0], got[(l, 1)][0]))
+        s = torch.cat((got[(l, 0)][1], got[(l, 1)][1]))
+        torch.testing.assert_close(o, want[l][0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(s, want[l][1], atol=1e-5, rtol=1e-5)
+    ha.close()
+
+
+def test_groups_must_cover_the_step():
+    case = build_case(GQA, 4, [30, 20], q_counts=1, block_size=8, frac={"G": 0.5, "C": 0.5},
+                      seed=1)
+    ha = HybridAttention(case.pools, GQA, "cpu")
+    for bad in ([1], [1, 2], [0, 2], [1, 1, 0]):
+        with pytest.raises(ValueError, match="groups"):
+            ha.begin_step(case.plan, groups=bad)
+    ha.close()

@@ -168,14 +168,14 @@ def test_no_gpu_profile_serialises_everything():
 
 
 # ----------------------------------------------------------------------------- the share's shape
-def brute_force(prof, cfg, b, res, c, t, exp, free):
+def brute_force(prof, cfg, b, res, c, t, exp, free, pipelined=False):
     best = None
     s = c + t
     lo = 0.0 if free else c / s
     for i in range(401):
         x = lo + (1 - lo) * i / 400
         load = rl.load_at_share(b, res, c, t, x, free)
-        v = rl.predict_step(prof, cfg, load, exp).step_s
+        v = rl.predict_step(prof, cfg, load, exp, pipelined=pipelined).step_s
         if best is None or v < best:
             best = v
     return best
@@ -641,3 +641,25 @@ def test_steady_decode_reuses_the_last_solve(monkeypatch):
     run_fixed_placement(pol, 3, lambda step: 3.0)  # the CPU gets 3x slower: solved again
     assert len(solves) > n
     assert wp.MEMO_TOLERANCE <= 0.05
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rc=st.floats(5, 100), c=st.integers(0, 10 ** 6), t=st.integers(1, 10 ** 6),
+       res=st.integers(0, 10 ** 5), b=st.integers(1, 64))
+def test_pipelined_model(rc, c, t, res, b):
+    """Two interleaved sub-batches: the CPU line loses the dense work and gains a round trip;
+    the optimiser still finds the grid's best share, the model is the same without CPU work,
+    with one sequence, and with experts on the CPU."""
+    cfg = ModelConfig.from_hf("qwen3-30b-a3b")
+    prof = h200_like(cpu_attn={"gqa-g8-d128": {"C": rc * GB, "T": 0.8 * rc * GB}})
+    plan = rl.optimal_cpu_share(prof, cfg, b, res, c, t, False, min_gain=0.0, pipelined=True)
+    grid = brute_force(prof, cfg, b, res, c, t, False, False, pipelined=True)
+    assert plan.prediction.step_s <= grid * (1 + 1e-9)
+    for x in (0.0, 0.3, 1.0):
+        load = rl.load_at_share(b, res, c, t, x)
+        one = rl.predict_step(prof, cfg, load, False)
+        two = rl.predict_step(prof, cfg, load, False, pipelined=True)
+        if load.cpu_tokens == 0 or b == 1:
+            assert two.step_s == one.step_s
+        assert rl.predict_step(prof, cfg, load, True, pipelined=True).step_s == \
+            rl.predict_step(prof, cfg, load, True).step_s

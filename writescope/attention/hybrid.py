@@ -52,6 +52,8 @@ from .torch_paged import attend_torch
 
 #: default size of the T staging ring in device memory
 DEFAULT_STAGING_BYTES = 512 * 2**20
+#: sub-batches a step may be split into (``begin_step(groups=...)``)
+MAX_GROUPS = 2
 
 
 @dataclass
@@ -61,6 +63,9 @@ class AttentionStepPlan:
     num_q_rows: int
     gpu: list[tuple[Region, BlockBatch]] = field(default_factory=list)
     cpu: list[tuple[Region, BlockBatch]] = field(default_factory=list)
+    #: query rows per sequence (CSR, CPU int tensor): which rows each sequence owns, also when
+    #: no batch has a block (optional: taken from any batch otherwise)
+    q_indptr: torch.Tensor | None = None
 
 
 def _layout(region: Region) -> str:
@@ -90,6 +95,40 @@ class _Source:
     piece: int | None = None          # index into the ring's pieces (staged T), else None
     gather: object = None             # gather.GatherPiece (C read by the GPU), else None
     chunks: object = None             # gpu.ChunkPlan on the device (Triton backend)
+    host_batch: BlockBatch | None = None  # ``batch`` as planned, on the CPU (for planning)
+
+
+def slice_batch(b: BlockBatch, s0: int, s1: int) -> BlockBatch:
+    """Sequences ``s0:s1`` of a batch, rebased (CPU tensors): a sub-batch's share of a plan."""
+    qi = b.q_indptr.to("cpu", torch.int64)
+    ki = b.kv_indptr.to("cpu", torch.int64)
+    k0, k1 = int(ki[s0]), int(ki[s1])
+    return BlockBatch((qi[s0:s1 + 1] - qi[s0]).to(torch.int32),
+                      (ki[s0:s1 + 1] - k0).to(torch.int32),
+                      b.kv_blocks.to("cpu")[k0:k1].clone(), b.kv_lens.to("cpu")[k0:k1].clone())
+
+
+@dataclass
+class _Group:
+    """One sub-batch of a step: its query rows, its share of the plan, its per-step state."""
+    index: int
+    rows: tuple[int, int]                    # [first, end) rows of the step's queries
+    gpu: list[tuple[Region, BlockBatch]]
+    cpu: list[tuple[Region, BlockBatch]]     # CPU tensors
+    sources: list[_Source] = field(default_factory=list)
+    cpu_rows: torch.Tensor | None = None     # compacted CPU rows (group-local), None = all
+    cpu_rows_dev: torch.Tensor | None = None
+    cpu_plans: list | None = None            # compiled-kernel calls, made on the first layer
+    full_extra: tuple | None = None
+    qmax: int = 1
+    num_chunks: int = 0
+    row_ptr: torch.Tensor | None = None
+    row_idx: torch.Tensor | None = None
+    pending: tuple | None = None             # between launch() and finish()
+
+    @property
+    def num_rows(self) -> int:
+        return self.rows[1] - self.rows[0]
 
 
 def compact_cpu_rows(batches: list[tuple[Region, BlockBatch]]
@@ -174,10 +213,10 @@ class HybridAttention:
         self._worker: ThreadPoolExecutor | None = None
         self._pinned: dict = {}
         self._retired: list = []  # pinned buffers replaced during this step (see _pinned_bufs)
-        self._cpu_plans = None
+        self._groups: list[_Group] = []
         # the compiled kernel is planned once per step (CpuAttentionPlan) and run per layer
         self._cpu_compiled = self._cpu_attend is not attend_torch and self._cpu_attend is cpu_kernel()
-        self._parts: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._parts: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # per group, kept
         # the device (not this thread) waits for each layer's CPU result: see hostflag.py
         if cpu_wait is None:  # WRITESCOPE_CPU_WAIT=host: the older blocking wait, to compare
             can = self.backend == "triton" and cpu_async
@@ -191,7 +230,7 @@ class HybridAttention:
         self._flags = None
         if self._device_wait:
             from .hostflag import HostFlags
-            self._flags = HostFlags(spec.num_layers, self.device)
+            self._flags = HostFlags(spec.num_layers * MAX_GROUPS, self.device)
         self._step_id = 0
         self._jobs: list[Future] = []
         #: GPU and copy-stream time is measured with device events on one step in this many:
@@ -239,10 +278,16 @@ class HybridAttention:
         return self._worker
 
     # ------------------------------------------------------------------------------------------
-    def begin_step(self, plan: AttentionStepPlan, layers: list[int] | None = None) -> None:
+    def begin_step(self, plan: AttentionStepPlan, layers: list[int] | None = None,
+                   groups: list[int] | None = None) -> None:
         """Plan the step (same for every layer) and start streaming the first layers' T blocks.
 
-        ``layers``: the order :meth:`attend` will be called in (default: all, ascending)."""
+        ``layers``: the order the layers will be attended in (default: all, ascending).
+        ``groups``: sequences per sub-batch, in batch order (e.g. ``[2, 2]``), for a step whose
+        model runs its sub-batches interleaved -- one sub-batch's CPU attention overlapping the
+        other's GPU work (``engine/pipeline.py``); each is then attended with :meth:`launch` and
+        :meth:`finish`, every group of a layer launched in order before the next layer's. Default:
+        one group of every sequence (:meth:`attend`)."""
         self.plan = plan
         self._step_id += 1
         self._jobs = []
@@ -256,90 +301,152 @@ class HybridAttention:
         if self.ring is not None and hasattr(self.ring.copier, "stream"):
             self.ring.copier.timed = self._timed
         self._ev_start = self._tick() if cuda and self._timed else None
+        self._groups = self._split(plan, groups)
         dev = self.device
-        sources: list[_Source] = []
-        staged = None
-        for region, batch in plan.gpu:
-            if batch.num_blocks == 0:
-                continue
-            pool = self.pools[region]
-            if self.ring is not None and region is Region.T:
-                if staged is not None:
-                    raise ValueError("one T batch per side per step")
-                staged = batch
-                continue
-            if self.cgather is not None and region is Region.C:
-                for gp in self.cgather.plan(batch):
-                    sources.append(_Source(Region.C, gp.batch.to(dev), gather=gp))
-                continue
-            if pool.device != dev:
-                raise ValueError(f"region {region} pool is on {pool.device}, not {dev}, and "
-                                 "is not staged")
-            sources.append(_Source(region, batch.to(dev)))
+        staged = []  # per group: its T batch (read through the ring), or None
+        for g in self._groups:
+            t = None
+            for region, batch in g.gpu:
+                pool = self.pools[region]
+                if self.ring is not None and region is Region.T:
+                    if t is not None:
+                        raise ValueError("one T batch per side per step")
+                    t = batch
+                    continue
+                if self.cgather is not None and region is Region.C:
+                    for gp in self.cgather.plan(batch):
+                        g.sources.append(_Source(Region.C, gp.batch.to(dev), gather=gp,
+                                                 host_batch=gp.batch))
+                    continue
+                if pool.device != dev:
+                    raise ValueError(f"region {region} pool is on {pool.device}, not {dev}, and "
+                                     "is not staged")
+                g.sources.append(_Source(region, batch.to(dev), host_batch=batch))
+            staged.append(t)
         self._stage_plan = None
         t_plan = time.perf_counter()
-        if staged is not None:
+        if any(t is not None for t in staged):
             sp = self.ring.plan(staged, self.max_slot_blocks)
             self._stage_plan = sp
             for i, piece in enumerate(sp.pieces):
-                sources.append(_Source(Region.T, piece.batch.to(dev), piece=i))
-        self._sources = sources
-        if self._stage_plan is not None:  # start the copy stream first, then plan the rest
+                self._groups[piece.part].sources.append(
+                    _Source(Region.T, piece.batch.to(dev), piece=i, host_batch=piece.batch))
+            # start the copy stream first, then plan the rest
             ly = list(range(self.spec.num_layers)) if layers is None else list(layers)
-            self.ring.begin(self.pools[Region.T], self._stage_plan, ly)
-        self._cpu = [(r, b.to("cpu")) for r, b in plan.cpu if b.num_blocks > 0]
+            self.ring.begin(self.pools[Region.T], sp, ly)
         # only the rows of sequences with CPU blocks go to the CPU (WRITESCOPE_CPU_ROWS=all: all)
-        self._cpu_rows = self._cpu_rows_dev = None
-        self._full_extra = None
-        if self._cpu and os.environ.get("WRITESCOPE_CPU_ROWS", "cpu") != "all":
-            self._cpu, self._cpu_rows = compact_cpu_rows(self._cpu)
-            if self._cpu_rows is not None:
-                self._cpu_rows_dev = self._cpu_rows.to(self.device, non_blocking=True)
-        self._cpu_plans = None  # compiled-kernel calls of this step, made on the first layer
-        if self.backend == "triton":
-            self._plan_triton(plan)
+        compact = os.environ.get("WRITESCOPE_CPU_ROWS", "cpu") != "all"
+        for g in self._groups:
+            if g.cpu and compact:
+                g.cpu, g.cpu_rows = compact_cpu_rows(g.cpu)
+                if g.cpu_rows is not None:
+                    g.cpu_rows_dev = g.cpu_rows.to(self.device, non_blocking=True)
+            if self.backend == "triton":
+                self._plan_triton(g)
         self.timings["host_begin_s"] = time.perf_counter() - self._t0
         self.timings["host_plan_s"] = time.perf_counter() - t_plan
 
-    def _plan_triton(self, plan: AttentionStepPlan) -> None:
+    @staticmethod
+    def _split(plan: AttentionStepPlan, groups: list[int] | None) -> list[_Group]:
+        qi = plan.q_indptr
+        if qi is None:
+            qi = next((b.q_indptr for _, b in plan.gpu + plan.cpu), None)
+        if qi is None:  # no cached block at all: one row per sequence is all a group needs
+            qi = torch.arange(plan.num_q_rows + 1)
+        qi = qi.to("cpu", torch.int64)
+        nseq = qi.numel() - 1
+        counts = [nseq] if groups is None else [int(c) for c in groups]
+        if sum(counts) != nseq or any(c <= 0 for c in counts) or len(counts) > MAX_GROUPS:
+            raise ValueError(f"groups {groups} do not split {nseq} sequences into at most "
+                             f"{MAX_GROUPS} non-empty sub-batches")
+        out, s0 = [], 0
+        for c in counts:
+            s1 = s0 + c
+            if len(counts) == 1:
+                gpu = [(r, b) for r, b in plan.gpu if b.num_blocks > 0]
+                cpu = [(r, b.to("cpu")) for r, b in plan.cpu if b.num_blocks > 0]
+            else:
+                gpu = [(r, slice_batch(b, s0, s1)) for r, b in plan.gpu]
+                cpu = [(r, slice_batch(b, s0, s1)) for r, b in plan.cpu]
+                gpu = [(r, b) for r, b in gpu if b.num_blocks > 0]
+                cpu = [(r, b) for r, b in cpu if b.num_blocks > 0]
+            out.append(_Group(len(out), (int(qi[s0]), int(qi[s1])), gpu, cpu))
+            s0 = s1
+        return out
+
+    def _plan_triton(self, g: _Group) -> None:
         from . import gpu as G
         base = 0
         cpu_plans = []
-        cpu_bs = [BlockBatch(s.batch.q_indptr.cpu(), s.batch.kv_indptr.cpu(), s.batch.kv_blocks,
-                             s.batch.kv_lens) for s in self._sources]
+        cpu_bs = [BlockBatch(s.host_batch.q_indptr.cpu(), s.host_batch.kv_indptr.cpu(),
+                             s.host_batch.kv_blocks, s.host_batch.kv_lens) for s in g.sources]
         cb = self.chunk_blocks or G.chunk_blocks_for(cpu_bs, self.spec.num_kv_heads)
         for cpu_b in cpu_bs:
             cp = G.plan_chunks(cpu_b, cb, base)
             base += cp.num_chunks
             cpu_plans.append(cp)
-        qmax = max([p.qmax for p in cpu_plans] + [1])
-        self._qmax = qmax
-        self._num_chunks = base
-        row_ptr, row_idx = G.plan_rows(cpu_plans, plan.num_q_rows, qmax)
+        g.qmax = max([p.qmax for p in cpu_plans] + [1])
+        g.num_chunks = base
+        row_ptr, row_idx = G.plan_rows(cpu_plans, g.num_rows, g.qmax)
         dev = self.device
-        for src, cp in zip(self._sources, cpu_plans):
+        for src, cp in zip(g.sources, cpu_plans):
             src.chunks = cp.to(dev)
-        self._row_ptr = row_ptr.to(dev)
-        self._row_idx = row_idx.to(dev)
+        g.row_ptr = row_ptr.to(dev)
+        g.row_idx = row_idx.to(dev)
 
     # ------------------------------------------------------------------------------------------
     def attend(self, layer: int, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Attention of this step's queries over every cached block in the plan, for one layer."""
         assert self.plan is not None, "begin_step first"
+        if len(self._groups) != 1:
+            raise RuntimeError("a step planned in groups is attended with launch() and finish()")
+        self.launch(layer, q, 0)
+        return self.finish(layer, 0)
+
+    def launch(self, layer: int, q: torch.Tensor, group: int = 0) -> None:
+        """Start one layer's attention for one group's query rows ``q``: the GPU side is enqueued
+        and the CPU side handed to the worker; :meth:`finish` returns the merged result."""
+        assert self.plan is not None, "begin_step first"
+        g = self._groups[group]
+        if g.pending is not None:
+            raise RuntimeError(f"group {group}: layer {g.pending[0]} was launched and not finished")
+        if q.shape[0] != g.num_rows:
+            raise ValueError(f"group {group} has {g.num_rows} query rows, got {q.shape[0]}")
+        t = time.perf_counter()
         if self.backend == "triton":
-            return self._attend_triton(layer, q)
-        return self._attend_torch(layer, q)
+            self._launch_triton(layer, q, g)
+        else:
+            self._launch_torch(layer, q, g)
+        self.timings["host_attend_s"] += time.perf_counter() - t
+
+    def finish(self, layer: int, group: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """The launched layer's ``(out, lse)`` for the group's rows (float32, on the device). With
+        the device waiting for the CPU (the default on CUDA) this enqueues the wait and the merge
+        and returns at once."""
+        g = self._groups[group]
+        if g.pending is None or g.pending[0] != layer:
+            raise RuntimeError(f"group {group}: layer {layer} was not launched")
+        t = time.perf_counter()
+        pending, g.pending = g.pending, None
+        if self.backend == "triton":
+            out = self._finish_triton(g, layer, *pending[1:])
+        else:
+            out = self._finish_torch(g, *pending[1:])
+        self.timings["host_attend_s"] += time.perf_counter() - t
+        return out
 
     # ---- CPU side ----
-    def _cpu_job_signalled(self, step_id: int, layer: int, q_host, ready, out_bufs, t_submit):
+    def _cpu_job_signalled(self, step_id: int, layer: int, g: _Group, q_host, ready, out_bufs,
+                           t_submit):
         """The CPU side of one layer when the device waits for it: the flag is raised whatever
         happens (a failure is re-raised at :meth:`end_step`, after the device has gone on)."""
         try:
-            return self._cpu_job(layer, q_host, ready, out_bufs, t_submit)
+            return self._cpu_job(layer, g, q_host, ready, out_bufs, t_submit)
         finally:
-            self._flags.signal(layer, step_id)
+            self._flags.signal(layer * MAX_GROUPS + g.index, step_id)
 
-    def _cpu_job(self, layer: int, q_host: torch.Tensor, ready, out_bufs, t_submit=None):
+    def _cpu_job(self, layer: int, g: _Group, q_host: torch.Tensor, ready, out_bufs,
+                 t_submit=None):
         t_in = time.perf_counter()
         if ready is not None:
             ready.synchronize()
@@ -348,22 +455,22 @@ class HybridAttention:
         self._lag["q_wait"] += t0 - t_in
         plan = self.plan
         if self._cpu_compiled:
-            if self._cpu_plans is None:  # checked and converted once per step
+            if g.cpu_plans is None:  # checked and converted once per step
                 from .cpu import CpuAttentionPlan
-                self._cpu_plans = [(r, CpuAttentionPlan(self.pools[r][0], _layout(r), plan.spec,
-                                                        b, plan.scale, q_host.shape[0],
-                                                        q_host.shape[1], q_host.dtype))
-                                   for r, b in self._cpu]
-            if len(self._cpu_plans) == 1 and out_bufs is not None:  # straight into pinned
-                r, pl = self._cpu_plans[0]
+                g.cpu_plans = [(r, CpuAttentionPlan(self.pools[r][0], _layout(r), plan.spec,
+                                                    b, plan.scale, q_host.shape[0],
+                                                    q_host.shape[1], q_host.dtype))
+                               for r, b in g.cpu]
+            if len(g.cpu_plans) == 1 and out_bufs is not None:  # straight into pinned
+                r, pl = g.cpu_plans[0]
                 o, l = pl(q_host, self.pools[r][layer], out_bufs[0], out_bufs[1])
                 t1 = time.perf_counter()
                 self._lag["t_done"] = t1
                 return o, l, t1 - t0
-            parts = [pl(q_host, self.pools[r][layer]) for r, pl in self._cpu_plans]
+            parts = [pl(q_host, self.pools[r][layer]) for r, pl in g.cpu_plans]
         else:
             parts = [self._cpu_attend(q_host, self.pools[r][layer], _layout(r), plan.spec, b,
-                                      plan.scale) for r, b in self._cpu]
+                                      plan.scale) for r, b in g.cpu]
         o, l = parts[0] if len(parts) == 1 else merge_many(parts)
         if out_bufs is not None:
             out_bufs[0].copy_(o)
@@ -373,14 +480,14 @@ class HybridAttention:
         self._lag["t_done"] = t1
         return o, l, t1 - t0
 
-    def _submit_cpu(self, layer: int, q_host, ready, out_bufs) -> Future | tuple:
+    def _submit_cpu(self, layer: int, g: _Group, q_host, ready, out_bufs) -> Future | tuple:
         if self._device_wait:
-            return self._pool_worker().submit(self._cpu_job_signalled, self._step_id, layer,
+            return self._pool_worker().submit(self._cpu_job_signalled, self._step_id, layer, g,
                                               q_host, ready, out_bufs, time.perf_counter())
         if self.cpu_async:
-            return self._pool_worker().submit(self._cpu_job, layer, q_host, ready, out_bufs,
+            return self._pool_worker().submit(self._cpu_job, layer, g, q_host, ready, out_bufs,
                                               time.perf_counter())
-        return self._cpu_job(layer, q_host, ready, out_bufs)
+        return self._cpu_job(layer, g, q_host, ready, out_bufs)
 
     def _collect_cpu(self, job) -> tuple[torch.Tensor, torch.Tensor]:
         t = time.perf_counter()
@@ -391,7 +498,7 @@ class HybridAttention:
         self.timings["cpu_s"] += dt
         return o, l
 
-    def _pinned_bufs(self, key: str, shapes: list[tuple], dtypes: list, parity: int):
+    def _pinned_bufs(self, key, shapes: list[tuple], dtypes: list, parity: int):
         """Views of page-locked buffers, one per (key, position, parity, dtype), grown (doubled)
         when a step needs more: the row count changes from step to step, and a buffer per shape
         would pile up. A replaced buffer is kept until the step ends (the device may still
@@ -411,18 +518,18 @@ class HybridAttention:
         return out
 
     # ---- torch backend (any device; the CPU-only path) ----
-    def _attend_torch(self, layer: int, q: torch.Tensor):
+    def _launch_torch(self, layer: int, q: torch.Tensor, g: _Group) -> None:
         plan = self.plan
         job = None
-        if self._cpu:
-            qc = q if self._cpu_rows is None else q.index_select(0, self._cpu_rows_dev)
+        if g.cpu:
+            qc = q if g.cpu_rows is None else q.index_select(0, g.cpu_rows_dev)
             q_host = qc if qc.device.type == "cpu" else qc.to("cpu")
-            job = self._submit_cpu(layer, q_host, None, None)
+            job = self._submit_cpu(layer, g, q_host, None, None)
         if self.ring is not None:
             self.ring.top_up()
         parts = []
         t0 = time.perf_counter()
-        for src in self._sources:
+        for src in g.sources:
             if src.gather is not None:
                 kv = self.cgather.fetch(self.pools[Region.C][layer], src.gather)
                 parts.append(attend_torch(q, kv, "gpu", plan.spec, src.batch, plan.scale))
@@ -435,40 +542,43 @@ class HybridAttention:
                 parts.append(attend_torch(q, kv, "gpu", plan.spec, src.batch, plan.scale))
                 self.ring.release(layer, src.piece)
         self.timings["gpu_s"] += time.perf_counter() - t0
+        g.pending = (layer, job, parts, tuple(q.shape[:2]), q.device)
+
+    def _finish_torch(self, g: _Group, job, parts, shape, device):
         if job is not None:
             o, l = self._collect_cpu(job)
-            o, l = o.to(q.device), l.to(q.device)
-            if self._cpu_rows is not None:  # back to every row: (0, -inf) where no CPU block
-                o, l = self._scatter_rows(o, l, q.shape[0])
+            o, l = o.to(device), l.to(device)
+            if g.cpu_rows is not None:  # back to every row: (0, -inf) where no CPU block
+                o, l = self._scatter_rows(g, o, l, shape[0])
             parts.append((o, l))
         if not parts:
-            return _empty_result(q.shape[0], q.shape[1], plan.spec.v_dim, q.device)
+            return _empty_result(shape[0], shape[1], self.plan.spec.v_dim, device)
         return merge_many(parts)
 
-    def _scatter_rows(self, o: torch.Tensor, l: torch.Tensor, nq: int, out=None):
+    def _scatter_rows(self, g: _Group, o: torch.Tensor, l: torch.Tensor, nq: int, out=None):
         """The CPU side's partial over its compacted rows, as one over all ``nq`` rows."""
         if out is None:
             out = (torch.zeros((nq,) + tuple(o.shape[1:]), dtype=o.dtype, device=o.device),
                    torch.full((nq,) + tuple(l.shape[1:]), float("-inf"), dtype=l.dtype,
                               device=l.device))
-        rows = self._cpu_rows_dev if o.device == self.device else self._cpu_rows
+        rows = g.cpu_rows_dev if o.device == self.device else g.cpu_rows
         out[0].index_copy_(0, rows, o)
         out[1].index_copy_(0, rows, l)
         return out
 
-    def _cpu_extra(self, xo: torch.Tensor, xl: torch.Tensor, nq: int):
+    def _cpu_extra(self, g: _Group, xo: torch.Tensor, xl: torch.Tensor, nq: int):
         """The CPU result as the reduce's extra partial: read in place from pinned memory, or,
         when it covers only some rows, copied and scattered into per-step device buffers whose
         other rows stay (0, -inf) for every layer."""
-        if self._cpu_rows is None:
+        if g.cpu_rows is None:
             if self.cpu_result == "copy":
                 xo = xo.to(self.device, non_blocking=True)
                 xl = xl.to(self.device, non_blocking=True)
             return xo, xl
         xo = xo.to(self.device, non_blocking=True)
         xl = xl.to(self.device, non_blocking=True)
-        self._full_extra = self._scatter_rows(xo, xl, nq, self._full_extra)
-        return self._full_extra
+        g.full_extra = self._scatter_rows(g, xo, xl, nq, g.full_extra)
+        return g.full_extra
 
     # ---- Triton backend (CUDA) ----
     def _tick(self):
@@ -476,43 +586,43 @@ class HybridAttention:
         ev.record()
         return ev
 
-    def _attend_triton(self, layer: int, q: torch.Tensor):
+    def _launch_triton(self, layer: int, q: torch.Tensor, g: _Group) -> None:
         from . import gpu as G
-        t_host = time.perf_counter()
         plan = self.plan
         spec = plan.spec
         nq, hq, _ = q.shape
         dv = spec.v_dim
         parity = layer & 1
-        job = None
-        if self._cpu:
-            qc = q if self._cpu_rows is None else q.index_select(0, self._cpu_rows_dev)
-            (q_host,) = self._pinned_bufs("q", [tuple(qc.shape)], [qc.dtype], parity)
+        job = res = None
+        if g.cpu:
+            qc = q if g.cpu_rows is None else q.index_select(0, g.cpu_rows_dev)
+            (q_host,) = self._pinned_bufs(("q", g.index), [tuple(qc.shape)], [qc.dtype], parity)
             q_host.copy_(qc, non_blocking=True)
             # the worker polls a pinned word the stream raises after the copy (no CUDA call in
             # the worker: see hostflag.ReadyFlags), sleeping, leaving its core to the kernel
             ready = stream_ready(self.device)
             ncpu = qc.shape[0]
-            res = self._pinned_bufs("x", [(ncpu, hq, dv), (ncpu, hq)],
+            res = self._pinned_bufs(("x", g.index), [(ncpu, hq, dv), (ncpu, hq)],
                                     [torch.float32, torch.float32], parity)
-            job = self._submit_cpu(layer, q_host, ready, res)
+            job = self._submit_cpu(layer, g, q_host, ready, res)
         if self._stage_plan is not None:
             self.ring.top_up()  # the rest of the copy window, while the CPU side works
         dtype = None
-        for src in self._sources:
+        for src in g.sources:
             dtype = self.pools[src.region].dtype
             break
         qk = q.to(dtype).contiguous() if dtype is not None else q
-        nparts = max(1, self._num_chunks * self._qmax)
-        if self._parts is None or self._parts[0].shape[0] < nparts or \
-                self._parts[0].shape[1:] != (hq, dv):
-            self._parts = (torch.empty(nparts, hq, dv, dtype=torch.float32, device=self.device),
-                           torch.empty(nparts, hq, dtype=torch.float32, device=self.device))
-        p_out, p_lse = self._parts
+        nparts = max(1, g.num_chunks * g.qmax)
+        parts = self._parts.get(g.index)
+        if parts is None or parts[0].shape[0] < nparts or parts[0].shape[1:] != (hq, dv):
+            parts = self._parts[g.index] = (
+                torch.empty(nparts, hq, dv, dtype=torch.float32, device=self.device),
+                torch.empty(nparts, hq, dtype=torch.float32, device=self.device))
+        p_out, p_lse = parts
         ev = self._events
         timed = self._timed
         open_ev = None
-        for src in self._sources:
+        for src in g.sources:
             if src.gather is not None:
                 kv = self.cgather.fetch(self.pools[Region.C][layer], src.gather)
             elif src.piece is None:
@@ -525,31 +635,36 @@ class HybridAttention:
             if open_ev is None and timed:
                 open_ev = self._tick()
             G.launch_partials(qk, kv, spec, src.chunks, src.batch.kv_blocks, src.batch.kv_lens,
-                              plan.scale, p_out, p_lse, self._qmax)
+                              plan.scale, p_out, p_lse, g.qmax)
             if src.piece is not None:
                 self.ring.release(layer, src.piece)
         if open_ev is not None:
             ev.append((open_ev, self._tick()))
+        g.pending = (layer, job, res, parts, nq, hq)
+
+    def _finish_triton(self, g: _Group, layer: int, job, res, parts, nq: int, hq: int):
+        from . import gpu as G
+        p_out, p_lse = parts
+        dv = self.plan.spec.v_dim
         extra = None
         if job is not None and self._device_wait:
             # the stream waits for the CPU's flag; this thread goes on to the next layer
             self._jobs.append(job)
-            self._flags.wait(layer, self._step_id)
-            extra = self._cpu_extra(*res, nq)
+            self._flags.wait(layer * MAX_GROUPS + g.index, self._step_id)
+            extra = self._cpu_extra(g, *res, nq)
         elif job is not None:
-            extra = self._cpu_extra(*self._collect_cpu(job), nq)
+            extra = self._cpu_extra(g, *self._collect_cpu(job), nq)
         out = torch.empty(nq, hq, dv, dtype=torch.float32, device=self.device)
         lse = torch.empty(nq, hq, dtype=torch.float32, device=self.device)
         try:
-            G.launch_reduce(p_out, p_lse, self._row_ptr, self._row_idx, out, lse, extra)
+            G.launch_reduce(p_out, p_lse, g.row_ptr, g.row_idx, out, lse, extra)
         except ValueError:  # this Triton/driver cannot read pinned host memory in place
             if extra is None or extra[0].device.type == "cuda":
                 raise
             self.cpu_result = "copy"
             extra = (extra[0].to(self.device, non_blocking=True),
                      extra[1].to(self.device, non_blocking=True))
-            G.launch_reduce(p_out, p_lse, self._row_ptr, self._row_idx, out, lse, extra)
-        self.timings["host_attend_s"] += time.perf_counter() - t_host
+            G.launch_reduce(p_out, p_lse, g.row_ptr, g.row_idx, out, lse, extra)
         return out, lse
 
     # ------------------------------------------------------------------------------------------
@@ -596,6 +711,7 @@ class HybridAttention:
             self.timings["pcie_copies"] = float(self.ring.copier.copies)
         self.timings["step_s"] = time.perf_counter() - self._t0
         self._retired = []  # the device is done with this step's buffers
+        self._groups = []
         self.plan = None
         self._stage_plan = None
         if errors:

@@ -58,6 +58,7 @@ class StagedPiece:
     runs: torch.Tensor  # [n_runs, 3] int64: (src block id, dst slot position, count)
     num_blocks: int
     runs_list: list = field(default_factory=list)
+    part: int = 0  # which of the planned batches (sub-batches of a step) the piece belongs to
 
     def __post_init__(self):
         self.runs_list = [tuple(r) for r in self.runs.tolist()]
@@ -229,15 +230,26 @@ class StagingRing:
         return self.capacity_blocks * self.block_bytes
 
     # ---- per step ----
-    def plan(self, batch: BlockBatch, max_slot_blocks: int | None = None) -> StagePlan:
+    def plan(self, batch: BlockBatch | list[BlockBatch | None],
+             max_slot_blocks: int | None = None) -> StagePlan:
         """Pieces and slots for one step's T batch: a piece is a whole layer if two fit in the
-        ring (then as many layers are in flight as fit), else half the ring."""
-        nnz = batch.num_blocks
+        ring (then as many layers are in flight as fit), else half the ring. ``batch`` may be a
+        list (a step's sub-batches, None for one without T blocks): no piece then spans two of
+        them, each piece's ``part`` says whose it is, and a layer's pieces follow list order."""
+        parts = batch if isinstance(batch, (list, tuple)) else [batch]
+        nnz = sum(b.num_blocks for b in parts if b is not None)
         cap = self.capacity_blocks
         slot = max(1, min(nnz, cap // 2 if cap >= 2 else cap))
         if max_slot_blocks:
             slot = max(1, min(slot, max_slot_blocks))
-        return StagePlan(split_pieces(batch, slot) if nnz else [], slot, max(1, cap // slot))
+        pieces = []
+        for k, b in enumerate(parts):
+            if b is None or b.num_blocks == 0:
+                continue
+            for piece in split_pieces(b, slot):
+                piece.part = k
+                pieces.append(piece)
+        return StagePlan(pieces, slot, max(1, cap // slot))
 
     def slot_view(self, slot: int, n: int) -> torch.Tensor:
         p = self._plan

@@ -274,6 +274,10 @@ class LLMEngine:
                                     staging_bytes=a["staging"])
         self.scheduler = Scheduler(self.cache, a["max_num_seqs"], a["max_num_batched_tokens"])
         self.runner = ModelRunner(self.model, self.cache, self.device)
+        if any(self.cpu_expert_layers):
+            self.runner.pipeline = False
+        if hasattr(self.cache.policy, "pipelined"):  # the planner models what the runner does
+            self.cache.policy.pipelined = self.runner.pipelines
 
     # ------------------------------------------------------------------ sizing helpers
     def _activation_bytes(self, max_tokens: int) -> int:

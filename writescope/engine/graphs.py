@@ -75,6 +75,7 @@ class Piece:
     reads: tuple[str, ...]
     writes: tuple[str, ...]
     graphable: bool
+    group: int = 0  # the sub-batch of a pipelined step it works on
 
 
 @dataclass
@@ -87,6 +88,10 @@ class Segment:
     @property
     def graphable(self) -> bool:
         return self.pieces[0].graphable
+
+    @property
+    def group(self) -> int:
+        return self.pieces[0].group
 
     # the piece list is complete once segments() has returned; these are read every step
     @functools.cached_property
@@ -119,57 +124,110 @@ class Segment:
         env.update({k: local[k] for k in self.outputs})
 
 
-def _layer_pieces(i: int, layer, n: int, cache) -> list[Piece]:
+def _layer_pieces(i: int, layer, n: int, cache, group: int | None = None) -> list[Piece]:
+    """Layer ``i``'s pieces. ``group`` None: the whole step, one attention piece. Else one
+    sub-batch of a pipelined step (keys prefixed ``"{group}:"``): attention is two pieces,
+    ``launch`` (GPU side enqueued, CPU side handed to its worker) and ``finish`` (the merge),
+    so that the other sub-batch's work can be enqueued between them."""
     attn, ffn = layer.self_attn, layer.ffn
+    g = 0 if group is None else group
+    pre_ = "" if group is None else f"{group}:"
+    x, cos, sin, q, rec = (pre_ + k for k in ("x", "cos", "sin", "q", "rec"))
+    o_self, l_self, o_kv, l_kv, h = (pre_ + k for k in ("o_self", "l_self", "o_kv", "l_kv", "h"))
 
     def pre(env, ctx):
-        q, rec = attn.pre(layer.input_layernorm(env["x"]), (env["cos"], env["sin"]))
-        env["q"], env["rec"] = q, rec
-        env["o_self"], env["l_self"] = cache.decode_self_partial(q, rec)
+        env[q], env[rec] = attn.pre(layer.input_layernorm(env[x]), (env[cos], env[sin]))
+        env[o_self], env[l_self] = cache.decode_self_partial(env[q], env[rec])
 
     def attend(env, ctx):  # the only part that depends on the step's plan
-        env["o_kv"], env["l_kv"] = ctx.attend_cached(i, env["q"], env["rec"])
+        env[o_kv], env[l_kv] = ctx.attend_cached(i, env[q], env[rec])
+
+    def launch(env, ctx):
+        ctx.attend_launch(i, env[q], env[rec], g)
+
+    def finish(env, ctx):
+        env[o_kv], env[l_kv] = ctx.attend_finish(i, g)
 
     def post(env, ctx):
-        o, _ = merge(env["o_kv"], env["l_kv"], env["o_self"], env["l_self"])
-        x = env["x"] + attn.post(o.to(env["q"].dtype))
-        env["x"] = x
-        env["h"] = layer.post_attention_layernorm(x)
+        o, _ = merge(env[o_kv], env[l_kv], env[o_self], env[l_self])
+        env[x] = env[x] + attn.post(o.to(env[q].dtype))
+        env[h] = layer.post_attention_layernorm(env[x])
 
     def mlp(env, ctx):
-        env["x"] = env["x"] + ffn(env["h"])
+        env[x] = env[x] + ffn(env[h])
 
     safe = getattr(ffn, "graph_safe", None)
-    return [Piece(f"pre{i}", pre, ("x", "cos", "sin"), ("q", "rec", "o_self", "l_self"), True),
-            Piece(f"attn{i}", attend, ("q", "rec"), ("o_kv", "l_kv"), False),
-            Piece(f"post{i}", post, ("x", "o_kv", "l_kv", "o_self", "l_self", "q"), ("x", "h"),
-                  True),
-            Piece(f"ffn{i}", mlp, ("x", "h"), ("x",), True if safe is None else safe(n))]
+    out = [Piece(f"{pre_}pre{i}", pre, (x, cos, sin), (q, rec, o_self, l_self), True, g)]
+    if group is None:
+        out.append(Piece(f"attn{i}", attend, (q, rec), (o_kv, l_kv), False))
+    else:
+        out += [Piece(f"{pre_}launch{i}", launch, (q, rec), (), False, g),
+                Piece(f"{pre_}finish{i}", finish, (), (o_kv, l_kv), False, g)]
+    return out + [Piece(f"{pre_}post{i}", post, (x, o_kv, l_kv, o_self, l_self, q), (x, h), True,
+                        g),
+                  Piece(f"{pre_}ffn{i}", mlp, (x, h), (x,), True if safe is None else safe(n), g)]
+
+
+def _ends(model, group: int | None = None) -> tuple[Piece, Piece]:
+    """The embedding (and rotary tables) and the final norm, for the step or one sub-batch."""
+    m, rot = model.model, model.rotary
+    g = 0 if group is None else group
+    pre_ = "" if group is None else f"{group}:"
+    ids, pos, x, cos, sin, out = (pre_ + k for k in ("ids", "pos", "x", "cos", "sin", "out"))
+
+    def embed(env, ctx):
+        env[x] = m.embed_tokens(env[ids])
+        env[cos], env[sin] = rot.cos_sin(env[pos])
+
+    def norm(env, ctx):
+        env[out] = m.norm(env[x])
+
+    return (Piece(f"{pre_}embed", embed, (ids, pos), (x, cos, sin), True, g),
+            Piece(f"{pre_}norm", norm, (x,), (out,), True, g))
 
 
 def decode_pieces(model, n: int, cache) -> list[Piece]:
     """The model's forward pass for ``n`` new tokens, one per sequence, as pieces (equal to
     ``model.forward`` over ``cache``)."""
-    m, rot = model.model, model.rotary
-
-    def embed(env, ctx):
-        env["x"] = m.embed_tokens(env["ids"])
-        env["cos"], env["sin"] = rot.cos_sin(env["pos"])
-
-    def norm(env, ctx):
-        env["out"] = m.norm(env["x"])
-
-    pieces = [Piece("embed", embed, ("ids", "pos"), ("x", "cos", "sin"), True)]
-    for i, layer in enumerate(m.layers):
+    embed, norm = _ends(model)
+    pieces = [embed]
+    for i, layer in enumerate(model.model.layers):
         pieces += _layer_pieces(i, layer, n, cache)
-    pieces.append(Piece("norm", norm, ("x",), ("out",), True))
+    pieces.append(norm)
+    return pieces
+
+
+def pipelined_pieces(model, sizes: list[int], cache) -> list[Piece]:
+    """The forward pass of a decode step split into two sub-batches of ``sizes`` tokens, in the
+    order that overlaps one sub-batch's CPU attention with the other's GPU work (NEO's
+    asymmetric pipelining, arXiv 2411.01142; the schedule here is ours)::
+
+        A.pre0 A.launch0 | B.pre0 B.launch0 | A.finish0 A.post0 A.ffn0 A.pre1 A.launch1 |
+        B.finish0 B.post0 B.ffn0 B.pre1 B.launch1 | A.finish1 ...
+
+    While the CPU attends A's layer ``i`` the device runs B's dense work from layer ``i-1`` to
+    ``i`` (and the device's wait for A's CPU result comes after it); then the CPU attends B's
+    layer ``i`` while the device runs A's."""
+    if len(sizes) != 2:
+        raise ValueError(f"a pipelined step has two sub-batches, got {sizes}")
+    layers = list(model.model.layers)
+    per = [[_layer_pieces(i, l, sizes[g], cache, g) for i, l in enumerate(layers)]
+           for g in (0, 1)]
+    ends = [_ends(model, g) for g in (0, 1)]
+    pieces = []
+    for g in (0, 1):  # embed, pre and launch of layer 0
+        pieces += [ends[g][0]] + per[g][0][:2]
+    for i in range(len(layers)):
+        for g in (0, 1):
+            pieces += per[g][i][2:]  # finish, post, ffn of layer i
+            pieces += per[g][i + 1][:2] if i + 1 < len(layers) else [ends[g][1]]
     return pieces
 
 
 def segments(pieces: list[Piece]) -> list[Segment]:
     out: list[Segment] = []
     for p in pieces:
-        if out and out[-1].graphable == p.graphable:
+        if out and out[-1].graphable == p.graphable and out[-1].group == p.group:
             out[-1].pieces.append(p)
         else:
             out.append(Segment([p]))
@@ -194,38 +252,52 @@ class DecodeGraphs:
         self._pool = None
         self.disabled_reason: str | None = None
         self.counters = {"graphs.captured_sizes": 0, "graphs.replayed_steps": 0,
-                         "graphs.segments": 0, "graphs.capture_s": 0.0}
+                         "graphs.pipelined_steps": 0, "graphs.segments": 0,
+                         "graphs.capture_s": 0.0}
 
     def wants(self, n: int) -> bool:
         if self.mode == "off" or self.disabled_reason or not 1 <= n <= MAX_GRAPH_TOKENS:
             return False
         return self.mode == "pieces" or self.device.type == "cuda"
 
-    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx) -> torch.Tensor:
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx,
+            groups: list[int] | None = None) -> torch.Tensor:
         """The forward pass of a decode step of ``n = len(input_ids)`` tokens: final-normed
         hidden states as ``model.forward`` returns them, in the first ``n`` of ``bucket(n)``
-        rows."""
+        rows. ``groups``: tokens per sub-batch of a pipelined step (two, in batch order; the
+        step's attention was planned in the same groups); the result then has ``n`` rows."""
         n = input_ids.shape[0]
-        size = bucket(n)
-        env = {"ids": input_ids, "pos": positions}
-        segs = self.plans.get(size)
+        if groups is not None and len(groups) > 1:
+            counts = [int(c) for c in groups]
+            env, r = {}, 0
+            for g, c in enumerate(counts):
+                env[f"{g}:ids"], env[f"{g}:pos"] = input_ids[r:r + c], positions[r:r + c]
+                r += c
+        else:
+            counts = [n]
+            env = {"ids": input_ids, "pos": positions}
+        sizes = [bucket(c) for c in counts]
+        key = tuple(sizes)
+        segs = self.plans.get(key)
         if segs is None:  # eagerly, padded to the size (and kept as the capture's inputs)
-            segs = segments(decode_pieces(self.model, size, self.cache))
+            pieces = (decode_pieces(self.model, sizes[0], self.cache) if len(sizes) == 1 else
+                      pipelined_pieces(self.model, sizes, self.cache))
+            segs = segments(pieces)
             for seg in segs:
                 if not seg.graphable:
-                    seg.run_rows(env, ctx, n)
+                    seg.run_rows(env, ctx, counts[seg.group])
                     continue
                 for k in seg.inputs:
-                    env[k] = _padded(env[k], size)
+                    env[k] = _padded(env[k], sizes[seg.group])
                 if self.mode == "on":
                     seg.static_in = {k: env[k].clone() for k in seg.inputs}
                 seg.run_eager(env, ctx)
             if self.mode == "on":
-                self._pending = (size, segs)
-            return env["out"]
+                self._pending = (key, segs)
+            return self._output(env, counts)
         for seg in segs:
             if seg.graph is None:
-                seg.run_rows(env, ctx, n)
+                seg.run_rows(env, ctx, counts[seg.group])
                 continue
             for k, buf in seg.static_in.items():
                 v = env[k]
@@ -234,7 +306,15 @@ class DecodeGraphs:
             seg.graph.replay()
             env.update(seg.static_out)
         self.counters["graphs.replayed_steps"] += 1
-        return env["out"]
+        if len(counts) > 1:
+            self.counters["graphs.pipelined_steps"] += 1
+        return self._output(env, counts)
+
+    @staticmethod
+    def _output(env: dict, counts: list[int]) -> torch.Tensor:
+        if len(counts) == 1:
+            return env["out"]
+        return torch.cat([env[f"{g}:out"][:c] for g, c in enumerate(counts)])
 
     def drop_pending(self) -> None:
         """The step failed: do not capture from its inputs."""

@@ -25,6 +25,18 @@ class ModelRunner:
         from . import graphs
         #: decode steps as piecewise CUDA graphs (None where the model cannot be split)
         self.graphs = graphs.DecodeGraphs(model, device, cache) if graphs.supported(model) else None
+        #: decode steps with CPU attention may run as two interleaved sub-batches (the cache
+        #: decides per step; graphs.pipelined_pieces). The engine turns it off when routed
+        #: experts run on the CPU: both sub-batches' experts would then queue on the same cores.
+        from ..kvcache.cache import pipeline_default
+        self.pipeline = pipeline_default()
+
+    @property
+    def pipelines(self) -> bool:
+        """Whether decode steps may run as two interleaved sub-batches here."""
+        g = self.graphs
+        return bool(self.pipeline and g is not None and g.mode != "off"
+                    and (g.mode == "pieces" or self.device.type == "cuda"))
 
     @torch.no_grad()  # not inference_mode: the CPU worker thread writes pinned buffers
     def run(self, batch: StepBatch) -> tuple[list[int], list[float]]:
@@ -42,11 +54,14 @@ class ModelRunner:
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         positions = torch.tensor(pos, dtype=torch.long, device=self.device)
         t0 = time.perf_counter()
-        self.cache.begin_step([(s.request.seq_id, s.start, s.num_new) for s in batch.seqs])
+        decode = all(s.num_new == 1 for s in batch.seqs)
+        graphed = decode and self.graphs is not None and self.graphs.wants(len(ids))
+        self.cache.begin_step([(s.request.seq_id, s.start, s.num_new) for s in batch.seqs],
+                              pipeline=graphed and self.pipeline)
         try:
-            decode = all(s.num_new == 1 for s in batch.seqs)
-            if decode and self.graphs is not None and self.graphs.wants(len(ids)):
-                hidden = self.graphs.run(input_ids, positions, self.cache)
+            if graphed:
+                hidden = self.graphs.run(input_ids, positions, self.cache,
+                                         groups=self.cache.step_groups)
             else:
                 hidden = self.model(input_ids, positions, self.cache)
             sampled = [s for s in batch.seqs if s.sample]

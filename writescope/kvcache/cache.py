@@ -25,6 +25,7 @@ cache, pinned bytes <= pinned budget; any CPU/GPU assignment gives the same atte
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass
 
@@ -66,8 +67,40 @@ PREFILL_GPU_ROWS = 16
 def dense_prefill_default() -> bool:
     """Prefill chunks attend their context with the fused dense kernel (``attention/prefill.py``)
     unless ``WRITESCOPE_DENSE_PREFILL=0`` (then the paged kernels run them like decode rows)."""
-    import os
     return os.environ.get("WRITESCOPE_DENSE_PREFILL", "1") != "0"
+
+
+#: a decode step is split into sub-batches only with at least this many sequences
+PIPELINE_MIN_SEQS = 2
+
+
+def pipeline_default() -> bool:
+    """Decode steps whose CPU side has work run as two interleaved sub-batches (default on;
+    ``WRITESCOPE_PIPELINE=0`` turns it off)."""
+    return os.environ.get("WRITESCOPE_PIPELINE", "1").strip().lower() not in ("0", "off", "false",
+                                                                               "no")
+
+
+def _pipeline_groups(work, plan: AttentionStepPlan) -> list[int] | None:
+    """Two sub-batches of a decode step (sequences in batch order) whose CPU tokens are as
+    even as a cut allows, or None when the step is not worth splitting: not a pure decode step,
+    fewer than ``PIPELINE_MIN_SEQS`` sequences, or no CPU work to overlap."""
+    n = len(work)
+    if n < PIPELINE_MIN_SEQS or any(k != 1 for _, _, k in work) or not plan.cpu:
+        return None
+    cpu = np.zeros(n)
+    for _, b in plan.cpu:
+        ki = b.kv_indptr.to("cpu").numpy().astype(np.int64)
+        cs = np.concatenate(([0], np.cumsum(b.kv_lens.to("cpu").numpy().astype(np.int64))))
+        cpu += cs[ki[1:]] - cs[ki[:-1]]
+    total = cpu.sum()
+    if total <= 0:
+        return None
+    a = np.cumsum(cpu)[:-1]  # CPU tokens of the first sub-batch, cut after 1 .. n-1 sequences
+    k = np.arange(1, n)
+    cost = np.abs(2 * a - total) + 1e-6 * total * np.abs(2 * k - n)  # ties: the even cut
+    cut = int(k[int(np.argmin(cost))])
+    return [cut, n - cut]
 
 
 def _self_segments(seg_lens: list[int], prefill: list) -> list[int]:
@@ -112,6 +145,7 @@ class InplaceKVCache:
         self.seqs: dict[int, SeqTable] = {}
         self.reserved = 0  # blocks promised to admitted sequences, not yet sealed
         self.counters = {f"kv.bytes_written.{r}": 0 for r in Region}
+        self.counters["kv.pipelined_steps"] = 0
         self.counters.update({"kv.bytes_read.gpu": 0, "kv.bytes_read.cpu": 0,
                               "kv.bytes_moved_after_placement": 0, "kv.steps": 0,
                               "kv.dense_prefill_rows": 0})
@@ -176,8 +210,12 @@ class InplaceKVCache:
         return t
 
     # ------------------------------------------------------------------ the step
-    def begin_step(self, work: list[tuple[int, int, int]]) -> None:
-        """``work``: per scheduled sequence ``(seq_id, start, num_new)``, in batch order."""
+    def begin_step(self, work: list[tuple[int, int, int]], pipeline: bool = False) -> None:
+        """``work``: per scheduled sequence ``(seq_id, start, num_new)``, in batch order.
+
+        ``pipeline``: the caller can run a decode step as two interleaved sub-batches
+        (``engine/pipeline.py``); the step is then planned in two groups when that pays
+        (:attr:`step_groups`), attended with :meth:`attend_launch` / :meth:`attend_finish`."""
         if self._step is not None:
             raise KVCacheError("begin_step called twice without end_step")
         bs = self.bs
@@ -261,8 +299,17 @@ class InplaceKVCache:
                                 torch.as_tensor([new_blocks[i][3] for i in sel], dtype=torch.long,
                                                 device=self.pools[r].device))
         step["by_region"] = by_region
+        step["groups"] = _pipeline_groups(work, plan) if pipeline else None
+        step["group_records"] = {}
         self._step = step
-        self.hybrid.begin_step(plan)
+        self.hybrid.begin_step(plan, groups=step["groups"])
+        if step["groups"]:
+            self.counters["kv.pipelined_steps"] += 1
+
+    @property
+    def step_groups(self) -> list[int] | None:
+        """Sequences per sub-batch of the open step, when it was planned pipelined."""
+        return None if self._step is None else self._step["groups"]
 
     def _migrate(self, work) -> None:
         """Apply the policy's block moves (the ``migrate`` baseline only): copy each block to its
@@ -338,8 +385,9 @@ class InplaceKVCache:
             per[("cpu", Region.W)][0].append(np.zeros(0, np.int32))
             per[("cpu", Region.W)][1].append(np.zeros(0, np.int32))
             read["gpu"] += tail
-        plan = AttentionStepPlan(self.spec, self.scale, sum(q_counts))
         qi = np.concatenate(([0], np.cumsum(q_counts))).astype(np.int32)
+        plan = AttentionStepPlan(self.spec, self.scale, sum(q_counts),
+                                 q_indptr=torch.as_tensor(qi))
         for (side, r), (blocks, lens) in per.items():
             if not any(b.size for b in blocks):
                 continue
@@ -380,6 +428,27 @@ class InplaceKVCache:
         out_c, lse_c = self.hybrid.attend(layer, q)
         self._write(layer, records)
         return out_c, lse_c
+
+    def attend_launch(self, layer: int, q: torch.Tensor, records: torch.Tensor, group: int
+                      ) -> None:
+        """One sub-batch's part of :meth:`attend_cached` in a pipelined step: start the layer's
+        attention over its cached blocks (the result comes from :meth:`attend_finish`). Once
+        every group of the layer is launched, the layer's new records are written."""
+        step = self._step
+        if step is None or not step["groups"]:
+            raise KVCacheError("attend_launch outside a pipelined step")
+        self.hybrid.launch(layer, q, group)
+        recs = step["group_records"]
+        recs[group] = records
+        if len(recs) == len(step["groups"]):
+            self._write(layer, torch.cat([recs[g] for g in range(len(recs))]))
+            recs.clear()
+
+    def attend_finish(self, layer: int, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Float32 ``(out, lse)`` of a launched sub-batch over its cached blocks."""
+        if self._step is None:
+            raise KVCacheError("attend_finish outside a step")
+        return self.hybrid.finish(layer, group)
 
     def decode_self_partial(self, q: torch.Tensor, records: torch.Tensor
                             ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -110,7 +110,7 @@ class WriteScopePolicy(PlacementPolicy):
     def __init__(self, profile: HardwareProfile | str | None = None, model_config=None,
                  experts_on_cpu: bool = False, batch_hint: int | None = None,
                  feedback_alpha: float = 0.3, block_size: int | None = None,
-                 verify_steps: int = 2, **_ignored: Any):
+                 verify_steps: int = 2, pipelined: bool = False, **_ignored: Any):
         if model_config is None:
             raise ValueError("kv_policy 'writescope' needs the model's config (model_config=...)")
         if profile is None or isinstance(profile, str):
@@ -118,6 +118,9 @@ class WriteScopePolicy(PlacementPolicy):
         self.profile = profile
         self.cfg = model_config
         self.experts_on_cpu = bool(experts_on_cpu)
+        #: decode steps with CPU attention run as two interleaved sub-batches (set by the
+        #: engine from its runner): the model overlaps CPU attention with the GPU's dense work
+        self.pipelined = bool(pipelined)
         self.batch_hint = int(batch_hint) if batch_hint else None
         self.feedback = RateFeedback(feedback_alpha)
         self.verify_steps = max(0, int(verify_steps))
@@ -223,10 +226,11 @@ class WriteScopePolicy(PlacementPolicy):
         t_frac = a["cpu_t"] / assigned_cpu if assigned_cpu else 0.0
         load = rl.StepLoad(max(1, len(lengths)), gpu_tok - streamed, streamed,
                            cpu_tok * (1 - t_frac), cpu_tok * t_frac)
-        raw = rl.predict_step(self.profile, self.cfg, load, self.experts_on_cpu)
+        pl = self.pipelined
+        raw = rl.predict_step(self.profile, self.cfg, load, self.experts_on_cpu, pipelined=pl)
         # this step's prediction, from what was known before it ran (out of sample)
         predicted = (rl.predict_step(self.profile, self.cfg, load, self.experts_on_cpu,
-                                     self.feedback.corrections).step_s
+                                     self.feedback.corrections, pipelined=pl).step_s
                      + max(0.0, self.step_overhead_s))
         pcie_s = timing.get("pcie_s")
         cpu_s = timing.get("cpu_s")
@@ -256,7 +260,7 @@ class WriteScopePolicy(PlacementPolicy):
             # what the per-path model does not see (Python, launches, sampling): an additive
             # term, smoothed like the rates; it shifts the step time, not the best share
             corrected = rl.predict_step(self.profile, self.cfg, load, self.experts_on_cpu,
-                                        self.feedback.corrections)
+                                        self.feedback.corrections, pipelined=pl)
             a = self.feedback.alpha
             self.step_overhead_s = (1 - a) * self.step_overhead_s + a * (float(measured)
                                                                          - corrected.step_s)
@@ -326,9 +330,10 @@ class WriteScopePolicy(PlacementPolicy):
             target_share, share, predicted = memo[1]
         else:
             target_share = rl.target_share(self.profile, self.cfg, b, resident, c_tok + t_tok,
-                                           self.experts_on_cpu, corr).cpu_share
+                                           self.experts_on_cpu, corr,
+                                           pipelined=self.pipelined).cpu_share
             step = rl.optimal_cpu_share(self.profile, self.cfg, b, resident, c_tok, t_tok,
-                                        self.experts_on_cpu, corr)
+                                        self.experts_on_cpu, corr, pipelined=self.pipelined)
             share, predicted = step.cpu_share, step.prediction.step_s
             if commit:
                 self._memo = (state, (target_share, share, predicted))
@@ -339,7 +344,7 @@ class WriteScopePolicy(PlacementPolicy):
             # it: once in PROBE_EVERY decode steps, plan at the uncorrected model's share (the
             # CPU factor may be stale: one slow step, a neighbour that has left)
             fresh = rl.optimal_cpu_share(self.profile, self.cfg, b, resident, c_tok, t_tok,
-                                         self.experts_on_cpu)
+                                         self.experts_on_cpu, pipelined=self.pipelined)
             self._decode_without_cpu = 0  # checked: the next check is PROBE_EVERY steps on
             if fresh.cpu_share * spilled > c_tok + bs:
                 share = fresh.cpu_share

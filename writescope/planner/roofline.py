@@ -61,6 +61,10 @@ KV_ITEMSIZE = 2   # bf16 KV
 KERNELS_PER_LAYER = 24
 #: the smallest predicted gain (fraction of the step) for which the CPU starts attending
 MIN_GAIN = 0.01
+#: a pipelined decode step (two interleaved sub-batches, ``engine/graphs.pipelined_pieces``)
+#: runs each layer's dense work and routed experts once per sub-batch: this many times the
+#: one-batch GPU time (weights read twice, launches doubled). An estimate, to be measured
+PIPE_GPU_FACTOR = 1.5
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -108,6 +112,7 @@ class LayerTime:
     pcie_s: float
     compute_s: float
     total_s: float       # max(compute, pcie)
+    pipelined: bool = False  # two sub-batches: CPU attention overlaps the other's GPU work
 
 
 @dataclass(frozen=True)
@@ -195,9 +200,14 @@ def _concurrent(profile: "HardwareProfile", cpu_busy: bool, streaming: bool) -> 
 
 def layer_time(profile: "HardwareProfile", cfg: "ModelConfig", layer: int, load: StepLoad,
                experts_on_cpu: bool, corr: Corrections = Corrections(),
-               regime: tuple[bool, bool] | None = None) -> LayerTime:
+               regime: tuple[bool, bool] | None = None, pipelined: bool = False) -> LayerTime:
     """One layer's times. ``regime`` = (cpu attends, pcie streams) overrides the contention
-    regime (the optimiser uses it for the open interval between the ends)."""
+    regime (the optimiser uses it for the open interval between the ends). ``pipelined``: the
+    engine runs decode steps with CPU attention as two interleaved sub-batches (with at least
+    two sequences and the experts on the GPU); the CPU's attention then overlaps the GPU's
+    dense work instead of following it: ``compute = max(PIPE_GPU_FACTOR x (dense + experts) +
+    gpu_attn, cpu_attn)``. The round trip stays one per layer: two calls, but each one's latency
+    (query copy, flag, result) hides behind the other sub-batch's GPU work."""
     kvb = kv_bytes_per_token_layer(cfg)
     fam = attn_family(cfg)
     p = layer_param_counts(cfg, layer)
@@ -232,17 +242,22 @@ def layer_time(profile: "HardwareProfile", cfg: "ModelConfig", layer: int, load:
         expert_s = expert_bytes / profile.weight_read_Bps
     pcie_s = corr.pcie * load.streamed_tokens * kvb / h2d if streams else 0.0
 
-    if profile.has_gpu:
+    pipelined = (pipelined and cpu_attends and profile.has_gpu and load.batch_size >= 2
+                 and not experts_on_cpu)
+    if pipelined:
+        compute_s = max(PIPE_GPU_FACTOR * (dense_s + expert_s) + gpu_attn_s, cpu_attn_s)
+    elif profile.has_gpu:
         compute_s = dense_s + max(gpu_attn_s, cpu_attn_s) + expert_s
     else:  # one processor does everything, one thing at a time
         compute_s = dense_s + gpu_attn_s + cpu_attn_s + expert_s
     return LayerTime(dense_s, gpu_attn_s, cpu_attn_s, expert_s, pcie_s, compute_s,
-                     max(compute_s, pcie_s))
+                     max(compute_s, pcie_s), pipelined)
 
 
 def predict_step(profile: "HardwareProfile", cfg: "ModelConfig", load: StepLoad,
                  experts_on_cpu: bool, corr: Corrections = Corrections(),
-                 regime: tuple[bool, bool] | None = None) -> StepPrediction:
+                 regime: tuple[bool, bool] | None = None, pipelined: bool = False
+                 ) -> StepPrediction:
     """Predicted time of one decode step with ``load`` (see the module docstring)."""
     # layers of one kind (dense MLP or MoE) take the same time: compute each kind once
     kinds: dict[bool, LayerTime] = {}
@@ -251,7 +266,7 @@ def predict_step(profile: "HardwareProfile", cfg: "ModelConfig", load: StepLoad,
     for i in range(cfg.num_layers):
         moe = i in moe_layers
         if moe not in kinds:
-            kinds[moe] = layer_time(profile, cfg, i, load, experts_on_cpu, corr, regime)
+            kinds[moe] = layer_time(profile, cfg, i, load, experts_on_cpu, corr, regime, pipelined)
         layers.append(kinds[moe])
     head_s = cfg.vocab_size * cfg.hidden_size * WEIGHT_BYTES / profile.weight_read_Bps
     step = sum(lt.total_s for lt in layers) + layers[0].pcie_s + head_s
@@ -291,7 +306,7 @@ class SharePlan:
 def optimal_cpu_share(profile: "HardwareProfile", cfg: "ModelConfig", batch_size: int,
                       resident: float, c_tokens: float, t_tokens: float, experts_on_cpu: bool,
                       corr: Corrections = Corrections(), free: bool = False,
-                      min_gain: float = MIN_GAIN) -> SharePlan:
+                      min_gain: float = MIN_GAIN, pipelined: bool = False) -> SharePlan:
     """The CPU share of spilled tokens that minimises predicted step time.
 
     ``c_tokens`` must go to the CPU (their layout is the CPU's); ``t_tokens`` may go either way
@@ -307,12 +322,13 @@ def optimal_cpu_share(profile: "HardwareProfile", cfg: "ModelConfig", batch_size
     spilled = c_tokens + t_tokens
     if spilled <= 0:
         load = StepLoad(batch_size, resident, 0.0, 0.0, 0.0)
-        return SharePlan(0.0, predict_step(profile, cfg, load, experts_on_cpu, corr))
+        return SharePlan(0.0, predict_step(profile, cfg, load, experts_on_cpu, corr,
+                                           pipelined=pipelined))
     lo, hi = (0.0, 1.0) if free else (c_tokens / spilled, 1.0)
 
     def at(x: float, regime: tuple[bool, bool] | None = None) -> StepPrediction:
         load = load_at_share(batch_size, resident, c_tokens, t_tokens, x, free)
-        return predict_step(profile, cfg, load, experts_on_cpu, corr, regime)
+        return predict_step(profile, cfg, load, experts_on_cpu, corr, regime, pipelined)
 
     # the two ends, each in its own contention regime (no CPU attention / no streaming)
     candidates = {lo: at(lo), hi: at(hi)}
@@ -342,6 +358,9 @@ def _lines(lt: LayerTime, has_gpu: bool) -> tuple[float, ...]:
     """The linear pieces whose max is the layer's time (see :func:`layer_time`)."""
     if not has_gpu:
         return (lt.compute_s,)
+    if lt.pipelined:
+        return (PIPE_GPU_FACTOR * (lt.dense_s + lt.expert_s) + lt.gpu_attn_s, lt.cpu_attn_s,
+                lt.pcie_s)
     return (lt.dense_s + lt.gpu_attn_s + lt.expert_s, lt.dense_s + lt.cpu_attn_s + lt.expert_s,
             lt.pcie_s)
 
@@ -360,11 +379,11 @@ def _kinds(cfg: "ModelConfig", pred: StepPrediction) -> list[LayerTime]:
 
 def target_share(profile: "HardwareProfile", cfg: "ModelConfig", batch_size: int,
                  resident: float, spilled: float, experts_on_cpu: bool,
-                 corr: Corrections = Corrections()) -> SharePlan:
+                 corr: Corrections = Corrections(), pipelined: bool = False) -> SharePlan:
     """The share the write scope aims at: the best split if every CPU token sat in C (the
     CPU's layout) and every GPU token in T, i.e. with no placement constraint."""
     return optimal_cpu_share(profile, cfg, batch_size, resident, 0.0, spilled, experts_on_cpu,
-                             corr, free=True)
+                             corr, free=True, pipelined=pipelined)
 
 
 def bandwidth_ratio(profile: "HardwareProfile", cfg: "ModelConfig") -> float:
