@@ -47,7 +47,7 @@ __all__ = ["attend_cpu", "CpuAttentionPlan", "current_isa_setting", "available",
 
 _CSRC = Path(__file__).with_name("csrc")
 _SOURCES = ("attn_ops.cpp", "attn_avx2.cpp", "attn_avx512.cpp", "attn_bf16.cpp", "attn_amx.cpp")
-_HEADERS = ("attn_common.h", "attn_impl.h", "attn_v512.h")
+_HEADERS = ("attn_common.h", "attn_impl.h", "attn_v512.h", "attn_amx_emu.h")
 _CFLAGS = ["-O3", "-fPIC", "-std=c++17", "-fopenmp", "-fno-math-errno"]
 _ISA_CODE = {"avx2": 0, "avx512": 1, "amx": 2, "avx512bf16": 3}
 _F_AVX2, _F_AVX512, _F_BF16, _F_AMX = 1, 2, 4, 8
@@ -64,17 +64,17 @@ _reserved = 0
 _isa = os.environ.get("WRITESCOPE_CPU_ATTN_ISA", "auto")
 
 
-def _build_dir() -> Path:
+def _build_dir(extra_flags: tuple[str, ...] = ()) -> Path:
     from torch.utils.cpp_extension import get_default_build_root
     h = hashlib.sha256()
     for name in _SOURCES + _HEADERS:
         h.update(name.encode())
         h.update((_CSRC / name).read_bytes())
-    h.update(" ".join(_CFLAGS).encode())
+    h.update(" ".join(_CFLAGS + list(extra_flags)).encode())
     return Path(get_default_build_root()) / f"writescope_cpu_attn_{h.hexdigest()[:16]}"
 
 
-def _compile(out: Path) -> None:
+def _compile(out: Path, extra_flags: tuple[str, ...] = ()) -> None:
     cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if not cxx:
         raise RuntimeError("no C++ compiler found (set CXX)")
@@ -84,7 +84,8 @@ def _compile(out: Path) -> None:
         for src in _SOURCES:
             obj = Path(tmp) / (src + ".o")
             objs.append(str(obj))
-            procs.append(subprocess.Popen([cxx, *_CFLAGS, "-c", str(_CSRC / src), "-o", str(obj)],
+            procs.append(subprocess.Popen([cxx, *_CFLAGS, *extra_flags, "-c", str(_CSRC / src),
+                                           "-o", str(obj)],
                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
         errs = []
         for src, p in zip(_SOURCES, procs):
@@ -97,6 +98,33 @@ def _compile(out: Path) -> None:
         subprocess.run([cxx, "-shared", "-fopenmp", *objs, "-o", str(so)], check=True,
                        capture_output=True)
         os.replace(so, out)  # atomic: concurrent builders each publish a complete library
+
+
+def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    f = ctypes.c_float
+    i, i64, p = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
+    lib.ws_attend.restype = i
+    lib.ws_attend.argtypes = [p, i, i, p, i, i, i64, i, i, i, i, i, i, i, p, p, p, p, i, f,
+                              p, p, i, i, i]
+    lib.ws_attend_ex.restype = i
+    lib.ws_attend_ex.argtypes = [p, i, i, i, p, i, i, i64, i, i, i, i, i, i, i, p, p, p, p,
+                                 i, f, p, p, i, i, i]
+    lib.ws_cpu_features.restype = i
+    lib.ws_amx_request.restype = i
+    lib.ws_default_threads.restype = i
+    lib.ws_read_seconds.restype = ctypes.c_double
+    lib.ws_read_seconds.argtypes = [p, i64, i, i, ctypes.POINTER(ctypes.c_double)]
+    return lib
+
+
+def build_test_variant(extra_flags: tuple[str, ...]) -> ctypes.CDLL:
+    """Tests only: the kernel library built with extra compiler flags (e.g. ``-DWS_AMX_EMULATE``,
+    which runs the AMX variant on a portable tile emulation), cached like the normal build but
+    never used by :func:`attend_cpu` unless a test swaps it in."""
+    path = _build_dir(tuple(extra_flags)) / "libwritescope_cpu_attn.so"
+    if not path.exists():
+        _compile(path, tuple(extra_flags))
+    return _declare(ctypes.CDLL(str(path)))
 
 
 def _load() -> ctypes.CDLL | None:
@@ -112,20 +140,7 @@ def _load() -> ctypes.CDLL | None:
             path = _build_dir() / "libwritescope_cpu_attn.so"
             if not path.exists():
                 _compile(path)
-            lib = ctypes.CDLL(str(path))
-            f = ctypes.c_float
-            i, i64, p = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
-            lib.ws_attend.restype = i
-            lib.ws_attend.argtypes = [p, i, i, p, i, i, i64, i, i, i, i, i, i, i, p, p, p, p, i, f,
-                                      p, p, i, i, i]
-            lib.ws_attend_ex.restype = i
-            lib.ws_attend_ex.argtypes = [p, i, i, i, p, i, i, i64, i, i, i, i, i, i, i, p, p, p, p,
-                                         i, f, p, p, i, i, i]
-            lib.ws_cpu_features.restype = i
-            lib.ws_amx_request.restype = i
-            lib.ws_default_threads.restype = i
-            lib.ws_read_seconds.restype = ctypes.c_double
-            lib.ws_read_seconds.argtypes = [p, i64, i, i, ctypes.POINTER(ctypes.c_double)]
+            lib = _declare(ctypes.CDLL(str(path)))
             _features = lib.ws_cpu_features()
             if _features & _F_AMX:
                 _amx_ok = lib.ws_amx_request() == 0

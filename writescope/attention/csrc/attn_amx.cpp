@@ -1,22 +1,73 @@
-// AMX-BF16 build: both matrix products of a block on the tile unit, softmax in AVX-512.
+// AMX-BF16 build: both matrix products on the tile unit, softmax in AVX-512.
 //
-// The C layout's token pairs ([bs/2][R][2]) are exactly the "VNNI" operand format of
-// TDPBF16PS, so every operand is loaded from the pool in place:
-//   P.V:  O[16 q][16 d] += P[16 q][32 t] . V, with V's B tile = 16 token-pair rows of 16 dims
-//         x 2 tokens, read straight from the block (row stride R*4 bytes);
-//   Q.K:  the block is the A operand: 16 token-pair rows of 16 dims x 2 tokens. A B operand
-//         with q_h[d] in the slot of parity j and 0 in the other gives
-//         C[pair][(h, j)] = score of token 2*pair + j for head h, 8 heads per tile. Half the
-//         products multiply zeros, which the tile unit has ample rate for (decode attention
-//         needs ~30 FLOP/byte for MLA; TDPBF16PS gives ~1000 FLOP/cycle/core).
-// Intel's AMX programming reference and oneDNN's brgemm kernels were read for the tile
-// configuration and the VNNI operand format; the kernel is our own.
+// Scheme (per item: M query rows, one KV head, a run of blocks):
+//  * Passes (super-blocks). Consecutive blocks are gathered into passes of up to kSB = 256 token slots
+//    (a block larger than that is a pass of its own); the online softmax (running max, rescale
+//    of the fp32 O accumulator) runs once per pass, not per block. Outer loop: passes; inner:
+//    chunks of 16 query rows, so every K/V byte of a pass is read from DRAM once for all chunks
+//    (chunked prefill has M = heads x queries > 16) and reused from L2.
+//  * Scores come out token-major, S[slot][16 rows] fp32, one zmm per token: the softmax over a
+//    pass is vertical (max / exp2 / sum across zmm, no horizontal reductions), and P is turned
+//    into the A operand of P.V (P[row][32 slots] bf16) with one 16x16 dword transpose per 32
+//    tokens (pairs of tokens are first interleaved per row with VCVTNE2PS2BF16 + VPERMW).
+//  * Q.K, GPU layout ([bs][H][R], token-major records): 16 token records are the A operand in
+//    place (16 rows x 32 dims, row stride H*R*2 bytes); B holds q in VNNI form,
+//    B[k][2n+j] = q_n[32c + 2k + j], 16 rows per tile; C = 16 tokens x 16 rows stored straight
+//    into S. No repack of K; a Dk % 32 == 16 tail goes through a 1 KB zero-padded copy.
+//    V (MLA: the first 512 dims of the same rows) is pair-interleaved into a per-pass scratch
+//    right after the Q.K of those tokens (lines still in L1/L2), zero for slots past a block's
+//    end, and only V's Dv dims are copied.
+//  * Q.K, C layout ([bs/2][R][2], token pairs interleaved): the pair rows are the A operand in
+//    place (16 pairs x 16 dims x 2 tokens) and B holds q_h in the slot of one token parity and
+//    0 in the other, C[pair][(h, parity)], 8 rows per tile. Half the products are on zeros, but
+//    the alternative (de-interleaving K with VPERMW into a token-major copy: a load, permute and
+//    two stores per 64 bytes, 36 KB per 32 MLA tokens) costs more core time than the 36 extra
+//    TDPBF16PS per 32 tokens, which the tile unit has ample rate for. The two B tiles are loaded
+//    once per 16-dim step and used for two 32-token groups (four C tiles, four independent
+//    accumulation chains). Scores are unscrambled with two VPERMT2PS per token pair. A group
+//    that runs past a block's valid tokens is copied (zero-padded) to scratch first: with the
+//    parity trick a NaN/garbage partner token would reach the valid score through 0 * NaN.
+//  * P.V: B = V token-pair rows (C layout: the pool in place; GPU layout: the scratch),
+//    A = P, four 16-dim O column tiles at a time (four independent chains). When no row's
+//    max moved in a pass the O tiles are loaded, accumulated and stored; otherwise they start
+//    from zero and O = alpha * O + tile is one AVX-512 FMA pass (no separate rescale pass).
+//  * Software prefetch into L2 (ws_pf_*): a cursor over the item's blocks from its second one,
+//    a few lines per tile step; during a pass's Q.K it runs one block ahead of the blocks being
+//    read, during P.V it covers the next pass (an item of one pass is prefetched too).
+// Intel's AMX programming reference / SDM (TILECFG, TDPBF16PS operand format) and oneDNN's
+// brgemm kernels (VNNI B operands, several C tiles sharing A/B loads) were read for the tile
+// configuration and blocking; the kernel is our own. Building with -DWS_AMX_EMULATE (tests only)
+// replaces the tile instructions by the portable emulation in attn_amx_emu.h.
+#ifdef WS_AMX_EMULATE
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")
+#else
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16,avx2,fma,f16c")
+#endif
 #include "attn_common.h"
 #include <immintrin.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+#ifdef WS_AMX_EMULATE
+#include "attn_amx_emu.h"
+#define T_CFG(p) ws_emu_loadconfig(p)
+#define T_LOAD(t, p, s) ws_emu_loadd(t, p, s)
+#define T_STORE(t, p, s) ws_emu_stored(t, p, s)
+#define T_ZERO(t) ws_emu_zero(t)
+#define T_DP(c, a, b) ws_emu_dpbf16ps(c, a, b)
+#define T_RELEASE() ws_emu_release()
+#else
+#define T_CFG(p) _tile_loadconfig(p)
+#define T_LOAD(t, p, s) _tile_loadd(t, p, s)
+#define T_STORE(t, p, s) _tile_stored(t, p, s)
+#define T_ZERO(t) _tile_zero(t)
+#define T_DP(c, a, b) _tile_dpbf16ps(c, a, b)
+#define T_RELEASE() _tile_release()
+#endif
+// GCC's _tile_loadd / _tile_loadconfig asm declares no memory input beyond the pointer (or 8
+// bytes): a compiler barrier after vector stores whose data a tile load (or LDTILECFG) reads.
+#define T_FENCE() __asm__ volatile("" ::: "memory")
 
 namespace {
 
@@ -31,133 +82,467 @@ struct TileCfg {
     uint8_t rows[16];
 };
 
-static inline uint16_t f2bf(float x) {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    u += 0x7FFFu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
+constexpr int kSB = 256;  // token slots per online-softmax pass
+
+// One stage of a 16x16 transpose of 32-bit elements: swap the off-diagonal b x b blocks.
+template <int B>
+static inline void tr_stage(__m512i* r) {
+    const __m512i iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __mmask16 hi = _mm512_test_epi32_mask(iota, _mm512_set1_epi32(B));
+    const __m512i ilo = _mm512_mask_add_epi32(iota, hi, iota, _mm512_set1_epi32(16 - B));
+    const __m512i ihi = _mm512_mask_add_epi32(_mm512_add_epi32(iota, _mm512_set1_epi32(B)), hi, iota,
+                                              _mm512_set1_epi32(16));
+    for (int i = 0; i < 16; ++i) {
+        if (i & B) continue;
+        const __m512i x = r[i], y = r[i + B];
+        r[i] = _mm512_permutex2var_epi32(x, ilo, y);
+        r[i + B] = _mm512_permutex2var_epi32(x, ihi, y);
+    }
+}
+
+static inline void transpose16(__m512i* r) {
+    tr_stage<8>(r);
+    tr_stage<4>(r);
+    tr_stage<2>(r);
+    tr_stage<1>(r);
+}
+
+// word 2i+j of the result = word i of a (j = 0) or of b (j = 1), i in [0, 16) (+16 for `hi`)
+static inline __m512i ilv16_idx(int hi) {
+    alignas(64) uint16_t idx[32];
+    for (int i = 0; i < 16; ++i) {
+        idx[2 * i] = (uint16_t)(i + 16 * hi);
+        idx[2 * i + 1] = (uint16_t)(32 + i + 16 * hi);
+    }
+    return _mm512_load_si512((const void*)idx);
+}
+
+// Software prefetch into L2: a cursor over the item's blocks (in order, from its second block),
+// k lines per tile step, never past block `lim`. During a pass's first Q.K sweep the limit is one
+// block ahead of the blocks being read; from its P.V on, the end of the next pass.
+struct ItemPf {
+    const WsArgs* a;
+    const WsItem* it;
+    WsPf cur;  // the block the cursor is in (b - 1)
+    int b, lim;
+    int64_t k;
+};
+
+static inline void ipf_step(ItemPf& p) {
+    int64_t k = p.k;
+    while (k > 0) {
+        if (p.cur.next >= p.cur.total) {
+            if (p.b >= p.lim) return;
+            ws_pf_init<uint16_t>(p.cur, p.a, p.it, p.b - 1);  // sets up block p.b
+            ++p.b;
+            continue;
+        }
+        const int64_t n = k < p.cur.total - p.cur.next ? k : p.cur.total - p.cur.next;
+        ws_pf_step(p.cur, n);
+        k -= n;
+    }
+}
+
+// new limit; k spreads the lines left before it over `steps` steps
+static void ipf_retarget(ItemPf& p, int lim, int64_t steps) {
+    if (lim > p.it->nblocks) lim = p.it->nblocks;
+    if (lim > p.lim) p.lim = lim;
+    int64_t left = p.cur.total - p.cur.next;
+    for (int b = p.b; b < p.lim; ++b) {
+        WsPf t;
+        ws_pf_init<uint16_t>(t, p.a, p.it, b - 1);
+        left += t.total;
+    }
+    p.k = steps > 0 ? (left + steps - 1) / steps : 0;
+}
+
+// token slots a block of n valid tokens takes in a pass
+static inline int slots_of(int n, int gpu) { return gpu ? (n + 15) / 16 * 16 : (n + 31) / 32 * 32; }
+
+// end of the pass that starts at block b0
+static int pass_end(const WsItem* it, int b0, int cap, int gpu) {
+    int used = 0, b = b0;
+    for (; b < it->nblocks; ++b) {
+        const int n = it->lens[b];
+        if (n <= 0) continue;
+        const int s = slots_of(n, gpu);
+        if (used > 0 && used + s > cap) break;
+        used += s;
+    }
+    return b;
 }
 
 static void amx_item(const WsArgs* a, const WsItem* it) {
-    const int M = it->M, R = a->R, bs = a->bs, Dk = a->Dk, Dv = a->Dv;
-    const int nDk = Dk / 16, nDv = Dv / 16;
+    const int M = it->M, R = a->R, bs = a->bs, Dk = a->Dk, Dv = a->Dv, H = a->H;
+    const int gpu = a->layout != 0;
+    const int nmc = (M + 15) / 16;
+    const int nK = gpu ? (Dk + 31) / 32 : Dk / 16;  // Q.K tile steps
+    const int nKfull = gpu ? Dk / 32 : nK;         // steps read in place (GPU: the rest via Kt)
+    const int nDv = Dv / 16;
+    const int64_t tokst = gpu ? (int64_t)H * R : 2 * (int64_t)R;  // elements between A rows
+    const long rstride = (long)tokst * 2;                          // same, bytes
+    const int cap = (int)(bs > kSB ? ws_round_up(bs, 32) : kSB);
+    const int ngmax = cap / 32;
+    const size_t bqsz = (size_t)(gpu ? 1 : 2) * nK * 512;  // bf16 elements per 16-row chunk
+
     size_t off = 0;
     auto take = [&](size_t bytes) { size_t o = off; off += (size_t)ws_round_up((int64_t)bytes, 64); return o; };
-    size_t obq = take(2 * 2 * (size_t)nDk * 512), osr = take(4 * 512), os = take(4 * 16 * (size_t)bs);
-    size_t op = take(2 * 16 * (size_t)bs), oo = take(4 * 16 * (size_t)Dv), om = take(4 * 48);
-    size_t ot = take(2 * (size_t)bs * R);
+    const size_t obq = take(2 * bqsz * nmc), oo = take(4 * (size_t)nmc * 16 * Dv);
+    const size_t om = take(4 * (size_t)(2 * nmc * 16 + 16)), os = take(4 * (size_t)cap * 16);
+    const size_t opa = take(2 * (size_t)ngmax * 512), oc = take(4 * 4 * 256), ot = take(4 * 16 * 64);
+    const size_t okt = take(2 * 4 * 512);
+    const size_t ov = take(gpu ? 2 * (size_t)ngmax * 16 * Dv * 2 : 2 * (size_t)ngmax * 16 * R * 2);
+    const size_t og = take(sizeof(const uint16_t*) * 2 * ngmax + sizeof(int) * 4 * ngmax);
     char* base = ws_scratch(off);
     uint16_t* Bq = (uint16_t*)(base + obq);
-    float* Sraw = (float*)(base + osr);
-    float* S = (float*)(base + os);
-    uint16_t* P = (uint16_t*)(base + op);
     float* O = (float*)(base + oo);
     float* mrun = (float*)(base + om);
-    float* lrun = mrun + 16;
-    float* alpha = lrun + 16;
-    uint16_t* tilebuf = (uint16_t*)(base + ot);
+    float* lrun = mrun + nmc * 16;
+    float* alpha = lrun + nmc * 16;
+    float* S = (float*)(base + os);       // [cap slots][16 rows]
+    uint16_t* Pa = (uint16_t*)(base + opa);  // [group][16 rows][32 slots]
+    float* Ct = (float*)(base + oc);      // 4 C tiles (C layout score unscrambling)
+    float* Ot = (float*)(base + ot);      // [16 rows][64 dims]
+    uint16_t* Kt = (uint16_t*)(base + okt);  // GPU Dk tail: 4 x [16 tokens][32 dims]
+    uint16_t* Vs = (uint16_t*)(base + ov);   // GPU: V pairs [group][16][Dv][2]; C: partial groups [group][16][R][2]
+    const uint16_t** gsrc = (const uint16_t**)(base + og);  // GPU: per 16-token tile; C: per group
+    int* gnv = (int*)(gsrc + 2 * ngmax);                      // valid tokens of each
+    int* gblk = gnv + 2 * ngmax;                              // and its block
+
+    // queries -> bf16 B operands, per chunk of 16 rows (rows past M are zero)
+    alignas(64) uint16_t pq_a[2][32];  // C layout: words 4h'..4h'+3 of B row k <- row 8hg+h'
+    for (int x = 0; x < 32; ++x) { pq_a[0][x] = (uint16_t)(x / 4); pq_a[1][x] = (uint16_t)(8 + x / 4); }
+    const __m512i pq0 = _mm512_load_si512((const void*)pq_a[0]), pq1 = _mm512_load_si512((const void*)pq_a[1]);
+    for (int mc = 0; mc < nmc; ++mc) {
+        const int m0 = 16 * mc, mp = M - m0 < 16 ? M - m0 : 16;
+        uint16_t* bq = Bq + mc * bqsz;
+        __m512i r[16];
+        for (int dc = 0; dc < nK; ++dc) {
+            for (int n = 0; n < 16; ++n) {
+                if (n >= mp) { r[n] = _mm512_setzero_si512(); continue; }
+                const float* q = it->q + (int64_t)(m0 + n) * Dk;
+                if (gpu) {  // dword k of row n = (q_n[32dc+2k], q_n[32dc+2k+1])
+                    const __m512 lo = _mm512_loadu_ps(q + 32 * dc);
+                    const __m512 hi = 32 * dc + 16 < Dk ? _mm512_loadu_ps(q + 32 * dc + 16) : _mm512_setzero_ps();
+                    r[n] = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+                } else {
+                    r[n] = _mm512_castps_si512(_mm512_loadu_ps(q + 16 * dc));
+                }
+            }
+            transpose16(r);
+            if (gpu) {
+                for (int k = 0; k < 16; ++k) _mm512_storeu_si512((void*)(bq + dc * 512 + 32 * k), r[k]);
+            } else {  // row k (dim 16dc+k): per row h' of the group, words (q, 0, 0, q)
+                for (int k = 0; k < 16; ++k) {
+                    const __m512i w = _mm512_zextsi256_si512((__m256i)_mm512_cvtneps_pbh(_mm512_castsi512_ps(r[k])));
+                    for (int hg = 0; hg < 2; ++hg) {
+                        const __m512i v = _mm512_maskz_permutexvar_epi16(0x99999999u, hg ? pq1 : pq0, w);
+                        _mm512_storeu_si512((void*)(bq + ((size_t)hg * nK + dc) * 512 + 32 * k), v);
+                    }
+                }
+            }
+        }
+        for (int x = 0; x < 16; ++x) { mrun[16 * mc + x] = -INFINITY; lrun[16 * mc + x] = 0.0f; }
+    }
+    memset(O, 0, 4 * (size_t)nmc * 16 * Dv);
 
     TileCfg cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
     for (int t = 0; t < 8; ++t) { cfg.rows[t] = 16; cfg.colsb[t] = 64; }
-    _tile_loadconfig(&cfg);
+    T_FENCE();
+    T_CFG(&cfg);
 
-    for (int m0 = 0; m0 < M; m0 += 16) {
-        const int mp = M - m0 < 16 ? M - m0 : 16;
-        const int nhg = (mp + 7) / 8;
-        memset(Bq, 0, 2 * 2 * (size_t)nDk * 512);
-        for (int hg = 0; hg < nhg; ++hg)
-            for (int dc = 0; dc < nDk; ++dc) {
-                uint16_t* b = Bq + ((size_t)hg * nDk + dc) * 512;
-                for (int rr = 0; rr < 16; ++rr)
-                    for (int c = 0; c < 16; ++c) {
-                        int m = hg * 8 + c / 2;
-                        if (m < mp) b[(rr * 16 + c) * 2 + (c & 1)] = f2bf(it->q[(int64_t)(m0 + m) * Dk + 16 * dc + rr]);
-                    }
-            }
-        memset(P, 0, 2 * 16 * (size_t)bs);
-        memset(O, 0, 4 * 16 * (size_t)Dv);
-        for (int r = 0; r < 16; ++r) { mrun[r] = -INFINITY; lrun[r] = 0.0f; }
+    const __m512i ilo = ilv16_idx(0), ihi = ilv16_idx(1);
+    // P interleave: word 2h+j = word 16j+h of [p0 (16 words) | p1 (16 words)]
+    alignas(64) uint16_t pidx_a[32];
+    for (int h = 0; h < 16; ++h) { pidx_a[2 * h] = (uint16_t)h; pidx_a[2 * h + 1] = (uint16_t)(16 + h); }
+    const __m512i pidx = _mm512_load_si512((const void*)pidx_a);
+    // C-layout score unscrambling: token parity j, rows 0-7 from the first tile, 8-15 from the second
+    alignas(64) int32_t sidx_a[2][16];
+    for (int h = 0; h < 16; ++h)
+        for (int j = 0; j < 2; ++j) sidx_a[j][h] = h < 8 ? 2 * h + j : 16 + 2 * (h - 8) + j;
+    const __m512i sidx0 = _mm512_load_si512((const void*)sidx_a[0]), sidx1 = _mm512_load_si512((const void*)sidx_a[1]);
 
-        for (int bi = 0; bi < it->nblocks; ++bi) {
-            const int n = it->lens[bi];
+    ItemPf pf{a, it, WsPf{}, 1, 1, 0};
+    pf.cur.total = pf.cur.next = 0;
+    for (int b0 = 0; b0 < it->nblocks;) {
+        const int b1 = pass_end(it, b0, cap, gpu);
+        // ---- lay out the pass: GPU: 16-token tiles (2 per group); C: 32-token groups
+        int nt = 0;  // GPU tiles or C groups
+        for (int b = b0; b < b1; ++b) {
+            const int n = it->lens[b];
             if (n <= 0) continue;
-            const uint16_t* tile = ws_block_ptr<uint16_t>(a, it->blocks[bi], it->head);
-            if (a->layout != 0 || n != bs) {
-                ws_repack<uint16_t>(a, tile, n, bs, tilebuf);
-                tile = tilebuf;
-            }
-            const int ntg = (n + 31) / 32;
-            WsPf pf;
-            ws_pf_init<uint16_t>(pf, a, it, bi);
-            const int64_t pf_steps = (int64_t)ntg * nDk + nDv;
-            const int64_t pf_k = (pf.total + pf_steps - 1) / pf_steps;
-            for (int tg = 0; tg < ntg; ++tg) {
-                const uint16_t* arow = tile + ((int64_t)(16 * tg) * R + a->k_off) * 2;
-                _tile_zero(0);
-                _tile_zero(1);
-                for (int dc = 0; dc < nDk; ++dc) {
-                    ws_pf_step(pf, pf_k);
-                    _tile_loadd(2, arow + 32 * dc, R * 4);
-                    _tile_loadd(3, Bq + (size_t)dc * 512, 64);
-                    _tile_dpbf16ps(0, 2, 3);
-                    if (nhg > 1) {
-                        _tile_loadd(4, Bq + ((size_t)nDk + dc) * 512, 64);
-                        _tile_dpbf16ps(1, 2, 4);
+            const uint16_t* blk = ws_block_ptr<uint16_t>(a, it->blocks[b], it->head);
+            if (gpu) {
+                for (int t0 = 0; t0 < n; t0 += 16, ++nt) {
+                    gblk[nt] = b;
+                    gsrc[nt] = blk + (int64_t)t0 * tokst;
+                    gnv[nt] = n - t0 < 16 ? n - t0 : 16;
+                }
+            } else {
+                for (int t0 = 0; t0 < n; t0 += 32, ++nt) {
+                    const int nv = n - t0 < 32 ? n - t0 : 32;
+                    const uint16_t* src = blk + (int64_t)(t0 / 2) * tokst;
+                    gnv[nt] = nv;
+                    gblk[nt] = b;
+                    if (nv == 32) { gsrc[nt] = src; continue; }
+                    // partial group: copy its valid pairs, zero the rest (and an odd last partner)
+                    uint16_t* dst = Vs + (size_t)nt * 16 * tokst;
+                    const int np = (nv + 1) / 2;
+                    memcpy(dst, src, 2 * (size_t)np * tokst);
+                    if (nv & 1) {
+                        uint16_t* row = dst + (int64_t)(np - 1) * tokst;
+                        for (int d = 0; d < R; d += 16) {
+                            const __mmask16 mk = R - d >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (R - d)) - 1);
+                            const __m512i x = _mm512_maskz_loadu_epi32(mk, row + 2 * d);
+                            _mm512_mask_storeu_epi32(row + 2 * d, mk, _mm512_and_si512(x, _mm512_set1_epi32(0xFFFF)));
+                        }
                     }
+                    memset(dst + (int64_t)np * tokst, 0, 2 * (size_t)(16 - np) * tokst);
+                    gsrc[nt] = dst;
                 }
-                _tile_stored(0, Sraw, 64);
-                if (nhg > 1) _tile_stored(1, Sraw + 256, 64);
-                for (int hg = 0; hg < nhg; ++hg)
-                    for (int c = 0; c < 16; ++c) {
-                        int m = hg * 8 + c / 2;
-                        if (m >= mp) break;
-                        float* s = S + (int64_t)m * bs + 32 * tg + (c & 1);
-                        const float* src = Sraw + hg * 256 + c;
-                        for (int row = 0; row < 16; ++row) s[2 * row] = src[row * 16];
-                    }
-            }
-            const int npad = 32 * ntg;
-            ws_softmax_block(mp, n, npad, S, bs, mrun, lrun, alpha);
-            for (int m = 0; m < mp; ++m) {
-                const float* s = S + (int64_t)m * bs;
-                uint16_t* p = P + (int64_t)m * bs;
-                for (int t = 0; t < npad; t += 32) {
-                    __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(s + t + 16), _mm512_loadu_ps(s + t));
-                    _mm512_storeu_si512((void*)(p + t), (__m512i)v);
-                }
-                if (alpha[m] != 1.0f) {
-                    __m512 al = _mm512_set1_ps(alpha[m]);
-                    float* o = O + (int64_t)m * Dv;
-                    for (int d = 0; d < Dv; d += 16) _mm512_storeu_ps(o + d, _mm512_mul_ps(_mm512_loadu_ps(o + d), al));
-                }
-            }
-            const uint16_t* vbase = tile + (int64_t)a->v_off * 2;
-            for (int dc = 0; dc < nDv; ++dc) {
-                ws_pf_step(pf, pf_k);
-                _tile_loadd(5, O + 16 * dc, Dv * 4);
-                for (int tg = 0; tg < ntg; ++tg) {
-                    _tile_loadd(6, P + 32 * tg, bs * 2);
-                    _tile_loadd(7, vbase + ((int64_t)(16 * tg) * R + 16 * dc) * 2, R * 4);
-                    _tile_dpbf16ps(5, 6, 7);
-                }
-                _tile_stored(5, O + 16 * dc, Dv * 4);
             }
         }
+        if (nt == 0) { b0 = b1; continue; }      // only empty blocks left
+        const int ng = gpu ? (nt + 1) / 2 : nt;  // 32-slot groups
+        const int e2 = pass_end(it, b1, cap, gpu);  // end of the next pass (prefetch target)
+        const int64_t qk_steps = (int64_t)(gpu ? (nt + 3) / 4 : (nt + 1) / 2) * nK;  // per row chunk
+        const int64_t pv_steps = (int64_t)((nDv + 3) / 4) * ng;
+        for (int mc = 0; mc < nmc; ++mc) {
+            const int mp = M - 16 * mc < 16 ? M - 16 * mc : 16;
+            const uint16_t* bq = Bq + mc * bqsz;
+            T_FENCE();  // Bq, partial-group copies
+            // ---- Q.K -> S[slot][row]
+            if (gpu) {
+                for (int i0 = 0; i0 < nt; i0 += 4) {
+                    const int nb = nt - i0 < 4 ? nt - i0 : 4;
+                    if (mc == 0) ipf_retarget(pf, gblk[i0 + nb - 1] + 2, nK);
+                    const uint16_t* s0 = gsrc[i0] + a->k_off;
+                    const uint16_t* s1 = nb > 1 ? gsrc[i0 + 1] + a->k_off : s0;
+                    const uint16_t* s2 = nb > 2 ? gsrc[i0 + 2] + a->k_off : s0;
+                    const uint16_t* s3 = nb > 3 ? gsrc[i0 + 3] + a->k_off : s0;
+                    T_ZERO(0); T_ZERO(1); T_ZERO(2); T_ZERO(3);
+                    for (int dc = 0; dc < nKfull; ++dc) {
+                        ipf_step(pf);
+                        T_LOAD(6, bq + dc * 512, 64);
+                        T_LOAD(4, s0 + 32 * dc, rstride);
+                        T_DP(0, 4, 6);
+                        if (nb > 1) { T_LOAD(5, s1 + 32 * dc, rstride); T_DP(1, 5, 6); }
+                        if (nb > 2) { T_LOAD(4, s2 + 32 * dc, rstride); T_DP(2, 4, 6); }
+                        if (nb > 3) { T_LOAD(5, s3 + 32 * dc, rstride); T_DP(3, 5, 6); }
+                    }
+                    if (nKfull < nK) {  // last 16 dims: zero-padded copies (B rows 8-15 are 0)
+                        for (int i = 0; i < nb; ++i)
+                            for (int t = 0; t < 16; ++t) {
+                                const __m256i x = _mm256_loadu_si256((const __m256i*)(gsrc[i0 + i] + a->k_off + 32 * nKfull + t * tokst));
+                                _mm512_store_si512((void*)(Kt + i * 512 + 32 * t), _mm512_zextsi256_si512(x));
+                            }
+                        T_FENCE();
+                        ipf_step(pf);
+                        T_LOAD(6, bq + nKfull * 512, 64);
+                        T_LOAD(4, Kt, 64);
+                        T_DP(0, 4, 6);
+                        if (nb > 1) { T_LOAD(5, Kt + 512, 64); T_DP(1, 5, 6); }
+                        if (nb > 2) { T_LOAD(4, Kt + 1024, 64); T_DP(2, 4, 6); }
+                        if (nb > 3) { T_LOAD(5, Kt + 1536, 64); T_DP(3, 5, 6); }
+                    }
+                    T_STORE(0, S + (i0 + 0) * 256, 64);
+                    if (nb > 1) T_STORE(1, S + (i0 + 1) * 256, 64);
+                    if (nb > 2) T_STORE(2, S + (i0 + 2) * 256, 64);
+                    if (nb > 3) T_STORE(3, S + (i0 + 3) * 256, 64);
+                    if (mc == 0) {  // V of these tokens -> pair-interleaved scratch (once per pass)
+                        for (int i = i0; i < i0 + nb; ++i) {
+                            const uint16_t* src = gsrc[i] + a->v_off;
+                            uint16_t* dst = Vs + (size_t)(i / 2) * 16 * Dv * 2 + (size_t)(i & 1) * 8 * Dv * 2;
+                            for (int p = 0; p < 8; ++p) {
+                                const bool v0 = 2 * p < gnv[i], v1 = 2 * p + 1 < gnv[i];
+                                const uint16_t* r0 = src + (int64_t)(2 * p) * tokst;
+                                const uint16_t* r1 = r0 + tokst;
+                                uint16_t* o = dst + (size_t)p * Dv * 2;
+                                int d = 0;
+                                for (; d + 32 <= Dv; d += 32) {
+                                    const __m512i x = v0 ? _mm512_loadu_si512((const void*)(r0 + d)) : _mm512_setzero_si512();
+                                    const __m512i y = v1 ? _mm512_loadu_si512((const void*)(r1 + d)) : _mm512_setzero_si512();
+                                    _mm512_storeu_si512((void*)(o + 2 * d), _mm512_permutex2var_epi16(x, ilo, y));
+                                    _mm512_storeu_si512((void*)(o + 2 * d + 32), _mm512_permutex2var_epi16(x, ihi, y));
+                                }
+                                if (d < Dv) {
+                                    const __m512i x = v0 ? _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i*)(r0 + d))) : _mm512_setzero_si512();
+                                    const __m512i y = v1 ? _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i*)(r1 + d))) : _mm512_setzero_si512();
+                                    _mm512_storeu_si512((void*)(o + 2 * d), _mm512_permutex2var_epi16(x, ilo, y));
+                                }
+                            }
+                        }
+                        if ((i0 + nb) == nt && (nt & 1))  // the last group's empty second half
+                            memset(Vs + (size_t)(nt / 2) * 16 * Dv * 2 + 8 * (size_t)Dv * 2, 0, 2 * 8 * (size_t)Dv * 2);
+                    }
+                }
+            } else if (mp > 8) {  // two 8-row B tiles, two groups per step
+                for (int g0 = 0; g0 < nt; g0 += 2) {
+                    const int two = nt - g0 > 1;
+                    if (mc == 0) ipf_retarget(pf, gblk[g0 + two] + 2, nK);
+                    const uint16_t* s0 = gsrc[g0] + 2 * a->k_off;
+                    const uint16_t* s1 = two ? gsrc[g0 + 1] + 2 * a->k_off : s0;
+                    T_ZERO(0); T_ZERO(1); T_ZERO(2); T_ZERO(3);
+                    for (int dc = 0; dc < nK; ++dc) {
+                        ipf_step(pf);
+                        T_LOAD(6, bq + dc * 512, 64);
+                        T_LOAD(7, bq + (nK + dc) * 512, 64);
+                        T_LOAD(4, s0 + 32 * dc, rstride);
+                        T_DP(0, 4, 6);
+                        T_DP(1, 4, 7);
+                        if (two) {
+                            T_LOAD(5, s1 + 32 * dc, rstride);
+                            T_DP(2, 5, 6);
+                            T_DP(3, 5, 7);
+                        }
+                    }
+                    T_STORE(0, Ct, 64);
+                    T_STORE(1, Ct + 256, 64);
+                    if (two) { T_STORE(2, Ct + 512, 64); T_STORE(3, Ct + 768, 64); }
+                    for (int g = 0; g <= two; ++g)
+                        for (int p = 0; p < 16; ++p) {
+                            const __m512 c0 = _mm512_load_ps(Ct + g * 512 + 16 * p), c1 = _mm512_load_ps(Ct + g * 512 + 256 + 16 * p);
+                            float* s = S + ((g0 + g) * 32 + 2 * p) * 16;
+                            _mm512_store_ps(s, _mm512_permutex2var_ps(c0, sidx0, c1));
+                            _mm512_store_ps(s + 16, _mm512_permutex2var_ps(c0, sidx1, c1));
+                        }
+                }
+            } else {  // one 8-row B tile, four groups per step
+                for (int g0 = 0; g0 < nt; g0 += 4) {
+                    const int nb = nt - g0 < 4 ? nt - g0 : 4;
+                    if (mc == 0) ipf_retarget(pf, gblk[g0 + nb - 1] + 2, nK);
+                    const uint16_t* s0 = gsrc[g0] + 2 * a->k_off;
+                    const uint16_t* s1 = nb > 1 ? gsrc[g0 + 1] + 2 * a->k_off : s0;
+                    const uint16_t* s2 = nb > 2 ? gsrc[g0 + 2] + 2 * a->k_off : s0;
+                    const uint16_t* s3 = nb > 3 ? gsrc[g0 + 3] + 2 * a->k_off : s0;
+                    T_ZERO(0); T_ZERO(1); T_ZERO(2); T_ZERO(3);
+                    for (int dc = 0; dc < nK; ++dc) {
+                        ipf_step(pf);
+                        T_LOAD(6, bq + dc * 512, 64);
+                        T_LOAD(4, s0 + 32 * dc, rstride);
+                        T_DP(0, 4, 6);
+                        if (nb > 1) { T_LOAD(5, s1 + 32 * dc, rstride); T_DP(1, 5, 6); }
+                        if (nb > 2) { T_LOAD(4, s2 + 32 * dc, rstride); T_DP(2, 4, 6); }
+                        if (nb > 3) { T_LOAD(5, s3 + 32 * dc, rstride); T_DP(3, 5, 6); }
+                    }
+                    T_STORE(0, Ct, 64);
+                    if (nb > 1) T_STORE(1, Ct + 256, 64);
+                    if (nb > 2) T_STORE(2, Ct + 512, 64);
+                    if (nb > 3) T_STORE(3, Ct + 768, 64);
+                    const __m512 z = _mm512_setzero_ps();
+                    for (int g = 0; g < nb; ++g)
+                        for (int p = 0; p < 16; ++p) {
+                            const __m512 c0 = _mm512_load_ps(Ct + g * 256 + 16 * p);
+                            float* s = S + ((g0 + g) * 32 + 2 * p) * 16;
+                            _mm512_store_ps(s, _mm512_permutex2var_ps(c0, sidx0, z));
+                            _mm512_store_ps(s + 16, _mm512_permutex2var_ps(c0, sidx1, z));
+                        }
+                }
+            }
+            // ---- online softmax over the pass (vertical over slots), P -> A operand
+            // valid slots: group g, half h: rows < nv(g, h)
+            auto nvalid = [&](int g, int h) -> int {
+                if (gpu) { const int i = 2 * g + h; return i < nt ? gnv[i] : 0; }
+                const int v = gnv[g] - 16 * h;
+                return v < 0 ? 0 : v > 16 ? 16 : v;
+            };
+            __m512 mx = _mm512_set1_ps(-INFINITY);
+            for (int g = 0; g < ng; ++g)
+                for (int h = 0; h < 2; ++h) {
+                    const int nv = nvalid(g, h);
+                    const float* s = S + (g * 32 + h * 16) * 16;
+                    for (int t = 0; t < nv; ++t) mx = _mm512_max_ps(mx, _mm512_load_ps(s + 16 * t));
+                }
+            const __m512 mold = _mm512_loadu_ps(mrun + 16 * mc);
+            const __m512 mnew = _mm512_max_ps(mold, mx);
+            const __mmask16 first = _mm512_cmp_ps_mask(mold, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ);
+            const __m512 al = _mm512_maskz_mov_ps((__mmask16)~first, V::exp2(_mm512_sub_ps(mold, mnew)));
+            __m512 sum = _mm512_setzero_ps();
+            for (int g = 0; g < ng; ++g) {
+                const int nv0 = nvalid(g, 0), nv1 = nvalid(g, 1);
+                __m512i w[16];
+                for (int k = 0; k < 16; ++k) {
+                    const int h = k >> 3, t = 2 * (k & 7), nv = h ? nv1 : nv0;
+                    const float* s = S + (g * 32 + 16 * h + t) * 16;
+                    const __m512 p0 = t < nv ? V::exp2(_mm512_sub_ps(_mm512_load_ps(s), mnew)) : _mm512_setzero_ps();
+                    const __m512 p1 = t + 1 < nv ? V::exp2(_mm512_sub_ps(_mm512_load_ps(s + 16), mnew)) : _mm512_setzero_ps();
+                    sum = _mm512_add_ps(sum, _mm512_add_ps(p0, p1));
+                    w[k] = _mm512_permutexvar_epi16(pidx, (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
+                }
+                transpose16(w);  // row h: dword k = (P[h][2k], P[h][2k+1])
+                for (int h = 0; h < 16; ++h) _mm512_store_si512((void*)(Pa + g * 512 + 32 * h), w[h]);
+            }
+            _mm512_storeu_ps(lrun + 16 * mc, _mm512_fmadd_ps(_mm512_loadu_ps(lrun + 16 * mc), al, sum));
+            _mm512_storeu_ps(mrun + 16 * mc, mnew);
+            _mm512_storeu_ps(alpha, al);
+            const bool accumulate = _mm512_cmp_ps_mask(al, _mm512_set1_ps(1.0f), _CMP_EQ_OQ) == 0xFFFF;
+            // ---- P.V into O
+            T_FENCE();  // P, the V scratch, O
+            if (mc == 0) ipf_retarget(pf, e2, nmc * pv_steps + (nmc - 1) * qk_steps);
+            float* Oc = O + (size_t)mc * 16 * Dv;
+            for (int dc0 = 0; dc0 < nDv; dc0 += 4) {
+                const int nd = nDv - dc0 < 4 ? nDv - dc0 : 4;
+                float* o0 = Oc + 16 * dc0;
+                if (accumulate) {
+                    T_LOAD(0, o0, Dv * 4);
+                    if (nd > 1) T_LOAD(1, o0 + 16, Dv * 4);
+                    if (nd > 2) T_LOAD(2, o0 + 32, Dv * 4);
+                    if (nd > 3) T_LOAD(3, o0 + 48, Dv * 4);
+                } else {
+                    T_ZERO(0); T_ZERO(1); T_ZERO(2); T_ZERO(3);
+                }
+                for (int g = 0; g < ng; ++g) {
+                    ipf_step(pf);
+                    const uint16_t* v;
+                    long vst;
+                    if (gpu) { v = Vs + (size_t)g * 16 * Dv * 2 + 32 * dc0; vst = (long)Dv * 4; }
+                    else { v = gsrc[g] + 2 * (a->v_off + 16 * dc0); vst = rstride; }
+                    T_LOAD(4, Pa + g * 512, 64);
+                    T_LOAD(6, v, vst);
+                    T_DP(0, 4, 6);
+                    if (nd > 1) { T_LOAD(7, v + 32, vst); T_DP(1, 4, 7); }
+                    if (nd > 2) { T_LOAD(6, v + 64, vst); T_DP(2, 4, 6); }
+                    if (nd > 3) { T_LOAD(7, v + 96, vst); T_DP(3, 4, 7); }
+                }
+                if (accumulate) {
+                    T_STORE(0, o0, Dv * 4);
+                    if (nd > 1) T_STORE(1, o0 + 16, Dv * 4);
+                    if (nd > 2) T_STORE(2, o0 + 32, Dv * 4);
+                    if (nd > 3) T_STORE(3, o0 + 48, Dv * 4);
+                } else {  // O = alpha * O + tile
+                    T_STORE(0, Ot, 256);
+                    if (nd > 1) T_STORE(1, Ot + 16, 256);
+                    if (nd > 2) T_STORE(2, Ot + 32, 256);
+                    if (nd > 3) T_STORE(3, Ot + 48, 256);
+                    for (int h = 0; h < 16; ++h) {
+                        const __m512 ah = _mm512_set1_ps(alpha[h]);
+                        float* o = o0 + (size_t)h * Dv;
+                        for (int j = 0; j < nd; ++j)
+                            _mm512_storeu_ps(o + 16 * j, _mm512_fmadd_ps(_mm512_loadu_ps(o + 16 * j), ah, _mm512_load_ps(Ot + 64 * h + 16 * j)));
+                    }
+                }
+            }
+        }
+        b0 = b1;
+    }
+    T_RELEASE();
+    for (int mc = 0; mc < nmc; ++mc) {
+        const int m0 = 16 * mc, mp = M - m0 < 16 ? M - m0 : 16;
         for (int m = 0; m < mp; ++m) {
-            memcpy(it->o + (int64_t)(m0 + m) * Dv, O + (int64_t)m * Dv, 4 * (size_t)Dv);
-            it->m[m0 + m] = mrun[m];
-            it->l[m0 + m] = lrun[m];
+            memcpy(it->o + (int64_t)(m0 + m) * Dv, O + ((size_t)mc * 16 + m) * Dv, 4 * (size_t)Dv);
+            it->m[m0 + m] = mrun[16 * mc + m];
+            it->l[m0 + m] = lrun[16 * mc + m];
         }
     }
-    _tile_release();
 }
 
 }  // namespace
 
+// GPU layout: 16-token tiles read in place, so bs % 16 == 0; C layout: 32-token pair groups.
 int ws_amx_eligible(const WsArgs* a) {
-    return a->dtype == 1 && a->bs % 32 == 0 && a->Dk % 16 == 0 && a->Dv % 16 == 0;
+    return a->dtype == 1 && a->Dk % 16 == 0 && a->Dv % 16 == 0 && a->bs % (a->layout == 0 ? 32 : 16) == 0;
 }
 
 void ws_item_amx(const WsArgs* a, const WsItem* it) {

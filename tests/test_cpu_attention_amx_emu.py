@@ -1,0 +1,108 @@
+"""The AMX variant of the CPU attention kernel (csrc/attn_amx.cpp) on machines without AMX: the
+kernel is built with -DWS_AMX_EMULATE, which replaces the tile instructions by the portable
+emulation in csrc/attn_amx_emu.h (test-only; never in the production build), and checked against
+the float64 oracle. The rest of the kernel (softmax, transposes, conversions) runs natively, so
+the CPU needs AVX-512 BF16; skipped without it or without a compiler."""
+from __future__ import annotations
+
+import math
+import platform
+import shutil
+
+import pytest
+import torch
+
+from writescope.attention import cpu
+from writescope.attention.batch import BlockBatch
+from writescope.kvcache.regions import KVSpec
+from test_cpu_attention import check, make_pools, reference, write_valid
+
+
+def _skip_reason() -> str | None:
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return "not x86-64"
+    if not (shutil.which("g++") or shutil.which("c++")):
+        return "no C++ compiler"
+    if not cpu.available():
+        return f"CPU kernel unavailable: {cpu.load_error()}"
+    if not cpu.features()["avx512_bf16"]:
+        return "the emulated AMX kernel still needs AVX-512 BF16 for its vector parts"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
+
+
+@pytest.fixture(scope="module")
+def emu_lib():
+    return cpu.build_test_variant(("-DWS_AMX_EMULATE",))
+
+
+@pytest.fixture
+def amx_emulated(emu_lib, monkeypatch):
+    """cpu.attend_cpu with isa "amx" runs the emulated library."""
+    cpu.available()
+    monkeypatch.setattr(cpu, "_lib", emu_lib)
+    monkeypatch.setattr(cpu, "_features", cpu._features | cpu._F_AMX)
+    monkeypatch.setattr(cpu, "_amx_ok", True)
+    cpu.set_isa("amx")
+    yield
+    cpu.set_isa("auto")
+    cpu.set_num_threads(None)
+
+
+def run(spec: KVSpec, hq: int, bs: int, seqs, seed: int, runs=((1, 0), (2, 64))):
+    """seqs: (query rows, valid tokens per block); both layouts, the given (threads, chunk)."""
+    gen = torch.Generator().manual_seed(seed)
+    nblocks = sum(len(b) for _, b in seqs) + 2
+    recs, cpool, gpool = make_pools(spec, nblocks, bs, gen)
+    perm = torch.randperm(nblocks, generator=gen).tolist()
+    qc = [r for r, _ in seqs]
+    blocks = [[perm.pop() for _ in bl] for _, bl in seqs]
+    lens = [[min(n, bs) for n in bl] for _, bl in seqs]
+    write_valid(recs, cpool, gpool, blocks, lens)
+    q = torch.randn(sum(qc), hq, spec.k_dim, generator=gen).to(torch.bfloat16)
+    scale = 1.0 / math.sqrt(spec.k_dim)
+    ref_o, ref_l = reference(q.float(), recs, spec, qc, blocks, lens, scale)
+    batch = BlockBatch.build(qc, blocks, lens)
+    for threads, chunk in runs:
+        cpu.set_num_threads(threads)
+        for layout, pool in [("cpu", cpool), ("gpu", gpool)]:
+            out, lse = cpu.attend_cpu(q, pool, layout, spec, batch, scale, chunk_blocks=chunk)
+            check(out, lse, ref_o, ref_l, 5e-3)
+
+
+@pytest.mark.parametrize("bs", [16, 32, 64, 128])
+def test_mla(amx_emulated, bs):
+    """MLA 576/512, 16 heads: M = 16 (decode), 32, 64 (chunked prefill rows), single tokens,
+    partial blocks anywhere, passes of several blocks and items longer than one pass.
+    (bs 16 in the C layout is not AMX-eligible and takes the generic path.)"""
+    spec = KVSpec.mla(1, 512, 64, torch.bfloat16)
+    seqs = [(1, [bs] * 5 + [bs // 2 + 1]), (1, [1]), (2, [bs, bs - 1, 3]), (4, [5, bs]),
+            (0, [bs]), (2, [])]
+    run(spec, 16, bs, seqs, seed=bs)
+
+
+def test_mla_few_heads(amx_emulated):
+    """8 and 24 query heads on the latent: 16-row chunks with 8 valid rows (one B tile in the
+    C layout's parity form)."""
+    spec = KVSpec.mla(1, 512, 64, torch.bfloat16)
+    for hq in (8, 24):
+        run(spec, hq, 64, [(1, [64, 64, 64, 64, 64, 9]), (1, [64, 2])], seed=hq, runs=((1, 0),))
+
+
+@pytest.mark.parametrize("group", [1, 4, 8])
+def test_gqa(amx_emulated, group):
+    """GQA head dim 128, group sizes 1/4/8 and 1..8 query rows (M from 1 to 64), empty blocks."""
+    spec = KVSpec.gqa(1, 2, 128, torch.bfloat16)
+    seqs = [(1, [64] * 6 + [31]), (8, [64, 64, 7]), (3, [1]), (2, [40, 64, 2, 64]),
+            (1, [64, 0, 64, 0, 0]), (1, [0, 0])]
+    run(spec, 2 * group, 64, seqs, seed=group)
+
+
+def test_gqa_other_dims_and_blocks(amx_emulated):
+    """Head dims 80 (Dk % 32 == 16: the GPU layout's zero-padded tail step) and 64, block
+    sizes 32 and 96 (the C layout's 32-token groups straddle block halves)."""
+    for hd, bs in ((80, 32), (64, 96)):
+        spec = KVSpec.gqa(1, 2, hd, torch.bfloat16)
+        run(spec, 8, bs, [(1, [bs] * 9 + [bs - 3]), (2, [bs, 17])], seed=hd, runs=((1, 0),))
