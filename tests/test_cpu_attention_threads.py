@@ -182,3 +182,36 @@ def test_bf16_queries_entry_point():
     assert torch.equal(out, ref_o) and torch.equal(lse, ref_l)
     args[1] = 7
     assert fn(*args) < 0  # unknown query dtype
+
+
+@needs_kernel
+def test_flagged_call_waits_for_ready_and_stores_done():
+    """CpuAttentionPlan(..., ready=, done=): one native call waits for the ready word, attends
+    and stores the done word (the device-side wait's flag) with no Python in between; a ready
+    word that never comes times out and still stores done."""
+    import time
+
+    import numpy as np
+    spec = KVSpec.mla(1, 64, 16, torch.bfloat16)
+    q, pool, batch = _case(spec, 32, [(1, [32, 32, 7]), (1, [32, 5])], seed=3)
+    q = q.to(torch.bfloat16)
+    scale = 0.1
+    plan = cpu.CpuAttentionPlan(pool, "cpu", spec, batch, scale, q.shape[0], q.shape[1], q.dtype)
+    assert plan.flagged
+    want_o, want_l = plan(q, pool)
+    words = torch.zeros(2, dtype=torch.int64)
+    view = words.numpy()
+    addr = words.data_ptr()
+    threading.Timer(0.05, lambda: np.copyto(view[0:1], 5)).start()
+    out = torch.empty_like(want_o)
+    lse = torch.empty_like(want_l)
+    times = []
+    t0 = time.perf_counter()
+    o, l = plan(q, pool, out, lse, ready=(addr, 5), done=(addr + 8, 9), times=times)
+    assert time.perf_counter() - t0 >= 0.04 and times[0] >= 0.03 and times[1] > 0
+    assert o is out and int(view[1]) == 9
+    torch.testing.assert_close(o, want_o, rtol=0, atol=0)
+    torch.testing.assert_close(l, want_l, rtol=0, atol=0)
+    with pytest.raises(TimeoutError):
+        plan(q, pool, out, lse, ready=(addr, 6), done=(addr + 8, 10), timeout_s=0.05)
+    assert int(view[1]) == 10

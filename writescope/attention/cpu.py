@@ -109,6 +109,9 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ws_attend_ex.restype = i
     lib.ws_attend_ex.argtypes = [p, i, i, i, p, i, i, i64, i, i, i, i, i, i, i, p, p, p, p,
                                  i, f, p, p, i, i, i]
+    lib.ws_attend_flagged.restype = i
+    lib.ws_attend_flagged.argtypes = [p, ctypes.c_int64, p, ctypes.c_int64, ctypes.c_double, p,
+                                      *lib.ws_attend_ex.argtypes]
     lib.ws_cpu_features.restype = i
     lib.ws_amx_request.restype = i
     lib.ws_default_threads.restype = i
@@ -302,8 +305,22 @@ class CpuAttentionPlan:
         self._isa = _ISA_CODE[get_isa(kv.dtype)]
         self._chunk = int(chunk_blocks)
 
+    @property
+    def flagged(self) -> bool:
+        """Whether calls may carry ``ready`` / ``done`` flag words (the compiled kernel)."""
+        return not self.torch_path
+
     def __call__(self, q: torch.Tensor, kv: torch.Tensor, out: torch.Tensor | None = None,
-                 lse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 lse: torch.Tensor | None = None, *, ready: tuple[int, int] | None = None,
+                 done: tuple[int, int] | None = None, timeout_s: float = 60.0,
+                 times: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``ready`` / ``done``: ``(address, value)`` of pinned int64 words (:attr:`flagged`
+        plans only). The call first waits until the ready word reaches its value, and stores the
+        done value once the result is written (also when it fails), all in one native call: no
+        Python, and so no interpreter lock, between the kernel's end and the store. ``times``
+        (a list) receives ``[seconds waiting for ready, seconds in the kernel]``."""
+        if (ready is not None or done is not None) and not self.flagged:
+            raise ValueError("ready/done flags need the compiled kernel")
         if q.shape[0] != self.nq or q.shape[1] != self.hq:
             raise ValueError(f"planned for {self.nq} x {self.hq} query vectors, got "
                              f"{tuple(q.shape[:2])}")
@@ -322,12 +339,23 @@ class CpuAttentionPlan:
             o = out if out is not None else torch.empty(self.nq, self.hq, self.spec.v_dim,
                                                         dtype=torch.float32)
             l = lse if lse is not None else torch.empty(self.nq, self.hq, dtype=torch.float32)
-            rc = self.lib.ws_attend_ex(_ptr(qf), 1 if qf.dtype == torch.bfloat16 else 0,
-                                    self.nq, self.hq, _ptr(kv),
-                                    1 if kv.dtype == torch.bfloat16 else 0,
-                                    0 if self.layout == "cpu" else 1, self.kv_stride,
-                                    *self._const, _ptr(o), _ptr(l), self._isa, get_num_threads(),
-                                    self._chunk)
+            args = (_ptr(qf), 1 if qf.dtype == torch.bfloat16 else 0, self.nq, self.hq, _ptr(kv),
+                    1 if kv.dtype == torch.bfloat16 else 0, 0 if self.layout == "cpu" else 1,
+                    self.kv_stride, *self._const, _ptr(o), _ptr(l), self._isa,
+                    get_num_threads(), self._chunk)
+            if ready is None and done is None:
+                rc = self.lib.ws_attend_ex(*args)
+            else:
+                r_addr, r_val = ready if ready is not None else (None, 0)
+                d_addr, d_val = done if done is not None else (None, 0)
+                tw = (ctypes.c_double * 2)()
+                rc = self.lib.ws_attend_flagged(r_addr, r_val, d_addr, d_val, float(timeout_s),
+                                                tw, *args)
+                if times is not None:
+                    times[:] = [tw[0], tw[1]]
+                if rc == -10:
+                    raise TimeoutError(f"the device did not raise the queries' ready flag in "
+                                       f"{timeout_s:.0f} s")
             if rc != 0:
                 raise RuntimeError(f"ws_attend_ex failed ({rc})")
             return o, l

@@ -138,10 +138,15 @@ READY_TIMEOUT_S = 120.0
 class Ready:
     """Waits, in a host thread, for the stream to have passed one :meth:`ReadyFlags.post`."""
 
-    __slots__ = ("_view", "_i", "_value")
+    __slots__ = ("_view", "_i", "_value", "_addr")
 
-    def __init__(self, view, i: int, value: int):
-        self._view, self._i, self._value = view, i, value
+    def __init__(self, view, i: int, value: int, addr: int | None = None):
+        self._view, self._i, self._value, self._addr = view, i, value, addr
+
+    @property
+    def address(self) -> tuple[int, int] | None:
+        """``(address of the word, value to reach)``, for a native waiter (None if unknown)."""
+        return None if self._addr is None else (self._addr, self._value)
 
     def query(self) -> bool:
         return int(self._view[self._i]) >= self._value
@@ -197,7 +202,7 @@ class ReadyFlags:
                 self._memop = False
         if not self._memop:
             _store_kernel()[(1,)](self.flags[i:], value, num_warps=1)
-        return Ready(self._view, i, value)
+        return Ready(self._view, i, value, ptr)
 
 
 _ready_flags: dict = {}
@@ -247,6 +252,10 @@ class HostFlags:
         self._view = self.flags.numpy()  # writes from the CPU thread go straight to the page
         self.status = torch.zeros(1, dtype=torch.int32, device=self.device)
         self.max_spins = int(max_spins)
+
+    def address(self, i: int) -> int:
+        """Host address of flag ``i`` (a native caller may store into it, see ``signal``)."""
+        return self.flags.data_ptr() + 8 * i
 
     def signal(self, i: int, value: int) -> None:
         """From the CPU thread, after its results are written: flag ``i`` reaches ``value``."""

@@ -131,6 +131,11 @@ class _Group:
         return self.rows[1] - self.rows[0]
 
 
+def ready_address(ready) -> tuple[int, int] | None:
+    """A ready flag's ``(address, value)`` for a native waiter, or None (e.g. a CUDA event)."""
+    return getattr(ready, "address", None)
+
+
 def compact_cpu_rows(batches: list[tuple[Region, BlockBatch]]
                      ) -> tuple[list[tuple[Region, BlockBatch]], torch.Tensor | None]:
     """The CPU side's batches over only the sequences that have a CPU block, and the query rows
@@ -439,34 +444,50 @@ class HybridAttention:
     def _cpu_job_signalled(self, step_id: int, layer: int, g: _Group, q_host, ready, out_bufs,
                            t_submit):
         """The CPU side of one layer when the device waits for it: the flag is raised whatever
-        happens (a failure is re-raised at :meth:`end_step`, after the device has gone on)."""
+        happens (a failure is re-raised at :meth:`end_step`, after the device has gone on). With
+        the compiled kernel the ready wait, the kernel and the flag's store are one native call
+        (``CpuAttentionPlan(..., ready=, done=)``): the GIL this thread would otherwise need
+        between them may be held by the launching thread."""
+        slot = layer * MAX_GROUPS + g.index
         try:
-            return self._cpu_job(layer, g, q_host, ready, out_bufs, t_submit)
+            return self._cpu_job(layer, g, q_host, ready, out_bufs, t_submit,
+                                 done=(self._flags.address(slot), step_id))
         finally:
-            self._flags.signal(layer * MAX_GROUPS + g.index, step_id)
+            self._flags.signal(slot, step_id)
 
     def _cpu_job(self, layer: int, g: _Group, q_host: torch.Tensor, ready, out_bufs,
-                 t_submit=None):
+                 t_submit=None, done=None):
         t_in = time.perf_counter()
+        self._lag["handoff"] += t_in - (t_submit or t_in)
+        plan = self.plan
+        if self._cpu_compiled and g.cpu_plans is None:  # checked and converted once per step
+            from .cpu import CpuAttentionPlan
+            g.cpu_plans = [(r, CpuAttentionPlan(self.pools[r][0], _layout(r), plan.spec, b,
+                                                plan.scale, q_host.shape[0], q_host.shape[1],
+                                                q_host.dtype))
+                           for r, b in g.cpu]
+        native = (self._cpu_compiled and len(g.cpu_plans) == 1 and out_bufs is not None
+                  and g.cpu_plans[0][1].flagged)
+        if native and done is not None and (ready is None or ready_address(ready) is not None):
+            # wait for the queries, attend into the pinned buffers, raise the flag: one call
+            r, pl = g.cpu_plans[0]
+            times = [0.0, 0.0]
+            o, l = pl(q_host, self.pools[r][layer], out_bufs[0], out_bufs[1],
+                      ready=ready_address(ready), done=done, times=times)
+            self._lag["q_wait"] += times[0]
+            self._lag["t_done"] = time.perf_counter()
+            return o, l, times[1]
         if ready is not None:
             ready.synchronize()
         t0 = time.perf_counter()
-        self._lag["handoff"] += t_in - (t_submit or t_in)
         self._lag["q_wait"] += t0 - t_in
-        plan = self.plan
+        if native:  # straight into pinned
+            r, pl = g.cpu_plans[0]
+            o, l = pl(q_host, self.pools[r][layer], out_bufs[0], out_bufs[1])
+            t1 = time.perf_counter()
+            self._lag["t_done"] = t1
+            return o, l, t1 - t0
         if self._cpu_compiled:
-            if g.cpu_plans is None:  # checked and converted once per step
-                from .cpu import CpuAttentionPlan
-                g.cpu_plans = [(r, CpuAttentionPlan(self.pools[r][0], _layout(r), plan.spec,
-                                                    b, plan.scale, q_host.shape[0],
-                                                    q_host.shape[1], q_host.dtype))
-                               for r, b in g.cpu]
-            if len(g.cpu_plans) == 1 and out_bufs is not None:  # straight into pinned
-                r, pl = g.cpu_plans[0]
-                o, l = pl(q_host, self.pools[r][layer], out_bufs[0], out_bufs[1])
-                t1 = time.perf_counter()
-                self._lag["t_done"] = t1
-                return o, l, t1 - t0
             parts = [pl(q_host, self.pools[r][layer]) for r, pl in g.cpu_plans]
         else:
             parts = [self._cpu_attend(q_host, self.pools[r][layer], _layout(r), plan.spec, b,

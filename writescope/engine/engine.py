@@ -273,6 +273,11 @@ class LLMEngine:
                                     self.config.softmax_scale, a["cpu_threads"],
                                     staging_bytes=a["staging"])
         self.scheduler = Scheduler(self.cache, a["max_num_seqs"], a["max_num_batched_tokens"])
+        # the CPU workers (attention, experts) need the GIL for a few microseconds between
+        # native calls; a launching thread holding it makes them wait up to the interpreter's
+        # switch interval (5 ms by default). WRITESCOPE_SWITCH_INTERVAL (seconds) shortens it.
+        if os.environ.get("WRITESCOPE_SWITCH_INTERVAL"):
+            sys.setswitchinterval(float(os.environ["WRITESCOPE_SWITCH_INTERVAL"]))
         self.runner = ModelRunner(self.model, self.cache, self.device)
         if any(self.cpu_expert_layers):
             self.runner.pipeline = False

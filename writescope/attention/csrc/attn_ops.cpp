@@ -29,6 +29,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <algorithm>
 #include <atomic>
@@ -377,6 +378,48 @@ int ws_attend(const float* q, int nq, int Hq, const void* kv, int dtype, int lay
     return ws_attend_ex(q, 0, nq, Hq, kv, dtype, layout, block_stride, H, bs, R, k_off, Dk, v_off,
                         Dv, q_indptr, kv_indptr, kv_blocks, kv_lens, nseq, scale, out, lse, isa,
                         threads, chunk_blocks);
+}
+
+// ws_attend_ex between two flag words, all without the caller's interpreter lock (ctypes drops it
+// for the whole call): wait until *ready >= ready_value (the device stream raises it once this
+// layer's queries have landed in host memory), attend, then store done_value into *done with
+// release order (the device stream waits on it before merging the result). Between the kernel
+// and the store there is no Python, so a launching thread that holds the GIL cannot delay the
+// device's wait. The wait spins briefly, then sleeps 20 us at a time; it gives up after
+// timeout_s (returns -10, and still stores done_value, so the device never waits for nothing).
+// *times (if given) receives {seconds waiting for ready, seconds in the kernel}.
+static double ws_now() {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int ws_attend_flagged(const volatile int64_t* ready, int64_t ready_value, int64_t* done,
+                      int64_t done_value, double timeout_s, double* times, const void* q, int q_dtype, int nq,
+                      int Hq, const void* kv, int dtype, int layout, int64_t block_stride, int H,
+                      int bs, int R, int k_off, int Dk, int v_off, int Dv,
+                      const int32_t* q_indptr, const int32_t* kv_indptr,
+                      const int32_t* kv_blocks, const int32_t* kv_lens, int nseq, float scale,
+                      float* out, float* lse, int isa, int threads, int chunk_blocks) {
+    int rc = 0;
+    const double t0 = ws_now();
+    if (ready) {
+        int spins = 0;
+        while (__atomic_load_n(ready, __ATOMIC_ACQUIRE) < ready_value) {
+            if (++spins < 256) continue;
+            struct timespec ts = {0, 20000};
+            nanosleep(&ts, nullptr);
+            if (ws_now() - t0 > timeout_s) { rc = -10; break; }
+        }
+    }
+    const double t1 = ws_now();
+    if (rc == 0)
+        rc = ws_attend_ex(q, q_dtype, nq, Hq, kv, dtype, layout, block_stride, H, bs, R, k_off,
+                          Dk, v_off, Dv, q_indptr, kv_indptr, kv_blocks, kv_lens, nseq, scale,
+                          out, lse, isa, threads, chunk_blocks);
+    if (done) __atomic_store_n(done, done_value, __ATOMIC_RELEASE);
+    if (times) { times[0] = t1 - t0; times[1] = ws_now() - t1; }
+    return rc;
 }
 
 // Seconds to sum `n` floats `reps` times with `threads` threads (DRAM read bandwidth probe).
