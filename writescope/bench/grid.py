@@ -82,6 +82,9 @@ class GridSpec:
     static_share: float | None = None
     static_ref_length: int = 32768
     peer_offload_weights: bool = False
+    #: config.json keys changed for every model (random weights only): the same architecture at
+    #: a reduced size, for smoke runs on a small machine; recorded in each model's meta
+    config_overrides: dict[str, Any] = field(default_factory=dict)
     command: str = ""
 
     def validate(self) -> None:
@@ -101,6 +104,9 @@ class GridSpec:
                 raise ValueError(f"unknown peer {p!r}; choose one of {', '.join(PEERS)}")
         if self.static_share is not None and not 0.0 <= self.static_share <= 1.0:
             raise ValueError("--static-share must be in [0, 1]")
+        if self.config_overrides and not self.random_weights:
+            raise ValueError("--config-override needs --random-weights (a checkpoint's tensors "
+                             "have the published shapes)")
 
 
 # ---------------------------------------------------------------------------------- helpers
@@ -109,6 +115,24 @@ def parse_int_list(text: str) -> list[int]:
     out = [parse_count(t.strip()) for t in str(text).split(",") if t.strip()]
     if not out:
         raise ValueError(f"empty list: {text!r}")
+    return out
+
+
+def parse_overrides(items: list[str] | None) -> dict[str, Any]:
+    """``["num_hidden_layers=2,hidden_size=256", "head_dim=128"]`` -> a dict; values are JSON
+    (numbers, true/false/null, lists) or else strings."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        for part in str(item).split(","):
+            if not part.strip():
+                continue
+            key, sep, val = part.partition("=")
+            if not sep or not key.strip():
+                raise ValueError(f"config override {part!r} is not KEY=VALUE")
+            try:
+                out[key.strip()] = json.loads(val)
+            except json.JSONDecodeError:
+                out[key.strip()] = val.strip()
     return out
 
 
@@ -479,7 +503,7 @@ class Grid:
 
         s = self.spec
         try:
-            cfg, _, _ = resolve_model(model, s.random_weights)
+            cfg, _, _ = resolve_model(model, s.random_weights, s.config_overrides)
         except (ValueError, FileNotFoundError) as e:
             for pol in list(s.policies) + list(s.peers):
                 self._fail_rows(model, pol, error_text(e), bar, peer=pol in s.peers)
@@ -493,7 +517,8 @@ class Grid:
                   max_num_batched_tokens=s.max_num_batched_tokens, vram_budget=s.vram_budget,
                   pinned_budget=pinned, host_budget=host,
                   num_gpu_blocks=s.num_gpu_blocks, kv_policy="transfer", experts=s.experts,
-                  cpu_threads=s.cpu_threads, profile=s.profile)
+                  cpu_threads=s.cpu_threads, profile=s.profile,
+                  config_overrides=s.config_overrides or None)
         if s.block_size is not None:
             kw["block_size"] = s.block_size
         engine = None
@@ -517,6 +542,7 @@ class Grid:
         layout = engine.cache.layout
         self.models_meta[model] = {
             "model_type": cfg.model_type, "engine_build_s": build_s,
+            "config_overrides": dict(s.config_overrides),
             "engine_build_times": dict(getattr(engine, "build_times", {})),
             "vram_budget": vram_budget, "weights_device_bytes": engine.weights_bytes,
             "experts_on_cpu_layers": sum(engine.cpu_expert_layers),
