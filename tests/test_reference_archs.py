@@ -92,3 +92,29 @@ def test_reduced_reference_model_runs_every_policy(model, experts, tmp_path):
     assert all(by[p]["bytes_moved"] == 0 for p in by if p != "migrate")
     if peers:
         assert rows[-1]["same_tokens_as_writescope"] == 1.0
+
+
+def test_default_host_budgets_leave_room_beside_host_experts(monkeypatch):
+    """Mixtral-8x7B, experts on the CPU (84 GiB), batch 4 x 32K on a 128 GiB host: T and C
+    each sized for the spilled KV (the whole KV less the G blocks asked for), and together
+    capped at what host memory has left beside the experts and the reserve."""
+    from writescope.bench import grid as g
+    from writescope.models.config import ModelConfig
+
+    GiB = 2**30
+    cfg = ModelConfig.from_hf("mixtral-8x7b")
+    spec = GridSpec(models=["mixtral-8x7b"], batches=[4], context_lengths=[32768], decode_steps=16,
+                    random_weights=True, device="cuda", vram_budget="32GiB", experts="cpu")
+    monkeypatch.setattr("writescope.engine.engine._available_ram_bytes", lambda: 125 * GiB)
+    monkeypatch.setattr(g.os, "sysconf", lambda k: {"SC_PAGE_SIZE": 4096,
+                                                     "SC_PHYS_PAGES": 126 * GiB // 4096}[k])
+    assert g.host_weight_bytes(cfg, spec, 32804) == 84 * GiB
+    block = 64 * 131072  # 8 MiB
+    pinned, host = g.default_host_budgets(cfg, spec, 32804)
+    assert pinned == host == (125 - 84 - 10) * GiB // 2 < 4 * 514 * block  # capped: 15.5 GiB
+    spec.num_gpu_blocks = 640  # G takes 640 blocks: T and C need only the rest
+    pinned, host = g.default_host_budgets(cfg, spec, 32804)
+    assert pinned == host == (4 * 514 - 640) * block
+    spec.pinned_budget = "20GiB"
+    pinned, host = g.default_host_budgets(cfg, spec, 32804)
+    assert pinned == "20GiB" and host == (125 - 84 - 10 - 20) * GiB
