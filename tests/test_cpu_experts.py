@@ -319,3 +319,26 @@ def test_pending_device_waited_failures_are_raised_once():
     ce._pending.append(ok)
     ce.raise_pending_errors()
     assert ce._pending == []
+
+
+def test_random_draw_is_chunked_parallel_and_thread_count_free(monkeypatch):
+    """Seeded random experts are drawn in row chunks on several threads: the values depend on
+    the seed and shapes only, and the chunk that ends a matrix writes the packed layout's
+    zero padding (hidden 40 and inter 100 are not multiples of the 32-wide tiles)."""
+    monkeypatch.setattr(ce, "_RANDOM_CHUNK_VALUES", 40 * 64)  # several chunks per matrix
+    a = CpuExperts.random(3, 40, 100, torch.bfloat16, seed=5, threads=1)
+    b = CpuExperts.random(3, 40, 100, torch.bfloat16, seed=5, threads=3)
+    t = CpuExperts.random(3, 40, 100, torch.bfloat16, seed=5, threads=2, backend="torch")
+    assert torch.equal(a.gate_up, b.gate_up) and torch.equal(a.down, b.down)
+    g, u, d = zip(*(a.expert_weights(e) for e in range(3)))
+    packed = CpuExperts.from_weights(list(g), list(u), list(d), dtype=torch.bfloat16)
+    assert torch.equal(packed.gate_up, a.gate_up) and torch.equal(packed.down, a.down)  # padding 0
+    for e in range(3):
+        for wa, wt in zip(a.expert_weights(e), t.expert_weights(e)):
+            assert torch.equal(wa, wt)
+    assert not torch.equal(a.expert_weights(0)[0], a.expert_weights(1)[0])
+    assert not torch.equal(a.expert_weights(0)[0], a.expert_weights(0)[1])
+    assert 0.018 < torch.cat([w.flatten() for w in a.expert_weights(2)]).float().std() < 0.022
+    gen = CpuExperts.random(2, 40, 100, torch.float32, generator=torch.Generator().manual_seed(1))
+    gen2 = CpuExperts.random(2, 40, 100, torch.float32, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(gen.gate_up, gen2.gate_up)

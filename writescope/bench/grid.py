@@ -82,6 +82,9 @@ class GridSpec:
     static_share: float | None = None
     static_ref_length: int = 32768
     peer_offload_weights: bool = False
+    #: config.json keys changed for every model (random weights only): the same architecture at
+    #: a reduced size, for smoke runs on a small machine; recorded in each model's meta
+    config_overrides: dict[str, Any] = field(default_factory=dict)
     command: str = ""
 
     def validate(self) -> None:
@@ -101,6 +104,9 @@ class GridSpec:
                 raise ValueError(f"unknown peer {p!r}; choose one of {', '.join(PEERS)}")
         if self.static_share is not None and not 0.0 <= self.static_share <= 1.0:
             raise ValueError("--static-share must be in [0, 1]")
+        if self.config_overrides and not self.random_weights:
+            raise ValueError("--config-override needs --random-weights (a checkpoint's tensors "
+                             "have the published shapes)")
 
 
 # ---------------------------------------------------------------------------------- helpers
@@ -109,6 +115,24 @@ def parse_int_list(text: str) -> list[int]:
     out = [parse_count(t.strip()) for t in str(text).split(",") if t.strip()]
     if not out:
         raise ValueError(f"empty list: {text!r}")
+    return out
+
+
+def parse_overrides(items: list[str] | None) -> dict[str, Any]:
+    """``["num_hidden_layers=2,hidden_size=256", "head_dim=128"]`` -> a dict; values are JSON
+    (numbers, true/false/null, lists) or else strings."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        for part in str(item).split(","):
+            if not part.strip():
+                continue
+            key, sep, val = part.partition("=")
+            if not sep or not key.strip():
+                raise ValueError(f"config override {part!r} is not KEY=VALUE")
+            try:
+                out[key.strip()] = json.loads(val)
+            except json.JSONDecodeError:
+                out[key.strip()] = val.strip()
     return out
 
 
@@ -188,20 +212,76 @@ def release_kv(engine) -> None:
     _free_memory(engine.device)
 
 
-def default_host_budgets(cfg, spec: GridSpec) -> tuple[Any, Any]:
-    """Pinned (T) and host (C) budgets: as given, else each large enough for the largest row's
-    whole KV cache -- so that ``transfer`` (all spilled KV in T) and ``cpu`` (all in C) can run
-    every row -- capped at a quarter (pinned) and half (host) of this machine's memory."""
+#: host memory the grid's default T/C budgets leave to the OS, torch, CUDA and the rest
+HOST_RESERVE_BYTES = 10 * 2**30
+
+
+def host_weight_bytes(cfg, spec: GridSpec, max_model_len: int) -> int:
+    """Weight bytes the engine will keep in host memory: the routed experts it places on the CPU
+    (the same choice as the engine's, ``layers/expert_placement.py``), every weight when the
+    device is the CPU."""
     from ..engine.engine import parse_dtype
+    from ..layers.expert_placement import choose_expert_layers, expert_placement_summary
+    from ..units import parse_bytes
+    dtype = parse_dtype(spec.dtype)
+    cuda = (spec.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
+    if not cuda:
+        return cfg.param_counts()["total"] * torch.empty(0, dtype=dtype).element_size()
+    vram = parse_bytes(spec.vram_budget) if spec.vram_budget is not None else None
+    try:
+        flags = choose_expert_layers(cfg, spec.experts, vram,
+                                     cfg.kv_bytes_per_token(dtype) * max_model_len, dtype)
+    except ValueError:  # the engine will say why; nothing to plan for
+        return 0
+    return expert_placement_summary(cfg, flags, dtype)["cpu_expert_bytes"]
+
+
+def default_host_budgets(cfg, spec: GridSpec, max_model_len: int | None = None) -> tuple[Any, Any]:
+    """Pinned (T) and host (C) budgets: as given, else each large enough for the largest row's
+    spilled KV (its whole KV less the G blocks ``--num-gpu-blocks`` asks for) -- so that
+    ``transfer`` (all spilled KV in T) and ``cpu`` (all in C) can run every row -- capped at a
+    quarter (pinned) and half (host) of this machine's memory, and together at what host memory
+    has left beside the weights kept there (host-resident experts) and
+    :data:`HOST_RESERVE_BYTES`. A row over a capped budget fails with that reason; without the
+    cap, the T pool (page-locked) and the C pages it touches could exhaust host memory and
+    take the whole run down."""
+    from ..engine.engine import _available_ram_bytes, parse_dtype
     from ..kvcache.regions import DEFAULT_BLOCK_SIZE
     bs = spec.block_size or DEFAULT_BLOCK_SIZE
     bb = cfg.kv_spec(parse_dtype(spec.dtype)).block_bytes(bs)
     need = max(b * (math.ceil((n + spec.decode_steps + 2) / bs) + 1) * bb
                for b in spec.batches for n in spec.context_lengths)
+    if spec.num_gpu_blocks is not None:
+        need = max(bb, need - spec.num_gpu_blocks * bb)
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    pinned = spec.pinned_budget if spec.pinned_budget is not None else min(need, ram // 4)
-    host = spec.host_budget if spec.host_budget is not None else min(need, ram // 2)
+    pinned_cap, host_cap = ram // 4, ram // 2
+    avail = _available_ram_bytes()
+    if avail is not None and max_model_len is not None:
+        room = max(0, avail - host_weight_bytes(cfg, spec, max_model_len) - HOST_RESERVE_BYTES)
+        if spec.pinned_budget is None and spec.host_budget is None:
+            pinned_cap, host_cap = min(pinned_cap, room // 2), min(host_cap, room // 2)
+        elif spec.pinned_budget is None:
+            from ..units import parse_bytes
+            pinned_cap = min(pinned_cap, max(0, room - parse_bytes(spec.host_budget)))
+        elif spec.host_budget is None:
+            from ..units import parse_bytes
+            host_cap = min(host_cap, max(0, room - parse_bytes(spec.pinned_budget)))
+    pinned = spec.pinned_budget if spec.pinned_budget is not None else min(need, pinned_cap)
+    host = spec.host_budget if spec.host_budget is not None else min(need, host_cap)
     return pinned, host
+
+
+def host_memory_summary(engine) -> dict[str, int | None]:
+    """Host bytes the engine holds after its build: routed experts kept there, the T pool
+    (page-locked on CUDA), the C pool (pageable: resident only where written), and what the
+    kernel reports available now."""
+    from ..engine.engine import _available_ram_bytes
+    experts = sum(m.cpu_experts.nbytes for _, m in engine.model.moe_blocks()
+                  if getattr(m, "cpu_experts", None) is not None)
+    pools = engine.cache.pools
+    nbytes = {r: pools[_region(r)].numel() * pools[_region(r)].element_size() for r in "TC"}
+    return {"experts": experts, "T pool": nbytes["T"], "C pool": nbytes["C"],
+            "MemAvailable": _available_ram_bytes()}
 
 
 def static_share_from_profile(profile, cfg, engine, ref_length: int) -> tuple[float, str]:
@@ -479,7 +559,7 @@ class Grid:
 
         s = self.spec
         try:
-            cfg, _, _ = resolve_model(model, s.random_weights)
+            cfg, _, _ = resolve_model(model, s.random_weights, s.config_overrides)
         except (ValueError, FileNotFoundError) as e:
             for pol in list(s.policies) + list(s.peers):
                 self._fail_rows(model, pol, error_text(e), bar, peer=pol in s.peers)
@@ -487,13 +567,14 @@ class Grid:
         max_len = max(s.context_lengths) + s.decode_steps + math.ceil(
             max(s.batches) * max(s.context_lengths) / s.max_num_batched_tokens) + max(s.batches) + 8
         max_len = min(max_len, cfg.max_position_embeddings) if not s.random_weights else max_len
-        pinned, host = default_host_budgets(cfg, s)
+        pinned, host = default_host_budgets(cfg, s, max_len)
         kw = dict(dtype=s.dtype, device=s.device, random_weights=s.random_weights, seed=s.seed,
                   max_num_seqs=max(s.batches), max_model_len=max_len,
                   max_num_batched_tokens=s.max_num_batched_tokens, vram_budget=s.vram_budget,
                   pinned_budget=pinned, host_budget=host,
                   num_gpu_blocks=s.num_gpu_blocks, kv_policy="transfer", experts=s.experts,
-                  cpu_threads=s.cpu_threads, profile=s.profile)
+                  cpu_threads=s.cpu_threads, profile=s.profile,
+                  config_overrides=s.config_overrides or None)
         if s.block_size is not None:
             kw["block_size"] = s.block_size
         engine = None
@@ -517,6 +598,7 @@ class Grid:
         layout = engine.cache.layout
         self.models_meta[model] = {
             "model_type": cfg.model_type, "engine_build_s": build_s,
+            "config_overrides": dict(s.config_overrides),
             "engine_build_times": dict(getattr(engine, "build_times", {})),
             "vram_budget": vram_budget, "weights_device_bytes": engine.weights_bytes,
             "experts_on_cpu_layers": sum(engine.cpu_expert_layers),
@@ -530,9 +612,12 @@ class Grid:
         }
         parts = ", ".join(f"{k[:-2]} {v:.1f} s"
                           for k, v in getattr(engine, "build_times", {}).items())
+        host = host_memory_summary(engine)
+        self.models_meta[model]["host_memory"] = host
         self.log(f"[bench] {model}: built in {build_s:.1f} s ({parts}); G/T/C/W blocks "
                  f"{ {str(r): n for r, n in layout.num_blocks.items()} }; static share "
-                 f"{static_share:.3f} ({static_why})")
+                 f"{static_share:.3f} ({static_why}); host: "
+                 + ", ".join(f"{k} {v / 2**30:.1f} GiB" for k, v in host.items() if v is not None))
         ws_tokens: dict[tuple[int, int], list[list[int]]] = {}
         for policy in s.policies:
             try:

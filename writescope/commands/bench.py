@@ -25,6 +25,10 @@ def register(subparsers) -> None:
                    help="checkpoint folder or deepseek-v2-lite | qwen3-30b-a3b | mixtral-8x7b "
                         "(repeatable, or comma-separated)")
     p.add_argument("--random-weights", action="store_true", help="seeded random weights at full size")
+    p.add_argument("--config-override", action="append", default=[], metavar="KEY=VALUE",
+                   help="change a config.json key of every model (with --random-weights): the same "
+                        "architecture at a reduced size, e.g. num_hidden_layers=2,hidden_size=256 "
+                        "(repeatable or comma-separated; recorded in the results' model meta)")
     p.add_argument("--vram-budget", default=None, help="everything the engine puts on the GPU, e.g. 32GiB")
     p.add_argument("--pinned-budget", default=None, help="pinned host memory for the T region")
     p.add_argument("--host-budget", default=None, help="pageable host memory for the C region")
@@ -62,7 +66,7 @@ def register(subparsers) -> None:
 
 
 def spec_from_args(args: argparse.Namespace):
-    from ..bench.grid import GridSpec, parse_int_list, parse_name_list
+    from ..bench.grid import GridSpec, parse_int_list, parse_name_list, parse_overrides
     from ..units import parse_count
     return GridSpec(
         models=parse_name_list(args.model), batches=parse_int_list(args.batch),
@@ -75,6 +79,7 @@ def spec_from_args(args: argparse.Namespace):
         max_num_batched_tokens=args.max_num_batched_tokens, static_share=args.static_share,
         static_ref_length=parse_count(args.static_ref_length),
         peer_offload_weights=args.peer_offload_weights,
+        config_overrides=parse_overrides(args.config_override),
         command="writescope " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
 
 

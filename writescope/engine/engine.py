@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import weakref
 from pathlib import Path
 
 import torch
@@ -63,24 +64,58 @@ def _available_ram_bytes() -> int | None:
     return None
 
 
-def resolve_model(model: str | os.PathLike | None, random_weights: bool
-                  ) -> tuple[ModelConfig, Path | None, str]:
-    """(config, checkpoint folder or None, display name)."""
+#: config.json keys an override may add (absent from some families' configs)
+OVERRIDE_NEW_KEYS = ("head_dim",)
+
+
+def apply_config_overrides(raw: dict, overrides: dict | None) -> dict:
+    """``raw`` (a config.json dict) with ``overrides`` applied: a model of the same architecture
+    at another size (fewer layers, a smaller hidden size...). Keys must already be in the config
+    (or be one of :data:`OVERRIDE_NEW_KEYS`), so a misspelt key is an error, not a no-op."""
+    if not overrides:
+        return raw
+    unknown = sorted(k for k in overrides if k not in raw and k not in OVERRIDE_NEW_KEYS)
+    if unknown:
+        raise ValueError(f"config override {unknown[0]!r} is not a key of the "
+                         f"{raw.get('model_type', '?')} config")
+    return {**raw, **overrides}
+
+
+def resolve_model(model: str | os.PathLike | None, random_weights: bool,
+                  config_overrides: dict | None = None) -> tuple[ModelConfig, Path | None, str]:
+    """(config, checkpoint folder or None, display name). ``config_overrides`` (random weights
+    only: a checkpoint's tensors have the published shapes) change config.json keys."""
+    if config_overrides and not random_weights:
+        raise ValueError("config overrides change the model's shapes: they need random_weights=True "
+                         "(--random-weights)")
     if model is None:
         from ..models.default import default_model_path
         path = default_model_path()
+        if config_overrides:
+            from ..models.config import load_config_dict
+            return (ModelConfig.from_hf(apply_config_overrides(load_config_dict(path),
+                                                               config_overrides)),
+                    None, "writescope-default")
         return ModelConfig.from_hf(path), path, "writescope-default"
     s = str(model)
     if s in REFERENCE_MODELS and not Path(s).exists():
         if not random_weights:
             raise ValueError(f"{s!r} names a reference config without weights; pass "
                              "random_weights=True (--random-weights) or a checkpoint folder")
-        return ModelConfig.from_hf(s), None, s
-    path = Path(s).expanduser()
-    if not path.exists():
-        raise FileNotFoundError(f"model {s!r} is neither a folder nor one of the reference "
-                                f"names {', '.join(REFERENCE_MODELS)}")
-    return ModelConfig.from_hf(path), (None if random_weights else path), path.name
+        source: str | Path = s
+        name = s
+    else:
+        source = Path(s).expanduser()
+        if not source.exists():
+            raise FileNotFoundError(f"model {s!r} is neither a folder nor one of the reference "
+                                    f"names {', '.join(REFERENCE_MODELS)}")
+        name = source.name
+    if config_overrides:
+        from ..models.config import load_config_dict
+        cfg = ModelConfig.from_hf(apply_config_overrides(load_config_dict(source), config_overrides))
+    else:
+        cfg = ModelConfig.from_hf(source)
+    return cfg, (None if random_weights or isinstance(source, str) else source), name
 
 
 def _reserve_launch_core() -> None:
@@ -124,7 +159,7 @@ class LLMEngine:
                  host_budget: int | str | None = None, num_gpu_blocks: int | None = None,
                  kv_policy: str = "writescope", cpu_share: float = 0.5, experts: str = "auto",
                  cpu_threads: int | None = None, profile: str | os.PathLike | None = None,
-                 show_progress: bool = False):
+                 show_progress: bool = False, config_overrides: dict | None = None):
         self.dtype = parse_dtype(dtype)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if self.device.type == "cuda" and not torch.cuda.is_available():
@@ -133,7 +168,8 @@ class LLMEngine:
                         ("block_size", block_size)):
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
-        self.config, ckpt, self.model_name = resolve_model(model, random_weights)
+        self.config, ckpt, self.model_name = resolve_model(model, random_weights, config_overrides)
+        self.config_overrides = dict(config_overrides or {})
         if self.device.type == "cuda":
             # the CPU kernels' worker threads need the GIL around each call while this thread
             # holds it launching GPU work; with the default 5 ms switch interval a worker may
@@ -261,7 +297,16 @@ class LLMEngine:
             if self.has_unfinished_requests():
                 raise RuntimeError("cannot change the KV policy while requests are running")
             self.cache.hybrid.close()
+            old = weakref.ref(self.cache)
             self.cache = self.scheduler = self.runner = None
+            if old() is not None:
+                # held by a reference cycle (or frozen out of the collector's reach at start-up):
+                # its pools must go before the new ones are allocated, or the host holds two
+                # T pools (page-locked) and two C pools at once
+                import gc
+                gc.unfreeze()
+                gc.collect()
+                freeze_gc()
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
         a = self._kv_args

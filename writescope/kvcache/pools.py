@@ -1,7 +1,7 @@
 """Memory for the regions, within their budgets, and the block-id allocators.
 
 * :func:`allocate_pool` -- one tensor per region: HBM for G and W, pinned host memory for T (when
-  CUDA is present), pageable 64-byte-aligned host memory for C (advised for huge pages).
+  CUDA is present; page-locked at its exact size, ``writescope/hostmem.py``), pageable 64-byte-aligned host memory for C (advised for huge pages).
 * :class:`BlockAllocator` -- free-list ids for G and C; W slots.
 * :class:`ExtentAllocator` -- T ids as contiguous runs: a sequence's next T block is taken right
   after its previous one when free, and a new run starts in the middle of the largest free gap
@@ -41,8 +41,12 @@ def allocate_pool(region: Region, spec: KVSpec, num_blocks: int, block_size: int
     if region in (Region.G, Region.W):
         return torch.empty(shape, dtype=spec.dtype, device=device)
     if region is Region.T:
-        pin = device.type == "cuda" and torch.cuda.is_available()
-        return torch.empty(shape, dtype=spec.dtype, pin_memory=pin)
+        if device.type == "cuda" and torch.cuda.is_available():
+            # page-locked at its exact size (torch's pinned allocator would round it up to the
+            # next power of two: a 16.06 GiB pool would lock 32 GiB; ../hostmem.py)
+            from ..hostmem import pinned_empty
+            return pinned_empty(shape, spec.dtype)
+        return torch.empty(shape, dtype=spec.dtype)
     # C: pageable, 64-byte aligned (over-allocate and offset if the allocator did not align)
     numel = math.prod(shape)
     item = spec.itemsize

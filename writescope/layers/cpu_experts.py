@@ -218,6 +218,16 @@ def _read_bandwidth_probe(buf: torch.Tensor, threads: int | None = None) -> floa
 # ---------------------------------------------------------------------------------------------
 # packing (HF layout <-> 16-row VNNI tiles)
 # ---------------------------------------------------------------------------------------------
+#: values per chunk of a random draw (CpuExperts.random): one generator each, drawn in parallel
+_RANDOM_CHUNK_VALUES = 1 << 21
+
+
+def _chunk_seed(seed: int, *keys: int) -> int:
+    """A 63-bit generator seed from ``seed`` and the chunk's keys (stable across runs)."""
+    data = b"".join(int(x).to_bytes(8, "little", signed=True) for x in (seed, *keys))
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") >> 1
+
+
 def _ceil(a: int, b: int) -> int:
     return (a + b - 1) // b * b
 
@@ -401,25 +411,82 @@ class CpuExperts:
     def random(cls, num_experts: int, hidden: int, inter: int, dtype: torch.dtype = torch.bfloat16,
                generator: torch.Generator | None = None, seed: int | None = None,
                std: float = 0.02, unique_experts: int | None = None,
-               backend: str | None = None) -> "CpuExperts":
-        """Full-size random experts without a checkpoint: N(0, std) in the HF layout, expert by
-        expert in the order gate, up, down from ``generator`` (or ``torch.Generator`` seeded
-        with ``seed``, default 0). ``unique_experts=n`` draws only n experts and repeats them
-        cyclically (separate memory, same values): benchmarks use it to fill tens of GB fast."""
-        if generator is None:
-            generator = torch.Generator().manual_seed(0 if seed is None else seed)
+               backend: str | None = None, threads: int | None = None) -> "CpuExperts":
+        """Full-size random experts without a checkpoint, N(0, std), drawn straight in ``dtype``.
+
+        With ``seed`` (default 0): each expert's gate, up and down matrices are drawn in chunks
+        of rows, each chunk from its own generator seeded from (seed, expert, matrix, chunk), on
+        ``threads`` threads (default: the kernel's, :func:`get_num_threads`). The values depend
+        on the seed and the shapes only, not on the thread count; a full-size model's experts
+        (Mixtral-8x7B: 45 G values) are drawn at the machine's core count times one core's
+        generator rate instead of one core's (~0.2 G values/s, ~4 minutes for Mixtral).
+        With ``generator``: expert by expert in the order gate, up, down from that one
+        generator, on the calling thread.
+        ``unique_experts=n`` draws only n experts and repeats them cyclically (separate memory,
+        same values): benchmarks use it to fill tens of GB fast."""
         self = cls(num_experts, hidden, inter, dtype, backend)
         n = num_experts if unique_experts is None else max(1, min(unique_experts, num_experts))
+        if generator is not None:
+            def draw(*shape):
+                return torch.empty(*shape, dtype=dtype).normal_(0.0, std, generator=generator)
 
-        def draw(*shape):
-            return torch.empty(*shape, dtype=torch.float32).normal_(0.0, std, generator=generator).to(dtype)
-
-        for e in range(n):
-            self._set_expert(e, draw(inter, hidden), draw(inter, hidden), draw(hidden, inter))
+            for e in range(n):
+                self._set_expert(e, draw(inter, hidden), draw(inter, hidden), draw(hidden, inter))
+        else:
+            self._draw_parallel(n, 0 if seed is None else int(seed), std, threads)
         for e in range(n, num_experts):
             self.gate_up[e].copy_(self.gate_up[e % n])
             self.down[e].copy_(self.down[e % n])
         return self
+
+    def _draw_parallel(self, n: int, seed: int, std: float, threads: int | None) -> None:
+        """Experts ``0..n-1`` drawn in row chunks (see :meth:`random`), written in place."""
+        H, I = self.hidden, self.inter
+        shapes = ((I, H), (I, H), (H, I))  # gate, up, down
+        tasks = []
+        for e in range(n):
+            for j, (o, k) in enumerate(shapes):
+                rows = max(_KPAD, _RANDOM_CHUNK_VALUES // k // _KPAD * _KPAD)  # tile-aligned starts
+                for c, r0 in enumerate(range(0, o, rows)):
+                    tasks.append((e, j, r0, min(o, r0 + rows), c))
+
+        def run(task) -> None:
+            e, j, r0, r1, c = task
+            g = torch.Generator().manual_seed(_chunk_seed(seed, e, j, c))
+            w = torch.empty(r1 - r0, shapes[j][1], dtype=self.dtype).normal_(0.0, std, generator=g)
+            self._set_rows(e, j, r0, w)
+
+        workers = max(1, min(len(tasks), threads or get_num_threads()))
+        if workers == 1:
+            for t in tasks:
+                run(t)
+            return
+        # each worker's torch ops on one intra-op thread (a worker thread reads torch's thread
+        # count when it first runs an op): the parallelism is the workers
+        prev = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            with concurrent.futures.ThreadPoolExecutor(workers, "writescope-random") as pool:
+                for f in [pool.submit(run, t) for t in tasks]:
+                    f.result()
+        finally:
+            torch.set_num_threads(prev)
+
+    def _set_rows(self, e: int, j: int, r0: int, w: torch.Tensor) -> None:
+        """Rows ``r0:r0+len(w)`` of expert ``e``'s matrix ``j`` (0 gate, 1 up, 2 down; HF layout)
+        written into this object's layout. ``r0`` is a multiple of the packing tile; the chunk
+        that ends the matrix also writes its padding."""
+        H, I = self.hidden, self.inter
+        o, r1 = (I if j < 2 else H), r0 + w.shape[0]
+        if self.backend == "cpp":
+            dst = self.gate_up[e, :, j] if j < 2 else self.down[e]
+            op, kp = (self.ip, self.hp) if j < 2 else (self.hp, self.ip)
+            rows = op - r0 if r1 >= o else r1 - r0
+            _pack_into(dst[r0 // _TILE:(r0 + rows) // _TILE], w, rows, kp)
+        elif j < 2:
+            self.gate_up[e, j * I + r0:j * I + r1] = w
+        else:
+            self.down[e, r0:r1] = w
 
     def expert_weights(self, e: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Expert ``e``'s (gate [I, H], up [I, H], down [H, I]) in the HF layout (copies)."""

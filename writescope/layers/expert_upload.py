@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import os
 import warnings
-import weakref
 
 import torch
 
+from ..hostmem import pin_tensor  # noqa: F401 (re-exported)
 from .cpu_experts import CpuExperts
 from .moe import run_experts
 
@@ -45,19 +45,6 @@ def _env_int(name: str, default: int) -> int:
     if n < 0:
         raise ValueError(f"{name} must be >= 0, got {n}")
     return n
-
-
-def pin_tensor(t: torch.Tensor) -> bool:
-    """Page-lock ``t``'s memory in place (cudaHostRegister); unregistered when ``t`` is freed.
-    Returns False (and leaves ``t`` pageable) where that fails."""
-    if not torch.cuda.is_available() or t.device.type != "cpu" or t.is_pinned() or t.numel() == 0:
-        return t.is_pinned()
-    cudart = torch.cuda.cudart()
-    ptr, size = t.data_ptr(), t.numel() * t.element_size()
-    if int(cudart.cudaHostRegister(ptr, size, 0)) != 0:
-        return False
-    weakref.finalize(t, cudart.cudaHostUnregister, ptr)
-    return True
 
 
 class ExpertUploader:
