@@ -111,6 +111,7 @@ def test_mode_switch(monkeypatch):
 def test_cuda_graphs_match_eager(all_tiny, experts, monkeypatch):
     prompts = [prompt_ids(320, n, seed=n) for n in (3, 70, 150)]
     kw = dict(device="cuda", experts=experts, **PLACEMENTS["mixed"])
+    monkeypatch.setenv("WRITESCOPE_PIPELINE", "1")  # graphs of the split decode step too
     monkeypatch.setenv("WRITESCOPE_CUDA_GRAPHS", "0")
     want = engine(all_tiny, **kw).generate(prompts, GREEDY)
     monkeypatch.setenv("WRITESCOPE_CUDA_GRAPHS", "1")

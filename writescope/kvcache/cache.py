@@ -75,10 +75,13 @@ PIPELINE_MIN_SEQS = 2
 
 
 def pipeline_default() -> bool:
-    """Decode steps whose CPU side has work run as two interleaved sub-batches (default on;
-    ``WRITESCOPE_PIPELINE=0`` turns it off)."""
-    return os.environ.get("WRITESCOPE_PIPELINE", "1").strip().lower() not in ("0", "off", "false",
-                                                                               "no")
+    """Decode steps whose CPU side has work run as two interleaved sub-batches with
+    ``WRITESCOPE_PIPELINE=1``. Off by default: on the H200 (DeepSeek-V2-Lite, 4 x 32K) the
+    split step was slower than the plain one (53.5-55.5 against 45.8 ms): the CPU kernel read
+    36 GB/s over twice the calls of half the size, against 56 GB/s
+    (bench/results/2026-11-30d-h200)."""
+    return os.environ.get("WRITESCOPE_PIPELINE", "0").strip().lower() in ("1", "on", "true",
+                                                                           "yes")
 
 
 def _pipeline_groups(work, plan: AttentionStepPlan) -> list[int] | None:
