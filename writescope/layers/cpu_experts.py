@@ -137,6 +137,8 @@ def _build() -> ctypes.CDLL:
     lib.ws_detect_isa.restype = i32
     lib.ws_read_sum.argtypes = [vp, ctypes.c_long, i32]
     lib.ws_read_sum.restype = ctypes.c_double
+    lib.ws_random_normal_bf16.argtypes = [vp, ctypes.c_long, ctypes.c_ulonglong, ctypes.c_float]
+    lib.ws_random_normal_bf16.restype = None
     del f32p
     return lib
 
@@ -417,9 +419,10 @@ class CpuExperts:
         With ``seed`` (default 0): each expert's gate, up and down matrices are drawn in chunks
         of rows, each chunk from its own generator seeded from (seed, expert, matrix, chunk), on
         ``threads`` threads (default: the kernel's, :func:`get_num_threads`). The values depend
-        on the seed and the shapes only, not on the thread count; a full-size model's experts
-        (Mixtral-8x7B: 45 G values) are drawn at the machine's core count times one core's
-        generator rate instead of one core's (~0.2 G values/s, ~4 minutes for Mixtral).
+        on the seed and the shapes only, not on the thread count. bf16 values come from the
+        compiled kernel's counter-based generator where it builds (an Irwin-Hall approximation
+        of N(0, std), bounded at 3.46 std; ~1 G values/s a core against torch's ~0.2: on the
+        H200 torch's draw took 64 s for Qwen3-30B-A3B and 107 s for Mixtral-8x7B).
         With ``generator``: expert by expert in the order gate, up, down from that one
         generator, on the calling thread.
         ``unique_experts=n`` draws only n experts and repeats them cyclically (separate memory,
@@ -450,10 +453,20 @@ class CpuExperts:
                 for c, r0 in enumerate(range(0, o, rows)):
                     tasks.append((e, j, r0, min(o, r0 + rows), c))
 
+        # bf16 values come from the compiled kernel's counter-based generator when it builds
+        # (ws_random_normal_bf16: approximately normal, ~20x torch's rate a core), whatever the
+        # backend, so both layouts hold the same logical weights; else from torch's normal_
+        lib = _get_lib() if self.dtype == torch.bfloat16 else None
+
         def run(task) -> None:
             e, j, r0, r1, c = task
-            g = torch.Generator().manual_seed(_chunk_seed(seed, e, j, c))
-            w = torch.empty(r1 - r0, shapes[j][1], dtype=self.dtype).normal_(0.0, std, generator=g)
+            w = torch.empty(r1 - r0, shapes[j][1], dtype=self.dtype)
+            if lib is not None:
+                lib.ws_random_normal_bf16(w.data_ptr(), w.numel(), _chunk_seed(seed, e, j, c),
+                                          float(std))
+            else:
+                w.normal_(0.0, std, generator=torch.Generator().manual_seed(
+                    _chunk_seed(seed, e, j, c)))
             self._set_rows(e, j, r0, w)
 
         workers = max(1, min(len(tasks), threads or get_num_threads()))
