@@ -2,7 +2,9 @@
 # Call 2: the new AMX kernel (its tests; if they fail, the previous kernel is put back for the
 # rest of the call), GPU tests with the pipelined decode, the 32K rows with the pipelined decode
 # (writescope, transfer) and without it (WRITESCOPE_PIPELINE=0), then the CPU kernel bench, new
-# kernel against the previous one (attn_amx_prev.cpp = attn_amx.cpp at b88a74f), same call.
+# kernel against the previous one, same call. attn_amx_prev.cpp was made before the call with
+#   git show b88a74f:writescope/attention/csrc/attn_amx.cpp > bench/results/2026-11-30d-h200/attn_amx_prev.cpp
+# (and is not kept in the repository: git has it).
 export PYTHONUNBUFFERED=1
 R=$OUT/r; mkdir -p $R
 D=bench/results/2026-11-30d-h200

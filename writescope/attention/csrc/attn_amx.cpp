@@ -143,6 +143,24 @@ static inline void ipf_step(ItemPf& p) {
     }
 }
 
+// Q.K of up to four 32-token groups against one query tile: tiles 0..nb-1 = sum over `nd`
+// 32-value chunks of group i (A operand, rows `rstride` bytes apart) . Bq chunk (B, tile 6);
+// A operands alternate between tiles 4 and 5 so consecutive loads and products overlap.
+static inline void qk_groups(const uint16_t* s0, const uint16_t* s1, const uint16_t* s2,
+                             const uint16_t* s3, int nb, int nd, const uint16_t* bq, int rstride,
+                             ItemPf& pf) {
+    T_ZERO(0); T_ZERO(1); T_ZERO(2); T_ZERO(3);
+    for (int dc = 0; dc < nd; ++dc) {
+        ipf_step(pf);
+        T_LOAD(6, bq + dc * 512, 64);
+        T_LOAD(4, s0 + 32 * dc, rstride);
+        T_DP(0, 4, 6);
+        if (nb > 1) { T_LOAD(5, s1 + 32 * dc, rstride); T_DP(1, 5, 6); }
+        if (nb > 2) { T_LOAD(4, s2 + 32 * dc, rstride); T_DP(2, 4, 6); }
+        if (nb > 3) { T_LOAD(5, s3 + 32 * dc, rstride); T_DP(3, 5, 6); }
+    }
+}
+
 // new limit; k spreads the lines left before it over `steps` steps
 static void ipf_retarget(ItemPf& p, int lim, int64_t steps) {
     if (lim > p.it->nblocks) lim = p.it->nblocks;
@@ -322,16 +340,7 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                     const uint16_t* s1 = nb > 1 ? gsrc[i0 + 1] + a->k_off : s0;
                     const uint16_t* s2 = nb > 2 ? gsrc[i0 + 2] + a->k_off : s0;
                     const uint16_t* s3 = nb > 3 ? gsrc[i0 + 3] + a->k_off : s0;
-                    T_ZERO(0); T_ZERO(1); T_ZERO(2); T_ZERO(3);
-                    for (int dc = 0; dc < nKfull; ++dc) {
-                        ipf_step(pf);
-                        T_LOAD(6, bq + dc * 512, 64);
-                        T_LOAD(4, s0 + 32 * dc, rstride);
-                        T_DP(0, 4, 6);
-                        if (nb > 1) { T_LOAD(5, s1 + 32 * dc, rstride); T_DP(1, 5, 6); }
-                        if (nb > 2) { T_LOAD(4, s2 + 32 * dc, rstride); T_DP(2, 4, 6); }
-                        if (nb > 3) { T_LOAD(5, s3 + 32 * dc, rstride); T_DP(3, 5, 6); }
-                    }
+                    qk_groups(s0, s1, s2, s3, nb, nKfull, bq, rstride, pf);
                     if (nKfull < nK) {  // last 16 dims: zero-padded copies (B rows 8-15 are 0)
                         for (int i = 0; i < nb; ++i)
                             for (int t = 0; t < 16; ++t) {
@@ -417,16 +426,7 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                     const uint16_t* s1 = nb > 1 ? gsrc[g0 + 1] + 2 * a->k_off : s0;
                     const uint16_t* s2 = nb > 2 ? gsrc[g0 + 2] + 2 * a->k_off : s0;
                     const uint16_t* s3 = nb > 3 ? gsrc[g0 + 3] + 2 * a->k_off : s0;
-                    T_ZERO(0); T_ZERO(1); T_ZERO(2); T_ZERO(3);
-                    for (int dc = 0; dc < nK; ++dc) {
-                        ipf_step(pf);
-                        T_LOAD(6, bq + dc * 512, 64);
-                        T_LOAD(4, s0 + 32 * dc, rstride);
-                        T_DP(0, 4, 6);
-                        if (nb > 1) { T_LOAD(5, s1 + 32 * dc, rstride); T_DP(1, 5, 6); }
-                        if (nb > 2) { T_LOAD(4, s2 + 32 * dc, rstride); T_DP(2, 4, 6); }
-                        if (nb > 3) { T_LOAD(5, s3 + 32 * dc, rstride); T_DP(3, 5, 6); }
-                    }
+                    qk_groups(s0, s1, s2, s3, nb, nK, bq, rstride, pf);
                     T_STORE(0, Ct, 64);
                     if (nb > 1) T_STORE(1, Ct + 256, 64);
                     if (nb > 2) T_STORE(2, Ct + 512, 64);
