@@ -333,3 +333,29 @@ def test_groups_must_cover_the_step():
         with pytest.raises(ValueError, match="groups"):
             ha.begin_step(case.plan, groups=bad)
     ha.close()
+
+
+def test_end_step_waits_for_a_launched_group_never_finished():
+    """An aborted pipelined step (launched, not finished): end_step still waits for the CPU job
+    (it would otherwise run on into the next step's buffers), and the next step runs normally."""
+    import time
+
+    from writescope.attention.torch_paged import attend_torch
+    done = []
+
+    def slow(*a, **k):
+        time.sleep(0.2)
+        out = attend_torch(*a, **k)
+        done.append(time.perf_counter())
+        return out
+
+    case = build_case(GQA, 4, [70, 40], q_counts=1, block_size=8, frac={"G": 0.3, "C": 0.7},
+                      seed=4)
+    q = case.random_q("cpu", seed=2)
+    ha = HybridAttention(case.pools, GQA, "cpu", cpu_attend=slow)
+    ha.begin_step(case.plan, groups=[1, 1])
+    ha.launch(0, q[:1], 0)
+    ha.end_step()
+    assert len(done) == 1 and done[0] <= time.perf_counter()
+    check_all_layers(case, ha)
+    ha.close()

@@ -703,6 +703,10 @@ class HybridAttention:
                 self.timings["gpu_s"] = None
         self._events = []
         jobs, self._jobs = self._jobs, []
+        for g in self._groups:  # launched, never finished (an aborted step): wait for them too
+            if g.pending is not None and isinstance(g.pending[1], Future):
+                jobs.append(g.pending[1])
+            g.pending = None
         errors = []
         for job in jobs:  # device-waited CPU layers: every one has finished by now
             try:
