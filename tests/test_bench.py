@@ -231,6 +231,9 @@ def test_cpu_contention_bench_runs_both_cases(tmp_path):
     assert [r["spinners"] for r in res["rows"]] == [0, 1]
     assert all(r["p50_ms"] > 0 and r["gbps_p50"] > 0 for r in res["rows"])
     assert json.loads((tmp_path / "c.json").read_text())["kv_bytes"] == 2 * 300 * 576 * 2
+    res = cpu_contention.main(["--size", "2x300", "--reps", "2", "--gap-ms", "0", "--spinners",
+                               "0", "--chunk-blocks", "0,2"])
+    assert [r["chunk_blocks"] for r in res["rows"]] == [0, 2]
 
 
 def test_policy_overhead_bench_reports_host_time_and_collections(tmp_path):

@@ -148,6 +148,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--q-dtype", default="model", choices=["model", "fp32"],
                     help="queries in the model dtype (bf16, as the engine passes them: the plan "
                          "converts them with a torch op first) or already fp32 (the kernel alone)")
+    ap.add_argument("--chunk-blocks", default="0",
+                    help="blocks per work item, comma list (0: the kernel's own sizing, >= 8 items "
+                         "a thread); compares item sizes, e.g. 0,4,16")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     if not cpu.available():
@@ -177,6 +180,9 @@ def main(argv: list[str] | None = None) -> dict:
     q = torch.randn(batch, hq, spec.k_dim, generator=g)
     q = q if args.q_dtype == "fp32" else q.to(spec.dtype)
     scale = 1 / math.sqrt(spec.k_dim)
+    chunks = [int(c) for c in str(args.chunk_blocks).split(",") if c.strip()]
+    if not chunks or any(c < 0 for c in chunks):
+        raise SystemExit(f"--chunk-blocks: {args.chunk_blocks!r} is not a list of counts >= 0")
     pools, plans = {}, {}
     for layout in layouts:  # random contents (the rate is what counts)
         shape = (cpu_pool_shape if layout == "cpu" else gpu_pool_shape)(spec, batch * nb, bs)[1:]
@@ -184,8 +190,9 @@ def main(argv: list[str] | None = None) -> dict:
         pin = layout == "gpu" and torch.cuda.is_available()
         pools[layout] = torch.empty(shape, dtype=spec.dtype, pin_memory=pin)
         pools[layout].copy_(torch.randn(shape, generator=g))
-        plans[layout] = cpu.CpuAttentionPlan(pools[layout], layout, spec, bb, scale, batch, hq,
-                                             q.dtype)
+        for c in chunks:
+            plans[(layout, c)] = cpu.CpuAttentionPlan(pools[layout], layout, spec, bb, scale,
+                                                      batch, hq, q.dtype, chunk_blocks=c)
     kv_bytes = batch * length * spec.num_kv_heads * spec.rec_dim * spec.itemsize
     dma = HostToDevice(parse_bytes(args.dma_bytes)) if True in dma_modes else None
 
@@ -193,8 +200,8 @@ def main(argv: list[str] | None = None) -> dict:
           f"isa {cpu.get_isa(spec.dtype)}, q {str(q.dtype).replace('torch.', '')}, "
           f"{args.reps} calls per row, gap {args.gap_ms} ms",
           flush=True)
-    print(f"{'threads':>7} {'spinners':>8} {'layout':>6} {'dma':>4} {'p50 ms':>8} {'p90 ms':>8} "
-          f"{'max ms':>8} {'GB/s p50':>9} {'dma GB/s':>9}", flush=True)
+    print(f"{'threads':>7} {'spinners':>8} {'layout':>6} {'chunk':>5} {'dma':>4} {'p50 ms':>8} "
+          f"{'p90 ms':>8} {'max ms':>8} {'GB/s p50':>9} {'dma GB/s':>9}", flush=True)
     rows = []
     for spinners in spinner_counts:
         procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
@@ -211,8 +218,8 @@ def main(argv: list[str] | None = None) -> dict:
                     for threads in thread_counts:
                         if args.threads:
                             cpu.set_num_threads(threads)
-                        for layout in layouts:
-                            plan, pool = plans[layout], pools[layout]
+                        for layout, chunk in [(l, c) for l in layouts for c in chunks]:
+                            plan, pool = plans[(layout, chunk)], pools[layout]
                             timed_calls(plan, q, pool, 3, 0.0)  # warm-up (threads start)
                             m0 = dma.mark() if with_dma else None
                             ts = timed_calls(plan, q, pool, args.reps, args.gap_ms / 1e3)
@@ -221,11 +228,11 @@ def main(argv: list[str] | None = None) -> dict:
                             label = "alone" if spinners == 0 else f"{spinners} busy process(es)"
                             row = {"run": label + (" + dma" if with_dma else ""),
                                    "threads": threads, "spinners": spinners, "layout": layout,
-                                   "dma": with_dma, "p50_ms": p50 * 1e3, "p90_ms": p90 * 1e3,
+                                   "chunk_blocks": chunk, "dma": with_dma, "p50_ms": p50 * 1e3, "p90_ms": p90 * 1e3,
                                    "max_ms": ts[-1] * 1e3, "gbps_p50": kv_bytes / p50 / 1e9,
                                    "dma_gbps": dma_gbps, "dma_alone_gbps": dma_alone}
                             rows.append(row)
-                            print(f"{threads:7d} {spinners:8d} {layout:>6} "
+                            print(f"{threads:7d} {spinners:8d} {layout:>6} {chunk:5d} "
                                   f"{'yes' if with_dma else 'no':>4} {row['p50_ms']:8.2f} "
                                   f"{row['p90_ms']:8.2f} {row['max_ms']:8.2f} "
                                   f"{row['gbps_p50']:9.1f} "
