@@ -30,7 +30,7 @@ from ..attention.batch import BlockBatch
 from ..attention.torch_paged import attend_torch
 from ..kvcache.regions import KVSpec, cpu_pool_shape, gpu_pool_shape
 from ..units import parse_count
-from .provenance import git_commit, source_digest, write_json
+from .provenance import result_header, write_json
 
 SHAPES = {
     "gqa-32/4/128": (lambda: KVSpec.gqa(1, 4, 128, torch.bfloat16), 32),
@@ -175,9 +175,7 @@ def main(argv: list[str] | None = None) -> dict:
     gen = torch.Generator().manual_seed(0)
     nbytes = args.read_bytes or max(1 << 30, 6 * _llc_bytes())
     read_bw = cpu.read_bandwidth(nbytes, reps=5)
-    res = {"bench": "cpu_attention", "git_commit": git_commit(),
-           "source_digest": source_digest(), "machine": _machine(),
-           "command": "python -m writescope.bench.cpu_attention " + " ".join(argv if argv is not None else __import__("sys").argv[1:]),
+    res = {**result_header("cpu_attention", argv), "machine": _machine(),
            "threads": cpu.get_num_threads(), "read_bw_array_bytes": nbytes, "read_bw_gbps": read_bw,
            "rows": []}
     print(f"DRAM read bandwidth ({nbytes / 2**30:.2f} GiB array, {cpu.get_num_threads()} threads): "

@@ -36,7 +36,7 @@ from ..attention import cpu
 from ..attention.batch import BlockBatch
 from ..kvcache.regions import KVSpec, cpu_pool_shape, gpu_pool_shape
 from ..units import parse_bytes, parse_count
-from .provenance import git_commit, source_digest, write_json
+from .provenance import result_header, write_json
 
 SPECS = {"mla-16/1/576": (lambda: KVSpec.mla(1, 512, 64, torch.bfloat16), 16),
          "gqa-32/4/128": (lambda: KVSpec.gqa(1, 4, 128, torch.bfloat16), 32)}
@@ -246,9 +246,7 @@ def main(argv: list[str] | None = None) -> dict:
                 p.wait()
             if args.threads:
                 cpu.set_num_threads(None)
-    res = {"bench": "cpu_contention", "git_commit": git_commit(), "source_digest": source_digest(),
-           "command": "python -m writescope.bench.cpu_contention " + " ".join(
-               argv if argv is not None else sys.argv[1:]),
+    res = {**result_header("cpu_contention", argv),
            "shape": args.shape, "batch": batch, "length": length, "kv_bytes": kv_bytes,
            "threads": thread_counts[0], "thread_counts": thread_counts,
            "spinner_counts": spinner_counts, "layouts": layouts,

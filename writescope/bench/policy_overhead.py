@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import argparse
 import gc
-import sys
 import time
 
 import torch
 
-from .provenance import git_commit, source_digest, write_json
+from .provenance import result_header, write_json
 
 
 def measure(policy: str, batch: int, prompt: int, steps: int, profile: str | None) -> dict:
@@ -87,10 +86,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{pol:12s} begin_step {row['begin_step_ms']:6.3f} ms  end_step "
               f"{row['end_step_ms']:6.3f} ms per decode step; {row['gc_collections']} garbage "
               f"collections, {row['gc_ms']:.1f} ms in all", flush=True)
-    res = {"bench": "policy_overhead", "git_commit": git_commit(), "source_digest": source_digest(),
-           "command": "python -m writescope.bench.policy_overhead " + " ".join(
-               argv if argv is not None else sys.argv[1:]),
-           "rows": rows}
+    res = {**result_header("policy_overhead", argv), "rows": rows}
     if args.json:
         write_json(args.json, res)
     return res

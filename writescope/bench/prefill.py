@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 
 import torch
 
@@ -29,7 +28,7 @@ from ..attention.selfattn import causal_self_attention
 from ..kvcache.regions import KVSpec
 from ..planner.calibrate import _median_time
 from .cpu_attention import parse_count
-from .provenance import git_commit, source_digest, write_json
+from .provenance import result_header, write_json
 
 SHAPES = {
     "gqa-32/4/128": (lambda: KVSpec.gqa(1, 4, 128, torch.bfloat16), 32),
@@ -107,9 +106,7 @@ def main(argv: list[str] | None = None) -> dict:
             del rec, q, k, v, out_d
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
-    res = {"bench": "prefill", "git_commit": git_commit(), "source_digest": source_digest(),
-           "command": "python -m writescope.bench.prefill " + " ".join(
-               argv if argv is not None else sys.argv[1:]),
+    res = {**result_header("prefill", argv),
            "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
            "torch": torch.__version__, "rows": rows}
     if args.json:

@@ -40,6 +40,15 @@ def _git(*args: str) -> str | None:
     return r.stdout.strip() if r.returncode == 0 else None
 
 
+def result_header(bench: str, argv: list[str] | None = None) -> dict[str, Any]:
+    """The fields every benchmark's JSON starts with: its name, the commit, the source digest and
+    the command line (``argv``, default ``sys.argv[1:]``) that reproduces it."""
+    import sys
+    args = sys.argv[1:] if argv is None else argv
+    return {"bench": bench, "git_commit": git_commit(), "source_digest": source_digest(),
+            "command": f"python -m writescope.bench.{bench} " + " ".join(args)}
+
+
 def write_json(path: str | os.PathLike, result: dict[str, Any]) -> None:
     """Write a benchmark's result (creating the folder)."""
     out = Path(path)
