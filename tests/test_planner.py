@@ -663,3 +663,20 @@ def test_pipelined_model(rc, c, t, res, b):
             assert two.step_s == one.step_s
         assert rl.predict_step(prof, cfg, load, True, pipelined=True).step_s == \
             rl.predict_step(prof, cfg, load, True).step_s
+
+
+def test_attention_round_trip_of_the_decode_chain_unless_experts_share_the_cpu():
+    """A profile with the decode chain's measured round trip uses it for CPU attention; with CPU
+    experts (whose team the attention team must not spin beside) and for the experts' own fixed
+    cost, the plain round trip; a profile without it (older ones) uses the plain one too."""
+    cfg = tiny_cfg(layers=2)
+    load = rl.StepLoad(1, 0, 0, cpu_c_tokens=1000)
+    bytes_s = 1000 * KVB / (8 * GB)
+    prof = simple_profile(rc=8 * GB, rp=10 * GB, rt=7e-4)
+    chain = HardwareProfile(**{**prof.to_dict(), "cpu_attn_roundtrip_s": 5e-5})
+    chain.validate()
+    for p, experts_on_cpu, rt in ((chain, False, 5e-5), (chain, True, 7e-4), (prof, False, 7e-4)):
+        pred = rl.predict_step(p, cfg, load, experts_on_cpu)  # 2 layers
+        assert pred.cpu_attn_s == pytest.approx(2 * (rt + bytes_s))
+    with pytest.raises(ValueError):
+        HardwareProfile(**{**prof.to_dict(), "cpu_attn_roundtrip_s": -1.0}).validate()

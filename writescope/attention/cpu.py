@@ -41,7 +41,7 @@ from ..kvcache.regions import KVSpec
 from .batch import BlockBatch
 from .torch_paged import attend_torch
 
-__all__ = ["attend_cpu", "CpuAttentionPlan", "current_isa_setting", "available",
+__all__ = ["attend_cpu", "CpuAttentionPlan", "CpuJobQueue", "current_isa_setting", "available",
            "set_num_threads", "get_num_threads", "reserve_cores", "set_isa", "get_isa", "isas",
            "features", "read_bandwidth"]
 
@@ -109,9 +109,17 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ws_attend_ex.restype = i
     lib.ws_attend_ex.argtypes = [p, i, i, i, p, i, i, i64, i, i, i, i, i, i, i, p, p, p, p,
                                  i, f, p, p, i, i, i]
+    d = ctypes.c_double
     lib.ws_attend_flagged.restype = i
-    lib.ws_attend_flagged.argtypes = [p, ctypes.c_int64, p, ctypes.c_int64, ctypes.c_double, p,
-                                      *lib.ws_attend_ex.argtypes]
+    lib.ws_attend_flagged.argtypes = [p, i64, p, i64, d, d, p, *lib.ws_attend_ex.argtypes]
+    lib.ws_queue_new.restype = p
+    lib.ws_queue_new.argtypes = []
+    lib.ws_queue_submit.restype = i
+    lib.ws_queue_submit.argtypes = [p, p, i64, p, i64, d, d, *lib.ws_attend_ex.argtypes]
+    lib.ws_queue_drain.restype = i
+    lib.ws_queue_drain.argtypes = [p, d, p]
+    lib.ws_queue_free.restype = None
+    lib.ws_queue_free.argtypes = [p]
     lib.ws_cpu_features.restype = i
     lib.ws_amx_request.restype = i
     lib.ws_default_threads.restype = i
@@ -310,60 +318,135 @@ class CpuAttentionPlan:
         """Whether calls may carry ``ready`` / ``done`` flag words (the compiled kernel)."""
         return not self.torch_path
 
-    def __call__(self, q: torch.Tensor, kv: torch.Tensor, out: torch.Tensor | None = None,
-                 lse: torch.Tensor | None = None, *, ready: tuple[int, int] | None = None,
-                 done: tuple[int, int] | None = None, timeout_s: float = 60.0,
-                 times: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """``ready`` / ``done``: ``(address, value)`` of pinned int64 words (:attr:`flagged`
-        plans only). The call first waits until the ready word reaches its value, and stores the
-        done value once the result is written (also when it fails), all in one native call: no
-        Python, and so no interpreter lock, between the kernel's end and the store. ``times``
-        (a list) receives ``[seconds waiting for ready, seconds in the kernel]``."""
-        if (ready is not None or done is not None) and not self.flagged:
-            raise ValueError("ready/done flags need the compiled kernel")
+    def _native_args(self, q: torch.Tensor, kv: torch.Tensor, out: torch.Tensor | None,
+                     lse: torch.Tensor | None) -> tuple | None:
+        """The kernel's arguments for one call, with the tensors they point into; None when
+        this call takes the torch path."""
         if q.shape[0] != self.nq or q.shape[1] != self.hq:
             raise ValueError(f"planned for {self.nq} x {self.hq} query vectors, got "
                              f"{tuple(q.shape[:2])}")
         if self.torch_path or q.device.type != "cpu" or q.shape[2] != self.spec.k_dim:
-            o, l = attend_torch(q, kv, self.layout, self.spec, self.batch, self.scale)
+            return None
+        if (tuple(kv.shape), kv.stride(0), kv.dtype) != (self.kv_shape, self.kv_stride,
+                                                          self.kv_dtype):
+            raise ValueError("pool layer differs from the one the plan was made for")
+        # bf16 or fp32 queries go to the kernel as they are (it widens while packing): no
+        # torch op here, whose intra-op team would wake up beside the kernel's
+        if q.dtype in (torch.float32, torch.bfloat16) and q.is_contiguous():
+            qf = q
         else:
-            if (tuple(kv.shape), kv.stride(0), kv.dtype) != (self.kv_shape, self.kv_stride,
-                                                              self.kv_dtype):
-                raise ValueError("pool layer differs from the one the plan was made for")
-            # bf16 or fp32 queries go to the kernel as they are (it widens while packing): no
-            # torch op here, whose intra-op team would wake up beside the kernel's
-            if q.dtype in (torch.float32, torch.bfloat16) and q.is_contiguous():
-                qf = q
-            else:
-                qf = q.detach().to(torch.float32).contiguous()
-            o = out if out is not None else torch.empty(self.nq, self.hq, self.spec.v_dim,
-                                                        dtype=torch.float32)
-            l = lse if lse is not None else torch.empty(self.nq, self.hq, dtype=torch.float32)
-            args = (_ptr(qf), 1 if qf.dtype == torch.bfloat16 else 0, self.nq, self.hq, _ptr(kv),
-                    1 if kv.dtype == torch.bfloat16 else 0, 0 if self.layout == "cpu" else 1,
-                    self.kv_stride, *self._const, _ptr(o), _ptr(l), self._isa,
-                    get_num_threads(), self._chunk)
-            if ready is None and done is None:
-                rc = self.lib.ws_attend_ex(*args)
-            else:
-                r_addr, r_val = ready if ready is not None else (None, 0)
-                d_addr, d_val = done if done is not None else (None, 0)
-                tw = (ctypes.c_double * 2)()
-                rc = self.lib.ws_attend_flagged(r_addr, r_val, d_addr, d_val, float(timeout_s),
-                                                tw, *args)
-                if times is not None:
-                    times[:] = [tw[0], tw[1]]
-                if rc == -10:
-                    raise TimeoutError(f"the device did not raise the queries' ready flag in "
-                                       f"{timeout_s:.0f} s")
-            if rc != 0:
-                raise RuntimeError(f"ws_attend_ex failed ({rc})")
+            qf = q.detach().to(torch.float32).contiguous()
+        o = out if out is not None else torch.empty(self.nq, self.hq, self.spec.v_dim,
+                                                    dtype=torch.float32)
+        l = lse if lse is not None else torch.empty(self.nq, self.hq, dtype=torch.float32)
+        args = (_ptr(qf), 1 if qf.dtype == torch.bfloat16 else 0, self.nq, self.hq, _ptr(kv),
+                1 if kv.dtype == torch.bfloat16 else 0, 0 if self.layout == "cpu" else 1,
+                self.kv_stride, *self._const, _ptr(o), _ptr(l), self._isa,
+                get_num_threads(), self._chunk)
+        return args, (qf, kv, o, l, self._ints)
+
+    def __call__(self, q: torch.Tensor, kv: torch.Tensor, out: torch.Tensor | None = None,
+                 lse: torch.Tensor | None = None, *, ready: tuple[int, int] | None = None,
+                 done: tuple[int, int] | None = None, timeout_s: float = 60.0,
+                 spin_s: float = 0.0, times: list | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``ready`` / ``done``: ``(address, value)`` of pinned int64 words (:attr:`flagged`
+        plans only). The call first waits until the ready word reaches its value, and stores the
+        done value once the result is written (also when it fails), all in one native call: no
+        Python, and so no interpreter lock, between the kernel's end and the store. ``spin_s``:
+        start the kernel's threads before the wait, spinning on the ready word for up to this
+        long (``flagged_call`` in ``csrc/attn_ops.cpp``). ``times`` (a list) receives
+        ``[seconds waiting for ready, seconds in the kernel]``."""
+        if (ready is not None or done is not None) and not self.flagged:
+            raise ValueError("ready/done flags need the compiled kernel")
+        native = self._native_args(q, kv, out, lse)
+        if native is None:
+            o, l = attend_torch(q, kv, self.layout, self.spec, self.batch, self.scale)
+            if out is not None:
+                out.copy_(o)
+                lse.copy_(l)
+                return out, lse
             return o, l
-        if out is not None:
-            out.copy_(o)
-            lse.copy_(l)
-            return out, lse
+        args, (_, _, o, l, _) = native
+        if ready is None and done is None:
+            rc = self.lib.ws_attend_ex(*args)
+        else:
+            r_addr, r_val = ready if ready is not None else (None, 0)
+            d_addr, d_val = done if done is not None else (None, 0)
+            tw = (ctypes.c_double * 2)()
+            rc = self.lib.ws_attend_flagged(r_addr, r_val, d_addr, d_val, float(timeout_s),
+                                            float(spin_s), tw, *args)
+            if times is not None:
+                times[:] = [tw[0], tw[1]]
+            if rc == -10:
+                raise TimeoutError(f"the device did not raise the queries' ready flag in "
+                                   f"{timeout_s:.0f} s")
+        if rc != 0:
+            raise RuntimeError(f"ws_attend_ex failed ({rc})")
         return o, l
+
+
+class CpuJobQueue:
+    """Runs flagged kernel calls (:class:`CpuAttentionPlan` with ``ready`` / ``done``) in order
+    on one native thread of its own: between two calls that thread needs no interpreter lock,
+    so a launching thread that holds it cannot delay the next layer's CPU side (a Python worker
+    waits for it up to the interpreter's switch interval). :meth:`submit` returns at once;
+    :meth:`drain` waits for every submitted call and reports their times and the first failure.
+    The tensors of a submitted call are kept alive here until the drain that covers it."""
+
+    def __init__(self):
+        self.lib = _load()
+        if self.lib is None:
+            raise RuntimeError(f"the CPU job queue needs the compiled kernel ({_load_error})")
+        self._q = self.lib.ws_queue_new()
+        self._keep: list = []
+
+    def submit(self, plan: CpuAttentionPlan, q: torch.Tensor, kv: torch.Tensor,
+               out: torch.Tensor, lse: torch.Tensor, *, ready: tuple[int, int] | None,
+               done: tuple[int, int] | None, timeout_s: float = 60.0,
+               spin_s: float = 0.0) -> None:
+        if self._q is None:
+            raise RuntimeError("the CPU job queue is closed")
+        native = plan._native_args(q, kv, out, lse) if plan.flagged else None
+        if native is None:
+            raise ValueError("this call cannot run natively (torch path)")
+        args, keep = native
+        r_addr, r_val = ready if ready is not None else (None, 0)
+        d_addr, d_val = done if done is not None else (None, 0)
+        self._keep.append((plan, keep))
+        rc = self.lib.ws_queue_submit(self._q, r_addr, r_val, d_addr, d_val, float(timeout_s),
+                                      float(spin_s), *args)
+        if rc != 0:
+            raise RuntimeError(f"ws_queue_submit failed ({rc})")
+
+    def drain(self, timeout_s: float = 300.0) -> tuple[int, float, float]:
+        """Wait for every submitted call; returns ``(calls, seconds waiting for ready, kernel
+        seconds)`` since the last drain. Raises the first failure among them."""
+        if self._q is None:
+            return 0, 0.0, 0.0
+        st = (ctypes.c_double * 3)()
+        rc = self.lib.ws_queue_drain(self._q, float(timeout_s), st)
+        if rc == -12:
+            raise TimeoutError(f"CPU attention calls still running after {timeout_s:.0f} s")
+        self._keep = []
+        if rc == -10:
+            raise TimeoutError("the device did not raise a layer's ready flag in time")
+        if rc != 0:
+            raise RuntimeError(f"a queued CPU attention call failed ({rc})")
+        return int(st[0]), float(st[1]), float(st[2])
+
+    def close(self) -> None:
+        """Stop the thread (calls not started are not run; their done words are stored)."""
+        if self._q is not None:
+            self.lib.ws_queue_free(self._q)
+            self._q = None
+            self._keep = []
+
+    def __del__(self):  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:
+            pass
 
 
 def read_bandwidth(nbytes: int, threads: int | None = None, reps: int = 5) -> float:

@@ -238,6 +238,15 @@ class HybridAttention:
             self._flags = HostFlags(spec.num_layers * MAX_GROUPS, self.device)
         self._step_id = 0
         self._jobs: list[Future] = []
+        #: the device-waited CPU side runs on a native job queue (no GIL between layers);
+        #: WRITESCOPE_CPU_QUEUE=python keeps it on the Python worker thread, to compare
+        self._use_queue = os.environ.get("WRITESCOPE_CPU_QUEUE", "native") != "python"
+        self._queue = None
+        self._queued = 0
+        #: seconds the CPU kernel's team may spin on a layer's ready word before it sleeps
+        #: (``flagged_call`` in csrc/attn_ops.cpp); 0 starts the team only once the queries
+        #: are there. The engine sets 0 when CPU experts share the cores.
+        self.cpu_spin_s = float(os.environ.get("WRITESCOPE_CPU_SPIN_US", "2000")) * 1e-6
         #: GPU and copy-stream time is measured with device events on one step in this many:
         #: reading them back costs the host ~0.1 ms per event pair at the end of every step
         #: (~3 ms of a 29 ms step, H200), and the planner keeps its factors between samples
@@ -266,6 +275,9 @@ class HybridAttention:
         if self._worker is not None:
             self._worker.shutdown(wait=True)
             self._worker = None
+        if self._queue is not None:
+            self._queue.close()
+            self._queue = None
 
     def __del__(self):  # pragma: no cover - best effort
         try:
@@ -501,7 +513,41 @@ class HybridAttention:
         self._lag["t_done"] = t1
         return o, l, t1 - t0
 
-    def _submit_cpu(self, layer: int, g: _Group, q_host, ready, out_bufs) -> Future | tuple:
+    def _native_submit(self, layer: int, g: _Group, q_host, ready, out_bufs) -> bool:
+        """Hand one layer's CPU side to the native job queue (``cpu.CpuJobQueue``) when it can
+        run there: the device waits for it, the compiled kernel attends one region straight
+        into the pinned buffers, the ready flag is a pinned word. The step's plans are made here,
+        on the launching thread, at the group's first layer."""
+        if not (self._device_wait and self._cpu_compiled and self._use_queue
+                and out_bufs is not None and ready_address(ready) is not None):
+            return False
+        if g.cpu_plans is None:
+            from .cpu import CpuAttentionPlan
+            plan = self.plan
+            g.cpu_plans = [(r, CpuAttentionPlan(self.pools[r][0], _layout(r), plan.spec, b,
+                                                plan.scale, q_host.shape[0], q_host.shape[1],
+                                                q_host.dtype))
+                           for r, b in g.cpu]
+        if len(g.cpu_plans) != 1 or not g.cpu_plans[0][1].flagged:
+            return False
+        if self._queue is None:
+            from .cpu import CpuJobQueue
+            self._queue = CpuJobQueue()
+        r, pl = g.cpu_plans[0]
+        slot = layer * MAX_GROUPS + g.index
+        self._queue.submit(pl, q_host, self.pools[r][layer], out_bufs[0], out_bufs[1],
+                           ready=ready_address(ready), done=(self._flags.address(slot),
+                                                             self._step_id),
+                           spin_s=self.cpu_spin_s)
+        self._queued += 1
+        return True
+
+    def _submit_cpu(self, layer: int, g: _Group, q_host, ready, out_bufs) -> Future | tuple | None:
+        """Start one layer's CPU side: None when it went to the native queue (the device waits
+        for its flag; :meth:`end_step` collects its times), else a Future or, run inline, its
+        ``(out, lse, seconds)``."""
+        if self._native_submit(layer, g, q_host, ready, out_bufs):
+            return None
         if self._device_wait:
             return self._pool_worker().submit(self._cpu_job_signalled, self._step_id, layer, g,
                                               q_host, ready, out_bufs, time.perf_counter())
@@ -668,9 +714,10 @@ class HybridAttention:
         p_out, p_lse = parts
         dv = self.plan.spec.v_dim
         extra = None
-        if job is not None and self._device_wait:
+        if res is not None and self._device_wait:
             # the stream waits for the CPU's flag; this thread goes on to the next layer
-            self._jobs.append(job)
+            if job is not None:
+                self._jobs.append(job)
             self._flags.wait(layer * MAX_GROUPS + g.index, self._step_id)
             extra = self._cpu_extra(g, *res, nq)
         elif job is not None:
@@ -708,12 +755,20 @@ class HybridAttention:
                 jobs.append(g.pending[1])
             g.pending = None
         errors = []
+        if self._queued:
+            self._queued = 0
+            try:
+                _, waited, kernel = self._queue.drain()
+                self.timings["cpu_s"] += kernel
+                self._lag["q_wait"] += waited
+            except Exception as e:  # noqa: BLE001 - re-raised below, after the step is closed
+                errors.append(e)
         for job in jobs:  # device-waited CPU layers: every one has finished by now
             try:
                 self.timings["cpu_s"] += job.result()[2]
             except Exception as e:  # noqa: BLE001 - re-raised below, after the step is closed
                 errors.append(e)
-        if jobs and self._flags is not None:
+        if (jobs or errors) and self._flags is not None:
             try:
                 self._flags.check()
             except RuntimeError as e:

@@ -12,6 +12,8 @@ and max of planned calls (``CpuAttentionPlan``) separated by short gaps, for eve
 * ``--spinners``: busy-looping processes beside it (comma list, default ``0,1``; 0 = alone);
 * ``--layout``: the blocks read in the C (CPU) layout, the GPU layout (T blocks, most of the
   spilled KV in the engine), or both;
+* ``--spin-us``: flagged calls as the engine makes them, the ready word raised ``--gap-ms``
+  after the call starts; the team spins on it for up to this long (0: starts after it);
 * ``--dma``: with CUDA, each case also beside a thread that keeps pinned-host -> GPU copies of a
   large buffer (``--dma-bytes``, 1 GiB) running on their own stream during the timed calls
   (PCIe DMA reading DRAM beside the kernel); the copies' GB/s during the calls is reported next
@@ -42,13 +44,28 @@ SPECS = {"mla-16/1/576": (lambda: KVSpec.mla(1, 512, 64, torch.bfloat16), 16),
          "gqa-32/4/128": (lambda: KVSpec.gqa(1, 4, 128, torch.bfloat16), 32)}
 
 
-def timed_calls(plan, q, pool, reps: int, gap_s: float) -> list[float]:
+def timed_calls(plan, q, pool, reps: int, gap_s: float, spin_s: float | None = None
+                ) -> list[float]:
+    """Sorted seconds per call. ``spin_s`` None: plain calls ``gap_s`` apart. Otherwise each call
+    is a flagged one, made at once, whose ready word a timer raises ``gap_s`` later (as the
+    device raises it once a layer's queries have landed); its time is the kernel's after the
+    word, and ``spin_s`` is how long the team may spin on the word (0: the team starts after)."""
     ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        plan(q, pool)
-        ts.append(time.perf_counter() - t0)
-        time.sleep(gap_s)
+    if spin_s is None:
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            plan(q, pool)
+            ts.append(time.perf_counter() - t0)
+            time.sleep(gap_s)
+        return sorted(ts)
+    word = torch.zeros(1, dtype=torch.int64)
+    for i in range(1, reps + 1):
+        timer = threading.Timer(gap_s, word.fill_, (i,))
+        timer.start()
+        times: list = []
+        plan(q, pool, ready=(word.data_ptr(), i), spin_s=spin_s, times=times)
+        timer.join()
+        ts.append(times[1])
     return sorted(ts)
 
 
@@ -151,6 +168,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--chunk-blocks", default="0",
                     help="blocks per work item, comma list (0: the kernel's own sizing, >= 8 items "
                          "a thread); compares item sizes, e.g. 0,4,16")
+    ap.add_argument("--spin-us", default=None,
+                    help="comma list: time flagged calls instead, whose ready word is raised "
+                         "--gap-ms after the call starts, the team spinning on it for up to "
+                         "this many microseconds (0: it starts after the word); the time is "
+                         "the kernel's after the word")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     if not cpu.available():
@@ -183,6 +205,10 @@ def main(argv: list[str] | None = None) -> dict:
     chunks = [int(c) for c in str(args.chunk_blocks).split(",") if c.strip()]
     if not chunks or any(c < 0 for c in chunks):
         raise SystemExit(f"--chunk-blocks: {args.chunk_blocks!r} is not a list of counts >= 0")
+    spins = [None] if args.spin_us is None else [
+        float(x) * 1e-6 for x in str(args.spin_us).split(",") if x.strip()]
+    if not spins or any(x is not None and x < 0 for x in spins):
+        raise SystemExit(f"--spin-us: {args.spin_us!r} is not a list of times >= 0")
     pools, plans = {}, {}
     for layout in layouts:  # random contents (the rate is what counts)
         shape = (cpu_pool_shape if layout == "cpu" else gpu_pool_shape)(spec, batch * nb, bs)[1:]
@@ -200,7 +226,8 @@ def main(argv: list[str] | None = None) -> dict:
           f"isa {cpu.get_isa(spec.dtype)}, q {str(q.dtype).replace('torch.', '')}, "
           f"{args.reps} calls per row, gap {args.gap_ms} ms",
           flush=True)
-    print(f"{'threads':>7} {'spinners':>8} {'layout':>6} {'chunk':>5} {'dma':>4} {'p50 ms':>8} "
+    print(f"{'threads':>7} {'spinners':>8} {'layout':>6} {'chunk':>5} {'spin us':>7} {'dma':>4} "
+          f"{'p50 ms':>8} "
           f"{'p90 ms':>8} {'max ms':>8} {'GB/s p50':>9} {'dma GB/s':>9}", flush=True)
     rows = []
     for spinners in spinner_counts:
@@ -218,21 +245,26 @@ def main(argv: list[str] | None = None) -> dict:
                     for threads in thread_counts:
                         if args.threads:
                             cpu.set_num_threads(threads)
-                        for layout, chunk in [(l, c) for l in layouts for c in chunks]:
+                        for layout, chunk, spin in [(l, c, x) for l in layouts for c in chunks
+                                                    for x in spins]:
                             plan, pool = plans[(layout, chunk)], pools[layout]
                             timed_calls(plan, q, pool, 3, 0.0)  # warm-up (threads start)
                             m0 = dma.mark() if with_dma else None
-                            ts = timed_calls(plan, q, pool, args.reps, args.gap_ms / 1e3)
+                            ts = timed_calls(plan, q, pool, args.reps, args.gap_ms / 1e3, spin)
                             dma_gbps = dma.gbps(m0, dma.mark()) if with_dma else None
                             p50, p90 = statistics.median(ts), ts[math.ceil(0.9 * len(ts)) - 1]
                             label = "alone" if spinners == 0 else f"{spinners} busy process(es)"
                             row = {"run": label + (" + dma" if with_dma else ""),
                                    "threads": threads, "spinners": spinners, "layout": layout,
-                                   "chunk_blocks": chunk, "dma": with_dma, "p50_ms": p50 * 1e3, "p90_ms": p90 * 1e3,
+                                   "chunk_blocks": chunk,
+                                   "spin_us": None if spin is None else spin * 1e6,
+                                   "dma": with_dma, "p50_ms": p50 * 1e3, "p90_ms": p90 * 1e3,
                                    "max_ms": ts[-1] * 1e3, "gbps_p50": kv_bytes / p50 / 1e9,
                                    "dma_gbps": dma_gbps, "dma_alone_gbps": dma_alone}
                             rows.append(row)
+                            spin_txt = "-" if spin is None else f"{spin * 1e6:.0f}"
                             print(f"{threads:7d} {spinners:8d} {layout:>6} {chunk:5d} "
+                                  f"{spin_txt:>7} "
                                   f"{'yes' if with_dma else 'no':>4} {row['p50_ms']:8.2f} "
                                   f"{row['p90_ms']:8.2f} {row['max_ms']:8.2f} "
                                   f"{row['gbps_p50']:9.1f} "

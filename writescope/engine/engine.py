@@ -326,6 +326,10 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, self.cache, self.device)
         if any(self.cpu_expert_layers):
             self.runner.pipeline = False
+            # the attention team must not spin on the next layer's queries while the experts'
+            # team computes this layer's experts on the same cores
+            if not os.environ.get("WRITESCOPE_CPU_SPIN_US"):
+                self.cache.hybrid.cpu_spin_s = 0.0
         if hasattr(self.cache.policy, "pipelined"):  # the planner models what the runner does
             self.cache.policy.pipelined = self.runner.pipelines
 

@@ -263,6 +263,41 @@ def cpu_roundtrip_s(cfg: ModelConfig, device: str, reps: int) -> float:
     return _median_time(trip, reps, sync, warmup=3)
 
 
+def cpu_attn_roundtrip_s(cfg: ModelConfig, device: str, reps: int, layers: int = 16) -> float:
+    """CPU attention's fixed cost per layer as the engine's decode step pays it: a hybrid step
+    (:class:`~writescope.attention.hybrid.HybridAttention`, the engine's own path: on CUDA the
+    native job queue, the team spinning on each layer's ready word, the device waiting on the
+    CPU's flag) over one C block per sequence, each layer's queries made on the device from the
+    previous layer's result, so that the layers form the chain a model forms. Per layer."""
+    from ..attention.batch import BlockBatch
+    from ..attention.hybrid import AttentionStepPlan, HybridAttention
+    from ..kvcache.regions import KVSpec, Region, cpu_pool_shape
+
+    one = cfg.kv_spec(torch.bfloat16)
+    spec = KVSpec(layers, one.num_kv_heads, one.rec_dim, one.k_offset, one.k_dim, one.v_offset,
+                  one.v_dim, one.dtype)
+    seqs = 8
+    pool = _fill_random(torch.empty(cpu_pool_shape(spec, seqs, BLOCK), dtype=torch.bfloat16))
+    batch = BlockBatch.build([1] * seqs, [[i] for i in range(seqs)], [[BLOCK]] * seqs)
+    dev = torch.device(device)
+    ha = HybridAttention({Region.C: pool}, spec, dev, stage_c=False)
+    plan = AttentionStepPlan(spec, cfg.softmax_scale, seqs, cpu=[(Region.C, batch)])
+    q0 = torch.randn(seqs, cfg.num_heads, spec.k_dim, device=dev).to(torch.bfloat16)
+    sync = _cuda_sync if device == "cuda" else (lambda: None)
+
+    def step():
+        ha.begin_step(plan)
+        q = q0
+        for layer in range(layers):
+            o, _ = ha.attend(layer, q)
+            q = q0 + (o[:, :, :1] * 0).to(q0.dtype)  # the next layer's queries wait for o
+        ha.end_step()
+    try:
+        return _median_time(step, reps, sync, warmup=3) / layers
+    finally:
+        ha.close()
+
+
 def launch_s(device: str, n: int = 400) -> float:
     x = torch.zeros(1, device=device)
     sync = _cuda_sync if device == "cuda" else (lambda: None)
@@ -365,11 +400,16 @@ def calibrate(quick: bool = False, models: Iterable[str | ModelConfig] | None = 
     experts, expert_kind = cpu_expert_rates(cfgs, z["experts"], reps, log)
     rt = cpu_roundtrip_s(cfgs[0], device, z["rt_reps"])
     log(f"  {'cpu_roundtrip_s':22s} {rt * 1e6:8.1f} us")
+    art = None  # the engine's decode chain only differs from the plain trip with a GPU
+    if has_gpu:
+        art = cpu_attn_roundtrip_s(cfgs[0], device, z["rt_reps"])
+        log(f"  {'cpu_attn_roundtrip_s':22s} {art * 1e6:8.1f} us")
     ls = launch_s(device)
     log(f"  {'launch_s':22s} {ls * 1e6:8.1f} us")
     prof = HardwareProfile(
         machine=machine_description(), cpu_threads=torch.get_num_threads(), cpu_read_Bps=read,
         cpu_attn=cpu_attn, device_attn=dev_attn, cpu_expert=experts, cpu_roundtrip_s=rt,
+        cpu_attn_roundtrip_s=art,
         launch_s=ls, cpu_attn_isa=attn_isa, cpu_attn_kernel=kernel_name,
         cpu_expert_kernel=expert_kind, quick=quick,
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

@@ -248,7 +248,8 @@ class WriteScopePolicy(PlacementPolicy):
                 self.cpu_samples += 1
         else:
             self._decode_without_cpu += 1
-        fixed = self.cfg.num_layers * self.profile.cpu_roundtrip_s if cpu_tok > 0 else 0.0
+        fixed = (self.cfg.num_layers * self.profile.attn_roundtrip_s(self.experts_on_cpu)
+                 if cpu_tok > 0 else 0.0)
         self.feedback.update(
             {"cpu": cpu_s, "gpu": timing.get("gpu_s"),
              "pcie": pcie_s if pcie_s else None, "expert": timing.get("cpu_expert_s")},

@@ -20,7 +20,12 @@ device_attn                attention rate on the device path (the GPU, or the to
                            there is no GPU), KV bytes/s per family
 cpu_expert                 routed-expert FFN on the CPU: weight bytes/s per expert shape
 cpu_roundtrip_s            fixed cost of one CPU round trip per layer (queries to the host,
-                           the CPU kernel's start on tiny input, results back, sync)
+                           the CPU kernel's start on tiny input, results back, sync); the CPU
+                           experts' fixed cost, and CPU attention's where no value below
+cpu_attn_roundtrip_s       the same for CPU attention as the engine's decode step pays it: the
+                           hybrid step's chain over tiny input, the kernel's team spinning on
+                           each layer's ready word (optional; not with CPU experts, where the
+                           team does not spin)
 launch_s                   one small device kernel launch (the per-layer fixed GPU cost)
 =========================  =====================================================================
 
@@ -64,6 +69,7 @@ class HardwareProfile:
     concurrent_cpu_read_Bps: float | None = None
     # the fastest CPU attention variant per family (bf16 KV), as calibrated; {} = the default
     cpu_attn_isa: dict[str, str] = field(default_factory=dict)
+    cpu_attn_roundtrip_s: float | None = None
     # provenance
     cpu_attn_kernel: str = ""
     cpu_expert_kernel: str = ""
@@ -74,6 +80,13 @@ class HardwareProfile:
     notes: list[str] = field(default_factory=list)
 
     # ------------------------------------------------------------------ derived
+    def attn_roundtrip_s(self, experts_on_cpu: bool) -> float:
+        """CPU attention's fixed cost per layer: the hybrid step's measured chain where its
+        team spins (no CPU experts beside it), else the plain round trip."""
+        if self.cpu_attn_roundtrip_s is not None and not experts_on_cpu:
+            return self.cpu_attn_roundtrip_s
+        return self.cpu_roundtrip_s
+
     @property
     def has_gpu(self) -> bool:
         return self.h2d_pinned_Bps is not None and self.hbm_Bps is not None
@@ -146,8 +159,10 @@ class HardwareProfile:
             raise ValueError("hardware profile: cpu_expert is empty")
         for k, r in self.cpu_expert.items():
             pos(f"cpu_expert[{k}]", r)
-        for name in ("cpu_roundtrip_s", "launch_s"):
+        for name in ("cpu_roundtrip_s", "launch_s", "cpu_attn_roundtrip_s"):
             v = getattr(self, name)
+            if v is None and name == "cpu_attn_roundtrip_s":
+                continue
             if not isinstance(v, (int, float)) or v < 0:
                 raise ValueError(f"hardware profile: {name} must be >= 0, got {v!r}")
         if (self.h2d_pinned_Bps is None) != (self.hbm_Bps is None):

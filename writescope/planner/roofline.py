@@ -229,7 +229,7 @@ def layer_time(profile: "HardwareProfile", cfg: "ModelConfig", layer: int, load:
         rate_c = min(profile.cpu_attn_rate(fam, "C"), cpu_cap)
         rate_t = min(profile.cpu_attn_rate(fam, "T"), cpu_cap)
         fixed = corr.cpu if corr.cpu_fixed is None else corr.cpu_fixed
-        cpu_attn_s = (fixed * profile.cpu_roundtrip_s
+        cpu_attn_s = (fixed * profile.attn_roundtrip_s(experts_on_cpu)
                       + corr.cpu * (load.cpu_c_tokens * kvb / rate_c
                           + load.cpu_t_tokens * kvb / rate_t))
     # routed experts

@@ -11,8 +11,11 @@
 //   * The queries of a (sequence, head) group are packed (scaled, row-interleaved, widened from
 //     bf16 if need be) by the first member that needs them; a member that finds them being
 //     packed packs a private copy rather than wait.
-//   * The member that finishes a group's last item merges the group's chunks (an atomic
-//     countdown per group): there is no separate merge phase.
+//   * Out of items, members take merge units (a few rows of one group) from a second counter,
+//     each waiting for its group's last item (an atomic countdown per group), so the merge of a
+//     long sequence's chunks is spread over the team instead of being one member's tail.
+//   * With a ready word and spin_s > 0 (flagged_call) the team starts before the queries land
+//     and spins on the word, so that the work starts on awake cores.
 //   * The final join still needs every member to have run once. A member out of items goes
 //     straight to it (libgomp spins there, then sleeps). Making members sleep earlier, so that a
 //     descheduled member could have their core, was measured to be worse: a sleeper then has to
@@ -33,6 +36,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -99,6 +107,10 @@ struct Group {  // one (sequence, kv head): its query vectors and its chunks
     int64_t poff;  // offset of its first chunk's partial; chunk c at poff + c * M * (Dv + 2)
 };
 
+struct Unit {  // merge work: rows [m0, m1) of one group
+    int group, m0, m1;
+};
+
 struct Job {
     const void* q;  // [nq][Hq][Dk], float32 or bfloat16
     int q_bf16, Hq, G, Dk, Dv;
@@ -110,6 +122,7 @@ struct Job {
     WsArgs args;
     const Item* items;
     const Group* groups;
+    const Unit* units;
     std::atomic<int>* pending;  // per group: items not finished
     std::atomic<int>* qstate;   // per group: 0 queries not packed, 1 being packed, 2 packed
     float* qpack;
@@ -149,6 +162,7 @@ struct Buf {
 struct Plan {
     std::vector<Item> items;
     std::vector<Group> groups;
+    std::vector<Unit> units;
     std::vector<unsigned char> covered;
     std::vector<std::atomic<int>> pending, qstate;
     Buf qpack, part;
@@ -208,14 +222,14 @@ const float* packed_q(const Job& J, int gi) {
     return d;
 }
 
-// Log-sum-exp merge of a group's chunks into out / lse (natural log); rows without any valid
-// score get (0, -inf).
-void merge(const Job& J, int gi) {
+// Log-sum-exp merge of a group's chunks into out / lse (natural log), rows [m0, m1) of its M;
+// rows without any valid score get (0, -inf).
+void merge(const Job& J, int gi, int m0, int m1) {
     const Group& g = J.groups[gi];
     const int M = g.M, G = J.G, Dv = J.Dv, nc = g.nchunks, q0 = J.q_indptr[g.seq];
     const int64_t stride = (int64_t)M * (Dv + 2);
     const float* base = J.part + g.poff;
-    for (int m = 0; m < M; ++m) {
+    for (int m = m0; m < m1; ++m) {
         const int r = m / G, j = m % G;
         const int64_t row = (int64_t)(q0 + r) * J.Hq + g.head * G + j;
         float* o = J.out + row * Dv;
@@ -252,7 +266,283 @@ void run_item(const Job& J, int i) {
     WsItem it{packed_q(J, w.group), g.M, g.head, J.kv_blocks + w.b0, J.kv_lens + w.b0,
               w.b1 - w.b0, p + 2 * g.M, p, p + g.M};
     J.fn(&J.args, &it);
-    if (J.pending[w.group].fetch_sub(1, std::memory_order_acq_rel) == 1) merge(J, w.group);
+    J.pending[w.group].fetch_sub(1, std::memory_order_acq_rel);
+}
+
+// Every member's share of one call: items from the shared counter, then merge units (rows of
+// one group) from a second one, each waiting for its group's last item. The merge of a group
+// reads all its chunks' partials (MLA: 16 rows x 514 floats x ~50 chunks = 1.6 MB); done by the
+// one member that finished the group last, it was a serial tail of ~0.15 ms per call on the
+// H200, a third of a 2-sequence split-step call. Spread over the team it is a few microseconds.
+void run_share(const Job& J, int nitems, std::atomic<int>& next, int nunits,
+               std::atomic<int>& next_unit) {
+    for (int i; (i = next.fetch_add(1, std::memory_order_relaxed)) < nitems;) run_item(J, i);
+    for (int u; (u = next_unit.fetch_add(1, std::memory_order_relaxed)) < nunits;) {
+        const Unit& x = J.units[u];
+        while (J.pending[x.group].load(std::memory_order_acquire) > 0) cpu_pause();
+        merge(J, x.group, x.m0, x.m1);
+    }
+}
+
+double now_s() {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void nap_us(long us) {
+    struct timespec ts = {0, us * 1000};
+    nanosleep(&ts, nullptr);
+}
+
+// Wait until *ready >= value: spin (for spin_s, at least 256 pauses), then sleep 20 us at a
+// time. Returns 0, -10 after timeout_s, or -11 once *cancel is nonzero.
+int wait_ready(const volatile int64_t* ready, int64_t value, double timeout_s,
+               const std::atomic<int>* cancel, double spin_s) {
+    if (!ready) return 0;
+    const double t0 = now_s();
+    for (int spins = 0; __atomic_load_n(ready, __ATOMIC_ACQUIRE) < value;) {
+        if (++spins < 256 || ((spins & 63) != 0 && spin_s > 0)) { cpu_pause(); continue; }
+        const double t = now_s() - t0;
+        if (t < spin_s) { cpu_pause(); continue; }
+        if (cancel && cancel->load(std::memory_order_relaxed)) return -11;
+        if (t > timeout_s) return -10;
+        nap_us(20);
+    }
+    return 0;
+}
+
+
+// The arguments of one ws_attend_ex call.
+struct CallArgs {
+    const void* q;
+    int q_dtype, nq, Hq;
+    const void* kv;
+    int dtype, layout;
+    int64_t block_stride;
+    int H, bs, R, k_off, Dk, v_off, Dv;
+    const int32_t *q_indptr, *kv_indptr, *kv_blocks, *kv_lens;
+    int nseq;
+    float scale;
+    float* out;
+    float* lse;
+    int isa, threads, chunk_blocks;
+};
+
+int default_threads() {
+#ifdef _OPENMP
+    return omp_get_num_procs();
+#else
+    return 1;
+#endif
+}
+
+// Plans a call into the calling thread's Plan (items, groups, merge units) and fills J. Reads
+// neither the queries nor the KV, and writes nothing the caller sees: it may run before the
+// queries have landed. Returns 0 or a negative error code.
+int plan_call(const CallArgs& a, Plan& plan, Job& J, int& nitems, int& nunits, int& team) {
+    if (a.q_dtype != 0 && a.q_dtype != 1) return -3;
+    if (a.H <= 0 || a.Hq % a.H != 0) return -1;
+    const int H = a.H, G = a.Hq / a.H, Dk = a.Dk, Dv = a.Dv;
+    ws_item_fn fn = a.isa == 3 ? ws_item_avx512bf16 : a.isa == 2 ? ws_item_amx
+                  : a.isa == 1 ? ws_item_avx512 : ws_item_avx2;
+    // more threads than CPUs only add team members that the final join must wait for
+    const int procs = default_threads();
+    const int threads = a.threads <= 0 ? procs : std::min(a.threads, procs);
+
+    int64_t total = 0;  // (block, head) pairs to read
+    for (int s = 0; s < a.nseq; ++s)
+        if (a.q_indptr[s + 1] > a.q_indptr[s])
+            total += (int64_t)(a.kv_indptr[s + 1] - a.kv_indptr[s]) * H;
+    int chunk = a.chunk_blocks;
+    if (chunk <= 0) {  // >= 8 items per thread (a short tail), >= 4 blocks per item
+        const int64_t per = 8 * (int64_t)threads;
+        chunk = (int)std::max<int64_t>(4, (total + per - 1) / per);
+    }
+    std::vector<Item>& items = plan.items;
+    std::vector<Group>& groups = plan.groups;
+    items.clear();
+    groups.clear();
+    plan.units.clear();
+    plan.covered.assign((size_t)std::max(a.nq, 0), 0);
+    int64_t qtot = 0, ptot = 0, rows = 0;
+    for (int s = 0; s < a.nseq; ++s) {
+        const int q0 = a.q_indptr[s], nr = a.q_indptr[s + 1] - q0;
+        const int k0 = a.kv_indptr[s], k1 = a.kv_indptr[s + 1];
+        if (nr <= 0 || k1 <= k0) continue;
+        for (int r = std::max(q0, 0); r < std::min(q0 + nr, a.nq); ++r) plan.covered[r] = 1;
+        const int M = nr * G;
+        const int64_t stride = (int64_t)M * (Dv + 2);
+        for (int h = 0; h < H; ++h) {
+            const int gi = (int)groups.size();
+            int nc = 0;
+            for (int b = k0; b < k1; b += chunk, ++nc)
+                items.push_back(Item{gi, b, std::min(k1, b + chunk), ptot + nc * stride});
+            groups.push_back(Group{s, h, M, nc, qtot, ptot});
+            qtot += (int64_t)M * Dk;
+            ptot += nc * stride;
+            rows += M;
+        }
+    }
+    nitems = (int)items.size();
+    team = std::max(1, std::min(threads, nitems));
+    // merge units: ~2 per member, never across groups
+    const int per_unit = (int)std::max<int64_t>(1, (rows + 2 * team - 1) / (2 * team));
+    for (int gi = 0; gi < (int)groups.size(); ++gi)
+        for (int m = 0; m < groups[gi].M; m += per_unit)
+            plan.units.push_back(Unit{gi, m, std::min(groups[gi].M, m + per_unit)});
+    nunits = (int)plan.units.size();
+    const int ngroups = (int)groups.size();
+    if (plan.pending.size() < (size_t)ngroups) {
+        plan.pending = std::vector<std::atomic<int>>((size_t)ngroups);
+        plan.qstate = std::vector<std::atomic<int>>((size_t)ngroups);
+    }
+    for (int g = 0; g < ngroups; ++g) {
+        plan.pending[g].store(groups[g].nchunks, std::memory_order_relaxed);
+        plan.qstate[g].store(0, std::memory_order_relaxed);
+    }
+    float* qpack = plan.qpack.get((size_t)std::max<int64_t>(qtot, 1));
+    float* part = plan.part.get((size_t)std::max<int64_t>(ptot, 1));
+    if (!qpack || !part) return -2;
+    J = Job{a.q, a.q_dtype, a.Hq, G, Dk, Dv, a.scale * 1.4426950408889634f,  // base-2 scores
+            a.q_indptr, a.kv_blocks, a.kv_lens, fn,
+            WsArgs{a.kv, a.dtype, a.layout, a.block_stride, H, a.bs, a.R, a.k_off, Dk, a.v_off,
+                   Dv},
+            items.data(), groups.data(), plan.units.data(), plan.pending.data(),
+            plan.qstate.data(), qpack, part, a.out, a.lse};
+    return 0;
+}
+
+// Rows no group writes: the empty partial (0, -inf).
+void fill_uncovered(const CallArgs& a, const Plan& plan) {
+    for (int r = 0; r < a.nq; ++r) {
+        if (plan.covered[r]) continue;
+        for (int j = 0; j < a.Hq; ++j) a.lse[(int64_t)r * a.Hq + j] = -INFINITY;
+        memset(a.out + (int64_t)r * a.Hq * a.Dv, 0, sizeof(float) * (size_t)a.Hq * a.Dv);
+    }
+}
+
+// Plans and runs one call between the flag words (see ws_attend_flagged); `cancel` (optional)
+// makes a wait give up (-11). times: {seconds waiting for ready, seconds after it}.
+//
+// spin_s > 0 (with a ready word) starts the team *before* the wait: every member spins on it
+// for up to spin_s (then sleeps 20 us at a time), so the work starts on awake cores the moment
+// the queries land. Started after the wait instead, members parked since the last call (in
+// libgomp's futex, their cores in a C-state) cost the call ~0.3 ms on the H200's Xeon:
+// cpu_contention, MLA 2 x 13K: 0.52 ms a call 0.5 ms after the last one, 0.79 ms 3 ms after
+// (bench/results/2026-11-30e-h200/call1). Spinning keeps every core of the team busy while it
+// waits, so the engine turns it off when CPU experts share those cores.
+int flagged_call(const CallArgs& a, const volatile int64_t* ready, int64_t ready_value,
+                 int64_t* done, int64_t done_value, double timeout_s, double spin_s,
+                 const std::atomic<int>* cancel, double* times) {
+    static thread_local Plan plan;
+    const double t0 = now_s();
+    double t1 = t0;
+    Job J;
+    int nitems = 0, nunits = 0, team = 1;
+    int rc = plan_call(a, plan, J, nitems, nunits, team);
+    const bool early = rc == 0 && ready && spin_s > 0 && nitems > 0;
+    if (rc == 0 && !early) {
+        rc = wait_ready(ready, ready_value, timeout_s, cancel, 0.0);
+        t1 = now_s();
+        if (rc == 0) {
+            fill_uncovered(a, plan);
+            std::atomic<int> next{0}, next_unit{0};
+            if (nitems > 0) {
+#pragma omp parallel num_threads(team)
+                run_share(J, nitems, next, nunits, next_unit);
+            }
+        }
+    } else if (early) {
+        std::atomic<int> state{0};  // 0: waiting for ready, 1: go, < 0: the wait failed
+        std::atomic<int> next{0}, next_unit{0};
+#pragma omp parallel num_threads(team)
+        {
+#ifdef _OPENMP
+            const bool master = omp_get_thread_num() == 0;
+#else
+            const bool master = true;
+#endif
+            if (master) {
+                const int w = wait_ready(ready, ready_value, timeout_s, cancel, spin_s);
+                t1 = now_s();
+                state.store(w == 0 ? 1 : w, std::memory_order_release);
+            } else {
+                const double s0 = now_s();
+                for (int spins = 0; state.load(std::memory_order_acquire) == 0;) {
+                    if ((++spins & 63) != 0 || now_s() - s0 < spin_s) cpu_pause();
+                    else nap_us(20);
+                }
+            }
+            if (state.load(std::memory_order_acquire) == 1) {
+                if (master) fill_uncovered(a, plan);
+                run_share(J, nitems, next, nunits, next_unit);
+            }
+        }
+        rc = state.load() == 1 ? 0 : state.load();
+    }
+    if (rc == 0 || rc == -10 || rc == -11) {
+        plan.qpack.trim();
+        plan.part.trim();
+    }
+    if (done) __atomic_store_n(done, done_value, __ATOMIC_RELEASE);
+    if (times) {
+        times[0] = t1 - t0;
+        times[1] = now_s() - t1;
+    }
+    return rc;
+}
+
+struct QueuedCall {
+    CallArgs a;
+    const volatile int64_t* ready;
+    int64_t ready_value;
+    int64_t* done;
+    int64_t done_value;
+    double timeout_s, spin_s;
+};
+
+struct WsQueue {
+    std::mutex mu;
+    std::condition_variable cv, idle;
+    std::deque<QueuedCall> jobs;
+    std::thread th;
+    std::atomic<int> stop{0};
+    int64_t submitted = 0, completed = 0;  // under mu
+    int64_t ncalls = 0;                     // since the last drain, under mu
+    double wait_s = 0.0, kernel_s = 0.0;
+    int first_rc = 0;
+};
+
+void queue_main(WsQueue* Q) {
+    for (;;) {
+        QueuedCall c;
+        {
+            std::unique_lock<std::mutex> lk(Q->mu);
+            Q->cv.wait(lk, [&] { return !Q->jobs.empty() || Q->stop.load(); });
+            if (Q->jobs.empty()) return;  // stopped, nothing left
+            c = Q->jobs.front();
+            Q->jobs.pop_front();
+        }
+        double t[2] = {0.0, 0.0};
+        int rc;
+        if (Q->stop.load()) {  // not run: the device must not wait for it
+            rc = -11;
+            if (c.done) __atomic_store_n(c.done, c.done_value, __ATOMIC_RELEASE);
+        } else {
+            rc = flagged_call(c.a, c.ready, c.ready_value, c.done, c.done_value, c.timeout_s,
+                              c.spin_s, &Q->stop, t);
+        }
+        {
+            std::lock_guard<std::mutex> lk(Q->mu);
+            ++Q->completed;
+            ++Q->ncalls;
+            Q->wait_s += t[0];
+            Q->kernel_s += t[1];
+            if (rc != 0 && Q->first_rc == 0) Q->first_rc = rc;
+        }
+        Q->idle.notify_all();
+    }
 }
 
 }  // namespace
@@ -271,13 +561,7 @@ int ws_amx_request() {
 #endif
 }
 
-int ws_default_threads() {
-#ifdef _OPENMP
-    return omp_get_num_procs();
-#else
-    return 1;
-#endif
-}
+int ws_default_threads() { return default_threads(); }
 
 // ws_attend with the queries in float32 (q_dtype 0) or bfloat16 (q_dtype 1), contiguous
 // [nq][Hq][Dk]. bf16 queries are widened while they are packed, so the caller needs no
@@ -289,84 +573,10 @@ int ws_attend_ex(const void* q, int q_dtype, int nq, int Hq, const void* kv, int
                  int v_off, int Dv, const int32_t* q_indptr, const int32_t* kv_indptr,
                  const int32_t* kv_blocks, const int32_t* kv_lens, int nseq, float scale,
                  float* out, float* lse, int isa, int threads, int chunk_blocks) {
-    if (q_dtype != 0 && q_dtype != 1) return -3;
-    if (H <= 0 || Hq % H != 0) return -1;
-    const int G = Hq / H;
-    ws_item_fn fn = isa == 3 ? ws_item_avx512bf16 : isa == 2 ? ws_item_amx
-                  : isa == 1 ? ws_item_avx512 : ws_item_avx2;
-    // more threads than CPUs only add team members that the final join must wait for
-    const int procs = ws_default_threads();
-    threads = threads <= 0 ? procs : std::min(threads, procs);
-
-    int64_t total = 0;  // (block, head) pairs to read
-    for (int s = 0; s < nseq; ++s)
-        if (q_indptr[s + 1] > q_indptr[s]) total += (int64_t)(kv_indptr[s + 1] - kv_indptr[s]) * H;
-    if (total == 0) {  // every row is the empty partial (0, -inf)
-        for (int64_t i = 0; i < (int64_t)nq * Hq; ++i) lse[i] = -INFINITY;
-        memset(out, 0, sizeof(float) * (size_t)nq * Hq * Dv);
-        return 0;
-    }
-    int chunk = chunk_blocks;
-    if (chunk <= 0) {  // >= 8 items per thread (a short tail), >= 4 blocks per item
-        const int64_t per = 8 * (int64_t)threads;
-        chunk = (int)std::max<int64_t>(4, (total + per - 1) / per);
-    }
-
-    static thread_local Plan plan;
-    std::vector<Item>& items = plan.items;
-    std::vector<Group>& groups = plan.groups;
-    std::vector<unsigned char>& covered = plan.covered;
-    items.clear();
-    groups.clear();
-    covered.assign((size_t)std::max(nq, 0), 0);
-    int64_t qtot = 0, ptot = 0;
-    for (int s = 0; s < nseq; ++s) {
-        const int q0 = q_indptr[s], nr = q_indptr[s + 1] - q0;
-        const int k0 = kv_indptr[s], k1 = kv_indptr[s + 1];
-        if (nr <= 0 || k1 <= k0) continue;
-        for (int r = std::max(q0, 0); r < std::min(q0 + nr, nq); ++r) covered[r] = 1;
-        const int M = nr * G;
-        const int64_t stride = (int64_t)M * (Dv + 2);
-        for (int h = 0; h < H; ++h) {
-            const int gi = (int)groups.size();
-            int nc = 0;
-            for (int b = k0; b < k1; b += chunk, ++nc)
-                items.push_back(Item{gi, b, std::min(k1, b + chunk), ptot + nc * stride});
-            groups.push_back(Group{s, h, M, nc, qtot, ptot});
-            qtot += (int64_t)M * Dk;
-            ptot += nc * stride;
-        }
-    }
-    for (int r = 0; r < nq; ++r) {  // rows no group writes: the empty partial (0, -inf)
-        if (covered[r]) continue;
-        for (int j = 0; j < Hq; ++j) lse[(int64_t)r * Hq + j] = -INFINITY;
-        memset(out + (int64_t)r * Hq * Dv, 0, sizeof(float) * (size_t)Hq * Dv);
-    }
-    const int ngroups = (int)groups.size(), nitems = (int)items.size();
-    if (plan.pending.size() < (size_t)ngroups) {
-        plan.pending = std::vector<std::atomic<int>>((size_t)ngroups);
-        plan.qstate = std::vector<std::atomic<int>>((size_t)ngroups);
-    }
-    for (int g = 0; g < ngroups; ++g) {
-        plan.pending[g].store(groups[g].nchunks, std::memory_order_relaxed);
-        plan.qstate[g].store(0, std::memory_order_relaxed);
-    }
-    float* qpack = plan.qpack.get((size_t)qtot);
-    float* part = plan.part.get((size_t)ptot);
-    if (!qpack || !part) return -2;
-
-    const Job J{q, q_dtype, Hq, G, Dk, Dv, scale * 1.4426950408889634f,  // base-2 scores
-                q_indptr, kv_blocks, kv_lens, fn,
-                WsArgs{kv, dtype, layout, block_stride, H, bs, R, k_off, Dk, v_off, Dv},
-                items.data(), groups.data(), plan.pending.data(), plan.qstate.data(), qpack,
-                part, out, lse};
-    std::atomic<int> next{0};
-    const int team = std::max(1, std::min(threads, nitems));
-#pragma omp parallel num_threads(team)
-    for (int i; (i = next.fetch_add(1, std::memory_order_relaxed)) < nitems;) run_item(J, i);
-    plan.qpack.trim();
-    plan.part.trim();
-    return 0;
+    const CallArgs a{q, q_dtype, nq, Hq, kv, dtype, layout, block_stride, H, bs, R, k_off, Dk,
+                     v_off, Dv, q_indptr, kv_indptr, kv_blocks, kv_lens, nseq, scale, out, lse,
+                     isa, threads, chunk_blocks};
+    return flagged_call(a, nullptr, 0, nullptr, 0, 0.0, 0.0, nullptr, nullptr);
 }
 
 // float32 queries. isa: 0 avx2, 1 avx512, 2 amx, 3 avx512bf16. Returns 0, or a negative error.
@@ -385,41 +595,87 @@ int ws_attend(const float* q, int nq, int Hq, const void* kv, int dtype, int lay
 // layer's queries have landed in host memory), attend, then store done_value into *done with
 // release order (the device stream waits on it before merging the result). Between the kernel
 // and the store there is no Python, so a launching thread that holds the GIL cannot delay the
-// device's wait. The wait spins briefly, then sleeps 20 us at a time; it gives up after
+// device's wait. spin_s > 0 starts the team before the wait (see execute_call). Gives up after
 // timeout_s (returns -10, and still stores done_value, so the device never waits for nothing).
 // *times (if given) receives {seconds waiting for ready, seconds in the kernel}.
-static double ws_now() {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 int ws_attend_flagged(const volatile int64_t* ready, int64_t ready_value, int64_t* done,
-                      int64_t done_value, double timeout_s, double* times, const void* q, int q_dtype, int nq,
-                      int Hq, const void* kv, int dtype, int layout, int64_t block_stride, int H,
-                      int bs, int R, int k_off, int Dk, int v_off, int Dv,
-                      const int32_t* q_indptr, const int32_t* kv_indptr,
+                      int64_t done_value, double timeout_s, double spin_s, double* times,
+                      const void* q, int q_dtype, int nq, int Hq, const void* kv, int dtype,
+                      int layout, int64_t block_stride, int H, int bs, int R, int k_off, int Dk,
+                      int v_off, int Dv, const int32_t* q_indptr, const int32_t* kv_indptr,
                       const int32_t* kv_blocks, const int32_t* kv_lens, int nseq, float scale,
                       float* out, float* lse, int isa, int threads, int chunk_blocks) {
-    int rc = 0;
-    const double t0 = ws_now();
-    if (ready) {
-        int spins = 0;
-        while (__atomic_load_n(ready, __ATOMIC_ACQUIRE) < ready_value) {
-            if (++spins < 256) continue;
-            struct timespec ts = {0, 20000};
-            nanosleep(&ts, nullptr);
-            if (ws_now() - t0 > timeout_s) { rc = -10; break; }
-        }
-    }
-    const double t1 = ws_now();
-    if (rc == 0)
-        rc = ws_attend_ex(q, q_dtype, nq, Hq, kv, dtype, layout, block_stride, H, bs, R, k_off,
+    const CallArgs a{q, q_dtype, nq, Hq, kv, dtype, layout, block_stride, H, bs, R, k_off, Dk,
+                     v_off, Dv, q_indptr, kv_indptr, kv_blocks, kv_lens, nseq, scale, out, lse,
+                     isa, threads, chunk_blocks};
+    return flagged_call(a, ready, ready_value, done, done_value, timeout_s, spin_s, nullptr, times);
+}
+
+// A native job queue: one thread of its own runs the submitted calls in order, each as
+// ws_attend_flagged. Submitting is a few microseconds under a mutex; between two calls the
+// worker needs no interpreter lock (a Python worker needs it, and a launching thread holding it
+// delays the next call by up to the interpreter's switch interval, 5 ms by default).
+void* ws_queue_new() {
+    WsQueue* Q = new WsQueue();
+    Q->th = std::thread(queue_main, Q);
+    return Q;
+}
+
+int ws_queue_submit(void* queue, const volatile int64_t* ready, int64_t ready_value,
+                    int64_t* done, int64_t done_value, double timeout_s, double spin_s,
+                    const void* q, int q_dtype, int nq, int Hq, const void* kv, int dtype,
+                    int layout, int64_t block_stride, int H, int bs, int R, int k_off, int Dk,
+                    int v_off, int Dv, const int32_t* q_indptr, const int32_t* kv_indptr,
+                    const int32_t* kv_blocks, const int32_t* kv_lens, int nseq, float scale,
+                    float* out, float* lse, int isa, int threads, int chunk_blocks) {
+    WsQueue* Q = (WsQueue*)queue;
+    QueuedCall c{CallArgs{q, q_dtype, nq, Hq, kv, dtype, layout, block_stride, H, bs, R, k_off,
                           Dk, v_off, Dv, q_indptr, kv_indptr, kv_blocks, kv_lens, nseq, scale,
-                          out, lse, isa, threads, chunk_blocks);
-    if (done) __atomic_store_n(done, done_value, __ATOMIC_RELEASE);
-    if (times) { times[0] = t1 - t0; times[1] = ws_now() - t1; }
+                          out, lse, isa, threads, chunk_blocks},
+                 ready, ready_value, done, done_value, timeout_s, spin_s};
+    {
+        std::lock_guard<std::mutex> lk(Q->mu);
+        if (Q->stop.load()) return -11;
+        Q->jobs.push_back(c);
+        ++Q->submitted;
+    }
+    Q->cv.notify_one();
+    return 0;
+}
+
+// Wait until every submitted call has finished (or timeout_s: returns -12). stats (if given)
+// receives {calls, seconds waiting for ready, seconds in the kernel} since the last drain.
+// Returns the first nonzero return code of those calls, else 0.
+int ws_queue_drain(void* queue, double timeout_s, double* stats) {
+    WsQueue* Q = (WsQueue*)queue;
+    std::unique_lock<std::mutex> lk(Q->mu);
+    const bool ok = Q->idle.wait_for(lk, std::chrono::duration<double>(timeout_s),
+                                     [&] { return Q->completed == Q->submitted; });
+    if (stats) {
+        stats[0] = (double)Q->ncalls;
+        stats[1] = Q->wait_s;
+        stats[2] = Q->kernel_s;
+    }
+    const int rc = ok ? Q->first_rc : -12;
+    if (ok) {
+        Q->ncalls = 0;
+        Q->wait_s = Q->kernel_s = 0.0;
+        Q->first_rc = 0;
+    }
     return rc;
+}
+
+// Stop the worker: calls not started yet are not run (their done words are still stored, and
+// they count as failed, -11), a call waiting for its ready word gives up; then join and free.
+void ws_queue_free(void* queue) {
+    WsQueue* Q = (WsQueue*)queue;
+    {
+        std::lock_guard<std::mutex> lk(Q->mu);
+        Q->stop.store(1);
+    }
+    Q->cv.notify_all();
+    Q->th.join();
+    delete Q;
 }
 
 // Seconds to sum `n` floats `reps` times with `threads` threads (DRAM read bandwidth probe).

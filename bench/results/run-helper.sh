@@ -1,0 +1,19 @@
+# Shared by the device-call scripts: run NAME CAP_S COMMAND... runs COMMAND with a timeout of
+# min(CAP_S, seconds left to $DEADLINE), its output in $R/NAME.log and host MemAvailable every
+# 10 s in $R/NAME.mem.log; it prints the exit code, the bench's summary lines and the log's tail.
+run() {
+  local name=$1 cap=$2; shift 2
+  local left=$((DEADLINE - $(date +%s)))
+  local t=$(( cap < left ? cap : left ))
+  if [ $t -lt 20 ]; then echo "[$name] skipped: ${left} s left" | tee -a $R/skipped.txt; return; fi
+  local s=$(date +%s)
+  ( while sleep 10; do echo "$(( $(date +%s) - s )) s $(grep MemAvailable /proc/meminfo)"; done ) \
+    > $R/$name.mem.log 2>&1 &
+  local mon=$!
+  timeout -k 5 $t "$@" > $R/$name.log 2>&1
+  local rc=$?
+  kill $mon 2>/dev/null
+  echo "[$name] rc=$rc after $(( $(date +%s) - s )) s (timeout $t s)"
+  grep "\[bench\]" $R/$name.log | head -3
+  tail -4 $R/$name.log
+}

@@ -1,0 +1,127 @@
+"""The native side of the device-waited CPU attention (csrc/attn_ops.cpp): a call whose team
+starts before its ready word and spins on it (``spin_s``), and the job queue that runs such calls
+in order on a thread of its own (``cpu.CpuJobQueue``). Ready words are raised by Python timers
+here, as the device stream raises them in the engine."""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from writescope.attention import cpu
+from writescope.attention.batch import BlockBatch
+from writescope.kvcache.regions import KVSpec, cpu_pool_shape, gpu_pool_shape
+
+pytestmark = pytest.mark.skipif(not (cpu.available() and cpu.isas()),
+                                reason=f"CPU kernel unavailable: {cpu.load_error()}")
+
+
+def _case(layout: str, seed: int):
+    """MLA-shaped (16 heads over one 64+16 latent), bf16, block 32, four sequences of unequal
+    length, one of them without blocks; every layer of a 3-layer pool different."""
+    spec = KVSpec.mla(3, 64, 16, torch.bfloat16)
+    gen = torch.Generator().manual_seed(seed)
+    lens = [[32] * 7 + [9], [32, 5], [], [32] * 20]
+    n = sum(len(x) for x in lens) + 3
+    shape = (cpu_pool_shape if layout == "cpu" else gpu_pool_shape)(spec, n, 32)
+    pool = torch.randn(shape, generator=gen).to(torch.bfloat16)
+    perm = torch.randperm(n, generator=gen).tolist()
+    blocks = [[perm.pop() for _ in x] for x in lens]
+    batch = BlockBatch.build([1] * len(lens), blocks, lens)
+    q = torch.randn(len(lens), 16, spec.k_dim, generator=gen).to(torch.bfloat16)
+    plan = cpu.CpuAttentionPlan(pool[0], layout, spec, batch, 0.1, q.shape[0], q.shape[1],
+                                q.dtype)
+    return spec, pool, q, plan
+
+
+def _raise_later(view: np.ndarray, i: int, value: int, after_s: float) -> None:
+    threading.Timer(after_s, lambda: np.copyto(view[i:i + 1], value)).start()
+
+
+@pytest.mark.parametrize("layout", ["cpu", "gpu"])
+def test_spinning_team_same_bits_and_flags(layout):
+    """A call whose team spins on the ready word gives the same bits as a plain call, waits for
+    the word, stores done; one whose word never comes times out and still stores done."""
+    _, pool, q, plan = _case(layout, 1)
+    want_o, want_l = plan(q, pool[1])
+    words = torch.zeros(4, dtype=torch.int64)
+    view, addr = words.numpy(), words.data_ptr()
+    out, lse = torch.empty_like(want_o), torch.empty_like(want_l)
+    out.fill_(7.0)
+    _raise_later(view, 0, 3, 0.03)
+    times = []
+    o, l = plan(q, pool[1], out, lse, ready=(addr, 3), done=(addr + 8, 4), spin_s=0.01,
+                times=times)
+    assert times[0] >= 0.02 and times[1] > 0 and int(view[1]) == 4
+    assert o is out and torch.equal(o, want_o) and torch.equal(l, want_l)
+    with pytest.raises(TimeoutError):
+        plan(q, pool[1], out, lse, ready=(addr + 16, 1), done=(addr + 24, 5), timeout_s=0.05,
+             spin_s=0.01)
+    assert int(view[3]) == 5
+
+
+def test_queue_runs_calls_in_order_and_reports():
+    """Calls submitted at once run in submission order, each after its own ready word (raised
+    out of order here), each storing its done word; the drain reports every call's time."""
+    _, pool, q, plan = _case("cpu", 2)
+    want = [plan(q, pool[i]) for i in range(3)]
+    words = torch.zeros(8, dtype=torch.int64)
+    view, addr = words.numpy(), words.data_ptr()
+    outs = [(torch.empty_like(want[0][0]), torch.empty_like(want[0][1])) for _ in range(3)]
+    queue = cpu.CpuJobQueue()
+    try:
+        for i in range(3):
+            queue.submit(plan, q, pool[i], *outs[i], ready=(addr + 8 * i, 1),
+                         done=(addr + 8 * (4 + i), 10 + i), spin_s=0.002)
+        for i, delay in ((2, 0.01), (1, 0.02), (0, 0.04)):
+            _raise_later(view, i, 1, delay)
+        calls, waited, kernel = queue.drain(timeout_s=10)
+        assert calls == 3 and waited >= 0.03 and kernel > 0
+        assert [int(v) for v in view[4:7]] == [10, 11, 12]
+        for (o, l), (wo, wl) in zip(outs, want):
+            assert torch.equal(o, wo) and torch.equal(l, wl)
+        assert queue.drain() == (0, 0.0, 0.0)  # nothing since the last drain
+    finally:
+        queue.close()
+
+
+def test_queue_failure_reaches_drain_and_close_never_hangs():
+    """A call whose ready word never comes fails at the drain (its done word stored); closing a
+    queue with calls still waiting gives them up at once and stores their done words."""
+    _, pool, q, plan = _case("gpu", 3)
+    o, l = plan(q, pool[0])
+    words = torch.zeros(4, dtype=torch.int64)
+    view, addr = words.numpy(), words.data_ptr()
+    queue = cpu.CpuJobQueue()
+    queue.submit(plan, q, pool[0], o, l, ready=(addr, 1), done=(addr + 8, 2), timeout_s=0.05)
+    with pytest.raises(TimeoutError):
+        queue.drain(timeout_s=10)
+    assert int(view[1]) == 2
+    queue.submit(plan, q, pool[0], o, l, ready=(addr + 16, 1), done=(addr + 24, 3),
+                 timeout_s=60)
+    queue.submit(plan, q, pool[0], o, l, ready=(addr + 16, 1), done=(addr + 24, 4),
+                 timeout_s=60)
+    time.sleep(0.02)
+    t0 = time.perf_counter()
+    queue.close()
+    assert time.perf_counter() - t0 < 5 and int(view[3]) == 4
+    with pytest.raises(RuntimeError):
+        queue.submit(plan, q, pool[0], o, l, ready=None, done=None)
+
+
+def test_queue_refuses_a_torch_path_plan():
+    spec = KVSpec.mla(1, 64, 16, torch.float16)  # fp16 KV: the torch path
+    pool = torch.zeros(cpu_pool_shape(spec, 2, 32), dtype=torch.float16)
+    batch = BlockBatch.build([1], [[0]], [[32]])
+    q = torch.zeros(1, 16, spec.k_dim)
+    plan = cpu.CpuAttentionPlan(pool[0], "cpu", spec, batch, 0.1, 1, 16, q.dtype)
+    queue = cpu.CpuJobQueue()
+    try:
+        with pytest.raises(ValueError):
+            queue.submit(plan, q, pool[0], torch.empty(1, 16, 64), torch.empty(1, 16),
+                         ready=None, done=None)
+    finally:
+        queue.close()
