@@ -23,8 +23,8 @@ prompts of ``context`` tokens through prefill and then ``decode_steps`` timed de
   the decode steps), ``roofline_bound_s`` -- the lower bound of
   :func:`~writescope.planner.roofline.roofline_bound_s` and ``bound_efficiency`` = bound / mean step.
 
-``static`` gets its CPU share once per model: the roofline's best share for one sequence of
-``static_ref_length`` tokens (:func:`~writescope.planner.roofline.target_share`), unless
+``static`` gets its CPU share once per model: the roofline's best share for the largest batch
+of sequences of ``static_ref_length`` tokens (:func:`~writescope.planner.roofline.target_share`), unless
 ``static_share`` is given -- HGCA/FlexGen-style, chosen once and never adapted.
 
 A configuration that cannot run (does not fit a budget, runs out of memory, a kernel error) is a
@@ -284,17 +284,22 @@ def host_memory_summary(engine) -> dict[str, int | None]:
             "MemAvailable": _available_ram_bytes()}
 
 
-def static_share_from_profile(profile, cfg, engine, ref_length: int) -> tuple[float, str]:
-    """The ``static`` policy's CPU share, chosen once: the roofline's best share for one sequence
-    of ``ref_length`` tokens with this engine's G capacity."""
+def static_share_from_profile(profile, cfg, engine, ref_length: int, batch: int = 1
+                              ) -> tuple[float, str]:
+    """The ``static`` policy's CPU share, chosen once: the roofline's best share for ``batch``
+    sequences of ``ref_length`` tokens with this engine's G capacity (the bench passes its
+    largest batch: at batch 1 a 32K sequence spills too little for the CPU to pay off, and a
+    static split chosen there is ``transfer``)."""
     if profile is None:
         return 0.5, "no hardware profile: the default 0.5"
     from ..planner import roofline as rl
     g_tokens = engine.cache.layout.num_blocks[_region("G")] * engine.cache.bs
-    resident = min(float(ref_length), float(g_tokens))
-    plan = rl.target_share(profile, cfg, 1, resident, ref_length - resident,
+    total = float(ref_length) * batch
+    resident = min(total, float(g_tokens))
+    plan = rl.target_share(profile, cfg, batch, resident, total - resident,
                            any(engine.cpu_expert_layers))
-    return float(plan.cpu_share), f"roofline target share at {ref_length} tokens, batch 1"
+    return (float(plan.cpu_share),
+            f"roofline target share at {ref_length} tokens, batch {batch}")
 
 
 def _region(name: str):
@@ -594,7 +599,8 @@ class Grid:
             static_share, static_why = s.static_share, "--static-share"
         else:
             static_share, static_why = static_share_from_profile(profile, cfg, engine,
-                                                                 s.static_ref_length)
+                                                                 s.static_ref_length,
+                                                                 max(s.batches))
         layout = engine.cache.layout
         self.models_meta[model] = {
             "model_type": cfg.model_type, "engine_build_s": build_s,

@@ -54,7 +54,8 @@ def register(subparsers) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=8192,
                    help="prefill chunk (tokens per step, default 8192)")
     p.add_argument("--static-share", type=float, default=None,
-                   help="the static policy's CPU share (default: from the profile at --static-ref-length)")
+                   help="the static policy's CPU share (default: from the profile at "
+                        "--static-ref-length and the largest --batch)")
     p.add_argument("--static-ref-length", default="32k",
                    help="reference length the static share is chosen at (default 32k)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
