@@ -29,6 +29,7 @@
 #include "attn_common.h"
 
 #include <math.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -279,7 +280,13 @@ void run_share(const Job& J, int nitems, std::atomic<int>& next, int nunits,
     for (int i; (i = next.fetch_add(1, std::memory_order_relaxed)) < nitems;) run_item(J, i);
     for (int u; (u = next_unit.fetch_add(1, std::memory_order_relaxed)) < nunits;) {
         const Unit& x = J.units[u];
-        while (J.pending[x.group].load(std::memory_order_acquire) > 0) cpu_pause();
+        // the group's last items are being computed: spin, then yield the core (on a machine
+        // with more runnable threads than cores, the holder of such an item may be waiting
+        // for one)
+        for (int spins = 0; J.pending[x.group].load(std::memory_order_acquire) > 0; ++spins) {
+            if (spins < 4096) cpu_pause();
+            else sched_yield();
+        }
         merge(J, x.group, x.m0, x.m1);
     }
 }
