@@ -244,3 +244,39 @@ def test_policy_overhead_bench_reports_host_time_and_collections(tmp_path):
     for r in res["rows"]:
         assert r["begin_step_ms"] > 0 and r["end_step_ms"] > 0 and r["gc_collections"] >= 0
     assert (tmp_path / "o.json").exists()
+
+
+def test_warm_up_verifies_the_planner_so_the_row_prefill_places_c_blocks(tiny_qwen3_moe, tmp_path):
+    """The warm-up decodes long enough for the writescope planner to measure its CPU path, so a
+    row's prefill already places spilled blocks where the planner wants them (here: all on the
+    CPU, whose attention this profile makes 1000x faster and nearly free to start) instead of in
+    T only, as an unverified planner does."""
+    import dataclasses
+
+    import torch
+    from test_migrate import synthetic_profile
+    from writescope.cli import main
+
+    prof = tmp_path / "profile.json"
+    fast = dataclasses.replace(synthetic_profile(), cpu_roundtrip_s=1e-6)
+    fast.validate()
+    fast.save(prof)
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        # G holds 128 tokens: the warm-up's short requests (64 tokens) never spill, so only
+        # its long request (200 tokens, as long as the row's) can show the planner the CPU
+        rc = main(["bench", "--model", str(tiny_qwen3_moe), "--dtype", "float32", "--device", "cpu",
+                   "--batch", "1", "--context-lengths", "200", "--decode-steps", "4",
+                   "--block-size", "8", "--num-gpu-blocks", "16", "--profile", str(prof),
+                   "--policies", "writescope", "--max-num-batched-tokens", "256",
+                   "--out", str(tmp_path), "--no-progress"])
+    finally:
+        torch.set_num_threads(n)
+    assert rc == 0
+    (row,) = _strict_json(tmp_path / "results.json")["rows"]
+    assert not row.get("error"), row.get("error")
+    assert row["planner_verified"] is True
+    # every spilled block in C (72 of ~202 tokens: G holds 128), and the CPU attends them all
+    assert row["host_used_bytes"] > 0 and row["pinned_used_bytes"] == 0
+    assert row["cpu_share_mean"] > 0.3

@@ -421,6 +421,21 @@ def test_write_scope_follows_target_and_never_moves_blocks():
         assert abs(frac - target) < gap0[sid] or abs(frac - target) <= 1 / n
 
 
+def test_a_one_chunk_prefill_places_its_spill_at_the_target():
+    """A fresh sequence's whole prompt arrives as one chunk that fills G and spills: the chunk's
+    spilled blocks are split at the target share of the batch *with* that spill (the step plan
+    alone counts the unsealed chunk as resident, sees no spill and would put all of it in T)."""
+    cfg = tiny_cfg()
+    prof = simple_profile(rc=5 * GB, rp=10 * GB, rt=1e-6)
+    p = policy(cfg, prof)
+    cap = CacheCapacity({Region.G: 4, Region.T: 1000, Region.C: 1000}, 64, 64 * KVB * 4)
+    out = p.place(SeqKV(0, 64 * 404 + 3, ()), 404, cap)
+    assert out[:4] == [Region.G] * 4
+    want = rl.target_share(prof, cfg, 1, 4 * 64 + 3, 400 * 64, False).cpu_share
+    assert want > 0.2
+    assert sum(r is Region.C for r in out) == pytest.approx(want * 400, abs=1)
+
+
 def test_assign_reads_t_in_place_when_it_helps():
     """All spilled KV in T (say written while the target was 0): the CPU takes the planned
     share by reading T blocks in place; the streamed rest is one run at the end."""

@@ -15,6 +15,8 @@ prompts of ``context`` tokens through prefill and then ``decode_steps`` timed de
   the row occupied at its end; ``bytes_moved`` -- ``kv.bytes_moved_after_placement`` during the
   row (only ``migrate`` moves anything);
 * ``cpu_share_steps`` -- per decode step, the CPU's share of the KV bytes attended;
+* ``planner_verified`` -- for ``writescope``, whether its planner had measured the CPU path when
+  the row began (if not, the row's prefill put every spilled block in T);
 * ``host_bound_fraction`` -- mean share of a decode step until the host had enqueued the forward
   pass (near 1 on CUDA: the step is bound by Python and kernel launches);
 * ``model_step_s`` -- the roofline model's step time for this policy at the row's mid-decode
@@ -448,18 +450,28 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
     return row
 
 
+#: decode tokens of the warm-up's long request: enough decode steps for the ``writescope``
+#: planner to measure its CPU path (``verify_steps`` timed steps, the first of which may be
+#: discarded), as a running server's planner has. Until then it places spilled blocks in T only,
+#: so a row prefilled by an unverified planner would measure T blocks read in place, not the
+#: placement it would reach (every writescope row of 2026-11-30e-h200 was prefilled that way).
+WARMUP_DECODE_TOKENS = 8
+
+
 def warm_up(engine, vocab_size: int, seed: int, length: int, batches=()) -> None:
-    """One untimed request of ``length`` tokens (the grid's shortest context), then, per batch
-    size, that many short requests decoding together, so that one-time costs (kernel loading,
-    first allocations, thread pools, capturing the decode step's CUDA graphs for that size) do
+    """One untimed request of ``length`` tokens (the grid's shortest context) decoding
+    ``WARMUP_DECODE_TOKENS`` tokens, then, per batch size, that many short requests decoding
+    together, so that one-time costs (kernel loading, first allocations, thread pools,
+    capturing the decode step's CUDA graphs for that size, the planner's first measurements) do
     not land in the first timed row of a policy."""
     from ..core import SamplingParams
-    sp = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
-    n = max(2, min(length, engine.max_model_len - 4))
+    n = max(2, min(length, engine.max_model_len - WARMUP_DECODE_TOKENS - 1))
     rounds = [make_prompts(vocab_size, 1, n, seed + 1)]
     short = max(2, min(n, 64))
     rounds += [make_prompts(vocab_size, b, short, seed + 2) for b in sorted(set(batches))]
     for r, prompts in enumerate(rounds):
+        sp = SamplingParams(temperature=0.0, max_tokens=WARMUP_DECODE_TOKENS if r == 0 else 3,
+                            ignore_eos=True)
         ids = [f"bench-warmup-{r}-{i}" for i in range(len(prompts))]
         for rid, p in zip(ids, prompts):
             engine.add_request(rid, p, sp)
@@ -638,7 +650,10 @@ class Grid:
                 _free_memory(engine.device)
             for b in s.batches:
                 for n in s.context_lengths:
-                    row = {"model": model, "batch": b, "context": n, "policy": policy, "peer": False}
+                    row = {"model": model, "batch": b, "context": n, "policy": policy, "peer": False,
+                           # whether the planner had measured its CPU path when the row began
+                           "planner_verified": getattr(engine.cache.policy, "cpu_verified",
+                                                       None)}
                     prompts = make_prompts(cfg.vocab_size, b, n, s.seed)
                     try:
                         row.update(run_engine_row(engine, prompts, s.decode_steps, vram_budget,

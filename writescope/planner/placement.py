@@ -5,7 +5,8 @@ The cache asks (see :mod:`writescope.kvcache.placement`):
 * ``place(seq, k, capacity)`` -- where the ``k`` blocks this sequence seals now go. G while it has
   free blocks (the GPU reads G in place at HBM speed: nothing beats it). Each spilled block then
   goes to C or T, whichever brings the sequence's C fraction of its spilled blocks closer to the
-  **target share** (ties to T, the flexible region). Blocks are never moved afterwards: as the
+  **target share** (ties to T, the flexible region), taken for the batch as it will be once
+  these blocks are sealed (a prefill chunk's spill included). Blocks are never moved afterwards: as the
   target rises with context length, the split is steered by where *new* blocks land.
   Until the CPU path has been *measured* (``verify_steps`` decode steps in which the CPU
   attended blocks and was timed, so the feedback has corrected its rate), spilled blocks go to
@@ -150,8 +151,7 @@ class WriteScopePolicy(PlacementPolicy):
     def place(self, seq: SeqKV, num_blocks: int, capacity: CacheCapacity) -> list[Region]:
         self._learn_geometry(capacity)
         self._see(seq)
-        plan = self._current_plan(seq.seq_id)
-        target = plan["target_share"] if self.cpu_verified else 0.0
+        target = self._placement_target(seq, num_blocks, capacity) if self.cpu_verified else 0.0
         free = dict(capacity.free)
         n_c = seq.regions.count(Region.C)
         n_sp = n_c + seq.regions.count(Region.T)
@@ -172,6 +172,28 @@ class WriteScopePolicy(PlacementPolicy):
         # the view holds the sequence as it will be once these blocks are sealed
         self._view[seq.seq_id] = SeqKV(seq.seq_id, seq.num_tokens, tuple(seq.regions) + tuple(out))
         return out
+
+    def _placement_target(self, seq: SeqKV, num_blocks: int, capacity: CacheCapacity) -> float:
+        """The target share for the blocks being placed, with the batch as it will be once they
+        are sealed: those that do not fit in G's free blocks count as spilled. (The step plan
+        counts a sequence's unsealed tokens as resident, and a prefill chunk's tokens are all
+        unsealed: planned from it, the first chunk that spills would see no spill at all, and a
+        prefill made of one chunk would put every spilled block in T.)"""
+        n_g = min(num_blocks, max(0, capacity.free.get(Region.G, 0)))
+        if n_g == num_blocks:  # nothing spills: no C-or-T choice to make
+            return self._current_plan(seq.seq_id)["target_share"]
+        bs = self.block_size or DEFAULT_BLOCK_SIZE
+        ids = (self._batch | self._this_step) & set(self._view)
+        resident = spilled = 0.0
+        for i in ids:
+            s = seq if i == seq.seq_id else self._view[i]
+            n_sealed = len(s.regions) + (num_blocks if i == seq.seq_id else 0)
+            n_gr = s.regions.count(Region.G) + (n_g if i == seq.seq_id else 0)
+            resident += n_gr * bs + max(0, s.num_tokens - n_sealed * bs)
+            spilled += (n_sealed - n_gr) * bs
+        b = max(len(ids), self.batch_hint or 1)
+        return rl.target_share(self.profile, self.cfg, b, resident, spilled, self.experts_on_cpu,
+                               self.feedback.corrections, pipelined=self.pipelined).cpu_share
 
     @property
     def cpu_verified(self) -> bool:
