@@ -16,7 +16,8 @@ Per layer, with CUDA and Triton (the fast path)::
   split-KV kernel, the row -> partials map of the merge, the staging pieces and their coalesced
   DMA runs -- and starts the copy stream on the first layers' T blocks.
 * ``attend`` enqueues the GPU side without waiting for anything, hands the CPU side to a worker
-  thread (the query arrives through a pinned buffer; the CPU kernel releases the GIL), and
+  (on CUDA the native job queue, ``cpu.CpuJobQueue``: a C++ thread that needs no GIL between
+  layers; else a Python thread; the query arrives through a pinned buffer), and
   enqueues a device-side wait for the worker's flag (:mod:`.hostflag`) followed by one reduce
   kernel that merges every GPU partial with the CPU's result, read in place from pinned memory
   (no copy-engine transfer, so it never queues behind the T stream). The launching thread never
