@@ -547,6 +547,11 @@ class Grid:
         if row.get("error"):
             self.log(f"[bench] {row['model']} batch {row['batch']} ctx {row['context']} "
                      f"{row['policy']}: {row['error']}")
+        elif not self.progress:
+            self.log(f"[bench] {row['model']} batch {row['batch']} ctx {row['context']} "
+                     f"{row['policy']}: {row.get('decode_tokens_per_s') or 0:.1f} tok/s, p50 "
+                     f"{1e3 * (row.get('p50_step_s') or 0):.1f} ms, TTFT "
+                     f"{row.get('ttft_s') or 0:.1f} s, CPU share {row.get('cpu_share_mean') or 0:.2f}")
 
     def _fail_rows(self, model: str, policy: str, error: str, bar, peer: bool = False) -> None:
         for b in self.spec.batches:
@@ -643,8 +648,13 @@ class Grid:
             except Exception as e:  # noqa: BLE001
                 self._fail_rows(model, policy, f"policy: {error_text(e)}", bar)
                 continue
+            t_warm = time.perf_counter()
             try:
                 warm_up(engine, cfg.vocab_size, s.seed, min(s.context_lengths), s.batches)
+                if not self.progress:  # (no progress bar: a line per stage says where time goes)
+                    self.log(f"[bench] {model} {policy}: warm-up {time.perf_counter() - t_warm:.1f} s"
+                             + ("" if not hasattr(engine.cache.policy, "cpu_verified") else
+                                f", planner verified: {engine.cache.policy.cpu_verified}"))
             except Exception as e:  # noqa: BLE001 -- the rows will say what is wrong
                 self.log(f"[bench] {model} {policy}: warm-up failed: {error_text(e)}")
                 _free_memory(engine.device)
