@@ -112,6 +112,22 @@ def test_queue_failure_reaches_drain_and_close_never_hangs():
         queue.submit(plan, q, pool[0], o, l, ready=None, done=None)
 
 
+def test_queue_refuses_queries_it_would_have_to_convert_now():
+    """A queued call reads its queries when it runs (after their ready word): queries the
+    kernel cannot take as they are (here float16, converted at once) are refused."""
+    _, pool, q, plan16 = _case("cpu", 4)
+    q16 = q.to(torch.float16)
+    plan16 = cpu.CpuAttentionPlan(pool[0], "cpu", plan16.spec, plan16.batch, 0.1, q.shape[0],
+                                  q.shape[1], q16.dtype)
+    o, l = plan16(q, pool[0])
+    queue = cpu.CpuJobQueue()
+    try:
+        with pytest.raises(ValueError):
+            queue.submit(plan16, q16, pool[0], o, l, ready=None, done=None)
+    finally:
+        queue.close()
+
+
 def test_queue_refuses_a_torch_path_plan():
     spec = KVSpec.mla(1, 64, 16, torch.float16)  # fp16 KV: the torch path
     pool = torch.zeros(cpu_pool_shape(spec, 2, 32), dtype=torch.float16)

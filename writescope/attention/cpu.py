@@ -411,6 +411,9 @@ class CpuJobQueue:
         if native is None:
             raise ValueError("this call cannot run natively (torch path)")
         args, keep = native
+        if keep[0] is not q:  # converted now: would read the queries before they have landed
+            raise ValueError("a queued call reads its queries when it runs: they must be "
+                             "float32 or bfloat16 and contiguous")
         r_addr, r_val = ready if ready is not None else (None, 0)
         d_addr, d_val = done if done is not None else (None, 0)
         self._keep.append((plan, keep))

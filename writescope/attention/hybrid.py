@@ -520,7 +520,8 @@ class HybridAttention:
         into the pinned buffers, the ready flag is a pinned word. The step's plans are made here,
         on the launching thread, at the group's first layer."""
         if not (self._device_wait and self._cpu_compiled and self._use_queue
-                and out_bufs is not None and ready_address(ready) is not None):
+                and out_bufs is not None and ready_address(ready) is not None
+                and q_host.dtype in (torch.float32, torch.bfloat16) and q_host.is_contiguous()):
             return False
         if g.cpu_plans is None:
             from .cpu import CpuAttentionPlan

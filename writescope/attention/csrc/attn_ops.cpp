@@ -434,11 +434,13 @@ void fill_uncovered(const CallArgs& a, const Plan& plan) {
 //
 // spin_s > 0 (with a ready word) starts the team *before* the wait: every member spins on it
 // for up to spin_s (then sleeps 20 us at a time), so the work starts on awake cores the moment
-// the queries land. Started after the wait instead, members parked since the last call (in
-// libgomp's futex, their cores in a C-state) cost the call ~0.3 ms on the H200's Xeon:
-// cpu_contention, MLA 2 x 13K: 0.52 ms a call 0.5 ms after the last one, 0.79 ms 3 ms after
-// (bench/results/2026-11-30e-h200/call1). Spinning keeps every core of the team busy while it
-// waits, so the engine turns it off when CPU experts share those cores.
+// the queries land. Measured on the H200's Xeon (cpu_contention, MLA 2 x 13K,
+// bench/results/2026-11-30e-h200): a plain call made 3 ms after the last one, by a thread that
+// slept meanwhile, costs 0.75 ms against 0.52 ms 0.5 ms after; a flagged call whose master
+// polls the word in 20 us naps (spin_s = 0) already runs 0.43 ms, and spinning gave 0.46 ms (14
+// threads) -- no gain alone, and with all 16 cores in the team a 4-5 ms p90 (a spinning member
+// displaced by the thread raising the word). Spinning keeps every core of the team busy while
+// it waits, so the engine turns it off when CPU experts share those cores.
 int flagged_call(const CallArgs& a, const volatile int64_t* ready, int64_t ready_value,
                  int64_t* done, int64_t done_value, double timeout_s, double spin_s,
                  const std::atomic<int>* cancel, double* times) {
