@@ -289,6 +289,21 @@ def test_cpu_side_gets_only_the_rows_of_sequences_with_cpu_blocks(monkeypatch):
         torch.testing.assert_close(la, lb, atol=1e-5, rtol=1e-5)
 
 
+def test_a_decode_step_sends_every_row_to_the_cpu_side():
+    """One query row per sequence, one sequence without CPU blocks: too few rows to leave out
+    (``COMPACT_MIN_ROWS``), so the CPU side gets all of them and writes (0, -inf) for that
+    sequence's; the result matches the float64 reference."""
+    spec = KVSpec.mla(2, 32, 8, torch.float32)
+    case = build_case(spec, 4, [90, 5, 70], q_counts=1, block_size=8,
+                      frac={"G": 0.3, "C": 0.7}, seed=12)
+    ha = HybridAttention(case.pools, spec, "cpu")
+    ha.begin_step(case.plan)
+    assert ha._groups[0].cpu_rows is None
+    ha.end_step()
+    check_all_layers(case, ha)
+    ha.close()
+
+
 @pytest.mark.parametrize("spec", [GQA, MLA], ids=["gqa", "mla"])
 @pytest.mark.parametrize("split", [[1, 3], [2, 2], [3, 1]])
 def test_groups_interleaved_match_one_group(spec, split):
