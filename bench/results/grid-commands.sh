@@ -47,22 +47,7 @@ pip install -e . --no-deps --no-build-isolation -q > $R/pip.log 2>&1
 python -m writescope.bench.provenance > $R/provenance.txt 2>&1
 (free -g; grep -E "MemTotal|MemAvailable|Hugepagesize" /proc/meminfo; nproc) > $R/host.txt 2>&1
 
-run() {  # run NAME CAP_S COMMAND...: timeout = min(CAP_S, time left to the deadline)
-  local name=$1 cap=$2; shift 2
-  local left=$((DEADLINE - $(date +%s)))
-  local t=$(( cap < left ? cap : left ))
-  if [ $t -lt 40 ]; then echo "[$name] skipped: ${left} s left" | tee -a $R/skipped.txt; return; fi
-  local s=$(date +%s)
-  ( while sleep 10; do echo "$(( $(date +%s) - s )) s $(grep MemAvailable /proc/meminfo)"; done ) \
-    > $R/$name.mem.log 2>&1 &
-  local mon=$!
-  timeout -k 5 $t "$@" > $R/$name.log 2>&1
-  local rc=$?
-  kill $mon 2>/dev/null
-  echo "[$name] rc=$rc after $(( $(date +%s) - s )) s (timeout $t s)"
-  grep "\[bench\]" $R/$name.log | head -3
-  tail -2 $R/$name.log
-}
+source bench/results/run-helper.sh  # run NAME CAP_S COMMAND...: timeout = min(CAP_S, time left)
 
 B="python -m writescope bench --random-weights --profile bench/profiles/h200.json --batch 4 --max-num-batched-tokens 16384 --no-progress"
 run qwen3-cpu-experts 190 $B --model qwen3-30b-a3b --vram-budget 32GiB --experts cpu \

@@ -480,12 +480,8 @@ class HybridAttention:
         t_in = time.perf_counter()
         self._lag["handoff"] += t_in - (t_submit or t_in)
         plan = self.plan
-        if self._cpu_compiled and g.cpu_plans is None:  # checked and converted once per step
-            from .cpu import CpuAttentionPlan
-            g.cpu_plans = [(r, CpuAttentionPlan(self.pools[r][0], _layout(r), plan.spec, b,
-                                                plan.scale, q_host.shape[0], q_host.shape[1],
-                                                q_host.dtype))
-                           for r, b in g.cpu]
+        if self._cpu_compiled:
+            self._make_cpu_plans(g, q_host)
         native = (self._cpu_compiled and len(g.cpu_plans) == 1 and out_bufs is not None
                   and g.cpu_plans[0][1].flagged)
         if native and done is not None and (ready is None or ready_address(ready) is not None):
@@ -521,6 +517,17 @@ class HybridAttention:
         self._lag["t_done"] = t1
         return o, l, t1 - t0
 
+    def _make_cpu_plans(self, g: _Group, q_host: torch.Tensor) -> None:
+        """The group's compiled-kernel calls, checked and converted once per step (on whichever
+        thread attends its first layer)."""
+        if g.cpu_plans is None:
+            from .cpu import CpuAttentionPlan
+            plan = self.plan
+            g.cpu_plans = [(r, CpuAttentionPlan(self.pools[r][0], _layout(r), plan.spec, b,
+                                                plan.scale, q_host.shape[0], q_host.shape[1],
+                                                q_host.dtype))
+                           for r, b in g.cpu]
+
     def _native_submit(self, layer: int, g: _Group, q_host, ready, out_bufs) -> bool:
         """Hand one layer's CPU side to the native job queue (``cpu.CpuJobQueue``) when it can
         run there: the device waits for it, the compiled kernel attends one region straight
@@ -530,13 +537,7 @@ class HybridAttention:
                 and out_bufs is not None and ready_address(ready) is not None
                 and q_host.dtype in (torch.float32, torch.bfloat16) and q_host.is_contiguous()):
             return False
-        if g.cpu_plans is None:
-            from .cpu import CpuAttentionPlan
-            plan = self.plan
-            g.cpu_plans = [(r, CpuAttentionPlan(self.pools[r][0], _layout(r), plan.spec, b,
-                                                plan.scale, q_host.shape[0], q_host.shape[1],
-                                                q_host.dtype))
-                           for r, b in g.cpu]
+        self._make_cpu_plans(g, q_host)
         if len(g.cpu_plans) != 1 or not g.cpu_plans[0][1].flagged:
             return False
         if self._queue is None:

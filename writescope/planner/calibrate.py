@@ -11,6 +11,7 @@ is there, else the torch path), on both layouts, per shape family of the models 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as _dt
 import os
 import statistics
@@ -271,11 +272,9 @@ def cpu_attn_roundtrip_s(cfg: ModelConfig, device: str, reps: int, layers: int =
     previous layer's result, so that the layers form the chain a model forms. Per layer."""
     from ..attention.batch import BlockBatch
     from ..attention.hybrid import AttentionStepPlan, HybridAttention
-    from ..kvcache.regions import KVSpec, Region, cpu_pool_shape
+    from ..kvcache.regions import Region, cpu_pool_shape
 
-    one = cfg.kv_spec(torch.bfloat16)
-    spec = KVSpec(layers, one.num_kv_heads, one.rec_dim, one.k_offset, one.k_dim, one.v_offset,
-                  one.v_dim, one.dtype)
+    spec = dataclasses.replace(cfg.kv_spec(torch.bfloat16), num_layers=layers)
     seqs = 8
     pool = _fill_random(torch.empty(cpu_pool_shape(spec, seqs, BLOCK), dtype=torch.bfloat16))
     batch = BlockBatch.build([1] * seqs, [[i] for i in range(seqs)], [[BLOCK]] * seqs)

@@ -572,6 +572,14 @@ int ws_amx_request() {
 
 int ws_default_threads() { return default_threads(); }
 
+int ws_attend_flagged(const volatile int64_t* ready, int64_t ready_value, int64_t* done,
+                      int64_t done_value, double timeout_s, double spin_s, double* times,
+                      const void* q, int q_dtype, int nq, int Hq, const void* kv, int dtype,
+                      int layout, int64_t block_stride, int H, int bs, int R, int k_off, int Dk,
+                      int v_off, int Dv, const int32_t* q_indptr, const int32_t* kv_indptr,
+                      const int32_t* kv_blocks, const int32_t* kv_lens, int nseq, float scale,
+                      float* out, float* lse, int isa, int threads, int chunk_blocks);
+
 // ws_attend with the queries in float32 (q_dtype 0) or bfloat16 (q_dtype 1), contiguous
 // [nq][Hq][Dk]. bf16 queries are widened while they are packed, so the caller needs no
 // conversion op of its own (a torch op there is a parallel region of torch's whole team, with
@@ -582,10 +590,10 @@ int ws_attend_ex(const void* q, int q_dtype, int nq, int Hq, const void* kv, int
                  int v_off, int Dv, const int32_t* q_indptr, const int32_t* kv_indptr,
                  const int32_t* kv_blocks, const int32_t* kv_lens, int nseq, float scale,
                  float* out, float* lse, int isa, int threads, int chunk_blocks) {
-    const CallArgs a{q, q_dtype, nq, Hq, kv, dtype, layout, block_stride, H, bs, R, k_off, Dk,
-                     v_off, Dv, q_indptr, kv_indptr, kv_blocks, kv_lens, nseq, scale, out, lse,
-                     isa, threads, chunk_blocks};
-    return flagged_call(a, nullptr, 0, nullptr, 0, 0.0, 0.0, nullptr, nullptr);
+    return ws_attend_flagged(nullptr, 0, nullptr, 0, 0.0, 0.0, nullptr, q, q_dtype, nq, Hq, kv,
+                             dtype, layout, block_stride, H, bs, R, k_off, Dk, v_off, Dv,
+                             q_indptr, kv_indptr, kv_blocks, kv_lens, nseq, scale, out, lse, isa,
+                             threads, chunk_blocks);
 }
 
 // float32 queries. isa: 0 avx2, 1 avx512, 2 amx, 3 avx512bf16. Returns 0, or a negative error.
@@ -604,7 +612,7 @@ int ws_attend(const float* q, int nq, int Hq, const void* kv, int dtype, int lay
 // layer's queries have landed in host memory), attend, then store done_value into *done with
 // release order (the device stream waits on it before merging the result). Between the kernel
 // and the store there is no Python, so a launching thread that holds the GIL cannot delay the
-// device's wait. spin_s > 0 starts the team before the wait (see execute_call). Gives up after
+// device's wait. spin_s > 0 starts the team before the wait (see flagged_call). Gives up after
 // timeout_s (returns -10, and still stores done_value, so the device never waits for nothing).
 // *times (if given) receives {seconds waiting for ready, seconds in the kernel}.
 int ws_attend_flagged(const volatile int64_t* ready, int64_t ready_value, int64_t* done,
