@@ -5,7 +5,9 @@ Each command module defines ``register(subparsers)`` (adds its parser, sets ``fu
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import importlib
+import signal
 import sys
 
 COMMANDS = ("generate", "serve", "bench", "calibrate", "plan")
@@ -27,7 +29,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _stack_dumps_on_sigusr1() -> None:
+    """``kill -USR1 PID`` prints every Python thread's stack to stderr and goes on (what
+    ``py-spy dump`` shows, without installing it): where a long bench row or a stuck request is."""
+    if hasattr(signal, "SIGUSR1"):
+        try:
+            faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+        except (ValueError, RuntimeError, OSError):  # stderr without a file descriptor
+            pass
+
+
 def main(argv: list[str] | None = None) -> int:
+    _stack_dumps_on_sigusr1()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

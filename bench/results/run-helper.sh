@@ -10,7 +10,8 @@ run() {
   ( while sleep 10; do echo "$(( $(date +%s) - s )) s $(grep MemAvailable /proc/meminfo)"; done ) \
     > $R/$name.mem.log 2>&1 &
   local mon=$!
-  timeout -k 5 $t "$@" > $R/$name.log 2>&1
+  # USR1 first: a writescope command prints every thread's stack (cli.py) before the KILL
+  timeout -s USR1 -k 8 $t "$@" > $R/$name.log 2>&1
   local rc=$?
   kill $mon 2>/dev/null
   echo "[$name] rc=$rc after $(( $(date +%s) - s )) s (timeout $t s)"
