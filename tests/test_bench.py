@@ -280,3 +280,10 @@ def test_warm_up_verifies_the_planner_so_the_row_prefill_places_c_blocks(tiny_qw
     # every spilled block in C (72 of ~202 tokens: G holds 128), and the CPU attends them all
     assert row["host_used_bytes"] > 0 and row["pinned_used_bytes"] == 0
     assert row["cpu_share_mean"] > 0.3
+
+
+def test_warmup_length_is_checked(tmp_path, capsys):
+    from writescope.cli import main
+    rc = main(["bench", "--model", "nonexistent-model", "--warmup-length", "1", "--out",
+               str(tmp_path), "--no-progress"])
+    assert rc == 1 and "--warmup-length must be at least 2" in capsys.readouterr().err

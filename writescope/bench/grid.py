@@ -83,6 +83,8 @@ class GridSpec:
     max_num_batched_tokens: int = 8192
     static_share: float | None = None
     static_ref_length: int = 32768
+    #: the warm-up's long request (None: the shortest context of the grid)
+    warmup_length: int | None = None
     peer_offload_weights: bool = False
     #: config.json keys changed for every model (random weights only): the same architecture at
     #: a reduced size, for smoke runs on a small machine; recorded in each model's meta
@@ -98,6 +100,8 @@ class GridSpec:
             raise ValueError("context lengths must be positive")
         if self.decode_steps < 2:
             raise ValueError("--decode-steps must be at least 2")
+        if self.warmup_length is not None and self.warmup_length < 2:
+            raise ValueError("--warmup-length must be at least 2 tokens")
         if not self.policies:
             raise ValueError("give at least one policy")
         from .peers import PEERS
@@ -650,7 +654,8 @@ class Grid:
                 continue
             t_warm = time.perf_counter()
             try:
-                warm_up(engine, cfg.vocab_size, s.seed, min(s.context_lengths), s.batches)
+                warm_up(engine, cfg.vocab_size, s.seed, s.warmup_length or min(s.context_lengths),
+                        s.batches)
                 if not self.progress:  # (no progress bar: a line per stage says where time goes)
                     self.log(f"[bench] {model} {policy}: warm-up {time.perf_counter() - t_warm:.1f} s"
                              + ("" if not hasattr(engine.cache.policy, "cpu_verified") else

@@ -9,11 +9,17 @@ The cache asks (see :mod:`writescope.kvcache.placement`):
   these blocks are sealed (a prefill chunk's spill included). Blocks are never moved afterwards: as the
   target rises with context length, the split is steered by where *new* blocks land.
   Until the CPU path has been *measured* (``verify_steps`` decode steps in which the CPU
-  attended blocks and was timed, so the feedback has corrected its rate), spilled blocks go to
-  T only: T is read by either side, so an unverified model never commits blocks to the CPU's
-  layout. (On the H200 machine the CPU side ran at 13 GB/s inside the engine against 63 GB/s
-  calibrated alone, and C blocks placed from the uncorrected model during a 32K prefill kept the
-  CPU busy for good: bench/results/2026-11-30-h200/.)
+  attended blocks and was timed, so the feedback has corrected its rate), the target is taken
+  with a CPU ``UNVERIFIED_CPU_FACTOR`` (2) times slower than its profile: C blocks are committed
+  to the CPU's layout for good, so before the CPU is measured only the share that would pay
+  even at half its rate goes there; the rest goes to T, which either side can read (on the H200
+  machine the CPU side once ran at 13 GB/s inside the engine against 63 GB/s calibrated alone,
+  and C blocks placed from the uncorrected model during a 32K prefill kept the CPU busy for
+  good: bench/results/2026-11-30-h200/; a bench row prefilled with T only, after a warm-up
+  that had not verified the planner, ran 8% behind ``static``: 2026-12-01-h200). Meanwhile a
+  step whose plan gives the CPU nothing reads T blocks in place at the long-context share
+  (:func:`~.roofline.bandwidth_ratio`) all the same, so that a first batch the model keeps off
+  the CPU (one sequence) still gets the path measured (``planner.probes``).
 * ``assign(seq)`` -- who attends each sealed block this step. C blocks are the CPU's (their
   layout is the CPU kernel's). T blocks go to the GPU (streamed), except that when the step plan
   says the CPU should take more than the C blocks, it reads some T blocks in place (the oldest
@@ -60,6 +66,7 @@ layers), ``t_bytes`` (T bytes streamed; missing: taken from this policy's own as
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -72,6 +79,11 @@ from .profile import HardwareProfile, load_or_calibrate
 
 #: decode steps without CPU attention after which a step is planned at the uncorrected share
 PROBE_EVERY = 16
+#: until the CPU path is measured in the engine, placement plans with a CPU this many times
+#: slower than its profile (its rate and its round trips): C gets only the share that would pay
+#: even then, and the CPU reads T blocks in place for the rest (2026-12-01: 59 GB/s in the
+#: engine against 82 alone on the H200; 13 against 63 on 2026-11-30, before the native kernels)
+UNVERIFIED_CPU_FACTOR = 2.0
 #: the first CPU-timed step is not used when it took more than this times the model's time
 FIRST_CPU_SAMPLE_MAX_RATIO = 3.0
 #: a step's plan reuses the last solve while the batch size is the same and every token count
@@ -151,7 +163,7 @@ class WriteScopePolicy(PlacementPolicy):
     def place(self, seq: SeqKV, num_blocks: int, capacity: CacheCapacity) -> list[Region]:
         self._learn_geometry(capacity)
         self._see(seq)
-        target = self._placement_target(seq, num_blocks, capacity) if self.cpu_verified else 0.0
+        target = self._placement_target(seq, num_blocks, capacity)
         free = dict(capacity.free)
         n_c = seq.regions.count(Region.C)
         n_sp = n_c + seq.regions.count(Region.T)
@@ -193,7 +205,18 @@ class WriteScopePolicy(PlacementPolicy):
             spilled += (n_sealed - n_gr) * bs
         b = max(len(ids), self.batch_hint or 1)
         return rl.target_share(self.profile, self.cfg, b, resident, spilled, self.experts_on_cpu,
-                               self.feedback.corrections, pipelined=self.pipelined).cpu_share
+                               self._placement_corrections(), pipelined=self.pipelined).cpu_share
+
+    def _placement_corrections(self) -> rl.Corrections:
+        """The rates placement plans with: the corrected ones once the CPU path is verified;
+        before that, a CPU ``UNVERIFIED_CPU_FACTOR`` times slower than its profile (or than
+        measured so far, if slower still)."""
+        c = self.feedback.corrections
+        if self.cpu_verified:
+            return c
+        f = UNVERIFIED_CPU_FACTOR
+        return dataclasses.replace(c, cpu=max(c.cpu, f),
+                                   cpu_fixed=max(c.cpu if c.cpu_fixed is None else c.cpu_fixed, f))
 
     @property
     def cpu_verified(self) -> bool:
@@ -361,7 +384,19 @@ class WriteScopePolicy(PlacementPolicy):
             if commit:
                 self._memo = (state, (target_share, share, predicted))
         spilled = c_tok + t_tok
-        if commit and share * spilled <= c_tok and t_tok > 0 and \
+        if commit and not self.cpu_verified and share * spilled <= c_tok and t_tok > 0 and \
+                self.steps > 0:
+            # placement waits for a measured CPU path, and a batch the model gives the CPU
+            # nothing (one sequence, a short spill: its round trips would cost more than they
+            # save) would never measure it -- a server that starts with such a batch, or a bench
+            # row prefilled after a one-request warm-up, would keep every spilled block in T for
+            # good. So until verified, read T blocks in place at the long-context share (a
+            # handful of steps, each slower by about the CPU's round trips).
+            probe = rl.bandwidth_ratio(self.profile, self.cfg)
+            if probe * spilled > c_tok + bs:
+                share = probe
+                self.probes += 1
+        elif commit and share * spilled <= c_tok and t_tok > 0 and \
                 self._decode_without_cpu >= PROBE_EVERY and self.steps > 0:
             # the corrected rates give the CPU no T blocks, so nothing would ever re-measure
             # it: once in PROBE_EVERY decode steps, plan at the uncorrected model's share (the
