@@ -26,3 +26,16 @@ def test_sigusr1_prints_every_threads_stack_and_the_process_goes_on():
     out, err = p.communicate(timeout=30)
     assert p.returncode == 0 and out.strip() == "alive"
     assert "most recent call first" in err and "in parked" in err
+
+
+def test_stacks_every_n_seconds_from_a_watchdog():
+    code = ("import time\n"
+            "from writescope import cli\n"
+            "cli._stack_dumps_on_sigusr1()\n"
+            "time.sleep(1.6)\n"
+            "print('done', flush=True)\n")
+    env = dict(os.environ, WRITESCOPE_STACKS_EVERY_S="0.5")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "done"
+    assert r.stderr.count("most recent call first") >= 2

@@ -262,7 +262,12 @@ def test_fallback_without_compiler(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_hidden_round_trip():
+@pytest.mark.parametrize("queue", ["native", "python"])
+def test_cuda_hidden_round_trip(queue, monkeypatch):
+    """The device waits for the CPU's result: on the native job queue (no Python between the
+    ready and done words) or on the Python worker; the same bits either way, and a failing call
+    (an expert id out of range) is raised at the step's end instead of hanging the stream."""
+    monkeypatch.setenv("WRITESCOPE_CPU_EXPERT_QUEUE", queue)
     E, H, I, k, N = 8, 128, 96, 2, 19
     bf = torch.bfloat16
     gate, up, down = (t.to(bf) for t in _weights(E, H, I))
@@ -271,10 +276,20 @@ def test_cuda_hidden_round_trip():
     x = torch.randn(N, H).to(bf)
     cpu = layer.forward(x, ids, w)
     h = layer.submit(x.cuda(), ids.cuda(), w.cuda())
+    if ISAS:
+        assert (h.future is None) == (queue == "native")
     side = torch.randn(256, 256, device="cuda") @ torch.randn(256, 256, device="cuda")  # overlap
     y = layer.wait(h)
     assert y.device.type == "cuda" and y.dtype == bf and side.shape == (256, 256)
     assert torch.equal(y.cpu(), cpu)
+    ce.raise_pending_errors()
+    bad = ids.clone()
+    bad[3, 1] = E
+    y = layer.wait(layer.submit(x.cuda(), bad.cuda(), w.cuda()))
+    torch.cuda.synchronize()
+    with pytest.raises((RuntimeError, IndexError), match="-1|out of range"):
+        ce.raise_pending_errors()
+    ce.raise_pending_errors()  # reported once
 
 
 @pytest.mark.parametrize("backend", ["cpp", "torch"] if ISAS else ["torch"])

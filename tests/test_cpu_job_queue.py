@@ -141,3 +141,48 @@ def test_queue_refuses_a_torch_path_plan():
                          ready=None, done=None)
     finally:
         queue.close()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_queued_expert_jobs_wait_compute_and_raise_their_flags(dtype):
+    """CPU routed experts on the queue (``CpuJobQueue.submit_fn`` with the experts library's
+    ``ws_moe_job``): each job waits for its ready word, writes the same result as the experts'
+    own forward into the pinned-style buffer, then raises its done word; a failing job (an
+    expert id out of range) still raises its word and the drain reports it."""
+    from writescope.layers.cpu_experts import CpuExperts, _get_lib
+    if _get_lib() is None:
+        pytest.skip("CPU expert kernel unavailable")
+    gen = torch.Generator().manual_seed(3)
+    ex = CpuExperts.random(8, 64, 96, torch.bfloat16, seed=5)
+    words = np.zeros(8, dtype=np.int64)
+    base = words.ctypes.data
+    queue = cpu.CpuJobQueue()
+    try:
+        cases = []
+        for j in range(3):
+            n = (1, 5, 17)[j]
+            hidden = torch.randn(n, 64, generator=gen).to(dtype)
+            ids = torch.randint(0, 8, (n, 2), generator=gen, dtype=torch.int32)
+            w = torch.rand(n, 2, generator=gen)
+            res = torch.full((n, 64), float("nan"), dtype=dtype)
+            ex._submit_native(queue, hidden.to(torch.bfloat16), ids, w, res,
+                              ready=(base + 8 * j, 1), done=(base + 8 * (4 + j), 7 + j))
+            cases.append((hidden, ids, w, res))
+        for j in range(3):
+            _raise_later(words, j, 1, 0.02 * (j + 1))
+        calls, wait_s, kernel_s = queue.drain(timeout_s=30)
+        assert calls == 3 and wait_s > 0.0
+        assert words[4:7].tolist() == [7, 8, 9]
+        for hidden, ids, w, res in cases:
+            want = ex.forward(hidden, ids, w)
+            assert res.dtype == want.dtype == dtype
+            assert torch.equal(res, want)
+        bad = torch.zeros(2, 64, dtype=torch.bfloat16)
+        ex._submit_native(queue, bad, torch.tensor([[0, 8], [1, 2]], dtype=torch.int32),
+                          torch.ones(2, 2), torch.empty(2, 64, dtype=dtype), ready=None,
+                          done=(base + 8 * 7, 3))
+        with pytest.raises(RuntimeError, match="-1"):
+            queue.drain(timeout_s=30)
+        assert words[7] == 3
+    finally:
+        queue.close()

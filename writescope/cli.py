@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import importlib
+import os
 import signal
 import sys
 
@@ -31,12 +32,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _stack_dumps_on_sigusr1() -> None:
     """``kill -USR1 PID`` prints every Python thread's stack to stderr and goes on (what
-    ``py-spy dump`` shows, without installing it): where a long bench row or a stuck request is."""
-    if hasattr(signal, "SIGUSR1"):
-        try:
+    ``py-spy dump`` shows, without installing it): where a long bench row or a stuck request is.
+    ``WRITESCOPE_STACKS_EVERY_S=N`` prints them every N seconds from a watchdog thread instead
+    (that works too when the main thread sits in a driver call a signal cannot interrupt)."""
+    try:
+        if hasattr(signal, "SIGUSR1"):
             faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
-        except (ValueError, RuntimeError, OSError):  # stderr without a file descriptor
-            pass
+        every = float(os.environ.get("WRITESCOPE_STACKS_EVERY_S") or 0)
+        if every > 0:
+            faulthandler.dump_traceback_later(every, repeat=True)
+    except (ValueError, RuntimeError, OSError):  # stderr without a file descriptor
+        pass
 
 
 def main(argv: list[str] | None = None) -> int:

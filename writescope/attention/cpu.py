@@ -116,6 +116,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ws_queue_new.argtypes = []
     lib.ws_queue_submit.restype = i
     lib.ws_queue_submit.argtypes = [p, p, i64, p, i64, d, d, *lib.ws_attend_ex.argtypes]
+    lib.ws_queue_submit_fn.restype = i
+    lib.ws_queue_submit_fn.argtypes = [p, p, i64, p, i64, d, p, p]
     lib.ws_queue_drain.restype = i
     lib.ws_queue_drain.argtypes = [p, d, p]
     lib.ws_queue_free.restype = None
@@ -422,6 +424,22 @@ class CpuJobQueue:
         if rc != 0:
             raise RuntimeError(f"ws_queue_submit failed ({rc})")
 
+    def submit_fn(self, fn: int, arg: int, keep, *, ready: tuple[int, int] | None,
+                  done: tuple[int, int] | None, timeout_s: float = 60.0) -> None:
+        """Queue a native job of another library: ``fn`` (the address of an ``int fn(void*)``)
+        called with ``arg`` between the same ``ready`` / ``done`` words as an attention call.
+        ``keep``: whatever ``arg`` points into (kept alive until the drain that covers it). A
+        nonzero return of ``fn`` is reported by :meth:`drain`, as a failed kernel call is."""
+        if self._q is None:
+            raise RuntimeError("the CPU job queue is closed")
+        r_addr, r_val = ready if ready is not None else (None, 0)
+        d_addr, d_val = done if done is not None else (None, 0)
+        self._keep.append(keep)
+        rc = self.lib.ws_queue_submit_fn(self._q, r_addr, r_val, d_addr, d_val, float(timeout_s),
+                                         fn, arg)
+        if rc != 0:
+            raise RuntimeError(f"ws_queue_submit_fn failed ({rc})")
+
     def drain(self, timeout_s: float = 300.0) -> tuple[int, float, float]:
         """Wait for every submitted call; returns ``(calls, seconds waiting for ready, kernel
         seconds)`` since the last drain. Raises the first failure among them."""
@@ -430,12 +448,12 @@ class CpuJobQueue:
         st = (ctypes.c_double * 3)()
         rc = self.lib.ws_queue_drain(self._q, float(timeout_s), st)
         if rc == -12:
-            raise TimeoutError(f"CPU attention calls still running after {timeout_s:.0f} s")
+            raise TimeoutError(f"queued CPU jobs still running after {timeout_s:.0f} s")
         self._keep = []
         if rc == -10:
             raise TimeoutError("the device did not raise a layer's ready flag in time")
         if rc != 0:
-            raise RuntimeError(f"a queued CPU attention call failed ({rc})")
+            raise RuntimeError(f"a queued CPU job failed (code {rc})")
         return int(st[0]), float(st[1]), float(st[2])
 
     def close(self) -> None:

@@ -294,6 +294,45 @@ _flag_seq = [0] * _MAX_LAYERS
 _pending: list[concurrent.futures.Future] = []
 
 
+class _WsMoeJob(ctypes.Structure):
+    """``WsMoeJob`` of ``csrc/cpu_experts.cpp``: one call's arguments for the native queue."""
+    _fields_ = [("gu", ctypes.c_void_p), ("down", ctypes.c_void_p), ("wdtype", ctypes.c_int32),
+                ("E", ctypes.c_int32), ("H", ctypes.c_int32), ("I", ctypes.c_int32),
+                ("Hp", ctypes.c_int32), ("Ip", ctypes.c_int32), ("x", ctypes.c_void_p),
+                ("N", ctypes.c_int32), ("ids", ctypes.c_void_p), ("tw", ctypes.c_void_p),
+                ("k", ctypes.c_int32), ("out", ctypes.c_void_p), ("res", ctypes.c_void_p),
+                ("res_dtype", ctypes.c_int32), ("isa", ctypes.c_int32),
+                ("amx_min", ctypes.c_int32), ("nthreads", ctypes.c_int32)]
+
+
+# The device-waited calls run on a native job queue (attention/cpu.py's CpuJobQueue, a C++
+# thread of its own): from the ready word to the done word no Python runs, so the worker never
+# needs the interpreter lock. A Python worker does need it (to poll, to copy the result, to
+# raise the flag), and a launching thread that holds it inside a blocking driver call (a lazy
+# module load, a synchronising free: calls that wait for the device, which waits for this very
+# result) deadlocks the step until the device's wait times out, layer after layer. Suspected
+# cause of Qwen3-30B-A3B bench rows that never finished on the H200 (2026-12-01-h200, call 2).
+# WRITESCOPE_CPU_EXPERT_QUEUE=python keeps the Python worker.
+_native_queue = None
+_native_queue_error: str | None = None
+_native_pending = 0
+
+
+def _get_native_queue():
+    global _native_queue, _native_queue_error
+    if os.environ.get("WRITESCOPE_CPU_EXPERT_QUEUE", "native") == "python":
+        return None
+    if _native_queue is None and _native_queue_error is None:
+        with _executor_lock:
+            if _native_queue is None and _native_queue_error is None:
+                try:
+                    from ..attention.cpu import CpuJobQueue
+                    _native_queue = CpuJobQueue()
+                except Exception as e:  # noqa: BLE001 - no compiled queue: the Python worker
+                    _native_queue_error = str(e)
+    return _native_queue
+
+
 def _device_wait_enabled(device: torch.device) -> bool:
     if device.type != "cuda" or os.environ.get("WRITESCOPE_CPU_WAIT", "device") == "host":
         return False
@@ -314,15 +353,22 @@ def _host_flags(device: torch.device):
 def raise_pending_errors() -> None:
     """After the step's device work has finished: re-raise the first failure of a CPU expert call
     the device waited for (and a device wait that gave up). Clears the pending list."""
-    global _pending
+    global _pending, _native_pending
     jobs, _pending = _pending, []
+    native, _native_pending = _native_pending, 0
     errors = []
     for f in jobs:
         try:
             f.result()
         except Exception as e:  # noqa: BLE001 - re-raised below
             errors.append(e)
-    if jobs and _flags is not None:
+    if native and _native_queue is not None:
+        try:
+            _native_queue.drain()
+        except Exception as e:  # noqa: BLE001 - re-raised below
+            errors.append(RuntimeError(f"CPU expert call failed: {e} (-1: an expert id out of "
+                                       f"range, -2: a bad argument, -10: the inputs never came)"))
+    if (jobs or native) and _flags is not None:
         try:
             _flags.check()
         except RuntimeError as e:
@@ -333,7 +379,7 @@ def raise_pending_errors() -> None:
 
 @dataclass
 class CpuExpertsHandle:
-    future: concurrent.futures.Future
+    future: concurrent.futures.Future | None  # None: on the native queue
     device: torch.device
     dtype: torch.dtype
     n: int
@@ -584,11 +630,36 @@ class CpuExperts:
             res = torch.empty(n, self.hidden, dtype=dtype, pin_memory=True)
             _flag_seq[self._slot] += 1
             seq = _flag_seq[self._slot]
+            flags = _host_flags(dev)
+            ready = getattr(event, "address", None)
+            queue = _get_native_queue() if (self.backend == "cpp" and ready is not None and
+                                            dtype in (torch.bfloat16, torch.float32)) else None
+            if queue is not None:
+                self._submit_native(queue, x, ids, w, res, ready, (flags.address(self._slot), seq))
+                return CpuExpertsHandle(None, dev, dtype, n, res, seq)
             fut = _get_executor().submit(self._compute_signalled, x, ids, w, event, res,
                                          _host_flags(dev), seq)
             return CpuExpertsHandle(fut, dev, dtype, n, res, seq)
         fut = _get_executor().submit(self._compute, x, ids, w, dtype, pin, event)
         return CpuExpertsHandle(fut, dev, dtype, n)
+
+    def _submit_native(self, queue, x, ids, w, res: torch.Tensor, ready: tuple[int, int],
+                       done: tuple[int, int]) -> None:
+        """Queue the kernel and the result's conversion into ``res`` between the ``ready`` word
+        (the inputs have landed) and the ``done`` word (the device may read ``res``)."""
+        global _native_pending
+        n, k = ids.shape
+        out = torch.empty(n, self.hp, dtype=torch.float32)
+        job = _WsMoeJob(self.gate_up.data_ptr(), self.down.data_ptr(),
+                        0 if self.dtype == torch.bfloat16 else 1, self.num_experts, self.hidden,
+                        self.inter, self.hp, self.ip, x.data_ptr(), n, ids.data_ptr(),
+                        w.data_ptr(), k, out.data_ptr(), res.data_ptr(),
+                        0 if res.dtype == torch.bfloat16 else 1, min(_detected(), _isa_cap()),
+                        _amx_min(), get_num_threads())
+        fn = ctypes.cast(_get_lib().ws_moe_job, ctypes.c_void_p).value
+        queue.submit_fn(fn, ctypes.addressof(job), (job, x, ids, w, out, res, self),
+                        ready=ready, done=done)
+        _native_pending += 1
 
     def _compute_signalled(self, x, ids, w, event, res: torch.Tensor, flags, seq: int) -> None:
         """Worker side when the device waits: the result goes into ``res``; the flag is raised
@@ -605,7 +676,8 @@ class CpuExperts:
         if handle.result is not None:
             flags = _host_flags(torch.device(handle.device))
             flags.wait(self._slot, handle.seq)
-            _pending.append(handle.future)
+            if handle.future is not None:  # (the native queue's calls: drained at the step's end)
+                _pending.append(handle.future)
             return handle.result.to(handle.device, non_blocking=True)
         out = handle.future.result()
         if handle.device.type != "cpu":

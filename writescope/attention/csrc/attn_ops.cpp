@@ -502,6 +502,10 @@ int flagged_call(const CallArgs& a, const volatile int64_t* ready, int64_t ready
     return rc;
 }
 
+// A native function another library hands the queue (CPU routed experts: ws_moe_job); 0 or an
+// error code. Its argument block stays the submitter's until the drain that covers the call.
+typedef int (*JobFn)(void* arg);
+
 struct QueuedCall {
     CallArgs a;
     const volatile int64_t* ready;
@@ -509,6 +513,8 @@ struct QueuedCall {
     int64_t* done;
     int64_t done_value;
     double timeout_s, spin_s;
+    JobFn fn = nullptr;  // set: run fn(arg) between the flags instead of the attention kernel
+    void* arg = nullptr;
 };
 
 struct WsQueue {
@@ -538,6 +544,14 @@ void queue_main(WsQueue* Q) {
         if (Q->stop.load()) {  // not run: the device must not wait for it
             rc = -11;
             if (c.done) __atomic_store_n(c.done, c.done_value, __ATOMIC_RELEASE);
+        } else if (c.fn) {
+            const double t0 = now_s();
+            rc = wait_ready(c.ready, c.ready_value, c.timeout_s, &Q->stop, 0.0);
+            const double t1 = now_s();
+            if (rc == 0) rc = c.fn(c.arg);
+            if (c.done) __atomic_store_n(c.done, c.done_value, __ATOMIC_RELEASE);
+            t[0] = t1 - t0;
+            t[1] = now_s() - t1;
         } else {
             rc = flagged_call(c.a, c.ready, c.ready_value, c.done, c.done_value, c.timeout_s,
                               c.spin_s, &Q->stop, t);
@@ -650,6 +664,30 @@ int ws_queue_submit(void* queue, const volatile int64_t* ready, int64_t ready_va
                           Dk, v_off, Dv, q_indptr, kv_indptr, kv_blocks, kv_lens, nseq, scale,
                           out, lse, isa, threads, chunk_blocks},
                  ready, ready_value, done, done_value, timeout_s, spin_s};
+    {
+        std::lock_guard<std::mutex> lk(Q->mu);
+        if (Q->stop.load()) return -11;
+        Q->jobs.push_back(c);
+        ++Q->submitted;
+    }
+    Q->cv.notify_one();
+    return 0;
+}
+
+// Queue fn(arg) (see JobFn) between the same two flags as an attention call: wait until
+// *ready >= ready_value, run it, store done_value into *done (also when it fails or is not run).
+int ws_queue_submit_fn(void* queue, const volatile int64_t* ready, int64_t ready_value,
+                       int64_t* done, int64_t done_value, double timeout_s, void* fn, void* arg) {
+    WsQueue* Q = (WsQueue*)queue;
+    if (!fn) return -2;
+    QueuedCall c{};
+    c.ready = ready;
+    c.ready_value = ready_value;
+    c.done = done;
+    c.done_value = done_value;
+    c.timeout_s = timeout_s;
+    c.fn = (JobFn)fn;
+    c.arg = arg;
     {
         std::lock_guard<std::mutex> lk(Q->mu);
         if (Q->stop.load()) return -11;

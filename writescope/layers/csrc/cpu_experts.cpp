@@ -551,6 +551,42 @@ extern "C" int ws_moe_forward(const void* gu, const void* down, int wdtype, int 
   return 0;
 }
 
+// One ws_moe_forward call as a job a native queue runs with no interpreter in the way (the CPU
+// attention library's ws_queue_submit_fn): the kernel into `out` ([N][Hp] fp32 scratch), then
+// the result's [N][H] rows into `res` as bf16 (res_dtype 0, rounded to nearest even, as torch
+// rounds) or fp32 (1) -- a pinned buffer the device copies from once the job's flag is up.
+struct WsMoeJob {
+  const void* gu;
+  const void* down;
+  int32_t wdtype, E, H, I, Hp, Ip;
+  const void* x;
+  int32_t N;
+  const int32_t* ids;
+  const float* tw;
+  int32_t k;
+  float* out;
+  void* res;
+  int32_t res_dtype, isa, amx_min, nthreads;
+};
+
+extern "C" int ws_moe_job(void* arg) {
+  const WsMoeJob& j = *(const WsMoeJob*)arg;
+  if (j.res_dtype != 0 && j.res_dtype != 1) return -2;
+  const int rc = ws_moe_forward(j.gu, j.down, j.wdtype, j.E, j.H, j.I, j.Hp, j.Ip, j.x, j.N,
+                                j.ids, j.tw, j.k, j.out, j.isa, j.amx_min, j.nthreads);
+  if (rc != 0) return rc;
+  for (long n = 0; n < j.N; ++n) {
+    const float* o = j.out + n * j.Hp;
+    if (j.res_dtype == 0) {
+      bf16_t* r = (bf16_t*)j.res + n * j.H;
+      for (int h = 0; h < j.H; ++h) r[h] = f32_to_bf16(o[h]);
+    } else {
+      std::memcpy((float*)j.res + n * j.H, o, sizeof(float) * (size_t)j.H);
+    }
+  }
+  return 0;
+}
+
 // Multi-threaded read of a buffer (DRAM read-bandwidth probe for the benchmark).
 extern "C" double ws_read_sum(const void* p, long bytes, int nthreads) {
   const uint64_t* w = (const uint64_t*)p;
