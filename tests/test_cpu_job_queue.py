@@ -186,3 +186,36 @@ def test_queued_expert_jobs_wait_compute_and_raise_their_flags(dtype):
         assert words[7] == 3
     finally:
         queue.close()
+
+
+def test_two_regions_and_their_merge_on_the_queue():
+    """A layer whose CPU side attends C blocks (CPU layout) and T blocks read in place (GPU
+    layout): two queued calls, the second into scratch, then the queued log-sum-exp merge into
+    the first's buffers and the done word -- the merge module's result, to float32 rounding;
+    rows empty in one region or both merge as the identity."""
+    from writescope.attention.merge import merge
+    _, pool_c, q, plan_c = _case("cpu", 4)
+    _, pool_t, _, plan_t = _case("gpu", 5)
+    oc, lc = plan_c(q, pool_c[1])
+    ot, lt = plan_t(q, pool_t[2])
+    want_o, want_l = merge(oc, lc, ot, lt)
+    assert torch.isinf(lc[2]).all() and torch.isinf(lt[2]).all()  # the sequence without blocks
+    words = torch.zeros(2, dtype=torch.int64)
+    view, addr = words.numpy(), words.data_ptr()
+    out, lse = torch.full_like(oc, 9.0), torch.full_like(lc, 9.0)
+    o2, l2 = torch.empty_like(oc), torch.empty_like(lc)
+    queue = cpu.CpuJobQueue()
+    try:
+        queue.submit(plan_c, q, pool_c[1], out, lse, ready=(addr, 1), done=None)
+        queue.submit(plan_t, q, pool_t[2], o2, l2, ready=None, done=None)
+        queue.submit_merge(out, lse, o2, l2, done=(addr + 8, 6))
+        _raise_later(view, 0, 1, 0.02)
+        calls, _, _ = queue.drain(timeout_s=30)
+    finally:
+        queue.close()
+    assert calls == 3 and int(view[1]) == 6
+    torch.testing.assert_close(out, want_o, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(lse, want_l, rtol=1e-6, atol=1e-6)
+    assert torch.equal(out[2], torch.zeros_like(out[2])) and torch.isinf(lse[2]).all()
+    with pytest.raises(ValueError):
+        cpu.CpuJobQueue().submit_merge(out, lse, o2[:1], l2[:1], done=None)

@@ -388,6 +388,12 @@ class CpuAttentionPlan:
         return o, l
 
 
+class _WsMergeJob(ctypes.Structure):
+    """``WsMergeJob`` of ``csrc/attn_ops.cpp``."""
+    _fields_ = [("o", ctypes.c_void_p), ("l", ctypes.c_void_p), ("o2", ctypes.c_void_p),
+                ("l2", ctypes.c_void_p), ("rows", ctypes.c_int64), ("dv", ctypes.c_int32)]
+
+
 class CpuJobQueue:
     """Runs flagged kernel calls (:class:`CpuAttentionPlan` with ``ready`` / ``done``) in order
     on one native thread of its own: between two calls that thread needs no interpreter lock,
@@ -439,6 +445,23 @@ class CpuJobQueue:
                                          fn, arg)
         if rc != 0:
             raise RuntimeError(f"ws_queue_submit_fn failed ({rc})")
+
+    def submit_merge(self, out: torch.Tensor, lse: torch.Tensor, out2: torch.Tensor,
+                     lse2: torch.Tensor, *, done: tuple[int, int] | None) -> None:
+        """Queue the log-sum-exp merge of the partial ``(out2, lse2)`` into ``(out, lse)``, in
+        place (``ws_merge_job``; the merge module's convention), then raise ``done``: the
+        calls queued before it have written both. float32, contiguous, ``[rows, Hq(, Dv)]``."""
+        for t in (out, lse, out2, lse2):
+            if t.dtype != torch.float32 or not t.is_contiguous() or t.device.type != "cpu":
+                raise ValueError("a queued merge needs contiguous float32 host tensors")
+        if out.shape != out2.shape or lse.shape != lse2.shape or out.shape[:-1] != lse.shape:
+            raise ValueError(f"partials of different shapes: {tuple(out.shape)}, "
+                             f"{tuple(lse.shape)}, {tuple(out2.shape)}, {tuple(lse2.shape)}")
+        job = _WsMergeJob(out.data_ptr(), lse.data_ptr(), out2.data_ptr(), lse2.data_ptr(),
+                          lse.numel(), out.shape[-1])
+        fn = ctypes.cast(self.lib.ws_merge_job, ctypes.c_void_p).value
+        self.submit_fn(fn, ctypes.addressof(job), (job, out, lse, out2, lse2), ready=None,
+                       done=done)
 
     def drain(self, timeout_s: float = 300.0) -> tuple[int, float, float]:
         """Wait for every submitted call; returns ``(calls, seconds waiting for ready, kernel

@@ -538,17 +538,25 @@ class HybridAttention:
                 and q_host.dtype in (torch.float32, torch.bfloat16) and q_host.is_contiguous()):
             return False
         self._make_cpu_plans(g, q_host)
-        if len(g.cpu_plans) != 1 or not g.cpu_plans[0][1].flagged:
+        if len(g.cpu_plans) not in (1, 2) or not all(pl.flagged for _, pl in g.cpu_plans):
             return False
         if self._queue is None:
             from .cpu import CpuJobQueue
             self._queue = CpuJobQueue()
-        r, pl = g.cpu_plans[0]
         slot = layer * MAX_GROUPS + g.index
+        done = (self._flags.address(slot), self._step_id)
+        (r, pl), *second = g.cpu_plans
         self._queue.submit(pl, q_host, self.pools[r][layer], out_bufs[0], out_bufs[1],
-                           ready=ready_address(ready), done=(self._flags.address(slot),
-                                                             self._step_id),
+                           ready=ready_address(ready), done=None if second else done,
                            spin_s=self.cpu_spin_s)
+        if second:
+            # C blocks and T blocks read in place: two calls on the queue's thread, the second
+            # into host scratch, merged into the pinned result before the flag goes up (with a
+            # Python worker instead, this step ran its CPU side at half the rate: 2026-12-01-h200)
+            (r2, pl2), = second
+            o2, l2 = torch.empty_like(out_bufs[0]), torch.empty_like(out_bufs[1])
+            self._queue.submit(pl2, q_host, self.pools[r2][layer], o2, l2, ready=None, done=None)
+            self._queue.submit_merge(out_bufs[0], out_bufs[1], o2, l2, done=done)
         self._queued += 1
         return True
 

@@ -698,6 +698,42 @@ int ws_queue_submit_fn(void* queue, const volatile int64_t* ready, int64_t ready
     return 0;
 }
 
+// Merge a second partial result (o2, l2) into (o, l) in place, by log-sum-exp (the merge
+// module's convention: natural log, an empty subset is (0, -inf)); `rows` (query, head) pairs of
+// `dv` values. A job for ws_queue_submit_fn: a layer whose CPU side attends two regions (C blocks
+// in the CPU layout, T blocks read in place) runs two kernel calls and this, then raises its
+// flag, so the device still reads one partial from the CPU.
+struct WsMergeJob {
+    float* o;
+    float* l;
+    const float* o2;
+    const float* l2;
+    int64_t rows;
+    int32_t dv;
+};
+
+int ws_merge_job(void* arg) {
+    const WsMergeJob& m = *(const WsMergeJob*)arg;
+    if (m.rows < 0 || m.dv <= 0) return -2;
+    for (int64_t r = 0; r < m.rows; ++r) {
+        const float a = m.l[r], b = m.l2[r];
+        float* o = m.o + r * m.dv;
+        const float* o2 = m.o2 + r * m.dv;
+        if (b == -INFINITY) continue;  // the second is empty: the identity
+        if (a == -INFINITY) {
+            memcpy(o, o2, sizeof(float) * (size_t)m.dv);
+            m.l[r] = b;
+            continue;
+        }
+        const float mx = a > b ? a : b;
+        const float wa = expf(a - mx), wb = expf(b - mx), sum = wa + wb;
+        const float ca = wa / sum, cb = wb / sum;
+        for (int d = 0; d < m.dv; ++d) o[d] = ca * o[d] + cb * o2[d];
+        m.l[r] = mx + logf(sum);
+    }
+    return 0;
+}
+
 // Wait until every submitted call has finished (or timeout_s: returns -12). stats (if given)
 // receives {calls, seconds waiting for ready, seconds in the kernel} since the last drain.
 // Returns the first nonzero return code of those calls, else 0.
