@@ -74,6 +74,12 @@ class AttentionStepPlan:
     q_indptr: torch.Tensor | None = None
 
 
+@dataclass
+class _Signalled:
+    """A CPU job on the Python worker that raises the layer's flag itself (the device waits)."""
+    future: Future
+
+
 def _layout(region: Region) -> str:
     return "cpu" if region is Region.C else "gpu"
 
@@ -184,8 +190,9 @@ class HybridAttention:
     when the T pool is not on the device); ``cpu_async`` run the CPU side on a worker thread;
     ``cpu_result`` ``"pinned"`` (the merge reads the CPU result in place) or ``"copy"`` (an H2D
     copy first); ``max_slot_blocks`` caps a staging piece (finer pipelining); ``cpu_wait``
-    ``"device"`` (default with Triton and ``cpu_async``: the stream waits for the CPU, this thread
-    does not) or ``"host"`` (this thread waits for each layer's CPU result before the reduce).
+    ``"device"`` (default with Triton and ``cpu_async``: the stream waits for the CPU's jobs on the
+    native queue, this thread does not; given explicitly, also for jobs on the Python worker) or
+    ``"host"`` (this thread waits for each layer's CPU result before the reduce).
     """
 
     def __init__(self, pools: dict[Region, torch.Tensor], spec: KVSpec, device: torch.device,
@@ -229,6 +236,12 @@ class HybridAttention:
         self._cpu_compiled = self._cpu_attend is not attend_torch and self._cpu_attend is cpu_kernel()
         self._parts: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # per group, kept
         # the device (not this thread) waits for each layer's CPU result: see hostflag.py
+        #: the device may also wait for a CPU job on the Python worker (when a layer cannot go
+        #: to the native queue): only when asked for (``cpu_wait="device"`` given, or
+        #: WRITESCOPE_CPU_QUEUE=python). By default such a layer is collected by the launching
+        #: thread -- see _submit_cpu.
+        self._python_device_wait = cpu_wait == "device" or \
+            os.environ.get("WRITESCOPE_CPU_QUEUE", "native") == "python"
         if cpu_wait is None:  # WRITESCOPE_CPU_WAIT=host: the older blocking wait, to compare
             can = self.backend == "triton" and cpu_async
             env = os.environ.get("WRITESCOPE_CPU_WAIT", "device")
@@ -560,16 +573,23 @@ class HybridAttention:
         self._queued += 1
         return True
 
-    def _submit_cpu(self, layer: int, g: _Group, q_host, ready, out_bufs) -> Future | tuple | None:
+    def _submit_cpu(self, layer: int, g: _Group, q_host, ready, out_bufs
+                    ) -> _Signalled | Future | tuple | None:
         """Start one layer's CPU side: None when it went to the native queue (the device waits
-        for its flag; :meth:`end_step` collects its times), else a Future or, run inline, its
-        ``(out, lse, seconds)``."""
+        for its flag; :meth:`end_step` collects its times), a :class:`_Signalled` job the device
+        also waits for, else a Future or, run inline, its ``(out, lse, seconds)`` -- collected
+        by the launching thread."""
         if self._native_submit(layer, g, q_host, ready, out_bufs):
             return None
-        if self._device_wait:
-            return self._pool_worker().submit(self._cpu_job_signalled, self._step_id, layer, g,
-                                              q_host, ready, out_bufs, time.perf_counter())
-        if self.cpu_async:
+        if self._device_wait and self._python_device_wait:
+            return _Signalled(self._pool_worker().submit(
+                self._cpu_job_signalled, self._step_id, layer, g, q_host, ready, out_bufs,
+                time.perf_counter()))
+        # No native path for this layer (no compiled kernel, queries to convert, ...): the
+        # launching thread collects the result itself. A device wait on a Python worker can
+        # deadlock: the worker needs the GIL, which the launching thread may hold inside a
+        # driver call that waits for the device (seen with CPU experts: 2026-12-01-h200).
+        if self.cpu_async or self._device_wait:
             return self._pool_worker().submit(self._cpu_job, layer, g, q_host, ready, out_bufs,
                                               time.perf_counter())
         return self._cpu_job(layer, g, q_host, ready, out_bufs)
@@ -732,10 +752,10 @@ class HybridAttention:
         p_out, p_lse = parts
         dv = self.plan.spec.v_dim
         extra = None
-        if res is not None and self._device_wait:
+        if res is not None and self._device_wait and (job is None or isinstance(job, _Signalled)):
             # the stream waits for the CPU's flag; this thread goes on to the next layer
             if job is not None:
-                self._jobs.append(job)
+                self._jobs.append(job.future)
             self._flags.wait(layer * MAX_GROUPS + g.index, self._step_id)
             extra = self._cpu_extra(g, *res, nq)
         elif job is not None:

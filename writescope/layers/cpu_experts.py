@@ -4,9 +4,11 @@ One :class:`CpuExperts` per MoE layer holds that layer's routed-expert weights i
 computes ``y[t] = sum_j w[t, j] * down_e(silu(gate_e(x[t])) * up_e(x[t]))`` for each token's
 top-k experts ``e = ids[t, j]``. ``submit`` starts the work on a background thread and returns at
 once, so the GPU computes shared experts / the next ops meanwhile; ``wait`` returns the result on
-the hidden states' device and dtype. On CUDA with Triton, ``wait`` does not block: the stream
-waits on a pinned flag the worker raises (``attention/hostflag.py``), so the launching thread
-goes on enqueuing the next layers (``WRITESCOPE_CPU_WAIT=host`` restores the blocking wait).
+the hidden states' device and dtype. On CUDA with Triton, ``wait`` does not block: the call runs
+on a native job queue (no Python between its inputs landing and its result) that raises a pinned
+flag the stream waits on (``attention/hostflag.py``), so the launching thread goes on enqueuing
+the next layers (``WRITESCOPE_CPU_WAIT=host`` restores the blocking wait, which is also taken
+when a call cannot go to the queue).
 
 Backends
 --------
@@ -312,7 +314,9 @@ class _WsMoeJob(ctypes.Structure):
 # module load, a synchronising free: calls that wait for the device, which waits for this very
 # result) deadlocks the step until the device's wait times out, layer after layer. Suspected
 # cause of Qwen3-30B-A3B bench rows that never finished on the H200 (2026-12-01-h200, call 2).
-# WRITESCOPE_CPU_EXPERT_QUEUE=python keeps the Python worker.
+# WRITESCOPE_CPU_EXPERT_QUEUE=python keeps the device waiting on the Python worker (to compare);
+# a call that cannot go to the queue (no compiled kernel, float16) is waited for by the
+# launching thread instead.
 _native_queue = None
 _native_queue_error: str | None = None
 _native_pending = 0
@@ -627,19 +631,24 @@ class CpuExperts:
                 x = x.clone()
         pin = dev.type == "cuda"
         if _device_wait_enabled(dev):
-            res = torch.empty(n, self.hidden, dtype=dtype, pin_memory=True)
-            _flag_seq[self._slot] += 1
-            seq = _flag_seq[self._slot]
-            flags = _host_flags(dev)
             ready = getattr(event, "address", None)
             queue = _get_native_queue() if (self.backend == "cpp" and ready is not None and
                                             dtype in (torch.bfloat16, torch.float32)) else None
-            if queue is not None:
-                self._submit_native(queue, x, ids, w, res, ready, (flags.address(self._slot), seq))
-                return CpuExpertsHandle(None, dev, dtype, n, res, seq)
-            fut = _get_executor().submit(self._compute_signalled, x, ids, w, event, res,
-                                         _host_flags(dev), seq)
-            return CpuExpertsHandle(fut, dev, dtype, n, res, seq)
+            python = os.environ.get("WRITESCOPE_CPU_EXPERT_QUEUE") == "python"
+            # the device waits only for a native job, or for the Python worker when asked to
+            # (see _get_native_queue); otherwise the launching thread waits in wait()
+            if queue is not None or python:
+                res = torch.empty(n, self.hidden, dtype=dtype, pin_memory=True)
+                _flag_seq[self._slot] += 1
+                seq = _flag_seq[self._slot]
+                flags = _host_flags(dev)
+                if queue is not None:
+                    self._submit_native(queue, x, ids, w, res, ready,
+                                        (flags.address(self._slot), seq))
+                    return CpuExpertsHandle(None, dev, dtype, n, res, seq)
+                fut = _get_executor().submit(self._compute_signalled, x, ids, w, event, res,
+                                             flags, seq)
+                return CpuExpertsHandle(fut, dev, dtype, n, res, seq)
         fut = _get_executor().submit(self._compute, x, ids, w, dtype, pin, event)
         return CpuExpertsHandle(fut, dev, dtype, n)
 
