@@ -529,6 +529,18 @@ struct WsQueue {
     int first_rc = 0;
 };
 
+// Append a call (-11 once the queue is stopping) and wake the worker.
+int queue_push(WsQueue* Q, const QueuedCall& c) {
+    {
+        std::lock_guard<std::mutex> lk(Q->mu);
+        if (Q->stop.load()) return -11;
+        Q->jobs.push_back(c);
+        ++Q->submitted;
+    }
+    Q->cv.notify_one();
+    return 0;
+}
+
 void queue_main(WsQueue* Q) {
     for (;;) {
         QueuedCall c;
@@ -664,14 +676,7 @@ int ws_queue_submit(void* queue, const volatile int64_t* ready, int64_t ready_va
                           Dk, v_off, Dv, q_indptr, kv_indptr, kv_blocks, kv_lens, nseq, scale,
                           out, lse, isa, threads, chunk_blocks},
                  ready, ready_value, done, done_value, timeout_s, spin_s};
-    {
-        std::lock_guard<std::mutex> lk(Q->mu);
-        if (Q->stop.load()) return -11;
-        Q->jobs.push_back(c);
-        ++Q->submitted;
-    }
-    Q->cv.notify_one();
-    return 0;
+    return queue_push(Q, c);
 }
 
 // Queue fn(arg) (see JobFn) between the same two flags as an attention call: wait until
@@ -688,14 +693,7 @@ int ws_queue_submit_fn(void* queue, const volatile int64_t* ready, int64_t ready
     c.timeout_s = timeout_s;
     c.fn = (JobFn)fn;
     c.arg = arg;
-    {
-        std::lock_guard<std::mutex> lk(Q->mu);
-        if (Q->stop.load()) return -11;
-        Q->jobs.push_back(c);
-        ++Q->submitted;
-    }
-    Q->cv.notify_one();
-    return 0;
+    return queue_push(Q, c);
 }
 
 // Merge a second partial result (o2, l2) into (o, l) in place, by log-sum-exp (the merge
