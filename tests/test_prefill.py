@@ -125,6 +125,73 @@ def test_engine_dense_prefill_equals_paged(tiny_deepseek_v2, monkeypatch):
         assert max(abs(p - r) for p, r in zip(x.logprobs, y.logprobs)) < 1e-4
 
 
+def _mla_case(n, p, dtype=torch.float32, seed=0):
+    """DeepSeek-V2-Lite's head shapes (16 heads, 128 nope + 64 rope, values 128, latent 512)."""
+    g = torch.Generator().manual_seed(seed)
+    h, dn, dr, dv, c = 16, 128, 64, 128, 512
+    q_nope = torch.randn(n, h, dn, generator=g)
+    q_pe = torch.randn(n, h, dr, generator=g)
+    latent = torch.randn(p + n, 1, c + dr, generator=g)
+    w = torch.randn(h * (dn + dv), c, generator=g) / c ** 0.5
+    return [t.to(dtype) for t in (q_nope, q_pe, latent, w)], (h, dn, dr, dv, c)
+
+
+@pytest.mark.parametrize("n,p", [(1, 0), (33, 70), (20, 300)])
+def test_mla_prefix_attention_per_head_equals_the_absorbed_form(n, p):
+    """Decompressing the context (keys per head + the shared rope part, values per head) and
+    attending per head gives what the absorbed form over the latent gives once W_UV is applied,
+    and matches the float64 oracle of the per-head attention."""
+    from writescope.attention.prefill import mla_prefix_attention
+    (q_nope, q_pe, latent, w), (h, dn, dr, dv, c) = _mla_case(n, p)
+    scale = 0.07
+    got = mla_prefix_attention(q_nope, q_pe, latent, w, scale)
+    assert got.shape == (n, h, dv)
+    wv = w.view(h, dn + dv, c)
+    w_uk, w_uv = wv[:, :dn], wv[:, dn:]
+    q_abs = torch.cat((torch.einsum("nhd,hdc->nhc", q_nope, w_uk), q_pe), dim=-1)
+    lat = causal_prefix_attention(q_abs, latent, latent[..., :c], scale)
+    absorbed = torch.einsum("nhc,hvc->nhv", lat, w_uv)
+    torch.testing.assert_close(got, absorbed, rtol=2e-4, atol=2e-5)
+    kv = (latent[:, 0, :c].double() @ w.double().T).view(-1, h, dn + dv)
+    k = torch.cat((kv[..., :dn], latent[:, :, c:].double().expand(-1, h, dr)), dim=-1)
+    ref = oracle(torch.cat((q_nope, q_pe), -1).double(), k, kv[..., dn:], scale)
+    assert ((got.double() - ref).norm() / ref.norm()).item() < 1e-5
+    with pytest.raises(ValueError):
+        mla_prefix_attention(q_nope, q_pe, latent, w[:, :100], scale)
+
+
+def test_engine_mla_prefill_per_head_equals_absorbed(tiny_deepseek_v2, monkeypatch):
+    """DeepSeek-V2's prefill chunks attended per head (the default) or over the absorbed latent:
+    the same tokens and log-probabilities (float32), with dense prefill rows in both."""
+    from test_parity import GREEDY, PLACEMENTS, engine, prompt_ids
+    prompts = [prompt_ids(320, n, seed=n) for n in (150, 40, 5)]
+    runs = {}
+    for mode in ("heads", "absorbed"):
+        monkeypatch.setenv("WRITESCOPE_MLA_PREFILL", mode)
+        llm = engine(tiny_deepseek_v2, **PLACEMENTS["mixed"])
+        runs[mode] = (llm.generate(prompts, GREEDY), llm.stats())
+    (a, sa), (b, sb) = runs["heads"], runs["absorbed"]
+    assert sa["kv.dense_prefill_rows"] > 0 and sb["kv.dense_prefill_rows"] > 0
+    for x, y in zip(a, b):
+        assert x.token_ids == y.token_ids
+        assert max(abs(p - r) for p, r in zip(x.logprobs, y.logprobs)) < 1e-4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("n,p", [(130, 0), (257, 1000)])
+def test_mla_prefix_attention_on_cuda_uses_flash(n, p):
+    """bf16 on CUDA: the per-head MLA prefill runs a fused kernel (keys and padded values of
+    192), within bf16 tolerance of float32."""
+    from writescope.attention.prefill import mla_prefix_attention
+    (q_nope, q_pe, latent, w), _ = _mla_case(n, p, seed=3)
+    prefill._sdpa_failed.clear()
+    got = mla_prefix_attention(*(t.cuda().bfloat16() for t in (q_nope, q_pe, latent, w)), 0.07)
+    assert not prefill._sdpa_failed
+    ref = mla_prefix_attention(q_nope, q_pe, latent, w, 0.07)
+    assert ((got.float().cpu() - ref).norm() / ref.norm()).item() < 1e-2
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("shape", list(SHAPES))

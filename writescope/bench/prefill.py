@@ -9,7 +9,10 @@ tokens after ``P`` cached tokens, bf16, one layer:
 * **dense**: :func:`writescope.attention.prefill.causal_prefix_attention` (SDPA's fused
   kernels, or the tiled fallback where none runs), with the backend it took;
 * **paged**: the split-KV decode kernel over the cached blocks plus the float32 self-attention
-  of the chunk and the merge -- the path prefill took before (``WRITESCOPE_DENSE_PREFILL=0``).
+  of the chunk and the merge -- the path prefill took before (``WRITESCOPE_DENSE_PREFILL=0``);
+* **per head** (MLA): :func:`writescope.attention.prefill.mla_prefix_attention`, the context
+  decompressed with a ``kv_b_proj`` and attended per head -- what the engine's MLA prefill runs
+  (the dense column is then ``WRITESCOPE_MLA_PREFILL=absorbed``).
 
 Prints ms per layer and achieved TFLOP/s (causal pairs x heads x 2 x (Dk + Dv)), and checks the
 two against each other.
@@ -61,6 +64,16 @@ def main(argv: list[str] | None = None) -> dict:
             rec = torch.randn(t, spec.num_kv_heads, spec.rec_dim, generator=g, device=dev,
                               dtype=spec.dtype)
             q = torch.randn(n, hq, spec.k_dim, generator=g, device=dev, dtype=spec.dtype)
+            heads = None
+            if spec.is_mla:  # the absorbed queries of per-head ones, so both forms compare
+                lora, dn, dv = spec.v_dim, 128, 128
+                q_nope = torch.randn(n, hq, dn, generator=g, device=dev, dtype=spec.dtype)
+                q_pe = q[..., lora:].contiguous()
+                w = torch.randn(hq * (dn + dv), lora, generator=g, device=dev,
+                                dtype=spec.dtype) / lora ** 0.5
+                wv = w.view(hq, dn + dv, lora)
+                q = torch.cat((torch.einsum("nhd,hdc->nhc", q_nope, wv[:, :dn]), q_pe), dim=-1)
+                heads = lambda: prefill.mla_prefix_attention(q_nope, q_pe, rec, w, scale)  # noqa: E731
             k, v = spec.k(rec), spec.v(rec)
             prefill._sdpa_failed.clear()
             dense = lambda: prefill.causal_prefix_attention(q, k, v, scale)  # noqa: E731
@@ -77,6 +90,17 @@ def main(argv: list[str] | None = None) -> dict:
                    "dense_ms": None if t_dense is None else t_dense * 1e3,
                    "dense_tflops": None if t_dense is None else flops / t_dense / 1e12,
                    "error": err}
+            if heads is not None:  # MLA per head (what the engine's prefill runs), with kv_b_proj
+                try:
+                    t_heads = _median_time(heads, args.reps, sync)
+                    row["heads_ms"] = t_heads * 1e3
+                    row["heads_tflops"] = 2 * pairs * hq * (192 + 192) / t_heads / 1e12
+                    if out_d is not None:
+                        ref = torch.einsum("nhc,hvc->nhv", out_d, wv[:, dn:].float())
+                        got = heads().float()
+                        row["heads_rel_diff"] = ((got - ref).norm() / ref.norm()).item()
+                except torch.OutOfMemoryError as e:
+                    row["heads_ms"], row["heads_error"] = None, str(e)[:200]
             if not args.no_paged and p > 0 and dev.type == "cuda":
                 from ..attention.gpu import attend_gpu
                 bs = args.block_size
@@ -101,9 +125,12 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"{name:14s} chunk {n:6d} ctx {p:7d}  dense {row['dense_ms'] or float('nan'):9.2f} ms "
                   f"({row['dense_tflops'] or float('nan'):6.1f} TFLOP/s, {backend})"
                   + (f"  paged {row['paged_ms']:9.2f} ms" if row.get("paged_ms") else "")
-                  + (f"  rel diff {row['max_rel_diff']:.2e}" if "max_rel_diff" in row else ""),
+                  + (f"  rel diff {row['max_rel_diff']:.2e}" if "max_rel_diff" in row else "")
+                  + (f"  per head {row['heads_ms']:9.2f} ms ({row['heads_tflops']:6.1f} TFLOP/s "
+                     f"padded, rel diff {row.get('heads_rel_diff', float('nan')):.2e})"
+                     if row.get("heads_ms") else ""),
                   flush=True)
-            del rec, q, k, v, out_d
+            del rec, q, k, v, out_d, heads
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
     res = {**result_header("prefill", argv),

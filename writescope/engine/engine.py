@@ -215,7 +215,7 @@ class LLMEngine:
         # a prefill chunk's whole context, gathered for the dense prefill kernel: one layer of
         # up to max_model_len tokens, held twice (gathered, then joined with the chunk's records)
         act = self._activation_bytes(max_num_batched_tokens) + 2 * spec.token_bytes(1) * \
-            self.max_model_len
+            self.max_model_len + self._mla_prefill_bytes()
         #: where start-up time went (seconds): weights, page-locking CPU experts, activations
         self.build_times = {"weights_s": t1 - t0, "pin_experts_s": t2 - t1,
                             "activations_s": time.perf_counter() - t2}
@@ -334,6 +334,18 @@ class LLMEngine:
             self.cache.policy.pipelined = self.runner.pipelines
 
     # ------------------------------------------------------------------ sizing helpers
+    def _mla_prefill_bytes(self) -> int:
+        """MLA prefill attends its context per head (``models/mla.py``): the decompressed keys,
+        values (padded to the keys' width) and ``kv_b_proj``'s output of up to max_model_len
+        tokens exist at once, for one layer."""
+        from ..models.mla import decompressed_prefill
+        cfg = self.config
+        if not cfg.is_mla or not decompressed_prefill():
+            return 0
+        dk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+        per_token = cfg.num_heads * (cfg.qk_nope_head_dim + cfg.v_head_dim + 2 * dk)
+        return per_token * torch.empty(0, dtype=self.dtype).element_size() * self.max_model_len
+
     def _activation_bytes(self, max_tokens: int) -> int:
         """Activation memory of the largest step. On CUDA it is measured, as vLLM does: one
         warm-up forward of ``max_tokens`` prompt tokens (attention over themselves only), peak
@@ -358,8 +370,11 @@ class LLMEngine:
         spec, scale = self.config.kv_spec(self.dtype), self.config.softmax_scale
 
         class WarmupContext:  # attention of one long segment over itself; no cache writes
-            def attention(self, layer, q, records):
-                return causal_self_attention(q, records, spec, [q.shape[0]], scale)[0].to(q.dtype)
+            def attention(self, layer, q, records, dense=None):
+                n = q.shape[0]
+                if dense is not None and dense(0, n, records):  # MLA: per head, as in prefill
+                    return q.new_zeros(n, q.shape[1], spec.v_dim)
+                return causal_self_attention(q, records, spec, [n], scale)[0].to(q.dtype)
 
         torch.cuda.synchronize(self.device)
         before = torch.cuda.memory_allocated(self.device)

@@ -402,7 +402,8 @@ class InplaceKVCache:
             getattr(plan, side).append((r, batch))
         return plan, read, prefill
 
-    def attention(self, layer: int, q: torch.Tensor, records: torch.Tensor) -> torch.Tensor:
+    def attention(self, layer: int, q: torch.Tensor, records: torch.Tensor,
+                  dense=None) -> torch.Tensor:
         """The model's attention entry point (see ``models/base.AttentionContext``)."""
         step = self._step
         if step is None:
@@ -418,6 +419,8 @@ class InplaceKVCache:
         spec = self.spec
         for (r0, n, _), c in zip(step["prefill"], ctx):
             kv = torch.cat((c, records[r0:r0 + n].to(c.dtype)), dim=0)
+            if dense is not None and dense(r0, n, kv):
+                continue  # the model attended these rows in its own form (MLA: per head)
             out[r0:r0 + n] = causal_prefix_attention(q[r0:r0 + n], spec.k(kv), spec.v(kv),
                                                      self.scale).to(out.dtype)
         return out

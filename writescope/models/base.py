@@ -23,10 +23,15 @@ from .config import ModelConfig
 
 
 class AttentionContext(Protocol):
-    def attention(self, layer: int, q: torch.Tensor, records: torch.Tensor) -> torch.Tensor:
+    def attention(self, layer: int, q: torch.Tensor, records: torch.Tensor,
+                  dense=None) -> torch.Tensor:
         """Attention of this step's queries ``q [N, Hq, Dk]`` over each sequence's cached context
         and its own new tokens (causally); ``records [N, Hkv, R]`` are the new tokens' KV records,
-        which the context also writes to the cache. Returns ``[N, Hq, Dv]`` in ``q``'s dtype."""
+        which the context also writes to the cache. Returns ``[N, Hq, Dv]`` in ``q``'s dtype.
+        ``dense(r0, n, kv)``, if given, is offered each prefill chunk that attends its context
+        densely (rows ``r0 .. r0 + n``, ``kv [T, Hkv, R]`` the context and the chunk's own
+        records): when it returns True it has computed those rows itself, and their rows of the
+        result are left to the caller."""
 
 
 class DecoderLayer(nn.Module):

@@ -7,15 +7,29 @@ SGLang use):
 
     score_h = (q_nope_h W_UK_h) . c_kv + q_pe_h . k_pe      -> MQA over the 576-value record
     out_h   = (sum_t p_t c_kv_t) W_UV_h^T                    -> values = the record's first 512
+
+Prefill chunks are compute-bound, and there the absorbed form costs ~3x the FLOPs: the cache hands
+each chunk's gathered context back to :meth:`MLAAttention.forward` (``dense=``), which decompresses
+it with ``kv_b_proj`` and attends per head (``attention/prefill.mla_prefix_attention``, as
+transformers computes it).
 """
 from __future__ import annotations
+
+import os
 
 import torch
 from torch import nn
 
+from ..attention.prefill import mla_prefix_attention
 from ..layers.norm import RMSNorm
 from ..layers.rotary import apply_rotary
 from .config import ModelConfig
+
+
+def decompressed_prefill() -> bool:
+    """Prefill chunks attend their context per head (``WRITESCOPE_MLA_PREFILL=absorbed``: over the
+    latent, as decode does)."""
+    return os.environ.get("WRITESCOPE_MLA_PREFILL", "heads") != "absorbed"
 
 
 class MLAAttention(nn.Module):
@@ -25,6 +39,7 @@ class MLAAttention(nn.Module):
         self.nh = cfg.num_heads
         self.nope, self.rope, self.vd = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
         self.lora = cfg.kv_lora_rank
+        self.scale = cfg.softmax_scale
         qk = self.nope + self.rope
         bias = cfg.attention_bias
         if cfg.q_lora_rank is None:
@@ -39,8 +54,8 @@ class MLAAttention(nn.Module):
         self.kv_b_proj = nn.Linear(self.lora, self.nh * (self.nope + self.vd), bias=False)
         self.o_proj = nn.Linear(self.nh * self.vd, h, bias=bias)
 
-    def pre(self, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
-        """Everything before attention: absorbed queries ``[N, H, 576]`` and the new tokens'
+    def _project(self, x: torch.Tensor, rope):
+        """Queries ``q_nope [N, H, 128]``, ``q_pe [N, H, 64]`` (rope applied) and the new tokens'
         records ``[N, 1, 576]``."""
         n = x.shape[0]
         q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if self.q_lora else self.q_proj(x)
@@ -51,16 +66,42 @@ class MLAAttention(nn.Module):
         cos, sin = rope
         q_pe = apply_rotary(q_pe, cos, sin, interleaved=True)
         k_pe = apply_rotary(k_pe.view(n, 1, self.rope), cos, sin, interleaved=True)
+        return q_nope, q_pe, torch.cat((c.view(n, 1, self.lora), k_pe), dim=-1)
+
+    def _absorb(self, q_nope: torch.Tensor, q_pe: torch.Tensor) -> torch.Tensor:
         w_uk = self.kv_b_proj.weight.view(self.nh, self.nope + self.vd, self.lora)[:, :self.nope]
-        q_abs = torch.einsum("nhd,hdc->nhc", q_nope, w_uk)
-        return torch.cat((q_abs, q_pe), dim=-1), torch.cat((c.view(n, 1, self.lora), k_pe), dim=-1)
+        return torch.cat((torch.einsum("nhd,hdc->nhc", q_nope, w_uk), q_pe), dim=-1)
+
+    def pre(self, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
+        """Everything before attention: absorbed queries ``[N, H, 576]`` and the new tokens'
+        records ``[N, 1, 576]``."""
+        q_nope, q_pe, rec = self._project(x, rope)
+        return self._absorb(q_nope, q_pe), rec
+
+    def _values(self, out: torch.Tensor) -> torch.Tensor:
+        """Attention over latents ``[N, H, 512]`` -> the heads' values ``[N, H, 128]``."""
+        w_uv = self.kv_b_proj.weight.view(self.nh, self.nope + self.vd, self.lora)[:, self.nope:]
+        return torch.einsum("nhc,hvc->nhv", out, w_uv)
 
     def post(self, out: torch.Tensor) -> torch.Tensor:
         """From the attention over latents ``[N, H, 512]`` to the layer's output ``[N, hidden]``."""
-        n = out.shape[0]
-        w_uv = self.kv_b_proj.weight.view(self.nh, self.nope + self.vd, self.lora)[:, self.nope:]
-        out = torch.einsum("nhc,hvc->nhv", out, w_uv)
-        return self.o_proj(out.reshape(n, self.nh * self.vd))
+        return self.o_proj(self._values(out).reshape(out.shape[0], self.nh * self.vd))
 
     def forward(self, x: torch.Tensor, rope, ctx, layer: int) -> torch.Tensor:
-        return self.post(ctx.attention(layer, *self.pre(x, rope)))
+        q_nope, q_pe, rec = self._project(x, rope)
+        q = self._absorb(q_nope, q_pe)
+        if not decompressed_prefill():
+            return self.post(ctx.attention(layer, q, rec))
+        heads: list[tuple[int, torch.Tensor]] = []
+
+        def dense(r0: int, n: int, latent: torch.Tensor) -> bool:
+            # a prefill chunk over its context, per head (attention/prefill.py)
+            rows = slice(r0, r0 + n)
+            heads.append((r0, mla_prefix_attention(q_nope[rows], q_pe[rows], latent,
+                                                   self.kv_b_proj.weight, self.scale)))
+            return True
+
+        vals = self._values(ctx.attention(layer, q, rec, dense=dense))
+        for r0, o in heads:
+            vals[r0:r0 + o.shape[0]] = o.to(vals.dtype)
+        return self.o_proj(vals.reshape(x.shape[0], self.nh * self.vd))
