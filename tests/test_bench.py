@@ -61,6 +61,27 @@ def test_summary_geomean_over_long_contexts_only():
     assert "| m | transfer | 2.828 | 2 |" in markdown({"rows": rows, "summary": summarize(rows)})
 
 
+def test_summary_of_the_pairs_whose_spilled_kv_exceeds_the_cpu_experts_bytes():
+    """Issue 6's experts-on-CPU target is over the (batch, context) pairs whose spilled KV per
+    step exceeds the activated experts' bytes per step: the summary names them and takes the
+    geomean of writescope over the best other policy there only."""
+    rows = [_row("writescope", 4, 8192, 100), _row("transfer", 4, 8192, 100),
+            _row("writescope", 4, 131072, 30), _row("transfer", 4, 131072, 20),
+            _row("cpu", 4, 131072, 15)]
+    for r in rows:
+        big = r["context"] > 8192
+        r["spilled_kv_bytes_per_step"] = 25e9 if big else 0.0
+        r["cpu_expert_bytes_per_step"] = 13e9
+    s = summarize(rows)["m"]
+    assert s["kv_over_experts"]["pairs"] == [(4, 131072)]
+    assert s["kv_over_experts"]["geomean_vs_best_other_policy"] == pytest.approx(1.5)
+    text = markdown({"rows": rows, "summary": summarize(rows)})
+    assert "spilled KV per step exceeds the activated experts' bytes at b4 x 128k" in text
+    for r in rows:  # experts on the GPU: no such pairs
+        r["cpu_expert_bytes_per_step"] = 0.0
+    assert summarize(rows)["m"]["kv_over_experts"]["pairs"] == []
+
+
 def test_unknown_model_gives_failed_rows_and_files(tmp_path):
     spec = GridSpec(models=["no-such-model"], batches=[1], context_lengths=[64, 128],
                     decode_steps=4, policies=["transfer", "migrate"], out=str(tmp_path), device="cpu")

@@ -490,15 +490,25 @@ def warm_up(engine, vocab_size: int, seed: int, length: int, batches=()) -> None
 
 def model_terms(profile, cfg, engine, policy: str, batch: int, ctx: int, decode_steps: int,
                 static_share: float) -> dict[str, Any]:
-    """The roofline model's step time for this policy and the roofline bound (mid-decode)."""
-    if profile is None:
-        return {"model_step_s": None, "roofline_bound_s": None}
+    """The roofline model's step time for this policy and the roofline bound (mid-decode); and
+    the two byte counts issue 6's experts-on-CPU target compares: the KV that spills past G per
+    decode step, and the routed-expert weights the CPU reads per step (uniform routing)."""
     from ..planner import roofline as rl
     lengths = [ctx + decode_steps // 2] * batch
     g_tokens = float(engine.cache.layout.num_blocks[_region("G")] * engine.cache.bs)
     on_cpu = any(engine.cpu_expert_layers)
+    spilled = sum(lengths) - sum(rl.resident_tokens(lengths, g_tokens))
+    expert_params = rl.layer_param_counts(cfg, min(cfg.moe_layers))["expert"] \
+        if cfg.moe_layers else 0
+    out: dict[str, Any] = {
+        "spilled_kv_bytes_per_step": spilled * cfg.kv_bytes_per_token(engine.dtype),
+        "cpu_expert_bytes_per_step": (
+            rl.active_experts(cfg.num_experts, cfg.num_experts_per_tok, batch) * expert_params
+            * torch.empty(0, dtype=engine.dtype).element_size() * sum(engine.cpu_expert_layers))}
+    if profile is None:
+        out.update(model_step_s=None, roofline_bound_s=None)
+        return out
     pol = {"migrate": "writescope"}.get(policy, policy)
-    out: dict[str, Any] = {}
     try:
         sp = rl.plan_for_lengths(profile, cfg, lengths, g_tokens, on_cpu, pol, static_share=static_share)
         out["model_step_s"], out["model_cpu_share"] = sp.prediction.step_s, sp.cpu_share

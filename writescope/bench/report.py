@@ -4,7 +4,9 @@
   over every other policy and peer, over the (batch, context) pairs with context >= 8K where both
   ran; plus the two targets of the issue: the worst ratio of ``writescope`` to the best other
   *policy* per pair (target: never more than 3% slower) and the roofline-bound efficiency
-  (bound / measured step; target: within 15%, i.e. >= 0.85).
+  (bound / measured step; target: within 15%, i.e. >= 0.85); and, with routed experts on the
+  CPU, the same ratio over the pairs whose spilled KV per decode step exceeds the activated
+  experts' weight bytes per step (``kv_over_experts``; target: >= 1.4x, geomean).
 * :func:`write_report` -- ``results.md`` (meta, summary, one line per row, failures with their
   reasons) and per model ``throughput-<model>.png`` (decode tokens/s against context length, one
   line per policy, one panel per batch size) and ``cpu-share-<model>.png`` (the CPU's share of
@@ -61,7 +63,18 @@ def summarize(rows: list[dict[str, Any]], min_context: int = SUMMARY_MIN_CONTEXT
                 vs_best.append({"batch": b, "context": n,
                                 "ratio": ws["decode_tokens_per_s"] / max(others)})
         worst = min(vs_best, key=lambda d: d["ratio"]) if vs_best else None
+        # experts on the CPU: the pairs whose spilled KV per step exceeds the activated experts'
+        # bytes per step (issue 6: writescope >= 1.4x the best other policy there, geomean)
+        bound = []
+        for d in vs_best:
+            ws = cells[(d["batch"], d["context"])][BASE]
+            kv, ex = ws.get("spilled_kv_bytes_per_step"), ws.get("cpu_expert_bytes_per_step")
+            if kv and ex and kv > ex:
+                bound.append(d)
         out[model] = {
+            "kv_over_experts": {"pairs": [(d["batch"], d["context"]) for d in bound],
+                                "geomean_vs_best_other_policy":
+                                    geomean([d["ratio"] for d in bound])},
             "min_context": min_context, "speedup_over": speedups,
             "vs_best_other_policy": {
                 "worst": worst, "pairs": len(vs_best),
@@ -140,6 +153,14 @@ def markdown(doc: dict[str, Any]) -> str:
                            f"{s['vs_best_other_policy']['pairs']} | "
                          f"{_num(e['geomean'], '{:.3f}')}, {_num(e['min'], '{:.3f}')} | "
                          f"{e['pairs_below_0.85']} of {e['pairs']} |")
+        for model, s in summ.items():
+            k = s.get("kv_over_experts") or {}
+            if k.get("pairs"):
+                cells = ", ".join(f"b{b} x {_ctx(n)}" for b, n in k["pairs"])
+                lines.append(f"- **{model}**, experts on the CPU: spilled KV per step exceeds the "
+                             f"activated experts' bytes at {cells}; writescope / best other "
+                             f"policy there: {_num(k['geomean_vs_best_other_policy'], '{:.3f}')} "
+                             f"(geomean)")
         lines.append("")
     lines += ["## Rows", "",
               "| model | batch | context | policy | tok/s | mean ms | p50 ms | p99 ms | TTFT s | "
