@@ -35,3 +35,17 @@ def test_large_pinned_buffers_are_registered_not_rounded_up():
     assert pool.is_pinned()
     small = pinned_empty((16,), torch.float32)  # small: torch's pinned allocator
     assert small.is_pinned()
+
+
+def test_h2d_makes_device_tensors_from_host_arrays():
+    import numpy as np
+    from writescope.hostmem import h2d
+    a = h2d([3, 1, 2], "cpu", torch.long)
+    assert a.dtype == torch.long and a.tolist() == [3, 1, 2]
+    b = h2d(np.arange(4, dtype=np.int32), torch.device("cpu"))
+    assert b.dtype == torch.int32 and b.tolist() == [0, 1, 2, 3]
+    if torch.cuda.is_available():
+        src = np.arange(1000, dtype=np.int64)
+        c = h2d(src, "cuda")
+        src[:] = -1  # the copy was staged before h2d returned
+        assert c.device.type == "cuda" and c.cpu().tolist() == list(range(1000))

@@ -429,8 +429,8 @@ class HybridAttention:
         dev = self.device
         for src, cp in zip(g.sources, cpu_plans):
             src.chunks = cp.to(dev)
-        g.row_ptr = row_ptr.to(dev)
-        g.row_idx = row_idx.to(dev)
+        g.row_ptr = row_ptr.to(dev, non_blocking=True)  # (pageable: staged before it returns)
+        g.row_idx = row_idx.to(dev, non_blocking=True)
 
     # ------------------------------------------------------------------------------------------
     def attend(self, layer: int, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -6,6 +6,7 @@ import time
 import torch
 
 from ..core import StepBatch
+from ..hostmem import h2d
 from ..kvcache.cache import InplaceKVCache
 from ..layers.cpu_experts import raise_pending_errors
 from ..layers.sampler import Sampler
@@ -51,8 +52,8 @@ class ModelRunner:
             row += s.num_new
             if s.sample:
                 last_rows.append(row - 1)
-        input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
-        positions = torch.tensor(pos, dtype=torch.long, device=self.device)
+        input_ids = h2d(ids, self.device, torch.long)
+        positions = h2d(pos, self.device, torch.long)
         t0 = time.perf_counter()
         decode = all(s.num_new == 1 for s in batch.seqs)
         graphed = decode and self.graphs is not None and self.graphs.wants(len(ids))
@@ -66,7 +67,7 @@ class ModelRunner:
                 hidden = self.model(input_ids, positions, self.cache)
             sampled = [s for s in batch.seqs if s.sample]
             if sampled:
-                hidden = hidden[torch.tensor(last_rows, device=self.device)]
+                hidden = hidden[h2d(last_rows, self.device, torch.long)]
                 logits = self.model.compute_logits(hidden)
             t1 = time.perf_counter()
             self.cache.end_step()  # waits for the device

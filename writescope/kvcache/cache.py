@@ -38,6 +38,7 @@ from ..attention.merge import merge
 from ..attention.prefill import causal_prefix_attention
 from ..attention.selfattn import causal_self_attention
 from ..core import RequestTooLargeError
+from ..hostmem import h2d
 from .context import ContextPlan, gather_context
 from .placement import CacheCapacity, PlacementPolicy, SeqKV
 from .pools import BlockAllocator, ExtentAllocator, KVCacheError, allocate_pool
@@ -282,11 +283,11 @@ class InplaceKVCache:
             row0 += n
         plan, read_tokens, prefill = self._build_plan(work)
         dev = self.device
-        as_idx = lambda a: torch.as_tensor(np.concatenate(a) if a else np.zeros(0, np.int64),
-                                           dtype=torch.long, device=dev)
+        as_idx = lambda a: h2d(np.concatenate(a) if a else np.zeros(0, np.int64), dev,  # noqa: E731
+                               torch.long)
         step = {
             "work": work, "seg_lens": seg_lens, "new_blocks": new_blocks,
-            "tail_src": torch.as_tensor(tail_src, dtype=torch.long, device=dev),
+            "tail_src": h2d(tail_src, dev, torch.long),
             "block_src": as_idx(block_src), "w_dst": as_idx(w_dst), "w_src": as_idx(w_src),
             "read_tokens": read_tokens, "t0": time.perf_counter(),
             # (first row, rows, context) of each sequence attended by the dense prefill kernel;
@@ -298,9 +299,9 @@ class InplaceKVCache:
         for r in (Region.G, Region.T, Region.C):
             sel = [i for i, nb in enumerate(new_blocks) if nb[2] is r]
             if sel:
-                by_region[r] = (torch.as_tensor(sel, dtype=torch.long, device=dev),
-                                torch.as_tensor([new_blocks[i][3] for i in sel], dtype=torch.long,
-                                                device=self.pools[r].device))
+                by_region[r] = (h2d(sel, dev, torch.long),
+                                h2d([new_blocks[i][3] for i in sel], self.pools[r].device,
+                                    torch.long))
         step["by_region"] = by_region
         step["groups"] = _pipeline_groups(work, plan) if pipeline else None
         step["group_records"] = {}
@@ -396,7 +397,7 @@ class InplaceKVCache:
                 continue
             ki = np.concatenate(([0], np.cumsum([b.size for b in blocks]))).astype(np.int32)
             dev = self.device if side == "gpu" else torch.device("cpu")
-            batch = BlockBatch(*(torch.as_tensor(a, device=dev) for a in
+            batch = BlockBatch(*(h2d(a, dev) for a in
                                  (qi, ki, np.concatenate(blocks).astype(np.int32),
                                   np.concatenate(lens).astype(np.int32))))
             getattr(plan, side).append((r, batch))

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ..attention.batch import BlockBatch
+from ..hostmem import h2d
 from .regions import Region, from_cpu_layout
 from .table import REGION_CODES
 
@@ -44,8 +45,7 @@ class ContextPlan:
         g = t_runs = c = None
         sel = np.flatnonzero(codes == REGION_CODES[Region.G])
         if sel.size:
-            g = (torch.as_tensor(sel, dtype=torch.long, device=device),
-                 torch.as_tensor(ids[sel], dtype=torch.long, device=device))
+            g = (h2d(sel, device, torch.long), h2d(ids[sel], device, torch.long))
         sel = np.flatnonzero(codes == REGION_CODES[Region.T])
         t_runs = []
         if sel.size:
@@ -59,7 +59,7 @@ class ContextPlan:
         if sel.size:
             cid = ids[sel].astype(np.int32)
             batch = BlockBatch.build([1], [cid.tolist()], [[bs] * sel.size])
-            c = (torch.as_tensor(sel, dtype=torch.long, device=device), batch,
+            c = (h2d(sel, device, torch.long), batch,
                  torch.as_tensor(cid, dtype=torch.long))
         return cls(int(codes.size) * bs + tail, g, t_runs, c, w_slot, tail)
 
