@@ -189,6 +189,58 @@ print("ok")
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
 
 
+REDUCE_CODE = r"""
+import torch
+from writescope.attention import gpu as G
+from writescope.attention.merge import merge, merge_many
+torch.manual_seed(0)
+# rows with 0, 1, 3 and 70 partials (the last: one long sequence's split-K), heads 16 x 40 values
+counts = [0, 1, 3, 70]
+nq, hq, dv = len(counts), 16, 40
+P = sum(counts) + 5
+po, pl = torch.randn(P, hq, dv), torch.randn(P, hq) * 3
+pl[2, 3] = float("-inf"); po[2, 3] = 0.0  # an empty partial
+perm = torch.randperm(P)[:sum(counts)]
+ptr = torch.tensor([0] + list(torch.tensor(counts).cumsum(0)), dtype=torch.int32)
+xo, xl = torch.randn(nq, hq, dv), torch.randn(nq, hq)
+xl[1] = float("-inf")
+for cfg in (None, G.ReduceConfig(1, 16, 32), G.ReduceConfig(4, 64, 8), G.ReduceConfig(2, 32, 16)):
+    for extra in (None, (xo, xl)):
+        out, lse = torch.empty(nq, hq, dv), torch.empty(nq, hq)
+        G.launch_reduce(po, pl, ptr, perm, out, lse, extra, cfg)
+        for r in range(nq):
+            parts = [(po[int(i)], pl[int(i)]) for i in perm[int(ptr[r]):int(ptr[r + 1])]]
+            if extra is not None:
+                parts.append((xo[r], xl[r]))
+            if not parts:
+                assert bool(torch.isneginf(lse[r]).all()) and not bool(out[r].any())
+                continue
+            ro, rl = merge_many(parts)
+            fin = torch.isfinite(rl)
+            assert torch.equal(torch.isfinite(lse[r]), fin), (cfg, r)
+            assert torch.allclose(lse[r][fin], rl[fin], atol=1e-5), (cfg, r)
+            assert torch.allclose(out[r][fin], ro[fin], atol=1e-5), (cfg, r)
+assert G.reduce_config(1, 16, 512) == G.ReduceConfig(1, 32, 32)
+assert G.reduce_config(512, 32, 128) == G.ReduceConfig(4, 64, 8)
+print("ok")
+"""
+
+
+def test_merge_kernel_under_interpreter():
+    """The split-K merge kernel (one online pass; narrow tiles for few rows) against
+    :func:`merge_many`, with empty rows, empty partials and an extra (CPU-side) partial."""
+    pytest.importorskip("triton")
+    why = interpreter_runs_loaded_loops()
+    if why is not None:
+        pytest.skip(f"Triton's interpreter cannot run data-bounded loops here: {why}")
+    env = dict(os.environ, TRITON_INTERPRET="1",
+               PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-c", REDUCE_CODE], env=env, capture_output=True,
+                       text=True, timeout=300,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
+
+
 @pytest.mark.parametrize("spec,hq", [(GQA, 4), (MLA, 4)])
 @pytest.mark.parametrize("piece_blocks", [1, 3, 1000])
 def test_gpu_side_reads_c_blocks_through_gather(spec, hq, piece_blocks):

@@ -8,10 +8,12 @@ Split-KV ("flash-decoding") in two launches, planned once per step and run per l
    shares every K/V tile it loads; MLA: one "KV head", all 16 query heads share each latent
    row, and V is the first ``v_dim`` values of the same tile, loaded once). It streams the
    chunk's tokens through an online softmax and writes a partial ``(out, lse)`` per row.
-2. :func:`launch_reduce` -- one program per (query row, head tile): merges every partial of that
-   row (from any number of launches: G, W, staged T pieces) plus, optionally, one extra partial
-   that is already merged (the CPU side's, read in place from pinned host memory), by the
-   log-sum-exp rule of :mod:`writescope.attention.merge`.
+2. :func:`launch_reduce` -- one program per (query row, head tile, value tile): merges every
+   partial of that row (from any number of launches: G, W, staged T pieces) plus, optionally,
+   one extra partial that is already merged (the CPU side's, read in place from pinned host
+   memory), by the log-sum-exp rule of :mod:`writescope.attention.merge`, in one online pass.
+   Narrower tiles when the batch has few rows (:func:`reduce_config`): a 256K-token sequence
+   leaves hundreds of partials per row.
 
 No causal mask (the blocks are cached context) and small query counts per sequence (decode,
 speculative rows: up to a few tens) are the target; larger counts tile over rows.
@@ -259,7 +261,9 @@ def _kernels():
     def reduce_kernel(P_OUT, P_LSE, ROW_PTR, ROW_IDX, X_OUT, X_LSE, OUT, LSE,
                       HQ: tl.constexpr, DV: tl.constexpr, BLOCK_H: tl.constexpr,
                       BLOCK_DV: tl.constexpr, BLOCK_E: tl.constexpr, HAS_X: tl.constexpr):
-        # one program per (query row, head tile, value tile); BLOCK_E partials loaded at once
+        # one program per (query row, head tile, value tile); one pass over the row's partials,
+        # BLOCK_E at a time, with a running maximum (online log-sum-exp): the partial loads of
+        # one step do not wait for a previous pass over the LSEs
         row = tl.program_id(0)
         hh = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
         dv = tl.program_id(2) * BLOCK_DV + tl.arange(0, BLOCK_DV)
@@ -269,16 +273,6 @@ def _kernels():
         e1 = tl.load(ROW_PTR + row + 1)
         xr = row.to(tl.int64) * HQ + hh
         m = tl.full([BLOCK_H], -1.0e30, dtype=tl.float32)
-        for e in range(e0, e1, BLOCK_E):
-            ee = e + tl.arange(0, BLOCK_E)
-            em = ee < e1
-            pr = tl.load(ROW_IDX + ee, mask=em, other=0)
-            lp = tl.load(P_LSE + pr[:, None] * HQ + hh[None, :], mask=em[:, None] & hm[None, :],
-                         other=float("-inf"))
-            m = tl.maximum(m, tl.max(lp, 0))
-        if HAS_X:
-            lx = tl.load(X_LSE + xr, mask=hm, other=float("-inf"))
-            m = tl.maximum(m, lx)
         acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
         ssum = tl.zeros([BLOCK_H], dtype=tl.float32)
         for e in range(e0, e1, BLOCK_E):
@@ -288,17 +282,24 @@ def _kernels():
             prh = pr[:, None] * HQ + hh[None, :]
             mk = em[:, None] & hm[None, :]
             lp = tl.load(P_LSE + prh, mask=mk, other=float("-inf"))
-            w = tl.exp(lp - m[None, :])
             op = tl.load(P_OUT + prh[:, :, None] * DV + dv[None, None, :],
                          mask=mk[:, :, None] & dm[None, None, :], other=0.0)
-            acc += tl.sum(op * w[:, :, None], 0)
-            ssum += tl.sum(w, 0)
+            m_new = tl.maximum(m, tl.max(lp, 0))
+            a = tl.exp(m - m_new)
+            w = tl.exp(lp - m_new[None, :])
+            acc = acc * a[:, None] + tl.sum(op * w[:, :, None], 0)
+            ssum = ssum * a + tl.sum(w, 0)
+            m = m_new
         if HAS_X:
-            w = tl.exp(lx - m)
+            lx = tl.load(X_LSE + xr, mask=hm, other=float("-inf"))
             op = tl.load(X_OUT + xr[:, None] * DV + dv[None, :], mask=hm[:, None] & dm[None, :],
                          other=0.0)
-            acc += op * w[:, None]
-            ssum += w
+            m_new = tl.maximum(m, lx)
+            a = tl.exp(m - m_new)
+            w = tl.exp(lx - m_new)
+            acc = acc * a[:, None] + op * w[:, None]
+            ssum = ssum * a + w
+            m = m_new
         has = ssum > 0
         out = acc / tl.where(has, ssum, 1.0)[:, None]
         lse = tl.where(has, m + tl.log(tl.where(has, ssum, 1.0)), float("-inf"))
@@ -370,21 +371,44 @@ def launch_partials(q: torch.Tensor, kv: torch.Tensor, spec: KVSpec, plan: Chunk
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
+@dataclass(frozen=True)
+class ReduceConfig:
+    block_h: int
+    block_dv: int
+    block_e: int
+
+
+def reduce_config(nq: int, hq: int, dv: int, target_programs: int = TARGET_PROGRAMS) -> ReduceConfig:
+    """Tiles for the merge: 4 heads x 64 values when the batch has rows enough to fill the GPU;
+    for a few rows (one long sequence: hundreds of partials per row) narrower tiles, so that
+    more programs share the partials' reads, each loading more partials per step."""
+    bh, bd = min(4, _next_pow2(hq)), min(64, max(16, _next_pow2(dv)))
+
+    def programs(h: int, d: int) -> int:
+        return nq * triton_cdiv(hq, h) * triton_cdiv(dv, d)
+    while programs(bh, bd) < target_programs and bd > 32:
+        bd //= 2
+    while programs(bh, bd) < target_programs and bh > 1:
+        bh //= 2
+    be = max(8, min(32, 2048 // (bh * bd)))
+    return ReduceConfig(bh, bd, be)
+
+
 def launch_reduce(part_out: torch.Tensor, part_lse: torch.Tensor, row_indptr: torch.Tensor,
                   row_idx: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                  extra: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+                  extra: tuple[torch.Tensor, torch.Tensor] | None = None,
+                  config: ReduceConfig | None = None) -> None:
     """Merge every row's partials (and ``extra``, a merged partial per row) into ``out``/``lse``."""
     _, reduce_kernel = _kernels()
     nq, hq, dv = out.shape
     if nq == 0:
         return
-    block_dv = min(64, max(16, _next_pow2(dv)))
-    block_h = min(4, _next_pow2(hq))
+    c = config or reduce_config(nq, hq, dv)
     xo, xl = extra if extra is not None else (out, lse)
-    reduce_kernel[(nq, triton_cdiv(hq, block_h), triton_cdiv(dv, block_dv))](
+    reduce_kernel[(nq, triton_cdiv(hq, c.block_h), triton_cdiv(dv, c.block_dv))](
         part_out, part_lse, row_indptr, row_idx, xo, xl, out, lse,
-        HQ=hq, DV=dv, BLOCK_H=block_h, BLOCK_DV=block_dv, BLOCK_E=8, HAS_X=extra is not None,
-        num_warps=4)
+        HQ=hq, DV=dv, BLOCK_H=c.block_h, BLOCK_DV=c.block_dv, BLOCK_E=c.block_e,
+        HAS_X=extra is not None, num_warps=4)
 
 
 def triton_cdiv(a: int, b: int) -> int:

@@ -290,8 +290,9 @@ def bench_resident(shape: str, batch: str, dev, reps: int) -> dict:
     auto = G.choose_chunk_blocks(nseq * nb, spec.num_kv_heads)
     dflt = G.default_config(spec, hq // spec.num_kv_heads, 1)
     cfgs = [dflt] + [c for c in CONFIGS[shape] if c != dflt]
-    variants = [(cb, dflt) for cb in sorted({auto, 16, 32, 64})]
-    variants += [(32, c) for c in cfgs[1:]]
+    # chunk sizes with the default tiles, then the other tiles at the default chunk size
+    variants = [(cb, dflt) for cb in sorted({auto, 4, 8, 16, 32, 64})]
+    variants += [(auto, c) for c in cfgs[1:]]
     best = None
     plans = {}
     for cb, cfg in variants:
@@ -319,6 +320,9 @@ def bench_resident(shape: str, batch: str, dev, reps: int) -> dict:
         t = _events_time(run, reps)
         gbps = pool.numel() * pool.element_size() / t / 1e9
         res[f"chunk{cb}/{_cfg_name(cfg)}"] = {"s": t, "GBps": gbps}
+        if cfg == dflt:  # the merge's part of it (it reads and writes the partials)
+            res[f"chunk{cb}/{_cfg_name(cfg)}"]["reduce_s"] = _events_time(
+                lambda: G.launch_reduce(po, pl, rp, ri, out, lse), reps)
         if best is None or gbps > best[1]:
             best = (f"chunk{cb}/{_cfg_name(cfg)}", gbps, t)
     dkey = f"chunk{auto}/{_cfg_name(dflt)}"

@@ -60,13 +60,15 @@
 #else
 #define T_CFG(p) _tile_loadconfig(p)
 #define T_LOAD(t, p, s) _tile_loadd(t, p, s)
-#define T_STORE(t, p, s) _tile_stored(t, p, s)
+#define T_STORE(t, p, s) do { _tile_stored(t, p, s); T_FENCE(); } while (0)
 #define T_ZERO(t) _tile_zero(t)
 #define T_DP(c, a, b) _tile_dpbf16ps(c, a, b)
 #define T_RELEASE() _tile_release()
 #endif
 // GCC's _tile_loadd / _tile_loadconfig asm declares no memory input beyond the pointer (or 8
-// bytes): a compiler barrier after vector stores whose data a tile load (or LDTILECFG) reads.
+// bytes): a compiler barrier after vector stores whose data a tile load (or LDTILECFG) reads
+// (GCC 12 deletes a config's stores without it, and LDTILECFG faults), and after every tile
+// store (its asm declares no memory output: later vector reads could be hoisted above it).
 #define T_FENCE() __asm__ volatile("" ::: "memory")
 
 namespace {

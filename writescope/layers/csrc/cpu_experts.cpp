@@ -271,6 +271,12 @@ static inline void tile_tokens(const KernSel& sel, const void* W, int Kp, const 
 // A = 16 token rows x 32 bf16, B = one 1 KB packed tile chunk (16 k-pairs x 16 rows x 2).
 // --------------------------------------------------------------------------------------------
 #ifdef WS_X86
+// GCC's tile intrinsics are asm statements that declare no memory operands beyond a pointer: a
+// compiler barrier before LDTILECFG / TILELOADD (so the stores they read are not dropped or sunk
+// past them: GCC 12 deleted the config's row and column stores, and LDTILECFG then faulted on the
+// garbage) and after TILESTORED (so later reads of the output are not hoisted above it).
+#define WS_FENCE() __asm__ volatile("" ::: "memory")
+
 struct alignas(64) TileConfig {
   uint8_t palette_id;
   uint8_t start_row;
@@ -287,6 +293,7 @@ __attribute__((target("amx-tile"))) static void amx_thread_config() {
     cfg.rows[i] = 16;
     cfg.colsb[i] = 64;
   }
+  WS_FENCE();
   _tile_loadconfig(&cfg);
 }
 
@@ -296,6 +303,7 @@ __attribute__((target("amx-tile"))) static void amx_thread_release() { _tile_rel
 __attribute__((target("amx-tile,amx-bf16"))) static void amx_gate_up(const bf16_t* Wg, const bf16_t* Wu,
                                                                    int Kp, const bf16_t* X, long ldx,
                                                                    float* G, float* U) {
+  WS_FENCE();
   _tile_zero(0);
   _tile_zero(1);
   for (int kc = 0; kc < Kp / 32; ++kc) {
@@ -307,11 +315,13 @@ __attribute__((target("amx-tile,amx-bf16"))) static void amx_gate_up(const bf16_
   }
   _tile_stored(0, G, 64);
   _tile_stored(1, U, 64);
+  WS_FENCE();
 }
 
 __attribute__((target("amx-tile,amx-bf16"))) static void amx_tile(const bf16_t* W, int Kp,
                                                                 const bf16_t* X, long ldx,
                                                                 float* Y) {
+  WS_FENCE();
   _tile_zero(0);
   for (int kc = 0; kc < Kp / 32; ++kc) {
     _tile_loadd(2, X + kc * 32, ldx * 2);
@@ -319,6 +329,7 @@ __attribute__((target("amx-tile,amx-bf16"))) static void amx_tile(const bf16_t* 
     _tile_dpbf16ps(0, 2, 3);
   }
   _tile_stored(0, Y, 64);
+  WS_FENCE();
 }
 #endif
 
