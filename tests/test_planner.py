@@ -285,6 +285,29 @@ def test_writescope_never_predicted_slower_than_baselines():
                                              static_share=0.3).prediction.step_s * (1 + 1e-9)
 
 
+def test_bound_counts_cpu_experts_against_the_cpu_read():
+    """With routed experts on the CPU, the bound cannot serve spilled KV at the CPU's full read
+    rate as well: the experts' bytes share it (Qwen3-30B-A3B 4 x 128K under 32 GiB)."""
+    cfg = ModelConfig.from_hf("qwen3-30b-a3b")
+    prof = h200_like()
+    lens = [131072] * 4
+    g = rl.gpu_kv_capacity_tokens(cfg, 32 * 2 ** 30, True)
+    bound = rl.roofline_bound_s(prof, cfg, lens, g, True)
+    spilled = sum(lens) - sum(rl.resident_tokens(lens, g))
+    kv = spilled * rl.kv_bytes_per_token_layer(cfg) * cfg.num_layers
+    exp = sum(rl.active_experts(cfg.num_experts, cfg.num_experts_per_tok, 4)
+              * rl.layer_param_counts(cfg, i)["expert"] * rl.WEIGHT_BYTES
+              for i in range(cfg.num_layers))
+    both = (kv + exp) / (prof.concurrent_h2d_Bps + prof.concurrent_cpu_read_Bps)
+    assert bound >= both * (1 - 1e-9)  # both reads through the two paths at their ceilings
+    assert bound < both * 1.1          # ... and not much more (dense weights overlap)
+    for pol in ("writescope", "transfer", "cpu", "static"):
+        step = rl.plan_for_lengths(prof, cfg, lens, g, True, pol).prediction.step_s
+        assert bound <= step * (1 + 1e-9), pol
+    # no KV spilled: the experts alone, at the CPU's solo read rate
+    assert rl.roofline_bound_s(prof, cfg, [1024] * 4, g, True) >= exp / prof.cpu_read_Bps
+
+
 # ----------------------------------------------------------------------------- placement
 def policy(cfg=None, prof=None, **kw) -> WriteScopePolicy:
     kw.setdefault("verify_steps", 0)  # placement tests: steer from the first block

@@ -101,6 +101,8 @@ def test_calibrate_command_writes_a_usable_profile(tmp_path, tiny_sizes, monkeyp
     cfg = tiny_cfg()
     monkeypatch.setattr(ModelConfig, "from_hf", classmethod(lambda cls, src: cfg))
     out = tmp_path / "prof.json"
+    from writescope.attention import cpu
+    before = cpu.current_isa_setting()
     assert cli.main(["calibrate", "--quick", "--out", str(out), "--model", "tiny"]) == 0
     p = HardwareProfile.load(out)
     assert p.quick and p.cpu_read_Bps > 0 and p.cpu_roundtrip_s > 0
@@ -109,10 +111,9 @@ def test_calibrate_command_writes_a_usable_profile(tmp_path, tiny_sizes, monkeyp
     assert p.device_attn[fam] > 0 and p.cpu_expert["h64-i32"] > 0
     import torch
     assert p.has_gpu == torch.cuda.is_available()
-    from writescope.attention import cpu
     if cpu.available():  # the fastest variant this CPU has, chosen by timing
         assert p.cpu_attn_isa[fam] in cpu.isas()
-        assert cpu.current_isa_setting() == "auto"  # calibration leaves the setting as it was
+        assert cpu.current_isa_setting() == before  # calibration leaves the setting as it was
 
 
 def test_engine_uses_the_calibrated_cpu_variant(tmp_path, tiny_qwen3_moe, monkeypatch):
@@ -128,6 +129,7 @@ def test_engine_uses_the_calibrated_cpu_variant(tmp_path, tiny_qwen3_moe, monkey
     path = tmp_path / "p.json"
     prof.save(path)
     monkeypatch.delenv("WRITESCOPE_CPU_ATTN_ISA", raising=False)
+    cpu.set_isa("auto")  # no user choice (an earlier test may have left one)
     try:
         llm = LLM(str(tiny_qwen3_moe), device="cpu", dtype="float32", profile=str(path),
                   max_model_len=256)

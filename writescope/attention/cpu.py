@@ -43,6 +43,7 @@ from .torch_paged import attend_torch
 
 __all__ = ["attend_cpu", "CpuAttentionPlan", "CpuJobQueue", "current_isa_setting", "available",
            "set_num_threads", "get_num_threads", "reserve_cores", "set_isa", "get_isa", "isas",
+           "set_prefetch_blocks", "get_prefetch_blocks",
            "features", "read_bandwidth"]
 
 _CSRC = Path(__file__).with_name("csrc")
@@ -62,6 +63,8 @@ _amx_ok = False
 _threads: int | None = None
 _reserved = 0
 _isa = os.environ.get("WRITESCOPE_CPU_ATTN_ISA", "auto")
+_prefetch_blocks = int(os.environ.get("WRITESCOPE_CPU_ATTN_PREFETCH_BLOCKS", "1"))
+_isa_from_profile = False  # the setting is an engine's choice from its profile, not the user's
 
 
 def _build_dir(extra_flags: tuple[str, ...] = ()) -> Path:
@@ -125,6 +128,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ws_cpu_features.restype = i
     lib.ws_amx_request.restype = i
     lib.ws_default_threads.restype = i
+    lib.ws_set_prefetch_blocks.restype = None
+    lib.ws_set_prefetch_blocks.argtypes = [i]
     lib.ws_read_seconds.restype = ctypes.c_double
     lib.ws_read_seconds.argtypes = [p, i64, i, i, ctypes.POINTER(ctypes.c_double)]
     return lib
@@ -159,6 +164,7 @@ def _load() -> ctypes.CDLL | None:
                 _amx_ok = lib.ws_amx_request() == 0
             if not _features & _F_AVX2:
                 raise RuntimeError("the CPU lacks AVX2+FMA")
+            lib.ws_set_prefetch_blocks(_prefetch_blocks)
             _lib = lib
         except Exception as e:  # no compiler, failed build, unsupported CPU: torch fallback
             _load_error = f"{type(e).__name__}: {e}"
@@ -192,17 +198,41 @@ def isas() -> list[str]:
     return [k for k in ("avx2", "avx512", "avx512bf16", "amx") if have[k]] if available() else []
 
 
-def set_isa(isa: str) -> None:
-    """``auto``, or force one of :func:`isas` (tests and benchmarks)."""
-    global _isa
+def set_isa(isa: str, *, from_profile: bool = False) -> None:
+    """``auto``, or force one of :func:`isas` (tests and benchmarks). ``from_profile``: an
+    engine applies its profile's measured fastest variant; a later engine may apply its own."""
+    global _isa, _isa_from_profile
     if isa != "auto" and isa not in _ISA_CODE:
         raise ValueError(f"unknown ISA {isa!r}")
     _isa = isa
+    _isa_from_profile = from_profile and isa != "auto"
+
+
+def set_prefetch_blocks(n: int) -> None:
+    """How many blocks ahead of its reads the AMX kernel's software prefetch into L2 may run
+    (default 1, or ``WRITESCOPE_CPU_ATTN_PREFETCH_BLOCKS``): farther hides more DRAM latency
+    when many cores stream at once, at the cost of L2 room."""
+    global _prefetch_blocks
+    if int(n) < 1:
+        raise ValueError("prefetch distance must be >= 1 block")
+    _prefetch_blocks = int(n)
+    if _lib is not None:
+        _lib.ws_set_prefetch_blocks(_prefetch_blocks)
+
+
+def get_prefetch_blocks() -> int:
+    return _prefetch_blocks
 
 
 def current_isa_setting() -> str:
     """What :func:`set_isa` last set (``auto`` by default)."""
     return _isa
+
+
+def isa_chosen_by_user() -> bool:
+    """Whether a variant was forced by ``WRITESCOPE_CPU_ATTN_ISA`` or :func:`set_isa` (not by an
+    engine's profile): engines then leave it alone."""
+    return _isa != "auto" and not _isa_from_profile
 
 
 def get_isa(dtype: torch.dtype = torch.bfloat16) -> str:

@@ -121,10 +121,11 @@ def bench_shape(name: str, batch: int, length: int, reps: int, torch_reps: int, 
     row["kernel_gbps"] = kv_bytes / t / 1e9
     if variants:
         by = {}
+        prev = cpu.current_isa_setting()
         for v in cpu.isas():
             cpu.set_isa(v)
             by[v] = kv_bytes / _time(lambda: cpu.attend_cpu(q, pool, "cpu", spec, bb, scale), reps) / 1e9
-        cpu.set_isa("auto")
+        cpu.set_isa(prev)
         row["kernel_gbps_by_isa"] = by
     ref = attend_torch(q, pool, "cpu", spec, bb, scale)
     out = cpu.attend_cpu(q, pool, "cpu", spec, bb, scale)

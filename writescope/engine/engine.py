@@ -395,11 +395,11 @@ class LLMEngine:
         from ..attention import cpu as cpu_attn
         from ..planner.roofline import attn_family
         isa = (getattr(self.profile, "cpu_attn_isa", None) or {}).get(attn_family(self.config))
-        if (not isa or cpu_attn.current_isa_setting() != "auto"
+        if (not isa or cpu_attn.isa_chosen_by_user()
                 or os.environ.get("WRITESCOPE_CPU_ATTN_ISA", "auto") != "auto"
                 or not cpu_attn.available() or isa not in cpu_attn.isas()):
             return None
-        cpu_attn.set_isa(isa)
+        cpu_attn.set_isa(isa, from_profile=True)
         return isa
 
     @staticmethod

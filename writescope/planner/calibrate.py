@@ -136,12 +136,12 @@ def cpu_attention_rates(cfgs: Iterable[ModelConfig], kv_bytes: int, reps: int, l
 def _variant(isa: str):
     """Run the compiled CPU attention kernel as one variant for a while."""
     from ..attention import cpu
-    old = cpu.current_isa_setting()
+    old, by_user = cpu.current_isa_setting(), cpu.isa_chosen_by_user()
     cpu.set_isa(isa)
     try:
         yield
     finally:
-        cpu.set_isa(old)
+        cpu.set_isa(old, from_profile=not by_user)
 
 
 def _fastest_variant(run, reps: int, fam: str, log) -> tuple[str | None, float]:

@@ -419,28 +419,54 @@ def gpu_kv_capacity_tokens(cfg: "ModelConfig", vram_budget: int | None, experts_
     return max(0.0, free / (kv_bytes_per_token_layer(cfg) * cfg.num_layers))
 
 
+def _host_io_s(profile: "HardwareProfile", kv: float, cpu_expert: float) -> float:
+    """Least time for the host's two read paths to serve ``kv`` spilled bytes while the CPU also
+    reads ``cpu_expert`` bytes of routed experts: the CPU takes a share x of the KV, the link the
+    rest. With both busy, each runs at its concurrent ceiling (the optimum balances them, or gives
+    the CPU no KV when the experts alone outlast the link); the CPU alone (x = 1) or the link
+    alone (no experts, x = 0) run at their solo ceilings."""
+    c_solo = profile.cpu_read_Bps
+    h_solo = profile.h2d_pinned_Bps
+    c = profile.concurrent_cpu_read_Bps or c_solo
+    h = profile.concurrent_h2d_Bps or h_solo
+    if kv <= 0:
+        return cpu_expert / c_solo
+    both = max((cpu_expert + kv) / (c + h), cpu_expert / c)
+    cpu_only = (cpu_expert + kv) / c_solo
+    best = min(both, cpu_only)
+    if cpu_expert <= 0:
+        best = min(best, kv / h_solo)
+    return best
+
+
 def roofline_bound_s(profile: "HardwareProfile", cfg: "ModelConfig", lengths: Sequence[int],
                      gpu_kv_tokens: float, experts_on_cpu: bool) -> float:
-    """A lower bound on step time: spilled KV read at the *sum* of the concurrent H2D and CPU
-    DRAM read ceilings (no kernel inefficiency, no fixed costs), overlapped perfectly with the
-    rest of the layer, which keeps only its weight reads (dense, experts)."""
+    """A lower bound on step time, per layer the larger of two resources' times, each at its
+    measured ceiling with no kernel inefficiency, fixed cost or dependency between them:
+
+    * the GPU reads the layer's dense weights, its routed experts when they are on the GPU, and
+      the resident KV from HBM;
+    * the host serves the spilled KV over the link and the CPU's DRAM read, shared with the
+      routed experts' weights when they are on the CPU (:func:`_host_io_s`) -- the CPU cannot
+      read experts and attend KV at full speed at once.
+
+    Without a GPU one processor reads everything, one thing after another."""
     res = sum(resident_tokens(lengths, gpu_kv_tokens))
     spilled = sum(lengths) - res
     kvb = kv_bytes_per_token_layer(cfg)
-    if profile.has_gpu:
-        host = ((profile.concurrent_h2d_Bps or profile.h2d_pinned_Bps)
-                + (profile.concurrent_cpu_read_Bps or profile.cpu_read_Bps))
-    else:
-        host = profile.cpu_read_Bps
     b = len(lengths)
     total = 0.0
     for i in range(cfg.num_layers):
         p = layer_param_counts(cfg, i)
         exp = active_experts(cfg.num_experts, cfg.num_experts_per_tok, b) * p["expert"] * WEIGHT_BYTES
         weights = (p["attn"] + p["mlp"]) * WEIGHT_BYTES / profile.weight_read_Bps
-        exp_s = exp / (profile.cpu_read_Bps if experts_on_cpu else profile.weight_read_Bps)
-        kv_s = spilled * kvb / host + res * kvb / profile.weight_read_Bps
-        total += max(weights + exp_s, kv_s) if profile.has_gpu else weights + exp_s + kv_s
+        if not profile.has_gpu:
+            total += weights + (exp + (spilled + res) * kvb) / profile.cpu_read_Bps
+            continue
+        gpu = weights + (0.0 if experts_on_cpu else exp / profile.weight_read_Bps) \
+            + res * kvb / profile.weight_read_Bps
+        host = _host_io_s(profile, spilled * kvb, exp if experts_on_cpu else 0.0)
+        total += max(gpu, host)
     return total + cfg.vocab_size * cfg.hidden_size * WEIGHT_BYTES / profile.weight_read_Bps
 
 

@@ -284,6 +284,7 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
         for (int j = 0; j < 2; ++j) sidx_a[j][h] = h < 8 ? 2 * h + j : 16 + 2 * (h - 8) + j;
     const __m512i sidx0 = _mm512_load_si512((const void*)sidx_a[0]), sidx1 = _mm512_load_si512((const void*)sidx_a[1]);
 
+    const int ahead = ws_prefetch_blocks();  // blocks the prefetch may run ahead of the reads
     ItemPf pf{a, it, WsPf{}, 1, 1, 0};
     pf.cur.total = pf.cur.next = 0;
     for (int b0 = 0; b0 < it->nblocks;) {
@@ -337,7 +338,7 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
             if (gpu) {
                 for (int i0 = 0; i0 < nt; i0 += 4) {
                     const int nb = nt - i0 < 4 ? nt - i0 : 4;
-                    if (mc == 0) ipf_retarget(pf, gblk[i0 + nb - 1] + 2, nK);
+                    if (mc == 0) ipf_retarget(pf, gblk[i0 + nb - 1] + 1 + ahead, nK);
                     const uint16_t* s0 = gsrc[i0] + a->k_off;
                     const uint16_t* s1 = nb > 1 ? gsrc[i0 + 1] + a->k_off : s0;
                     const uint16_t* s2 = nb > 2 ? gsrc[i0 + 2] + a->k_off : s0;
@@ -392,7 +393,7 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
             } else if (mp > 8) {  // two 8-row B tiles, two groups per step
                 for (int g0 = 0; g0 < nt; g0 += 2) {
                     const int two = nt - g0 > 1;
-                    if (mc == 0) ipf_retarget(pf, gblk[g0 + two] + 2, nK);
+                    if (mc == 0) ipf_retarget(pf, gblk[g0 + two] + 1 + ahead, nK);
                     const uint16_t* s0 = gsrc[g0] + 2 * a->k_off;
                     const uint16_t* s1 = two ? gsrc[g0 + 1] + 2 * a->k_off : s0;
                     T_ZERO(0); T_ZERO(1); T_ZERO(2); T_ZERO(3);
@@ -423,7 +424,7 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
             } else {  // one 8-row B tile, four groups per step
                 for (int g0 = 0; g0 < nt; g0 += 4) {
                     const int nb = nt - g0 < 4 ? nt - g0 : 4;
-                    if (mc == 0) ipf_retarget(pf, gblk[g0 + nb - 1] + 2, nK);
+                    if (mc == 0) ipf_retarget(pf, gblk[g0 + nb - 1] + 1 + ahead, nK);
                     const uint16_t* s0 = gsrc[g0] + 2 * a->k_off;
                     const uint16_t* s1 = nb > 1 ? gsrc[g0 + 1] + 2 * a->k_off : s0;
                     const uint16_t* s2 = nb > 2 ? gsrc[g0 + 2] + 2 * a->k_off : s0;
@@ -482,7 +483,7 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
             const bool accumulate = _mm512_cmp_ps_mask(al, _mm512_set1_ps(1.0f), _CMP_EQ_OQ) == 0xFFFF;
             // ---- P.V into O
             T_FENCE();  // P, the V scratch, O
-            if (mc == 0) ipf_retarget(pf, e2, nmc * pv_steps + (nmc - 1) * qk_steps);
+            if (mc == 0) ipf_retarget(pf, e2 + ahead - 1, nmc * pv_steps + (nmc - 1) * qk_steps);
             float* Oc = O + (size_t)mc * 16 * Dv;
             for (int dc0 = 0; dc0 < nDv; dc0 += 4) {
                 const int nd = nDv - dc0 < 4 ? nDv - dc0 : 4;
