@@ -154,6 +154,30 @@ def test_other_block_sizes(isa):
 
 
 @needs_kernel
+@pytest.mark.parametrize("name", ["mla", "qwen3"])
+def test_prefetch_distance_changes_no_result(name):
+    """The AMX kernel's prefetch distance only moves prefetches (cache hints that may run past
+    a sequence's blocks): results are bit-identical at every distance, in both layouts."""
+    spec_fn, hq = SPECS[name]
+    spec = spec_fn(torch.bfloat16)
+    q, recs, cpool, gpool, qc, blocks, lens = build_case(spec, hq, 64, seed=11)
+    batch = BlockBatch.build(qc, blocks, lens)
+    qin = q.to(torch.bfloat16)
+    with pytest.raises(ValueError):
+        cpu.set_prefetch_blocks(0)
+    try:
+        for layout, pool in [("cpu", cpool), ("gpu", gpool)]:
+            cpu.set_prefetch_blocks(1)
+            o1, l1 = cpu.attend_cpu(qin, pool, layout, spec, batch, 0.1)
+            for n in (2, 5, 64):
+                cpu.set_prefetch_blocks(n)
+                o, l = cpu.attend_cpu(qin, pool, layout, spec, batch, 0.1)
+                assert torch.equal(o, o1) and torch.equal(l, l1), (layout, n)
+    finally:
+        cpu.set_prefetch_blocks(1)
+
+
+@needs_kernel
 def test_pool_views_and_many_threads():
     """kv is one layer of a multi-layer pool (a view), more threads than work items."""
     spec = KVSpec.gqa(3, 2, 64, torch.float32)

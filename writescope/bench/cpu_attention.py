@@ -93,7 +93,8 @@ def torch_matmul_attention(q: torch.Tensor, dense: torch.Tensor, spec: KVSpec, s
 
 
 def bench_shape(name: str, batch: int, length: int, reps: int, torch_reps: int, bs: int,
-                variants: bool, gpu_layout: bool, gen: torch.Generator) -> dict:
+                variants: bool, gpu_layout: bool, gen: torch.Generator,
+                prefetch: tuple[int, ...] = ()) -> dict:
     spec_fn, hq = SHAPES[name]
     spec = spec_fn()
     nb_seq = math.ceil(length / bs)
@@ -127,6 +128,14 @@ def bench_shape(name: str, batch: int, length: int, reps: int, torch_reps: int, 
             by[v] = kv_bytes / _time(lambda: cpu.attend_cpu(q, pool, "cpu", spec, bb, scale), reps) / 1e9
         cpu.set_isa(prev)
         row["kernel_gbps_by_isa"] = by
+    if prefetch:  # the AMX kernel's prefetch distance (blocks ahead), the default variant
+        by = {}
+        prev = cpu.get_prefetch_blocks()
+        for n in prefetch:
+            cpu.set_prefetch_blocks(n)
+            by[str(n)] = kv_bytes / _time(lambda: cpu.attend_cpu(q, pool, "cpu", spec, bb, scale), reps) / 1e9
+        cpu.set_prefetch_blocks(prev)
+        row["kernel_gbps_by_prefetch_blocks"] = by
     ref = attend_torch(q, pool, "cpu", spec, bb, scale)
     out = cpu.attend_cpu(q, pool, "cpu", spec, bb, scale)
     row["max_abs_diff_vs_torch"] = float((out[0] - ref[0]).abs().max())
@@ -166,6 +175,8 @@ def main(argv: list[str] | None = None) -> dict:
                     help="comma list of BATCHxLENGTH")
     ap.add_argument("--no-variants", action="store_true", help="time only the default ISA")
     ap.add_argument("--no-gpu-layout", action="store_true", help="skip the T-layout timing")
+    ap.add_argument("--prefetch-blocks", default="",
+                    help="comma list of AMX prefetch distances (blocks ahead) to time as well")
     ap.add_argument("--read-bytes", type=int, default=0,
                     help="bandwidth probe array (default: max(1 GiB, 6 x last-level cache))")
     args = ap.parse_args(argv)
@@ -189,8 +200,9 @@ def main(argv: list[str] | None = None) -> dict:
                 b, l = (parse_count(x) for x in bl.lower().split("x"))
             except ValueError as e:
                 raise SystemExit(f"--sizes: {bl!r} is not BATCHxLENGTH ({e})") from None
+            pf = tuple(int(x) for x in args.prefetch_blocks.split(",") if x.strip())
             row = bench_shape(name, b, l, args.reps, args.torch_reps, args.block_size,
-                              not args.no_variants, not args.no_gpu_layout, gen)
+                              not args.no_variants, not args.no_gpu_layout, gen, pf)
             row["read_bw_gbps"] = read_bw
             row["kernel_frac_of_read_bw"] = row["kernel_gbps"] / read_bw
             if "torch_gbps" in row:
@@ -198,6 +210,8 @@ def main(argv: list[str] | None = None) -> dict:
                 row["speedup_vs_torch_paged"] = row["kernel_gbps"] / row["torch_paged_gbps"]
             res["rows"].append(row)
             var = " ".join(f"{k}={v:.1f}" for k, v in row.get("kernel_gbps_by_isa", {}).items())
+            var += "".join(f" pf{k}={v:.1f}"
+                           for k, v in row.get("kernel_gbps_by_prefetch_blocks", {}).items())
             print(f"{name:14} {b}x{l // 1024}K".ljust(25) + f" {row['kernel_isa']:>6} {row['kernel_gbps']:8.1f} "
                   f"{100 * row['kernel_frac_of_read_bw']:5.0f}% {row.get('torch_gbps', float('nan')):7.1f} "
                   f"{row.get('speedup_vs_torch', float('nan')):7.1f} {row.get('torch_paged_gbps', float('nan')):6.1f} {row.get('kernel_gbps_gpu_layout', float('nan')):8.1f}  {var}",
