@@ -242,6 +242,27 @@ def test_cpu_attention_bench_parses_sizes_as_printed():
                             "--read-bytes", "1048576"])
 
 
+def test_cpu_attention_bench_rows_against_the_best_read_probe(tmp_path):
+    """Tiny sizes: every row carries median and best rates, the probes of the run and fractions
+    of the best probe; a prefetch sweep adds its rates."""
+    from writescope.attention import cpu
+    if not cpu.available():
+        pytest.skip("no C++ compiler for the CPU attention kernel")
+    from writescope.bench import cpu_attention
+    out = tmp_path / "c.json"
+    res = cpu_attention.main(["--sizes", "1x300,2x100", "--shapes", "mla-16/1/576", "--reps", "2",
+                              "--torch-reps", "0", "--no-variants", "--no-gpu-layout",
+                              "--prefetch-blocks", "1,3", "--read-bytes", str(1 << 22),
+                              "--json", str(out)])
+    assert len(res["read_bw_probes_gbps"]) == 3  # the first, and one beside each shape
+    assert res["read_bw_gbps"] == max(res["read_bw_probes_gbps"])
+    for r in res["rows"]:
+        assert r["kernel_best_gbps"] >= r["kernel_gbps"] > 0
+        assert r["kernel_frac_of_read_bw"] == pytest.approx(r["kernel_gbps"] / res["read_bw_gbps"])
+        assert set(r["kernel_gbps_by_prefetch_blocks"]) == {"1", "3"}
+    assert json.loads(out.read_text())["rows"][1]["batch"] == 2
+
+
 def test_cpu_contention_bench_runs_both_cases(tmp_path):
     from writescope.attention import cpu
     if not cpu.available():
