@@ -329,3 +329,37 @@ def test_warmup_length_is_checked(tmp_path, capsys):
     rc = main(["bench", "--model", "nonexistent-model", "--warmup-length", "1", "--out",
                str(tmp_path), "--no-progress"])
     assert rc == 1 and "--warmup-length must be at least 2" in capsys.readouterr().err
+
+
+def test_synthetic_prefill_rows(tiny_qwen3_moe, tmp_path):
+    """--prefill synthetic: each row's prompts get random KV in the homes the policy chooses
+    (all but the last token), then the same timed decode steps; no TTFT."""
+    import torch
+    from test_migrate import synthetic_profile
+    from writescope.cli import main
+
+    prof = tmp_path / "profile.json"
+    synthetic_profile().save(prof)
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        rc = main(["bench", "--model", str(tiny_qwen3_moe), "--dtype", "float32", "--device", "cpu",
+                   "--batch", "2", "--context-lengths", "150", "--decode-steps", "3",
+                   "--block-size", "8", "--num-gpu-blocks", "8", "--profile", str(prof),
+                   "--policies", "writescope,transfer,cpu", "--max-num-batched-tokens", "64",
+                   "--prefill", "synthetic", "--out", str(tmp_path), "--no-progress"])
+    finally:
+        torch.set_num_threads(n)
+    assert rc == 0
+    doc = _strict_json(tmp_path / "results.json")
+    assert doc["meta"]["spec"]["prefill"] == "synthetic"
+    for r in doc["rows"]:
+        assert not r.get("error"), r.get("error")
+        assert r["prefill"] == "synthetic" and r["ttft_s"] is None
+        assert r["synthetic_fill_tokens"] == 2 * 149 and r["decode_tokens_per_s"] > 0
+    by = {r["policy"]: r for r in doc["rows"]}
+    assert by["transfer"]["host_used_bytes"] == 0 and by["transfer"]["pinned_used_bytes"] > 0
+    assert by["cpu"]["pinned_used_bytes"] == 0 and by["cpu"]["host_used_bytes"] > 0
+    with pytest.raises(ValueError, match="peer"):
+        GridSpec(models=["m"], batches=[1], context_lengths=[8], peers=["transformers"],
+                 prefill="synthetic").validate()

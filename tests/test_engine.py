@@ -177,3 +177,38 @@ def test_a_step_whose_attention_fails_at_its_end_is_rolled_back(tiny_deepseek_v2
     for i, w in enumerate(want):
         assert outs[f"r{i}"].token_ids == w.token_ids
     assert all(n == 0 for n in eng.cache.live_blocks().values())
+
+
+def test_synthetic_prefill_places_like_a_real_one(tiny_qwen3_moe):
+    """prefill_synthetic writes random KV for all but each prompt's last token to the homes a
+    real prefill would choose (same policy, same chunks); the next step samples the first token
+    from the last prompt token, and decoding goes on."""
+    def engine():
+        return LLM(str(tiny_qwen3_moe), dtype="float32", device="cpu", block_size=8,
+                   max_model_len=256, max_num_seqs=4, num_gpu_blocks=4, kv_policy="static",
+                   cpu_share=0.5, max_num_batched_tokens=32).engine
+
+    prompts = {"a": [5] * 70, "b": [7] * 45}
+    sp = SamplingParams(max_tokens=6, ignore_eos=True)
+    real, syn = engine(), engine()
+    for eng in (real, syn):
+        for rid, p in prompts.items():
+            eng.add_request(rid, p, sp)
+    assert syn.prefill_synthetic(seed=1) == 69 + 44
+    assert real.num_waiting == 2 and syn.num_waiting == 0
+    while any(r.is_prefilling for r in real.requests.values()) or real.num_waiting:
+        real.step()
+    for rid in prompts:
+        a, b = real.requests[rid], syn.requests[rid]
+        assert b.num_computed == len(prompts[rid]) - 1
+        # the real engine has processed every prompt token (and decoded a few meanwhile)
+        ta, tb = real.cache.seqs[a.seq_id], syn.cache.seqs[b.seq_id]
+        n = tb.num_sealed
+        assert n > 0 and ta.regions()[:n] == tb.regions()
+    assert len({r for rid in prompts for r in syn.cache.seqs[syn.requests[rid].seq_id].regions()}) >= 2
+    outs = syn.step()  # each prompt's last token: the first output tokens
+    assert sorted(o.request_id for o in outs) == ["a", "b"]
+    while syn.has_unfinished_requests():
+        syn.step()
+    s = syn.stats()
+    assert s["engine.synthetic_prefill_tokens"] == 113 and s["kv.bytes_moved_after_placement"] == 0

@@ -46,3 +46,21 @@ def test_cuda_prefill_runs_cpu_experts_on_the_gpu(all_tiny, monkeypatch):
     assert up is not None and up.uploads > 0 and up.pinned_bytes > 0
     s = llm.stats()
     assert s["engine.cuda_peak_bytes"] <= s["engine.vram_budget"]
+
+
+def test_cuda_synthetic_prefill_then_decode(all_tiny):
+    """The bench's synthetic prefill on CUDA: random KV written to G, T (pinned) and C
+    (pageable, CPU layout) homes, then decode steps over them, as on the CPU."""
+    results = {}
+    for dev in ("cuda", "cpu"):
+        eng = engine(all_tiny, device=dev, dtype="bfloat16", **PLACEMENTS["mixed"]).engine
+        for i, n in enumerate((150, 70)):
+            eng.add_request(f"r{i}", prompt_ids(eng.config.vocab_size, n, seed=n),
+                            SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+        assert eng.prefill_synthetic(seed=3) == 149 + 69
+        while eng.has_unfinished_requests():
+            eng.step()
+        s = eng.stats()
+        assert s["kv.bytes_moved_after_placement"] == 0 and s["engine.generated_tokens"] == 8
+        results[dev] = {r: s[f"kv.bytes_written.{r}"] for r in "GTC"}
+    assert results["cuda"] == results["cpu"] and results["cuda"]["T"] and results["cuda"]["C"]

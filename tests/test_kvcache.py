@@ -234,3 +234,70 @@ def test_pipeline_groups_even_the_cpu_tokens():
     assert _pipeline_groups(dec(1), plan([5])) is None
     assert _pipeline_groups(dec(3), plan([0, 0, 0])) is None
     assert _pipeline_groups([(0, 100, 1), (1, 100, 40)], plan([5, 5])) is None
+
+
+class RandomHomes(RandomPolicy):
+    """Random homes; the CPU/GPU assignment from a random stream of its own (a step plans the
+    assignment, a fill does not: the homes must not depend on it)."""
+
+    def __init__(self, seed: int):
+        super().__init__(seed)
+        self.assign_rng = random.Random(seed + 1)
+
+    def assign(self, seq):
+        return [self.assign_rng.random() < 0.5 for _ in seq.regions]
+
+
+@pytest.mark.parametrize("kind", ["gqa", "mla"])
+def test_fill_step_places_and_writes_as_a_step_does(kind):
+    """fill_step (benchmarks' synthetic prefill) asks the policy for the same homes, allocates
+    the same ids and writes the same bytes as real steps over the same chunks; afterwards a
+    decode step attends identically in both caches."""
+    L, bs = 2, 4
+    spec = SPECS[kind](L)
+    g = torch.Generator().manual_seed(3)
+    lens = [37, 18]
+    recs = [torch.randn(n, spec.num_kv_heads, spec.rec_dim, generator=g) for n in lens]
+    real, fill = (make_cache(spec, bs, RandomHomes(7), blocks=32) for _ in range(2))
+    for c in (real, fill):
+        for i, n in enumerate(lens):
+            c.add_sequence(i, n + 4)
+    for s0, k in ((0, 10), (10, 17), (27, 10)):  # chunks of both sequences, in batch order
+        work = [(i, s0, min(k, n - s0)) for i, n in enumerate(lens) if s0 < n]
+        rec = torch.cat([recs[i][s:s + n] for i, s, n in work])
+        real.begin_step(work)
+        for layer in range(L):  # the same records in every layer, as fill_step writes them
+            real.attention(layer, torch.randn(rec.shape[0], 4, spec.k_dim, generator=g), rec)
+        real.end_step()
+        fill.fill_step(work, rec)
+    for i in range(len(lens)):
+        a, b = real.seqs[i], fill.seqs[i]
+        assert a.regions() == b.regions() and a.num_tokens == b.num_tokens == lens[i]
+        assert (a.sealed_ids == b.sealed_ids).all() and a.w_slot == b.w_slot
+    for i in range(len(lens)):  # every sealed block and the W tail hold the same bytes
+        t = real.seqs[i]
+        for r, bid in zip(t.regions(), t.sealed_ids):
+            assert torch.equal(real.pools[r][:, int(bid)], fill.pools[r][:, int(bid)]), (r, bid)
+        tail = t.num_tokens % bs  # the W slot's valid tokens (the rest is unwritten memory)
+        w = Region.W
+        assert torch.equal(real.pools[w][:, t.w_slot, :tail], fill.pools[w][:, t.w_slot, :tail])
+    assert fill.stats()["kv.filled_tokens"] == sum(lens)
+    q = torch.randn(2, 4, spec.k_dim, generator=g)
+    new = torch.randn(2, spec.num_kv_heads, spec.rec_dim, generator=g)
+    outs = []
+    for c in (real, fill):
+        c.begin_step([(0, lens[0], 1), (1, lens[1], 1)])
+        outs.append(c.attention(0, q, new))
+        c.end_step()
+    assert torch.allclose(outs[0], outs[1], atol=1e-6)
+
+
+def test_fill_step_misuse():
+    spec = SPECS["gqa"](1)
+    cache = make_cache(spec, 4, StaticPolicy(0.5), blocks=8)
+    cache.add_sequence(0, 20)
+    with pytest.raises(KVCacheError, match="records"):
+        cache.fill_step([(0, 0, 5)], torch.zeros(4, 2, 32))
+    cache.begin_step([(0, 0, 3)])
+    with pytest.raises(KVCacheError, match="open step"):
+        cache.fill_step([(0, 3, 2)], torch.zeros(2, 2, 32))

@@ -5,6 +5,9 @@ same layout (:func:`swap_kv_policy`), and each (batch, context) row runs ``batch
 prompts of ``context`` tokens through prefill and then ``decode_steps`` timed decode steps:
 
 * ``ttft_s`` -- from adding the requests to the first token of each (mean; max in ``ttft_max_s``);
+  None with ``--prefill synthetic``, where random KV is written to the homes the placement policy
+  chooses instead of prefilling (``prefill``, ``synthetic_fill_tokens``, ``synthetic_fill_s``):
+  the decode steps read the same regions, in seconds instead of minutes per 128K row;
 * ``step_times_s`` -- each decode step's ``engine.step()`` wall time (CUDA synchronised), all
   ``batch`` sequences decoding; ``decode_tokens_per_s = batch * steps / sum(step times)``, mean,
   p50 and p99 step time;
@@ -85,6 +88,10 @@ class GridSpec:
     static_ref_length: int = 32768
     #: the warm-up's long request (None: the shortest context of the grid)
     warmup_length: int | None = None
+    #: "real": each row prefills its prompts through the model; "synthetic": random KV written
+    #: to the homes the placement policy chooses, all but each prompt's last token
+    #: (:meth:`LLMEngine.prefill_synthetic`) -- decode rows at long contexts in seconds, no TTFT
+    prefill: str = "real"
     peer_offload_weights: bool = False
     #: config.json keys changed for every model (random weights only): the same architecture at
     #: a reduced size, for smoke runs on a small machine; recorded in each model's meta
@@ -104,6 +111,11 @@ class GridSpec:
             raise ValueError("--warmup-length must be at least 2 tokens")
         if not self.policies:
             raise ValueError("give at least one policy")
+        if self.prefill not in ("real", "synthetic"):
+            raise ValueError(f"--prefill must be real or synthetic, not {self.prefill!r}")
+        if self.prefill == "synthetic" and self.peers:
+            raise ValueError("--prefill synthetic gives writescope random KV, so its tokens cannot "
+                             "be checked against a peer's: run peers with --prefill real")
         from .peers import PEERS
         for p in self.peers:
             if p not in PEERS:
@@ -323,8 +335,9 @@ ONE_STATE = {"transfer": "T", "cpu": "C"}
 
 
 def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_budget: int,
-                   tag: str) -> dict[str, Any]:
-    """Prefill ``prompts`` and time ``decode_steps`` decode steps (see the module docstring)."""
+                   tag: str, prefill: str = "real", seed: int = 0) -> dict[str, Any]:
+    """Prefill ``prompts`` and time ``decode_steps`` decode steps (see the module docstring).
+    ``prefill="synthetic"``: random KV for all but each prompt's last token, no TTFT."""
     from ..core import SamplingParams
 
     dev = engine.device
@@ -365,6 +378,11 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
     try:
         for rid, p in zip(ids, prompts):
             engine.add_request(rid, p, params)
+        filled = 0
+        if prefill == "synthetic":
+            filled = engine.prefill_synthetic(seed)
+            _sync(dev)
+        fill_end = time.perf_counter()
         # ---- prefill (chunked by the scheduler) until every sequence has its first token
         guard = 0
         while len(first) < batch:
@@ -417,8 +435,13 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
             engine.cache.abort_step()
     st = cache.stats()
     total = sum(step_times)
+    synthetic = prefill == "synthetic"
     row = {
-        "ttft_s": float(np.mean(list(first.values()))), "ttft_max_s": max(first.values()),
+        # a synthetic prefill has no time to first token: its KV was written, not computed
+        "ttft_s": None if synthetic else float(np.mean(list(first.values()))),
+        "ttft_max_s": None if synthetic else max(first.values()),
+        "prefill": prefill, "synthetic_fill_tokens": int(filled),
+        "synthetic_fill_s": fill_end - t_add if synthetic else None,
         "prefill_s": prefill_end - t_add,
         "decode_tokens_per_s": batch * decode_steps / total,
         "mean_step_s": total / decode_steps, "p50_step_s": percentile(step_times, 50),
@@ -682,7 +705,7 @@ class Grid:
                     prompts = make_prompts(cfg.vocab_size, b, n, s.seed)
                     try:
                         row.update(run_engine_row(engine, prompts, s.decode_steps, vram_budget,
-                                                  f"{policy}-{b}-{n}"))
+                                                  f"{policy}-{b}-{n}", s.prefill, s.seed))
                         row.update(model_terms(profile, cfg, engine, policy, b, n, s.decode_steps,
                                                static_share))
                         if row.get("roofline_bound_s") and row.get("mean_step_s"):

@@ -125,6 +125,9 @@ def markdown(doc: dict[str, Any]) -> str:
              + (f", {mach['gpu']}" if mach.get("gpu") else ", no GPU")
              + f"; torch {meta.get('torch', '?')}",
              f"- when: {meta.get('timestamp', '')}", ""]
+    if (meta.get("spec") or {}).get("prefill") == "synthetic":
+        lines[-1:-1] = ["- prefill: **synthetic** (random KV written to the homes each policy chose, "
+                        "no model prefill: decode rows only, no time to first token)"]
     for model, m in doc.get("models", {}).items():
         lines.append(f"- **{model}**: static share {m.get('static_share', float('nan')):.3f} "
                      f"({m.get('static_share_from', '')}); KV blocks {m.get('kv_capacity_blocks')} "

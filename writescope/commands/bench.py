@@ -61,6 +61,10 @@ def register(subparsers) -> None:
     p.add_argument("--warmup-length", default=None, metavar="N",
                    help="tokens of the warm-up's long request (default: the shortest context); "
                         "a grid of 128K contexts need not prefill 128K more per policy to warm up")
+    p.add_argument("--prefill", default="real", choices=("real", "synthetic"),
+                   help="real: prefill each row's prompts through the model (default); synthetic: "
+                        "write random KV to the homes the placement policy chooses, all but each "
+                        "prompt's last token -- the same decode steps, no TTFT, seconds per row")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--report", metavar="DIR", nargs="+",
                    help="run nothing: (re)write the summary, results.md and plots of "
@@ -83,6 +87,7 @@ def spec_from_args(args: argparse.Namespace):
         max_num_batched_tokens=args.max_num_batched_tokens, static_share=args.static_share,
         static_ref_length=parse_count(args.static_ref_length),
         warmup_length=parse_count(args.warmup_length) if args.warmup_length else None,
+        prefill=args.prefill,
         peer_offload_weights=args.peer_offload_weights,
         config_overrides=parse_overrides(args.config_override),
         command="writescope " + " ".join(shlex.quote(a) for a in sys.argv[1:]))

@@ -473,6 +473,40 @@ class LLMEngine:
         self.requests.pop(req.request_id, None)
         self._detok.pop(req.request_id, None)
 
+    def prefill_synthetic(self, seed: int = 0) -> int:
+        """Benchmarks only: prefill the waiting requests with random KV instead of the model.
+
+        The scheduler chunks and admits exactly as for real steps; each prefill chunk, cut short
+        of its prompt's last token, is written by :meth:`InplaceKVCache.fill_step`, so the
+        placement policy chooses every block's home as in a real prefill. (Differences: the KV
+        values, and no sequence decodes while the others are still prefilling.) The next
+        :meth:`step` then runs each prompt's last token and samples its first output token.
+        Returns the tokens filled."""
+        cache, spec = self.cache, self.cache.spec
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        filled = 0
+        while True:
+            work, advance = [], []
+            for s in self.scheduler.schedule().seqs:
+                req = s.request
+                n = min(s.num_new, len(req.prompt_token_ids) - 1 - s.start) \
+                    if req.is_prefilling else 0
+                if n > 0:
+                    work.append((req.seq_id, s.start, n))
+                    advance.append((req, s.start + n))
+            if not work:
+                break
+            total = sum(n for _, _, n in work)
+            rec = torch.randn(total, spec.num_kv_heads, spec.rec_dim, generator=gen,
+                              device=self.device, dtype=torch.float32).to(spec.dtype)
+            cache.fill_step(work, rec)
+            for req, done in advance:
+                req.num_computed = done
+            filled += total
+        self.counters["engine.synthetic_prefill_tokens"] = (
+            self.counters.get("engine.synthetic_prefill_tokens", 0) + filled)
+        return filled
+
     # ------------------------------------------------------------------ the step
     def step(self) -> list[RequestOutput]:
         batch = self.scheduler.schedule()

@@ -47,17 +47,27 @@ class Scheduler:
             if req.is_prefilling and budget > 0:
                 budget -= self._prefill_chunk(req, budget, seqs)
         # 3. admit waiting requests (FCFS) while they fit the cache and the batch
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            req = self.waiting[0]
-            total = len(req.prompt_token_ids) + req.max_tokens
-            if not self.cache.can_admit(total):
+        while self.waiting and budget > 0:
+            req = self.admit_next()
+            if req is None:
                 break
-            self.waiting.popleft()
-            self.cache.add_sequence(req.seq_id, total)
-            req.status = RequestStatus.RUNNING
-            self.running.append(req)
             budget -= self._prefill_chunk(req, budget, seqs)
         return StepBatch(seqs)
+
+    def admit_next(self) -> Request | None:
+        """Move the first waiting request into the running set if it fits the cache and the
+        batch (its blocks reserved); None when it does not (it keeps waiting)."""
+        if not self.waiting or len(self.running) >= self.max_num_seqs:
+            return None
+        req = self.waiting[0]
+        total = len(req.prompt_token_ids) + req.max_tokens
+        if not self.cache.can_admit(total):
+            return None
+        self.waiting.popleft()
+        self.cache.add_sequence(req.seq_id, total)
+        req.status = RequestStatus.RUNNING
+        self.running.append(req)
+        return req
 
     @staticmethod
     def _prefill_chunk(req: Request, budget: int, seqs: list[ScheduledSeq]) -> int:

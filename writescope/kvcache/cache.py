@@ -222,6 +222,46 @@ class InplaceKVCache:
         (:attr:`step_groups`), attended with :meth:`attend_launch` / :meth:`attend_finish`."""
         if self._step is not None:
             raise KVCacheError("begin_step called twice without end_step")
+        step = self._place(work)
+        plan, read_tokens, prefill = self._build_plan(work)
+        step.update(
+            read_tokens=read_tokens, t0=time.perf_counter(),
+            # (first row, rows, context) of each sequence attended by the dense prefill kernel;
+            # the self partial then treats its rows as single tokens (they are overwritten)
+            prefill=prefill, self_seg_lens=_self_segments(step["seg_lens"], prefill),
+            groups=_pipeline_groups(work, plan) if pipeline else None, group_records={})
+        self._step = step
+        self.hybrid.begin_step(plan, groups=step["groups"])
+        if step["groups"]:
+            self.counters["kv.pipelined_steps"] += 1
+
+    def fill_step(self, work: list[tuple[int, int, int]], records: torch.Tensor) -> None:
+        """Write ``records`` (``[sum of n, H, R]``, batch order) as the next tokens of each
+        ``(seq_id, start, n)`` in ``work`` without attending anything: the placement policy puts
+        the blocks completed here exactly as a step would, and the tokens are written to those
+        homes for every layer (the same records in each). For benchmarks that need long cached
+        contexts and not their prefill (``writescope bench --prefill synthetic``)."""
+        if self._step is not None:
+            raise KVCacheError("fill_step inside an open step")
+        n_total = sum(n for _, _, n in work)
+        if records.shape[0] != n_total:
+            raise KVCacheError(f"fill_step: {records.shape[0]} records for {n_total} tokens")
+        step = self._place(work)
+        self._step = step
+        try:
+            for layer in range(self.spec.num_layers):
+                self._write(layer, records)
+        except BaseException:
+            self.abort_step()
+            raise
+        self._seal(step)
+        self._count_peaks()
+        self.counters["kv.filled_tokens"] = self.counters.get("kv.filled_tokens", 0) + n_total
+        self._step = None
+
+    def _place(self, work: list[tuple[int, int, int]]) -> dict:
+        """The placement half of a step: the homes of the blocks ``work`` completes (chosen by
+        the policy, allocated) and where each of its tokens' records goes."""
         bs = self.bs
         if type(self.policy).migrations is not PlacementPolicy.migrations:
             self._migrate(work)
@@ -281,7 +321,6 @@ class InplaceKVCache:
                 w_src.append(pos - start + row0)
             seg_lens.append(n)
             row0 += n
-        plan, read_tokens, prefill = self._build_plan(work)
         dev = self.device
         as_idx = lambda a: h2d(np.concatenate(a) if a else np.zeros(0, np.int64), dev,  # noqa: E731
                                torch.long)
@@ -289,11 +328,6 @@ class InplaceKVCache:
             "work": work, "seg_lens": seg_lens, "new_blocks": new_blocks,
             "tail_src": h2d(tail_src, dev, torch.long),
             "block_src": as_idx(block_src), "w_dst": as_idx(w_dst), "w_src": as_idx(w_src),
-            "read_tokens": read_tokens, "t0": time.perf_counter(),
-            # (first row, rows, context) of each sequence attended by the dense prefill kernel;
-            # the self partial then treats its rows as single tokens (they are overwritten)
-            "prefill": prefill,
-            "self_seg_lens": _self_segments(seg_lens, prefill),
         }
         by_region = {}
         for r in (Region.G, Region.T, Region.C):
@@ -303,12 +337,7 @@ class InplaceKVCache:
                                 h2d([new_blocks[i][3] for i in sel], self.pools[r].device,
                                     torch.long))
         step["by_region"] = by_region
-        step["groups"] = _pipeline_groups(work, plan) if pipeline else None
-        step["group_records"] = {}
-        self._step = step
-        self.hybrid.begin_step(plan, groups=step["groups"])
-        if step["groups"]:
-            self.counters["kv.pipelined_steps"] += 1
+        return step
 
     @property
     def step_groups(self) -> list[int] | None:
@@ -494,22 +523,13 @@ class InplaceKVCache:
         # first: the attention side may report a failed CPU job here; the step is then still
         # open, so abort_step can give its blocks back
         timing = self.hybrid.end_step()
-        for seq_id, b, r, bid in step["new_blocks"]:
-            t = self.seqs[seq_id]
-            assert b == t.num_sealed, "blocks are sealed in order"
-            t.append(r, bid)
-            t.reserved_blocks -= 1
-            self.reserved -= 1
-        for seq_id, start, n in step["work"]:
-            self.seqs[seq_id].num_tokens = start + n
+        self._seal(step)
         self.counters["kv.dense_prefill_rows"] += sum(n for _, n, _ in step["prefill"])
         tb = self.spec.token_bytes()
         for side in ("cpu", "gpu"):
             self.counters[f"kv.bytes_read.{side}"] += step["read_tokens"][side] * tb
         self.counters["kv.steps"] += 1
-        for r, n in self.live_blocks().items():
-            key = f"kv.peak_blocks.{r}"
-            self.counters[key] = max(self.counters.get(key, 0), n)
+        self._count_peaks()
         timing.update(step_s=time.perf_counter() - step["t0"],
                       cpu_bytes=step["read_tokens"]["cpu"] * tb,
                       gpu_bytes=step["read_tokens"]["gpu"] * tb,
@@ -519,6 +539,22 @@ class InplaceKVCache:
         self.policy.observe(timing)
         self._step = None
         return timing
+
+    def _count_peaks(self) -> None:
+        for r, n in self.live_blocks().items():
+            key = f"kv.peak_blocks.{r}"
+            self.counters[key] = max(self.counters.get(key, 0), n)
+
+    def _seal(self, step: dict) -> None:
+        """The step's completed blocks join their sequences' tables; token counts advance."""
+        for seq_id, b, r, bid in step["new_blocks"]:
+            t = self.seqs[seq_id]
+            assert b == t.num_sealed, "blocks are sealed in order"
+            t.append(r, bid)
+            t.reserved_blocks -= 1
+            self.reserved -= 1
+        for seq_id, start, n in step["work"]:
+            self.seqs[seq_id].num_tokens = start + n
 
     def abort_step(self) -> None:
         """Undo a step that failed before end_step: release the blocks allocated for it."""
