@@ -91,28 +91,34 @@ def test_unknown_model_gives_failed_rows_and_files(tmp_path):
     assert (tmp_path / "results.md").exists()
 
 
+def bench_cli(model, out, *args, profile=None) -> int:
+    """``writescope bench`` on the CPU in float32 on one thread (the timings stay steady on a
+    2-core machine), with the migrate tests' synthetic profile unless ``profile`` is given."""
+    import torch
+    from test_migrate import synthetic_profile
+    from writescope.cli import main
+
+    prof = out / "profile.json"
+    (profile or synthetic_profile()).save(prof)
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return main(["bench", "--model", str(model), "--dtype", "float32", "--device", "cpu",
+                     "--block-size", "8", "--profile", str(prof), "--out", str(out),
+                     "--no-progress", *args])
+    finally:
+        torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="module")
 def grid(tiny_qwen3_moe, tmp_path_factory):
     """The CLI on the tiny Qwen3-MoE: 5 policies + the transformers peer, batches 1 and 2,
     contexts 40 and 72 (G holds 32 tokens, so both spill) and 3000 (beyond the checkpoint's
     max_position_embeddings of 2048: every policy's row there fails, the run goes on)."""
-    import torch
-    from test_migrate import synthetic_profile
-    from writescope.cli import main
-
     out = tmp_path_factory.mktemp("bench")
-    prof = out / "profile.json"
-    synthetic_profile().save(prof)
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        rc = main(["bench", "--model", str(tiny_qwen3_moe), "--dtype", "float32", "--device", "cpu",
-                   "--batch", "1,2", "--context-lengths", "40,72,3000", "--decode-steps", "8",
-                   "--block-size", "8", "--num-gpu-blocks", "4", "--profile", str(prof),
-                   "--policies", ",".join(POLICIES), "--peer", "transformers",
-                   "--max-num-batched-tokens", "256", "--out", str(out), "--no-progress"])
-    finally:
-        torch.set_num_threads(n)
+    rc = bench_cli(tiny_qwen3_moe, out, "--batch", "1,2", "--context-lengths", "40,72,3000",
+                   "--decode-steps", "8", "--num-gpu-blocks", "4", "--policies", ",".join(POLICIES),
+                   "--peer", "transformers", "--max-num-batched-tokens", "256")
     assert rc == 0
     return out
 
@@ -295,26 +301,15 @@ def test_warm_up_verifies_the_planner_so_the_row_prefill_places_c_blocks(tiny_qw
     T only, as an unverified planner does."""
     import dataclasses
 
-    import torch
     from test_migrate import synthetic_profile
-    from writescope.cli import main
 
-    prof = tmp_path / "profile.json"
     fast = dataclasses.replace(synthetic_profile(), cpu_roundtrip_s=1e-6)
     fast.validate()
-    fast.save(prof)
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        # G holds 128 tokens: the warm-up's short requests (64 tokens) never spill, so only
-        # its long request (200 tokens, as long as the row's) can show the planner the CPU
-        rc = main(["bench", "--model", str(tiny_qwen3_moe), "--dtype", "float32", "--device", "cpu",
-                   "--batch", "1", "--context-lengths", "200", "--decode-steps", "4",
-                   "--block-size", "8", "--num-gpu-blocks", "16", "--profile", str(prof),
-                   "--policies", "writescope", "--max-num-batched-tokens", "256",
-                   "--out", str(tmp_path), "--no-progress"])
-    finally:
-        torch.set_num_threads(n)
+    # G holds 128 tokens: the warm-up's short requests (64 tokens) never spill, so only
+    # its long request (200 tokens, as long as the row's) can show the planner the CPU
+    rc = bench_cli(tiny_qwen3_moe, tmp_path, "--batch", "1", "--context-lengths", "200",
+                   "--decode-steps", "4", "--num-gpu-blocks", "16", "--policies", "writescope",
+                   "--max-num-batched-tokens", "256", profile=fast)
     assert rc == 0
     (row,) = _strict_json(tmp_path / "results.json")["rows"]
     assert not row.get("error"), row.get("error")
@@ -334,22 +329,10 @@ def test_warmup_length_is_checked(tmp_path, capsys):
 def test_synthetic_prefill_rows(tiny_qwen3_moe, tmp_path):
     """--prefill synthetic: each row's prompts get random KV in the homes the policy chooses
     (all but the last token), then the same timed decode steps; no TTFT."""
-    import torch
-    from test_migrate import synthetic_profile
-    from writescope.cli import main
-
-    prof = tmp_path / "profile.json"
-    synthetic_profile().save(prof)
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        rc = main(["bench", "--model", str(tiny_qwen3_moe), "--dtype", "float32", "--device", "cpu",
-                   "--batch", "2", "--context-lengths", "150", "--decode-steps", "3",
-                   "--block-size", "8", "--num-gpu-blocks", "8", "--profile", str(prof),
+    rc = bench_cli(tiny_qwen3_moe, tmp_path, "--batch", "2", "--context-lengths", "150",
+                   "--decode-steps", "3", "--num-gpu-blocks", "8",
                    "--policies", "writescope,transfer,cpu", "--max-num-batched-tokens", "64",
-                   "--prefill", "synthetic", "--out", str(tmp_path), "--no-progress"])
-    finally:
-        torch.set_num_threads(n)
+                   "--prefill", "synthetic")
     assert rc == 0
     doc = _strict_json(tmp_path / "results.json")
     assert doc["meta"]["spec"]["prefill"] == "synthetic"

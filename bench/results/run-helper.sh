@@ -18,3 +18,20 @@ run() {
   grep "\[bench\]" $R/$name.log | head -3
   tail -4 $R/$name.log
 }
+
+# call_begin SECONDS: the start every device-call script shares -- unbuffered output, a deadline
+# SECONDS from now for run(), $R = $OUT/r for the logs, the project installed, the tree's
+# provenance (the device's git HEAD is stale: the source digest names the tree).
+call_begin() {
+  export PYTHONUNBUFFERED=1
+  T0=$(date +%s); DEADLINE=$((T0 + $1))
+  R=$OUT/r; mkdir -p $R
+  pip install -e . --no-deps --no-build-isolation -q > $R/pip.log 2>&1
+  python -m writescope.bench.provenance > $R/provenance.txt 2>&1
+}
+
+# call_end: total time, and the logs packed into one file (the device returns at most 8 files).
+call_end() {
+  echo "total $(( $(date +%s) - T0 )) s"
+  cd $OUT && tar czf r.tgz r && rm -rf r
+}

@@ -6,12 +6,8 @@
 # the AMX kernel's prefetch distance; then DeepSeek-V2-Lite 4 x 32K, all five policies.
 # Copy into bench/results/<date>-h200/ and run from the repository root:
 #   bash bench/results/<date>-h200/call1.sh
-export PYTHONUNBUFFERED=1
-T0=$(date +%s); DEADLINE=$((T0 + 560))
-R=$OUT/r; mkdir -p $R
-pip install -e . --no-deps --no-build-isolation -q > $R/pip.log 2>&1
-python -m writescope.bench.provenance > $R/provenance.txt 2>&1
 source bench/results/run-helper.sh
+call_begin 560
 run gpu-tests 130 env WRITESCOPE_PROFILE=$PWD/bench/profiles/h200.json python -m pytest -m gpu -q \
   -p no:cacheprovider --tb=short -rf -o faulthandler_timeout=60
 run resident 70 python -m writescope.bench.gpu_attention --skip spilled --reps 2 \
@@ -21,5 +17,4 @@ run cpu-attn-pf 60 python -m writescope.bench.cpu_attention --reps 3 --torch-rep
   --no-gpu-layout --sizes 1x256K,8x32K --prefetch-blocks 1,2,4 --json $R/cpu_attention-pf.json
 B="python -m writescope bench --model deepseek-v2-lite --random-weights --max-num-batched-tokens 4096 --decode-steps 24 --profile bench/profiles/h200.json --vram-budget 48GiB --experts gpu --num-gpu-blocks 128 --batch 4 --context-lengths 32k --no-progress"
 run dsv2-32k 260 $B --policies writescope,static,transfer,cpu,migrate --out $R/dsv2-32k
-echo "total $(( $(date +%s) - T0 )) s"
-cd $OUT && tar czf r.tgz r && rm -rf r
+call_end

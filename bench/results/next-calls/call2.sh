@@ -5,16 +5,11 @@
 # chooses, so a 128K row costs seconds of filling instead of ~150 s of prefill (rows carry no
 # TTFT; 2026-12-01-h200 call 3 has a real 4 x 128K prefill: 91-94 s TTFT). Rows report the
 # corrected roofline bound (experts and KV share the CPU's DRAM read).
-export PYTHONUNBUFFERED=1
-T0=$(date +%s); DEADLINE=$((T0 + 570))
-R=$OUT/r; mkdir -p $R
-pip install -e . --no-deps --no-build-isolation -q > $R/pip.log 2>&1
-python -m writescope.bench.provenance > $R/provenance.txt 2>&1
 source bench/results/run-helper.sh
+call_begin 570
 run qwen3-cpu-experts 560 env WRITESCOPE_STACKS_EVERY_S=60 python -m writescope bench \
   --random-weights --profile bench/profiles/h200.json --model qwen3-30b-a3b --vram-budget 32GiB \
   --experts cpu --batch 4 --context-lengths 32k,128k --max-num-batched-tokens 16384 \
   --warmup-length 4k --decode-steps 12 --prefill synthetic --no-progress \
   --policies writescope,transfer,cpu,static,migrate --out $R/qwen3-cpu-experts
-echo "total $(( $(date +%s) - T0 )) s"
-cd $OUT && tar czf r.tgz r && rm -rf r
+call_end
