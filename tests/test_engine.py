@@ -179,13 +179,14 @@ def test_a_step_whose_attention_fails_at_its_end_is_rolled_back(tiny_deepseek_v2
     assert all(n == 0 for n in eng.cache.live_blocks().values())
 
 
-def test_synthetic_prefill_places_like_a_real_one(tiny_qwen3_moe):
+@pytest.mark.parametrize("policy", ["static", "writescope", "migrate"])
+def test_synthetic_prefill_places_like_a_real_one(tiny_qwen3_moe, policy):
     """prefill_synthetic writes random KV for all but each prompt's last token to the homes a
     real prefill would choose (same policy, same chunks); the next step samples the first token
     from the last prompt token, and decoding goes on."""
     def engine():
         return LLM(str(tiny_qwen3_moe), dtype="float32", device="cpu", block_size=8,
-                   max_model_len=256, max_num_seqs=4, num_gpu_blocks=4, kv_policy="static",
+                   max_model_len=256, max_num_seqs=4, num_gpu_blocks=4, kv_policy=policy,
                    cpu_share=0.5, max_num_batched_tokens=32).engine
 
     prompts = {"a": [5] * 70, "b": [7] * 45}
@@ -205,7 +206,9 @@ def test_synthetic_prefill_places_like_a_real_one(tiny_qwen3_moe):
         ta, tb = real.cache.seqs[a.seq_id], syn.cache.seqs[b.seq_id]
         n = tb.num_sealed
         assert n > 0 and ta.regions()[:n] == tb.regions()
-    assert len({r for rid in prompts for r in syn.cache.seqs[syn.requests[rid].seq_id].regions()}) >= 2
+    if policy == "static":  # G, and its share of the spilled blocks in C, the rest in T
+        assert {r for rid in prompts
+                for r in syn.cache.seqs[syn.requests[rid].seq_id].regions()} == set("GTC")
     outs = syn.step()  # each prompt's last token: the first output tokens
     assert sorted(o.request_id for o in outs) == ["a", "b"]
     while syn.has_unfinished_requests():

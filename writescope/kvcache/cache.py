@@ -258,6 +258,9 @@ class InplaceKVCache:
         self._count_peaks()
         self.counters["kv.filled_tokens"] = self.counters.get("kv.filled_tokens", 0) + n_total
         self._step = None
+        # close the step for the policy as a real one would be closed (no timings: a planner
+        # learns nothing from it, as from any step with prefill rows)
+        self.policy.observe({"batch_lengths": [s + n for _, s, n in work], "synthetic_fill": True})
 
     def _place(self, work: list[tuple[int, int, int]]) -> dict:
         """The placement half of a step: the homes of the blocks ``work`` completes (chosen by
