@@ -301,3 +301,21 @@ def test_fill_step_misuse():
     cache.begin_step([(0, 0, 3)])
     with pytest.raises(KVCacheError, match="open step"):
         cache.fill_step([(0, 3, 2)], torch.zeros(2, 2, 32))
+
+
+def test_a_step_that_cannot_place_gives_its_blocks_back():
+    """The first sequence's blocks are allocated before the second one's error (its step does
+    not start where the cache is): every block goes back to its pool, for steps and fills."""
+    spec = SPECS["gqa"](1)
+    cache = make_cache(spec, 4, StaticPolicy(0.5), blocks=8)
+    cache.add_sequence(0, 20)
+    cache.add_sequence(1, 20)
+    free = {r: cache.alloc[r].num_free for r in (Region.G, Region.T, Region.C)}
+    bad = [(0, 0, 12), (1, 5, 4)]
+    with pytest.raises(KVCacheError, match="starts at token 5"):
+        cache.begin_step(bad)
+    with pytest.raises(KVCacheError, match="starts at token 5"):
+        cache.fill_step(bad, torch.zeros(16, 2, 32))
+    assert {r: cache.alloc[r].num_free for r in free} == free
+    cache.fill_step([(0, 0, 12), (1, 0, 4)], torch.zeros(16, 2, 32))  # still usable
+    assert cache.seqs[0].num_sealed == 3 and cache.seqs[1].num_sealed == 1

@@ -223,7 +223,12 @@ class InplaceKVCache:
         if self._step is not None:
             raise KVCacheError("begin_step called twice without end_step")
         step = self._place(work)
-        plan, read_tokens, prefill = self._build_plan(work)
+        try:
+            plan, read_tokens, prefill = self._build_plan(work)
+        except BaseException:
+            for _, _, r, bid in step["new_blocks"]:
+                self.alloc[r].free([bid])
+            raise
         step.update(
             read_tokens=read_tokens, t0=time.perf_counter(),
             # (first row, rows, context) of each sequence attended by the dense prefill kernel;
@@ -278,52 +283,59 @@ class InplaceKVCache:
         w_dst: list[np.ndarray] = []
         w_src: list[np.ndarray] = []
         n_total = sum(n for _, _, n in work)
-        for seq_id, start, n in work:
-            t = self._table(seq_id)
-            if start != t.num_tokens:
-                raise KVCacheError(f"sequence {seq_id}: step starts at token {start} but the cache "
-                                   f"holds {t.num_tokens}")
-            if n <= 0:
-                raise KVCacheError(f"sequence {seq_id}: a step must add at least one token")
-            end = start + n
-            first_new_block, n_full_after = t.num_sealed, end // bs
-            k = n_full_after - first_new_block
-            if k > 0:
-                if k > t.reserved_blocks:
-                    raise KVCacheError(f"sequence {seq_id} grew past its reservation")
-                regions = self.policy.place(SeqKV(seq_id, end, t.regions()), k, cap)
-                if len(regions) != k or any(r not in (Region.G, Region.T, Region.C) for r in regions):
-                    raise KVCacheError(f"placement policy {self.policy.name!r} returned {regions}")
-                for r in (Region.G, Region.T, Region.C):
-                    want = sum(x is r for x in regions)
-                    if want > cap.free[r]:
-                        raise KVCacheError(f"placement put {want} blocks in {r}, {cap.free[r]} free")
-                ids = {}
-                for r in (Region.G, Region.T, Region.C):
-                    want = sum(x is r for x in regions)
-                    if want:
-                        ids[r] = iter(self.alloc[r].alloc(want, after=t.last_id(r)))
-                        cap.free[r] -= want
-                tail = start - first_new_block * bs  # old tail tokens in W (0..bs-1)
-                for j, r in enumerate(regions):
-                    b = first_new_block + j
-                    bid = next(ids[r])
-                    new_blocks.append((seq_id, b, r, bid))
-                    pos = np.arange(b * bs, (b + 1) * bs)
-                    src = pos - start + row0  # rows of this step's records
-                    if j == 0 and tail > 0:
-                        old = np.arange(tail)
-                        src[:tail] = n_total + len(tail_src) + old
-                        tail_src.extend((t.w_slot * bs + old).tolist())
-                    block_src.append(src)
-            # tokens of the (incomplete) last block go to W
-            w_from = max(start, n_full_after * bs)
-            if end > w_from:
-                pos = np.arange(w_from, end)
-                w_dst.append(t.w_slot * bs + pos % bs)
-                w_src.append(pos - start + row0)
-            seg_lens.append(n)
-            row0 += n
+        try:  # a sequence that cannot take its blocks gives back those the earlier ones took
+            for seq_id, start, n in work:
+                t = self._table(seq_id)
+                if start != t.num_tokens:
+                    raise KVCacheError(f"sequence {seq_id}: step starts at token {start} but the cache "
+                                       f"holds {t.num_tokens}")
+                if n <= 0:
+                    raise KVCacheError(f"sequence {seq_id}: a step must add at least one token")
+                end = start + n
+                first_new_block, n_full_after = t.num_sealed, end // bs
+                k = n_full_after - first_new_block
+                if k > 0:
+                    if k > t.reserved_blocks:
+                        raise KVCacheError(f"sequence {seq_id} grew past its reservation")
+                    regions = self.policy.place(SeqKV(seq_id, end, t.regions()), k, cap)
+                    if len(regions) != k or any(r not in (Region.G, Region.T, Region.C)
+                                                for r in regions):
+                        raise KVCacheError(f"placement policy {self.policy.name!r} returned "
+                                           f"{regions}")
+                    for r in (Region.G, Region.T, Region.C):
+                        want = sum(x is r for x in regions)
+                        if want > cap.free[r]:
+                            raise KVCacheError(f"placement put {want} blocks in {r}, {cap.free[r]} free")
+                    ids = {}
+                    for r in (Region.G, Region.T, Region.C):
+                        want = sum(x is r for x in regions)
+                        if want:
+                            ids[r] = iter(self.alloc[r].alloc(want, after=t.last_id(r)))
+                            cap.free[r] -= want
+                    tail = start - first_new_block * bs  # old tail tokens in W (0..bs-1)
+                    for j, r in enumerate(regions):
+                        b = first_new_block + j
+                        bid = next(ids[r])
+                        new_blocks.append((seq_id, b, r, bid))
+                        pos = np.arange(b * bs, (b + 1) * bs)
+                        src = pos - start + row0  # rows of this step's records
+                        if j == 0 and tail > 0:
+                            old = np.arange(tail)
+                            src[:tail] = n_total + len(tail_src) + old
+                            tail_src.extend((t.w_slot * bs + old).tolist())
+                        block_src.append(src)
+                # tokens of the (incomplete) last block go to W
+                w_from = max(start, n_full_after * bs)
+                if end > w_from:
+                    pos = np.arange(w_from, end)
+                    w_dst.append(t.w_slot * bs + pos % bs)
+                    w_src.append(pos - start + row0)
+                seg_lens.append(n)
+                row0 += n
+        except BaseException:
+            for _, _, r, bid in new_blocks:
+                self.alloc[r].free([bid])
+            raise
         dev = self.device
         as_idx = lambda a: h2d(np.concatenate(a) if a else np.zeros(0, np.int64), dev,  # noqa: E731
                                torch.long)
