@@ -1,10 +1,11 @@
 """``python -m writescope.bench.step_profile --model NAME|PATH [--random-weights] [engine options]``:
 where a decode step's host time goes.
 
-Builds one engine, prefills ``--batch`` random prompts of ``--context`` tokens, runs
-``--warmup`` decode steps, then profiles ``--steps`` more with ``torch.profiler`` and prints, per
-decode step: wall time, the host time until the forward pass was enqueued (``forward_host_s``),
-framework ops and GPU kernel launches, and the ops that cost the most host time. A decode step
+Builds one engine, prefills ``--batch`` random prompts of ``--context`` tokens (``--prefill
+synthetic``: random KV in the homes the policy chooses instead), runs ``--warmup`` decode steps,
+then profiles ``--steps`` more with ``torch.profiler`` and prints, per decode step: wall time,
+the host time until the forward pass was enqueued (``forward_host_s``), framework ops and GPU
+kernel launches, and the ops that cost the most host time. A decode step
 whose host time is close to its wall time is launch-bound: the list says which ops to remove or
 fuse. ``--json FILE`` writes the same figures.
 """
@@ -34,6 +35,9 @@ def main(argv=None) -> int:
     ap.add_argument("--num-gpu-blocks", type=int)
     ap.add_argument("--max-num-batched-tokens", type=int, default=4096)
     ap.add_argument("--profile")
+    ap.add_argument("--prefill", default="real", choices=("real", "synthetic"),
+                    help="synthetic: random KV in the homes the policy chooses instead of the "
+                         "model's prefill (long contexts in seconds; LLMEngine.prefill_synthetic)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
 
@@ -51,6 +55,8 @@ def main(argv=None) -> int:
     sp = SamplingParams(max_tokens=args.warmup + args.steps + 8, temperature=0.0, ignore_eos=True)
     for i, p in enumerate(prompts):
         eng.add_request(f"p{i}", p, sp)
+    if args.prefill == "synthetic":
+        eng.prefill_synthetic()
     while any(r.is_prefilling for r in eng.requests.values()):
         eng.step()  # prefill
     for _ in range(args.warmup):
@@ -71,7 +77,7 @@ def main(argv=None) -> int:
     top = sorted(ev, key=lambda e: e.self_cpu_time_total, reverse=True)[:args.top]
     res = {
         "model": args.model, "batch": args.batch, "context": args.context,
-        "kv_policy": args.kv_policy, "device": str(eng.device),
+        "kv_policy": args.kv_policy, "device": str(eng.device), "prefill": args.prefill,
         "step_s": sum(walls) / n, "forward_host_s": sum(hosts) / n,
         "aten_ops_per_step": sum(e.count for e in ops) / n,
         "kernel_launches_per_step": launches / n,
