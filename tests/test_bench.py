@@ -271,6 +271,7 @@ def test_cpu_attention_bench_rows_against_the_best_read_probe(tmp_path):
         assert r["kernel_best_gbps"] >= r["kernel_gbps"] > 0
         assert r["kernel_frac_of_read_bw"] == pytest.approx(r["kernel_gbps"] / res["read_bw_gbps"])
         assert set(r["kernel_gbps_by_prefetch_blocks"]) == {"1", "3"}
+        assert r["paired_frac_of_read_bw"] > 0
     assert json.loads(out.read_text())["rows"][1]["batch"] == 2
 
 

@@ -523,12 +523,16 @@ class CpuJobQueue:
             pass
 
 
-def read_bandwidth(nbytes: int, threads: int | None = None, reps: int = 5) -> float:
-    """DRAM read bandwidth in GB/s: best of ``reps`` multi-threaded sums of an ``nbytes`` array."""
+def read_bandwidth(nbytes: int, threads: int | None = None, reps: int = 5,
+                   buffer: torch.Tensor | None = None) -> float:
+    """DRAM read bandwidth in GB/s: best of ``reps`` multi-threaded sums of an ``nbytes`` array
+    (``buffer``, a contiguous float32 tensor, instead of a new one: repeated probes)."""
     lib = _load()
     if lib is None:
         raise RuntimeError(f"kernel unavailable: {_load_error}")
-    x = torch.ones(nbytes // 4, dtype=torch.float32)
+    x = buffer if buffer is not None else torch.ones(nbytes // 4, dtype=torch.float32)
+    if x.dtype != torch.float32 or not x.is_contiguous():
+        raise ValueError("buffer must be a contiguous float32 tensor")
     chk = ctypes.c_double()
     dt = lib.ws_read_seconds(_ptr(x), x.numel(), threads or get_num_threads(), reps,
                              ctypes.byref(chk))

@@ -15,7 +15,9 @@ and writes JSON with, per shape, ``kernel_gbps``, ``torch_gbps``, ``read_bw_gbps
 ``kernel_gbps`` is the median of ``--reps`` calls; the read probe is the best of its reps, and
 ``kernel_best_gbps`` (the table's ``best%``) the kernel's best call, the like-for-like figure on
 a shared, noisy machine. The probe runs again before every shape; the final fractions use the
-best probe of the run.
+best probe of the run. ``paired_frac_of_read_bw`` (``paired%``): ``--reps`` more calls, each
+right after a one-pass probe, and the median of the call-to-probe ratios -- on a machine whose
+neighbours come and go, the estimate least moved by them.
 """
 from __future__ import annotations
 
@@ -102,7 +104,7 @@ def torch_matmul_attention(q: torch.Tensor, dense: torch.Tensor, spec: KVSpec, s
 
 def bench_shape(name: str, batch: int, length: int, reps: int, torch_reps: int, bs: int,
                 variants: bool, gpu_layout: bool, gen: torch.Generator,
-                prefetch: tuple[int, ...] = ()) -> dict:
+                prefetch: tuple[int, ...] = (), probe: torch.Tensor | None = None) -> dict:
     spec_fn, hq = SHAPES[name]
     spec = spec_fn()
     nb_seq = math.ceil(length / bs)
@@ -131,6 +133,14 @@ def bench_shape(name: str, batch: int, length: int, reps: int, torch_reps: int, 
     row["kernel_gbps"] = kv_bytes / t / 1e9
     # best of the reps: the like-for-like figure for the read probe (also a best of its reps)
     row["kernel_best_gbps"] = kv_bytes / min(ts) / 1e9
+    if probe is not None:  # paired: a probe right before each call, the median of the ratios
+        ratios = []
+        for _ in range(reps):
+            bw = cpu.read_bandwidth(probe.numel() * 4, reps=1, buffer=probe)
+            t0 = time.perf_counter()
+            cpu.attend_cpu(q, pool, "cpu", spec, bb, scale)
+            ratios.append(kv_bytes / (time.perf_counter() - t0) / 1e9 / bw)
+        row["paired_frac_of_read_bw"] = statistics.median(ratios)
     if variants:
         by = {}
         prev = cpu.current_isa_setting()
@@ -197,14 +207,15 @@ def main(argv: list[str] | None = None) -> dict:
         cpu.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
     nbytes = args.read_bytes or max(1 << 30, 6 * _llc_bytes())
-    read_bw = cpu.read_bandwidth(nbytes, reps=5)
+    probe = torch.ones(nbytes // 4, dtype=torch.float32)
+    read_bw = cpu.read_bandwidth(nbytes, reps=5, buffer=probe)
     probes = [read_bw]
     res = {**result_header("cpu_attention", argv), "machine": _machine(),
            "threads": cpu.get_num_threads(), "read_bw_array_bytes": nbytes, "read_bw_gbps": read_bw,
            "rows": []}
     print(f"DRAM read bandwidth ({nbytes / 2**30:.2f} GiB array, {cpu.get_num_threads()} threads): "
           f"{read_bw:.1f} GB/s", flush=True)
-    hdr = f"{'shape':14} {'BxL':>9} {'isa':>6} {'kernel':>8} {'%read':>6} {'best%':>6} {'torch':>7} {'x torch':>7} {'paged':>6} {'T-layout':>8}  variants"
+    hdr = f"{'shape':14} {'BxL':>9} {'isa':>6} {'kernel':>8} {'%read':>6} {'best%':>6} {'paired%':>7} {'torch':>7} {'x torch':>7} {'paged':>6} {'T-layout':>8}  variants"
     print(hdr, flush=True)
     for name in args.shapes.split(","):
         for bl in args.sizes.split(","):
@@ -214,10 +225,10 @@ def main(argv: list[str] | None = None) -> dict:
                 raise SystemExit(f"--sizes: {bl!r} is not BATCHxLENGTH ({e})") from None
             pf = tuple(int(x) for x in args.prefetch_blocks.split(",") if x.strip())
             # the read probe again beside every shape: on a shared machine the denominator moves
-            probes.append(cpu.read_bandwidth(nbytes, reps=3))
+            probes.append(cpu.read_bandwidth(nbytes, reps=3, buffer=probe))
             read_bw = max(probes)
             row = bench_shape(name, b, l, args.reps, args.torch_reps, args.block_size,
-                              not args.no_variants, not args.no_gpu_layout, gen, pf)
+                              not args.no_variants, not args.no_gpu_layout, gen, pf, probe)
             row["read_bw_probe_gbps"] = probes[-1]
             row["read_bw_gbps"] = read_bw
             row["kernel_frac_of_read_bw"] = row["kernel_gbps"] / read_bw
@@ -231,6 +242,7 @@ def main(argv: list[str] | None = None) -> dict:
                            for k, v in row.get("kernel_gbps_by_prefetch_blocks", {}).items())
             print(f"{name:14} {b}x{l // 1024}K".ljust(25) + f" {row['kernel_isa']:>6} {row['kernel_gbps']:8.1f} "
                   f"{100 * row['kernel_frac_of_read_bw']:5.0f}% {100 * row['kernel_best_frac_of_read_bw']:5.0f}% "
+                  f"{100 * row['paired_frac_of_read_bw']:6.0f}% "
                   f"{row.get('torch_gbps', float('nan')):7.1f} "
                   f"{row.get('speedup_vs_torch', float('nan')):7.1f} {row.get('torch_paged_gbps', float('nan')):6.1f} {row.get('kernel_gbps_gpu_layout', float('nan')):8.1f}  {var}",
                   flush=True)
@@ -242,10 +254,11 @@ def main(argv: list[str] | None = None) -> dict:
         row["read_bw_gbps"] = read_bw
         row["kernel_frac_of_read_bw"] = row["kernel_gbps"] / read_bw
         row["kernel_best_frac_of_read_bw"] = row["kernel_best_gbps"] / read_bw
-    print(f"read probes {', '.join(f'{p:.1f}' for p in probes)} GB/s; against the best "
-          f"({read_bw:.1f}): " + ", ".join(
+    print(f"read probes {', '.join(f'{p:.1f}' for p in probes)} GB/s; median/best against the "
+          f"best ({read_bw:.1f}), and paired: " + ", ".join(
               f"{r['shape'].split('/')[0]} {r['batch']}x{r['length'] // 1024}K "
               f"{100 * r['kernel_frac_of_read_bw']:.0f}%/{100 * r['kernel_best_frac_of_read_bw']:.0f}%"
+              f"/{100 * r['paired_frac_of_read_bw']:.0f}%"
               for r in res["rows"]), flush=True)
     if args.json:
         write_json(args.json, res)
