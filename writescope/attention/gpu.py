@@ -378,6 +378,7 @@ class ReduceConfig:
     block_e: int
 
 
+@functools.lru_cache(maxsize=256)  # called per layer launch with a step's few shapes
 def reduce_config(nq: int, hq: int, dv: int, target_programs: int = TARGET_PROGRAMS) -> ReduceConfig:
     """Tiles for the merge: 4 heads x 64 values when the batch has rows enough to fill the GPU;
     for a few rows (one long sequence: hundreds of partials per row) narrower tiles, so that

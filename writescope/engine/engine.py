@@ -254,7 +254,7 @@ class LLMEngine:
         self._detok: dict[str, object] = {}
         self.counters = {"engine.steps": 0, "engine.prompt_tokens": 0, "engine.generated_tokens": 0,
                          "engine.requests_finished": 0, "engine.requests_aborted": 0,
-                         "engine.step_time_s": 0.0}
+                         "engine.step_time_s": 0.0, "engine.synthetic_prefill_tokens": 0}
         freeze_gc()
 
 
@@ -503,8 +503,7 @@ class LLMEngine:
             for req, done in advance:
                 req.num_computed = done
             filled += total
-        self.counters["engine.synthetic_prefill_tokens"] = (
-            self.counters.get("engine.synthetic_prefill_tokens", 0) + filled)
+        self.counters["engine.synthetic_prefill_tokens"] += filled
         return filled
 
     # ------------------------------------------------------------------ the step

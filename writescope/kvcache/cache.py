@@ -152,7 +152,7 @@ class InplaceKVCache:
         self.counters["kv.pipelined_steps"] = 0
         self.counters.update({"kv.bytes_read.gpu": 0, "kv.bytes_read.cpu": 0,
                               "kv.bytes_moved_after_placement": 0, "kv.steps": 0,
-                              "kv.dense_prefill_rows": 0})
+                              "kv.dense_prefill_rows": 0, "kv.filled_tokens": 0})
         self._step = None
         self.last_timing: dict = {}
 
@@ -261,7 +261,7 @@ class InplaceKVCache:
             raise
         self._seal(step)
         self._count_peaks()
-        self.counters["kv.filled_tokens"] = self.counters.get("kv.filled_tokens", 0) + n_total
+        self.counters["kv.filled_tokens"] += n_total
         self._step = None
         # close the step for the policy as a real one would be closed (no timings: a planner
         # learns nothing from it, as from any step with prefill rows)

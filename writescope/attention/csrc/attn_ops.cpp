@@ -582,7 +582,8 @@ void queue_main(WsQueue* Q) {
 
 }  // namespace
 
-int ws_prefetch_blocks(void);  // defined after the exported setter below
+static int g_prefetch_blocks = 1;
+int ws_prefetch_blocks(void) { return g_prefetch_blocks; }
 
 extern "C" {
 
@@ -600,7 +601,6 @@ int ws_amx_request() {
 
 int ws_default_threads() { return default_threads(); }
 
-static int g_prefetch_blocks = 1;
 void ws_set_prefetch_blocks(int n) { g_prefetch_blocks = n < 1 ? 1 : n > 64 ? 64 : n; }
 
 int ws_attend_flagged(const volatile int64_t* ready, int64_t ready_value, int64_t* done,
@@ -803,5 +803,3 @@ double ws_read_seconds(const float* x, int64_t n, int threads, int reps, double*
 }
 
 }  // extern "C"
-
-int ws_prefetch_blocks(void) { return g_prefetch_blocks; }
