@@ -325,6 +325,49 @@ def test_warm_up_verifies_the_planner_so_the_row_prefill_places_c_blocks(tiny_qw
     assert row["cpu_share_mean"] > 0.3
 
 
+@pytest.mark.parametrize("prefill", ["real", "synthetic"])
+def test_a_warm_up_that_fits_in_g_spills_to_verify_the_planner(tiny_qwen3_moe, tmp_path, prefill):
+    """A warm-up whose long request fits in G (--warmup-length 16) cannot show the planner its
+    CPU path; the spill warm-up then fills G and spills with random KV and decodes, so the row
+    still starts with a verified planner and places its spill in C (the profile makes the CPU
+    1000x faster and nearly free to start)."""
+    import dataclasses
+
+    from test_migrate import synthetic_profile
+
+    fast = dataclasses.replace(synthetic_profile(), cpu_roundtrip_s=1e-6)
+    fast.validate()
+    rc = bench_cli(tiny_qwen3_moe, tmp_path, "--batch", "1", "--context-lengths", "200",
+                   "--decode-steps", "4", "--num-gpu-blocks", "16", "--policies", "writescope",
+                   "--max-num-batched-tokens", "256", "--warmup-length", "16",
+                   "--prefill", prefill, profile=fast)
+    assert rc == 0
+    (row,) = _strict_json(tmp_path / "results.json")["rows"]
+    assert not row.get("error"), row.get("error")
+    assert row["planner_verified"] is True
+    assert row["host_used_bytes"] > 0 and row["pinned_used_bytes"] == 0
+
+
+def test_spill_warm_up_spills_past_g_and_frees_its_blocks(tiny_qwen3_moe):
+    """The spill warm-up fills G and spills past it (in at most max_num_seqs requests of at
+    most max_model_len tokens), decodes, and leaves every block free again."""
+    from writescope import LLM
+    from writescope.bench.grid import WARMUP_SPILL_BLOCKS, warm_up_spill
+    from writescope.kvcache.regions import Region
+
+    eng = LLM(str(tiny_qwen3_moe), dtype="float32", device="cpu", block_size=8,
+              max_model_len=256, max_num_seqs=4, num_gpu_blocks=40, kv_policy="transfer",
+              max_num_batched_tokens=128).engine
+    regions = (Region.G, Region.T, Region.C, Region.W)
+    free0 = {r: eng.cache.alloc[r].num_free for r in regions}
+    spilled = warm_up_spill(eng, 100, 0)
+    # 40 blocks of G + 64 spilled = 104 blocks in 4 requests of 26 blocks (208 tokens)
+    assert spilled == WARMUP_SPILL_BLOCKS * 8
+    assert eng.counters["engine.synthetic_prefill_tokens"] == 4 * (26 * 8 - 1)
+    assert not eng.has_unfinished_requests()
+    assert {r: eng.cache.alloc[r].num_free for r in regions} == free0
+
+
 def test_warmup_length_is_checked(tmp_path, capsys):
     from writescope.cli import main
     rc = main(["bench", "--model", "nonexistent-model", "--warmup-length", "1", "--out",

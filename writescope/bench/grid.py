@@ -490,25 +490,69 @@ def warm_up(engine, vocab_size: int, seed: int, length: int, batches=()) -> None
     ``WARMUP_DECODE_TOKENS`` tokens, then, per batch size, that many short requests decoding
     together, so that one-time costs (kernel loading, first allocations, thread pools,
     capturing the decode step's CUDA graphs for that size, the planner's first measurements) do
-    not land in the first timed row of a policy."""
+    not land in the first timed row of a policy. If the placement policy still has not measured
+    its CPU path after that (the long request fitted in G), :func:`warm_up_spill` shows it."""
     from ..core import SamplingParams
     n = max(2, min(length, engine.max_model_len - WARMUP_DECODE_TOKENS - 1))
     rounds = [make_prompts(vocab_size, 1, n, seed + 1)]
     short = max(2, min(n, 64))
     rounds += [make_prompts(vocab_size, b, short, seed + 2) for b in sorted(set(batches))]
     for r, prompts in enumerate(rounds):
-        sp = SamplingParams(temperature=0.0, max_tokens=WARMUP_DECODE_TOKENS if r == 0 else 3,
-                            ignore_eos=True)
-        ids = [f"bench-warmup-{r}-{i}" for i in range(len(prompts))]
+        _run_untimed(engine, prompts, WARMUP_DECODE_TOKENS if r == 0 else 3, f"bench-warmup-{r}")
+    if getattr(engine.cache.policy, "cpu_verified", True) is False:
+        warm_up_spill(engine, vocab_size, seed)
+    _sync(engine.device)
+
+
+#: tokens the spill warm-up puts past G: at least this many blocks, or this fraction of G
+WARMUP_SPILL_BLOCKS, WARMUP_SPILL_FRACTION = 64, 0.125
+
+
+def warm_up_spill(engine, vocab_size: int, seed: int) -> int:
+    """Untimed requests whose KV fills G and spills past it, written as random KV
+    (:meth:`LLMEngine.prefill_synthetic`; the values do not matter here), then decoded
+    ``WARMUP_DECODE_TOKENS`` steps: the ``writescope`` planner times its CPU path on spilled
+    blocks, as a running server's planner has, before a row's prefill places blocks for good.
+    (An unverified planner places C blocks for a CPU half as fast as its profile: a Qwen3
+    4 x 128K row prefilled after a 4K warm-up, whose request fitted in G, placed C at share 0.38
+    where a verified planner would go further; 2026-12-01b-h200 call 2.) As many requests as
+    needed, each at most ``max_model_len`` long, at most ``max_num_seqs`` of them and within
+    the free KV blocks. Returns the tokens spilled past G (0 if none could be)."""
+    cache = engine.cache
+    bs = cache.bs
+    g_free = cache.alloc[_region("G")].num_free
+    spill = max(WARMUP_SPILL_BLOCKS, int(WARMUP_SPILL_FRACTION * g_free))
+    spill = min(spill, cache.alloc[_region("T")].num_free + cache.alloc[_region("C")].num_free
+                - engine.scheduler.max_num_seqs * 2)
+    per_req = cache.blocks_for(engine.max_model_len - WARMUP_DECODE_TOKENS - 2) - 1
+    n_req = min(engine.scheduler.max_num_seqs, cache.alloc[_region("W")].num_free,
+                -(-(g_free + max(0, spill)) // max(1, per_req)))
+    if spill <= 0 or per_req <= 0 or n_req <= 0:
+        return 0
+    total = min(g_free + spill, n_req * per_req)
+    sizes = [total // n_req + (i < total % n_req) for i in range(n_req)]
+    prompts = [p[:k * bs] for p, k in zip(make_prompts(vocab_size, n_req, per_req * bs, seed + 3),
+                                           sizes)]
+    _run_untimed(engine, prompts, WARMUP_DECODE_TOKENS, "bench-warmup-spill", synthetic=seed)
+    return max(0, total - g_free) * bs
+
+
+def _run_untimed(engine, prompts, max_tokens: int, tag: str, synthetic: int | None = None) -> None:
+    """Run ``prompts`` to ``max_tokens`` each (prefilled with random KV when ``synthetic`` is a
+    seed), then abort them."""
+    from ..core import SamplingParams
+    sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    ids = [f"{tag}-{i}" for i in range(len(prompts))]
+    try:
         for rid, p in zip(ids, prompts):
             engine.add_request(rid, p, sp)
-        try:
-            while engine.has_unfinished_requests():
-                engine.step()
-        finally:
-            for rid in ids:
-                engine.abort_request(rid)
-    _sync(engine.device)
+        if synthetic is not None:
+            engine.prefill_synthetic(synthetic)
+        while engine.has_unfinished_requests():
+            engine.step()
+    finally:
+        for rid in ids:
+            engine.abort_request(rid)
 
 
 def model_terms(profile, cfg, engine, policy: str, batch: int, ctx: int, decode_steps: int,
