@@ -783,3 +783,51 @@ def test_attention_round_trip_of_the_decode_chain_unless_experts_share_the_cpu()
         assert pred.cpu_attn_s == pytest.approx(2 * (rt + bytes_s))
     with pytest.raises(ValueError):
         HardwareProfile(**{**prof.to_dict(), "cpu_attn_roundtrip_s": -1.0}).validate()
+
+
+def _experts_loop(report_experts: bool, steps: int = 40) -> tuple[list[float], float, WriteScopePolicy]:
+    """4 Qwen3 sequences of 100 G + 1900 T blocks, routed experts on the CPU, decoding under
+    writescope; the 'true machine' runs the experts 3x slower than the profile says. Returns
+    the planned CPU share per step, the best share under that truth, and the policy."""
+    cfg = ModelConfig.from_hf("qwen3-30b-a3b")
+    prof = h200_like()
+    pol = make_policy("writescope", profile=prof, model_config=cfg, experts_on_cpu=True,
+                      verify_steps=0)
+    truth_corr = rl.Corrections(expert=3.0)
+    bs, b = 64, 4
+    seqs = {i: (Region.G,) * 100 + (Region.T,) * 1900 for i in range(b)}
+    tokens = {i: 2000 * bs + 3 for i in range(b)}
+    tb = cfg.kv_bytes_per_token()
+    shares = []
+    res = b * (100 * bs + 3)
+    t = b * 1900 * bs
+    for _ in range(steps):
+        cpu_t = sum(bs * sum(cpu_mask(seqs[i], pol.assign(SeqKV(i, tokens[i], seqs[i])))[100:])
+                    for i in range(b))
+        shares.append(cpu_t / t)
+        load = rl.StepLoad(b, res, t - cpu_t, 0, cpu_t)
+        truth = rl.predict_step(prof, cfg, load, True, truth_corr)
+        for i in range(b):
+            tokens[i] += 1
+        timing = {"cpu_s": truth.cpu_attn_s, "gpu_s": truth.gpu_attn_s, "pcie_s": truth.pcie_s,
+                  "step_s": truth.step_s, "cpu_bytes": cpu_t * tb,
+                  "gpu_bytes": (res + t - cpu_t) * tb, "t_bytes": (t - cpu_t) * tb,
+                  "batch_lengths": list(tokens.values())}
+        if report_experts:
+            timing["cpu_expert_s"] = truth.expert_s
+        pol.observe(timing)
+    best = rl.optimal_cpu_share(prof, cfg, b, res, 0, t, True, truth_corr).cpu_share
+    return shares, best, pol
+
+
+def test_measured_cpu_expert_time_corrects_the_share():
+    """The runner reports the CPU experts' kernel seconds (``cpu_expert_s``); with experts 3x
+    slower than profiled, the CPU has less room for attention, and the planner finds the share
+    that is best under that truth. Without the report it keeps the profile's, larger, share
+    (DeepSeek-V2-Lite 8 x 128K with CPU experts ran 9% behind transfer that way:
+    2026-12-01b-h200 call 3)."""
+    shares, best, pol = _experts_loop(True)
+    blind, _, _ = _experts_loop(False)
+    assert blind[-1] > best + 0.05  # the error matters: the test is not vacuous
+    assert abs(shares[-1] - best) <= 0.02 + 0.05 * best, (shares[-1], best)
+    assert pol.feedback.corrections.expert == pytest.approx(3.0, rel=0.1)

@@ -325,9 +325,13 @@ class KernelConfig:
 def default_config(spec: KVSpec, group: int, qmax: int) -> KernelConfig:
     rows = max(16, _next_pow2(qmax * group))
     # measured on the H200 (bench/results/gpu_attention.md): 2 stages beat 3-4 for GQA (more
-    # programs per SM); for MLA 32-token tiles with 4 warps, 16-block chunks
+    # programs per SM); for MLA decode (16 rows) 64-token tiles with 4 warps, 16-block chunks
+    # (73-77% of HBM at 1 x 256K and 8 x 32K against 65-67% with 32-token tiles, timed with
+    # queued launches: bench/results/2026-12-01b-h200 call 3)
     if spec.is_mla:  # [BLOCK_M, 512] fp32 accumulator, [BLOCK_N, 576] bf16 tile per stage
-        return KernelConfig(min(rows, 32), 32, 8 if rows > 16 else 4, 2)
+        if rows <= 16:
+            return KernelConfig(16, 64, 4, 2)
+        return KernelConfig(min(rows, 32), 32, 8, 2)
     wide = max(spec.k_dim, spec.v_dim) > 128
     return KernelConfig(min(rows, 64), 32 if wide else 64, 4, 2)
 

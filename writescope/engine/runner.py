@@ -70,8 +70,10 @@ class ModelRunner:
                 hidden = hidden[h2d(last_rows, self.device, torch.long)]
                 logits = self.model.compute_logits(hidden)
             t1 = time.perf_counter()
-            self.cache.end_step()  # waits for the device
-            raise_pending_errors()  # CPU expert calls the device waited for
+            # the CPU expert calls the device waits for (their kernel seconds go to the planner
+            # with the step's timing), then the step's end, which waits for the device
+            expert_s = raise_pending_errors()
+            self.cache.end_step(None if expert_s is None else {"cpu_expert_s": expert_s})
             self.last_times = {"forward_host_s": t1 - t0,
                                "device_tail_s": time.perf_counter() - t1}
             if self.graphs is not None:

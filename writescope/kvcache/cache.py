@@ -531,7 +531,10 @@ class InplaceKVCache:
             w_flat.index_copy_(0, step["w_dst"], records.index_select(0, step["w_src"]))
             self.counters["kv.bytes_written.W"] += step["w_dst"].numel() * tok_bytes
 
-    def end_step(self) -> dict:
+    def end_step(self, extra_timing: dict | None = None) -> dict:
+        """Close the step: seal its blocks, count, and show the placement policy the step's
+        timing (the attention side's, plus ``extra_timing``: the runner's CPU experts'
+        ``cpu_expert_s``)."""
         step = self._step
         if step is None:
             raise KVCacheError("end_step without begin_step")
@@ -550,6 +553,7 @@ class InplaceKVCache:
                       gpu_bytes=step["read_tokens"]["gpu"] * tb,
                       t_bytes=step["read_tokens"]["t_gpu"] * tb,
                       batch_lengths=[s + n for _, s, n in step["work"]])
+        timing.update(extra_timing or {})
         self.last_timing = timing
         self.policy.observe(timing)
         self._step = None

@@ -354,13 +354,16 @@ def _host_flags(device: torch.device):
     return _flags
 
 
-def raise_pending_errors() -> None:
-    """After the step's device work has finished: re-raise the first failure of a CPU expert call
-    the device waited for (and a device wait that gave up). Clears the pending list."""
+def raise_pending_errors() -> float | None:
+    """Once the step is enqueued: wait for the CPU expert calls the device waits for, re-raise
+    the first failure among them (and a device wait that gave up), clear the pending list.
+    Returns the kernel seconds of the calls that ran on the native queue (the planner corrects
+    its experts' rate with them), or None when none did."""
     global _pending, _native_pending
     jobs, _pending = _pending, []
     native, _native_pending = _native_pending, 0
     errors = []
+    kernel_s = None
     for f in jobs:
         try:
             f.result()
@@ -368,7 +371,7 @@ def raise_pending_errors() -> None:
             errors.append(e)
     if native and _native_queue is not None:
         try:
-            _native_queue.drain()
+            kernel_s = _native_queue.drain()[2]
         except Exception as e:  # noqa: BLE001 - re-raised below
             errors.append(RuntimeError(f"CPU expert call failed: {e} (-1: an expert id out of "
                                        f"range, -2: a bad argument, -10: the inputs never came)"))
@@ -379,6 +382,7 @@ def raise_pending_errors() -> None:
             errors.append(e)
     if errors:
         raise errors[0]
+    return kernel_s
 
 
 @dataclass
