@@ -1,20 +1,17 @@
 #!/bin/bash
-# Next session, call 1 (planned 2026-12-01, seventh session, which had no device time): GPU tests
-# at HEAD (untested on the GPU: the two-region native CPU side d5f6c19, host-wait fallback, MLA
-# per-head prefill, h2d index copies, the one-pass merge kernel); resident decode with the new
-# merge and 4-64-block chunks (the merge timed alone); MLA prefill per head against absorbed;
-# the AMX kernel's prefetch distance; then DeepSeek-V2-Lite 4 x 32K, all five policies.
-# Copy into bench/results/<date>-h200/ and run from the repository root:
-#   bash bench/results/<date>-h200/call1.sh
+# Next session, call 1 (planned 2026-12-01, eighth session): issue 6's experts-on-CPU grid at one
+# source, all five policies in one run, the profile calibrated in the same call (the machine's
+# CPU read measured 128.5 and 87.3 GB/s in two calls of 2026-12-01b): Qwen3-30B-A3B 4 x 64K
+# and 4 x 128K (both spill more KV than the experts read? 64K: ~12 GB vs 13 GB), then
+# DeepSeek-V2-Lite 8 x 128K (1M tokens). Copy into bench/results/<date>-h200/ and run from the
+# repository root: bash bench/results/<date>-h200/call1.sh
 source bench/results/run-helper.sh
-call_begin 560
-run gpu-tests 130 env WRITESCOPE_PROFILE=$PWD/bench/profiles/h200.json python -m pytest -m gpu -q \
-  -p no:cacheprovider --tb=short -rf -o faulthandler_timeout=60
-run resident 70 python -m writescope.bench.gpu_attention --skip spilled --reps 2 \
-  --json $R/gpu_attention-resident.json
-run prefill 40 python -m writescope.bench.prefill --shapes mla-16/1/576 --contexts 0,28K,124K
-run cpu-attn-pf 60 python -m writescope.bench.cpu_attention --reps 3 --torch-reps 0 --no-variants \
-  --no-gpu-layout --sizes 1x256K,8x32K --prefetch-blocks 1,2,4 --json $R/cpu_attention-pf.json
-B="python -m writescope bench --model deepseek-v2-lite --random-weights --max-num-batched-tokens 4096 --decode-steps 24 --profile bench/profiles/h200.json --vram-budget 48GiB --experts gpu --num-gpu-blocks 128 --batch 4 --context-lengths 32k --no-progress"
-run dsv2-32k 260 $B --policies writescope,static,transfer,cpu,migrate --out $R/dsv2-32k
+call_begin 570
+run calibrate 40 python -m writescope calibrate --out $R/h200-profile.json
+P=$R/h200-profile.json; [ -s $P ] || P=bench/profiles/h200.json
+C="--random-weights --profile $P --vram-budget 32GiB --experts cpu --max-num-batched-tokens 16384 --warmup-length 4k --decode-steps 12 --prefill synthetic --no-progress --policies writescope,transfer,cpu,static,migrate"
+run qwen3 300 env WRITESCOPE_STACKS_EVERY_S=120 python -m writescope bench --model qwen3-30b-a3b \
+  --batch 4 --context-lengths 64k,128k $C --out $R/qwen3
+run dsv2-1m 200 env WRITESCOPE_STACKS_EVERY_S=120 python -m writescope bench --model deepseek-v2-lite \
+  --batch 8 --context-lengths 128k $C --out $R/dsv2-1m
 call_end

@@ -1,13 +1,13 @@
 #!/bin/bash
-# Next session, call 3: the rest of issue 6's experts-on-CPU grid with --prefill synthetic:
-# DeepSeek-V2-Lite at 8 x 128K (1M tokens: the largest aggregate the issue names; G holds
-# ~985K tokens at 32 GiB, so ~2 GB spills) and Mixtral-8x7B at 2 x 64K (fits G: no spill) and
-# 2 x 128K (~4 GB spills; G holds ~229K tokens), 32 GiB budgets, all policies but migrate.
+# Next session, call 3: the transformers peer with real prefill beside writescope (DeepSeek-V2-Lite
+# 1 x 8K, experts on the CPU, 32 GiB; issue 6 wants >= 10x the peer wherever it runs), then the
+# hybrid attention bench (not run since the sixth session; the one-pass merge kernel inside it).
 source bench/results/run-helper.sh
 call_begin 570
-C="--random-weights --profile bench/profiles/h200.json --vram-budget 32GiB --experts cpu --max-num-batched-tokens 16384 --warmup-length 4k --decode-steps 12 --prefill synthetic --no-progress --policies writescope,transfer,cpu,static"
-run dsv2-1m 250 env WRITESCOPE_STACKS_EVERY_S=60 python -m writescope bench --model deepseek-v2-lite \
-  --batch 8 --context-lengths 128k $C --out $R/dsv2-1m
-run mixtral 300 env WRITESCOPE_STACKS_EVERY_S=60 python -m writescope bench --model mixtral-8x7b \
-  --batch 2 --context-lengths 64k,128k $C --out $R/mixtral
+run peer 330 python -m writescope bench --model deepseek-v2-lite --random-weights \
+  --profile bench/profiles/h200.json --vram-budget 32GiB --experts cpu --batch 1 \
+  --context-lengths 8k --decode-steps 8 --policies writescope,transfer --peer transformers \
+  --no-progress --out $R/peer
+run hybrid 200 python -m writescope.bench.gpu_attention --skip resident --staging-mib 512 --reps 2 \
+  --json $R/gpu_attention-hybrid.json
 call_end
