@@ -358,3 +358,19 @@ def test_random_draw_is_chunked_parallel_and_thread_count_free(monkeypatch):
     gen = CpuExperts.random(2, 40, 100, torch.float32, generator=torch.Generator().manual_seed(1))
     gen2 = CpuExperts.random(2, 40, 100, torch.float32, generator=torch.Generator().manual_seed(1))
     assert torch.equal(gen.gate_up, gen2.gate_up)
+
+
+def test_routed_bytes_count_each_calls_distinct_experts():
+    """take_routed_bytes: per call, its distinct experts x one expert's bytes (what the call
+    reads), summed over the calls since the last take; None when none ran."""
+    E, H, I = 8, 64, 32
+    gate, up, down = _weights(E, H, I)
+    layer = CpuExperts.from_weights(gate, up, down, dtype=torch.float32)
+    ce.take_routed_bytes()  # calls of earlier tests
+    x = torch.randn(3, H)
+    w = torch.full((3, 2), 0.5)
+    layer.forward(x, torch.tensor([[0, 1], [1, 2], [0, 2]]), w)  # experts 0, 1, 2
+    layer.wait(layer.submit(x, torch.tensor([[5, 5], [5, 5], [7, 5]]), w))  # 5, 7
+    assert layer.expert_bytes == 3 * H * I * 4
+    assert ce.take_routed_bytes() == (3 + 2) * layer.expert_bytes
+    assert ce.take_routed_bytes() is None

@@ -215,3 +215,21 @@ def test_synthetic_prefill_places_like_a_real_one(tiny_qwen3_moe, policy):
         syn.step()
     s = syn.stats()
     assert s["engine.synthetic_prefill_tokens"] == 113 and s["kv.bytes_moved_after_placement"] == 0
+
+
+def test_a_step_reports_the_cpu_experts_bytes_it_read(tiny_qwen3_moe):
+    """With the routed experts on the CPU, every step's timing carries the expert bytes its CPU
+    calls read (distinct experts per layer): between one expert per MoE layer and all of them."""
+    llm = LLM(str(tiny_qwen3_moe), dtype="float32", device="cpu", experts="cpu",
+              max_model_len=128)
+    eng = llm.engine
+    eng.add_request("a", [5, 6, 7, 8], SamplingParams(max_tokens=3, ignore_eos=True))
+    eng.step()
+    cfg = eng.config
+    layers = [m for m in eng.model.modules() if getattr(m, "cpu_experts", None) is not None]
+    per_expert = layers[0].cpu_experts.expert_bytes
+    got = eng.cache.last_timing["cpu_expert_bytes"]
+    assert len(layers) * per_expert <= got <= len(layers) * cfg.num_experts * per_expert
+    eng.step()  # a decode step: one token, top-k experts per layer
+    got = eng.cache.last_timing["cpu_expert_bytes"]
+    assert len(layers) * per_expert <= got <= len(layers) * cfg.num_experts_per_tok * per_expert

@@ -272,6 +272,26 @@ def test_cpu_tokens_non_decreasing_random_profiles(rc, rp, rt, b, g, exp, rexp):
     assert all(y >= x * (1 - 1e-9) for x, y in zip(cpu_tokens, cpu_tokens[1:])), cpu_tokens
 
 
+def test_bound_charges_the_measured_expert_bytes():
+    """Given the experts' bytes a step really read, the bound charges those instead of uniform
+    routing's: the same figure gives the same bound, fewer bytes a lower one (Mixtral 2 x 128K
+    measured a step below its uniform-routing bound: 2026-12-01b-h200 call 4)."""
+    cfg = ModelConfig.from_hf("mixtral-8x7b")
+    prof = h200_like()
+    lens = [131072] * 2
+    g = rl.gpu_kv_capacity_tokens(cfg, 32 * 2 ** 30, True)
+    uniform = sum(rl.active_experts(cfg.num_experts, cfg.num_experts_per_tok, 2)
+                  * rl.layer_param_counts(cfg, i)["expert"] * rl.WEIGHT_BYTES
+                  for i in range(cfg.num_layers))
+    base = rl.roofline_bound_s(prof, cfg, lens, g, True)
+    assert rl.roofline_bound_s(prof, cfg, lens, g, True, uniform) == pytest.approx(base)
+    less = rl.roofline_bound_s(prof, cfg, lens, g, True, 0.6 * uniform)
+    assert less < 0.9 * base
+    # with the experts on the GPU the figure does not apply
+    assert rl.roofline_bound_s(prof, cfg, lens, g, False, 0.6 * uniform) == \
+        rl.roofline_bound_s(prof, cfg, lens, g, False)
+
+
 def test_writescope_never_predicted_slower_than_baselines():
     cfg = ModelConfig.from_hf("mixtral-8x7b")
     prof = h200_like()

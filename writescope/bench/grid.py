@@ -26,7 +26,10 @@ prompts of ``context`` tokens through prefill and then ``decode_steps`` timed de
   lengths (:func:`writescope.planner.roofline.plan_for_lengths`; ``migrate`` as its target share),
   ``planner_predicted_step_s`` -- the policy's own online prediction when it makes one (mean over
   the decode steps), ``roofline_bound_s`` -- the lower bound of
-  :func:`~writescope.planner.roofline.roofline_bound_s` and ``bound_efficiency`` = bound / mean step.
+  :func:`~writescope.planner.roofline.roofline_bound_s` and ``bound_efficiency`` = bound / mean step;
+* ``cpu_expert_bytes_per_step`` -- routed-expert bytes on the CPU per decode step under uniform
+  routing; ``cpu_expert_bytes_measured`` -- what the CPU expert calls read (their distinct
+  experts), mean over the decode steps; the bound charges the measured figure when there is one.
 
 ``static`` gets its CPU share once per model: the roofline's best share for the largest batch
 of sequences of ``static_ref_length`` tokens (:func:`~writescope.planner.roofline.target_share`), unless
@@ -401,7 +404,7 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
             tokens[rid] = list(engine.requests[rid].output_token_ids)
         # ---- timed decode steps, the whole batch decoding
         counters = cache.counters
-        step_times, shares, predicted, host_fracs = [], [], [], []
+        step_times, shares, predicted, host_fracs, expert_bytes = [], [], [], [], []
         moved_prefill = counters["kv.bytes_moved_after_placement"] - moved0
         for _ in range(decode_steps):
             c0, g0 = counters["kv.bytes_read.cpu"], counters["kv.bytes_read.gpu"]
@@ -414,6 +417,9 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
             step_times.append(dt)
             dc, dg = counters["kv.bytes_read.cpu"] - c0, counters["kv.bytes_read.gpu"] - g0
             shares.append(dc / (dc + dg) if dc + dg else 0.0)
+            eb = (cache.last_timing or {}).get("cpu_expert_bytes")
+            if eb is not None:
+                expert_bytes.append(float(eb))
             lt = getattr(engine.runner, "last_times", {})
             if lt:
                 host_fracs.append(lt["forward_host_s"] / max(1e-12, lt["forward_host_s"]
@@ -459,6 +465,8 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
         "bytes_moved": int(moved), "bytes_moved_prefill": int(moved_prefill),
         "cpu_share_steps": shares,
         "cpu_share_mean": float(np.mean(shares)) if shares else 0.0,
+        # routed-expert bytes the CPU expert calls read per decode step (distinct experts)
+        "cpu_expert_bytes_measured": float(np.mean(expert_bytes)) if expert_bytes else None,
         "planner_predicted_step_s": float(np.mean(predicted)) if predicted else None,
         "planner_target_share": st.get("planner.target_share", st.get("planner.cpu_share")),
         "last_step_timing": {k: v for k, v in timing.items()
@@ -556,10 +564,11 @@ def _run_untimed(engine, prompts, max_tokens: int, tag: str, synthetic: int | No
 
 
 def model_terms(profile, cfg, engine, policy: str, batch: int, ctx: int, decode_steps: int,
-                static_share: float) -> dict[str, Any]:
+                static_share: float, cpu_expert_bytes: float | None = None) -> dict[str, Any]:
     """The roofline model's step time for this policy and the roofline bound (mid-decode); and
     the two byte counts issue 6's experts-on-CPU target compares: the KV that spills past G per
-    decode step, and the routed-expert weights the CPU reads per step (uniform routing)."""
+    decode step, and the routed-expert weights the CPU reads per step (uniform routing). With
+    ``cpu_expert_bytes`` (the row's measured mean) the bound charges the experts actually read."""
     from ..planner import roofline as rl
     lengths = [ctx + decode_steps // 2] * batch
     g_tokens = float(engine.cache.layout.num_blocks[_region("G")] * engine.cache.bs)
@@ -581,7 +590,8 @@ def model_terms(profile, cfg, engine, policy: str, batch: int, ctx: int, decode_
         out["model_step_s"], out["model_cpu_share"] = sp.prediction.step_s, sp.cpu_share
     except ValueError:
         out["model_step_s"] = None
-    out["roofline_bound_s"] = rl.roofline_bound_s(profile, cfg, lengths, g_tokens, on_cpu)
+    out["roofline_bound_s"] = rl.roofline_bound_s(profile, cfg, lengths, g_tokens, on_cpu,
+                                                  cpu_expert_bytes)
     return out
 
 
@@ -751,7 +761,7 @@ class Grid:
                         row.update(run_engine_row(engine, prompts, s.decode_steps, vram_budget,
                                                   f"{policy}-{b}-{n}", s.prefill, s.seed))
                         row.update(model_terms(profile, cfg, engine, policy, b, n, s.decode_steps,
-                                               static_share))
+                                               static_share, row.get("cpu_expert_bytes_measured")))
                         if row.get("roofline_bound_s") and row.get("mean_step_s"):
                             row["bound_efficiency"] = row["roofline_bound_s"] / row["mean_step_s"]
                         if policy == "writescope":

@@ -68,7 +68,8 @@ def summarize(rows: list[dict[str, Any]], min_context: int = SUMMARY_MIN_CONTEXT
         bound = []
         for d in vs_best:
             ws = cells[(d["batch"], d["context"])][BASE]
-            kv, ex = ws.get("spilled_kv_bytes_per_step"), ws.get("cpu_expert_bytes_per_step")
+            kv = ws.get("spilled_kv_bytes_per_step")
+            ex = ws.get("cpu_expert_bytes_measured") or ws.get("cpu_expert_bytes_per_step")
             if kv and ex and kv > ex:
                 bound.append(d)
         out[model] = {

@@ -8,7 +8,7 @@ import torch
 from ..core import StepBatch
 from ..hostmem import h2d
 from ..kvcache.cache import InplaceKVCache
-from ..layers.cpu_experts import raise_pending_errors
+from ..layers.cpu_experts import raise_pending_errors, take_routed_bytes
 from ..layers.sampler import Sampler
 from ..models.base import CausalLM
 
@@ -73,7 +73,8 @@ class ModelRunner:
             # the CPU expert calls the device waits for (their kernel seconds go to the planner
             # with the step's timing), then the step's end, which waits for the device
             expert_s = raise_pending_errors()
-            self.cache.end_step(None if expert_s is None else {"cpu_expert_s": expert_s})
+            extra = {"cpu_expert_s": expert_s, "cpu_expert_bytes": take_routed_bytes()}
+            self.cache.end_step({k: v for k, v in extra.items() if v is not None})
             self.last_times = {"forward_host_s": t1 - t0,
                                "device_tail_s": time.perf_counter() - t1}
             if self.graphs is not None:
@@ -88,6 +89,7 @@ class ModelRunner:
                 raise_pending_errors()
             except Exception:  # noqa: BLE001 - the step's own error is the one to report
                 pass
+            take_routed_bytes()  # this step's routing does not go into the next step's figure
             raise
         return self.sampler.sample(logits, [s.request.params for s in sampled],
                                    [s.request.seq_id for s in sampled])

@@ -34,6 +34,7 @@ the GPU runs the rest of the layer) and llama.cpp's ggml-cpu ``MUL_MAT_ID`` (cou
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import ctypes
 import hashlib
@@ -354,6 +355,25 @@ def _host_flags(device: torch.device):
     return _flags
 
 
+#: the host routing ids of recent calls, with one expert's bytes: :func:`take_routed_bytes`
+#: counts the experts they read (bounded: a caller that never takes keeps only the latest)
+_routed: collections.deque = collections.deque(maxlen=4096)
+
+
+def take_routed_bytes() -> int | None:
+    """Expert weight bytes the calls since the last take read: per call, its distinct experts
+    times one expert's bytes (what uniform routing only estimates). Call it once the calls are
+    done (after :func:`raise_pending_errors`): their host copies of the ids have landed. None
+    when no call ran."""
+    if not _routed:
+        return None
+    total = 0
+    while _routed:
+        ids, per_expert = _routed.popleft()
+        total += len(set(ids.view(-1).tolist())) * per_expert  # ~3 us for a decode call
+    return total
+
+
 def raise_pending_errors() -> float | None:
     """Once the step is enqueued: wait for the CPU expert calls the device waits for, re-raise
     the first failure among them (and a device wait that gave up), clear the pending list.
@@ -633,6 +653,7 @@ class CpuExperts:
             x, ids, w = (t.to("cpu").contiguous() for t in (x, ids, w))
             if x.data_ptr() == hidden.data_ptr():  # the caller may overwrite hidden meanwhile
                 x = x.clone()
+        _routed.append((ids, self.expert_bytes))
         pin = dev.type == "cuda"
         if _device_wait_enabled(dev):
             ready = getattr(event, "address", None)
@@ -710,6 +731,7 @@ class CpuExperts:
         x = hidden.detach().to(self.dtype).contiguous()
         ids = topk_ids.detach().to("cpu", torch.int32).contiguous()
         w = topk_weights.detach().to("cpu", torch.float32).contiguous()
+        _routed.append((ids, self.expert_bytes))
         return self._compute(x, ids, w, hidden.dtype, False, None)
 
     __call__ = forward

@@ -440,7 +440,8 @@ def _host_io_s(profile: "HardwareProfile", kv: float, cpu_expert: float) -> floa
 
 
 def roofline_bound_s(profile: "HardwareProfile", cfg: "ModelConfig", lengths: Sequence[int],
-                     gpu_kv_tokens: float, experts_on_cpu: bool) -> float:
+                     gpu_kv_tokens: float, experts_on_cpu: bool,
+                     cpu_expert_bytes: float | None = None) -> float:
     """A lower bound on step time, per layer the larger of two resources' times, each at its
     measured ceiling with no kernel inefficiency, fixed cost or dependency between them:
 
@@ -450,15 +451,26 @@ def roofline_bound_s(profile: "HardwareProfile", cfg: "ModelConfig", lengths: Se
       routed experts' weights when they are on the CPU (:func:`_host_io_s`) -- the CPU cannot
       read experts and attend KV at full speed at once.
 
-    Without a GPU one processor reads everything, one thing after another."""
+    Without a GPU one processor reads everything, one thing after another.
+
+    The routed experts' bytes are those of uniform routing, unless ``cpu_expert_bytes`` gives the
+    bytes a step's CPU expert calls actually read (``cpu_expert_bytes`` of the step timing; a
+    router activates fewer distinct experts than uniform routing when it concentrates): then the
+    experts' bytes of every layer are scaled so that their sum is that figure."""
     res = sum(resident_tokens(lengths, gpu_kv_tokens))
     spilled = sum(lengths) - res
     kvb = kv_bytes_per_token_layer(cfg)
     b = len(lengths)
+    act = active_experts(cfg.num_experts, cfg.num_experts_per_tok, b)
+    scale = 1.0
+    if cpu_expert_bytes is not None and experts_on_cpu:
+        uniform = sum(act * layer_param_counts(cfg, i)["expert"] * WEIGHT_BYTES
+                      for i in range(cfg.num_layers))
+        scale = float(cpu_expert_bytes) / uniform if uniform > 0 else 1.0
     total = 0.0
     for i in range(cfg.num_layers):
         p = layer_param_counts(cfg, i)
-        exp = active_experts(cfg.num_experts, cfg.num_experts_per_tok, b) * p["expert"] * WEIGHT_BYTES
+        exp = scale * act * p["expert"] * WEIGHT_BYTES
         weights = (p["attn"] + p["mlp"]) * WEIGHT_BYTES / profile.weight_read_Bps
         if not profile.has_gpu:
             total += weights + (exp + (spilled + res) * kvb) / profile.cpu_read_Bps
