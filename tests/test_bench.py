@@ -253,6 +253,15 @@ def test_cpu_attention_bench_parses_sizes_as_printed():
                             "--read-bytes", "1048576"])
 
 
+def test_cpu_attention_bench_takes_shape_families_and_refuses_unknown_shapes():
+    from writescope.bench import cpu_attention
+    with pytest.raises(SystemExit, match="unknown shape 'mlx'.*mla-16/1/576.*family: gqa, mla"):
+        cpu_attention.main(["--shapes", "mlx", "--reps", "1", "--read-bytes", "1048576"])
+    with pytest.raises(SystemExit, match="BATCHxLENGTH"):  # "mla" was accepted: sizes are next
+        cpu_attention.main(["--shapes", "mla", "--sizes", "1xlots", "--reps", "1",
+                            "--read-bytes", "1048576"])
+
+
 def test_cpu_attention_bench_rows_against_the_best_read_probe(tmp_path):
     """Tiny sizes: every row carries median and best rates, the probes of the run and fractions
     of the best probe; a prefetch sweep adds its rates."""
@@ -261,7 +270,7 @@ def test_cpu_attention_bench_rows_against_the_best_read_probe(tmp_path):
         pytest.skip("no C++ compiler for the CPU attention kernel")
     from writescope.bench import cpu_attention
     out = tmp_path / "c.json"
-    res = cpu_attention.main(["--sizes", "1x300,2x100", "--shapes", "mla-16/1/576", "--reps", "2",
+    res = cpu_attention.main(["--sizes", "1x300,2x100", "--shapes", "mla", "--reps", "2",
                               "--torch-reps", "0", "--no-variants", "--no-gpu-layout",
                               "--prefetch-blocks", "1,3", "--read-bytes", str(1 << 22),
                               "--json", str(out)])

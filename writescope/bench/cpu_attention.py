@@ -201,6 +201,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--read-bytes", type=int, default=0,
                     help="bandwidth probe array (default: max(1 GiB, 6 x last-level cache))")
     args = ap.parse_args(argv)
+    shapes = []
+    for name in filter(None, args.shapes.split(",")):  # a full name, or its family: "mla", "gqa"
+        match = [k for k in SHAPES if k == name or k.split("-")[0] == name]
+        if not match:
+            raise SystemExit(f"--shapes: unknown shape {name!r} (known: {', '.join(SHAPES)}, "
+                             f"or a family: {', '.join(sorted({k.split('-')[0] for k in SHAPES}))})")
+        shapes += [k for k in match if k not in shapes]
     if not cpu.available():
         raise SystemExit(f"CPU attention kernel unavailable: {cpu.load_error()}")
     if args.threads:
@@ -217,7 +224,7 @@ def main(argv: list[str] | None = None) -> dict:
           f"{read_bw:.1f} GB/s", flush=True)
     hdr = f"{'shape':14} {'BxL':>9} {'isa':>6} {'kernel':>8} {'%read':>6} {'best%':>6} {'paired%':>7} {'torch':>7} {'x torch':>7} {'paged':>6} {'T-layout':>8}  variants"
     print(hdr, flush=True)
-    for name in args.shapes.split(","):
+    for name in shapes:
         for bl in args.sizes.split(","):
             try:  # "8x32K" or "8x32768", as the table prints them
                 b, l = (parse_count(x) for x in bl.lower().split("x"))
