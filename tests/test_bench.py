@@ -377,6 +377,14 @@ def test_spill_warm_up_spills_past_g_and_frees_its_blocks(tiny_qwen3_moe):
     assert {r: eng.cache.alloc[r].num_free for r in regions} == free0
 
 
+def test_a_malformed_budget_is_the_commands_error(tmp_path, capsys):
+    from writescope.cli import main
+    rc = main(["bench", "--model", "deepseek-v2-lite", "--random-weights", "--vram-budget", "12XB",
+               "--out", str(tmp_path), "--no-progress"])
+    assert rc == 1 and "--vram-budget: cannot read '12XB' as a byte size" in capsys.readouterr().err
+    assert not (tmp_path / "results.json").exists()
+
+
 def test_warmup_length_is_checked(tmp_path, capsys):
     from writescope.cli import main
     rc = main(["bench", "--model", "nonexistent-model", "--warmup-length", "1", "--out",

@@ -128,6 +128,14 @@ class GridSpec:
         if self.config_overrides and not self.random_weights:
             raise ValueError("--config-override needs --random-weights (a checkpoint's tensors "
                              "have the published shapes)")
+        from ..units import parse_bytes
+        for flag, v in (("--vram-budget", self.vram_budget), ("--pinned-budget", self.pinned_budget),
+                        ("--host-budget", self.host_budget)):
+            if v is not None:  # a typo is the command's error, not every row's
+                try:
+                    parse_bytes(v)
+                except ValueError as e:
+                    raise ValueError(f"{flag}: {e}") from None
 
 
 # ---------------------------------------------------------------------------------- helpers

@@ -51,12 +51,13 @@ def run(args: argparse.Namespace) -> int:
     from ..llm import LLM
 
     prompts = [args.prompt] if args.prompt is not None else _read_prompts(args.prompts_file)
+    # checked before the model loads: a bad flag is an error at once, not after the weights
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                            max_tokens=args.max_tokens, seed=args.seed)
     llm = LLM(**engine_kwargs(args), show_progress=True)
     if args.chat:
         prompts = [llm.tokenizer.apply_chat_template([{"role": "user", "content": p}])
                    if isinstance(p, str) else p for p in prompts]
-    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                            max_tokens=args.max_tokens, seed=args.seed)
     t0 = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=True)
     dt = time.perf_counter() - t0

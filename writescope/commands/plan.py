@@ -148,6 +148,8 @@ def run(args: argparse.Namespace) -> int:
     from ..planner import roofline as rl
     from ..planner.profile import HardwareProfile, load_or_calibrate
     from ..units import format_bytes, parse_bytes, parse_count
+    if args.batch < 1:  # before a calibration may run
+        raise ValueError(f"--batch must be >= 1, got {args.batch}")
     cfg = ModelConfig.from_hf(args.model)
     if "_name_or_path" not in cfg.raw:
         cfg.raw["_name_or_path"] = Path(args.model).name or args.model
