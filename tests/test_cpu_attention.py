@@ -165,6 +165,7 @@ def test_prefetch_distance_changes_no_result(name):
     qin = q.to(torch.bfloat16)
     with pytest.raises(ValueError):
         cpu.set_prefetch_blocks(0)
+    default = cpu.get_prefetch_blocks()
     try:
         for layout, pool in [("cpu", cpool), ("gpu", gpool)]:
             cpu.set_prefetch_blocks(1)
@@ -174,7 +175,7 @@ def test_prefetch_distance_changes_no_result(name):
                 o, l = cpu.attend_cpu(qin, pool, layout, spec, batch, 0.1)
                 assert torch.equal(o, o1) and torch.equal(l, l1), (layout, n)
     finally:
-        cpu.set_prefetch_blocks(1)
+        cpu.set_prefetch_blocks(default)
 
 
 @needs_kernel

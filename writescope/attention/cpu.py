@@ -63,7 +63,9 @@ _amx_ok = False
 _threads: int | None = None
 _reserved = 0
 _isa = os.environ.get("WRITESCOPE_CPU_ATTN_ISA", "auto")
-_prefetch_blocks = int(os.environ.get("WRITESCOPE_CPU_ATTN_PREFETCH_BLOCKS", "1"))
+# 2: on the H200 host MLA ran 69.1 / 62.6 GB/s at 1x256K / 8x32K against 64.7 / 58.9 at 1 block
+# (GQA within 3%; bench/results/2026-12-01b-h200 call 1)
+_prefetch_blocks = int(os.environ.get("WRITESCOPE_CPU_ATTN_PREFETCH_BLOCKS", "2"))
 _isa_from_profile = False  # the setting is an engine's choice from its profile, not the user's
 
 
@@ -210,7 +212,7 @@ def set_isa(isa: str, *, from_profile: bool = False) -> None:
 
 def set_prefetch_blocks(n: int) -> None:
     """How many blocks ahead of its reads the AMX kernel's software prefetch into L2 may run
-    (default 1, or ``WRITESCOPE_CPU_ATTN_PREFETCH_BLOCKS``): farther hides more DRAM latency
+    (default 2, or ``WRITESCOPE_CPU_ATTN_PREFETCH_BLOCKS``): farther hides more DRAM latency
     when many cores stream at once, at the cost of L2 room."""
     global _prefetch_blocks
     if int(n) < 1:

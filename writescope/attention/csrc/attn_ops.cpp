@@ -582,7 +582,7 @@ void queue_main(WsQueue* Q) {
 
 }  // namespace
 
-static int g_prefetch_blocks = 1;
+static int g_prefetch_blocks = 2;  // cpu.py sets it at load (its default, or the env var)
 int ws_prefetch_blocks(void) { return g_prefetch_blocks; }
 
 extern "C" {
