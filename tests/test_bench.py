@@ -82,6 +82,31 @@ def test_summary_of_the_pairs_whose_spilled_kv_exceeds_the_cpu_experts_bytes():
     assert summarize(rows)["m"]["kv_over_experts"]["pairs"] == []
 
 
+def test_merged_runs_sum_up_a_model_per_experts_placement(tmp_path):
+    """Runs merged by --report that hold a model with its experts on the GPU and on the CPU are
+    summed up, tabled and plotted apart (issue 6's targets differ; the same batch and context
+    must not stand in for each other); a model in one placement keeps its own name."""
+    from writescope.bench.report import write_report
+    gpu = [_row("writescope", 4, 32768, 80), _row("transfer", 4, 32768, 50)]
+    cpu = [_row("writescope", 4, 32768, 12), _row("transfer", 4, 32768, 8),
+           _row("transformers", 4, 32768, 1, peer=True)]
+    for r in gpu:
+        r["experts"] = "gpu"
+    for r in cpu[:2]:
+        r["cpu_expert_bytes_per_step"] = 13e9  # (older rows: no "experts" field)
+    cpu[2]["experts"] = "cpu"
+    s = summarize(gpu + cpu)
+    assert set(s) == {"m, experts on GPU", "m, experts on CPU"}
+    assert s["m, experts on GPU"]["speedup_over"]["transfer"]["geomean_speedup"] == pytest.approx(1.6)
+    assert s["m, experts on CPU"]["speedup_over"]["transfer"]["geomean_speedup"] == pytest.approx(1.5)
+    assert s["m, experts on CPU"]["speedup_over"]["transformers"]["geomean_speedup"] == 12
+    assert set(summarize(cpu)) == {"m"}
+    res = write_report({"rows": gpu + cpu, "summary": s}, tmp_path)
+    assert sorted(p.name for p in res["plots"]) == [
+        "cpu-share-m-experts-on-CPU.png", "cpu-share-m-experts-on-GPU.png",
+        "throughput-m-experts-on-CPU.png", "throughput-m-experts-on-GPU.png"]
+
+
 def test_unknown_model_gives_failed_rows_and_files(tmp_path):
     spec = GridSpec(models=["no-such-model"], batches=[1], context_lengths=[64, 128],
                     decode_steps=4, policies=["transfer", "migrate"], out=str(tmp_path), device="cpu")
@@ -205,6 +230,7 @@ def test_report_merges_several_runs(grid, tmp_path):
     merged = _strict_json(tmp_path / "results.json")
     assert len(merged["rows"]) == 2 * len(_strict_json(grid / "results.json")["rows"])
     assert len(merged["meta"]["sources"]) == 2
+    assert merged["models"] and all(k.endswith(f"({grid})") for k in merged["models"])
 
 
 def test_provenance_digest_tracks_sources(tmp_path, monkeypatch):

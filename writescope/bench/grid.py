@@ -571,6 +571,12 @@ def _run_untimed(engine, prompts, max_tokens: int, tag: str, synthetic: int | No
             engine.abort_request(rid)
 
 
+def experts_where(engine) -> str:
+    """``"cpu"`` when any layer's routed experts run on the CPU (the engine's placement, which
+    the row's peer shares), else ``"gpu"``."""
+    return "cpu" if any(engine.cpu_expert_layers) else "gpu"
+
+
 def model_terms(profile, cfg, engine, policy: str, batch: int, ctx: int, decode_steps: int,
                 static_share: float, cpu_expert_bytes: float | None = None) -> dict[str, Any]:
     """The roofline model's step time for this policy and the roofline bound (mid-decode); and
@@ -761,6 +767,7 @@ class Grid:
             for b in s.batches:
                 for n in s.context_lengths:
                     row = {"model": model, "batch": b, "context": n, "policy": policy, "peer": False,
+                           "experts": experts_where(engine),
                            # whether the planner had measured its CPU path when the row began
                            "planner_verified": getattr(engine.cache.policy, "cpu_verified",
                                                        None)}
@@ -801,7 +808,8 @@ class Grid:
             for b in s.batches:
                 for n in s.context_lengths:
                     row = {"model": model, "batch": b, "context": n, "policy": peer_name,
-                           "peer": True, "peer_cache": peer.cache_impl,
+                           "peer": True, "experts": experts_where(engine),
+                           "peer_cache": peer.cache_impl,
                            "peer_weights": peer.weights_placement}
                     if peer.note:
                         row["note"] = peer.note

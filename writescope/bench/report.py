@@ -33,10 +33,39 @@ def geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else math.nan
 
 
+def experts_placement(row: dict[str, Any]) -> str | None:
+    """Where a row's routed experts ran: ``"cpu"``, ``"gpu"``, or None when the row does not
+    say (failed rows; results written before rows carried ``experts``)."""
+    if row.get("experts") in ("cpu", "gpu"):
+        return row["experts"]
+    ex = row.get("cpu_expert_bytes_per_step")
+    return None if ex is None else ("cpu" if ex > 0 else "gpu")
+
+
+def group_label(rows: list[dict[str, Any]]) -> "dict[int, str]":
+    """Per row (by ``id``), the group its model's figures are summed up in: the model's name, or
+    ``"<model>, experts on CPU|GPU"`` when the rows (e.g. several runs merged by ``--report``)
+    hold the model with its experts in both places -- issue 6's targets differ between the two,
+    and rows of the same batch and context must not stand in for each other."""
+    places: dict[str, set] = defaultdict(set)
+    for r in rows:
+        pl = experts_placement(r)
+        if pl is not None:
+            places[r["model"]].add(pl)
+    out = {}
+    for r in rows:
+        pl = experts_placement(r)
+        mixed = len(places[r["model"]]) > 1
+        out[id(r)] = (f"{r['model']}, experts on {pl.upper()}" if mixed and pl is not None
+                      else r["model"])
+    return out
+
+
 def summarize(rows: list[dict[str, Any]], min_context: int = SUMMARY_MIN_CONTEXT) -> dict[str, Any]:
     by_model: dict[str, dict[tuple, dict[str, dict]]] = defaultdict(lambda: defaultdict(dict))
+    label = group_label(rows)
     for r in rows:
-        by_model[r["model"]][(r["batch"], r["context"])][r["policy"]] = r
+        by_model[label[id(r)]][(r["batch"], r["context"])][r["policy"]] = r
     out: dict[str, Any] = {}
     for model, cells in by_model.items():
         names = sorted({p for c in cells.values() for p in c} - {BASE})
@@ -194,9 +223,10 @@ def plot(doc: dict[str, Any], out: Path) -> list[Path]:
 
     rows = doc.get("rows", [])
     written = []
-    models = list(dict.fromkeys(r["model"] for r in rows))
+    label = group_label(rows)
+    models = list(dict.fromkeys(label[id(r)] for r in rows))
     for model in models:
-        mrows = [r for r in rows if r["model"] == model]
+        mrows = [r for r in rows if label[id(r)] == model]
         batches = sorted({r["batch"] for r in mrows})
         policies = list(dict.fromkeys(r["policy"] for r in mrows))
         # ---- decode throughput against context length

@@ -133,7 +133,10 @@ def report_only(folders: list[str], out: str) -> int:
                    {"folder": f, "command": d.get("meta", {}).get("command"),
                     "git": d.get("meta", {}).get("git"), "timestamp": d.get("meta", {}).get("timestamp")}
                    for f, d in zip(folders, docs)]),
-               "models": {k: v for d in docs for k, v in d.get("models", {}).items()},
+               # a model may be in several runs (experts on the GPU in one, on the CPU in
+               # another): each run's facts are kept, under the model and its folder
+               "models": {f"{k} ({f})": v for f, d in zip(folders, docs)
+                          for k, v in d.get("models", {}).items()},
                "rows": [r for d in docs for r in d.get("rows", [])]}
     doc["summary"] = summarize(doc.get("rows", []))
     Path(out).mkdir(parents=True, exist_ok=True)
