@@ -1,6 +1,7 @@
 """``writescope bench`` output: the summary, the markdown table and the plots.
 
-* :func:`summarize` -- per model, the geometric-mean speedup of ``writescope`` decode throughput
+* :func:`summarize` -- per model (per model and experts placement when the rows hold a model
+  with its experts in both places: :func:`group_label`), the geometric-mean speedup of ``writescope`` decode throughput
   over every other policy and peer, over the (batch, context) pairs with context >= 8K where both
   ran; plus the two targets of the issue: the worst ratio of ``writescope`` to the best other
   *policy* per pair (target: never more than 3% slower) and the roofline-bound efficiency
