@@ -418,6 +418,23 @@ def test_warmup_length_is_checked(tmp_path, capsys):
     assert rc == 1 and "--warmup-length must be at least 2" in capsys.readouterr().err
 
 
+def test_cpu_expert_rows_carry_the_bytes_their_experts_read(tiny_qwen3_moe, tmp_path):
+    """Experts on the CPU: a row says so, carries the expert bytes its decode steps read
+    (distinct experts, at most top-k per token and layer) and a bound that charges them."""
+    rc = bench_cli(tiny_qwen3_moe, tmp_path, "--batch", "2", "--context-lengths", "40",
+                   "--decode-steps", "3", "--policies", "transfer", "--experts", "cpu")
+    assert rc == 0
+    (row,) = _strict_json(tmp_path / "results.json")["rows"]
+    assert not row.get("error"), row.get("error")
+    assert row["experts"] == "cpu"
+    from writescope.models.config import ModelConfig
+    cfg = ModelConfig.from_hf(str(tiny_qwen3_moe))
+    per_expert = 3 * cfg.hidden_size * cfg.moe_intermediate_size * 4  # float32
+    most = len(cfg.moe_layers) * min(cfg.num_experts, 2 * cfg.num_experts_per_tok) * per_expert
+    assert len(cfg.moe_layers) * per_expert <= row["cpu_expert_bytes_measured"] <= most
+    assert row["roofline_bound_s"] > 0
+
+
 def test_synthetic_prefill_rows(tiny_qwen3_moe, tmp_path):
     """--prefill synthetic: each row's prompts get random KV in the homes the policy chooses
     (all but the last token), then the same timed decode steps; no TTFT."""

@@ -604,6 +604,11 @@ def model_terms(profile, cfg, engine, policy: str, batch: int, ctx: int, decode_
         out["model_step_s"], out["model_cpu_share"] = sp.prediction.step_s, sp.cpu_share
     except ValueError:
         out["model_step_s"] = None
+    if cpu_expert_bytes is not None and on_cpu:
+        # the bound puts every MoE layer's experts on the CPU: a measured figure of only some
+        # layers (experts="auto" splits them) stands for all at its per-layer rate
+        n_cpu = sum(bool(engine.cpu_expert_layers[i]) for i in cfg.moe_layers)
+        cpu_expert_bytes = cpu_expert_bytes * len(cfg.moe_layers) / max(1, n_cpu)
     out["roofline_bound_s"] = rl.roofline_bound_s(profile, cfg, lengths, g_tokens, on_cpu,
                                                   cpu_expert_bytes)
     return out
