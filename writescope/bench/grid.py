@@ -508,7 +508,6 @@ def warm_up(engine, vocab_size: int, seed: int, length: int, batches=()) -> None
     capturing the decode step's CUDA graphs for that size, the planner's first measurements) do
     not land in the first timed row of a policy. If the placement policy still has not measured
     its CPU path after that (the long request fitted in G), :func:`warm_up_spill` shows it."""
-    from ..core import SamplingParams
     n = max(2, min(length, engine.max_model_len - WARMUP_DECODE_TOKENS - 1))
     rounds = [make_prompts(vocab_size, 1, n, seed + 1)]
     short = max(2, min(n, 64))
