@@ -433,6 +433,11 @@ def test_cpu_expert_rows_carry_the_bytes_their_experts_read(tiny_qwen3_moe, tmp_
     most = len(cfg.moe_layers) * min(cfg.num_experts, 2 * cfg.num_experts_per_tok) * per_expert
     assert len(cfg.moe_layers) * per_expert <= row["cpu_expert_bytes_measured"] <= most
     assert row["roofline_bound_s"] > 0
+    # and the seconds they took per step, which the rows table shows
+    assert 0 < row["cpu_expert_s_mean"] < row["mean_step_s"]
+    table = (tmp_path / "results.md").read_text()
+    assert "CPU experts ms" in table
+    assert f"| {row['cpu_expert_s_mean'] * 1e3:.4g} |" in table
 
 
 def test_synthetic_prefill_rows(tiny_qwen3_moe, tmp_path):

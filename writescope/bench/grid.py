@@ -412,7 +412,7 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
             tokens[rid] = list(engine.requests[rid].output_token_ids)
         # ---- timed decode steps, the whole batch decoding
         counters = cache.counters
-        step_times, shares, predicted, host_fracs, expert_bytes = [], [], [], [], []
+        step_times, shares, predicted, host_fracs, expert_bytes, expert_s = [], [], [], [], [], []
         moved_prefill = counters["kv.bytes_moved_after_placement"] - moved0
         for _ in range(decode_steps):
             c0, g0 = counters["kv.bytes_read.cpu"], counters["kv.bytes_read.gpu"]
@@ -428,6 +428,9 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
             eb = (cache.last_timing or {}).get("cpu_expert_bytes")
             if eb is not None:
                 expert_bytes.append(float(eb))
+            es = (cache.last_timing or {}).get("cpu_expert_s")
+            if isinstance(es, (int, float)):
+                expert_s.append(float(es))
             lt = getattr(engine.runner, "last_times", {})
             if lt:
                 host_fracs.append(lt["forward_host_s"] / max(1e-12, lt["forward_host_s"]
@@ -475,6 +478,9 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
         "cpu_share_mean": float(np.mean(shares)) if shares else 0.0,
         # routed-expert bytes the CPU expert calls read per decode step (distinct experts)
         "cpu_expert_bytes_measured": float(np.mean(expert_bytes)) if expert_bytes else None,
+        # seconds the CPU experts computed per decode step: the same work under every policy,
+        # so a spread between policies' rows is the machine (shared DRAM bandwidth), not them
+        "cpu_expert_s_mean": float(np.mean(expert_s)) if expert_s else None,
         "planner_predicted_step_s": float(np.mean(predicted)) if predicted else None,
         "planner_target_share": st.get("planner.target_share", st.get("planner.cpu_share")),
         "last_step_timing": {k: v for k, v in timing.items()

@@ -199,8 +199,8 @@ def markdown(doc: dict[str, Any]) -> str:
     lines += ["## Rows", "",
               "| model | batch | context | policy | tok/s | mean ms | p50 ms | p99 ms | TTFT s | "
               "peak VRAM | pinned used | host used | moved | CPU share | model ms | "
-              "bound ms | host-bound | error |",
-              "|" + "---|" * 18]
+              "bound ms | CPU experts ms | host-bound | error |",
+              "|" + "---|" * 19]
     for r in doc.get("rows", []):
         moved = r.get("bytes_moved")
         lines.append(
@@ -211,7 +211,8 @@ def markdown(doc: dict[str, Any]) -> str:
             f"{_bytes(r.get('pinned_used_bytes'))} | {_bytes(r.get('host_used_bytes'))} | "
             f"{_bytes(moved)} | "
             f"{_num(r.get('cpu_share_mean'), '{:.2f}')} | {_ms(r.get('model_step_s'))} | "
-            f"{_ms(r.get('roofline_bound_s'))} | {_num(r.get('host_bound_fraction'), '{:.2f}')} | "
+            f"{_ms(r.get('roofline_bound_s'))} | {_ms(r.get('cpu_expert_s_mean'))} | "
+            f"{_num(r.get('host_bound_fraction'), '{:.2f}')} | "
             f"{(r.get('error') or '').replace('|', '/')} |")
     lines.append("")
     return "\n".join(lines)

@@ -43,6 +43,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -358,6 +359,10 @@ def _host_flags(device: torch.device):
 #: the host routing ids of recent calls, with one expert's bytes: :func:`take_routed_bytes`
 #: counts the experts they read (bounded: a caller that never takes keeps only the latest)
 _routed: collections.deque = collections.deque(maxlen=4096)
+#: kernel seconds of the calls that ran in Python threads (not on the native queue) since the
+#: last :func:`raise_pending_errors`
+_inline_s = 0.0
+_inline_lock = threading.Lock()
 
 
 def take_routed_bytes() -> int | None:
@@ -377,21 +382,22 @@ def take_routed_bytes() -> int | None:
 def raise_pending_errors() -> float | None:
     """Once the step is enqueued: wait for the CPU expert calls the device waits for, re-raise
     the first failure among them (and a device wait that gave up), clear the pending list.
-    Returns the kernel seconds of the calls that ran on the native queue (the planner corrects
-    its experts' rate with them), or None when none did."""
-    global _pending, _native_pending
+    Returns the kernel seconds of the calls that ran on the native queue or inline (the planner
+    corrects its experts' rate with them), or None when none did."""
+    global _pending, _native_pending, _inline_s
     jobs, _pending = _pending, []
     native, _native_pending = _native_pending, 0
     errors = []
-    kernel_s = None
     for f in jobs:
         try:
             f.result()
         except Exception as e:  # noqa: BLE001 - re-raised below
             errors.append(e)
+    with _inline_lock:
+        kernel_s, _inline_s = _inline_s or None, 0.0
     if native and _native_queue is not None:
         try:
-            kernel_s = _native_queue.drain()[2]
+            kernel_s = (kernel_s or 0.0) + _native_queue.drain()[2]
         except Exception as e:  # noqa: BLE001 - re-raised below
             errors.append(RuntimeError(f"CPU expert call failed: {e} (-1: an expert id out of "
                                        f"range, -2: a bad argument, -10: the inputs never came)"))
@@ -738,12 +744,16 @@ class CpuExperts:
 
     def _compute(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype,
                  pin: bool, event) -> torch.Tensor:
+        global _inline_s
         if event is not None:
             event.synchronize()
+        t = time.perf_counter()
         if self.backend == "cpp":
             out = self._compute_cpp(x, ids, w)
         else:
             out = self._compute_torch(x, ids, w)
+        with _inline_lock:
+            _inline_s += time.perf_counter() - t
         if pin:
             res = torch.empty(out.shape, dtype=out_dtype, pin_memory=True)
             res.copy_(out)
