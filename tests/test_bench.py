@@ -6,6 +6,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from writescope.bench.grid import GridSpec, make_prompts, parse_int_list, parse_name_list, run_grid
 from writescope.bench.report import geomean, markdown, summarize
@@ -190,6 +191,29 @@ def test_failed_rows_do_not_stop_the_run(grid):
         assert r["p50_step_s"] <= r["p99_step_s"] and r["ttft_s"] > 0
         if not r["peer"]:  # (the peer's peak is measured on CUDA only)
             assert 0 < r["peak_vram_bytes"] <= r["vram_budget"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_peer_runs_with_its_offloaded_cache(tiny_qwen3_moe, tmp_path):
+    """On CUDA the transformers peer runs generate with its offloaded cache under the budget
+    (the allocator cap needs an indexed device: a bare "cuda" failed every peer row on the
+    H200, bench/results/2026-12-01c-h200/call3) and decodes writescope's greedy tokens."""
+    from test_migrate import synthetic_profile
+    from writescope.cli import main
+    prof = tmp_path / "profile.json"
+    synthetic_profile().save(prof)
+    rc = main(["bench", "--model", str(tiny_qwen3_moe), "--dtype", "float32", "--device", "cuda",
+               "--block-size", "16", "--profile", str(prof), "--out", str(tmp_path),
+               "--no-progress", "--batch", "2", "--context-lengths", "64", "--decode-steps", "4",
+               "--policies", "writescope", "--peer", "transformers", "--vram-budget", "4GiB"])
+    assert rc == 0
+    rows = _strict_json(tmp_path / "results.json")["rows"]
+    (peer,) = [r for r in rows if r["peer"]]
+    assert not peer.get("error"), peer["error"]
+    assert peer["peer_cache"] == "offloaded"
+    assert 0 < peer["peak_vram_bytes"] <= peer["vram_budget"]
+    assert peer["same_tokens_as_writescope"] == 1.0
 
 
 def test_only_migrate_moves_bytes_and_all_decode_the_same_tokens(grid):

@@ -152,7 +152,10 @@ class TransformersPeer:
 
     def __init__(self, engine, vram_budget: int, offload_weights: bool = False,
                  consume_engine: bool = False):
-        self.device = engine.device
+        dev = torch.device(engine.device)
+        if dev.type == "cuda" and dev.index is None:  # the allocator cap wants an index
+            dev = torch.device("cuda", torch.cuda.current_device())
+        self.device = dev
         self.vram_budget = int(vram_budget)
         self.cache_impl = "offloaded" if self.device.type == "cuda" else "dynamic"
         self.note = ("" if self.device.type == "cuda" else
