@@ -18,7 +18,9 @@ Where it fits: transformers keeps every weight on the GPU. When the weights do n
 budget the peer is a failed row with that reason, unless ``offload_weights`` is set and
 ``accelerate`` is installed, in which case accelerate's ``dispatch_model`` keeps what does not fit
 in host memory (its hooks copy those weights in for every forward -- the way transformers runs
-an oversized model). During the peer's run the CUDA caching allocator is capped at the budget
+an oversized model). With ``offload_weights`` the weights beyond ``PEER_GPU_WEIGHT_SHARE`` of
+the budget are offloaded that way even where they would fit, leaving the rest for activations.
+During the peer's run the CUDA caching allocator is capped at the budget
 (``torch.cuda.set_per_process_memory_fraction``), so going over it is an out-of-memory failure,
 reported as such.
 """
@@ -31,6 +33,8 @@ from typing import Any
 import torch
 
 PEERS = ("transformers",)
+#: with ``offload_weights``: the share of the VRAM budget the peer's weights may take on the GPU
+PEER_GPU_WEIGHT_SHARE = 0.6
 
 
 class PeerUnavailable(RuntimeError):
@@ -166,7 +170,11 @@ class TransformersPeer:
         cuda = self.device.type == "cuda"
         # (KV in flight and activations need room too: the run's allocator cap catches that)
         fits = not cuda or nbytes < self.vram_budget
-        if not fits:  # decided before anything is built or unpacked
+        # asked to offload: what is over PEER_GPU_WEIGHT_SHARE of the budget stays in host memory
+        # (weights that "fit" can still leave no room for the peer's activations: DeepSeek-V2-Lite's
+        # 31.3 GiB under 32 GiB ran out of memory in its prefill, 2026-12-01c-h200/call4)
+        offload = cuda and offload_weights and nbytes > PEER_GPU_WEIGHT_SHARE * self.vram_budget
+        if not fits or offload:  # decided before anything is built or unpacked
             if not offload_weights:
                 raise PeerUnavailable(
                     f"transformers keeps all weights on the GPU: {nbytes / 2**30:.1f} GiB do not "
@@ -179,9 +187,10 @@ class TransformersPeer:
                                       "(needed to offload them) is not installed") from None
         model = hf_model_from_engine(engine, consume_cpu_experts=consume_engine)
         if cuda:
-            if not fits:
+            if offload:
                 dmap = infer_auto_device_map(
-                    model, max_memory={self.device.index or 0: int(self.vram_budget * 0.6),
+                    model, max_memory={self.device.index or 0:
+                                       int(self.vram_budget * PEER_GPU_WEIGHT_SHARE),
                                        "cpu": 10 ** 15},
                     no_split_module_classes=getattr(model, "_no_split_modules", None))
                 model = dispatch_model(model, device_map=dmap)

@@ -41,7 +41,8 @@ def register(subparsers) -> None:
     p.add_argument("--peer", action="append", default=[], metavar="NAME",
                    help="external peer run on the same weights and prompts: transformers")
     p.add_argument("--peer-offload-weights", action="store_true",
-                   help="let accelerate keep peer weights that do not fit the budget in host memory")
+                   help="let accelerate keep the peer's weights beyond 60%% of the budget in host "
+                        "memory")
     p.add_argument("--out", default="bench/results/grid", metavar="DIR", help="output folder")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
