@@ -62,6 +62,36 @@ def test_summary_geomean_over_long_contexts_only():
     assert "| m | transfer | 2.828 | 2 |" in markdown({"rows": rows, "summary": summarize(rows)})
 
 
+def test_rows_that_did_the_same_work_are_noise_not_a_policy_gap():
+    """A policy that placed KV exactly as writescope did (same blocks per region, no CPU share,
+    nothing moved) is left out of the worst ratio: the gap to it is the machine's (2026-12-01c-h200:
+    Mixtral 2 x 128K at a CPU share of 0 ran 0.84x static, both all-T). It is reported apart."""
+    same = {"G": 10, "T": 5, "C": 0, "W": 1}
+    rows = [_row("writescope", 2, 131072, 80), _row("static", 2, 131072, 100),
+            _row("transfer", 2, 131072, 90), _row("cpu", 2, 131072, 70)]
+    for r in rows[:3]:
+        r.update(blocks=dict(same), cpu_share_steps=[0.0, 0.0], bytes_moved=0)
+    rows[3].update(blocks={"G": 10, "T": 0, "C": 5, "W": 1}, cpu_share_steps=[0.3, 0.3],
+                   bytes_moved=0)
+    s = summarize(rows)["m"]
+    assert s["vs_best_other_policy"]["worst"]["ratio"] == pytest.approx(80 / 70)
+    assert s["vs_best_other_policy"]["pairs_more_than_3pct_slower"] == 0
+    assert s["same_work"] == {"rows": 2, "min": pytest.approx(0.8), "max": pytest.approx(80 / 90)}
+    assert "| 0.800-0.889 (2 rows) |" in markdown({"rows": rows, "summary": summarize(rows)})
+    # a different placement is compared, however small the difference
+    rows[1]["blocks"] = {"G": 10, "T": 4, "C": 1, "W": 1}
+    s = summarize(rows)["m"]
+    assert s["vs_best_other_policy"]["worst"]["ratio"] == pytest.approx(0.8)
+    assert s["same_work"]["rows"] == 1
+    # so is a policy that moved bytes to get there (migrate), and any CPU share
+    rows[1]["blocks"] = dict(same)
+    rows[1]["bytes_moved"] = 1
+    assert summarize(rows)["m"]["vs_best_other_policy"]["worst"]["ratio"] == pytest.approx(0.8)
+    rows[1]["bytes_moved"] = 0
+    rows[0]["cpu_share_steps"] = [0.0, 0.01]
+    assert summarize(rows)["m"]["same_work"]["rows"] == 0
+
+
 def test_summary_of_the_pairs_whose_spilled_kv_exceeds_the_cpu_experts_bytes():
     """Issue 6's experts-on-CPU target is over the (batch, context) pairs whose spilled KV per
     step exceeds the activated experts' bytes per step: the summary names them and takes the

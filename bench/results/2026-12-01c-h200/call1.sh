@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 10 (2026-12-01c), call 1: GPU tests of HEAD 7183e24 (expert-bytes counting, AMX
+# Ninth session (2026-12-01c), call 1: GPU tests of HEAD 7183e24 (expert-bytes counting, AMX
 # prefetch distance 2, bench grouping, CLI validation: not yet GPU-tested); the CPU attention
 # bench with the prefetch default; DeepSeek-V2-Lite 4 x 32K with experts on the GPU, plain
 # against pipelined steps (WRITESCOPE_PIPELINE=1) with the step's CPU timings, to see where the

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 10 (2026-12-01c), call 2: issue 6's experts-on-CPU grid (32 GiB, five policies, one
+# Ninth session (2026-12-01c), call 2: issue 6's experts-on-CPU grid (32 GiB, five policies, one
 # source, the profile calibrated in the same call): Qwen3-30B-A3B batch 4 at 8K-128K, then
 # Mixtral-8x7B 2 x 128K (the largest that 128 GiB of host holds beside its 84 GiB of experts).
 # Run from the repository root: bash bench/results/2026-12-01c-h200/call2.sh

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 10 (2026-12-01c), call 3: the transformers peer beside writescope (DeepSeek-V2-Lite
+# Ninth session (2026-12-01c), call 3: the transformers peer beside writescope (DeepSeek-V2-Lite
 # 1 x 8K, experts on the CPU, 32 GiB, real prefill; issue 6 wants >= 10x the peer wherever it
 # runs); issue 6's experts-on-GPU run with ~8 GB of KV in HBM (38 GiB budget), DeepSeek-V2-Lite
 # 4 x 128K, five policies; then the GPU tests of this tree (CPU experts' seconds now timed in

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 10 (2026-12-01c), call 4: GPU tests after call 3's two fixes (the peer's allocator cap
+# Ninth session (2026-12-01c), call 4: GPU tests after call 3's two fixes (the peer's allocator cap
 # on an indexed device, with a new GPU test of the peer; the CPU-experts test now expecting
 # seconds from every path); the transformers peer again (DeepSeek-V2-Lite 1 x 8K, experts on the
 # CPU, 32 GiB); DeepSeek-V2-Lite 4 x 128K with experts on the GPU (38 GiB), writescope plain

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 10 (2026-12-01c), call 5: the transformers peer with its weights offloaded by accelerate
+# Ninth session (2026-12-01c), call 5: the transformers peer with its weights offloaded by accelerate
 # (call 4: with every weight on the GPU it ran out of memory under the 32 GiB budget:
 # 31.3 GiB of weights allocated), DeepSeek-V2-Lite 1 x 8K, experts on the CPU, beside writescope.
 # Run from the repository root: bash bench/results/2026-12-01c-h200/call5.sh

@@ -1,17 +1,20 @@
 #!/bin/bash
-# Next session, call 1 (planned 2026-12-01, eighth session): issue 6's experts-on-CPU grid at one
-# source, all five policies in one run, the profile calibrated in the same call (the machine's
-# CPU read measured 128.5 and 87.3 GB/s in two calls of 2026-12-01b): Qwen3-30B-A3B 4 x 64K
-# and 4 x 128K (both spill more KV than the experts read? 64K: ~12 GB vs 13 GB), then
-# DeepSeek-V2-Lite 8 x 128K (1M tokens). Copy into bench/results/<date>-h200/ and run from the
-# repository root: bash bench/results/<date>-h200/call1.sh
+# Next session, call 1 (planned 2026-12-01, ninth session): GPU tests of HEAD; the hybrid bench
+# with the engine's 14 CPU threads (the ninth session ran it on all 16 beside the launching
+# thread: MLA's CPU-only rate 50-64 GB/s against the kernel's 68-73 alone); resident MLA 1x256K;
+# DeepSeek-V2-Lite 8 x 128K (1M tokens) with experts on the CPU, all five policies at one source.
+# Copy into bench/results/<date>-h200/ and run from the repository root: bash .../call1.sh
 source bench/results/run-helper.sh
 call_begin 570
+run gpu-tests 130 env WRITESCOPE_PROFILE=$PWD/bench/profiles/h200.json python -m pytest -m gpu -q \
+  -p no:cacheprovider --tb=short -rf -o faulthandler_timeout=60
 run calibrate 40 python -m writescope calibrate --out $R/h200-profile.json
 P=$R/h200-profile.json; [ -s $P ] || P=bench/profiles/h200.json
+run hybrid14 100 python -m writescope.bench.gpu_attention --skip resident --staging-mib 512 --reps 2 \
+  --cpu-threads 14 --json $R/gpu_attention-hybrid14.json
+run resident 40 python -m writescope.bench.gpu_attention --skip spilled --reps 2 --shapes mla \
+  --json $R/gpu_attention-resident.json
 C="--random-weights --profile $P --vram-budget 32GiB --experts cpu --max-num-batched-tokens 16384 --warmup-length 4k --decode-steps 12 --prefill synthetic --no-progress --policies writescope,transfer,cpu,static,migrate"
-run qwen3 300 env WRITESCOPE_STACKS_EVERY_S=120 python -m writescope bench --model qwen3-30b-a3b \
-  --batch 4 --context-lengths 64k,128k $C --out $R/qwen3
-run dsv2-1m 200 env WRITESCOPE_STACKS_EVERY_S=120 python -m writescope bench --model deepseek-v2-lite \
+run dsv2-1m 200 env WRITESCOPE_STACKS_EVERY_S=150 python -m writescope bench --model deepseek-v2-lite \
   --batch 8 --context-lengths 128k $C --out $R/dsv2-1m
 call_end
