@@ -244,6 +244,25 @@ def test_cuda_peer_runs_with_its_offloaded_cache(tiny_qwen3_moe, tmp_path):
     assert peer["peer_cache"] == "offloaded"
     assert 0 < peer["peak_vram_bytes"] <= peer["vram_budget"]
     assert peer["same_tokens_as_writescope"] == 1.0
+    assert peer["first_divergence"] == [None, None]
+
+
+def test_first_divergence_reads_the_peers_logits_where_the_tokens_part():
+    from writescope.bench.peers import first_divergence
+    V = 6
+    lp = [torch.log_softmax(torch.randn(2, V), -1) for _ in range(3)]
+    lp[1][1] = torch.log(torch.tensor([0.05, 0.5, 0.3, 0.05, 0.05, 0.05]))
+    ref = [[1, 2, 3], [4, 2, 5]]
+    peer = [[1, 2, 3], [4, 1, 0]]
+    d = first_divergence(ref, peer, lp)
+    assert d[0] is None
+    assert d[1]["step"] == 1 and d[1]["peer_token"] == 1 and d[1]["writescope_token"] == 2
+    assert d[1]["gap_nats"] == pytest.approx(math.log(0.5 / 0.3), rel=1e-5)
+    assert d[1]["writescope_token_rank"] == 1
+    assert d[1]["peer_top2_margin_nats"] == pytest.approx(math.log(0.5 / 0.3), rel=1e-5)
+    rows = [{"model": "m", "batch": 2, "context": 64, "policy": "transformers", "peer": True,
+             "first_divergence": d}]
+    assert "step 1, gap 0.5108 nats, writescope's token ranked 2" in markdown({"rows": rows})
 
 
 def test_only_migrate_moves_bytes_and_all_decode_the_same_tokens(grid):
@@ -257,6 +276,7 @@ def test_only_migrate_moves_bytes_and_all_decode_the_same_tokens(grid):
         assert len({r["output_digest"] for r in cell}) == 1, key
         peer = next(r for r in cell if r["peer"])
         assert peer["same_tokens_as_writescope"] == 1.0
+        assert peer["first_divergence"] == [None] * peer["batch"]
         for r in cell:  # the CPU share trace has one value per decode step
             if not r["peer"]:
                 assert len(r["cpu_share_steps"]) == 8

@@ -803,7 +803,7 @@ class Grid:
         _free_memory(torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
 
     def _run_peer(self, engine, model, cfg, peer_name, vram_budget, ws_tokens, bar) -> None:
-        from .peers import make_peer
+        from .peers import first_divergence, make_peer
 
         s = self.spec
         try:
@@ -843,6 +843,8 @@ class Grid:
                         if ref is not None:
                             same = sum(a == c for a, c in zip(ref, r["output_token_ids"]))
                             row["same_tokens_as_writescope"] = same / b
+                            row["first_divergence"] = first_divergence(
+                                ref, r["output_token_ids"], r["logprobs"])
                         if peak is not None and peak > vram_budget:
                             row["error"] = (f"over the VRAM budget: peak {peak / 2**30:.2f} GiB > "
                                             f"{vram_budget / 2**30:.2f} GiB")

@@ -128,6 +128,30 @@ def model_bytes(model: torch.nn.Module) -> int:
     return total
 
 
+# ------------------------------------------------------------------------------ agreement
+def first_divergence(ref: list[list[int]], peer: list[list[int]],
+                     logprobs: list[torch.Tensor]) -> list[dict[str, Any] | None]:
+    """Per sequence, where the peer's greedy tokens first leave writescope's (``ref``), and by how
+    much the peer preferred its own token there: ``gap_nats`` = its log-probability of its token
+    minus that of writescope's. Up to that position both decoded the same prefix, so the gap is
+    a like-for-like reading of the peer's logits: a few hundredths of a nat is a near-tie that
+    bf16 rounding can decide (random weights give near-flat logits); whole nats point at a real
+    difference in the computation. None for a sequence whose tokens all agree."""
+    out: list[dict[str, Any] | None] = []
+    for i, (a, b) in enumerate(zip(ref, peer)):
+        k = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        if k is None or k >= len(logprobs):
+            out.append(None)
+            continue
+        lp = logprobs[k][i]
+        top2 = torch.topk(lp, 2).values
+        out.append({"step": k, "peer_token": b[k], "writescope_token": a[k],
+                    "gap_nats": float(lp[b[k]] - lp[a[k]]),
+                    "peer_top2_margin_nats": float(top2[0] - top2[1]),
+                    "writescope_token_rank": int((lp > lp[a[k]]).sum())})
+    return out
+
+
 # ------------------------------------------------------------------------------ timing
 class _TimingStreamer:
     """transformers streamer that timestamps every generated token batch (``put`` receives CPU
@@ -206,7 +230,8 @@ class TransformersPeer:
         ids = torch.tensor(prompts, dtype=torch.long, device=self.device)
         gen = GenerationConfig(max_new_tokens=decode_steps + 1, min_new_tokens=decode_steps + 1,
                                do_sample=False, cache_implementation=self.cache_impl,
-                               pad_token_id=0, eos_token_id=None)
+                               pad_token_id=0, eos_token_id=None, output_logits=True,
+                               return_dict_in_generate=True)
         cuda = self.device.type == "cuda"
         frac = None
         if cuda:
@@ -232,11 +257,14 @@ class TransformersPeer:
         if len(times) != decode_steps + 1:
             raise RuntimeError(f"transformers generated {len(times)} tokens, expected {decode_steps + 1}")
         steps = [b - a for a, b in zip(times, times[1:])]
-        new = out[:, ids.shape[1]:].tolist()
+        new = out.sequences[:, ids.shape[1]:].tolist()
+        # per generated position, the log-probabilities (fp32) of the vocabulary, kept on the host
+        # only as far as :func:`first_divergence` needs them: the caller passes writescope's tokens
+        logp = [torch.log_softmax(x.float(), dim=-1).cpu() for x in out.logits]
         del out
         gc.collect()
         return {"ttft_s": times[0] - t0, "step_times_s": steps, "total_s": t_end - t0,
-                "peak_vram_bytes": peak, "output_token_ids": new}
+                "peak_vram_bytes": peak, "output_token_ids": new, "logprobs": logp}
 
     def close(self) -> None:
         self.model = None

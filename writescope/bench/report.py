@@ -244,6 +244,18 @@ def markdown(doc: dict[str, Any]) -> str:
             f"{_num(r.get('host_bound_fraction'), '{:.2f}')} | "
             f"{(r.get('error') or '').replace('|', '/')} |")
     lines.append("")
+    div = [(r, d) for r in doc.get("rows", []) if r.get("peer")
+           for d in (r.get("first_divergence") or []) if d]
+    if div:
+        lines += ["Where a peer's greedy tokens first leave writescope's (same prefix up to there; "
+                  "the gap is the peer's preference for its own token, in nats of its own "
+                  "log-probabilities):", ""]
+        for r, d in div:
+            lines.append(f"- {r['model']} b{r['batch']} {_ctx(r['context'])} {r['policy']}: "
+                         f"step {d['step']}, gap {d['gap_nats']:.4f} nats, writescope's token "
+                         f"ranked {d['writescope_token_rank'] + 1} by the peer (its top-2 margin "
+                         f"{d['peer_top2_margin_nats']:.4f})")
+        lines.append("")
     return "\n".join(lines)
 
 
