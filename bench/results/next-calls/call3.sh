@@ -1,8 +1,8 @@
 #!/bin/bash
 # Next session, call 3: the transformers peer at 8K and 32K (DeepSeek-V2-Lite, experts on the
 # CPU, 32 GiB, the peer's weights offloaded past 60% of the budget; the ninth session measured
-# 35.7x at 8K, with greedy tokens that differ from the first one: compare logits first, see
-# docs/PERFORMANCE.md); then DeepSeek-V2-Lite 4 x 32K with experts on the GPU, plain and
+# 35.7x at 8K, with greedy tokens that differ from the first one: peer rows now carry
+# first_divergence, the peer's log-probability gap where the tokens part); then DeepSeek-V2-Lite 4 x 32K with experts on the GPU, plain and
 # pipelined, after the host time per attention call has been cut.
 source bench/results/run-helper.sh
 call_begin 570
