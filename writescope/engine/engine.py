@@ -118,6 +118,12 @@ def resolve_model(model: str | os.PathLike | None, random_weights: bool,
     return cfg, (None if random_weights or isinstance(source, str) else source), name
 
 
+def reserved_launch_cores(n: int) -> int:
+    """Cores a GPU host with ``n`` usable cores keeps out of the CPU kernels' teams: one where
+    there are 8-11, two from 12, none below 8 (see :func:`_reserve_launch_core`)."""
+    return 0 if n < 8 else (2 if n >= 12 else 1)
+
+
 def _reserve_launch_core() -> None:
     """On a GPU host, the CPU kernels (attention, experts) leave cores to the thread that
     launches GPU work and to the driver's threads: an OpenMP team spread over every core makes
@@ -128,9 +134,9 @@ def _reserve_launch_core() -> None:
     from ..attention import cpu as cpu_attn
     from ..layers import cpu_experts
     n = cpu_attn._usable_cores()
-    if n < 8:
+    k = reserved_launch_cores(n)
+    if k == 0:
         return
-    k = 2 if n >= 12 else 1
     cpu_attn.reserve_cores(k)
     if not os.environ.get("WRITESCOPE_CPU_EXPERT_THREADS"):
         cpu_experts.set_num_threads(n - k)

@@ -1,7 +1,8 @@
 #!/bin/bash
 # Next session, call 1 (planned 2026-12-01, ninth session): GPU tests of HEAD; the hybrid bench
-# with the engine's 14 CPU threads (the ninth session ran it on all 16 beside the launching
-# thread: MLA's CPU-only rate 50-64 GB/s against the kernel's 68-73 alone); resident MLA 1x256K;
+# with the engine's 14 CPU threads (its default since the ninth session, which ran it on all 16
+# beside the launching thread: MLA's CPU-only rate 50-64 GB/s against the kernel's 68-73 alone);
+# resident MLA 1x256K;
 # DeepSeek-V2-Lite 8 x 128K (1M tokens) with experts on the CPU, all five policies at one source.
 # Copy into bench/results/<date>-h200/ and run from the repository root: bash .../call1.sh
 source bench/results/run-helper.sh
