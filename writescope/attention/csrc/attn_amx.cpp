@@ -85,8 +85,6 @@ struct TileCfg {
 };
 
 constexpr int kSB = 256;  // token slots per online-softmax pass
-constexpr int kLA = 2;    // C layout Q.K: steps the K de-interleave runs ahead of the tile products
-constexpr int kNR = 4;    // ring of de-interleaved K steps (> kLA, power of two)
 
 // One stage of a 16x16 transpose of 32-bit elements: swap the off-diagonal b x b blocks.
 template <int B>
@@ -201,8 +199,6 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
     const int nK = gpu ? (Dk + 31) / 32 : Dk / 16;  // Q.K tile steps
     const int nKfull = gpu ? Dk / 32 : nK;         // steps read in place (GPU: the rest via Kt)
     const int nDv = Dv / 16;
-    const int cnew = !gpu && Dk % 32 == 0;  // C layout: token-major Q.K for chunks of > 8 rows
-    const int nK2 = Dk / 32;                // its tile steps
     const int64_t tokst = gpu ? (int64_t)H * R : 2 * (int64_t)R;  // elements between A rows
     const long rstride = (long)tokst * 2;                          // same, bytes
     const int cap = (int)(bs > kSB ? ws_round_up(bs, 32) : kSB);
@@ -215,7 +211,6 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
     const size_t om = take(4 * (size_t)(2 * nmc * 16 + 16)), os = take(4 * (size_t)cap * 16);
     const size_t opa = take(2 * (size_t)ngmax * 512), oc = take(4 * 4 * 256), ot = take(4 * 16 * 64);
     const size_t okt = take(2 * 4 * 512);
-    const size_t okr = take(cnew ? 2 * (size_t)kNR * 2048 : 0);
     const size_t ov = take(gpu ? 2 * (size_t)ngmax * 16 * Dv * 2 : 2 * (size_t)ngmax * 16 * R * 2);
     const size_t og = take(sizeof(const uint16_t*) * 2 * ngmax + sizeof(int) * 4 * ngmax);
     char* base = ws_scratch(off);
@@ -229,16 +224,11 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
     float* Ct = (float*)(base + oc);      // 4 C tiles (C layout score unscrambling)
     float* Ot = (float*)(base + ot);      // [16 rows][64 dims]
     uint16_t* Kt = (uint16_t*)(base + okt);  // GPU Dk tail: 4 x [16 tokens][32 dims]
-    uint16_t* Kr = (uint16_t*)(base + okr);  // C layout: ring of [2 groups][32 tokens][32 dims]
     uint16_t* Vs = (uint16_t*)(base + ov);   // GPU: V pairs [group][16][Dv][2]; C: partial groups [group][16][R][2]
     const uint16_t** gsrc = (const uint16_t**)(base + og);  // GPU: per 16-token tile; C: per group
     int* gnv = (int*)(gsrc + 2 * ngmax);                      // valid tokens of each
     int* gblk = gnv + 2 * ngmax;                              // and its block
 
-    // P interleave: word 2h+j = word 16j+h of [p0 (16 words) | p1 (16 words)]
-    alignas(64) uint16_t pidx_a[32];
-    for (int h = 0; h < 16; ++h) { pidx_a[2 * h] = (uint16_t)h; pidx_a[2 * h + 1] = (uint16_t)(16 + h); }
-    const __m512i pidx = _mm512_load_si512((const void*)pidx_a);
     // queries -> bf16 B operands, per chunk of 16 rows (rows past M are zero)
     alignas(64) uint16_t pq_a[2][32];  // C layout: words 4h'..4h'+3 of B row k <- row 8hg+h'
     for (int x = 0; x < 32; ++x) { pq_a[0][x] = (uint16_t)(x / 4); pq_a[1][x] = (uint16_t)(8 + x / 4); }
@@ -246,16 +236,12 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
     for (int mc = 0; mc < nmc; ++mc) {
         const int m0 = 16 * mc, mp = M - m0 < 16 ? M - m0 : 16;
         uint16_t* bq = Bq + mc * bqsz;
-        const int tm = cnew && mp > 8;  // C layout, token-major K: dword k = (q[32dc+k], q[32dc+16+k])
         __m512i r[16];
-        for (int dc = 0; dc < (tm ? nK2 : nK); ++dc) {
+        for (int dc = 0; dc < nK; ++dc) {
             for (int n = 0; n < 16; ++n) {
                 if (n >= mp) { r[n] = _mm512_setzero_si512(); continue; }
                 const float* q = it->q + (int64_t)(m0 + n) * Dk;
-                if (tm) {
-                    const __m512 lo = _mm512_loadu_ps(q + 32 * dc), hi = _mm512_loadu_ps(q + 32 * dc + 16);
-                    r[n] = _mm512_permutexvar_epi16(pidx, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
-                } else if (gpu) {  // dword k of row n = (q_n[32dc+2k], q_n[32dc+2k+1])
+                if (gpu) {  // dword k of row n = (q_n[32dc+2k], q_n[32dc+2k+1])
                     const __m512 lo = _mm512_loadu_ps(q + 32 * dc);
                     const __m512 hi = 32 * dc + 16 < Dk ? _mm512_loadu_ps(q + 32 * dc + 16) : _mm512_setzero_ps();
                     r[n] = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
@@ -264,7 +250,7 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                 }
             }
             transpose16(r);
-            if (gpu || tm) {
+            if (gpu) {
                 for (int k = 0; k < 16; ++k) _mm512_storeu_si512((void*)(bq + dc * 512 + 32 * k), r[k]);
             } else {  // row k (dim 16dc+k): per row h' of the group, words (q, 0, 0, q)
                 for (int k = 0; k < 16; ++k) {
@@ -288,6 +274,10 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
     T_CFG(&cfg);
 
     const __m512i ilo = ilv16_idx(0), ihi = ilv16_idx(1);
+    // P interleave: word 2h+j = word 16j+h of [p0 (16 words) | p1 (16 words)]
+    alignas(64) uint16_t pidx_a[32];
+    for (int h = 0; h < 16; ++h) { pidx_a[2 * h] = (uint16_t)h; pidx_a[2 * h + 1] = (uint16_t)(16 + h); }
+    const __m512i pidx = _mm512_load_si512((const void*)pidx_a);
     // C-layout score unscrambling: token parity j, rows 0-7 from the first tile, 8-15 from the second
     alignas(64) int32_t sidx_a[2][16];
     for (int h = 0; h < 16; ++h)
@@ -338,7 +328,7 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
         if (nt == 0) { b0 = b1; continue; }      // only empty blocks left
         const int ng = gpu ? (nt + 1) / 2 : nt;  // 32-slot groups
         const int e2 = pass_end(it, b1, cap, gpu);  // end of the next pass (prefetch target)
-        const int64_t qk_steps = (int64_t)(gpu ? (nt + 3) / 4 : (nt + 1) / 2) * (cnew ? nK2 : nK);  // per row chunk
+        const int64_t qk_steps = (int64_t)(gpu ? (nt + 3) / 4 : (nt + 1) / 2) * nK;  // per row chunk
         const int64_t pv_steps = (int64_t)((nDv + 3) / 4) * ng;
         for (int mc = 0; mc < nmc; ++mc) {
             const int mp = M - 16 * mc < 16 ? M - 16 * mc : 16;
@@ -399,53 +389,6 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                         if ((i0 + nb) == nt && (nt & 1))  // the last group's empty second half
                             memset(Vs + (size_t)(nt / 2) * 16 * Dv * 2 + 8 * (size_t)Dv * 2, 0, 2 * 8 * (size_t)Dv * 2);
                     }
-                }
-            } else if (cnew && mp > 8) {  // token-major K ring, one 16-row B tile, two groups per step
-                // step s = (group pair s / nK2, dims 32 (s % nK2) ..): K of both groups de-interleaved
-                // into ring slot s % kNR, kLA steps ahead of the tile products that read it.
-                // Token 2p+j's row, dword i = (K[32c + i], K[32c + 16 + i]) of that token.
-                const int NS = (nt + 1) / 2 * nK2;
-                const int koff2 = 2 * a->k_off;
-                auto prep = [&](int s) {
-                    const int gp = s / nK2, dc = s - gp * nK2, g0 = 2 * gp;
-                    uint16_t* dst = Kr + (size_t)(s & (kNR - 1)) * 2048;
-                    const __mmask32 odd = 0xAAAAAAAAu;
-                    for (int g = g0; g < g0 + 2 && g < nt; ++g, dst += 1024) {
-                        const uint16_t* src = gsrc[g] + koff2 + 64 * dc;
-                        for (int p = 0; p < 16; ++p) {
-                            const __m512i x = _mm512_loadu_si512((const void*)(src + p * tokst));
-                            const __m512i y = _mm512_loadu_si512((const void*)(src + p * tokst + 32));
-                            _mm512_store_si512((void*)(dst + 64 * p), _mm512_mask_blend_epi16(odd, x, _mm512_slli_epi32(y, 16)));
-                            _mm512_store_si512((void*)(dst + 64 * p + 32), _mm512_mask_blend_epi16(odd, _mm512_srli_epi32(x, 16), y));
-                        }
-                    }
-                };
-                for (int s = 0; s < kLA && s < NS; ++s) prep(s);
-                int s = 0;
-                for (int g0 = 0; g0 < nt; g0 += 2) {
-                    const int two = nt - g0 > 1;
-                    if (mc == 0) ipf_retarget(pf, gblk[g0 + two] + 1 + ahead, nK2);
-                    T_ZERO(0); T_ZERO(1); T_ZERO(2); T_ZERO(3);
-                    for (int dc = 0; dc < nK2; ++dc, ++s) {
-                        if (s + kLA < NS) prep(s + kLA);
-                        T_FENCE();
-                        ipf_step(pf);
-                        const uint16_t* kt = Kr + (size_t)(s & (kNR - 1)) * 2048;
-                        T_LOAD(6, bq + dc * 512, 64);
-                        T_LOAD(4, kt, 64);
-                        T_DP(0, 4, 6);
-                        T_LOAD(5, kt + 512, 64);
-                        T_DP(1, 5, 6);
-                        if (two) {
-                            T_LOAD(7, kt + 1024, 64);
-                            T_DP(2, 7, 6);
-                            T_LOAD(4, kt + 1536, 64);
-                            T_DP(3, 4, 6);
-                        }
-                    }
-                    T_STORE(0, S + g0 * 512, 64);
-                    T_STORE(1, S + g0 * 512 + 256, 64);
-                    if (two) { T_STORE(2, S + g0 * 512 + 512, 64); T_STORE(3, S + g0 * 512 + 768, 64); }
                 }
             } else if (mp > 8) {  // two 8-row B tiles, two groups per step
                 for (int g0 = 0; g0 < nt; g0 += 2) {
