@@ -35,3 +35,16 @@ call_end() {
   echo "total $(( $(date +%s) - T0 )) s"
   cd $OUT && tar czf r.tgz r && rm -rf r
 }
+
+# gpu_tests CAP: the GPU test suite (the command every issue note quotes), as run NAME gpu-tests.
+gpu_tests() {
+  run gpu-tests $1 env WRITESCOPE_PROFILE=$PWD/bench/profiles/h200.json python -m pytest -m gpu -q \
+    -p no:cacheprovider --tb=short -rf -o faulthandler_timeout=60
+}
+
+# calibrate_profile: `writescope calibrate` into $R/h200-profile.json; sets $P to it, or to the
+# committed profile when the calibration failed.
+calibrate_profile() {
+  run calibrate 40 python -m writescope calibrate --out $R/h200-profile.json
+  P=$R/h200-profile.json; [ -s $P ] || P=bench/profiles/h200.json
+}

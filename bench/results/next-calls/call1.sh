@@ -7,10 +7,8 @@
 # Copy into bench/results/<date>-h200/ and run from the repository root: bash .../call1.sh
 source bench/results/run-helper.sh
 call_begin 570
-run gpu-tests 130 env WRITESCOPE_PROFILE=$PWD/bench/profiles/h200.json python -m pytest -m gpu -q \
-  -p no:cacheprovider --tb=short -rf -o faulthandler_timeout=60
-run calibrate 40 python -m writescope calibrate --out $R/h200-profile.json
-P=$R/h200-profile.json; [ -s $P ] || P=bench/profiles/h200.json
+gpu_tests 130
+calibrate_profile
 run hybrid14 100 python -m writescope.bench.gpu_attention --skip resident --staging-mib 512 --reps 2 \
   --cpu-threads 14 --json $R/gpu_attention-hybrid14.json
 run resident 40 python -m writescope.bench.gpu_attention --skip spilled --reps 2 --shapes mla \

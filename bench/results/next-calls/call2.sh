@@ -4,8 +4,7 @@
 # call 2 ended at its cap before it), plus Mixtral 2 x 128K writescope again beside it.
 source bench/results/run-helper.sh
 call_begin 570
-run calibrate 40 python -m writescope calibrate --out $R/h200-profile.json
-P=$R/h200-profile.json; [ -s $P ] || P=bench/profiles/h200.json
+calibrate_profile
 C="--random-weights --profile $P --max-num-batched-tokens 16384 --warmup-length 4k --decode-steps 12 --prefill synthetic --no-progress"
 run qwen3-gpu-experts 260 python -m writescope bench --model qwen3-30b-a3b --vram-budget 80GiB \
   --experts gpu --batch 2 --context-lengths 128k $C \
