@@ -49,3 +49,42 @@ def test_h2d_makes_device_tensors_from_host_arrays():
         c = h2d(src, "cuda")
         src[:] = -1  # the copy was staged before h2d returned
         assert c.device.type == "cuda" and c.cpu().tolist() == list(range(1000))
+
+
+def _thp_mode() -> str:
+    try:
+        text = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+    except OSError:
+        return ""
+    return text[text.index("[") + 1:text.index("]")] if "[" in text else ""
+
+
+def test_pageable_buffers_are_aligned_and_large_ones_advised_huge_pages(monkeypatch):
+    """The C pool and every buffer a bench or the calibration reads to stand for it come from
+    pageable_empty: aligned, and from 64 MiB up advised huge pages before the first touch."""
+    import writescope.hostmem as hm
+    advised = []
+    real = hm.advise_huge_pages
+    monkeypatch.setattr(hm, "advise_huge_pages", lambda t: advised.append(t.numel()) or real(t))
+    small = hm.pageable_empty((3, 5), torch.bfloat16, align=64)
+    assert small.shape == (3, 5) and small.dtype == torch.bfloat16 and small.data_ptr() % 64 == 0
+    assert advised == []
+    n = hm.HUGE_PAGE_MIN_BYTES // 4
+    big = hm.pageable_empty(n, torch.float32)
+    assert big.shape == (n,) and big.data_ptr() % 64 == 0 and advised == [n]
+    spec = KVSpec.mla(1, 512, 64, torch.bfloat16)
+    pool = allocate_pool(Region.C, spec, 64, 64, torch.device("cpu"))  # 9.4 MB: no advice
+    assert pool.data_ptr() % 64 == 0 and advised == [n]
+    # on Linux with THP in madvise or always mode the advice is taken
+    if _thp_mode() in ("madvise", "always"):
+        assert real(big)
+
+
+def test_the_cpu_attention_bench_reads_memory_allocated_as_the_c_pool_is(monkeypatch):
+    import writescope.bench.cpu_attention as ca
+    calls = []
+    real = ca.pageable_empty
+    monkeypatch.setattr(ca, "pageable_empty", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    row = ca.bench_shape("gqa-32/4/128", 1, 100, reps=1, torch_reps=0, bs=64, variants=False,
+                         gpu_layout=True, gen=torch.Generator().manual_seed(0))
+    assert row["kernel_gbps"] > 0 and len(calls) == 2  # the C-layout pool and the T-layout one

@@ -1,4 +1,5 @@
-"""Page-locked host memory without torch's caching host allocator.
+"""Host memory for the engine's large buffers: page-locked without torch's caching host allocator
+(:func:`pinned_empty`), and pageable memory the CPU reads at DRAM speed (:func:`pageable_empty`).
 
 ``torch.empty(..., pin_memory=True)`` goes through torch's caching host allocator, which rounds
 every request up to the next power of two (``CachingHostAllocator``: "Round up the allocation to
@@ -11,12 +12,53 @@ weights; the memory is unregistered when the tensor is freed.
 """
 from __future__ import annotations
 
+import ctypes
+import math
 import weakref
 
 import torch
 
 #: below this many bytes the caching allocator's rounding costs little; keep its fast reuse
 REGISTER_MIN_BYTES = 64 << 20
+
+
+#: pageable buffers of at least this many bytes are advised huge pages
+HUGE_PAGE_MIN_BYTES = 64 << 20
+_MADV_HUGEPAGE = 14
+
+
+def advise_huge_pages(t: torch.Tensor) -> bool:
+    """Ask for transparent huge pages over ``t``'s memory (``madvise(MADV_HUGEPAGE)``; Linux, best
+    effort). Call it before the memory is first touched: pages faulted in before stay 4 KiB until
+    the kernel's background collapse gets to them. Returns whether the call succeeded."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:
+        return False
+    page = 4096
+    start = t.data_ptr() // page * page
+    length = t.data_ptr() + t.numel() * t.element_size() - start
+    try:
+        return libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), _MADV_HUGEPAGE) == 0
+    except AttributeError:
+        return False
+
+
+def pageable_empty(shape, dtype: torch.dtype, align: int = 64) -> torch.Tensor:
+    """An uninitialised pageable host tensor whose data is ``align``-byte aligned and, from
+    :data:`HUGE_PAGE_MIN_BYTES` up, advised huge pages before its first touch: the C region's pool,
+    and every buffer a benchmark or calibration reads to stand for it (a KV pool, the DRAM read
+    probe), so that they are measured with the engine's page size. With 4 KiB pages the MLA
+    kernel read ~5% slower on the dev machine, the read probe ~4% (2026-12-01)."""
+    shape = tuple(shape) if not isinstance(shape, int) else (shape,)
+    numel = math.prod(shape)
+    item = torch.empty(0, dtype=dtype).element_size()
+    raw = torch.empty(numel + align // item, dtype=dtype)
+    off = (-raw.data_ptr() % align) // item
+    out = raw[off:off + numel].view(shape)
+    if numel * item >= HUGE_PAGE_MIN_BYTES:
+        advise_huge_pages(out)
+    return out
 
 
 def pin_tensor(t: torch.Tensor) -> bool:

@@ -532,7 +532,10 @@ def read_bandwidth(nbytes: int, threads: int | None = None, reps: int = 5,
     lib = _load()
     if lib is None:
         raise RuntimeError(f"kernel unavailable: {_load_error}")
-    x = buffer if buffer is not None else torch.ones(nbytes // 4, dtype=torch.float32)
+    if buffer is None:
+        from ..hostmem import pageable_empty
+        buffer = pageable_empty(nbytes // 4, torch.float32).fill_(1.0)  # the C pool's pages
+    x = buffer
     if x.dtype != torch.float32 or not x.is_contiguous():
         raise ValueError("buffer must be a contiguous float32 tensor")
     chk = ctypes.c_double()

@@ -34,6 +34,7 @@ import torch
 from ..attention import cpu
 from ..attention.batch import BlockBatch
 from ..attention.torch_paged import attend_torch
+from ..hostmem import pageable_empty
 from ..kvcache.regions import KVSpec, cpu_pool_shape, gpu_pool_shape
 from ..units import parse_count
 from .provenance import result_header, write_json
@@ -110,7 +111,8 @@ def bench_shape(name: str, batch: int, length: int, reps: int, torch_reps: int, 
     nb_seq = math.ceil(length / bs)
     nblocks = batch * nb_seq
     # random contents written straight in the C layout (any values do: the rate is what counts)
-    pool = torch.empty(cpu_pool_shape(spec, nblocks, bs)[1:], dtype=spec.dtype)
+    # allocated as the engine allocates its C pool (huge pages advised before the first touch)
+    pool = pageable_empty(cpu_pool_shape(spec, nblocks, bs)[1:], spec.dtype)
     flat = pool.view(-1)
     step = 1 << 24
     for i in range(0, flat.numel(), step):
@@ -175,7 +177,7 @@ def bench_shape(name: str, batch: int, length: int, reps: int, torch_reps: int, 
         row["torch_gbps"] = max(by.values())
         del dense
     if gpu_layout:  # T blocks read in place (GPU layout, token-major)
-        gp = torch.empty(gpu_pool_shape(spec, nblocks, bs)[1:], dtype=spec.dtype)
+        gp = pageable_empty(gpu_pool_shape(spec, nblocks, bs)[1:], spec.dtype)
         gp.view(-1).copy_(pool.view(-1))  # contents do not matter for the rate
         del pool
         t = _time(lambda: cpu.attend_cpu(q, gp, "gpu", spec, bb, scale), reps)
@@ -214,7 +216,7 @@ def main(argv: list[str] | None = None) -> dict:
         cpu.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
     nbytes = args.read_bytes or max(1 << 30, 6 * _llc_bytes())
-    probe = torch.ones(nbytes // 4, dtype=torch.float32)
+    probe = pageable_empty(nbytes // 4, torch.float32).fill_(1.0)
     read_bw = cpu.read_bandwidth(nbytes, reps=5, buffer=probe)
     probes = [read_bw]
     res = {**result_header("cpu_attention", argv), "machine": _machine(),

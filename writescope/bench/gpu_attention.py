@@ -32,6 +32,7 @@ import torch
 from ..attention.batch import BlockBatch
 from ..attention.hybrid import AttentionStepPlan, HybridAttention, cpu_kernel
 from ..attention.reference import dense_attention
+from ..kvcache.pools import allocate_pool
 from ..kvcache.regions import KVSpec, Region, block_records, pool_shape, to_cpu_layout
 from .provenance import git_commit, source_digest
 
@@ -371,8 +372,7 @@ class _SpilledCache:
         n = self.nseq * self.nb
         self.t_pool = torch.empty(pool_shape(Region.T, self.spec, n, BLOCK),
                                   dtype=self.spec.dtype, pin_memory=True)
-        self.c_pool = torch.empty(pool_shape(Region.C, self.spec, n, BLOCK),
-                                  dtype=self.spec.dtype)
+        self.c_pool = allocate_pool(Region.C, self.spec, n, BLOCK, torch.device("cpu"))
         one = torch.empty(pool_shape(Region.T, self.spec, n, BLOCK)[1:], dtype=self.spec.dtype,
                           device=dev)
         _fill_random(one, dev)

@@ -10,8 +10,6 @@
 """
 from __future__ import annotations
 
-import ctypes
-import math
 
 import numpy as np
 import torch
@@ -21,18 +19,6 @@ from .regions import C_ALIGN, KVSpec, Region, pool_shape
 
 class KVCacheError(RuntimeError):
     """Misuse of the cache: double free, write to a sealed block, read of a freed block."""
-
-
-def _madvise_hugepage(t: torch.Tensor) -> None:
-    """Advise transparent huge pages for a large pageable pool (best effort, Linux only)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        page = 4096
-        start = t.data_ptr() // page * page
-        length = t.data_ptr() + t.numel() * t.element_size() - start
-        libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), 14)  # MADV_HUGEPAGE
-    except (OSError, AttributeError):
-        pass
 
 
 def allocate_pool(region: Region, spec: KVSpec, num_blocks: int, block_size: int,
@@ -47,15 +33,10 @@ def allocate_pool(region: Region, spec: KVSpec, num_blocks: int, block_size: int
             from ..hostmem import pinned_empty
             return pinned_empty(shape, spec.dtype)
         return torch.empty(shape, dtype=spec.dtype)
-    # C: pageable, 64-byte aligned (over-allocate and offset if the allocator did not align)
-    numel = math.prod(shape)
-    item = spec.itemsize
-    raw = torch.empty(numel + C_ALIGN // item, dtype=spec.dtype)
-    off = (-raw.data_ptr() % C_ALIGN) // item
-    pool = raw[off:off + numel].view(shape)
+    # C: pageable, 64-byte aligned, huge pages advised
+    from ..hostmem import pageable_empty
+    pool = pageable_empty(shape, spec.dtype, C_ALIGN)
     assert pool.data_ptr() % C_ALIGN == 0
-    if numel * item >= (64 << 20):
-        _madvise_hugepage(pool)
     return pool
 
 

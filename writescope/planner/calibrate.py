@@ -21,6 +21,7 @@ from typing import Callable, Iterable
 
 import torch
 
+from ..hostmem import pageable_empty
 from ..models.config import REFERENCE_MODELS, ModelConfig
 from .profile import HardwareProfile, expert_key, machine_description
 from .roofline import attn_family
@@ -57,7 +58,7 @@ def _cuda_sync() -> None:
 
 # ---------------------------------------------------------------------------------- CPU probes
 def cpu_read_Bps(nbytes: int, reps: int) -> float:
-    a = torch.empty(nbytes // 4, dtype=torch.float32)
+    a = pageable_empty(nbytes // 4, torch.float32)  # the C pool's pages
     a.fill_(1.0)  # touch every page
     return nbytes / _median_time(a.sum, reps)
 
@@ -276,7 +277,7 @@ def cpu_attn_roundtrip_s(cfg: ModelConfig, device: str, reps: int, layers: int =
 
     spec = dataclasses.replace(cfg.kv_spec(torch.bfloat16), num_layers=layers)
     seqs = 8
-    pool = _fill_random(torch.empty(cpu_pool_shape(spec, seqs, BLOCK), dtype=torch.bfloat16))
+    pool = _fill_random(pageable_empty(cpu_pool_shape(spec, seqs, BLOCK), torch.bfloat16))
     batch = BlockBatch.build([1] * seqs, [[i] for i in range(seqs)], [[BLOCK]] * seqs)
     dev = torch.device(device)
     ha = HybridAttention({Region.C: pool}, spec, dev, stage_c=False)
@@ -339,7 +340,7 @@ def concurrent_rates(h2d_bytes: int, cpu_bytes: int, rounds: int, log) -> dict[s
     hp = torch.empty(h2d_bytes, dtype=torch.uint8, pin_memory=True)
     hp.fill_(1)
     d = torch.empty(h2d_bytes, dtype=torch.uint8, device=dev)
-    a = torch.empty(cpu_bytes // 4, dtype=torch.float32)
+    a = pageable_empty(cpu_bytes // 4, torch.float32)
     a.fill_(1.0)
     a.sum()
     torch.cuda.synchronize()
