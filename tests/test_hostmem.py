@@ -88,3 +88,15 @@ def test_the_cpu_attention_bench_reads_memory_allocated_as_the_c_pool_is(monkeyp
     row = ca.bench_shape("gqa-32/4/128", 1, 100, reps=1, torch_reps=0, bs=64, variants=False,
                          gpu_layout=True, gen=torch.Generator().manual_seed(0))
     assert row["kernel_gbps"] > 0 and len(calls) == 2  # the C-layout pool and the T-layout one
+
+
+def test_cpu_experts_weights_are_allocated_as_the_c_pool_is(monkeypatch):
+    """The routed experts kept in host memory are read at DRAM speed every step, like the C pool:
+    the same allocation (huge pages advised for large layers)."""
+    import writescope.hostmem as hm
+    from writescope.layers.cpu_experts import CpuExperts
+    advised = []
+    monkeypatch.setattr(hm, "advise_huge_pages", lambda t: advised.append(t.numel()) or True)
+    layer = CpuExperts(8, 2048, 2560, torch.bfloat16)
+    assert sorted(advised) == sorted([layer.gate_up.numel(), layer.down.numel()])
+    assert layer.gate_up.data_ptr() % 64 == 0 and layer.down.data_ptr() % 64 == 0
