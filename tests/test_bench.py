@@ -507,11 +507,15 @@ def test_cpu_expert_rows_carry_the_bytes_their_experts_read(tiny_qwen3_moe, tmp_
     most = len(cfg.moe_layers) * min(cfg.num_experts, 2 * cfg.num_experts_per_tok) * per_expert
     assert len(cfg.moe_layers) * per_expert <= row["cpu_expert_bytes_measured"] <= most
     assert row["roofline_bound_s"] > 0
-    # and the seconds they took per step, which the rows table shows
+    # and the seconds they took per step, which the rows table shows, next to the host's DRAM
+    # read bandwidth probed just before and after the decode steps
     assert 0 < row["cpu_expert_s_mean"] < row["mean_step_s"]
+    before, after = row["cpu_read_gbps"]
+    assert before > 0 and after > 0
     table = (tmp_path / "results.md").read_text()
-    assert "CPU experts ms" in table
-    assert f"| {row['cpu_expert_s_mean'] * 1e3:.4g} |" in table
+    assert "CPU experts ms" in table and "CPU read GB/s" in table
+    read = "-".join(f"{v:.0f}" if v >= 10 else f"{v:.1f}" for v in (before, after))
+    assert f"| {row['cpu_expert_s_mean'] * 1e3:.4g} | {read} |" in table
 
 
 def test_synthetic_prefill_rows(tiny_qwen3_moe, tmp_path):

@@ -345,6 +345,27 @@ class RowFailed(RuntimeError):
 ONE_STATE = {"transfer": "T", "cpu": "C"}
 
 
+_PROBE: list = []  # the read probe's buffer, made once per process
+
+
+def probe_read_gbps() -> float | None:
+    """The host's DRAM read bandwidth now, in GB/s (the CPU kernels' threads, one pass over a
+    buffer several times the last-level cache), or None without the compiled kernel. Taken
+    before and after each row's decode steps: on the H200 host it moved within a run
+    (63.7-84.4 GB/s in one bench, 2026-12-01c-h200/call1), and with it every row whose CPU side
+    reads DRAM -- the CPU experts took 138 to 318 ms a step for the same work."""
+    from ..attention import cpu
+    from ..hostmem import pageable_empty
+    from .cpu_attention import _llc_bytes
+    try:
+        if not _PROBE:
+            n = max(4 * _llc_bytes(), 256 << 20) // 4
+            _PROBE.append(pageable_empty(n, torch.float32).fill_(1.0))
+        return cpu.read_bandwidth(0, reps=2, buffer=_PROBE[0])
+    except RuntimeError:  # no compiled kernel on this machine
+        return None
+
+
 def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_budget: int,
                    tag: str, prefill: str = "real", seed: int = 0) -> dict[str, Any]:
     """Prefill ``prompts`` and time ``decode_steps`` decode steps (see the module docstring).
@@ -407,6 +428,7 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
             if guard > 4 * prefill_steps + 16:
                 raise RowFailed(f"only {len(first)} of {batch} sequences started (KV budget)")
         prefill_end = time.perf_counter()
+        read_before = probe_read_gbps()
         # tokens produced so far (sequences prefilled early already decoded some)
         for rid in ids:
             tokens[rid] = list(engine.requests[rid].output_token_ids)
@@ -440,6 +462,7 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
                 predicted.append(float(pst))
             for o in outs:
                 tokens[o.request_id] = list(o.token_ids)
+        read_after = probe_read_gbps()
         live = cache.live_blocks()
         timing = dict(cache.last_timing)
         peak = (torch.cuda.max_memory_allocated(dev) if dev.type == "cuda"
@@ -481,6 +504,8 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
         # seconds the CPU experts computed per decode step: the same work under every policy,
         # so a spread between policies' rows is the machine (shared DRAM bandwidth), not them
         "cpu_expert_s_mean": float(np.mean(expert_s)) if expert_s else None,
+        # the host's DRAM read bandwidth just before and just after the decode steps
+        "cpu_read_gbps": [read_before, read_after],
         "planner_predicted_step_s": float(np.mean(predicted)) if predicted else None,
         "planner_target_share": st.get("planner.target_share", st.get("planner.cpu_share")),
         "last_step_timing": {k: v for k, v in timing.items()

@@ -160,6 +160,13 @@ def _ms(x) -> str:
     return "" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x * 1e3:.4g}"
 
 
+def _read(x) -> str:
+    """The read probe before and after a row's decode steps."""
+    if not x or any(v is None for v in x):
+        return ""
+    return "-".join(f"{v:.0f}" if v >= 10 else f"{v:.1f}" for v in x)
+
+
 def _num(x, fmt="{:.2f}") -> str:
     return "" if x is None or (isinstance(x, float) and not math.isfinite(x)) else fmt.format(x)
 
@@ -228,8 +235,8 @@ def markdown(doc: dict[str, Any]) -> str:
     lines += ["## Rows", "",
               "| model | batch | context | policy | tok/s | mean ms | p50 ms | p99 ms | TTFT s | "
               "peak VRAM | pinned used | host used | moved | CPU share | model ms | "
-              "bound ms | CPU experts ms | host-bound | error |",
-              "|" + "---|" * 19]
+              "bound ms | CPU experts ms | CPU read GB/s | host-bound | error |",
+              "|" + "---|" * 20]
     for r in doc.get("rows", []):
         moved = r.get("bytes_moved")
         lines.append(
@@ -241,6 +248,7 @@ def markdown(doc: dict[str, Any]) -> str:
             f"{_bytes(moved)} | "
             f"{_num(r.get('cpu_share_mean'), '{:.2f}')} | {_ms(r.get('model_step_s'))} | "
             f"{_ms(r.get('roofline_bound_s'))} | {_ms(r.get('cpu_expert_s_mean'))} | "
+            f"{_read(r.get('cpu_read_gbps'))} | "
             f"{_num(r.get('host_bound_fraction'), '{:.2f}')} | "
             f"{(r.get('error') or '').replace('|', '/')} |")
     lines.append("")
