@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from writescope.bench.grid import GridSpec, make_prompts, parse_int_list, parse_name_list, run_grid
+from writescope.bench.grid import GridSpec, parse_int_list, parse_name_list, run_grid
+from writescope.bench.row import make_prompts
 from writescope.bench.report import geomean, markdown, summarize
 
 POLICIES = ("writescope", "transfer", "cpu", "static", "migrate")
@@ -461,7 +462,7 @@ def test_spill_warm_up_spills_past_g_and_frees_its_blocks(tiny_qwen3_moe):
     """The spill warm-up fills G and spills past it (in at most max_num_seqs requests of at
     most max_model_len tokens), decodes, and leaves every block free again."""
     from writescope import LLM
-    from writescope.bench.grid import WARMUP_SPILL_BLOCKS, warm_up_spill
+    from writescope.bench.row import WARMUP_SPILL_BLOCKS, warm_up_spill
     from writescope.kvcache.regions import Region
 
     eng = LLM(str(tiny_qwen3_moe), dtype="float32", device="cpu", block_size=8,

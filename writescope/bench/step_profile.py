@@ -16,7 +16,7 @@ import json
 import time
 
 
-from .grid import make_prompts
+from .row import make_prompts
 
 
 def main(argv=None) -> int:
