@@ -25,6 +25,8 @@ def test_list_parsing():
         GridSpec(models=["m"], batches=[0], context_lengths=[8]).validate()
     with pytest.raises(ValueError):
         GridSpec(models=["m"], batches=[1], context_lengths=[8], peers=["vllm"]).validate()
+    with pytest.raises(ValueError, match="static-ref-length"):
+        GridSpec(models=["m"], batches=[1], context_lengths=[8], static_ref_length=0).validate()
 
 
 def test_prompts_are_seeded_and_shared():
@@ -206,6 +208,8 @@ def test_grid_writes_json_markdown_and_plots(grid):
     ok_rows = [r for r in rows if not r.get("error") and not r.get("peer")]
     assert ok_rows and all(0.0 <= r["host_bound_fraction"] <= 1.0 for r in ok_rows)
     meta = next(iter(doc["models"].values()))
+    # static's share is chosen once, at the grid's longest context and largest batch
+    assert meta["static_share_from"] == "roofline target share at 3000 tokens, batch 2"
     assert set(meta["engine_build_times"]) == {"weights_s", "pin_experts_s", "activations_s"}
     assert sum(meta["engine_build_times"].values()) <= meta["engine_build_s"]
     assert len(doc["meta"]["git"]["source_digest"]) == 16

@@ -7,8 +7,11 @@ prompts of ``context`` tokens through prefill and then ``decode_steps`` timed de
 adds to each row the roofline model's terms for it (:func:`model_terms`).
 
 ``static`` gets its CPU share once per model: the roofline's best share for the largest batch
-of sequences of ``static_ref_length`` tokens (:func:`~writescope.planner.roofline.target_share`), unless
-``static_share`` is given -- HGCA/FlexGen-style, chosen once and never adapted.
+of sequences of ``static_ref_length`` tokens (default: the grid's longest context, where the
+policies differ most; :func:`~writescope.planner.roofline.target_share`), unless
+``static_share`` is given -- HGCA/FlexGen-style, chosen once and never adapted. (Until the ninth
+session the reference was 32K; with experts on the CPU nothing spills there, so ``static`` was
+``transfer`` at every length.)
 
 A configuration that cannot run (does not fit a budget, runs out of memory, a kernel error) is a
 row with ``error`` and the grid goes on. ``results.json`` is rewritten after every row, so an
@@ -63,7 +66,8 @@ class GridSpec:
     profile: str | None = None
     max_num_batched_tokens: int = 8192
     static_share: float | None = None
-    static_ref_length: int = 32768
+    #: the length the static share is chosen at (None: the grid's longest context)
+    static_ref_length: int | None = None
     #: the warm-up's long request (None: the shortest context of the grid)
     warmup_length: int | None = None
     #: "real": each row prefills its prompts through the model; "synthetic": random KV written
@@ -100,6 +104,8 @@ class GridSpec:
                 raise ValueError(f"unknown peer {p!r}; choose one of {', '.join(PEERS)}")
         if self.static_share is not None and not 0.0 <= self.static_share <= 1.0:
             raise ValueError("--static-share must be in [0, 1]")
+        if self.static_ref_length is not None and self.static_ref_length < 1:
+            raise ValueError("--static-ref-length must be at least 1 token")
         if self.config_overrides and not self.random_weights:
             raise ValueError("--config-override needs --random-weights (a checkpoint's tensors "
                              "have the published shapes)")
@@ -434,9 +440,9 @@ class Grid:
         if s.static_share is not None:
             static_share, static_why = s.static_share, "--static-share"
         else:
-            static_share, static_why = static_share_from_profile(profile, cfg, engine,
-                                                                 s.static_ref_length,
-                                                                 max(s.batches))
+            static_share, static_why = static_share_from_profile(
+                profile, cfg, engine, s.static_ref_length or max(s.context_lengths),
+                max(s.batches))
         layout = engine.cache.layout
         self.models_meta[model] = {
             "model_type": cfg.model_type, "engine_build_s": build_s,

@@ -57,8 +57,9 @@ def register(subparsers) -> None:
     p.add_argument("--static-share", type=float, default=None,
                    help="the static policy's CPU share (default: from the profile at "
                         "--static-ref-length and the largest --batch)")
-    p.add_argument("--static-ref-length", default="32k",
-                   help="reference length the static share is chosen at (default 32k)")
+    p.add_argument("--static-ref-length", default=None,
+                   help="reference length the static share is chosen at (default: the longest "
+                        "--context-lengths)")
     p.add_argument("--warmup-length", default=None, metavar="N",
                    help="tokens of the warm-up's long request (default: the shortest context); "
                         "a grid of 128K contexts need not prefill 128K more per policy to warm up")
@@ -86,7 +87,8 @@ def spec_from_args(args: argparse.Namespace):
         num_gpu_blocks=args.num_gpu_blocks, block_size=args.block_size, experts=args.experts,
         cpu_threads=args.cpu_threads, profile=args.profile,
         max_num_batched_tokens=args.max_num_batched_tokens, static_share=args.static_share,
-        static_ref_length=parse_count(args.static_ref_length),
+        static_ref_length=(parse_count(args.static_ref_length) if args.static_ref_length
+                           else None),
         warmup_length=parse_count(args.warmup_length) if args.warmup_length else None,
         prefill=args.prefill,
         peer_offload_weights=args.peer_offload_weights,
