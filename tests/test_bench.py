@@ -62,7 +62,7 @@ def test_summary_geomean_over_long_contexts_only():
     assert s["vs_best_other_policy"]["pairs_more_than_3pct_slower"] == 1
     assert s["roofline_efficiency"]["pairs_below_0.85"] == 2
     assert geomean([]) != geomean([])  # nan
-    assert "| m | transfer | 2.828 | 2 |" in markdown({"rows": rows, "summary": summarize(rows)})
+    assert "| m | transfer | 2.828 | 2 | 2.000 | 4.000 | 0 |" in markdown({"rows": rows, "summary": summarize(rows)})
 
 
 def test_rows_that_did_the_same_work_are_noise_not_a_policy_gap():
@@ -79,6 +79,10 @@ def test_rows_that_did_the_same_work_are_noise_not_a_policy_gap():
     s = summarize(rows)["m"]
     assert s["vs_best_other_policy"]["worst"]["ratio"] == pytest.approx(80 / 70)
     assert s["vs_best_other_policy"]["pairs_more_than_3pct_slower"] == 0
+    # nor is a same-work pair a speedup (or a slowdown)
+    assert s["speedup_over"]["static"]["pairs"] == 0
+    assert s["speedup_over"]["static"]["same_work_pairs"] == 1
+    assert s["speedup_over"]["cpu"]["pairs"] == 1 and s["speedup_over"]["cpu"]["same_work_pairs"] == 0
     assert s["same_work"] == {"rows": 2, "min": pytest.approx(0.8), "max": pytest.approx(80 / 90)}
     assert "| 0.800-0.889 (2 rows) |" in markdown({"rows": rows, "summary": summarize(rows)})
     # a different placement is compared, however small the difference
