@@ -525,17 +525,22 @@ class CpuJobQueue:
             pass
 
 
+def probe_buffer(nbytes: int) -> torch.Tensor:
+    """A float32 array of ``nbytes`` for :func:`read_bandwidth`, on the C pool's kind of pages
+    (``hostmem.pageable_empty``), every page touched."""
+    from ..hostmem import pageable_empty
+    return pageable_empty(nbytes // 4, torch.float32).fill_(1.0)
+
+
 def read_bandwidth(nbytes: int, threads: int | None = None, reps: int = 5,
                    buffer: torch.Tensor | None = None) -> float:
     """DRAM read bandwidth in GB/s: best of ``reps`` multi-threaded sums of an ``nbytes`` array
-    (``buffer``, a contiguous float32 tensor, instead of a new one: repeated probes)."""
+    (``buffer``, a contiguous float32 tensor from :func:`probe_buffer`, instead of a new one:
+    repeated probes)."""
     lib = _load()
     if lib is None:
         raise RuntimeError(f"kernel unavailable: {_load_error}")
-    if buffer is None:
-        from ..hostmem import pageable_empty
-        buffer = pageable_empty(nbytes // 4, torch.float32).fill_(1.0)  # the C pool's pages
-    x = buffer
+    x = buffer if buffer is not None else probe_buffer(nbytes)
     if x.dtype != torch.float32 or not x.is_contiguous():
         raise ValueError("buffer must be a contiguous float32 tensor")
     chk = ctypes.c_double()

@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> dict:
         cpu.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
     nbytes = args.read_bytes or max(1 << 30, 6 * _llc_bytes())
-    probe = pageable_empty(nbytes // 4, torch.float32).fill_(1.0)
+    probe = cpu.probe_buffer(nbytes)
     read_bw = cpu.read_bandwidth(nbytes, reps=5, buffer=probe)
     probes = [read_bw]
     res = {**result_header("cpu_attention", argv), "machine": _machine(),

@@ -108,9 +108,12 @@ def summarize(rows: list[dict[str, Any]], min_context: int = SUMMARY_MIN_CONTEXT
             others = [r for p, r in c.items() if p != BASE and p not in peers and _ok(r)]
             # the target compares policies that chose differently; rows that did writescope's
             # own work measure the machine's noise, reported beside it
-            differ = [r["decode_tokens_per_s"] for r in others if not same_work(ws, r)]
-            same += [ws["decode_tokens_per_s"] / r["decode_tokens_per_s"] for r in others
-                     if same_work(ws, r)]
+            differ = []
+            for r in others:
+                if same_work(ws, r):
+                    same.append(ws["decode_tokens_per_s"] / r["decode_tokens_per_s"])
+                else:
+                    differ.append(r["decode_tokens_per_s"])
             if differ:
                 vs_best.append({"batch": b, "context": n,
                                 "ratio": ws["decode_tokens_per_s"] / max(differ)})

@@ -96,15 +96,12 @@ def probe_read_gbps() -> float | None:
     (63.7-84.4 GB/s in one bench, 2026-12-01c-h200/call1), and with it every row whose CPU side
     reads DRAM -- the CPU experts took 138 to 318 ms a step for the same work."""
     from ..attention import cpu
-    from ..hostmem import pageable_empty
     from .cpu_attention import _llc_bytes
-    try:
-        if not _PROBE:
-            n = max(4 * _llc_bytes(), 256 << 20) // 4
-            _PROBE.append(pageable_empty(n, torch.float32).fill_(1.0))
-        return cpu.read_bandwidth(0, reps=2, buffer=_PROBE[0])
-    except RuntimeError:  # no compiled kernel on this machine
+    if not cpu.available():  # no compiled kernel on this machine
         return None
+    if not _PROBE:
+        _PROBE.append(cpu.probe_buffer(max(4 * _llc_bytes(), 256 << 20)))
+    return cpu.read_bandwidth(0, reps=2, buffer=_PROBE[0])
 
 
 def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_budget: int,
