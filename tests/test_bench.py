@@ -353,6 +353,24 @@ def test_step_profile_counts_a_decode_steps_ops(tiny_deepseek_v2, tmp_path, caps
     res = json.loads(out.read_text())
     assert res["prefill"] == "synthetic" and res["aten_ops_per_step"] > 100
     assert "aten ops" in capsys.readouterr().out
+    assert "cprofile" not in res
+
+
+def test_step_profile_lists_python_functions_by_host_time(tiny_deepseek_v2, tmp_path, capsys):
+    from writescope.bench import step_profile
+    out = tmp_path / "p.json"
+    assert step_profile.main(["--model", str(tiny_deepseek_v2), "--batch", "2", "--context", "300",
+                              "--warmup", "1", "--steps", "1", "--top", "8", "--prefill",
+                              "synthetic", "--num-gpu-blocks", "1", "--cprofile", "2",
+                              "--json", str(out)]) == 0
+    cp = json.loads(out.read_text())["cprofile"]
+    assert cp["steps"] == 2 and cp["wall_ms_per_step"] > 0
+    assert len(cp["by_self"]) == 8 and len(cp["by_cum"]) == 8
+    cum = [r["cum_ms_per_step"] for r in cp["by_cum"]]
+    assert cum == sorted(cum, reverse=True)
+    # the step itself is among the most expensive functions, cumulatively
+    assert any("(step)" in r["function"] for r in cp["by_cum"])
+    assert "cProfile, 2 steps" in capsys.readouterr().out
 
 
 def test_cpu_attention_bench_parses_sizes_as_printed():

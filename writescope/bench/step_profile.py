@@ -8,6 +8,11 @@ the host time until the forward pass was enqueued (``forward_host_s``), framewor
 kernel launches, and the ops that cost the most host time. A decode step
 whose host time is close to its wall time is launch-bound: the list says which ops to remove or
 fuse. ``--json FILE`` writes the same figures.
+
+``--cprofile N`` then runs N more steps under :mod:`cProfile` and lists the Python functions
+that take the most host time per step (self and cumulative), with the attention calls
+(``HybridAttention.launch`` / ``finish``) broken down: torch.profiler sees framework ops and
+driver calls, not the Python between them.
 """
 from __future__ import annotations
 
@@ -38,6 +43,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prefill", default="real", choices=("real", "synthetic"),
                     help="synthetic: random KV in the homes the policy chooses instead of the "
                          "model's prefill (long contexts in seconds; LLMEngine.prefill_synthetic)")
+    ap.add_argument("--cprofile", type=int, default=0, metavar="N",
+                    help="then N more steps under cProfile: the Python functions by host time")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
 
@@ -93,10 +100,44 @@ def main(argv=None) -> int:
     print(f"{'op':48s} {'calls/step':>10s} {'self ms/step':>12s}")
     for r in res["top_host_ops"]:
         print(f"{r['op'][:48]:48s} {r['calls_per_step']:10.1f} {r['self_cpu_ms_per_step']:12.2f}")
+    if args.cprofile > 0:
+        res["cprofile"] = python_profile(eng, args.cprofile, args.top)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)
     return 0
+
+
+def python_profile(eng, steps: int, top: int) -> dict:
+    """``steps`` decode steps under cProfile: wall ms per step and the ``top`` functions by self
+    and by cumulative host ms per step, printed and returned."""
+    import cProfile
+    import pstats
+
+    pr = cProfile.Profile()
+    t0 = time.perf_counter()
+    pr.enable()
+    for _ in range(steps):
+        eng.step()
+    pr.disable()
+    wall = (time.perf_counter() - t0) / steps
+    st = pstats.Stats(pr)
+
+    def rows(key: int) -> list[dict]:
+        items = sorted(st.stats.items(), key=lambda kv: kv[1][key], reverse=True)[:top]
+        return [{"function": f"{fn.rsplit('/', 2)[-1] if '/' in fn else fn}:{line}({name})",
+                 "calls_per_step": nc / steps, "self_ms_per_step": tt * 1e3 / steps,
+                 "cum_ms_per_step": ct * 1e3 / steps}
+                for (fn, line, name), (cc, nc, tt, ct, _) in items]
+
+    out = {"steps": steps, "wall_ms_per_step": wall * 1e3, "by_self": rows(2), "by_cum": rows(3)}
+    print(f"\ncProfile, {steps} steps: {wall * 1e3:.1f} ms a step (profiled)")
+    for title, key in (("self", "by_self"), ("cumulative", "by_cum")):
+        print(f"{'function (' + title + ')':64s} {'calls/step':>10s} {'self ms':>8s} {'cum ms':>8s}")
+        for r in out[key]:
+            print(f"{r['function'][:64]:64s} {r['calls_per_step']:10.1f} "
+                  f"{r['self_ms_per_step']:8.2f} {r['cum_ms_per_step']:8.2f}")
+    return out
 
 
 if __name__ == "__main__":
