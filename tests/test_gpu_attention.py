@@ -194,7 +194,12 @@ def test_ready_flag_is_raised_in_stream_order(memop):
     torch.cuda.synchronize()
 
 
-def test_ring_on_copy_stream_stages_exact_bytes():
+@pytest.mark.parametrize("driver_copy", ["1", "0"])
+def test_ring_on_copy_stream_stages_exact_bytes(driver_copy, monkeypatch):
+    """Each run is one driver copy (cuMemcpyHtoDAsync through ctypes), or Tensor.copy_."""
+    from writescope.attention.staging import CudaCopier
+    monkeypatch.setenv("WRITESCOPE_DRIVER_COPY", driver_copy)
+    assert (CudaCopier(torch.device("cuda"))._htod is not None) == (driver_copy == "1")
     pool = torch.randn(4, 40, 16, 2, 8).to(torch.bfloat16).pin_memory()
     b = BlockBatch.build([1, 1, 1], [list(range(3, 15)), [30, 31, 32, 20], [0]],
                          [[16] * 12, [16] * 4, [5]])
@@ -233,3 +238,53 @@ def test_the_bench_runs_its_cpu_side_with_the_engines_threads(monkeypatch):
     for usable, threads in ((16, 14), (12, 10), (10, 9), (8, 7), (4, 4), (1, 1)):
         monkeypatch.setattr(cpu, "_usable_cores", lambda u=usable: u)
         assert default_cpu_threads() == threads
+
+
+def test_fast_launch_keeps_one_kernel_per_specialisation_and_matches_the_jit():
+    """The direct launches (kept compiled kernels) give the JIT's results, also when an
+    argument's alignment changes between calls (a new specialisation, compiled by the JIT)."""
+    _triton()
+    from writescope.attention import gpu as G
+    from writescope.attention.gpu import attend_gpu
+    spec, hq = SHAPES["gqa"]
+    case = build_case(spec, hq, [300, 7, 1000], q_counts=[1, 3, 1], block_size=16,
+                      frac={"G": 1.0}, w_tail=False, device="cuda", seed=3)
+    batch = dict(case.plan.gpu)[Region.G]
+    partial, reduce = G._kernels()
+    q0 = case.random_q("cuda", seed=5).to(case.pools[Region.G].dtype)  # not converted again
+    ro, rl = case.reference(1, q0)
+    wide = torch.zeros(q0.numel() + 1, dtype=q0.dtype, device="cuda")
+    q_odd = wide[1:].view(q0.shape)  # the same values at an address that is not 16-byte aligned
+    q_odd.copy_(q0)
+    d0 = partial.direct
+    for q in (q0, q0, q_odd, q_odd, q0):
+        o, l = attend_gpu(q, case.pools[Region.G][1], "gpu", spec, batch, case.scale)
+        _check(o, l, ro, rl)
+    assert partial.fast and partial.direct - d0 >= 3  # the repeats went straight to the launcher
+    keys = [k for k in partial._kernels if k[0][0][0] == q0.dtype]
+    assert {k[0][0][1] for k in keys} >= {True, False}  # aligned and unaligned q kept apart
+    assert reduce.direct > 0
+
+
+def test_fast_launch_off_goes_through_the_jit(monkeypatch):
+    _triton()
+    import triton
+    import triton.language as tl
+
+    from writescope.attention.launch import FastLaunch
+
+    @triton.jit
+    def axpy(X, Y, a, N, BLOCK: tl.constexpr):
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = i < N
+        tl.store(Y + i, tl.load(X + i, mask=m) * a + tl.load(Y + i, mask=m), mask=m)
+
+    x = torch.arange(100, dtype=torch.float32, device="cuda")
+    for fast in ("1", "0"):
+        monkeypatch.setenv("WRITESCOPE_FAST_LAUNCH", fast)
+        k = FastLaunch(axpy)
+        y = torch.zeros_like(x)
+        for _ in range(3):
+            k[(4,)](x, y, 2.0, 100, BLOCK=32)
+        assert torch.equal(y, 6 * x)
+        assert (k.direct, k.jit) == ((2, 1) if fast == "1" else (0, 3))

@@ -307,7 +307,8 @@ def _kernels():
             tl.store(LSE + xr, lse, mask=hm)
         tl.store(OUT + xr[:, None] * DV + dv[None, :], out, mask=hm[:, None] & dm[None, :])
 
-    return partial_kernel, reduce_kernel
+    from .launch import FastLaunch
+    return FastLaunch(partial_kernel), FastLaunch(reduce_kernel)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -322,6 +323,7 @@ class KernelConfig:
     num_stages: int
 
 
+@functools.lru_cache(maxsize=256)  # per layer launch, with a step's few shapes
 def default_config(spec: KVSpec, group: int, qmax: int) -> KernelConfig:
     rows = max(16, _next_pow2(qmax * group))
     # measured on the H200 (bench/results/gpu_attention.md): 2 stages beat 3-4 for GQA (more
@@ -336,6 +338,7 @@ def default_config(spec: KVSpec, group: int, qmax: int) -> KernelConfig:
     return KernelConfig(min(rows, 64), 32 if wide else 64, 4, 2)
 
 
+@functools.lru_cache(maxsize=256)  # per layer launch, with a step's few shapes
 def _split_k(spec: KVSpec) -> tuple[int, int, bool]:
     """(DA, DB, SHARE_V): K is loaded as a power-of-two piece DA and a rest DB; for MLA the first
     piece is exactly V, shared."""

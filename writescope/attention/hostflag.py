@@ -40,6 +40,8 @@ import warnings
 import numpy as np
 import torch
 
+from .launch import raw_stream
+
 #: spin iterations before the device gives up (one iteration is one PCIe read, ~1-2 us)
 DEFAULT_MAX_SPINS = 20_000_000
 
@@ -74,7 +76,8 @@ def _store_kernel():
         tl.store(FLAG, value)
 
     del triton
-    return store_kernel
+    from .launch import FastLaunch
+    return FastLaunch(store_kernel)
 
 
 @functools.lru_cache(maxsize=None)
@@ -104,7 +107,8 @@ def _kernel():
             tl.store(STATUS, 1)
 
     del triton
-    return wait_kernel
+    from .launch import FastLaunch
+    return FastLaunch(wait_kernel)
 
 
 def blocking_sync() -> bool:
@@ -193,7 +197,7 @@ class ReadyFlags:
         value = self._values[i]
         ptr = self.flags.data_ptr() + 8 * i
         if self._memop:
-            stream = torch.cuda.current_stream(self.device).cuda_stream
+            stream = raw_stream(self.device)
             try:
                 rc = _stream_memop("Write")(stream, ptr, value, 0)
             except (OSError, AttributeError):
@@ -264,7 +268,7 @@ class HostFlags:
     def wait(self, i: int, value: int) -> None:
         """Enqueue on the current stream: nothing after this runs before flag ``i >= value``."""
         if self.mode == 3:
-            stream = torch.cuda.current_stream(self.device).cuda_stream
+            stream = raw_stream(self.device)
             rc = _stream_memop("Wait")(stream, self.flags.data_ptr() + 8 * i, int(value), 0)  # GEQ
             if rc != 0:
                 raise RuntimeError(f"cuStreamWaitValue64 failed (CUresult {rc})")

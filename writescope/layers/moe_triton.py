@@ -88,7 +88,8 @@ def _kernels():
         wt = tl.load(WTS + s).to(tl.float32)
         tl.store(Y + s.to(tl.int64) * HID + o, acc * wt, mask=omask)
 
-    return gate_up_kernel, down_kernel
+    from ..attention.launch import FastLaunch
+    return FastLaunch(gate_up_kernel), FastLaunch(down_kernel)
 
 
 def _pow2(n: int, cap: int) -> int:
