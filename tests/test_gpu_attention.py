@@ -261,8 +261,8 @@ def test_fast_launch_keeps_one_kernel_per_specialisation_and_matches_the_jit():
         o, l = attend_gpu(q, case.pools[Region.G][1], "gpu", spec, batch, case.scale)
         _check(o, l, ro, rl)
     assert partial.fast and partial.direct - d0 >= 3  # the repeats went straight to the launcher
-    keys = [k for k in partial._kernels if k[0][0][0] == q0.dtype]
-    assert {k[0][0][1] for k in keys} >= {True, False}  # aligned and unaligned q kept apart
+    keys = [k for k in partial._kernels if k[0][0] == q0.dtype]  # k[0]: Q's (dtype, aligned)
+    assert {k[0][1] for k in keys} >= {True, False}  # aligned and unaligned q kept apart
     assert reduce.direct > 0
 
 

@@ -9,9 +9,11 @@ DeepSeek-V2-Lite step's 55 host milliseconds, 2026-12-01d call 1). :class:`FastL
 and launches the first call of each specialisation through the JIT, keeps the compiled kernel it
 returns, and calls that kernel's launcher directly afterwards.
 
-The key is at least as fine as Triton's own specialisation: per argument, a tensor's dtype and
-whether its address is 16-byte aligned; an int's being 1, divisible by 16 and its width; a
-constexpr's exact value; plus the compile options (``num_warps``, ``num_stages``). So the kept
+The key is at least as fine as Triton's own specialisation: per positional argument, a tensor's
+dtype and whether its address is 16-byte aligned, an int's being 1, divisible by 16 and its
+width, a constexpr's exact value; every keyword argument's exact value (the call sites pass
+constexprs, a few scalars and the compile options ``num_warps``/``num_stages`` by name; a tensor
+by name is keyed like a positional one). So the kept
 kernel is the one the JIT would have picked. Arguments are passed in the kernel's parameter
 order, constexprs included, as ``CompiledKernel.__getitem__`` does. Should this Triton's
 launcher not take them so (a ``TypeError``), the wrapper says so once and goes back to the JIT
@@ -55,12 +57,28 @@ def enabled() -> bool:
     return os.environ.get("WRITESCOPE_FAST_LAUNCH", "1") != "0"
 
 
+class _Form:
+    """One way of calling a kernel: how many arguments come by position and which by name."""
+
+    __slots__ = ("pos_constexpr", "pull", "exact_names")
+
+    def __init__(self, fl: "FastLaunch", nargs: int, names: tuple):
+        self.pos_constexpr = fl.constexpr[:nargs]
+        given = set(names)
+        # the parameters after the positional ones, in order: from the keywords or defaults
+        self.pull = [(n, n in given, fl.defaults.get(n)) for n in fl.names[nargs:]]
+        #: keyword values go into the key as they are (ints, strings, flags: constexprs, options
+        #: and scalars alike, so at least as fine as Triton's key); False once one was a tensor
+        self.exact_names = True
+
+
 class FastLaunch:
     """``FastLaunch(jit_fn)[grid](*args, **kwargs)`` launches like ``jit_fn[grid](...)``."""
 
     def __init__(self, fn):
         self.fn = fn
         self._kernels: dict = {}
+        self._forms: dict = {}
         # under TRITON_INTERPRET=1 the kernel is an InterpretedFunction: nothing is compiled
         self.fast = enabled() and hasattr(fn, "params")
         params = list(inspect.signature(fn.fn).parameters.values())
@@ -69,7 +87,7 @@ class FastLaunch:
                           for p in getattr(fn, "params", params)]
         self.defaults = {p.name: p.default for p in params
                          if p.default is not inspect.Parameter.empty}
-        self._index = {n: i for i, n in enumerate(self.names)}
+        self._is_constexpr = dict(zip(self.names, self.constexpr))
         #: launches that went through the kept kernel / through the JIT (for tests and benches)
         self.direct = 0
         self.jit = 0
@@ -77,33 +95,53 @@ class FastLaunch:
     def __getitem__(self, grid):
         return lambda *args, **kwargs: self.launch(grid, args, kwargs)
 
+    def _key(self, form: _Form, args: tuple, kwargs: dict) -> tuple:
+        key = []
+        for a, c in zip(args, form.pos_constexpr):
+            if c:
+                key.append(a)
+            elif isinstance(a, torch.Tensor):
+                key.append((a.dtype, not a.data_ptr() & 15))
+            elif type(a) is int:
+                key.append((a == 1, not a & 15, _I32[0] <= a < _I32[1], a >= 2**63))
+            else:
+                key.append(type(a))
+        if form.exact_names:
+            key.append(tuple(kwargs.items()))
+        else:
+            key.append(tuple((k, _key(v, self._is_constexpr.get(k, True)))
+                             for k, v in kwargs.items()))
+        return tuple(key)
+
     def launch(self, grid, args: tuple, kwargs: dict):
         if not self.fast:
             self.jit += 1
             return self.fn[grid](*args, **kwargs)
-        full = list(args)
-        options = []
-        named = {}
-        for k, v in kwargs.items():
-            if k in self._index:
-                named[k] = v
-            else:
-                options.append((k, v))
-        for n in self.names[len(args):]:
-            full.append(named[n] if n in named else self.defaults[n])
-        key = (tuple(_key(a, c) for a, c in zip(full, self.constexpr)), tuple(sorted(options)))
+        fk = (len(args), tuple(kwargs))
+        form = self._forms.get(fk)
+        if form is None:
+            form = self._forms[fk] = _Form(self, len(args), fk[1])
+        key = self._key(form, args, kwargs)
         kernel = self._kernels.get(key)
         if kernel is None:
             self.jit += 1
             kernel = self.fn[grid](*args, **kwargs)
+            if form.exact_names and any(isinstance(v, torch.Tensor) for v in kwargs.values()):
+                form.exact_names = False  # a tensor by name: key it by dtype and alignment
+                key = self._key(form, args, kwargs)
             if kernel is not None:
                 self._kernels[key] = kernel
             return kernel
-        dev = next((a.device for a in full if isinstance(a, torch.Tensor)), None)
+        full = list(args)
+        for n, given, default in form.pull:
+            full.append(kwargs[n] if given else default)
+        dev = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
         stream = raw_stream(dev if dev is not None else torch.device("cuda"))
-        g = tuple(int(x) for x in grid) + (1, 1)
+        g0 = int(grid[0])
+        g1 = int(grid[1]) if len(grid) > 1 else 1
+        g2 = int(grid[2]) if len(grid) > 2 else 1
         try:
-            kernel.run(g[0], g[1], g[2], stream, kernel.function, kernel.packed_metadata,
+            kernel.run(g0, g1, g2, stream, kernel.function, kernel.packed_metadata,
                        None, None, None, *full)
         except TypeError as e:  # this Triton's launcher wants its arguments otherwise
             warnings.warn(f"direct Triton launch of {getattr(self.fn, '__name__', self.fn)} failed "
