@@ -459,6 +459,21 @@ def test_warm_up_verifies_the_planner_so_the_row_prefill_places_c_blocks(tiny_qw
     # every spilled block in C (72 of ~202 tokens: G holds 128), and the CPU attends them all
     assert row["host_used_bytes"] > 0 and row["pinned_used_bytes"] == 0
     assert row["cpu_share_mean"] > 0.3
+    # the planner's state when the prefill had placed the blocks, and after the decode steps
+    for st in (row["planner_at_prefill"], row["planner_after"]):
+        assert st["cpu_verified"] is True and st["target_share"] > 0.3
+        assert all(st[k] > 0 for k in ("cpu_rate_correction", "pcie_rate_correction",
+                                        "expert_rate_correction"))
+    assert row["pcie_gbps"] is None  # nothing streamed (no T block)
+
+
+def test_link_rate_of_a_step_needs_timed_copies():
+    from writescope.bench.row import link_gbps, planner_state
+    assert link_gbps({"pcie_s": 0.1, "t_bytes": 5e9}) == pytest.approx(50.0)
+    assert link_gbps({"pcie_s": None, "t_bytes": 5e9}) is None  # an untimed step
+    assert link_gbps({"t_bytes": 0, "pcie_s": 0.0}) is None
+    from writescope.kvcache.placement import make_policy
+    assert planner_state(make_policy("transfer")) == {"cpu_share": 0.0}  # a fixed share only
 
 
 @pytest.mark.parametrize("prefill", ["real", "synthetic"])

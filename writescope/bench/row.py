@@ -29,6 +29,9 @@ warm-ups that come before a policy's first row. A row carries:
 * ``cpu_expert_bytes_per_step`` -- routed-expert bytes on the CPU per decode step under uniform
   routing; ``cpu_expert_bytes_measured`` -- what the CPU expert calls read (their distinct
   experts), mean over the decode steps; the bound charges the measured figure when there is one.
+* ``planner_at_prefill`` / ``planner_after`` -- the ``writescope`` planner's shares and rate
+  corrections once the prefill had placed the blocks, and after the decode steps;
+  ``pcie_gbps`` -- the link's rate on the decode steps whose copies were timed;
 * ``cpu_expert_s_mean`` -- the CPU experts' kernel seconds per decode step, and ``cpu_read_gbps``
   -- the host's DRAM read bandwidth probed just before and after the decode steps: the CPU-side
   figures of a row move with it.
@@ -166,6 +169,7 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
             if guard > 4 * prefill_steps + 16:
                 raise RowFailed(f"only {len(first)} of {batch} sequences started (KV budget)")
         prefill_end = time.perf_counter()
+        planner_prefill = planner_state(cache.policy)
         read_before = probe_read_gbps()
         # tokens produced so far (sequences prefilled early already decoded some)
         for rid in ids:
@@ -173,6 +177,7 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
         # ---- timed decode steps, the whole batch decoding
         counters = cache.counters
         step_times, shares, predicted, host_fracs, expert_bytes, expert_s = [], [], [], [], [], []
+        link = []
         moved_prefill = counters["kv.bytes_moved_after_placement"] - moved0
         for _ in range(decode_steps):
             c0, g0 = counters["kv.bytes_read.cpu"], counters["kv.bytes_read.gpu"]
@@ -191,6 +196,9 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
             es = (cache.last_timing or {}).get("cpu_expert_s")
             if isinstance(es, (int, float)):
                 expert_s.append(float(es))
+            lg = link_gbps(cache.last_timing or {})
+            if lg is not None:
+                link.append(lg)
             lt = getattr(engine.runner, "last_times", {})
             if lt:
                 host_fracs.append(lt["forward_host_s"] / max(1e-12, lt["forward_host_s"]
@@ -246,6 +254,12 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
         "cpu_read_gbps": [read_before, read_after],
         "planner_predicted_step_s": float(np.mean(predicted)) if predicted else None,
         "planner_target_share": st.get("planner.target_share", st.get("planner.cpu_share")),
+        # the planner's shares and rate corrections when the prefill had placed the row's blocks,
+        # and after its decode steps (a fixed policy: its share)
+        "planner_at_prefill": planner_prefill,
+        "planner_after": planner_state(cache.policy),
+        # the link's rate over the steps whose copy stream was timed: T bytes / busy seconds
+        "pcie_gbps": float(np.mean(link)) if link else None,
         "last_step_timing": {k: v for k, v in timing.items()
                              if isinstance(v, (int, float)) and not isinstance(v, bool)},
         "output_digest": token_digest([tokens[r][:decode_steps + 1] for r in ids]),
@@ -260,6 +274,30 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
         row["error"] = (f"{engine.kv_policy} had to put {live[_region(other)]} blocks in {other}: "
                         f"its region {only} is full (over the {'pinned' if only == 'T' else 'host'} budget)")
     return row
+
+
+#: the planner's figures a row records (``stats()`` keys without their ``planner.`` prefix)
+PLANNER_KEYS = ("cpu_share", "target_share", "cpu_rate_correction", "cpu_fixed_correction",
+                "pcie_rate_correction", "gpu_rate_correction", "expert_rate_correction",
+                "step_overhead_s", "cpu_verified", "probes")
+
+
+def planner_state(policy) -> dict | None:
+    """The placement policy's planner figures (shares, rate corrections; a fixed policy has
+    its share only), or None for a policy that reports none."""
+    st = policy.stats() if hasattr(policy, "stats") else {}
+    out = {k: st[f"planner.{k}"] for k in PLANNER_KEYS if f"planner.{k}" in st}
+    return {k: (float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v)
+            for k, v in out.items()} or None
+
+
+def link_gbps(timing: dict) -> float | None:
+    """GB/s of the step's streamed T bytes over the copy stream's busy seconds (None when the
+    step streamed nothing or its copies were not timed)."""
+    s, b = timing.get("pcie_s"), timing.get("t_bytes")
+    if isinstance(s, (int, float)) and isinstance(b, (int, float)) and s > 0 and b > 0:
+        return b / s / 1e9
+    return None
 
 
 #: decode tokens of the warm-up's long request: enough decode steps for the ``writescope``

@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from typing import Any
 
 from ..kvcache.placement import CacheCapacity, PlacementPolicy, SeqKV, register_policy
@@ -212,6 +213,10 @@ class WriteScopePolicy(PlacementPolicy):
         before that, a CPU ``UNVERIFIED_CPU_FACTOR`` times slower than its profile (or than
         measured so far, if slower still)."""
         c = self.feedback.corrections
+        if self.experts_on_cpu and os.environ.get("WRITESCOPE_PLACE_LINK", "measured") == "profile":
+            # to compare (2026-12-01d call 4): placement trusts the link at no less than its
+            # profile rate when the CPU also runs the experts
+            c = dataclasses.replace(c, pcie=min(c.pcie, 1.0))
         if self.cpu_verified:
             return c
         f = UNVERIFIED_CPU_FACTOR
