@@ -14,8 +14,8 @@ run dsv2-1m 130 python -m writescope bench --model deepseek-v2-lite --batch 8 --
 run dsv2-1m-link 85 env WRITESCOPE_PLACE_LINK=profile python -m writescope bench --model deepseek-v2-lite \
   --batch 8 --context-lengths 128k $C --policies writescope --out $R/dsv2-1m-link
 G="--random-weights --profile $P --experts gpu --batch 2 --context-lengths 128k --max-num-batched-tokens 16384 --warmup-length 4k --decode-steps 12 --prefill synthetic --no-progress"
-run qwen3-gpu 190 python -m writescope bench --model qwen3-30b-a3b --vram-budget 68GiB $G \
+run qwen3-gpu 190 python -m writescope bench --model qwen3-30b-a3b --vram-budget 70GiB $G \
   --policies writescope,transfer,cpu --out $R/qwen3-gpu
-run mixtral-gpu 150 python -m writescope bench --model mixtral-8x7b --vram-budget 97GiB $G \
+run mixtral-gpu 150 python -m writescope bench --model mixtral-8x7b --vram-budget 100GiB $G \
   --policies writescope,transfer --out $R/mixtral-gpu
 call_end
