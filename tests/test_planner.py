@@ -249,6 +249,40 @@ def test_cpu_tokens_non_decreasing_with_the_measured_h200_profile(name):
                     (exp, budget, b, cpu_tokens)
 
 
+@pytest.mark.skipif(not H200_PROFILE.exists(), reason="no committed H200 profile")
+def test_placement_writes_c_only_for_a_gain_the_bench_can_see():
+    """DeepSeek-V2-Lite 8 x 128K with the experts on the CPU and G holding 12181 blocks, at the
+    rate corrections its planner had learnt (2026-12-01d call 4): the model gives a CPU share of
+    ~0.19 a 1.3% gain, and the C blocks placed for it made writescope 4-10% slower than
+    transfer. Placement needs PLACEMENT_MIN_GAIN (3%); the step plan keeps MIN_GAIN (1%). A
+    large gain (Qwen3 with its experts on the GPU, 2 x 128K) is placed as before."""
+    prof = HardwareProfile.load(H200_PROFILE)
+    dsv = ModelConfig.from_hf("deepseek-v2-lite")
+    corr = rl.Corrections(cpu=1.225, cpu_fixed=0.219, pcie=1.0, gpu=1.0, expert=0.899)
+    g = 12181 * 64
+    spilled = 8 * 131072 - g
+    assert rl.PLACEMENT_MIN_GAIN == 0.03 and rl.MIN_GAIN == 0.01
+    assert rl.target_share(prof, dsv, 8, g, spilled, True, corr).cpu_share == 0.0
+    assert rl.target_share(prof, dsv, 8, g, spilled, True, corr,
+                           min_gain=rl.MIN_GAIN).cpu_share > 0.1
+    qwen = ModelConfig.from_hf("qwen3-30b-a3b")
+    qc = rl.Corrections(cpu=1.238, cpu_fixed=0.448, pcie=0.985, gpu=1.0)
+    g = 2384 * 64
+    assert rl.target_share(prof, qwen, 2, g, 2 * 131072 - g, False, qc).cpu_share > 0.4
+
+
+def test_placement_plans_with_the_gpu_kernel_not_a_slower_measured_factor():
+    """The GPU side's factor is timed with device events around its launches (host gaps, cold
+    steps): above 1 it would let CPU attention hide under GPU time that is not there. Placement
+    takes it at most 1; the step plan keeps it; a faster measured GPU is kept."""
+    p = policy()
+    p.feedback.factors["gpu"] = 2.81
+    assert p._placement_corrections().gpu == 1.0
+    assert p.feedback.corrections.gpu == 2.81
+    p.feedback.factors["gpu"] = 0.7
+    assert p._placement_corrections().gpu == 0.7
+
+
 @settings(max_examples=30, deadline=None)
 @given(rc=st.floats(5, 120), rp=st.floats(5, 60), rt=st.floats(1e-5, 1e-3), b=st.integers(1, 32),
        g=st.integers(0, 2 ** 20), exp=st.booleans(), rexp=st.floats(10, 200))

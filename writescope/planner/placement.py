@@ -7,7 +7,10 @@ The cache asks (see :mod:`writescope.kvcache.placement`):
   goes to C or T, whichever brings the sequence's C fraction of its spilled blocks closer to the
   **target share** (ties to T, the flexible region), taken for the batch as it will be once
   these blocks are sealed (a prefill chunk's spill included). Blocks are never moved afterwards: as the
-  target rises with context length, the split is steered by where *new* blocks land.
+  target rises with context length, the split is steered by where *new* blocks land. Because
+  they stay, the target gives the CPU a share only for a predicted gain of
+  ``roofline.PLACEMENT_MIN_GAIN`` (3%) of the step, and takes the GPU side no slower than its
+  profile (its measured factor counts launch gaps; see :meth:`_placement_corrections`).
   Until the CPU path has been *measured* (``verify_steps`` decode steps in which the CPU
   attended blocks and was timed, so the feedback has corrected its rate), the target is taken
   with a CPU ``UNVERIFIED_CPU_FACTOR`` (2) times slower than its profile: C blocks are committed
@@ -68,7 +71,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from typing import Any
 
 from ..kvcache.placement import CacheCapacity, PlacementPolicy, SeqKV, register_policy
@@ -209,14 +211,16 @@ class WriteScopePolicy(PlacementPolicy):
                                self._placement_corrections(), pipelined=self.pipelined).cpu_share
 
     def _placement_corrections(self) -> rl.Corrections:
-        """The rates placement plans with: the corrected ones once the CPU path is verified;
-        before that, a CPU ``UNVERIFIED_CPU_FACTOR`` times slower than its profile (or than
-        measured so far, if slower still)."""
+        """The rates placement plans with: the corrected ones once the CPU path is verified
+        (the GPU side's at most 1); before that, also a CPU ``UNVERIFIED_CPU_FACTOR`` times
+        slower than its profile (or than measured so far, if slower still)."""
         c = self.feedback.corrections
-        if self.experts_on_cpu and os.environ.get("WRITESCOPE_PLACE_LINK", "measured") == "profile":
-            # to compare (2026-12-01d call 4): placement trusts the link at no less than its
-            # profile rate when the CPU also runs the experts
-            c = dataclasses.replace(c, pcie=min(c.pcie, 1.0))
+        # the GPU side's factor is timed with device events around its launches, so it also
+        # counts the gaps of a host-bound step and a cold first step; above 1 it lets CPU
+        # attention "hide" under GPU attention that is not there (a factor of 2.8 learnt in
+        # the bench's warm-up put a DeepSeek 1M row's target share at 0.49 instead of 0.19;
+        # its decode steps measured 1.2: 2026-12-01d call 4). Placement plans with the kernel.
+        c = dataclasses.replace(c, gpu=min(c.gpu, 1.0))
         if self.cpu_verified:
             return c
         f = UNVERIFIED_CPU_FACTOR

@@ -61,6 +61,11 @@ KV_ITEMSIZE = 2   # bf16 KV
 KERNELS_PER_LAYER = 24
 #: the smallest predicted gain (fraction of the step) for which the CPU starts attending
 MIN_GAIN = 0.01
+#: the smallest predicted gain for which placement starts writing blocks to C, where they stay:
+#: the bench resolves ~3% between policies, and the model errs by as much (DeepSeek-V2-Lite
+#: 8 x 128K with the experts on the CPU: the model gave a share of 0.19 a 1.3% gain, and the C
+#: blocks placed for it made writescope 4-10% slower than transfer; 2026-12-01d calls 3-4)
+PLACEMENT_MIN_GAIN = 0.03
 #: a pipelined decode step (two interleaved sub-batches, ``engine/graphs.pipelined_pieces``)
 #: runs each layer's dense work and routed experts once per sub-batch: this many times the
 #: one-batch GPU time (weights read twice, launches doubled). An estimate, to be measured
@@ -379,11 +384,14 @@ def _kinds(cfg: "ModelConfig", pred: StepPrediction) -> list[LayerTime]:
 
 def target_share(profile: "HardwareProfile", cfg: "ModelConfig", batch_size: int,
                  resident: float, spilled: float, experts_on_cpu: bool,
-                 corr: Corrections = Corrections(), pipelined: bool = False) -> SharePlan:
+                 corr: Corrections = Corrections(), pipelined: bool = False,
+                 min_gain: float = PLACEMENT_MIN_GAIN) -> SharePlan:
     """The share the write scope aims at: the best split if every CPU token sat in C (the
-    CPU's layout) and every GPU token in T, i.e. with no placement constraint."""
+    CPU's layout) and every GPU token in T, i.e. with no placement constraint. Blocks placed
+    in C stay there, so the CPU gets a share only for a predicted gain of ``min_gain`` of the
+    step (:data:`PLACEMENT_MIN_GAIN`), not the step plan's ``MIN_GAIN``."""
     return optimal_cpu_share(profile, cfg, batch_size, resident, 0.0, spilled, experts_on_cpu,
-                             corr, free=True, pipelined=pipelined)
+                             corr, free=True, pipelined=pipelined, min_gain=min_gain)
 
 
 def bandwidth_ratio(profile: "HardwareProfile", cfg: "ModelConfig") -> float:
