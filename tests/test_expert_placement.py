@@ -73,6 +73,20 @@ def test_fp32_needs_more_cpu_layers():
     assert f > b
 
 
+def test_gpu_experts_leave_the_kv_what_is_left():
+    """experts='gpu' asks for every expert on the GPU: the budget must hold them and the margin;
+    the KV takes the rest and spills past it (Qwen3-30B-A3B at 70 GiB: 61 GB of weights, a 128K
+    sequence's 12.9 GB of KV does not fit beside them, and need not)."""
+    cfg = ModelConfig.from_hf("qwen3-30b-a3b")
+    seq_kv = cfg.kv_bytes_per_token(BF) * 131072
+    assert seq_kv > 12 * GB
+    assert choose_expert_layers(cfg, "gpu", 70 * GiB, seq_kv, BF) == [False] * cfg.num_layers
+    with pytest.raises(ValueError, match="exceed the VRAM budget"):
+        choose_expert_layers(cfg, "gpu", 62 * GB, seq_kv, BF)  # not even the weights and margin
+    # auto still keeps room for a sequence's KV: some experts go to the CPU at this budget
+    assert any(choose_expert_layers(cfg, "auto", 70 * GiB, seq_kv, BF))
+
+
 def test_budget_too_small_raises(cfg):
     with pytest.raises(ValueError, match="exceed the VRAM budget"):
         choose_expert_layers(cfg, "gpu", 32 * GB, GiB, BF)

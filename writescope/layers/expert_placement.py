@@ -5,7 +5,8 @@
 routed expert (attention, norms, router, shared experts, embeddings) always stay on the GPU.
 
 * ``gpu``  — every routed expert on the GPU (raises if a VRAM budget is given and it cannot hold
-  them with the KV the workload needs and the margin);
+  them with the margin; the KV takes what is left and spills to the host past it -- a run with
+  "8 GB of KV in HBM" at 128K tokens per sequence is one whose sequence does not fit there);
 * ``cpu``  — every MoE layer's routed experts on the CPU (as llama.cpp ``--cpu-moe``);
 * ``auto`` — everything on the GPU when all weights + the KV the workload needs + an
   activation/staging margin fit the budget; otherwise as many MoE layers as fit keep their experts
@@ -75,8 +76,8 @@ def choose_expert_layers(cfg: ModelConfig, experts: str, vram_budget_bytes: int 
     if vram_budget_bytes is None:
         return [False] * n
     all_gpu = [False] * n
-    if mode == "gpu":
-        _check_fits(cfg, all_gpu, vram_budget_bytes, kv_bytes_needed, dtype, margin_bytes, mode)
+    if mode == "gpu":  # the placement was asked for: the KV fits around it (the engine checks)
+        _check_fits(cfg, all_gpu, vram_budget_bytes, 0, dtype, margin_bytes, mode)
         return all_gpu
     # auto
     itemsize = torch.empty(0, dtype=dtype).element_size()
