@@ -30,7 +30,9 @@ import torch
 _I32 = (-2**31, 2**31)
 
 
-def _key(arg, constexpr: bool):
+def arg_key(arg, constexpr: bool):
+    """One argument's part of the key (:meth:`FastLaunch._key` inlines the same for the
+    positional arguments, the hot path)."""
     if constexpr:
         return ("c", arg)
     if isinstance(arg, torch.Tensor):
@@ -104,12 +106,12 @@ class FastLaunch:
                 key.append((a.dtype, not a.data_ptr() & 15))
             elif type(a) is int:
                 key.append((a == 1, not a & 15, _I32[0] <= a < _I32[1], a >= 2**63))
-            else:
+            else:  # float, bool, None: Triton does not specialise on their values
                 key.append(type(a))
         if form.exact_names:
             key.append(tuple(kwargs.items()))
         else:
-            key.append(tuple((k, _key(v, self._is_constexpr.get(k, True)))
+            key.append(tuple((k, arg_key(v, self._is_constexpr.get(k, True)))
                              for k, v in kwargs.items()))
         return tuple(key)
 

@@ -194,11 +194,12 @@ class CudaCopier:
                 self.bytes += n * block
             self.copies += len(runs)
         else:
+            rec = src_layer[0].numel() * src_layer.element_size()
             with torch.cuda.stream(st):
                 for s, d, n in runs:
                     dst[d:d + n].copy_(src_layer[s:s + n], non_blocking=True)
                     self.copies += 1
-                    self.bytes += n * block
+                    self.bytes += n * rec
         s1.record(st)
         if timed:
             self._timing.append((s0, s1))
