@@ -32,7 +32,9 @@ Inside ``(0, 1)`` every term is linear in ``x`` (or, with T blocks read by the C
 rate, piecewise linear with one kink), so step time is a convex piecewise-linear function of
 ``x``; :func:`optimal_cpu_share` evaluates it at every breakpoint and at the two ends (where the
 fixed costs and the contention switch on or off) and keeps the smallest best ``x``; the CPU
-starts attending only for a predicted gain of at least ``MIN_GAIN`` (1 %) of the step. For short
+starts attending only for a predicted gain of at least ``MIN_GAIN`` (1 %) of the step, and the
+placement target (:func:`target_share`, blocks written to C for good) only for
+``PLACEMENT_MIN_GAIN`` (3 %). For short
 sequences the round trip outweighs what the CPU could take off the PCIe link and ``x = 0``;
 for long ones the optimum balances ``x*S/B_cpu`` against ``(1-x)*S/B_pcie`` and tends to the
 bandwidth ratio ``B_cpu / (B_cpu + B_pcie)``.
