@@ -8,6 +8,6 @@ source bench/results/run-helper.sh
 call_begin 560
 P=bench/profiles/h200.json
 G="--random-weights --profile $P --experts gpu --batch 2 --context-lengths 128k --max-num-batched-tokens 16384 --warmup-length 4k --decode-steps 12 --prefill synthetic --no-progress --policies writescope,transfer,cpu,static"
-run qwen3-gpu 250 python -m writescope bench --model qwen3-30b-a3b --vram-budget 70GiB $G --out $R/qwen3-gpu
-run mixtral-gpu 280 python -m writescope bench --model mixtral-8x7b --vram-budget 100GiB $G --out $R/mixtral-gpu
+run qwen3-gpu 250 python -m writescope bench --model qwen3-30b-a3b --vram-budget 68GiB $G --out $R/qwen3-gpu
+run mixtral-gpu 280 python -m writescope bench --model mixtral-8x7b --vram-budget 98GiB $G --out $R/mixtral-gpu
 call_end
