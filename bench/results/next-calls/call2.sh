@@ -1,7 +1,8 @@
 #!/bin/bash
 # Next session, call 2: issue 6's experts-on-GPU runs with ~8 GB of KV in HBM, now that
 # experts='gpu' no longer asks the budget for one sequence's KV (the tenth session's 70/100 GiB
-# runs were refused and ran at 74/109 GiB with 15/19 GB of KV in HBM): Qwen3-30B-A3B and
+# runs were refused and ran at 74/109 GiB with 15/19 GB of KV in HBM; weights, activations and
+# staging left 3.4/4.2 GB beside G there, so 68/98 GiB should give G ~8 GB): Qwen3-30B-A3B and
 # Mixtral-8x7B at 2 x 128K, writescope, transfer, cpu and static (static was 6% ahead of
 # writescope there, with the same C placement).
 source bench/results/run-helper.sh
