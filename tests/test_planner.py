@@ -271,6 +271,71 @@ def test_placement_writes_c_only_for_a_gain_the_bench_can_see():
     assert rl.target_share(prof, qwen, 2, g, 2 * 131072 - g, False, qc).cpu_share > 0.4
 
 
+@pytest.mark.skipif(not H200_PROFILE.exists(), reason="no committed H200 profile")
+@pytest.mark.parametrize("name", ["deepseek-v2-lite", "qwen3-30b-a3b"])
+def test_a_chunked_prefill_places_for_the_batch_its_prompts_make(name):
+    """Four 32K prompts prefilled one after another in 4K chunks (each step closed, as the
+    engine's are): planned from the sequences as they stand, each chunk aims at another target
+    and the C blocks of the early ones stay -- DeepSeek-V2-Lite put 1% of its spill in C
+    against 48% for the batch the four prompts make. Told the prompts at admission
+    (``admit``), every chunk aims at that batch's target."""
+    prof = HardwareProfile.load(H200_PROFILE)
+    cfg = ModelConfig.from_hf(name)
+    B, L, G = 4, 32768, 128
+    out = {}
+    for admit in (False, True):
+        p = make_policy("writescope", profile=prof, model_config=cfg, experts_on_cpu=False,
+                        verify_steps=0, batch_hint=B)
+        cache = MiniCache(p, {Region.G: G, Region.T: 5000, Region.C: 5000})
+        for sid in range(B):
+            cache.seqs[sid], cache.tokens[sid] = [], 0
+            if admit:
+                p.admit(sid, L)
+        for sid in range(B):
+            for _ in range(L // 4096):
+                cache.step({sid: 4096}, observe=True)
+        spill = [r for sid in range(B) for r in cache.seqs[sid] if r is not Region.G]
+        out[admit] = sum(r is Region.C for r in spill) / len(spill)
+        target = rl.target_share(prof, cfg, B, G * 64, B * L - G * 64, False,
+                                 p._placement_corrections()).cpu_share
+    assert target > 0.3
+    assert out[True] == pytest.approx(target, abs=0.01)
+    assert abs(out[False] - target) > 0.15  # what the projection fixes
+    p.release(0)
+    assert 0 not in p._expected
+
+
+def test_the_engine_tells_the_planner_its_prompts(tiny_deepseek_v2, tmp_path):
+    """The scheduler admits each request with its prompt's length (cache.add_sequence ->
+    policy.admit) and the cache releases it when it is freed; a synthetic prefill of three
+    prompts, chunked one after another, then places the batch's spill at its target."""
+    from writescope import LLM
+    from writescope.core import SamplingParams
+    prof = tmp_path / "profile.json"
+    simple_profile(rc=5 * GB, rp=10 * GB, rt=0.0).save(prof)
+    llm = LLM(str(tiny_deepseek_v2), dtype="float32", device="cpu", block_size=8,
+              max_model_len=512, max_num_seqs=3, num_gpu_blocks=4, kv_policy="writescope",
+              profile=str(prof), max_num_batched_tokens=64,
+              pinned_budget="64MiB", host_budget="64MiB")  # T and C hold the whole spill
+    eng = llm.engine
+    pol = eng.cache.policy
+    for i in range(3):
+        eng.add_request(f"r{i}", [3 + (7 * j + i) % 300 for j in range(400)],
+                        SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+    eng.prefill_synthetic()
+    assert sorted(pol._expected.values()) == [400, 400, 400]
+    live = eng.cache.live_blocks()
+    c, t = live[Region.C], live[Region.T]
+    res = live[Region.G] * 8
+    target = rl.target_share(pol.profile, eng.config, 3, res, 3 * 400 - res, False,
+                             pol._placement_corrections()).cpu_share
+    assert 0.1 < target < 0.9
+    assert c / (c + t) == pytest.approx(target, abs=0.05)
+    for i in range(3):
+        eng.abort_request(f"r{i}")
+    assert pol._expected == {}
+
+
 def test_placement_plans_with_the_gpu_kernel_not_a_slower_measured_factor():
     """The GPU side's factor is timed with device events around its launches (host gaps, cold
     steps): above 1 it would let CPU attention hide under GPU time that is not there. Placement

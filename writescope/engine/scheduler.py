@@ -64,7 +64,7 @@ class Scheduler:
         if not self.cache.can_admit(total):
             return None
         self.waiting.popleft()
-        self.cache.add_sequence(req.seq_id, total)
+        self.cache.add_sequence(req.seq_id, total, prompt_tokens=len(req.prompt_token_ids))
         req.status = RequestStatus.RUNNING
         self.running.append(req)
         return req

@@ -175,8 +175,10 @@ class InplaceKVCache:
         return (self.alloc[Region.W].num_free > 0
                 and self.blocks_for(num_tokens) <= self.free_sealed() - self.reserved)
 
-    def add_sequence(self, seq_id: int, max_tokens: int) -> None:
+    def add_sequence(self, seq_id: int, max_tokens: int, prompt_tokens: int | None = None) -> None:
         """Admit a sequence that may grow to ``max_tokens`` tokens; reserves its blocks.
+        ``prompt_tokens``: its prompt's length, told to the placement policy
+        (:meth:`PlacementPolicy.admit`).
 
         Raises :class:`RequestTooLargeError` if it can never fit and :class:`KVCacheError` if it
         does not fit now (the scheduler checks :meth:`can_admit` first and keeps it waiting)."""
@@ -192,6 +194,7 @@ class InplaceKVCache:
         (slot,) = self.alloc[Region.W].alloc(1)
         self.reserved += need
         self.seqs[seq_id] = SeqTable(seq_id, slot, need)
+        self.policy.admit(seq_id, int(prompt_tokens or 0))
 
     def free_sequence(self, seq_id: int) -> None:
         t = self.seqs.pop(seq_id, None)
@@ -203,6 +206,7 @@ class InplaceKVCache:
             self.alloc[region].free(ids.tolist())
         self.alloc[Region.W].free([t.w_slot])
         self.reserved -= t.reserved_blocks
+        self.policy.release(seq_id)
 
     def num_tokens(self, seq_id: int) -> int:
         return self._table(seq_id).num_tokens

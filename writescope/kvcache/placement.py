@@ -57,6 +57,16 @@ class PlacementPolicy(ABC):
     def observe(self, timing: dict[str, Any]) -> None:  # feedback hook; rule policies ignore it
         return None
 
+    def admit(self, seq_id: int, prompt_tokens: int) -> None:
+        """A sequence joined the cache, its prompt ``prompt_tokens`` long (0: not said); none of
+        its blocks is placed yet. A planner may place the blocks of a prefill against the batch
+        as it will be once every admitted prompt is in."""
+        return None
+
+    def release(self, seq_id: int) -> None:
+        """A sequence left the cache (finished or aborted): its blocks are free again."""
+        return None
+
     def migrations(self, seqs: list[SeqKV], capacity: CacheCapacity) -> list[tuple[int, int, Region]]:
         """Sealed blocks to move before this step, as ``(seq_id, block_index, new_region)``.
 

@@ -6,7 +6,9 @@ The cache asks (see :mod:`writescope.kvcache.placement`):
   free blocks (the GPU reads G in place at HBM speed: nothing beats it). Each spilled block then
   goes to C or T, whichever brings the sequence's C fraction of its spilled blocks closer to the
   **target share** (ties to T, the flexible region), taken for the batch as it will be once
-  these blocks are sealed (a prefill chunk's spill included). Blocks are never moved afterwards: as the
+  these blocks are sealed (a prefill chunk's spill included) and every admitted prompt is in
+  (``admit(seq_id, prompt_tokens)``, from the cache when the scheduler admits a request: a
+  chunked prefill then aims every chunk at one target). Blocks are never moved afterwards: as the
   target rises with context length, the split is steered by where *new* blocks land. Because
   they stay, the target gives the CPU a share only for a predicted gain of
   ``roofline.PLACEMENT_MIN_GAIN`` (3%) of the step, and takes the GPU side no slower than its
@@ -150,6 +152,9 @@ class WriteScopePolicy(PlacementPolicy):
         self._view: dict[int, SeqKV] = {}
         self._batch: set[int] = set()       # sequences of the last finished step
         self._this_step: set[int] = set()   # sequences seen in the step under way
+        #: admitted sequences (the cache's admit/release) -> their prompt's length: placement
+        #: plans for the batch as it will be once every prompt is in
+        self._expected: dict[int, int] = {}
         self._plan: dict[str, Any] | None = None
         self._assigned = {"cpu_c": 0, "cpu_t": 0, "streamed": 0}
         self._last: dict[str, float] = {}
@@ -163,6 +168,13 @@ class WriteScopePolicy(PlacementPolicy):
         self._first_cpu_skipped = False
 
     # ------------------------------------------------------------------ the cache's questions
+    def admit(self, seq_id: int, prompt_tokens: int) -> None:
+        self._expected[seq_id] = max(0, int(prompt_tokens))
+
+    def release(self, seq_id: int) -> None:
+        # its view goes with the next observe() unless it was in that step (as before admit)
+        self._expected.pop(seq_id, None)
+
     def place(self, seq: SeqKV, num_blocks: int, capacity: CacheCapacity) -> list[Region]:
         self._learn_geometry(capacity)
         self._see(seq)
@@ -190,22 +202,40 @@ class WriteScopePolicy(PlacementPolicy):
 
     def _placement_target(self, seq: SeqKV, num_blocks: int, capacity: CacheCapacity) -> float:
         """The target share for the blocks being placed, with the batch as it will be once they
-        are sealed: those that do not fit in G's free blocks count as spilled. (The step plan
-        counts a sequence's unsealed tokens as resident, and a prefill chunk's tokens are all
-        unsealed: planned from it, the first chunk that spills would see no spill at all, and a
-        prefill made of one chunk would put every spilled block in T.)"""
+        are sealed and every admitted prompt is in: blocks that do not fit in G's free blocks
+        count as spilled, and so do the prompt tokens still to come past what G will have left
+        (:meth:`admit`; a sequence the cache did not announce counts as it stands). (The step
+        plan counts a sequence's unsealed tokens as resident, and a prefill chunk's tokens are
+        all unsealed: planned from it, the first chunk that spills would see no spill at all,
+        and a prefill made of one chunk would put every spilled block in T. Planned from the
+        prompts as they stand, each chunk of a chunked prefill would aim at a different target,
+        and the early ones' C blocks would stay: four 32K prompts prefilled one after another
+        put 0.15 of their spill in C against a target of 0.50 for the batch they make.)"""
         n_g = min(num_blocks, max(0, capacity.free.get(Region.G, 0)))
         if n_g == num_blocks:  # nothing spills: no C-or-T choice to make
             return self._current_plan(seq.seq_id)["target_share"]
         bs = self.block_size or DEFAULT_BLOCK_SIZE
-        ids = (self._batch | self._this_step) & set(self._view)
-        resident = spilled = 0.0
+        ids = ((self._batch | self._this_step) & set(self._view)) | set(self._expected)
+        ids.add(seq.seq_id)
+        resident = spilled = future = 0.0
         for i in ids:
-            s = seq if i == seq.seq_id else self._view[i]
-            n_sealed = len(s.regions) + (num_blocks if i == seq.seq_id else 0)
-            n_gr = s.regions.count(Region.G) + (n_g if i == seq.seq_id else 0)
-            resident += n_gr * bs + max(0, s.num_tokens - n_sealed * bs)
+            if i == seq.seq_id:
+                s = seq
+                n_sealed = len(s.regions) + num_blocks
+                n_gr = s.regions.count(Region.G) + n_g
+            elif i in self._view:
+                s = self._view[i]
+                n_sealed, n_gr = len(s.regions), s.regions.count(Region.G)
+            else:  # admitted, nothing placed yet
+                s, n_sealed, n_gr = None, 0, 0
+            tokens = s.num_tokens if s is not None else 0
+            resident += n_gr * bs + max(0, tokens - n_sealed * bs)
             spilled += (n_sealed - n_gr) * bs
+            future += max(0, self._expected.get(i, 0) - max(tokens, n_sealed * bs))
+        # the prompt tokens still to come take G's blocks left after these, then spill
+        to_g = min(future, max(0, capacity.free.get(Region.G, 0) - n_g) * bs)
+        resident += to_g
+        spilled += future - to_g
         b = max(len(ids), self.batch_hint or 1)
         return rl.target_share(self.profile, self.cfg, b, resident, spilled, self.experts_on_cpu,
                                self._placement_corrections(), pipelined=self.pipelined).cpu_share
@@ -262,7 +292,8 @@ class WriteScopePolicy(PlacementPolicy):
         # close the step: its sequences are the batch the next step is planned for
         self._batch = set(self._this_step)
         self._this_step.clear()
-        self._view = {k: v for k, v in self._view.items() if k in self._batch}
+        self._view = {k: v for k, v in self._view.items()
+                      if k in self._batch or k in self._expected}
         self._assigned = {"cpu_c": 0, "cpu_t": 0, "streamed": 0}
         self._plan = None
 
