@@ -201,7 +201,8 @@ def test_grid_writes_json_markdown_and_plots(grid):
     assert len(rows) == 2 * 3 * (len(POLICIES) + 1)
     md = (grid / "results.md").read_text()
     assert "## Summary" in md and "## Rows" in md
-    table = md.split("## Rows")[1]
+    table = md.split("## Rows")[1].split("## Planner")[0]
+    assert "## Planner" in md  # writescope's rows report the planner's state
     assert sum(line.startswith(f"| {next(iter(doc['models']))} |") for line in table.splitlines()) == len(rows)
     pngs = sorted(p.name for p in grid.glob("*.png"))
     assert len(pngs) == 2 and any(p.startswith("throughput-") for p in pngs)
@@ -465,6 +466,11 @@ def test_warm_up_verifies_the_planner_so_the_row_prefill_places_c_blocks(tiny_qw
         assert all(st[k] > 0 for k in ("cpu_rate_correction", "pcie_rate_correction",
                                         "expert_rate_correction"))
     assert row["pcie_gbps"] is None  # nothing streamed (no T block)
+    md = (tmp_path / "results.md").read_text()
+    assert "| target, prefill | CPU | link | GPU | target, after |" in md
+    planner = md.split("## Planner")[1]
+    assert any("| writescope | " in line and line.count("|") == 14
+               for line in planner.splitlines())
 
 
 def test_link_rate_of_a_step_needs_timed_copies():

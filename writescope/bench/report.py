@@ -263,6 +263,7 @@ def markdown(doc: dict[str, Any]) -> str:
             f"{_num(r.get('host_bound_fraction'), '{:.2f}')} | "
             f"{(r.get('error') or '').replace('|', '/')} |")
     lines.append("")
+    lines += planner_table(doc.get("rows", []))
     div = [(r, d) for r in doc.get("rows", []) if r.get("peer")
            for d in (r.get("first_divergence") or []) if d]
     if div:
@@ -276,6 +277,31 @@ def markdown(doc: dict[str, Any]) -> str:
                          f"{d['peer_top2_margin_nats']:.4f})")
         lines.append("")
     return "\n".join(lines)
+
+
+def planner_table(rows: list[dict[str, Any]]) -> list[str]:
+    """Markdown lines: for rows whose planner reported its state (``writescope``), the target
+    share and the rate corrections once the prefill had placed the blocks and after the decode
+    steps, and the link's measured rate; nothing when no row has them."""
+    have = [r for r in rows if (r.get("planner_at_prefill") or {}).get("target_share") is not None]
+    if not have:
+        return []
+
+    def st(d: dict | None) -> str:
+        d = d or {}
+        return (f"{_num(d.get('target_share'))} | {_num(d.get('cpu_rate_correction'))} | "
+                f"{_num(d.get('pcie_rate_correction'))} | {_num(d.get('gpu_rate_correction'))}")
+
+    out = ["## Planner", "",
+           "The planner when the prefill had placed the blocks and after the decode steps "
+           "(target share of the spilled KV; rate corrections, measured / profile time):", "",
+           "| model | batch | context | policy | target, prefill | CPU | link | GPU | "
+           "target, after | CPU | link | GPU | link GB/s |", "|" + "---|" * 13]
+    for r in have:
+        out.append(f"| {r['model']} | {r['batch']} | {_ctx(r['context'])} | {r['policy']} | "
+                   f"{st(r.get('planner_at_prefill'))} | {st(r.get('planner_after'))} | "
+                   f"{_num(r.get('pcie_gbps'), '{:.1f}')} |")
+    return out + [""]
 
 
 def plot(doc: dict[str, Any], out: Path) -> list[Path]:
