@@ -336,6 +336,40 @@ def test_the_engine_tells_the_planner_its_prompts(tiny_deepseek_v2, tmp_path):
     assert pol._expected == {}
 
 
+@pytest.mark.skipif(not H200_PROFILE.exists(), reason="no committed H200 profile")
+def test_with_experts_on_the_cpu_a_step_reads_t_in_place_only_for_a_visible_gain():
+    """DeepSeek-V2-Lite 8 x 128K, experts on the CPU, at the factors its decode steps measured:
+    with every spilled block in T, the model gives the CPU ~17% of them for a 1% gain -- the
+    regime where attending 8% of the KV on the CPU made writescope 4-10% slower than transfer.
+    With the experts on the CPU the step plan needs PLACEMENT_MIN_GAIN too; with them on the
+    GPU it keeps MIN_GAIN."""
+    prof = HardwareProfile.load(H200_PROFILE)
+    dsv = ModelConfig.from_hf("deepseek-v2-lite")
+    corr = rl.Corrections(cpu=1.225, cpu_fixed=0.219, pcie=1.0, gpu=1.0, expert=0.899)
+    B, L, G = 8, 131072, 12181
+    g = G * 64
+    assert rl.optimal_cpu_share(prof, dsv, B, g, 0, B * L - g, True, corr).cpu_share > 0.1
+    p = make_policy("writescope", profile=prof, model_config=dsv, experts_on_cpu=True,
+                    verify_steps=0, batch_hint=B)
+    assert p.step_min_gain == rl.PLACEMENT_MIN_GAIN
+    assert policy().step_min_gain == rl.MIN_GAIN  # experts on the GPU
+
+
+    class Measured(RateFeedback):  # the factors (the fitted fixed cost included) held
+        corrections = property(lambda self: corr)
+
+    p.feedback = Measured()
+    cache = MiniCache(p, {Region.G: G, Region.T: 20_000, Region.C: 20_000})
+    for sid in range(B):
+        cache.seqs[sid], cache.tokens[sid] = [], 0
+        p.admit(sid, L)
+    for sid in range(B):
+        cache.step({sid: L}, observe=True)
+    assert all(Region.C not in cache.seqs[sid] for sid in range(B))  # placement: T only
+    masks = cache.step({sid: 1 for sid in range(B)})
+    assert not any(any(m) for m in masks.values())  # and the step reads no T in place
+
+
 def test_placement_plans_with_the_gpu_kernel_not_a_slower_measured_factor():
     """The GPU side's factor is timed with device events around its launches (host gaps, cold
     steps): above 1 it would let CPU attention hide under GPU time that is not there. Placement

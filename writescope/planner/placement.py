@@ -28,7 +28,8 @@ The cache asks (see :mod:`writescope.kvcache.placement`):
 * ``assign(seq)`` -- who attends each sealed block this step. C blocks are the CPU's (their
   layout is the CPU kernel's). T blocks go to the GPU (streamed), except that when the step plan
   says the CPU should take more than the C blocks, it reads some T blocks in place (the oldest
-  ones, so the streamed blocks stay one contiguous run at the end).
+  ones, so the streamed blocks stay one contiguous run at the end). With the routed experts on
+  the CPU the step plan asks the placement's 3% gain for that (:attr:`step_min_gain`).
 * ``observe(timing)`` -- closes the step: corrects the rates (:mod:`.feedback`) and plans anew.
   The first step in which the CPU attended does not correct its rate if it took more than 3x
   the model's time (it may pay the thread team's start-up). When the corrected rates give the CPU no T blocks, every ``PROBE_EVERY`` (16)
@@ -258,6 +259,16 @@ class WriteScopePolicy(PlacementPolicy):
                                    cpu_fixed=max(c.cpu if c.cpu_fixed is None else c.cpu_fixed, f))
 
     @property
+    def step_min_gain(self) -> float:
+        """The predicted gain for which a step's CPU side reads more than its C blocks (T in
+        place): ``roofline.MIN_GAIN``; with the routed experts on the CPU, the placement's
+        ``PLACEMENT_MIN_GAIN``. There the CPU runs the experts too, and the model leaves out
+        how its attention and the link's copies share DRAM with them: DeepSeek-V2-Lite 8 x 128K,
+        whose model gave a CPU share of ~0.17 a gain of 1%, ran 4-10% slower with the CPU
+        attending 8% of its KV than transfer did (2026-12-01d calls 3-4)."""
+        return rl.PLACEMENT_MIN_GAIN if self.experts_on_cpu else rl.MIN_GAIN
+
+    @property
     def cpu_verified(self) -> bool:
         """Whether the CPU path's rate has been measured (see the module docstring)."""
         return self.cpu_samples >= self.verify_steps
@@ -419,7 +430,8 @@ class WriteScopePolicy(PlacementPolicy):
                                            self.experts_on_cpu, corr,
                                            pipelined=self.pipelined).cpu_share
             step = rl.optimal_cpu_share(self.profile, self.cfg, b, resident, c_tok, t_tok,
-                                        self.experts_on_cpu, corr, pipelined=self.pipelined)
+                                        self.experts_on_cpu, corr, pipelined=self.pipelined,
+                                        min_gain=self.step_min_gain)
             share, predicted = step.cpu_share, step.prediction.step_s
             if commit:
                 self._memo = (state, (target_share, share, predicted))
@@ -442,7 +454,8 @@ class WriteScopePolicy(PlacementPolicy):
             # it: once in PROBE_EVERY decode steps, plan at the uncorrected model's share (the
             # CPU factor may be stale: one slow step, a neighbour that has left)
             fresh = rl.optimal_cpu_share(self.profile, self.cfg, b, resident, c_tok, t_tok,
-                                         self.experts_on_cpu, pipelined=self.pipelined)
+                                         self.experts_on_cpu, pipelined=self.pipelined,
+                                         min_gain=self.step_min_gain)
             self._decode_without_cpu = 0  # checked: the next check is PROBE_EVERY steps on
             if fresh.cpu_share * spilled > c_tok + bs:
                 share = fresh.cpu_share
