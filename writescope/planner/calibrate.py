@@ -58,8 +58,8 @@ def _cuda_sync() -> None:
 
 # ---------------------------------------------------------------------------------- CPU probes
 def cpu_read_Bps(nbytes: int, reps: int) -> float:
-    a = pageable_empty(nbytes // 4, torch.float32)  # the C pool's pages
-    a.fill_(1.0)  # touch every page
+    from ..attention.cpu import probe_buffer
+    a = probe_buffer(nbytes)  # the C pool's pages, every one touched
     return nbytes / _median_time(a.sum, reps)
 
 
@@ -340,8 +340,8 @@ def concurrent_rates(h2d_bytes: int, cpu_bytes: int, rounds: int, log) -> dict[s
     hp = torch.empty(h2d_bytes, dtype=torch.uint8, pin_memory=True)
     hp.fill_(1)
     d = torch.empty(h2d_bytes, dtype=torch.uint8, device=dev)
-    a = pageable_empty(cpu_bytes // 4, torch.float32)
-    a.fill_(1.0)
+    from ..attention.cpu import probe_buffer
+    a = probe_buffer(cpu_bytes)
     a.sum()
     torch.cuda.synchronize()
     st = torch.cuda.Stream()

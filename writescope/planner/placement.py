@@ -210,8 +210,9 @@ class WriteScopePolicy(PlacementPolicy):
         all unsealed: planned from it, the first chunk that spills would see no spill at all,
         and a prefill made of one chunk would put every spilled block in T. Planned from the
         prompts as they stand, each chunk of a chunked prefill would aim at a different target,
-        and the early ones' C blocks would stay: four 32K prompts prefilled one after another
-        put 0.15 of their spill in C against a target of 0.50 for the batch they make.)"""
+        and the early ones' C blocks would stay: four 32K DeepSeek-V2-Lite prompts prefilled one
+        after another put 0.01 of their spill in C against a target of 0.48 for the batch they
+        make; ``tests/test_planner.py``.)"""
         n_g = min(num_blocks, max(0, capacity.free.get(Region.G, 0)))
         if n_g == num_blocks:  # nothing spills: no C-or-T choice to make
             return self._current_plan(seq.seq_id)["target_share"]
