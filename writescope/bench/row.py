@@ -147,6 +147,9 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
     ids = [f"{tag}-{i}" for i in range(batch)]
     tokens: dict[str, list[int]] = {r: [] for r in ids}
     first: dict[str, float] = {}
+    log = getattr(cache.policy, "placement_log", None)
+    if log is not None:
+        log.clear()  # the row's own placements, not the warm-up's
     t_add = time.perf_counter()
     try:
         for rid, p in zip(ids, prompts):
@@ -170,6 +173,7 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
                 raise RowFailed(f"only {len(first)} of {batch} sequences started (KV budget)")
         prefill_end = time.perf_counter()
         planner_prefill = planner_state(cache.policy)
+        placements = [list(x) for x in getattr(cache.policy, "placement_log", ())]
         read_before = probe_read_gbps()
         # tokens produced so far (sequences prefilled early already decoded some)
         for rid in ids:
@@ -214,12 +218,14 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
         peak = (torch.cuda.max_memory_allocated(dev) if dev.type == "cuda"
                 else engine.weights_bytes + cache.stats()["kv.vram_bytes"])
         moved = counters["kv.bytes_moved_after_placement"] - moved0
+        # the cache's and planner's state with the row's batch still in (the aborts release it)
+        st = cache.stats()
+        planner_after = planner_state(cache.policy)
     finally:
         for rid in ids:
             engine.abort_request(rid)
         if engine.cache is not None:
             engine.cache.abort_step()
-    st = cache.stats()
     total = sum(step_times)
     synthetic = prefill == "synthetic"
     row = {
@@ -257,7 +263,9 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
         # the planner's shares and rate corrections when the prefill had placed the row's blocks,
         # and after its decode steps (a fixed policy: its share)
         "planner_at_prefill": planner_prefill,
-        "planner_after": planner_state(cache.policy),
+        # the prefill's last spilling placements: (seq, blocks, target share, batch C, spilled)
+        "planner_placements": placements or None,
+        "planner_after": planner_after,
         # the link's rate over the steps whose copy stream was timed: T bytes / busy seconds
         "pcie_gbps": float(np.mean(link)) if link else None,
         "last_step_timing": {k: v for k, v in timing.items()
@@ -279,7 +287,7 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
 #: the planner's figures a row records (``stats()`` keys without their ``planner.`` prefix)
 PLANNER_KEYS = ("cpu_share", "target_share", "cpu_rate_correction", "cpu_fixed_correction",
                 "pcie_rate_correction", "gpu_rate_correction", "expert_rate_correction",
-                "step_overhead_s", "cpu_verified", "probes")
+                "step_overhead_s", "cpu_verified", "probes", "placement_target")
 
 
 def planner_state(policy) -> dict | None:

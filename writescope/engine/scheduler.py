@@ -1,7 +1,8 @@
 """Who runs this step: decodes first, then prefill chunks, within a token budget.
 
-Pure bookkeeping over :class:`~writescope.core.Request` records. The only thing the scheduler
-asks of the cache is whether a request's blocks can be reserved (admission control); it never
+Pure bookkeeping over :class:`~writescope.core.Request` records. The scheduler asks the cache
+whether a request's blocks can be reserved (admission control) and tells it which waiting
+requests would be admitted next (the placement policy plans for the batch they make); it never
 touches tensors. Continuous batching: requests join and leave the running set between steps, and
 a long prompt is prefilled in chunks so the running requests keep decoding meanwhile.
 """
@@ -52,7 +53,24 @@ class Scheduler:
             if req is None:
                 break
             budget -= self._prefill_chunk(req, budget, seqs)
+        self.cache.expect_waiting(self.queue_head())
         return StepBatch(seqs)
+
+    def queue_head(self) -> dict[int, int]:
+        """The waiting requests that would be admitted next if nothing left (in order, while
+        their reservations fit the free blocks and the batch has room): ``seq_id -> prompt
+        tokens``. The placement of a prompt prefilled now aims at the batch these join."""
+        room = self.max_num_seqs - len(self.running)
+        slots = self.cache.free_slots()
+        free = self.cache.free_sealed() - self.cache.reserved
+        head: dict[int, int] = {}
+        for req in self.waiting:
+            need = self.cache.blocks_for(len(req.prompt_token_ids) + req.max_tokens)
+            if len(head) >= min(room, slots) or need > free:
+                break
+            head[req.seq_id] = len(req.prompt_token_ids)
+            free -= need
+        return head
 
     def admit_next(self) -> Request | None:
         """Move the first waiting request into the running set if it fits the cache and the

@@ -171,6 +171,10 @@ class InplaceKVCache:
     def free_sealed(self) -> int:
         return sum(self.alloc[r].num_free for r in (Region.G, Region.T, Region.C))
 
+    def free_slots(self) -> int:
+        """Sequences that can still join (each holds one W tail slot)."""
+        return self.alloc[Region.W].num_free
+
     def can_admit(self, num_tokens: int) -> bool:
         return (self.alloc[Region.W].num_free > 0
                 and self.blocks_for(num_tokens) <= self.free_sealed() - self.reserved)
@@ -195,6 +199,11 @@ class InplaceKVCache:
         self.reserved += need
         self.seqs[seq_id] = SeqTable(seq_id, slot, need)
         self.policy.admit(seq_id, int(prompt_tokens or 0))
+
+    def expect_waiting(self, queued: dict[int, int]) -> None:
+        """The scheduler's queue head that fits (``seq_id -> prompt tokens``), for the
+        placement policy (:meth:`PlacementPolicy.expect`)."""
+        self.policy.expect(dict(queued))
 
     def free_sequence(self, seq_id: int) -> None:
         t = self.seqs.pop(seq_id, None)

@@ -67,6 +67,13 @@ class PlacementPolicy(ABC):
         """A sequence left the cache (finished or aborted): its blocks are free again."""
         return None
 
+    def expect(self, queued: dict[int, int]) -> None:
+        """The waiting requests the scheduler would admit next, as ``seq_id -> prompt tokens``
+        (those that fit the free blocks and the batch, in order), told before each step's
+        placement; replaces the last call's. A prompt prefilled while the next one waits would
+        otherwise be placed for a batch without it."""
+        return None
+
     def migrations(self, seqs: list[SeqKV], capacity: CacheCapacity) -> list[tuple[int, int, Region]]:
         """Sealed blocks to move before this step, as ``(seq_id, block_index, new_region)``.
 

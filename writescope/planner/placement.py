@@ -4,11 +4,15 @@ The cache asks (see :mod:`writescope.kvcache.placement`):
 
 * ``place(seq, k, capacity)`` -- where the ``k`` blocks this sequence seals now go. G while it has
   free blocks (the GPU reads G in place at HBM speed: nothing beats it). Each spilled block then
-  goes to C or T, whichever brings the sequence's C fraction of its spilled blocks closer to the
-  **target share** (ties to T, the flexible region), taken for the batch as it will be once
+  goes to C or T, whichever brings the batch's C fraction of its spilled blocks closer to the
+  **target share** (ties to T, the flexible region; the batch's, so that blocks placed earlier
+  against another target are made up for), taken for the batch as it will be once
   these blocks are sealed (a prefill chunk's spill included) and every admitted prompt is in
   (``admit(seq_id, prompt_tokens)``, from the cache when the scheduler admits a request: a
-  chunked prefill then aims every chunk at one target). Blocks are never moved afterwards: as the
+  chunked prefill then aims every chunk at one target), and so is every waiting prompt the
+  scheduler would admit next (``expect(queued)``, before each step: two 128K prompts under a
+  16K token budget are admitted one after the other, and the first, placed for a batch of one,
+  put 0.86 of its spill in C against 0.56 for the batch of two; 2026-12-01e call 2). Blocks are never moved afterwards: as the
   target rises with context length, the split is steered by where *new* blocks land. Because
   they stay, the target gives the CPU a share only for a predicted gain of
   ``roofline.PLACEMENT_MIN_GAIN`` (3%) of the step, and takes the GPU side no slower than its
@@ -72,6 +76,7 @@ layers), ``t_bytes`` (T bytes streamed; missing: taken from this policy's own as
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from typing import Any
@@ -90,6 +95,14 @@ PROBE_EVERY = 16
 #: even then, and the CPU reads T blocks in place for the rest (2026-12-01: 59 GB/s in the
 #: engine against 82 alone on the H200; 13 against 63 on 2026-11-30, before the native kernels)
 UNVERIFIED_CPU_FACTOR = 2.0
+#: placement takes the CPU's measured per-byte rate this many times slower. The two errors cost
+#: differently: T blocks the step plan wants on the CPU it reads in place (at the T rate, a few
+#: per cent dearer), while C blocks past the best share keep the CPU the step's bottleneck for
+#: good. And the factor placement knows is the one learnt before the batch's long-context steps:
+#: on the H200, the bench's warm-up left factors ~1.0 that put Qwen3 / Mixtral 2 x 128K (experts
+#: on the GPU) at 0.61 / 0.64 of the spill in C, and their decode steps then measured 1.49 / 1.31,
+#: whose best shares are 0.51 / 0.57 (2026-12-01e call 3: writescope 0.90x static on Mixtral)
+PLACEMENT_CPU_MARGIN = 1.4
 #: the first CPU-timed step is not used when it took more than this times the model's time
 FIRST_CPU_SAMPLE_MAX_RATIO = 3.0
 #: a step's plan reuses the last solve while the batch size is the same and every token count
@@ -156,6 +169,9 @@ class WriteScopePolicy(PlacementPolicy):
         #: admitted sequences (the cache's admit/release) -> their prompt's length: placement
         #: plans for the batch as it will be once every prompt is in
         self._expected: dict[int, int] = {}
+        #: waiting requests the scheduler would admit next (``expect``) -> their prompt's length
+        self._queued: dict[int, int] = {}
+        self._gone: set[int] = set()  # released since the last observe()
         self._plan: dict[str, Any] | None = None
         self._assigned = {"cpu_c": 0, "cpu_t": 0, "streamed": 0}
         self._last: dict[str, float] = {}
@@ -167,22 +183,39 @@ class WriteScopePolicy(PlacementPolicy):
         self.probes = 0  # steps planned at the uncorrected share to re-measure the CPU
         self._memo = None  # (planning state, (target share, step share, predicted step s))
         self._first_cpu_skipped = False
+        self.last_placement_target = math.nan  # the target share of the last place() call
+        #: the last spilling place() calls: (seq_id, blocks, target, batch C blocks, batch
+        #: spilled blocks after them) -- what the bench rows record of a prefill's placement
+        self.placement_log: collections.deque = collections.deque(maxlen=64)
 
     # ------------------------------------------------------------------ the cache's questions
     def admit(self, seq_id: int, prompt_tokens: int) -> None:
         self._expected[seq_id] = max(0, int(prompt_tokens))
 
     def release(self, seq_id: int) -> None:
-        # its view goes with the next observe() unless it was in that step (as before admit)
+        # its blocks are free: placement no longer counts it; its view goes with the next
+        # observe() (the step plan and stats() still show the batch that last ran)
         self._expected.pop(seq_id, None)
+        self._gone.add(seq_id)
+
+    def expect(self, queued: dict[int, int]) -> None:
+        self._queued = {int(k): max(0, int(v)) for k, v in queued.items()}
 
     def place(self, seq: SeqKV, num_blocks: int, capacity: CacheCapacity) -> list[Region]:
         self._learn_geometry(capacity)
         self._see(seq)
         target = self._placement_target(seq, num_blocks, capacity)
+        self.last_placement_target = target
         free = dict(capacity.free)
-        n_c = seq.regions.count(Region.C)
-        n_sp = n_c + seq.regions.count(Region.T)
+        # the batch's split, not this sequence's: a sequence placed earlier against another
+        # target (a batch that has changed, an admission the projection did not foresee) is
+        # made up for by the blocks placed now
+        n_c = n_sp = 0
+        for i in self._batch_ids(seq.seq_id):
+            regions = seq.regions if i == seq.seq_id else self._view[i].regions
+            c = regions.count(Region.C)
+            n_c += c
+            n_sp += c + regions.count(Region.T)
         out: list[Region] = []
         for _ in range(num_blocks):
             if free.get(Region.G, 0) > 0:
@@ -197,15 +230,18 @@ class WriteScopePolicy(PlacementPolicy):
                 n_c += r is Region.C
             free[r] -= 1
             out.append(r)
+        if out.count(Region.G) < num_blocks:
+            self.placement_log.append((seq.seq_id, num_blocks, round(target, 4), n_c, n_sp))
         # the view holds the sequence as it will be once these blocks are sealed
         self._view[seq.seq_id] = SeqKV(seq.seq_id, seq.num_tokens, tuple(seq.regions) + tuple(out))
         return out
 
     def _placement_target(self, seq: SeqKV, num_blocks: int, capacity: CacheCapacity) -> float:
         """The target share for the blocks being placed, with the batch as it will be once they
-        are sealed and every admitted prompt is in: blocks that do not fit in G's free blocks
-        count as spilled, and so do the prompt tokens still to come past what G will have left
-        (:meth:`admit`; a sequence the cache did not announce counts as it stands). (The step
+        are sealed and every admitted prompt, and every waiting one the scheduler would admit
+        next, is in: blocks that do not fit in G's free blocks count as spilled, and so do the
+        prompt tokens still to come past what G will have left (:meth:`admit`, :meth:`expect`;
+        a sequence the cache did not announce counts as it stands). (The step
         plan counts a sequence's unsealed tokens as resident, and a prefill chunk's tokens are
         all unsealed: planned from it, the first chunk that spills would see no spill at all,
         and a prefill made of one chunk would put every spilled block in T. Planned from the
@@ -217,8 +253,8 @@ class WriteScopePolicy(PlacementPolicy):
         if n_g == num_blocks:  # nothing spills: no C-or-T choice to make
             return self._current_plan(seq.seq_id)["target_share"]
         bs = self.block_size or DEFAULT_BLOCK_SIZE
-        ids = ((self._batch | self._this_step) & set(self._view)) | set(self._expected)
-        ids.add(seq.seq_id)
+        prompts = {**self._queued, **self._expected}
+        ids = self._batch_ids(seq.seq_id) | set(prompts)
         resident = spilled = future = 0.0
         for i in ids:
             if i == seq.seq_id:
@@ -228,12 +264,12 @@ class WriteScopePolicy(PlacementPolicy):
             elif i in self._view:
                 s = self._view[i]
                 n_sealed, n_gr = len(s.regions), s.regions.count(Region.G)
-            else:  # admitted, nothing placed yet
+            else:  # admitted or next in the queue, nothing placed yet
                 s, n_sealed, n_gr = None, 0, 0
             tokens = s.num_tokens if s is not None else 0
             resident += n_gr * bs + max(0, tokens - n_sealed * bs)
             spilled += (n_sealed - n_gr) * bs
-            future += max(0, self._expected.get(i, 0) - max(tokens, n_sealed * bs))
+            future += max(0, prompts.get(i, 0) - max(tokens, n_sealed * bs))
         # the prompt tokens still to come take G's blocks left after these, then spill
         to_g = min(future, max(0, capacity.free.get(Region.G, 0) - n_g) * bs)
         resident += to_g
@@ -242,22 +278,32 @@ class WriteScopePolicy(PlacementPolicy):
         return rl.target_share(self.profile, self.cfg, b, resident, spilled, self.experts_on_cpu,
                                self._placement_corrections(), pipelined=self.pipelined).cpu_share
 
+    def _batch_ids(self, seq_id: int) -> set[int]:
+        """The sequences of the batch being placed for that hold blocks (or are ``seq_id``): the
+        last step's and this step's, and every admitted one."""
+        ids = ((self._batch | self._this_step | set(self._expected)) & set(self._view)) - self._gone
+        ids.add(seq_id)
+        return ids
+
     def _placement_corrections(self) -> rl.Corrections:
-        """The rates placement plans with: the corrected ones once the CPU path is verified
-        (the GPU side's at most 1); before that, also a CPU ``UNVERIFIED_CPU_FACTOR`` times
-        slower than its profile (or than measured so far, if slower still)."""
+        """The rates placement plans with: the corrected ones, the GPU side's at most 1 and the
+        CPU's per-byte rate ``PLACEMENT_CPU_MARGIN`` slower; until the CPU path is verified,
+        a CPU at least ``UNVERIFIED_CPU_FACTOR`` times slower than its profile."""
         c = self.feedback.corrections
         # the GPU side's factor is timed with device events around its launches, so it also
         # counts the gaps of a host-bound step and a cold first step; above 1 it lets CPU
         # attention "hide" under GPU attention that is not there (a factor of 2.8 learnt in
         # the bench's warm-up put a DeepSeek 1M row's target share at 0.49 instead of 0.19;
         # its decode steps measured 1.2: 2026-12-01d call 4). Placement plans with the kernel.
-        c = dataclasses.replace(c, gpu=min(c.gpu, 1.0))
+        fixed = c.cpu if c.cpu_fixed is None else c.cpu_fixed
+        # the CPU's per-byte rate with PLACEMENT_CPU_MARGIN: what C holds is the CPU's for good,
+        # and a factor learnt before the batch's long-context steps ran has been optimistic
+        c = dataclasses.replace(c, gpu=min(c.gpu, 1.0), cpu=c.cpu * PLACEMENT_CPU_MARGIN,
+                                cpu_fixed=fixed)
         if self.cpu_verified:
             return c
         f = UNVERIFIED_CPU_FACTOR
-        return dataclasses.replace(c, cpu=max(c.cpu, f),
-                                   cpu_fixed=max(c.cpu if c.cpu_fixed is None else c.cpu_fixed, f))
+        return dataclasses.replace(c, cpu=max(c.cpu, f), cpu_fixed=max(fixed, f))
 
     @property
     def step_min_gain(self) -> float:
@@ -306,6 +352,7 @@ class WriteScopePolicy(PlacementPolicy):
         self._this_step.clear()
         self._view = {k: v for k, v in self._view.items()
                       if k in self._batch or k in self._expected}
+        self._gone = {k for k in self._gone if k in self._view}
         self._assigned = {"cpu_c": 0, "cpu_t": 0, "streamed": 0}
         self._plan = None
 
@@ -372,6 +419,7 @@ class WriteScopePolicy(PlacementPolicy):
         return {
             "planner.cpu_share": plan["cpu_share"],
             "planner.target_share": plan["target_share"],
+            "planner.placement_target": self.last_placement_target,
             "planner.planned_step_s": plan["predicted_step_s"],
             "planner.predicted_step_s": pred,
             "planner.measured_step_s": meas,
