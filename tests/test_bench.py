@@ -27,6 +27,8 @@ def test_list_parsing():
         GridSpec(models=["m"], batches=[1], context_lengths=[8], peers=["vllm"]).validate()
     with pytest.raises(ValueError, match="static-ref-length"):
         GridSpec(models=["m"], batches=[1], context_lengths=[8], static_ref_length=0).validate()
+    with pytest.raises(ValueError, match="rounds"):
+        GridSpec(models=["m"], batches=[1], context_lengths=[8], rounds=0).validate()
 
 
 def test_prompts_are_seeded_and_shared():
@@ -97,6 +99,36 @@ def test_rows_that_did_the_same_work_are_noise_not_a_policy_gap():
     rows[1]["bytes_moved"] = 0
     rows[0]["cpu_share_steps"] = [0.0, 0.01]
     assert summarize(rows)["m"]["same_work"]["rows"] == 0
+
+
+def test_rounds_pair_writescope_with_the_rows_of_its_own_round():
+    """With --rounds, a ratio compares rows that ran next to each other: here the machine was
+    twice as fast in round 2 for every policy, and writescope is 1.1x / 0.95x the others round
+    by round. Unpaired (best row of any round against writescope's median), the ratios would
+    mix the two machines' speeds."""
+    rows = []
+    for rnd, speed in ((0, 1.0), (1, 2.0), (2, 1.0)):
+        ws = {0: 110, 1: 95, 2: 110}[rnd] * speed
+        for pol, tps in (("writescope", ws), ("transfer", 100 * speed), ("cpu", 50 * speed)):
+            r = _row(pol, 2, 32768, tps, eff=0.5 * speed)
+            r["round"] = rnd
+            rows.append(r)
+    rows.append(_row("transformers", 2, 32768, 1, peer=True))  # a peer runs once (round 0)
+    s = summarize(rows)["m"]
+    v = s["vs_best_other_policy"]
+    assert v["worst"]["ratio"] == pytest.approx(1.1)  # the median of 1.1, 0.95, 1.1
+    assert v["worst"]["rounds"] == pytest.approx([1.1, 0.95, 1.1])
+    assert v["pairs"] == 1 and v["by_round"] == [v["worst"]]
+    assert s["speedup_over"]["transfer"]["geomean_speedup"] == pytest.approx(1.1)
+    assert s["speedup_over"]["cpu"]["geomean_speedup"] == pytest.approx(2.2)
+    assert s["speedup_over"]["transformers"]["geomean_speedup"] == pytest.approx(110)
+    assert s["roofline_efficiency"]["geomean"] == pytest.approx(0.5)  # median of 0.5, 1.0, 0.5
+    md = markdown({"rows": rows, "summary": summarize(rows)})
+    assert "best other policy by round 1.100, 0.950, 1.100 (median 1.100)" in md
+    assert "| writescope (round 2) |" in md and "| transformers |" in md
+    assert (rows[3]["policy"], rows[3]["round"]) == ("writescope", 1)
+    rows[3]["decode_tokens_per_s"] = 300  # round 2's writescope now 1.5x: the median holds
+    assert summarize(rows)["m"]["vs_best_other_policy"]["worst"]["ratio"] == pytest.approx(1.1)
 
 
 def test_summary_of_the_pairs_whose_spilled_kv_exceeds_the_cpu_experts_bytes():
@@ -296,6 +328,23 @@ def test_only_migrate_moves_bytes_and_all_decode_the_same_tokens(grid):
     assert all(r["cpu_share_mean"] > 0 for r in cpu) and all(r["cpu_share_mean"] == 0 for r in transfer)
     assert all(r["host_used_bytes"] == 0 for r in transfer)
     assert all(r["model_step_s"] > 0 and r["roofline_bound_s"] > 0 for r in rows if not r["peer"])
+
+
+def test_rounds_run_the_policies_again_in_alternating_order(tiny_qwen3_moe, tmp_path):
+    """--rounds 2: each policy's rows twice, the second round in reverse order, every row with
+    its round; the summary pairs rows within a round."""
+    rc = bench_cli(tiny_qwen3_moe, tmp_path, "--batch", "1", "--context-lengths", "40",
+                   "--decode-steps", "3", "--num-gpu-blocks", "4", "--policies",
+                   "writescope,transfer", "--rounds", "2", "--max-num-batched-tokens", "256")
+    assert rc == 0
+    rows = _strict_json(tmp_path / "results.json")["rows"]
+    assert [(r["policy"], r["round"]) for r in rows] == [
+        ("writescope", 0), ("transfer", 0), ("transfer", 1), ("writescope", 1)]
+    assert all(not r.get("error") for r in rows)
+    s = _strict_json(tmp_path / "results.json")["summary"]
+    assert s[rows[0]["model"]]["speedup_over"]["transfer"]["pairs"] == 0  # 40 tokens < 8K
+    md = (tmp_path / "results.md").read_text()
+    assert "| writescope (round 2) |" in md and "| transfer (round 1) |" in md
 
 
 def test_report_only_rewrites_the_report(grid):

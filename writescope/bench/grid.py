@@ -6,6 +6,11 @@ prompts of ``context`` tokens through prefill and then ``decode_steps`` timed de
 (:func:`writescope.bench.row.run_engine_row`, whose module describes a row's fields). The grid
 adds to each row the roofline model's terms for it (:func:`model_terms`).
 
+With ``rounds`` > 1 the policies' rows run again, each round in the reverse order of the last,
+and every row carries its ``round``: the report pairs each writescope row with the others of
+its round (:func:`writescope.bench.report.summarize`), so a drift of the machine between rows
+weighs on both sides of a ratio.
+
 ``static`` gets its CPU share once per model: the roofline's best share for the largest batch
 of sequences of ``static_ref_length`` tokens (default: the grid's longest context, where the
 policies differ most; :func:`~writescope.planner.roofline.target_share`), unless
@@ -78,6 +83,11 @@ class GridSpec:
     #: config.json keys changed for every model (random weights only): the same architecture at
     #: a reduced size, for smoke runs on a small machine; recorded in each model's meta
     config_overrides: dict[str, Any] = field(default_factory=dict)
+    #: the policies' rows run this many times, each round in the reverse order of the last
+    #: (ABBA...), so that the summary pairs each writescope row with the other policies' rows of
+    #: its own round: the host's DRAM bandwidth moves within a run by more than the 3% the
+    #: target resolves (2026-12-01c-h200: same-work rows 0.84-2.2x apart)
+    rounds: int = 1
     command: str = ""
 
     def validate(self) -> None:
@@ -93,6 +103,8 @@ class GridSpec:
             raise ValueError("--warmup-length must be at least 2 tokens")
         if not self.policies:
             raise ValueError("give at least one policy")
+        if self.rounds < 1:
+            raise ValueError("--rounds must be at least 1")
         if self.prefill not in ("real", "synthetic"):
             raise ValueError(f"--prefill must be real or synthetic, not {self.prefill!r}")
         if self.prefill == "synthetic" and self.peers:
@@ -329,6 +341,11 @@ def model_terms(profile, cfg, engine, policy: str, batch: int, ctx: int, decode_
     return out
 
 
+def _round_tag(rnd: int | None, rounds: int) -> str:
+    """`` (round k of n)`` in the log lines of a run of several rounds."""
+    return f" (round {rnd + 1} of {rounds})" if rounds > 1 and rnd is not None else ""
+
+
 # ---------------------------------------------------------------------------------- the grid
 class Grid:
     def __init__(self, spec: GridSpec, log=None, progress: bool = True):
@@ -371,25 +388,39 @@ class Grid:
                                 + (f"{tps:.1f} tok/s" if tps else "failed"), refresh=False)
         if row.get("error"):
             self.log(f"[bench] {row['model']} batch {row['batch']} ctx {row['context']} "
-                     f"{row['policy']}: {row['error']}")
+                     f"{row['policy']}{_round_tag(row.get('round'), self.spec.rounds)}: "
+                     f"{row['error']}")
         elif not self.progress:
             self.log(f"[bench] {row['model']} batch {row['batch']} ctx {row['context']} "
-                     f"{row['policy']}: {row.get('decode_tokens_per_s') or 0:.1f} tok/s, p50 "
+                     f"{row['policy']}{_round_tag(row.get('round'), self.spec.rounds)}: "
+                     f"{row.get('decode_tokens_per_s') or 0:.1f} tok/s, p50 "
                      f"{1e3 * (row.get('p50_step_s') or 0):.1f} ms, TTFT "
                      f"{row.get('ttft_s') or 0:.1f} s, CPU share {row.get('cpu_share_mean') or 0:.2f}")
 
-    def _fail_rows(self, model: str, policy: str, error: str, bar, peer: bool = False) -> None:
-        for b in self.spec.batches:
-            for n in self.spec.context_lengths:
-                self._add({"model": model, "batch": b, "context": n, "policy": policy,
-                           "peer": peer, "error": error}, bar)
+    def _fail_rows(self, model: str, policy: str, error: str, bar, peer: bool = False,
+                   rounds: "range | list[int]" = (0,)) -> None:
+        for rnd in rounds:
+            for b in self.spec.batches:
+                for n in self.spec.context_lengths:
+                    self._add({"model": model, "batch": b, "context": n, "policy": policy,
+                               "peer": peer, "round": rnd, "error": error}, bar)
+
+    def _fail_model(self, model: str, error: str, bar) -> None:
+        """Every row of a model that could not be set up: each policy's in every round, each
+        peer's once."""
+        s = self.spec
+        for pol in s.policies:
+            self._fail_rows(model, pol, error, bar, rounds=range(s.rounds))
+        for pol in s.peers:
+            self._fail_rows(model, pol, error, bar, peer=True)
 
     # -------------------------------------------------------------- run
     def run(self) -> dict[str, Any]:
         from tqdm.auto import tqdm
 
         s = self.spec
-        total = len(s.models) * len(s.batches) * len(s.context_lengths) * (len(s.policies) + len(s.peers))
+        total = (len(s.models) * len(s.batches) * len(s.context_lengths)
+                 * (len(s.policies) * s.rounds + len(s.peers)))
         bar = tqdm(total=total, desc="bench", unit="row", disable=not self.progress,
                    dynamic_ncols=True)
         with bar:
@@ -408,8 +439,7 @@ class Grid:
         try:
             cfg, _, _ = resolve_model(model, s.random_weights, s.config_overrides)
         except (ValueError, FileNotFoundError) as e:
-            for pol in list(s.policies) + list(s.peers):
-                self._fail_rows(model, pol, error_text(e), bar, peer=pol in s.peers)
+            self._fail_model(model, error_text(e), bar)
             return
         max_len = max(s.context_lengths) + s.decode_steps + math.ceil(
             max(s.batches) * max(s.context_lengths) / s.max_num_batched_tokens) + max(s.batches) + 8
@@ -433,8 +463,7 @@ class Grid:
             profile = getattr(engine, "profile", None) or load_profile(s.profile, cfg)
         except Exception as e:  # noqa: BLE001 -- any build failure is this model's rows' reason
             self.log(traceback.format_exc())
-            for pol in list(s.policies) + list(s.peers):
-                self._fail_rows(model, pol, f"engine: {error_text(e)}", bar, peer=pol in s.peers)
+            self._fail_model(model, f"engine: {error_text(e)}", bar)
             return
         vram_budget = engine.vram_budget
         if s.static_share is not None:
@@ -467,50 +496,59 @@ class Grid:
                  f"{static_share:.3f} ({static_why}); host: "
                  + ", ".join(f"{k} {v / 2**30:.1f} GiB" for k, v in host.items() if v is not None))
         ws_tokens: dict[tuple[int, int], list[list[int]]] = {}
-        for policy in s.policies:
-            try:
-                swap_kv_policy(engine, policy, cpu_share=static_share)
-            except Exception as e:  # noqa: BLE001
-                self._fail_rows(model, policy, f"policy: {error_text(e)}", bar)
-                continue
-            t_warm = time.perf_counter()
-            try:
-                warm_up(engine, cfg.vocab_size, s.seed, s.warmup_length or min(s.context_lengths),
-                        s.batches)
-                if not self.progress:  # (no progress bar: a line per stage says where time goes)
-                    self.log(f"[bench] {model} {policy}: warm-up {time.perf_counter() - t_warm:.1f} s"
-                             + ("" if not hasattr(engine.cache.policy, "cpu_verified") else
-                                f", planner verified: {engine.cache.policy.cpu_verified}"))
-            except Exception as e:  # noqa: BLE001 -- the rows will say what is wrong
-                self.log(f"[bench] {model} {policy}: warm-up failed: {error_text(e)}")
-                _free_memory(engine.device)
-            for b in s.batches:
-                for n in s.context_lengths:
-                    row = {"model": model, "batch": b, "context": n, "policy": policy, "peer": False,
-                           "experts": experts_where(engine),
-                           # whether the planner had measured its CPU path when the row began
-                           "planner_verified": getattr(engine.cache.policy, "cpu_verified",
-                                                       None)}
-                    prompts = make_prompts(cfg.vocab_size, b, n, s.seed)
-                    try:
-                        row.update(run_engine_row(engine, prompts, s.decode_steps, vram_budget,
-                                                  f"{policy}-{b}-{n}", s.prefill, s.seed))
-                        row.update(model_terms(profile, cfg, engine, policy, b, n, s.decode_steps,
-                                               static_share, row.get("cpu_expert_bytes_measured")))
-                        if row.get("roofline_bound_s") and row.get("mean_step_s"):
-                            row["bound_efficiency"] = row["roofline_bound_s"] / row["mean_step_s"]
-                        if policy == "writescope":
-                            ws_tokens[(b, n)] = row["output_token_ids"]
-                    except Exception as e:  # noqa: BLE001 -- a failed row, the grid goes on
-                        if not isinstance(e, (RowFailed, torch.cuda.OutOfMemoryError, MemoryError)):
-                            self.log(traceback.format_exc())
-                        row["error"] = error_text(e) if not isinstance(e, RowFailed) else str(e)
-                        _free_memory(engine.device)
-                    self._add(row, bar)
+        for rnd in range(s.rounds):
+            for policy in (s.policies if rnd % 2 == 0 else s.policies[::-1]):
+                self._run_policy(engine, model, cfg, profile, policy, static_share, vram_budget,
+                                 rnd, ws_tokens, bar)
         for peer_name in s.peers:
             self._run_peer(engine, model, cfg, peer_name, vram_budget, ws_tokens, bar)
         del engine
         _free_memory(torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
+
+    def _run_policy(self, engine, model, cfg, profile, policy, static_share, vram_budget, rnd,
+                    ws_tokens, bar) -> None:
+        """One policy's rows of one round: a fresh cache under ``policy``, its warm-up, then
+        every (batch, context) row."""
+        s = self.spec
+        try:
+            swap_kv_policy(engine, policy, cpu_share=static_share)
+        except Exception as e:  # noqa: BLE001
+            self._fail_rows(model, policy, f"policy: {error_text(e)}", bar, rounds=(rnd,))
+            return
+        t_warm = time.perf_counter()
+        try:
+            warm_up(engine, cfg.vocab_size, s.seed, s.warmup_length or min(s.context_lengths),
+                    s.batches)
+            if not self.progress:  # (no progress bar: a line per stage says where time goes)
+                self.log(f"[bench] {model} {policy}{_round_tag(rnd, s.rounds)}: warm-up {time.perf_counter() - t_warm:.1f} s"
+                         + ("" if not hasattr(engine.cache.policy, "cpu_verified") else
+                            f", planner verified: {engine.cache.policy.cpu_verified}"))
+        except Exception as e:  # noqa: BLE001 -- the rows will say what is wrong
+            self.log(f"[bench] {model} {policy}: warm-up failed: {error_text(e)}")
+            _free_memory(engine.device)
+        for b in s.batches:
+            for n in s.context_lengths:
+                row = {"model": model, "batch": b, "context": n, "policy": policy, "peer": False,
+                       "round": rnd, "experts": experts_where(engine),
+                       # whether the planner had measured its CPU path when the row began
+                       "planner_verified": getattr(engine.cache.policy, "cpu_verified",
+                                                   None)}
+                prompts = make_prompts(cfg.vocab_size, b, n, s.seed)
+                try:
+                    row.update(run_engine_row(engine, prompts, s.decode_steps, vram_budget,
+                                              f"{policy}-{b}-{n}", s.prefill, s.seed))
+                    row.update(model_terms(profile, cfg, engine, policy, b, n, s.decode_steps,
+                                           static_share, row.get("cpu_expert_bytes_measured")))
+                    if row.get("roofline_bound_s") and row.get("mean_step_s"):
+                        row["bound_efficiency"] = row["roofline_bound_s"] / row["mean_step_s"]
+                    if policy == "writescope":  # the peers' tokens are checked against these
+                        ws_tokens.setdefault((b, n), row["output_token_ids"])
+                except Exception as e:  # noqa: BLE001 -- a failed row, the grid goes on
+                    if not isinstance(e, (RowFailed, torch.cuda.OutOfMemoryError, MemoryError)):
+                        self.log(traceback.format_exc())
+                    row["error"] = error_text(e) if not isinstance(e, RowFailed) else str(e)
+                    _free_memory(engine.device)
+                self._add(row, bar)
 
     def _run_peer(self, engine, model, cfg, peer_name, vram_budget, ws_tokens, bar) -> None:
         from .peers import first_divergence, make_peer

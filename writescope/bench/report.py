@@ -9,7 +9,9 @@
   and the roofline-bound efficiency
   (bound / measured step; target: within 15%, i.e. >= 0.85); and, with routed experts on the
   CPU, the same ratio over the pairs whose spilled KV per decode step exceeds the activated
-  experts' weight bytes per step (``kv_over_experts``; target: >= 1.4x, geomean).
+  experts' weight bytes per step (``kv_over_experts``; target: >= 1.4x, geomean). Rows of
+  several rounds (``--rounds``) are paired within their round, and a pair's ratio is the
+  median of its rounds' ratios.
 * :func:`write_report` -- ``results.md`` (meta, summary, one line per row, failures with their
   reasons) and per model ``throughput-<model>.png`` (decode tokens/s against context length, one
   line per policy, one panel per batch size) and ``cpu-share-<model>.png`` (the CPU's share of
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -76,53 +79,87 @@ def same_work(a: dict[str, Any], b: dict[str, Any]) -> bool:
                and not r.get("peer") for r in (a, b))
 
 
-def summarize(rows: list[dict[str, Any]], min_context: int = SUMMARY_MIN_CONTEXT) -> dict[str, Any]:
-    by_model: dict[str, dict[tuple, dict[str, dict]]] = defaultdict(lambda: defaultdict(dict))
+def median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else math.nan
+
+
+def _cells(rows: list[dict[str, Any]]) -> "dict[str, dict[tuple, dict[int, dict[str, dict]]]]":
+    """Rows as ``group -> (batch, context) -> round -> policy -> row`` (a row without a round,
+    a peer's or one of a run before ``--rounds``, is round 0)."""
     label = group_label(rows)
+    out: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(dict)))
     for r in rows:
-        by_model[label[id(r)]][(r["batch"], r["context"])][r["policy"]] = r
+        out[label[id(r)]][(r["batch"], r["context"])][r.get("round") or 0][r["policy"]] = r
+    return out
+
+
+def _tps(row: dict) -> float:
+    return row["decode_tokens_per_s"]
+
+
+def summarize(rows: list[dict[str, Any]], min_context: int = SUMMARY_MIN_CONTEXT) -> dict[str, Any]:
+    """The summary. With several rounds (``--rounds``), writescope is compared with the other
+    rows of its own round (run next to it) and a pair's ratio is the median over its rounds."""
     out: dict[str, Any] = {}
-    for model, cells in by_model.items():
-        names = sorted({p for c in cells.values() for p in c} - {BASE})
-        peers = {p for c in cells.values() for p, r in c.items() if r.get("peer")}
+    for model, cells in _cells(rows).items():
+        names = sorted({p for c in cells.values() for rd in c.values() for p in rd} - {BASE})
+        peers = {p for c in cells.values() for rd in c.values() for p, r in rd.items()
+                 if r.get("peer")}
         speedups: dict[str, Any] = {}
         for other in names:
-            both = [c for (b, n), c in sorted(cells.items())
-                    if n >= min_context and BASE in c and other in c
-                    and _ok(c[BASE]) and _ok(c[other])]
-            # a pair that did the same work is the machine's noise, not a speedup (Qwen3 4 x 8K,
-            # nothing spilled: "2.2x cpu", 2026-12-01c-h200): left out, and counted
-            ratios = [c[BASE]["decode_tokens_per_s"] / c[other]["decode_tokens_per_s"]
-                      for c in both if not same_work(c[BASE], c[other])]
+            ratios, same_pairs = [], 0
+            for (b, n), cell in sorted(cells.items()):
+                if n < min_context:
+                    continue
+                paired = [(_tps(c[BASE]) / _tps(c[other]), same_work(c[BASE], c[other]))
+                          for c in cell.values()
+                          if BASE in c and other in c and _ok(c[BASE]) and _ok(c[other])]
+                # a pair that did the same work is the machine's noise, not a speedup (Qwen3
+                # 4 x 8K, nothing spilled: "2.2x cpu", 2026-12-01c-h200): left out, and counted
+                differ = [x for x, same in paired if not same]
+                if differ:
+                    ratios.append(median(differ))
+                elif paired:
+                    same_pairs += 1
             speedups[other] = {"geomean_speedup": geomean(ratios), "pairs": len(ratios),
-                               "same_work_pairs": len(both) - len(ratios),
+                               "same_work_pairs": same_pairs,
                                "min": min(ratios) if ratios else math.nan,
                                "max": max(ratios) if ratios else math.nan, "peer": other in peers}
         vs_best, eff, same = [], [], []
-        for (b, n), c in sorted(cells.items()):
-            ws = c.get(BASE)
-            if ws is None or not _ok(ws):
-                continue
-            if ws.get("bound_efficiency"):
-                eff.append(ws["bound_efficiency"])
-            others = [r for p, r in c.items() if p != BASE and p not in peers and _ok(r)]
-            # the target compares policies that chose differently; rows that did writescope's
-            # own work measure the machine's noise, reported beside it
-            differ = []
-            for r in others:
-                if same_work(ws, r):
-                    same.append(ws["decode_tokens_per_s"] / r["decode_tokens_per_s"])
-                else:
-                    differ.append(r["decode_tokens_per_s"])
-            if differ:
-                vs_best.append({"batch": b, "context": n,
-                                "ratio": ws["decode_tokens_per_s"] / max(differ)})
+        for (b, n), cell in sorted(cells.items()):
+            by_round, effs, first_ws = [], [], None
+            for rnd, c in sorted(cell.items()):
+                ws = c.get(BASE)
+                if ws is None or not _ok(ws):
+                    continue
+                first_ws = first_ws or ws
+                if ws.get("bound_efficiency"):
+                    effs.append(ws["bound_efficiency"])
+                # the target compares policies that chose differently; rows that did
+                # writescope's own work measure the machine's noise, reported beside it
+                differ = []
+                for p, r in c.items():
+                    if p == BASE or p in peers or not _ok(r):
+                        continue
+                    if same_work(ws, r):
+                        same.append(_tps(ws) / _tps(r))
+                    else:
+                        differ.append(_tps(r))
+                if differ:
+                    by_round.append(_tps(ws) / max(differ))
+            if effs:
+                eff.append(median(effs))
+            if by_round:
+                d = {"batch": b, "context": n, "ratio": median(by_round), "ws": first_ws}
+                if len(by_round) > 1:
+                    d["rounds"] = by_round
+                vs_best.append(d)
         worst = min(vs_best, key=lambda d: d["ratio"]) if vs_best else None
         # experts on the CPU: the pairs whose spilled KV per step exceeds the activated experts'
         # bytes per step (issue 6: writescope >= 1.4x the best other policy there, geomean)
         bound = []
         for d in vs_best:
-            ws = cells[(d["batch"], d["context"])][BASE]
+            ws = d.pop("ws")
             kv = ws.get("spilled_kv_bytes_per_step")
             ex = ws.get("cpu_expert_bytes_measured") or ws.get("cpu_expert_bytes_per_step")
             if kv and ex and kv > ex:
@@ -134,7 +171,8 @@ def summarize(rows: list[dict[str, Any]], min_context: int = SUMMARY_MIN_CONTEXT
             "min_context": min_context, "speedup_over": speedups,
             "vs_best_other_policy": {
                 "worst": worst, "pairs": len(vs_best),
-                "pairs_more_than_3pct_slower": sum(d["ratio"] < 0.97 for d in vs_best)},
+                "pairs_more_than_3pct_slower": sum(d["ratio"] < 0.97 for d in vs_best),
+                "by_round": [d for d in vs_best if "rounds" in d]},
             "same_work": {"rows": len(same), "min": min(same) if same else math.nan,
                           "max": max(same) if same else math.nan},
             "roofline_efficiency": {"geomean": geomean(eff), "min": min(eff) if eff else math.nan,
@@ -235,6 +273,11 @@ def markdown(doc: dict[str, Any]) -> str:
                      "per region, no CPU attention, nothing moved) differ by the machine alone "
                      "and are in the last column.")
         for model, s in summ.items():
+            for d in s["vs_best_other_policy"].get("by_round") or []:
+                lines.append(f"- **{model}** b{d['batch']} x {_ctx(d['context'])}: writescope / "
+                             f"best other policy by round "
+                             + ", ".join(f"{x:.3f}" for x in d["rounds"])
+                             + f" (median {d['ratio']:.3f})")
             k = s.get("kv_over_experts") or {}
             if k.get("pairs"):
                 cells = ", ".join(f"b{b} x {_ctx(n)}" for b, n in k["pairs"])
@@ -248,10 +291,13 @@ def markdown(doc: dict[str, Any]) -> str:
               "peak VRAM | pinned used | host used | moved | CPU share | model ms | "
               "bound ms | CPU experts ms | CPU read GB/s | host-bound | error |",
               "|" + "---|" * 20]
+    rounds = len({r.get("round") or 0 for r in doc.get("rows", [])}) > 1
     for r in doc.get("rows", []):
         moved = r.get("bytes_moved")
+        policy = r["policy"] + (f" (round {r['round'] + 1})" if rounds and not r.get("peer")
+                                and r.get("round") is not None else "")
         lines.append(
-            f"| {r['model']} | {r['batch']} | {_ctx(r['context'])} | {r['policy']} | "
+            f"| {r['model']} | {r['batch']} | {_ctx(r['context'])} | {policy} | "
             f"{_num(r.get('decode_tokens_per_s'), '{:.1f}')} | {_ms(r.get('mean_step_s'))} | "
             f"{_ms(r.get('p50_step_s'))} | {_ms(r.get('p99_step_s'))} | "
             f"{_num(r.get('ttft_s'), '{:.3f}')} | {_bytes(r.get('peak_vram_bytes'))} | "
@@ -298,7 +344,8 @@ def planner_table(rows: list[dict[str, Any]]) -> list[str]:
            "| model | batch | context | policy | target, prefill | CPU | link | GPU | "
            "target, after | CPU | link | GPU | link GB/s |", "|" + "---|" * 13]
     for r in have:
-        out.append(f"| {r['model']} | {r['batch']} | {_ctx(r['context'])} | {r['policy']} | "
+        tag = f" (round {r['round'] + 1})" if r.get("round") else ""
+        out.append(f"| {r['model']} | {r['batch']} | {_ctx(r['context'])} | {r['policy']}{tag} | "
                    f"{st(r.get('planner_at_prefill'))} | {st(r.get('planner_after'))} | "
                    f"{_num(r.get('pcie_gbps'), '{:.1f}')} |")
     return out + [""]
@@ -321,8 +368,11 @@ def plot(doc: dict[str, Any], out: Path) -> list[Path]:
         fig, axes = plt.subplots(1, len(batches), figsize=(5 * len(batches), 4), squeeze=False)
         for ax, b in zip(axes[0], batches):
             for p in policies:
-                pts = sorted((r["context"], r["decode_tokens_per_s"]) for r in mrows
-                             if r["batch"] == b and r["policy"] == p and _ok(r))
+                by_ctx = defaultdict(list)  # several rounds: their median
+                for r in mrows:
+                    if r["batch"] == b and r["policy"] == p and _ok(r):
+                        by_ctx[r["context"]].append(r["decode_tokens_per_s"])
+                pts = sorted((n, median(v)) for n, v in by_ctx.items())
                 if pts:
                     ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=p,
                             linestyle="--" if any(r.get("peer") for r in mrows if r["policy"] == p) else "-")
@@ -341,7 +391,8 @@ def plot(doc: dict[str, Any], out: Path) -> list[Path]:
         # ---- CPU share over decode steps, at the longest context that ran
         fig, axes = plt.subplots(1, len(batches), figsize=(5 * len(batches), 4), squeeze=False)
         for ax, b in zip(axes[0], batches):
-            ran = [r for r in mrows if r["batch"] == b and _ok(r) and r.get("cpu_share_steps")]
+            ran = [r for r in mrows if r["batch"] == b and _ok(r) and r.get("cpu_share_steps")
+                   and not r.get("round")]  # (the first round's)
             if ran:
                 n = max(r["context"] for r in ran)
                 for r in ran:

@@ -67,6 +67,10 @@ def register(subparsers) -> None:
                    help="real: prefill each row's prompts through the model (default); synthetic: "
                         "write random KV to the homes the placement policy chooses, all but each "
                         "prompt's last token -- the same decode steps, no TTFT, seconds per row")
+    p.add_argument("--rounds", type=int, default=1, metavar="N",
+                   help="run the policies' rows N times, each round in the reverse order of the "
+                        "last; the summary pairs writescope with the other policies round by round "
+                        "and takes the median of each pair's ratios (default 1)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--report", metavar="DIR", nargs="+",
                    help="run nothing: (re)write the summary, results.md and plots of "
@@ -92,7 +96,7 @@ def spec_from_args(args: argparse.Namespace):
         warmup_length=parse_count(args.warmup_length) if args.warmup_length else None,
         prefill=args.prefill,
         peer_offload_weights=args.peer_offload_weights,
-        config_overrides=parse_overrides(args.config_override),
+        config_overrides=parse_overrides(args.config_override), rounds=args.rounds,
         command="writescope " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
 
 
