@@ -742,6 +742,55 @@ def test_feedback_ema():
         RateFeedback(alpha=1.5)
 
 
+def test_a_factor_learnt_on_small_steps_is_taken_toward_the_profile_on_larger_ones():
+    """A factor learnt at one scale (batch KV tokens) stands for a fixed excess over the profile:
+    at a larger scale it is 1 + (f - 1) * learnt / scale. A larger sample rescales the factor
+    before it is blended in; smaller steps move the scale down, never the factor up; the routed
+    experts' factor and the CPU's fixed part are not scaled."""
+    fb = RateFeedback(alpha=0.5)
+    fb.update({"gpu": 2.9, "cpu": 0.64, "expert": 1.5}, {"gpu": 1.0, "cpu": 1.0, "expert": 1.0},
+              scale=32_768)
+    assert fb.corrections.gpu == pytest.approx(1.95)  # as learnt (blended from 1 with alpha)
+    c = fb.corrections_at(32 * 32_768)  # a batch 32 times the size
+    assert c.gpu == pytest.approx(1 + 0.95 / 32) and c.cpu == pytest.approx(1 - 0.18 / 32)
+    assert c.expert == pytest.approx(1.25) and c.cpu_fixed == pytest.approx(0.82)
+    assert fb.corrections_at(16_384) == fb.corrections  # smaller: as learnt
+    assert fb.corrections_at(None) == fb.corrections
+    # a sample at the larger scale: the old factor is taken there first, then blended
+    fb.update({"gpu": 1.3}, {"gpu": 1.0}, scale=32 * 32_768)
+    assert fb.corrections.gpu == pytest.approx(0.5 * (1 + 0.95 / 32) + 0.5 * 1.3)
+    assert fb.scale["gpu"] == 32 * 32_768 and fb.scale["cpu"] == 32_768  # cpu: not measured
+    fb.update({"gpu": 1.3}, {"gpu": 1.0}, scale=32_768)  # smaller again
+    assert fb.scale["gpu"] == pytest.approx(0.5 * 32 * 32_768 + 0.5 * 32_768)
+
+
+def test_a_warm_ups_factors_do_not_put_a_1m_batchs_t_blocks_on_a_busy_cpu():
+    """DeepSeek-V2-Lite 8 x 128K with the experts on the CPU, every spilled block in T, after a
+    warm-up of 8 x 4K whose steps measured a GPU factor of 2.9 (launch gaps) and a CPU one of
+    1.3: taken as they stood, the step plan read 8-11% of T in place for five decode steps, each
+    ~10% slower than transfer's (2026-12-01f-h200 call 2). At the batch's scale they are ~1."""
+    prof = HardwareProfile.load(H200_PROFILE)
+    dsv = ModelConfig.from_hf("deepseek-v2-lite")
+    B, L, G = 8, 131072, 12181
+    p = make_policy("writescope", profile=prof, model_config=dsv, experts_on_cpu=True,
+                    verify_steps=0, batch_hint=B)
+    for _ in range(8):  # the warm-up's decode steps
+        p.feedback.update({"gpu": 2.9, "cpu": 1.3, "pcie": 1.0, "expert": 1.0},
+                          {"gpu": 1.0, "cpu": 1.0, "pcie": 1.0, "expert": 1.0}, scale=8 * 4096)
+    g = G * 64
+    assert rl.optimal_cpu_share(prof, dsv, B, g, 0, B * L - g, True, p.feedback.corrections,
+                                min_gain=p.step_min_gain).cpu_share > 0.05  # as they stood
+    cache = MiniCache(p, {Region.G: G, Region.T: 20_000, Region.C: 20_000})
+    for sid in range(B):
+        cache.seqs[sid], cache.tokens[sid] = [], 0
+        p.admit(sid, L)
+    for sid in range(B):
+        cache.step({sid: L}, observe=False)
+    assert all(Region.C not in cache.seqs[sid] for sid in range(B))  # placement: T only
+    masks = cache.step({sid: 1 for sid in range(B)}, observe=False)
+    assert not any(any(m) for m in masks.values())  # and the first decode step reads no T
+
+
 def simulate(alpha, steps, slow_from, slow_until, noise=0.03, seed=0, truth_corr=None,
              extra_s=0.0):
     """A closed loop: the policy plans, a 'true machine' (the roofline with the CPU attention

@@ -22,14 +22,29 @@ longer memory (``fit_memory`` steps, ridge-regularised toward ``a = b`` = the si
 that all sit at one share are not used) and replaces the single factor once it rests on
 ``RESET_AFTER`` samples. A measurement that the fitted model misses by more than 25% (a slowdown,
 a new tenant) starts the fit over, and the fast single factor takes over until then.
+
+A factor describes the size of step it was measured at. The attention paths' factors
+(``SCALED``) are learnt with the step's *scale* (the batch's KV tokens) and, for a larger step,
+extrapolated as a fixed excess: a factor ``f`` learnt at scale ``s`` stands for ``(f - 1) * s``
+worth of time beyond the profile's, so at scale ``S > s`` it is ``1 + (f - 1) * s / S``
+(:meth:`RateFeedback.corrections_at`; a sample at a larger scale rescales the factor the same
+way before it is blended in). A warm-up or a batch of short sequences measures launch gaps (a
+GPU factor of 2.9 at 8 x 4K tokens) and cache-resident reads (a CPU factor of 0.64), neither of
+which a 1M-token batch pays: taken as they stood, they gave DeepSeek-V2-Lite 8 x 128K a CPU
+share of 0.08-0.11 for its first five decode steps, each ~10% slower than transfer's, and put
+0.63 of Qwen3 2 x 128K's spill in C (2026-12-01f-h200 calls 1-2). The profile's own rates were
+calibrated at DRAM-sized arrays: toward them is the direction a larger step goes.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from .roofline import Corrections
 
 PATHS = ("cpu", "pcie", "gpu", "expert")
+#: the paths whose cost grows with the batch's KV (the routed experts' does not)
+SCALED = ("cpu", "pcie", "gpu")
 CLAMP = (1.0 / 16, 16.0)
 #: a prediction below this is too small to compare with a wall-clock measurement
 MIN_PREDICTED_S = 20e-6
@@ -50,6 +65,8 @@ class RateFeedback:
         if self.fit_memory < 1:
             raise ValueError(f"fit_memory must be >= 1 step, got {self.fit_memory}")
         self.factors = {p: 1.0 for p in PATHS}
+        #: per SCALED path, the scale (batch KV tokens) its factor describes (None: not learnt)
+        self.scale: dict[str, float | None] = {p: None for p in SCALED}
         self.last_ratio: dict[str, float] = {}
         self.updates = {p: 0 for p in PATHS}
         # EMA-weighted normal equations of measured = a*f + b*v (f, v: predicted fixed, per-byte)
@@ -57,20 +74,36 @@ class RateFeedback:
         self._n, self._ab = 0, None  # samples since the last reset, fitted (a, b)
 
     def update(self, measured: dict[str, float | None], predicted: dict[str, float],
-               cpu_split: tuple[float, float] | None = None) -> None:
+               cpu_split: tuple[float, float] | None = None, scale: float | None = None) -> None:
         """``measured`` and ``predicted`` map path names (see ``PATHS``) to seconds; a path that
         was not measured (``None`` or missing) keeps its factor. ``cpu_split``: the uncorrected
-        prediction of the CPU attention time as (fixed per-layer part, per-byte part)."""
+        prediction of the CPU attention time as (fixed per-layer part, per-byte part).
+        ``scale``: the step's size (the batch's KV tokens; None: not scale-aware)."""
         for p in PATHS:
             m, q = measured.get(p), predicted.get(p, 0.0)
             if m is None or m <= 0 or q < MIN_PREDICTED_S:
                 continue
             r = min(max(m / q, CLAMP[0]), CLAMP[1])
             self.last_ratio[p] = r
+            if scale and p in SCALED:
+                self._rescale(p, float(scale))
             self.factors[p] = (1 - self.alpha) * self.factors[p] + self.alpha * r
             self.updates[p] += 1
             if p == "cpu" and cpu_split is not None:
                 self._fit_cpu(m, *cpu_split)
+
+    def _rescale(self, p: str, scale: float) -> None:
+        """Before a sample of ``scale`` is blended in: a larger step takes the factor to its
+        scale (the fixed-excess extrapolation); a smaller one moves the scale toward its own,
+        as the blend moves the factor."""
+        s = self.scale[p]
+        if s is None:
+            self.scale[p] = scale
+        elif scale > s:
+            self.factors[p] = toward_one(self.factors[p], s / scale)
+            self.scale[p] = scale
+        else:
+            self.scale[p] = (1 - self.alpha) * s + self.alpha * scale
 
     def _fit_cpu(self, m: float, f: float, v: float) -> None:
         if f <= 0 or v <= 0:
@@ -113,5 +146,23 @@ class RateFeedback:
         f["cpu"] = min(max(b, CLAMP[0]), CLAMP[1])
         return Corrections(**f, cpu_fixed=min(max(a, CLAMP[0]), CLAMP[1]))
 
+    def corrections_at(self, scale: float | None) -> Corrections:
+        """The corrections for a step of ``scale`` batch KV tokens: those of
+        :attr:`corrections`, each ``SCALED`` factor learnt at a smaller scale taken to this
+        one (``1 + (f - 1) * learnt / scale``); the CPU's fixed per-layer part stays."""
+        c = self.corrections
+        if not scale:
+            return c
+        kw = {p: toward_one(getattr(c, p), s / scale) for p, s in self.scale.items()
+              if s is not None and scale > s}
+        if kw and c.cpu_fixed is None and "cpu" in kw:
+            kw["cpu_fixed"] = c.cpu  # the round trip's factor is not a per-byte one
+        return dataclasses.replace(c, **kw) if kw else c
+
     def reset(self) -> None:
         self.__post_init__()
+
+
+def toward_one(factor: float, weight: float) -> float:
+    """A factor's excess over the profile, ``factor - 1``, kept in the proportion ``weight``."""
+    return 1.0 + (factor - 1.0) * weight

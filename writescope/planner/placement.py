@@ -276,7 +276,8 @@ class WriteScopePolicy(PlacementPolicy):
         spilled += future - to_g
         b = max(len(ids), self.batch_hint or 1)
         return rl.target_share(self.profile, self.cfg, b, resident, spilled, self.experts_on_cpu,
-                               self._placement_corrections(), pipelined=self.pipelined).cpu_share
+                               self._placement_corrections(resident + spilled),
+                               pipelined=self.pipelined).cpu_share
 
     def _batch_ids(self, seq_id: int) -> set[int]:
         """The sequences of the batch being placed for that hold blocks (or are ``seq_id``): the
@@ -285,11 +286,12 @@ class WriteScopePolicy(PlacementPolicy):
         ids.add(seq_id)
         return ids
 
-    def _placement_corrections(self) -> rl.Corrections:
-        """The rates placement plans with: the corrected ones, the GPU side's at most 1 and the
+    def _placement_corrections(self, scale: float | None = None) -> rl.Corrections:
+        """The rates placement plans with, for a batch of ``scale`` KV tokens: the corrected
+        ones (:meth:`~.feedback.RateFeedback.corrections_at`), the GPU side's at most 1 and the
         CPU's per-byte rate ``PLACEMENT_CPU_MARGIN`` slower; until the CPU path is verified,
         a CPU at least ``UNVERIFIED_CPU_FACTOR`` times slower than its profile."""
-        c = self.feedback.corrections
+        c = self.feedback.corrections_at(scale)
         # the GPU side's factor is timed with device events around its launches, so it also
         # counts the gaps of a host-bound step and a cold first step; above 1 it lets CPU
         # attention "hide" under GPU attention that is not there (a factor of 2.8 learnt in
@@ -371,10 +373,11 @@ class WriteScopePolicy(PlacementPolicy):
         load = rl.StepLoad(max(1, len(lengths)), gpu_tok - streamed, streamed,
                            cpu_tok * (1 - t_frac), cpu_tok * t_frac)
         pl = self.pipelined
+        scale = float(sum(lengths))  # the batch's KV tokens: the size the factors describe
         raw = rl.predict_step(self.profile, self.cfg, load, self.experts_on_cpu, pipelined=pl)
         # this step's prediction, from what was known before it ran (out of sample)
         predicted = (rl.predict_step(self.profile, self.cfg, load, self.experts_on_cpu,
-                                     self.feedback.corrections, pipelined=pl).step_s
+                                     self.feedback.corrections_at(scale), pipelined=pl).step_s
                      + max(0.0, self.step_overhead_s))
         pcie_s = timing.get("pcie_s")
         cpu_s = timing.get("cpu_s")
@@ -399,13 +402,13 @@ class WriteScopePolicy(PlacementPolicy):
              "pcie": pcie_s if pcie_s else None, "expert": timing.get("cpu_expert_s")},
             {"cpu": raw.cpu_attn_s, "gpu": raw.gpu_attn_s, "pcie": raw.pcie_s,
              "expert": raw.expert_s if self.experts_on_cpu else 0.0},
-            cpu_split=(fixed, raw.cpu_attn_s - fixed) if fixed else None)
+            cpu_split=(fixed, raw.cpu_attn_s - fixed) if fixed else None, scale=scale)
         measured = timing.get("step_s")
         if measured is not None:
             # what the per-path model does not see (Python, launches, sampling): an additive
             # term, smoothed like the rates; it shifts the step time, not the best share
             corrected = rl.predict_step(self.profile, self.cfg, load, self.experts_on_cpu,
-                                        self.feedback.corrections, pipelined=pl)
+                                        self.feedback.corrections_at(scale), pipelined=pl)
             a = self.feedback.alpha
             self.step_overhead_s = (1 - a) * self.step_overhead_s + a * (float(measured)
                                                                          - corrected.step_s)
@@ -467,7 +470,7 @@ class WriteScopePolicy(PlacementPolicy):
             c_tok += n_c * bs
             t_tok += n_t * bs
         b = max(len(seqs), self.batch_hint or 1)
-        corr = self.feedback.corrections
+        corr = self.feedback.corrections_at(resident + c_tok + t_tok)
         state = (b, resident, c_tok, t_tok, corr)
         memo = self._memo
         if memo is not None and _close(memo[0], state):
