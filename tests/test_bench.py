@@ -437,6 +437,9 @@ def test_cpu_attention_bench_takes_shape_families_and_refuses_unknown_shapes():
     with pytest.raises(SystemExit, match="BATCHxLENGTH"):  # "mla" was accepted: sizes are next
         cpu_attention.main(["--shapes", "mla", "--sizes", "1xlots", "--reps", "1",
                             "--read-bytes", "1048576"])
+    for bad in ("0,2", "two"):  # a clear error, not the kernel's ValueError mid-run
+        with pytest.raises(SystemExit, match="prefetch-blocks"):
+            cpu_attention.main(["--prefetch-blocks", bad, "--reps", "1", "--read-bytes", "1048576"])
 
 
 def test_cpu_attention_bench_rows_against_the_best_read_probe(tmp_path):

@@ -210,6 +210,13 @@ def main(argv: list[str] | None = None) -> dict:
             raise SystemExit(f"--shapes: unknown shape {name!r} (known: {', '.join(SHAPES)}, "
                              f"or a family: {', '.join(sorted({k.split('-')[0] for k in SHAPES}))})")
         shapes += [k for k in match if k not in shapes]
+    try:
+        pf = tuple(int(x) for x in args.prefetch_blocks.split(",") if x.strip())
+    except ValueError:
+        pf = (0,)
+    if any(n < 1 for n in pf):
+        raise SystemExit(f"--prefetch-blocks: {args.prefetch_blocks!r} is not a comma list of "
+                         "distances of at least 1 block")
     if not cpu.available():
         raise SystemExit(f"CPU attention kernel unavailable: {cpu.load_error()}")
     if args.threads:
@@ -232,7 +239,6 @@ def main(argv: list[str] | None = None) -> dict:
                 b, l = (parse_count(x) for x in bl.lower().split("x"))
             except ValueError as e:
                 raise SystemExit(f"--sizes: {bl!r} is not BATCHxLENGTH ({e})") from None
-            pf = tuple(int(x) for x in args.prefetch_blocks.split(",") if x.strip())
             # the read probe again beside every shape: on a shared machine the denominator moves
             probes.append(cpu.read_bandwidth(nbytes, reps=3, buffer=probe))
             read_bw = max(probes)
