@@ -765,10 +765,11 @@ def test_a_factor_learnt_on_small_steps_is_taken_toward_the_profile_on_larger_on
 
 
 def test_a_warm_ups_factors_do_not_put_a_1m_batchs_t_blocks_on_a_busy_cpu():
-    """DeepSeek-V2-Lite 8 x 128K with the experts on the CPU, every spilled block in T, after a
-    warm-up of 8 x 4K whose steps measured a GPU factor of 2.9 (launch gaps) and a CPU one of
-    1.3: taken as they stood, the step plan read 8-11% of T in place for five decode steps, each
-    ~10% slower than transfer's (2026-12-01f-h200 call 2). At the batch's scale they are ~1."""
+    """DeepSeek-V2-Lite 8 x 128K with the experts on the CPU, every spilled block in T, after
+    steps of 8 x 4K tokens that measured a GPU factor of 2.9 (launch gaps) and a CPU one of 1.3:
+    taken as they stood, such factors had the step plan read 8-11% of T in place for five
+    decode steps, each ~10% slower than transfer's (2026-12-01f-h200 call 2). At the batch's
+    scale they are ~1."""
     prof = HardwareProfile.load(H200_PROFILE)
     dsv = ModelConfig.from_hf("deepseek-v2-lite")
     B, L, G = 8, 131072, 12181

@@ -28,12 +28,15 @@ A factor describes the size of step it was measured at. The attention paths' fac
 extrapolated as a fixed excess: a factor ``f`` learnt at scale ``s`` stands for ``(f - 1) * s``
 worth of time beyond the profile's, so at scale ``S > s`` it is ``1 + (f - 1) * s / S``
 (:meth:`RateFeedback.corrections_at`; a sample at a larger scale rescales the factor the same
-way before it is blended in). A warm-up or a batch of short sequences measures launch gaps (a
-GPU factor of 2.9 at 8 x 4K tokens) and cache-resident reads (a CPU factor of 0.64), neither of
-which a 1M-token batch pays: taken as they stood, they gave DeepSeek-V2-Lite 8 x 128K a CPU
-share of 0.08-0.11 for its first five decode steps, each ~10% slower than transfer's, and put
-0.63 of Qwen3 2 x 128K's spill in C (2026-12-01f-h200 calls 1-2). The profile's own rates were
-calibrated at DRAM-sized arrays: toward them is the direction a larger step goes.
+way before it is blended in). A bench's warm-up decodes short requests (a few sequences of 64
+tokens: launch gaps, KV in the L3) before steps at full scale, and without the scale what they
+left in the factors carried into the rows: GPU factors of 1.2-2.9 when a row's prefill began
+(the step plan then let CPU attention "hide" under GPU time a 1M-token step does not have:
+DeepSeek-V2-Lite 8 x 128K read 8-11% of its KV on the CPU for five decode steps, each ~10%
+slower than transfer's), and CPU factors of 0.64-0.76 (one put 0.63 of a Qwen3 2 x 128K spill
+in C; 2026-12-01f-h200 calls 1-2). With it, rows began with GPU factors of 0.74-0.88 (calls
+3-4). The profile's own rates were calibrated at DRAM-sized arrays: toward them is the
+direction a larger step goes.
 """
 from __future__ import annotations
 
