@@ -435,6 +435,19 @@ def test_with_experts_on_the_cpu_a_step_reads_t_in_place_only_for_a_visible_gain
     assert not any(any(m) for m in masks.values())  # and the step reads no T in place
 
 
+def test_the_placement_margin_comes_from_the_environment(monkeypatch):
+    """WRITESCOPE_PLACEMENT_CPU_MARGIN replaces PLACEMENT_CPU_MARGIN (for A/B runs); a bad
+    value is a clear error when the policy is made."""
+    from writescope.planner import placement as wp
+    assert policy()._placement_corrections().cpu == pytest.approx(wp.PLACEMENT_CPU_MARGIN)
+    monkeypatch.setenv("WRITESCOPE_PLACEMENT_CPU_MARGIN", "1.2")
+    assert policy()._placement_corrections().cpu == pytest.approx(1.2)
+    for bad in ("0", "-1", "lots", "nan"):
+        monkeypatch.setenv("WRITESCOPE_PLACEMENT_CPU_MARGIN", bad)
+        with pytest.raises(ValueError, match="WRITESCOPE_PLACEMENT_CPU_MARGIN"):
+            policy()
+
+
 def test_placement_plans_with_the_gpu_kernel_not_a_slower_measured_factor():
     """The GPU side's factor is timed with device events around its launches (host gaps, cold
     steps): above 1 it would let CPU attention hide under GPU time that is not there. Placement

@@ -79,6 +79,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
+import os
 from typing import Any
 
 from ..kvcache.placement import CacheCapacity, PlacementPolicy, SeqKV, register_policy
@@ -103,6 +104,21 @@ UNVERIFIED_CPU_FACTOR = 2.0
 #: on the GPU) at 0.61 / 0.64 of the spill in C, and their decode steps then measured 1.49 / 1.31,
 #: whose best shares are 0.51 / 0.57 (2026-12-01e call 3: writescope 0.90x static on Mixtral)
 PLACEMENT_CPU_MARGIN = 1.4
+
+
+def placement_cpu_margin() -> float:
+    """``WRITESCOPE_PLACEMENT_CPU_MARGIN`` when set (a number > 0; 1 plans C with the CPU's
+    measured rate), else :data:`PLACEMENT_CPU_MARGIN`."""
+    text = os.environ.get("WRITESCOPE_PLACEMENT_CPU_MARGIN", "").strip()
+    if not text:
+        return PLACEMENT_CPU_MARGIN
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0 or not math.isfinite(value):
+        raise ValueError(f"WRITESCOPE_PLACEMENT_CPU_MARGIN must be a number > 0, not {text!r}")
+    return value
 #: the first CPU-timed step is not used when it took more than this times the model's time
 FIRST_CPU_SAMPLE_MAX_RATIO = 3.0
 #: a step's plan reuses the last solve while the batch size is the same and every token count
@@ -150,6 +166,7 @@ class WriteScopePolicy(PlacementPolicy):
         self.profile = profile
         self.cfg = model_config
         self.experts_on_cpu = bool(experts_on_cpu)
+        self.placement_cpu_margin = placement_cpu_margin()
         #: decode steps with CPU attention run as two interleaved sub-batches (set by the
         #: engine from its runner): the model overlaps CPU attention with the GPU's dense work
         self.pipelined = bool(pipelined)
@@ -289,7 +306,7 @@ class WriteScopePolicy(PlacementPolicy):
     def _placement_corrections(self, scale: float | None = None) -> rl.Corrections:
         """The rates placement plans with, for a batch of ``scale`` KV tokens: the corrected
         ones (:meth:`~.feedback.RateFeedback.corrections_at`), the GPU side's at most 1 and the
-        CPU's per-byte rate ``PLACEMENT_CPU_MARGIN`` slower; until the CPU path is verified,
+        CPU's per-byte rate :attr:`placement_cpu_margin` slower; until the CPU path is verified,
         a CPU at least ``UNVERIFIED_CPU_FACTOR`` times slower than its profile."""
         c = self.feedback.corrections_at(scale)
         # the GPU side's factor is timed with device events around its launches, so it also
@@ -300,7 +317,7 @@ class WriteScopePolicy(PlacementPolicy):
         fixed = c.cpu if c.cpu_fixed is None else c.cpu_fixed
         # the CPU's per-byte rate with PLACEMENT_CPU_MARGIN: what C holds is the CPU's for good,
         # and a factor learnt before the batch's long-context steps ran has been optimistic
-        c = dataclasses.replace(c, gpu=min(c.gpu, 1.0), cpu=c.cpu * PLACEMENT_CPU_MARGIN,
+        c = dataclasses.replace(c, gpu=min(c.gpu, 1.0), cpu=c.cpu * self.placement_cpu_margin,
                                 cpu_fixed=fixed)
         if self.cpu_verified:
             return c
