@@ -424,15 +424,21 @@ def test_with_experts_on_the_cpu_a_step_reads_t_in_place_only_for_a_visible_gain
         corrections = property(lambda self: corr)
 
     p.feedback = Measured()
-    cache = MiniCache(p, {Region.G: G, Region.T: 20_000, Region.C: 20_000})
-    for sid in range(B):
-        cache.seqs[sid], cache.tokens[sid] = [], 0
-        p.admit(sid, L)
-    for sid in range(B):
-        cache.step({sid: L}, observe=True)
+    cache, masks = prefill_then_decode(p, B, L, G, observe=True)
     assert all(Region.C not in cache.seqs[sid] for sid in range(B))  # placement: T only
-    masks = cache.step({sid: 1 for sid in range(B)})
     assert not any(any(m) for m in masks.values())  # and the step reads no T in place
+
+
+def prefill_then_decode(p, batch, length, g_blocks, observe):
+    """``batch`` prompts of ``length`` tokens admitted, then prefilled one after another into a
+    MiniCache whose G holds ``g_blocks``; returns the cache and the first decode step's masks."""
+    cache = MiniCache(p, {Region.G: g_blocks, Region.T: 20_000, Region.C: 20_000})
+    for sid in range(batch):
+        cache.seqs[sid], cache.tokens[sid] = [], 0
+        p.admit(sid, length)
+    for sid in range(batch):
+        cache.step({sid: length}, observe=observe)
+    return cache, cache.step({sid: 1 for sid in range(batch)}, observe=observe)
 
 
 def test_the_placement_margin_comes_from_the_environment(monkeypatch):
@@ -794,14 +800,8 @@ def test_a_warm_ups_factors_do_not_put_a_1m_batchs_t_blocks_on_a_busy_cpu():
     g = G * 64
     assert rl.optimal_cpu_share(prof, dsv, B, g, 0, B * L - g, True, p.feedback.corrections,
                                 min_gain=p.step_min_gain).cpu_share > 0.05  # as they stood
-    cache = MiniCache(p, {Region.G: G, Region.T: 20_000, Region.C: 20_000})
-    for sid in range(B):
-        cache.seqs[sid], cache.tokens[sid] = [], 0
-        p.admit(sid, L)
-    for sid in range(B):
-        cache.step({sid: L}, observe=False)
+    cache, masks = prefill_then_decode(p, B, L, G, observe=False)
     assert all(Region.C not in cache.seqs[sid] for sid in range(B))  # placement: T only
-    masks = cache.step({sid: 1 for sid in range(B)}, observe=False)
     assert not any(any(m) for m in masks.values())  # and the first decode step reads no T
 
 

@@ -515,16 +515,17 @@ class Grid:
         except Exception as e:  # noqa: BLE001
             self._fail_rows(model, policy, f"policy: {error_text(e)}", bar, rounds=(rnd,))
             return
-        t_warm = time.perf_counter()
+        t_warm, tag = time.perf_counter(), _round_tag(rnd, s.rounds)
         try:
             warm_up(engine, cfg.vocab_size, s.seed, s.warmup_length or min(s.context_lengths),
                     s.batches)
             if not self.progress:  # (no progress bar: a line per stage says where time goes)
-                self.log(f"[bench] {model} {policy}{_round_tag(rnd, s.rounds)}: warm-up {time.perf_counter() - t_warm:.1f} s"
+                self.log(f"[bench] {model} {policy}{tag}: warm-up "
+                         f"{time.perf_counter() - t_warm:.1f} s"
                          + ("" if not hasattr(engine.cache.policy, "cpu_verified") else
                             f", planner verified: {engine.cache.policy.cpu_verified}"))
         except Exception as e:  # noqa: BLE001 -- the rows will say what is wrong
-            self.log(f"[bench] {model} {policy}: warm-up failed: {error_text(e)}")
+            self.log(f"[bench] {model} {policy}{tag}: warm-up failed: {error_text(e)}")
             _free_memory(engine.device)
         for b in s.batches:
             for n in s.context_lengths:

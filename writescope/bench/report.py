@@ -125,7 +125,7 @@ def summarize(rows: list[dict[str, Any]], min_context: int = SUMMARY_MIN_CONTEXT
                                "same_work_pairs": same_pairs,
                                "min": min(ratios) if ratios else math.nan,
                                "max": max(ratios) if ratios else math.nan, "peer": other in peers}
-        vs_best, eff, same = [], [], []
+        vs_best, eff, same, bound = [], [], [], []
         for (b, n), cell in sorted(cells.items()):
             by_round, effs, first_ws = [], [], None
             for rnd, c in sorted(cell.items()):
@@ -149,21 +149,20 @@ def summarize(rows: list[dict[str, Any]], min_context: int = SUMMARY_MIN_CONTEXT
                     by_round.append(_tps(ws) / max(differ))
             if effs:
                 eff.append(median(effs))
-            if by_round:
-                d = {"batch": b, "context": n, "ratio": median(by_round), "ws": first_ws}
-                if len(by_round) > 1:
-                    d["rounds"] = by_round
-                vs_best.append(d)
-        worst = min(vs_best, key=lambda d: d["ratio"]) if vs_best else None
-        # experts on the CPU: the pairs whose spilled KV per step exceeds the activated experts'
-        # bytes per step (issue 6: writescope >= 1.4x the best other policy there, geomean)
-        bound = []
-        for d in vs_best:
-            ws = d.pop("ws")
-            kv = ws.get("spilled_kv_bytes_per_step")
-            ex = ws.get("cpu_expert_bytes_measured") or ws.get("cpu_expert_bytes_per_step")
+            if not by_round:
+                continue
+            d = {"batch": b, "context": n, "ratio": median(by_round)}
+            if len(by_round) > 1:
+                d["rounds"] = by_round
+            vs_best.append(d)
+            # experts on the CPU: the pairs whose spilled KV per step exceeds the activated
+            # experts' bytes per step (issue 6: writescope >= 1.4x the best other policy there)
+            kv = first_ws.get("spilled_kv_bytes_per_step")
+            ex = (first_ws.get("cpu_expert_bytes_measured")
+                  or first_ws.get("cpu_expert_bytes_per_step"))
             if kv and ex and kv > ex:
                 bound.append(d)
+        worst = min(vs_best, key=lambda d: d["ratio"]) if vs_best else None
         out[model] = {
             "kv_over_experts": {"pairs": [(d["batch"], d["context"]) for d in bound],
                                 "geomean_vs_best_other_policy":
