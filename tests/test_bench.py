@@ -437,9 +437,9 @@ def test_cpu_attention_bench_takes_shape_families_and_refuses_unknown_shapes():
     with pytest.raises(SystemExit, match="BATCHxLENGTH"):  # "mla" was accepted: sizes are next
         cpu_attention.main(["--shapes", "mla", "--sizes", "1xlots", "--reps", "1",
                             "--read-bytes", "1048576"])
-    for bad in ("0,2", "two"):  # a clear error, not the kernel's ValueError mid-run
+    for bad in ("-1,2", "two"):  # a clear error, not the kernel's ValueError mid-run
         with pytest.raises(SystemExit, match="prefetch-blocks"):
-            cpu_attention.main(["--prefetch-blocks", bad, "--reps", "1", "--read-bytes", "1048576"])
+            cpu_attention.main([f"--prefetch-blocks={bad}", "--reps", "1", "--read-bytes", "1048576"])
 
 
 def test_cpu_attention_bench_rows_against_the_best_read_probe(tmp_path):
@@ -452,14 +452,14 @@ def test_cpu_attention_bench_rows_against_the_best_read_probe(tmp_path):
     out = tmp_path / "c.json"
     res = cpu_attention.main(["--sizes", "1x300,2x100", "--shapes", "mla", "--reps", "2",
                               "--torch-reps", "0", "--no-variants", "--no-gpu-layout",
-                              "--prefetch-blocks", "1,3", "--read-bytes", str(1 << 22),
+                              "--prefetch-blocks", "0,3", "--read-bytes", str(1 << 22),
                               "--json", str(out)])
     assert len(res["read_bw_probes_gbps"]) == 3  # the first, and one beside each shape
     assert res["read_bw_gbps"] == max(res["read_bw_probes_gbps"])
     for r in res["rows"]:
         assert r["kernel_best_gbps"] >= r["kernel_gbps"] > 0
         assert r["kernel_frac_of_read_bw"] == pytest.approx(r["kernel_gbps"] / res["read_bw_gbps"])
-        assert set(r["kernel_gbps_by_prefetch_blocks"]) == {"1", "3"}
+        assert set(r["kernel_gbps_by_prefetch_blocks"]) == {"0", "3"}
         assert r["paired_frac_of_read_bw"] > 0
     assert json.loads(out.read_text())["rows"][1]["batch"] == 2
 

@@ -164,18 +164,17 @@ def test_prefetch_distance_changes_no_result(name):
     batch = BlockBatch.build(qc, blocks, lens)
     qin = q.to(torch.bfloat16)
     with pytest.raises(ValueError):
-        cpu.set_prefetch_blocks(0)
-    default = cpu.get_prefetch_blocks()
+        cpu.set_prefetch_blocks(-1)
     try:
         for layout, pool in [("cpu", cpool), ("gpu", gpool)]:
             cpu.set_prefetch_blocks(1)
             o1, l1 = cpu.attend_cpu(qin, pool, layout, spec, batch, 0.1)
-            for n in (2, 5, 64):
+            for n in (0, 2, 5, 64):  # 0: no software prefetch
                 cpu.set_prefetch_blocks(n)
                 o, l = cpu.attend_cpu(qin, pool, layout, spec, batch, 0.1)
                 assert torch.equal(o, o1) and torch.equal(l, l1), (layout, n)
     finally:
-        cpu.set_prefetch_blocks(default)
+        cpu.set_prefetch_blocks(None)
 
 
 @needs_kernel

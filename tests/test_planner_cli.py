@@ -138,6 +138,66 @@ def test_engine_uses_the_calibrated_cpu_variant(tmp_path, tiny_qwen3_moe, monkey
         cpu.set_isa("auto")
 
 
+def test_engine_uses_the_calibrated_prefetch_distance_unless_the_user_chose_one(
+        tmp_path, tiny_qwen3_moe, monkeypatch):
+    """A profile's AMX prefetch distance for the model's attention family is applied at engine
+    start; the environment's (or a call's) choice wins; a profile without one restores the
+    default an earlier engine's profile may have replaced."""
+    from writescope import LLM
+    from writescope.attention import cpu
+    from writescope.planner.roofline import attn_family
+    fam = attn_family(ModelConfig.from_hf(tiny_qwen3_moe))
+    prof = h200_like()
+    prof.cpu_attn_prefetch_blocks = {fam: 0}
+    with_pf, without = tmp_path / "p.json", tmp_path / "q.json"
+    prof.save(with_pf)
+    assert HardwareProfile.load(with_pf).cpu_attn_prefetch_blocks == {fam: 0}
+    h200_like().save(without)
+    monkeypatch.delenv("WRITESCOPE_CPU_ATTN_PREFETCH_BLOCKS", raising=False)
+    cpu.set_prefetch_blocks(None)
+    kw = dict(device="cpu", dtype="float32", max_model_len=256)
+    try:
+        assert not cpu.prefetch_chosen_by_user()
+        LLM(str(tiny_qwen3_moe), profile=str(with_pf), **kw)
+        assert cpu.get_prefetch_blocks() == 0 and not cpu.prefetch_chosen_by_user()
+        LLM(str(tiny_qwen3_moe), profile=str(without), **kw)
+        assert cpu.get_prefetch_blocks() == cpu.DEFAULT_PREFETCH_BLOCKS
+        cpu.set_prefetch_blocks(5)  # the user's choice
+        LLM(str(tiny_qwen3_moe), profile=str(with_pf), **kw)
+        assert cpu.get_prefetch_blocks() == 5 and cpu.prefetch_chosen_by_user()
+    finally:
+        cpu.set_prefetch_blocks(None)
+
+
+@pytest.mark.parametrize("bad", [-1, 65, 1.5, True, "2"])
+def test_profile_refuses_a_bad_prefetch_distance(bad):
+    d = h200_like().to_dict()
+    d["cpu_attn_prefetch_blocks"] = {"mla-h16-r576": bad}
+    with pytest.raises(ValueError, match=r"cpu_attn_prefetch_blocks\[mla-h16-r576\]"):
+        HardwareProfile.from_dict(d)
+
+
+def test_full_calibration_times_the_amx_prefetch_distances(monkeypatch):
+    """Outside quick mode, a family whose fastest variant is AMX gets the fastest of the
+    distances tried, and the setting is left as it was; quick mode leaves the default."""
+    from writescope.attention import cpu
+    if not cpu.available() or "amx" not in cpu.isas():
+        pytest.skip("needs the AMX CPU attention variant")
+    cpu.set_prefetch_blocks(None)
+    logs = []
+    cfg = tiny_cfg()
+    fam = cal.attn_family(cfg)
+    monkeypatch.delenv("WRITESCOPE_CPU_ATTN_ISA", raising=False)
+    monkeypatch.setattr(cpu, "isas", lambda: ["amx"])  # AMX the only candidate variant
+    rates, _, isa, pf = cal.cpu_attention_rates([cfg], 4 * 2 ** 20, 1, logs.append)
+    _, _, _, pf_quick = cal.cpu_attention_rates([cfg], 4 * 2 ** 20, 1, logs.append,
+                                                tune_prefetch=False)
+    assert isa == {fam: "amx"} and pf[fam] in cal.PREFETCH_CHOICES and pf_quick == {}
+    assert rates[fam]["C"] > 0 and any("prefetch distances" in line for line in logs)
+    assert cpu.get_prefetch_blocks() == cpu.DEFAULT_PREFETCH_BLOCKS
+    assert not cpu.prefetch_chosen_by_user()
+
+
 def test_load_or_calibrate_caches_and_extends(tmp_path, tiny_sizes, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.delenv("WRITESCOPE_PROFILE", raising=False)

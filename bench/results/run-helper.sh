@@ -42,9 +42,9 @@ gpu_tests() {
     -p no:cacheprovider --tb=short -rf -o faulthandler_timeout=60
 }
 
-# calibrate_profile: `writescope calibrate` into $R/h200-profile.json; sets $P to it, or to the
-# committed profile when the calibration failed.
+# calibrate_profile [CAP]: `writescope calibrate` into $R/h200-profile.json (cap 40 s unless
+# given); sets $P to it, or to the committed profile when the calibration failed.
 calibrate_profile() {
-  run calibrate 40 python -m writescope calibrate --out $R/h200-profile.json
+  run calibrate ${1:-40} python -m writescope calibrate --out $R/h200-profile.json
   P=$R/h200-profile.json; [ -s $P ] || P=bench/profiles/h200.json
 }

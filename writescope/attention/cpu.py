@@ -43,7 +43,7 @@ from .torch_paged import attend_torch
 
 __all__ = ["attend_cpu", "CpuAttentionPlan", "CpuJobQueue", "current_isa_setting", "available",
            "set_num_threads", "get_num_threads", "reserve_cores", "set_isa", "get_isa", "isas",
-           "set_prefetch_blocks", "get_prefetch_blocks",
+           "set_prefetch_blocks", "get_prefetch_blocks", "prefetch_chosen_by_user",
            "features", "read_bandwidth"]
 
 _CSRC = Path(__file__).with_name("csrc")
@@ -65,7 +65,10 @@ _reserved = 0
 _isa = os.environ.get("WRITESCOPE_CPU_ATTN_ISA", "auto")
 # 2: on the H200 host MLA ran 69.1 / 62.6 GB/s at 1x256K / 8x32K against 64.7 / 58.9 at 1 block
 # (GQA within 3%; bench/results/2026-12-01b-h200 call 1)
-_prefetch_blocks = int(os.environ.get("WRITESCOPE_CPU_ATTN_PREFETCH_BLOCKS", "2"))
+# A profile may carry a better distance per attention family (calibration times 0, 1 and 2).
+DEFAULT_PREFETCH_BLOCKS = 2
+_prefetch_blocks = int(os.environ.get("WRITESCOPE_CPU_ATTN_PREFETCH_BLOCKS", DEFAULT_PREFETCH_BLOCKS))
+_prefetch_user = "WRITESCOPE_CPU_ATTN_PREFETCH_BLOCKS" in os.environ  # not the default/profile
 _isa_from_profile = False  # the setting is an engine's choice from its profile, not the user's
 
 
@@ -210,13 +213,22 @@ def set_isa(isa: str, *, from_profile: bool = False) -> None:
     _isa_from_profile = from_profile and isa != "auto"
 
 
-def set_prefetch_blocks(n: int) -> None:
+def set_prefetch_blocks(n: int | None, *, from_profile: bool = False) -> None:
     """How many blocks ahead of its reads the AMX kernel's software prefetch into L2 may run
     (default 2, or ``WRITESCOPE_CPU_ATTN_PREFETCH_BLOCKS``): farther hides more DRAM latency
-    when many cores stream at once, at the cost of L2 room."""
-    global _prefetch_blocks
-    if int(n) < 1:
-        raise ValueError("prefetch distance must be >= 1 block")
+    when many cores stream at once, at the cost of L2 room; 0 issues no software prefetch and
+    leaves the streams to the hardware prefetchers (on the 2-core dev VM the MLA kernel reads
+    15-30% faster so; on the H200 host it is 10-25% slower). ``writescope calibrate`` measures
+    the best per attention family into the profile.
+    ``from_profile``: an engine applies its profile's measured best distance. ``None``: back to
+    the default (or the environment's)."""
+    global _prefetch_blocks, _prefetch_user
+    if n is None:
+        env = os.environ.get("WRITESCOPE_CPU_ATTN_PREFETCH_BLOCKS")
+        n, from_profile = (DEFAULT_PREFETCH_BLOCKS, True) if env is None else (int(env), False)
+    if int(n) < 0:
+        raise ValueError("prefetch distance must be >= 0 blocks (0: no software prefetch)")
+    _prefetch_user = not from_profile
     _prefetch_blocks = int(n)
     if _lib is not None:
         _lib.ws_set_prefetch_blocks(_prefetch_blocks)
@@ -224,6 +236,12 @@ def set_prefetch_blocks(n: int) -> None:
 
 def get_prefetch_blocks() -> int:
     return _prefetch_blocks
+
+
+def prefetch_chosen_by_user() -> bool:
+    """Whether the distance came from ``WRITESCOPE_CPU_ATTN_PREFETCH_BLOCKS`` or a
+    :func:`set_prefetch_blocks` call (not from an engine's profile, nor the default)."""
+    return _prefetch_user
 
 
 def current_isa_setting() -> str:

@@ -199,7 +199,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--no-variants", action="store_true", help="time only the default ISA")
     ap.add_argument("--no-gpu-layout", action="store_true", help="skip the T-layout timing")
     ap.add_argument("--prefetch-blocks", default="",
-                    help="comma list of AMX prefetch distances (blocks ahead) to time as well")
+                    help="comma list of AMX prefetch distances (blocks ahead; 0: no software "
+                         "prefetch) to time as well")
     ap.add_argument("--read-bytes", type=int, default=0,
                     help="bandwidth probe array (default: max(1 GiB, 6 x last-level cache))")
     args = ap.parse_args(argv)
@@ -213,10 +214,10 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         pf = tuple(int(x) for x in args.prefetch_blocks.split(",") if x.strip())
     except ValueError:
-        pf = (0,)
-    if any(n < 1 for n in pf):
+        pf = (-1,)
+    if any(n < 0 for n in pf):
         raise SystemExit(f"--prefetch-blocks: {args.prefetch_blocks!r} is not a comma list of "
-                         "distances of at least 1 block")
+                         "distances of 0 blocks (no software prefetch) or more")
     if not cpu.available():
         raise SystemExit(f"CPU attention kernel unavailable: {cpu.load_error()}")
     if args.threads:

@@ -397,10 +397,17 @@ class LLMEngine:
 
     def _use_calibrated_cpu_variant(self) -> str | None:
         """Run the CPU attention kernel variant the profile measured fastest for this model's
-        attention family (unless ``WRITESCOPE_CPU_ATTN_ISA`` chose one, or this CPU lacks it)."""
+        attention family (unless ``WRITESCOPE_CPU_ATTN_ISA`` chose one, or this CPU lacks it),
+        and the AMX prefetch distance it measured fastest (unless
+        ``WRITESCOPE_CPU_ATTN_PREFETCH_BLOCKS`` or a call chose one)."""
         from ..attention import cpu as cpu_attn
         from ..planner.roofline import attn_family
-        isa = (getattr(self.profile, "cpu_attn_isa", None) or {}).get(attn_family(self.config))
+        fam = attn_family(self.config)
+        pf = (getattr(self.profile, "cpu_attn_prefetch_blocks", None) or {}).get(fam)
+        if not cpu_attn.prefetch_chosen_by_user():  # (an earlier engine's profile's, else)
+            cpu_attn.set_prefetch_blocks(cpu_attn.DEFAULT_PREFETCH_BLOCKS if pf is None else pf,
+                                         from_profile=True)
+        isa = (getattr(self.profile, "cpu_attn_isa", None) or {}).get(fam)
         if (not isa or cpu_attn.isa_chosen_by_user()
                 or os.environ.get("WRITESCOPE_CPU_ATTN_ISA", "auto") != "auto"
                 or not cpu_attn.available() or isa not in cpu_attn.isas()):

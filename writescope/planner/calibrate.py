@@ -92,11 +92,14 @@ def _attn_case(cfg: ModelConfig, kv_bytes: int, device: str, layout: str, seqs: 
     return spec, pool, batch, q, n * block_bytes
 
 
-def cpu_attention_rates(cfgs: Iterable[ModelConfig], kv_bytes: int, reps: int, log
-                        ) -> tuple[dict, str, dict]:
+def cpu_attention_rates(cfgs: Iterable[ModelConfig], kv_bytes: int, reps: int, log,
+                        tune_prefetch: bool = True) -> tuple[dict, str, dict, dict]:
     """Per attention family: the CPU kernel's KV bytes/s over C blocks (its layout) and T blocks
-    (the GPU layout), with the fastest kernel variant this CPU has (timed on C blocks; the
-    engine then uses that variant). Returns (rates, kernel name, {family: variant})."""
+    (the GPU layout), with the fastest kernel variant this CPU has and, for the AMX variant, its
+    fastest software-prefetch distance (both timed on C blocks; the engine then uses them).
+    Returns (rates, kernel name, {family: variant}, {family: prefetch distance}).
+    ``tune_prefetch=False`` (a quick calibration, whose KV may sit in the last-level cache,
+    where prefetching hides nothing) leaves the distance at its default."""
     from ..attention.hybrid import cpu_kernel
     from ..attention.torch_paged import attend_torch
     kernel = cpu_kernel()
@@ -104,12 +107,13 @@ def cpu_attention_rates(cfgs: Iterable[ModelConfig], kv_bytes: int, reps: int, l
     compiled = kernel is not attend_torch
     out: dict[str, dict[str, float]] = {}
     chosen: dict[str, str] = {}
+    chosen_pf: dict[str, int] = {}
     for cfg in cfgs:
         fam = attn_family(cfg)
         if fam in out:
             continue
         out[fam] = {}
-        best = None
+        best, pf = None, None
         for region, layout in (("C", "cpu"), ("T", "gpu")):
             spec, pool, batch, q, nbytes = _attn_case(cfg, kv_bytes, "cpu", layout)
             fn = kernel
@@ -121,28 +125,61 @@ def cpu_attention_rates(cfgs: Iterable[ModelConfig], kv_bytes: int, reps: int, l
             run = lambda: fn(q, pool, layout, spec, batch, cfg.softmax_scale)  # noqa: E731
             if compiled and fn is kernel and region == "C":
                 best, dt = _fastest_variant(run, reps, fam, log)
+                if best == "amx" and tune_prefetch:
+                    pf, dt = _fastest_prefetch(run, reps, fam, log, dt)
             else:
-                with _variant(best) if best else contextlib.nullcontext():
+                with _variant(best, pf) if best else contextlib.nullcontext():
                     dt = _median_time(run, reps)
             out[fam][region] = nbytes / dt
             log(f"  cpu attention {fam:16s} {region} ({layout} layout"
-                f"{', ' + best if best else ''}): {out[fam][region] / 1e9:6.1f} GB/s")
+                f"{', ' + best if best else ''}{'' if pf is None else f', prefetch {pf}'}): "
+                f"{out[fam][region] / 1e9:6.1f} GB/s")
             del pool
         if best is not None:
             chosen[fam] = best
-    return out, name, chosen
+        if pf is not None:
+            chosen_pf[fam] = pf
+    return out, name, chosen, chosen_pf
 
 
 @contextlib.contextmanager
-def _variant(isa: str):
-    """Run the compiled CPU attention kernel as one variant for a while."""
+def _variant(isa: str, prefetch: int | None = None):
+    """Run the compiled CPU attention kernel as one variant (and AMX prefetch distance) for a
+    while."""
     from ..attention import cpu
     old, by_user = cpu.current_isa_setting(), cpu.isa_chosen_by_user()
+    old_pf, pf_user = cpu.get_prefetch_blocks(), cpu.prefetch_chosen_by_user()
     cpu.set_isa(isa)
+    if prefetch is not None:
+        cpu.set_prefetch_blocks(prefetch)
     try:
         yield
     finally:
         cpu.set_isa(old, from_profile=not by_user)
+        cpu.set_prefetch_blocks(old_pf, from_profile=not pf_user)
+
+
+#: the AMX kernel's software-prefetch distances calibration tries (blocks ahead; 0: none).
+#: The best differs by machine: on the H200 host 1 and 2 are within 3-7% of each other and none
+#: is 10-25% slower; on the 2-core dev VM MLA reads 15-30% faster with none and GQA 7-13% slower
+#: (bench/results/2026-12-01g-h200, docs/PERFORMANCE.md, thirteenth session).
+PREFETCH_CHOICES = (0, 1, 2)
+
+
+def _fastest_prefetch(run, reps: int, fam: str, log, dt_current: float) -> tuple[int | None, float]:
+    """The AMX kernel's prefetch distance with the shortest median time for ``run`` and that
+    time; ``(None, dt_current)`` when the user chose a distance."""
+    from ..attention import cpu
+    if cpu.prefetch_chosen_by_user():
+        return None, dt_current
+    times = {}
+    for n in PREFETCH_CHOICES:
+        with _variant("amx", n):
+            times[n] = _median_time(run, reps)
+    best = min(times, key=times.get)
+    log(f"  cpu attention {fam:16s} amx prefetch distances: "
+        + ", ".join(f"{k} {times[best] / v:.2f}x" for k, v in times.items()) + f" -> {best}")
+    return best, times[best]
 
 
 def _fastest_variant(run, reps: int, fam: str, log) -> tuple[str | None, float]:
@@ -394,7 +431,8 @@ def calibrate(quick: bool = False, models: Iterable[str | ModelConfig] | None = 
             log(f"  concurrent probe failed: {e}")
     read = cpu_read_Bps(z["cpu_read"], reps)
     log(f"  {'cpu_read_Bps':22s} {read / 1e9:8.1f} GB/s")
-    cpu_attn, kernel_name, attn_isa = cpu_attention_rates(cfgs, z["cpu_attn"], reps, log)
+    cpu_attn, kernel_name, attn_isa, attn_pf = cpu_attention_rates(cfgs, z["cpu_attn"], reps, log,
+                                                                   tune_prefetch=not quick)
     dev_attn = device_attention_rates(cfgs, z["dev_attn_gpu" if has_gpu else "dev_attn_cpu"],
                                       reps, device, log)
     experts, expert_kind = cpu_expert_rates(cfgs, z["experts"], reps, log)
@@ -410,7 +448,8 @@ def calibrate(quick: bool = False, models: Iterable[str | ModelConfig] | None = 
         machine=machine_description(), cpu_threads=torch.get_num_threads(), cpu_read_Bps=read,
         cpu_attn=cpu_attn, device_attn=dev_attn, cpu_expert=experts, cpu_roundtrip_s=rt,
         cpu_attn_roundtrip_s=art,
-        launch_s=ls, cpu_attn_isa=attn_isa, cpu_attn_kernel=kernel_name,
+        launch_s=ls, cpu_attn_isa=attn_isa, cpu_attn_prefetch_blocks=attn_pf,
+        cpu_attn_kernel=kernel_name,
         cpu_expert_kernel=expert_kind, quick=quick,
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         command=command, notes=notes, **fields)

@@ -16,6 +16,8 @@ concurrent_cpu_read_Bps    ... and the CPU read rate meanwhile
 cpu_attn                   the CPU attention kernel's KV bytes/s per shape family
                            (``attn_family``), on C blocks (CPU layout) and T blocks (GPU layout)
 cpu_attn_isa               the kernel variant that gave those rates (fastest of those this CPU has)
+cpu_attn_prefetch_blocks   with the AMX variant, the software-prefetch distance that gave them
+                           (blocks ahead, of 0, 1, 2; 0: none); optional
 device_attn                attention rate on the device path (the GPU, or the torch path where
                            there is no GPU), KV bytes/s per family
 cpu_expert                 routed-expert FFN on the CPU: weight bytes/s per expert shape
@@ -69,6 +71,8 @@ class HardwareProfile:
     concurrent_cpu_read_Bps: float | None = None
     # the fastest CPU attention variant per family (bf16 KV), as calibrated; {} = the default
     cpu_attn_isa: dict[str, str] = field(default_factory=dict)
+    # and the AMX variant's fastest software-prefetch distance per family; {} = the default
+    cpu_attn_prefetch_blocks: dict[str, int] = field(default_factory=dict)
     cpu_attn_roundtrip_s: float | None = None
     # provenance
     cpu_attn_kernel: str = ""
@@ -155,6 +159,10 @@ class HardwareProfile:
             pos(f"cpu_attn[{fam}].C", r.get("C"))
         for fam, r in self.device_attn.items():
             pos(f"device_attn[{fam}]", r)
+        for fam, n in self.cpu_attn_prefetch_blocks.items():
+            if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= 64:
+                raise ValueError(f"hardware profile: cpu_attn_prefetch_blocks[{fam}] must be a "
+                                 f"whole number of blocks from 0 to 64, got {n!r}")
         if not self.cpu_expert:
             raise ValueError("hardware profile: cpu_expert is empty")
         for k, r in self.cpu_expert.items():

@@ -1,14 +1,13 @@
 #!/bin/bash
-# Next session, call 2: the experts-on-CPU target (>= 1.4x the best other policy where the
-# spilled KV exceeds the activated experts' bytes) since the tenth session's placement changes
-# and the twelfth's scale-aware factors: Qwen3-30B-A3B 4 x 128K, 32 GiB, writescope against
-# static and transfer in two rounds (ninth session: 1.27x, one row per policy). Give it the
-# whole call: on a slow host (2026-12-01f call 3) rows took twice as long.
+# Next session, call 2: PLACEMENT_CPU_MARGIN 1.4 (the default) against 1.2 on Qwen3-30B-A3B
+# 2 x 128K with the experts on the GPU, writescope and static in two rounds (Mixtral, thirteenth
+# session: no difference beyond the noise, both placing 0.44-0.46 of the spill in C); then the
+# GPU tests with room (they took 130 s on a cold Triton cache; a 125 s cap cut the last one).
 source bench/results/run-helper.sh
-call_begin 560
-calibrate_profile
-run qwen3-cpu 480 python -m writescope bench --model qwen3-30b-a3b --vram-budget 32GiB --experts cpu \
-  --batch 4 --context-lengths 128k --random-weights --profile $P --max-num-batched-tokens 16384 \
-  --warmup-length 4k --decode-steps 12 --prefill synthetic --no-progress --rounds 2 \
-  --policies writescope,static,transfer --out $R/qwen3-cpu
+call_begin 575
+calibrate_profile 60
+G="--random-weights --profile $P --experts gpu --batch 2 --context-lengths 128k --max-num-batched-tokens 16384 --warmup-length 4k --decode-steps 12 --prefill synthetic --no-progress --rounds 2 --policies writescope,static"
+run qwen3-14 150 python -m writescope bench --model qwen3-30b-a3b --vram-budget 68GiB $G --out $R/qwen3-14
+run qwen3-12 150 env WRITESCOPE_PLACEMENT_CPU_MARGIN=1.2 python -m writescope bench --model qwen3-30b-a3b --vram-budget 68GiB $G --out $R/qwen3-12
+gpu_tests 180
 call_end

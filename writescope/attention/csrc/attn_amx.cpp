@@ -127,7 +127,7 @@ struct ItemPf {
     const WsItem* it;
     WsPf cur;  // the block the cursor is in (b - 1)
     int b, lim;
-    int64_t k;
+    int64_t k;  // 0 when the distance is 0: no software prefetch at all
 };
 
 static inline void ipf_step(ItemPf& p) {
@@ -164,7 +164,8 @@ static inline void qk_groups(const uint16_t* s0, const uint16_t* s1, const uint1
 }
 
 // new limit; k spreads the lines left before it over `steps` steps
-static void ipf_retarget(ItemPf& p, int lim, int64_t steps) {
+static void ipf_retarget(ItemPf& p, int lim, int64_t steps, int ahead) {
+    if (ahead <= 0) return;  // k stays 0
     if (lim > p.it->nblocks) lim = p.it->nblocks;
     if (lim > p.lim) p.lim = lim;
     int64_t left = p.cur.total - p.cur.next;
@@ -338,7 +339,7 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
             if (gpu) {
                 for (int i0 = 0; i0 < nt; i0 += 4) {
                     const int nb = nt - i0 < 4 ? nt - i0 : 4;
-                    if (mc == 0) ipf_retarget(pf, gblk[i0 + nb - 1] + 1 + ahead, nK);
+                    if (mc == 0) ipf_retarget(pf, gblk[i0 + nb - 1] + 1 + ahead, nK, ahead);
                     const uint16_t* s0 = gsrc[i0] + a->k_off;
                     const uint16_t* s1 = nb > 1 ? gsrc[i0 + 1] + a->k_off : s0;
                     const uint16_t* s2 = nb > 2 ? gsrc[i0 + 2] + a->k_off : s0;
@@ -393,7 +394,7 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
             } else if (mp > 8) {  // two 8-row B tiles, two groups per step
                 for (int g0 = 0; g0 < nt; g0 += 2) {
                     const int two = nt - g0 > 1;
-                    if (mc == 0) ipf_retarget(pf, gblk[g0 + two] + 1 + ahead, nK);
+                    if (mc == 0) ipf_retarget(pf, gblk[g0 + two] + 1 + ahead, nK, ahead);
                     const uint16_t* s0 = gsrc[g0] + 2 * a->k_off;
                     const uint16_t* s1 = two ? gsrc[g0 + 1] + 2 * a->k_off : s0;
                     T_ZERO(0); T_ZERO(1); T_ZERO(2); T_ZERO(3);
@@ -424,7 +425,7 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
             } else {  // one 8-row B tile, four groups per step
                 for (int g0 = 0; g0 < nt; g0 += 4) {
                     const int nb = nt - g0 < 4 ? nt - g0 : 4;
-                    if (mc == 0) ipf_retarget(pf, gblk[g0 + nb - 1] + 1 + ahead, nK);
+                    if (mc == 0) ipf_retarget(pf, gblk[g0 + nb - 1] + 1 + ahead, nK, ahead);
                     const uint16_t* s0 = gsrc[g0] + 2 * a->k_off;
                     const uint16_t* s1 = nb > 1 ? gsrc[g0 + 1] + 2 * a->k_off : s0;
                     const uint16_t* s2 = nb > 2 ? gsrc[g0 + 2] + 2 * a->k_off : s0;
@@ -483,7 +484,7 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
             const bool accumulate = _mm512_cmp_ps_mask(al, _mm512_set1_ps(1.0f), _CMP_EQ_OQ) == 0xFFFF;
             // ---- P.V into O
             T_FENCE();  // P, the V scratch, O
-            if (mc == 0) ipf_retarget(pf, e2 + ahead - 1, nmc * pv_steps + (nmc - 1) * qk_steps);
+            if (mc == 0) ipf_retarget(pf, e2 + ahead - 1, nmc * pv_steps + (nmc - 1) * qk_steps, ahead);
             float* Oc = O + (size_t)mc * 16 * Dv;
             for (int dc0 = 0; dc0 < nDv; dc0 += 4) {
                 const int nd = nDv - dc0 < 4 ? nDv - dc0 : 4;

@@ -45,5 +45,6 @@ int ws_bf16_eligible(const WsArgs*);
 // layout, bs % 16 == 0 in the GPU layout)
 int ws_amx_eligible(const WsArgs*);
 // How many blocks ahead of the blocks being read the AMX kernel's software prefetch may run
-// (>= 1; attn_ops.cpp holds it, ws_set_prefetch_blocks sets it).
+// (0: none -- the hardware prefetchers alone; attn_ops.cpp holds it, ws_set_prefetch_blocks
+// sets it).
 int ws_prefetch_blocks(void);

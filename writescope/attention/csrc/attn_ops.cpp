@@ -601,7 +601,7 @@ int ws_amx_request() {
 
 int ws_default_threads() { return default_threads(); }
 
-void ws_set_prefetch_blocks(int n) { g_prefetch_blocks = n < 1 ? 1 : n > 64 ? 64 : n; }
+void ws_set_prefetch_blocks(int n) { g_prefetch_blocks = n < 0 ? 0 : n > 64 ? 64 : n; }
 
 int ws_attend_flagged(const volatile int64_t* ready, int64_t ready_value, int64_t* done,
                       int64_t done_value, double timeout_s, double spin_s, double* times,
