@@ -204,7 +204,8 @@ perm = torch.randperm(P)[:sum(counts)]
 ptr = torch.tensor([0] + list(torch.tensor(counts).cumsum(0)), dtype=torch.int32)
 xo, xl = torch.randn(nq, hq, dv), torch.randn(nq, hq)
 xl[1] = float("-inf")
-for cfg in (None, G.ReduceConfig(1, 16, 32), G.ReduceConfig(4, 64, 8), G.ReduceConfig(2, 32, 16)):
+for cfg in (None, G.ReduceConfig(1, 16, 32), G.ReduceConfig(4, 64, 8), G.ReduceConfig(2, 32, 16),
+            G.ReduceConfig(1, 32, 128), G.ReduceConfig(2, 16, 64)):  # steps past a row's partials
     for extra in (None, (xo, xl)):
         out, lse = torch.empty(nq, hq, dv), torch.empty(nq, hq)
         G.launch_reduce(po, pl, ptr, perm, out, lse, extra, cfg)
@@ -224,6 +225,51 @@ assert G.reduce_config(1, 16, 512) == G.ReduceConfig(1, 32, 32)
 assert G.reduce_config(512, 32, 128) == G.ReduceConfig(4, 64, 8)
 print("ok")
 """
+
+
+def test_the_resident_sweep_tries_wider_merge_steps_for_few_rows():
+    """The resident bench times the merge's default tiles and, for a few rows of many partials
+    (one long sequence), wider partial steps and a narrower value tile; never a step over 8K
+    values, never the same tile twice."""
+    from writescope.attention import gpu as G
+    from writescope.bench.gpu_attention import reduce_variants
+    one = reduce_variants(G.reduce_config(1, 16, 512))
+    assert one[0] == G.reduce_config(1, 16, 512) and len(one) == len(set(one)) == 4
+    assert max(c.block_e for c in one) == 128
+    for rows, hq, dv in ((1, 16, 512), (8, 32, 128), (64, 16, 512)):
+        for c in reduce_variants(G.reduce_config(rows, hq, dv)):
+            assert c.block_e * c.block_h * c.block_dv <= 8192 and c.block_dv >= 16
+    many = reduce_variants(G.reduce_config(64, 16, 512))  # many rows: no wider steps fit
+    assert [c.block_e for c in many] == [8, 16]
+
+
+RESIDENT_SWEEP_CODE = r"""
+import torch
+from writescope.bench import gpu_attention as B
+from writescope.kvcache.regions import KVSpec
+B.BATCHES = {"tiny": (2, 256)}
+B.SHAPES = {"gqa": (lambda L: KVSpec.gqa(L, 2, 32, torch.float32), 8, "tiny")}
+B.CONFIGS.clear(); B.CONFIGS.update({"gqa": []})
+B._queued_time = lambda fn, reps: (fn(), 1e-3)[1]  # no device clock here: run once
+r = B.bench_resident("gqa", "tiny", "cpu", 1)
+merges = [k for k in r["variants"] if "/reduce-" in k]
+assert len(merges) == 4 and all("error" not in r["variants"][k] for k in merges), r["variants"]
+assert r["rel_err_vs_torch"] < 1e-5, r["rel_err_vs_torch"]
+print("ok")
+"""
+
+
+def test_resident_sweep_under_interpreter():
+    """The resident bench's sweep, merge tiles included, runs end to end (Triton's CPU
+    interpreter, fp32, a tiny batch; timing stubbed: only the device has a clock for it)."""
+    pytest.importorskip("triton")
+    why = interpreter_runs_loaded_loops()
+    if why is not None:
+        pytest.skip(f"Triton's interpreter cannot run data-bounded loops here: {why}")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    r = subprocess.run([sys.executable, "-c", RESIDENT_SWEEP_CODE], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
 
 
 def test_merge_kernel_under_interpreter():
