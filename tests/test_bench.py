@@ -345,6 +345,9 @@ def test_rounds_run_the_policies_again_in_alternating_order(tiny_qwen3_moe, tmp_
     assert s[rows[0]["model"]]["speedup_over"]["transfer"]["pairs"] == 0  # 40 tokens < 8K
     md = (tmp_path / "results.md").read_text()
     assert "| writescope (round 2) |" in md and "| transfer (round 1) |" in md
+    # the planner table names both of writescope's rounds, as the rows table does
+    planner = md[md.index("## Planner"):]
+    assert "| writescope (round 1) |" in planner and "| writescope (round 2) |" in planner
 
 
 def test_report_only_rewrites_the_report(grid):

@@ -290,11 +290,10 @@ def markdown(doc: dict[str, Any]) -> str:
               "peak VRAM | pinned used | host used | moved | CPU share | model ms | "
               "bound ms | CPU experts ms | CPU read GB/s | host-bound | error |",
               "|" + "---|" * 20]
-    rounds = len({r.get("round") or 0 for r in doc.get("rows", [])}) > 1
+    rounds = _several_rounds(doc.get("rows", []))
     for r in doc.get("rows", []):
         moved = r.get("bytes_moved")
-        policy = r["policy"] + (f" (round {r['round'] + 1})" if rounds and not r.get("peer")
-                                and r.get("round") is not None else "")
+        policy = _policy_label(r, rounds)
         lines.append(
             f"| {r['model']} | {r['batch']} | {_ctx(r['context'])} | {policy} | "
             f"{_num(r.get('decode_tokens_per_s'), '{:.1f}')} | {_ms(r.get('mean_step_s'))} | "
@@ -324,6 +323,17 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _several_rounds(rows: list[dict[str, Any]]) -> bool:
+    return len({r.get("round") or 0 for r in rows}) > 1
+
+
+def _policy_label(r: dict[str, Any], several_rounds: bool) -> str:
+    """A row's policy, with its round when the run had several (a peer runs once)."""
+    if several_rounds and not r.get("peer") and r.get("round") is not None:
+        return f"{r['policy']} (round {r['round'] + 1})"
+    return r["policy"]
+
+
 def planner_table(rows: list[dict[str, Any]]) -> list[str]:
     """Markdown lines: for rows whose planner reported its state (``writescope``), the target
     share and the rate corrections once the prefill had placed the blocks and after the decode
@@ -342,9 +352,10 @@ def planner_table(rows: list[dict[str, Any]]) -> list[str]:
            "(target share of the spilled KV; rate corrections, measured / profile time):", "",
            "| model | batch | context | policy | target, prefill | CPU | link | GPU | "
            "target, after | CPU | link | GPU | link GB/s |", "|" + "---|" * 13]
+    rounds = _several_rounds(rows)
     for r in have:
-        tag = f" (round {r['round'] + 1})" if r.get("round") else ""
-        out.append(f"| {r['model']} | {r['batch']} | {_ctx(r['context'])} | {r['policy']}{tag} | "
+        out.append(f"| {r['model']} | {r['batch']} | {_ctx(r['context'])} | "
+                   f"{_policy_label(r, rounds)} | "
                    f"{st(r.get('planner_at_prefill'))} | {st(r.get('planner_after'))} | "
                    f"{_num(r.get('pcie_gbps'), '{:.1f}')} |")
     return out + [""]

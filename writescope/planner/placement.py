@@ -119,6 +119,8 @@ def placement_cpu_margin() -> float:
     if not value > 0 or not math.isfinite(value):
         raise ValueError(f"WRITESCOPE_PLACEMENT_CPU_MARGIN must be a number > 0, not {text!r}")
     return value
+
+
 #: the first CPU-timed step is not used when it took more than this times the model's time
 FIRST_CPU_SAMPLE_MAX_RATIO = 3.0
 #: a step's plan reuses the last solve while the batch size is the same and every token count
