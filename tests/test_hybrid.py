@@ -221,26 +221,78 @@ for cfg in (None, G.ReduceConfig(1, 16, 32), G.ReduceConfig(4, 64, 8), G.ReduceC
             assert torch.equal(torch.isfinite(lse[r]), fin), (cfg, r)
             assert torch.allclose(lse[r][fin], rl[fin], atol=1e-5), (cfg, r)
             assert torch.allclose(out[r][fin], ro[fin], atol=1e-5), (cfg, r)
-assert G.reduce_config(1, 16, 512) == G.ReduceConfig(1, 32, 32)
+    for fanin in (2, 3, 64):  # the same merge in two levels (64: rows of more than 64 only)
+        tree = G.plan_tree(ptr, fanin)
+        out2, lse2 = torch.empty(nq, hq, dv), torch.empty(nq, hq)
+        out1, lse1 = torch.empty(nq, hq, dv), torch.empty(nq, hq)
+        G.launch_reduce(po, pl, ptr, perm, out1, lse1, extra)
+        G.launch_reduce_tree(po, pl, perm, tree, out2, lse2, extra)
+        fin = torch.isfinite(lse1)
+        assert torch.equal(torch.isfinite(lse2), fin), fanin
+        assert torch.allclose(lse2[fin], lse1[fin], atol=1e-5), fanin
+        assert torch.allclose(out2, out1, atol=1e-5), fanin
+assert G.reduce_config(1, 16, 512) == G.ReduceConfig(1, 32, 128)
 assert G.reduce_config(512, 32, 128) == G.ReduceConfig(4, 64, 8)
 print("ok")
 """
 
 
+def test_merge_tree_plan_groups_each_rows_partials():
+    """The two-level merge's plan: every row's partials in runs of at most ``fanin``, in order,
+    tiling the row CSR; level 2's CSR counts each row's groups; none when one level does it."""
+    import numpy as np
+    from writescope.attention import gpu as G
+    counts = [0, 1, 3, 70, 0, 64, 65]
+    ptr = torch.tensor([0] + list(np.cumsum(counts)), dtype=torch.int32)
+    assert G.plan_tree(ptr, 70) is None and G.plan_tree(torch.zeros(1, dtype=torch.int32), 4) is None
+    with pytest.raises(ValueError):
+        G.plan_tree(ptr, 1)
+    for fanin in (2, 3, 32, 64):
+        t = G.plan_tree(ptr, fanin)
+        gp, rp = t.group_ptr.numpy(), t.row_ptr.numpy()
+        assert gp[0] == 0 and gp[-1] == sum(counts) and (np.diff(gp) >= 1).all()
+        assert (np.diff(gp) <= fanin).all() and t.num_groups == gp.size - 1
+        assert t.row_idx.tolist() == list(range(t.num_groups)) and rp[-1] == t.num_groups
+        for r, c in enumerate(counts):
+            g0, g1 = rp[r], rp[r + 1]
+            assert g1 - g0 == -(-c // fanin)
+            if c:  # the row's groups cover exactly its own entries
+                assert gp[g0] == ptr[r] and gp[g1] == ptr[r + 1]
+
+
 def test_the_resident_sweep_tries_wider_merge_steps_for_few_rows():
     """The resident bench times the merge's default tiles and, for a few rows of many partials
-    (one long sequence), wider partial steps and a narrower value tile; never a step over 8K
+    (one long sequence), partial steps of 32-128 and a narrower value tile; never a step over 8K
     values, never the same tile twice."""
     from writescope.attention import gpu as G
     from writescope.bench.gpu_attention import reduce_variants
     one = reduce_variants(G.reduce_config(1, 16, 512))
     assert one[0] == G.reduce_config(1, 16, 512) and len(one) == len(set(one)) == 4
-    assert max(c.block_e for c in one) == 128
+    assert sorted({c.block_e for c in one}) == [32, 64, 128]  # the default's 128 against 32, 64
+    eight = reduce_variants(G.reduce_config(8, 16, 512))
+    assert eight[0].block_e == 32 and {c.block_e for c in eight} == {32, 64, 128}
     for rows, hq, dv in ((1, 16, 512), (8, 32, 128), (64, 16, 512)):
         for c in reduce_variants(G.reduce_config(rows, hq, dv)):
             assert c.block_e * c.block_h * c.block_dv <= 8192 and c.block_dv >= 16
     many = reduce_variants(G.reduce_config(64, 16, 512))  # many rows: no wider steps fit
     assert [c.block_e for c in many] == [8, 16]
+
+
+def test_the_gpu_attention_summary_gives_the_kernels_device_rate_beside_the_queued_one():
+    """The resident column: the default's queued GB/s (% of the HBM copy rate), the sweep's
+    best, and the default's kernels alone (profiler time), '-' where no profiler ran."""
+    from writescope.bench.gpu_attention import summary_markdown
+    out = {"ceilings": {"hbm_copy_GBps": 4000.0, "h2d_pinned_GBps": 55.0,
+                        "combined": {"combined_GBps": 130.0, "h2d_GBps": 50.0,
+                                     "cpu_read_GBps": 80.0, "threads": 14}},
+           "machine": {"cpu_kernel": "k"},
+           "results": {"mla/1x256K": {"resident": {"default_GBps": 2000.0, "GBps": 3000.0,
+                                                   "default_device_GBps": 3400.0}},
+                       "mla/8x32K": {"resident": {"default_GBps": 2800.0, "GBps": 2800.0,
+                                                  "default_device_GBps": None}}}}
+    text = summary_markdown(out)
+    assert "| mla/1x256K | 2000 (50%) / 3000 / 3400 (85%) |" in text, text
+    assert "| mla/8x32K | 2800 (70%) / 2800 / - |" in text, text
 
 
 RESIDENT_SWEEP_CODE = r"""
@@ -251,10 +303,16 @@ B.BATCHES = {"tiny": (2, 256)}
 B.SHAPES = {"gqa": (lambda L: KVSpec.gqa(L, 2, 32, torch.float32), 8, "tiny")}
 B.CONFIGS.clear(); B.CONFIGS.update({"gqa": []})
 B._queued_time = lambda fn, reps: (fn(), 1e-3)[1]  # no device clock here: run once
+B.TREE_FANINS = (2, 3)  # rows of 4 partials (below): both fan-ins make a tree
+import writescope.attention.gpu as G
+G.choose_chunk_blocks = lambda *a, **k: 1
 r = B.bench_resident("gqa", "tiny", "cpu", 1)
-merges = [k for k in r["variants"] if "/reduce-" in k]
-assert len(merges) == 4 and all("error" not in r["variants"][k] for k in merges), r["variants"]
+merges = [k for k in r["variants"] if "/reduce-" in k or "/tree" in k]
+assert len(merges) == 6 and all("error" not in r["variants"][k] for k in merges), r["variants"]
 assert r["rel_err_vs_torch"] < 1e-5, r["rel_err_vs_torch"]
+assert r["tree_rel_err_vs_torch"] < 1e-5, r["tree_rel_err_vs_torch"]
+assert r["default_kernels_us"] == {}, r["default_kernels_us"]  # no device profiler here
+assert r["default_device_GBps"] is None
 print("ok")
 """
 

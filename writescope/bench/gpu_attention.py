@@ -296,15 +296,47 @@ class _Lazy(dict):
 CONFIGS = _Lazy()
 
 
+#: fan-ins of the two-level merge the resident sweep times (rows of more partials than this)
+TREE_FANINS = (16, 32, 64)
+
+
+def _kernel_times(fn, dev, reps: int = RESIDENT_REPS) -> dict:
+    """Mean device microseconds per call of each kernel ``fn`` launches (CUDA profiler): the
+    partials' and the merge's own time, apart from the host's launch path. ``{}`` off CUDA;
+    ``{"error": ...}`` where the profiler cannot run."""
+    if torch.device(dev).type != "cuda":
+        return {}
+    try:
+        from torch.profiler import ProfilerActivity, profile
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                fn()
+            torch.cuda.synchronize()
+        out = {}
+        for e in prof.key_averages():
+            us = getattr(e, "self_device_time_total", None)
+            if us is None:
+                us = getattr(e, "self_cuda_time_total", 0.0)
+            if us > 0:
+                out[e.key[:60]] = round(us / reps, 2)
+        return out
+    except Exception as e:  # no CUPTI on this machine, a profiler API of another torch
+        return {"error": str(e)[:200]}
+
+
 def reduce_variants(default):
-    """The merge tiles the resident sweep times besides ``default`` (a ``ReduceConfig``): wider
-    partial steps (BLOCK_E up to 128, at most 8K fp32 values per step) and half the value tile
-    with twice the steps -- for few rows of many partials."""
+    """The merge tiles the resident sweep times besides ``default`` (a ``ReduceConfig``): for
+    few rows of many partials (narrow tiles), partial steps of 32, 64 and 128 (at most 8K fp32
+    values a step), and half the value tile with twice the steps."""
     from ..attention.gpu import ReduceConfig
     out = [default]
-    for be in (64, 128):
-        if be > default.block_e and be * default.block_h * default.block_dv <= 8192:
-            out.append(ReduceConfig(default.block_h, default.block_dv, be))
+    tile = default.block_h * default.block_dv
+    if tile <= 64:
+        for be in (32, 64, 128):
+            if be != default.block_e and be * tile <= 8192:
+                out.append(ReduceConfig(default.block_h, default.block_dv, be))
     if default.block_dv > 16:
         out.append(ReduceConfig(default.block_h, default.block_dv // 2,
                                 min(128, 2 * default.block_e)))
@@ -387,16 +419,55 @@ def bench_resident(shape: str, batch: str, dev, reps: int) -> dict:
                     "reduce_s": _queued_time(lambda: G.launch_reduce(po, pl, rp, ri, out, lse,
                                                                      config=rc),
                                              max(reps, RESIDENT_REPS))}
+    # the merge in two levels (groups of TREE_FANINS partials first), where a row has more
+    o_tree = None
+    for fanin in TREE_FANINS:
+        tree = G.plan_tree(rp.cpu(), fanin)
+        if tree is None:
+            continue
+        td = tree.to(dev)
+        mid = (torch.empty(tree.num_groups, hq, spec.v_dim, device=dev),
+               torch.empty(tree.num_groups, hq, device=dev))
+
+        def run_tree():
+            G.launch_partials(q, pool[0], spec, pd, bb.kv_blocks, bb.kv_lens, spec.k_dim ** -0.5,
+                              po, pl, qmax, dflt)
+            G.launch_reduce_tree(po, pl, ri, td, out, lse, mid=mid)
+        key = f"{dkey}/tree{fanin}"
+        try:
+            run_tree()
+        except Exception as e:
+            res[key] = {"error": str(e)[:200]}
+            continue
+        o_tree = out.clone()
+        t = _queued_time(run_tree, max(reps, RESIDENT_REPS))
+        gbps = pool.numel() * pool.element_size() / t / 1e9
+        if best is None or gbps > best[1]:
+            best = (key, gbps, t)
+        res[key] = {"s": t, "GBps": gbps, "kernels_us": _kernel_times(run_tree, dev)}
+    res[dkey]["kernels_us"] = _kernel_times(lambda: (
+        G.launch_partials(q, pool[0], spec, pd, bb.kv_blocks, bb.kv_lens, spec.k_dim ** -0.5,
+                          po, pl, qmax, dflt), G.launch_reduce(po, pl, rp, ri, out, lse)), dev)
     # correctness spot check against the torch path on two sequences' worth
     from ..attention.torch_paged import attend_torch
     o_ref, l_ref = attend_torch(q, pool[0], "gpu", spec, bb, spec.k_dim ** -0.5)
     o, l = G.attend_gpu(q, pool[0], "gpu", spec, bb, spec.k_dim ** -0.5)
+    tree_err = rel_err(o_tree, o_ref) if o_tree is not None else None
+    ku = res[dkey].get("kernels_us") or {}
+    dev_us = sum(v for v in ku.values() if isinstance(v, (int, float)))
     del pool
     torch.cuda.empty_cache()
     return {"bytes": nseq * toks * spec.token_bytes(), "best_variant": best[0],
             "GBps": best[1], "s": best[2], "default_variant": dkey,
-            "default_GBps": res[dkey].get("GBps"), "variants": res,
-            "rel_err_vs_torch": rel_err(o, o_ref)}
+            "default_GBps": res[dkey].get("GBps"),
+            "default_kernels_us": res[dkey].get("kernels_us"),
+            # the default's GB/s over its kernels' own device time (the CUDA profiler): what the
+            # queued figure would be with no gap between launches (a slow host's Python launch
+            # path shows in ``default_GBps`` when a call's kernels take ~100 us)
+            "default_device_GBps": (nseq * toks * spec.token_bytes() / (dev_us * 1e-6) / 1e9
+                                    if dev_us > 0 else None),
+            "variants": res,
+            "rel_err_vs_torch": rel_err(o, o_ref), "tree_rel_err_vs_torch": tree_err}
 
 
 class _SpilledCache:
@@ -651,13 +722,19 @@ def summary_markdown(out: dict) -> str:
              f"{c['combined']['cpu_read_GBps']:.1f} = {comb:.1f} GB/s "
              f"({c['combined']['threads']} threads). CPU kernel: {out['machine']['cpu_kernel']}.",
              "",
-             "| shape/batch | resident GB/s default / best (% HBM) | streamed GB/s (% H2D) | hybrid best GB/s "
-             "(share) | % combined | x streamed-only | CPU-only GB/s |",
+             "| shape/batch | resident GB/s: default (% HBM) / best / default's kernels alone "
+             "| streamed GB/s (% H2D) | hybrid best GB/s (share) | % combined | x streamed-only "
+             "| CPU-only GB/s |",
              "|---|---|---|---|---|---|---|"]
     for key, r in out["results"].items():
         res = r.get("resident")
-        rs = (f"{res['default_GBps'] or 0:.0f} / {res['GBps']:.0f} "
-              f"({100 * res['GBps'] / hbm:.0f}%)") if res else "-"
+        if res:
+            d = res.get("default_GBps") or 0.0
+            dd = res.get("default_device_GBps")
+            rs = (f"{d:.0f} ({100 * d / hbm:.0f}%) / {res['GBps']:.0f} / "
+                  + (f"{dd:.0f} ({100 * dd / hbm:.0f}%)" if dd else "-"))
+        else:
+            rs = "-"
         st = r.get("streamed")
         if st:
             sbest = max(v["GBps"] for v in st.values())
