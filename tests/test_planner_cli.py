@@ -46,6 +46,27 @@ def test_plan_json_and_plot(tmp_path, profile_file, model, capsys):
     assert "writescope" in text and "128k" in text
 
 
+def test_plan_static_share_at_the_longest_context_and_the_best_other_column(profile_file, tmp_path,
+                                                                          capsys):
+    """``--static-share longest`` fixes static at writescope's target for the longest length
+    given (as ``writescope bench`` does), so the two agree there; the table gives writescope's
+    predicted speedup over the fastest other policy; a share outside [0, 1] is refused."""
+    out = tmp_path / "p.json"
+    assert cli.main(["plan", "--model", "qwen3-30b-a3b", "--profile", str(profile_file),
+                     "--batch", "8", "--context-lengths", "32k,128k", "--experts", "cpu",
+                     "--vram-budget", "32GiB", "--static-share", "longest",
+                     "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["static_share_from"].startswith("writescope's target share at 131072")
+    assert doc["static"][-1]["cpu_share"] == doc["writescope"][-1]["cpu_share"]
+    text = capsys.readouterr().out
+    assert "best other" in text and text.rstrip().endswith("1.000x")
+    with pytest.raises(SystemExit):
+        cli.main(["plan", "--model", "qwen3-30b-a3b", "--static-share", "1.5",
+                  "--profile", str(profile_file)])
+    assert "a CPU share is in [0, 1]" in capsys.readouterr().err
+
+
 def test_plan_rejects_weights_that_do_not_fit(profile_file, capsys):
     rc = cli.main(["plan", "--model", "mixtral-8x7b", "--profile", str(profile_file),
                    "--experts", "gpu", "--vram-budget", "32GiB"])

@@ -39,16 +39,33 @@ def register(subparsers) -> None:
     p.add_argument("--experts", choices=("auto", "cpu", "gpu"), default="auto",
                    help="where routed experts run (auto: the GPU if all weights fit the budget)")
     p.add_argument("--vram-budget", default="32GiB", help="GPU memory the engine may use (default 32GiB)")
-    p.add_argument("--static-share", type=float, default=None,
-                   help="the static policy's CPU share (default: the CPU/PCIe bandwidth ratio)")
+    p.add_argument("--static-share", type=_static_share, default=None, metavar="X|longest",
+                   help="the static policy's CPU share: a number in [0, 1], or 'longest' for "
+                        "writescope's target at the longest context given, as `writescope "
+                        "bench` chooses it (default: the CPU/PCIe bandwidth ratio)")
     p.add_argument("--json", metavar="F", help="write the predictions as JSON")
     p.add_argument("--plot", metavar="F.png", help="plot share and step time against length")
     p.set_defaults(func=run)
 
 
+def _static_share(text: str) -> float | str:
+    if text.strip().lower() == "longest":
+        return "longest"
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a share in [0, 1] or 'longest', got {text!r}")
+    if not 0.0 <= x <= 1.0:
+        raise argparse.ArgumentTypeError(f"a CPU share is in [0, 1], got {x}")
+    return x
+
+
 def make_plan(cfg, profile, batch: int, lengths: list[int], experts_on_cpu: bool,
-              vram_budget: int | None, static_share: float | None = None) -> dict:
-    """The plan as the JSON document ``writescope plan --json`` writes."""
+              vram_budget: int | None, static_share: float | str | None = None) -> dict:
+    """The plan as the JSON document ``writescope plan --json`` writes. ``static_share``
+    ``"longest"``: writescope's target share for ``batch`` sequences of the longest length, the
+    share ``writescope bench`` fixes for its ``static`` rows (``static_share_from`` in the
+    document says which)."""
     from ..planner import roofline as rl
     if batch < 1:
         raise ValueError(f"--batch must be >= 1, got {batch}")
@@ -57,6 +74,15 @@ def make_plan(cfg, profile, batch: int, lengths: list[int], experts_on_cpu: bool
     g_tokens = rl.gpu_kv_capacity_tokens(cfg, vram_budget, experts_on_cpu)
     if static_share is None:
         static_share = rl.bandwidth_ratio(profile, cfg)
+        static_from = "the CPU/PCIe bandwidth ratio"
+    elif static_share == "longest":
+        ref = max(lengths)
+        res = sum(rl.resident_tokens([ref] * batch, g_tokens))
+        static_share = rl.target_share(profile, cfg, batch, res, batch * ref - res,
+                                       experts_on_cpu).cpu_share
+        static_from = f"writescope's target share at {ref} tokens, batch {batch}"
+    else:
+        static_from = "given"
     doc: dict = {}
     for policy in POLICIES:
         rows = []
@@ -79,7 +105,7 @@ def make_plan(cfg, profile, batch: int, lengths: list[int], experts_on_cpu: bool
         "batch": batch, "experts": "cpu" if experts_on_cpu else "gpu", "vram_budget": vram_budget,
         "gpu_weight_bytes": rl.gpu_weight_bytes(cfg, experts_on_cpu),
         "g_region_tokens": None if g_tokens == float("inf") else int(g_tokens),
-        "kv_bytes_per_token": kvb, "static_share": static_share,
+        "kv_bytes_per_token": kvb, "static_share": static_share, "static_share_from": static_from,
         "profile_machine": profile.machine, "profile_created": profile.created,
         "cpu_attn_family": rl.attn_family(cfg),
     }
@@ -89,17 +115,25 @@ def make_plan(cfg, profile, batch: int, lengths: list[int], experts_on_cpu: bool
 def format_table(doc: dict) -> str:
     from ..units import format_count
     lines = []
-    head = f"{'context':>8} " + " ".join(f"{p:>19}" for p in POLICIES) + f" {'bound':>9}"
+    head = (f"{'context':>8} " + " ".join(f"{p:>19}" for p in POLICIES) + f" {'bound':>9}"
+            + f" {'writescope /':>13}")
     lines.append(head)
-    lines.append(f"{'':>8} " + " ".join(f"{'share   step ms':>19}" for _ in POLICIES) + f" {'ms':>9}")
+    lines.append(f"{'':>8} " + " ".join(f"{'share   step ms':>19}" for _ in POLICIES) + f" {'ms':>9}"
+                 + f" {'best other':>13}")
     for i, b in enumerate(doc["roofline_bound"]):
         cells = []
         for p in POLICIES:
             r = doc[p][i]
             cells.append(f"{r['cpu_share']:>7.2f} {r['predicted_step_s'] * 1e3:>11.2f}")
         lines.append(f"{format_count(b['context_length']):>8} " + " ".join(cells)
-                     + f" {b['step_s'] * 1e3:>9.2f}")
+                     + f" {b['step_s'] * 1e3:>9.2f} {best_other_speedup(doc, i):>12.3f}x")
     return "\n".join(lines)
+
+
+def best_other_speedup(doc: dict, i: int) -> float:
+    """Predicted speedup of ``writescope`` over the fastest other policy at length ``i``."""
+    ws = doc["writescope"][i]["predicted_step_s"]
+    return min(doc[p][i]["predicted_step_s"] for p in POLICIES if p != "writescope") / ws
 
 
 def plot(doc: dict, path: str, title: str = "") -> None:
@@ -171,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"{m['model']} | batch {args.batch} | experts on {m['experts']} | VRAM budget "
           f"{format_bytes(budget) if budget else 'unlimited'} | G region "
           f"{m['g_region_tokens'] if m['g_region_tokens'] is not None else 'unlimited'} tokens | "
-          f"static share {m['static_share']:.2f}")
+          f"static share {m['static_share']:.2f} ({m['static_share_from']})")
     print(format_table(doc))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -23,15 +23,18 @@ One decode layer, for a batch of ``B`` sequences (one new token each)::
 
 Contention: the CPU's reads and the H2D DMA share host DRAM. When the CPU is busy (attention or
 experts) while T streams, the H2D rate is the profile's *concurrent* H2D rate, and the CPU
-attention rate is capped at the concurrent CPU read rate. On a machine without a GPU the
+attention rate is capped at the concurrent CPU read rate. The CPU experts read at that cap for
+as long as the link streams and at their own rate after it (:func:`_beside_the_link`). On a machine without a GPU the
 "device" side is the same CPU (the portable torch path over G/T blocks): nothing overlaps and
 nothing crosses a bus, so ``compute = dense + gpu_attn + cpu_attn + experts`` and pcie = 0.
 
 The CPU share ``x`` is the fraction of *spilled* tokens (T and C blocks) the CPU attends.
-Inside ``(0, 1)`` every term is linear in ``x`` (or, with T blocks read by the CPU at their own
-rate, piecewise linear with one kink), so step time is a convex piecewise-linear function of
-``x``; :func:`optimal_cpu_share` evaluates it at every breakpoint and at the two ends (where the
-fixed costs and the contention switch on or off) and keeps the smallest best ``x``; the CPU
+Inside ``(0, 1)`` every term is linear in ``x``, or piecewise linear: with T blocks read by the
+CPU at their own rate, and where the link's time passes the CPU experts' (they read at the cap
+throughout beyond it). Step time is then a piecewise-linear function of ``x``, not always
+convex; :func:`optimal_cpu_share` evaluates it at every kink, at every crossing of two lines
+between kinks, and at the two ends (where the fixed costs and the contention switch on or off),
+and keeps the smallest best ``x``; the CPU
 starts attending only for a predicted gain of at least ``MIN_GAIN`` (1 %) of the step, and the
 placement target (:func:`target_share`, blocks written to C for good) only for
 ``PLACEMENT_MIN_GAIN`` (3 %). For short
@@ -49,6 +52,7 @@ offloaded data during this layer's compute, routed experts on the CPU); the mode
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
@@ -120,6 +124,9 @@ class LayerTime:
     compute_s: float
     total_s: float       # max(compute, pcie)
     pipelined: bool = False  # two sub-batches: CPU attention overlaps the other's GPU work
+    #: the link time from which the CPU experts read at the capped rate throughout (their term
+    #: is linear in the link time below it and constant above: a kink the optimiser visits)
+    expert_knee_s: float = math.inf
 
 
 @dataclass(frozen=True)
@@ -205,6 +212,19 @@ def _concurrent(profile: "HardwareProfile", cpu_busy: bool, streaming: bool) -> 
     return h2d, cap
 
 
+def _beside_the_link(nbytes: float, rate: float, cap: float, link_s: float) -> float:
+    """Seconds to read ``nbytes`` at ``rate`` while the link's DMA reads host DRAM for
+    ``link_s`` seconds from the start, the CPU's reads capped at ``cap`` meanwhile: at the
+    capped rate for as long as the link streams, then at ``rate`` (continuous in ``link_s``:
+    a small T share slows the CPU experts a little, not to the capped rate at once). The CPU
+    experts measured 55-92 GB/s while T streamed against a solo 104-106 (2026-12-01g-h200)."""
+    if link_s <= 0 or cap >= rate:
+        return nbytes / rate
+    if nbytes <= link_s * cap:
+        return nbytes / cap
+    return link_s + (nbytes - link_s * cap) / rate
+
+
 def layer_time(profile: "HardwareProfile", cfg: "ModelConfig", layer: int, load: StepLoad,
                experts_on_cpu: bool, corr: Corrections = Corrections(),
                regime: tuple[bool, bool] | None = None, pipelined: bool = False) -> LayerTime:
@@ -240,11 +260,17 @@ def layer_time(profile: "HardwareProfile", cfg: "ModelConfig", layer: int, load:
                       + corr.cpu * (load.cpu_c_tokens * kvb / rate_c
                           + load.cpu_t_tokens * kvb / rate_t))
     # routed experts
+    knee = math.inf
     if not expert_bytes:
         expert_s = 0.0
     elif experts_on_cpu:
         rate = profile.cpu_expert_rate(cfg.hidden_size, cfg.moe_intermediate_size)
-        expert_s = corr.expert * (profile.cpu_roundtrip_s + expert_bytes / rate)
+        if streams and cpu_cap < rate:
+            knee = expert_bytes / cpu_cap
+        expert_s = corr.expert * (profile.cpu_roundtrip_s
+                                  + _beside_the_link(expert_bytes, rate, cpu_cap,
+                                                     corr.pcie * load.streamed_tokens * kvb / h2d
+                                                     if streams else 0.0))
     else:
         expert_s = expert_bytes / profile.weight_read_Bps
     pcie_s = corr.pcie * load.streamed_tokens * kvb / h2d if streams else 0.0
@@ -258,7 +284,7 @@ def layer_time(profile: "HardwareProfile", cfg: "ModelConfig", layer: int, load:
     else:  # one processor does everything, one thing at a time
         compute_s = dense_s + gpu_attn_s + cpu_attn_s + expert_s
     return LayerTime(dense_s, gpu_attn_s, cpu_attn_s, expert_s, pcie_s, compute_s,
-                     max(compute_s, pcie_s), pipelined)
+                     max(compute_s, pcie_s), pipelined, knee)
 
 
 def predict_step(profile: "HardwareProfile", cfg: "ModelConfig", load: StepLoad,
@@ -342,18 +368,29 @@ def optimal_cpu_share(profile: "HardwareProfile", cfg: "ModelConfig", batch_size
     if hi > lo:
         # inside, both paths run and each layer's time is max of three lines in x:
         # dense + gpu_attn + experts, dense + cpu_attn + experts, pcie. The minimum of a sum of
-        # such convex pieces lies where two lines of some layer cross.
+        # such pieces lies where two lines of some layer cross, or where a line bends: the CPU
+        # experts' term does where the link time passes their knee (:func:`_beside_the_link`).
         both = (True, True)
         pa, pb = at(lo, both), at(hi, both)
+        cuts = {lo, hi}
         for la, lb in zip(_kinds(cfg, pa), _kinds(cfg, pb)):
-            fa = _lines(la, profile.has_gpu)
-            fb = _lines(lb, profile.has_gpu)
-            for i in range(len(fa)):
-                for j in range(i + 1, len(fa)):
-                    d0, d1 = fa[i] - fa[j], fb[i] - fb[j]
-                    if d0 * d1 < 0:
-                        x = lo + (hi - lo) * d0 / (d0 - d1)
-                        candidates[x] = at(x, both)
+            k = la.expert_knee_s if la.expert_knee_s < math.inf else lb.expert_knee_s
+            if k < math.inf and (la.pcie_s - k) * (lb.pcie_s - k) < 0:
+                cuts.add(lo + (hi - lo) * (la.pcie_s - k) / (la.pcie_s - lb.pcie_s))
+        edges = sorted(cuts)
+        ends = {x: (pa if x == lo else pb if x == hi else at(x, both)) for x in edges}
+        for x in edges[1:-1]:
+            candidates[x] = ends[x]
+        for a, b in zip(edges, edges[1:]):  # on each piece every line is straight
+            for la, lb in zip(_kinds(cfg, ends[a]), _kinds(cfg, ends[b])):
+                fa = _lines(la, profile.has_gpu)
+                fb = _lines(lb, profile.has_gpu)
+                for i in range(len(fa)):
+                    for j in range(i + 1, len(fa)):
+                        d0, d1 = fa[i] - fa[j], fb[i] - fb[j]
+                        if d0 * d1 < 0:
+                            x = a + (b - a) * d0 / (d0 - d1)
+                            candidates[x] = at(x, both)
     best = min(p.step_s for p in candidates.values())
     x_best = min(x for x, p in candidates.items() if p.step_s <= best * (1 + 1e-9))
     if x_best > lo and candidates[lo].step_s <= best * (1 + min_gain):
