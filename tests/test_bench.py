@@ -619,6 +619,32 @@ def test_cpu_expert_rows_carry_the_bytes_their_experts_read(tiny_qwen3_moe, tmp_
     assert "CPU experts ms" in table and "CPU read GB/s" in table
     read = "-".join(f"{v:.0f}" if v >= 10 else f"{v:.1f}" for v in (before, after))
     assert f"| {row['cpu_expert_s_mean'] * 1e3:.4g} | {read} |" in table
+    # and which threads burnt CPU during the decode steps: the launching thread among them
+    th = row["threads_decode"]
+    assert th["threads"] >= 1 and 0 < th["wall_s"] <= sum(row["step_times_s"]) * 1.5 + 1
+    assert th["process_cpu_s"] >= max(t["cpu_s"] for t in th["top"]) > 0
+    assert any(t["name"] == "MainThread" for t in th["top"])
+
+
+def test_busy_threads_finds_a_spinning_thread():
+    """A thread spinning through a stretch shows as busy for about all of it; an idle one not."""
+    import threading
+    import time
+    from writescope.bench.threads import busy_threads, snapshot
+    stop = threading.Event()
+    spin = threading.Thread(target=lambda: [None for _ in iter(lambda: stop.is_set(), True)],
+                            name="spinner")
+    idle = threading.Thread(target=stop.wait, name="idler")
+    spin.start(), idle.start()
+    a, t0 = snapshot(), time.perf_counter()
+    time.sleep(0.6)
+    b = snapshot()
+    r = busy_threads(a, b, time.perf_counter() - t0, top=10 ** 6)  # every thread
+    stop.set(), spin.join(), idle.join()
+    by = {t["name"]: t for t in r["top"]}
+    assert by["spinner"]["frac"] > 0.5 and by["idler"]["cpu_s"] < 0.05, r
+    assert r["busy_over_half"] >= 1 and r["threads"] >= 3
+    assert busy_threads({}, b, 1.0) is None
 
 
 def test_synthetic_prefill_rows(tiny_qwen3_moe, tmp_path):

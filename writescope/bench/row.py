@@ -34,7 +34,9 @@ warm-ups that come before a policy's first row. A row carries:
   ``pcie_gbps`` -- the link's rate on the decode steps whose copies were timed;
 * ``cpu_expert_s_mean`` -- the CPU experts' kernel seconds per decode step, and ``cpu_read_gbps``
   -- the host's DRAM read bandwidth probed just before and after the decode steps: the CPU-side
-  figures of a row move with it.
+  figures of a row move with it;
+* ``threads_decode`` -- the process's threads over the decode steps (:mod:`.threads`): CPU
+  seconds, how many were busy more than half the time, and the busiest ones.
 """
 from __future__ import annotations
 
@@ -47,6 +49,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from .threads import busy_threads, snapshot as thread_snapshot
 
 
 def make_prompts(vocab_size: int, batch: int, context: int, seed: int) -> list[list[int]]:
@@ -175,6 +179,7 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
         planner_prefill = planner_state(cache.policy)
         placements = [list(x) for x in getattr(cache.policy, "placement_log", ())]
         read_before = probe_read_gbps()
+        threads0, t_threads = thread_snapshot(), time.perf_counter()
         # tokens produced so far (sequences prefilled early already decoded some)
         for rid in ids:
             tokens[rid] = list(engine.requests[rid].output_token_ids)
@@ -212,6 +217,7 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
                 predicted.append(float(pst))
             for o in outs:
                 tokens[o.request_id] = list(o.token_ids)
+        threads = busy_threads(threads0, thread_snapshot(), time.perf_counter() - t_threads)
         read_after = probe_read_gbps()
         live = cache.live_blocks()
         timing = dict(cache.last_timing)
@@ -258,6 +264,8 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
         "cpu_expert_s_mean": float(np.mean(expert_s)) if expert_s else None,
         # the host's DRAM read bandwidth just before and just after the decode steps
         "cpu_read_gbps": [read_before, read_after],
+        # which threads burnt how much CPU during the decode steps (bench/threads.py)
+        "threads_decode": threads,
         "planner_predicted_step_s": float(np.mean(predicted)) if predicted else None,
         "planner_target_share": st.get("planner.target_share", st.get("planner.cpu_share")),
         # the planner's shares and rate corrections when the prefill had placed the row's blocks,
