@@ -20,6 +20,7 @@ reference (the tests use it).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -400,54 +401,48 @@ def bench_resident(shape: str, batch: str, dev, reps: int) -> dict:
     pd, qmax, rp, ri, po, pl = plans[auto]
     out = torch.empty(nseq, hq, spec.v_dim, device=dev)
     lse = torch.empty(nseq, hq, device=dev)
-    for rc in reduce_variants(G.reduce_config(nseq, hq, spec.v_dim)):
-        def run_rc():
-            G.launch_partials(q, pool[0], spec, pd, bb.kv_blocks, bb.kv_lens, spec.k_dim ** -0.5,
-                              po, pl, qmax, dflt)
-            G.launch_reduce(po, pl, rp, ri, out, lse, config=rc)
-        key = f"{dkey}/reduce-h{rc.block_h}d{rc.block_dv}e{rc.block_e}"
+
+    def partials():
+        G.launch_partials(q, pool[0], spec, pd, bb.kv_blocks, bb.kv_lens, spec.k_dim ** -0.5,
+                          po, pl, qmax, dflt)
+
+    def time_merge(key: str, merge) -> bool:
+        """The default partials and then ``merge``, timed under ``key``; False if it failed."""
+        nonlocal best
         try:
-            run_rc()
+            partials()
+            merge()
         except Exception as e:  # a tile this Triton cannot compile
             res[key] = {"error": str(e)[:200]}
-            continue
-        t = _queued_time(run_rc, max(reps, RESIDENT_REPS))
+            return False
+        t = _queued_time(lambda: (partials(), merge()), max(reps, RESIDENT_REPS))
         gbps = pool.numel() * pool.element_size() / t / 1e9
         if best is None or gbps > best[1]:
             best = (key, gbps, t)
-        res[key] = {"s": t, "GBps": gbps,
-                    "reduce_s": _queued_time(lambda: G.launch_reduce(po, pl, rp, ri, out, lse,
-                                                                     config=rc),
-                                             max(reps, RESIDENT_REPS))}
+        res[key] = {"s": t, "GBps": gbps}
+        return True
+
+    for rc in reduce_variants(G.reduce_config(nseq, hq, spec.v_dim)):
+        key = f"{dkey}/reduce-h{rc.block_h}d{rc.block_dv}e{rc.block_e}"
+        merge = functools.partial(G.launch_reduce, po, pl, rp, ri, out, lse, config=rc)
+        if time_merge(key, merge):
+            res[key]["reduce_s"] = _queued_time(merge, max(reps, RESIDENT_REPS))
     # the merge in two levels (groups of TREE_FANINS partials first), where a row has more
     o_tree = None
     for fanin in TREE_FANINS:
         tree = G.plan_tree(rp.cpu(), fanin)
         if tree is None:
             continue
-        td = tree.to(dev)
         mid = (torch.empty(tree.num_groups, hq, spec.v_dim, device=dev),
                torch.empty(tree.num_groups, hq, device=dev))
-
-        def run_tree():
-            G.launch_partials(q, pool[0], spec, pd, bb.kv_blocks, bb.kv_lens, spec.k_dim ** -0.5,
-                              po, pl, qmax, dflt)
-            G.launch_reduce_tree(po, pl, ri, td, out, lse, mid=mid)
-        key = f"{dkey}/tree{fanin}"
-        try:
-            run_tree()
-        except Exception as e:
-            res[key] = {"error": str(e)[:200]}
-            continue
-        o_tree = out.clone()
-        t = _queued_time(run_tree, max(reps, RESIDENT_REPS))
-        gbps = pool.numel() * pool.element_size() / t / 1e9
-        if best is None or gbps > best[1]:
-            best = (key, gbps, t)
-        res[key] = {"s": t, "GBps": gbps, "kernels_us": _kernel_times(run_tree, dev)}
-    res[dkey]["kernels_us"] = _kernel_times(lambda: (
-        G.launch_partials(q, pool[0], spec, pd, bb.kv_blocks, bb.kv_lens, spec.k_dim ** -0.5,
-                          po, pl, qmax, dflt), G.launch_reduce(po, pl, rp, ri, out, lse)), dev)
+        merge = functools.partial(G.launch_reduce_tree, po, pl, ri, tree.to(dev), out, lse,
+                                  mid=mid)
+        if time_merge(f"{dkey}/tree{fanin}", merge):
+            o_tree = out.clone()
+            res[f"{dkey}/tree{fanin}"]["kernels_us"] = _kernel_times(
+                lambda: (partials(), merge()), dev)
+    res[dkey]["kernels_us"] = _kernel_times(
+        lambda: (partials(), G.launch_reduce(po, pl, rp, ri, out, lse)), dev)
     # correctness spot check against the torch path on two sequences' worth
     from ..attention.torch_paged import attend_torch
     o_ref, l_ref = attend_torch(q, pool[0], "gpu", spec, bb, spec.k_dim ** -0.5)
