@@ -192,6 +192,7 @@ print("ok")
 REDUCE_CODE = r"""
 import torch
 from writescope.attention import gpu as G
+from writescope.bench import gpu_attention as B
 from writescope.attention.merge import merge, merge_many
 torch.manual_seed(0)
 # rows with 0, 1, 3 and 70 partials (the last: one long sequence's split-K), heads 16 x 40 values
@@ -222,11 +223,11 @@ for cfg in (None, G.ReduceConfig(1, 16, 32), G.ReduceConfig(4, 64, 8), G.ReduceC
             assert torch.allclose(lse[r][fin], rl[fin], atol=1e-5), (cfg, r)
             assert torch.allclose(out[r][fin], ro[fin], atol=1e-5), (cfg, r)
     for fanin in (2, 3, 64):  # the same merge in two levels (64: rows of more than 64 only)
-        tree = G.plan_tree(ptr, fanin)
+        tree = B.plan_tree(ptr, fanin)
         out2, lse2 = torch.empty(nq, hq, dv), torch.empty(nq, hq)
         out1, lse1 = torch.empty(nq, hq, dv), torch.empty(nq, hq)
         G.launch_reduce(po, pl, ptr, perm, out1, lse1, extra)
-        G.launch_reduce_tree(po, pl, perm, tree, out2, lse2, extra)
+        B.launch_reduce_tree(po, pl, perm, tree, out2, lse2, extra)
         fin = torch.isfinite(lse1)
         assert torch.equal(torch.isfinite(lse2), fin), fanin
         assert torch.allclose(lse2[fin], lse1[fin], atol=1e-5), fanin
@@ -241,7 +242,7 @@ def test_merge_tree_plan_groups_each_rows_partials():
     """The two-level merge's plan: every row's partials in runs of at most ``fanin``, in order,
     tiling the row CSR; level 2's CSR counts each row's groups; none when one level does it."""
     import numpy as np
-    from writescope.attention import gpu as G
+    from writescope.bench import gpu_attention as G
     counts = [0, 1, 3, 70, 0, 64, 65]
     ptr = torch.tensor([0] + list(np.cumsum(counts)), dtype=torch.int32)
     assert G.plan_tree(ptr, 70) is None and G.plan_tree(torch.zeros(1, dtype=torch.int32), 4) is None

@@ -259,6 +259,7 @@ def layer_time(profile: "HardwareProfile", cfg: "ModelConfig", layer: int, load:
         cpu_attn_s = (fixed * profile.attn_roundtrip_s(experts_on_cpu)
                       + corr.cpu * (load.cpu_c_tokens * kvb / rate_c
                           + load.cpu_t_tokens * kvb / rate_t))
+    pcie_s = corr.pcie * load.streamed_tokens * kvb / h2d if streams else 0.0
     # routed experts
     knee = math.inf
     if not expert_bytes:
@@ -268,12 +269,9 @@ def layer_time(profile: "HardwareProfile", cfg: "ModelConfig", layer: int, load:
         if streams and cpu_cap < rate:
             knee = expert_bytes / cpu_cap
         expert_s = corr.expert * (profile.cpu_roundtrip_s
-                                  + _beside_the_link(expert_bytes, rate, cpu_cap,
-                                                     corr.pcie * load.streamed_tokens * kvb / h2d
-                                                     if streams else 0.0))
+                                  + _beside_the_link(expert_bytes, rate, cpu_cap, pcie_s))
     else:
         expert_s = expert_bytes / profile.weight_read_Bps
-    pcie_s = corr.pcie * load.streamed_tokens * kvb / h2d if streams else 0.0
 
     pipelined = (pipelined and cpu_attends and profile.has_gpu and load.batch_size >= 2
                  and not experts_on_cpu)
