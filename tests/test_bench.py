@@ -465,6 +465,15 @@ def test_cpu_attention_bench_rows_against_the_best_read_probe(tmp_path):
         assert set(r["kernel_gbps_by_prefetch_blocks"]) == {"0", "3"}
         assert r["paired_frac_of_read_bw"] > 0
     assert json.loads(out.read_text())["rows"][1]["batch"] == 2
+    if "amx" in cpu.isas():  # the tile unit's streaming rate beside the read probe
+        probes = res["tile_read_bw_probes_gbps"]  # at the start and the end, by prefetch bytes
+        assert len(probes) == 2 and all(set(p) == {"0", "65536"} for p in probes)
+        assert res["tile_read_bw_gbps"] == max(v for p in probes for v in p.values()) > 0
+        for r in res["rows"]:
+            assert r["kernel_frac_of_tile_read_bw"] == pytest.approx(
+                r["kernel_gbps"] / res["tile_read_bw_gbps"])
+    else:
+        assert "tile_read_bw_gbps" not in res
 
 
 def test_cpu_contention_bench_runs_both_cases(tmp_path):

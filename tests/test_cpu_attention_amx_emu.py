@@ -106,3 +106,41 @@ def test_gqa_other_dims_and_blocks(amx_emulated):
     for hd, bs in ((80, 32), (64, 96)):
         spec = KVSpec.gqa(1, 2, hd, torch.bfloat16)
         run(spec, 8, bs, [(1, [bs] * 9 + [bs - 3]), (2, [bs, 17])], seed=hd, runs=((1, 0),))
+
+
+def _tile_read_checksum(lib, threads: int, reps: int, prefetch_bytes: int = 0) -> None:
+    import ctypes
+    x = torch.ones(64 * 1024 + 24, dtype=torch.float32)  # 256 KB and 96 bytes: 256 tiles
+    chk = ctypes.c_double()
+    dt = lib.ws_tile_read_seconds(x.data_ptr(), x.numel() * 4 // 1024 * 1024, threads, reps,
+                                  prefetch_bytes, ctypes.byref(chk))
+    assert dt > 0
+    # every tile's first row is 16 floats of 1.0: as bf16 pairs 16 zeros and 16 ones
+    assert chk.value == reps * 16 * 256
+
+
+@pytest.mark.parametrize("threads,prefetch", [(1, 0), (3, 0), (3, 8192)])
+def test_tile_read_probe_reads_every_tile(emu_lib, threads, prefetch):
+    """The tile-load read probe (ws_tile_read_seconds) consumes every tile it times; threads
+    split the tiles unevenly (256 over 3) without losing one, with or without the software
+    prefetch ahead (which stops at the end of a thread's range)."""
+    _tile_read_checksum(emu_lib, threads, 2, prefetch)
+
+
+def test_tile_read_probe_on_this_cpus_tile_unit():
+    """The same probe on the real tile unit, where the CPU has AMX; the Python wrapper gives a
+    rate there and None elsewhere."""
+    if "amx" not in cpu.isas():
+        assert cpu.tile_read_bandwidth(1 << 20) is None
+        pytest.skip("no AMX on this CPU")
+    _tile_read_checksum(cpu._load(), 2, 1)
+    _tile_read_checksum(cpu._load(), 2, 1, 65536)
+    assert cpu.tile_read_bandwidth(1 << 20, threads=1, reps=1) > 0
+    assert cpu.tile_read_bandwidth(1 << 20, threads=1, reps=1, prefetch_bytes=4096) > 0
+    with pytest.raises(ValueError, match="1 KB"):
+        cpu.tile_read_bandwidth(0, buffer=torch.ones(10))
+
+
+def test_tile_read_bandwidth_is_none_without_amx(monkeypatch):
+    monkeypatch.setattr(cpu, "isas", lambda: ["avx2", "avx512"])
+    assert cpu.tile_read_bandwidth(1 << 20) is None

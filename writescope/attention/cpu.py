@@ -44,7 +44,7 @@ from .torch_paged import attend_torch
 __all__ = ["attend_cpu", "CpuAttentionPlan", "CpuJobQueue", "current_isa_setting", "available",
            "set_num_threads", "get_num_threads", "reserve_cores", "set_isa", "get_isa", "isas",
            "set_prefetch_blocks", "get_prefetch_blocks", "prefetch_chosen_by_user",
-           "features", "read_bandwidth"]
+           "features", "read_bandwidth", "tile_read_bandwidth"]
 
 _CSRC = Path(__file__).with_name("csrc")
 _SOURCES = ("attn_ops.cpp", "attn_avx2.cpp", "attn_avx512.cpp", "attn_bf16.cpp", "attn_amx.cpp")
@@ -137,6 +137,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ws_set_prefetch_blocks.argtypes = [i]
     lib.ws_read_seconds.restype = ctypes.c_double
     lib.ws_read_seconds.argtypes = [p, i64, i, i, ctypes.POINTER(ctypes.c_double)]
+    lib.ws_tile_read_seconds.restype = ctypes.c_double
+    lib.ws_tile_read_seconds.argtypes = [p, i64, i, i, i64, ctypes.POINTER(ctypes.c_double)]
     return lib
 
 
@@ -565,3 +567,28 @@ def read_bandwidth(nbytes: int, threads: int | None = None, reps: int = 5,
     dt = lib.ws_read_seconds(_ptr(x), x.numel(), threads or get_num_threads(), reps,
                              ctypes.byref(chk))
     return x.numel() * 4 / dt / 1e9
+
+
+def tile_read_bandwidth(nbytes: int, threads: int | None = None, reps: int = 5,
+                        buffer: torch.Tensor | None = None, prefetch_bytes: int = 0) -> float | None:
+    """GB/s the AMX tile unit streams from memory: the best of ``reps`` passes of contiguous
+    1 KB tile loads, each consumed by one tile product, over ``nbytes`` (``buffer`` as for
+    :func:`read_bandwidth`); with ``prefetch_bytes`` > 0, each tile's lines are first
+    prefetched into L2 that far ahead (as the kernel's software prefetch does). The ceiling of a
+    kernel that reads its KV with tile loads, to set beside :func:`read_bandwidth` (vector
+    loads) of the same buffer. None where the CPU (or the OS) gives no AMX."""
+    lib = _load()
+    if lib is None:
+        raise RuntimeError(f"kernel unavailable: {_load_error}")
+    if "amx" not in isas():
+        return None
+    x = buffer if buffer is not None else probe_buffer(nbytes)
+    if not x.is_contiguous():
+        raise ValueError("buffer must be contiguous")
+    n = x.numel() * x.element_size() // 1024 * 1024
+    if n == 0:
+        raise ValueError("buffer must hold at least 1 KB")
+    chk = ctypes.c_double()
+    dt = lib.ws_tile_read_seconds(_ptr(x), n, threads or get_num_threads(), reps,
+                                  max(0, int(prefetch_bytes)), ctypes.byref(chk))
+    return n / dt / 1e9

@@ -4,6 +4,9 @@
 
 * the machine's DRAM read bandwidth (a multi-threaded sum over an array several times the
   last-level cache, the kernel's thread count);
+* where the CPU has AMX, the rate its tile unit streams the same array at (contiguous 1 KB tile
+  loads, one tile product each: ``tile_read_bw_gbps``), the ceiling of a kernel that reads its
+  KV with tile loads, and the AMX kernel against it (``kernel_frac_of_tile_read_bw``);
 * the kernel's achieved GB/s of KV read (bytes of the valid records / time), C layout, bf16,
   for the default variant and every other variant this CPU runs, and the T (GPU) layout;
 * the torch-matmul path: bf16 matmuls + fp32 softmax over the same KV held dense and
@@ -101,6 +104,21 @@ def torch_matmul_attention(q: torch.Tensor, dense: torch.Tensor, spec: KVSpec, s
     p = torch.exp(s - lse).to(dtype)
     out = torch.matmul(p, v).float()  # [B, H, G, Dv]
     return out.reshape(b, h * g, -1), lse.reshape(b, h * g)
+
+
+TILE_PREFETCH_BYTES = 64 * 1024  # the tile probe's software prefetch distance, about one MLA block
+
+
+def _tile_read(nbytes: int, probe: torch.Tensor, reps: int) -> dict[str, float] | None:
+    """The tile unit's streaming rate over the probe array, without and with software prefetch
+    (GB/s by prefetch bytes ahead), or None without AMX."""
+    out = {}
+    for pf in (0, TILE_PREFETCH_BYTES):
+        bw = cpu.tile_read_bandwidth(nbytes, reps=reps, buffer=probe, prefetch_bytes=pf)
+        if bw is None:
+            return None
+        out[str(pf)] = bw
+    return out
 
 
 def bench_shape(name: str, batch: int, length: int, reps: int, torch_reps: int, bs: int,
@@ -232,6 +250,13 @@ def main(argv: list[str] | None = None) -> dict:
            "rows": []}
     print(f"DRAM read bandwidth ({nbytes / 2**30:.2f} GiB array, {cpu.get_num_threads()} threads): "
           f"{read_bw:.1f} GB/s", flush=True)
+    # the AMX tile unit's own streaming rate over the same array: a tile-load kernel's ceiling
+    tile_probes = [bw for bw in [_tile_read(nbytes, probe, 5)] if bw]
+    if tile_probes:
+        print(f"AMX tile-load read (same array, 1 KB tiles, one tile product each; software "
+              f"prefetch none / {TILE_PREFETCH_BYTES // 1024} KB ahead): "
+              + " / ".join(f"{v:.1f}" for v in tile_probes[0].values())
+              + f" GB/s, {100 * max(tile_probes[0].values()) / read_bw:.0f}% of the read", flush=True)
     hdr = f"{'shape':14} {'BxL':>9} {'isa':>6} {'kernel':>8} {'%read':>6} {'best%':>6} {'paired%':>7} {'torch':>7} {'x torch':>7} {'paged':>6} {'T-layout':>8}  variants"
     print(hdr, flush=True)
     for name in shapes:
@@ -266,16 +291,30 @@ def main(argv: list[str] | None = None) -> dict:
     read_bw = max(probes)
     res["read_bw_gbps"] = read_bw
     res["read_bw_probes_gbps"] = probes
+    if tile_probes:
+        tile_probes.append(_tile_read(nbytes, probe, 3))
+        res["tile_read_bw_probes_gbps"] = tile_probes  # {prefetch bytes: GB/s}, start and end
+        res["tile_read_bw_gbps"] = max(max(p.values()) for p in tile_probes)
+        res["tile_read_frac_of_read_bw"] = res["tile_read_bw_gbps"] / read_bw
     for row in res["rows"]:
         row["read_bw_gbps"] = read_bw
         row["kernel_frac_of_read_bw"] = row["kernel_gbps"] / read_bw
         row["kernel_best_frac_of_read_bw"] = row["kernel_best_gbps"] / read_bw
+        if tile_probes and row["kernel_isa"] == "amx":
+            row["kernel_frac_of_tile_read_bw"] = row["kernel_gbps"] / res["tile_read_bw_gbps"]
     print(f"read probes {', '.join(f'{p:.1f}' for p in probes)} GB/s; median/best against the "
           f"best ({read_bw:.1f}), and paired: " + ", ".join(
               f"{r['shape'].split('/')[0]} {r['batch']}x{r['length'] // 1024}K "
               f"{100 * r['kernel_frac_of_read_bw']:.0f}%/{100 * r['kernel_best_frac_of_read_bw']:.0f}%"
               f"/{100 * r['paired_frac_of_read_bw']:.0f}%"
               for r in res["rows"]), flush=True)
+    if tile_probes:
+        print(f"AMX tile-load read probes {', '.join(f'{v:.1f}' for p in tile_probes for v in p.values())} GB/s, best "
+              f"{res['tile_read_bw_gbps']:.1f} = {100 * res['tile_read_frac_of_read_bw']:.0f}% of the "
+              f"best read; the AMX kernel's median against it: " + ", ".join(
+                  f"{r['shape'].split('/')[0]} {r['batch']}x{r['length'] // 1024}K "
+                  f"{100 * r['kernel_frac_of_tile_read_bw']:.0f}%"
+                  for r in res["rows"] if "kernel_frac_of_tile_read_bw" in r), flush=True)
     if args.json:
         write_json(args.json, res)
     return res
