@@ -676,3 +676,36 @@ def test_synthetic_prefill_rows(tiny_qwen3_moe, tmp_path):
     with pytest.raises(ValueError, match="peer"):
         GridSpec(models=["m"], batches=[1], context_lengths=[8], peers=["transformers"],
                  prefill="synthetic").validate()
+
+
+def test_read_probes_bench_times_every_way_of_reading(tmp_path):
+    """Each method once per round on a small array: the vector sum with and without its
+    prefetch, torch's sum, and the tile unit's loads where the CPU has AMX."""
+    from writescope.attention import cpu
+    if not cpu.available():
+        pytest.skip("no C++ compiler for the CPU kernel library")
+    from writescope.bench import read_probes
+    res = read_probes.main(["--threads", "1,2", "--rounds", "2", "--read-bytes", str(1 << 22),
+                            "--no-h2d", "--json", str(tmp_path / "r.json")])
+    want = {"vector", "vector+pf", "torch.sum"} | ({"tile", "tile+pf"} if "amx" in cpu.isas() else set())
+    assert {r["method"] for r in res["rows"]} == want
+    assert [r["threads"] for r in res["rows"]] == [1] * len(want) + [2] * len(want)
+    for r in res["rows"]:
+        assert len(r["alone_GBps"]) == 2 and r["alone_best_GBps"] == max(r["alone_GBps"]) > 0
+        assert "beside_h2d" not in r
+    assert json.loads((tmp_path / "r.json").read_text())["array_bytes"] == 1 << 22
+    for bad in (["--threads", "0"], ["--threads", "x"], ["--rounds", "0"]):
+        with pytest.raises(SystemExit, match="--threads"):
+            read_probes.main(bad + ["--read-bytes", str(1 << 22), "--no-h2d"])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_read_probes_bench_beside_the_link():
+    """With a GPU every method is also timed beside a sustained pinned H2D copy (the hybrid's
+    combined ceiling): both rates present and positive for every round."""
+    from writescope.bench import read_probes
+    res = read_probes.main(["--threads", "2", "--rounds", "1", "--read-bytes", str(1 << 26)])
+    for r in res["rows"]:
+        assert len(r["beside_h2d"]) == 1
+        assert r["beside_h2d"][0]["cpu_GBps"] > 0 and r["beside_h2d"][0]["h2d_GBps"] > 0

@@ -136,7 +136,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ws_set_prefetch_blocks.restype = None
     lib.ws_set_prefetch_blocks.argtypes = [i]
     lib.ws_read_seconds.restype = ctypes.c_double
-    lib.ws_read_seconds.argtypes = [p, i64, i, i, ctypes.POINTER(ctypes.c_double)]
+    lib.ws_read_seconds.argtypes = [p, i64, i, i, i64, ctypes.POINTER(ctypes.c_double)]
     lib.ws_tile_read_seconds.restype = ctypes.c_double
     lib.ws_tile_read_seconds.argtypes = [p, i64, i, i, i64, ctypes.POINTER(ctypes.c_double)]
     return lib
@@ -553,10 +553,11 @@ def probe_buffer(nbytes: int) -> torch.Tensor:
 
 
 def read_bandwidth(nbytes: int, threads: int | None = None, reps: int = 5,
-                   buffer: torch.Tensor | None = None) -> float:
+                   buffer: torch.Tensor | None = None, prefetch_bytes: int = 0) -> float:
     """DRAM read bandwidth in GB/s: best of ``reps`` multi-threaded sums of an ``nbytes`` array
     (``buffer``, a contiguous float32 tensor from :func:`probe_buffer`, instead of a new one:
-    repeated probes)."""
+    repeated probes). ``prefetch_bytes`` > 0 adds a software prefetch into L2 that far ahead
+    (``writescope.bench.read_probes`` compares the ways of reading); the probe is without."""
     lib = _load()
     if lib is None:
         raise RuntimeError(f"kernel unavailable: {_load_error}")
@@ -565,7 +566,7 @@ def read_bandwidth(nbytes: int, threads: int | None = None, reps: int = 5,
         raise ValueError("buffer must be a contiguous float32 tensor")
     chk = ctypes.c_double()
     dt = lib.ws_read_seconds(_ptr(x), x.numel(), threads or get_num_threads(), reps,
-                             ctypes.byref(chk))
+                             max(0, int(prefetch_bytes)), ctypes.byref(chk))
     return x.numel() * 4 / dt / 1e9
 
 

@@ -371,15 +371,19 @@ def gpu_copy_rates(nbytes: int, reps: int, log) -> dict[str, float]:
     return res
 
 
-def concurrent_rates(h2d_bytes: int, cpu_bytes: int, rounds: int, log) -> dict[str, float]:
-    """H2D copies on a side stream while the CPU threads sum a DRAM array, both sustained."""
+def concurrent_rates(h2d_bytes: int, cpu_bytes: int, rounds: int, log,
+                     cpu_pass: Callable[[torch.Tensor], object] | None = None) -> dict[str, float]:
+    """H2D copies on a side stream while the CPU threads sum a DRAM array, both sustained.
+    ``cpu_pass(a)``: one read of the array another way (default ``a.sum()``, torch's threads;
+    ``writescope.bench.read_probes`` passes the kernels' probes)."""
+    cpu_pass = cpu_pass or (lambda a: a.sum())
     dev = torch.device("cuda")
     hp = torch.empty(h2d_bytes, dtype=torch.uint8, pin_memory=True)
     hp.fill_(1)
     d = torch.empty(h2d_bytes, dtype=torch.uint8, device=dev)
     from ..attention.cpu import probe_buffer
     a = probe_buffer(cpu_bytes)
-    a.sum()
+    cpu_pass(a)
     torch.cuda.synchronize()
     st = torch.cuda.Stream()
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -390,7 +394,7 @@ def concurrent_rates(h2d_bytes: int, cpu_bytes: int, rounds: int, log) -> dict[s
         e1.record(st)
     t0, n = time.perf_counter(), 0
     while not e1.query():
-        a.sum()
+        cpu_pass(a)
         n += 1
     tc = time.perf_counter() - t0
     torch.cuda.synchronize()

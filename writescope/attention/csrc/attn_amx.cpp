@@ -48,9 +48,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #ifdef WS_AMX_EMULATE
 #include "attn_amx_emu.h"
@@ -88,6 +85,16 @@ struct TileCfg {
 };
 
 constexpr int kSB = 256;  // token slots per online-softmax pass
+
+// Eight tiles of 16 rows x 64 bytes (palette 1).
+static inline void config_tiles() {
+    TileCfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; ++t) { cfg.rows[t] = 16; cfg.colsb[t] = 64; }
+    T_FENCE();
+    T_CFG(&cfg);
+}
 
 // One stage of a 16x16 transpose of 32-bit elements: swap the off-diagonal b x b blocks.
 template <int B>
@@ -270,12 +277,7 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
     }
     memset(O, 0, 4 * (size_t)nmc * 16 * Dv);
 
-    TileCfg cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 8; ++t) { cfg.rows[t] = 16; cfg.colsb[t] = 64; }
-    T_FENCE();
-    T_CFG(&cfg);
+    config_tiles();
 
     const __m512i ilo = ilv16_idx(0), ihi = ilv16_idx(1);
     // P interleave: word 2h+j = word 16j+h of [p0 (16 words) | p1 (16 words)]
@@ -557,76 +559,36 @@ void ws_item_amx(const WsArgs* a, const WsItem* it) {
     else ws_item_dispatch(a, it);
 }
 
-// Seconds to stream `nbytes` (a multiple of 1 KB) through the tile unit `reps` times with
-// `threads` threads, the best rep: contiguous 1 KB tiles (16 rows x 64 bytes) loaded into two A
-// tiles in turn, one TDPBF16PS each into four accumulators. `prefetch_bytes` > 0: before each
-// tile, PREFETCHT1 of the 16 lines that far ahead in the thread's range (the kernel's software
-// prefetch into L2); 0: the hardware prefetchers alone. B is all
-// bf16 ones, so element (0, 0) of the accumulators sums the 32 bf16 values of every tile's first
-// row: `checksum` (the sum over reps and threads) shows every tile was read where it lies. The ceiling of any kernel that reads its KV with tile loads, beside the vector-load
-// read probe (ws_read_seconds) of the same buffer: on the 2-core development VM one core
-// streams ~12.5 GB/s this way against ~17 GB/s of vector loads. The caller checks for AMX and
-// has asked for the tile data permission (ws_amx_request).
-extern "C" double ws_tile_read_seconds(const void* x, int64_t nbytes, int threads, int reps,
-                                       int64_t prefetch_bytes, double* checksum) {
-    const int64_t pft = prefetch_bytes > 0 ? (prefetch_bytes + 1023) / 1024 : 0;  // tiles ahead
-    const int64_t ntiles = nbytes / 1024;
-    double best = 1e30, total = 0.0;
-    for (int rep = 0; rep < reps; ++rep) {
-        double acc = 0.0;
-#ifdef _OPENMP
-        const double t0 = omp_get_wtime();
-#endif
-#pragma omp parallel num_threads(threads) reduction(+ : acc)
-        {
-#ifdef _OPENMP
-            const int nt = omp_get_num_threads(), id = omp_get_thread_num();
-#else
-            const int nt = 1, id = 0;
-#endif
-            const int64_t t0i = ntiles * id / nt, t1i = ntiles * (id + 1) / nt;
-            TileCfg cfg;
-            memset(&cfg, 0, sizeof cfg);
-            cfg.palette = 1;
-            for (int t = 0; t < 8; ++t) { cfg.rows[t] = 16; cfg.colsb[t] = 64; }
-            T_FENCE();
-            T_CFG(&cfg);
-            alignas(64) uint16_t ones[512];
-            for (int k = 0; k < 512; ++k) ones[k] = 0x3F80;  // bf16 1.0
-            T_FENCE();
-            T_ZERO(0); T_ZERO(1); T_ZERO(2); T_ZERO(3);
-            T_LOAD(6, ones, 64);
-            const char* p = (const char*)x;
-            int64_t i = t0i;
-            for (; i + 4 <= t1i; i += 4) {
-                if (pft && i + pft + 4 <= t1i)
-                    for (int l = 0; l < 64; ++l) _mm_prefetch(p + 1024 * (i + pft) + 64 * l, _MM_HINT_T1);
-                T_LOAD(4, p + 1024 * i, 64); T_DP(0, 4, 6);
-                T_LOAD(5, p + 1024 * (i + 1), 64); T_DP(1, 5, 6);
-                T_LOAD(4, p + 1024 * (i + 2), 64); T_DP(2, 4, 6);
-                T_LOAD(5, p + 1024 * (i + 3), 64); T_DP(3, 5, 6);
-            }
-            for (; i < t1i; ++i) { T_LOAD(4, p + 1024 * i, 64); T_DP(0, 4, 6); }
-            alignas(64) float c[256];
-            for (int t = 0; t < 4; ++t) {
-                switch (t) {  // tile numbers are immediates
-                    case 0: T_STORE(0, c, 64); break;
-                    case 1: T_STORE(1, c, 64); break;
-                    case 2: T_STORE(2, c, 64); break;
-                    default: T_STORE(3, c, 64); break;
-                }
-                acc += (double)c[0];
-            }
-            T_RELEASE();
-        }
-#ifdef _OPENMP
-        const double dt = omp_get_wtime() - t0;
-#else
-        const double dt = 1.0;
-#endif
-        best = best < dt ? best : dt;
-        total += acc;
+// One thread's part of the tile-load read probe (ws_tile_read_seconds in attn_ops.cpp times it):
+// tiles [t0, t1) of the 1 KB tiles at x (16 rows x 64 bytes, contiguous) loaded into two A tiles
+// in turn, one TDPBF16PS each into four accumulators. `ahead` > 0: before each group of four,
+// PREFETCHT1 of the lines `ahead` tiles further on (the kernel's software prefetch into L2); 0:
+// the hardware prefetchers alone. B is all bf16 ones, so element (0, 0) of the accumulators
+// sums the 32 bf16 values of every tile's first row: the return value (a checksum) shows every
+// tile was read where it lies. The caller checks for AMX and has the tile data permission.
+double ws_tile_stream(const void* x, int64_t t0, int64_t t1, int64_t ahead) {
+    config_tiles();
+    alignas(64) uint16_t ones[512];
+    for (int k = 0; k < 512; ++k) ones[k] = 0x3F80;  // bf16 1.0
+    T_FENCE();
+    T_ZERO(0); T_ZERO(1); T_ZERO(2); T_ZERO(3);
+    T_LOAD(6, ones, 64);
+    const char* p = (const char*)x;
+    int64_t i = t0;
+    for (; i + 4 <= t1; i += 4) {
+        if (ahead && i + ahead + 4 <= t1)
+            for (int l = 0; l < 64; ++l) _mm_prefetch(p + 1024 * (i + ahead) + 64 * l, _MM_HINT_T1);
+        T_LOAD(4, p + 1024 * i, 64); T_DP(0, 4, 6);
+        T_LOAD(5, p + 1024 * (i + 1), 64); T_DP(1, 5, 6);
+        T_LOAD(4, p + 1024 * (i + 2), 64); T_DP(2, 4, 6);
+        T_LOAD(5, p + 1024 * (i + 3), 64); T_DP(3, 5, 6);
     }
-    if (checksum) *checksum = total;
-    return best;
+    for (; i < t1; ++i) { T_LOAD(4, p + 1024 * i, 64); T_DP(0, 4, 6); }
+    alignas(64) float c[4][256];
+    T_STORE(0, c[0], 64);
+    T_STORE(1, c[1], 64);
+    T_STORE(2, c[2], 64);
+    T_STORE(3, c[3], 64);
+    T_RELEASE();
+    return (double)c[0][0] + c[1][0] + c[2][0] + c[3][0];
 }

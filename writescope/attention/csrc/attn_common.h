@@ -48,3 +48,6 @@ int ws_amx_eligible(const WsArgs*);
 // (0: none -- the hardware prefetchers alone; attn_ops.cpp holds it, ws_set_prefetch_blocks
 // sets it).
 int ws_prefetch_blocks(void);
+// One thread's part of the tile-load read probe (attn_amx.cpp): 1 KB tiles [t0, t1) of x through
+// the tile unit, `ahead` tiles of software prefetch; returns a checksum. AMX machines only.
+double ws_tile_stream(const void* x, int64_t t0, int64_t t1, int64_t ahead);
