@@ -465,15 +465,17 @@ def test_cpu_attention_bench_rows_against_the_best_read_probe(tmp_path):
         assert set(r["kernel_gbps_by_prefetch_blocks"]) == {"0", "3"}
         assert r["paired_frac_of_read_bw"] > 0
     assert json.loads(out.read_text())["rows"][1]["batch"] == 2
-    if "amx" in cpu.isas():  # the tile unit's streaming rate beside the read probe
-        probes = res["tile_read_bw_probes_gbps"]  # at the start and the end, by prefetch bytes
-        assert len(probes) == 2 and all(set(p) == {"0", "65536"} for p in probes)
-        assert res["tile_read_bw_gbps"] == max(v for p in probes for v in p.values()) > 0
-        for r in res["rows"]:
-            assert r["kernel_frac_of_tile_read_bw"] == pytest.approx(
-                r["kernel_gbps"] / res["tile_read_bw_gbps"])
-    else:
-        assert "tile_read_bw_gbps" not in res
+    # the array read every other way at the start, beside each shape and at the end; the rows
+    # against the best rate of any of them, and paired with one pass of each
+    want = {"vector", "vector+pf", "torch.sum"} | ({"tile", "tile+pf"} if "amx" in cpu.isas() else set())
+    assert len(res["read_bw_by_method_gbps"]) == 4
+    assert all(set(d) == want for d in res["read_bw_by_method_gbps"])
+    best = max([res["read_bw_gbps"]] + [v for d in res["read_bw_by_method_gbps"] for v in d.values()])
+    assert res["best_read_bw_gbps"] == best and res["best_read_method"] in want
+    for r in res["rows"]:
+        assert r["kernel_frac_of_best_read_bw"] == pytest.approx(r["kernel_gbps"] / best)
+        # each pair's best denominator is at least its vector probe
+        assert 0 < r["paired_frac_of_best_read_bw"] <= r["paired_frac_of_read_bw"]
 
 
 def test_cpu_contention_bench_runs_both_cases(tmp_path):

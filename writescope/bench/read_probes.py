@@ -4,11 +4,12 @@
 
 Issue 8 measures the CPU attention kernel against "the machine's DRAM read bandwidth", and the
 hybrid step (issue 9) against H2D plus a CPU read measured beside it. Each benchmark takes that
-read from one probe. On the H200 host the AMX tile unit once streamed 130 GB/s where the
-vector-load probe read 89 GB/s at the same time (2026-12-01i-h200 call 1); on the 2-core dev VM
-tile loads stream at ~85% of vector loads. This bench times every way of reading the same
-array, in interleaved rounds (the host's bandwidth moves between minutes), alone and, with a
-GPU, beside a sustained pinned H2D copy:
+read from one probe. On the H200 host the AMX tile unit with a software prefetch once streamed
+124-130 GB/s, and torch's sum 90-108 GB/s, where the kernel library's vector-load probe read
+79-89 GB/s (2026-12-01i-h200 calls 1 and 2); on the 2-core dev VM tile loads stream at ~85% of
+vector loads. This bench times every way of reading the same array, in interleaved rounds (the
+host's bandwidth moves between minutes; every thread count and method once per round), alone
+and, with a GPU, beside a sustained pinned H2D copy:
 
 * ``vector``: the kernel library's multi-threaded integer sum (``cpu.read_bandwidth``: the
   probe of ``bench.cpu_attention``), and ``vector+pf``: the same with a software prefetch into
@@ -96,23 +97,25 @@ def main(argv: list[str] | None = None) -> dict:
            "prefetch_bytes": PREFETCH_BYTES, "rows": []}
     print(f"{nbytes / 2**30:.2f} GiB array; GB/s, best / median of {args.rounds} interleaved "
           f"rounds" + ("; beside a pinned H2D copy: CPU read (H2D)" if h2d else ""), flush=True)
-    for t in threads:
-        alone = {m: [] for m in ms}
-        side = {m: [] for m in ms}
-        for _ in range(args.rounds):  # every method once per round: they share the host's states
+    alone = {(t, m): [] for t in threads for m in ms}
+    side = {(t, m): [] for t in threads for m in ms}
+    for _ in range(args.rounds):  # every thread count and method once per round: they share
+        for t in threads:         # the host's states
             for m, fn in ms.items():
                 fn(a, t)  # warm-up pass: the pages, the thread team
-                alone[m].append(max(fn(a, t) for _ in range(2)))
+                alone[t, m].append(max(fn(a, t) for _ in range(2)))
                 if h2d:
-                    side[m].append(beside_h2d(fn, t, nbytes))
+                    side[t, m].append(beside_h2d(fn, t, nbytes))
+    for t in threads:
         for m in ms:
-            row = {"threads": t, "method": m, "alone_GBps": alone[m],
-                   "alone_best_GBps": max(alone[m]), "alone_median_GBps": statistics.median(alone[m])}
+            row = {"threads": t, "method": m, "alone_GBps": alone[t, m],
+                   "alone_best_GBps": max(alone[t, m]),
+                   "alone_median_GBps": statistics.median(alone[t, m])}
             line = f"{t:3d} threads  {m:10s} {row['alone_best_GBps']:7.1f} / {row['alone_median_GBps']:7.1f}"
             if h2d:
-                row["beside_h2d"] = side[m]
-                cpu_r = [s["cpu_GBps"] for s in side[m]]
-                h2d_r = [s["h2d_GBps"] for s in side[m]]
+                row["beside_h2d"] = side[t, m]
+                cpu_r = [s["cpu_GBps"] for s in side[t, m]]
+                h2d_r = [s["h2d_GBps"] for s in side[t, m]]
                 row["beside_h2d_best_cpu_GBps"] = max(cpu_r)
                 row["beside_h2d_median_cpu_GBps"] = statistics.median(cpu_r)
                 row["beside_h2d_median_h2d_GBps"] = statistics.median(h2d_r)
