@@ -467,11 +467,11 @@ def test_cpu_attention_bench_rows_against_the_best_read_probe(tmp_path):
     assert json.loads(out.read_text())["rows"][1]["batch"] == 2
     # the array read every other way at the start, beside each shape and at the end; the rows
     # against the best rate of any of them, and paired with one pass of each
-    want = {"vector", "vector+pf", "torch.sum"} | ({"tile", "tile+pf"} if "amx" in cpu.isas() else set())
+    want = {"vector+pf", "torch.sum"} | ({"tile", "tile+pf"} if "amx" in cpu.isas() else set())
     assert len(res["read_bw_by_method_gbps"]) == 4
     assert all(set(d) == want for d in res["read_bw_by_method_gbps"])
     best = max([res["read_bw_gbps"]] + [v for d in res["read_bw_by_method_gbps"] for v in d.values()])
-    assert res["best_read_bw_gbps"] == best and res["best_read_method"] in want
+    assert res["best_read_bw_gbps"] == best and res["best_read_method"] in want | {"vector"}
     for r in res["rows"]:
         assert r["kernel_frac_of_best_read_bw"] == pytest.approx(r["kernel_gbps"] / best)
         # each pair's best denominator is at least its vector probe

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import time
 
 import torch
 
@@ -46,7 +47,6 @@ def methods() -> dict:
                                                     prefetch_bytes=pf)
 
     def torch_sum(a, t):
-        import time
         old = torch.get_num_threads()
         torch.set_num_threads(t)
         try:
