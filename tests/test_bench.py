@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from writescope.attention.torch_paged import attend_torch
 from writescope.bench.grid import GridSpec, parse_int_list, parse_name_list, run_grid
 from writescope.bench.row import make_prompts
 from writescope.bench.report import geomean, markdown, summarize
@@ -476,6 +477,45 @@ def test_cpu_attention_bench_rows_against_the_best_read_probe(tmp_path):
         assert r["kernel_frac_of_best_read_bw"] == pytest.approx(r["kernel_gbps"] / best)
         # each pair's best denominator is at least its vector probe
         assert 0 < r["paired_frac_of_best_read_bw"] <= r["paired_frac_of_read_bw"]
+
+
+def test_cpu_phases_bench_splits_the_kernels_time_and_computes_what_the_normal_build_does(tmp_path):
+    """The -DWS_PHASES build returns the same (out, lse) as the normal one, its four phases cover
+    most of each call, and the command refuses a shape it does not know."""
+    from writescope.attention import cpu
+    if not cpu.available() or not cpu.features()["avx512_bf16"]:
+        pytest.skip("needs the compiled kernel with AVX-512 BF16 (AMX or its emulation)")
+    from writescope.attention.batch import BlockBatch
+    from writescope.bench import cpu_phases
+    from writescope.bench.cpu_attention import SHAPES
+    from writescope.kvcache.regions import cpu_pool_shape
+    lib = cpu_phases.phase_library()
+    r = cpu_phases.measure(lib, "gqa-32/4/128", 0.25, 0.05, 1, blocks=48)
+    assert r["calls"] >= 1 and r["pool_blocks"] == 2 and r["kernel_gbps"] > 0
+    ph = r["phase_ns_per_group"]
+    assert set(ph) == set(cpu_phases.PHASES)
+    assert all(ph[p] > 0 for p in ("qk", "softmax", "pv"))
+    assert 0.5 < r["phases_frac_of_time"] <= 1.05
+    spec_fn, hq = SHAPES["mla-16/1/576"]
+    spec = spec_fn()
+    gen = torch.Generator().manual_seed(3)
+    pool = torch.randn(cpu_pool_shape(spec, 6, 64)[1:], generator=gen).to(spec.dtype)
+    bb = BlockBatch.build([1, 1], [[4, 1, 2], [0, 5]], [[64, 64, 17], [64, 3]])
+    q = torch.randn(2, hq, spec.k_dim, generator=gen).to(torch.bfloat16)
+    cpu.set_isa("amx" if "amx" in cpu.isas() else "auto")
+    try:
+        with cpu.use_library(lib):
+            cpu.set_isa("amx")
+            o1, l1 = cpu.attend_cpu(q, pool, "cpu", spec, bb, 0.07)
+        if "amx" in cpu.isas():  # the normal build runs the same kernel on real tiles
+            o2, l2 = cpu.attend_cpu(q, pool, "cpu", spec, bb, 0.07)
+            assert torch.equal(o1, o2) and torch.equal(l1, l2)
+    finally:
+        cpu.set_isa("auto")
+    ref_o, ref_l = attend_torch(q, pool, "cpu", spec, bb, 0.07)
+    assert torch.allclose(o1, ref_o, atol=2e-2, rtol=2e-2)
+    with pytest.raises(SystemExit, match="unknown shape 'mlx'"):
+        cpu_phases.main(["--shapes", "mlx"])
 
 
 def test_cpu_contention_bench_runs_both_cases(tmp_path):

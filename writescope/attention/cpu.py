@@ -24,6 +24,7 @@ ISA: ``WRITESCOPE_CPU_ATTN_ISA`` = ``auto`` (default) | ``amx`` | ``avx512bf16``
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -143,13 +144,30 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
 
 
 def build_test_variant(extra_flags: tuple[str, ...]) -> ctypes.CDLL:
-    """Tests only: the kernel library built with extra compiler flags (e.g. ``-DWS_AMX_EMULATE``,
-    which runs the AMX variant on a portable tile emulation), cached like the normal build but
-    never used by :func:`attend_cpu` unless a test swaps it in."""
+    """Tests and diagnostics: the kernel library built with extra compiler flags (e.g.
+    ``-DWS_AMX_EMULATE``, which runs the AMX variant on a portable tile emulation, or
+    ``-DWS_PHASES``, which times the AMX kernel's phases), cached like the normal build but never
+    used by :func:`attend_cpu` outside :func:`use_library`."""
     path = _build_dir(tuple(extra_flags)) / "libwritescope_cpu_attn.so"
     if not path.exists():
         _compile(path, tuple(extra_flags))
     return _declare(ctypes.CDLL(str(path)))
+
+
+@contextlib.contextmanager
+def use_library(lib: ctypes.CDLL):
+    """:func:`attend_cpu` runs ``lib`` (a :func:`build_test_variant`) inside the block; the
+    normal build is loaded first, so the CPU's features and the AMX permission are known."""
+    global _lib
+    if _load() is None:
+        raise RuntimeError(f"the CPU kernel is not available: {_load_error}")
+    prev = _lib
+    lib.ws_set_prefetch_blocks(_prefetch_blocks)
+    _lib = lib
+    try:
+        yield lib
+    finally:
+        _lib = prev
 
 
 def _load() -> ctypes.CDLL | None:

@@ -71,6 +71,18 @@
 // store (its asm declares no memory output: later vector reads could be hoisted above it).
 #define T_FENCE() __asm__ volatile("" ::: "memory")
 
+// -DWS_PHASES (bench.cpu_phases only): time-stamp counter cycles spent in each phase of
+// amx_item, summed over calls and threads (a relaxed atomic add per phase per pass).
+#ifdef WS_PHASES
+#include <x86intrin.h>
+extern "C" {
+uint64_t ws_phase_cycles[8] = {0};
+uint64_t ws_phase_tsc(void) { return __rdtsc(); }
+}
+#define PH(i) do { uint64_t _t = __rdtsc(); __atomic_fetch_add(&ws_phase_cycles[i], _t - ph_last, __ATOMIC_RELAXED); ph_last = _t; } while (0)
+#else
+#define PH(i) do {} while (0)
+#endif
 namespace {
 
 #include "attn_v512.h"
@@ -94,6 +106,22 @@ static inline void config_tiles() {
     for (int t = 0; t < 8; ++t) { cfg.rows[t] = 16; cfg.colsb[t] = 64; }
     T_FENCE();
     T_CFG(&cfg);
+}
+
+// 2^x for the softmax: round-to-nearest split, a degree-4 minimax polynomial on [-1/2, 1/2]
+// (relative error 2.9e-6, far below the bf16 rounding of P that follows; its constant term is
+// exactly 1, so 2^0 = 1 and an unmoved max keeps the P.V accumulate path) and VSCALEFPS for the
+// exponent: 8 instructions where V::exp2 (degree 7, exponent built by integer ops) takes 14.
+static inline __m512 exp2_fast(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-127.0f));
+    const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(x, n);
+    __m512 p = _mm512_set1_ps(9.582852944731712e-03f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5906426161527634e-02f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4024099111557007e-01f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931241750717163e-01f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
 }
 
 // One stage of a 16x16 transpose of 32-bit elements: swap the off-diagonal b x b blocks.
@@ -284,6 +312,10 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
     alignas(64) uint16_t pidx_a[32];
     for (int h = 0; h < 16; ++h) { pidx_a[2 * h] = (uint16_t)h; pidx_a[2 * h + 1] = (uint16_t)(16 + h); }
     const __m512i pidx = _mm512_load_si512((const void*)pidx_a);
+    // the same for 8 rows of two slots: word 2r+j = word 8j+r
+    alignas(32) uint16_t pidx8_a[16];
+    for (int r = 0; r < 8; ++r) { pidx8_a[2 * r] = (uint16_t)r; pidx8_a[2 * r + 1] = (uint16_t)(8 + r); }
+    const __m256i pidx8 = _mm256_load_si256((const __m256i*)pidx8_a);
     // C-layout score unscrambling: token parity j, rows 0-7 from the first tile, 8-15 from the second
     alignas(64) int32_t sidx_a[2][16];
     for (int h = 0; h < 16; ++h)
@@ -293,7 +325,11 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
     const int ahead = ws_prefetch_blocks();  // blocks the prefetch may run ahead of the reads
     ItemPf pf{a, it, WsPf{}, 1, 1, 0};
     pf.cur.total = pf.cur.next = 0;
+#ifdef WS_PHASES
+    uint64_t ph_last = __rdtsc();
+#endif
     for (int b0 = 0; b0 < it->nblocks;) {
+        PH(0);
         const int b1 = pass_end(it, b0, cap, gpu);
         // ---- lay out the pass: GPU: 16-token tiles (2 per group); C: 32-token groups
         int nt = 0;  // GPU tiles or C groups
@@ -331,6 +367,7 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                 }
             }
         }
+        PH(1);
         if (nt == 0) { b0 = b1; continue; }      // only empty blocks left
         const int ng = gpu ? (nt + 1) / 2 : nt;  // 32-slot groups
         const int e2 = pass_end(it, b1, cap, gpu);  // end of the next pass (prefetch target)
@@ -450,6 +487,7 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                         }
                 }
             }
+            PH(2);
             // ---- online softmax over the pass (vertical over slots), P -> A operand
             // valid slots: group g, half h: rows < nv(g, h)
             auto nvalid = [&](int g, int h) -> int {
@@ -457,36 +495,67 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                 const int v = gnv[g] - 16 * h;
                 return v < 0 ? 0 : v > 16 ? 16 : v;
             };
-            __m512 mx = _mm512_set1_ps(-INFINITY);
+            // four independent max chains (one chain of 16 per group would bound this loop by
+            // the max's latency)
+            __m512 mxa[4];
+            for (int j = 0; j < 4; ++j) mxa[j] = _mm512_set1_ps(-INFINITY);
             for (int g = 0; g < ng; ++g)
                 for (int h = 0; h < 2; ++h) {
                     const int nv = nvalid(g, h);
                     const float* s = S + (g * 32 + h * 16) * 16;
-                    for (int t = 0; t < nv; ++t) mx = _mm512_max_ps(mx, _mm512_load_ps(s + 16 * t));
+                    int t = 0;
+                    for (; t + 4 <= nv; t += 4)
+                        for (int j = 0; j < 4; ++j) mxa[j] = _mm512_max_ps(mxa[j], _mm512_load_ps(s + 16 * (t + j)));
+                    for (; t < nv; ++t) mxa[0] = _mm512_max_ps(mxa[0], _mm512_load_ps(s + 16 * t));
                 }
+            const __m512 mx = _mm512_max_ps(_mm512_max_ps(mxa[0], mxa[1]), _mm512_max_ps(mxa[2], mxa[3]));
             const __m512 mold = _mm512_loadu_ps(mrun + 16 * mc);
             const __m512 mnew = _mm512_max_ps(mold, mx);
             const __mmask16 first = _mm512_cmp_ps_mask(mold, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ);
-            const __m512 al = _mm512_maskz_mov_ps((__mmask16)~first, V::exp2(_mm512_sub_ps(mold, mnew)));
-            __m512 sum = _mm512_setzero_ps();
-            for (int g = 0; g < ng; ++g) {
+            const __m512 al = _mm512_maskz_mov_ps((__mmask16)~first, exp2_fast(_mm512_sub_ps(mold, mnew)));
+            __m512 sums[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+            // at most 8 rows: two slots share one exp (rows of slot 2k in lanes 0-7, of slot
+            // 2k+1 in lanes 8-15), and P's rows 8-15 are zero
+            const __m512 mnew2 = _mm512_shuffle_f32x4(mnew, mnew, _MM_SHUFFLE(1, 0, 1, 0));
+            for (int g = 0; g < ng && mp <= 8; ++g) {
+                const int nv0 = nvalid(g, 0), nv1 = nvalid(g, 1);
+                __m512i w[16];
+                for (int k = 0; k < 16; ++k) {
+                    const int h = k >> 3, t = 2 * (k & 7), nv = h ? nv1 : nv0;
+                    const __mmask16 valid = (__mmask16)((t < nv ? 0x00FFu : 0u) | (t + 1 < nv ? 0xFF00u : 0u));
+                    const float* s = S + (g * 32 + 16 * h + t) * 16;
+                    const __m512 x = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_load_ps(s)), _mm256_load_ps(s + 16), 1);
+                    const __m512 e = _mm512_maskz_mov_ps(valid, exp2_fast(_mm512_sub_ps(x, mnew2)));
+                    sums[k & 1] = _mm512_add_ps(sums[k & 1], e);
+                    const __m256i pb = (__m256i)_mm512_cvtneps_pbh(e);  // words r, 8 + r: rows r of the two slots
+                    w[k] = _mm512_zextsi256_si512(_mm256_permutexvar_epi16(pidx8, pb));
+                }
+                transpose16(w);  // row h: dword k = (P[h][2k], P[h][2k+1])
+                for (int h = 0; h < 16; ++h) _mm512_store_si512((void*)(Pa + g * 512 + 32 * h), w[h]);
+            }
+            if (mp <= 8)  // lanes 0-7: the two slots' sums of rows 0-7 (lanes 8-15 are not used)
+                for (int j = 0; j < 2; ++j)
+                    sums[j] = _mm512_add_ps(sums[j], _mm512_shuffle_f32x4(sums[j], sums[j], _MM_SHUFFLE(1, 0, 3, 2)));
+            for (int g = 0; g < ng && mp > 8; ++g) {
                 const int nv0 = nvalid(g, 0), nv1 = nvalid(g, 1);
                 __m512i w[16];
                 for (int k = 0; k < 16; ++k) {
                     const int h = k >> 3, t = 2 * (k & 7), nv = h ? nv1 : nv0;
                     const float* s = S + (g * 32 + 16 * h + t) * 16;
-                    const __m512 p0 = t < nv ? V::exp2(_mm512_sub_ps(_mm512_load_ps(s), mnew)) : _mm512_setzero_ps();
-                    const __m512 p1 = t + 1 < nv ? V::exp2(_mm512_sub_ps(_mm512_load_ps(s + 16), mnew)) : _mm512_setzero_ps();
-                    sum = _mm512_add_ps(sum, _mm512_add_ps(p0, p1));
+                    const __m512 p0 = t < nv ? exp2_fast(_mm512_sub_ps(_mm512_load_ps(s), mnew)) : _mm512_setzero_ps();
+                    const __m512 p1 = t + 1 < nv ? exp2_fast(_mm512_sub_ps(_mm512_load_ps(s + 16), mnew)) : _mm512_setzero_ps();
+                    sums[k & 1] = _mm512_add_ps(sums[k & 1], _mm512_add_ps(p0, p1));
                     w[k] = _mm512_permutexvar_epi16(pidx, (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
                 }
                 transpose16(w);  // row h: dword k = (P[h][2k], P[h][2k+1])
                 for (int h = 0; h < 16; ++h) _mm512_store_si512((void*)(Pa + g * 512 + 32 * h), w[h]);
             }
+            const __m512 sum = _mm512_add_ps(sums[0], sums[1]);
             _mm512_storeu_ps(lrun + 16 * mc, _mm512_fmadd_ps(_mm512_loadu_ps(lrun + 16 * mc), al, sum));
             _mm512_storeu_ps(mrun + 16 * mc, mnew);
             _mm512_storeu_ps(alpha, al);
             const bool accumulate = _mm512_cmp_ps_mask(al, _mm512_set1_ps(1.0f), _CMP_EQ_OQ) == 0xFFFF;
+            PH(3);
             // ---- P.V into O
             T_FENCE();  // P, the V scratch, O
             if (mc == 0) ipf_retarget(pf, e2 + ahead - 1, nmc * pv_steps + (nmc - 1) * qk_steps, ahead);
@@ -534,6 +603,7 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                 }
             }
         }
+        PH(4);
         b0 = b1;
     }
     T_RELEASE();
