@@ -516,6 +516,11 @@ def test_cpu_phases_bench_splits_the_kernels_time_and_computes_what_the_normal_b
     assert torch.allclose(o1, ref_o, atol=2e-2, rtol=2e-2)
     with pytest.raises(SystemExit, match="unknown shape 'mlx'"):
         cpu_phases.main(["--shapes", "mlx"])
+    # --defines: builds to compare side by side; the empty entry is the default build
+    assert cpu_phases.parse_variants(";WS_QK_DC=12;WS_KSB=128, WS_QK_DC=9") == [
+        (), ("WS_QK_DC=12",), ("WS_KSB=128", "WS_QK_DC=9")]
+    with pytest.raises(SystemExit, match="WS_NAME=VALUE"):
+        cpu_phases.main(["--defines", "KSB=1"])
 
 
 def test_cpu_contention_bench_runs_both_cases(tmp_path):

@@ -83,6 +83,25 @@ def test_mla(amx_emulated, bs):
     run(spec, 16, bs, seqs, seed=bs)
 
 
+@pytest.mark.parametrize("defines", [("-DWS_QK_DC=12",), ("-DWS_QK_DC=7", "-DWS_KSB=128")])
+def test_mla_with_the_kernels_compile_time_knobs(emu_lib, monkeypatch, defines):
+    """The builds ``bench.cpu_phases --defines`` compares: Q.K in chunks of steps (12 divides
+    MLA's 36, 7 does not) and shorter passes compute the same as the oracle."""
+    lib = cpu.build_test_variant(("-DWS_AMX_EMULATE",) + defines)
+    cpu.available()
+    monkeypatch.setattr(cpu, "_lib", lib)
+    monkeypatch.setattr(cpu, "_features", cpu._features | cpu._F_AMX)
+    monkeypatch.setattr(cpu, "_amx_ok", True)
+    cpu.set_isa("amx")
+    try:
+        spec = KVSpec.mla(1, 512, 64, torch.bfloat16)
+        seqs = [(1, [64] * 9 + [33]), (2, [64, 63, 3]), (1, [1]), (1, [64] * 2)]
+        run(spec, 16, 64, seqs, seed=len(defines))
+    finally:
+        cpu.set_isa("auto")
+        cpu.set_num_threads(None)
+
+
 def test_mla_few_heads(amx_emulated):
     """8 and 24 query heads on the latent: 16-row chunks with 8 valid rows (one B tile in the
     C layout's parity form)."""

@@ -39,10 +39,25 @@ BLOCKS = 4096
 BLOCK_SIZE = 64
 
 
-def phase_library() -> ctypes.CDLL:
-    """The kernel library with the phase counters (emulated tiles where the CPU has no AMX)."""
+def phase_library(defines: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """The kernel library with the phase counters (emulated tiles where the CPU has no AMX),
+    built with the extra preprocessor ``defines`` (``NAME=VALUE``: the kernel's compile-time
+    knobs, e.g. ``WS_KSB=512`` token slots per pass or ``WS_QK_DC=12`` Q.K steps per chunk)."""
     flags = ("-DWS_PHASES",) if "amx" in cpu.isas() else ("-DWS_AMX_EMULATE", "-DWS_PHASES")
-    return cpu.build_test_variant(flags)
+    return cpu.build_test_variant(flags + tuple(f"-D{d}" for d in defines))
+
+
+def parse_variants(text: str) -> list[tuple[str, ...]]:
+    """``"A=1,B=2;A=3"`` -> [("A=1", "B=2"), ("A=3",)]; an empty entry is the default build."""
+    out = []
+    for part in text.split(";"):
+        ds = tuple(d.strip() for d in part.split(",") if d.strip())
+        for d in ds:
+            name = d.split("=", 1)[0]
+            if not name.isidentifier() or not name.startswith("WS_"):
+                raise SystemExit(f"--defines: {d!r} is not WS_NAME=VALUE")
+        out.append(ds)
+    return out
 
 
 def measure(lib: ctypes.CDLL, shape: str, pool_mb: float, seconds: float, prefetch: int,
@@ -108,6 +123,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--prefetch-blocks", default="0,1", help="software prefetch distances to run")
     ap.add_argument("--seconds", type=float, default=2.0, help="per configuration")
     ap.add_argument("--threads", default="1", help="comma list of kernel thread counts")
+    ap.add_argument("--defines", default="",
+                    help="kernel builds to compare, ';'-separated, each a comma list of WS_NAME=VALUE "
+                         "(an empty entry: the default build); run side by side per configuration")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
     if not cpu.available():
@@ -121,20 +139,24 @@ def main(argv: list[str] | None = None) -> dict:
     pools = [float(x) for x in args.pools.split(",") if x]
     pfs = [int(x) for x in args.prefetch_blocks.split(",") if x]
     thread_counts = [int(x) for x in args.threads.split(",") if x]
-    lib = phase_library()
+    variants = parse_variants(args.defines)
+    libs = [(v, phase_library(v)) for v in variants]
     rows = []
     print(f"{'shape':14} {'pool MiB':>9} {'thr':>3} {'pf':>3} {'GB/s':>6} {'ns/group':>9}  " +
-          " ".join(f"{p:>8}" for p in PHASES[1:]) + "  in loop")
+          " ".join(f"{p:>8}" for p in PHASES[1:]) + "  in loop" + ("  build" if len(libs) > 1 else ""))
     for shape in shapes:
         for mb in pools:
             for th in thread_counts:
                 for pf in pfs:
-                    r = measure(lib, shape, mb, args.seconds, pf, threads=th)
-                    rows.append(r)
-                    ph = r["phase_ns_per_group"]
-                    print(f"{shape:14} {mb:9.1f} {th:3d} {pf:3d} {r['kernel_gbps']:6.1f} {r['ns_per_group']:9.0f}  " +
-                          " ".join(f"{ph[p]:8.0f}" for p in PHASES[1:]) +
-                          f"  {r['phases_frac_of_time']:6.0%}", flush=True)
+                    for defines, lib in libs:
+                        r = measure(lib, shape, mb, args.seconds, pf, threads=th)
+                        r["defines"] = list(defines)
+                        rows.append(r)
+                        ph = r["phase_ns_per_group"]
+                        print(f"{shape:14} {mb:9.1f} {th:3d} {pf:3d} {r['kernel_gbps']:6.1f} {r['ns_per_group']:9.0f}  " +
+                              " ".join(f"{ph[p]:8.0f}" for p in PHASES[1:]) +
+                              f"  {r['phases_frac_of_time']:6.0%}" +
+                              (f"  {','.join(defines) or 'default'}" if len(libs) > 1 else ""), flush=True)
     out = {**result_header("cpu_phases", argv), "machine": _machine(),
            "emulated_tiles": "amx" not in cpu.isas(), "rows": rows}
     if args.json:

@@ -96,7 +96,14 @@ struct TileCfg {
     uint8_t rows[16];
 };
 
-constexpr int kSB = 256;  // token slots per online-softmax pass
+#ifndef WS_KSB
+#define WS_KSB 256
+#endif
+#ifndef WS_QK_DC
+#define WS_QK_DC 0
+#endif
+constexpr int kSB = WS_KSB;     // token slots per online-softmax pass
+constexpr int kQKDC = WS_QK_DC;  // Q.K steps per chunk at > 8 rows in the C layout (0: no chunks)
 
 // Eight tiles of 16 rows x 64 bytes (palette 1).
 static inline void config_tiles() {
@@ -250,6 +257,7 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
     const size_t om = take(4 * (size_t)(2 * nmc * 16 + 16)), os = take(4 * (size_t)cap * 16);
     const size_t opa = take(2 * (size_t)ngmax * 512), oc = take(4 * 4 * 256), ot = take(4 * 16 * 64);
     const size_t okt = take(2 * 4 * 512);
+    const size_t ocp = take(4 * (size_t)(ngmax + 1) * 512);  // partial C tiles: 2 per group
     const size_t ov = take(gpu ? 2 * (size_t)ngmax * 16 * Dv * 2 : 2 * (size_t)ngmax * 16 * R * 2);
     const size_t og = take(sizeof(const uint16_t*) * 2 * ngmax + sizeof(int) * 4 * ngmax);
     char* base = ws_scratch(off);
@@ -263,6 +271,7 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
     float* Ct = (float*)(base + oc);      // 4 C tiles (C layout score unscrambling)
     float* Ot = (float*)(base + ot);      // [16 rows][64 dims]
     uint16_t* Kt = (uint16_t*)(base + okt);  // GPU Dk tail: 4 x [16 tokens][32 dims]
+    float* Cp = (float*)(base + ocp);        // C layout, > 8 rows: [group pair][4 tiles][256]
     uint16_t* Vs = (uint16_t*)(base + ov);   // GPU: V pairs [group][16][Dv][2]; C: partial groups [group][16][R][2]
     const uint16_t** gsrc = (const uint16_t**)(base + og);  // GPU: per 16-token tile; C: per group
     int* gnv = (int*)(gsrc + 2 * ngmax);                      // valid tokens of each
@@ -434,35 +443,53 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                     }
                 }
             } else if (mp > 8) {  // two 8-row B tiles, two groups per step
-                for (int g0 = 0; g0 < nt; g0 += 2) {
-                    const int two = nt - g0 > 1;
-                    if (mc == 0) ipf_retarget(pf, gblk[g0 + two] + 1 + ahead, nK, ahead);
-                    const uint16_t* s0 = gsrc[g0] + 2 * a->k_off;
-                    const uint16_t* s1 = two ? gsrc[g0 + 1] + 2 * a->k_off : s0;
-                    T_ZERO(0); T_ZERO(1); T_ZERO(2); T_ZERO(3);
-                    for (int dc = 0; dc < nK; ++dc) {
-                        ipf_step(pf);
-                        T_LOAD(6, bq + dc * 512, 64);
-                        T_LOAD(7, bq + (nK + dc) * 512, 64);
-                        T_LOAD(4, s0 + 32 * dc, rstride);
-                        T_DP(0, 4, 6);
-                        T_DP(1, 4, 7);
-                        if (two) {
-                            T_LOAD(5, s1 + 32 * dc, rstride);
-                            T_DP(2, 5, 6);
-                            T_DP(3, 5, 7);
+                // The B tiles (2 KB per step, 72 KB for MLA) outgrow L1: the steps run in
+                // chunks of kQKDC whose B tiles stay in L1 across the pass's group pairs, the
+                // partial scores kept in Cp between chunks (a pass of one pair: no chunks).
+                const int kch = nt > 2 && kQKDC > 0 && kQKDC < nK ? kQKDC : nK;
+                for (int dcs = 0; dcs < nK; dcs += kch) {
+                    const int de = nK - dcs < kch ? nK : dcs + kch;
+                    for (int g0 = 0; g0 < nt; g0 += 2) {
+                        const int two = nt - g0 > 1;
+                        if (mc == 0 && dcs == 0) ipf_retarget(pf, gblk[g0 + two] + 1 + ahead, nK, ahead);
+                        const uint16_t* s0 = gsrc[g0] + 2 * a->k_off;
+                        const uint16_t* s1 = two ? gsrc[g0 + 1] + 2 * a->k_off : s0;
+                        float* cp = Cp + (size_t)g0 * 512;  // this pair's 4 partial C tiles
+                        if (dcs == 0) {
+                            T_ZERO(0); T_ZERO(1); T_ZERO(2); T_ZERO(3);
+                        } else {
+                            T_LOAD(0, cp, 64); T_LOAD(1, cp + 256, 64);
+                            T_LOAD(2, cp + 512, 64); T_LOAD(3, cp + 768, 64);
                         }
+                        for (int dc = dcs; dc < de; ++dc) {
+                            ipf_step(pf);
+                            T_LOAD(6, bq + dc * 512, 64);
+                            T_LOAD(7, bq + (nK + dc) * 512, 64);
+                            T_LOAD(4, s0 + 32 * dc, rstride);
+                            T_DP(0, 4, 6);
+                            T_DP(1, 4, 7);
+                            if (two) {
+                                T_LOAD(5, s1 + 32 * dc, rstride);
+                                T_DP(2, 5, 6);
+                                T_DP(3, 5, 7);
+                            }
+                        }
+                        if (de < nK) {
+                            T_STORE(0, cp, 64); T_STORE(1, cp + 256, 64);
+                            T_STORE(2, cp + 512, 64); T_STORE(3, cp + 768, 64);
+                            continue;
+                        }
+                        T_STORE(0, Ct, 64);
+                        T_STORE(1, Ct + 256, 64);
+                        if (two) { T_STORE(2, Ct + 512, 64); T_STORE(3, Ct + 768, 64); }
+                        for (int g = 0; g <= two; ++g)
+                            for (int p = 0; p < 16; ++p) {
+                                const __m512 c0 = _mm512_load_ps(Ct + g * 512 + 16 * p), c1 = _mm512_load_ps(Ct + g * 512 + 256 + 16 * p);
+                                float* s = S + ((g0 + g) * 32 + 2 * p) * 16;
+                                _mm512_store_ps(s, _mm512_permutex2var_ps(c0, sidx0, c1));
+                                _mm512_store_ps(s + 16, _mm512_permutex2var_ps(c0, sidx1, c1));
+                            }
                     }
-                    T_STORE(0, Ct, 64);
-                    T_STORE(1, Ct + 256, 64);
-                    if (two) { T_STORE(2, Ct + 512, 64); T_STORE(3, Ct + 768, 64); }
-                    for (int g = 0; g <= two; ++g)
-                        for (int p = 0; p < 16; ++p) {
-                            const __m512 c0 = _mm512_load_ps(Ct + g * 512 + 16 * p), c1 = _mm512_load_ps(Ct + g * 512 + 256 + 16 * p);
-                            float* s = S + ((g0 + g) * 32 + 2 * p) * 16;
-                            _mm512_store_ps(s, _mm512_permutex2var_ps(c0, sidx0, c1));
-                            _mm512_store_ps(s + 16, _mm512_permutex2var_ps(c0, sidx1, c1));
-                        }
                 }
             } else {  // one 8-row B tile, four groups per step
                 for (int g0 = 0; g0 < nt; g0 += 4) {
