@@ -5,6 +5,7 @@
 // walk a 2 GiB array that is read nowhere else. If the core could hold both in flight, the work
 // would keep its rate until the stream reaches the core's DRAM rate; if they share the L1 miss
 // buffers, the work slows as the stream grows and the two add up.
+// First line: the tile unit's rate with no loads at all (4 chains of tile products).
 // Build and run (an AMX CPU, Linux): gcc -O2 -mamx-tile -mamx-bf16 -mavx512f
 //   amx_l2_beside_prefetch.c -o l2pf && ./l2pf
 #include <immintrin.h>
@@ -33,6 +34,16 @@ int main(void) {
     char* bq = aligned_alloc(4096, BQ); memset(bq, 0, BQ);
     char* far = aligned_alloc(1 << 21, FAR); memset(far, 1, FAR);
     const long group = 16 * ROW, pairs = KV / (2 * group);
+    {   // the tile unit's own rate: four independent chains of tile products, no loads
+        _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+        _tile_loadd(4, bq, 64); _tile_loadd(5, bq + 1024, 64); _tile_loadd(6, bq + 2048, 64); _tile_loadd(7, bq + 3072, 64);
+        const long n = 5000000;
+        double t = now();
+        for (long i = 0; i < n; i++) {
+            _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
+        }
+        printf("tile products alone: %5.2f ns each\n", (now() - t) / (4.0 * n) * 1e9);
+    }
     const int ks[] = {0, 2, 4, 8, 16, 32};
     size_t fo = 0;
     double alone = 0;

@@ -42,7 +42,7 @@ BLOCK_SIZE = 64
 def phase_library(defines: tuple[str, ...] = ()) -> ctypes.CDLL:
     """The kernel library with the phase counters (emulated tiles where the CPU has no AMX),
     built with the extra preprocessor ``defines`` (``NAME=VALUE``: the kernel's compile-time
-    knobs, e.g. ``WS_KSB=512`` token slots per pass or ``WS_QK_DC=12`` Q.K steps per chunk)."""
+    knobs, e.g. ``WS_KSB=512`` token slots per online-softmax pass)."""
     flags = ("-DWS_PHASES",) if "amx" in cpu.isas() else ("-DWS_AMX_EMULATE", "-DWS_PHASES")
     return cpu.build_test_variant(flags + tuple(f"-D{d}" for d in defines))
 

@@ -99,11 +99,7 @@ struct TileCfg {
 #ifndef WS_KSB
 #define WS_KSB 256
 #endif
-#ifndef WS_QK_DC
-#define WS_QK_DC 0
-#endif
-constexpr int kSB = WS_KSB;     // token slots per online-softmax pass
-constexpr int kQKDC = WS_QK_DC;  // Q.K steps per chunk at > 8 rows in the C layout (0: no chunks)
+constexpr int kSB = WS_KSB;  // token slots per online-softmax pass (-DWS_KSB: bench.cpu_phases)
 
 // Eight tiles of 16 rows x 64 bytes (palette 1).
 static inline void config_tiles() {
@@ -257,7 +253,6 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
     const size_t om = take(4 * (size_t)(2 * nmc * 16 + 16)), os = take(4 * (size_t)cap * 16);
     const size_t opa = take(2 * (size_t)ngmax * 512), oc = take(4 * 4 * 256), ot = take(4 * 16 * 64);
     const size_t okt = take(2 * 4 * 512);
-    const size_t ocp = take(4 * (size_t)(ngmax + 1) * 512);  // partial C tiles: 2 per group
     const size_t ov = take(gpu ? 2 * (size_t)ngmax * 16 * Dv * 2 : 2 * (size_t)ngmax * 16 * R * 2);
     const size_t og = take(sizeof(const uint16_t*) * 2 * ngmax + sizeof(int) * 4 * ngmax);
     char* base = ws_scratch(off);
@@ -271,13 +266,16 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
     float* Ct = (float*)(base + oc);      // 4 C tiles (C layout score unscrambling)
     float* Ot = (float*)(base + ot);      // [16 rows][64 dims]
     uint16_t* Kt = (uint16_t*)(base + okt);  // GPU Dk tail: 4 x [16 tokens][32 dims]
-    float* Cp = (float*)(base + ocp);        // C layout, > 8 rows: [group pair][4 tiles][256]
     uint16_t* Vs = (uint16_t*)(base + ov);   // GPU: V pairs [group][16][Dv][2]; C: partial groups [group][16][R][2]
     const uint16_t** gsrc = (const uint16_t**)(base + og);  // GPU: per 16-token tile; C: per group
     int* gnv = (int*)(gsrc + 2 * ngmax);                      // valid tokens of each
     int* gblk = gnv + 2 * ngmax;                              // and its block
 
-    // queries -> bf16 B operands, per chunk of 16 rows (rows past M are zero)
+    // queries -> bf16 B operands, per chunk of 16 rows (rows past M are zero). The items' q
+    // carry the factor qs = scale * log2(e); it is divided out first (bf16 queries come back
+    // exactly) and the fp32 scores are multiplied by it in the softmax, so q is rounded to bf16
+    // once at most, as GPU flash attention does, not after scaling.
+    const __m512 vqs = _mm512_set1_ps(a->qs), vinv = _mm512_set1_ps(a->qs != 0.0f ? 1.0f / a->qs : 0.0f);
     alignas(64) uint16_t pq_a[2][32];  // C layout: words 4h'..4h'+3 of B row k <- row 8hg+h'
     for (int x = 0; x < 32; ++x) { pq_a[0][x] = (uint16_t)(x / 4); pq_a[1][x] = (uint16_t)(8 + x / 4); }
     const __m512i pq0 = _mm512_load_si512((const void*)pq_a[0]), pq1 = _mm512_load_si512((const void*)pq_a[1]);
@@ -290,11 +288,11 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                 if (n >= mp) { r[n] = _mm512_setzero_si512(); continue; }
                 const float* q = it->q + (int64_t)(m0 + n) * Dk;
                 if (gpu) {  // dword k of row n = (q_n[32dc+2k], q_n[32dc+2k+1])
-                    const __m512 lo = _mm512_loadu_ps(q + 32 * dc);
-                    const __m512 hi = 32 * dc + 16 < Dk ? _mm512_loadu_ps(q + 32 * dc + 16) : _mm512_setzero_ps();
+                    const __m512 lo = _mm512_mul_ps(_mm512_loadu_ps(q + 32 * dc), vinv);
+                    const __m512 hi = 32 * dc + 16 < Dk ? _mm512_mul_ps(_mm512_loadu_ps(q + 32 * dc + 16), vinv) : _mm512_setzero_ps();
                     r[n] = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
                 } else {
-                    r[n] = _mm512_castps_si512(_mm512_loadu_ps(q + 16 * dc));
+                    r[n] = _mm512_castps_si512(_mm512_mul_ps(_mm512_loadu_ps(q + 16 * dc), vinv));
                 }
             }
             transpose16(r);
@@ -443,53 +441,35 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                     }
                 }
             } else if (mp > 8) {  // two 8-row B tiles, two groups per step
-                // The B tiles (2 KB per step, 72 KB for MLA) outgrow L1: the steps run in
-                // chunks of kQKDC whose B tiles stay in L1 across the pass's group pairs, the
-                // partial scores kept in Cp between chunks (a pass of one pair: no chunks).
-                const int kch = nt > 2 && kQKDC > 0 && kQKDC < nK ? kQKDC : nK;
-                for (int dcs = 0; dcs < nK; dcs += kch) {
-                    const int de = nK - dcs < kch ? nK : dcs + kch;
-                    for (int g0 = 0; g0 < nt; g0 += 2) {
-                        const int two = nt - g0 > 1;
-                        if (mc == 0 && dcs == 0) ipf_retarget(pf, gblk[g0 + two] + 1 + ahead, nK, ahead);
-                        const uint16_t* s0 = gsrc[g0] + 2 * a->k_off;
-                        const uint16_t* s1 = two ? gsrc[g0 + 1] + 2 * a->k_off : s0;
-                        float* cp = Cp + (size_t)g0 * 512;  // this pair's 4 partial C tiles
-                        if (dcs == 0) {
-                            T_ZERO(0); T_ZERO(1); T_ZERO(2); T_ZERO(3);
-                        } else {
-                            T_LOAD(0, cp, 64); T_LOAD(1, cp + 256, 64);
-                            T_LOAD(2, cp + 512, 64); T_LOAD(3, cp + 768, 64);
+                for (int g0 = 0; g0 < nt; g0 += 2) {
+                    const int two = nt - g0 > 1;
+                    if (mc == 0) ipf_retarget(pf, gblk[g0 + two] + 1 + ahead, nK, ahead);
+                    const uint16_t* s0 = gsrc[g0] + 2 * a->k_off;
+                    const uint16_t* s1 = two ? gsrc[g0 + 1] + 2 * a->k_off : s0;
+                    T_ZERO(0); T_ZERO(1); T_ZERO(2); T_ZERO(3);
+                    for (int dc = 0; dc < nK; ++dc) {
+                        ipf_step(pf);
+                        T_LOAD(6, bq + dc * 512, 64);
+                        T_LOAD(7, bq + (nK + dc) * 512, 64);
+                        T_LOAD(4, s0 + 32 * dc, rstride);
+                        T_DP(0, 4, 6);
+                        T_DP(1, 4, 7);
+                        if (two) {
+                            T_LOAD(5, s1 + 32 * dc, rstride);
+                            T_DP(2, 5, 6);
+                            T_DP(3, 5, 7);
                         }
-                        for (int dc = dcs; dc < de; ++dc) {
-                            ipf_step(pf);
-                            T_LOAD(6, bq + dc * 512, 64);
-                            T_LOAD(7, bq + (nK + dc) * 512, 64);
-                            T_LOAD(4, s0 + 32 * dc, rstride);
-                            T_DP(0, 4, 6);
-                            T_DP(1, 4, 7);
-                            if (two) {
-                                T_LOAD(5, s1 + 32 * dc, rstride);
-                                T_DP(2, 5, 6);
-                                T_DP(3, 5, 7);
-                            }
-                        }
-                        if (de < nK) {
-                            T_STORE(0, cp, 64); T_STORE(1, cp + 256, 64);
-                            T_STORE(2, cp + 512, 64); T_STORE(3, cp + 768, 64);
-                            continue;
-                        }
-                        T_STORE(0, Ct, 64);
-                        T_STORE(1, Ct + 256, 64);
-                        if (two) { T_STORE(2, Ct + 512, 64); T_STORE(3, Ct + 768, 64); }
-                        for (int g = 0; g <= two; ++g)
-                            for (int p = 0; p < 16; ++p) {
-                                const __m512 c0 = _mm512_load_ps(Ct + g * 512 + 16 * p), c1 = _mm512_load_ps(Ct + g * 512 + 256 + 16 * p);
-                                float* s = S + ((g0 + g) * 32 + 2 * p) * 16;
-                                _mm512_store_ps(s, _mm512_permutex2var_ps(c0, sidx0, c1));
-                                _mm512_store_ps(s + 16, _mm512_permutex2var_ps(c0, sidx1, c1));
-                            }
                     }
+                    T_STORE(0, Ct, 64);
+                    T_STORE(1, Ct + 256, 64);
+                    if (two) { T_STORE(2, Ct + 512, 64); T_STORE(3, Ct + 768, 64); }
+                    for (int g = 0; g <= two; ++g)
+                        for (int p = 0; p < 16; ++p) {
+                            const __m512 c0 = _mm512_load_ps(Ct + g * 512 + 16 * p), c1 = _mm512_load_ps(Ct + g * 512 + 256 + 16 * p);
+                            float* s = S + ((g0 + g) * 32 + 2 * p) * 16;
+                            _mm512_store_ps(s, _mm512_permutex2var_ps(c0, sidx0, c1));
+                            _mm512_store_ps(s + 16, _mm512_permutex2var_ps(c0, sidx1, c1));
+                        }
                 }
             } else {  // one 8-row B tile, four groups per step
                 for (int g0 = 0; g0 < nt; g0 += 4) {
@@ -532,8 +512,8 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                     const float* s = S + (g * 32 + h * 16) * 16;
                     int t = 0;
                     for (; t + 4 <= nv; t += 4)
-                        for (int j = 0; j < 4; ++j) mxa[j] = _mm512_max_ps(mxa[j], _mm512_load_ps(s + 16 * (t + j)));
-                    for (; t < nv; ++t) mxa[0] = _mm512_max_ps(mxa[0], _mm512_load_ps(s + 16 * t));
+                        for (int j = 0; j < 4; ++j) mxa[j] = _mm512_max_ps(mxa[j], _mm512_mul_ps(_mm512_load_ps(s + 16 * (t + j)), vqs));
+                    for (; t < nv; ++t) mxa[0] = _mm512_max_ps(mxa[0], _mm512_mul_ps(_mm512_load_ps(s + 16 * t), vqs));
                 }
             const __m512 mx = _mm512_max_ps(_mm512_max_ps(mxa[0], mxa[1]), _mm512_max_ps(mxa[2], mxa[3]));
             const __m512 mold = _mm512_loadu_ps(mrun + 16 * mc);
@@ -552,7 +532,7 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                     const __mmask16 valid = (__mmask16)((t < nv ? 0x00FFu : 0u) | (t + 1 < nv ? 0xFF00u : 0u));
                     const float* s = S + (g * 32 + 16 * h + t) * 16;
                     const __m512 x = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_load_ps(s)), _mm256_load_ps(s + 16), 1);
-                    const __m512 e = _mm512_maskz_mov_ps(valid, exp2_fast(_mm512_sub_ps(x, mnew2)));
+                    const __m512 e = _mm512_maskz_mov_ps(valid, exp2_fast(_mm512_fmsub_ps(x, vqs, mnew2)));
                     sums[k & 1] = _mm512_add_ps(sums[k & 1], e);
                     const __m256i pb = (__m256i)_mm512_cvtneps_pbh(e);  // words r, 8 + r: rows r of the two slots
                     w[k] = _mm512_zextsi256_si512(_mm256_permutexvar_epi16(pidx8, pb));
@@ -569,8 +549,8 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                 for (int k = 0; k < 16; ++k) {
                     const int h = k >> 3, t = 2 * (k & 7), nv = h ? nv1 : nv0;
                     const float* s = S + (g * 32 + 16 * h + t) * 16;
-                    const __m512 p0 = t < nv ? exp2_fast(_mm512_sub_ps(_mm512_load_ps(s), mnew)) : _mm512_setzero_ps();
-                    const __m512 p1 = t + 1 < nv ? exp2_fast(_mm512_sub_ps(_mm512_load_ps(s + 16), mnew)) : _mm512_setzero_ps();
+                    const __m512 p0 = t < nv ? exp2_fast(_mm512_fmsub_ps(_mm512_load_ps(s), vqs, mnew)) : _mm512_setzero_ps();
+                    const __m512 p1 = t + 1 < nv ? exp2_fast(_mm512_fmsub_ps(_mm512_load_ps(s + 16), vqs, mnew)) : _mm512_setzero_ps();
                     sums[k & 1] = _mm512_add_ps(sums[k & 1], _mm512_add_ps(p0, p1));
                     w[k] = _mm512_permutexvar_epi16(pidx, (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
                 }

@@ -18,6 +18,8 @@ struct WsArgs {
     int layout;  // 0: cpu, 1: gpu
     int64_t block_stride;  // elements between consecutive blocks
     int H, bs, R, k_off, Dk, v_off, Dv;
+    float qs;  // the factor the items' queries carry (scale * log2(e)); the AMX path divides it
+               // out before rounding q to bf16 and applies it to the fp32 scores instead
 };
 
 // One unit of work: M query vectors (query rows x heads of one KV group) of one sequence over

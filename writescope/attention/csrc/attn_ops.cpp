@@ -414,7 +414,7 @@ int plan_call(const CallArgs& a, Plan& plan, Job& J, int& nitems, int& nunits, i
     J = Job{a.q, a.q_dtype, a.Hq, G, Dk, Dv, a.scale * 1.4426950408889634f,  // base-2 scores
             a.q_indptr, a.kv_blocks, a.kv_lens, fn,
             WsArgs{a.kv, a.dtype, a.layout, a.block_stride, H, a.bs, a.R, a.k_off, Dk, a.v_off,
-                   Dv},
+                   Dv, a.scale * 1.4426950408889634f},
             items.data(), groups.data(), plan.units.data(), plan.pending.data(),
             plan.qstate.data(), qpack, part, a.out, a.lse};
     return 0;
