@@ -1,6 +1,8 @@
 // AMX-BF16 build: both matrix products on the tile unit, softmax in AVX-512.
 //
 // Scheme (per item: M query rows, one KV head, a run of blocks):
+//  * Scale: the items' q carry scale * log2(e) (attn_ops.cpp); it is divided out before q is
+//    rounded to bf16 and applied to the fp32 scores in the softmax, so bf16 queries stay exact.
 //  * Passes (super-blocks). Consecutive blocks are gathered into passes of up to kSB = 256 token slots
 //    (a block larger than that is a pass of its own); the online softmax (running max, rescale
 //    of the fp32 O accumulator) runs once per pass, not per block. Outer loop: passes; inner:
