@@ -43,9 +43,9 @@ from .batch import BlockBatch
 from .torch_paged import attend_torch
 
 __all__ = ["attend_cpu", "CpuAttentionPlan", "CpuJobQueue", "current_isa_setting", "available",
-           "set_num_threads", "get_num_threads", "reserve_cores", "set_isa", "get_isa", "isas",
+           "set_num_threads", "get_num_threads", "num_threads_setting", "reserve_cores", "set_isa", "get_isa", "isas",
            "set_prefetch_blocks", "get_prefetch_blocks", "prefetch_chosen_by_user",
-           "features", "read_bandwidth", "tile_read_bandwidth"]
+           "features", "read_bandwidth", "tile_read_bandwidth", "use_library"]
 
 _CSRC = Path(__file__).with_name("csrc")
 _SOURCES = ("attn_ops.cpp", "attn_avx2.cpp", "attn_avx512.cpp", "attn_bf16.cpp", "attn_amx.cpp")
@@ -308,6 +308,12 @@ def set_num_threads(n: int | None) -> None:
     """The kernel's own thread count (None: back to the default)."""
     global _threads
     _threads = None if n is None else max(1, int(n))
+
+
+def num_threads_setting() -> int | None:
+    """What :func:`set_num_threads` last set (None: the default, from the environment or the
+    usable cores)."""
+    return _threads
 
 
 def get_num_threads() -> int:

@@ -83,7 +83,8 @@ def measure(lib: ctypes.CDLL, shape: str, pool_mb: float, seconds: float, prefet
     q = torch.randn(threads, hq, spec.k_dim, generator=gen).to(torch.bfloat16)
     cyc = (ctypes.c_uint64 * 8).in_dll(lib, "ws_phase_cycles")
     lib.ws_phase_tsc.restype = ctypes.c_uint64
-    prev_threads, pf = cpu.get_num_threads(), cpu.get_prefetch_blocks()
+    prev_threads, isa = cpu.num_threads_setting(), cpu.current_isa_setting()
+    pf, pf_user = cpu.get_prefetch_blocks(), cpu.prefetch_chosen_by_user()
     cpu.set_num_threads(threads)
     try:
         with cpu.use_library(lib):
@@ -100,8 +101,8 @@ def measure(lib: ctypes.CDLL, shape: str, pool_mb: float, seconds: float, prefet
             c1, dt = lib.ws_phase_tsc(), time.perf_counter() - t0
     finally:
         cpu.set_num_threads(prev_threads)
-        cpu.set_prefetch_blocks(pf)
-        cpu.set_isa("auto")
+        cpu.set_prefetch_blocks(pf, from_profile=not pf_user)  # as it was, and whose choice it was
+        cpu.set_isa(isa)
     groups = calls * threads * blocks * bs / 32 * spec.num_kv_heads  # all threads' groups
     tsc_hz = (c1 - c0) / dt
     phase_ns = {nm: cyc[i] / tsc_hz / groups * 1e9 for i, nm in enumerate(PHASES)}
