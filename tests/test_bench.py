@@ -502,7 +502,6 @@ def test_cpu_phases_bench_splits_the_kernels_time_and_computes_what_the_normal_b
     pool = torch.randn(cpu_pool_shape(spec, 6, 64)[1:], generator=gen).to(spec.dtype)
     bb = BlockBatch.build([1, 1], [[4, 1, 2], [0, 5]], [[64, 64, 17], [64, 3]])
     q = torch.randn(2, hq, spec.k_dim, generator=gen).to(torch.bfloat16)
-    cpu.set_isa("amx" if "amx" in cpu.isas() else "auto")
     try:
         with cpu.use_library(lib):
             cpu.set_isa("amx")
@@ -517,8 +516,8 @@ def test_cpu_phases_bench_splits_the_kernels_time_and_computes_what_the_normal_b
     with pytest.raises(SystemExit, match="unknown shape 'mlx'"):
         cpu_phases.main(["--shapes", "mlx"])
     # --defines: builds to compare side by side; the empty entry is the default build
-    assert cpu_phases.parse_variants(";WS_QK_DC=12;WS_KSB=128, WS_QK_DC=9") == [
-        (), ("WS_QK_DC=12",), ("WS_KSB=128", "WS_QK_DC=9")]
+    assert cpu_phases.parse_variants(";WS_KSB=128;WS_KSB=512, WS_PHASES") == [
+        (), ("WS_KSB=128",), ("WS_KSB=512", "WS_PHASES")]
     with pytest.raises(SystemExit, match="WS_NAME=VALUE"):
         cpu_phases.main(["--defines", "KSB=1"])
 

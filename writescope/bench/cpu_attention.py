@@ -117,6 +117,16 @@ def _reads(probe: torch.Tensor, reps: int) -> dict[str, float]:
     return {m: max(fn(probe, t) for _ in range(reps)) for m, fn in methods().items() if m != "vector"}
 
 
+def fill_random(pool: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """``pool`` filled with standard-normal values, 16M elements at a time (no pool-sized fp32
+    temporary); returns it."""
+    flat = pool.view(-1)
+    step = 1 << 24
+    for i in range(0, flat.numel(), step):
+        flat[i:i + step] = torch.randn(min(step, flat.numel() - i), generator=gen)
+    return pool
+
+
 def bench_shape(name: str, batch: int, length: int, reps: int, torch_reps: int, bs: int,
                 variants: bool, gpu_layout: bool, gen: torch.Generator,
                 prefetch: tuple[int, ...] = (), probe: torch.Tensor | None = None) -> dict:
@@ -126,11 +136,7 @@ def bench_shape(name: str, batch: int, length: int, reps: int, torch_reps: int, 
     nblocks = batch * nb_seq
     # random contents written straight in the C layout (any values do: the rate is what counts)
     # allocated as the engine allocates its C pool (huge pages advised before the first touch)
-    pool = pageable_empty(cpu_pool_shape(spec, nblocks, bs)[1:], spec.dtype)
-    flat = pool.view(-1)
-    step = 1 << 24
-    for i in range(0, flat.numel(), step):
-        flat[i:i + step] = torch.randn(min(step, flat.numel() - i), generator=gen)
+    pool = fill_random(pageable_empty(cpu_pool_shape(spec, nblocks, bs)[1:], spec.dtype), gen)
     perm = torch.randperm(nblocks, generator=gen)
     blocks = [perm[i * nb_seq:(i + 1) * nb_seq].tolist() for i in range(batch)]
     lens = [[bs] * (nb_seq - 1) + [length - bs * (nb_seq - 1)] for _ in range(batch)]

@@ -31,7 +31,7 @@ from ..attention import cpu
 from ..attention.batch import BlockBatch
 from ..hostmem import pageable_empty
 from ..kvcache.regions import cpu_pool_shape
-from .cpu_attention import SHAPES, _machine
+from .cpu_attention import SHAPES, _machine, fill_random
 from .provenance import result_header, write_json
 
 PHASES = ("gap", "layout", "qk", "softmax", "pv")  # the order of PH(0..4) in attn_amx.cpp
@@ -71,8 +71,7 @@ def measure(lib: ctypes.CDLL, shape: str, pool_mb: float, seconds: float, prefet
     bs = BLOCK_SIZE
     tok_bytes = spec.num_kv_heads * spec.rec_dim * spec.itemsize
     nblk = max(1, int(pool_mb * 2**20 / (tok_bytes * bs)))
-    pool = pageable_empty(cpu_pool_shape(spec, nblk, bs)[1:], spec.dtype)
-    pool.view(-1).copy_(torch.randn(pool.numel(), generator=gen).to(spec.dtype))
+    pool = fill_random(pageable_empty(cpu_pool_shape(spec, nblk, bs)[1:], spec.dtype), gen)
     if nblk < blocks:  # L2-sized: every sequence walks the pool's few blocks again and again
         ids = [[i % nblk for i in range(blocks)] for _ in range(threads)]
     else:  # past the L3: distinct blocks where the pool has enough, else random draws
@@ -89,8 +88,7 @@ def measure(lib: ctypes.CDLL, shape: str, pool_mb: float, seconds: float, prefet
     try:
         with cpu.use_library(lib):
             cpu.set_prefetch_blocks(prefetch)
-            if cpu.get_isa(spec.dtype) != "amx":
-                cpu.set_isa("amx")
+            cpu.set_isa("amx")
             cpu.attend_cpu(q, pool, "cpu", spec, bb, 0.1)  # warm-up (and first touch)
             for i in range(8):
                 cyc[i] = 0
