@@ -151,23 +151,29 @@ def build_test_variant(extra_flags: tuple[str, ...]) -> ctypes.CDLL:
     path = _build_dir(tuple(extra_flags)) / "libwritescope_cpu_attn.so"
     if not path.exists():
         _compile(path, tuple(extra_flags))
-    return _declare(ctypes.CDLL(str(path)))
+    lib = _declare(ctypes.CDLL(str(path)))
+    lib.ws_emulated_tiles = "-DWS_AMX_EMULATE" in extra_flags  # runs "amx" on any AVX-512 BF16 CPU
+    return lib
 
 
 @contextlib.contextmanager
 def use_library(lib: ctypes.CDLL):
     """:func:`attend_cpu` runs ``lib`` (a :func:`build_test_variant`) inside the block; the
-    normal build is loaded first, so the CPU's features and the AMX permission are known."""
-    global _lib
+    normal build is loaded first, so the CPU's features and the AMX permission are known. An
+    emulated-tile build (``-DWS_AMX_EMULATE``) makes ``"amx"`` one of :func:`isas` inside the
+    block on a CPU whose AVX-512 BF16 runs its vector parts, as the tests' ``swap_in`` does."""
+    global _lib, _features, _amx_ok
     if _load() is None:
         raise RuntimeError(f"the CPU kernel is not available: {_load_error}")
-    prev = _lib
+    prev, prev_features, prev_amx = _lib, _features, _amx_ok
     lib.ws_set_prefetch_blocks(_prefetch_blocks)
     _lib = lib
+    if getattr(lib, "ws_emulated_tiles", False) and _features & _F_BF16:
+        _features, _amx_ok = _features | _F_AMX, True
     try:
         yield lib
     finally:
-        _lib = prev
+        _lib, _features, _amx_ok = prev, prev_features, prev_amx
 
 
 def _load() -> ctypes.CDLL | None:
