@@ -103,6 +103,15 @@ struct TileCfg {
 #endif
 constexpr int kSB = WS_KSB;  // token slots per online-softmax pass (-DWS_KSB: bench.cpu_phases)
 
+// -DWS_TILED=1 (an experiment of bench.cpu_phases --defines; not a layout the engine writes):
+// the C layout's 32-token groups stored tile by tile, [bs/32][R/16][16 pairs][16 dims][2], so
+// that every A operand of Q.K and every V operand of P.V is one contiguous 1 KB tile (stride 64
+// bytes) instead of 16 rows 2*R*2 bytes apart. Same bytes per group, same products.
+#ifndef WS_TILED
+#define WS_TILED 0
+#endif
+constexpr int kTiled = WS_TILED;
+
 // Eight tiles of 16 rows x 64 bytes (palette 1).
 static inline void config_tiles() {
     TileCfg cfg;
@@ -192,17 +201,17 @@ static inline void ipf_step(ItemPf& p) {
 // 32-value chunks of group i (A operand, rows `rstride` bytes apart) . Bq chunk (B, tile 6);
 // A operands alternate between tiles 4 and 5 so consecutive loads and products overlap.
 static inline void qk_groups(const uint16_t* s0, const uint16_t* s1, const uint16_t* s2,
-                             const uint16_t* s3, int nb, int nd, const uint16_t* bq, int rstride,
-                             ItemPf& pf) {
+                             const uint16_t* s3, int nb, int nd, const uint16_t* bq, long rstride,
+                             int dstep, ItemPf& pf) {
     T_ZERO(0); T_ZERO(1); T_ZERO(2); T_ZERO(3);
     for (int dc = 0; dc < nd; ++dc) {
         ipf_step(pf);
         T_LOAD(6, bq + dc * 512, 64);
-        T_LOAD(4, s0 + 32 * dc, rstride);
+        T_LOAD(4, s0 + dstep * dc, rstride);
         T_DP(0, 4, 6);
-        if (nb > 1) { T_LOAD(5, s1 + 32 * dc, rstride); T_DP(1, 5, 6); }
-        if (nb > 2) { T_LOAD(4, s2 + 32 * dc, rstride); T_DP(2, 4, 6); }
-        if (nb > 3) { T_LOAD(5, s3 + 32 * dc, rstride); T_DP(3, 5, 6); }
+        if (nb > 1) { T_LOAD(5, s1 + dstep * dc, rstride); T_DP(1, 5, 6); }
+        if (nb > 2) { T_LOAD(4, s2 + dstep * dc, rstride); T_DP(2, 4, 6); }
+        if (nb > 3) { T_LOAD(5, s3 + dstep * dc, rstride); T_DP(3, 5, 6); }
     }
 }
 
@@ -245,6 +254,11 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
     const int nDv = Dv / 16;
     const int64_t tokst = gpu ? (int64_t)H * R : 2 * (int64_t)R;  // elements between A rows
     const long rstride = (long)tokst * 2;                          // same, bytes
+    // C layout: elements between the tiles of consecutive 16-dim chunks of a group, the tiles'
+    // row stride in bytes, and the factor from a record offset to its chunk's tile
+    const int cstep = kTiled ? 512 : 32;
+    const long cst = kTiled ? 64L : rstride;
+    const int cmul = kTiled ? 32 : 2;
     const int cap = (int)(bs > kSB ? ws_round_up(bs, 32) : kSB);
     const int ngmax = cap / 32;
     const size_t bqsz = (size_t)(gpu ? 1 : 2) * nK * 512;  // bf16 elements per 16-row chunk
@@ -362,6 +376,18 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                     // partial group: copy its valid pairs, zero the rest (and an odd last partner)
                     uint16_t* dst = Vs + (size_t)nt * 16 * tokst;
                     const int np = (nv + 1) / 2;
+                    if (kTiled) {  // per 16-dim tile: rows < np valid, the rest zero
+                        for (int c = 0; c < R / 16; ++c) {
+                            uint16_t* tl = dst + (size_t)c * 512;
+                            memcpy(tl, src + (size_t)c * 512, 64 * (size_t)np);
+                            memset(tl + 32 * np, 0, 64 * (size_t)(16 - np));
+                            if (nv & 1)  // the odd last token's partner: the high word of each dword
+                                _mm512_storeu_si512((void*)(tl + 32 * (np - 1)), _mm512_and_si512(
+                                    _mm512_loadu_si512((const void*)(tl + 32 * (np - 1))), _mm512_set1_epi32(0xFFFF)));
+                        }
+                        gsrc[nt] = dst;
+                        continue;
+                    }
                     memcpy(dst, src, 2 * (size_t)np * tokst);
                     if (nv & 1) {
                         uint16_t* row = dst + (int64_t)(np - 1) * tokst;
@@ -395,7 +421,7 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                     const uint16_t* s1 = nb > 1 ? gsrc[i0 + 1] + a->k_off : s0;
                     const uint16_t* s2 = nb > 2 ? gsrc[i0 + 2] + a->k_off : s0;
                     const uint16_t* s3 = nb > 3 ? gsrc[i0 + 3] + a->k_off : s0;
-                    qk_groups(s0, s1, s2, s3, nb, nKfull, bq, rstride, pf);
+                    qk_groups(s0, s1, s2, s3, nb, nKfull, bq, rstride, 32, pf);
                     if (nKfull < nK) {  // last 16 dims: zero-padded copies (B rows 8-15 are 0)
                         for (int i = 0; i < nb; ++i)
                             for (int t = 0; t < 16; ++t) {
@@ -446,18 +472,18 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                 for (int g0 = 0; g0 < nt; g0 += 2) {
                     const int two = nt - g0 > 1;
                     if (mc == 0) ipf_retarget(pf, gblk[g0 + two] + 1 + ahead, nK, ahead);
-                    const uint16_t* s0 = gsrc[g0] + 2 * a->k_off;
-                    const uint16_t* s1 = two ? gsrc[g0 + 1] + 2 * a->k_off : s0;
+                    const uint16_t* s0 = gsrc[g0] + cmul * a->k_off;
+                    const uint16_t* s1 = two ? gsrc[g0 + 1] + cmul * a->k_off : s0;
                     T_ZERO(0); T_ZERO(1); T_ZERO(2); T_ZERO(3);
                     for (int dc = 0; dc < nK; ++dc) {
                         ipf_step(pf);
                         T_LOAD(6, bq + dc * 512, 64);
                         T_LOAD(7, bq + (nK + dc) * 512, 64);
-                        T_LOAD(4, s0 + 32 * dc, rstride);
+                        T_LOAD(4, s0 + cstep * dc, cst);
                         T_DP(0, 4, 6);
                         T_DP(1, 4, 7);
                         if (two) {
-                            T_LOAD(5, s1 + 32 * dc, rstride);
+                            T_LOAD(5, s1 + cstep * dc, cst);
                             T_DP(2, 5, 6);
                             T_DP(3, 5, 7);
                         }
@@ -477,11 +503,11 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                 for (int g0 = 0; g0 < nt; g0 += 4) {
                     const int nb = nt - g0 < 4 ? nt - g0 : 4;
                     if (mc == 0) ipf_retarget(pf, gblk[g0 + nb - 1] + 1 + ahead, nK, ahead);
-                    const uint16_t* s0 = gsrc[g0] + 2 * a->k_off;
-                    const uint16_t* s1 = nb > 1 ? gsrc[g0 + 1] + 2 * a->k_off : s0;
-                    const uint16_t* s2 = nb > 2 ? gsrc[g0 + 2] + 2 * a->k_off : s0;
-                    const uint16_t* s3 = nb > 3 ? gsrc[g0 + 3] + 2 * a->k_off : s0;
-                    qk_groups(s0, s1, s2, s3, nb, nK, bq, rstride, pf);
+                    const uint16_t* s0 = gsrc[g0] + cmul * a->k_off;
+                    const uint16_t* s1 = nb > 1 ? gsrc[g0 + 1] + cmul * a->k_off : s0;
+                    const uint16_t* s2 = nb > 2 ? gsrc[g0 + 2] + cmul * a->k_off : s0;
+                    const uint16_t* s3 = nb > 3 ? gsrc[g0 + 3] + cmul * a->k_off : s0;
+                    qk_groups(s0, s1, s2, s3, nb, nK, bq, cst, cstep, pf);
                     T_STORE(0, Ct, 64);
                     if (nb > 1) T_STORE(1, Ct + 256, 64);
                     if (nb > 2) T_STORE(2, Ct + 512, 64);
@@ -585,13 +611,14 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                     const uint16_t* v;
                     long vst;
                     if (gpu) { v = Vs + (size_t)g * 16 * Dv * 2 + 32 * dc0; vst = (long)Dv * 4; }
-                    else { v = gsrc[g] + 2 * (a->v_off + 16 * dc0); vst = rstride; }
+                    else { v = gsrc[g] + cmul * (a->v_off + 16 * dc0); vst = cst; }
+                    const int vstep = gpu ? 32 : cstep;
                     T_LOAD(4, Pa + g * 512, 64);
                     T_LOAD(6, v, vst);
                     T_DP(0, 4, 6);
-                    if (nd > 1) { T_LOAD(7, v + 32, vst); T_DP(1, 4, 7); }
-                    if (nd > 2) { T_LOAD(6, v + 64, vst); T_DP(2, 4, 6); }
-                    if (nd > 3) { T_LOAD(7, v + 96, vst); T_DP(3, 4, 7); }
+                    if (nd > 1) { T_LOAD(7, v + vstep, vst); T_DP(1, 4, 7); }
+                    if (nd > 2) { T_LOAD(6, v + 2 * vstep, vst); T_DP(2, 4, 6); }
+                    if (nd > 3) { T_LOAD(7, v + 3 * vstep, vst); T_DP(3, 4, 7); }
                 }
                 if (accumulate) {
                     T_STORE(0, o0, Dv * 4);
