@@ -102,43 +102,6 @@ def test_mla_with_the_kernels_compile_time_knobs(monkeypatch, defines):
         cpu.set_num_threads(None)
 
 
-def to_tiled(cpool: torch.Tensor) -> torch.Tensor:
-    """A C-layout pool ``[N, H, bs/2, R, 2]`` in the experimental ``-DWS_TILED=1`` order,
-    ``[N, H, bs/32, R/16, 16 pairs, 16 dims, 2]``, viewed back to the pool's shape."""
-    n, h, bp, r, _ = cpool.shape
-    x = cpool.reshape(n, h, bp // 16, 16, r // 16, 16, 2).permute(0, 1, 2, 4, 3, 5, 6)
-    return x.contiguous().reshape(cpool.shape)
-
-
-@pytest.mark.parametrize("family", ["mla", "gqa"])
-def test_the_tiled_c_layout_experiment_computes_what_the_pair_rows_do(monkeypatch, family):
-    """``bench.cpu_phases --defines WS_TILED=1`` times the AMX kernel over 32-token groups
-    stored tile by tile (every tile load one contiguous 1 KB); that build, given the same
-    records in that order, matches the oracle: full and partial groups, odd tails, M of 8 and
-    16 rows (GQA group 8 is the one-B-tile path), items of several passes."""
-    swap_in(cpu.build_test_variant(("-DWS_AMX_EMULATE", "-DWS_TILED=1")), monkeypatch)
-    try:
-        spec = KVSpec.mla(1, 512, 64, torch.bfloat16) if family == "mla" else KVSpec.gqa(1, 2, 128, torch.bfloat16)
-        hq = 16  # MLA: 16 heads on the latent; GQA: 8 query heads per KV head
-        gen = torch.Generator().manual_seed(11)
-        blocks = [[0, 1, 2, 3, 4, 5], [6, 7], [8], [9, 10]]
-        lens = [[64, 64, 64, 64, 64, 33], [64, 17], [1], [64, 50]]
-        recs, cpool, gpool = make_pools(spec, 11, 64, gen)
-        write_valid(recs, cpool, gpool, blocks, lens)
-        qc = [1, 2, 1, 1]
-        q = torch.randn(sum(qc), hq, spec.k_dim, generator=gen).to(torch.bfloat16)
-        scale = 1.0 / math.sqrt(spec.k_dim)
-        ref_o, ref_l = reference(q.float(), recs, spec, qc, blocks, lens, scale)
-        batch = BlockBatch.build(qc, blocks, lens)
-        for threads in (1, 2):
-            cpu.set_num_threads(threads)
-            out, lse = cpu.attend_cpu(q, to_tiled(cpool), "cpu", spec, batch, scale)
-            check(out, lse, ref_o, ref_l, 5e-3)
-    finally:
-        cpu.set_isa("auto")
-        cpu.set_num_threads(None)
-
-
 @pytest.mark.parametrize("family", ["mla", "gqa"])
 def test_the_scale_is_applied_to_fp32_scores_not_folded_into_bf16_queries(amx_emulated, family):
     """bf16 queries and keys: with one token the lse is that token's score, which the tile unit

@@ -103,15 +103,6 @@ struct TileCfg {
 #endif
 constexpr int kSB = WS_KSB;  // token slots per online-softmax pass (-DWS_KSB: bench.cpu_phases)
 
-// -DWS_TILED=1 (an experiment of bench.cpu_phases --defines; not a layout the engine writes):
-// the C layout's 32-token groups stored tile by tile, [bs/32][R/16][16 pairs][16 dims][2], so
-// that every A operand of Q.K and every V operand of P.V is one contiguous 1 KB tile (stride 64
-// bytes) instead of 16 rows 2*R*2 bytes apart. Same bytes per group, same products.
-#ifndef WS_TILED
-#define WS_TILED 0
-#endif
-constexpr int kTiled = WS_TILED;
-
 // Eight tiles of 16 rows x 64 bytes (palette 1).
 static inline void config_tiles() {
     TileCfg cfg;
@@ -120,22 +111,6 @@ static inline void config_tiles() {
     for (int t = 0; t < 8; ++t) { cfg.rows[t] = 16; cfg.colsb[t] = 64; }
     T_FENCE();
     T_CFG(&cfg);
-}
-
-// 2^x for the softmax: round-to-nearest split, a degree-4 minimax polynomial on [-1/2, 1/2]
-// (relative error 2.9e-6, far below the bf16 rounding of P that follows; its constant term is
-// exactly 1, so 2^0 = 1 and an unmoved max keeps the P.V accumulate path) and VSCALEFPS for the
-// exponent: 8 instructions where V::exp2 (degree 7, exponent built by integer ops) takes 14.
-static inline __m512 exp2_fast(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-127.0f));
-    const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_sub_ps(x, n);
-    __m512 p = _mm512_set1_ps(9.582852944731712e-03f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5906426161527634e-02f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4024099111557007e-01f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931241750717163e-01f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
 }
 
 // One stage of a 16x16 transpose of 32-bit elements: swap the off-diagonal b x b blocks.
@@ -201,17 +176,17 @@ static inline void ipf_step(ItemPf& p) {
 // 32-value chunks of group i (A operand, rows `rstride` bytes apart) . Bq chunk (B, tile 6);
 // A operands alternate between tiles 4 and 5 so consecutive loads and products overlap.
 static inline void qk_groups(const uint16_t* s0, const uint16_t* s1, const uint16_t* s2,
-                             const uint16_t* s3, int nb, int nd, const uint16_t* bq, long rstride,
-                             int dstep, ItemPf& pf) {
+                             const uint16_t* s3, int nb, int nd, const uint16_t* bq, int rstride,
+                             ItemPf& pf) {
     T_ZERO(0); T_ZERO(1); T_ZERO(2); T_ZERO(3);
     for (int dc = 0; dc < nd; ++dc) {
         ipf_step(pf);
         T_LOAD(6, bq + dc * 512, 64);
-        T_LOAD(4, s0 + dstep * dc, rstride);
+        T_LOAD(4, s0 + 32 * dc, rstride);
         T_DP(0, 4, 6);
-        if (nb > 1) { T_LOAD(5, s1 + dstep * dc, rstride); T_DP(1, 5, 6); }
-        if (nb > 2) { T_LOAD(4, s2 + dstep * dc, rstride); T_DP(2, 4, 6); }
-        if (nb > 3) { T_LOAD(5, s3 + dstep * dc, rstride); T_DP(3, 5, 6); }
+        if (nb > 1) { T_LOAD(5, s1 + 32 * dc, rstride); T_DP(1, 5, 6); }
+        if (nb > 2) { T_LOAD(4, s2 + 32 * dc, rstride); T_DP(2, 4, 6); }
+        if (nb > 3) { T_LOAD(5, s3 + 32 * dc, rstride); T_DP(3, 5, 6); }
     }
 }
 
@@ -254,11 +229,6 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
     const int nDv = Dv / 16;
     const int64_t tokst = gpu ? (int64_t)H * R : 2 * (int64_t)R;  // elements between A rows
     const long rstride = (long)tokst * 2;                          // same, bytes
-    // C layout: elements between the tiles of consecutive 16-dim chunks of a group, the tiles'
-    // row stride in bytes, and the factor from a record offset to its chunk's tile
-    const int cstep = kTiled ? 512 : 32;
-    const long cst = kTiled ? 64L : rstride;
-    const int cmul = kTiled ? 32 : 2;
     const int cap = (int)(bs > kSB ? ws_round_up(bs, 32) : kSB);
     const int ngmax = cap / 32;
     const size_t bqsz = (size_t)(gpu ? 1 : 2) * nK * 512;  // bf16 elements per 16-row chunk
@@ -376,18 +346,6 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                     // partial group: copy its valid pairs, zero the rest (and an odd last partner)
                     uint16_t* dst = Vs + (size_t)nt * 16 * tokst;
                     const int np = (nv + 1) / 2;
-                    if (kTiled) {  // per 16-dim tile: rows < np valid, the rest zero
-                        for (int c = 0; c < R / 16; ++c) {
-                            uint16_t* tl = dst + (size_t)c * 512;
-                            memcpy(tl, src + (size_t)c * 512, 64 * (size_t)np);
-                            memset(tl + 32 * np, 0, 64 * (size_t)(16 - np));
-                            if (nv & 1)  // the odd last token's partner: the high word of each dword
-                                _mm512_storeu_si512((void*)(tl + 32 * (np - 1)), _mm512_and_si512(
-                                    _mm512_loadu_si512((const void*)(tl + 32 * (np - 1))), _mm512_set1_epi32(0xFFFF)));
-                        }
-                        gsrc[nt] = dst;
-                        continue;
-                    }
                     memcpy(dst, src, 2 * (size_t)np * tokst);
                     if (nv & 1) {
                         uint16_t* row = dst + (int64_t)(np - 1) * tokst;
@@ -421,7 +379,7 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                     const uint16_t* s1 = nb > 1 ? gsrc[i0 + 1] + a->k_off : s0;
                     const uint16_t* s2 = nb > 2 ? gsrc[i0 + 2] + a->k_off : s0;
                     const uint16_t* s3 = nb > 3 ? gsrc[i0 + 3] + a->k_off : s0;
-                    qk_groups(s0, s1, s2, s3, nb, nKfull, bq, rstride, 32, pf);
+                    qk_groups(s0, s1, s2, s3, nb, nKfull, bq, rstride, pf);
                     if (nKfull < nK) {  // last 16 dims: zero-padded copies (B rows 8-15 are 0)
                         for (int i = 0; i < nb; ++i)
                             for (int t = 0; t < 16; ++t) {
@@ -472,18 +430,18 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                 for (int g0 = 0; g0 < nt; g0 += 2) {
                     const int two = nt - g0 > 1;
                     if (mc == 0) ipf_retarget(pf, gblk[g0 + two] + 1 + ahead, nK, ahead);
-                    const uint16_t* s0 = gsrc[g0] + cmul * a->k_off;
-                    const uint16_t* s1 = two ? gsrc[g0 + 1] + cmul * a->k_off : s0;
+                    const uint16_t* s0 = gsrc[g0] + 2 * a->k_off;
+                    const uint16_t* s1 = two ? gsrc[g0 + 1] + 2 * a->k_off : s0;
                     T_ZERO(0); T_ZERO(1); T_ZERO(2); T_ZERO(3);
                     for (int dc = 0; dc < nK; ++dc) {
                         ipf_step(pf);
                         T_LOAD(6, bq + dc * 512, 64);
                         T_LOAD(7, bq + (nK + dc) * 512, 64);
-                        T_LOAD(4, s0 + cstep * dc, cst);
+                        T_LOAD(4, s0 + 32 * dc, rstride);
                         T_DP(0, 4, 6);
                         T_DP(1, 4, 7);
                         if (two) {
-                            T_LOAD(5, s1 + cstep * dc, cst);
+                            T_LOAD(5, s1 + 32 * dc, rstride);
                             T_DP(2, 5, 6);
                             T_DP(3, 5, 7);
                         }
@@ -503,11 +461,11 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                 for (int g0 = 0; g0 < nt; g0 += 4) {
                     const int nb = nt - g0 < 4 ? nt - g0 : 4;
                     if (mc == 0) ipf_retarget(pf, gblk[g0 + nb - 1] + 1 + ahead, nK, ahead);
-                    const uint16_t* s0 = gsrc[g0] + cmul * a->k_off;
-                    const uint16_t* s1 = nb > 1 ? gsrc[g0 + 1] + cmul * a->k_off : s0;
-                    const uint16_t* s2 = nb > 2 ? gsrc[g0 + 2] + cmul * a->k_off : s0;
-                    const uint16_t* s3 = nb > 3 ? gsrc[g0 + 3] + cmul * a->k_off : s0;
-                    qk_groups(s0, s1, s2, s3, nb, nK, bq, cst, cstep, pf);
+                    const uint16_t* s0 = gsrc[g0] + 2 * a->k_off;
+                    const uint16_t* s1 = nb > 1 ? gsrc[g0 + 1] + 2 * a->k_off : s0;
+                    const uint16_t* s2 = nb > 2 ? gsrc[g0 + 2] + 2 * a->k_off : s0;
+                    const uint16_t* s3 = nb > 3 ? gsrc[g0 + 3] + 2 * a->k_off : s0;
+                    qk_groups(s0, s1, s2, s3, nb, nK, bq, rstride, pf);
                     T_STORE(0, Ct, 64);
                     if (nb > 1) T_STORE(1, Ct + 256, 64);
                     if (nb > 2) T_STORE(2, Ct + 512, 64);
@@ -611,14 +569,13 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                     const uint16_t* v;
                     long vst;
                     if (gpu) { v = Vs + (size_t)g * 16 * Dv * 2 + 32 * dc0; vst = (long)Dv * 4; }
-                    else { v = gsrc[g] + cmul * (a->v_off + 16 * dc0); vst = cst; }
-                    const int vstep = gpu ? 32 : cstep;
+                    else { v = gsrc[g] + 2 * (a->v_off + 16 * dc0); vst = rstride; }
                     T_LOAD(4, Pa + g * 512, 64);
                     T_LOAD(6, v, vst);
                     T_DP(0, 4, 6);
-                    if (nd > 1) { T_LOAD(7, v + vstep, vst); T_DP(1, 4, 7); }
-                    if (nd > 2) { T_LOAD(6, v + 2 * vstep, vst); T_DP(2, 4, 6); }
-                    if (nd > 3) { T_LOAD(7, v + 3 * vstep, vst); T_DP(3, 4, 7); }
+                    if (nd > 1) { T_LOAD(7, v + 32, vst); T_DP(1, 4, 7); }
+                    if (nd > 2) { T_LOAD(6, v + 64, vst); T_DP(2, 4, 6); }
+                    if (nd > 3) { T_LOAD(7, v + 96, vst); T_DP(3, 4, 7); }
                 }
                 if (accumulate) {
                     T_STORE(0, o0, Dv * 4);

@@ -47,3 +47,19 @@ struct V {
         return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
     }
 };
+
+// 2^x for the softmax: round-to-nearest split, a degree-4 minimax polynomial on [-1/2, 1/2]
+// (relative error 2.9e-6, far below the bf16 rounding of P that follows; its constant term is
+// exactly 1, so 2^0 = 1 and an unmoved max keeps the P.V accumulate path) and VSCALEFPS for the
+// exponent: 8 instructions where V::exp2 (degree 7, exponent built by integer ops) takes 14.
+static inline __m512 exp2_fast(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-127.0f));
+    const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(x, n);
+    __m512 p = _mm512_set1_ps(9.582852944731712e-03f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5906426161527634e-02f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4024099111557007e-01f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931241750717163e-01f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
