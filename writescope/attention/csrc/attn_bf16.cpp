@@ -15,6 +15,9 @@
 // so the online softmax is vertical (softmax_tm) and writes P straight into the pairs P.V
 // broadcasts. On the 2-core Zen 5 dev VM (2 VDPBF16PS a cycle) this is 1.1-1.3x the per-row
 // reductions it replaced in cache (GQA group 8, MLA at 32 rows; MLA at 16 rows unchanged).
+// The next block is prefetched into L2 over this block's Q.K and P.V pair steps, in proportion
+// to their products: prefetching it during Q.K alone left P.V without a stream (dev VM, two
+// threads from DRAM: GQA 1.0-1.15x, MLA 1.12-1.15x, one thread GQA 1.3x over Q.K alone).
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")
 #include "attn_common.h"
 #include <immintrin.h>
@@ -176,15 +179,16 @@ static void softmax_tm(const SmIdx& ix, int n, float* __restrict S, uint32_t* __
 }
 
 // O[r][16c .. 16c + 16 NC) += sum over pairs of V pair . P pair, MB rows; the P pair of row r and
-// token pair p is the dword pb[r * pr + p * pp]
+// token pair p is the dword pb[r * pr + p * pp]; `pfk` lines of the prefetch `pf` per pair
 template <int MB, int NC>
 static inline void pv_rows(const uint16_t* __restrict v2, int64_t pstride, int np,
                            const uint32_t* __restrict pb, int64_t pr, int64_t pp, float* __restrict o,
-                           int64_t ost) {
+                           int64_t ost, WsPf& pf, int64_t pfk) {
     __m512 acc[MB][NC];
     for (int r = 0; r < MB; ++r)
         for (int j = 0; j < NC; ++j) acc[r][j] = _mm512_loadu_ps(o + r * ost + 16 * j);
     for (int p = 0; p < np; ++p) {
+        ws_pf_step(pf, pfk);
         __m512i v[NC];
         for (int j = 0; j < NC; ++j) v[j] = _mm512_loadu_si512((const void*)(v2 + p * pstride + 32 * j));
         for (int r = 0; r < MB; ++r) {
@@ -196,13 +200,14 @@ static inline void pv_rows(const uint16_t* __restrict v2, int64_t pstride, int n
         for (int j = 0; j < NC; ++j) _mm512_storeu_ps(o + r * ost + 16 * j, acc[r][j]);
 }
 
+// all M rows; the prefetch advances `pfk` lines per pair of the first row group
 template <int NC>
 static void pv_all(const uint16_t* v2, int64_t pstride, int np, const uint32_t* pb, int64_t pp,
-                   float* o, int64_t ost, int M) {
+                   float* o, int64_t ost, int M, WsPf& pf, int64_t pfk) {
     int r = 0;
-    for (; r + 8 <= M; r += 8) pv_rows<8, NC>(v2, pstride, np, pb + r, 1, pp, o + r * ost, ost);
-    for (; r + 4 <= M; r += 4) pv_rows<4, NC>(v2, pstride, np, pb + r, 1, pp, o + r * ost, ost);
-    for (; r < M; ++r) pv_rows<1, NC>(v2, pstride, np, pb + r, 1, pp, o + r * ost, ost);
+    for (; r + 8 <= M; r += 8, pfk = 0) pv_rows<8, NC>(v2, pstride, np, pb + r, 1, pp, o + r * ost, ost, pf, pfk);
+    for (; r + 4 <= M; r += 4, pfk = 0) pv_rows<4, NC>(v2, pstride, np, pb + r, 1, pp, o + r * ost, ost, pf, pfk);
+    for (; r < M; ++r, pfk = 0) pv_rows<1, NC>(v2, pstride, np, pb + r, 1, pp, o + r * ost, ost, pf, pfk);
 }
 
 // Scheme (per item: M query rows, one KV head, a run of blocks): rows in chunks of up to 16;
@@ -255,14 +260,18 @@ static void bf16_item(const WsArgs* a, const WsItem* it) {
         WsPf pf;
         const uint16_t* tile = ws_block_tile<uint16_t>(a, it, bi, n, bsp, tilebuf, pf);
         const int np = (n + 1) / 2;
-        const int64_t pf_k = (pf.total + np - 1) / np;
+        // lines per Q.K pair step and per P.V pair step (two 16-dim columns), in proportion to
+        // their products: nK and 2 of nK + nV per pair
+        const int64_t pf_div = (int64_t)np * (nK + nV);
+        const int64_t pf_k = (pf.total * nK + pf_div - 1) / pf_div, pf_v = (pf.total * 2 + pf_div - 1) / pf_div;
         const uint16_t* k2 = tile + (int64_t)a->k_off * 2;
         const uint16_t* v2 = tile + (int64_t)a->v_off * 2;
         for (int mc = 0; mc < nmc; ++mc) {
             const int m0 = 16 * mc, mp = M - m0 < 16 ? M - m0 : 16;
             const int Ms = mp <= 4 ? 4 : mp <= 8 ? 8 : 16;
             const uint16_t* qb = Qb + (int64_t)mc * qst;
-            const int64_t pfk = mc == 0 ? pf_k : 0;  // the next block's lines, spread over the first chunk
+            // the next block's lines, spread over the first chunk's Q.K and P.V pair steps
+            const int64_t pfk = mc == 0 ? pf_k : 0;
             int p = 0;
             if (Ms == 16) {  // two 8-row halves of two pairs: 10 loads per 16 products, not 17
                 for (; p + 2 <= np; p += 2) {
@@ -284,7 +293,6 @@ static void bf16_item(const WsArgs* a, const WsItem* it) {
                 }
                 for (; p < np; ++p) qk_tm<4, 1>(k2 + p * pst2, pst2, qb, nK, perm, S + 2 * p * 4);
             }
-            ws_pf_step(pf, pfk * np);  // whatever the steps above left
             softmax_tm(mc + 1 < nmc ? ix16 : ixlast, n, S, Pp, mrun + m0, lrun + m0, alpha);
             float* Oc = O + (int64_t)m0 * ost;
             for (int r = 0; r < mp; ++r) {
@@ -293,9 +301,11 @@ static void bf16_item(const WsArgs* a, const WsItem* it) {
                 float* o = Oc + r * ost;
                 for (int c = 0; c < Dv; c += 16) _mm512_storeu_ps(o + c, _mm512_mul_ps(_mm512_loadu_ps(o + c), al));
             }
+            const int64_t pvk = mc == 0 ? pf_v : 0;
             int c = 0;
-            for (; c + 2 <= nV; c += 2) pv_all<2>(v2 + 32 * c, pst2, np, Pp, Ms, Oc + 16 * c, ost, mp);
-            for (; c < nV; ++c) pv_all<1>(v2 + 32 * c, pst2, np, Pp, Ms, Oc + 16 * c, ost, mp);
+            for (; c + 2 <= nV; c += 2) pv_all<2>(v2 + 32 * c, pst2, np, Pp, Ms, Oc + 16 * c, ost, mp, pf, pvk);
+            for (; c < nV; ++c) pv_all<1>(v2 + 32 * c, pst2, np, Pp, Ms, Oc + 16 * c, ost, mp, pf, pvk);
+            ws_pf_step(pf, pf.total);  // whatever the steps above left
         }
     }
     for (int r = 0; r < M; ++r) {
