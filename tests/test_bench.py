@@ -755,3 +755,42 @@ def test_read_probes_bench_beside_the_link():
     for r in res["rows"]:
         assert len(r["beside_h2d"]) == 1
         assert r["beside_h2d"][0]["cpu_GBps"] > 0 and r["beside_h2d"][0]["h2d_GBps"] > 0
+
+
+def test_cpu_ab_times_two_builds_call_by_call(tmp_path):
+    """bench.cpu_ab: another copy of the kernel's sources (here the same files, so the same
+    cached library and bit-identical outputs) against the working tree's, one call of each per
+    round on the same pool; git revisions through --against; bad input refused."""
+    import shutil
+    from writescope.attention import cpu
+    if not cpu.available():
+        pytest.skip(f"the CPU kernel is not available: {cpu.load_error()}")
+    from writescope.bench import cpu_ab
+    src = tmp_path / "csrc"
+    shutil.copytree(cpu._CSRC, src)
+    res = cpu_ab.main(["--csrc", str(src), "--shapes", "gqa-32/4/128,mla-16/1/576", "--sizes", "1x1k,2x300",
+                       "--reps", "3", "--threads", "2", "--json", str(tmp_path / "ab.json")])
+    assert [(r["shape"], r["batch"], r["length"]) for r in res["rows"]] == [
+        ("gqa-32/4/128", 1, 1024), ("gqa-32/4/128", 2, 300), ("mla-16/1/576", 1, 1024), ("mla-16/1/576", 2, 300)]
+    for r in res["rows"]:
+        assert set(r["gbps"]) == {"this tree", str(src)}
+        assert all(len(v) == 3 and min(v) > 0 for v in r["gbps"].values())
+        assert r["ratio"] > 0 and r["threads"] == 2
+        assert r["max_abs_out_diff"] == 0.0 and r["max_abs_lse_diff"] == 0.0
+    saved = json.loads((tmp_path / "ab.json").read_text())
+    assert saved["against"] == str(src) and saved["command"].startswith("python -m writescope.bench.cpu_ab")
+    assert cpu.num_threads_setting() is None  # the caller's settings are back
+    # a revision through git: HEAD's kernel (the working tree's in a clean checkout)
+    if shutil.which("git") and (cpu_ab.REPO / ".git").exists():
+        res = cpu_ab.main(["--against", "HEAD", "--shapes", "gqa-32/4/128", "--sizes", "1x512", "--reps", "1"])
+        assert res["against"] == "HEAD" and len(res["rows"]) == 1
+        with pytest.raises(SystemExit, match="--against no-such-revision"):
+            cpu_ab.main(["--against", "no-such-revision"])
+    with pytest.raises(SystemExit, match="missing attn_ops.cpp"):
+        cpu_ab.main(["--csrc", str(tmp_path)])
+    with pytest.raises(SystemExit, match="unknown shape 'mlx'"):
+        cpu_ab.main(["--csrc", str(src), "--shapes", "mlx"])
+    with pytest.raises(SystemExit, match="is not BATCHxLENGTH"):
+        cpu_ab.main(["--csrc", str(src), "--sizes", "8by32k"])
+    with pytest.raises(SystemExit):  # neither --against nor --csrc
+        cpu_ab.main([])

@@ -73,17 +73,17 @@ _prefetch_user = "WRITESCOPE_CPU_ATTN_PREFETCH_BLOCKS" in os.environ  # not the 
 _isa_from_profile = False  # the setting is an engine's choice from its profile, not the user's
 
 
-def _build_dir(extra_flags: tuple[str, ...] = ()) -> Path:
+def _build_dir(extra_flags: tuple[str, ...] = (), csrc: Path = _CSRC) -> Path:
     from torch.utils.cpp_extension import get_default_build_root
     h = hashlib.sha256()
     for name in _SOURCES + _HEADERS:
         h.update(name.encode())
-        h.update((_CSRC / name).read_bytes())
+        h.update((csrc / name).read_bytes())
     h.update(" ".join(_CFLAGS + list(extra_flags)).encode())
     return Path(get_default_build_root()) / f"writescope_cpu_attn_{h.hexdigest()[:16]}"
 
 
-def _compile(out: Path, extra_flags: tuple[str, ...] = ()) -> None:
+def _compile(out: Path, extra_flags: tuple[str, ...] = (), csrc: Path = _CSRC) -> None:
     cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if not cxx:
         raise RuntimeError("no C++ compiler found (set CXX)")
@@ -93,7 +93,7 @@ def _compile(out: Path, extra_flags: tuple[str, ...] = ()) -> None:
         for src in _SOURCES:
             obj = Path(tmp) / (src + ".o")
             objs.append(str(obj))
-            procs.append(subprocess.Popen([cxx, *_CFLAGS, *extra_flags, "-c", str(_CSRC / src),
+            procs.append(subprocess.Popen([cxx, *_CFLAGS, *extra_flags, "-c", str(csrc / src),
                                            "-o", str(obj)],
                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
         errs = []
@@ -143,14 +143,17 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     return lib
 
 
-def build_test_variant(extra_flags: tuple[str, ...]) -> ctypes.CDLL:
+def build_test_variant(extra_flags: tuple[str, ...], csrc: Path | None = None) -> ctypes.CDLL:
     """Tests and diagnostics: the kernel library built with extra compiler flags (e.g.
     ``-DWS_AMX_EMULATE``, which runs the AMX variant on a portable tile emulation, or
-    ``-DWS_PHASES``, which times the AMX kernel's phases), cached like the normal build but never
-    used by :func:`attend_cpu` outside :func:`use_library`."""
-    path = _build_dir(tuple(extra_flags)) / "libwritescope_cpu_attn.so"
+    ``-DWS_PHASES``, which times the AMX kernel's phases), or from another copy of ``csrc/``
+    (``csrc``: a folder with the same files, e.g. an earlier revision's, for
+    ``writescope.bench.cpu_ab``), cached like the normal build but never used by
+    :func:`attend_cpu` outside :func:`use_library`."""
+    src = Path(csrc) if csrc is not None else _CSRC
+    path = _build_dir(tuple(extra_flags), src) / "libwritescope_cpu_attn.so"
     if not path.exists():
-        _compile(path, tuple(extra_flags))
+        _compile(path, tuple(extra_flags), src)
     lib = _declare(ctypes.CDLL(str(path)))
     lib.ws_emulated_tiles = "-DWS_AMX_EMULATE" in extra_flags  # runs "amx" on any AVX-512 BF16 CPU
     return lib
