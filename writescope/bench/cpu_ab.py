@@ -15,7 +15,6 @@ comparison least moved by the machine's neighbours.
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import subprocess
 import tempfile
@@ -25,11 +24,8 @@ from pathlib import Path
 import torch
 
 from ..attention import cpu
-from ..attention.batch import BlockBatch
-from ..hostmem import pageable_empty
-from ..kvcache.regions import cpu_pool_shape
 from ..units import parse_count
-from .cpu_attention import SHAPES, SIZES, _machine, fill_random
+from .cpu_attention import SHAPES, SIZES, _machine, decode_case
 from .provenance import REPO, result_header, write_json
 
 CSRC = "writescope/attention/csrc"
@@ -53,18 +49,7 @@ def revision_csrc(rev: str, dest: Path) -> Path:
 def compare(libs: dict[str, object], shape: str, batch: int, length: int, reps: int, bs: int,
             gen: torch.Generator) -> dict:
     """One shape: both libraries on one pool, ``reps`` rounds of one call each."""
-    spec_fn, hq = SHAPES[shape]
-    spec = spec_fn()
-    nb_seq = math.ceil(length / bs)
-    nblocks = batch * nb_seq
-    pool = fill_random(pageable_empty(cpu_pool_shape(spec, nblocks, bs)[1:], spec.dtype), gen)
-    perm = torch.randperm(nblocks, generator=gen)
-    blocks = [perm[i * nb_seq:(i + 1) * nb_seq].tolist() for i in range(batch)]
-    lens = [[bs] * (nb_seq - 1) + [length - bs * (nb_seq - 1)] for _ in range(batch)]
-    bb = BlockBatch.build([1] * batch, blocks, lens)
-    q = torch.randn(batch, hq, spec.k_dim, generator=gen).to(torch.bfloat16)
-    scale = 1.0 / math.sqrt(spec.k_dim)
-    kv_bytes = batch * length * spec.num_kv_heads * spec.rec_dim * spec.itemsize
+    spec, pool, bb, q, scale, kv_bytes = decode_case(shape, batch, length, bs, gen)
     names = list(libs)
     gbps: dict[str, list[float]] = {n: [] for n in names}
     outs = {}

@@ -127,23 +127,29 @@ def fill_random(pool: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return pool
 
 
-def bench_shape(name: str, batch: int, length: int, reps: int, torch_reps: int, bs: int,
-                variants: bool, gpu_layout: bool, gen: torch.Generator,
-                prefetch: tuple[int, ...] = (), probe: torch.Tensor | None = None) -> dict:
+def decode_case(name: str, batch: int, length: int, bs: int, gen: torch.Generator):
+    """One shape's decode step on the CPU: ``batch`` sequences of ``length`` tokens in a C pool of
+    random contents (any values do: the rate is what counts), allocated as the engine allocates
+    its C pool (huge pages advised before the first touch), their blocks scattered over it.
+    Returns (spec, pool, block batch, bf16 queries, scale, KV bytes one call reads)."""
     spec_fn, hq = SHAPES[name]
     spec = spec_fn()
     nb_seq = math.ceil(length / bs)
     nblocks = batch * nb_seq
-    # random contents written straight in the C layout (any values do: the rate is what counts)
-    # allocated as the engine allocates its C pool (huge pages advised before the first touch)
     pool = fill_random(pageable_empty(cpu_pool_shape(spec, nblocks, bs)[1:], spec.dtype), gen)
     perm = torch.randperm(nblocks, generator=gen)
     blocks = [perm[i * nb_seq:(i + 1) * nb_seq].tolist() for i in range(batch)]
     lens = [[bs] * (nb_seq - 1) + [length - bs * (nb_seq - 1)] for _ in range(batch)]
     bb = BlockBatch.build([1] * batch, blocks, lens)
     q = torch.randn(batch, hq, spec.k_dim, generator=gen).to(torch.bfloat16)
-    scale = 1.0 / math.sqrt(spec.k_dim)
     kv_bytes = batch * length * spec.num_kv_heads * spec.rec_dim * spec.itemsize
+    return spec, pool, bb, q, 1.0 / math.sqrt(spec.k_dim), kv_bytes
+
+
+def bench_shape(name: str, batch: int, length: int, reps: int, torch_reps: int, bs: int,
+                variants: bool, gpu_layout: bool, gen: torch.Generator,
+                prefetch: tuple[int, ...] = (), probe: torch.Tensor | None = None) -> dict:
+    spec, pool, bb, q, scale, kv_bytes = decode_case(name, batch, length, bs, gen)
     row = {"shape": name, "batch": batch, "length": length, "block_size": bs,
            "kv_bytes": kv_bytes, "threads": cpu.get_num_threads()}
 
@@ -201,7 +207,7 @@ def bench_shape(name: str, batch: int, length: int, reps: int, torch_reps: int, 
         row["torch_gbps"] = max(by.values())
         del dense
     if gpu_layout:  # T blocks read in place (GPU layout, token-major)
-        gp = pageable_empty(gpu_pool_shape(spec, nblocks, bs)[1:], spec.dtype)
+        gp = pageable_empty(gpu_pool_shape(spec, pool.shape[0], bs)[1:], spec.dtype)
         gp.view(-1).copy_(pool.view(-1))  # contents do not matter for the rate
         del pool
         t = _time(lambda: cpu.attend_cpu(q, gp, "gpu", spec, bb, scale), reps)
