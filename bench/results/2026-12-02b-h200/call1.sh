@@ -1,4 +1,5 @@
 #!/bin/bash
+# Ran at f613d16. The WS_TILED build was taken out in cb1a5d4: to repeat this call, check out f613d16 first.
 # Seventeenth session, call 1. Does the AMX kernel read faster when every tile it loads is one
 # contiguous 1 KB (the C layout's 32-token groups stored tile by tile, -DWS_TILED=1) instead of
 # 16 rows 2*R*2 bytes apart? Same bytes, same products; `bench.cpu_phases --defines` runs both
