@@ -19,16 +19,23 @@
 //    V (MLA: the first 512 dims of the same rows) is pair-interleaved into a per-pass scratch
 //    right after the Q.K of those tokens (lines still in L1/L2), zero for slots past a block's
 //    end, and only V's Dv dims are copied.
-//  * Q.K, C layout ([bs/2][R][2], token pairs interleaved): the pair rows are the A operand in
+//  * Q.K, C layout ([bs/2][R][2], token pairs interleaved), chunks of at most 8 rows (GQA
+//    decode; all chunks with -DWS_QK_TM=0): the pair rows are the A operand in
 //    place (16 pairs x 16 dims x 2 tokens) and B holds q_h in the slot of one token parity and
-//    0 in the other, C[pair][(h, parity)], 8 rows per tile. Half the products are on zeros, but
-//    the alternative (de-interleaving K with VPERMW into a token-major copy: a load, permute and
-//    two stores per 64 bytes, 36 KB per 32 MLA tokens) costs more core time than the 36 extra
-//    TDPBF16PS per 32 tokens, which the tile unit has ample rate for. The two B tiles are loaded
+//    0 in the other, C[pair][(h, parity)], 8 rows per tile. Half the products are on zeros; with
+//    at most 8 rows the token-major form below would waste as many (8 of a tile's 16 columns)
+//    and add the copies. The two B tiles are loaded
 //    once per 16-dim step and used for two 32-token groups (four C tiles, four independent
 //    accumulation chains). Scores are unscrambled with two VPERMT2PS per token pair. A group
 //    that runs past a block's valid tokens is copied (zero-padded) to scratch first: with the
 //    parity trick a NaN/garbage partner token would reach the valid score through 0 * NaN.
+//  * Q.K, C layout, chunks of more than 8 rows (MLA's 16 heads; -DWS_QK_TM=0 turns it off): at
+//    each 32-dim step, the step's 128 bytes of each pair row of two groups are split into the
+//    two tokens' rows (two VPERMT2W per row) in a 4 KB double-buffered copy, four
+//    16-token A tiles that stay in L1; B is q in the GPU layout's form (one 1 KB tile per step,
+//    16 heads). Against the parity form this halves the tile products and the B bytes (18 vs 72
+//    KB of q per 16-row chunk, which stay in L1 instead of streaming from L2) and drops the
+//    scores' unscrambling, for 2 permutes and 2 stores per 128 bytes of K on the vector ports.
 //  * P.V: B = V token-pair rows (C layout: the pool in place; GPU layout: the scratch),
 //    A = P, four 16-dim O column tiles at a time (four independent chains). When no row's
 //    max moved in a pass the O tiles are loaded, accumulated and stored; otherwise they start
@@ -102,6 +109,9 @@ struct TileCfg {
 #define WS_KSB 256
 #endif
 constexpr int kSB = WS_KSB;  // token slots per online-softmax pass (-DWS_KSB: bench.cpu_phases)
+#ifndef WS_QK_TM
+#define WS_QK_TM 1
+#endif
 
 // Eight tiles of 16 rows x 64 bytes (palette 1).
 static inline void config_tiles() {
@@ -232,13 +242,17 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
     const int cap = (int)(bs > kSB ? ws_round_up(bs, 32) : kSB);
     const int ngmax = cap / 32;
     const size_t bqsz = (size_t)(gpu ? 1 : 2) * nK * 512;  // bf16 elements per 16-row chunk
+    // C layout, chunks of more than 8 rows (MLA): Q.K on token-major copies of 32 dims at a time
+    // (see the header); their B operand is the GPU layout's, (Dk / 32) x 1 KB per chunk
+    const int tmqk = !gpu && WS_QK_TM && Dk % 32 == 0;
+    const int nKt = Dk / 32;  // its steps
 
     size_t off = 0;
     auto take = [&](size_t bytes) { size_t o = off; off += (size_t)ws_round_up((int64_t)bytes, 64); return o; };
     const size_t obq = take(2 * bqsz * nmc), oo = take(4 * (size_t)nmc * 16 * Dv);
     const size_t om = take(4 * (size_t)(2 * nmc * 16 + 16)), os = take(4 * (size_t)cap * 16);
     const size_t opa = take(2 * (size_t)ngmax * 512), oc = take(4 * 4 * 256), ot = take(4 * 16 * 64);
-    const size_t okt = take(2 * 4 * 512);
+    const size_t okt = take(2 * 8 * 512);
     const size_t ov = take(gpu ? 2 * (size_t)ngmax * 16 * Dv * 2 : 2 * (size_t)ngmax * 16 * R * 2);
     const size_t og = take(sizeof(const uint16_t*) * 2 * ngmax + sizeof(int) * 4 * ngmax);
     char* base = ws_scratch(off);
@@ -251,7 +265,7 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
     uint16_t* Pa = (uint16_t*)(base + opa);  // [group][16 rows][32 slots]
     float* Ct = (float*)(base + oc);      // 4 C tiles (C layout score unscrambling)
     float* Ot = (float*)(base + ot);      // [16 rows][64 dims]
-    uint16_t* Kt = (uint16_t*)(base + okt);  // GPU Dk tail: 4 x [16 tokens][32 dims]
+    uint16_t* Kt = (uint16_t*)(base + okt);  // GPU Dk tail: 4 x [16 tokens][32 dims]; C (tmqk): 2 x that
     uint16_t* Vs = (uint16_t*)(base + ov);   // GPU: V pairs [group][16][Dv][2]; C: partial groups [group][16][R][2]
     const uint16_t** gsrc = (const uint16_t**)(base + og);  // GPU: per 16-token tile; C: per group
     int* gnv = (int*)(gsrc + 2 * ngmax);                      // valid tokens of each
@@ -269,11 +283,12 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
         const int m0 = 16 * mc, mp = M - m0 < 16 ? M - m0 : 16;
         uint16_t* bq = Bq + mc * bqsz;
         __m512i r[16];
-        for (int dc = 0; dc < nK; ++dc) {
+        const int tm = gpu || (tmqk && mp > 8);  // B in the GPU layout's form
+        for (int dc = 0; dc < (tm ? (Dk + 31) / 32 : nK); ++dc) {
             for (int n = 0; n < 16; ++n) {
                 if (n >= mp) { r[n] = _mm512_setzero_si512(); continue; }
                 const float* q = it->q + (int64_t)(m0 + n) * Dk;
-                if (gpu) {  // dword k of row n = (q_n[32dc+2k], q_n[32dc+2k+1])
+                if (tm) {  // dword k of row n = (q_n[32dc+2k], q_n[32dc+2k+1])
                     const __m512 lo = _mm512_mul_ps(_mm512_loadu_ps(q + 32 * dc), vinv);
                     const __m512 hi = 32 * dc + 16 < Dk ? _mm512_mul_ps(_mm512_loadu_ps(q + 32 * dc + 16), vinv) : _mm512_setzero_ps();
                     r[n] = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
@@ -282,7 +297,7 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                 }
             }
             transpose16(r);
-            if (gpu) {
+            if (tm) {
                 for (int k = 0; k < 16; ++k) _mm512_storeu_si512((void*)(bq + dc * 512 + 32 * k), r[k]);
             } else {  // row k (dim 16dc+k): per row h' of the group, words (q, 0, 0, q)
                 for (int k = 0; k < 16; ++k) {
@@ -301,6 +316,10 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
     config_tiles();
 
     const __m512i ilo = ilv16_idx(0), ihi = ilv16_idx(1);
+    // de-interleave two tokens: word i of the result = word 2i (iev) or 2i + 1 (iod) of [x | y]
+    alignas(64) uint16_t dei_a[2][32];
+    for (int i = 0; i < 32; ++i) { dei_a[0][i] = (uint16_t)(2 * i); dei_a[1][i] = (uint16_t)(2 * i + 1); }
+    const __m512i iev = _mm512_load_si512((const void*)dei_a[0]), iod = _mm512_load_si512((const void*)dei_a[1]);
     // P interleave: word 2h+j = word 16j+h of [p0 (16 words) | p1 (16 words)]
     alignas(64) uint16_t pidx_a[32];
     for (int h = 0; h < 16; ++h) { pidx_a[2 * h] = (uint16_t)h; pidx_a[2 * h + 1] = (uint16_t)(16 + h); }
@@ -364,7 +383,7 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
         if (nt == 0) { b0 = b1; continue; }      // only empty blocks left
         const int ng = gpu ? (nt + 1) / 2 : nt;  // 32-slot groups
         const int e2 = pass_end(it, b1, cap, gpu);  // end of the next pass (prefetch target)
-        const int64_t qk_steps = (int64_t)(gpu ? (nt + 3) / 4 : (nt + 1) / 2) * nK;  // per row chunk
+        const int64_t qk_steps = (int64_t)(gpu ? (nt + 3) / 4 : (nt + 1) / 2) * (tmqk && M > 8 ? nKt : nK);  // per row chunk
         const int64_t pv_steps = (int64_t)((nDv + 3) / 4) * ng;
         for (int mc = 0; mc < nmc; ++mc) {
             const int mp = M - 16 * mc < 16 ? M - 16 * mc : 16;
@@ -425,6 +444,41 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                         if ((i0 + nb) == nt && (nt & 1))  // the last group's empty second half
                             memset(Vs + (size_t)(nt / 2) * 16 * Dv * 2 + 8 * (size_t)Dv * 2, 0, 2 * 8 * (size_t)Dv * 2);
                     }
+                }
+            } else if (tmqk && mp > 8) {  // token-major copies, four 16-token tiles per step
+                for (int g0 = 0; g0 < nt; g0 += 2) {
+                    const int two = nt - g0 > 1;
+                    if (mc == 0) ipf_retarget(pf, gblk[g0 + two] + 1 + ahead, nKt, ahead);
+                    const uint16_t* s0 = gsrc[g0] + 2 * a->k_off;
+                    const uint16_t* s1 = two ? gsrc[g0 + 1] + 2 * a->k_off : s0;
+                    T_ZERO(0); T_ZERO(1); T_ZERO(2); T_ZERO(3);
+                    for (int dc = 0; dc < nKt; ++dc) {
+                        ipf_step(pf);
+                        // pair row p of group g (32 dims of tokens 2p, 2p+1 interleaved) -> rows
+                        // 2p, 2p+1 (mod 16) of tile 2g + p / 8; two buffers, so this step's
+                        // stores never wait for the tile loads of the step before
+                        uint16_t* kt = Kt + (dc & 1) * 2048;
+                        T_FENCE();
+                        for (int g = 0; g <= two; ++g) {
+                            const uint16_t* src = (g ? s1 : s0) + 64 * dc;
+                            for (int p = 0; p < 16; ++p) {
+                                const __m512i x = _mm512_loadu_si512((const void*)(src + p * tokst));
+                                const __m512i y = _mm512_loadu_si512((const void*)(src + p * tokst + 32));
+                                uint16_t* dst = kt + (2 * g + (p >> 3)) * 512 + 64 * (p & 7);
+                                _mm512_store_si512((void*)dst, _mm512_permutex2var_epi16(x, iev, y));
+                                _mm512_store_si512((void*)(dst + 32), _mm512_permutex2var_epi16(x, iod, y));
+                            }
+                        }
+                        T_FENCE();
+                        T_LOAD(6, bq + dc * 512, 64);
+                        T_LOAD(4, kt, 64); T_DP(0, 4, 6);
+                        T_LOAD(5, kt + 512, 64); T_DP(1, 5, 6);
+                        if (two) { T_LOAD(4, kt + 1024, 64); T_DP(2, 4, 6); T_LOAD(5, kt + 1536, 64); T_DP(3, 5, 6); }
+                    }
+                    float* sg = S + (size_t)g0 * 32 * 16;
+                    T_STORE(0, sg, 64);
+                    T_STORE(1, sg + 256, 64);
+                    if (two) { T_STORE(2, sg + 512, 64); T_STORE(3, sg + 768, 64); }
                 }
             } else if (mp > 8) {  // two 8-row B tiles, two groups per step
                 for (int g0 = 0; g0 < nt; g0 += 2) {
