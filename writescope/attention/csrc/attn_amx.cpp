@@ -40,6 +40,8 @@
 //    A = P, four 16-dim O column tiles at a time (four independent chains). When no row's
 //    max moved in a pass the O tiles are loaded, accumulated and stored; otherwise they start
 //    from zero and O = alpha * O + tile is one AVX-512 FMA pass (no separate rescale pass).
+//    C layout: the next group's V lines are prefetched from L2 into L1 (PREFETCHT0, 4 KB) while
+//    this group's products run, so its tile loads hit L1 (-DWS_PV_PF=0 turns it off).
 //  * Software prefetch into L2 (ws_pf_*): a cursor over the item's blocks from its second one,
 //    a few lines per tile step; during a pass's Q.K it runs one block ahead of the blocks being
 //    read, during P.V it covers the next pass (an item of one pass is prefetched too).
@@ -111,6 +113,9 @@ struct TileCfg {
 constexpr int kSB = WS_KSB;  // token slots per online-softmax pass (-DWS_KSB: bench.cpu_phases)
 #ifndef WS_QK_TM
 #define WS_QK_TM 1
+#endif
+#ifndef WS_PV_PF  // P.V: the next group's V lines into L1 during this group's products
+#define WS_PV_PF 1
 #endif
 
 // Eight tiles of 16 rows x 64 bytes (palette 1).
@@ -630,6 +635,18 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                     if (nd > 1) { T_LOAD(7, v + 32, vst); T_DP(1, 4, 7); }
                     if (nd > 2) { T_LOAD(6, v + 64, vst); T_DP(2, 4, 6); }
                     if (nd > 3) { T_LOAD(7, v + 96, vst); T_DP(3, 4, 7); }
+#if WS_PV_PF
+                    if (!gpu) {  // the next group's V lines, L2 -> L1, under this group's products
+                        int gn = g + 1, dn = dc0;
+                        if (gn == ng) { gn = 0; dn = dc0 + 4; }
+                        if (dn < nDv) {
+                            const char* pv = (const char*)(gsrc[gn] + 2 * (a->v_off + 16 * dn));
+                            const int nl = nDv - dn < 4 ? nDv - dn : 4;  // 64-byte lines per pair row
+                            for (int r = 0; r < 16; ++r)
+                                for (int l = 0; l < nl; ++l) _mm_prefetch(pv + r * rstride + 64 * l, _MM_HINT_T0);
+                        }
+                    }
+#endif
                 }
                 if (accumulate) {
                     T_STORE(0, o0, Dv * 4);
