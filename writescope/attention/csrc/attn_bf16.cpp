@@ -17,7 +17,10 @@
 // reductions it replaced in cache (GQA group 8, MLA at 32 rows; MLA at 16 rows unchanged).
 // The next block is prefetched into L2 over this block's Q.K and P.V pair steps, in proportion
 // to their products: prefetching it during Q.K alone left P.V without a stream (dev VM, two
-// threads from DRAM: GQA 1.0-1.15x, MLA 1.12-1.15x, one thread GQA 1.3x over Q.K alone).
+// threads from DRAM: GQA 1.0-1.15x, MLA 1.12-1.15x, one thread GQA 1.3x over Q.K alone),
+// and into L1 rather than L2 (PREFETCHT0: 0.999-1.11x, 21 of 22 shape ratios above 1.01, in
+// four bench.cpu_ab runs on the Zen 5 dev VM, two threads; the AMX kernel keeps L2: the H200
+// host, where it runs, was not compared).
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")
 #include "attn_common.h"
 #include <immintrin.h>
@@ -27,6 +30,7 @@
 
 namespace {
 
+#define WS_PF_HINT _MM_HINT_T0
 #include "attn_v512.h"
 #include "attn_impl.h"
 

@@ -64,13 +64,17 @@ static inline void ws_pf_init(WsPf& pf, const WsArgs* a, const WsItem* it, int b
     }
 }
 
+// The prefetch's cache level: L2 unless the including unit says otherwise (attn_bf16.cpp: L1).
+#ifndef WS_PF_HINT
+#define WS_PF_HINT _MM_HINT_T1
+#endif
 static inline void ws_pf_step(WsPf& pf, int64_t k) {
     if (pf.row_stride == 0) {
-        for (; k > 0 && pf.next < pf.total; --k, ++pf.next) _mm_prefetch(pf.base + pf.next * 64, _MM_HINT_T1);
+        for (; k > 0 && pf.next < pf.total; --k, ++pf.next) _mm_prefetch(pf.base + pf.next * 64, WS_PF_HINT);
     } else {
         for (; k > 0 && pf.next < pf.total; --k, ++pf.next) {
             const int64_t r = pf.next / pf.lines_per_row, j = pf.next - r * pf.lines_per_row;
-            _mm_prefetch(pf.base + r * pf.row_stride + j * 64, _MM_HINT_T1);
+            _mm_prefetch(pf.base + r * pf.row_stride + j * 64, WS_PF_HINT);
         }
     }
 }
