@@ -29,10 +29,11 @@ Pool layouts (``L`` layers, ``N`` blocks, ``bs`` tokens per block, ``H`` KV head
 * CPU layout (C): ``[L, N, H, bs/2, R, 2]`` -- head-major inside a block, and inside a head's
   tile the tokens come in *interleaved pairs*: element ``(t, d)`` sits at
   ``[t // 2, d, t % 2]``. One vector load then brings the same dims of two tokens, which is the
-  operand format ("VNNI pairs") of AVX-512 BF16 dot products and of AMX ``TDPBF16PS`` for P.V,
-  and Q.K uses the pair rows as the A operand (see ``attention/csrc/attn_amx.cpp``): the CPU
-  kernel reads every operand in place, all query heads of a group use each row once, and no
-  transposes are needed. Each (layer, block, head) tile is ``bs * R * itemsize`` contiguous
+  operand format ("VNNI pairs") of AVX-512 BF16 dot products and of AMX ``TDPBF16PS`` for P.V.
+  For Q.K the AMX kernel uses the pair rows as the A operand in place (GQA decode), or, with
+  more than 8 query rows (MLA), splits each 32-dim step of them into token rows in an L1-sized
+  copy (see ``attention/csrc/attn_amx.cpp``). All query heads of a group use each row once.
+  Each (layer, block, head) tile is ``bs * R * itemsize`` contiguous
   bytes, a multiple of 64 for every supported shape, and the pool is 64-byte aligned. The
   block size must be even for this layout. Only :func:`to_cpu_layout` and
   :func:`from_cpu_layout` know this order (the cache writes and the torch path reads through
