@@ -89,16 +89,19 @@ def test_mla(amx_emulated, bs):
 
 
 @pytest.mark.parametrize("defines", [("-DWS_KSB=128",), ("-DWS_KSB=512",), ("-DWS_QK_TM=0",),
-                                     ("-DWS_PV_PF=0",)])
+                                     ("-DWS_PV_PF=0",), ("-DWS_QK_PF=1",)])
 def test_mla_with_the_kernels_compile_time_knobs(monkeypatch, defines):
     """The builds ``bench.cpu_phases --defines`` compares: shorter and longer online-softmax
     passes (token slots per pass), the C layout's Q.K in the parity form instead of on
-    token-major copies, and P.V without its L1 prefetch compute the same as the oracle."""
+    token-major copies, P.V without its L1 prefetch and Q.K with one (MLA and GQA) compute the
+    same as the oracle."""
     swap_in(cpu.build_test_variant(("-DWS_AMX_EMULATE",) + defines), monkeypatch)
     try:
         spec = KVSpec.mla(1, 512, 64, torch.bfloat16)
         seqs = [(1, [64] * 9 + [33]), (2, [64, 63, 3]), (1, [1]), (1, [64] * 2)]
         run(spec, 16, 64, seqs, seed=7)
+        # GQA group 8 (the C layout's parity form: WS_QK_PF's other prefetch)
+        run(KVSpec.gqa(1, 2, 128, torch.bfloat16), 16, 64, [(1, [64] * 6 + [31]), (2, [64, 7])], seed=8)
     finally:
         cpu.set_isa("auto")
         cpu.set_num_threads(None)

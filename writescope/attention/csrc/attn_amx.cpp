@@ -117,6 +117,9 @@ constexpr int kSB = WS_KSB;  // token slots per online-softmax pass (-DWS_KSB: b
 #ifndef WS_PV_PF  // P.V: the next group's V lines into L1 during this group's products
 #define WS_PV_PF 1
 #endif
+#ifndef WS_QK_PF  // C layout's Q.K: the next tile step's K lines into L1 during this step's products
+#define WS_QK_PF 0
+#endif
 
 // Eight tiles of 16 rows x 64 bytes (palette 1).
 static inline void config_tiles() {
@@ -190,10 +193,13 @@ static inline void ipf_step(ItemPf& p) {
 // Q.K of up to four 32-token groups against one query tile: tiles 0..nb-1 = sum over `nd`
 // 32-value chunks of group i (A operand, rows `rstride` bytes apart) . Bq chunk (B, tile 6);
 // A operands alternate between tiles 4 and 5 so consecutive loads and products overlap.
+// With `l1pf` (WS_QK_PF, C layout) the next step's A lines are prefetched into L1 under this
+// step's products.
 static inline void qk_groups(const uint16_t* s0, const uint16_t* s1, const uint16_t* s2,
                              const uint16_t* s3, int nb, int nd, const uint16_t* bq, int rstride,
-                             ItemPf& pf) {
+                             ItemPf& pf, int l1pf = 0) {
     T_ZERO(0); T_ZERO(1); T_ZERO(2); T_ZERO(3);
+    const uint16_t* const s[4] = {s0, s1, s2, s3};
     for (int dc = 0; dc < nd; ++dc) {
         ipf_step(pf);
         T_LOAD(6, bq + dc * 512, 64);
@@ -202,6 +208,9 @@ static inline void qk_groups(const uint16_t* s0, const uint16_t* s1, const uint1
         if (nb > 1) { T_LOAD(5, s1 + 32 * dc, rstride); T_DP(1, 5, 6); }
         if (nb > 2) { T_LOAD(4, s2 + 32 * dc, rstride); T_DP(2, 4, 6); }
         if (nb > 3) { T_LOAD(5, s3 + 32 * dc, rstride); T_DP(3, 5, 6); }
+        if (l1pf && dc + 1 < nd)
+            for (int i = 0; i < nb; ++i)
+                for (int r = 0; r < 16; ++r) _mm_prefetch((const char*)(s[i] + 32 * (dc + 1)) + (long)r * rstride, _MM_HINT_T0);
     }
 }
 
@@ -479,6 +488,19 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                         T_LOAD(4, kt, 64); T_DP(0, 4, 6);
                         T_LOAD(5, kt + 512, 64); T_DP(1, 5, 6);
                         if (two) { T_LOAD(4, kt + 1024, 64); T_DP(2, 4, 6); T_LOAD(5, kt + 1536, 64); T_DP(3, 5, 6); }
+#if WS_QK_PF
+                        {  // the next step's 128 bytes of each pair row (the next two groups' first), L2 -> L1
+                            int gn = g0, dn = dc + 1;
+                            if (dn == nKt) { gn = g0 + 2; dn = 0; }
+                            for (int g = gn; g < gn + 2 && g < nt; ++g) {
+                                const char* src = (const char*)(gsrc[g] + 2 * a->k_off + 64 * dn);
+                                for (int p = 0; p < 16; ++p) {
+                                    _mm_prefetch(src + (long)p * rstride, _MM_HINT_T0);
+                                    _mm_prefetch(src + (long)p * rstride + 64, _MM_HINT_T0);
+                                }
+                            }
+                        }
+#endif
                     }
                     float* sg = S + (size_t)g0 * 32 * 16;
                     T_STORE(0, sg, 64);
@@ -524,7 +546,7 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                     const uint16_t* s1 = nb > 1 ? gsrc[g0 + 1] + 2 * a->k_off : s0;
                     const uint16_t* s2 = nb > 2 ? gsrc[g0 + 2] + 2 * a->k_off : s0;
                     const uint16_t* s3 = nb > 3 ? gsrc[g0 + 3] + 2 * a->k_off : s0;
-                    qk_groups(s0, s1, s2, s3, nb, nK, bq, rstride, pf);
+                    qk_groups(s0, s1, s2, s3, nb, nK, bq, rstride, pf, WS_QK_PF);
                     T_STORE(0, Ct, 64);
                     if (nb > 1) T_STORE(1, Ct + 256, 64);
                     if (nb > 2) T_STORE(2, Ct + 512, 64);
