@@ -50,9 +50,9 @@
 // configuration and blocking; the kernel is our own. Building with -DWS_AMX_EMULATE (tests only)
 // replaces the tile instructions by the portable emulation in attn_amx_emu.h.
 #ifdef WS_AMX_EMULATE
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vbmi,avx2,fma,f16c")
 #else
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16,avx2,fma,f16c")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vbmi,amx-tile,amx-bf16,avx2,fma,f16c")
 #endif
 #include "attn_common.h"
 #include <immintrin.h>
@@ -117,8 +117,11 @@ constexpr int kSB = WS_KSB;  // token slots per online-softmax pass (-DWS_KSB: b
 #ifndef WS_PV_PF  // P.V: the next group's V lines into L1 during this group's products
 #define WS_PV_PF 1
 #endif
-#ifndef WS_QK_PF  // C layout's Q.K: the next tile step's K lines into L1 during this step's products
-#define WS_QK_PF 0
+#ifndef WS_QK_PF  // token-major Q.K: the next tile step's K lines into L1 during this step's products
+#define WS_QK_PF 1
+#endif
+#ifndef WS_VBMI  // word shuffles as byte shuffles (VPERMB / VPERMT2B: one uop where VPERMW is two)
+#define WS_VBMI 1
 #endif
 
 // Eight tiles of 16 rows x 64 bytes (palette 1).
@@ -154,6 +157,49 @@ static inline void transpose16(__m512i* r) {
     tr_stage<1>(r);
 }
 
+// Word shuffles by an index table of words: with WS_VBMI the table is turned into the
+// equivalent byte table once and the shuffle is VPERMB / VPERMT2B (one uop on Intel's cores
+// where VPERMW is two and VPERMT2W three); otherwise VPERMW / VPERMT2W.
+static inline __m512i widx(const uint16_t* w32) {
+#if WS_VBMI
+    alignas(64) uint8_t b[64];
+    for (int i = 0; i < 64; ++i) b[i] = (uint8_t)(2 * w32[i / 2] + (i & 1));
+    return _mm512_load_si512((const void*)b);
+#else
+    return _mm512_loadu_si512((const void*)w32);
+#endif
+}
+static inline __m256i widx8(const uint16_t* w16) {
+#if WS_VBMI
+    alignas(32) uint8_t b[32];
+    for (int i = 0; i < 32; ++i) b[i] = (uint8_t)(2 * w16[i / 2] + (i & 1));
+    return _mm256_load_si256((const __m256i*)b);
+#else
+    return _mm256_loadu_si256((const __m256i*)w16);
+#endif
+}
+static inline __m512i perm2w(__m512i x, __m512i idx, __m512i y) {
+#if WS_VBMI
+    return _mm512_permutex2var_epi8(x, idx, y);
+#else
+    return _mm512_permutex2var_epi16(x, idx, y);
+#endif
+}
+static inline __m512i permw(__m512i idx, __m512i x) {
+#if WS_VBMI
+    return _mm512_permutexvar_epi8(idx, x);
+#else
+    return _mm512_permutexvar_epi16(idx, x);
+#endif
+}
+static inline __m256i permw8(__m256i idx, __m256i x) {
+#if WS_VBMI
+    return _mm256_permutexvar_epi8(idx, x);
+#else
+    return _mm256_permutexvar_epi16(idx, x);
+#endif
+}
+
 // word 2i+j of the result = word i of a (j = 0) or of b (j = 1), i in [0, 16) (+16 for `hi`)
 static inline __m512i ilv16_idx(int hi) {
     alignas(64) uint16_t idx[32];
@@ -161,7 +207,7 @@ static inline __m512i ilv16_idx(int hi) {
         idx[2 * i] = (uint16_t)(i + 16 * hi);
         idx[2 * i + 1] = (uint16_t)(32 + i + 16 * hi);
     }
-    return _mm512_load_si512((const void*)idx);
+    return widx(idx);
 }
 
 // Software prefetch into L2: a cursor over the item's blocks (in order, from its second block),
@@ -193,13 +239,10 @@ static inline void ipf_step(ItemPf& p) {
 // Q.K of up to four 32-token groups against one query tile: tiles 0..nb-1 = sum over `nd`
 // 32-value chunks of group i (A operand, rows `rstride` bytes apart) . Bq chunk (B, tile 6);
 // A operands alternate between tiles 4 and 5 so consecutive loads and products overlap.
-// With `l1pf` (WS_QK_PF, C layout) the next step's A lines are prefetched into L1 under this
-// step's products.
 static inline void qk_groups(const uint16_t* s0, const uint16_t* s1, const uint16_t* s2,
                              const uint16_t* s3, int nb, int nd, const uint16_t* bq, int rstride,
-                             ItemPf& pf, int l1pf = 0) {
+                             ItemPf& pf) {
     T_ZERO(0); T_ZERO(1); T_ZERO(2); T_ZERO(3);
-    const uint16_t* const s[4] = {s0, s1, s2, s3};
     for (int dc = 0; dc < nd; ++dc) {
         ipf_step(pf);
         T_LOAD(6, bq + dc * 512, 64);
@@ -208,9 +251,6 @@ static inline void qk_groups(const uint16_t* s0, const uint16_t* s1, const uint1
         if (nb > 1) { T_LOAD(5, s1 + 32 * dc, rstride); T_DP(1, 5, 6); }
         if (nb > 2) { T_LOAD(4, s2 + 32 * dc, rstride); T_DP(2, 4, 6); }
         if (nb > 3) { T_LOAD(5, s3 + 32 * dc, rstride); T_DP(3, 5, 6); }
-        if (l1pf && dc + 1 < nd)
-            for (int i = 0; i < nb; ++i)
-                for (int r = 0; r < 16; ++r) _mm_prefetch((const char*)(s[i] + 32 * (dc + 1)) + (long)r * rstride, _MM_HINT_T0);
     }
 }
 
@@ -333,15 +373,15 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
     // de-interleave two tokens: word i of the result = word 2i (iev) or 2i + 1 (iod) of [x | y]
     alignas(64) uint16_t dei_a[2][32];
     for (int i = 0; i < 32; ++i) { dei_a[0][i] = (uint16_t)(2 * i); dei_a[1][i] = (uint16_t)(2 * i + 1); }
-    const __m512i iev = _mm512_load_si512((const void*)dei_a[0]), iod = _mm512_load_si512((const void*)dei_a[1]);
+    const __m512i iev = widx(dei_a[0]), iod = widx(dei_a[1]);
     // P interleave: word 2h+j = word 16j+h of [p0 (16 words) | p1 (16 words)]
     alignas(64) uint16_t pidx_a[32];
     for (int h = 0; h < 16; ++h) { pidx_a[2 * h] = (uint16_t)h; pidx_a[2 * h + 1] = (uint16_t)(16 + h); }
-    const __m512i pidx = _mm512_load_si512((const void*)pidx_a);
+    const __m512i pidx = widx(pidx_a);
     // the same for 8 rows of two slots: word 2r+j = word 8j+r
     alignas(32) uint16_t pidx8_a[16];
     for (int r = 0; r < 8; ++r) { pidx8_a[2 * r] = (uint16_t)r; pidx8_a[2 * r + 1] = (uint16_t)(8 + r); }
-    const __m256i pidx8 = _mm256_load_si256((const __m256i*)pidx8_a);
+    const __m256i pidx8 = widx8(pidx8_a);
     // C-layout score unscrambling: token parity j, rows 0-7 from the first tile, 8-15 from the second
     alignas(64) int32_t sidx_a[2][16];
     for (int h = 0; h < 16; ++h)
@@ -445,13 +485,13 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                                 for (; d + 32 <= Dv; d += 32) {
                                     const __m512i x = v0 ? _mm512_loadu_si512((const void*)(r0 + d)) : _mm512_setzero_si512();
                                     const __m512i y = v1 ? _mm512_loadu_si512((const void*)(r1 + d)) : _mm512_setzero_si512();
-                                    _mm512_storeu_si512((void*)(o + 2 * d), _mm512_permutex2var_epi16(x, ilo, y));
-                                    _mm512_storeu_si512((void*)(o + 2 * d + 32), _mm512_permutex2var_epi16(x, ihi, y));
+                                    _mm512_storeu_si512((void*)(o + 2 * d), perm2w(x, ilo, y));
+                                    _mm512_storeu_si512((void*)(o + 2 * d + 32), perm2w(x, ihi, y));
                                 }
                                 if (d < Dv) {
                                     const __m512i x = v0 ? _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i*)(r0 + d))) : _mm512_setzero_si512();
                                     const __m512i y = v1 ? _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i*)(r1 + d))) : _mm512_setzero_si512();
-                                    _mm512_storeu_si512((void*)(o + 2 * d), _mm512_permutex2var_epi16(x, ilo, y));
+                                    _mm512_storeu_si512((void*)(o + 2 * d), perm2w(x, ilo, y));
                                 }
                             }
                         }
@@ -479,8 +519,8 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                                 const __m512i x = _mm512_loadu_si512((const void*)(src + p * tokst));
                                 const __m512i y = _mm512_loadu_si512((const void*)(src + p * tokst + 32));
                                 uint16_t* dst = kt + (2 * g + (p >> 3)) * 512 + 64 * (p & 7);
-                                _mm512_store_si512((void*)dst, _mm512_permutex2var_epi16(x, iev, y));
-                                _mm512_store_si512((void*)(dst + 32), _mm512_permutex2var_epi16(x, iod, y));
+                                _mm512_store_si512((void*)dst, perm2w(x, iev, y));
+                                _mm512_store_si512((void*)(dst + 32), perm2w(x, iod, y));
                             }
                         }
                         T_FENCE();
@@ -546,7 +586,7 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                     const uint16_t* s1 = nb > 1 ? gsrc[g0 + 1] + 2 * a->k_off : s0;
                     const uint16_t* s2 = nb > 2 ? gsrc[g0 + 2] + 2 * a->k_off : s0;
                     const uint16_t* s3 = nb > 3 ? gsrc[g0 + 3] + 2 * a->k_off : s0;
-                    qk_groups(s0, s1, s2, s3, nb, nK, bq, rstride, pf, WS_QK_PF);
+                    qk_groups(s0, s1, s2, s3, nb, nK, bq, rstride, pf);
                     T_STORE(0, Ct, 64);
                     if (nb > 1) T_STORE(1, Ct + 256, 64);
                     if (nb > 2) T_STORE(2, Ct + 512, 64);
@@ -602,7 +642,7 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                     const __m512 e = _mm512_maskz_mov_ps(valid, exp2_fast(_mm512_fmsub_ps(x, vqs, mnew2)));
                     sums[k & 1] = _mm512_add_ps(sums[k & 1], e);
                     const __m256i pb = (__m256i)_mm512_cvtneps_pbh(e);  // words r, 8 + r: rows r of the two slots
-                    w[k] = _mm512_zextsi256_si512(_mm256_permutexvar_epi16(pidx8, pb));
+                    w[k] = _mm512_zextsi256_si512(permw8(pidx8, pb));
                 }
                 transpose16(w);  // row h: dword k = (P[h][2k], P[h][2k+1])
                 for (int h = 0; h < 16; ++h) _mm512_store_si512((void*)(Pa + g * 512 + 32 * h), w[h]);
@@ -619,7 +659,7 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                     const __m512 p0 = t < nv ? exp2_fast(_mm512_fmsub_ps(_mm512_load_ps(s), vqs, mnew)) : _mm512_setzero_ps();
                     const __m512 p1 = t + 1 < nv ? exp2_fast(_mm512_fmsub_ps(_mm512_load_ps(s + 16), vqs, mnew)) : _mm512_setzero_ps();
                     sums[k & 1] = _mm512_add_ps(sums[k & 1], _mm512_add_ps(p0, p1));
-                    w[k] = _mm512_permutexvar_epi16(pidx, (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
+                    w[k] = permw(pidx, (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
                 }
                 transpose16(w);  // row h: dword k = (P[h][2k], P[h][2k+1])
                 for (int h = 0; h < 16; ++h) _mm512_store_si512((void*)(Pa + g * 512 + 32 * h), w[h]);
