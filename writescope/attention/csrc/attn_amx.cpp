@@ -36,6 +36,11 @@
 //    16 heads). Against the parity form this halves the tile products and the B bytes (18 vs 72
 //    KB of q per 16-row chunk, which stay in L1 instead of streaming from L2) and drops the
 //    scores' unscrambling, for 2 permutes and 2 stores per 128 bytes of K on the vector ports.
+//    The next step's lines (or the next two groups' first) are prefetched from L2 into L1
+//    (PREFETCHT0, 4 KB) under this step's products (-DWS_QK_PF=0 turns it off): MLA 1.006-1.037x
+//    in 9 of 9 bench.cpu_ab ratios on the H200 (nineteenth session). The same prefetch in the
+//    parity form (GQA) read 0.98-1.02x and was dropped; byte shuffles (VPERMT2B) in place of the
+//    word shuffles read 0.96-1.04x (median 1.00): the vector ports are not what this waits for.
 //  * P.V: B = V token-pair rows (C layout: the pool in place; GPU layout: the scratch),
 //    A = P, four 16-dim O column tiles at a time (four independent chains). When no row's
 //    max moved in a pass the O tiles are loaded, accumulated and stored; otherwise they start
@@ -50,9 +55,9 @@
 // configuration and blocking; the kernel is our own. Building with -DWS_AMX_EMULATE (tests only)
 // replaces the tile instructions by the portable emulation in attn_amx_emu.h.
 #ifdef WS_AMX_EMULATE
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vbmi,avx2,fma,f16c")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")
 #else
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vbmi,amx-tile,amx-bf16,avx2,fma,f16c")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16,avx2,fma,f16c")
 #endif
 #include "attn_common.h"
 #include <immintrin.h>
@@ -120,9 +125,6 @@ constexpr int kSB = WS_KSB;  // token slots per online-softmax pass (-DWS_KSB: b
 #ifndef WS_QK_PF  // token-major Q.K: the next tile step's K lines into L1 during this step's products
 #define WS_QK_PF 1
 #endif
-#ifndef WS_VBMI  // word shuffles as byte shuffles (VPERMB / VPERMT2B: one uop where VPERMW is two)
-#define WS_VBMI 1
-#endif
 
 // Eight tiles of 16 rows x 64 bytes (palette 1).
 static inline void config_tiles() {
@@ -157,49 +159,6 @@ static inline void transpose16(__m512i* r) {
     tr_stage<1>(r);
 }
 
-// Word shuffles by an index table of words: with WS_VBMI the table is turned into the
-// equivalent byte table once and the shuffle is VPERMB / VPERMT2B (one uop on Intel's cores
-// where VPERMW is two and VPERMT2W three); otherwise VPERMW / VPERMT2W.
-static inline __m512i widx(const uint16_t* w32) {
-#if WS_VBMI
-    alignas(64) uint8_t b[64];
-    for (int i = 0; i < 64; ++i) b[i] = (uint8_t)(2 * w32[i / 2] + (i & 1));
-    return _mm512_load_si512((const void*)b);
-#else
-    return _mm512_loadu_si512((const void*)w32);
-#endif
-}
-static inline __m256i widx8(const uint16_t* w16) {
-#if WS_VBMI
-    alignas(32) uint8_t b[32];
-    for (int i = 0; i < 32; ++i) b[i] = (uint8_t)(2 * w16[i / 2] + (i & 1));
-    return _mm256_load_si256((const __m256i*)b);
-#else
-    return _mm256_loadu_si256((const __m256i*)w16);
-#endif
-}
-static inline __m512i perm2w(__m512i x, __m512i idx, __m512i y) {
-#if WS_VBMI
-    return _mm512_permutex2var_epi8(x, idx, y);
-#else
-    return _mm512_permutex2var_epi16(x, idx, y);
-#endif
-}
-static inline __m512i permw(__m512i idx, __m512i x) {
-#if WS_VBMI
-    return _mm512_permutexvar_epi8(idx, x);
-#else
-    return _mm512_permutexvar_epi16(idx, x);
-#endif
-}
-static inline __m256i permw8(__m256i idx, __m256i x) {
-#if WS_VBMI
-    return _mm256_permutexvar_epi8(idx, x);
-#else
-    return _mm256_permutexvar_epi16(idx, x);
-#endif
-}
-
 // word 2i+j of the result = word i of a (j = 0) or of b (j = 1), i in [0, 16) (+16 for `hi`)
 static inline __m512i ilv16_idx(int hi) {
     alignas(64) uint16_t idx[32];
@@ -207,7 +166,7 @@ static inline __m512i ilv16_idx(int hi) {
         idx[2 * i] = (uint16_t)(i + 16 * hi);
         idx[2 * i + 1] = (uint16_t)(32 + i + 16 * hi);
     }
-    return widx(idx);
+    return _mm512_load_si512((const void*)idx);
 }
 
 // Software prefetch into L2: a cursor over the item's blocks (in order, from its second block),
@@ -373,15 +332,15 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
     // de-interleave two tokens: word i of the result = word 2i (iev) or 2i + 1 (iod) of [x | y]
     alignas(64) uint16_t dei_a[2][32];
     for (int i = 0; i < 32; ++i) { dei_a[0][i] = (uint16_t)(2 * i); dei_a[1][i] = (uint16_t)(2 * i + 1); }
-    const __m512i iev = widx(dei_a[0]), iod = widx(dei_a[1]);
+    const __m512i iev = _mm512_load_si512((const void*)dei_a[0]), iod = _mm512_load_si512((const void*)dei_a[1]);
     // P interleave: word 2h+j = word 16j+h of [p0 (16 words) | p1 (16 words)]
     alignas(64) uint16_t pidx_a[32];
     for (int h = 0; h < 16; ++h) { pidx_a[2 * h] = (uint16_t)h; pidx_a[2 * h + 1] = (uint16_t)(16 + h); }
-    const __m512i pidx = widx(pidx_a);
+    const __m512i pidx = _mm512_load_si512((const void*)pidx_a);
     // the same for 8 rows of two slots: word 2r+j = word 8j+r
     alignas(32) uint16_t pidx8_a[16];
     for (int r = 0; r < 8; ++r) { pidx8_a[2 * r] = (uint16_t)r; pidx8_a[2 * r + 1] = (uint16_t)(8 + r); }
-    const __m256i pidx8 = widx8(pidx8_a);
+    const __m256i pidx8 = _mm256_load_si256((const __m256i*)pidx8_a);
     // C-layout score unscrambling: token parity j, rows 0-7 from the first tile, 8-15 from the second
     alignas(64) int32_t sidx_a[2][16];
     for (int h = 0; h < 16; ++h)
@@ -485,13 +444,13 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                                 for (; d + 32 <= Dv; d += 32) {
                                     const __m512i x = v0 ? _mm512_loadu_si512((const void*)(r0 + d)) : _mm512_setzero_si512();
                                     const __m512i y = v1 ? _mm512_loadu_si512((const void*)(r1 + d)) : _mm512_setzero_si512();
-                                    _mm512_storeu_si512((void*)(o + 2 * d), perm2w(x, ilo, y));
-                                    _mm512_storeu_si512((void*)(o + 2 * d + 32), perm2w(x, ihi, y));
+                                    _mm512_storeu_si512((void*)(o + 2 * d), _mm512_permutex2var_epi16(x, ilo, y));
+                                    _mm512_storeu_si512((void*)(o + 2 * d + 32), _mm512_permutex2var_epi16(x, ihi, y));
                                 }
                                 if (d < Dv) {
                                     const __m512i x = v0 ? _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i*)(r0 + d))) : _mm512_setzero_si512();
                                     const __m512i y = v1 ? _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i*)(r1 + d))) : _mm512_setzero_si512();
-                                    _mm512_storeu_si512((void*)(o + 2 * d), perm2w(x, ilo, y));
+                                    _mm512_storeu_si512((void*)(o + 2 * d), _mm512_permutex2var_epi16(x, ilo, y));
                                 }
                             }
                         }
@@ -519,8 +478,8 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                                 const __m512i x = _mm512_loadu_si512((const void*)(src + p * tokst));
                                 const __m512i y = _mm512_loadu_si512((const void*)(src + p * tokst + 32));
                                 uint16_t* dst = kt + (2 * g + (p >> 3)) * 512 + 64 * (p & 7);
-                                _mm512_store_si512((void*)dst, perm2w(x, iev, y));
-                                _mm512_store_si512((void*)(dst + 32), perm2w(x, iod, y));
+                                _mm512_store_si512((void*)dst, _mm512_permutex2var_epi16(x, iev, y));
+                                _mm512_store_si512((void*)(dst + 32), _mm512_permutex2var_epi16(x, iod, y));
                             }
                         }
                         T_FENCE();
@@ -642,7 +601,7 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                     const __m512 e = _mm512_maskz_mov_ps(valid, exp2_fast(_mm512_fmsub_ps(x, vqs, mnew2)));
                     sums[k & 1] = _mm512_add_ps(sums[k & 1], e);
                     const __m256i pb = (__m256i)_mm512_cvtneps_pbh(e);  // words r, 8 + r: rows r of the two slots
-                    w[k] = _mm512_zextsi256_si512(permw8(pidx8, pb));
+                    w[k] = _mm512_zextsi256_si512(_mm256_permutexvar_epi16(pidx8, pb));
                 }
                 transpose16(w);  // row h: dword k = (P[h][2k], P[h][2k+1])
                 for (int h = 0; h < 16; ++h) _mm512_store_si512((void*)(Pa + g * 512 + 32 * h), w[h]);
@@ -659,7 +618,7 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                     const __m512 p0 = t < nv ? exp2_fast(_mm512_fmsub_ps(_mm512_load_ps(s), vqs, mnew)) : _mm512_setzero_ps();
                     const __m512 p1 = t + 1 < nv ? exp2_fast(_mm512_fmsub_ps(_mm512_load_ps(s + 16), vqs, mnew)) : _mm512_setzero_ps();
                     sums[k & 1] = _mm512_add_ps(sums[k & 1], _mm512_add_ps(p0, p1));
-                    w[k] = permw(pidx, (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
+                    w[k] = _mm512_permutexvar_epi16(pidx, (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
                 }
                 transpose16(w);  // row h: dword k = (P[h][2k], P[h][2k+1])
                 for (int h = 0; h < 16; ++h) _mm512_store_si512((void*)(Pa + g * 512 + 32 * h), w[h]);
