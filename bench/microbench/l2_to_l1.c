@@ -6,6 +6,8 @@
 // window). Prints GB/s and bytes per cycle (the clock from a chain of dependent adds).
 // If the L2 windows move far fewer bytes a cycle than the L1 ones, a group's 68 KB of L2 reads
 // (36 KB copied for Q.K, 32 KB of V for P.V) cost the kernel more than its 68 tile products.
+// The nineteenth session's call 5 ran it before the last two patterns and the closing clock were
+// added (bench/results/2026-12-02d-h200/call5).
 // Build and run (an AMX CPU, Linux): gcc -O2 -pthread -mamx-tile -mamx-bf16 -mavx512f
 //   l2_to_l1.c -o l2l1 && ./l2l1
 #define _GNU_SOURCE
@@ -42,10 +44,12 @@ static double ghz(void) {  // dependent adds, one a cycle
     return 0.2 / (now() - t);
 }
 
-enum { VEC_SEQ, VEC_ROWS, TILE_SEQ, TILE_ROWS, TILE_ROWS_DP, NPAT };
+enum { VEC_SEQ, VEC_ROWS, TILE_SEQ, TILE_ROWS, TILE_ROWS_DP, TILE_ROWS_DP3, PRODUCTS, NPAT };
 static const char* NAMES[NPAT] = {"vector loads, sequential", "vector loads, 16 rows 2304 B apart",
                                   "tile loads, 1 KB contiguous", "tile loads, rows 2304 B apart",
-                                  "tile loads 2304 B apart + 1 product each"};
+                                  "tile loads 2304 B apart + 1 product each",
+                                  "the same, A in 3 tiles in turn",
+                                  "products alone (GB/s: 1 KB a product)"};
 
 // bytes moved by one sweep of pattern p over a window of `w` bytes
 static double sweep(int p, const char* b, long w) {
@@ -75,6 +79,30 @@ static double sweep(int p, const char* b, long w) {
             _tile_loadd(6, b + o + 2048, 64); _tile_loadd(7, b + o + 3072, 64);
         }
         bytes = (double)(w / 4096) * 4096;
+    } else if (p == PRODUCTS) {  // the rate of products fed by no loads (tiles 4-6 as loaded)
+        for (long o = 0; o + 4096 <= w; o += 4096) {
+            _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 5, 6); _tile_dpbf16ps(2, 4, 6); _tile_dpbf16ps(3, 5, 6);
+        }
+        bytes = (double)(w / 4096) * 4096;
+    } else if (p == TILE_ROWS_DP3) {  // A rotates over tiles 4, 5, 7: each rewritten every third product
+        const long g = 16 * RS, ng = w / g;
+        for (long k = 0; k < ng; k++)
+            for (int s = 0; s < RS / 64; s += 12) {
+                const char* q = b + k * g + 64 * s;
+                _tile_loadd(4, q, RS); _tile_dpbf16ps(0, 4, 6);
+                _tile_loadd(5, q + 64, RS); _tile_dpbf16ps(1, 5, 6);
+                _tile_loadd(7, q + 128, RS); _tile_dpbf16ps(2, 7, 6);
+                _tile_loadd(4, q + 192, RS); _tile_dpbf16ps(3, 4, 6);
+                _tile_loadd(5, q + 256, RS); _tile_dpbf16ps(0, 5, 6);
+                _tile_loadd(7, q + 320, RS); _tile_dpbf16ps(1, 7, 6);
+                _tile_loadd(4, q + 384, RS); _tile_dpbf16ps(2, 4, 6);
+                _tile_loadd(5, q + 448, RS); _tile_dpbf16ps(3, 5, 6);
+                _tile_loadd(7, q + 512, RS); _tile_dpbf16ps(0, 7, 6);
+                _tile_loadd(4, q + 576, RS); _tile_dpbf16ps(1, 4, 6);
+                _tile_loadd(5, q + 640, RS); _tile_dpbf16ps(2, 5, 6);
+                _tile_loadd(7, q + 704, RS); _tile_dpbf16ps(3, 7, 6);
+            }
+        bytes = (double)ng * g;
     } else {  // rows 2304 apart: one tile = 64 B of 16 rows; 36 tiles per group of rows
         const long g = 16 * RS, ng = w / g;
         for (long k = 0; k < ng; k++)
@@ -100,7 +128,8 @@ static void* run(void* arg) {
     tiles_on();
     char* buf = aligned_alloc(4096, j->w + 4096);
     memset(buf, 1, j->w + 4096);
-    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3); _tile_loadd(6, buf, 64);
+    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+    _tile_loadd(4, buf, 64); _tile_loadd(5, buf, 64); _tile_loadd(6, buf, 64); _tile_loadd(7, buf, 64);
     for (int i = 0; i < 4; i++) sweep(j->p, buf, j->w);  // warm: the window into L1 / L2
     if (j->bar) pthread_barrier_wait(j->bar);
     double bytes = 0, t = now();
@@ -142,5 +171,9 @@ int main(void) {
             free(js); free(ts);
             pthread_barrier_destroy(&bar);
         }
+    // the vCPU may run slower at some moments than at others (a host shared below the VM): the
+    // clock again, so a run whose two readings differ is known to be suspect
+    pin(0);
+    printf("clock from dependent adds at the end: %.2f GHz\n", ghz());
     return 0;
 }
