@@ -41,6 +41,9 @@
 //    in 9 of 9 bench.cpu_ab ratios on the H200 (nineteenth session). The same prefetch in the
 //    parity form (GQA) read 0.98-1.02x and was dropped; byte shuffles (VPERMT2B) in place of the
 //    word shuffles read 0.96-1.04x (median 1.00): the vector ports are not what this waits for.
+//    -DWS_QK_PIPE=1 copies each step one step ahead of its tile loads, so the copy's stores
+//    drain under the previous step's products rather than holding its own tile loads back
+//    (a tile load cannot take data from the store buffer); off until measured on an AMX host.
 //  * P.V: B = V token-pair rows (C layout: the pool in place; GPU layout: the scratch),
 //    A = P, four 16-dim O column tiles at a time (four independent chains). When no row's
 //    max moved in a pass the O tiles are loaded, accumulated and stored; otherwise they start
@@ -124,6 +127,9 @@ constexpr int kSB = WS_KSB;  // token slots per online-softmax pass (-DWS_KSB: b
 #endif
 #ifndef WS_QK_PF  // token-major Q.K: the next tile step's K lines into L1 during this step's products
 #define WS_QK_PF 1
+#endif
+#ifndef WS_QK_PIPE  // token-major Q.K: each step's copy made one step ahead of its tile loads
+#define WS_QK_PIPE 0
 #endif
 
 // Eight tiles of 16 rows x 64 bytes (palette 1).
@@ -459,52 +465,63 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                     }
                 }
             } else if (tmqk && mp > 8) {  // token-major copies, four 16-token tiles per step
-                for (int g0 = 0; g0 < nt; g0 += 2) {
-                    const int two = nt - g0 > 1;
-                    if (mc == 0) ipf_retarget(pf, gblk[g0 + two] + 1 + ahead, nKt, ahead);
-                    const uint16_t* s0 = gsrc[g0] + 2 * a->k_off;
-                    const uint16_t* s1 = two ? gsrc[g0 + 1] + 2 * a->k_off : s0;
-                    T_ZERO(0); T_ZERO(1); T_ZERO(2); T_ZERO(3);
-                    for (int dc = 0; dc < nKt; ++dc) {
-                        ipf_step(pf);
-                        // pair row p of group g (32 dims of tokens 2p, 2p+1 interleaved) -> rows
-                        // 2p, 2p+1 (mod 16) of tile 2g + p / 8; two buffers, so this step's
-                        // stores never wait for the tile loads of the step before
-                        uint16_t* kt = Kt + (dc & 1) * 2048;
-                        T_FENCE();
-                        for (int g = 0; g <= two; ++g) {
-                            const uint16_t* src = (g ? s1 : s0) + 64 * dc;
-                            for (int p = 0; p < 16; ++p) {
-                                const __m512i x = _mm512_loadu_si512((const void*)(src + p * tokst));
-                                const __m512i y = _mm512_loadu_si512((const void*)(src + p * tokst + 32));
-                                uint16_t* dst = kt + (2 * g + (p >> 3)) * 512 + 64 * (p & 7);
-                                _mm512_store_si512((void*)dst, _mm512_permutex2var_epi16(x, iev, y));
-                                _mm512_store_si512((void*)(dst + 32), _mm512_permutex2var_epi16(x, iod, y));
-                            }
+                // steps in order: pair i (groups 2i, 2i + 1), 32-dim step dc -> lin = i nKt + dc
+                const int nlin = (nt + 1) / 2 * nKt;
+                // pair row p of group g (32 dims of tokens 2p, 2p+1 interleaved) -> rows 2p, 2p+1
+                // (mod 16) of tile 2g + p / 8 of buffer lin & 1: two buffers, so one step's
+                // stores never wait for the tile loads of the step before
+                auto tm_copy = [&](int lin) {
+                    const int g0 = lin / nKt * 2, dc = lin % nKt, two = nt - g0 > 1;
+                    uint16_t* kt = Kt + (lin & 1) * 2048;
+                    for (int g = 0; g <= two; ++g) {
+                        const uint16_t* src = gsrc[g0 + g] + 2 * a->k_off + 64 * dc;
+                        for (int p = 0; p < 16; ++p) {
+                            const __m512i x = _mm512_loadu_si512((const void*)(src + p * tokst));
+                            const __m512i y = _mm512_loadu_si512((const void*)(src + p * tokst + 32));
+                            uint16_t* dst = kt + (2 * g + (p >> 3)) * 512 + 64 * (p & 7);
+                            _mm512_store_si512((void*)dst, _mm512_permutex2var_epi16(x, iev, y));
+                            _mm512_store_si512((void*)(dst + 32), _mm512_permutex2var_epi16(x, iod, y));
                         }
-                        T_FENCE();
-                        T_LOAD(6, bq + dc * 512, 64);
-                        T_LOAD(4, kt, 64); T_DP(0, 4, 6);
-                        T_LOAD(5, kt + 512, 64); T_DP(1, 5, 6);
-                        if (two) { T_LOAD(4, kt + 1024, 64); T_DP(2, 4, 6); T_LOAD(5, kt + 1536, 64); T_DP(3, 5, 6); }
-#if WS_QK_PF
-                        {  // the next step's 128 bytes of each pair row (the next two groups' first), L2 -> L1
-                            int gn = g0, dn = dc + 1;
-                            if (dn == nKt) { gn = g0 + 2; dn = 0; }
-                            for (int g = gn; g < gn + 2 && g < nt; ++g) {
-                                const char* src = (const char*)(gsrc[g] + 2 * a->k_off + 64 * dn);
-                                for (int p = 0; p < 16; ++p) {
-                                    _mm_prefetch(src + (long)p * rstride, _MM_HINT_T0);
-                                    _mm_prefetch(src + (long)p * rstride + 64, _MM_HINT_T0);
-                                }
-                            }
-                        }
-#endif
                     }
-                    float* sg = S + (size_t)g0 * 32 * 16;
-                    T_STORE(0, sg, 64);
-                    T_STORE(1, sg + 256, 64);
-                    if (two) { T_STORE(2, sg + 512, 64); T_STORE(3, sg + 768, 64); }
+                };
+                if (WS_QK_PIPE) tm_copy(0);
+                for (int lin = 0; lin < nlin; ++lin) {
+                    const int g0 = lin / nKt * 2, dc = lin % nKt, two = nt - g0 > 1;
+                    if (dc == 0) {
+                        if (mc == 0) ipf_retarget(pf, gblk[g0 + two] + 1 + ahead, nKt, ahead);
+                        T_ZERO(0); T_ZERO(1); T_ZERO(2); T_ZERO(3);
+                    }
+                    ipf_step(pf);
+                    T_FENCE();  // the copy's stores stay after the previous step's tile loads
+                    // WS_QK_PIPE: the next step's copy goes first, so its stores drain under this
+                    // step's products instead of holding this step's tile loads back
+                    if (!WS_QK_PIPE) tm_copy(lin);
+                    else if (lin + 1 < nlin) tm_copy(lin + 1);
+                    T_FENCE();
+                    const uint16_t* kt = Kt + (lin & 1) * 2048;
+                    T_LOAD(6, bq + dc * 512, 64);
+                    T_LOAD(4, kt, 64); T_DP(0, 4, 6);
+                    T_LOAD(5, kt + 512, 64); T_DP(1, 5, 6);
+                    if (two) { T_LOAD(4, kt + 1024, 64); T_DP(2, 4, 6); T_LOAD(5, kt + 1536, 64); T_DP(3, 5, 6); }
+#if WS_QK_PF
+                    // the lines of the step copied next, L2 -> L1
+                    if (const int ln = lin + 1 + WS_QK_PIPE; ln < nlin) {
+                        const int gn = ln / nKt * 2, dn = ln % nKt;
+                        for (int g = gn; g < gn + 2 && g < nt; ++g) {
+                            const char* src = (const char*)(gsrc[g] + 2 * a->k_off + 64 * dn);
+                            for (int p = 0; p < 16; ++p) {
+                                _mm_prefetch(src + (long)p * rstride, _MM_HINT_T0);
+                                _mm_prefetch(src + (long)p * rstride + 64, _MM_HINT_T0);
+                            }
+                        }
+                    }
+#endif
+                    if (dc == nKt - 1) {
+                        float* sg = S + (size_t)g0 * 32 * 16;
+                        T_STORE(0, sg, 64);
+                        T_STORE(1, sg + 256, 64);
+                        if (two) { T_STORE(2, sg + 512, 64); T_STORE(3, sg + 768, 64); }
+                    }
                 }
             } else if (mp > 8) {  // two 8-row B tiles, two groups per step
                 for (int g0 = 0; g0 < nt; g0 += 2) {
