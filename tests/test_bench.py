@@ -760,7 +760,8 @@ def test_read_probes_bench_beside_the_link():
 def test_cpu_ab_times_two_builds_call_by_call(tmp_path):
     """bench.cpu_ab: another copy of the kernel's sources (here the same files, so the same
     cached library and bit-identical outputs) against the working tree's, one call of each per
-    round on the same pool; git revisions through --against; bad input refused."""
+    round on the same pool; git revisions through --against; the tree's own sources with a
+    compile-time knob through --defines; bad input refused."""
     import shutil
     from writescope.attention import cpu
     if not cpu.available():
@@ -794,3 +795,10 @@ def test_cpu_ab_times_two_builds_call_by_call(tmp_path):
         cpu_ab.main(["--csrc", str(src), "--sizes", "8by32k"])
     with pytest.raises(SystemExit):  # neither --against nor --csrc
         cpu_ab.main([])
+    # this tree's sources with a compile-time knob set: the AMX kernel's, so the build differs
+    # while the AVX-512 / AVX2 kernels these CPUs run compute the same bits
+    res = cpu_ab.main(["--defines", "WS_QK_PIPE=1", "--shapes", "gqa-32/4/128", "--sizes", "1x512", "--reps", "1"])
+    assert res["against"] == "-DWS_QK_PIPE=1" and res["rows"][0]["max_abs_out_diff"] == 0.0
+    for bad in ("QK_PIPE=1", "WS_A=1;WS_B=2", ""):
+        with pytest.raises(SystemExit, match="--defines"):
+            cpu_ab.main(["--defines", bad])

@@ -1,13 +1,16 @@
 """Two builds of the CPU attention kernel timed call by call, in alternating order.
 
-``python -m writescope.bench.cpu_ab --against REV [--isa avx512bf16] [--threads N]
-[--shapes ...] [--sizes 1x256K,8x32K,64x4K] [--reps 7] [--json FILE]``
+``python -m writescope.bench.cpu_ab --against REV | --csrc DIR | --defines WS_NAME=VALUE,...
+[--isa avx512bf16] [--threads N] [--shapes ...] [--sizes 1x256K,8x32K,64x4K] [--reps 7]
+[--json FILE]``
 
 The dev VM's and the H200 host's DRAM reads move by 30% and more from one minute to the next
 (a read probe of 26-66 GB/s within one run on the 2-core dev VM), so two kernels timed in
 separate runs cannot be told apart by less than that. This bench builds the kernel library of
 another revision's ``writescope/attention/csrc`` (``git show REV:...``; or any folder holding the
-same files, ``--csrc``) beside the working tree's, and times both on the same pools, each
+same files, ``--csrc``; or the working tree's own sources built with some of the kernel's
+compile-time knobs set, ``--defines``, e.g. ``WS_QK_PIPE=1``) beside the working tree's, and
+times both on the same pools, each
 repetition one call of each, the first of the two alternating. Per shape it prints both medians
 (GB/s of KV read) and the median of the per-repetition ratios (working tree / other): the
 comparison least moved by the machine's neighbours.
@@ -26,6 +29,7 @@ import torch
 from ..attention import cpu
 from ..units import parse_count
 from .cpu_attention import SHAPES, SIZES, _machine, decode_case
+from .cpu_phases import parse_variants
 from .provenance import REPO, result_header, write_json
 
 CSRC = "writescope/attention/csrc"
@@ -80,6 +84,8 @@ def main(argv: list[str] | None = None) -> dict:
     other = ap.add_mutually_exclusive_group(required=True)
     other.add_argument("--against", metavar="REV", help="git revision whose kernel to time against")
     other.add_argument("--csrc", metavar="DIR", help="a folder holding another copy of the kernel's sources")
+    other.add_argument("--defines", metavar="WS_NAME=VALUE,...",
+                       help="this tree's sources built with these compile-time knobs set")
     ap.add_argument("--isa", default="auto", help="kernel variant for both builds (default: this CPU's)")
     ap.add_argument("--threads", type=int, default=None, help="kernel threads (default: the kernel's)")
     ap.add_argument("--shapes", default=",".join(SHAPES), help="comma list of " + ", ".join(SHAPES))
@@ -105,9 +111,17 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(f"the CPU kernel is not available: {cpu.load_error()}")
     if args.isa != "auto" and args.isa not in cpu.isas():
         raise SystemExit(f"--isa {args.isa}: this CPU runs {', '.join(cpu.isas())}")
-    label = args.against or str(args.csrc)
+    flags: tuple[str, ...] = ()
+    if args.defines is not None:
+        variants = parse_variants(args.defines)
+        if len(variants) != 1 or not variants[0]:
+            raise SystemExit("--defines: one build, a comma list of WS_NAME=VALUE")
+        flags = tuple(f"-D{d}" for d in variants[0])
+    label = args.against or (str(args.csrc) if args.csrc else " ".join(flags))
     with tempfile.TemporaryDirectory() as tmp:
-        if args.against:
+        if flags:
+            src = cpu._CSRC
+        elif args.against:
             src = revision_csrc(args.against, Path(tmp))
         else:
             src = Path(args.csrc)
@@ -116,7 +130,7 @@ def main(argv: list[str] | None = None) -> dict:
                 raise SystemExit(f"--csrc {src}: missing {', '.join(missing)}")
         print(f"building the kernel of {label} ...", flush=True)
         try:
-            other_lib = cpu.build_test_variant((), csrc=src)
+            other_lib = cpu.build_test_variant(flags, csrc=src)
         except RuntimeError as e:
             raise SystemExit(f"the kernel of {label} does not build here: {e}") from None
     libs = {"this tree": cpu._load(), label: other_lib}
