@@ -481,7 +481,8 @@ def test_cpu_attention_bench_rows_against_the_best_read_probe(tmp_path):
 
 def test_cpu_phases_bench_splits_the_kernels_time_and_computes_what_the_normal_build_does(tmp_path):
     """The -DWS_PHASES build returns the same (out, lse) as the normal one, its four phases cover
-    most of each call, and the command refuses a shape it does not know."""
+    most of each call, another variant (--isa) runs over the same pools with no phase counts,
+    and the command refuses a shape or a variant it does not know."""
     from writescope.attention import cpu
     if not cpu.available() or not cpu.features()["avx512_bf16"]:
         pytest.skip("needs the compiled kernel with AVX-512 BF16 (AMX or its emulation)")
@@ -520,6 +521,12 @@ def test_cpu_phases_bench_splits_the_kernels_time_and_computes_what_the_normal_b
         (), ("WS_KSB=128",), ("WS_KSB=512", "WS_PHASES")]
     with pytest.raises(SystemExit, match="WS_NAME=VALUE"):
         cpu_phases.main(["--defines", "KSB=1"])
+    # --isa: another variant over the same pools (no phase counters: its phases stay 0)
+    r = cpu_phases.measure(lib, "gqa-32/4/128", 0.25, 0.05, 1, blocks=48, isa="avx512bf16")
+    assert r["isa"] == "avx512bf16" and r["kernel_gbps"] > 0
+    assert not any(r["phase_ns_per_group"].values())
+    with pytest.raises(SystemExit, match="--isa avx9"):
+        cpu_phases.main(["--isa", "avx9"])
 
 
 def test_cpu_contention_bench_runs_both_cases(tmp_path):

@@ -1,7 +1,7 @@
 """Where one core's time goes in the AMX CPU attention kernel, phase by phase.
 
 ``python -m writescope.bench.cpu_phases [--shapes ...] [--pools 0.5,1536] [--threads 1,16]
-[--prefetch-blocks 0,1] [--seconds 2] [--json FILE]``
+[--prefetch-blocks 0,1] [--seconds 2] [--isa amx] [--json FILE]``
 
 Builds the kernel library with ``-DWS_PHASES`` (time-stamp counter reads at the phase
 boundaries of ``amx_item`` in ``csrc/attn_amx.cpp``; the production build has none) and runs one
@@ -14,7 +14,9 @@ it prints nanoseconds in each phase:
 * ``softmax``: the online softmax over the pass and P into the A operand's layout;
 * ``pv``: the P.V tile products into O.
 
-The L2 pool gives the kernel's work with its data next to the core; what the DRAM pool adds on
+With ``--isa`` another of the kernel's variants runs instead (``avx512bf16``, the AVX-512 BF16
+kernel of CPUs without AMX): it has no phase counters, so only its GB/s and time per group
+over the two pools are printed. The L2 pool gives the kernel's work with its data next to the core; what the DRAM pool adds on
 top is time spent waiting for DRAM. On the dev VM the two add up (the fifteenth session's
 ablation), which is why the kernel reads DRAM at about 2 / (1/C + 1/M). With several threads
 the phase times are each thread's, averaged (the counters add every thread's cycles).
@@ -61,7 +63,8 @@ def parse_variants(text: str) -> list[tuple[str, ...]]:
 
 
 def measure(lib: ctypes.CDLL, shape: str, pool_mb: float, seconds: float, prefetch: int,
-            blocks: int = BLOCKS, threads: int = 1, gen: torch.Generator | None = None) -> dict:
+            blocks: int = BLOCKS, threads: int = 1, gen: torch.Generator | None = None,
+            isa: str = "amx") -> dict:
     """One shape over a pool of ``pool_mb`` MiB, one sequence of ``blocks`` blocks per thread,
     calls repeated for ``seconds``. Phase times are per thread: cycles summed over the threads
     divided by the groups all of them attended."""
@@ -82,13 +85,13 @@ def measure(lib: ctypes.CDLL, shape: str, pool_mb: float, seconds: float, prefet
     q = torch.randn(threads, hq, spec.k_dim, generator=gen).to(torch.bfloat16)
     cyc = (ctypes.c_uint64 * 8).in_dll(lib, "ws_phase_cycles")
     lib.ws_phase_tsc.restype = ctypes.c_uint64
-    prev_threads, isa = cpu.num_threads_setting(), cpu.current_isa_setting()
+    prev_threads, prev_isa = cpu.num_threads_setting(), cpu.current_isa_setting()
     pf, pf_user = cpu.get_prefetch_blocks(), cpu.prefetch_chosen_by_user()
     cpu.set_num_threads(threads)
     try:
         with cpu.use_library(lib):
             cpu.set_prefetch_blocks(prefetch)
-            cpu.set_isa("amx")
+            cpu.set_isa(isa)
             cpu.attend_cpu(q, pool, "cpu", spec, bb, 0.1)  # warm-up (and first touch)
             for i in range(8):
                 cyc[i] = 0
@@ -100,13 +103,13 @@ def measure(lib: ctypes.CDLL, shape: str, pool_mb: float, seconds: float, prefet
     finally:
         cpu.set_num_threads(prev_threads)
         cpu.set_prefetch_blocks(pf, from_profile=not pf_user)  # as it was, and whose choice it was
-        cpu.set_isa(isa)
+        cpu.set_isa(prev_isa)
     groups = calls * threads * blocks * bs / 32 * spec.num_kv_heads  # all threads' groups
     tsc_hz = (c1 - c0) / dt
     phase_ns = {nm: cyc[i] / tsc_hz / groups * 1e9 for i, nm in enumerate(PHASES)}
     per_group = dt * threads / groups * 1e9  # one thread's wall time per group
     return {"shape": shape, "pool_mib": pool_mb, "pool_blocks": nblk, "prefetch_blocks": prefetch,
-            "threads": threads, "calls": calls, "seconds": dt,
+            "threads": threads, "isa": isa, "calls": calls, "seconds": dt,
             "kernel_gbps": calls * threads * blocks * bs * tok_bytes / dt / 1e9,
             "ns_per_group": per_group, "tsc_ghz": tsc_hz / 1e9, "phase_ns_per_group": phase_ns,
             # the share of the calls' time inside the item loop (the rest: dispatch, threads
@@ -125,12 +128,17 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--defines", default="",
                     help="kernel builds to compare, ';'-separated, each a comma list of WS_NAME=VALUE "
                          "(an empty entry: the default build); run side by side per configuration")
+    ap.add_argument("--isa", default="amx",
+                    help="kernel variant (default amx, emulated where the CPU has no AMX; other "
+                         "variants have no phase counters: GB/s and time per group only)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
     if not cpu.available():
         raise SystemExit(f"the CPU kernel is not available: {cpu.load_error()}")
-    if not cpu.features()["avx512_bf16"]:
+    if args.isa == "amx" and not cpu.features()["avx512_bf16"]:
         raise SystemExit("the AMX kernel (or its emulation) needs AVX-512 BF16")
+    if args.isa != "amx" and args.isa not in cpu.isas():
+        raise SystemExit(f"--isa {args.isa}: this CPU runs {', '.join(cpu.isas())}")
     shapes = [s for s in args.shapes.split(",") if s]
     for s in shapes:
         if s not in SHAPES:
@@ -148,13 +156,14 @@ def main(argv: list[str] | None = None) -> dict:
             for th in thread_counts:
                 for pf in pfs:
                     for defines, lib in libs:
-                        r = measure(lib, shape, mb, args.seconds, pf, threads=th)
+                        r = measure(lib, shape, mb, args.seconds, pf, threads=th, isa=args.isa)
                         r["defines"] = list(defines)
                         rows.append(r)
                         ph = r["phase_ns_per_group"]
+                        cols = (" ".join(f"{ph[p]:8.0f}" for p in PHASES[1:]) + f"  {r['phases_frac_of_time']:6.0%}"
+                                if args.isa == "amx" else " ".join(f"{'-':>8}" for _ in PHASES[1:]) + f"  {'-':>6}")
                         print(f"{shape:14} {mb:9.1f} {th:3d} {pf:3d} {r['kernel_gbps']:6.1f} {r['ns_per_group']:9.0f}  " +
-                              " ".join(f"{ph[p]:8.0f}" for p in PHASES[1:]) +
-                              f"  {r['phases_frac_of_time']:6.0%}" +
+                              cols +
                               (f"  {','.join(defines) or 'default'}" if len(libs) > 1 else ""), flush=True)
     out = {**result_header("cpu_phases", argv), "machine": _machine(),
            "emulated_tiles": "amx" not in cpu.isas(), "rows": rows}
