@@ -122,10 +122,10 @@ constexpr int kSB = WS_KSB;  // token slots per online-softmax pass (-DWS_KSB: b
 #ifndef WS_QK_TM
 #define WS_QK_TM 1
 #endif
-#ifndef WS_PV_PF  // P.V: the next group's V lines into L1 during this group's products
+#ifndef WS_PV_PF  // P.V: the V lines of the group this many ahead into L1 during this group's products
 #define WS_PV_PF 1
 #endif
-#ifndef WS_QK_PF  // token-major Q.K: the next tile step's K lines into L1 during this step's products
+#ifndef WS_QK_PF  // token-major Q.K: the K lines of the tile step copied this many ahead into L1 during this step's products
 #define WS_QK_PF 1
 #endif
 #ifndef WS_QK_PIPE  // token-major Q.K: each step's copy made one step ahead of its tile loads
@@ -505,7 +505,7 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                     if (two) { T_LOAD(4, kt + 1024, 64); T_DP(2, 4, 6); T_LOAD(5, kt + 1536, 64); T_DP(3, 5, 6); }
 #if WS_QK_PF
                     // the lines of the step copied next, L2 -> L1
-                    if (const int ln = lin + 1 + WS_QK_PIPE; ln < nlin) {
+                    if (const int ln = lin + WS_QK_PF + WS_QK_PIPE; ln < nlin) {  // WS_QK_PF steps ahead
                         const int gn = ln / nKt * 2, dn = ln % nKt;
                         for (int g = gn; g < gn + 2 && g < nt; ++g) {
                             const char* src = (const char*)(gsrc[g] + 2 * a->k_off + 64 * dn);
@@ -675,8 +675,8 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                     if (nd > 3) { T_LOAD(7, v + 96, vst); T_DP(3, 4, 7); }
 #if WS_PV_PF
                     if (!gpu) {  // the next group's V lines, L2 -> L1, under this group's products
-                        int gn = g + 1, dn = dc0;
-                        if (gn == ng) { gn = 0; dn = dc0 + 4; }
+                        int gn = g + WS_PV_PF, dn = dc0;  // WS_PV_PF groups ahead
+                        while (gn >= ng) { gn -= ng; dn += 4; }
                         if (dn < nDv) {
                             const char* pv = (const char*)(gsrc[gn] + 2 * (a->v_off + 16 * dn));
                             const int nl = nDv - dn < 4 ? nDv - dn : 4;  // 64-byte lines per pair row
