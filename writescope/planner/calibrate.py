@@ -162,7 +162,7 @@ def _variant(isa: str, prefetch: int | None = None):
 #: the AMX kernel's software-prefetch distances calibration tries (blocks ahead; 0: none).
 #: The best differs by machine: on the H200 host 1 and 2 are within 3-7% of each other and none
 #: is 10-25% slower; on the 2-core dev VM MLA reads 15-30% faster with none and GQA 7-13% slower
-#: (bench/results/2026-12-01g-h200, docs/PERFORMANCE.md, thirteenth session).
+#: (bench/results/2026-12-01g-h200, docs/PERFORMANCE-LOG.md, thirteenth session).
 PREFETCH_CHOICES = (0, 1, 2)
 
 
