@@ -21,19 +21,10 @@
 #include <time.h>
 #include <unistd.h>
 
-struct cfg_t { uint8_t palette, start_row, res[14]; uint16_t colsb[16]; uint8_t rows[16]; };
-static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
-
-static void pin(int cpu) {
-    cpu_set_t s; CPU_ZERO(&s); CPU_SET(cpu, &s);
-    pthread_setaffinity_np(pthread_self(), sizeof s, &s);
-}
+#include "mb_common.h"
 
 static void tiles_on(void) {
-    syscall(SYS_arch_prctl, 0x1023, 18);
-    struct cfg_t c; memset(&c, 0, sizeof c); c.palette = 1;
-    for (int i = 0; i < 8; i++) { c.rows[i] = 16; c.colsb[i] = 64; }
-    _tile_loadconfig(&c);
+    tiles_config();
     static char b[4096] __attribute__((aligned(64)));
     _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
     _tile_loadd(4, b, 64); _tile_loadd(5, b + 1024, 64); _tile_loadd(6, b + 2048, 64); _tile_loadd(7, b + 3072, 64);

@@ -23,20 +23,7 @@
 #include <unistd.h>
 
 #define RS 2304  /* bytes between pair rows: 576 dims x 2 tokens x 2 bytes */
-struct cfg_t { uint8_t palette, start_row, res[14]; uint16_t colsb[16]; uint8_t rows[16]; };
-static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
-
-static void pin(int cpu) {
-    cpu_set_t s; CPU_ZERO(&s); CPU_SET(cpu, &s);
-    pthread_setaffinity_np(pthread_self(), sizeof s, &s);
-}
-
-static void tiles_on(void) {
-    syscall(SYS_arch_prctl, 0x1023, 18);
-    struct cfg_t c; memset(&c, 0, sizeof c); c.palette = 1;
-    for (int i = 0; i < 8; i++) { c.rows[i] = 16; c.colsb[i] = 64; }
-    _tile_loadconfig(&c);
-}
+#include "mb_common.h"
 
 static double ghz(void) {  // dependent adds, one a cycle
     uint64_t x = 0; double t = now();
@@ -125,7 +112,7 @@ struct job { int cpu, p; long w; double secs, gbps; pthread_barrier_t* bar; };
 static void* run(void* arg) {
     struct job* j = arg;
     pin(j->cpu);
-    tiles_on();
+    tiles_config();
     char* buf = aligned_alloc(4096, j->w + 4096);
     memset(buf, 1, j->w + 4096);
     _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
