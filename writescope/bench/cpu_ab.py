@@ -1,6 +1,6 @@
-"""Two builds of the CPU attention kernel timed call by call, in alternating order.
+"""Two or more builds of the CPU attention kernel timed call by call, in rotating order.
 
-``python -m writescope.bench.cpu_ab --against REV | --csrc DIR | --defines WS_NAME=VALUE,...
+``python -m writescope.bench.cpu_ab --against REV | --csrc DIR | --defines "WS_A=1,WS_B=2;WS_C=1"
 [--isa avx512bf16] [--threads N] [--shapes ...] [--sizes 1x256K,8x32K,64x4K] [--reps 7]
 [--json FILE]``
 
@@ -9,11 +9,12 @@ The dev VM's and the H200 host's DRAM reads move by 30% and more from one minute
 separate runs cannot be told apart by less than that. This bench builds the kernel library of
 another revision's ``writescope/attention/csrc`` (``git show REV:...``; or any folder holding the
 same files, ``--csrc``; or the working tree's own sources built with some of the kernel's
-compile-time knobs set, ``--defines``, e.g. ``WS_QK_PIPE=1``) beside the working tree's, and
-times both on the same pools, each
-repetition one call of each, the first of the two alternating. Per shape it prints both medians
-(GB/s of KV read) and the median of the per-repetition ratios (working tree / other): the
-comparison least moved by the machine's neighbours.
+compile-time knobs set, ``--defines``, e.g. ``WS_QK_PIPE=1``, several builds at once when
+;'-separated) beside the working tree's, and times them on the same pools, each
+repetition one call of each, the order rotated from one repetition to the next (two builds:
+alternating). Per shape it prints every build's median (GB/s of KV read) and the median of the
+per-repetition ratios (working tree / that build): the comparison least moved by the machine's
+neighbours.
 """
 from __future__ import annotations
 
@@ -52,7 +53,9 @@ def revision_csrc(rev: str, dest: Path) -> Path:
 
 def compare(libs: dict[str, object], shape: str, batch: int, length: int, reps: int, bs: int,
             gen: torch.Generator) -> dict:
-    """One shape: both libraries on one pool, ``reps`` rounds of one call each."""
+    """One shape: every library on one pool, ``reps`` rounds of one call each, the order rotated
+    from round to round (two builds: alternating). The first library is the reference of the
+    ratios (the working tree's)."""
     spec, pool, bb, q, scale, kv_bytes = decode_case(shape, batch, length, bs, gen)
     names = list(libs)
     gbps: dict[str, list[float]] = {n: [] for n in names}
@@ -61,21 +64,23 @@ def compare(libs: dict[str, object], shape: str, batch: int, length: int, reps: 
         with cpu.use_library(libs[n]):
             outs[n] = cpu.attend_cpu(q, pool, "cpu", spec, bb, scale)
     for r in range(reps):
-        for n in (names if r % 2 == 0 else names[::-1]):
+        k = r % len(names)
+        for n in names[k:] + names[:k]:
             with cpu.use_library(libs[n]):
                 t0 = time.perf_counter()
                 cpu.attend_cpu(q, pool, "cpu", spec, bb, scale)
                 gbps[n].append(kv_bytes / (time.perf_counter() - t0) / 1e9)
-    a, b = names
-    o_a, l_a = outs[a]
-    o_b, l_b = outs[b]
+    ref, others = names[0], names[1:]
+    ratios = {n: statistics.median(x / y for x, y in zip(gbps[ref], gbps[n])) for n in others}
+    # the builds' outputs against the reference's: a change meant to compute the same thing
+    out_diff = {n: float((outs[ref][0] - outs[n][0]).abs().max()) for n in others}
+    lse_diff = {n: float((outs[ref][1] - outs[n][1]).abs().max()) for n in others}
     return {"shape": shape, "batch": batch, "length": length, "kv_bytes": kv_bytes,
             "isa": cpu.get_isa(spec.dtype), "threads": cpu.get_num_threads(),
             "gbps": gbps, "median_gbps": {n: statistics.median(v) for n, v in gbps.items()},
-            "ratio": statistics.median(x / y for x, y in zip(gbps[a], gbps[b])),
-            # the two builds' outputs: a kernel change that is meant to compute the same thing
-            "max_abs_out_diff": float((o_a - o_b).abs().max()),
-            "max_abs_lse_diff": float((l_a - l_b).abs().max())}
+            "ratios": ratios, "ratio": ratios[others[0]],
+            "max_abs_out_diff": max(out_diff.values()), "max_abs_lse_diff": max(lse_diff.values()),
+            "out_diffs": out_diff}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -84,8 +89,9 @@ def main(argv: list[str] | None = None) -> dict:
     other = ap.add_mutually_exclusive_group(required=True)
     other.add_argument("--against", metavar="REV", help="git revision whose kernel to time against")
     other.add_argument("--csrc", metavar="DIR", help="a folder holding another copy of the kernel's sources")
-    other.add_argument("--defines", metavar="WS_NAME=VALUE,...",
-                       help="this tree's sources built with these compile-time knobs set")
+    other.add_argument("--defines", metavar="WS_NAME=VALUE,...[;...]",
+                       help="this tree's sources built with these compile-time knobs set; "
+                            "';' separates builds, each timed against this tree's")
     ap.add_argument("--isa", default="auto", help="kernel variant for both builds (default: this CPU's)")
     ap.add_argument("--threads", type=int, default=None, help="kernel threads (default: the kernel's)")
     ap.add_argument("--shapes", default=",".join(SHAPES), help="comma list of " + ", ".join(SHAPES))
@@ -111,16 +117,23 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(f"the CPU kernel is not available: {cpu.load_error()}")
     if args.isa != "auto" and args.isa not in cpu.isas():
         raise SystemExit(f"--isa {args.isa}: this CPU runs {', '.join(cpu.isas())}")
-    flags: tuple[str, ...] = ()
+    builds: list[tuple[str, ...]] = []  # --defines: the -D flags of each other build
     if args.defines is not None:
         variants = parse_variants(args.defines)
-        if len(variants) != 1 or not variants[0]:
-            raise SystemExit("--defines: one build, a comma list of WS_NAME=VALUE")
-        flags = tuple(f"-D{d}" for d in variants[0])
-    label = args.against or (str(args.csrc) if args.csrc else " ".join(flags))
+        if not variants or not all(variants):
+            raise SystemExit("--defines: one or more builds, ';'-separated, each a comma list of WS_NAME=VALUE")
+        builds = [tuple(f"-D{d}" for d in v) for v in variants]
+    label = args.against or str(args.csrc) if not builds else "; ".join(" ".join(f) for f in builds)
+    other_libs: dict[str, object] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        if flags:
-            src = cpu._CSRC
+        if builds:
+            for flags in builds:
+                name = " ".join(flags)
+                print(f"building this tree's kernel with {name} ...", flush=True)
+                try:
+                    other_libs[name] = cpu.build_test_variant(flags)
+                except RuntimeError as e:
+                    raise SystemExit(f"the kernel with {name} does not build here: {e}") from None
         elif args.against:
             src = revision_csrc(args.against, Path(tmp))
         else:
@@ -128,26 +141,33 @@ def main(argv: list[str] | None = None) -> dict:
             missing = [n for n in cpu._SOURCES + cpu._HEADERS if not (src / n).is_file()]
             if missing:
                 raise SystemExit(f"--csrc {src}: missing {', '.join(missing)}")
-        print(f"building the kernel of {label} ...", flush=True)
-        try:
-            other_lib = cpu.build_test_variant(flags, csrc=src)
-        except RuntimeError as e:
-            raise SystemExit(f"the kernel of {label} does not build here: {e}") from None
-    libs = {"this tree": cpu._load(), label: other_lib}
+        if not builds:
+            print(f"building the kernel of {label} ...", flush=True)
+            try:
+                other_libs[label] = cpu.build_test_variant((), csrc=src)
+            except RuntimeError as e:
+                raise SystemExit(f"the kernel of {label} does not build here: {e}") from None
+    libs = {"this tree": cpu._load(), **other_libs}
     prev_isa, prev_threads = cpu.current_isa_setting(), cpu.num_threads_setting()
     cpu.set_isa(args.isa)
     cpu.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
     rows = []
-    print(f"{'shape':14} {'BxL':>10} {'isa':>10} {'this tree':>10} {label[:12]:>12} {'ratio':>6}", flush=True)
+    others = list(other_libs)
+    if len(others) > 1:  # the builds' columns, numbered
+        for i, n in enumerate(others, 1):
+            print(f"build {i}: {n}")
+    heads = [n[:12] for n in others] if len(others) == 1 else [f"build {i}" for i in range(1, len(others) + 1)]
+    print(f"{'shape':14} {'BxL':>10} {'isa':>10} {'this tree':>10} " +
+          " ".join(f"{h:>12} {'ratio':>6}" for h in heads), flush=True)
     try:
         for s in shapes:
             for b, l in sizes:
                 r = compare(libs, s, b, l, args.reps, args.block_size, gen)
                 rows.append(r)
                 m = r["median_gbps"]
-                print(f"{s:14} {f'{b}x{l}':>10} {r['isa']:>10} {m['this tree']:10.1f} {m[label]:12.1f} "
-                      f"{r['ratio']:6.3f}", flush=True)
+                print(f"{s:14} {f'{b}x{l}':>10} {r['isa']:>10} {m['this tree']:10.1f} " +
+                      " ".join(f"{m[n]:12.1f} {r['ratios'][n]:6.3f}" for n in others), flush=True)
     finally:
         cpu.set_isa(prev_isa)
         cpu.set_num_threads(prev_threads)
