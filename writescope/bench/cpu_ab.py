@@ -10,7 +10,7 @@ separate runs cannot be told apart by less than that. This bench builds the kern
 another revision's ``writescope/attention/csrc`` (``git show REV:...``; or any folder holding the
 same files, ``--csrc``; or the working tree's own sources built with some of the kernel's
 compile-time knobs set, ``--defines``, e.g. ``WS_QK_PIPE=1``, several builds at once when
-;'-separated) beside the working tree's, and times them on the same pools, each
+``;``-separated) beside the working tree's, and times them on the same pools, each
 repetition one call of each, the order rotated from one repetition to the next (two builds:
 alternating). Per shape it prints every build's median (GB/s of KV read) and the median of the
 per-repetition ratios (working tree / that build): the comparison least moved by the machine's
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> dict:
     other.add_argument("--defines", metavar="WS_NAME=VALUE,...[;...]",
                        help="this tree's sources built with these compile-time knobs set; "
                             "';' separates builds, each timed against this tree's")
-    ap.add_argument("--isa", default="auto", help="kernel variant for both builds (default: this CPU's)")
+    ap.add_argument("--isa", default="auto", help="kernel variant for every build (default: this CPU's)")
     ap.add_argument("--threads", type=int, default=None, help="kernel threads (default: the kernel's)")
     ap.add_argument("--shapes", default=",".join(SHAPES), help="comma list of " + ", ".join(SHAPES))
     ap.add_argument("--sizes", default=",".join(f"{b}x{l}" for b, l in SIZES), help="BATCHxLENGTH list")

@@ -49,7 +49,8 @@
 //    max moved in a pass the O tiles are loaded, accumulated and stored; otherwise they start
 //    from zero and O = alpha * O + tile is one AVX-512 FMA pass (no separate rescale pass).
 //    C layout: the next group's V lines are prefetched from L2 into L1 (PREFETCHT0, 4 KB) while
-//    this group's products run, so its tile loads hit L1 (-DWS_PV_PF=0 turns it off).
+//    this group's products run, so its tile loads hit L1 (-DWS_PV_PF=0 turns it off, =k prefetches
+//    k groups ahead; likewise WS_QK_PF=k for the Q.K copies' steps).
 //  * Software prefetch into L2 (ws_pf_*): a cursor over the item's blocks from its second one,
 //    a few lines per tile step; during a pass's Q.K it runs one block ahead of the blocks being
 //    read, during P.V it covers the next pass (an item of one pass is prefetched too).
@@ -674,7 +675,7 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                     if (nd > 2) { T_LOAD(6, v + 64, vst); T_DP(2, 4, 6); }
                     if (nd > 3) { T_LOAD(7, v + 96, vst); T_DP(3, 4, 7); }
 #if WS_PV_PF
-                    if (!gpu) {  // the next group's V lines, L2 -> L1, under this group's products
+                    if (!gpu) {  // the V lines of the group WS_PV_PF ahead, L2 -> L1, under this group's products
                         int gn = g + WS_PV_PF, dn = dc0;  // WS_PV_PF groups ahead
                         while (gn >= ng) { gn -= ng; dn += 4; }
                         if (dn < nDv) {
