@@ -123,30 +123,25 @@ def main(argv: list[str] | None = None) -> dict:
         if not variants or not all(variants):
             raise SystemExit("--defines: one or more builds, ';'-separated, each a comma list of WS_NAME=VALUE")
         builds = [tuple(f"-D{d}" for d in v) for v in variants]
-    label = args.against or str(args.csrc) if not builds else "; ".join(" ".join(f) for f in builds)
+    label = "; ".join(" ".join(f) for f in builds) if builds else (args.against or str(args.csrc))
     other_libs: dict[str, object] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        if builds:
-            for flags in builds:
-                name = " ".join(flags)
-                print(f"building this tree's kernel with {name} ...", flush=True)
-                try:
-                    other_libs[name] = cpu.build_test_variant(flags)
-                except RuntimeError as e:
-                    raise SystemExit(f"the kernel with {name} does not build here: {e}") from None
+        if builds:  # name -> (flags, sources)
+            sources = {" ".join(f): (f, cpu._CSRC) for f in builds}
         elif args.against:
-            src = revision_csrc(args.against, Path(tmp))
+            sources = {label: ((), revision_csrc(args.against, Path(tmp)))}
         else:
             src = Path(args.csrc)
             missing = [n for n in cpu._SOURCES + cpu._HEADERS if not (src / n).is_file()]
             if missing:
                 raise SystemExit(f"--csrc {src}: missing {', '.join(missing)}")
-        if not builds:
-            print(f"building the kernel of {label} ...", flush=True)
+            sources = {label: ((), src)}
+        for name, (flags, src) in sources.items():
+            print(f"building the kernel of {name} ...", flush=True)
             try:
-                other_libs[label] = cpu.build_test_variant((), csrc=src)
+                other_libs[name] = cpu.build_test_variant(flags, csrc=src)
             except RuntimeError as e:
-                raise SystemExit(f"the kernel of {label} does not build here: {e}") from None
+                raise SystemExit(f"the kernel of {name} does not build here: {e}") from None
     libs = {"this tree": cpu._load(), **other_libs}
     prev_isa, prev_threads = cpu.current_isa_setting(), cpu.num_threads_setting()
     cpu.set_isa(args.isa)
