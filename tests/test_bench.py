@@ -804,15 +804,15 @@ def test_cpu_ab_times_two_builds_call_by_call(tmp_path):
         cpu_ab.main([])
     # this tree's sources with a compile-time knob set: the AMX kernel's, so the build differs
     # while the AVX-512 / AVX2 kernels these CPUs run compute the same bits
-    res = cpu_ab.main(["--defines", "WS_QK_PIPE=1", "--shapes", "gqa-32/4/128", "--sizes", "1x512", "--reps", "1"])
-    assert res["against"] == "-DWS_QK_PIPE=1" and res["rows"][0]["max_abs_out_diff"] == 0.0
-    for bad in ("QK_PIPE=1", "WS_QK_PIPE=1;", ""):
+    res = cpu_ab.main(["--defines", "WS_QK_PF=0", "--shapes", "gqa-32/4/128", "--sizes", "1x512", "--reps", "1"])
+    assert res["against"] == "-DWS_QK_PF=0" and res["rows"][0]["max_abs_out_diff"] == 0.0
+    for bad in ("QK_PF=0", "WS_QK_PF=0;", ""):
         with pytest.raises(SystemExit, match="--defines"):
             cpu_ab.main(["--defines", bad])
     # several builds in one run, each against this tree's, in rotating order
-    res = cpu_ab.main(["--defines", "WS_QK_PIPE=1;WS_QK_PF=2,WS_PV_PF=2", "--shapes", "mla-16/1/576",
+    res = cpu_ab.main(["--defines", "WS_QK_PF=0;WS_QK_PF=0,WS_PV_PF=0", "--shapes", "mla-16/1/576",
                        "--sizes", "1x300", "--reps", "3"])
     r = res["rows"][0]
-    assert set(r["ratios"]) == {"-DWS_QK_PIPE=1", "-DWS_QK_PF=2 -DWS_PV_PF=2"}
+    assert set(r["ratios"]) == {"-DWS_QK_PF=0", "-DWS_QK_PF=0 -DWS_PV_PF=0"}
     assert all(len(v) == 3 for v in r["gbps"].values()) and len(r["gbps"]) == 3
     assert r["max_abs_out_diff"] == 0.0  # prefetches and copy order never change a result

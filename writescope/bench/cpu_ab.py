@@ -9,7 +9,7 @@ The dev VM's and the H200 host's DRAM reads move by 30% and more from one minute
 separate runs cannot be told apart by less than that. This bench builds the kernel library of
 another revision's ``writescope/attention/csrc`` (``git show REV:...``; or any folder holding the
 same files, ``--csrc``; or the working tree's own sources built with some of the kernel's
-compile-time knobs set, ``--defines``, e.g. ``WS_QK_PIPE=1``, several builds at once when
+compile-time knobs set, ``--defines``, e.g. ``WS_QK_PF=0``, several builds at once when
 ``;``-separated) beside the working tree's, and times them on the same pools, each
 repetition one call of each, the order rotated from one repetition to the next (two builds:
 alternating). Per shape it prints every build's median (GB/s of KV read) and the median of the

@@ -41,16 +41,16 @@
 //    in 9 of 9 bench.cpu_ab ratios on the H200 (nineteenth session). The same prefetch in the
 //    parity form (GQA) read 0.98-1.02x and was dropped; byte shuffles (VPERMT2B) in place of the
 //    word shuffles read 0.96-1.04x (median 1.00): the vector ports are not what this waits for.
-//    -DWS_QK_PIPE=1 copies each step one step ahead of its tile loads, so the copy's stores
-//    drain under the previous step's products rather than holding its own tile loads back
-//    (a tile load cannot take data from the store buffer); off until measured on an AMX host.
+//    Also measured and dropped (twentieth session, 0.97-1.01x): each step's copy made one step
+//    ahead of its tile loads (its stores draining under the step before), and both L1
+//    prefetches two steps / groups ahead. The one loop over (pair, step) those needed read MLA
+//    0.95-0.98x this nested loop (it divides by the step count at every step), so it was reverted.
 //  * P.V: B = V token-pair rows (C layout: the pool in place; GPU layout: the scratch),
 //    A = P, four 16-dim O column tiles at a time (four independent chains). When no row's
 //    max moved in a pass the O tiles are loaded, accumulated and stored; otherwise they start
 //    from zero and O = alpha * O + tile is one AVX-512 FMA pass (no separate rescale pass).
 //    C layout: the next group's V lines are prefetched from L2 into L1 (PREFETCHT0, 4 KB) while
-//    this group's products run, so its tile loads hit L1 (-DWS_PV_PF=0 turns it off, =k prefetches
-//    k groups ahead; likewise WS_QK_PF=k for the Q.K copies' steps).
+//    this group's products run, so its tile loads hit L1 (-DWS_PV_PF=0 turns it off).
 //  * Software prefetch into L2 (ws_pf_*): a cursor over the item's blocks from its second one,
 //    a few lines per tile step; during a pass's Q.K it runs one block ahead of the blocks being
 //    read, during P.V it covers the next pass (an item of one pass is prefetched too).
@@ -123,14 +123,11 @@ constexpr int kSB = WS_KSB;  // token slots per online-softmax pass (-DWS_KSB: b
 #ifndef WS_QK_TM
 #define WS_QK_TM 1
 #endif
-#ifndef WS_PV_PF  // P.V: the V lines of the group this many ahead into L1 during this group's products
+#ifndef WS_PV_PF  // P.V: the next group's V lines into L1 during this group's products
 #define WS_PV_PF 1
 #endif
-#ifndef WS_QK_PF  // token-major Q.K: the K lines of the tile step copied this many ahead into L1 during this step's products
+#ifndef WS_QK_PF  // token-major Q.K: the next tile step's K lines into L1 during this step's products
 #define WS_QK_PF 1
-#endif
-#ifndef WS_QK_PIPE  // token-major Q.K: each step's copy made one step ahead of its tile loads
-#define WS_QK_PIPE 0
 #endif
 
 // Eight tiles of 16 rows x 64 bytes (palette 1).
@@ -466,63 +463,52 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                     }
                 }
             } else if (tmqk && mp > 8) {  // token-major copies, four 16-token tiles per step
-                // steps in order: pair i (groups 2i, 2i + 1), 32-dim step dc -> lin = i nKt + dc
-                const int nlin = (nt + 1) / 2 * nKt;
-                // pair row p of group g (32 dims of tokens 2p, 2p+1 interleaved) -> rows 2p, 2p+1
-                // (mod 16) of tile 2g + p / 8 of buffer lin & 1: two buffers, so one step's
-                // stores never wait for the tile loads of the step before
-                auto tm_copy = [&](int lin) {
-                    const int g0 = lin / nKt * 2, dc = lin % nKt, two = nt - g0 > 1;
-                    uint16_t* kt = Kt + (lin & 1) * 2048;
-                    for (int g = 0; g <= two; ++g) {
-                        const uint16_t* src = gsrc[g0 + g] + 2 * a->k_off + 64 * dc;
-                        for (int p = 0; p < 16; ++p) {
-                            const __m512i x = _mm512_loadu_si512((const void*)(src + p * tokst));
-                            const __m512i y = _mm512_loadu_si512((const void*)(src + p * tokst + 32));
-                            uint16_t* dst = kt + (2 * g + (p >> 3)) * 512 + 64 * (p & 7);
-                            _mm512_store_si512((void*)dst, _mm512_permutex2var_epi16(x, iev, y));
-                            _mm512_store_si512((void*)(dst + 32), _mm512_permutex2var_epi16(x, iod, y));
-                        }
-                    }
-                };
-                if (WS_QK_PIPE) tm_copy(0);
-                for (int lin = 0; lin < nlin; ++lin) {
-                    const int g0 = lin / nKt * 2, dc = lin % nKt, two = nt - g0 > 1;
-                    if (dc == 0) {
-                        if (mc == 0) ipf_retarget(pf, gblk[g0 + two] + 1 + ahead, nKt, ahead);
-                        T_ZERO(0); T_ZERO(1); T_ZERO(2); T_ZERO(3);
-                    }
-                    ipf_step(pf);
-                    T_FENCE();  // the copy's stores stay after the previous step's tile loads
-                    // WS_QK_PIPE: the next step's copy goes first, so its stores drain under this
-                    // step's products instead of holding this step's tile loads back
-                    if (!WS_QK_PIPE) tm_copy(lin);
-                    else if (lin + 1 < nlin) tm_copy(lin + 1);
-                    T_FENCE();
-                    const uint16_t* kt = Kt + (lin & 1) * 2048;
-                    T_LOAD(6, bq + dc * 512, 64);
-                    T_LOAD(4, kt, 64); T_DP(0, 4, 6);
-                    T_LOAD(5, kt + 512, 64); T_DP(1, 5, 6);
-                    if (two) { T_LOAD(4, kt + 1024, 64); T_DP(2, 4, 6); T_LOAD(5, kt + 1536, 64); T_DP(3, 5, 6); }
-#if WS_QK_PF
-                    // the lines of the step copied next, L2 -> L1
-                    if (const int ln = lin + WS_QK_PF + WS_QK_PIPE; ln < nlin) {  // WS_QK_PF steps ahead
-                        const int gn = ln / nKt * 2, dn = ln % nKt;
-                        for (int g = gn; g < gn + 2 && g < nt; ++g) {
-                            const char* src = (const char*)(gsrc[g] + 2 * a->k_off + 64 * dn);
+                for (int g0 = 0; g0 < nt; g0 += 2) {
+                    const int two = nt - g0 > 1;
+                    if (mc == 0) ipf_retarget(pf, gblk[g0 + two] + 1 + ahead, nKt, ahead);
+                    const uint16_t* s0 = gsrc[g0] + 2 * a->k_off;
+                    const uint16_t* s1 = two ? gsrc[g0 + 1] + 2 * a->k_off : s0;
+                    T_ZERO(0); T_ZERO(1); T_ZERO(2); T_ZERO(3);
+                    for (int dc = 0; dc < nKt; ++dc) {
+                        ipf_step(pf);
+                        // pair row p of group g (32 dims of tokens 2p, 2p+1 interleaved) -> rows
+                        // 2p, 2p+1 (mod 16) of tile 2g + p / 8; two buffers, so this step's
+                        // stores never wait for the tile loads of the step before
+                        uint16_t* kt = Kt + (dc & 1) * 2048;
+                        T_FENCE();
+                        for (int g = 0; g <= two; ++g) {
+                            const uint16_t* src = (g ? s1 : s0) + 64 * dc;
                             for (int p = 0; p < 16; ++p) {
-                                _mm_prefetch(src + (long)p * rstride, _MM_HINT_T0);
-                                _mm_prefetch(src + (long)p * rstride + 64, _MM_HINT_T0);
+                                const __m512i x = _mm512_loadu_si512((const void*)(src + p * tokst));
+                                const __m512i y = _mm512_loadu_si512((const void*)(src + p * tokst + 32));
+                                uint16_t* dst = kt + (2 * g + (p >> 3)) * 512 + 64 * (p & 7);
+                                _mm512_store_si512((void*)dst, _mm512_permutex2var_epi16(x, iev, y));
+                                _mm512_store_si512((void*)(dst + 32), _mm512_permutex2var_epi16(x, iod, y));
                             }
                         }
-                    }
+                        T_FENCE();
+                        T_LOAD(6, bq + dc * 512, 64);
+                        T_LOAD(4, kt, 64); T_DP(0, 4, 6);
+                        T_LOAD(5, kt + 512, 64); T_DP(1, 5, 6);
+                        if (two) { T_LOAD(4, kt + 1024, 64); T_DP(2, 4, 6); T_LOAD(5, kt + 1536, 64); T_DP(3, 5, 6); }
+#if WS_QK_PF
+                        {  // the next step's 128 bytes of each pair row (the next two groups' first), L2 -> L1
+                            int gn = g0, dn = dc + 1;
+                            if (dn == nKt) { gn = g0 + 2; dn = 0; }
+                            for (int g = gn; g < gn + 2 && g < nt; ++g) {
+                                const char* src = (const char*)(gsrc[g] + 2 * a->k_off + 64 * dn);
+                                for (int p = 0; p < 16; ++p) {
+                                    _mm_prefetch(src + (long)p * rstride, _MM_HINT_T0);
+                                    _mm_prefetch(src + (long)p * rstride + 64, _MM_HINT_T0);
+                                }
+                            }
+                        }
 #endif
-                    if (dc == nKt - 1) {
-                        float* sg = S + (size_t)g0 * 32 * 16;
-                        T_STORE(0, sg, 64);
-                        T_STORE(1, sg + 256, 64);
-                        if (two) { T_STORE(2, sg + 512, 64); T_STORE(3, sg + 768, 64); }
                     }
+                    float* sg = S + (size_t)g0 * 32 * 16;
+                    T_STORE(0, sg, 64);
+                    T_STORE(1, sg + 256, 64);
+                    if (two) { T_STORE(2, sg + 512, 64); T_STORE(3, sg + 768, 64); }
                 }
             } else if (mp > 8) {  // two 8-row B tiles, two groups per step
                 for (int g0 = 0; g0 < nt; g0 += 2) {
@@ -675,9 +661,9 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                     if (nd > 2) { T_LOAD(6, v + 64, vst); T_DP(2, 4, 6); }
                     if (nd > 3) { T_LOAD(7, v + 96, vst); T_DP(3, 4, 7); }
 #if WS_PV_PF
-                    if (!gpu) {  // the V lines of the group WS_PV_PF ahead, L2 -> L1, under this group's products
-                        int gn = g + WS_PV_PF, dn = dc0;  // WS_PV_PF groups ahead
-                        while (gn >= ng) { gn -= ng; dn += 4; }
+                    if (!gpu) {  // the next group's V lines, L2 -> L1, under this group's products
+                        int gn = g + 1, dn = dc0;
+                        if (gn == ng) { gn = 0; dn = dc0 + 4; }
                         if (dn < nDv) {
                             const char* pv = (const char*)(gsrc[gn] + 2 * (a->v_off + 16 * dn));
                             const int nl = nDv - dn < 4 ? nDv - dn : 4;  // 64-byte lines per pair row
