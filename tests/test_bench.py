@@ -816,3 +816,16 @@ def test_cpu_ab_times_two_builds_call_by_call(tmp_path):
     assert set(r["ratios"]) == {"-DWS_QK_PF=0", "-DWS_QK_PF=0 -DWS_PV_PF=0"}
     assert all(len(v) == 3 for v in r["gbps"].values()) and len(r["gbps"]) == 3
     assert r["max_abs_out_diff"] == 0.0  # prefetches and copy order never change a result
+    # --layouts: every build on the C pool and on the same records in the T (GPU) layout
+    res = cpu_ab.main(["--layouts", "C,T", "--shapes", "mla-16/1/576", "--sizes", "1x300", "--reps", "2"])
+    r = res["rows"][0]
+    assert set(r["gbps"]) == {"this tree [C]", "this tree [T]"} and set(r["ratios"]) == {"this tree [T]"}
+    assert r["max_abs_out_diff"] < 1e-2  # the same KV read from either layout
+    res = cpu_ab.main(["--layouts", "T", "--defines", "WS_PV_PAR=0", "--shapes", "gqa-32/4/128",
+                       "--sizes", "1x300", "--reps", "1"])
+    assert set(res["rows"][0]["gbps"]) == {"this tree", "-DWS_PV_PAR=0"}
+    for bad in ("C,X", "", "C,C"):
+        with pytest.raises(SystemExit, match="--layouts"):
+            cpu_ab.main(["--layouts", bad, "--defines", "WS_QK_PF=0"])
+    with pytest.raises(SystemExit, match="--layouts C,T"):
+        cpu_ab.main(["--layouts", "C"])  # nothing to compare

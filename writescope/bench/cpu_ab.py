@@ -1,8 +1,8 @@
 """Two or more builds of the CPU attention kernel timed call by call, in rotating order.
 
 ``python -m writescope.bench.cpu_ab --against REV | --csrc DIR | --defines "WS_A=1,WS_B=2;WS_C=1"
-[--isa avx512bf16] [--threads N] [--shapes ...] [--sizes 1x256K,8x32K,64x4K] [--reps 7]
-[--json FILE]``
+[--layouts C,T] [--isa avx512bf16] [--threads N] [--shapes ...] [--sizes 1x256K,8x32K,64x4K]
+[--reps 7] [--json FILE]``
 
 The dev VM's and the H200 host's DRAM reads move by 30% and more from one minute to the next
 (a read probe of 26-66 GB/s within one run on the 2-core dev VM), so two kernels timed in
@@ -14,7 +14,9 @@ compile-time knobs set, ``--defines``, e.g. ``WS_QK_PF=0``, several builds at on
 repetition one call of each, the order rotated from one repetition to the next (two builds:
 alternating). Per shape it prints every build's median (GB/s of KV read) and the median of the
 per-repetition ratios (working tree / that build): the comparison least moved by the machine's
-neighbours.
+neighbours. ``--layouts C,T`` times every build on the C pool and on the same records in the
+GPU layout (T blocks, read in place), each (build, layout) pair a column of its own; alone it
+compares this tree's two layouts.
 """
 from __future__ import annotations
 
@@ -28,6 +30,8 @@ from pathlib import Path
 import torch
 
 from ..attention import cpu
+from ..hostmem import pageable_empty
+from ..kvcache.regions import from_cpu_layout, gpu_pool_shape
 from ..units import parse_count
 from .cpu_attention import SHAPES, SIZES, _machine, decode_case
 from .cpu_phases import parse_variants
@@ -51,25 +55,39 @@ def revision_csrc(rev: str, dest: Path) -> Path:
     return dest
 
 
+#: --layouts letters -> attend_cpu's layout names (C: the CPU layout; T: the GPU layout, read in place)
+LAYOUTS = {"C": "cpu", "T": "gpu"}
+
+
 def compare(libs: dict[str, object], shape: str, batch: int, length: int, reps: int, bs: int,
-            gen: torch.Generator) -> dict:
-    """One shape: every library on one pool, ``reps`` rounds of one call each, the order rotated
-    from round to round (two builds: alternating). The first library is the reference of the
-    ratios (the working tree's)."""
+            gen: torch.Generator, layouts: tuple[str, ...] = ("C",)) -> dict:
+    """One shape: every library on every layout's pool (the same KV), ``reps`` rounds of one call
+    each, the order rotated from round to round (two variants: alternating). The first library on
+    the first layout is the reference of the ratios (the working tree's). With more than one
+    layout each variant is named ``"<library> [<layout>]"``."""
     spec, pool, bb, q, scale, kv_bytes = decode_case(shape, batch, length, bs, gen)
-    names = list(libs)
+    pools = {"C": pool}
+    if "T" in layouts:  # the same records, token-major (as T blocks lie in pinned memory)
+        pools["T"] = pageable_empty(gpu_pool_shape(spec, pool.shape[0], bs)[1:], spec.dtype)
+        pools["T"].copy_(from_cpu_layout(pool))
+    runs = {(n if len(layouts) == 1 else f"{n} [{lay}]"): (libs[n], lay) for n in libs for lay in layouts}
+    names = list(runs)
     gbps: dict[str, list[float]] = {n: [] for n in names}
     outs = {}
-    for n in names:  # warm-up (first touch, the team's start) and each build's result
-        with cpu.use_library(libs[n]):
-            outs[n] = cpu.attend_cpu(q, pool, "cpu", spec, bb, scale)
+
+    def call(n):
+        lib, lay = runs[n]
+        with cpu.use_library(lib):
+            return cpu.attend_cpu(q, pools[lay], LAYOUTS[lay], spec, bb, scale)
+
+    for n in names:  # warm-up (first touch, the team's start) and each variant's result
+        outs[n] = call(n)
     for r in range(reps):
         k = r % len(names)
         for n in names[k:] + names[:k]:
-            with cpu.use_library(libs[n]):
-                t0 = time.perf_counter()
-                cpu.attend_cpu(q, pool, "cpu", spec, bb, scale)
-                gbps[n].append(kv_bytes / (time.perf_counter() - t0) / 1e9)
+            t0 = time.perf_counter()
+            call(n)
+            gbps[n].append(kv_bytes / (time.perf_counter() - t0) / 1e9)
     ref, others = names[0], names[1:]
     ratios = {n: statistics.median(x / y for x, y in zip(gbps[ref], gbps[n])) for n in others}
     # the builds' outputs against the reference's: a change meant to compute the same thing
@@ -86,7 +104,7 @@ def compare(libs: dict[str, object], shape: str, batch: int, length: int, reps: 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m writescope.bench.cpu_ab", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    other = ap.add_mutually_exclusive_group(required=True)
+    other = ap.add_mutually_exclusive_group()
     other.add_argument("--against", metavar="REV", help="git revision whose kernel to time against")
     other.add_argument("--csrc", metavar="DIR", help="a folder holding another copy of the kernel's sources")
     other.add_argument("--defines", metavar="WS_NAME=VALUE,...[;...]",
@@ -98,6 +116,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--sizes", default=",".join(f"{b}x{l}" for b, l in SIZES), help="BATCHxLENGTH list")
     ap.add_argument("--reps", type=int, default=7, help="rounds of one call of each build")
     ap.add_argument("--block-size", type=int, default=64)
+    ap.add_argument("--layouts", default="C",
+                    help="comma list of C (the CPU layout, the default) and T (the GPU layout, "
+                         "read in place): every build is timed on each; C,T alone compares "
+                         "this tree's two")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
     shapes = [s for s in args.shapes.split(",") if s]
@@ -113,6 +135,11 @@ def main(argv: list[str] | None = None) -> dict:
         sizes.append((b, l))
     if args.reps < 1:
         raise SystemExit("--reps must be at least 1")
+    layouts = tuple(x.strip().upper() for x in args.layouts.split(",") if x.strip())
+    if not layouts or any(x not in LAYOUTS for x in layouts) or len(set(layouts)) < len(layouts):
+        raise SystemExit(f"--layouts {args.layouts!r}: a comma list of C and T")
+    if args.against is None and args.csrc is None and args.defines is None and len(layouts) < 2:
+        raise SystemExit("give --against, --csrc or --defines (or --layouts C,T)")
     if not cpu.available():
         raise SystemExit(f"the CPU kernel is not available: {cpu.load_error()}")
     if args.isa != "auto" and args.isa not in cpu.isas():
@@ -123,13 +150,16 @@ def main(argv: list[str] | None = None) -> dict:
         if not variants or not all(variants):
             raise SystemExit("--defines: one or more builds, ';'-separated, each a comma list of WS_NAME=VALUE")
         builds = [tuple(f"-D{d}" for d in v) for v in variants]
-    label = "; ".join(" ".join(f) for f in builds) if builds else (args.against or str(args.csrc))
+    label = ("; ".join(" ".join(f) for f in builds) if builds else args.against or args.csrc
+             or "this tree's T layout")
     other_libs: dict[str, object] = {}
     with tempfile.TemporaryDirectory() as tmp:
         if builds:  # name -> (flags, sources)
             sources = {" ".join(f): (f, cpu._CSRC) for f in builds}
         elif args.against:
             sources = {label: ((), revision_csrc(args.against, Path(tmp)))}
+        elif args.csrc is None:  # --layouts alone: this tree on each layout
+            sources = {}
         else:
             src = Path(args.csrc)
             missing = [n for n in cpu._SOURCES + cpu._HEADERS if not (src / n).is_file()]
@@ -148,20 +178,21 @@ def main(argv: list[str] | None = None) -> dict:
     cpu.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
     rows = []
-    others = list(other_libs)
-    if len(others) > 1:  # the builds' columns, numbered
+    variants = [n if len(layouts) == 1 else f"{n} [{lay}]" for n in libs for lay in layouts]
+    ref, others = variants[0], variants[1:]
+    if len(others) > 1:  # the other variants' columns, numbered
         for i, n in enumerate(others, 1):
             print(f"build {i}: {n}")
     heads = [n[:12] for n in others] if len(others) == 1 else [f"build {i}" for i in range(1, len(others) + 1)]
-    print(f"{'shape':14} {'BxL':>10} {'isa':>10} {'this tree':>10} " +
+    print(f"{'shape':14} {'BxL':>10} {'isa':>10} {ref[:13]:>13} " +
           " ".join(f"{h:>12} {'ratio':>6}" for h in heads), flush=True)
     try:
         for s in shapes:
             for b, l in sizes:
-                r = compare(libs, s, b, l, args.reps, args.block_size, gen)
+                r = compare(libs, s, b, l, args.reps, args.block_size, gen, layouts)
                 rows.append(r)
                 m = r["median_gbps"]
-                print(f"{s:14} {f'{b}x{l}':>10} {r['isa']:>10} {m['this tree']:10.1f} " +
+                print(f"{s:14} {f'{b}x{l}':>10} {r['isa']:>10} {m[ref]:13.1f} " +
                       " ".join(f"{m[n]:12.1f} {r['ratios'][n]:6.3f}" for n in others), flush=True)
     finally:
         cpu.set_isa(prev_isa)

@@ -16,9 +16,17 @@
 //    place (16 rows x 32 dims, row stride H*R*2 bytes); B holds q in VNNI form,
 //    B[k][2n+j] = q_n[32c + 2k + j], 16 rows per tile; C = 16 tokens x 16 rows stored straight
 //    into S. No repack of K; a Dk % 32 == 16 tail goes through a 1 KB zero-padded copy.
-//    V (MLA: the first 512 dims of the same rows) is pair-interleaved into a per-pass scratch
+//    P.V reads V (MLA: the first 512 dims of the same rows) in place too, in the parity form
+//    (Dv % 32 == 0; -DWS_PV_PAR=0 restores the copy below): B = 16 token rows x 32 values, A =
+//    the tile's P with a zero in every other word, once for the even values and once for the
+//    odd ones, so twice the products and no copy; O keeps each 32 values' even ones before its
+//    odd ones until the item's end. A tile past its block's end is copied, zero-padded (garbage
+//    there would reach O through 0 * NaN). On the H200 (twentieth session, bench.cpu_ab
+//    --layouts C,T, two runs, per-call ratios): 1.04-1.15x the copy below for MLA, 1.09-1.18x
+//    for GQA; still 0.84-0.94x the C layout (MLA: token-major copies of K, P.V on pair rows in
+//    place), so the C layout keeps its pairs. Without it, V is pair-interleaved into a per-pass scratch
 //    right after the Q.K of those tokens (lines still in L1/L2), zero for slots past a block's
-//    end, and only V's Dv dims are copied.
+//    end. -DWS_QKG_PF=1 (off, unmeasured) prefetches each next Q.K step's A rows into L1.
 //  * Q.K, C layout ([bs/2][R][2], token pairs interleaved), chunks of at most 8 rows (GQA
 //    decode; all chunks with -DWS_QK_TM=0): the pair rows are the A operand in
 //    place (16 pairs x 16 dims x 2 tokens) and B holds q_h in the slot of one token parity and
@@ -129,6 +137,12 @@ constexpr int kSB = WS_KSB;  // token slots per online-softmax pass (-DWS_KSB: b
 #ifndef WS_QK_PF  // token-major Q.K: the next tile step's K lines into L1 during this step's products
 #define WS_QK_PF 1
 #endif
+#ifndef WS_PV_PAR  // GPU layout: P.V on the token-major V rows in place (parity form), no V copy
+#define WS_PV_PAR 1
+#endif
+#ifndef WS_QKG_PF  // GPU layout's Q.K: the next tile step's K lines into L1 during this step's products
+#define WS_QKG_PF 0
+#endif
 
 // Eight tiles of 16 rows x 64 bytes (palette 1).
 static inline void config_tiles() {
@@ -204,7 +218,7 @@ static inline void ipf_step(ItemPf& p) {
 // A operands alternate between tiles 4 and 5 so consecutive loads and products overlap.
 static inline void qk_groups(const uint16_t* s0, const uint16_t* s1, const uint16_t* s2,
                              const uint16_t* s3, int nb, int nd, const uint16_t* bq, int rstride,
-                             ItemPf& pf) {
+                             ItemPf& pf, int l1pf) {
     T_ZERO(0); T_ZERO(1); T_ZERO(2); T_ZERO(3);
     for (int dc = 0; dc < nd; ++dc) {
         ipf_step(pf);
@@ -214,6 +228,11 @@ static inline void qk_groups(const uint16_t* s0, const uint16_t* s1, const uint1
         if (nb > 1) { T_LOAD(5, s1 + 32 * dc, rstride); T_DP(1, 5, 6); }
         if (nb > 2) { T_LOAD(4, s2 + 32 * dc, rstride); T_DP(2, 4, 6); }
         if (nb > 3) { T_LOAD(5, s3 + 32 * dc, rstride); T_DP(3, 5, 6); }
+        if (l1pf && dc + 1 < nd) {  // the next step's 64 bytes of each A row, L2 -> L1
+            const uint16_t* sn[4] = {s0, s1, s2, s3};
+            for (int i = 0; i < nb; ++i)
+                for (int r = 0; r < 16; ++r) _mm_prefetch((const char*)(sn[i] + 32 * (dc + 1)) + (long)r * rstride, _MM_HINT_T0);
+        }
     }
 }
 
@@ -263,6 +282,11 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
     // (see the header); their B operand is the GPU layout's, (Dk / 32) x 1 KB per chunk
     const int tmqk = !gpu && WS_QK_TM && Dk % 32 == 0;
     const int nKt = Dk / 32;  // its steps
+    // GPU layout, -DWS_PV_PAR=1: P.V with B = 16 token rows of V in place (32 values a row) and
+    // A = P with zeros in every other word, once for the even values, once for the odd ones: no
+    // pair-interleaved copy of V, twice the products. O is then kept with the even values of each
+    // 32 in its first 16 columns and the odd ones in the next 16, and put back in order at the end.
+    const int pvpar = gpu && WS_PV_PAR && Dv % 32 == 0;
 
     size_t off = 0;
     auto take = [&](size_t bytes) { size_t o = off; off += (size_t)ws_round_up((int64_t)bytes, 64); return o; };
@@ -270,6 +294,7 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
     const size_t om = take(4 * (size_t)(2 * nmc * 16 + 16)), os = take(4 * (size_t)cap * 16);
     const size_t opa = take(2 * (size_t)ngmax * 512), oc = take(4 * 4 * 256), ot = take(4 * 16 * 64);
     const size_t okt = take(2 * 8 * 512);
+    const size_t opp = take(pvpar ? (size_t)2 * ngmax * 2 * 1024 : 64);  // pvpar: per 16-token tile, P even / odd
     const size_t ov = take(gpu ? 2 * (size_t)ngmax * 16 * Dv * 2 : 2 * (size_t)ngmax * 16 * R * 2);
     const size_t og = take(sizeof(const uint16_t*) * 2 * ngmax + sizeof(int) * 4 * ngmax);
     char* base = ws_scratch(off);
@@ -283,6 +308,7 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
     float* Ct = (float*)(base + oc);      // 4 C tiles (C layout score unscrambling)
     float* Ot = (float*)(base + ot);      // [16 rows][64 dims]
     uint16_t* Kt = (uint16_t*)(base + okt);  // GPU Dk tail: 4 x [16 tokens][32 dims]; C (tmqk): 2 x that
+    uint16_t* Pp = (uint16_t*)(base + opp);  // pvpar: [tile][parity][16 rows][32 words]
     uint16_t* Vs = (uint16_t*)(base + ov);   // GPU: V pairs [group][16][Dv][2]; C: partial groups [group][16][R][2]
     const uint16_t** gsrc = (const uint16_t**)(base + og);  // GPU: per 16-token tile; C: per group
     int* gnv = (int*)(gsrc + 2 * ngmax);                      // valid tokens of each
@@ -401,7 +427,7 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
         const int ng = gpu ? (nt + 1) / 2 : nt;  // 32-slot groups
         const int e2 = pass_end(it, b1, cap, gpu);  // end of the next pass (prefetch target)
         const int64_t qk_steps = (int64_t)(gpu ? (nt + 3) / 4 : (nt + 1) / 2) * (tmqk && M > 8 ? nKt : nK);  // per row chunk
-        const int64_t pv_steps = (int64_t)((nDv + 3) / 4) * ng;
+        const int64_t pv_steps = (int64_t)((nDv + 3) / 4) * (pvpar ? nt : ng);
         for (int mc = 0; mc < nmc; ++mc) {
             const int mp = M - 16 * mc < 16 ? M - 16 * mc : 16;
             const uint16_t* bq = Bq + mc * bqsz;
@@ -415,7 +441,7 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                     const uint16_t* s1 = nb > 1 ? gsrc[i0 + 1] + a->k_off : s0;
                     const uint16_t* s2 = nb > 2 ? gsrc[i0 + 2] + a->k_off : s0;
                     const uint16_t* s3 = nb > 3 ? gsrc[i0 + 3] + a->k_off : s0;
-                    qk_groups(s0, s1, s2, s3, nb, nKfull, bq, rstride, pf);
+                    qk_groups(s0, s1, s2, s3, nb, nKfull, bq, rstride, pf, WS_QKG_PF);
                     if (nKfull < nK) {  // last 16 dims: zero-padded copies (B rows 8-15 are 0)
                         for (int i = 0; i < nb; ++i)
                             for (int t = 0; t < 16; ++t) {
@@ -435,7 +461,16 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                     if (nb > 1) T_STORE(1, S + (i0 + 1) * 256, 64);
                     if (nb > 2) T_STORE(2, S + (i0 + 2) * 256, 64);
                     if (nb > 3) T_STORE(3, S + (i0 + 3) * 256, 64);
-                    if (mc == 0) {  // V of these tokens -> pair-interleaved scratch (once per pass)
+                    if (mc == 0 && pvpar) {  // read in place; a tile past its block's end -> zero-padded copy
+                        for (int i = i0; i < i0 + nb; ++i) {
+                            if (gnv[i] >= 16) continue;
+                            uint16_t* dst = Vs + (size_t)i * 16 * Dv;
+                            for (int t = 0; t < 16; ++t) {
+                                if (t < gnv[i]) memcpy(dst + (size_t)t * Dv, gsrc[i] + a->v_off + (int64_t)t * tokst, 2 * (size_t)Dv);
+                                else memset(dst + (size_t)t * Dv, 0, 2 * (size_t)Dv);
+                            }
+                        }
+                    } else if (mc == 0) {  // V of these tokens -> pair-interleaved scratch (once per pass)
                         for (int i = i0; i < i0 + nb; ++i) {
                             const uint16_t* src = gsrc[i] + a->v_off;
                             uint16_t* dst = Vs + (size_t)(i / 2) * 16 * Dv * 2 + (size_t)(i & 1) * 8 * Dv * 2;
@@ -549,7 +584,7 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                     const uint16_t* s1 = nb > 1 ? gsrc[g0 + 1] + 2 * a->k_off : s0;
                     const uint16_t* s2 = nb > 2 ? gsrc[g0 + 2] + 2 * a->k_off : s0;
                     const uint16_t* s3 = nb > 3 ? gsrc[g0 + 3] + 2 * a->k_off : s0;
-                    qk_groups(s0, s1, s2, s3, nb, nK, bq, rstride, pf);
+                    qk_groups(s0, s1, s2, s3, nb, nK, bq, rstride, pf, 0);
                     T_STORE(0, Ct, 64);
                     if (nb > 1) T_STORE(1, Ct + 256, 64);
                     if (nb > 2) T_STORE(2, Ct + 512, 64);
@@ -632,6 +667,13 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
             _mm512_storeu_ps(mrun + 16 * mc, mnew);
             _mm512_storeu_ps(alpha, al);
             const bool accumulate = _mm512_cmp_ps_mask(al, _mm512_set1_ps(1.0f), _CMP_EQ_OQ) == 0xFFFF;
+            if (pvpar)  // tile i's P rows as two A operands: word 2r (even) or 2r + 1 (odd) = P[h][16(i & 1) + r]
+                for (int i = 0; i < nt; ++i)
+                    for (int h = 0; h < 16; ++h) {
+                        const __m512i e = _mm512_cvtepu16_epi32(_mm256_load_si256((const __m256i*)(Pa + (i >> 1) * 512 + 32 * h + 16 * (i & 1))));
+                        _mm512_store_si512((void*)(Pp + i * 1024 + 32 * h), e);
+                        _mm512_store_si512((void*)(Pp + i * 1024 + 512 + 32 * h), _mm512_slli_epi32(e, 16));
+                    }
             PH(3);
             // ---- P.V into O
             T_FENCE();  // P, the V scratch, O
@@ -648,7 +690,25 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                 } else {
                     T_ZERO(0); T_ZERO(1); T_ZERO(2); T_ZERO(3);
                 }
-                for (int g = 0; g < ng; ++g) {
+                for (int i = 0; pvpar && i < nt; ++i) {  // C tiles: even / odd values of 32 (and of the next 32)
+                    ipf_step(pf);
+                    const uint16_t* v = gnv[i] < 16 ? Vs + (size_t)i * 16 * Dv + 16 * dc0 : gsrc[i] + a->v_off + 16 * dc0;
+                    const long vst = gnv[i] < 16 ? (long)Dv * 2 : rstride;
+                    T_LOAD(4, Pp + i * 1024, 64);
+                    T_LOAD(5, Pp + i * 1024 + 512, 64);
+                    T_LOAD(6, v, vst);
+                    T_DP(0, 4, 6);
+                    T_DP(1, 5, 6);
+                    if (nd > 2) { T_LOAD(7, v + 32, vst); T_DP(2, 4, 7); T_DP(3, 5, 7); }
+#if WS_PV_PF
+                    if (i + 1 < nt && gnv[i + 1] == 16) {  // the next tile's V lines, L2 -> L1
+                        const char* pv = (const char*)(gsrc[i + 1] + a->v_off + 16 * dc0);
+                        for (int r = 0; r < 16; ++r)
+                            for (int l = 0; l < nd / 2; ++l) _mm_prefetch(pv + r * rstride + 64 * l, _MM_HINT_T0);
+                    }
+#endif
+                }
+                for (int g = 0; !pvpar && g < ng; ++g) {
                     ipf_step(pf);
                     const uint16_t* v;
                     long vst;
@@ -699,7 +759,19 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
     for (int mc = 0; mc < nmc; ++mc) {
         const int m0 = 16 * mc, mp = M - m0 < 16 ? M - m0 : 16;
         for (int m = 0; m < mp; ++m) {
-            memcpy(it->o + (int64_t)(m0 + m) * Dv, O + ((size_t)mc * 16 + m) * Dv, 4 * (size_t)Dv);
+            const float* om = O + ((size_t)mc * 16 + m) * Dv;
+            float* out = it->o + (int64_t)(m0 + m) * Dv;
+            if (pvpar) {  // each 32 values: the even ones, then the odd ones -> in order
+                const __m512i i0 = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+                const __m512i i1 = _mm512_add_epi32(i0, _mm512_set1_epi32(8));
+                for (int d = 0; d < Dv; d += 32) {
+                    const __m512 ev = _mm512_load_ps(om + d), od = _mm512_load_ps(om + d + 16);
+                    _mm512_storeu_ps(out + d, _mm512_permutex2var_ps(ev, i0, od));
+                    _mm512_storeu_ps(out + d + 16, _mm512_permutex2var_ps(ev, i1, od));
+                }
+            } else {
+                memcpy(out, om, 4 * (size_t)Dv);
+            }
             it->m[m0 + m] = mrun[16 * mc + m];
             it->l[m0 + m] = lrun[16 * mc + m];
         }
