@@ -266,6 +266,59 @@ static int pass_end(const WsItem* it, int b0, int cap, int gpu) {
     return b;
 }
 
+// The GPU layout's P.V on V in place (-DWS_PV_PAR, see the header), out of amx_item so that the
+// C layout's loops compile as they did without it.
+// Tiles [i0, i1) of the pass that end past their block's valid tokens: their V rows, zero-padded,
+// into Vs ([tile][16 rows][Dv]; garbage past a block's end would reach O through 0 * NaN).
+static __attribute__((noinline)) void par_partial_v(const WsArgs* a, const uint16_t* const* gsrc, const int* gnv,
+                                                    int i0, int i1, uint16_t* Vs, int Dv, int64_t tokst) {
+    for (int i = i0; i < i1; ++i) {
+        if (gnv[i] >= 16) continue;
+        uint16_t* dst = Vs + (size_t)i * 16 * Dv;
+        for (int t = 0; t < 16; ++t) {
+            if (t < gnv[i]) memcpy(dst + (size_t)t * Dv, gsrc[i] + a->v_off + (int64_t)t * tokst, 2 * (size_t)Dv);
+            else memset(dst + (size_t)t * Dv, 0, 2 * (size_t)Dv);
+        }
+    }
+}
+
+// tile i's P rows (Pa: [group][16 rows][32 slots]) as two A operands, Pp[i][0] and Pp[i][1]:
+// word 2r (even) or 2r + 1 (odd) = P[h][16 (i & 1) + r], the other word 0
+static __attribute__((noinline)) void par_p_operands(const uint16_t* Pa, uint16_t* Pp, int nt) {
+    for (int i = 0; i < nt; ++i)
+        for (int h = 0; h < 16; ++h) {
+            const __m512i e = _mm512_cvtepu16_epi32(_mm256_load_si256((const __m256i*)(Pa + (i >> 1) * 512 + 32 * h + 16 * (i & 1))));
+            _mm512_store_si512((void*)(Pp + i * 1024 + 32 * h), e);
+            _mm512_store_si512((void*)(Pp + i * 1024 + 512 + 32 * h), _mm512_slli_epi32(e, 16));
+        }
+    T_FENCE();
+}
+
+// the pass's tiles into C tiles 0-3 (the even and odd values of V's 32 from 16 dc0 on, and of the
+// next 32 when nd = 4); B = 16 token rows of V in place (or their zero-padded copy)
+static __attribute__((noinline)) void par_pv(const WsArgs* a, const uint16_t* const* gsrc, const int* gnv, int nt,
+                                             const uint16_t* Vs, const uint16_t* Pp, int Dv, int dc0, int nd,
+                                             long rstride, ItemPf& pf) {
+    for (int i = 0; i < nt; ++i) {
+        ipf_step(pf);
+        const uint16_t* v = gnv[i] < 16 ? Vs + (size_t)i * 16 * Dv + 16 * dc0 : gsrc[i] + a->v_off + 16 * dc0;
+        const long vst = gnv[i] < 16 ? (long)Dv * 2 : rstride;
+        T_LOAD(4, Pp + i * 1024, 64);
+        T_LOAD(5, Pp + i * 1024 + 512, 64);
+        T_LOAD(6, v, vst);
+        T_DP(0, 4, 6);
+        T_DP(1, 5, 6);
+        if (nd > 2) { T_LOAD(7, v + 32, vst); T_DP(2, 4, 7); T_DP(3, 5, 7); }
+#if WS_PV_PF
+        if (i + 1 < nt && gnv[i + 1] == 16) {  // the next tile's V lines, L2 -> L1
+            const char* pv = (const char*)(gsrc[i + 1] + a->v_off + 16 * dc0);
+            for (int r = 0; r < 16; ++r)
+                for (int l = 0; l < nd / 2; ++l) _mm_prefetch(pv + r * rstride + 64 * l, _MM_HINT_T0);
+        }
+#endif
+    }
+}
+
 static void amx_item(const WsArgs* a, const WsItem* it) {
     const int M = it->M, R = a->R, bs = a->bs, Dk = a->Dk, Dv = a->Dv, H = a->H;
     const int gpu = a->layout != 0;
@@ -462,14 +515,7 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                     if (nb > 2) T_STORE(2, S + (i0 + 2) * 256, 64);
                     if (nb > 3) T_STORE(3, S + (i0 + 3) * 256, 64);
                     if (mc == 0 && pvpar) {  // read in place; a tile past its block's end -> zero-padded copy
-                        for (int i = i0; i < i0 + nb; ++i) {
-                            if (gnv[i] >= 16) continue;
-                            uint16_t* dst = Vs + (size_t)i * 16 * Dv;
-                            for (int t = 0; t < 16; ++t) {
-                                if (t < gnv[i]) memcpy(dst + (size_t)t * Dv, gsrc[i] + a->v_off + (int64_t)t * tokst, 2 * (size_t)Dv);
-                                else memset(dst + (size_t)t * Dv, 0, 2 * (size_t)Dv);
-                            }
-                        }
+                        par_partial_v(a, gsrc, gnv, i0, i0 + nb, Vs, Dv, tokst);
                     } else if (mc == 0) {  // V of these tokens -> pair-interleaved scratch (once per pass)
                         for (int i = i0; i < i0 + nb; ++i) {
                             const uint16_t* src = gsrc[i] + a->v_off;
@@ -667,13 +713,7 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
             _mm512_storeu_ps(mrun + 16 * mc, mnew);
             _mm512_storeu_ps(alpha, al);
             const bool accumulate = _mm512_cmp_ps_mask(al, _mm512_set1_ps(1.0f), _CMP_EQ_OQ) == 0xFFFF;
-            if (pvpar)  // tile i's P rows as two A operands: word 2r (even) or 2r + 1 (odd) = P[h][16(i & 1) + r]
-                for (int i = 0; i < nt; ++i)
-                    for (int h = 0; h < 16; ++h) {
-                        const __m512i e = _mm512_cvtepu16_epi32(_mm256_load_si256((const __m256i*)(Pa + (i >> 1) * 512 + 32 * h + 16 * (i & 1))));
-                        _mm512_store_si512((void*)(Pp + i * 1024 + 32 * h), e);
-                        _mm512_store_si512((void*)(Pp + i * 1024 + 512 + 32 * h), _mm512_slli_epi32(e, 16));
-                    }
+            if (pvpar) par_p_operands(Pa, Pp, nt);
             PH(3);
             // ---- P.V into O
             T_FENCE();  // P, the V scratch, O
@@ -690,25 +730,8 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
                 } else {
                     T_ZERO(0); T_ZERO(1); T_ZERO(2); T_ZERO(3);
                 }
-                for (int i = 0; pvpar && i < nt; ++i) {  // C tiles: even / odd values of 32 (and of the next 32)
-                    ipf_step(pf);
-                    const uint16_t* v = gnv[i] < 16 ? Vs + (size_t)i * 16 * Dv + 16 * dc0 : gsrc[i] + a->v_off + 16 * dc0;
-                    const long vst = gnv[i] < 16 ? (long)Dv * 2 : rstride;
-                    T_LOAD(4, Pp + i * 1024, 64);
-                    T_LOAD(5, Pp + i * 1024 + 512, 64);
-                    T_LOAD(6, v, vst);
-                    T_DP(0, 4, 6);
-                    T_DP(1, 5, 6);
-                    if (nd > 2) { T_LOAD(7, v + 32, vst); T_DP(2, 4, 7); T_DP(3, 5, 7); }
-#if WS_PV_PF
-                    if (i + 1 < nt && gnv[i + 1] == 16) {  // the next tile's V lines, L2 -> L1
-                        const char* pv = (const char*)(gsrc[i + 1] + a->v_off + 16 * dc0);
-                        for (int r = 0; r < 16; ++r)
-                            for (int l = 0; l < nd / 2; ++l) _mm_prefetch(pv + r * rstride + 64 * l, _MM_HINT_T0);
-                    }
-#endif
-                }
-                for (int g = 0; !pvpar && g < ng; ++g) {
+                if (pvpar) par_pv(a, gsrc, gnv, nt, Vs, Pp, Dv, dc0, nd, rstride, pf);
+                else for (int g = 0; g < ng; ++g) {
                     ipf_step(pf);
                     const uint16_t* v;
                     long vst;
