@@ -319,7 +319,10 @@ static __attribute__((noinline)) void par_pv(const WsArgs* a, const uint16_t* co
     }
 }
 
-static void amx_item(const WsArgs* a, const WsItem* it) {
+// PAR: the GPU layout's P.V on V in place (pvpar below). A template parameter, so the build
+// without it (every C-layout item) is the same code as before the parity form existed.
+template <bool PAR>
+static void amx_item_t(const WsArgs* a, const WsItem* it) {
     const int M = it->M, R = a->R, bs = a->bs, Dk = a->Dk, Dv = a->Dv, H = a->H;
     const int gpu = a->layout != 0;
     const int nmc = (M + 15) / 16;
@@ -339,7 +342,7 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
     // A = P with zeros in every other word, once for the even values, once for the odd ones: no
     // pair-interleaved copy of V, twice the products. O is then kept with the even values of each
     // 32 in its first 16 columns and the odd ones in the next 16, and put back in order at the end.
-    const int pvpar = gpu && WS_PV_PAR && Dv % 32 == 0;
+    constexpr bool pvpar = PAR;  // = gpu && WS_PV_PAR && Dv % 32 == 0 (amx_item)
 
     size_t off = 0;
     auto take = [&](size_t bytes) { size_t o = off; off += (size_t)ws_round_up((int64_t)bytes, 64); return o; };
@@ -347,7 +350,7 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
     const size_t om = take(4 * (size_t)(2 * nmc * 16 + 16)), os = take(4 * (size_t)cap * 16);
     const size_t opa = take(2 * (size_t)ngmax * 512), oc = take(4 * 4 * 256), ot = take(4 * 16 * 64);
     const size_t okt = take(2 * 8 * 512);
-    const size_t opp = take(pvpar ? (size_t)2 * ngmax * 2 * 1024 : 64);  // pvpar: per 16-token tile, P even / odd
+    const size_t opp = take(pvpar ? (size_t)2 * ngmax * 2 * 1024 : 0);  // pvpar: per 16-token tile, P even / odd
     const size_t ov = take(gpu ? 2 * (size_t)ngmax * 16 * Dv * 2 : 2 * (size_t)ngmax * 16 * R * 2);
     const size_t og = take(sizeof(const uint16_t*) * 2 * ngmax + sizeof(int) * 4 * ngmax);
     char* base = ws_scratch(off);
@@ -802,6 +805,11 @@ static void amx_item(const WsArgs* a, const WsItem* it) {
 }
 
 }  // namespace
+
+static void amx_item(const WsArgs* a, const WsItem* it) {
+    if (a->layout != 0 && WS_PV_PAR && a->Dv % 32 == 0) amx_item_t<true>(a, it);
+    else amx_item_t<false>(a, it);
+}
 
 // GPU layout: 16-token tiles read in place, so bs % 16 == 0; C layout: 32-token pair groups.
 int ws_amx_eligible(const WsArgs* a) {
