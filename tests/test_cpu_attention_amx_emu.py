@@ -148,9 +148,11 @@ def test_gqa(amx_emulated, group):
 
 
 def test_gqa_other_dims_and_blocks(amx_emulated):
-    """Head dims 80 (Dk % 32 == 16: the GPU layout's zero-padded tail step) and 64, block
-    sizes 32 and 96 (the C layout's 32-token groups straddle block halves)."""
-    for hd, bs in ((80, 32), (64, 96)):
+    """Head dims 80 (Dk % 32 == 16: the GPU layout's zero-padded tail step; its P.V takes the
+    V copy), 64 and 96 (the GPU layout's P.V in place: four 16-value column tiles a sweep, and a
+    last sweep of two), block sizes 32 and 96 (the C layout's 32-token groups straddle block
+    halves)."""
+    for hd, bs in ((80, 32), (64, 96), (96, 32)):
         spec = KVSpec.gqa(1, 2, hd, torch.bfloat16)
         run(spec, 8, bs, [(1, [bs] * 9 + [bs - 3]), (2, [bs, 17])], seed=hd, runs=((1, 0),))
 
