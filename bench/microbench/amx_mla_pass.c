@@ -164,10 +164,9 @@ static void qk(const struct bufs* b, int v) {
     }
 }
 
-struct job { int cpu, v; double secs, ns; pthread_barrier_t* bar; };
-
+// job->variant: the schedule; value: ns per group
 static void* run(void* arg) {
-    struct job* j = arg;
+    struct mb_job* j = arg;
     pin(j->cpu);
     tiles_config();
     struct bufs b;
@@ -183,52 +182,28 @@ static void* run(void* arg) {
     for (int i = 0; i < NKT * 512; i++) b.bq[i] = 0x3C00;
     for (int i = 0; i < 4096; i++) b.kt[i] = 0x3C00;
     memset(b.o, 0, 16 * 512 * 4);
-    const int ispv = j->v < QK_KERNEL;
-    for (int i = 0; i < 3; i++) ispv ? pv(&b, j->v) : qk(&b, j->v);  // warm: the window into L2
+    const int v = j->variant, ispv = v < QK_KERNEL;
+    for (int i = 0; i < 3; i++) ispv ? pv(&b, v) : qk(&b, v);  // warm: the window into L2
     if (j->bar) pthread_barrier_wait(j->bar);
     long passes = 0;
     double t = now();
-    while (now() - t < j->secs) { for (int i = 0; i < 8; i++) ispv ? pv(&b, j->v) : qk(&b, j->v); passes += 8; }
-    j->ns = (now() - t) / passes / NG * 1e9;
+    while (now() - t < j->secs) { for (int i = 0; i < 8; i++) ispv ? pv(&b, v) : qk(&b, v); passes += 8; }
+    j->value = (now() - t) / passes / NG * 1e9;
     _tile_release();
     free(b.pool); free(b.pa); free(b.o); free(b.kt); free(b.bq); free(b.s);
     return NULL;
 }
 
-static double ghz(void) {  // dependent adds, one a cycle
-    uint64_t x = 0; double t = now();
-    for (long i = 0; i < 200000000L; i++) __asm__ volatile("add $1, %0" : "+r"(x));
-    return 0.2 / (now() - t);
-}
-
 int main(void) {
-    const int n = (int)sysconf(_SC_NPROCESSORS_ONLN);
     pin(0);
-    printf("clock from dependent adds: %.2f GHz; %d vCPUs\n", ghz(), n);
+    printf("clock from dependent adds: %.2f GHz; %d vCPUs\n", mb_ghz(), (int)sysconf(_SC_NPROCESSORS_ONLN));
     printf("%-56s %12s %22s\n", "ns per 32-token group (MLA, window in L2)", "1 vCPU", "all vCPUs: mean, range");
     for (int rep = 0; rep < 2; rep++)
         for (int v = 0; v < NVAR; v++) {
-            struct job one = {0, v, 0.25, 0, NULL};
-            pthread_t th;
-            pthread_create(&th, NULL, run, &one);
-            pthread_join(th, NULL);
-            pthread_barrier_t bar;
-            pthread_barrier_init(&bar, NULL, n);
-            struct job* js = calloc(n, sizeof *js);
-            pthread_t* ts = calloc(n, sizeof *ts);
-            for (int c = 0; c < n; c++) { js[c] = (struct job){c, v, 0.25, 0, &bar}; pthread_create(&ts[c], NULL, run, &js[c]); }
-            double sum = 0, lo = 1e30, hi = 0;
-            for (int c = 0; c < n; c++) {
-                pthread_join(ts[c], NULL);
-                sum += js[c].ns;
-                if (js[c].ns < lo) lo = js[c].ns;
-                if (js[c].ns > hi) hi = js[c].ns;
-            }
-            printf("%-56s %12.0f %10.0f, %.0f-%.0f\n", NAMES[v], one.ns, sum / n, lo, hi);
-            free(js); free(ts);
-            pthread_barrier_destroy(&bar);
+            const struct mb_spread r = mb_one_then_all(run, v, 0, 0.25);
+            printf("%-56s %12.0f %10.0f, %.0f-%.0f\n", NAMES[v], r.one, r.mean, r.lo, r.hi);
         }
     pin(0);
-    printf("clock from dependent adds at the end: %.2f GHz\n", ghz());
+    printf("clock from dependent adds at the end: %.2f GHz\n", mb_ghz());
     return 0;
 }

@@ -25,12 +25,6 @@
 #define RS 2304  /* bytes between pair rows: 576 dims x 2 tokens x 2 bytes */
 #include "mb_common.h"
 
-static double ghz(void) {  // dependent adds, one a cycle
-    uint64_t x = 0; double t = now();
-    for (long i = 0; i < 200000000L; i++) __asm__ volatile("add $1, %0" : "+r"(x));
-    return 0.2 / (now() - t);
-}
-
 enum { VEC_SEQ, VEC_ROWS, TILE_SEQ, TILE_ROWS, TILE_ROWS_DP, TILE_ROWS_DP3, PRODUCTS, NPAT };
 static const char* NAMES[NPAT] = {"vector loads, sequential", "vector loads, 16 rows 2304 B apart",
                                   "tile loads, 1 KB contiguous", "tile loads, rows 2304 B apart",
@@ -107,21 +101,20 @@ static double sweep(int p, const char* b, long w) {
     return bytes;
 }
 
-struct job { int cpu, p; long w; double secs, gbps; pthread_barrier_t* bar; };
-
+// job->variant: the pattern, job->arg: the window's bytes; value: GB/s
 static void* run(void* arg) {
-    struct job* j = arg;
+    struct mb_job* j = arg;
     pin(j->cpu);
     tiles_config();
-    char* buf = aligned_alloc(4096, j->w + 4096);
-    memset(buf, 1, j->w + 4096);
+    char* buf = aligned_alloc(4096, j->arg + 4096);
+    memset(buf, 1, j->arg + 4096);
     _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
     _tile_loadd(4, buf, 64); _tile_loadd(5, buf, 64); _tile_loadd(6, buf, 64); _tile_loadd(7, buf, 64);
-    for (int i = 0; i < 4; i++) sweep(j->p, buf, j->w);  // warm: the window into L1 / L2
+    for (int i = 0; i < 4; i++) sweep(j->variant, buf, j->arg);  // warm: the window into L1 / L2
     if (j->bar) pthread_barrier_wait(j->bar);
     double bytes = 0, t = now();
-    while (now() - t < j->secs) for (int i = 0; i < 16; i++) bytes += sweep(j->p, buf, j->w);
-    j->gbps = bytes / (now() - t) / 1e9;
+    while (now() - t < j->secs) for (int i = 0; i < 16; i++) bytes += sweep(j->variant, buf, j->arg);
+    j->value = bytes / (now() - t) / 1e9;
     _tile_release();
     free(buf);
     return NULL;
@@ -130,37 +123,20 @@ static void* run(void* arg) {
 int main(void) {
     const int n = (int)sysconf(_SC_NPROCESSORS_ONLN);
     pin(0);
-    const double f = ghz();
+    const double f = mb_ghz();
     printf("clock from dependent adds: %.2f GHz; %d vCPUs\n", f, n);
     const long W[2] = {16L * RS, 16L * RS * 14};  // 36 KB (in a 48 KB L1), 504 KB (in a 2 MB L2)
     const char* WN[2] = {"L1", "L2"};
     printf("%-44s %4s %14s %14s\n", "pattern", "win", "1 vCPU GB/s", "all vCPUs GB/s each");
     for (int p = 0; p < NPAT; p++)
         for (int wi = 0; wi < 2; wi++) {
-            struct job one = {0, p, W[wi], 0.5, 0, NULL};
-            pthread_t th;
-            pthread_create(&th, NULL, run, &one);
-            pthread_join(th, NULL);
-            pthread_barrier_t bar;
-            pthread_barrier_init(&bar, NULL, n);
-            struct job* js = calloc(n, sizeof *js);
-            pthread_t* ts = calloc(n, sizeof *ts);
-            for (int c = 0; c < n; c++) { js[c] = (struct job){c, p, W[wi], 0.5, 0, &bar}; pthread_create(&ts[c], NULL, run, &js[c]); }
-            double sum = 0, lo = 1e30, hi = 0;
-            for (int c = 0; c < n; c++) {
-                pthread_join(ts[c], NULL);
-                sum += js[c].gbps;
-                if (js[c].gbps < lo) lo = js[c].gbps;
-                if (js[c].gbps > hi) hi = js[c].gbps;
-            }
-            printf("%-44s %4s %7.1f (%4.1f B/c) %6.1f mean (%4.1f B/c), %.1f-%.1f\n", NAMES[p], WN[wi], one.gbps,
-                   one.gbps / f, sum / n, sum / n / f, lo, hi);
-            free(js); free(ts);
-            pthread_barrier_destroy(&bar);
+            const struct mb_spread r = mb_one_then_all(run, p, W[wi], 0.5);
+            printf("%-44s %4s %7.1f (%4.1f B/c) %6.1f mean (%4.1f B/c), %.1f-%.1f\n", NAMES[p], WN[wi], r.one,
+                   r.one / f, r.mean, r.mean / f, r.lo, r.hi);
         }
     // the vCPU may run slower at some moments than at others (a host shared below the VM): the
     // clock again, so a run whose two readings differ is known to be suspect
     pin(0);
-    printf("clock from dependent adds at the end: %.2f GHz\n", ghz());
+    printf("clock from dependent adds at the end: %.2f GHz\n", mb_ghz());
     return 0;
 }
