@@ -22,11 +22,12 @@
 //    odd ones, so twice the products and no copy; O keeps each 32 values' even ones before its
 //    odd ones until the item's end. A tile past its block's end is copied, zero-padded (garbage
 //    there would reach O through 0 * NaN). On the H200 (twentieth session, bench.cpu_ab
-//    --layouts C,T, two runs, per-call ratios): 1.04-1.15x the copy below for MLA, 1.09-1.18x
-//    for GQA; still 0.84-0.94x the C layout (MLA: token-major copies of K, P.V on pair rows in
-//    place), so the C layout keeps its pairs. Without it, V is pair-interleaved into a per-pass scratch
-//    right after the Q.K of those tokens (lines still in L1/L2), zero for slots past a block's
-//    end. -DWS_QKG_PF=1 (off, unmeasured) prefetches each next Q.K step's A rows into L1.
+//    --layouts C,T, four runs, per-call ratios): 1.02-1.15x the copy below for MLA, 1.06-1.19x
+//    for GQA; still 0.84-0.94x the C layout (MLA: token-major copies of K, P.V on pair rows
+//    in place), so the C layout keeps its pairs. Without it, V is pair-interleaved into a
+//    per-pass scratch right after the Q.K of those tokens (lines still in L1/L2), zero for
+//    slots past a block's end. -DWS_QKG_PF=1 prefetches each next Q.K step's A rows into L1
+//    (off: the default read 0.95-1.03x it, no clear side).
 //  * Q.K, C layout ([bs/2][R][2], token pairs interleaved), chunks of at most 8 rows (GQA
 //    decode; all chunks with -DWS_QK_TM=0): the pair rows are the A operand in
 //    place (16 pairs x 16 dims x 2 tokens) and B holds q_h in the slot of one token parity and
