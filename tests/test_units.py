@@ -56,3 +56,21 @@ def test_parse_count_rejects(bad):
 @given(st.integers(min_value=0, max_value=2 ** 40))
 def test_count_round_trip(n):
     assert parse_count(format_count(n)) == n
+
+
+def test_env_int(monkeypatch):
+    """A whole-number setting from the environment: the default when unset or empty, a clear
+    error naming the variable for anything else than a whole number at least the minimum."""
+    from writescope.units import env_int
+    monkeypatch.delenv("WS_TEST_N", raising=False)
+    assert env_int("WS_TEST_N", 7) == 7
+    monkeypatch.setenv("WS_TEST_N", "")
+    assert env_int("WS_TEST_N", 7) == 7
+    monkeypatch.setenv("WS_TEST_N", "0")
+    assert env_int("WS_TEST_N", 7) == 0
+    with pytest.raises(ValueError, match="WS_TEST_N must be at least 1, got 0"):
+        env_int("WS_TEST_N", 7, minimum=1)
+    for bad in ("x", "1.5", "-"):
+        monkeypatch.setenv("WS_TEST_N", bad)
+        with pytest.raises(ValueError, match="WS_TEST_N must be a whole number"):
+            env_int("WS_TEST_N", 7)

@@ -8,10 +8,13 @@
   whenever the form is exact.
 * :func:`parse_count` -- token counts: ``"8k" == 8192``, ``"1M" == 1048576`` (context lengths are
   conventionally binary: a "128K context" holds 131072 tokens); ``"8000"`` stays 8000.
+* :func:`env_int` -- a whole-number setting from the environment, with its default and least
+  value, and an error that names the variable.
 """
 from __future__ import annotations
 
 import math
+import os
 import re
 
 _BINARY = {"": 1, "k": 2 ** 10, "m": 2 ** 20, "g": 2 ** 30, "t": 2 ** 40, "p": 2 ** 50}
@@ -98,3 +101,18 @@ def format_count(n: int) -> str:
         if n >= factor and n % factor == 0:
             return f"{n // factor}{suffix}"
     return str(n)
+
+
+def env_int(name: str, default: int, minimum: int = 0) -> int:
+    """The environment variable ``name`` as a whole number (``default`` when unset or empty);
+    ValueError naming it when it is not a whole number or is below ``minimum``."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        n = int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a whole number, got {raw!r}") from None
+    if n < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {n}")
+    return n

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..units import env_int
 from .batch import BlockBatch
 
 
@@ -156,14 +157,7 @@ def driver_htod():
 def copy_streams() -> int:
     """How many streams a step's H2D runs are spread over (``WRITESCOPE_COPY_STREAMS``, default
     1; at least 1)."""
-    raw = os.environ.get("WRITESCOPE_COPY_STREAMS", "1")
-    try:
-        n = int(raw)
-    except ValueError:
-        raise ValueError(f"WRITESCOPE_COPY_STREAMS must be a whole number, got {raw!r}") from None
-    if n < 1:
-        raise ValueError(f"WRITESCOPE_COPY_STREAMS must be at least 1, got {n}")
-    return n
+    return env_int("WRITESCOPE_COPY_STREAMS", 1, minimum=1)
 
 
 class CudaCopier:

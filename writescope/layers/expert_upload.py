@@ -27,24 +27,12 @@ import warnings
 import torch
 
 from ..hostmem import pin_tensor  # noqa: F401 (re-exported)
+from ..units import env_int
 from .cpu_experts import CpuExperts
 from .moe import run_experts
 
 #: tokens in one step from which CPU-placed experts run on the GPU
 DEFAULT_UPLOAD_TOKENS = 1024
-
-
-def _env_int(name: str, default: int) -> int:
-    v = os.environ.get(name)
-    if v is None or v == "":
-        return default
-    try:
-        n = int(v)
-    except ValueError:
-        raise ValueError(f"{name} must be an integer, got {v!r}") from None
-    if n < 0:
-        raise ValueError(f"{name} must be >= 0, got {n}")
-    return n
 
 
 class ExpertUploader:
@@ -53,7 +41,7 @@ class ExpertUploader:
     def __init__(self, device: torch.device | str, min_tokens: int | None = None,
                  pin: bool | None = None):
         self.device = torch.device(device)
-        self.min_tokens = _env_int("WRITESCOPE_EXPERT_UPLOAD_TOKENS", DEFAULT_UPLOAD_TOKENS) \
+        self.min_tokens = env_int("WRITESCOPE_EXPERT_UPLOAD_TOKENS", DEFAULT_UPLOAD_TOKENS) \
             if min_tokens is None else int(min_tokens)
         if pin is None:
             pin = os.environ.get("WRITESCOPE_PIN_EXPERTS", "1") not in ("0", "false", "no")
