@@ -26,8 +26,8 @@
 //    for GQA; still 0.84-0.94x the C layout (MLA: token-major copies of K, P.V on pair rows
 //    in place), so the C layout keeps its pairs. Without it, V is pair-interleaved into a
 //    per-pass scratch right after the Q.K of those tokens (lines still in L1/L2), zero for
-//    slots past a block's end. -DWS_QKG_PF=1 prefetches each next Q.K step's A rows into L1
-//    (off: the default read 0.95-1.03x it, no clear side).
+//    slots past a block's end. An L1 prefetch of each next Q.K step's A rows (as the C layout's
+//    token-major copies have) read 0.95-1.03x either way and was removed.
 //  * Q.K, C layout ([bs/2][R][2], token pairs interleaved), chunks of at most 8 rows (GQA
 //    decode; all chunks with -DWS_QK_TM=0): the pair rows are the A operand in
 //    place (16 pairs x 16 dims x 2 tokens) and B holds q_h in the slot of one token parity and
@@ -141,9 +141,6 @@ constexpr int kSB = WS_KSB;  // token slots per online-softmax pass (-DWS_KSB: b
 #ifndef WS_PV_PAR  // GPU layout: P.V on the token-major V rows in place (parity form), no V copy
 #define WS_PV_PAR 1
 #endif
-#ifndef WS_QKG_PF  // GPU layout's Q.K: the next tile step's K lines into L1 during this step's products
-#define WS_QKG_PF 0
-#endif
 
 // Eight tiles of 16 rows x 64 bytes (palette 1).
 static inline void config_tiles() {
@@ -219,7 +216,7 @@ static inline void ipf_step(ItemPf& p) {
 // A operands alternate between tiles 4 and 5 so consecutive loads and products overlap.
 static inline void qk_groups(const uint16_t* s0, const uint16_t* s1, const uint16_t* s2,
                              const uint16_t* s3, int nb, int nd, const uint16_t* bq, int rstride,
-                             ItemPf& pf, int l1pf) {
+                             ItemPf& pf) {
     T_ZERO(0); T_ZERO(1); T_ZERO(2); T_ZERO(3);
     for (int dc = 0; dc < nd; ++dc) {
         ipf_step(pf);
@@ -229,11 +226,6 @@ static inline void qk_groups(const uint16_t* s0, const uint16_t* s1, const uint1
         if (nb > 1) { T_LOAD(5, s1 + 32 * dc, rstride); T_DP(1, 5, 6); }
         if (nb > 2) { T_LOAD(4, s2 + 32 * dc, rstride); T_DP(2, 4, 6); }
         if (nb > 3) { T_LOAD(5, s3 + 32 * dc, rstride); T_DP(3, 5, 6); }
-        if (l1pf && dc + 1 < nd) {  // the next step's 64 bytes of each A row, L2 -> L1
-            const uint16_t* sn[4] = {s0, s1, s2, s3};
-            for (int i = 0; i < nb; ++i)
-                for (int r = 0; r < 16; ++r) _mm_prefetch((const char*)(sn[i] + 32 * (dc + 1)) + (long)r * rstride, _MM_HINT_T0);
-        }
     }
 }
 
@@ -498,7 +490,7 @@ static void amx_item_t(const WsArgs* a, const WsItem* it) {
                     const uint16_t* s1 = nb > 1 ? gsrc[i0 + 1] + a->k_off : s0;
                     const uint16_t* s2 = nb > 2 ? gsrc[i0 + 2] + a->k_off : s0;
                     const uint16_t* s3 = nb > 3 ? gsrc[i0 + 3] + a->k_off : s0;
-                    qk_groups(s0, s1, s2, s3, nb, nKfull, bq, rstride, pf, WS_QKG_PF);
+                    qk_groups(s0, s1, s2, s3, nb, nKfull, bq, rstride, pf);
                     if (nKfull < nK) {  // last 16 dims: zero-padded copies (B rows 8-15 are 0)
                         for (int i = 0; i < nb; ++i)
                             for (int t = 0; t < 16; ++t) {
@@ -634,7 +626,7 @@ static void amx_item_t(const WsArgs* a, const WsItem* it) {
                     const uint16_t* s1 = nb > 1 ? gsrc[g0 + 1] + 2 * a->k_off : s0;
                     const uint16_t* s2 = nb > 2 ? gsrc[g0 + 2] + 2 * a->k_off : s0;
                     const uint16_t* s3 = nb > 3 ? gsrc[g0 + 3] + 2 * a->k_off : s0;
-                    qk_groups(s0, s1, s2, s3, nb, nK, bq, rstride, pf, 0);
+                    qk_groups(s0, s1, s2, s3, nb, nK, bq, rstride, pf);
                     T_STORE(0, Ct, 64);
                     if (nb > 1) T_STORE(1, Ct + 256, 64);
                     if (nb > 2) T_STORE(2, Ct + 512, 64);
