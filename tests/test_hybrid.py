@@ -43,20 +43,6 @@ def test_coalesce_runs():
     assert coalesce_runs(torch.zeros(0)).shape == (0, 3)
 
 
-def test_copy_streams_setting(monkeypatch):
-    """WRITESCOPE_COPY_STREAMS: how many streams a step's H2D runs are dealt over (1 unless set);
-    a clear error for anything but a whole number of at least 1."""
-    from writescope.attention.staging import copy_streams
-    monkeypatch.delenv("WRITESCOPE_COPY_STREAMS", raising=False)
-    assert copy_streams() == 1
-    monkeypatch.setenv("WRITESCOPE_COPY_STREAMS", "2")
-    assert copy_streams() == 2
-    for bad in ("0", "-1", "two", "1.5"):
-        monkeypatch.setenv("WRITESCOPE_COPY_STREAMS", bad)
-        with pytest.raises(ValueError, match="WRITESCOPE_COPY_STREAMS"):
-            copy_streams()
-
-
 def test_split_pieces_cover_batch():
     b = BlockBatch.build([1, 2, 1], [[4, 5, 6, 7, 8], [], [20, 21, 1]],
                          [[16, 16, 16, 16, 3], [], [16, 16, 9]])

@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..units import env_int
 from .batch import BlockBatch
 
 
@@ -154,12 +153,6 @@ def driver_htod():
     return fn
 
 
-def copy_streams() -> int:
-    """How many streams a step's H2D runs are spread over (``WRITESCOPE_COPY_STREAMS``, default
-    1; at least 1)."""
-    return env_int("WRITESCOPE_COPY_STREAMS", 1, minimum=1)
-
-
 class CudaCopier:
     """H2D copies on a dedicated stream; device events for flow control and timing.
 
@@ -168,22 +161,16 @@ class CudaCopier:
     step issues ~500 runs, 2026-12-01d call 1); ``WRITESCOPE_DRIVER_COPY=0`` uses ``copy_``.
     The consumer is the stream that was current at :meth:`fence` (the step's compute stream).
 
-    ``streams`` > 1 (``WRITESCOPE_COPY_STREAMS``) deals a unit's runs round-robin over that many
-    streams, the first of which (:attr:`stream`) then waits for the others, so a unit's fill
-    event still means all its bytes are in. One stream moves runs one after the other with a gap
-    between them: a step of 64 sequences x 8 layers (512 runs of ~2 MB) moved its T bytes at
-    45 GB/s where one run a layer moved them at 52 (twentieth session, MLA 64x4K against 1x256K
-    at share 0.55). Whether several streams close that gap is not measured yet."""
+    One stream moves the runs one after the other, with a gap between them (a step of 64
+    sequences x 8 layers, 512 runs of ~2 MB, moved its T bytes at 48 GB/s in the hybrid where
+    one run a layer moved them at 51). Dealing a unit's runs over two streams was measured and
+    removed: 45-46 GB/s on the same step (twenty-first session, call 1)."""
 
     timed = True
 
-    def __init__(self, device: torch.device, streams: int | None = None):
+    def __init__(self, device: torch.device):
         self.device = device
-        n = copy_streams() if streams is None else int(streams)
-        if n < 1:
-            raise ValueError(f"streams must be at least 1, got {n}")
-        self.streams = [torch.cuda.Stream(device=device) for _ in range(n)]
-        self.stream = self.streams[0]
+        self.stream = torch.cuda.Stream(device=device)
         self.copies = 0
         self.bytes = 0
         self._timing: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
@@ -196,35 +183,28 @@ class CudaCopier:
         s0 = torch.cuda.Event(enable_timing=True) if timed else None
         s1 = torch.cuda.Event(enable_timing=timed)
         st = self.stream
-        used = self.streams[:max(1, min(len(self.streams), len(runs)))]
         if wait_free is not None:
-            for x in used:
-                x.wait_event(wait_free)
+            st.wait_event(wait_free)
         if timed:
             s0.record(st)
-        for x in used[1:]:  # the others start no earlier than the first (and its timing event)
-            x.wait_stream(st)
         block = src_layer.stride(0) * src_layer.element_size()
         htod = self._htod
         if htod is not None and dst.is_contiguous() and src_layer.is_contiguous() \
                 and dst.stride(0) == src_layer.stride(0) and dst.dtype == src_layer.dtype:
-            dbase, sbase = dst.data_ptr(), src_layer.data_ptr()
-            handles = [x.cuda_stream for x in used]
-            for k, (s, d, n) in enumerate(runs):
-                rc = htod(dbase + d * block, sbase + s * block, n * block, handles[k % len(used)])
+            dbase, sbase, h = dst.data_ptr(), src_layer.data_ptr(), st.cuda_stream
+            for s, d, n in runs:
+                rc = htod(dbase + d * block, sbase + s * block, n * block, h)
                 if rc != 0:
                     raise RuntimeError(f"cuMemcpyHtoDAsync failed (CUresult {rc})")
                 self.bytes += n * block
             self.copies += len(runs)
         else:
             rec = src_layer[0].numel() * src_layer.element_size()
-            for k, (s, d, n) in enumerate(runs):
-                with torch.cuda.stream(used[k % len(used)]):
+            with torch.cuda.stream(st):
+                for s, d, n in runs:
                     dst[d:d + n].copy_(src_layer[s:s + n], non_blocking=True)
-                self.copies += 1
-                self.bytes += n * rec
-        for x in used[1:]:  # the unit is filled when every stream's share is in
-            st.wait_stream(x)
+                    self.copies += 1
+                    self.bytes += n * rec
         s1.record(st)
         if timed:
             self._timing.append((s0, s1))
@@ -233,8 +213,7 @@ class CudaCopier:
     def fence(self) -> None:
         """Copies issued from now on start after the work already on the current stream."""
         self._consumer = torch.cuda.current_stream(self.device)
-        for x in self.streams:
-            x.wait_stream(self._consumer)
+        self.stream.wait_stream(self._consumer)
 
     def _current(self):
         return self._consumer if self._consumer is not None else \
