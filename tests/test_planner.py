@@ -261,8 +261,15 @@ def test_the_bound_is_below_every_policys_predicted_step_on_the_h200_profile(nam
     committed = HardwareProfile.load(H200_PROFILE)
     # and the host of 2026-12-01h call 1: 70.1 GB/s read beside the link
     slower = dataclasses.replace(committed, concurrent_cpu_read_Bps=70.1e9)
+    # and the host of 2026-12-02f call 2, whose kernels read faster than its read probe (96.0
+    # GB/s): CPU experts 105 GB/s, GQA attention 108; with the probe as the CPU's ceiling the
+    # bound was above writescope's step (DeepSeek-V2-Lite 8 x 8K, experts on the CPU, by 1%)
+    fast = {k: 105.1e9 for k in committed.cpu_expert}
+    attn = {**committed.cpu_attn, "gqa-g4-d128": {"C": 107.5e9, "T": 61.0e9}}
+    kernels = dataclasses.replace(committed, cpu_read_Bps=96.0e9, concurrent_cpu_read_Bps=83.1e9,
+                                  concurrent_h2d_Bps=50.9e9, cpu_expert=fast, cpu_attn=attn)
     for prof, exp, budget in ((committed, True, 32 * 2 ** 30), (slower, True, 32 * 2 ** 30),
-                              (committed, False, None)):
+                              (kernels, True, 32 * 2 ** 30), (committed, False, None)):
         if not exp and rl.gpu_weight_bytes(cfg, False) > 100 * 2 ** 30:
             continue
         g = rl.gpu_kv_capacity_tokens(cfg, budget or 100 * 2 ** 30, exp)

@@ -464,21 +464,48 @@ def gpu_kv_capacity_tokens(cfg: "ModelConfig", vram_budget: int | None, experts_
     return max(0.0, free / (kv_bytes_per_token_layer(cfg) * cfg.num_layers))
 
 
-def _host_io_s(profile: "HardwareProfile", kv: float, cpu_expert: float) -> float:
+def _cpu_read_ceiling(profile: "HardwareProfile", cfg: "ModelConfig", experts_on_cpu: bool) -> float:
+    """The CPU's solo read ceiling for the bound: the read probe's rate, or that of one of this
+    model's CPU kernels where it measured faster. A kernel that reads faster than the probe shows
+    the probe is not the ceiling; bounding with the probe would put the bound above the model's
+    own step (2026-12-02 calibration: CPU experts 105 GB/s and GQA attention 108 GB/s against a
+    96 GB/s probe)."""
+    rates = [profile.cpu_read_Bps]
+    if profile.cpu_attn:
+        fam = attn_family(cfg)
+        rates += [profile.cpu_attn_rate(fam, "C"), profile.cpu_attn_rate(fam, "T")]
+    if experts_on_cpu and profile.cpu_expert and cfg.num_experts:
+        rates.append(profile.cpu_expert_rate(cfg.hidden_size, cfg.moe_intermediate_size))
+    return max(rates)
+
+
+def _host_io_s(profile: "HardwareProfile", kv: float, cpu_expert: float,
+               c_solo: float | None = None) -> float:
     """Least time for the host's two read paths to serve ``kv`` spilled bytes while the CPU also
     reads ``cpu_expert`` bytes of routed experts: the CPU takes a share x of the KV, the link the
-    rest. With both busy, each runs at its concurrent ceiling (the optimum balances them, or gives
-    the CPU no KV when the experts alone outlast the link); the CPU alone (x = 1) or the link
-    alone (no experts, x = 0) run at their solo ceilings."""
-    c_solo = profile.cpu_read_Bps
+    rest. While the link streams, each path runs at its concurrent ceiling; once the link is
+    done, the CPU reads what it has left at its solo ceiling ``c_solo`` (by default the read
+    probe's rate). The time is ``max(L, CPU)`` with ``L = (1 - x) kv / h``: falling in x while
+    the link is the longer path, linear in x beyond the balance point, so the least is at the
+    balance, at x = 0 (the experts alone outlast the link: they read at the concurrent ceiling
+    beside it, at their own after it) or at x = 1 (the CPU alone). With no experts the link
+    alone (x = 0) runs at its solo ceiling."""
+    c_solo = c_solo or profile.cpu_read_Bps
     h_solo = profile.h2d_pinned_Bps
-    c = profile.concurrent_cpu_read_Bps or c_solo
+    c = min(profile.concurrent_cpu_read_Bps or c_solo, c_solo)
     h = profile.concurrent_h2d_Bps or h_solo
     if kv <= 0:
         return cpu_expert / c_solo
-    both = max((cpu_expert + kv) / (c + h), cpu_expert / c)
-    cpu_only = (cpu_expert + kv) / c_solo
-    best = min(both, cpu_only)
+
+    def at(x: float) -> float:
+        link = (1.0 - x) * kv / h
+        cpu = cpu_expert + x * kv
+        if cpu <= c * link:
+            return link
+        return link + (cpu - c * link) / c_solo
+
+    balance = (kv / h - cpu_expert / c) / (kv / h + kv / c)
+    best = min(at(0.0), at(min(max(balance, 0.0), 1.0)), at(1.0))
     if cpu_expert <= 0:
         best = min(best, kv / h_solo)
     return best
@@ -512,6 +539,7 @@ def roofline_bound_s(profile: "HardwareProfile", cfg: "ModelConfig", lengths: Se
         uniform = sum(act * layer_param_counts(cfg, i)["expert"] * WEIGHT_BYTES
                       for i in range(cfg.num_layers))
         scale = float(cpu_expert_bytes) / uniform if uniform > 0 else 1.0
+    c_solo = _cpu_read_ceiling(profile, cfg, experts_on_cpu)
     total = 0.0
     for i in range(cfg.num_layers):
         p = layer_param_counts(cfg, i)
@@ -522,7 +550,7 @@ def roofline_bound_s(profile: "HardwareProfile", cfg: "ModelConfig", lengths: Se
             continue
         gpu = weights + (0.0 if experts_on_cpu else exp / profile.weight_read_Bps) \
             + res * kvb / profile.weight_read_Bps
-        host = _host_io_s(profile, spilled * kvb, exp if experts_on_cpu else 0.0)
+        host = _host_io_s(profile, spilled * kvb, exp if experts_on_cpu else 0.0, c_solo)
         total += max(gpu, host)
     return total + cfg.vocab_size * cfg.hidden_size * WEIGHT_BYTES / profile.weight_read_Bps
 
