@@ -263,7 +263,7 @@ def test_the_bound_is_below_every_policys_predicted_step_on_the_h200_profile(nam
     slower = dataclasses.replace(committed, concurrent_cpu_read_Bps=70.1e9)
     # and the host of 2026-12-02f call 2, whose kernels read faster than its read probe (96.0
     # GB/s): CPU experts 105 GB/s, GQA attention 108; with the probe as the CPU's ceiling the
-    # bound was above writescope's step (DeepSeek-V2-Lite 8 x 8K, experts on the CPU, by 1%)
+    # bound was above a policy's predicted step (by up to 8%: Mixtral-8x7B 8 x 32K, static)
     fast = {k: 105.1e9 for k in committed.cpu_expert}
     attn = {**committed.cpu_attn, "gqa-g4-d128": {"C": 107.5e9, "T": 61.0e9}}
     kernels = dataclasses.replace(committed, cpu_read_Bps=96.0e9, concurrent_cpu_read_Bps=83.1e9,
