@@ -48,3 +48,25 @@ calibrate_profile() {
   run calibrate ${1:-40} python -m writescope calibrate --out $R/h200-profile.json
   P=$R/h200-profile.json; [ -s $P ] || P=bench/profiles/h200.json
 }
+
+# hybrid_table NAME CAP [ARGS...]: issue 9's spilled table (streamed and hybrid, both shapes in
+# one run, one combined ceiling; 16 CPU threads at the calibrated AMX prefetch distance, shares
+# around the balance the 2026-12-02 calls found) into $R/NAME.json; ARGS are added (--skip "" for
+# the resident rows too, --shapes, --shares to override).
+hybrid_table() {
+  local name=$1 cap=$2; shift 2
+  run $name $cap env WRITESCOPE_CPU_ATTN_PREFETCH_BLOCKS=1 python -m writescope.bench.gpu_attention \
+    --reps 2 --cpu-threads 16 --shares 0,0.55,0.575,0.6,0.625,0.65,1 --skip resident \
+    --json $R/$name.json "$@"
+}
+
+# dsv2_row NAME CAP [ARGS...]: issue 6's DeepSeek-V2-Lite 4 x 128K row with the experts on the
+# GPU (38 GiB, synthetic prefill, 16 decode steps, two rounds) against $P (calibrate_profile
+# first) into $R/NAME/; ARGS are added (--policies, --cpu-threads, ...).
+dsv2_row() {
+  local name=$1 cap=$2; shift 2
+  run $name $cap python -m writescope bench --model deepseek-v2-lite --random-weights --profile $P \
+    --vram-budget 38GiB --experts gpu --batch 4 --context-lengths 128k --max-num-batched-tokens 16384 \
+    --warmup-length 4k --decode-steps 16 --prefill synthetic --no-progress --rounds 2 \
+    --out $R/$name "$@"
+}
