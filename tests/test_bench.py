@@ -829,3 +829,26 @@ def test_cpu_ab_times_two_builds_call_by_call(tmp_path):
             cpu_ab.main(["--layouts", bad, "--defines", "WS_QK_PF=0"])
     with pytest.raises(SystemExit, match="--layouts C,T"):
         cpu_ab.main(["--layouts", "C"])  # nothing to compare
+
+
+def test_h2d_copies_bench_patterns_and_cpu_only_exit(capsys):
+    from writescope.attention.staging import strided_copies
+    from writescope.bench import h2d_copies
+    for name, (runs_n, per_run, spacing, _) in h2d_copies.PATTERNS.items():
+        runs = [(i * spacing + spacing - per_run, i * per_run, per_run) for i in range(runs_n)]
+        assert len(strided_copies(runs)) == 1, name  # one strided copy per layer
+        assert len(strided_copies(runs, strided=False)) == runs_n
+    if not torch.cuda.is_available():
+        assert h2d_copies.main([]) == {}
+        assert "needs CUDA" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_h2d_copies_bench_on_the_device(tmp_path):
+    from writescope.bench import h2d_copies
+    out = h2d_copies.main(["--patterns", "singles", "--layers", "2", "--reps", "1",
+                           "--cpu-read-threads", "0", "--json", str(tmp_path / "h.json")])
+    (row,) = out["rows"]
+    assert row["runs"]["dma_calls_per_layer"] == 512 and row["strided"]["dma_calls_per_layer"] == 1
+    assert all(row[c]["GBps"] > 0 for c in ("one", "runs", "strided"))

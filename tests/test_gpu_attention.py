@@ -221,6 +221,31 @@ def test_ring_on_copy_stream_stages_exact_bytes(driver_copy, monkeypatch):
     assert ring.finish() > 0
 
 
+@pytest.mark.parametrize("driver_copy", ["1", "0"])
+@pytest.mark.parametrize("strided", ["1", "0"])
+def test_ring_strided_copies_stage_exact_bytes(driver_copy, strided, monkeypatch):
+    """Equal runs at equal spacing (every sequence's tail, a decode step's blocks) go as one
+    cuMemcpy2DAsync per piece and layer; the same bytes land as with one copy per run."""
+    monkeypatch.setenv("WRITESCOPE_DRIVER_COPY", driver_copy)
+    monkeypatch.setenv("WRITESCOPE_COPY_2D", strided)
+    pool = torch.randn(3, 64, 16, 2, 8).to(torch.bfloat16).pin_memory()
+    seqs = [[i * 9 + 4, i * 9 + 5, i * 9 + 6] for i in range(6)] + [[58], [61], [62]]
+    b = BlockBatch.build([1] * 9, seqs, [[16] * len(x) for x in seqs])
+    ring = StagingRing((16, 2, 8), torch.bfloat16, "cuda", staging_bytes=64 * 16 * 2 * 8 * 2)
+    plan = ring.plan(b)
+    assert [len(p.copies) for p in plan.pieces] == ([3] if strided == "1" else [8])
+    ring.begin(pool, plan, [0, 1, 2])
+    flat = [x for s in seqs for x in s]
+    for layer in range(3):
+        v = ring.acquire(layer, 0)
+        got = v.clone()
+        ring.release(layer, 0)
+        assert torch.equal(got.cpu(), pool[layer, flat])
+    ring.finish()
+    n_dma = 3 * (3 if strided == "1" and driver_copy == "1" else 8)
+    assert ring.copier.copies == n_dma and ring.copier.bytes == 3 * len(flat) * 16 * 2 * 8 * 2
+
+
 @pytest.mark.parametrize("mode", ["acquire", "volatile", "memop"])
 def test_host_flag_modes_hold_the_stream_until_signalled(mode):
     _triton()

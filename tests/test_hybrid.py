@@ -13,7 +13,8 @@ import torch
 
 from writescope.attention.batch import BlockBatch
 from writescope.attention.hybrid import AttentionStepPlan, HybridAttention
-from writescope.attention.staging import StagingRing, coalesce_runs, split_pieces
+from writescope.attention.staging import (StagingRing, SyncCopier, coalesce_runs, split_pieces,
+                                         strided_copies)
 from writescope.bench.gpu_attention import build_case, rel_err
 from writescope.kvcache.regions import KVSpec, Region, pool_shape
 
@@ -41,6 +42,34 @@ def test_coalesce_runs():
     runs = coalesce_runs(ids).tolist()
     assert runs == [[5, 0, 3], [2, 3, 2], [9, 5, 4], [0, 9, 1]]
     assert coalesce_runs(torch.zeros(0)).shape == (0, 3)
+
+
+def test_strided_copies_group_equal_runs_at_equal_spacing():
+    # four sequences' extents, the last 3 blocks of each (pitch 10), then a lone run, then a
+    # decode step's pattern (one block each, pitch 7), then unequal spacing
+    runs = [(7, 0, 3), (17, 3, 3), (27, 6, 3), (37, 9, 3), (50, 12, 2),
+            (60, 14, 1), (67, 15, 1), (74, 16, 1), (90, 17, 1), (92, 18, 1)]
+    assert strided_copies(runs) == [(7, 0, 3, 4, 10), (50, 12, 2, 1, 2), (60, 14, 1, 3, 7),
+                                    (90, 17, 1, 2, 2)]
+    assert strided_copies(runs, strided=False) == [(s, d, n, 1, n) for s, d, n in runs]
+    # a descending or unequal pattern stays one copy per run
+    assert strided_copies([(20, 0, 2), (10, 2, 2)]) == [(20, 0, 2, 1, 2), (10, 2, 2, 1, 2)]
+    assert strided_copies([(0, 0, 2), (5, 2, 3)]) == [(0, 0, 2, 1, 2), (5, 2, 3, 1, 3)]
+    assert strided_copies([]) == []
+
+
+@pytest.mark.parametrize("strided", [True, False])
+def test_sync_copier_moves_strided_copies(strided):
+    pool = torch.randn(40, 2, 3)
+    ids = torch.tensor([[i * 8 + 5, i * 8 + 6, i * 8 + 7] for i in range(4)]).reshape(-1)
+    b = BlockBatch.build([1] * 4, ids.view(4, 3).tolist(), [[2, 2, 2]] * 4)
+    (piece,) = split_pieces(b, 64, strided=strided)
+    assert len(piece.copies) == (1 if strided else 4)
+    dst = torch.zeros(12, 2, 3)
+    cp = SyncCopier()
+    cp.copy_unit(dst, pool, piece.copies, None)
+    assert torch.equal(dst, pool[ids])
+    assert cp.bytes == 12 * 2 * 3 * 4 and cp.copies == len(piece.copies)
 
 
 def test_split_pieces_cover_batch():

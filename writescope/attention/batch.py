@@ -15,7 +15,7 @@ All four tensors are int32 and live on the device that runs the kernel.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -26,6 +26,9 @@ class BlockBatch:
     kv_indptr: torch.Tensor
     kv_blocks: torch.Tensor
     kv_lens: torch.Tensor
+    #: the same batch in host memory, kept by :meth:`to` when this one was copied from it: the
+    #: step's planning reads it there (:meth:`host_view`) without waiting for the device
+    host: "BlockBatch | None" = field(default=None, repr=False, compare=False)
 
     @property
     def num_seqs(self) -> int:
@@ -39,8 +42,22 @@ class BlockBatch:
         return int(self.kv_lens.sum()) if self.kv_lens.numel() else 0
 
     def to(self, device: torch.device | str) -> "BlockBatch":
-        return BlockBatch(*(t.to(device, non_blocking=True) for t in
-                            (self.q_indptr, self.kv_indptr, self.kv_blocks, self.kv_lens)))
+        device = torch.device(device)
+        on_host = self.kv_blocks.device.type == "cpu"
+        if device.type == "cpu" and self.host is not None:
+            return self.host
+        out = BlockBatch(*(t.to(device, non_blocking=True) for t in
+                           (self.q_indptr, self.kv_indptr, self.kv_blocks, self.kv_lens)))
+        if device.type != "cpu":
+            out.host = self if on_host else self.host
+        return out
+
+    def host_view(self) -> "BlockBatch":
+        """This batch in host memory: itself, the host batch it was copied from, or a copy
+        (the last one waits for the device)."""
+        if self.kv_blocks.device.type == "cpu":
+            return self
+        return self.host if self.host is not None else self.to("cpu")
 
     @classmethod
     def build(cls, q_counts: list[int], blocks: list[list[int]], lens: list[list[int]],

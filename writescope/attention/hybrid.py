@@ -12,9 +12,10 @@ Per layer, with CUDA and Triton (the fast path)::
     copy stream:     ... T copies of this layer and of the next layers, as far as the ring allows
     CPU worker:                          wait q | attend C (and CPU-assigned T) | -> pinned | flag
 
-* ``begin_step`` plans everything that is the same for every layer -- the chunk lists of the
-  split-KV kernel, the row -> partials map of the merge, the staging pieces and their coalesced
-  DMA runs -- and starts the copy stream on the first layers' T blocks.
+* ``begin_step`` plans everything that is the same for every layer -- the staging pieces and
+  their DMA copies first, then starts the copy stream on the first layers' T blocks; the chunk
+  lists of the split-KV kernel and the row -> partials map of the merge are made at each group's
+  first launch, after that layer's CPU side has its queries (the CPU starts sooner).
 * ``attend`` enqueues the GPU side without waiting for anything, hands the CPU side to a worker
   (on CUDA the native job queue, ``cpu.CpuJobQueue``: a C++ thread that needs no GIL between
   layers; else a Python thread; the query arrives through a pinned buffer), and
@@ -112,12 +113,13 @@ class _Source:
 
 def slice_batch(b: BlockBatch, s0: int, s1: int) -> BlockBatch:
     """Sequences ``s0:s1`` of a batch, rebased (CPU tensors): a sub-batch's share of a plan."""
-    qi = b.q_indptr.to("cpu", torch.int64)
-    ki = b.kv_indptr.to("cpu", torch.int64)
+    b = b.host_view()
+    qi = b.q_indptr.to(torch.int64)
+    ki = b.kv_indptr.to(torch.int64)
     k0, k1 = int(ki[s0]), int(ki[s1])
     return BlockBatch((qi[s0:s1 + 1] - qi[s0]).to(torch.int32),
                       (ki[s0:s1 + 1] - k0).to(torch.int32),
-                      b.kv_blocks.to("cpu")[k0:k1].clone(), b.kv_lens.to("cpu")[k0:k1].clone())
+                      b.kv_blocks[k0:k1].clone(), b.kv_lens[k0:k1].clone())
 
 
 @dataclass
@@ -136,6 +138,7 @@ class _Group:
     num_chunks: int = 0
     row_ptr: torch.Tensor | None = None
     row_idx: torch.Tensor | None = None
+    gpu_planned: bool = False                # chunks and merge rows made (Triton backend)
     pending: tuple | None = None             # between launch() and finish()
 
     @property
@@ -357,19 +360,19 @@ class HybridAttention:
                 if pool.device != dev:
                     raise ValueError(f"region {region} pool is on {pool.device}, not {dev}, and "
                                      "is not staged")
-                g.sources.append(_Source(region, batch.to(dev), host_batch=batch))
+                g.sources.append(_Source(region, batch.to(dev), host_batch=batch.host_view()))
             staged.append(t)
         self._stage_plan = None
         t_plan = time.perf_counter()
         if any(t is not None for t in staged):
             sp = self.ring.plan(staged, self.max_slot_blocks)
             self._stage_plan = sp
-            for i, piece in enumerate(sp.pieces):
-                self._groups[piece.part].sources.append(
-                    _Source(Region.T, piece.batch.to(dev), piece=i, host_batch=piece.batch))
             # start the copy stream first, then plan the rest
             ly = list(range(self.spec.num_layers)) if layers is None else list(layers)
             self.ring.begin(self.pools[Region.T], sp, ly)
+            for i, piece in enumerate(sp.pieces):
+                self._groups[piece.part].sources.append(
+                    _Source(Region.T, piece.batch.to(dev), piece=i, host_batch=piece.batch))
         # only the rows of sequences with CPU blocks go to the CPU, when that leaves out at least
         # COMPACT_MIN_ROWS rows (WRITESCOPE_CPU_ROWS=all: never)
         compact = os.environ.get("WRITESCOPE_CPU_ROWS", "cpu") != "all"
@@ -379,8 +382,7 @@ class HybridAttention:
                 if rows is not None and g.num_rows - rows.numel() >= COMPACT_MIN_ROWS:
                     g.cpu, g.cpu_rows = cpu, rows
                     g.cpu_rows_dev = rows.to(self.device, non_blocking=True)
-            if self.backend == "triton":
-                self._plan_triton(g)
+            g.gpu_planned = self.backend != "triton"  # else at its first launch
         self.timings["host_begin_s"] = time.perf_counter() - self._t0
         self.timings["host_plan_s"] = time.perf_counter() - t_plan
 
@@ -416,8 +418,7 @@ class HybridAttention:
         from . import gpu as G
         base = 0
         cpu_plans = []
-        cpu_bs = [BlockBatch(s.host_batch.q_indptr.cpu(), s.host_batch.kv_indptr.cpu(),
-                             s.host_batch.kv_blocks, s.host_batch.kv_lens) for s in g.sources]
+        cpu_bs = [s.host_batch for s in g.sources]
         cb = self.chunk_blocks or G.chunk_blocks_for(cpu_bs, self.spec.num_kv_heads)
         for cpu_b in cpu_bs:
             cp = G.plan_chunks(cpu_b, cb, base)
@@ -712,6 +713,11 @@ class HybridAttention:
             job = self._submit_cpu(layer, g, q_host, ready, res)
         if self._stage_plan is not None:
             self.ring.top_up()  # the rest of the copy window, while the CPU side works
+        if not g.gpu_planned:
+            # the GPU side's chunks and merge rows, once per step: made here, after the first
+            # layer's CPU side has its queries, so that the CPU starts without waiting for them
+            self._plan_triton(g)
+            g.gpu_planned = True
         dtype = None
         for src in g.sources:
             dtype = self.pools[src.region].dtype

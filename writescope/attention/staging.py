@@ -4,7 +4,8 @@ The T region is pinned host memory in the GPU layout, ``[L, N, bs, H, R]``; for 
 consecutive block ids are contiguous bytes, and a sequence's T blocks are allocated as runs of
 consecutive ids. Per step the GPU side's T work (one :class:`BlockBatch` over the T pool, the
 same for every layer) is cut into *pieces* of at most ``slot_blocks`` blocks; each piece's
-source ids are coalesced into runs (one DMA copy per run, per layer). A *unit* is
+source ids are coalesced into runs, and equal runs at equal spacing into strided copies (one DMA
+call per copy, per layer: :func:`strided_copies`). A *unit* is
 ``(layer, piece)``, and units are staged in order into ``num_slots`` slots of one ring buffer
 allocated once, at construction (its bytes, :attr:`StagingRing.staging_bytes`, count against the
 VRAM budget).
@@ -52,29 +53,63 @@ def coalesce_runs(ids: torch.Tensor) -> torch.Tensor:
     return torch.stack([ids[starts], starts, ends - starts], dim=1)
 
 
+def strided_copies(runs: list[tuple[int, int, int]], strided: bool = True
+                   ) -> list[tuple[int, int, int, int, int]]:
+    """The copies that move ``runs`` (``(src, dst, count)``, dst in increasing order): one
+    ``(src, dst, count, rows, pitch)`` per copy, where a copy moves ``rows`` runs of ``count``
+    blocks each, the k-th from ``src + k * pitch`` to ``dst + k * count``.
+
+    Consecutive runs of equal length, back to back in the slot, whose sources are equally spaced
+    (the same position of every sequence's extent, or a decode step's block of each sequence)
+    become one strided (2D) copy: a step of 64 sequences then costs one DMA call per layer
+    instead of 64. ``strided=False`` gives one copy per run (``rows == 1``)."""
+    out: list[list[int]] = []
+    for s, d, n in runs:
+        if strided and out:
+            c = out[-1]
+            s0, d0, n0, rows, pitch = c
+            if n == n0 and d == d0 + rows * n0:
+                if rows == 1 and s > s0 + n0:
+                    c[3], c[4] = 2, s - s0
+                    continue
+                if rows > 1 and s == s0 + rows * pitch:
+                    c[3] += 1
+                    continue
+        out.append([s, d, n, 1, n])
+    return [tuple(c) for c in out]
+
+
+def copies_strided_default() -> bool:
+    """Strided copies unless ``WRITESCOPE_COPY_2D=0`` (one copy per run, for comparison)."""
+    return os.environ.get("WRITESCOPE_COPY_2D", "1") != "0"
+
+
 @dataclass
 class StagedPiece:
     """One piece of a step's T work: ``batch`` addresses slot positions ``0..num_blocks-1``
-    (CPU tensors); ``runs`` are the copies that fill the slot from the pool, per layer."""
+    (CPU tensors); ``runs`` are the runs of consecutive blocks that fill the slot from the pool,
+    and ``copies`` the DMA calls that move them (:func:`strided_copies`), per layer."""
 
     batch: BlockBatch
     runs: torch.Tensor  # [n_runs, 3] int64: (src block id, dst slot position, count)
     num_blocks: int
-    runs_list: list = field(default_factory=list)
+    copies: list = field(default_factory=list)
     part: int = 0  # which of the planned batches (sub-batches of a step) the piece belongs to
+    strided: bool = True
 
     def __post_init__(self):
-        self.runs_list = [tuple(r) for r in self.runs.tolist()]
+        self.copies = strided_copies([tuple(r) for r in self.runs.tolist()], self.strided)
 
 
 def split_batch(batch: BlockBatch, piece_blocks: int) -> list[tuple[BlockBatch, torch.Tensor]]:
     """Cut the flat (CSR-order) block list into pieces of at most ``piece_blocks`` entries: per
     piece, a BlockBatch over positions ``0..n-1`` and the int64 pool ids those positions hold
     (CPU tensors). Used for staged T pieces and for gathered C pieces."""
-    qi = batch.q_indptr.to("cpu", torch.int32)
-    ki = batch.kv_indptr.to("cpu", torch.int64)
-    blocks = batch.kv_blocks.to("cpu", torch.int64)
-    lens = batch.kv_lens.to("cpu", torch.int32)
+    batch = batch.host_view()
+    qi = batch.q_indptr.to(torch.int32)
+    ki = batch.kv_indptr.to(torch.int64)
+    blocks = batch.kv_blocks.to(torch.int64)
+    lens = batch.kv_lens.to(torch.int32)
     nnz = blocks.numel()
     pieces = []
     for lo in range(0, nnz, piece_blocks):
@@ -85,9 +120,12 @@ def split_batch(batch: BlockBatch, piece_blocks: int) -> list[tuple[BlockBatch, 
     return pieces
 
 
-def split_pieces(batch: BlockBatch, piece_blocks: int) -> list[StagedPiece]:
+def split_pieces(batch: BlockBatch, piece_blocks: int, strided: bool | None = None
+                 ) -> list[StagedPiece]:
     """:func:`split_batch` with each piece's coalesced copy runs (the staging ring's pieces)."""
-    return [StagedPiece(b, coalesce_runs(ids), ids.numel())
+    if strided is None:
+        strided = copies_strided_default()
+    return [StagedPiece(b, coalesce_runs(ids), ids.numel(), strided=strided)
             for b, ids in split_batch(batch, piece_blocks)]
 
 
@@ -115,12 +153,19 @@ class SyncCopier:
         self.copies = 0
         self.bytes = 0
 
-    def copy_unit(self, dst: torch.Tensor, src_layer: torch.Tensor, runs: list, wait_free,
+    def copy_unit(self, dst: torch.Tensor, src_layer: torch.Tensor, copies: list, wait_free,
                   ) -> object:
-        for s, d, n in runs:
-            dst[d:d + n].copy_(src_layer[s:s + n])
+        rec = src_layer[0].numel() * src_layer.element_size()
+        for s, d, n, rows, pitch in copies:
+            if rows == 1:
+                dst[d:d + n].copy_(src_layer[s:s + n])
+            else:  # the strided copy's rows, as one view of the source
+                src = src_layer.as_strided((rows, n, *src_layer.shape[1:]),
+                                           (pitch * src_layer.stride(0), *src_layer.stride()),
+                                           src_layer.storage_offset() + s * src_layer.stride(0))
+                dst[d:d + rows * n].view(rows, n, *dst.shape[1:]).copy_(src)
             self.copies += 1
-            self.bytes += n * src_layer[0].numel() * src_layer.element_size()
+            self.bytes += rows * n * rec
         return None
 
     def fence(self) -> None:
@@ -153,18 +198,51 @@ def driver_htod():
     return fn
 
 
+class _Memcpy2D(ctypes.Structure):
+    """The driver's ``CUDA_MEMCPY2D``."""
+    _fields_ = [("srcXInBytes", ctypes.c_size_t), ("srcY", ctypes.c_size_t),
+                ("srcMemoryType", ctypes.c_int), ("srcHost", ctypes.c_void_p),
+                ("srcDevice", ctypes.c_uint64), ("srcArray", ctypes.c_void_p),
+                ("srcPitch", ctypes.c_size_t),
+                ("dstXInBytes", ctypes.c_size_t), ("dstY", ctypes.c_size_t),
+                ("dstMemoryType", ctypes.c_int), ("dstHost", ctypes.c_void_p),
+                ("dstDevice", ctypes.c_uint64), ("dstArray", ctypes.c_void_p),
+                ("dstPitch", ctypes.c_size_t),
+                ("WidthInBytes", ctypes.c_size_t), ("Height", ctypes.c_size_t)]
+
+
+_MEMORYTYPE_HOST, _MEMORYTYPE_DEVICE = 1, 2
+#: the largest pitch a strided copy may have (the driver's CU_DEVICE_ATTRIBUTE_MAX_PITCH)
+MAX_PITCH_BYTES = 2**31 - 1
+
+
+@functools.lru_cache(maxsize=None)
+def driver_htod_2d():
+    """The driver's ``cuMemcpy2DAsync_v2`` through ctypes, ``(CUDA_MEMCPY2D*, stream) ->
+    CUresult``, or None."""
+    try:
+        fn = ctypes.CDLL("libcuda.so.1").cuMemcpy2DAsync_v2
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.POINTER(_Memcpy2D), ctypes.c_void_p]
+    fn.restype = ctypes.c_int
+    return fn
+
+
 class CudaCopier:
     """H2D copies on a dedicated stream; device events for flow control and timing.
 
-    Each run is one ``cuMemcpyHtoDAsync`` on the copy stream, called through ctypes (~2 us of
+    Each copy is one ``cuMemcpyHtoDAsync`` on the copy stream, called through ctypes (~2 us of
     host time, against ~20 us for ``Tensor.copy_`` of two slices: a 4 x 128K DeepSeek-V2-Lite
     step issues ~500 runs, 2026-12-01d call 1); ``WRITESCOPE_DRIVER_COPY=0`` uses ``copy_``.
-    The consumer is the stream that was current at :meth:`fence` (the step's compute stream).
+    A strided copy (equal runs at equal spacing, :func:`strided_copies`) is one
+    ``cuMemcpy2DAsync``. The consumer is the stream that was current at :meth:`fence` (the
+    step's compute stream).
 
-    One stream moves the runs one after the other, with a gap between them (a step of 64
+    One stream moves the copies one after the other, with a gap between them (a step of 64
     sequences x 8 layers, 512 runs of ~2 MB, moved its T bytes at 48 GB/s in the hybrid where
-    one run a layer moved them at 51). Dealing a unit's runs over two streams was measured and
-    removed: 45-46 GB/s on the same step (twenty-first session, call 1)."""
+    one run a layer moved them at 51): hence the strided copies. Dealing a unit's runs over two
+    streams was measured and removed: 45-46 GB/s on the same step (twenty-first session)."""
 
     timed = True
 
@@ -177,8 +255,26 @@ class CudaCopier:
         self._consumer = None
         self._htod = driver_htod() if os.environ.get("WRITESCOPE_DRIVER_COPY", "1") != "0" \
             else None
+        self._htod_2d = driver_htod_2d() if self._htod is not None else None
+        self._desc = _Memcpy2D()
+        self._desc.srcMemoryType = _MEMORYTYPE_HOST
+        self._desc.dstMemoryType = _MEMORYTYPE_DEVICE
 
-    def copy_unit(self, dst, src_layer, runs, wait_free):
+    def _copy_2d(self, dst_ptr: int, src_ptr: int, width: int, rows: int, pitch: int,
+                 stream: int) -> bool:
+        """One strided copy; False (nothing enqueued) when the driver refuses it."""
+        if self._htod_2d is None or pitch > MAX_PITCH_BYTES:
+            return False
+        c = self._desc
+        c.srcHost, c.srcPitch = src_ptr, pitch
+        c.dstDevice, c.dstPitch = dst_ptr, width
+        c.WidthInBytes, c.Height = width, rows
+        if self._htod_2d(ctypes.byref(c), stream) != 0:
+            self._htod_2d = None  # once refused, plain copies from then on
+            return False
+        return True
+
+    def copy_unit(self, dst, src_layer, copies, wait_free):
         timed = self.timed
         s0 = torch.cuda.Event(enable_timing=True) if timed else None
         s1 = torch.cuda.Event(enable_timing=timed)
@@ -192,19 +288,28 @@ class CudaCopier:
         if htod is not None and dst.is_contiguous() and src_layer.is_contiguous() \
                 and dst.stride(0) == src_layer.stride(0) and dst.dtype == src_layer.dtype:
             dbase, sbase, h = dst.data_ptr(), src_layer.data_ptr(), st.cuda_stream
-            for s, d, n in runs:
-                rc = htod(dbase + d * block, sbase + s * block, n * block, h)
-                if rc != 0:
-                    raise RuntimeError(f"cuMemcpyHtoDAsync failed (CUresult {rc})")
-                self.bytes += n * block
-            self.copies += len(runs)
+            for s, d, n, rows, pitch in copies:
+                if rows > 1 and self._copy_2d(dbase + d * block, sbase + s * block, n * block,
+                                              rows, pitch * block, h):
+                    self.copies += 1
+                    self.bytes += rows * n * block
+                    continue
+                for k in range(rows):
+                    rc = htod(dbase + (d + k * n) * block, sbase + (s + k * pitch) * block,
+                              n * block, h)
+                    if rc != 0:
+                        raise RuntimeError(f"cuMemcpyHtoDAsync failed (CUresult {rc})")
+                    self.copies += 1
+                    self.bytes += n * block
         else:
             rec = src_layer[0].numel() * src_layer.element_size()
             with torch.cuda.stream(st):
-                for s, d, n in runs:
-                    dst[d:d + n].copy_(src_layer[s:s + n], non_blocking=True)
-                    self.copies += 1
-                    self.bytes += n * rec
+                for s, d, n, rows, pitch in copies:
+                    for k in range(rows):
+                        a, b = d + k * n, s + k * pitch
+                        dst[a:a + n].copy_(src_layer[b:b + n], non_blocking=True)
+                        self.copies += 1
+                        self.bytes += n * rec
         s1.record(st)
         if timed:
             self._timing.append((s0, s1))
@@ -339,7 +444,7 @@ class StagingRing:
             piece = p.pieces[i]
             slot = u % p.num_slots
             dst = self.slot_view(slot, piece.num_blocks)
-            self._filled[u] = self.copier.copy_unit(dst, self._pool[layer], piece.runs_list,
+            self._filled[u] = self.copier.copy_unit(dst, self._pool[layer], piece.copies,
                                                     self._free[slot])
             self._issued += 1
 

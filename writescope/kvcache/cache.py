@@ -453,10 +453,11 @@ class InplaceKVCache:
             if not any(b.size for b in blocks):
                 continue
             ki = np.concatenate(([0], np.cumsum([b.size for b in blocks]))).astype(np.int32)
-            dev = self.device if side == "gpu" else torch.device("cpu")
-            batch = BlockBatch(*(h2d(a, dev) for a in
+            batch = BlockBatch(*(torch.from_numpy(a) for a in
                                  (qi, ki, np.concatenate(blocks).astype(np.int32),
                                   np.concatenate(lens).astype(np.int32))))
+            if side == "gpu":  # (the device batch keeps this host one for the step's planning)
+                batch = batch.to(self.device)
             getattr(plan, side).append((r, batch))
         return plan, read, prefill
 
