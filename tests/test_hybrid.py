@@ -72,6 +72,17 @@ def test_sync_copier_moves_strided_copies(strided):
     assert cp.bytes == 12 * 2 * 3 * 4 and cp.copies == len(piece.copies)
 
 
+def test_a_device_batch_keeps_its_host_copy_for_planning():
+    b = BlockBatch.build([1, 2], [[4, 5], [9]], [[16, 3], [7]])
+    d = b.to("meta")  # any device other than the CPU: no data to wait for
+    assert d.kv_blocks.device.type == "meta"
+    assert d.host is b and d.host_view() is b and d.to("cpu") is b
+    assert d.to("meta").host is b  # a device-to-device copy keeps it too
+    assert b.host_view() is b and b.to("cpu").host is None
+    (piece,) = split_pieces(d, 8)  # planned from the host copy
+    assert piece.runs.tolist() == [[4, 0, 2], [9, 2, 1]]
+
+
 def test_split_pieces_cover_batch():
     b = BlockBatch.build([1, 2, 1], [[4, 5, 6, 7, 8], [], [20, 21, 1]],
                          [[16, 16, 16, 16, 3], [], [16, 16, 9]])
