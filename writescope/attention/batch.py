@@ -46,7 +46,10 @@ class BlockBatch:
         on_host = self.kv_blocks.device.type == "cpu"
         if device.type == "cpu" and self.host is not None:
             return self.host
-        out = BlockBatch(*(t.to(device, non_blocking=True) for t in
+        # to a device: asynchronous (the driver stages a pageable source before returning); back
+        # to the host: a waited copy, so that the values are there when this returns
+        nb = device.type != "cpu"
+        out = BlockBatch(*(t.to(device, non_blocking=nb) for t in
                            (self.q_indptr, self.kv_indptr, self.kv_blocks, self.kv_lens)))
         if device.type != "cpu":
             out.host = self if on_host else self.host

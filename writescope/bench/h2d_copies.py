@@ -26,6 +26,7 @@ import time
 
 import torch
 
+from ..attention.cpu import probe_buffer
 from ..attention.staging import CudaCopier, strided_copies
 from .provenance import result_header, write_json
 
@@ -39,13 +40,13 @@ PATTERNS = {
 
 
 class CpuReader:
-    """``threads`` torch threads summing a large pageable array in a loop, on a Python thread
-    (torch releases the interpreter lock inside the sum); the rate is over the whole window,
-    its 0.3 s lead-in included."""
+    """``threads`` torch threads summing ``buf`` (:func:`~writescope.attention.cpu.probe_buffer`,
+    the read probes' array) in a loop, on a Python thread (torch releases the interpreter lock
+    inside the sum); the rate is over the whole window, its 0.3 s lead-in included."""
 
-    def __init__(self, threads: int, nbytes: int = 8 << 30):
+    def __init__(self, threads: int, buf: torch.Tensor):
         self.threads = threads
-        self.x = torch.ones(nbytes // 4, dtype=torch.float32)
+        self.x = buf
         self.stop = threading.Event()
         self.bytes = 0
         self.t: threading.Thread | None = None
@@ -130,12 +131,13 @@ def main(argv: list[str] | None = None) -> dict:
         ap.error(f"unknown pattern(s) {bad}; known: {sorted(PATTERNS)}")
     out = {**result_header("h2d_copies", argv), "rows": []}
     beside = [0] + ([args.cpu_read_threads] if args.cpu_read_threads > 0 else [])
+    buf = probe_buffer(8 << 30) if args.cpu_read_threads > 0 else None  # once, for every row
     print(f"{'pattern':11s} {'runs':>5s} {'run MB':>7s} {'CPU rd':>7s} | "
           f"{'one':>6s} {'runs':>6s} {'strided':>7s} GB/s | CPU GB/s")
     for name in names:
         for threads in beside:
             if threads:
-                with CpuReader(threads) as rd:
+                with CpuReader(threads, buf) as rd:
                     row = run_pattern(name, args.layers, args.reps)
                 row["cpu_read_GBps"] = rd.gbps
             else:
