@@ -726,9 +726,26 @@ def test_synthetic_prefill_rows(tiny_qwen3_moe, tmp_path):
     by = {r["policy"]: r for r in doc["rows"]}
     assert by["transfer"]["host_used_bytes"] == 0 and by["transfer"]["pinned_used_bytes"] > 0
     assert by["cpu"]["pinned_used_bytes"] == 0 and by["cpu"]["host_used_bytes"] > 0
+    for r in doc["rows"]:
+        assert r["pipelined_steps"] == 0 and r["cpu_attn_threads"] >= 1
     with pytest.raises(ValueError, match="peer"):
         GridSpec(models=["m"], batches=[1], context_lengths=[8], peers=["transformers"],
                  prefill="synthetic").validate()
+
+
+def test_rows_count_pipelined_steps(tiny_qwen3_moe, tmp_path, monkeypatch):
+    """With WRITESCOPE_PIPELINE=1 (and the decode step as pieces, as on CUDA) a row whose CPU
+    side has work records how many of its timed decode steps ran as two sub-batches."""
+    monkeypatch.setenv("WRITESCOPE_PIPELINE", "1")
+    monkeypatch.setenv("WRITESCOPE_CUDA_GRAPHS", "pieces")
+    rc = bench_cli(tiny_qwen3_moe, tmp_path, "--batch", "2", "--context-lengths", "150",
+                   "--decode-steps", "3", "--num-gpu-blocks", "8", "--policies", "cpu",
+                   "--max-num-batched-tokens", "64", "--prefill", "synthetic",
+                   "--cpu-threads", "1")
+    assert rc == 0
+    (row,) = _strict_json(tmp_path / "results.json")["rows"]
+    assert not row.get("error"), row.get("error")
+    assert row["pipelined_steps"] == 3 and row["cpu_attn_threads"] == 1
 
 
 def test_read_probes_bench_times_every_way_of_reading(tmp_path):

@@ -36,7 +36,9 @@ warm-ups that come before a policy's first row. A row carries:
   -- the host's DRAM read bandwidth probed just before and after the decode steps: the CPU-side
   figures of a row move with it;
 * ``threads_decode`` -- the process's threads over the decode steps (:mod:`.threads`): CPU
-  seconds, how many were busy more than half the time, and the busiest ones.
+  seconds, how many were busy more than half the time, and the busiest ones;
+  ``pipelined_steps`` -- timed decode steps run as two interleaved sub-batches;
+  ``cpu_attn_threads`` -- the CPU attention kernel's thread count.
 """
 from __future__ import annotations
 
@@ -188,6 +190,7 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
         step_times, shares, predicted, host_fracs, expert_bytes, expert_s = [], [], [], [], [], []
         link = []
         moved_prefill = counters["kv.bytes_moved_after_placement"] - moved0
+        piped0 = counters.get("kv.pipelined_steps", 0)
         for _ in range(decode_steps):
             c0, g0 = counters["kv.bytes_read.cpu"], counters["kv.bytes_read.gpu"]
             t0 = time.perf_counter()
@@ -224,6 +227,7 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
         peak = (torch.cuda.max_memory_allocated(dev) if dev.type == "cuda"
                 else engine.weights_bytes + cache.stats()["kv.vram_bytes"])
         moved = counters["kv.bytes_moved_after_placement"] - moved0
+        piped = counters.get("kv.pipelined_steps", 0) - piped0
         # the cache's and planner's state with the row's batch still in (the aborts release it)
         st = cache.stats()
         planner_after = planner_state(cache.policy)
@@ -266,6 +270,9 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
         "cpu_read_gbps": [read_before, read_after],
         # which threads burnt how much CPU during the decode steps (bench/threads.py)
         "threads_decode": threads,
+        # decode steps run as two interleaved sub-batches (WRITESCOPE_PIPELINE=1), and the CPU
+        # attention kernel's thread count
+        "pipelined_steps": int(piped), "cpu_attn_threads": attn_threads(cache),
         "planner_predicted_step_s": float(np.mean(predicted)) if predicted else None,
         "planner_target_share": st.get("planner.target_share", st.get("planner.cpu_share")),
         # the planner's shares and rate corrections when the prefill had placed the row's blocks,
@@ -290,6 +297,16 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
         row["error"] = (f"{engine.kv_policy} had to put {live[_region(other)]} blocks in {other}: "
                         f"its region {only} is full (over the {'pinned' if only == 'T' else 'host'} budget)")
     return row
+
+
+def attn_threads(cache) -> int:
+    """The CPU attention kernel's thread count in this engine (its explicit setting, else the
+    kernel's default after the engine's core reservation)."""
+    n = getattr(getattr(cache, "hybrid", None), "cpu_threads", None)
+    if n:
+        return int(n)
+    from ..attention import cpu as cpu_attn
+    return cpu_attn.get_num_threads()
 
 
 #: the planner's figures a row records (``stats()`` keys without their ``planner.`` prefix)
