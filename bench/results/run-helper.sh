@@ -53,11 +53,13 @@ calibrate_profile() {
 # one run, one combined ceiling; 16 CPU threads at the calibrated AMX prefetch distance, shares
 # around the balance the 2026-12-02 calls found -- 0.5-0.65: MLA's best was the lowest share
 # swept, 0.55, in two runs of 2026-12-02g) into $R/NAME.json; ARGS are added (--skip "" for the
-# resident rows too, --shapes, --shares to override).
+# resident rows too, --shapes, --shares to override). Seven timed steps per share, the median
+# (until 2026-12-02h: --reps 2, whose "median" was the slower of the two). HYB_PF sets the AMX
+# kernel's prefetch distance (default 1, the calibrations' choice on the H200).
 hybrid_table() {
   local name=$1 cap=$2; shift 2
-  run $name $cap env WRITESCOPE_CPU_ATTN_PREFETCH_BLOCKS=1 python -m writescope.bench.gpu_attention \
-    --reps 2 --cpu-threads 16 --shares 0,0.5,0.525,0.55,0.575,0.6,0.625,0.65,1 --skip resident \
+  run $name $cap env WRITESCOPE_CPU_ATTN_PREFETCH_BLOCKS=${HYB_PF:-1} python -m writescope.bench.gpu_attention \
+    --reps 7 --cpu-threads 16 --shares 0,0.5,0.525,0.55,0.575,0.6,0.625,0.65,1 --skip resident \
     --json $R/$name.json "$@"
 }
 

@@ -678,7 +678,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="CPU attention threads, also those of the combined ceiling's CPU read "
                          "(default: the engine's, every usable core but the ones it keeps for "
                          "launching: 14 of 16 on the H200 machine)")
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=7,
+                    help="timed steps per streamed/hybrid row (after one untimed); the row is "
+                         "their median (an even count takes the slower middle one)")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: resident,spilled")
     ap.add_argument("--block-sizes", default=None,
                     help="comma list: sweep the KV block size (tokens) instead of the default run; "
