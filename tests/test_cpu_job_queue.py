@@ -63,48 +63,6 @@ def test_spinning_team_same_bits_and_flags(layout):
     assert int(view[3]) == 5
 
 
-@pytest.mark.parametrize("layout", ["cpu", "gpu"])
-@pytest.mark.parametrize("kb", [0, 1, 64, 4096])
-@pytest.mark.parametrize("threads", [1, 2, 5])
-def test_wait_prefetch_keeps_the_bits(layout, kb, threads):
-    """While a spinning team waits for its ready word each member prefetches its first item
-    (``set_wait_prefetch_kb``) and takes that item first; any member takes the reserved items
-    left over. Whatever the amount (none, part of a block, several items' worth) and however
-    many members there are (more than the CPUs here: some of them wait for a core), the result
-    is the plain call's, bit for bit."""
-    spec, pool, q, _ = _case(layout, 4)
-    gen = torch.Generator().manual_seed(5)
-    # more items than members (chunks of at least 4 blocks), blocks of several lengths
-    lens = [[32] * 9 + [17], [32] * 3 + [1], [], [32] * 25 + [31]]
-    n = pool.shape[1]
-    perm = torch.randperm(n, generator=gen).tolist()
-    blocks = [[perm[(i * 7 + j) % n] for j in range(len(x))] for i, x in enumerate(lens)]
-    batch = BlockBatch.build([1] * len(lens), blocks, lens)
-    old_threads, old_kb = cpu.num_threads_setting(), cpu.get_wait_prefetch_kb()
-    cpu.set_num_threads(threads)
-    try:
-        plan = cpu.CpuAttentionPlan(pool[0], layout, spec, batch, 0.1, q.shape[0], q.shape[1],
-                                    q.dtype)
-        cpu.set_wait_prefetch_kb(0)
-        want_o, want_l = plan(q, pool[2])
-        cpu.set_wait_prefetch_kb(kb)
-        assert cpu.get_wait_prefetch_kb() == kb
-        words = torch.zeros(2, dtype=torch.int64)
-        view, addr = words.numpy(), words.data_ptr()
-        out, lse = torch.full_like(want_o, 7.0), torch.empty_like(want_l)
-        _raise_later(view, 0, 1, 0.02)
-        times = []
-        o, l = plan(q, pool[2], out, lse, ready=(addr, 1), done=(addr + 8, 2), spin_s=0.05,
-                    times=times)
-        assert times[0] >= 0.01 and int(view[1]) == 2
-        assert torch.equal(o, want_o) and torch.equal(l, want_l)
-    finally:
-        cpu.set_num_threads(old_threads)
-        cpu.set_wait_prefetch_kb(old_kb)
-    with pytest.raises(ValueError, match=">= 0"):
-        cpu.set_wait_prefetch_kb(-1)
-
-
 def test_queue_runs_calls_in_order_and_reports():
     """Calls submitted at once run in submission order, each after its own ready word (raised
     out of order here), each storing its done word; the drain reports every call's time."""

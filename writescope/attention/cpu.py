@@ -45,7 +45,6 @@ from .torch_paged import attend_torch
 __all__ = ["attend_cpu", "CpuAttentionPlan", "CpuJobQueue", "current_isa_setting", "available",
            "set_num_threads", "get_num_threads", "num_threads_setting", "reserve_cores", "set_isa", "get_isa", "isas",
            "set_prefetch_blocks", "get_prefetch_blocks", "prefetch_chosen_by_user",
-           "set_wait_prefetch_kb", "get_wait_prefetch_kb",
            "features", "read_bandwidth", "tile_read_bandwidth", "use_library"]
 
 _CSRC = Path(__file__).with_name("csrc")
@@ -72,10 +71,6 @@ DEFAULT_PREFETCH_BLOCKS = 2
 _prefetch_blocks = int(os.environ.get("WRITESCOPE_CPU_ATTN_PREFETCH_BLOCKS", DEFAULT_PREFETCH_BLOCKS))
 _prefetch_user = "WRITESCOPE_CPU_ATTN_PREFETCH_BLOCKS" in os.environ  # not the default/profile
 _isa_from_profile = False  # the setting is an engine's choice from its profile, not the user's
-#: KiB of its first item each member of a team that starts before its queries (the device-waited
-#: calls) prefetches into L2 while it waits; 0: none (``WRITESCOPE_CPU_WAIT_PREFETCH_KB``)
-DEFAULT_WAIT_PREFETCH_KB = 1024
-_wait_prefetch_kb = int(os.environ.get("WRITESCOPE_CPU_WAIT_PREFETCH_KB", DEFAULT_WAIT_PREFETCH_KB))
 
 
 def _build_dir(extra_flags: tuple[str, ...] = (), csrc: Path = _CSRC) -> Path:
@@ -141,11 +136,6 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ws_default_threads.restype = i
     lib.ws_set_prefetch_blocks.restype = None
     lib.ws_set_prefetch_blocks.argtypes = [i]
-    if hasattr(lib, "ws_set_wait_prefetch_bytes"):  # a build of older sources may lack it
-        lib.ws_set_wait_prefetch_bytes.restype = None
-        lib.ws_set_wait_prefetch_bytes.argtypes = [i64]
-        lib.ws_wait_prefetch_bytes.restype = i64
-        lib.ws_wait_prefetch_bytes.argtypes = []
     lib.ws_read_seconds.restype = ctypes.c_double
     lib.ws_read_seconds.argtypes = [p, i64, i, i, i64, ctypes.POINTER(ctypes.c_double)]
     lib.ws_tile_read_seconds.restype = ctypes.c_double
@@ -179,7 +169,7 @@ def use_library(lib: ctypes.CDLL):
     if _load() is None:
         raise RuntimeError(f"the CPU kernel is not available: {_load_error}")
     prev, prev_features, prev_amx = _lib, _features, _amx_ok
-    _apply_settings(lib)
+    lib.ws_set_prefetch_blocks(_prefetch_blocks)
     _lib = lib
     if getattr(lib, "ws_emulated_tiles", False) and _features & _F_BF16:
         _features, _amx_ok = _features | _F_AMX, True
@@ -187,13 +177,6 @@ def use_library(lib: ctypes.CDLL):
         yield lib
     finally:
         _lib, _features, _amx_ok = prev, prev_features, prev_amx
-
-
-def _apply_settings(lib: ctypes.CDLL) -> None:
-    """The module's prefetch settings into a freshly loaded build."""
-    lib.ws_set_prefetch_blocks(_prefetch_blocks)
-    if hasattr(lib, "ws_set_wait_prefetch_bytes"):
-        lib.ws_set_wait_prefetch_bytes(_wait_prefetch_kb * 1024)
 
 
 def _load() -> ctypes.CDLL | None:
@@ -215,7 +198,7 @@ def _load() -> ctypes.CDLL | None:
                 _amx_ok = lib.ws_amx_request() == 0
             if not _features & _F_AVX2:
                 raise RuntimeError("the CPU lacks AVX2+FMA")
-            _apply_settings(lib)
+            lib.ws_set_prefetch_blocks(_prefetch_blocks)
             _lib = lib
         except Exception as e:  # no compiler, failed build, unsupported CPU: torch fallback
             _load_error = f"{type(e).__name__}: {e}"
@@ -282,26 +265,6 @@ def set_prefetch_blocks(n: int | None, *, from_profile: bool = False) -> None:
 
 def get_prefetch_blocks() -> int:
     return _prefetch_blocks
-
-
-def set_wait_prefetch_kb(kb: int | None) -> None:
-    """How many KiB of its first item each member of a device-waited call's team prefetches into
-    L2 while it waits for the layer's queries (default 1024, or
-    ``WRITESCOPE_CPU_WAIT_PREFETCH_KB``; 0: none). In the engine the team waits for every
-    layer's queries while the device runs the layer before; streaming the first bytes meanwhile
-    turns that wait into reading. ``None``: back to the default (or the environment's)."""
-    global _wait_prefetch_kb
-    if kb is None:
-        kb = int(os.environ.get("WRITESCOPE_CPU_WAIT_PREFETCH_KB", DEFAULT_WAIT_PREFETCH_KB))
-    if int(kb) < 0:
-        raise ValueError("the wait prefetch must be >= 0 KiB (0: none)")
-    _wait_prefetch_kb = int(kb)
-    if _lib is not None and hasattr(_lib, "ws_set_wait_prefetch_bytes"):
-        _lib.ws_set_wait_prefetch_bytes(_wait_prefetch_kb * 1024)
-
-
-def get_wait_prefetch_kb() -> int:
-    return _wait_prefetch_kb
 
 
 def prefetch_chosen_by_user() -> bool:

@@ -166,7 +166,6 @@ struct Plan {
     std::vector<Unit> units;
     std::vector<unsigned char> covered;
     std::vector<std::atomic<int>> pending, qstate;
-    std::vector<std::atomic<unsigned char>> claimed;  // early calls: reserved items taken
     Buf qpack, part;
 };
 
@@ -276,22 +275,9 @@ void run_item(const Job& J, int i) {
 // reads all its chunks' partials (MLA: 16 rows x 514 floats x ~50 chunks = 1.6 MB); done by the
 // one member that finished the group last, it was a serial tail of ~0.15 ms per call on the
 // H200, a third of a 2-sequence split-step call. Spread over the team it is a few microseconds.
-//
-// `claimed` (early calls with the wait prefetch, see flagged_call): items [0, reserved) are each
-// reserved for the member of that number, which takes its own first; `next` then starts at
-// `reserved`, and once it runs out a member takes any reserved item still unclaimed, so a member
-// that lost its core delays no more than it did without reservations.
 void run_share(const Job& J, int nitems, std::atomic<int>& next, int nunits,
-               std::atomic<int>& next_unit, int member = -1, int reserved = 0,
-               std::atomic<unsigned char>* claimed = nullptr) {
-    auto claim = [&](int i) {
-        return claimed[i].exchange(1, std::memory_order_acq_rel) == 0;
-    };
-    if (claimed && member >= 0 && member < reserved && claim(member)) run_item(J, member);
+               std::atomic<int>& next_unit) {
     for (int i; (i = next.fetch_add(1, std::memory_order_relaxed)) < nitems;) run_item(J, i);
-    if (claimed)
-        for (int i = 0; i < reserved; ++i)
-            if (claim(i)) run_item(J, i);
     for (int u; (u = next_unit.fetch_add(1, std::memory_order_relaxed)) < nunits;) {
         const Unit& x = J.units[u];
         // the group's last items are being computed: spin, then yield the core (on a machine
@@ -315,92 +301,6 @@ void nap_us(long us) {
     struct timespec ts = {0, us * 1000};
     nanosleep(&ts, nullptr);
 }
-
-// Bytes of its first item a member of an early call (flagged_call) prefetches into L2 while the
-// team waits for the queries; 0: none. cpu.py sets it at load (WRITESCOPE_CPU_WAIT_PREFETCH_KB).
-int64_t g_wait_prefetch_bytes = (int64_t)1 << 20;
-
-// The KV lines of one item, in the order its kernel reads them (block after block; within a
-// block the valid tokens' records of the item's head), issued a few at a time as PREFETCHT1.
-// In the engine the team waits for each layer's queries while the device runs the layer before
-// (its dense work and experts, ~0.3-0.4 ms a layer for DeepSeek-V2-Lite and Qwen3-30B-A3B on
-// the H200, 10% of the CPU side's step); the members stream their first item's first bytes
-// meanwhile, and read them from L2 once the queries land.
-struct WaitPrefetch {
-    const char* base = nullptr;
-    const int32_t* blocks = nullptr;
-    const int32_t* lens = nullptr;
-    int nblocks = 0, b = 0, layout = 0, H = 1, bs = 0, R = 0, head = 0, esz = 2;
-    int64_t block_stride = 0, left = 0;  // bytes still allowed
-    int row = 0, nrows = 0;              // the current block's rows
-    int64_t row_bytes = 0, row_stride = 0, off = 0;  // within the current row
-
-    WaitPrefetch(const Job& J, int item, int64_t cap) {
-        if (item < 0 || cap <= 0) return;
-        const Item& w = J.items[item];
-        const WsArgs& A = J.args;
-        base = (const char*)A.kv;
-        blocks = J.kv_blocks + w.b0;
-        lens = J.kv_lens + w.b0;
-        nblocks = w.b1 - w.b0;
-        layout = A.layout;
-        H = A.H;
-        bs = A.bs;
-        R = A.R;
-        head = J.groups[w.group].head;
-        esz = A.dtype == 1 ? 2 : 4;
-        block_stride = A.block_stride;
-        left = cap;
-        b = -1;
-        next_block();
-    }
-    // set up block b + 1's rows; false when the item has none left
-    bool next_block() {
-        for (++b; b < nblocks; ++b) {
-            const int n = std::min(std::max(lens[b], 0), bs);
-            if (n == 0) continue;
-            row = 0;
-            off = 0;
-            if (layout == 0) {  // [H][bs/2][R][2]: the head's valid pair rows, contiguous
-                nrows = 1;
-                row_bytes = (int64_t)((n + 1) / 2) * R * 2 * esz;
-                row_stride = 0;
-            } else if (H == 1) {  // [bs][R]: contiguous
-                nrows = 1;
-                row_bytes = (int64_t)n * R * esz;
-                row_stride = 0;
-            } else {  // [bs][H][R]: one record per token
-                nrows = n;
-                row_bytes = (int64_t)R * esz;
-                row_stride = (int64_t)H * R * esz;
-            }
-            return true;
-        }
-        return false;
-    }
-    const char* row_start() const {
-        const char* blk = base + (int64_t)blocks[b] * block_stride * esz;
-        if (layout == 0) return blk + (int64_t)head * bs * R * esz;
-        return blk + (int64_t)head * R * esz + (int64_t)row * row_stride;
-    }
-    // Up to `lines` cache lines more; false once there is nothing left to prefetch.
-    bool step(int lines) {
-        if (b >= nblocks || left <= 0) return false;
-        for (int k = 0; k < lines && left > 0;) {
-            const char* p = row_start() + off;
-            __builtin_prefetch(p, 0, 2);  // PREFETCHT1: into L2
-            const int64_t adv = 64 - ((uintptr_t)p & 63);
-            off += adv;
-            left -= adv;
-            ++k;
-            if (off >= row_bytes) {
-                off = 0;
-                if (++row >= nrows && !next_block()) return k > 0;
-            }
-        }
-        return true;
-    }
-};
 
 // Wait until *ready >= value: spin (for spin_s, at least 256 pauses), then sleep 20 us at a
 // time. Returns 0, -10 after timeout_s, or -11 once *cancel is nonzero.
@@ -564,39 +464,28 @@ int flagged_call(const CallArgs& a, const volatile int64_t* ready, int64_t ready
         }
     } else if (early) {
         std::atomic<int> state{0};  // 0: waiting for ready, 1: go, < 0: the wait failed
-        // with the wait prefetch, member m streams item m's first bytes into its L2 while the
-        // team waits, and takes that item first (run_share's reservations)
-        const int64_t pf_bytes = g_wait_prefetch_bytes;
-        const int reserved = pf_bytes > 0 ? std::min(team, nitems) : 0;
-        if ((int)plan.claimed.size() < reserved)
-            plan.claimed = std::vector<std::atomic<unsigned char>>((size_t)reserved);
-        for (int i = 0; i < reserved; ++i) plan.claimed[i].store(0, std::memory_order_relaxed);
-        std::atomic<int> next{reserved}, next_unit{0};
+        std::atomic<int> next{0}, next_unit{0};
 #pragma omp parallel num_threads(team)
         {
 #ifdef _OPENMP
-            const int member = omp_get_thread_num();
+            const bool master = omp_get_thread_num() == 0;
 #else
-            const int member = 0;
+            const bool master = true;
 #endif
-            const bool master = member == 0;
             if (master) {
                 const int w = wait_ready(ready, ready_value, timeout_s, cancel, spin_s);
                 t1 = now_s();
                 state.store(w == 0 ? 1 : w, std::memory_order_release);
             } else {
                 const double s0 = now_s();
-                WaitPrefetch pf(J, member < reserved ? member : -1, pf_bytes);
                 for (int spins = 0; state.load(std::memory_order_acquire) == 0;) {
-                    if (pf.step(8)) continue;
                     if ((++spins & 63) != 0 || now_s() - s0 < spin_s) cpu_pause();
                     else nap_us(20);
                 }
             }
             if (state.load(std::memory_order_acquire) == 1) {
                 if (master) fill_uncovered(a, plan);
-                run_share(J, nitems, next, nunits, next_unit, member, reserved,
-                          reserved ? plan.claimed.data() : nullptr);
+                run_share(J, nitems, next, nunits, next_unit);
             }
         }
         rc = state.load() == 1 ? 0 : state.load();
@@ -737,11 +626,6 @@ int ws_amx_request() {
 int ws_default_threads() { return default_threads(); }
 
 void ws_set_prefetch_blocks(int n) { g_prefetch_blocks = n < 0 ? 0 : n > 64 ? 64 : n; }
-
-// Bytes of its first item each member of an early call prefetches while the team waits for the
-// queries (0: none; see WaitPrefetch).
-void ws_set_wait_prefetch_bytes(int64_t n) { g_wait_prefetch_bytes = n < 0 ? 0 : n; }
-int64_t ws_wait_prefetch_bytes() { return g_wait_prefetch_bytes; }
 
 int ws_attend_flagged(const volatile int64_t* ready, int64_t ready_value, int64_t* done,
                       int64_t done_value, double timeout_s, double spin_s, double* times,
