@@ -736,12 +736,17 @@ def test_synthetic_prefill_rows(tiny_qwen3_moe, tmp_path):
 def test_rows_count_pipelined_steps(tiny_qwen3_moe, tmp_path, monkeypatch):
     """With WRITESCOPE_PIPELINE=1 (and the decode step as pieces, as on CUDA) a row whose CPU
     side has work records how many of its timed decode steps ran as two sub-batches."""
+    from writescope.attention import cpu
     monkeypatch.setenv("WRITESCOPE_PIPELINE", "1")
     monkeypatch.setenv("WRITESCOPE_CUDA_GRAPHS", "pieces")
-    rc = bench_cli(tiny_qwen3_moe, tmp_path, "--batch", "2", "--context-lengths", "150",
-                   "--decode-steps", "3", "--num-gpu-blocks", "8", "--policies", "cpu",
-                   "--max-num-batched-tokens", "64", "--prefill", "synthetic",
-                   "--cpu-threads", "1")
+    before = cpu.num_threads_setting()
+    try:
+        rc = bench_cli(tiny_qwen3_moe, tmp_path, "--batch", "2", "--context-lengths", "150",
+                       "--decode-steps", "3", "--num-gpu-blocks", "8", "--policies", "cpu",
+                       "--max-num-batched-tokens", "64", "--prefill", "synthetic",
+                       "--cpu-threads", "1")
+    finally:  # an engine's explicit count is the process's kernel setting: put it back
+        cpu.set_num_threads(before)
     assert rc == 0
     (row,) = _strict_json(tmp_path / "results.json")["rows"]
     assert not row.get("error"), row.get("error")

@@ -336,6 +336,45 @@ def test_the_gpu_attention_summary_gives_the_kernels_device_rate_beside_the_queu
     assert "| mla/8x32K | 2800 (70%) / 2800 / - |" in text, text
 
 
+def test_the_gpu_attention_breakdown_splits_each_hybrid_row(tmp_path, capsys):
+    """--breakdown FILE: each hybrid row's link rate (T bytes over first to last copy), CPU rate
+    (C bytes over the kernel's seconds), its wait for queries, the first copy's start and the
+    device's time after the last copy; '-' where a side had nothing. A file that is not a run
+    is a clear error."""
+    import json
+    from writescope.bench.gpu_attention import main
+    gb = 1e9
+    out = {"ceilings": {"hbm_copy_GBps": 4000.0, "h2d_pinned_GBps": 55.0,
+                        "combined": {"combined_GBps": 125.0, "h2d_GBps": 50.0,
+                                     "cpu_read_GBps": 75.0, "threads": 16}},
+           "machine": {"cpu_kernel": "k"},
+           "results": {"mla/8x32K": {
+               "bytes_per_step": 2.5 * gb,
+               "streamed": {"512": {"GBps": 50.0}},
+               "hybrid": {
+                   "0.00": {"s": 0.05, "GBps": 50.0, "cpu_s": 0.0, "pcie_bytes": 2.5 * gb,
+                            "dev_first_copy_s": 0.001, "dev_last_copy_s": 0.049,
+                            "dev_end_s": 0.0495},
+                   "0.60": {"s": 0.02, "GBps": 125.0, "cpu_s": 0.015, "cpu_q_wait_s": 0.0012,
+                            "pcie_bytes": 1.0 * gb, "dev_first_copy_s": 0.0005,
+                            "dev_last_copy_s": 0.0205, "dev_end_s": 0.021},
+                   "1.00": {"s": 0.03, "GBps": 83.3, "cpu_s": 0.025, "cpu_q_wait_s": 0.0003,
+                            "pcie_bytes": 0.0}}}}}
+    f = tmp_path / "run.json"
+    f.write_text(json.dumps(out))
+    assert main(["--breakdown", str(f)]) == 0
+    text = capsys.readouterr().out
+    assert "| mla/8x32K | - | 50.0 (91%) | 125.0 (0.60) | 100% | 2.50x | 83.3 |" in text, text
+    assert "| mla/8x32K | 0.60 | 125.0 (100%) | 50.0 | 100.0 | 1.20 | 0.50 | 0.50 | 20.00 |" \
+        in text, text
+    assert "| mla/8x32K | 0.00 | 50.0 (40%) | 52.1 | - | - | 1.00 | 0.50 | 50.00 |" in text
+    assert "| mla/8x32K | 1.00 | 83.3 (67%) | - | 100.0 | 0.30 | - | - | 30.00 |" in text
+    (tmp_path / "bad.json").write_text("[1, 2]")
+    for bad in (tmp_path / "bad.json", tmp_path / "missing.json"):
+        assert main(["--breakdown", str(bad)]) == 2
+        assert "cannot read" in capsys.readouterr().err
+
+
 RESIDENT_SWEEP_CODE = r"""
 import torch
 from writescope.bench import gpu_attention as B

@@ -682,12 +682,26 @@ def main(argv: list[str] | None = None) -> int:
                     help="timed steps per streamed/hybrid row (after one untimed); the row is "
                          "their median (an even count takes the slower middle one)")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: resident,spilled")
+    ap.add_argument("--breakdown", metavar="JSON",
+                    help="print the tables of a saved --json run, with where each hybrid row's "
+                         "time went (no device needed), and exit")
     ap.add_argument("--block-sizes", default=None,
                     help="comma list: sweep the KV block size (tokens) instead of the default run; "
                          "prints one table of GB/s per block size")
     args = ap.parse_args(argv)
     if args.cpu_threads is None:
         args.cpu_threads = default_cpu_threads()
+    if args.breakdown:
+        try:
+            with open(args.breakdown) as f:
+                saved = json.load(f)
+            text = summary_markdown(saved) + "\n\n" + breakdown_markdown(saved)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            print(f"gpu_attention: cannot read {args.breakdown} as a --json run: "
+                  f"{type(e).__name__}: {e}", file=sys.stderr)
+            return 2
+        print(text)
+        return 0
     if not torch.cuda.is_available():
         print("gpu_attention: no CUDA device; nothing to measure", file=sys.stderr)
         return 2
@@ -724,6 +738,8 @@ def main(argv: list[str] | None = None) -> int:
                 _write(args.json, out)
     out["wall_s"] = time.time() - t0
     print(summary_markdown(out))
+    if "spilled" not in skip:
+        print("\n" + breakdown_markdown(out))
     if args.json:
         _write(args.json, out)
     return 0
@@ -806,6 +822,38 @@ def summary_markdown(out: dict) -> str:
         else:
             hs = pc = xs = co = "-"
         lines.append(f"| {key} | {rs} | {ss} | {hs} | {pc} | {xs} | {co} |")
+    return "\n".join(lines)
+
+
+def breakdown_markdown(out: dict) -> str:
+    """Where each hybrid row's time went, share by share: the step's GB/s (% of the combined
+    ceiling), the link's rate over its copies (T bytes / first to last copy on the device), the
+    CPU kernel's rate (C bytes / its seconds after the queries landed), the CPU's wait for the
+    layers' queries, the first copy's start after the step's, and the device's time after the
+    last copy (the CPU side's lead over the link). The row's timings are those of its median
+    step. Rows from before the device copy timings have '-' there."""
+    comb = out["ceilings"]["combined"]["combined_GBps"]
+    lines = ["| shape/batch | share | GB/s (% combined) | link GB/s | CPU GB/s | CPU wait for "
+             "queries ms | first copy ms | after last copy ms | step ms |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    fmt = lambda x, spec: "-" if x is None else format(x, spec)  # noqa: E731
+    for key, r in out["results"].items():
+        total = r.get("bytes_per_step")
+        for share, h in (r.get("hybrid") or {}).items():
+            link_b = h.get("pcie_bytes") or 0.0
+            f0, f1, end = h.get("dev_first_copy_s"), h.get("dev_last_copy_s"), h.get("dev_end_s")
+            link = (link_b / (f1 - f0) / 1e9 if link_b and f0 is not None and f1 is not None
+                    and f1 > f0 else None)
+            cs = h.get("cpu_s")
+            cpu = (total - link_b) / cs / 1e9 if total and cs else None
+            tail = (end - f1) * 1e3 if link_b and end is not None and f1 is not None else None
+            first = f0 * 1e3 if link_b and f0 is not None else None
+            qw = h.get("cpu_q_wait_s")
+            lines.append(
+                f"| {key} | {share} | {h['GBps']:.1f} ({100 * h['GBps'] / comb:.0f}%) | "
+                f"{fmt(link, '.1f')} | {fmt(cpu, '.1f')} | "
+                f"{fmt(qw * 1e3 if cs and qw is not None else None, '.2f')} | "
+                f"{fmt(first, '.2f')} | {fmt(tail, '.2f')} | {h['s'] * 1e3:.2f} |")
     return "\n".join(lines)
 
 
