@@ -130,7 +130,9 @@ def _reserve_launch_core() -> None:
     that thread, and with it the team's own barrier, wait on a shared core (one descheduled team
     member stalls the whole parallel region for a scheduler time slice, see
     ``attention/hostflag.py``). One core where there are 8-11, two from 12 (the H200 host has 16);
-    none below 8. Explicit thread counts (``cpu_threads``, the environment variables) win."""
+    none below 8. Explicit thread counts (``cpu_threads``, the environment variables) win.
+    (DeepSeek-V2-Lite 4 x 128K with the experts on the GPU ran no faster with all 16 cores in the
+    attention team: 126.8-129.1 ms against 125.9-132.5, bench/results/2026-12-02h-h200 call 1.)"""
     from ..attention import cpu as cpu_attn
     from ..layers import cpu_experts
     n = cpu_attn._usable_cores()

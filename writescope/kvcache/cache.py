@@ -80,7 +80,9 @@ def pipeline_default() -> bool:
     ``WRITESCOPE_PIPELINE=1``. Off by default: on the H200 (DeepSeek-V2-Lite, 4 x 32K) the
     split step was slower than the plain one (53.5-55.5 against 45.8 ms): the CPU kernel read
     36 GB/s over twice the calls of half the size, against 56 GB/s
-    (bench/results/2026-11-30d-h200)."""
+    (bench/results/2026-11-30d-h200). At 4 x 128K it was no faster either: 137-147 ms against
+    126-133 (bench/results/2026-12-02h-h200, call 1; the CPU's wait for its queries was hidden
+    in one round of four)."""
     return os.environ.get("WRITESCOPE_PIPELINE", "0").strip().lower() in ("1", "on", "true",
                                                                            "yes")
 
