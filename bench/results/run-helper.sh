@@ -73,3 +73,15 @@ dsv2_row() {
     --warmup-length 4k --decode-steps 16 --prefill synthetic --no-progress --rounds 2 \
     --out $R/$name "$@"
 }
+
+# qwen3_row NAME CAP [ARGS...]: issue 6's Qwen3-30B-A3B 2 x 128K row with the experts on the GPU
+# (68 GiB, synthetic prefill, 12 decode steps, two rounds) against $P (calibrate_profile first)
+# into $R/NAME/; ARGS are added (--policies, --cpu-threads, ...). The command of 2026-12-02g
+# call 2 and 2026-12-02h call 2.
+qwen3_row() {
+  local name=$1 cap=$2; shift 2
+  run $name $cap python -m writescope bench --model qwen3-30b-a3b --random-weights --profile $P \
+    --vram-budget 68GiB --experts gpu --batch 2 --context-lengths 128k --max-num-batched-tokens 16384 \
+    --warmup-length 4k --decode-steps 12 --prefill synthetic --no-progress --rounds 2 \
+    --out $R/$name "$@"
+}
