@@ -830,8 +830,8 @@ def breakdown_markdown(out: dict) -> str:
     ceiling), the link's rate over its copies (T bytes / first to last copy on the device), the
     CPU kernel's rate (C bytes / its seconds after the queries landed), the CPU's wait for the
     layers' queries, the first copy's start after the step's, and the device's time after the
-    last copy (the CPU side's lead over the link). The row's timings are those of its median
-    step. Rows from before the device copy timings have '-' there."""
+    last copy (the merge alone where the link was the longer side; more where the CPU was). The
+    row's timings are those of its median step. A side with nothing to do has '-'."""
     comb = out["ceilings"]["combined"]["combined_GBps"]
     lines = ["| shape/batch | share | GB/s (% combined) | link GB/s | CPU GB/s | CPU wait for "
              "queries ms | first copy ms | after last copy ms | step ms |",
