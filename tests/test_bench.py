@@ -740,13 +740,12 @@ def test_rows_count_pipelined_steps(tiny_qwen3_moe, tmp_path, monkeypatch):
     monkeypatch.setenv("WRITESCOPE_PIPELINE", "1")
     monkeypatch.setenv("WRITESCOPE_CUDA_GRAPHS", "pieces")
     before = cpu.num_threads_setting()
-    try:
-        rc = bench_cli(tiny_qwen3_moe, tmp_path, "--batch", "2", "--context-lengths", "150",
-                       "--decode-steps", "3", "--num-gpu-blocks", "8", "--policies", "cpu",
-                       "--max-num-batched-tokens", "64", "--prefill", "synthetic",
-                       "--cpu-threads", "1")
-    finally:  # an engine's explicit count is the process's kernel setting: put it back
-        cpu.set_num_threads(before)
+    rc = bench_cli(tiny_qwen3_moe, tmp_path, "--batch", "2", "--context-lengths", "150",
+                   "--decode-steps", "3", "--num-gpu-blocks", "8", "--policies", "cpu",
+                   "--max-num-batched-tokens", "64", "--prefill", "synthetic",
+                   "--cpu-threads", "1")
+    # an engine's explicit count is its own plans', not the process's kernel setting
+    assert cpu.num_threads_setting() == before
     assert rc == 0
     (row,) = _strict_json(tmp_path / "results.json")["rows"]
     assert not row.get("error"), row.get("error")

@@ -69,6 +69,25 @@ def test_same_bits_for_any_thread_count(layout):
 
 
 @needs_kernel
+def test_a_plans_thread_count_is_its_own():
+    """``CpuAttentionPlan(threads=n)`` runs its calls on n threads whatever the process-wide
+    setting says, gives the same bits, and leaves the setting alone."""
+    spec = KVSpec.gqa(1, 2, 64, torch.bfloat16)
+    q, pool, batch = _case(spec, 64, SEQS, 4)
+    ref = _plan(spec, pool, batch, q, chunk=2)(q, pool)
+    cpu.set_num_threads(1)
+    own = cpu.CpuAttentionPlan(pool, "cpu", spec, batch, 0.125, q.shape[0], q.shape[1], q.dtype,
+                               chunk_blocks=2, threads=5)
+    assert own._native_args(q, pool, None, None)[0][-2] == 5
+    o, l = own(q, pool)
+    assert torch.equal(o, ref[0]) and torch.equal(l, ref[1])
+    assert cpu.num_threads_setting() == 1
+    with pytest.raises(ValueError, match="threads"):
+        cpu.CpuAttentionPlan(pool, "cpu", spec, batch, 0.125, q.shape[0], q.shape[1], q.dtype,
+                             threads=0)
+
+
+@needs_kernel
 @pytest.mark.parametrize("chunk", [0, 1, 3, 1000])
 def test_chunkings_agree_and_empty_rows(chunk):
     """Many chunks per (sequence, head) or one; rows without any valid token are (0, -inf), and
@@ -215,3 +234,44 @@ def test_flagged_call_waits_for_ready_and_stores_done():
     with pytest.raises(TimeoutError):
         plan(q, pool, out, lse, ready=(addr, 6), done=(addr + 8, 10), timeout_s=0.05)
     assert int(view[1]) == 10
+
+
+@needs_kernel
+@pytest.mark.parametrize("layout", ["cpu", "gpu"])
+def test_schedule_settings_keep_the_results(layout):
+    """The team's schedule (cpu.set_schedule): prefetching the first items while an early call's
+    team waits for its queries gives the same bits; more or fewer items per member change only
+    the chunking's rounding (bf16 probabilities are rounded against each chunk's maximum). Both
+    settings are validated and put back."""
+    import numpy as np
+    spec = KVSpec.mla(1, 64, 16, torch.bfloat16)
+    q, pool, batch = _case(spec, 32, [(1, [32] * 40 + [7]), (2, [32] * 9), (1, [])], 6, layout)
+    q = q.to(torch.bfloat16)
+    before = cpu.get_schedule()
+    cpu.set_num_threads(3)
+    try:
+        plan = cpu.CpuAttentionPlan(pool, layout, spec, batch, 0.1, q.shape[0], q.shape[1],
+                                    q.dtype)
+        want_o, want_l = plan(q, pool)
+        words = torch.zeros(2, dtype=torch.int64)
+        view, addr = words.numpy(), words.data_ptr()
+        for k, kb in enumerate((1, 64, 4096)):  # less than one line, a few items, all of them
+            cpu.set_schedule(wait_prefetch_kb=kb)
+            threading.Timer(0.02, lambda v=k + 1: np.copyto(view[0:1], v)).start()
+            out, lse = torch.empty_like(want_o), torch.empty_like(want_l)
+            plan(q, pool, out, lse, ready=(addr, k + 1), done=(addr + 8, k + 1), spin_s=1.0)
+            assert int(view[1]) == k + 1
+            assert torch.equal(out, want_o) and torch.equal(lse, want_l)
+        cpu.set_schedule(wait_prefetch_kb=0)
+        for n in (1, 3, 64):
+            cpu.set_schedule(items_per_thread=n)
+            o, l = plan(q, pool)
+            torch.testing.assert_close(o, want_o, rtol=5e-3, atol=5e-3)
+            torch.testing.assert_close(l, want_l, rtol=5e-3, atol=5e-3)
+        with pytest.raises(ValueError, match="items_per_thread"):
+            cpu.set_schedule(items_per_thread=0)
+        with pytest.raises(ValueError, match="wait_prefetch_kb"):
+            cpu.set_schedule(wait_prefetch_kb=-1)
+    finally:
+        cpu.set_schedule(*before)
+    assert cpu.get_schedule() == before

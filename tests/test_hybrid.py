@@ -140,6 +140,25 @@ def test_hybrid_matches_reference(spec, hq, stage_bytes_blocks, cpu_async):
     ha.close()
 
 
+def test_cpu_threads_belong_to_the_instance():
+    """An explicit ``cpu_threads`` goes into this instance's kernel plans; the process-wide
+    kernel setting (what a later engine without a count would inherit) is left as it was."""
+    from writescope.attention import cpu
+    before = cpu.num_threads_setting()
+    case = build_case(MLA, 4, [70, 3, 129], q_counts=1, block_size=8,
+                      frac={"G": 0.2, "T": 0.3, "C": 0.5}, seed=5)
+    ha = HybridAttention(case.pools, MLA, "cpu", cpu_threads=3, cpu_async=False)
+    check_all_layers(case, ha)
+    assert cpu.num_threads_setting() == before
+    if ha._cpu_compiled:  # the plans of a step in progress
+        ha.begin_step(case.plan)
+        ha.attend(0, case.random_q("cpu", seed=7))
+        plans = [pl for g in ha._groups for _, pl in g.cpu_plans or []]
+        ha.end_step()
+        assert plans and all(pl.threads == 3 for pl in plans)
+    ha.close()
+
+
 def test_hybrid_two_steps_and_all_cpu_all_gpu():
     for frac in ({"C": 1.0}, {"T": 1.0}, {"G": 1.0}):
         case = build_case(GQA, 4, [33, 64, 5], q_counts=2, block_size=8, frac=frac, seed=3)

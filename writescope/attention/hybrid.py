@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -186,7 +185,9 @@ class HybridAttention:
     ``pools``: Region -> pool tensor ``[L, N, ...]`` (G/W on the device, T pinned host in the GPU
     layout, C pageable host in the CPU layout). ``staging_bytes``: size of the T staging ring in
     device memory (allocated here, once; :attr:`staging_bytes` is what the VRAM budget must count).
-    ``cpu_threads``: threads the CPU kernel may use (set on the worker thread).
+    ``cpu_threads``: threads the compiled CPU kernel's calls use (carried by this instance's
+    kernel plans; the process-wide setting is left alone), and torch's intra-op count on the
+    worker thread where the CPU side takes the torch path.
 
     Options (defaults are what the engine wants): ``backend`` ``"triton"`` / ``"torch"`` (default:
     Triton on CUDA when importable); ``stage_t`` stage GPU-side T blocks through the ring (default:
@@ -211,10 +212,6 @@ class HybridAttention:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.cpu_threads = cpu_threads
         self._cpu_attend = cpu_attend or cpu_kernel()
-        if cpu_threads:  # the compiled CPU kernel keeps its own thread count
-            mod = sys.modules.get(getattr(self._cpu_attend, "__module__", ""), None)
-            if hasattr(mod, "set_num_threads"):
-                mod.set_num_threads(int(cpu_threads))
         self.plan: AttentionStepPlan | None = None
         self.timings = {"cpu_s": 0.0, "gpu_s": 0.0, "pcie_s": 0.0}
         if backend is None:
@@ -539,7 +536,7 @@ class HybridAttention:
             plan = self.plan
             g.cpu_plans = [(r, CpuAttentionPlan(self.pools[r][0], _layout(r), plan.spec, b,
                                                 plan.scale, q_host.shape[0], q_host.shape[1],
-                                                q_host.dtype))
+                                                q_host.dtype, threads=self.cpu_threads or None))
                            for r, b in g.cpu]
 
     def _native_submit(self, layer: int, g: _Group, q_host, ready, out_bufs) -> bool:
