@@ -45,7 +45,6 @@ from .torch_paged import attend_torch
 __all__ = ["attend_cpu", "CpuAttentionPlan", "CpuJobQueue", "current_isa_setting", "available",
            "set_num_threads", "get_num_threads", "num_threads_setting", "reserve_cores", "set_isa", "get_isa", "isas",
            "set_prefetch_blocks", "get_prefetch_blocks", "prefetch_chosen_by_user",
-           "set_schedule", "get_schedule",
            "features", "read_bandwidth", "tile_read_bandwidth", "use_library"]
 
 _CSRC = Path(__file__).with_name("csrc")
@@ -72,12 +71,6 @@ DEFAULT_PREFETCH_BLOCKS = 2
 _prefetch_blocks = int(os.environ.get("WRITESCOPE_CPU_ATTN_PREFETCH_BLOCKS", DEFAULT_PREFETCH_BLOCKS))
 _prefetch_user = "WRITESCOPE_CPU_ATTN_PREFETCH_BLOCKS" in os.environ  # not the default/profile
 _isa_from_profile = False  # the setting is an engine's choice from its profile, not the user's
-#: the team's schedule, for measuring it (csrc/attn_ops.cpp, g_items_per_thread and
-#: g_wait_prefetch_bytes): items per member when a call gives no chunk size, and KiB of the
-#: call's first items the members of a device-waited call prefetch while the team waits for the
-#: queries (0: none)
-_items_per_thread = int(os.environ.get("WRITESCOPE_CPU_ATTN_ITEMS_PER_THREAD", "8"))
-_wait_prefetch_kb = int(os.environ.get("WRITESCOPE_CPU_WAIT_PREFETCH_KB", "0"))
 
 
 def _build_dir(extra_flags: tuple[str, ...] = (), csrc: Path = _CSRC) -> Path:
@@ -143,9 +136,6 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ws_default_threads.restype = i
     lib.ws_set_prefetch_blocks.restype = None
     lib.ws_set_prefetch_blocks.argtypes = [i]
-    if hasattr(lib, "ws_set_schedule"):  # a build of older sources (bench.cpu_ab) may lack it
-        lib.ws_set_schedule.restype = None
-        lib.ws_set_schedule.argtypes = [i, i64]
     lib.ws_read_seconds.restype = ctypes.c_double
     lib.ws_read_seconds.argtypes = [p, i64, i, i, i64, ctypes.POINTER(ctypes.c_double)]
     lib.ws_tile_read_seconds.restype = ctypes.c_double
@@ -179,7 +169,7 @@ def use_library(lib: ctypes.CDLL):
     if _load() is None:
         raise RuntimeError(f"the CPU kernel is not available: {_load_error}")
     prev, prev_features, prev_amx = _lib, _features, _amx_ok
-    _apply_settings(lib)
+    lib.ws_set_prefetch_blocks(_prefetch_blocks)
     _lib = lib
     if getattr(lib, "ws_emulated_tiles", False) and _features & _F_BF16:
         _features, _amx_ok = _features | _F_AMX, True
@@ -187,13 +177,6 @@ def use_library(lib: ctypes.CDLL):
         yield lib
     finally:
         _lib, _features, _amx_ok = prev, prev_features, prev_amx
-
-
-def _apply_settings(lib: ctypes.CDLL) -> None:
-    """The module's settings into a freshly loaded build."""
-    lib.ws_set_prefetch_blocks(_prefetch_blocks)
-    if hasattr(lib, "ws_set_schedule"):
-        lib.ws_set_schedule(_items_per_thread, _wait_prefetch_kb * 1024)
 
 
 def _load() -> ctypes.CDLL | None:
@@ -215,7 +198,7 @@ def _load() -> ctypes.CDLL | None:
                 _amx_ok = lib.ws_amx_request() == 0
             if not _features & _F_AVX2:
                 raise RuntimeError("the CPU lacks AVX2+FMA")
-            _apply_settings(lib)
+            lib.ws_set_prefetch_blocks(_prefetch_blocks)
             _lib = lib
         except Exception as e:  # no compiler, failed build, unsupported CPU: torch fallback
             _load_error = f"{type(e).__name__}: {e}"
@@ -278,31 +261,6 @@ def set_prefetch_blocks(n: int | None, *, from_profile: bool = False) -> None:
     _prefetch_blocks = int(n)
     if _lib is not None:
         _lib.ws_set_prefetch_blocks(_prefetch_blocks)
-
-
-def set_schedule(items_per_thread: int | None = None, wait_prefetch_kb: int | None = None) -> None:
-    """The team's schedule, for measuring it: ``items_per_thread`` items per member when a call
-    gives no chunk size (default 8, ``WRITESCOPE_CPU_ATTN_ITEMS_PER_THREAD``), and
-    ``wait_prefetch_kb`` KiB of the call's first items that the members of a device-waited call
-    (one that starts its team before the queries land) prefetch while they wait (default 0,
-    ``WRITESCOPE_CPU_WAIT_PREFETCH_KB``). ``None`` leaves a setting as it is. Neither changes
-    what a call computes beyond the chunking's rounding."""
-    global _items_per_thread, _wait_prefetch_kb
-    if items_per_thread is not None:
-        if int(items_per_thread) < 1:
-            raise ValueError(f"items_per_thread must be >= 1, got {items_per_thread!r}")
-        _items_per_thread = int(items_per_thread)
-    if wait_prefetch_kb is not None:
-        if int(wait_prefetch_kb) < 0:
-            raise ValueError(f"wait_prefetch_kb must be >= 0 (0: none), got {wait_prefetch_kb!r}")
-        _wait_prefetch_kb = int(wait_prefetch_kb)
-    if _lib is not None:
-        _apply_settings(_lib)
-
-
-def get_schedule() -> tuple[int, int]:
-    """``(items_per_thread, wait_prefetch_kb)``: see :func:`set_schedule`."""
-    return _items_per_thread, _wait_prefetch_kb
 
 
 def get_prefetch_blocks() -> int:

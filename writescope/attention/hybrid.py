@@ -467,7 +467,7 @@ class HybridAttention:
         if self.backend == "triton":
             out = self._finish_triton(g, layer, *pending[1:])
         else:
-            out = self._finish_torch(g, *pending[1:])
+            out = self._finish_torch(g, layer, *pending[1:])
         self.timings["host_attend_s"] += time.perf_counter() - t
         return out
 
@@ -630,9 +630,19 @@ class HybridAttention:
             job = self._submit_cpu(layer, g, q_host, None, None)
         if self.ring is not None:
             self.ring.top_up()
+        # staged T pieces at finish() in a step of sub-batches, as the Triton backend does
+        sources, deferred = g.sources, []
+        if len(self._groups) > 1:
+            sources = [s for s in g.sources if s.piece is None]
+            deferred = [s for s in g.sources if s.piece is not None]
+        parts = self._torch_partials(layer, q, sources)
+        g.pending = (layer, job, parts, tuple(q.shape[:2]), q.device, deferred, q)
+
+    def _torch_partials(self, layer: int, q: torch.Tensor, sources: list) -> list:
+        plan = self.plan
         parts = []
         t0 = time.perf_counter()
-        for src in g.sources:
+        for src in sources:
             if src.gather is not None:
                 kv = self.cgather.fetch(self.pools[Region.C][layer], src.gather)
                 parts.append(attend_torch(q, kv, "gpu", plan.spec, src.batch, plan.scale))
@@ -645,9 +655,12 @@ class HybridAttention:
                 parts.append(attend_torch(q, kv, "gpu", plan.spec, src.batch, plan.scale))
                 self.ring.release(layer, src.piece)
         self.timings["gpu_s"] += time.perf_counter() - t0
-        g.pending = (layer, job, parts, tuple(q.shape[:2]), q.device)
+        return parts
 
-    def _finish_torch(self, g: _Group, job, parts, shape, device):
+    def _finish_torch(self, g: _Group, layer: int, job, parts, shape, device, deferred=(),
+                      q=None):
+        if deferred:
+            parts = parts + self._torch_partials(layer, q, deferred)
         if job is not None:
             o, l = self._collect_cpu(job)
             o, l = o.to(device), l.to(device)
@@ -726,11 +739,27 @@ class HybridAttention:
             parts = self._parts[g.index] = (
                 torch.empty(nparts, hq, dv, dtype=torch.float32, device=self.device),
                 torch.empty(nparts, hq, dtype=torch.float32, device=self.device))
+        # In a step of sub-batches the staged T pieces are attended at finish(): the stream
+        # waits there for their copies, after the other sub-batch's work enqueued in between
+        # (whose queries the CPU needs next) rather than before it.
+        sources, deferred = g.sources, []
+        if len(self._groups) > 1:
+            sources = [s for s in g.sources if s.piece is None]
+            deferred = [s for s in g.sources if s.piece is not None]
+        self._launch_partials(layer, g, sources, qk, parts)
+        g.pending = (layer, job, res, parts, nq, hq, deferred, qk)
+
+    def _launch_partials(self, layer: int, g: _Group, sources: list, qk: torch.Tensor,
+                         parts: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """The GPU side's partial results over ``sources`` into ``parts``; a staged T piece
+        makes the stream wait for its copy (the timing events leave that wait out)."""
+        from . import gpu as G
+        plan = self.plan
         p_out, p_lse = parts
         ev = self._events
         timed = self._timed
         open_ev = None
-        for src in g.sources:
+        for src in sources:
             if src.gather is not None:
                 kv = self.cgather.fetch(self.pools[Region.C][layer], src.gather)
             elif src.piece is None:
@@ -742,16 +771,18 @@ class HybridAttention:
                 kv = self.ring.acquire(layer, src.piece)
             if open_ev is None and timed:
                 open_ev = self._tick()
-            G.launch_partials(qk, kv, spec, src.chunks, src.batch.kv_blocks, src.batch.kv_lens,
-                              plan.scale, p_out, p_lse, g.qmax)
+            G.launch_partials(qk, kv, plan.spec, src.chunks, src.batch.kv_blocks,
+                              src.batch.kv_lens, plan.scale, p_out, p_lse, g.qmax)
             if src.piece is not None:
                 self.ring.release(layer, src.piece)
         if open_ev is not None:
             ev.append((open_ev, self._tick()))
-        g.pending = (layer, job, res, parts, nq, hq)
 
-    def _finish_triton(self, g: _Group, layer: int, job, res, parts, nq: int, hq: int):
+    def _finish_triton(self, g: _Group, layer: int, job, res, parts, nq: int, hq: int,
+                       deferred: list = (), qk: torch.Tensor | None = None):
         from . import gpu as G
+        if deferred:
+            self._launch_partials(layer, g, deferred, qk, parts)
         p_out, p_lse = parts
         dv = self.plan.spec.v_dim
         extra = None

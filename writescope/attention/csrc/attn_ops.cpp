@@ -347,95 +347,6 @@ int default_threads() {
 // Plans a call into the calling thread's Plan (items, groups, merge units) and fills J. Reads
 // neither the queries nor the KV, and writes nothing the caller sees: it may run before the
 // queries have landed. Returns 0 or a negative error code.
-// Items per team member when the caller gives no chunk size: more make the call's tail (the
-// members that finish their last item while one still holds its own) shorter and the merge
-// longer. cpu.py sets it at load (WRITESCOPE_CPU_ATTN_ITEMS_PER_THREAD, default 8).
-int g_items_per_thread = 8;
-
-// Bytes of the call's first items the members of an early call (flagged_call) prefetch while
-// the team waits for the queries; 0: none. cpu.py sets it at load
-// (WRITESCOPE_CPU_WAIT_PREFETCH_KB, default 0). No item is reserved: member m streams item
-// m - 1's first bytes (the team's first items go to whichever members ask first, so every
-// prefetched line is in some core's L2 or in the LLC when its item starts).
-int64_t g_wait_prefetch_bytes = 0;
-
-// The KV lines of one item, in the order its kernel reads them (block after block; within a
-// block the valid tokens' records of the item's head), issued a few at a time as PREFETCHT1.
-struct WaitPrefetch {
-    const char* base = nullptr;
-    const int32_t* blocks = nullptr;
-    const int32_t* lens = nullptr;
-    int nblocks = 0, b = 0, layout = 0, H = 1, bs = 0, R = 0, head = 0, esz = 2;
-    int64_t block_stride = 0, left = 0;  // bytes still allowed
-    int row = 0, nrows = 0;              // the current block's rows
-    int64_t row_bytes = 0, row_stride = 0, off = 0;  // within the current row
-
-    WaitPrefetch(const Job& J, int item, int nitems, int64_t cap) {
-        if (item < 0 || item >= nitems || cap <= 0) return;
-        const Item& w = J.items[item];
-        const WsArgs& A = J.args;
-        base = (const char*)A.kv;
-        blocks = J.kv_blocks + w.b0;
-        lens = J.kv_lens + w.b0;
-        nblocks = w.b1 - w.b0;
-        layout = A.layout;
-        H = A.H;
-        bs = A.bs;
-        R = A.R;
-        head = J.groups[w.group].head;
-        esz = A.dtype == 1 ? 2 : 4;
-        block_stride = A.block_stride;
-        left = cap;
-        b = -1;
-        next_block();
-    }
-    // set up block b + 1's rows; false when the item has none left
-    bool next_block() {
-        for (++b; b < nblocks; ++b) {
-            const int n = std::min(std::max(lens[b], 0), bs);
-            if (n == 0) continue;
-            row = 0;
-            off = 0;
-            if (layout == 0) {  // [H][bs/2][R][2]: the head's valid pair rows, contiguous
-                nrows = 1;
-                row_bytes = (int64_t)((n + 1) / 2) * R * 2 * esz;
-                row_stride = 0;
-            } else if (H == 1) {  // [bs][R]: contiguous
-                nrows = 1;
-                row_bytes = (int64_t)n * R * esz;
-                row_stride = 0;
-            } else {  // [bs][H][R]: one record per token
-                nrows = n;
-                row_bytes = (int64_t)R * esz;
-                row_stride = (int64_t)H * R * esz;
-            }
-            return true;
-        }
-        return false;
-    }
-    const char* row_start() const {
-        const char* blk = base + (int64_t)blocks[b] * block_stride * esz;
-        if (layout == 0) return blk + (int64_t)head * bs * R * esz;
-        return blk + (int64_t)head * R * esz + (int64_t)row * row_stride;
-    }
-    // Up to `lines` cache lines more; false once there is nothing left to prefetch.
-    bool step(int lines) {
-        if (b >= nblocks || left <= 0) return false;
-        for (int k = 0; k < lines && left > 0; ++k) {
-            const char* p = row_start() + off;
-            __builtin_prefetch(p, 0, 2);  // PREFETCHT1: into L2
-            const int64_t adv = 64 - ((uintptr_t)p & 63);
-            off += adv;
-            left -= adv;
-            if (off >= row_bytes) {
-                off = 0;
-                if (++row >= nrows && !next_block()) return false;
-            }
-        }
-        return true;
-    }
-};
-
 int plan_call(const CallArgs& a, Plan& plan, Job& J, int& nitems, int& nunits, int& team) {
     if (a.q_dtype != 0 && a.q_dtype != 1) return -3;
     if (a.H <= 0 || a.Hq % a.H != 0) return -1;
@@ -451,8 +362,8 @@ int plan_call(const CallArgs& a, Plan& plan, Job& J, int& nitems, int& nunits, i
         if (a.q_indptr[s + 1] > a.q_indptr[s])
             total += (int64_t)(a.kv_indptr[s + 1] - a.kv_indptr[s]) * H;
     int chunk = a.chunk_blocks;
-    if (chunk <= 0) {  // >= g_items_per_thread items per thread (a short tail), >= 4 blocks each
-        const int64_t per = (int64_t)g_items_per_thread * threads;
+    if (chunk <= 0) {  // >= 8 items per thread (a short tail), >= 4 blocks per item
+        const int64_t per = 8 * (int64_t)threads;
         chunk = (int)std::max<int64_t>(4, (total + per - 1) / per);
     }
     std::vector<Item>& items = plan.items;
@@ -567,13 +478,7 @@ int flagged_call(const CallArgs& a, const volatile int64_t* ready, int64_t ready
                 state.store(w == 0 ? 1 : w, std::memory_order_release);
             } else {
                 const double s0 = now_s();
-#ifdef _OPENMP
-                WaitPrefetch pf(J, omp_get_thread_num() - 1, nitems, g_wait_prefetch_bytes);
-#else
-                WaitPrefetch pf(J, -1, nitems, 0);
-#endif
                 for (int spins = 0; state.load(std::memory_order_acquire) == 0;) {
-                    if (pf.step(8)) continue;
                     if ((++spins & 63) != 0 || now_s() - s0 < spin_s) cpu_pause();
                     else nap_us(20);
                 }
@@ -721,12 +626,6 @@ int ws_amx_request() {
 int ws_default_threads() { return default_threads(); }
 
 void ws_set_prefetch_blocks(int n) { g_prefetch_blocks = n < 0 ? 0 : n > 64 ? 64 : n; }
-
-// The team's schedule (see g_items_per_thread and g_wait_prefetch_bytes).
-void ws_set_schedule(int items_per_thread, int64_t wait_prefetch_bytes) {
-    g_items_per_thread = items_per_thread < 1 ? 1 : items_per_thread > 256 ? 256 : items_per_thread;
-    g_wait_prefetch_bytes = wait_prefetch_bytes < 0 ? 0 : wait_prefetch_bytes;
-}
 
 int ws_attend_flagged(const volatile int64_t* ready, int64_t ready_value, int64_t* done,
                       int64_t done_value, double timeout_s, double spin_s, double* times,
