@@ -82,7 +82,10 @@ def pipeline_default() -> bool:
     36 GB/s over twice the calls of half the size, against 56 GB/s
     (bench/results/2026-11-30d-h200). At 4 x 128K it was no faster either: 137-147 ms against
     126-133 (bench/results/2026-12-02h-h200, call 1; the CPU's wait for its queries was hidden
-    in one round of four)."""
+    in one round of four). With the staged T pieces attended at each sub-batch's finish
+    (2026-12-02i-h200): DeepSeek 4 x 128K still slower (124-130 ms p50 against 122-123, call 3);
+    Qwen3-30B-A3B 2 x 128K 138.7 against 150.6 ms on one host (call 3, the CPU's wait 2 ms a step
+    instead of 16) but 164.8-177.5 against 158.1 on the next (call 4)."""
     return os.environ.get("WRITESCOPE_PIPELINE", "0").strip().lower() in ("1", "on", "true",
                                                                            "yes")
 
