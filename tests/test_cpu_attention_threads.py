@@ -234,4 +234,3 @@ def test_flagged_call_waits_for_ready_and_stores_done():
     with pytest.raises(TimeoutError):
         plan(q, pool, out, lse, ready=(addr, 6), done=(addr + 8, 10), timeout_s=0.05)
     assert int(view[1]) == 10
-
