@@ -630,13 +630,19 @@ class HybridAttention:
             job = self._submit_cpu(layer, g, q_host, None, None)
         if self.ring is not None:
             self.ring.top_up()
-        # staged T pieces at finish() in a step of sub-batches, as the Triton backend does
-        sources, deferred = g.sources, []
-        if len(self._groups) > 1:
-            sources = [s for s in g.sources if s.piece is None]
-            deferred = [s for s in g.sources if s.piece is not None]
+        sources, deferred = self._now_and_at_finish(g)
         parts = self._torch_partials(layer, q, sources)
         g.pending = (layer, job, parts, tuple(q.shape[:2]), q.device, deferred, q)
+
+    def _now_and_at_finish(self, g: _Group) -> tuple[list, list]:
+        """The group's GPU-side sources to attend at launch() and those left for finish(). In a
+        step of sub-batches the staged T pieces wait for finish(): the stream then waits for
+        their copies after the other sub-batch's work enqueued in between (whose queries the CPU
+        needs next), not before it. The ring is still consumed in (layer, piece) order."""
+        if len(self._groups) == 1:
+            return g.sources, []
+        return ([s for s in g.sources if s.piece is None],
+                [s for s in g.sources if s.piece is not None])
 
     def _torch_partials(self, layer: int, q: torch.Tensor, sources: list) -> list:
         plan = self.plan
@@ -739,13 +745,7 @@ class HybridAttention:
             parts = self._parts[g.index] = (
                 torch.empty(nparts, hq, dv, dtype=torch.float32, device=self.device),
                 torch.empty(nparts, hq, dtype=torch.float32, device=self.device))
-        # In a step of sub-batches the staged T pieces are attended at finish(): the stream
-        # waits there for their copies, after the other sub-batch's work enqueued in between
-        # (whose queries the CPU needs next) rather than before it.
-        sources, deferred = g.sources, []
-        if len(self._groups) > 1:
-            sources = [s for s in g.sources if s.piece is None]
-            deferred = [s for s in g.sources if s.piece is not None]
+        sources, deferred = self._now_and_at_finish(g)
         self._launch_partials(layer, g, sources, qk, parts)
         g.pending = (layer, job, res, parts, nq, hq, deferred, qk)
 
