@@ -313,3 +313,21 @@ def test_fast_launch_off_goes_through_the_jit(monkeypatch):
             k[(4,)](x, y, 2.0, 100, BLOCK=32)
         assert torch.equal(y, 6 * x)
         assert (k.direct, k.jit) == ((2, 1) if fast == "1" else (0, 3))
+
+
+@pytest.mark.parametrize("shape", ["gqa", "mla"])
+def test_the_spilled_bench_runs_both_step_forms_and_checks_each(monkeypatch, shape):
+    """bench_spilled on a small batch (4 x 2K): streamed, then the hybrid shares in the single
+    and the pipelined form, alternated; each form's output at share 0.5 against the torch path."""
+    _triton()
+    from writescope.bench import gpu_attention as B
+    monkeypatch.setitem(B.BATCHES, "4x2K", (4, 2048))
+    dev = torch.device("cuda", torch.cuda.current_device())
+    r = B.bench_spilled(shape, "4x2K", 2, [0.0, 0.5, 1.0], dev, 1, [2**20], 2,
+                        forms=("single", "pipelined"))
+    assert r["groups"] == [2, 2]
+    assert set(r["hybrid"]) == set(r["hybrid_pipelined"]) == {"0.00", "0.50", "1.00"}
+    assert all(v["GBps"] > 0 for v in r["hybrid_pipelined"].values())
+    assert r["rel_err_vs_torch"] < BF16_TOL and r["pipelined_rel_err_vs_torch"] < BF16_TOL
+    one = B.bench_spilled(shape, "4x2K", 2, [0.5], dev, 1, [2**20], 2)
+    assert "hybrid_pipelined" not in one and "pipelined_rel_err_vs_torch" not in one

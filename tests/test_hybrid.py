@@ -595,6 +595,57 @@ def test_groups_interleaved_match_one_group(spec, split):
     ha.close()
 
 
+@pytest.mark.parametrize("spec", [GQA, MLA], ids=["gqa", "mla"])
+def test_the_benchs_pipelined_step_form_matches_its_single_form(spec):
+    """gpu_attention's step over all layers, each layer's query depending on the last: in the
+    pipelined form (two sub-batches, the engine's interleaving) the last layer's output is the
+    single form's; the timed runner returns the median step and its timings in both forms."""
+    from writescope.bench.gpu_attention import _run_steps, attend_layers, two_groups
+    case = build_case(spec, 4, [70, 3, 129, 40, 9], q_counts=1, block_size=8,
+                      frac={"G": 0.2, "T": 0.4, "C": 0.4}, cpu_t_frac=0.3, seed=7)
+    q = case.random_q("cpu", seed=3)
+    blk = 8 * spec.num_kv_heads * spec.rec_dim * 4
+    ha = HybridAttention(case.pools, spec, "cpu", staging_bytes=4 * blk, stage_t=True)
+    assert two_groups(1) is None and two_groups(5) == [2, 3] and two_groups(8) == [4, 4]
+    want = attend_layers(ha, case.plan, q, spec.num_layers)
+    ha.end_step()
+    got = attend_layers(ha, case.plan, q, spec.num_layers, two_groups(5))
+    ha.end_step()
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    o_ref, _ = case.reference(spec.num_layers - 1, q)
+    assert rel_err(got, o_ref) < 1e-4
+    for groups in (None, [2, 3]):
+        t, tm = _run_steps(ha, lambda: case.plan, q, spec.num_layers, 2, groups)
+        assert t > 0 and tm["cpu_s"] > 0
+    ha.close()
+
+
+def test_the_gpu_attention_tables_take_the_best_of_both_step_forms():
+    """The summary's best hybrid row is the best of either form, the pipelined one marked; the
+    breakdown lists each share's rows, the pipelined one with its sub-batches."""
+    from writescope.bench.gpu_attention import breakdown_markdown, summary_markdown
+    row = lambda gbps: {"s": 2.0 / gbps, "GBps": gbps, "cpu_s": 0.01, "pcie_bytes": 0.0}  # noqa
+    out = {"ceilings": {"hbm_copy_GBps": 4000.0, "h2d_pinned_GBps": 55.0,
+                        "combined": {"combined_GBps": 125.0, "h2d_GBps": 50.0,
+                                     "cpu_read_GBps": 75.0, "threads": 16}},
+           "machine": {"cpu_kernel": "k"},
+           "results": {
+               "mla/8x32K": {"bytes_per_step": 2e9, "groups": [4, 4],
+                             "streamed": {"512": {"GBps": 50.0}},
+                             "hybrid": {"0.00": row(50.0), "0.60": row(110.0), "1.00": row(80.0)},
+                             "hybrid_pipelined": {"0.00": row(49.0), "0.60": row(115.0),
+                                                  "0.65": row(120.0), "1.00": row(85.0)}},
+               "mla/1x256K": {"bytes_per_step": 2e9, "streamed": {"512": {"GBps": 50.0}},
+                              "hybrid": {"0.00": row(50.0), "0.60": row(105.0)}}}}
+    text = summary_markdown(out)
+    assert "| mla/8x32K | - | 50.0 (91%) | 120.0 (0.65, pipelined) | 96% | 2.40x | 80.0 |" \
+        in text, text
+    assert "| mla/1x256K | - | 50.0 (91%) | 105.0 (0.60) | 84% | 2.10x | - |" in text, text
+    rows = [l.split(" | ")[1] for l in breakdown_markdown(out).splitlines()
+            if l.startswith("| mla/8x32K")]
+    assert rows == ["0.00", "0.00 p4+4", "0.60", "0.60 p4+4", "0.65 p4+4", "1.00", "1.00 p4+4"]
+
+
 def test_groups_must_cover_the_step():
     case = build_case(GQA, 4, [30, 20], q_counts=1, block_size=8, frac={"G": 0.5, "C": 0.5},
                       seed=1)

@@ -12,7 +12,11 @@ DeepSeek-V2-Lite: 16 heads over the 576-value latent, V = its first 512) and eac
   staging ring; GB/s vs a plain pinned H2D copy measured in the same run;
 * **hybrid**: a share ``x`` of every sequence's blocks in C (pageable, CPU layout, attended by the
   CPU kernel on its worker thread), the rest in T (streamed); spilled GB/s vs the combined
-  ceiling measured in the same run (H2D and a CPU read of DRAM running at the same time).
+  ceiling measured in the same run (H2D and a CPU read of DRAM running at the same time); in
+  two forms, alternated share by share (``--step-forms``): the single group, and for batches of
+  two or more sequences the pipelined step (two sub-batches interleaved, NEO's asymmetric
+  pipelining: the CPU attends one while the other's result, merge and next queries make their
+  round trip), the engine's step under ``WRITESCOPE_PIPELINE=1``.
 
 Also importable: :func:`build_case` makes a random multi-region cache with its float64
 reference (the tests use it).
@@ -564,20 +568,52 @@ class _SpilledCache:
         return self.nseq * self.toks * self.spec.token_bytes()
 
 
-def _run_steps(ha: HybridAttention, plan_fn, q, layers: int, reps: int) -> tuple[float, dict]:
-    """Median wall seconds of a decode step's attention over all layers (each layer's query
-    depends on the previous layer's output, as in a model)."""
-    times, tims = [], []
-    ha.timing_every = 1  # every step's device timings, as the tables report them
-    for _ in range(reps + 1):
-        plan = plan_fn()
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        ha.begin_step(plan)
+def attend_layers(ha: HybridAttention, plan: AttentionStepPlan, q: torch.Tensor, layers: int,
+                  groups: list[int] | None = None) -> torch.Tensor:
+    """One decode step's attention over ``layers`` layers, each layer's query depending on the
+    previous layer's output as in a model; returns the last layer's output (the step stays
+    open: :meth:`HybridAttention.end_step` closes it).
+
+    ``groups``: sequences per sub-batch for the pipelined form (``engine/graphs.py``'s
+    ``pipelined_pieces`` order: every sub-batch of layer ``l`` launched, then each finished and
+    its layer ``l + 1`` launched at once, so the CPU attends one sub-batch while the other's
+    result, merge and next queries make their round trip); None: one group, :meth:`attend`."""
+    ha.begin_step(plan, groups=groups)
+    if groups is None:
         x = q
         for l in range(layers):
             out, _ = ha.attend(l, x)
             x = q + out[..., :1].to(q.dtype) * 0  # data dependency on the previous layer
+        return out
+    qs = list(q.split([int(c) for c in groups]))
+    for g, qg in enumerate(qs):
+        ha.launch(0, qg, g)
+    outs = [None] * len(qs)
+    for l in range(layers):
+        for g, qg in enumerate(qs):
+            outs[g], _ = ha.finish(l, g)
+            if l + 1 < layers:
+                ha.launch(l + 1, qg + outs[g][..., :1].to(q.dtype) * 0, g)
+    return torch.cat(outs)
+
+
+def two_groups(nseq: int) -> list[int] | None:
+    """The pipelined form's sub-batches (sequences), as even as a cut allows; None for one."""
+    return None if nseq < 2 else [nseq // 2, nseq - nseq // 2]
+
+
+def _run_steps(ha: HybridAttention, plan_fn, q, layers: int, reps: int,
+               groups: list[int] | None = None) -> tuple[float, dict]:
+    """Median wall seconds of a decode step's attention over all layers (:func:`attend_layers`)
+    and that step's timings."""
+    times, tims = [], []
+    ha.timing_every = 1  # every step's device timings, as the tables report them
+    for _ in range(reps + 1):
+        plan = plan_fn()
+        if ha.device.type == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        attend_layers(ha, plan, q, layers, groups)
         tm = ha.end_step()
         times.append(time.perf_counter() - t)
         tims.append(tm)
@@ -586,47 +622,63 @@ def _run_steps(ha: HybridAttention, plan_fn, q, layers: int, reps: int) -> tuple
     return times[k], tims[k + 1]
 
 
+def _row(bytes_per_step: int, t: float, tm: dict) -> dict:
+    return {"s": t, "GBps": bytes_per_step / t / 1e9,
+            **{k: v for k, v in tm.items() if isinstance(v, float)}}
+
+
+#: the hybrid step's forms: ``single`` (every sequence in one group, :meth:`attend`) and
+#: ``pipelined`` (two sub-batches interleaved, for batches of two or more sequences)
+STEP_FORMS = ("single", "pipelined")
+
+
 def bench_spilled(shape: str, batch: str, layers: int, shares: list[float], dev, reps: int,
-                  staging: list[int], cpu_threads: int) -> dict:
+                  staging: list[int], cpu_threads: int, forms: tuple[str, ...] = ("single",)
+                  ) -> dict:
     sc = _SpilledCache(shape, batch, layers, dev)
     pools = {Region.T: sc.t_pool, Region.C: sc.c_pool}
     q = torch.randn(sc.nseq, sc.hq, sc.spec.k_dim, device=dev, dtype=sc.spec.dtype)
-    res = {"bytes_per_step": sc.bytes_per_step, "layers": layers, "streamed": {}, "hybrid": {}}
+    nbytes = sc.bytes_per_step
+    res = {"bytes_per_step": nbytes, "layers": layers, "streamed": {}, "hybrid": {}}
     # streamed only, for several ring sizes
     for sb in staging:
         ha = HybridAttention(pools, sc.spec, dev, cpu_threads, staging_bytes=sb)
         t, tm = _run_steps(ha, lambda: sc.plan(0.0), q, layers, reps)
-        res["streamed"][str(sb)] = {"s": t, "GBps": sc.bytes_per_step / t / 1e9,
-                                    **{k: v for k, v in tm.items() if isinstance(v, float)}}
+        res["streamed"][str(sb)] = _row(nbytes, t, tm)
         ha.close()
         del ha
         torch.cuda.empty_cache()
     sb = staging[-1]
-    for mode in ("pinned",):
-        ha = HybridAttention(pools, sc.spec, dev, cpu_threads, staging_bytes=sb, cpu_result=mode)
-        for x in shares:
+    groups = two_groups(sc.nseq) if "pipelined" in forms else None
+    if groups is not None:
+        res["groups"] = groups
+        res["hybrid_pipelined"] = {}
+    ha = HybridAttention(pools, sc.spec, dev, cpu_threads, staging_bytes=sb, cpu_result="pinned")
+    for x in shares:  # the two forms alternate share by share: the host drifts within a run
+        if "single" in forms:
             t, tm = _run_steps(ha, lambda: sc.plan(x), q, layers, reps)
-            res["hybrid"][f"{x:.2f}"] = {"s": t, "GBps": sc.bytes_per_step / t / 1e9,
-                                         **{k: v for k, v in tm.items()
-                                            if isinstance(v, float)}}
-        res["cpu_result_mode"] = ha.cpu_result
-        ha.close()
-    # correctness spot check of the hybrid output at one share (layer 0) vs the torch path
+            res["hybrid"][f"{x:.2f}"] = _row(nbytes, t, tm)
+        if groups is not None:
+            t, tm = _run_steps(ha, lambda: sc.plan(x), q, layers, reps, groups)
+            res["hybrid_pipelined"][f"{x:.2f}"] = _row(nbytes, t, tm)
+    res["cpu_result_mode"] = ha.cpu_result
+    # correctness spot check of the hybrid output at one share (last layer) vs the torch path,
+    # in each form run
     from ..attention.torch_paged import attend_torch
     from ..attention.merge import merge
     plan = sc.plan(0.5)
-    ha = HybridAttention(pools, sc.spec, dev, cpu_threads, staging_bytes=sb)
-    ha.begin_step(plan)
-    outs = [ha.attend(l, q) for l in range(layers)]
-    ha.end_step()
-    ha.close()
     (_, b_t), (_, b_c) = plan.gpu[0], plan.cpu[0]
     ot, lt = attend_torch(q.cpu(), sc.t_pool[layers - 1], "gpu", sc.spec, b_t.to("cpu"),
                           sc.spec.k_dim ** -0.5)
     oc, lc = attend_torch(q.cpu(), sc.c_pool[layers - 1], "cpu", sc.spec, b_c,
                           sc.spec.k_dim ** -0.5)
     o_ref, _ = merge(ot, lt, oc, lc)
-    res["rel_err_vs_torch"] = rel_err(outs[-1][0], o_ref)
+    for key, g in (("rel_err_vs_torch", None), ("pipelined_rel_err_vs_torch", groups)):
+        if key == "rel_err_vs_torch" or g is not None:
+            out = attend_layers(ha, sc.plan(0.5), q, layers, g)
+            ha.end_step()
+            res[key] = rel_err(out, o_ref)
+    ha.close()
     return res
 
 
@@ -681,6 +733,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=7,
                     help="timed steps per streamed/hybrid row (after one untimed); the row is "
                          "their median (an even count takes the slower middle one)")
+    ap.add_argument("--step-forms", default=",".join(STEP_FORMS),
+                    help="hybrid step forms to time, alternating share by share: single (one "
+                         "group) and pipelined (two sub-batches interleaved, NEO's asymmetric "
+                         "pipelining, as the engine's WRITESCOPE_PIPELINE=1 step; batches of two "
+                         "or more sequences). The best hybrid row is the best of either")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: resident,spilled")
     ap.add_argument("--breakdown", metavar="JSON",
                     help="print the tables of a saved --json run, with where each hybrid row's "
@@ -708,6 +765,11 @@ def main(argv: list[str] | None = None) -> int:
     dev = torch.device("cuda", torch.cuda.current_device())
     skip = set(filter(None, args.skip.split(",")))
     shares = [float(s) for s in args.shares.split(",")]
+    forms = tuple(filter(None, args.step_forms.split(",")))
+    if not forms or any(f not in STEP_FORMS for f in forms):
+        print(f"gpu_attention: --step-forms takes a comma list of {', '.join(STEP_FORMS)}, got "
+              f"{args.step_forms!r}", file=sys.stderr)
+        return 2
     staging = [int(float(s) * 2**20) for s in args.staging_mib.split(",")]
     out = {"benchmark": "gpu_attention", "git_commit": git_commit(),
            "source_digest": source_digest(), "machine": _machine(),
@@ -730,10 +792,12 @@ def main(argv: list[str] | None = None) -> int:
                                                    if k != "variants"}), flush=True)
             if "spilled" not in skip:
                 r.update(bench_spilled(shape, batch, args.layers, shares, dev, args.reps,
-                                       staging, args.cpu_threads))
+                                       staging, args.cpu_threads, forms))
                 print(key, "streamed", json.dumps(r["streamed"]), flush=True)
-                print(key, "hybrid", json.dumps({k: round(v["GBps"], 1)
-                                                 for k, v in r["hybrid"].items()}), flush=True)
+                for hk in ("hybrid", "hybrid_pipelined"):
+                    if r.get(hk):
+                        print(key, hk, json.dumps({k: round(v["GBps"], 1)
+                                                   for k, v in r[hk].items()}), flush=True)
             if args.json:
                 _write(args.json, out)
     out["wall_s"] = time.time() - t0
@@ -783,6 +847,13 @@ def _write(path: str, out: dict) -> None:
         json.dump(out, f, indent=1)
 
 
+def hybrid_rows(r: dict) -> list[tuple[str, dict, str]]:
+    """A result's hybrid rows as (share, row, form), share by share, the single form first."""
+    single, piped = r.get("hybrid") or {}, r.get("hybrid_pipelined") or {}
+    return [(x, d[x], form) for x in sorted(set(single) | set(piped), key=float)
+            for form, d in (("single", single), ("pipelined", piped)) if x in d]
+
+
 def summary_markdown(out: dict) -> str:
     c = out["ceilings"]
     hbm, h2d, comb = c["hbm_copy_GBps"], c["h2d_pinned_GBps"], c["combined"]["combined_GBps"]
@@ -810,12 +881,12 @@ def summary_markdown(out: dict) -> str:
             ss = f"{sbest:.1f} ({100 * sbest / h2d:.0f}%)"
         else:
             sbest, ss = None, "-"
-        hy = r.get("hybrid")
+        hy = r.get("hybrid") or r.get("hybrid_pipelined")
         if hy:
-            x, v = max(hy.items(), key=lambda kv: kv[1]["GBps"])
+            x, v, form = max(hybrid_rows(r), key=lambda t: t[1]["GBps"])
             base = hy.get("0.00", {}).get("GBps")
             cpu_only = hy.get("1.00", {}).get("GBps")
-            hs = f"{v['GBps']:.1f} ({x})"
+            hs = f"{v['GBps']:.1f} ({x}{', pipelined' if form == 'pipelined' else ''})"
             pc = f"{100 * v['GBps'] / comb:.0f}%"
             xs = f"{v['GBps'] / base:.2f}x" if base else "-"
             co = f"{cpu_only:.1f}" if cpu_only else "-"
@@ -831,7 +902,8 @@ def breakdown_markdown(out: dict) -> str:
     CPU kernel's rate (C bytes / its seconds after the queries landed), the CPU's wait for the
     layers' queries, the first copy's start after the step's, and the device's time after the
     last copy (the merge alone where the link was the longer side; more where the CPU was). The
-    row's timings are those of its median step. A side with nothing to do has '-'."""
+    row's timings are those of its median step. A side with nothing to do has '-'. A row of
+    the pipelined form has its sub-batches after the share (``0.60 p4+4``)."""
     comb = out["ceilings"]["combined"]["combined_GBps"]
     lines = ["| shape/batch | share | GB/s (% combined) | link GB/s | CPU GB/s | CPU wait for "
              "queries ms | first copy ms | after last copy ms | step ms |",
@@ -839,7 +911,9 @@ def breakdown_markdown(out: dict) -> str:
     fmt = lambda x, spec: "-" if x is None else format(x, spec)  # noqa: E731
     for key, r in out["results"].items():
         total = r.get("bytes_per_step")
-        for share, h in (r.get("hybrid") or {}).items():
+        for share, h, form in hybrid_rows(r):
+            if form == "pipelined":
+                share = f"{share} p{'+'.join(str(g) for g in r.get('groups', []))}"
             link_b = h.get("pcie_bytes") or 0.0
             f0, f1, end = h.get("dev_first_copy_s"), h.get("dev_last_copy_s"), h.get("dev_end_s")
             link = (link_b / (f1 - f0) / 1e9 if link_b and f0 is not None and f1 is not None
