@@ -752,6 +752,22 @@ def test_rows_count_pipelined_steps(tiny_qwen3_moe, tmp_path, monkeypatch):
     assert row["pipelined_steps"] == 3 and row["cpu_attn_threads"] == 1
 
 
+def test_rows_say_which_step_form_auto_chose(tiny_qwen3_moe, tmp_path, monkeypatch):
+    """With WRITESCOPE_PIPELINE=auto a row records, per batch size, the form the chooser settled
+    on and each form's median step; without it, nothing."""
+    monkeypatch.setenv("WRITESCOPE_PIPELINE", "auto")
+    monkeypatch.setenv("WRITESCOPE_CUDA_GRAPHS", "pieces")
+    rc = bench_cli(tiny_qwen3_moe, tmp_path, "--batch", "2", "--context-lengths", "150",
+                   "--decode-steps", "8", "--num-gpu-blocks", "8", "--policies", "writescope",
+                   "--max-num-batched-tokens", "64", "--prefill", "synthetic", "--cpu-threads", "1")
+    assert rc == 0
+    (row,) = _strict_json(tmp_path / "results.json")["rows"]
+    assert not row.get("error"), row.get("error")
+    forms = row["step_forms"]["2"]
+    assert forms["choice"] in ("single", "pipelined") and forms["single_ms"] > 0
+    assert forms["pipelined_ms"] > 0 and 0 < row["pipelined_steps"] < 8
+
+
 def test_read_probes_bench_times_every_way_of_reading(tmp_path):
     """Each method once per round on a small array: the vector sum with and without its
     prefetch, torch's sum, and the tile unit's loads where the CPU has AMX."""

@@ -84,6 +84,26 @@ def test_pipelined_pieces_match_transformers(all_tiny, n, monkeypatch):
     check(got[0], *reference(str(all_tiny), tuple(prompts[0])))
 
 
+def test_auto_step_form_tries_both_forms_and_keeps_the_tokens(tiny_qwen3_moe, monkeypatch):
+    """WRITESCOPE_PIPELINE=auto: the decode steps of one batch size run in both forms while the
+    chooser probes them (stepform.py), the engine's stats say what it chose, and every token and
+    log-probability is the one-batch run's."""
+    monkeypatch.setenv("WRITESCOPE_CUDA_GRAPHS", "pieces")
+    prompts = [prompt_ids(320, 40 + 37 * i, seed=20 + i) for i in range(3)]
+    monkeypatch.setenv("WRITESCOPE_PIPELINE", "0")
+    want = engine(tiny_qwen3_moe, **PLACEMENTS["mixed"]).generate(prompts, GREEDY)
+    monkeypatch.setenv("WRITESCOPE_PIPELINE", "auto")
+    llm = engine(tiny_qwen3_moe, **PLACEMENTS["mixed"])
+    got = llm.generate(prompts, GREEDY)
+    s = llm.stats()
+    forms = s["engine.step_forms"]["3"]
+    assert forms["single_ms"] is not None and forms["pipelined_ms"] is not None, forms
+    assert 0 < s["kv.pipelined_steps"] < GREEDY.max_tokens
+    for a, b in zip(got, want):
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
+
+
 def test_pipelined_piece_order(tiny_qwen3_moe):
     """Sub-batch B's dense work sits between A's launch and A's finish of each layer."""
     llm = engine(tiny_qwen3_moe)

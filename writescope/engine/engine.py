@@ -339,7 +339,9 @@ class LLMEngine:
             if not os.environ.get("WRITESCOPE_CPU_SPIN_US"):
                 self.cache.hybrid.cpu_spin_s = 0.0
         if hasattr(self.cache.policy, "pipelined"):  # the planner models what the runner does
-            self.cache.policy.pipelined = self.runner.pipelines
+            # (with WRITESCOPE_PIPELINE=auto the runner sets it step by step; one batch until a
+            # decode step has run split)
+            self.cache.policy.pipelined = self.runner.pipelines and self.runner.step_forms is None
 
     # ------------------------------------------------------------------ sizing helpers
     def _mla_prefill_bytes(self) -> int:
@@ -599,4 +601,7 @@ class LLMEngine:
         graphs = getattr(getattr(self, "runner", None), "graphs", None)
         if graphs is not None:
             s.update(graphs.stats())
+        forms = getattr(getattr(self, "runner", None), "step_forms", None)
+        if forms is not None:  # WRITESCOPE_PIPELINE=auto: per batch size, the form chosen
+            s["engine.step_forms"] = forms.stats()
         return s

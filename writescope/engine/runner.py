@@ -11,6 +11,7 @@ from ..kvcache.cache import InplaceKVCache
 from ..layers.cpu_experts import raise_pending_errors, take_routed_bytes
 from ..layers.sampler import Sampler
 from ..models.base import CausalLM
+from .stepform import StepForms
 
 
 class ModelRunner:
@@ -29,8 +30,12 @@ class ModelRunner:
         #: decode steps with CPU attention may run as two interleaved sub-batches (the cache
         #: decides per step; graphs.pipelined_pieces). The engine turns it off when routed
         #: experts run on the CPU: both sub-batches' experts would then queue on the same cores.
-        from ..kvcache.cache import pipeline_default
-        self.pipeline = pipeline_default()
+        from ..kvcache.cache import pipeline_mode
+        mode = pipeline_mode()
+        self.pipeline = mode != "off"
+        #: with WRITESCOPE_PIPELINE=auto, which form each decode step runs in is chosen from
+        #: measured step times, per batch size (stepform.py); None: always split when it can
+        self.step_forms = StepForms() if mode == "auto" else None
 
     @property
     def pipelines(self) -> bool:
@@ -57,8 +62,19 @@ class ModelRunner:
         t0 = time.perf_counter()
         decode = all(s.num_new == 1 for s in batch.seqs)
         graphed = decode and self.graphs is not None and self.graphs.wants(len(ids))
+        split = graphed and self.pipeline
+        forms = self.step_forms if split else None
+        policy = self.cache.policy
+        if forms is not None:
+            split = forms.choose(len(batch.seqs))
+            if hasattr(policy, "pipelined"):  # the planner models the form the step runs in
+                policy.pipelined = split
         self.cache.begin_step([(s.request.seq_id, s.start, s.num_new) for s in batch.seqs],
-                              pipeline=graphed and self.pipeline)
+                              pipeline=split)
+        if forms is not None and split and self.cache.step_groups is None:
+            split = False  # nothing to overlap in this step: it runs as one batch
+            if hasattr(policy, "pipelined"):
+                policy.pipelined = False
         try:
             if graphed:
                 hidden = self.graphs.run(input_ids, positions, self.cache,
@@ -74,7 +90,9 @@ class ModelRunner:
             # with the step's timing), then the step's end, which waits for the device
             expert_s = raise_pending_errors()
             extra = {"cpu_expert_s": expert_s, "cpu_expert_bytes": take_routed_bytes()}
-            self.cache.end_step({k: v for k, v in extra.items() if v is not None})
+            timing = self.cache.end_step({k: v for k, v in extra.items() if v is not None})
+            if forms is not None:
+                forms.observe(len(batch.seqs), split, timing["step_s"])
             self.last_times = {"forward_host_s": t1 - t0,
                                "device_tail_s": time.perf_counter() - t1}
             if self.graphs is not None:

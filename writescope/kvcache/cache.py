@@ -86,8 +86,21 @@ def pipeline_default() -> bool:
     (2026-12-02i-h200): DeepSeek 4 x 128K still slower (124-130 ms p50 against 122-123, call 3);
     Qwen3-30B-A3B 2 x 128K 138.7 against 150.6 ms on one host (call 3, the CPU's wait 2 ms a step
     instead of 16) but 164.8-177.5 against 158.1 on the next (call 4)."""
-    return os.environ.get("WRITESCOPE_PIPELINE", "0").strip().lower() in ("1", "on", "true",
-                                                                           "yes")
+    return pipeline_mode() != "off"
+
+
+def pipeline_mode() -> str:
+    """``WRITESCOPE_PIPELINE``: ``off`` (the default; also 0), ``on`` (1: every decode step with
+    CPU work split) or ``auto`` (each batch size's form chosen from measured step times,
+    ``engine/stepform.py``)."""
+    v = os.environ.get("WRITESCOPE_PIPELINE", "0").strip().lower()
+    if v in ("1", "on", "true", "yes"):
+        return "on"
+    if v == "auto":
+        return "auto"
+    if v in ("", "0", "off", "false", "no"):
+        return "off"
+    raise ValueError(f"WRITESCOPE_PIPELINE must be 0/off, 1/on or auto, got {v!r}")
 
 
 def _pipeline_groups(work, plan: AttentionStepPlan) -> list[int] | None:

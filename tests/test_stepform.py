@@ -1,0 +1,83 @@
+"""The decode step's form chosen from measured step times (engine/stepform.py,
+WRITESCOPE_PIPELINE=auto)."""
+from __future__ import annotations
+
+import pytest
+
+from writescope.engine.stepform import StepForms
+from writescope.kvcache.cache import pipeline_mode
+
+
+def drive(forms: StepForms, steps: int, seconds, n: int = 4) -> list[bool]:
+    """Run ``steps`` steps, each taking ``seconds(split, i)``; the forms asked for, in order."""
+    out = []
+    for i in range(steps):
+        split = forms.choose(n)
+        out.append(split)
+        forms.observe(n, split, seconds(split, i))
+    return out
+
+
+def test_probes_both_forms_not_counting_each_ones_first_step_then_holds_the_faster():
+    f = StepForms(probe=2, hold=5, margin=0.02)
+    seq = drive(f, 6, lambda split, i: 0.9 if split else 1.0)
+    # one batch first (its first step uncounted), then the split form (idem), then one each
+    assert seq == [False, False, True, True, False, True]
+    assert f.stats()["4"] == {"choice": "pipelined", "single_ms": 1000.0,
+                              "pipelined_ms": 900.0, "switches": 0}
+    assert drive(f, 5, lambda split, i: 0.9 if split else 1.0) == [True] * 5
+    # after the hold, the other form twice, then the choice anew (unchanged here)
+    assert drive(f, 3, lambda split, i: 0.9 if split else 1.0) == [False, False, True]
+
+
+def test_the_split_form_must_win_by_the_margin():
+    f = StepForms(probe=2, hold=50, margin=0.05)
+    drive(f, 6, lambda split, i: 0.97 if split else 1.0)  # 3% faster: not enough
+    assert f.stats()["4"]["choice"] == "single"
+    assert drive(f, 10, lambda split, i: 0.97 if split else 1.0) == [False] * 10
+
+
+def test_a_host_that_changes_is_followed_at_the_next_probe():
+    f = StepForms(probe=2, hold=4, margin=0.02, keep=2)
+    drive(f, 6, lambda split, i: 0.8 if split else 1.0)
+    assert f.stats()["4"]["choice"] == "pipelined"
+    # the split form loses its overlap: its own steps show it, and the re-probe switches
+    seq = drive(f, 8, lambda split, i: 1.3 if split else 1.0)
+    assert seq[:4] == [True] * 4 and seq[4:6] == [False, False]
+    st = f.stats()["4"]
+    assert st["choice"] == "single" and st["switches"] == 1 and seq[6:] == [False, False]
+
+
+def test_each_batch_size_has_its_own_choice_and_a_declined_split_counts_as_one_batch():
+    f = StepForms(probe=1, hold=10)
+    drive(f, 4, lambda split, i: 0.5 if split else 1.0, n=2)
+    drive(f, 4, lambda split, i: 2.0 if split else 1.0, n=8)
+    st = f.stats()
+    assert st["2"]["choice"] == "pipelined" and st["8"]["choice"] == "single"
+    # asked to split, the step ran as one batch (nothing to overlap): it is that form's step
+    g = StepForms(probe=1, hold=10)
+    for _ in range(5):
+        assert g.choose(3) in (False, True)
+        g.observe(3, False, 1.0)
+    assert g.stats()["3"] == {"choice": None, "single_ms": 1000.0, "pipelined_ms": None,
+                              "switches": 0}
+    assert g.choose(3) is True  # still probing: asks for the form it has not seen
+
+
+@pytest.mark.parametrize("bad", [dict(probe=0), dict(hold=0), dict(probe=3, keep=2),
+                                 dict(margin=1.0), dict(margin=-0.1)])
+def test_bad_settings_are_refused(bad):
+    with pytest.raises(ValueError, match="step forms"):
+        StepForms(**bad)
+
+
+def test_the_environment_variable_names_three_modes(monkeypatch):
+    for v, want in (("0", "off"), ("", "off"), ("off", "off"), ("1", "on"), ("on", "on"),
+                    ("auto", "auto"), (" AUTO ", "auto")):
+        monkeypatch.setenv("WRITESCOPE_PIPELINE", v)
+        assert pipeline_mode() == want
+    monkeypatch.delenv("WRITESCOPE_PIPELINE")
+    assert pipeline_mode() == "off"
+    monkeypatch.setenv("WRITESCOPE_PIPELINE", "sometimes")
+    with pytest.raises(ValueError, match="WRITESCOPE_PIPELINE"):
+        pipeline_mode()
