@@ -763,7 +763,7 @@ def test_rows_say_which_step_form_auto_chose(tiny_qwen3_moe, tmp_path, monkeypat
     assert rc == 0
     (row,) = _strict_json(tmp_path / "results.json")["rows"]
     assert not row.get("error"), row.get("error")
-    forms = row["step_forms"]["2"]
+    forms = row["step_forms"]["2 seqs, 256+ tokens"]
     assert forms["choice"] in ("single", "pipelined") and forms["single_ms"] > 0
     assert forms["pipelined_ms"] > 0 and 0 < row["pipelined_steps"] < 8
 

@@ -96,8 +96,11 @@ def test_auto_step_form_tries_both_forms_and_keeps_the_tokens(tiny_qwen3_moe, mo
     llm = engine(tiny_qwen3_moe, **PLACEMENTS["mixed"])
     got = llm.generate(prompts, GREEDY)
     s = llm.stats()
-    forms = s["engine.step_forms"]["3"]
+    keys = s["engine.step_forms"]  # decode steps of 1, 2, then 3 sequences, whose context
+    assert "3 seqs, 256+ tokens" in keys, keys  # crossed 256 tokens
+    forms = keys["3 seqs, 256+ tokens"]
     assert forms["single_ms"] is not None and forms["pipelined_ms"] is not None, forms
+    assert not any(k.startswith("1 seqs") for k in keys), keys  # one sequence: never split
     assert 0 < s["kv.pipelined_steps"] < GREEDY.max_tokens
     for a, b in zip(got, want):
         assert a.token_ids == b.token_ids

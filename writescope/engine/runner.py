@@ -14,6 +14,14 @@ from ..models.base import CausalLM
 from .stepform import StepForms
 
 
+def step_form_key(batch: StepBatch) -> str:
+    """The chooser's key for a decode step (stepform.py): its sequences, and its total context
+    to the power of two below it, so that short warm-up steps and a long run's steps are told
+    apart and the choice is made anew each time the batch's context doubles."""
+    total = sum(s.start + s.num_new for s in batch.seqs)
+    return f"{len(batch.seqs)} seqs, {1 << max(0, total.bit_length() - 1)}+ tokens"
+
+
 class ModelRunner:
     def __init__(self, model: CausalLM, cache: InplaceKVCache, device: torch.device):
         self.model = model
@@ -66,13 +74,15 @@ class ModelRunner:
         forms = self.step_forms if split else None
         policy = self.cache.policy
         if forms is not None:
-            split = forms.choose(len(batch.seqs))
+            form_key = step_form_key(batch)
+            split = forms.choose(form_key)
             if hasattr(policy, "pipelined"):  # the planner models the form the step runs in
                 policy.pipelined = split
         self.cache.begin_step([(s.request.seq_id, s.start, s.num_new) for s in batch.seqs],
                               pipeline=split)
-        if forms is not None and split and self.cache.step_groups is None:
-            split = False  # nothing to overlap in this step: it runs as one batch
+        if forms is not None and not self.cache.step_splittable:
+            forms = None  # nothing to overlap: both forms are the same step, nothing to learn
+            split = False
             if hasattr(policy, "pipelined"):
                 policy.pipelined = False
         try:
@@ -92,7 +102,7 @@ class ModelRunner:
             extra = {"cpu_expert_s": expert_s, "cpu_expert_bytes": take_routed_bytes()}
             timing = self.cache.end_step({k: v for k, v in extra.items() if v is not None})
             if forms is not None:
-                forms.observe(len(batch.seqs), split, timing["step_s"])
+                forms.observe(form_key, split, timing["step_s"])
             self.last_times = {"forward_host_s": t1 - t0,
                                "device_tail_s": time.perf_counter() - t1}
             if self.graphs is not None:

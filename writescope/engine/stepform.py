@@ -5,10 +5,12 @@ A decode step whose CPU side has work can run as one batch, or as two interleave
 Which is faster depends on the model and on the host, and on the H200 it moved from call to
 call: Qwen3-30B-A3B 2 x 128K ran 8% faster split on one host and no faster, or slower, on the
 next; DeepSeek-V2-Lite 4 x 128K ran 6-8% slower split on every host (its dense work is run once
-per sub-batch). So the runner asks this chooser, per batch size:
+per sub-batch). So the runner asks this chooser, per key (a batch's size and its context to
+the power of two below it, ``runner.step_form_key``):
 
 * **probe**: the two forms alternate until each has ``probe`` timed steps. A form's first step
-  at a batch size is not counted (it runs eagerly, before its CUDA graphs are captured);
+  at a key is not counted (at a new batch size it runs eagerly, before its CUDA graphs are
+  captured);
 * **hold**: the faster by median runs ``hold`` steps (the split form only when it is faster by
   more than ``margin``; from then on, the other form only when it is);
 * **re-probe**: then the other form runs ``probe`` steps again and the choice is made anew from
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 #: timed steps of each form before a choice (and of the other form at each re-probe)
@@ -31,8 +34,8 @@ KEEP_STEPS = 4
 
 
 @dataclass
-class _Size:
-    """The chooser's state for one batch size."""
+class _State:
+    """The chooser's state for one key."""
     times: dict  # form (split or not) -> its latest step seconds
     seen: dict = field(default_factory=lambda: {False: 0, True: 0})
     choice: bool | None = None  # None: probing for the first time
@@ -42,8 +45,8 @@ class _Size:
 
 
 class StepForms:
-    """Per batch size: whether the next decode step should run split (:meth:`choose`), and the
-    measured seconds of each step that ran (:meth:`observe`)."""
+    """Per key (a batch: ``runner.step_form_key``): whether the next decode step should run
+    split (:meth:`choose`), and the measured seconds of each step that ran (:meth:`observe`)."""
 
     def __init__(self, probe: int = PROBE_STEPS, hold: int = HOLD_STEPS, margin: float = MARGIN,
                  keep: int = KEEP_STEPS):
@@ -51,26 +54,27 @@ class StepForms:
             raise ValueError(f"step forms: probe {probe}, hold {hold}, keep {keep} and margin "
                              f"{margin} must satisfy 1 <= probe <= keep, hold >= 1, 0 <= margin < 1")
         self.probe, self.hold, self.margin, self.keep = probe, hold, margin, keep
-        self._sizes: dict[int, _Size] = {}
+        self._states: dict[Hashable, _State] = {}
 
-    def _size(self, n: int) -> _Size:
-        s = self._sizes.get(n)
+    def _state(self, key: Hashable) -> _State:
+        s = self._states.get(key)
         if s is None:
-            s = self._sizes[n] = _Size({f: deque(maxlen=self.keep) for f in (False, True)})
+            s = self._states[key] = _State({f: deque(maxlen=self.keep) for f in (False, True)})
         return s
 
-    def choose(self, n: int) -> bool:
-        """Whether the next decode step of ``n`` sequences should run as two sub-batches."""
-        s = self._size(n)
+    def choose(self, key: Hashable) -> bool:
+        """Whether the next decode step of this key should run as two sub-batches."""
+        s = self._states.get(key)
+        if s is None:  # nothing seen yet (the state is made by the first step observed)
+            return False
         if s.choice is None:  # the form with fewer counted steps; one batch first
             return len(s.times[True]) < len(s.times[False])
         return (not s.choice) if s.reprobe > 0 else s.choice
 
-    def observe(self, n: int, split: bool, seconds: float) -> None:
-        """A decode step of ``n`` sequences ran (``split``: as two sub-batches) in ``seconds``.
-        A step asked for split may have run as one batch (no CPU work to overlap): ``split`` is
-        the form it ran in."""
-        s = self._size(n)
+    def observe(self, key: Hashable, split: bool, seconds: float) -> None:
+        """A decode step of this key ran (``split``: as two sub-batches) in ``seconds``. (A step
+        that could not have been split, with no CPU work to overlap, is not shown here.)"""
+        s = self._state(key)
         s.seen[split] += 1
         if s.seen[split] == 1:
             return  # eager, before the form's graphs were captured: not this form's speed
@@ -88,7 +92,7 @@ class StepForms:
             if s.held >= self.hold:
                 s.held, s.reprobe = 0, self.probe
 
-    def _decide(self, s: _Size) -> None:
+    def _decide(self, s: _State) -> None:
         med = {f: statistics.median(s.times[f]) for f in (False, True)}
         cur = False if s.choice is None else s.choice
         new = (not cur) if med[not cur] < med[cur] * (1.0 - self.margin) else cur
@@ -97,13 +101,13 @@ class StepForms:
         s.choice, s.held, s.reprobe = new, 0, 0
 
     def stats(self) -> dict:
-        """Per batch size: the form chosen (``None`` while first probing), the median ms of each
+        """Per key: the form chosen (``None`` while first probing), the median ms of each
         form's latest steps, and how often the choice switched."""
         out = {}
-        for n, s in sorted(self._sizes.items()):
+        for key, s in self._states.items():
             ms = {f: (round(1e3 * statistics.median(s.times[f]), 2) if s.times[f] else None)
                   for f in (False, True)}
-            out[str(n)] = {"choice": None if s.choice is None else
+            out[str(key)] = {"choice": None if s.choice is None else
                            ("pipelined" if s.choice else "single"),
                            "single_ms": ms[False], "pipelined_ms": ms[True],
                            "switches": s.switches}

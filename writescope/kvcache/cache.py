@@ -265,7 +265,8 @@ class InplaceKVCache:
             # (first row, rows, context) of each sequence attended by the dense prefill kernel;
             # the self partial then treats its rows as single tokens (they are overwritten)
             prefill=prefill, self_seg_lens=_self_segments(step["seg_lens"], prefill),
-            groups=_pipeline_groups(work, plan) if pipeline else None, group_records={})
+            splittable=_pipeline_groups(work, plan), group_records={})
+        step["groups"] = step["splittable"] if pipeline else None
         self._step = step
         self.hybrid.begin_step(plan, groups=step["groups"])
         if step["groups"]:
@@ -384,6 +385,12 @@ class InplaceKVCache:
                                     torch.long))
         step["by_region"] = by_region
         return step
+
+    @property
+    def step_splittable(self) -> bool:
+        """Whether the open step could run as two sub-batches (a decode step of two or more
+        sequences with CPU work to overlap), whether or not it was asked to."""
+        return self._step is not None and self._step["splittable"] is not None
 
     @property
     def step_groups(self) -> list[int] | None:
