@@ -63,24 +63,30 @@ def test_padded_pieces_match_the_model(tiny_qwen3_moe, n, monkeypatch):
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
 
 
+def split_against_one_batch(model, prompts, mode: str, monkeypatch):
+    """Greedy runs of ``prompts`` with decode steps as pieces, WRITESCOPE_PIPELINE=0 and then
+    ``mode``: every token and log-probability of the second equals the first's. Returns the
+    second run's outputs and its engine's stats."""
+    monkeypatch.setenv("WRITESCOPE_CUDA_GRAPHS", "pieces")
+    monkeypatch.setenv("WRITESCOPE_PIPELINE", "0")
+    want = engine(model, **PLACEMENTS["mixed"]).generate(prompts, GREEDY)
+    monkeypatch.setenv("WRITESCOPE_PIPELINE", mode)
+    llm = engine(model, **PLACEMENTS["mixed"])
+    got = llm.generate(prompts, GREEDY)
+    for a, b in zip(got, want):
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
+    return got, llm.stats()
+
+
 @pytest.mark.parametrize("n", [2, 3, 5])
 def test_pipelined_pieces_match_transformers(all_tiny, n, monkeypatch):
     """Decode steps with CPU attention run as two interleaved sub-batches (pipelined_pieces):
     every sequence's greedy tokens and log-probabilities equal transformers' and the
     one-batch run's, and the steps really were split."""
-    monkeypatch.setenv("WRITESCOPE_CUDA_GRAPHS", "pieces")
-    vocab = 320
-    prompts = [prompt_ids(vocab, 40 + 37 * i, seed=10 + i) for i in range(n)]
-    monkeypatch.setenv("WRITESCOPE_PIPELINE", "0")
-    want = engine(all_tiny, **PLACEMENTS["mixed"]).generate(prompts, GREEDY)
-    monkeypatch.setenv("WRITESCOPE_PIPELINE", "1")
-    llm = engine(all_tiny, **PLACEMENTS["mixed"])
-    got = llm.generate(prompts, GREEDY)
-    s = llm.stats()
+    prompts = [prompt_ids(320, 40 + 37 * i, seed=10 + i) for i in range(n)]
+    got, s = split_against_one_batch(all_tiny, prompts, "1", monkeypatch)
     assert s["kv.pipelined_steps"] > 0 and s["graphs.pipelined_steps"] == 0  # pieces: no replay
-    for p, a, b in zip(prompts, got, want):
-        assert a.token_ids == b.token_ids
-        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
     check(got[0], *reference(str(all_tiny), tuple(prompts[0])))
 
 
@@ -88,23 +94,14 @@ def test_auto_step_form_tries_both_forms_and_keeps_the_tokens(tiny_qwen3_moe, mo
     """WRITESCOPE_PIPELINE=auto: the decode steps of one batch size run in both forms while the
     chooser probes them (stepform.py), the engine's stats say what it chose, and every token and
     log-probability is the one-batch run's."""
-    monkeypatch.setenv("WRITESCOPE_CUDA_GRAPHS", "pieces")
     prompts = [prompt_ids(320, 40 + 37 * i, seed=20 + i) for i in range(3)]
-    monkeypatch.setenv("WRITESCOPE_PIPELINE", "0")
-    want = engine(tiny_qwen3_moe, **PLACEMENTS["mixed"]).generate(prompts, GREEDY)
-    monkeypatch.setenv("WRITESCOPE_PIPELINE", "auto")
-    llm = engine(tiny_qwen3_moe, **PLACEMENTS["mixed"])
-    got = llm.generate(prompts, GREEDY)
-    s = llm.stats()
+    _, s = split_against_one_batch(tiny_qwen3_moe, prompts, "auto", monkeypatch)
     keys = s["engine.step_forms"]  # decode steps of 1, 2, then 3 sequences, whose context
     assert "3 seqs, 256+ tokens" in keys, keys  # crossed 256 tokens
     forms = keys["3 seqs, 256+ tokens"]
     assert forms["single_ms"] is not None and forms["pipelined_ms"] is not None, forms
     assert not any(k.startswith("1 seqs") for k in keys), keys  # one sequence: never split
     assert 0 < s["kv.pipelined_steps"] < GREEDY.max_tokens
-    for a, b in zip(got, want):
-        assert a.token_ids == b.token_ids
-        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
 
 
 def test_pipelined_piece_order(tiny_qwen3_moe):
