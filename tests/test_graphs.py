@@ -146,3 +146,27 @@ def test_cuda_graphs_match_eager(all_tiny, experts, monkeypatch):
         assert a.token_ids == b.token_ids
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
     generate_checked(all_tiny, **kw)  # and against transformers
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_auto_step_form_with_cuda_graphs(tiny_qwen3_moe, monkeypatch):
+    """WRITESCOPE_PIPELINE=auto on CUDA: both forms' decode steps are captured and replayed,
+    the chooser times both, and the tokens are the eager one-batch run's."""
+    prompts = [prompt_ids(320, n, seed=n) for n in (70, 150, 90)]
+    kw = dict(device="cuda", experts="gpu", **PLACEMENTS["mixed"])
+    monkeypatch.setenv("WRITESCOPE_PIPELINE", "0")
+    monkeypatch.setenv("WRITESCOPE_CUDA_GRAPHS", "0")
+    want = engine(tiny_qwen3_moe, **kw).generate(prompts, GREEDY)
+    monkeypatch.setenv("WRITESCOPE_PIPELINE", "auto")
+    monkeypatch.setenv("WRITESCOPE_CUDA_GRAPHS", "1")
+    llm = engine(tiny_qwen3_moe, **kw)
+    got = llm.generate(prompts, GREEDY)
+    s = llm.stats()
+    assert s["graphs.pipelined_steps"] > 0 and s["graphs.replayed_steps"] > s["graphs.pipelined_steps"]
+    timed = [f for k, f in s["engine.step_forms"].items() if k.startswith("3 seqs")]
+    assert any(f["single_ms"] and f["pipelined_ms"] for f in timed), s["engine.step_forms"]
+    for a, b in zip(got, want):
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+
