@@ -13,8 +13,8 @@ DeepSeek-V2-Lite: 16 heads over the 576-value latent, V = its first 512) and eac
 * **hybrid**: a share ``x`` of every sequence's blocks in C (pageable, CPU layout, attended by the
   CPU kernel on its worker thread), the rest in T (streamed); spilled GB/s vs the combined
   ceiling measured in the same run (H2D and a CPU read of DRAM running at the same time); in
-  two forms, alternated share by share (``--step-forms``): the single group, and for batches of
-  two or more sequences the pipelined step (two sub-batches interleaved, NEO's asymmetric
+  up to two forms, alternated share by share (``--step-forms``): the single group (the default),
+  and for batches of two or more sequences the pipelined step (two sub-batches interleaved, NEO's asymmetric
   pipelining: the CPU attends one while the other's result, merge and next queries make their
   round trip), the engine's step under ``WRITESCOPE_PIPELINE=1``.
 
@@ -733,11 +733,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=7,
                     help="timed steps per streamed/hybrid row (after one untimed); the row is "
                          "their median (an even count takes the slower middle one)")
-    ap.add_argument("--step-forms", default=",".join(STEP_FORMS),
+    ap.add_argument("--step-forms", default="single",
                     help="hybrid step forms to time, alternating share by share: single (one "
-                         "group) and pipelined (two sub-batches interleaved, NEO's asymmetric "
-                         "pipelining, as the engine's WRITESCOPE_PIPELINE=1 step; batches of two "
-                         "or more sequences). The best hybrid row is the best of either")
+                         "group, the default) and pipelined (two sub-batches interleaved, NEO's "
+                         "asymmetric pipelining, as the engine's WRITESCOPE_PIPELINE=1 step; "
+                         "batches of two or more sequences). The best hybrid row is the best of "
+                         "either. (single,pipelined on the H200, 2026-12-03: the split form read "
+                         "0.93-1.00x the single one at each shape's best share)")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: resident,spilled")
     ap.add_argument("--breakdown", metavar="JSON",
                     help="print the tables of a saved --json run, with where each hybrid row's "
