@@ -163,7 +163,8 @@ def test_auto_step_form_with_cuda_graphs(tiny_qwen3_moe, monkeypatch):
     llm = engine(tiny_qwen3_moe, **kw)
     got = llm.generate(prompts, GREEDY)
     s = llm.stats()
-    assert s["graphs.pipelined_steps"] > 0 and s["graphs.replayed_steps"] > s["graphs.pipelined_steps"]
+    piped = s["graphs.pipelined_steps"]
+    assert piped > 0 and s["graphs.replayed_steps"] > piped  # both forms replayed
     timed = [f for k, f in s["engine.step_forms"].items() if k.startswith("3 seqs")]
     assert any(f["single_ms"] and f["pipelined_ms"] for f in timed), s["engine.step_forms"]
     for a, b in zip(got, want):

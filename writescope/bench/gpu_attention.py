@@ -13,10 +13,10 @@ DeepSeek-V2-Lite: 16 heads over the 576-value latent, V = its first 512) and eac
 * **hybrid**: a share ``x`` of every sequence's blocks in C (pageable, CPU layout, attended by the
   CPU kernel on its worker thread), the rest in T (streamed); spilled GB/s vs the combined
   ceiling measured in the same run (H2D and a CPU read of DRAM running at the same time); in
-  up to two forms, alternated share by share (``--step-forms``): the single group (the default),
-  and for batches of two or more sequences the pipelined step (two sub-batches interleaved, NEO's asymmetric
-  pipelining: the CPU attends one while the other's result, merge and next queries make their
-  round trip), the engine's step under ``WRITESCOPE_PIPELINE=1``.
+  up to two forms, alternated share by share (``--step-forms``): the single group (the
+  default), and for batches of two or more sequences the pipelined step (two sub-batches
+  interleaved, NEO's asymmetric pipelining: the CPU attends one while the other's result, merge
+  and next queries make their round trip), the engine's step under ``WRITESCOPE_PIPELINE=1``.
 
 Also importable: :func:`build_case` makes a random multi-region cache with its float64
 reference (the tests use it).

@@ -38,8 +38,8 @@ warm-ups that come before a policy's first row. A row carries:
 * ``threads_decode`` -- the process's threads over the decode steps (:mod:`.threads`): CPU
   seconds, how many were busy more than half the time, and the busiest ones;
   ``pipelined_steps`` -- timed decode steps run as two interleaved sub-batches; ``step_forms``
-  -- with ``WRITESCOPE_PIPELINE=auto``, the form each batch size settled on and each form's
-  median step (``engine/stepform.py``);
+  -- with ``WRITESCOPE_PIPELINE=auto``, per key (a batch's size and context) the form chosen
+  and each form's median step (``engine/stepform.py``);
   ``cpu_attn_threads`` -- the CPU attention kernel's thread count.
 """
 from __future__ import annotations
@@ -275,7 +275,7 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
         # decode steps run as two interleaved sub-batches (WRITESCOPE_PIPELINE=1), and the CPU
         # attention kernel's thread count
         "pipelined_steps": int(piped), "cpu_attn_threads": attn_threads(cache),
-        # with WRITESCOPE_PIPELINE=auto: per batch size, the form chosen and each form's median
+        # with WRITESCOPE_PIPELINE=auto: per batch size and context, the form chosen and medians
         "step_forms": (engine.runner.step_forms.stats()
                        if getattr(engine.runner, "step_forms", None) is not None else None),
         "planner_predicted_step_s": float(np.mean(predicted)) if predicted else None,

@@ -602,6 +602,6 @@ class LLMEngine:
         if graphs is not None:
             s.update(graphs.stats())
         forms = getattr(getattr(self, "runner", None), "step_forms", None)
-        if forms is not None:  # WRITESCOPE_PIPELINE=auto: per batch size, the form chosen
+        if forms is not None:  # WRITESCOPE_PIPELINE=auto: per batch and context, the form chosen
             s["engine.step_forms"] = forms.stats()
         return s

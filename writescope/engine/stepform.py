@@ -52,7 +52,8 @@ class StepForms:
                  keep: int = KEEP_STEPS):
         if probe < 1 or hold < 1 or keep < probe or not 0.0 <= margin < 1.0:
             raise ValueError(f"step forms: probe {probe}, hold {hold}, keep {keep} and margin "
-                             f"{margin} must satisfy 1 <= probe <= keep, hold >= 1, 0 <= margin < 1")
+                             f"{margin} must satisfy 1 <= probe <= keep, hold >= 1, "
+                             "0 <= margin < 1")
         self.probe, self.hold, self.margin, self.keep = probe, hold, margin, keep
         self._states: dict[Hashable, _State] = {}
 
