@@ -42,7 +42,8 @@ class ModelRunner:
         mode = pipeline_mode()
         self.pipeline = mode != "off"
         #: with WRITESCOPE_PIPELINE=auto, which form each decode step runs in is chosen from
-        #: measured step times, per batch size and context (stepform.py); None: always split when it can
+        #: measured step times, per batch size and context (stepform.py); None: always split
+        #: when it can
         self.step_forms = StepForms() if mode == "auto" else None
 
     @property

@@ -75,24 +75,21 @@ def dense_prefill_default() -> bool:
 PIPELINE_MIN_SEQS = 2
 
 
-def pipeline_default() -> bool:
-    """Decode steps whose CPU side has work run as two interleaved sub-batches with
-    ``WRITESCOPE_PIPELINE=1``. Off by default: on the H200 (DeepSeek-V2-Lite, 4 x 32K) the
-    split step was slower than the plain one (53.5-55.5 against 45.8 ms): the CPU kernel read
-    36 GB/s over twice the calls of half the size, against 56 GB/s
-    (bench/results/2026-11-30d-h200). At 4 x 128K it was no faster either: 137-147 ms against
-    126-133 (bench/results/2026-12-02h-h200, call 1; the CPU's wait for its queries was hidden
-    in one round of four). With the staged T pieces attended at each sub-batch's finish
-    (2026-12-02i-h200): DeepSeek 4 x 128K still slower (124-130 ms p50 against 122-123, call 3);
-    Qwen3-30B-A3B 2 x 128K 138.7 against 150.6 ms on one host (call 3, the CPU's wait 2 ms a step
-    instead of 16) but 164.8-177.5 against 158.1 on the next (call 4)."""
-    return pipeline_mode() != "off"
-
-
 def pipeline_mode() -> str:
     """``WRITESCOPE_PIPELINE``: ``off`` (the default; also 0), ``on`` (1: every decode step with
-    CPU work split) or ``auto`` (each batch size's form chosen from measured step times,
-    ``engine/stepform.py``)."""
+    CPU work split into two interleaved sub-batches) or ``auto`` (each batch's form chosen from
+    measured step times, ``engine/stepform.py``).
+
+    Off by default: on the H200 (DeepSeek-V2-Lite, 4 x 32K) the split step was slower than the
+    plain one (53.5-55.5 against 45.8 ms): the CPU kernel read 36 GB/s over twice the calls of
+    half the size, against 56 GB/s (bench/results/2026-11-30d-h200). At 4 x 128K it was no
+    faster either: 137-147 ms against 126-133 (bench/results/2026-12-02h-h200, call 1; the
+    CPU's wait for its queries was hidden in one round of four). With the staged T pieces
+    attended at each sub-batch's finish (2026-12-02i-h200): DeepSeek 4 x 128K still slower
+    (124-130 ms p50 against 122-123, call 3); Qwen3-30B-A3B 2 x 128K 138.7 against 150.6 ms on
+    one host (call 3, the CPU's wait 2 ms a step instead of 16) but 164.8-177.5 against 158.1 on
+    the next (call 4). ``auto`` on Qwen3 2 x 128K chose the split form, within the host's drift
+    of the plain rows (2026-12-03-h200, call 1)."""
     v = os.environ.get("WRITESCOPE_PIPELINE", "0").strip().lower()
     if v in ("1", "on", "true", "yes"):
         return "on"
@@ -265,8 +262,8 @@ class InplaceKVCache:
             # (first row, rows, context) of each sequence attended by the dense prefill kernel;
             # the self partial then treats its rows as single tokens (they are overwritten)
             prefill=prefill, self_seg_lens=_self_segments(step["seg_lens"], prefill),
-            splittable=_pipeline_groups(work, plan), group_records={})
-        step["groups"] = step["splittable"] if pipeline else None
+            plan=plan, groups=_pipeline_groups(work, plan) if pipeline else None,
+            group_records={})
         self._step = step
         self.hybrid.begin_step(plan, groups=step["groups"])
         if step["groups"]:
@@ -390,7 +387,9 @@ class InplaceKVCache:
     def step_splittable(self) -> bool:
         """Whether the open step could run as two sub-batches (a decode step of two or more
         sequences with CPU work to overlap), whether or not it was asked to."""
-        return self._step is not None and self._step["splittable"] is not None
+        step = self._step
+        return step is not None and (step["groups"] is not None or
+                                     _pipeline_groups(step["work"], step["plan"]) is not None)
 
     @property
     def step_groups(self) -> list[int] | None:
