@@ -85,3 +85,16 @@ qwen3_row() {
     --warmup-length 4k --decode-steps 12 --prefill synthetic --no-progress --rounds 2 \
     --out $R/$name "$@"
 }
+
+# cpu_grid NAME CAP MODEL BATCHES CONTEXTS [ARGS...]: issue 6's experts-on-CPU grid for one model
+# (32 GiB, all five policies, synthetic prefill, 12 decode steps, one round) against $P
+# (calibrate_profile first) into $R/NAME/; ARGS are added. results.json is rewritten after every
+# row, so a grid cut by its cap keeps the rows it finished.
+cpu_grid() {
+  local name=$1 cap=$2 model=$3 batches=$4 contexts=$5; shift 5
+  run $name $cap env WRITESCOPE_STACKS_EVERY_S=150 python -m writescope bench --model $model \
+    --random-weights --profile $P --vram-budget 32GiB --experts cpu --max-num-batched-tokens 16384 \
+    --warmup-length 4k --decode-steps 12 --prefill synthetic --no-progress \
+    --policies writescope,transfer,cpu,static,migrate --batch $batches --context-lengths $contexts \
+    --out $R/$name "$@"
+}
