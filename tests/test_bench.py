@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -889,3 +890,23 @@ def test_h2d_copies_bench_on_the_device(tmp_path):
     (row,) = out["rows"]
     assert row["runs"]["dma_calls_per_layer"] == 512 and row["strided"]["dma_calls_per_layer"] == 1
     assert all(row[c]["GBps"] > 0 for c in ("one", "runs", "strided"))
+
+
+def test_throughput_plots_start_at_zero(tmp_path, monkeypatch):
+    """The throughput axes start at 0 tokens/s: policies that did the same work differ by a few
+    per cent, and an axis fitted to 14-16 tokens/s drew that noise as gaps (2026-12-03b grid)."""
+    import matplotlib.figure
+    from writescope.bench.report import plot
+    limits = {}
+    save = matplotlib.figure.Figure.savefig
+
+    def record(fig, path, *a, **k):
+        limits[Path(path).name] = [ax.get_ylim() for ax in fig.axes]
+        return save(fig, path, *a, **k)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", record)
+    rows = [_row(p, 1, n, tps) for p, n, tps in [("writescope", 1024, 15.0), ("transfer", 1024, 14.8),
+                                                    ("writescope", 32768, 15.1), ("transfer", 32768, 15.8)]]
+    plot({"rows": rows}, tmp_path)
+    (lim,) = limits["throughput-m.png"]
+    assert lim[0] == 0 and lim[1] > 15.8

@@ -389,6 +389,9 @@ def plot(doc: dict[str, Any], out: Path) -> list[Path]:
             ax.set_xscale("log", base=2)
             ax.set_xlabel("context length (tokens)")
             ax.set_ylabel("decode tokens/s")
+            # from zero: rows that do the same work differ by a few per cent, and an axis
+            # fitted to them draws that noise as large gaps between the policies
+            ax.set_ylim(bottom=0)
             ax.set_title(f"{model}, batch {b}")
             ax.grid(True, alpha=0.3)
             if ax.lines:
