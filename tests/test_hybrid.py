@@ -140,6 +140,31 @@ def test_hybrid_matches_reference(spec, hq, stage_bytes_blocks, cpu_async):
     ha.close()
 
 
+def test_torch_workers_thread_count_stays_its_own():
+    """The torch fallback's worker runs torch with ``cpu_threads`` threads; torch's process
+    default, which threads that start parallel work later inherit (a server's, the CPU experts'
+    worker), stays what it was."""
+    import threading
+    from writescope.attention.torch_paged import attend_torch
+    before = torch.get_num_threads()
+    n = 1 if before > 1 else 2
+    case = build_case(MLA, 4, [70, 3, 129], q_counts=1, block_size=8,
+                      frac={"G": 0.2, "T": 0.3, "C": 0.5}, seed=5)
+    ha = HybridAttention(case.pools, MLA, "cpu", cpu_threads=n, cpu_attend=attend_torch)
+    check_all_layers(case, ha)
+    assert ha._worker is not None and ha._worker.submit(torch.get_num_threads).result() == n
+    seen = []
+
+    def later():
+        torch.ones(64, 64) @ torch.ones(64, 64)  # starts this thread's parallel work
+        seen.append(torch.get_num_threads())
+    t = threading.Thread(target=later)
+    t.start()
+    t.join()
+    assert seen == [before] and torch.get_num_threads() == before
+    ha.close()
+
+
 def test_cpu_threads_belong_to_the_instance():
     """An explicit ``cpu_threads`` goes into this instance's kernel plans; the process-wide
     kernel setting (what a later engine without a count would inherit) is left as it was."""

@@ -306,11 +306,24 @@ class HybridAttention:
 
     def _pool_worker(self) -> ThreadPoolExecutor:
         if self._worker is None:
+            n = int(self.cpu_threads) if self.cpu_threads else 0
+            before = torch.get_num_threads()
+
             def init():
-                if self.cpu_threads:
-                    torch.set_num_threads(int(self.cpu_threads))
+                if n:
+                    torch.set_num_threads(n)
+                    # a thread takes torch's process default at its first parallel op: take
+                    # it now, while the default is n
+                    torch.ones(1 << 17).sum()
             self._worker = ThreadPoolExecutor(1, thread_name_prefix="ws-cpu-attn",
                                               initializer=init)
+            if n and n != before:
+                # torch.set_num_threads sets the calling thread's OpenMP team size and also
+                # the process's default, which every thread that starts parallel work later
+                # takes: start the worker now, then put the default back from this thread.
+                # The worker keeps its own team size.
+                self._worker.submit(int).result()
+                torch.set_num_threads(before)
         return self._worker
 
     # ------------------------------------------------------------------------------------------
