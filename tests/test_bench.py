@@ -910,3 +910,43 @@ def test_throughput_plots_start_at_zero(tmp_path, monkeypatch):
     plot({"rows": rows}, tmp_path)
     (lim,) = limits["throughput-m.png"]
     assert lim[0] == 0 and lim[1] > 15.8
+
+
+def test_policy_variants_are_parsed_and_refused_when_malformed():
+    from writescope.bench.grid import split_variant
+    assert split_variant("writescope") == ("writescope", {})
+    assert split_variant("writescope@placement_cpu_margin=1.0@verify_steps=3") == (
+        "writescope", {"placement_cpu_margin": 1.0, "verify_steps": 3.0})
+    for bad in ("writescope@margin", "writescope@margin=x", "@margin=1", "writescope@_x=1",
+                "writescope@margin=nan", "writescope@a b=1"):
+        with pytest.raises(ValueError):
+            split_variant(bad)
+    with pytest.raises(ValueError, match="attr=number"):
+        GridSpec(models=["m"], batches=[1], context_lengths=[8],
+                 policies=["writescope", "writescope@margin"]).validate()
+
+
+def test_a_policy_variant_runs_with_its_setting(tiny_qwen3_moe, tmp_path, monkeypatch):
+    """``writescope@placement_cpu_margin=1.0`` runs writescope with that attribute set on its
+    placement policy (the rows' label is the variant); a setting the policy does not have fails
+    that policy's rows with the reason, and the grid goes on."""
+    from writescope.bench import grid
+    seen = []
+    real = grid.run_engine_row
+
+    def spy(engine, prompts, *a, **k):
+        seen.append(getattr(engine.cache.policy, "placement_cpu_margin", None))
+        return real(engine, prompts, *a, **k)
+    monkeypatch.setattr(grid, "run_engine_row", spy)
+    rc = bench_cli(tiny_qwen3_moe, tmp_path, "--batch", "2", "--context-lengths", "100",
+                   "--decode-steps", "4", "--num-gpu-blocks", "8", "--max-num-batched-tokens", "64",
+                   "--prefill", "synthetic", "--cpu-threads", "1", "--policies",
+                   "writescope,writescope@placement_cpu_margin=1.0,static@no_such_knob=2")
+    assert rc == 0
+    rows = _strict_json(tmp_path / "results.json")["rows"]
+    assert [r["policy"] for r in rows] == ["writescope", "writescope@placement_cpu_margin=1.0",
+                                           "static@no_such_knob=2"]
+    assert not rows[0].get("error") and not rows[1].get("error")
+    assert "has no numeric setting 'no_such_knob'" in rows[2]["error"]
+    from writescope.planner.placement import PLACEMENT_CPU_MARGIN
+    assert seen == [PLACEMENT_CPU_MARGIN, 1.0]  # static's row failed before it ran

@@ -103,6 +103,8 @@ class GridSpec:
             raise ValueError("--warmup-length must be at least 2 tokens")
         if not self.policies:
             raise ValueError("give at least one policy")
+        for p in self.policies:
+            split_variant(p)  # a malformed variant is refused before anything is built
         if self.rounds < 1:
             raise ValueError("--rounds must be at least 1")
         if self.prefill not in ("real", "synthetic"):
@@ -196,9 +198,39 @@ def load_profile(path: str | None, cfg):
     return load_or_calibrate(None, model_config=cfg)
 
 
+def split_variant(label: str) -> tuple[str, dict[str, float]]:
+    """A ``--policies`` entry: a policy name, or a variant of one whose placement policy has
+    attributes set, ``name@attr=value[@attr=value...]`` (e.g.
+    ``writescope@placement_cpu_margin=1.0``), so that two settings of a knob run in one process,
+    round by round, on one machine. Returns the name and the settings."""
+    name, *sets = label.split("@")
+    out: dict[str, float] = {}
+    for item in sets:
+        key, eq, value = item.partition("=")
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if not (eq and key.isidentifier() and not key.startswith("_") and math.isfinite(number)):
+            raise ValueError(f"policy {label!r}: each setting after '@' is attr=number, not {item!r}")
+        out[key] = number
+    if not name:
+        raise ValueError(f"policy {label!r} has no name before '@'")
+    return name, out
+
+
 def swap_kv_policy(engine, policy: str, *, cpu_share: float) -> None:
-    """Give ``engine`` a fresh, empty KV cache of the same layout under ``policy`` (same weights)."""
-    engine.set_kv_policy(policy, cpu_share=cpu_share)
+    """Give ``engine`` a fresh, empty KV cache of the same layout under ``policy`` (same weights):
+    a name, or a variant (:func:`split_variant`) whose settings go onto the new placement
+    policy; a setting the policy does not have is an error."""
+    name, sets = split_variant(policy)
+    engine.set_kv_policy(name, cpu_share=cpu_share)
+    pol = engine.cache.policy
+    for key, value in sets.items():
+        current = getattr(pol, key, None)
+        if not isinstance(current, (int, float)) or isinstance(current, bool):
+            raise ValueError(f"policy {policy!r}: {name} has no numeric setting {key!r}")
+        setattr(pol, key, type(current)(value))
     _free_memory(engine.device)
 
 
@@ -538,7 +570,8 @@ class Grid:
                 try:
                     row.update(run_engine_row(engine, prompts, s.decode_steps, vram_budget,
                                               f"{policy}-{b}-{n}", s.prefill, s.seed))
-                    row.update(model_terms(profile, cfg, engine, policy, b, n, s.decode_steps,
+                    row.update(model_terms(profile, cfg, engine, split_variant(policy)[0], b, n,
+                                           s.decode_steps,
                                            static_share, row.get("cpu_expert_bytes_measured")))
                     if row.get("roofline_bound_s") and row.get("mean_step_s"):
                         row["bound_efficiency"] = row["roofline_bound_s"] / row["mean_step_s"]

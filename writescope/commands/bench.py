@@ -37,7 +37,10 @@ def register(subparsers) -> None:
                    help="prompt tokens per sequence, e.g. 1k,8k,32k,128k (default 1k,8k)")
     p.add_argument("--decode-steps", type=int, default=32, help="timed decode steps per row (default 32)")
     p.add_argument("--policies", default=",".join(DEFAULT_POLICIES), metavar="P1,P2,...",
-                   help=f"KV policies (default {','.join(DEFAULT_POLICIES)})")
+                   help=f"KV policies (default {','.join(DEFAULT_POLICIES)}); a variant "
+                        "NAME@ATTR=NUMBER[@...] sets its placement policy's attribute, e.g. "
+                        "writescope@placement_cpu_margin=1.0 beside writescope, to compare two "
+                        "settings in one run (with --rounds, alternated)")
     p.add_argument("--peer", action="append", default=[], metavar="NAME",
                    help="external peer run on the same weights and prompts: transformers")
     p.add_argument("--peer-offload-weights", action="store_true",
