@@ -221,8 +221,9 @@ def split_variant(label: str) -> tuple[str, dict[str, float]]:
 
 def swap_kv_policy(engine, policy: str, *, cpu_share: float) -> None:
     """Give ``engine`` a fresh, empty KV cache of the same layout under ``policy`` (same weights):
-    a name, or a variant (:func:`split_variant`) whose settings go onto the new placement
-    policy; a setting the policy does not have is an error."""
+    a name, or a variant (:func:`split_variant`) whose settings are set on the new placement
+    policy once it is built, before anything is placed (so only attributes it reads as it
+    works take effect, as ``placement_cpu_margin`` is); a setting it does not have is an error."""
     name, sets = split_variant(policy)
     engine.set_kv_policy(name, cpu_share=cpu_share)
     pol = engine.cache.policy
