@@ -98,3 +98,26 @@ cpu_grid() {
     --policies writescope,transfer,cpu,static,migrate --batch $batches --context-lengths $contexts \
     --out $R/$name "$@"
 }
+
+# margin_ab NAME CAP [ARGS...]: placement's CPU margin, A/B in one process: DeepSeek-V2-Lite
+# 4 x 128K with the experts on the GPU (38 GiB), writescope at the default PLACEMENT_CPU_MARGIN,
+# static, and writescope at margin 1.0 (a policy variant), three rounds of alternating order,
+# against $P (calibrate_profile first) into $R/NAME/. ~30 s per policy-round after a ~20 s build.
+margin_ab() {
+  local name=$1 cap=$2; shift 2
+  run $name $cap python -m writescope bench --model deepseek-v2-lite --random-weights --profile $P \
+    --vram-budget 38GiB --experts gpu --batch 4 --context-lengths 128k --max-num-batched-tokens 16384 \
+    --warmup-length 4k --decode-steps 12 --prefill synthetic --no-progress --rounds 3 \
+    --policies writescope,static,writescope@placement_cpu_margin=1.0 --out $R/$name "$@"
+}
+
+# host_profile NAME CAP BATCH CONTEXT EXPERTS BUDGET [ARGS...]: where a Qwen3-30B-A3B decode
+# step's host time goes (bench.step_profile with --cprofile 4, synthetic prefill) into
+# $R/NAME.json: e.g. 1 1k cpu 32GiB (the batch-1 CPU-experts step), 2 32k gpu 68GiB (the short
+# host-bound step).
+host_profile() {
+  local name=$1 cap=$2 b=$3 ctx=$4 ex=$5 budget=$6; shift 6
+  run $name $cap python -m writescope.bench.step_profile --model qwen3-30b-a3b --random-weights \
+    --profile $P --prefill synthetic --cprofile 4 --batch $b --context $ctx --experts $ex \
+    --vram-budget $budget --json $R/$name.json "$@"
+}
