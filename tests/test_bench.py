@@ -402,7 +402,7 @@ def test_step_profile_counts_a_decode_steps_ops(tiny_deepseek_v2, tmp_path, caps
     assert res["aten_ops_per_step"] > 100 and res["layers"] == 3
     assert 0 < res["forward_host_s"] <= res["step_s"]
     assert len(res["top_host_ops"]) == 5
-    assert step_profile.main(["--model", str(tiny_deepseek_v2), "--batch", "2", "--context", "300",
+    assert step_profile.main(["--model", str(tiny_deepseek_v2), "--batch", "2", "--context", "0.25k",
                               "--warmup", "1", "--steps", "2", "--top", "3", "--prefill",
                               "synthetic", "--num-gpu-blocks", "1", "--json", str(out)]) == 0
     res = json.loads(out.read_text())
@@ -414,7 +414,7 @@ def test_step_profile_counts_a_decode_steps_ops(tiny_deepseek_v2, tmp_path, caps
 def test_step_profile_lists_python_functions_by_host_time(tiny_deepseek_v2, tmp_path, capsys):
     from writescope.bench import step_profile
     out = tmp_path / "p.json"
-    assert step_profile.main(["--model", str(tiny_deepseek_v2), "--batch", "2", "--context", "300",
+    assert step_profile.main(["--model", str(tiny_deepseek_v2), "--batch", "2", "--context", "0.25k",
                               "--warmup", "1", "--steps", "1", "--top", "8", "--prefill",
                               "synthetic", "--num-gpu-blocks", "1", "--cprofile", "2",
                               "--json", str(out)]) == 0

@@ -22,6 +22,7 @@ import time
 
 
 from .row import make_prompts
+from ..units import parse_count
 
 
 def main(argv=None) -> int:
@@ -30,7 +31,8 @@ def main(argv=None) -> int:
     ap.add_argument("--model", required=True)
     ap.add_argument("--random-weights", action="store_true")
     ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--context", type=int, default=2048)
+    ap.add_argument("--context", type=parse_count, default=2048,
+                    help="prompt tokens per sequence, e.g. 2048 or 32k (default 2048)")
     ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--top", type=int, default=30)
