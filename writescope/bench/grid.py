@@ -543,6 +543,7 @@ class Grid:
         """One policy's rows of one round: a fresh cache under ``policy``, its warm-up, then
         every (batch, context) row."""
         s = self.spec
+        base = split_variant(policy)[0]  # a variant's rows are modelled as its policy's
         try:
             swap_kv_policy(engine, policy, cpu_share=static_share)
         except Exception as e:  # noqa: BLE001
@@ -571,8 +572,7 @@ class Grid:
                 try:
                     row.update(run_engine_row(engine, prompts, s.decode_steps, vram_budget,
                                               f"{policy}-{b}-{n}", s.prefill, s.seed))
-                    row.update(model_terms(profile, cfg, engine, split_variant(policy)[0], b, n,
-                                           s.decode_steps,
+                    row.update(model_terms(profile, cfg, engine, base, b, n, s.decode_steps,
                                            static_share, row.get("cpu_expert_bytes_measured")))
                     if row.get("roofline_bound_s") and row.get("mean_step_s"):
                         row["bound_efficiency"] = row["roofline_bound_s"] / row["mean_step_s"]
