@@ -171,3 +171,88 @@ def test_auto_step_form_with_cuda_graphs(tiny_qwen3_moe, monkeypatch):
         assert a.token_ids == b.token_ids
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
 
+
+
+RESIDENT_CODE = r"""
+import json, os, sys
+sys.path.insert(0, os.path.join(os.getcwd(), "tests"))
+from test_parity import GREEDY, PLACEMENTS, engine, prompt_ids
+path, placement = sys.argv[1], sys.argv[2]
+if placement == "all-G":
+    opts, lens = PLACEMENTS["all-G"], (5, 40, 90)
+else:  # G fills up during the decode: later blocks go to T
+    opts, lens = dict(kv_policy="transfer", num_gpu_blocks=4), (5, 20, 30)
+prompts = [prompt_ids(320, n, seed=n) for n in lens]
+out = {}
+for mode in ("0", "force"):
+    os.environ["WRITESCOPE_RESIDENT_ATTENTION"] = mode
+    llm = engine(path, **opts)
+    got = llm.generate(prompts, GREEDY)
+    s = llm.stats()
+    out[mode] = {"tokens": [o.token_ids for o in got], "logprobs": [o.logprobs for o in got],
+                 "resident_steps": s["kv.resident_steps"], "steps": s["kv.steps"],
+                 "W": s["kv.bytes_written.W"]}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("placement", ["all-G", "G-then-T"])
+def test_resident_steps_match_the_hybrid_path(tiny_qwen3_moe, placement):
+    """Decode steps whose cached KV is all on the GPU attend through fixed buffers
+    (attention/resident.py, the form a CUDA graph captures): run as pieces with Triton's CPU
+    interpreter, every token and log-probability equals the hybrid path's, the same W bytes
+    are written, and such steps ran (in "G-then-T" only until G is full)."""
+    pytest.importorskip("triton")
+    from test_hybrid import interpreter_runs_loaded_loops
+    why = interpreter_runs_loaded_loops()
+    if why is not None:
+        pytest.skip(f"Triton's interpreter cannot run data-bounded loops here: {why}")
+    import json
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, TRITON_INTERPRET="1", WRITESCOPE_CUDA_GRAPHS="pieces",
+               PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-c", RESIDENT_CODE, str(tiny_qwen3_moe), placement],
+                       env=env, capture_output=True, text=True, timeout=600, cwd=root)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    off, on = res["0"], res["force"]
+    assert off["resident_steps"] == 0
+    assert on["resident_steps"] > 0
+    if placement == "all-G":  # every decode step that completes no block
+        assert on["resident_steps"] >= on["steps"] // 2, on
+    else:
+        assert on["resident_steps"] < on["steps"] // 2, on
+    assert on["tokens"] == off["tokens"]
+    for a, b in zip(on["logprobs"], off["logprobs"]):
+        assert max(abs(x - y) for x, y in zip(a, b)) < 1e-5
+    assert on["W"] == off["W"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("experts", ["gpu", "cpu"])
+def test_resident_steps_are_captured_whole(all_tiny, experts, monkeypatch):
+    """On CUDA, decode steps whose cached KV is all on the GPU are captured with their attention
+    (resident buffers) and replayed; when G fills up the steps go back to the hybrid path. The
+    tokens are the eager run's and transformers'."""
+    lens = (5, 20, 30)
+    prompts = [prompt_ids(320, n, seed=n) for n in lens]
+    for opts in (PLACEMENTS["all-G"], dict(kv_policy="transfer", num_gpu_blocks=4)):
+        kw = dict(device="cuda", experts=experts, **opts)
+        monkeypatch.setenv("WRITESCOPE_CUDA_GRAPHS", "0")
+        want = engine(all_tiny, **kw).generate(prompts, GREEDY)
+        monkeypatch.setenv("WRITESCOPE_CUDA_GRAPHS", "1")
+        llm = engine(all_tiny, **kw)
+        got = llm.generate(prompts, GREEDY)
+        s = llm.stats()
+        assert s["graphs.mode"] == "on", s["graphs.mode"]
+        assert s["graphs.resident_steps"] > 0 and s["kv.resident_steps"] >= s["graphs.resident_steps"]
+        if opts is not PLACEMENTS["all-G"]:
+            assert s["kv.resident_steps"] < s["kv.steps"] // 2, s
+        for a, b in zip(got, want):
+            assert a.token_ids == b.token_ids
+            assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+    generate_checked(all_tiny, device="cuda", experts=experts, **PLACEMENTS["all-G"])

@@ -55,13 +55,14 @@ def main(argv=None) -> int:
     from ..core import SamplingParams
     from ..engine.engine import LLMEngine
 
+    total = args.warmup + 2 * args.steps + max(args.cprofile, 0)  # decode steps the run takes
     eng = LLMEngine(args.model, random_weights=args.random_weights, kv_policy=args.kv_policy,
                     vram_budget=args.vram_budget, experts=args.experts,
                     num_gpu_blocks=args.num_gpu_blocks, max_num_seqs=args.batch,
-                    max_model_len=args.context + args.warmup + args.steps + 16,
+                    max_model_len=args.context + total + 16,
                     max_num_batched_tokens=args.max_num_batched_tokens, profile=args.profile)
     prompts = make_prompts(eng.config.vocab_size, args.batch, args.context, 0)
-    sp = SamplingParams(max_tokens=args.warmup + args.steps + 8, temperature=0.0, ignore_eos=True)
+    sp = SamplingParams(max_tokens=total + 8, temperature=0.0, ignore_eos=True)
     for i, p in enumerate(prompts):
         eng.add_request(f"p{i}", p, sp)
     if args.prefill == "synthetic":
@@ -70,6 +71,11 @@ def main(argv=None) -> int:
         eng.step()  # prefill
     for _ in range(args.warmup):
         eng.step()
+    plain = []  # the same steps with no profiler attached
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        eng.step()
+        plain.append(time.perf_counter() - t0)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if eng.device.type == "cuda" else [])
     walls, hosts = [], []
     with profile(activities=acts) as prof:
@@ -88,6 +94,9 @@ def main(argv=None) -> int:
         "model": args.model, "batch": args.batch, "context": args.context,
         "kv_policy": args.kv_policy, "device": str(eng.device), "prefill": args.prefill,
         "step_s": sum(walls) / n, "forward_host_s": sum(hosts) / n,
+        "step_s_unprofiled": sorted(plain)[len(plain) // 2],
+        "engine": {k: v for k, v in eng.stats().items()
+                   if k.startswith("graphs.") or k in ("kv.resident_steps", "kv.steps")},
         "aten_ops_per_step": sum(e.count for e in ops) / n,
         "kernel_launches_per_step": launches / n,
         "layers": eng.config.num_layers,
@@ -95,6 +104,8 @@ def main(argv=None) -> int:
                           "self_cpu_ms_per_step": e.self_cpu_time_total / 1e3 / n}
                          for e in top],
     }
+    print(f"decode step {res['step_s_unprofiled'] * 1e3:.1f} ms (median of {n}, no profiler); "
+          f"{res['engine']}")
     print(f"decode step {res['step_s'] * 1e3:.1f} ms, host until enqueued "
           f"{res['forward_host_s'] * 1e3:.1f} ms; {res['aten_ops_per_step']:.0f} aten ops and "
           f"{res['kernel_launches_per_step']:.0f} kernel launches per step "

@@ -124,11 +124,14 @@ class Segment:
         env.update({k: local[k] for k in self.outputs})
 
 
-def _layer_pieces(i: int, layer, n: int, cache, group: int | None = None) -> list[Piece]:
+def _layer_pieces(i: int, layer, n: int, cache, group: int | None = None,
+                  resident: bool = False) -> list[Piece]:
     """Layer ``i``'s pieces. ``group`` None: the whole step, one attention piece. Else one
     sub-batch of a pipelined step (keys prefixed ``"{group}:"``): attention is two pieces,
     ``launch`` (GPU side enqueued, CPU side handed to its worker) and ``finish`` (the merge),
-    so that the other sub-batch's work can be enqueued between them."""
+    so that the other sub-batch's work can be enqueued between them. ``resident``: the step's
+    cached KV is all on the GPU and loaded into fixed buffers (``cache.attend_resident``):
+    the attention piece is graph-safe too."""
     attn, ffn = layer.self_attn, layer.ffn
     g = 0 if group is None else group
     pre_ = "" if group is None else f"{group}:"
@@ -141,6 +144,9 @@ def _layer_pieces(i: int, layer, n: int, cache, group: int | None = None) -> lis
 
     def attend(env, ctx):  # the only part that depends on the step's plan
         env[o_kv], env[l_kv] = ctx.attend_cached(i, env[q], env[rec])
+
+    def attend_resident(env, ctx):  # the plan is in fixed buffers (no ctx: also in a capture)
+        env[o_kv], env[l_kv] = cache.attend_resident(i, env[q], env[rec])
 
     def launch(env, ctx):
         ctx.attend_launch(i, env[q], env[rec], g)
@@ -158,7 +164,9 @@ def _layer_pieces(i: int, layer, n: int, cache, group: int | None = None) -> lis
 
     safe = getattr(ffn, "graph_safe", None)
     out = [Piece(f"{pre_}pre{i}", pre, (x, cos, sin), (q, rec, o_self, l_self), True, g)]
-    if group is None:
+    if group is None and resident:
+        out.append(Piece(f"attn{i}", attend_resident, (q, rec), (o_kv, l_kv), True))
+    elif group is None:
         out.append(Piece(f"attn{i}", attend, (q, rec), (o_kv, l_kv), False))
     else:
         out += [Piece(f"{pre_}launch{i}", launch, (q, rec), (), False, g),
@@ -186,13 +194,14 @@ def _ends(model, group: int | None = None) -> tuple[Piece, Piece]:
             Piece(f"{pre_}norm", norm, (x,), (out,), True, g))
 
 
-def decode_pieces(model, n: int, cache) -> list[Piece]:
+def decode_pieces(model, n: int, cache, resident: bool = False) -> list[Piece]:
     """The model's forward pass for ``n`` new tokens, one per sequence, as pieces (equal to
-    ``model.forward`` over ``cache``)."""
+    ``model.forward`` over ``cache``). ``resident``: attention through the cache's fixed
+    buffers (graph-safe; see :func:`_layer_pieces`)."""
     embed, norm = _ends(model)
     pieces = [embed]
     for i, layer in enumerate(model.model.layers):
-        pieces += _layer_pieces(i, layer, n, cache)
+        pieces += _layer_pieces(i, layer, n, cache, resident=resident)
     pieces.append(norm)
     return pieces
 
@@ -252,8 +261,14 @@ class DecodeGraphs:
         self._pool = None
         self.disabled_reason: str | None = None
         self.counters = {"graphs.captured_sizes": 0, "graphs.replayed_steps": 0,
-                         "graphs.pipelined_steps": 0, "graphs.segments": 0,
-                         "graphs.capture_s": 0.0}
+                         "graphs.pipelined_steps": 0, "graphs.resident_steps": 0,
+                         "graphs.segments": 0, "graphs.capture_s": 0.0}
+
+    def bucket_rows(self, n: int) -> int | None:
+        """The rows a graphed decode step of ``n`` tokens runs in, when its attention may be
+        captured too (captures on CUDA; with ``WRITESCOPE_CUDA_GRAPHS=pieces`` the same pieces
+        run eagerly); None when graphs are off for it."""
+        return bucket(n) if self.wants(n) else None
 
     def wants(self, n: int) -> bool:
         if self.mode == "off" or self.disabled_reason or not 1 <= n <= MAX_GRAPH_TOKENS:
@@ -261,11 +276,14 @@ class DecodeGraphs:
         return self.mode == "pieces" or self.device.type == "cuda"
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx,
-            groups: list[int] | None = None) -> torch.Tensor:
+            groups: list[int] | None = None, resident: tuple | None = None) -> torch.Tensor:
         """The forward pass of a decode step of ``n = len(input_ids)`` tokens: final-normed
         hidden states as ``model.forward`` returns them, in the first ``n`` of ``bucket(n)``
         rows. ``groups``: tokens per sub-batch of a pipelined step (two, in batch order; the
-        step's attention was planned in the same groups); the result then has ``n`` rows."""
+        step's attention was planned in the same groups); the result then has ``n`` rows.
+        ``resident``: the step's key in the cache's resident buffers (``cache.step_resident``,
+        loaded for ``bucket(n)`` rows): its attention is captured with the rest, and the graphs
+        are captured anew whenever the key changes (the buffers grew)."""
         n = input_ids.shape[0]
         if groups is not None and len(groups) > 1:
             counts = [int(c) for c in groups]
@@ -278,10 +296,17 @@ class DecodeGraphs:
             env = {"ids": input_ids, "pos": positions}
         sizes = [bucket(c) for c in counts]
         key = tuple(sizes)
+        if resident is not None:
+            if len(sizes) != 1 or resident[0] != sizes[0]:
+                raise ValueError(f"a resident step of {counts} tokens loaded for {resident[0]} rows")
+            key = key + (resident,)
+            for k in [k for k in self.plans
+                      if k[0] == key[0] and isinstance(k[-1], tuple) and k != key]:
+                del self.plans[k]  # captured over buffers that have since been replaced
         segs = self.plans.get(key)
         if segs is None:  # eagerly, padded to the size (and kept as the capture's inputs)
-            pieces = (decode_pieces(self.model, sizes[0], self.cache) if len(sizes) == 1 else
-                      pipelined_pieces(self.model, sizes, self.cache))
+            pieces = (decode_pieces(self.model, sizes[0], self.cache, resident is not None)
+                      if len(sizes) == 1 else pipelined_pieces(self.model, sizes, self.cache))
             segs = segments(pieces)
             for seg in segs:
                 if not seg.graphable:
@@ -308,6 +333,8 @@ class DecodeGraphs:
         self.counters["graphs.replayed_steps"] += 1
         if len(counts) > 1:
             self.counters["graphs.pipelined_steps"] += 1
+        if resident is not None:
+            self.counters["graphs.resident_steps"] += 1
         return self._output(env, counts)
 
     @staticmethod

@@ -79,8 +79,11 @@ class ModelRunner:
             split = forms.choose(form_key)
             if hasattr(policy, "pipelined"):  # the planner models the form the step runs in
                 policy.pipelined = split
+        # a graphed one-batch step may attend through the cache's fixed buffers, when all its
+        # cached KV is on the GPU (the cache decides; cache.step_resident)
+        rows = self.graphs.bucket_rows(len(ids)) if graphed and not split else None
         self.cache.begin_step([(s.request.seq_id, s.start, s.num_new) for s in batch.seqs],
-                              pipeline=split)
+                              pipeline=split, resident_rows=rows)
         if forms is not None and not self.cache.step_splittable:
             forms = None  # nothing to overlap: both forms are the same step, nothing to learn
             split = False
@@ -89,7 +92,8 @@ class ModelRunner:
         try:
             if graphed:
                 hidden = self.graphs.run(input_ids, positions, self.cache,
-                                         groups=self.cache.step_groups)
+                                         groups=self.cache.step_groups,
+                                         resident=self.cache.step_resident)
             else:
                 hidden = self.model(input_ids, positions, self.cache)
             sampled = [s for s in batch.seqs if s.sample]

@@ -36,6 +36,7 @@ from ..attention.batch import BlockBatch
 from ..attention.hybrid import AttentionStepPlan, HybridAttention
 from ..attention.merge import merge
 from ..attention.prefill import causal_prefix_attention
+from ..attention.resident import ResidentAttention
 from ..attention.selfattn import causal_self_attention
 from ..core import RequestTooLargeError
 from ..hostmem import h2d
@@ -69,6 +70,18 @@ def dense_prefill_default() -> bool:
     """Prefill chunks attend their context with the fused dense kernel (``attention/prefill.py``)
     unless ``WRITESCOPE_DENSE_PREFILL=0`` (then the paged kernels run them like decode rows)."""
     return os.environ.get("WRITESCOPE_DENSE_PREFILL", "1") != "0"
+
+
+def resident_mode() -> str:
+    """``WRITESCOPE_RESIDENT_ATTENTION``: ``on`` (the default; 1) -- a graphed decode step whose
+    cached KV is all on the GPU attends through fixed buffers on CUDA (attention/resident.py),
+    so its whole forward pass is one graph; ``off`` (0) -- through the hybrid side, eagerly, as
+    every step did before; ``force`` -- also where the hybrid side runs the torch backend (the
+    CPU tests, with Triton's interpreter running the kernels)."""
+    v = os.environ.get("WRITESCOPE_RESIDENT_ATTENTION", "1").strip().lower()
+    if v in ("0", "off", "false", "no"):
+        return "off"
+    return "force" if v == "force" else "on"
 
 
 #: a decode step is split into sub-batches only with at least this many sequences
@@ -156,6 +169,9 @@ class InplaceKVCache:
             Region.W: BlockAllocator(layout.num_blocks[Region.W], "W"),
         }
         self.hybrid = HybridAttention(self.pools, spec, self.device, cpu_threads, staging_bytes)
+        #: decode steps whose cached KV is all on the GPU, through fixed buffers that a CUDA
+        #: graph holds (attention/resident.py); made with the first such step
+        self.resident: ResidentAttention | None = None
         self.prefill_gpu_rows = prefill_gpu_rows  # None: the policy assigns prefill rows too
         #: prefill chunks (more than ``prefill_gpu_rows`` new tokens) attend their whole context
         #: in one fused causal kernel instead of the paged path
@@ -165,6 +181,7 @@ class InplaceKVCache:
         self.reserved = 0  # blocks promised to admitted sequences, not yet sealed
         self.counters = {f"kv.bytes_written.{r}": 0 for r in Region}
         self.counters["kv.pipelined_steps"] = 0
+        self.counters["kv.resident_steps"] = 0
         self.counters.update({"kv.bytes_read.gpu": 0, "kv.bytes_read.cpu": 0,
                               "kv.bytes_moved_after_placement": 0, "kv.steps": 0,
                               "kv.dense_prefill_rows": 0, "kv.filled_tokens": 0})
@@ -242,12 +259,18 @@ class InplaceKVCache:
         return t
 
     # ------------------------------------------------------------------ the step
-    def begin_step(self, work: list[tuple[int, int, int]], pipeline: bool = False) -> None:
+    def begin_step(self, work: list[tuple[int, int, int]], pipeline: bool = False,
+                   resident_rows: int | None = None) -> None:
         """``work``: per scheduled sequence ``(seq_id, start, num_new)``, in batch order.
 
         ``pipeline``: the caller can run a decode step as two interleaved sub-batches
         (``engine/pipeline.py``); the step is then planned in two groups when that pays
-        (:attr:`step_groups`), attended with :meth:`attend_launch` / :meth:`attend_finish`."""
+        (:attr:`step_groups`), attended with :meth:`attend_launch` / :meth:`attend_finish`.
+
+        ``resident_rows``: the caller runs a decode step as ``resident_rows`` padded rows in a
+        CUDA graph (``engine/graphs.py``). A step that attends GPU-resident blocks only and
+        completes no block is then loaded into fixed buffers (:attr:`step_resident`), and its
+        layers are attended with :meth:`attend_resident`."""
         if self._step is not None:
             raise KVCacheError("begin_step called twice without end_step")
         step = self._place(work)
@@ -264,7 +287,13 @@ class InplaceKVCache:
             prefill=prefill, self_seg_lens=_self_segments(step["seg_lens"], prefill),
             plan=plan, groups=_pipeline_groups(work, plan) if pipeline else None,
             group_records={})
+        step["resident"] = None
+        if resident_rows is not None and not step["groups"]:
+            step["resident"] = self._load_resident(step, plan, resident_rows)
         self._step = step
+        if step["resident"] is not None:  # the hybrid side only closes the step (end_step)
+            plan = AttentionStepPlan(self.spec, self.scale, plan.num_q_rows,
+                                     q_indptr=plan.q_indptr)
         self.hybrid.begin_step(plan, groups=step["groups"])
         if step["groups"]:
             self.counters["kv.pipelined_steps"] += 1
@@ -372,6 +401,8 @@ class InplaceKVCache:
             "work": work, "seg_lens": seg_lens, "new_blocks": new_blocks,
             "tail_src": h2d(tail_src, dev, torch.long),
             "block_src": as_idx(block_src), "w_dst": as_idx(w_dst), "w_src": as_idx(w_src),
+            "w_host": (np.concatenate(w_src) if w_src else np.zeros(0, np.int64),
+                       np.concatenate(w_dst) if w_dst else np.zeros(0, np.int64)),
         }
         by_region = {}
         for r in (Region.G, Region.T, Region.C):
@@ -390,6 +421,39 @@ class InplaceKVCache:
         step = self._step
         return step is not None and (step["groups"] is not None or
                                      _pipeline_groups(step["work"], step["plan"]) is not None)
+
+    def _load_resident(self, step: dict, plan: AttentionStepPlan, rows: int) -> tuple | None:
+        """The step's key in :attr:`resident`'s buffers, or None when it cannot run there (see
+        :meth:`begin_step`; ``WRITESCOPE_RESIDENT_ATTENTION=0`` never, ``=force`` also off CUDA,
+        where Triton's interpreter runs the kernels)."""
+        mode = resident_mode()
+        if mode == "off" or (mode == "on" and self.hybrid.backend != "triton"):
+            return None
+        if step["new_blocks"] or not ResidentAttention.eligible(
+                plan, [n for _, _, n in step["work"]]):
+            return None
+        if self.resident is None:
+            self.resident = ResidentAttention(self.pools, self.spec, self.scale, self.device,
+                                              self.hybrid.chunk_blocks)
+        return self.resident.load(plan, rows, *step["w_host"])
+
+    @property
+    def step_resident(self) -> tuple | None:
+        """The open step's key in the resident buffers (part of its graph's key), or None when
+        its attention runs through the hybrid side."""
+        return None if self._step is None else self._step["resident"]
+
+    def attend_resident(self, layer: int, q: torch.Tensor, records: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`attend_cached` for a resident step, over its padded rows: reads and writes
+        only fixed buffers, so a CUDA graph may hold it (also between steps, when the graph is
+        captured from the step that just ran)."""
+        r = self.resident
+        if r is None or r.key is None:
+            raise KVCacheError("attend_resident without a resident step loaded")
+        out, lse = r.attend(layer, q)
+        r.write(layer, records)
+        return out, lse
 
     @property
     def step_groups(self) -> list[int] | None:
@@ -579,6 +643,13 @@ class InplaceKVCache:
         # first: the attention side may report a failed CPU job here; the step is then still
         # open, so abort_step can give its blocks back
         timing = self.hybrid.end_step()
+        if step["resident"] is not None:  # no GPU timing events in a resident step
+            timing["gpu_s"] = None
+            self.counters["kv.resident_steps"] += 1
+            n = step["w_host"][0].size
+            self.counters["kv.bytes_written.W"] += \
+                n * self.spec.num_kv_heads * self.spec.rec_dim * self.spec.itemsize * \
+                self.spec.num_layers
         self._seal(step)
         self.counters["kv.dense_prefill_rows"] += sum(n for _, n, _ in step["prefill"])
         tb = self.spec.token_bytes()
