@@ -90,6 +90,17 @@ def main(argv=None) -> int:
     launches = sum(e.count for e in ev if e.key in ("cudaLaunchKernel", "cuLaunchKernel",
                                                       "cudaLaunchKernelExC", "cuLaunchKernelEx"))
     top = sorted(ev, key=lambda e: e.self_cpu_time_total, reverse=True)[:args.top]
+
+    def dev_us(e) -> float:  # self device time (the name moved between torch versions)
+        for name in ("self_device_time_total", "self_cuda_time_total"):
+            v = getattr(e, name, None)
+            if v is not None:
+                return float(v)
+        return 0.0
+    # kernels and copies by device time: what the GPU spends a step on (aten ops, whose device
+    # time is their kernels', are left out so that nothing is counted twice)
+    kernels = sorted((e for e in ev if dev_us(e) > 0 and not e.key.startswith("aten::")),
+                     key=dev_us, reverse=True)
     res = {
         "model": args.model, "batch": args.batch, "context": args.context,
         "kv_policy": args.kv_policy, "device": str(eng.device), "prefill": args.prefill,
@@ -103,6 +114,10 @@ def main(argv=None) -> int:
         "top_host_ops": [{"op": e.key, "calls_per_step": e.count / n,
                           "self_cpu_ms_per_step": e.self_cpu_time_total / 1e3 / n}
                          for e in top],
+        "device_ms_per_step": sum(dev_us(e) for e in kernels) / 1e3 / n,
+        "top_device_ops": [{"op": e.key, "calls_per_step": e.count / n,
+                            "device_ms_per_step": dev_us(e) / 1e3 / n}
+                           for e in kernels[:args.top]],
     }
     print(f"decode step {res['step_s_unprofiled'] * 1e3:.1f} ms (median of {n}, no profiler); "
           f"{res['engine']}")
@@ -113,6 +128,11 @@ def main(argv=None) -> int:
     print(f"{'op':48s} {'calls/step':>10s} {'self ms/step':>12s}")
     for r in res["top_host_ops"]:
         print(f"{r['op'][:48]:48s} {r['calls_per_step']:10.1f} {r['self_cpu_ms_per_step']:12.2f}")
+    if kernels:
+        print(f"\ndevice time {res['device_ms_per_step']:.1f} ms a step (profiled; kernels and copies)")
+        print(f"{'kernel':72s} {'calls/step':>10s} {'ms/step':>8s}")
+        for r in res["top_device_ops"]:
+            print(f"{r['op'][:72]:72s} {r['calls_per_step']:10.1f} {r['device_ms_per_step']:8.2f}")
     if args.cprofile > 0:
         res["cprofile"] = python_profile(eng, args.cprofile, args.top)
     if args.json:

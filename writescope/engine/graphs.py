@@ -260,15 +260,31 @@ class DecodeGraphs:
         self._pending: tuple[int, list[Segment]] | None = None
         self._pool = None
         self.disabled_reason: str | None = None
+        self._resident_ok: dict[int, bool] = {}  # per step size: every ffn piece graph-safe
         self.counters = {"graphs.captured_sizes": 0, "graphs.replayed_steps": 0,
                          "graphs.pipelined_steps": 0, "graphs.resident_steps": 0,
                          "graphs.segments": 0, "graphs.capture_s": 0.0}
 
-    def bucket_rows(self, n: int) -> int | None:
-        """The rows a graphed decode step of ``n`` tokens runs in, when its attention may be
-        captured too (captures on CUDA; with ``WRITESCOPE_CUDA_GRAPHS=pieces`` the same pieces
-        run eagerly); None when graphs are off for it."""
-        return bucket(n) if self.wants(n) else None
+    def resident_rows(self, n: int) -> int | None:
+        """The rows a graphed decode step of ``n`` tokens runs in when its attention may be
+        captured with the rest (a resident step, ``cache.begin_step``): only where every other
+        piece is graph-safe too, so that the whole step is one graph. None otherwise.
+
+        Steps whose routed experts run on the CPU stay on the hybrid path: captured around the
+        eager expert calls, resident attention diverged from the eager tokens on the H200
+        (2026-12-03c, call 1: all four tiny models within 5-12 tokens) and gained nothing there
+        (Qwen3-30B-A3B 1 x 1K: 63.1 against 62.9 ms; that step waits on the experts' round trips)."""
+        if not self.wants(n):
+            return None
+        size = bucket(n)
+        from ..kvcache.cache import resident_mode
+        if resident_mode() == "force":  # the tests' switch: pieces with eager experts too
+            return size
+        ok = self._resident_ok.get(size)
+        if ok is None:
+            safe = [getattr(l.ffn, "graph_safe", None) for l in self.model.model.layers]
+            ok = self._resident_ok[size] = all(f is None or f(size) for f in safe)
+        return size if ok else None
 
     def wants(self, n: int) -> bool:
         if self.mode == "off" or self.disabled_reason or not 1 <= n <= MAX_GRAPH_TOKENS:

@@ -80,8 +80,9 @@ class ModelRunner:
             if hasattr(policy, "pipelined"):  # the planner models the form the step runs in
                 policy.pipelined = split
         # a graphed one-batch step may attend through the cache's fixed buffers, when all its
-        # cached KV is on the GPU (the cache decides; cache.step_resident)
-        rows = self.graphs.bucket_rows(len(ids)) if graphed and not split else None
+        # cached KV is on the GPU (the cache decides; cache.step_resident) and the rest of the
+        # step is graph-safe (graphs.resident_rows)
+        rows = self.graphs.resident_rows(len(ids)) if graphed and not split else None
         self.cache.begin_step([(s.request.seq_id, s.start, s.num_new) for s in batch.seqs],
                               pipeline=split, resident_rows=rows)
         if forms is not None and not self.cache.step_splittable:

@@ -76,8 +76,9 @@ def resident_mode() -> str:
     """``WRITESCOPE_RESIDENT_ATTENTION``: ``on`` (the default; 1) -- a graphed decode step whose
     cached KV is all on the GPU attends through fixed buffers on CUDA (attention/resident.py),
     so its whole forward pass is one graph; ``off`` (0) -- through the hybrid side, eagerly, as
-    every step did before; ``force`` -- also where the hybrid side runs the torch backend (the
-    CPU tests, with Triton's interpreter running the kernels)."""
+    every step did before; ``force`` -- also where the hybrid side runs the torch backend and
+    where other pieces of the step are not graph-safe (the CPU tests, with Triton's interpreter
+    running the kernels; ``graphs.DecodeGraphs.resident_rows``)."""
     v = os.environ.get("WRITESCOPE_RESIDENT_ATTENTION", "1").strip().lower()
     if v in ("0", "off", "false", "no"):
         return "off"
