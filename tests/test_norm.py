@@ -1,0 +1,83 @@
+"""RMSNorm's fused Triton kernel (layers/norm.py) against its torch form: on the CPU through
+Triton's interpreter, on CUDA as the engine runs it."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+CASES = r"""
+import torch
+from writescope.layers.norm import RMSNorm, rms_norm_fused
+torch.manual_seed(0)
+ULP = 2.0 ** -7  # one bf16 unit in the last place, relative
+dev = DEVICE
+worst = {}
+for d in (128, 512, 2048, 4096, 7168):
+    for dt, wdt in ((torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                    (torch.bfloat16, torch.float32)):
+        m = RMSNorm(d, 1e-6)
+        with torch.no_grad():
+            m.weight.copy_(torch.randn(d) * 0.1 + 1)
+        m = m.to(dev, wdt)
+        x = (torch.randn(3, 5, d) * 3).to(dev, dt)
+        dt_, h = x.dtype, x.float()  # the torch form, whatever the device's dispatch
+        want = m.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + m.eps)).to(dt_)
+        got = rms_norm_fused(x, m.weight, m.eps)
+        assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, want.dtype)
+        rel = ((got.double() - want.double()).abs() / want.double().abs().clamp_min(1e-30))
+        if dt == torch.float32:
+            assert rel.max().item() < 1e-5, (d, dt, wdt, rel.max().item())
+        else:  # one rounding to bf16 on the way (the interpreter truncates: up to one unit)
+            assert rel.max().item() <= 2.01 * ULP, (d, dt, wdt, rel.max().item())
+        worst[(d, str(dt), str(wdt))] = ((got != want).float().mean().item(), rel.max().item())
+    x = torch.randn(4, d + 64, device=dev)[:, :d]  # rows of a wider tensor
+    m = RMSNorm(d).to(dev)
+    assert torch.allclose(rms_norm_fused(x, m.weight, m.eps), m.weight * (x * torch.rsqrt(
+        x.pow(2).mean(-1, keepdim=True) + m.eps)), rtol=1e-5, atol=1e-6)
+assert rms_norm_fused(torch.zeros(0, 64, device=dev), torch.ones(64, device=dev), 1e-6).shape == (0, 64)
+print(worst)
+print("ok")
+"""
+
+
+def test_fused_rms_norm_under_the_interpreter():
+    pytest.importorskip("triton")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, TRITON_INTERPRET="1",
+               PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-c", CASES.replace("DEVICE", '"cpu"')], env=env,
+                       capture_output=True, text=True, timeout=600, cwd=root)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
+
+
+def test_rms_norm_takes_the_torch_form_off_cuda(monkeypatch):
+    from writescope.layers import norm
+    called = []
+    monkeypatch.setattr(norm, "rms_norm_fused", lambda *a: called.append(a))
+    m = norm.RMSNorm(8)
+    x = torch.randn(2, 8)
+    want = m.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + m.eps))
+    assert torch.equal(m(x), want) and not called
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fused_rms_norm_on_cuda():
+    """On the GPU the kernel rounds as torch does: bf16 results within one unit of the torch
+    form's, most of them equal; the engine's RMSNorm takes it (and WRITESCOPE_FUSED_NORM=0 not)."""
+    ns: dict = {}
+    exec(CASES.replace("DEVICE", '"cuda"').replace('print("ok")', ""), ns)
+    for (d, dt, wdt), (frac, rel) in ns["worst"].items():
+        if "bfloat16" in dt:
+            assert rel <= 1.01 * ns["ULP"] and frac < 0.02, (d, dt, wdt, frac, rel)
+    from writescope.layers import norm
+    assert norm.fused_enabled()
+    os.environ["WRITESCOPE_FUSED_NORM"] = "0"
+    try:
+        assert not norm.fused_enabled()
+    finally:
+        del os.environ["WRITESCOPE_FUSED_NORM"]
