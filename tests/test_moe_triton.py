@@ -60,3 +60,13 @@ def test_engine_with_fused_moe_matches_transformers(all_tiny, monkeypatch):
     monkeypatch.setenv("WRITESCOPE_FUSED_MOE", "0")
     b = engine(all_tiny, device="cuda", experts="gpu", **PLACEMENTS["mixed"]).generate(prompts, GREEDY)
     assert [o.token_ids for o in a] == [o.token_ids for o in b]
+
+
+def test_gate_up_programs_fill_the_gpu():
+    """Few routed pairs: narrower gate/up programs, so that a launch has >= TARGET_PROGRAMS."""
+    from writescope.layers.moe_triton import gate_up_rows
+    assert gate_up_rows(16, 768) == 16      # Qwen3-30B-A3B, 2 tokens x 8 experts: 768 programs
+    assert gate_up_rows(24, 1408) == 64     # DeepSeek-V2-Lite, 4 x 6: 24 x 22 = 528 already
+    assert gate_up_rows(4, 14336) == 64     # Mixtral, 2 x 2
+    assert gate_up_rows(1, 24) == 16        # never below 16 rows
+    assert gate_up_rows(128, 768) == 64
