@@ -4,10 +4,18 @@ Mixtral and Qwen3 rotate the two halves of each head (``rotate_half``); transfor
 rotates interleaved pairs (a complex multiply). YaRN follows the paper (arXiv 2309.00071) as
 DeepSeek configures it: ``factor``, ``original_max_position_embeddings``, ``beta_fast``/``beta_slow``
 and an attention factor from ``mscale``/``mscale_all_dim``.
+
+On CUDA the half-split rotation is one Triton kernel instead of the torch form's nine (two cats
+and two casts of cos/sin, a negation, a cat, two products, a sum), which run twice a layer: a
+decode step of Qwen3-30B-A3B spent most of its device time in ~2,400 such small kernels
+(bench/results/2026-12-03c-h200, call 3). It rounds each product and sum to x's dtype as the
+torch form does, so the results are the same bits (``WRITESCOPE_FUSED_ROPE=0``: the torch form).
 """
 from __future__ import annotations
 
+import functools
 import math
+import os
 
 import torch
 from torch import nn
@@ -66,9 +74,73 @@ class Rotary(nn.Module):
 
 
 
+@functools.lru_cache(maxsize=None)
+def _kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def rope_half_kernel(X, COS, SIN, OUT, heads, stride_x, stride_c, stride_o,
+                         HALF: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        tok = row // heads
+        j = tl.arange(0, BLOCK)
+        m = j < HALF
+        dt = X.dtype.element_ty
+        x1 = tl.load(X + row * stride_x + j, mask=m, other=0.0).to(tl.float32)
+        x2 = tl.load(X + row * stride_x + HALF + j, mask=m, other=0.0).to(tl.float32)
+        # cos/sin in x's dtype, and every product and sum rounded to it, as the torch form's
+        # separate kernels round them (the casts also keep the compiler from fusing a product
+        # into the sum)
+        c = tl.load(COS + tok * stride_c + j, mask=m, other=0.0).to(dt).to(tl.float32)
+        s = tl.load(SIN + tok * stride_c + j, mask=m, other=0.0).to(dt).to(tl.float32)
+        a1 = (x1 * c).to(dt).to(tl.float32)
+        b1 = (x2 * s).to(dt).to(tl.float32)
+        a2 = (x2 * c).to(dt).to(tl.float32)
+        b2 = (x1 * s).to(dt).to(tl.float32)
+        tl.store(OUT + row * stride_o + j, (a1 - b1).to(dt), mask=m)
+        tl.store(OUT + row * stride_o + HALF + j, (a2 + b2).to(dt), mask=m)
+
+    from ..attention.launch import FastLaunch
+    return FastLaunch(rope_half_kernel)
+
+
+def fused_enabled() -> bool:
+    """The half-split rotation in one Triton kernel on CUDA (``WRITESCOPE_FUSED_ROPE=0``: the
+    torch form's nine kernels, as on the CPU)."""
+    if os.environ.get("WRITESCOPE_FUSED_ROPE", "1") in ("0", "false", "no", "off"):
+        return False
+    from ..attention.gpu import triton_available
+    return triton_available()
+
+
+def rotate_half_fused(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """:func:`apply_rotary`'s half-split form in one launch: ``x [N, heads, dim]`` (bf16, fp16
+    or fp32), ``cos/sin [N, dim/2]``. The same roundings as the torch form: the products and sums
+    rounded to x's dtype one by one."""
+    n, heads, d = x.shape
+    rows = x.reshape(n * heads, d)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    c = cos if cos.stride(-1) == 1 else cos.contiguous()
+    s_ = sin if sin.stride(-1) == 1 else sin.contiguous()
+    if c.stride(0) != s_.stride(0):
+        c, s_ = c.contiguous(), s_.contiguous()
+    out = torch.empty(n, heads, d, dtype=x.dtype, device=x.device)
+    if rows.shape[0]:
+        half = d // 2
+        _kernel()[(rows.shape[0],)](rows, c, s_, out, heads, rows.stride(0), c.stride(0),
+                                    d, HALF=half, BLOCK=1 << max(4, (half - 1).bit_length()),
+                                    num_warps=1 if half <= 128 else 4)
+    return out
+
+
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False
                  ) -> torch.Tensor:
     """Rotate ``x [N, heads, dim]`` by per-token ``cos/sin [N, dim/2]``."""
+    if (not interleaved and x.is_cuda and x.dim() == 3 and x.shape[-1] % 2 == 0
+            and x.dtype in (torch.bfloat16, torch.float16, torch.float32) and fused_enabled()):
+        return rotate_half_fused(x, cos, sin)
     c, s = cos.unsqueeze(1), sin.unsqueeze(1)
     if interleaved:
         xf = x.float().unflatten(-1, (-1, 2))

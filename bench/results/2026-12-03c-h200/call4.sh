@@ -2,11 +2,13 @@
 # Twenty-eighth session, call 4: the GPU tests of the fused RMSNorm (one Triton kernel per norm
 # instead of eight torch kernels: ~1,500 of a Qwen3 step's ~2,500 kernels were norms' in
 # call 3) and of the fused MoE's narrower gate/up programs (16 rows instead of 64 when a step
-# routes few pairs: 192 programs on 132 SMs read at ~1.6 TB/s in call 3), the Qwen3-30B-A3B
+# routes few pairs: 192 programs on 132 SMs read at ~1.6 TB/s in call 3) and of the half-split
+# rotation in one Triton kernel (nine torch kernels, twice a layer, before), the Qwen3-30B-A3B
 # 2 x 32K step's device time again, then issue 6's experts-on-GPU
 # row of Qwen3 at 32K (68 GiB: all KV in G, every decode step resident), all five
-# policies, and writescope without the two changes (WRITESCOPE_RESIDENT_ATTENTION=0,
-# WRITESCOPE_FUSED_NORM=0) in a second process.
+# policies, and writescope without the resident steps and the fused norm and rotation
+# (WRITESCOPE_RESIDENT_ATTENTION=0 WRITESCOPE_FUSED_NORM=0 WRITESCOPE_FUSED_ROPE=0; the gate/up
+# programs stay narrow) in a second process.
 source bench/results/run-helper.sh
 call_begin 390
 gpu_tests 175
@@ -14,5 +16,5 @@ P=bench/profiles/h200.json
 host_profile q2-32k-gpu 50 2 32k gpu 68GiB --top 40
 Q="--model qwen3-30b-a3b --random-weights --profile $P --vram-budget 68GiB --experts gpu --batch 2 --context-lengths 32k --max-num-batched-tokens 16384 --warmup-length 4k --decode-steps 12 --prefill synthetic --no-progress"
 run qwen3-gpu-short 100 python -m writescope bench $Q --policies writescope,transfer,cpu,static,migrate --out $R/qwen3-gpu-short
-run qwen3-gpu-short-before 55 env WRITESCOPE_RESIDENT_ATTENTION=0 WRITESCOPE_FUSED_NORM=0 python -m writescope bench $Q --policies writescope --out $R/qwen3-gpu-short-before
+run qwen3-gpu-short-before 55 env WRITESCOPE_RESIDENT_ATTENTION=0 WRITESCOPE_FUSED_NORM=0 WRITESCOPE_FUSED_ROPE=0 python -m writescope bench $Q --policies writescope --out $R/qwen3-gpu-short-before
 call_end
