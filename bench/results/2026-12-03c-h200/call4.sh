@@ -6,15 +6,12 @@
 # rotation in one Triton kernel (nine torch kernels, twice a layer, before), the Qwen3-30B-A3B
 # 2 x 32K step's device time again, then issue 6's experts-on-GPU
 # row of Qwen3 at 32K (68 GiB: all KV in G, every decode step resident), all five
-# policies, and writescope without the resident steps and the fused norm and rotation
-# (WRITESCOPE_RESIDENT_ATTENTION=0 WRITESCOPE_FUSED_NORM=0 WRITESCOPE_FUSED_ROPE=0; the gate/up
-# programs stay narrow) in a second process.
+# policies (the rows before these changes: calls 1 and 3, and the twenty-seventh session's).
 source bench/results/run-helper.sh
-call_begin 390
+call_begin 300
 gpu_tests 175
 P=bench/profiles/h200.json
-host_profile q2-32k-gpu 50 2 32k gpu 68GiB --top 40
+host_profile q2-32k-gpu 45 2 32k gpu 68GiB --top 40
 Q="--model qwen3-30b-a3b --random-weights --profile $P --vram-budget 68GiB --experts gpu --batch 2 --context-lengths 32k --max-num-batched-tokens 16384 --warmup-length 4k --decode-steps 12 --prefill synthetic --no-progress"
-run qwen3-gpu-short 100 python -m writescope bench $Q --policies writescope,transfer,cpu,static,migrate --out $R/qwen3-gpu-short
-run qwen3-gpu-short-before 55 env WRITESCOPE_RESIDENT_ATTENTION=0 WRITESCOPE_FUSED_NORM=0 WRITESCOPE_FUSED_ROPE=0 python -m writescope bench $Q --policies writescope --out $R/qwen3-gpu-short-before
+run qwen3-gpu-short 80 python -m writescope bench $Q --policies writescope,transfer,cpu,static,migrate --out $R/qwen3-gpu-short
 call_end
