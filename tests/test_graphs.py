@@ -125,6 +125,22 @@ def test_mode_switch(monkeypatch):
         assert graphs.mode() == m
 
 
+def eager_then_graphed(model, prompts, kw: dict, monkeypatch):
+    """Greedy runs with CUDA graphs off, then on: the second run's outputs (every token equal to
+    the first's, log-probabilities within 1e-4) and its engine's stats, whose graphs were on."""
+    monkeypatch.setenv("WRITESCOPE_CUDA_GRAPHS", "0")
+    want = engine(model, **kw).generate(prompts, GREEDY)
+    monkeypatch.setenv("WRITESCOPE_CUDA_GRAPHS", "1")
+    llm = engine(model, **kw)
+    got = llm.generate(prompts, GREEDY)
+    s = llm.stats()
+    assert s["graphs.mode"] == "on", s["graphs.mode"]
+    for a, b in zip(got, want):
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+    return got, s
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("experts", ["gpu", "cpu"])
@@ -132,19 +148,10 @@ def test_cuda_graphs_match_eager(all_tiny, experts, monkeypatch):
     prompts = [prompt_ids(320, n, seed=n) for n in (3, 70, 150)]
     kw = dict(device="cuda", experts=experts, **PLACEMENTS["mixed"])
     monkeypatch.setenv("WRITESCOPE_PIPELINE", "1")  # graphs of the split decode step too
-    monkeypatch.setenv("WRITESCOPE_CUDA_GRAPHS", "0")
-    want = engine(all_tiny, **kw).generate(prompts, GREEDY)
-    monkeypatch.setenv("WRITESCOPE_CUDA_GRAPHS", "1")
-    llm = engine(all_tiny, **kw)
-    got = llm.generate(prompts, GREEDY)
-    s = llm.stats()
-    assert s["graphs.mode"] == "on", s["graphs.mode"]
+    _, s = eager_then_graphed(all_tiny, prompts, kw, monkeypatch)
     assert s["graphs.captured_sizes"] >= 1 and s["graphs.replayed_steps"] > 0
     if experts == "gpu":  # steps with CPU attention replayed as two interleaved sub-batches
         assert s["graphs.pipelined_steps"] > 0 and s["kv.pipelined_steps"] > 0
-    for a, b in zip(got, want):
-        assert a.token_ids == b.token_ids
-        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
     generate_checked(all_tiny, **kw)  # and against transformers
 
 
@@ -208,14 +215,10 @@ def test_resident_steps_match_the_hybrid_path(tiny_qwen3_moe, placement):
     if why is not None:
         pytest.skip(f"Triton's interpreter cannot run data-bounded loops here: {why}")
     import json
-    import os
-    import subprocess
-    import sys
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, TRITON_INTERPRET="1", WRITESCOPE_CUDA_GRAPHS="pieces",
-               PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
-    r = subprocess.run([sys.executable, "-c", RESIDENT_CODE, str(tiny_qwen3_moe), placement],
-                       env=env, capture_output=True, text=True, timeout=600, cwd=root)
+
+    from triton_interp import run_interpreted
+    r = run_interpreted(RESIDENT_CODE, str(tiny_qwen3_moe), placement,
+                        env={"WRITESCOPE_CUDA_GRAPHS": "pieces"})
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(r.stdout.strip().splitlines()[-1])
     off, on = res["0"], res["force"]
@@ -243,13 +246,7 @@ def test_resident_steps_are_captured_whole(all_tiny, experts, monkeypatch):
     prompts = [prompt_ids(320, n, seed=n) for n in lens]
     for opts in (PLACEMENTS["all-G"], dict(kv_policy="transfer", num_gpu_blocks=4)):
         kw = dict(device="cuda", experts=experts, **opts)
-        monkeypatch.setenv("WRITESCOPE_CUDA_GRAPHS", "0")
-        want = engine(all_tiny, **kw).generate(prompts, GREEDY)
-        monkeypatch.setenv("WRITESCOPE_CUDA_GRAPHS", "1")
-        llm = engine(all_tiny, **kw)
-        got = llm.generate(prompts, GREEDY)
-        s = llm.stats()
-        assert s["graphs.mode"] == "on", s["graphs.mode"]
+        _, s = eager_then_graphed(all_tiny, prompts, kw, monkeypatch)
         if experts == "cpu":
             assert s["kv.resident_steps"] == 0 and s["graphs.replayed_steps"] > 0, s
         else:
@@ -257,7 +254,4 @@ def test_resident_steps_are_captured_whole(all_tiny, experts, monkeypatch):
             assert s["kv.resident_steps"] >= s["graphs.resident_steps"], s
         if opts is not PLACEMENTS["all-G"] and experts == "gpu":
             assert s["kv.resident_steps"] < s["kv.steps"] // 2, s
-        for a, b in zip(got, want):
-            assert a.token_ids == b.token_ids
-            assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
     generate_checked(all_tiny, device="cuda", experts=experts, **PLACEMENTS["all-G"])

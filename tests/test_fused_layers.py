@@ -1,15 +1,15 @@
-"""RMSNorm's fused Triton kernel (layers/norm.py) against its torch form: on the CPU through
-Triton's interpreter, on CUDA as the engine runs it."""
+"""The layers' fused Triton forms against their torch forms: RMSNorm (layers/norm.py) and the
+half-split rotary rotation (layers/rotary.py); on the CPU through Triton's interpreter, on CUDA
+as the engine runs them."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
+from triton_interp import run_interpreted
 
-CASES = r"""
+NORM_CASES = r"""
 import torch
 from writescope.layers.norm import RMSNorm, rms_norm_fused
 torch.manual_seed(0)
@@ -43,14 +43,35 @@ print(worst)
 print("ok")
 """
 
+ROPE_CASES = r"""
+import torch
+from writescope.layers.rotary import Rotary, apply_rotary, rotate_half_fused
+torch.manual_seed(0)
+dev = DEVICE
+res = {}
+for d, heads in ((128, 32), (128, 4), (64, 8), (96, 2)):
+    rot = Rotary(d, 1e6, None).to(dev)
+    pos = torch.tensor([0, 5, 4095, 131071], device=dev)
+    cos, sin = rot.cos_sin(pos)
+    for dt in (torch.float32, torch.bfloat16, torch.float16):
+        x = (torch.randn(4, heads, 2 * d, device=dev) * 2).to(dt)[..., ::2]  # a strided view
+        c2 = torch.cat((cos.unsqueeze(1),) * 2, -1).to(dt)
+        s2 = torch.cat((sin.unsqueeze(1),) * 2, -1).to(dt)
+        want = x * c2 + torch.cat((-x[..., d // 2:], x[..., :d // 2]), -1) * s2
+        got = rotate_half_fused(x, cos, sin)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        err = ((got.double() - want.double()).abs().max() / want.double().abs().max()).item()
+        res[(d, heads, str(dt))] = (torch.equal(got, want), err)
+        assert err < (1e-6 if dt == torch.float32 else 2e-2), (d, heads, dt, err)
+print(res)
+print("ok")
+"""
 
-def test_fused_rms_norm_under_the_interpreter():
+
+@pytest.mark.parametrize("cases", [NORM_CASES, ROPE_CASES], ids=["rms_norm", "rotation"])
+def test_fused_forms_under_the_interpreter(cases):
     pytest.importorskip("triton")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, TRITON_INTERPRET="1",
-               PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
-    r = subprocess.run([sys.executable, "-c", CASES.replace("DEVICE", '"cpu"')], env=env,
-                       capture_output=True, text=True, timeout=600, cwd=root)
+    r = run_interpreted(cases.replace("DEVICE", '"cpu"'))
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
 
 
@@ -64,13 +85,21 @@ def test_rms_norm_takes_the_torch_form_off_cuda(monkeypatch):
     assert torch.equal(m(x), want) and not called
 
 
+def test_rotation_takes_the_torch_form_off_cuda(monkeypatch):
+    from writescope.layers import rotary
+    monkeypatch.setattr(rotary, "rotate_half_fused", lambda *a: pytest.fail("fused off CUDA"))
+    x = torch.randn(2, 3, 8)
+    cos, sin = torch.randn(2, 4), torch.randn(2, 4)
+    rotary.apply_rotary(x, cos, sin)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_fused_rms_norm_on_cuda():
     """On the GPU the kernel rounds as torch does: bf16 results within one unit of the torch
     form's, most of them equal; the engine's RMSNorm takes it (and WRITESCOPE_FUSED_NORM=0 not)."""
     ns: dict = {}
-    exec(CASES.replace("DEVICE", '"cuda"').replace('print("ok")', ""), ns)
+    exec(NORM_CASES.replace("DEVICE", '"cuda"').replace('print("ok")', ""), ns)
     for (d, dt, wdt), (frac, rel) in ns["worst"].items():
         if "bfloat16" in dt:
             assert rel <= 1.01 * ns["ULP"] and frac < 0.02, (d, dt, wdt, frac, rel)
@@ -81,3 +110,13 @@ def test_fused_rms_norm_on_cuda():
         assert not norm.fused_enabled()
     finally:
         del os.environ["WRITESCOPE_FUSED_NORM"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fused_rotation_is_the_torch_forms_bits_on_cuda():
+    ns: dict = {}
+    exec(ROPE_CASES.replace("DEVICE", '"cuda"').replace('print("ok")', ""), ns)
+    for key, (same, err) in ns["res"].items():
+        if "float32" not in key[2]:  # fp32: the compiler may fuse a product into the sum
+            assert same, (key, err)

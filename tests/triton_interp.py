@@ -1,0 +1,20 @@
+"""Runs a snippet in a fresh interpreter with Triton's CPU interpreter on (TRITON_INTERPRET must
+be set before Triton is imported, so never in the test process itself)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_interpreted(code: str, *args: str, env: dict | None = None, timeout: int = 600
+                    ) -> subprocess.CompletedProcess:
+    """``python -c code *args`` from the repository root with the package on the path,
+    TRITON_INTERPRET=1 and ``env`` added."""
+    full = dict(os.environ, TRITON_INTERPRET="1",
+                PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    full.update(env or {})
+    return subprocess.run([sys.executable, "-c", code, *args], env=full, capture_output=True,
+                          text=True, timeout=timeout, cwd=ROOT)
