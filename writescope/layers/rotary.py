@@ -7,9 +7,10 @@ and an attention factor from ``mscale``/``mscale_all_dim``.
 
 On CUDA the half-split rotation is one Triton kernel instead of the torch form's nine (two cats
 and two casts of cos/sin, a negation, a cat, two products, a sum), which run twice a layer: a
-decode step of Qwen3-30B-A3B spent most of its device time in ~2,400 such small kernels
+decode step of Qwen3-30B-A3B spent most of its device time in ~4,300 such small kernels and copies
 (bench/results/2026-12-03c-h200, call 3). It rounds each product and sum to x's dtype as the
-torch form does, so the results are the same bits (``WRITESCOPE_FUSED_ROPE=0``: the torch form).
+torch form does; on the H200 the results were still not all the same bits, but within one unit
+in the last place (call 5; ``WRITESCOPE_FUSED_ROPE=0``: the torch form).
 """
 from __future__ import annotations
 
@@ -90,8 +91,7 @@ def _kernel():
         x1 = tl.load(X + row * stride_x + j, mask=m, other=0.0).to(tl.float32)
         x2 = tl.load(X + row * stride_x + HALF + j, mask=m, other=0.0).to(tl.float32)
         # cos/sin in x's dtype, and every product and sum rounded to it, as the torch form's
-        # separate kernels round them (the casts also keep the compiler from fusing a product
-        # into the sum)
+        # separate kernels round them
         c = tl.load(COS + tok * stride_c + j, mask=m, other=0.0).to(dt).to(tl.float32)
         s = tl.load(SIN + tok * stride_c + j, mask=m, other=0.0).to(dt).to(tl.float32)
         a1 = (x1 * c).to(dt).to(tl.float32)
@@ -116,8 +116,8 @@ def fused_enabled() -> bool:
 
 def rotate_half_fused(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """:func:`apply_rotary`'s half-split form in one launch: ``x [N, heads, dim]`` (bf16, fp16
-    or fp32), ``cos/sin [N, dim/2]``. The same roundings as the torch form: the products and sums
-    rounded to x's dtype one by one."""
+    or fp32), ``cos/sin [N, dim/2]``. The torch form's roundings: the products and sums rounded
+    to x's dtype one by one (within one unit of the torch form's results on the H200)."""
     n, heads, d = x.shape
     rows = x.reshape(n * heads, d)
     if rows.stride(-1) != 1:

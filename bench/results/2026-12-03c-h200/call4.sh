@@ -1,6 +1,6 @@
 #!/bin/bash
 # Twenty-eighth session, call 4: the GPU tests of the fused RMSNorm (one Triton kernel per norm
-# instead of eight torch kernels: ~1,500 of a Qwen3 step's ~2,500 kernels were norms' in
+# instead of eight torch kernels: ~1,500 of a Qwen3 step's ~4,500 kernels were norms' in
 # call 3) and of the fused MoE's narrower gate/up programs (16 rows instead of 64 when a step
 # routes few pairs: 192 programs on 132 SMs read at ~1.6 TB/s in call 3) and of the half-split
 # rotation in one Triton kernel (nine torch kernels, twice a layer, before), the Qwen3-30B-A3B
