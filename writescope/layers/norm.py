@@ -5,10 +5,10 @@ launches (the cast to float32, the square, the mean, the epsilon, the rsqrt, the
 cast back, the weight). A Qwen3-30B-A3B decode step calls it four times a layer; in its 2 x 32K
 step with the experts on the GPU, once the whole step is one CUDA graph, the device itself took
 14.7 ms against a 3.9 ms bound, spread over ~4,500 kernels and copies, ~1,500 of them the
-norms' (bench/results/2026-12-03c-h200, call 3; call 5: 193 norm kernels, 0.30 ms a step). The kernel computes what the torch form
-does in the same precision: the sum of squares in float32 (in another order: the last bit may
-differ), the normalised row rounded to the input's dtype, then the weight's product rounded to
-the promoted dtype. ``WRITESCOPE_FUSED_NORM=0`` keeps the torch form everywhere.
+norms' (bench/results/2026-12-03c-h200, call 3; call 5: 193 norm kernels, 0.30 ms a step). The
+kernel computes what the torch form does in the same precision: the sum of squares in float32
+(in another order: the last bit may differ), the normalised row rounded to the input's dtype,
+then the weight's product rounded to the promoted dtype. ``WRITESCOPE_FUSED_NORM=0`` keeps the torch form everywhere.
 """
 from __future__ import annotations
 
