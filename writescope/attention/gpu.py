@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,6 +54,14 @@ def triton_available() -> bool:
     except Exception:
         return False
     return True
+
+
+def triton_switch(env: str) -> bool:
+    """A Triton path that an environment variable can turn off: on where Triton imports, unless
+    ``env`` is 0, false, no or off."""
+    if os.environ.get(env, "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    return triton_available()
 
 
 def _next_pow2(n: int) -> int:

@@ -79,9 +79,6 @@ class ResidentAttention:
         self.chunk_blocks = chunk_blocks
         self._sets: dict[int, _Buffers] = {}  # per step size (rows)
         self._cur: _Buffers | None = None
-        #: steps loaded, and buffer sets made larger (each needs a new capture)
-        self.loads = 0
-        self.grows = 0
 
     @property
     def key(self) -> tuple | None:
@@ -127,7 +124,6 @@ class ResidentAttention:
             if bufs is not None:  # at least what was there: a shorter step keeps these
                 need_b = tuple(max(a, b) for a, b in zip(bufs.key[1], need_b))
                 need_c = tuple(max(a, b) for a, b in zip(bufs.key[2], need_c))
-                self.grows += 1
             bufs = self._sets[rows] = _Buffers((rows, need_b, need_c), self.device)
         self._cur = bufs
         _, _, cap_c = bufs.key
@@ -155,7 +151,6 @@ class ResidentAttention:
         i64 = np.concatenate((ws, np.full(rows - n, n - 1), wd, np.full(rows - n, last)))
         bufs.i32.copy_(torch.from_numpy(host32), non_blocking=True)
         bufs.i64.copy_(torch.from_numpy(i64.astype(np.int64)), non_blocking=True)
-        self.loads += 1
         return bufs.key
 
     # ------------------------------------------------------------------ per layer

@@ -13,17 +13,14 @@ then the weight's product rounded to the promoted dtype. ``WRITESCOPE_FUSED_NORM
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 from torch import nn
 
 
 def fused_enabled() -> bool:
-    if os.environ.get("WRITESCOPE_FUSED_NORM", "1") in ("0", "false", "no", "off"):
-        return False
-    from ..attention.gpu import triton_available
-    return triton_available()
+    from ..attention.gpu import triton_switch
+    return triton_switch("WRITESCOPE_FUSED_NORM")
 
 
 @functools.lru_cache(maxsize=None)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 
 import torch
 from torch import nn
@@ -108,10 +107,8 @@ def _kernel():
 def fused_enabled() -> bool:
     """The half-split rotation in one Triton kernel on CUDA (``WRITESCOPE_FUSED_ROPE=0``: the
     torch form's nine kernels, as on the CPU)."""
-    if os.environ.get("WRITESCOPE_FUSED_ROPE", "1") in ("0", "false", "no", "off"):
-        return False
-    from ..attention.gpu import triton_available
-    return triton_available()
+    from ..attention.gpu import triton_switch
+    return triton_switch("WRITESCOPE_FUSED_ROPE")
 
 
 def rotate_half_fused(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

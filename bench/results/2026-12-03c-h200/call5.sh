@@ -1,5 +1,5 @@
 #!/bin/bash
-# Twenty-eighth session, call 5 (call 4 was never started: the device refused three starts and
+# Twenty-eighth session, call 5 (call 4 was never started: the device refused four starts and
 # ~150 s of device time is all that is left): the GPU tests of the files this session's GPU code
 # touches -- the fused RMSNorm and rotation (tests/test_fused_layers.py), the narrower gate/up
 # programs (tests/test_moe_triton.py), the resident steps and graphs (tests/test_graphs.py), and
