@@ -219,3 +219,55 @@ def test_two_regions_and_their_merge_on_the_queue():
     assert torch.equal(out[2], torch.zeros_like(out[2])) and torch.isinf(lse[2]).all()
     with pytest.raises(ValueError):
         cpu.CpuJobQueue().submit_merge(out, lse, o2[:1], l2[:1], done=None)
+
+
+class _Words:
+    """Ready and done words in ordinary host memory: on CUDA they are a HostFlags' pinned array,
+    the device raising ready and waiting on done; here the test raises ready."""
+
+    def __init__(self, n: int):
+        self._view = np.zeros(n, dtype=np.int64)
+
+    def address(self, i: int) -> int:
+        return self._view.ctypes.data + 8 * i
+
+
+def test_graphed_expert_call_host_half_resets_words_and_computes_real_rows():
+    """A graphed CPU expert call's host half (cpu_experts_graph.GraphedCall.submit, what each
+    replay queues): both words back to 0 first (stale 1s from the last step must not let the job
+    start or the device go on), then the kernel over the step's real rows only, from the fixed
+    buffers the graph's copies fill, into the fixed result buffer; padded rows (here with expert
+    ids out of range, which would fail the job) are never read, their results stay zero. The
+    drain (raise_pending_errors) reports the kernel's seconds, and the routed bytes count the
+    real rows' experts."""
+    from writescope.layers import cpu_experts as ce
+    from writescope.layers.cpu_experts_graph import GraphedCall
+    if ce._get_lib() is None or ce._get_native_queue() is None:
+        pytest.skip("CPU expert kernel or native queue unavailable")
+    ce.raise_pending_errors()
+    ce.take_routed_bytes()
+    gen = torch.Generator().manual_seed(11)
+    ex = ce.CpuExperts.random(8, 64, 96, torch.bfloat16, seed=2)
+    rows, n, k = 8, 5, 2
+    hidden = torch.randn(rows, 64, generator=gen).to(torch.bfloat16)
+    ids = torch.randint(0, 8, (rows, k), generator=gen, dtype=torch.int32)
+    ids[n:] = 99  # padding: out of range, never read
+    w = torch.rand(rows, k, generator=gen)
+    words = _Words(4)
+    words._view[:] = 1  # the last step's values
+    call = GraphedCall(ex, rows, hidden.clone(), ids.clone(), w.clone(),
+                       torch.zeros(rows, 64, dtype=torch.bfloat16),
+                       torch.empty(rows, ex.hp, dtype=torch.float32), words, 2)
+    with pytest.raises(ValueError, match="8 rows"):
+        call.submit(9)
+    call.submit(n)
+    assert words._view[2:4].tolist() == [0, 0]
+    time.sleep(0.05)
+    assert words._view[3] == 0  # the job waits for its ready word
+    _raise_later(words._view, 2, 1, 0.01)
+    kernel_s = ce.raise_pending_errors()
+    assert kernel_s is not None and kernel_s > 0
+    assert words._view[3] == 1
+    assert ce.take_routed_bytes() == len(set(ids[:n].view(-1).tolist())) * ex.expert_bytes
+    assert torch.equal(call.res[:n], ex.forward(hidden[:n], ids[:n], w[:n]))
+    assert not call.res[n:].any()

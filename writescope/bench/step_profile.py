@@ -71,12 +71,13 @@ def main(argv=None) -> int:
         eng.step()  # prefill
     for _ in range(args.warmup):
         eng.step()
-    plain, expert_s = [], []  # the same steps with no profiler attached
+    plain, expert_s, host_s = [], [], []  # the same steps with no profiler attached
     for _ in range(args.steps):
         t0 = time.perf_counter()
         eng.step()
         plain.append(time.perf_counter() - t0)
         expert_s.append(eng.runner.last_times.get("cpu_expert_s") or 0.0)
+        host_s.append(eng.runner.last_times.get("forward_host_s", float("nan")))
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if eng.device.type == "cuda" else [])
     walls, hosts = [], []
     with profile(activities=acts) as prof:
@@ -110,6 +111,8 @@ def main(argv=None) -> int:
         # the CPU expert kernels' seconds a step (native queue: from the inputs' landing to the
         # result's flag), unprofiled steps' median; 0 with the experts on the GPU
         "cpu_expert_s": sorted(expert_s)[len(expert_s) // 2],
+        # the host's time until the step's forward was enqueued, unprofiled steps' median
+        "forward_host_s_unprofiled": sorted(host_s)[len(host_s) // 2],
         "engine": {k: v for k, v in eng.stats().items()
                    if k.startswith("graphs.") or k in ("kv.resident_steps", "kv.steps")},
         "aten_ops_per_step": sum(e.count for e in ops) / n,
@@ -124,6 +127,7 @@ def main(argv=None) -> int:
                            for e in kernels[:args.top]],
     }
     print(f"decode step {res['step_s_unprofiled'] * 1e3:.1f} ms (median of {n}, no profiler), "
+          f"host until enqueued {res['forward_host_s_unprofiled'] * 1e3:.1f} ms, "
           f"CPU expert kernels {res['cpu_expert_s'] * 1e3:.1f} ms; {res['engine']}")
     print(f"decode step {res['step_s'] * 1e3:.1f} ms, host until enqueued "
           f"{res['forward_host_s'] * 1e3:.1f} ms; {res['aten_ops_per_step']:.0f} aten ops and "

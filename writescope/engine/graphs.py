@@ -6,9 +6,12 @@ set the step time (2,681 launches and ~100 ms per DeepSeek-V2-Lite step at batch
 attention calls -- output projection, residual, norms, router, experts, the next layer's
 projections and rotary -- depends only on the hidden states, so it is captured once per step
 size as a CUDA graph and replayed with one launch. Attention stays eager: its plan (blocks,
-regions, CPU share) changes every step. So do layers whose experts run on the CPU, and any piece
-that would synchronise with the host for that step size (the grouped expert path). This is the
-piecewise capture vLLM v1 uses; the code is ours.
+regions, CPU share) changes every step (unless all of the step's KV is resident,
+``attention/resident.py``). So does any piece that would synchronise with the host for that
+step size (the grouped expert path). Experts on the CPU are captured by halves
+(``layers/cpu_experts_graph.py``): the graph holds the copies, the ready word, the device's wait
+and the result's copy; each replay first queues the segment's native kernel calls
+(``Segment.host_calls``). This is the piecewise capture vLLM v1 uses; the code is ours.
 
 The forward pass is a list of :class:`Piece` (``embed``, per layer ``pre``/``attn``/``post``/
 ``ffn``, ``norm``) over a dict of named tensors. Runs of graph-safe pieces form a
@@ -35,6 +38,7 @@ from typing import Callable
 import torch
 
 from ..attention.merge import merge
+from ..layers import cpu_experts_graph
 
 #: the step sizes that are captured: a decode step of ``n`` tokens runs in the smallest size
 #: ``>= n``, its extra rows padding (rows never mix outside attention, and attention sees only
@@ -84,6 +88,9 @@ class Segment:
     graph: object = None  # torch.cuda.CUDAGraph once captured
     static_in: dict[str, torch.Tensor] = field(default_factory=dict)
     static_out: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: CPU expert calls the graph holds the device's half of (``cpu_experts_graph``): their
+    #: host half is queued before each replay
+    host_calls: list = field(default_factory=list)
 
     @property
     def graphable(self) -> bool:
@@ -263,17 +270,19 @@ class DecodeGraphs:
         self._resident_ok: dict[int, bool] = {}  # per step size: every ffn piece graph-safe
         self.counters = {"graphs.captured_sizes": 0, "graphs.replayed_steps": 0,
                          "graphs.pipelined_steps": 0, "graphs.resident_steps": 0,
-                         "graphs.segments": 0, "graphs.capture_s": 0.0}
+                         "graphs.segments": 0, "graphs.capture_s": 0.0,
+                         "graphs.cpu_expert_calls": 0}
 
     def resident_rows(self, n: int) -> int | None:
         """The rows a graphed decode step of ``n`` tokens runs in when its attention may be
         captured with the rest (a resident step, ``cache.begin_step``): only where every other
         piece is graph-safe too, so that the whole step is one graph. None otherwise.
 
-        Steps whose routed experts run on the CPU stay on the hybrid path: captured around the
-        eager expert calls, resident attention diverged from the eager tokens on the H200
-        (2026-12-03c, call 1: all four tiny models within 5-12 tokens) and gained nothing there
-        (Qwen3-30B-A3B 1 x 1K: 63.1 against 62.9 ms; that step waits on the experts' round trips)."""
+        Experts on the CPU count as graph-safe when their calls can be graphed
+        (``cpu_experts_graph``). With ``WRITESCOPE_CPU_EXPERTS_GRAPHED=0`` their steps stay on
+        the hybrid path: captured around eager expert calls, resident attention diverged from
+        the eager tokens on the H200 (2026-12-03c, call 1: all four tiny models within 5-12
+        tokens; the cause was not found)."""
         if not self.wants(n):
             return None
         size = bucket(n)
@@ -344,6 +353,9 @@ class DecodeGraphs:
                 v = env[k]
                 if v is not buf:  # rows past n keep what they held: padding
                     buf[:v.shape[0]].copy_(v)
+            for call in seg.host_calls:
+                call.submit(counts[seg.group])
+            self.counters["graphs.cpu_expert_calls"] += len(seg.host_calls)
             seg.graph.replay()
             env.update(seg.static_out)
         self.counters["graphs.replayed_steps"] += 1
@@ -392,6 +404,8 @@ class DecodeGraphs:
 
     def _capture(self, segs: list[Segment]) -> None:
         torch.cuda.synchronize(self.device)
+        if any(getattr(l.ffn, "cpu_experts", None) is not None for l in self.model.model.layers):
+            cpu_experts_graph.prepare(self.device)
         writer: dict[str, torch.Tensor | None] = {}  # key -> static output of its last graph
         side = torch.cuda.Stream(self.device)
         for seg in segs:
@@ -408,8 +422,10 @@ class DecodeGraphs:
             torch.cuda.current_stream(self.device).wait_stream(side)
             g = torch.cuda.CUDAGraph()
             env = dict(seg.static_in)
+            cpu_experts_graph.take_captured()
             with torch.cuda.graph(g, pool=self._pool, capture_error_mode="thread_local"):
                 seg.run_eager(env, None)
+            seg.host_calls = cpu_experts_graph.take_captured()
             if self._pool is None:
                 self._pool = g.pool()
             seg.graph = g

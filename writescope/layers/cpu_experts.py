@@ -406,6 +406,12 @@ def raise_pending_errors() -> float | None:
             _flags.check()
         except RuntimeError as e:
             errors.append(e)
+    if native:
+        from . import cpu_experts_graph
+        try:
+            cpu_experts_graph.check()
+        except RuntimeError as e:
+            errors.append(e)
     if errors:
         raise errors[0]
     return kernel_s
@@ -686,13 +692,47 @@ class CpuExperts:
         fut = _get_executor().submit(self._compute, x, ids, w, dtype, pin, event)
         return CpuExpertsHandle(fut, dev, dtype, n)
 
+    def graphable(self, device: torch.device, dtype: torch.dtype) -> bool:
+        """Whether a call on ``device`` with hidden states of ``dtype`` may be captured in a CUDA
+        graph (``cpu_experts_graph``): the compiled kernel on the native queue, the device
+        waiting on a kernel (not the driver's memop, which a graph may not hold)."""
+        from . import cpu_experts_graph
+        if (device.type != "cuda" or self.backend != "cpp" or not cpu_experts_graph.enabled()
+                or dtype not in (torch.bfloat16, torch.float32)
+                or not _device_wait_enabled(device)):
+            return False
+        if os.environ.get("WRITESCOPE_HOSTFLAG_READ", "acquire") == "memop":
+            return False
+        return _get_native_queue() is not None
+
+    def captured(self, hidden: torch.Tensor, topk_ids: torch.Tensor,
+                 topk_weights: torch.Tensor) -> torch.Tensor:
+        """The device's half of a call, recorded while the stream is being captured; the host's
+        half is queued before each replay (see ``cpu_experts_graph``)."""
+        self._check(hidden, topk_ids, topk_weights)
+        from . import cpu_experts_graph
+        return cpu_experts_graph.capture(self, hidden, topk_ids, topk_weights)
+
+    def submit_graphed(self, x, ids, w, out: torch.Tensor, res: torch.Tensor,
+                       ready: tuple[int, int], done: tuple[int, int]) -> None:
+        """A graphed call's host half: the kernel over the pinned ``x, ids, w`` (filled by the
+        replay) into ``res`` between the ``ready`` and ``done`` words."""
+        queue = _get_native_queue()
+        if queue is None:
+            raise RuntimeError(f"graphed CPU expert calls need the native queue "
+                               f"({_native_queue_error})")
+        _routed.append((ids, self.expert_bytes))
+        self._submit_native(queue, x, ids, w, res, ready, done, out)
+
     def _submit_native(self, queue, x, ids, w, res: torch.Tensor, ready: tuple[int, int],
-                       done: tuple[int, int]) -> None:
+                       done: tuple[int, int], out: torch.Tensor | None = None) -> None:
         """Queue the kernel and the result's conversion into ``res`` between the ``ready`` word
-        (the inputs have landed) and the ``done`` word (the device may read ``res``)."""
+        (the inputs have landed) and the ``done`` word (the device may read ``res``). ``out``:
+        the kernel's float32 accumulator (``[n, H_p]`` or more rows; a new one if None)."""
         global _native_pending
         n, k = ids.shape
-        out = torch.empty(n, self.hp, dtype=torch.float32)
+        if out is None:
+            out = torch.empty(n, self.hp, dtype=torch.float32)
         job = _WsMoeJob(self.gate_up.data_ptr(), self.down.data_ptr(),
                         0 if self.dtype == torch.bfloat16 else 1, self.num_experts, self.hidden,
                         self.inter, self.hp, self.ip, x.data_ptr(), n, ids.data_ptr(),

@@ -116,17 +116,22 @@ class MoE(nn.Module):
         self.experts = StackedExperts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size)
         self.cpu_experts = None  # set by the loader when this layer's experts live on the CPU
         self.uploader = None  # set by the engine: runs CPU experts on the GPU for prefill chunks
+        self._dtype: torch.dtype | None = None
         if cfg.num_shared_experts:
             self.shared_experts = GatedMLP(cfg.hidden_size, cfg.shared_expert_intermediate_size)
         else:
             self.shared_experts = None
 
     def graph_safe(self, n: int) -> bool:
-        """Whether this block's forward over ``n`` tokens runs on the device alone (no host
-        synchronisation, no CPU work): then a CUDA graph may capture it."""
-        if self.cpu_experts is not None or self.experts is None:
-            return False
+        """Whether a CUDA graph may capture this block's forward over ``n`` tokens: it runs on
+        the device alone (no host synchronisation), or its CPU experts' calls can be graphed
+        (their device half captured, the host half queued at each replay: cpu_experts_graph)."""
         if self.uploader is not None and self.uploader.wants(n):
+            return False
+        if self.cpu_experts is not None:  # its device half captured (cpu_experts_graph)
+            return self._dtype is not None and self.cpu_experts.graphable(
+                self.gate.weight.device, self._dtype)
+        if self.experts is None:
             return False
         return self.experts.fused_for(n * self.cfg.num_experts_per_tok)
 
@@ -135,9 +140,14 @@ class MoE(nn.Module):
         self.experts = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._dtype = x.dtype  # the hidden states' (graph_safe asks whether a call could be captured)
         w, idx = self.gate(x)
         uploaded = self.uploader is not None and self.uploader.wants(x.shape[0])
-        if self.cpu_experts is not None and not uploaded:
+        if self.cpu_experts is not None and not uploaded and x.is_cuda and \
+                torch.cuda.is_current_stream_capturing():
+            out = self.cpu_experts.captured(x, idx, w)  # the host's half comes at each replay
+            shared = self.shared_experts(x) if self.shared_experts is not None else None
+        elif self.cpu_experts is not None and not uploaded:
             handle = self.cpu_experts.submit(x, idx, w)  # the CPU works while the GPU does the rest
             shared = self.shared_experts(x) if self.shared_experts is not None else None
             out = self.cpu_experts.wait(handle)

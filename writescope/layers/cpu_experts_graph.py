@@ -1,0 +1,137 @@
+"""CPU expert calls inside a CUDA graph: the device's half captured, the host's half per replay.
+
+An eager CPU expert call (:meth:`CpuExperts.submit` / :meth:`CpuExperts.wait`) costs the launching
+thread ~0.3 ms a layer: pinned buffers, casts, copies, a ready word, a native job, a wait kernel,
+the result's copy back. At batch 1 the decode step with the experts on the CPU waits on that
+thread (Qwen3-30B-A3B 1 x 1K on the H200: 62-69 ms a step with 38-39 ms of expert kernels and
+~7 ms of other device work, 2026-12-03d call 1 and 3), and it breaks the step's graph at every
+layer.
+
+A graphed call splits the work:
+
+* **Captured** (:meth:`GraphedCalls.capture`, while the stream is being captured): the routing's
+  casts and the copies of the hidden rows, ids and weights into fixed pinned buffers, a one-thread
+  kernel raising the call's *ready* word to 1, the device's wait until its *done* word is 1, and
+  the result's copy from a fixed pinned buffer back to the device. Every value is fixed, so the
+  graph replays it as it is.
+* **Per replay** (:meth:`GraphedCall.submit`, by the thread that replays the graph, before the
+  replay): both words back to 0 (the step before has been synchronised, so nothing reads them)
+  and the native job queued: wait for ready, run the kernel over the step's real rows, write the
+  result, raise done.
+
+Every captured call has buffers and words of its own. Rows past
+the step's real ones (a padded graph size) are never computed; their result rows stay zero. The
+kernel, its inputs and its rows are the eager call's, so the results are the same bits.
+
+``WRITESCOPE_CPU_EXPERTS_GRAPHED=0`` keeps the calls eager (the step's graph then breaks at them).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+#: the calls captured since the last :func:`take_captured` (the capturing thread's segment)
+_captured: list["GraphedCall"] = []
+_flags = None       # HostFlags: two words per call (ready, done) and the device's wait status
+_next_word = 0
+_MAX_WORDS = 1 << 14
+
+
+def enabled() -> bool:
+    return os.environ.get("WRITESCOPE_CPU_EXPERTS_GRAPHED", "1").strip().lower() not in (
+        "0", "off", "false", "no")
+
+
+def take_captured() -> list["GraphedCall"]:
+    """The calls captured since the last take (call before and after capturing a segment)."""
+    global _captured
+    out, _captured = _captured, []
+    return out
+
+
+def _words(device: torch.device, n: int):
+    """The flags (made for ``device`` on first use), with ``n`` more words handed out."""
+    global _flags, _next_word
+    from ..attention.hostflag import HostFlags
+    if device.index is None:
+        device = torch.device(device.type, torch.cuda.current_device())
+    if _flags is None:
+        _flags = HostFlags(_MAX_WORDS, device)
+    elif _flags.device != device:
+        raise RuntimeError(f"graphed CPU expert calls on {device} and {_flags.device}")
+    if _next_word + n > _MAX_WORDS - 2:
+        raise RuntimeError(f"more than {_MAX_WORDS // 2 - 1} graphed CPU expert calls captured "
+                           "(WRITESCOPE_CPU_EXPERTS_GRAPHED=0 keeps them eager)")
+    _next_word += n
+    return _flags
+
+
+def check() -> None:
+    """After the stream is synchronised: raise if a graphed call's device wait gave up."""
+    if _flags is not None:
+        _flags.check()
+
+
+@dataclass
+class GraphedCall:
+    """One captured call: its layer's experts and the fixed buffers of one graph size."""
+    experts: object            # CpuExperts
+    rows: int
+    xs: torch.Tensor           # pinned [rows, H], the experts' dtype
+    ids: torch.Tensor          # pinned [rows, k] int32
+    w: torch.Tensor            # pinned [rows, k] float32
+    res: torch.Tensor          # pinned [rows, H], the hidden states' dtype
+    out: torch.Tensor          # host [rows, H_p] float32 (the kernel's accumulator)
+    flags: object              # HostFlags
+    word: int                  # ready = word, done = word + 1
+
+    def submit(self, n: int) -> None:
+        """Before the replay: reset the words, queue the kernel over the first ``n`` rows."""
+        if not 0 < n <= self.rows:
+            raise ValueError(f"a graphed CPU expert call of {self.rows} rows asked for {n}")
+        view = self.flags._view
+        view[self.word] = 0
+        view[self.word + 1] = 0
+        x, ids, w = self.xs[:n], self.ids[:n], self.w[:n]
+        self.experts.submit_graphed(x, ids, w, self.out, self.res,
+                                    (self.flags.address(self.word), 1),
+                                    (self.flags.address(self.word + 1), 1))
+
+
+def prepare(device: torch.device) -> None:
+    """Before a capture: the words exist and the two kernels a capture records are compiled
+    (a first launch inside a capture would compile and load a module there)."""
+    from ..attention.hostflag import _store_kernel
+    flags = _words(device, 0)
+    for scratch in (_MAX_WORDS - 2, _MAX_WORDS - 1):  # never handed out; both alignments
+        flags._view[scratch] = 0
+        _store_kernel()[(1,)](flags.flags[scratch:], 1, num_warps=1)
+        flags.wait(scratch, 1)
+    torch.cuda.synchronize(device)
+
+
+def capture(experts, hidden: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Record the device's half of a call on the capturing stream; returns the result. Every
+    capture gets buffers and words of its own (a pipelined step calls a layer's experts once per
+    sub-batch: those calls must not share them)."""
+    from ..attention.hostflag import _store_kernel
+    rows, k = ids.shape
+    dev = hidden.device
+    flags = _words(dev, 2)
+    word = _next_word - 2
+
+    def pinned(shape, dtype):
+        return torch.zeros(shape, dtype=dtype, pin_memory=True)
+    call = GraphedCall(experts, rows, pinned((rows, experts.hidden), experts.dtype),
+                       pinned((rows, k), torch.int32), pinned((rows, k), torch.float32),
+                       pinned((rows, experts.hidden), hidden.dtype),
+                       torch.empty(rows, experts.hp, dtype=torch.float32), flags, word)
+    call.xs.copy_(hidden.detach().to(experts.dtype), non_blocking=True)
+    call.ids.copy_(ids.detach().to(torch.int32), non_blocking=True)
+    call.w.copy_(w.detach().to(torch.float32), non_blocking=True)
+    _store_kernel()[(1,)](flags.flags[word:], 1, num_warps=1)
+    flags.wait(word + 1, 1)
+    _captured.append(call)
+    return call.res.to(dev, non_blocking=True)
