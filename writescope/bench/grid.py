@@ -278,7 +278,8 @@ def default_host_budgets(cfg, spec: GridSpec, max_model_len: int | None = None) 
     from ..kvcache.regions import DEFAULT_BLOCK_SIZE
     bs = spec.block_size or DEFAULT_BLOCK_SIZE
     bb = cfg.kv_spec(parse_dtype(spec.dtype)).block_bytes(bs)
-    need = max(b * (math.ceil((n + spec.decode_steps + 2) / bs) + 1) * bb
+    from .row import UNTIMED_DECODE_STEPS
+    need = max(b * (math.ceil((n + spec.decode_steps + UNTIMED_DECODE_STEPS + 2) / bs) + 1) * bb
                for b in spec.batches for n in spec.context_lengths)
     if spec.num_gpu_blocks is not None:
         need = max(bb, need - spec.num_gpu_blocks * bb)

@@ -8,7 +8,8 @@ warm-ups that come before a policy's first row. A row carries:
   the decode steps read the same regions, in seconds instead of minutes per 128K row;
 * ``step_times_s`` -- each decode step's ``engine.step()`` wall time (CUDA synchronised), all
   ``batch`` sequences decoding; ``decode_tokens_per_s = batch * steps / sum(step times)``, mean,
-  p50 and p99 step time;
+  p50 and p99 step time; ``untimed_step_times_s`` -- the :data:`UNTIMED_DECODE_STEPS` decode
+  steps before them (where a new CUDA graph is captured);
 * ``peak_vram_bytes`` -- ``torch.cuda.max_memory_allocated`` over the row on CUDA; elsewhere the
   engine's device bytes (weights placed on the device + KV pools in G/W); a row above the VRAM
   budget is a failure (``error``), its measurements kept;
@@ -115,6 +116,10 @@ def probe_read_gbps() -> float | None:
     return cpu.read_bandwidth(0, reps=2, buffer=_PROBE[0])
 
 
+#: decode steps run after the prefill and before the timed ones (see run_engine_row)
+UNTIMED_DECODE_STEPS = 2
+
+
 def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_budget: int,
                    tag: str, prefill: str = "real", seed: int = 0) -> dict[str, Any]:
     """Prefill ``prompts`` and time ``decode_steps`` decode steps (see the module docstring).
@@ -125,14 +130,14 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
     cache = engine.cache
     bs = cache.bs
     batch, ctx = len(prompts), len(prompts[0])
-    if ctx + decode_steps + 1 > engine.max_model_len:
+    if ctx + decode_steps + UNTIMED_DECODE_STEPS + 1 > engine.max_model_len:
         raise RowFailed(f"{ctx} + {decode_steps} tokens exceed max_model_len {engine.max_model_len} "
                         "(the model's max_position_embeddings; --random-weights lifts it)")
     if batch > engine.scheduler.max_num_seqs:
         raise RowFailed(f"batch {batch} > max_num_seqs {engine.scheduler.max_num_seqs}")
     # all sequences must be in the cache at once, or the "batch" would not be one; and the
     # baselines defined by one host state need all spilled KV to fit that state's budget
-    need = batch * cache.blocks_for(ctx + decode_steps + 2)
+    need = batch * cache.blocks_for(ctx + decode_steps + UNTIMED_DECODE_STEPS + 2)
     free = cache.free_sealed() - cache.reserved
     if need > free or cache.alloc[_region("W")].num_free < batch:
         raise RowFailed(f"the KV budgets hold {free} blocks of {bs} tokens; {batch} x "
@@ -146,8 +151,8 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
                             f"{'pinned' if only == 'T' else 'host'} budget)")
     # enough tokens that no sequence finishes before the timed steps are done; aborted after
     prefill_steps = math.ceil(batch * ctx / engine.scheduler.max_num_batched_tokens) + batch
-    params = SamplingParams(temperature=0.0, max_tokens=decode_steps + prefill_steps + 2,
-                            ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=decode_steps + prefill_steps + 2
+                            + UNTIMED_DECODE_STEPS, ignore_eos=True)
     moved0 = cache.counters["kv.bytes_moved_after_placement"]
     if dev.type == "cuda":
         _sync(dev)
@@ -182,6 +187,18 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
         prefill_end = time.perf_counter()
         planner_prefill = planner_state(cache.policy)
         placements = [list(x) for x in getattr(cache.policy, "placement_log", ())]
+        # ---- untimed decode steps at the row's shape: a CUDA graph of a new step size or of
+        # grown resident buffers is captured after the step that needs it (0.26-0.38 s on the
+        # H200, each row's first timed step before 2026-12-03d), once per size and doubling of
+        # the context, which a long generation amortises and a dozen timed steps would not
+        untimed = []
+        for _ in range(UNTIMED_DECODE_STEPS):
+            t0 = time.perf_counter()
+            outs = engine.step()
+            _sync(dev)
+            untimed.append(time.perf_counter() - t0)
+            if len(outs) != batch:
+                raise RowFailed(f"a decode step produced {len(outs)} tokens for a batch of {batch}")
         read_before = probe_read_gbps()
         threads0, t_threads = thread_snapshot(), time.perf_counter()
         # tokens produced so far (sequences prefilled early already decoded some)
@@ -250,6 +267,7 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
         "decode_tokens_per_s": batch * decode_steps / total,
         "mean_step_s": total / decode_steps, "p50_step_s": percentile(step_times, 50),
         "p99_step_s": percentile(step_times, 99), "step_times_s": step_times,
+        "untimed_step_times_s": untimed,
         # share of a decode step the host spent enqueuing the forward pass (near 1: the GPU
         # waits on Python and launches, not on bytes)
         "host_bound_fraction": float(np.mean(host_fracs)) if host_fracs else None,
