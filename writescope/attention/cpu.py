@@ -126,7 +126,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ws_queue_submit.restype = i
     lib.ws_queue_submit.argtypes = [p, p, i64, p, i64, d, d, *lib.ws_attend_ex.argtypes]
     lib.ws_queue_submit_fn.restype = i
-    lib.ws_queue_submit_fn.argtypes = [p, p, i64, p, i64, d, p, p]
+    lib.ws_queue_submit_fn.argtypes = [p, p, i64, p, i64, d, d, p, p]
     lib.ws_queue_drain.restype = i
     lib.ws_queue_drain.argtypes = [p, d, p]
     lib.ws_queue_free.restype = None
@@ -521,18 +521,20 @@ class CpuJobQueue:
             raise RuntimeError(f"ws_queue_submit failed ({rc})")
 
     def submit_fn(self, fn: int, arg: int, keep, *, ready: tuple[int, int] | None,
-                  done: tuple[int, int] | None, timeout_s: float = 60.0) -> None:
+                  done: tuple[int, int] | None, timeout_s: float = 60.0,
+                  spin_s: float = 0.0) -> None:
         """Queue a native job of another library: ``fn`` (the address of an ``int fn(void*)``)
         called with ``arg`` between the same ``ready`` / ``done`` words as an attention call.
         ``keep``: whatever ``arg`` points into (kept alive until the drain that covers it). A
-        nonzero return of ``fn`` is reported by :meth:`drain`, as a failed kernel call is."""
+        nonzero return of ``fn`` is reported by :meth:`drain`, as a failed kernel call is.
+        ``spin_s``: how long the queue's thread spins on the ready word before it naps."""
         if self._q is None:
             raise RuntimeError("the CPU job queue is closed")
         r_addr, r_val = ready if ready is not None else (None, 0)
         d_addr, d_val = done if done is not None else (None, 0)
         self._keep.append(keep)
         rc = self.lib.ws_queue_submit_fn(self._q, r_addr, r_val, d_addr, d_val, float(timeout_s),
-                                         fn, arg)
+                                         float(spin_s), fn, arg)
         if rc != 0:
             raise RuntimeError(f"ws_queue_submit_fn failed ({rc})")
 

@@ -339,6 +339,20 @@ def _get_native_queue():
     return _native_queue
 
 
+def _ready_spin_s() -> float:
+    """``WRITESCOPE_CPU_EXPERT_SPIN_US``: how long the native queue's thread spins on a call's
+    ready word before it naps 20 us at a time (default 0: 256 pauses, then naps)."""
+    v = os.environ.get("WRITESCOPE_CPU_EXPERT_SPIN_US", "0")
+    try:
+        us = float(v)
+    except ValueError:
+        raise ValueError(f"WRITESCOPE_CPU_EXPERT_SPIN_US must be a number of microseconds, "
+                         f"got {v!r}") from None
+    if us < 0:
+        raise ValueError(f"WRITESCOPE_CPU_EXPERT_SPIN_US must be >= 0, got {v!r}")
+    return us * 1e-6
+
+
 def _device_wait_enabled(device: torch.device) -> bool:
     if device.type != "cuda" or os.environ.get("WRITESCOPE_CPU_WAIT", "device") == "host":
         return False
@@ -741,7 +755,7 @@ class CpuExperts:
                         _amx_min(), get_num_threads())
         fn = ctypes.cast(_get_lib().ws_moe_job, ctypes.c_void_p).value
         queue.submit_fn(fn, ctypes.addressof(job), (job, x, ids, w, out, res, self),
-                        ready=ready, done=done)
+                        ready=ready, done=done, spin_s=_ready_spin_s())
         _native_pending += 1
 
     def _compute_signalled(self, x, ids, w, event, res: torch.Tensor, flags, seq: int) -> None:

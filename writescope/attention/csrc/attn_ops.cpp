@@ -558,7 +558,7 @@ void queue_main(WsQueue* Q) {
             if (c.done) __atomic_store_n(c.done, c.done_value, __ATOMIC_RELEASE);
         } else if (c.fn) {
             const double t0 = now_s();
-            rc = wait_ready(c.ready, c.ready_value, c.timeout_s, &Q->stop, 0.0);
+            rc = wait_ready(c.ready, c.ready_value, c.timeout_s, &Q->stop, c.spin_s);
             const double t1 = now_s();
             if (rc == 0) rc = c.fn(c.arg);
             if (c.done) __atomic_store_n(c.done, c.done_value, __ATOMIC_RELEASE);
@@ -709,9 +709,11 @@ int ws_queue_submit(void* queue, const volatile int64_t* ready, int64_t ready_va
 }
 
 // Queue fn(arg) (see JobFn) between the same two flags as an attention call: wait until
-// *ready >= ready_value, run it, store done_value into *done (also when it fails or is not run).
+// *ready >= ready_value (spinning for spin_s before the 20 us naps), run it, store done_value
+// into *done (also when it fails or is not run).
 int ws_queue_submit_fn(void* queue, const volatile int64_t* ready, int64_t ready_value,
-                       int64_t* done, int64_t done_value, double timeout_s, void* fn, void* arg) {
+                       int64_t* done, int64_t done_value, double timeout_s, double spin_s,
+                       void* fn, void* arg) {
     WsQueue* Q = (WsQueue*)queue;
     if (!fn) return -2;
     QueuedCall c{};
@@ -720,6 +722,7 @@ int ws_queue_submit_fn(void* queue, const volatile int64_t* ready, int64_t ready
     c.done = done;
     c.done_value = done_value;
     c.timeout_s = timeout_s;
+    c.spin_s = spin_s;
     c.fn = (JobFn)fn;
     c.arg = arg;
     return queue_push(Q, c);
