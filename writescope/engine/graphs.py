@@ -417,8 +417,8 @@ class DecodeGraphs:
                 if writer.get(k) is not None:
                     seg.static_in[k] = writer[k]
             side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):  # warm-up (allocator, cuBLAS and Triton state)
-                seg.run_eager(dict(seg.static_in), None)
+            with torch.cuda.stream(side), cpu_experts_graph.reserving():
+                seg.run_eager(dict(seg.static_in), None)  # warm-up (allocator, cuBLAS, Triton)
             torch.cuda.current_stream(self.device).wait_stream(side)
             g = torch.cuda.CUDAGraph()
             env = dict(seg.static_in)

@@ -27,6 +27,8 @@ kernel, its inputs and its rows are the eager call's, so the results are the sam
 """
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 from dataclasses import dataclass
 
@@ -36,6 +38,8 @@ import torch
 _captured: list["GraphedCall"] = []
 _flags = None       # HostFlags: two words per call (ready, done) and the device's wait status
 _next_word = 0
+_reserved: list["GraphedCall"] = []  # set aside by the warm-up run, taken by the capture
+_reserving = False
 _MAX_WORDS = 1 << 14
 
 
@@ -112,22 +116,75 @@ def prepare(device: torch.device) -> None:
     torch.cuda.synchronize(device)
 
 
+def _pinned_buffers(shapes: list[tuple[tuple[int, ...], torch.dtype]]) -> list[torch.Tensor]:
+    """Zeroed page-locked tensors of these shapes, views of one page-aligned arena registered
+    with ``cudaHostRegister`` (torch's caching host allocator would record events on them inside
+    the capture), or from that allocator where registering fails (pageable without CUDA)."""
+    from ..hostmem import pageable_empty, pin_tensor
+    page = 4096
+    offs, total = [], 0
+    for shape, dtype in shapes:
+        n = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+        offs.append(total)
+        total += -(-n // 64) * 64
+    total = -(-total // page) * page
+    arena = pageable_empty((total,), torch.uint8, align=page)
+    arena.zero_()
+    if not pin_tensor(arena) and torch.cuda.is_available():
+        arena = torch.zeros(total, dtype=torch.uint8, pin_memory=True)
+    out = []
+    for (shape, dtype), o in zip(shapes, offs):
+        n = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+        out.append(arena[o:o + n].view(dtype).view(shape))
+    return out
+
+
+def _new_call(experts, rows: int, k: int, dtype: torch.dtype, device: torch.device) -> "GraphedCall":
+    flags = _words(device, 2)
+    xs, ids, w, res = _pinned_buffers([((rows, experts.hidden), experts.dtype),
+                                       ((rows, k), torch.int32), ((rows, k), torch.float32),
+                                       ((rows, experts.hidden), dtype)])
+    return GraphedCall(experts, rows, xs, ids, w, res,
+                       torch.empty(rows, experts.hp, dtype=torch.float32), flags, _next_word - 2)
+
+
+@contextlib.contextmanager
+def reserving():
+    """Around a segment's warm-up run (graphs.DecodeGraphs): each CPU expert call it makes
+    (:func:`reserve`) sets aside the buffers and words its capture will use, so that nothing
+    is allocated while the stream is being captured."""
+    global _reserving
+    _reserved.clear()
+    _reserving = True
+    try:
+        yield
+    finally:
+        _reserving = False
+
+
+def reserve(experts, hidden: torch.Tensor, ids: torch.Tensor) -> None:
+    """Called by an eager CPU expert call: inside :func:`reserving`, make its capture's call."""
+    if _reserving and hidden.is_cuda:
+        _reserved.append(_new_call(experts, ids.shape[0], ids.shape[1], hidden.dtype,
+                                   hidden.device))
+
+
 def capture(experts, hidden: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """Record the device's half of a call on the capturing stream; returns the result. Every
     capture gets buffers and words of its own (a pipelined step calls a layer's experts once per
-    sub-batch: those calls must not share them)."""
+    sub-batch: those calls must not share them), set aside by the warm-up (:func:`reserve`)."""
     from ..attention.hostflag import _store_kernel
     rows, k = ids.shape
     dev = hidden.device
-    flags = _words(dev, 2)
-    word = _next_word - 2
-
-    def pinned(shape, dtype):
-        return torch.zeros(shape, dtype=dtype, pin_memory=True)
-    call = GraphedCall(experts, rows, pinned((rows, experts.hidden), experts.dtype),
-                       pinned((rows, k), torch.int32), pinned((rows, k), torch.float32),
-                       pinned((rows, experts.hidden), hidden.dtype),
-                       torch.empty(rows, experts.hp, dtype=torch.float32), flags, word)
+    call = None
+    for j, c in enumerate(_reserved):
+        if (c.experts is experts and c.rows == rows and c.ids.shape[1] == k
+                and c.res.dtype == hidden.dtype):
+            call = _reserved.pop(j)
+            break
+    if call is None:  # not warmed up: allocate now (a failure turns graphs off, eager then)
+        call = _new_call(experts, rows, k, hidden.dtype, dev)
+    flags, word = call.flags, call.word
     call.xs.copy_(hidden.detach().to(experts.dtype), non_blocking=True)
     call.ids.copy_(ids.detach().to(torch.int32), non_blocking=True)
     call.w.copy_(w.detach().to(torch.float32), non_blocking=True)

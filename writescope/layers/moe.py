@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..models.config import ModelConfig
-from . import moe_triton
+from . import cpu_experts_graph, moe_triton
 from .mlp import GatedMLP
 
 
@@ -148,6 +148,7 @@ class MoE(nn.Module):
             out = self.cpu_experts.captured(x, idx, w)  # the host's half comes at each replay
             shared = self.shared_experts(x) if self.shared_experts is not None else None
         elif self.cpu_experts is not None and not uploaded:
+            cpu_experts_graph.reserve(self.cpu_experts, x, idx)  # a capture's warm-up: set aside
             handle = self.cpu_experts.submit(x, idx, w)  # the CPU works while the GPU does the rest
             shared = self.shared_experts(x) if self.shared_experts is not None else None
             out = self.cpu_experts.wait(handle)
