@@ -11,9 +11,9 @@ run gpu-tests-touched 160 env WRITESCOPE_PROFILE=$PWD/bench/profiles/h200.json p
   tests/test_gpu_e2e.py tests/test_cpu_experts.py tests/test_cpu_job_queue.py tests/test_moe_triton.py
 P=bench/results/2026-12-03d-h200/call1/h200-profile.json; [ -s $P ] || P=bench/profiles/h200.json
 A="--top 40 --steps 6 --warmup 3 --cprofile 0"
-host_profile q1-graphed 40 1 1k cpu 32GiB $A
-export WRITESCOPE_CPU_EXPERTS_GRAPHED=0; host_profile q1-eager 40 1 1k cpu 32GiB $A; unset WRITESCOPE_CPU_EXPERTS_GRAPHED
-host_profile q4-graphed 40 4 1k cpu 32GiB $A
-export WRITESCOPE_CPU_EXPERTS_GRAPHED=0; host_profile q4-eager 40 4 1k cpu 32GiB $A; unset WRITESCOPE_CPU_EXPERTS_GRAPHED
-export WRITESCOPE_CPU_EXPERT_SPIN_US=500; host_profile q1-graphed-spin 40 1 1k cpu 32GiB $A; unset WRITESCOPE_CPU_EXPERT_SPIN_US
+host_profile q1-graphed 45 1 1k cpu 32GiB $A
+export WRITESCOPE_CPU_EXPERTS_GRAPHED=0; host_profile q1-eager 45 1 1k cpu 32GiB $A; unset WRITESCOPE_CPU_EXPERTS_GRAPHED
+host_profile q4-graphed 45 4 1k cpu 32GiB $A
+export WRITESCOPE_CPU_EXPERTS_GRAPHED=0; host_profile q4-eager 45 4 1k cpu 32GiB $A; unset WRITESCOPE_CPU_EXPERTS_GRAPHED
+export WRITESCOPE_CPU_EXPERT_SPIN_US=500; host_profile q1-graphed-spin 45 1 1k cpu 32GiB $A; unset WRITESCOPE_CPU_EXPERT_SPIN_US
 call_end
