@@ -5,8 +5,8 @@
 # (WRITESCOPE_CPU_EXPERTS_GRAPHED=0, call 1-3's code path), alternating; and graphed with the
 # native queue spinning 500 us on each call's ready word (WRITESCOPE_CPU_EXPERT_SPIN_US).
 source bench/results/run-helper.sh
-call_begin 370
-run gpu-tests-touched 160 env WRITESCOPE_PROFILE=$PWD/bench/profiles/h200.json python -m pytest -m gpu -q \
+call_begin 300
+run gpu-tests-touched 150 env WRITESCOPE_PROFILE=$PWD/bench/profiles/h200.json python -m pytest -m gpu -q \
   -p no:cacheprovider --tb=short -rf -o faulthandler_timeout=60 tests/test_graphs.py \
   tests/test_gpu_e2e.py tests/test_cpu_experts.py tests/test_cpu_job_queue.py tests/test_moe_triton.py
 P=bench/results/2026-12-03d-h200/call1/h200-profile.json; [ -s $P ] || P=bench/profiles/h200.json
