@@ -8,10 +8,11 @@ projections and rotary -- depends only on the hidden states, so it is captured o
 size as a CUDA graph and replayed with one launch. Attention stays eager: its plan (blocks,
 regions, CPU share) changes every step (unless all of the step's KV is resident,
 ``attention/resident.py``). So does any piece that would synchronise with the host for that
-step size (the grouped expert path). Experts on the CPU are captured by halves
-(``layers/cpu_experts_graph.py``): the graph holds the copies, the ready word, the device's wait
-and the result's copy; each replay first queues the segment's native kernel calls
-(``Segment.host_calls``). This is the piecewise capture vLLM v1 uses; the code is ours.
+step size (the grouped expert path), and calls of experts on the CPU -- unless they are
+captured by halves (``layers/cpu_experts_graph.py``, opt-in: ``WRITESCOPE_CPU_EXPERTS_GRAPHED=1``):
+the graph holds the copies, the ready word, the device's wait and the result's copy, and each
+replay first queues the segment's native kernel calls (``Segment.host_calls``). This is the
+piecewise capture vLLM v1 uses; the code is ours.
 
 The forward pass is a list of :class:`Piece` (``embed``, per layer ``pre``/``attn``/``post``/
 ``ffn``, ``norm``) over a dict of named tensors. Runs of graph-safe pieces form a
@@ -278,11 +279,11 @@ class DecodeGraphs:
         captured with the rest (a resident step, ``cache.begin_step``): only where every other
         piece is graph-safe too, so that the whole step is one graph. None otherwise.
 
-        Experts on the CPU count as graph-safe when their calls can be graphed
-        (``cpu_experts_graph``). With ``WRITESCOPE_CPU_EXPERTS_GRAPHED=0`` their steps stay on
-        the hybrid path: captured around eager expert calls, resident attention diverged from
-        the eager tokens on the H200 (2026-12-03c, call 1: all four tiny models within 5-12
-        tokens; the cause was not found)."""
+        Experts on the CPU count as graph-safe only when their calls are graphed
+        (``cpu_experts_graph``, opt-in). Otherwise their steps stay on the hybrid path: captured
+        around eager expert calls, resident attention diverged from the eager tokens on the
+        H200 (2026-12-03c, call 1: all four tiny models within 5-12 tokens; the cause was not
+        found)."""
         if not self.wants(n):
             return None
         size = bucket(n)
@@ -376,8 +377,15 @@ class DecodeGraphs:
         self._pending = None
 
     def stats(self) -> dict:
-        return dict(self.counters, **{"graphs.mode": self.mode if not self.disabled_reason
-                                      else f"off ({self.disabled_reason})"})
+        out = dict(self.counters, **{"graphs.mode": self.mode if not self.disabled_reason
+                                     else f"off ({self.disabled_reason})"})
+        experts = [l.ffn.cpu_experts for l in self.model.model.layers
+                   if getattr(l.ffn, "cpu_experts", None) is not None]
+        if experts:  # whether their calls are captured (cpu_experts_graph), or why not
+            why = next((e.graph_disabled for e in experts if e.graph_disabled), None)
+            out["graphs.cpu_experts_graphed"] = (
+                f"off ({why})" if why else "on" if cpu_experts_graph.enabled() else "off")
+        return out
 
     @torch.no_grad()
     def capture_pending(self) -> None:
@@ -391,6 +399,18 @@ class DecodeGraphs:
         try:
             self._capture(segs)
         except Exception as e:  # noqa: BLE001 - any failure: eager from now on
+            if self._graphed_experts(segs):
+                # graphed CPU expert calls in it: those go back to eager calls (the graphs of
+                # the rest are captured anew, around them, after the next step of this size)
+                for l in self.model.model.layers:
+                    if getattr(l.ffn, "cpu_experts", None) is not None:
+                        l.ffn.cpu_experts.graph_disabled = f"{type(e).__name__}: {e}"
+                self.plans.clear()
+                self._resident_ok.clear()
+                warnings.warn(f"CUDA graph capture with graphed CPU expert calls failed "
+                              f"({type(e).__name__}: {e}); those calls run eagerly from now on",
+                              RuntimeWarning, stacklevel=2)
+                return
             self.disabled_reason = f"{type(e).__name__}: {e}"
             self.plans.clear()
             warnings.warn(f"CUDA graph capture failed ({self.disabled_reason}); decode steps run "
@@ -401,6 +421,15 @@ class DecodeGraphs:
         self.counters["graphs.captured_sizes"] = len(self.plans)
         self.counters["graphs.segments"] += sum(s.graph is not None for s in segs)
         self.counters["graphs.capture_s"] += time.perf_counter() - t0
+
+    def _graphed_experts(self, segs: list[Segment]) -> bool:
+        """Whether these segments would capture CPU expert calls (graph-safe ffn pieces of
+        layers whose experts are on the CPU)."""
+        if not cpu_experts_graph.enabled():
+            return False
+        return any(getattr(l.ffn, "cpu_experts", None) is not None
+                   and l.ffn.cpu_experts.graph_disabled is None
+                   for l in self.model.model.layers) and any(s.graphable for s in segs)
 
     def _capture(self, segs: list[Segment]) -> None:
         torch.cuda.synchronize(self.device)

@@ -464,6 +464,8 @@ class CpuExperts:
         self._slot = _flag_slots % _MAX_LAYERS  # this layer's flag (see _host_flags)
         _flag_slots += 1
         self.num_experts, self.hidden, self.inter, self.dtype = num_experts, hidden, inter, dtype
+        #: why this layer's calls may not be graphed (a capture holding them failed), or None
+        self.graph_disabled: str | None = None
         self.hp, self.ip = _ceil(hidden, _KPAD), _ceil(inter, _KPAD)
         E = num_experts
         # read at DRAM speed every step: huge pages (a 4 KiB page per 4 KiB read otherwise, and
@@ -712,6 +714,7 @@ class CpuExperts:
         waiting on a kernel (not the driver's memop, which a graph may not hold)."""
         from . import cpu_experts_graph
         if (device.type != "cuda" or self.backend != "cpp" or not cpu_experts_graph.enabled()
+                or self.graph_disabled is not None
                 or dtype not in (torch.bfloat16, torch.float32)
                 or not _device_wait_enabled(device)):
             return False

@@ -23,12 +23,17 @@ Every captured call has buffers and words of its own. Rows past
 the step's real ones (a padded graph size) are never computed; their result rows stay zero. The
 kernel, its inputs and its rows are the eager call's, so the results are the same bits.
 
-``WRITESCOPE_CPU_EXPERTS_GRAPHED=0`` keeps the calls eager (the step's graph then breaks at them).
+Status: **opt-in** (``WRITESCOPE_CPU_EXPERTS_GRAPHED=1``; default: eager calls, the step's graph
+breaking at each of them). The first version, with its buffers page-locked by
+``cudaHostRegister``, never captured on the H200 (torch refused the copies: 2026-12-03d call 4);
+the buffers now come from torch's pinned allocator, outside the capture, which has not run on
+the device yet. A capture that fails with graphed calls in it turns them off for that model's
+layers (``CpuExperts.graph_disabled``, one warning) and the step is captured again around eager
+calls.
 """
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 from dataclasses import dataclass
 
@@ -44,8 +49,10 @@ _MAX_WORDS = 1 << 14
 
 
 def enabled() -> bool:
-    return os.environ.get("WRITESCOPE_CPU_EXPERTS_GRAPHED", "1").strip().lower() not in (
-        "0", "off", "false", "no")
+    """``WRITESCOPE_CPU_EXPERTS_GRAPHED=1`` turns graphed calls on (default off: they have not
+    yet run correctly on the H200, see the module docstring)."""
+    return os.environ.get("WRITESCOPE_CPU_EXPERTS_GRAPHED", "0").strip().lower() in (
+        "1", "on", "true", "yes")
 
 
 def take_captured() -> list["GraphedCall"]:
@@ -117,26 +124,13 @@ def prepare(device: torch.device) -> None:
 
 
 def _pinned_buffers(shapes: list[tuple[tuple[int, ...], torch.dtype]]) -> list[torch.Tensor]:
-    """Zeroed page-locked tensors of these shapes, views of one page-aligned arena registered
-    with ``cudaHostRegister`` (torch's caching host allocator would record events on them inside
-    the capture), or from that allocator where registering fails (pageable without CUDA)."""
-    from ..hostmem import pageable_empty, pin_tensor
-    page = 4096
-    offs, total = [], 0
-    for shape, dtype in shapes:
-        n = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
-        offs.append(total)
-        total += -(-n // 64) * 64
-    total = -(-total // page) * page
-    arena = pageable_empty((total,), torch.uint8, align=page)
-    arena.zero_()
-    if not pin_tensor(arena) and torch.cuda.is_available():
-        arena = torch.zeros(total, dtype=torch.uint8, pin_memory=True)
-    out = []
-    for (shape, dtype), o in zip(shapes, offs):
-        n = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
-        out.append(arena[o:o + n].view(dtype).view(shape))
-    return out
+    """Zeroed page-locked tensors of these shapes from torch's pinned allocator (pageable
+    without CUDA). Called outside the capture (:func:`reserve`): the copies a capture records
+    must be between the device and memory that allocator owns. (Memory page-locked with
+    ``cudaHostRegister`` was refused there: "Cannot copy between CPU and CUDA tensors during
+    CUDA graph capture unless the CPU tensor is pinned", torch 2.11, 2026-12-03d call 4.)"""
+    pin = torch.cuda.is_available()
+    return [torch.zeros(shape, dtype=dtype, pin_memory=pin) for shape, dtype in shapes]
 
 
 def _new_call(experts, rows: int, k: int, dtype: torch.dtype, device: torch.device) -> "GraphedCall":
