@@ -433,7 +433,7 @@ class DecodeGraphs:
 
     def _capture(self, segs: list[Segment]) -> None:
         torch.cuda.synchronize(self.device)
-        if any(getattr(l.ffn, "cpu_experts", None) is not None for l in self.model.model.layers):
+        if self._graphed_experts(segs):
             cpu_experts_graph.prepare(self.device)
         writer: dict[str, torch.Tensor | None] = {}  # key -> static output of its last graph
         side = torch.cuda.Stream(self.device)
