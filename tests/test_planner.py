@@ -1,4 +1,5 @@
 """The WriteScope planner: roofline closed forms, the share's shape, placement, feedback."""
+import dataclasses
 import math
 import random
 from pathlib import Path
@@ -1195,3 +1196,42 @@ def test_measured_cpu_expert_time_corrects_the_share():
     assert blind[-1] > best + 0.05  # the error matters: the test is not vacuous
     assert abs(shares[-1] - best) <= 0.02 + 0.05 * best, (shares[-1], best)
     assert pol.feedback.corrections.expert == pytest.approx(3.0, rel=0.1)
+
+
+def test_host_bound_steps_leave_the_gpu_rate_alone():
+    """On a machine with a GPU, a decode step whose launching thread was busy for most of it
+    (host_s >= HOST_BOUND_FRACTION x step_s) does not correct the GPU's rate: its GPU timing
+    events bracket the host's launch gaps. The same timings from a step the host finished
+    early do (the GPU factor follows the 2x measured), and so do host-bound ones on a machine
+    without a GPU, where the "GPU" side is host work itself."""
+    from writescope.planner import placement as wp
+    cfg = ModelConfig.from_hf("deepseek-v2-lite")
+    prof = HardwareProfile.load(H200_PROFILE)
+    assert prof.has_gpu
+    bs, g, t = 64, 128, 32
+    tb = cfg.kv_bytes_per_token()
+
+    def run(profile, host_share: float) -> dict:
+        pol = make_policy("writescope", profile=profile, model_config=cfg)
+        regions = (Region.G,) * g + (Region.T,) * t
+        tokens = (g + t) * bs + 3
+        for _ in range(12):
+            pol.assign(SeqKV(0, tokens, regions))
+            load = rl.StepLoad(1, g * bs + 3, t * bs, 0, 0)
+            truth = rl.predict_step(profile, cfg, load, False)
+            tokens += 1
+            step_s = truth.step_s
+            pol.observe({"gpu_s": 2.0 * truth.gpu_attn_s, "pcie_s": truth.pcie_s,
+                         "step_s": step_s, "host_s": host_share * step_s, "cpu_bytes": 0,
+                         "gpu_bytes": (g * bs + 3 + t * bs) * tb, "t_bytes": t * bs * tb,
+                         "batch_lengths": [tokens]})
+        return pol.stats()
+
+    bound = run(prof, 0.95)
+    assert bound["planner.gpu_rate_correction"] == pytest.approx(1.0)
+    assert bound["planner.host_bound_steps"] == 12
+    free = run(prof, 0.5 * wp.HOST_BOUND_FRACTION)
+    assert free["planner.gpu_rate_correction"] > 1.8 and free["planner.host_bound_steps"] == 0
+    cpu_only = dataclasses.replace(prof, h2d_pinned_Bps=None)
+    assert not cpu_only.has_gpu
+    assert run(cpu_only, 0.95)["planner.host_bound_steps"] == 0

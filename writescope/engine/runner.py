@@ -105,7 +105,8 @@ class ModelRunner:
             # the CPU expert calls the device waits for (their kernel seconds go to the planner
             # with the step's timing), then the step's end, which waits for the device
             expert_s = raise_pending_errors()
-            extra = {"cpu_expert_s": expert_s, "cpu_expert_bytes": take_routed_bytes()}
+            extra = {"cpu_expert_s": expert_s, "cpu_expert_bytes": take_routed_bytes(),
+                     "host_s": t1 - t0}  # the planner tells host-bound steps apart by it
             timing = self.cache.end_step({k: v for k, v in extra.items() if v is not None})
             if forms is not None:
                 forms.observe(form_key, split, timing["step_s"])

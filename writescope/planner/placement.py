@@ -123,6 +123,16 @@ def placement_cpu_margin() -> float:
 
 #: the first CPU-timed step is not used when it took more than this times the model's time
 FIRST_CPU_SAMPLE_MAX_RATIO = 3.0
+
+#: a decode step whose launching thread was busy this share of it or more (``host_s`` over
+#: ``step_s``; on a machine with a GPU) is host-bound: its GPU attention time does not correct
+#: the GPU's rate. The events around the GPU kernels then bracket the launching thread's gaps,
+#: and a GPU factor that took them in (1.65-1.94 in DeepSeek-V2-Lite 4 x 32K rows, host-bound
+#: fraction 0.93, 2026-12-03d call 1) made CPU attention look free under a slow GPU: the plan
+#: moved 3% of the KV to the CPU, whose calls added host work to that very step (0.80x
+#: transfer's step). Not yet measured on the device.
+HOST_BOUND_FRACTION = 0.7
+
 #: a step's plan reuses the last solve while the batch size is the same and every token count
 #: and rate factor is within this relative distance of the one it was solved for
 MEMO_TOLERANCE = 0.01
@@ -196,6 +206,7 @@ class WriteScopePolicy(PlacementPolicy):
         self._last: dict[str, float] = {}
         self.steps = 0
         self.skipped_steps = 0  # steps with prefill rows: no feedback from them
+        self.host_bound_steps = 0  # decode steps whose GPU time was not used (HOST_BOUND_FRACTION)
         self._starts: list[int] = []  # per assign() this step: the sequence's tokens before it
         self.cpu_t_tokens_total = 0  # T tokens the CPU read in place, over all steps
         self._decode_without_cpu = 0  # decode steps since the CPU last attended (was timed)
@@ -416,8 +427,14 @@ class WriteScopePolicy(PlacementPolicy):
             self._decode_without_cpu += 1
         fixed = (self.cfg.num_layers * self.profile.attn_roundtrip_s(self.experts_on_cpu)
                  if cpu_tok > 0 else 0.0)
+        gpu_s = timing.get("gpu_s")
+        host_s, step_s = timing.get("host_s"), timing.get("step_s")
+        if gpu_s is not None and host_s is not None and step_s and self.profile.has_gpu and \
+                host_s >= HOST_BOUND_FRACTION * step_s:
+            gpu_s = None  # a host-bound step: its GPU bracket holds the launching thread's gaps
+            self.host_bound_steps += 1
         self.feedback.update(
-            {"cpu": cpu_s, "gpu": timing.get("gpu_s"),
+            {"cpu": cpu_s, "gpu": gpu_s,
              "pcie": pcie_s if pcie_s else None, "expert": timing.get("cpu_expert_s")},
             {"cpu": raw.cpu_attn_s, "gpu": raw.gpu_attn_s, "pcie": raw.pcie_s,
              "expert": raw.expert_s if self.experts_on_cpu else 0.0},
@@ -453,6 +470,7 @@ class WriteScopePolicy(PlacementPolicy):
             "planner.expert_rate_correction": c.expert,
             "planner.steps": self.steps,
             "planner.prefill_steps": self.skipped_steps,
+            "planner.host_bound_steps": self.host_bound_steps,
             "planner.cpu_read_t_tokens": self.cpu_t_tokens_total,
             "planner.probes": self.probes,
             "planner.cpu_verified": self.cpu_verified,
