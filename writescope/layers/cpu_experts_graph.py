@@ -2,14 +2,14 @@
 
 An eager CPU expert call (:meth:`CpuExperts.submit` / :meth:`CpuExperts.wait`) costs the launching
 thread ~0.3 ms a layer: pinned buffers, casts, copies, a ready word, a native job, a wait kernel,
-the result's copy back. At batch 1 the decode step with the experts on the CPU waits on that
+the result's copy back. At batch 1 the decode step with the experts on the CPU can wait on that
 thread (Qwen3-30B-A3B 1 x 1K on the H200: 62-69 ms a step with 38-39 ms of expert kernels and
-~7 ms of other device work, 2026-12-03d call 1 and 3), and it breaks the step's graph at every
-layer.
+~7 ms of other device work on one host, 2026-12-03d calls 1 and 3; 49 ms on another, call 4),
+and it breaks the step's graph at every layer.
 
 A graphed call splits the work:
 
-* **Captured** (:meth:`GraphedCalls.capture`, while the stream is being captured): the routing's
+* **Captured** (:func:`capture`, while the stream is being captured): the routing's
   casts and the copies of the hidden rows, ids and weights into fixed pinned buffers, a one-thread
   kernel raising the call's *ready* word to 1, the device's wait until its *done* word is 1, and
   the result's copy from a fixed pinned buffer back to the device. Every value is fixed, so the
@@ -19,9 +19,10 @@ A graphed call splits the work:
   and the native job queued: wait for ready, run the kernel over the step's real rows, write the
   result, raise done.
 
-Every captured call has buffers and words of its own. Rows past
-the step's real ones (a padded graph size) are never computed; their result rows stay zero. The
-kernel, its inputs and its rows are the eager call's, so the results are the same bits.
+Every captured call has buffers and words of its own, set aside by the capture's warm-up run
+(:func:`reserving`), so that nothing is allocated while capturing. Rows past the step's real
+ones (a padded graph size) are never computed; their result rows stay zero. The kernel, its
+inputs and its rows are the eager call's, so the results are the same bits.
 
 Status: **opt-in** (``WRITESCOPE_CPU_EXPERTS_GRAPHED=1``; default: eager calls, the step's graph
 breaking at each of them). The first version, with its buffers page-locked by
@@ -176,7 +177,7 @@ def capture(experts, hidden: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -
                 and c.res.dtype == hidden.dtype):
             call = _reserved.pop(j)
             break
-    if call is None:  # not warmed up: allocate now (a failure turns graphs off, eager then)
+    if call is None:  # not warmed up: allocate now (a failure turns the graphed calls off)
         call = _new_call(experts, rows, k, hidden.dtype, dev)
     flags, word = call.flags, call.word
     call.xs.copy_(hidden.detach().to(experts.dtype), non_blocking=True)
