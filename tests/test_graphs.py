@@ -3,12 +3,15 @@ the CPU through ``WRITESCOPE_CUDA_GRAPHS=pieces``); on CUDA, captured graphs giv
 as eager decoding."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from test_parity import (GREEDY, PLACEMENTS, check, engine, generate_checked, prompt_ids,
                          reference)
 from writescope.engine import graphs
+from writescope.layers import cpu_experts_graph
 
 
 @pytest.mark.parametrize("placement", ["mixed", "all-C"])
@@ -42,6 +45,34 @@ def test_segments_split_at_attention_and_host_bound_experts(tiny_deepseek_v2):
     assert [s.graphable for s in segs] == [i % 2 == 0 for i in range(len(segs))]
     assert segs[2].inputs == ["x", "o_kv", "l_kv", "o_self", "l_self", "q", "cos", "sin"]
     assert segs[2].outputs == ["x", "h", "q", "rec", "o_self", "l_self"]
+
+
+def test_graph_safe_runs_are_cut_every_max_layers(tiny_qwen3_moe, monkeypatch):
+    """A resident step (every piece graph-safe) is one segment, or one per ``max_layers`` layers
+    cut before a layer's first piece; WRITESCOPE_GRAPH_SEGMENT_LAYERS sets the default."""
+    llm = engine(tiny_qwen3_moe)
+    model = llm.engine.model
+    pieces = graphs.decode_pieces(model, 4, llm.engine.cache, resident=True)
+    # as on CUDA, where the experts' pieces are graph-safe too (the CPU's grouped path is not)
+    pieces = [dataclasses.replace(p, graphable=True) for p in pieces]
+    n_layers = len(model.model.layers)
+    assert len(graphs.segments(pieces, 0)) == 1
+    one = graphs.segments(pieces, 1)
+    assert [p.name for p in one[0].pieces] == ["embed", "pre0", "attn0", "post0", "ffn0"]
+    assert len(one) == n_layers and all(s.graphable for s in one)
+    assert [s.pieces[0].name for s in one[1:]] == [f"pre{i}" for i in range(1, n_layers)]
+    assert one[-1].pieces[-1].name == "norm"
+    assert sum(len(s.pieces) for s in one) == len(pieces)
+    two = graphs.segments(pieces, 2)
+    assert len(two) == (n_layers + 1) // 2
+    # eager pieces still break runs, and a cut never lands inside an eager run
+    hybrid = graphs.segments(graphs.decode_pieces(model, 4, llm.engine.cache), 1)
+    assert [s.graphable for s in hybrid] == [i % 2 == 0 for i in range(len(hybrid))]
+    monkeypatch.setenv("WRITESCOPE_GRAPH_SEGMENT_LAYERS", "1")
+    assert len(graphs.segments(pieces)) == n_layers
+    monkeypatch.setenv("WRITESCOPE_GRAPH_SEGMENT_LAYERS", "two")
+    with pytest.raises(ValueError, match="WRITESCOPE_GRAPH_SEGMENT_LAYERS"):
+        graphs.segments(pieces)
 
 
 def test_step_sizes_are_bucketed():
@@ -241,13 +272,15 @@ def test_resident_steps_are_captured_whole(all_tiny, experts, monkeypatch):
     """On CUDA, decode steps whose cached KV is all on the GPU are captured with their attention
     (resident buffers) and replayed; when G fills up the steps go back to the hybrid path. With
     the experts on the CPU (their calls eager, the default) no step is resident
-    (graphs.resident_rows). The tokens are the eager run's and transformers'."""
+    (graphs.resident_rows); with them graphed (WRITESCOPE_CPU_EXPERTS_GRAPHED=1 in the
+    environment) they are resident like the rest. The tokens are the eager run's and
+    transformers'."""
     lens = (5, 20, 30)
     prompts = [prompt_ids(320, n, seed=n) for n in lens]
     for opts in (PLACEMENTS["all-G"], dict(kv_policy="transfer", num_gpu_blocks=4)):
         kw = dict(device="cuda", experts=experts, **opts)
         _, s = eager_then_graphed(all_tiny, prompts, kw, monkeypatch)
-        if experts == "cpu":
+        if experts == "cpu" and not cpu_experts_graph.enabled():
             assert s["kv.resident_steps"] == 0 and s["graphs.replayed_steps"] > 0, s
             assert s["graphs.cpu_expert_calls"] == 0, s
         else:
@@ -264,8 +297,8 @@ def test_graphed_cpu_expert_calls_match_eager(all_tiny, monkeypatch):
     """WRITESCOPE_CPU_EXPERTS_GRAPHED=1: the graphs hold the CPU expert calls' device halves
     (layers/cpu_experts_graph.py), so steps with all KV on the GPU are resident (one graph) and
     the others break only at attention; every replay queues its layers' kernels. The tokens are
-    the eager run's and transformers'. (Not yet passed on the device: the first version never
-    captured there, 2026-12-03d call 4.)"""
+    the eager run's and transformers'. (The first version never captured on the H200,
+    2026-12-03d call 4; this one passed there, 2026-12-03e call 1.)"""
     monkeypatch.setenv("WRITESCOPE_CPU_EXPERTS_GRAPHED", "1")
     prompts = [prompt_ids(320, n, seed=n) for n in (5, 20, 30)]
     for opts in (PLACEMENTS["all-G"], dict(kv_policy="transfer", num_gpu_blocks=4)):
@@ -275,3 +308,22 @@ def test_graphed_cpu_expert_calls_match_eager(all_tiny, monkeypatch):
         if opts is PLACEMENTS["all-G"]:
             assert s["graphs.resident_steps"] > 0, s
     generate_checked(all_tiny, device="cuda", experts="cpu", **PLACEMENTS["all-G"])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("experts", ["gpu", "cpu"])
+def test_resident_steps_cut_into_several_graphs(all_tiny, experts, monkeypatch):
+    """WRITESCOPE_GRAPH_SEGMENT_LAYERS=1: a resident step replays one graph per layer (the
+    next launched while the device runs the last); with the experts on the CPU their calls are
+    graphed and each graph's host halves are queued before its replay. Same tokens as eager."""
+    monkeypatch.setenv("WRITESCOPE_GRAPH_SEGMENT_LAYERS", "1")
+    if experts == "cpu":
+        monkeypatch.setenv("WRITESCOPE_CPU_EXPERTS_GRAPHED", "1")
+    prompts = [prompt_ids(320, n, seed=n) for n in (5, 20, 30)]
+    kw = dict(device="cuda", experts=experts, **PLACEMENTS["all-G"])
+    _, s = eager_then_graphed(all_tiny, prompts, kw, monkeypatch)
+    assert s["graphs.resident_steps"] > 0, s
+    assert s["graphs.segments"] >= 2 * s["graphs.captured_sizes"], s
+    if experts == "cpu":
+        assert s["graphs.cpu_expert_calls"] >= s["graphs.resident_steps"], s
