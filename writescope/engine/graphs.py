@@ -245,9 +245,12 @@ def pipelined_pieces(model, sizes: list[int], cache) -> list[Piece]:
 #: that the device starts on the first while the host launches the next. A whole-step graph's
 #: launch is host time before any of its work starts (cudaGraphLaunch: 3.5 ms a step for
 #: DeepSeek-V2-Lite's resident step, 5.5 ms for Qwen3-30B-A3B's with graphed CPU expert calls,
-#: against 9-47 ms of device work; 2026-12-03 on the H200). ``WRITESCOPE_GRAPH_SEGMENT_LAYERS``
+#: against 9-47 ms of device work; 2026-12-03 on the H200). Cut every 3-4 layers, resident steps
+#: ran 4-6% faster there (DeepSeek-V2-Lite 4 x 32K 12.1 against 13.0 ms, Qwen3-30B-A3B 2 x 32K
+#: 13.0 against 13.5, Qwen3 1 x 1K with graphed CPU expert calls 58.3 against 61.4), every
+#: layer 4% slower (more launches): 2026-12-03e call 2. ``WRITESCOPE_GRAPH_SEGMENT_LAYERS``
 #: overrides it.
-SEGMENT_LAYERS = 0
+SEGMENT_LAYERS = 4
 
 
 def segment_layers() -> int:
@@ -477,12 +480,18 @@ class DecodeGraphs:
                 for k in seg.outputs:
                     writer[k] = None
                 continue
+            # the warm-up runs on the eager step's values of the inputs: a piece with side
+            # effects (resident attention writes the step's token into the KV buffers) then
+            # writes what the eager step wrote, where an earlier graph's output buffer holds
+            # nothing yet (2026-12-03e call 2: resident steps cut into several graphs
+            # decoded other tokens than eager ones before this)
+            warm = dict(seg.static_in)
             for k in seg.inputs:  # produced by an earlier graph: read it in place
                 if writer.get(k) is not None:
                     seg.static_in[k] = writer[k]
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side), cpu_experts_graph.reserving():
-                seg.run_eager(dict(seg.static_in), None)  # warm-up (allocator, cuBLAS, Triton)
+                seg.run_eager(warm, None)  # warm-up (allocator, cuBLAS, Triton)
             torch.cuda.current_stream(self.device).wait_stream(side)
             g = torch.cuda.CUDAGraph()
             env = dict(seg.static_in)
