@@ -327,3 +327,20 @@ def test_resident_steps_cut_into_several_graphs(all_tiny, experts, monkeypatch):
     assert s["graphs.segments"] >= 2 * s["graphs.captured_sizes"], s
     if experts == "cpu":
         assert s["graphs.cpu_expert_calls"] >= s["graphs.resident_steps"], s
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_resident_steps_around_eager_cpu_expert_calls(all_tiny, monkeypatch):
+    """WRITESCOPE_RESIDENT_ATTENTION=force with the CPU expert calls eager: each layer's
+    resident attention is captured in the graph between two expert calls. Same tokens as eager
+    steps. (These diverged on the H200 in the twenty-eighth session; the likely cause, found in
+    the thirtieth: each capture's warm-up computed the step's token from an earlier graph's
+    output buffers -- the rotary tables -- which hold nothing at capture time, and wrote it into
+    the KV buffers.)"""
+    monkeypatch.setenv("WRITESCOPE_RESIDENT_ATTENTION", "force")
+    monkeypatch.delenv("WRITESCOPE_CPU_EXPERTS_GRAPHED", raising=False)
+    prompts = [prompt_ids(320, n, seed=n) for n in (5, 20, 30)]
+    kw = dict(device="cuda", experts="cpu", **PLACEMENTS["all-G"])
+    _, s = eager_then_graphed(all_tiny, prompts, kw, monkeypatch)
+    assert s["graphs.resident_steps"] > 0 and s["graphs.cpu_expert_calls"] == 0, s
