@@ -65,7 +65,10 @@ class Rotary(nn.Module):
 
     def __init__(self, dim: int, theta: float, scaling: dict | None):
         super().__init__()
-        inv, self.attention_scaling = rope_frequencies(dim, theta, scaling)
+        # on the host, also inside the loader's meta-device build: a meta tensor's arithmetic
+        # goes through torch._refs, whose first call imports torch._dynamo (~1.5-2.6 s a start)
+        with torch.device("cpu"):
+            inv, self.attention_scaling = rope_frequencies(dim, theta, scaling)
         self.register_buffer("inv_freq", inv, persistent=False)
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
