@@ -243,13 +243,13 @@ def pipelined_pieces(model, sizes: list[int], cache) -> list[Piece]:
 
 #: a run of graph-safe pieces is cut into graphs of at most this many layers (0: no limit), so
 #: that the device starts on the first while the host launches the next. A whole-step graph's
-#: launch is host time before any of its work starts (cudaGraphLaunch: 3.5 ms a step for
+#: launch is host time before any of its work starts (cudaGraphLaunch: 3.0-3.5 ms a step for
 #: DeepSeek-V2-Lite's resident step, 5.5 ms for Qwen3-30B-A3B's with graphed CPU expert calls,
 #: against 9-47 ms of device work; 2026-12-03 on the H200). Cut every 3-4 layers, resident steps
-#: ran 4-6% faster there (DeepSeek-V2-Lite 4 x 32K 12.1 against 13.0 ms, Qwen3-30B-A3B 2 x 32K
-#: 13.0 against 13.5, Qwen3 1 x 1K with graphed CPU expert calls 58.3 against 61.4), every
-#: layer 4% slower (more launches): 2026-12-03e call 2. ``WRITESCOPE_GRAPH_SEGMENT_LAYERS``
-#: overrides it.
+#: ran 0-6% faster there (DeepSeek-V2-Lite 4 x 32K 12.14 / 12.04 / 12.35 against 12.97 / 12.07 /
+#: 12.90 ms, Qwen3-30B-A3B 2 x 32K 12.97 against 13.51, Qwen3 1 x 1K with graphed CPU expert
+#: calls 58.3 against 61.4), every layer 4% slower (more launches): 2026-12-03e calls 2-3.
+#: ``WRITESCOPE_GRAPH_SEGMENT_LAYERS`` overrides it.
 SEGMENT_LAYERS = 4
 
 
