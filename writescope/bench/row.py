@@ -131,7 +131,8 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
     bs = cache.bs
     batch, ctx = len(prompts), len(prompts[0])
     if ctx + decode_steps + UNTIMED_DECODE_STEPS + 1 > engine.max_model_len:
-        raise RowFailed(f"{ctx} + {decode_steps} tokens exceed max_model_len {engine.max_model_len} "
+        raise RowFailed(f"{ctx} + {UNTIMED_DECODE_STEPS} + {decode_steps} tokens exceed "
+                        f"max_model_len {engine.max_model_len} "
                         "(the model's max_position_embeddings; --random-weights lifts it)")
     if batch > engine.scheduler.max_num_seqs:
         raise RowFailed(f"batch {batch} > max_num_seqs {engine.scheduler.max_num_seqs}")

@@ -8,7 +8,8 @@ step with the experts on the GPU, once the whole step is one CUDA graph, the dev
 norms' (bench/results/2026-12-03c-h200, call 3; call 5: 193 norm kernels, 0.30 ms a step). The
 kernel computes what the torch form does in the same precision: the sum of squares in float32
 (in another order: the last bit may differ), the normalised row rounded to the input's dtype,
-then the weight's product rounded to the promoted dtype. ``WRITESCOPE_FUSED_NORM=0`` keeps the torch form everywhere.
+then the weight's product rounded to the promoted dtype. ``WRITESCOPE_FUSED_NORM=0`` keeps the
+torch form everywhere.
 """
 from __future__ import annotations
 

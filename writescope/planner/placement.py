@@ -130,7 +130,8 @@ FIRST_CPU_SAMPLE_MAX_RATIO = 3.0
 #: and a GPU factor that took them in (1.65-1.94 in DeepSeek-V2-Lite 4 x 32K rows, host-bound
 #: fraction 0.93, 2026-12-03d call 1) made CPU attention look free under a slow GPU: the plan
 #: moved 3% of the KV to the CPU, whose calls added host work to that very step (0.80x
-#: transfer's step). Not yet measured on the device.
+#: transfer's step). With this guard the same row's GPU factor stayed at 1.06 and writescope ran
+#: 0.96x transfer (2026-12-03e call 3).
 HOST_BOUND_FRACTION = 0.7
 
 #: a step's plan reuses the last solve while the batch size is the same and every token count
