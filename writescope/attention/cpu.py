@@ -49,7 +49,7 @@ __all__ = ["attend_cpu", "CpuAttentionPlan", "CpuJobQueue", "current_isa_setting
 
 _CSRC = Path(__file__).with_name("csrc")
 _SOURCES = ("attn_ops.cpp", "attn_avx2.cpp", "attn_avx512.cpp", "attn_bf16.cpp", "attn_amx.cpp")
-_HEADERS = ("attn_common.h", "attn_impl.h", "attn_v512.h", "attn_amx_emu.h")
+_HEADERS = ("attn_common.h", "attn_impl.h", "attn_evenodd.h", "attn_v512.h", "attn_amx_emu.h")
 _CFLAGS = ["-O3", "-fPIC", "-std=c++17", "-fopenmp", "-fno-math-errno"]
 _ISA_CODE = {"avx2": 0, "avx512": 1, "amx": 2, "avx512bf16": 3}
 _F_AVX2, _F_AVX512, _F_BF16, _F_AMX = 1, 2, 4, 8

@@ -1,5 +1,6 @@
-// AVX2 + FMA build of the generic kernel (8 fp32 lanes). Compiled for this ISA by the pragma
-// below whatever the global flags, and only called after a cpuid check (attn_ops.cpp).
+// AVX2 + FMA build of the generic kernel (8 fp32 lanes; bf16 KV takes the even/odd form of
+// attn_evenodd.h). Compiled for this ISA by the pragma below whatever the global flags, and
+// only called after a cpuid check (attn_ops.cpp).
 #pragma GCC target("avx2,fma,f16c")
 #include "attn_common.h"
 #include <immintrin.h>
@@ -26,6 +27,22 @@ struct V {
     static inline vec add(vec a, vec b) { return _mm256_add_ps(a, b); }
     static inline vec sub(vec a, vec b) { return _mm256_sub_ps(a, b); }
     static inline vec max(vec a, vec b) { return _mm256_max_ps(a, b); }
+    // keeps v in a register: the compiler would fold its load into each FMA that uses it
+    static inline void pin(vec& v) { __asm__("" : "+x"(v)); }
+    static inline vec bcast1(const float* p) { return _mm256_broadcast_ss(p); }
+    // the 16 bf16 values at p as fp32: even-index values in e, odd-index ones in o
+    static inline void load_eo(const uint16_t* p, vec& e, vec& o) {
+        __m256i x = _mm256_loadu_si256((const __m256i*)p);
+        e = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+        o = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32((int)0xFFFF0000u)));
+    }
+    // out[i] = the sum of v[i]'s lanes, i < 8 (out 32-byte aligned)
+    static inline void reduce8(const vec* v, float* out) {
+        vec t0 = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+        vec t1 = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+        _mm256_store_ps(out, _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20),
+                                           _mm256_permute2f128_ps(t0, t1, 0x31)));
+    }
     static inline vec bcast2(const float* p) {
         return _mm256_castpd_ps(_mm256_broadcast_sd((const double*)p));
     }
@@ -66,7 +83,11 @@ struct V {
 };
 
 #include "attn_impl.h"
+#include "attn_evenodd.h"
 
 }  // namespace
 
-void ws_item_avx2(const WsArgs* a, const WsItem* it) { ws_item_dispatch(a, it); }
+void ws_item_avx2(const WsArgs* a, const WsItem* it) {
+    if (ws_evenodd_eligible(a)) ws_item_evenodd(a, it);
+    else ws_item_dispatch(a, it);
+}
