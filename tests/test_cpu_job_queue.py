@@ -221,6 +221,39 @@ def test_two_regions_and_their_merge_on_the_queue():
         cpu.CpuJobQueue().submit_merge(out, lse, o2[:1], l2[:1], done=None)
 
 
+def test_two_regions_in_one_call():
+    """The same two regions attended by one call (``second=``, the engine's default): on the
+    queue, between the ready and done words, and called directly -- the merge of the two calls'
+    results, to float32 rounding, with the sequence without blocks (0, -inf). Plans for other
+    queries cannot share a call."""
+    from writescope.attention.merge import merge
+    spec, pool_c, q, plan_c = _case("cpu", 4)
+    _, pool_t, _, plan_t = _case("gpu", 5)
+    want_o, want_l = merge(*plan_c(q, pool_c[1]), *plan_t(q, pool_t[2]))
+    assert plan_c.pairs_with(plan_t) and plan_t.pairs_with(plan_c)
+    words = torch.zeros(2, dtype=torch.int64)
+    view, addr = words.numpy(), words.data_ptr()
+    out, lse = torch.full_like(want_o, 9.0), torch.full_like(want_l, 9.0)
+    queue = cpu.CpuJobQueue()
+    try:
+        queue.submit(plan_c, q, pool_c[1], out, lse, ready=(addr, 1), done=(addr + 8, 6),
+                     second=(plan_t, pool_t[2]))
+        _raise_later(view, 0, 1, 0.02)
+        calls, _, _ = queue.drain(timeout_s=30)
+    finally:
+        queue.close()
+    assert calls == 1 and int(view[1]) == 6
+    for o, l in [(out, lse), plan_t(q, pool_t[2], second=(plan_c, pool_c[1]))]:
+        torch.testing.assert_close(o, want_o, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(l, want_l, rtol=1e-5, atol=1e-5)
+        assert torch.equal(o[2], torch.zeros_like(o[2])) and torch.isinf(l[2]).all()
+    other = cpu.CpuAttentionPlan(pool_t[0], "gpu", spec, BlockBatch.build([2], [[0]], [[32]]),
+                                 0.1, 2, q.shape[1], q.dtype)
+    assert not plan_c.pairs_with(other)
+    with pytest.raises(ValueError):
+        plan_c(q, pool_c[1], second=(other, pool_t[2]))
+
+
 class _Words:
     """Ready and done words in ordinary host memory: on CUDA they are a HostFlags' pinned array,
     the device raising ready and waiting on done; here the test raises ready."""

@@ -125,6 +125,11 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ws_queue_new.argtypes = []
     lib.ws_queue_submit.restype = i
     lib.ws_queue_submit.argtypes = [p, p, i64, p, i64, d, d, *lib.ws_attend_ex.argtypes]
+    second = [p, i, i, i64, p, p, p, i]  # a two-pool call's second pool (Src2)
+    lib.ws_attend2_flagged.restype = i
+    lib.ws_attend2_flagged.argtypes = [*lib.ws_attend_flagged.argtypes, *second]
+    lib.ws_queue_submit2.restype = i
+    lib.ws_queue_submit2.argtypes = [*lib.ws_queue_submit.argtypes, *second]
     lib.ws_queue_submit_fn.restype = i
     lib.ws_queue_submit_fn.argtypes = [p, p, i64, p, i64, d, d, p, p]
     lib.ws_queue_drain.restype = i
@@ -410,6 +415,24 @@ class CpuAttentionPlan:
         """Whether calls may carry ``ready`` / ``done`` flag words (the compiled kernel)."""
         return not self.torch_path
 
+    def pairs_with(self, other: CpuAttentionPlan) -> bool:
+        """Whether one call can attend this plan's blocks and ``other``'s (another pool's
+        blocks of the same sequences, e.g. C blocks and T blocks read in place): both compiled,
+        the same queries, spec, scale, block size and KV dtype."""
+        return (not self.torch_path and not other.torch_path and self.nq == other.nq
+                and self.hq == other.hq and self.spec == other.spec and self.scale == other.scale
+                and self.kv_dtype == other.kv_dtype and self._const[:7] == other._const[:7]
+                and self.batch.num_seqs == other.batch.num_seqs
+                and torch.equal(self._ints[0], other._ints[0]))
+
+    def _second_args(self, kv: torch.Tensor) -> tuple:
+        """This plan's pool as a two-pool call's second one (``Src2`` in csrc/attn_ops.cpp)."""
+        if (tuple(kv.shape), kv.stride(0), kv.dtype) != (self.kv_shape, self.kv_stride,
+                                                          self.kv_dtype):
+            raise ValueError("pool layer differs from the one the plan was made for")
+        return (_ptr(kv), 1 if kv.dtype == torch.bfloat16 else 0, 0 if self.layout == "cpu" else 1,
+                self.kv_stride, *(_ptr(t) for t in self._ints[1:]), self._isa)
+
     def _native_args(self, q: torch.Tensor, kv: torch.Tensor, out: torch.Tensor | None,
                      lse: torch.Tensor | None) -> tuple | None:
         """The kernel's arguments for one call, with the tensors they point into; None when
@@ -440,7 +463,8 @@ class CpuAttentionPlan:
     def __call__(self, q: torch.Tensor, kv: torch.Tensor, out: torch.Tensor | None = None,
                  lse: torch.Tensor | None = None, *, ready: tuple[int, int] | None = None,
                  done: tuple[int, int] | None = None, timeout_s: float = 60.0,
-                 spin_s: float = 0.0, times: list | None = None
+                 spin_s: float = 0.0, times: list | None = None,
+                 second: tuple[CpuAttentionPlan, torch.Tensor] | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor]:
         """``ready`` / ``done``: ``(address, value)`` of pinned int64 words (:attr:`flagged`
         plans only). The call first waits until the ready word reaches its value, and stores the
@@ -448,10 +472,30 @@ class CpuAttentionPlan:
         Python, and so no interpreter lock, between the kernel's end and the store. ``spin_s``:
         start the kernel's threads before the wait, spinning on the ready word for up to this
         long (``flagged_call`` in ``csrc/attn_ops.cpp``). ``times`` (a list) receives
-        ``[seconds waiting for ready, seconds in the kernel]``."""
+        ``[seconds waiting for ready, seconds in the kernel]``. ``second``: ``(plan, kv)`` of
+        another pool's blocks of the same sequences (:meth:`pairs_with`), attended in the same
+        call: one result over both pools' blocks."""
         if (ready is not None or done is not None) and not self.flagged:
             raise ValueError("ready/done flags need the compiled kernel")
         native = self._native_args(q, kv, out, lse)
+        if second is not None:
+            plan2, kv2 = second
+            if native is None or not self.pairs_with(plan2):
+                raise ValueError("these two plans cannot share a call (see pairs_with)")
+            args, (_, _, o, l, _) = native
+            r_addr, r_val = ready if ready is not None else (None, 0)
+            d_addr, d_val = done if done is not None else (None, 0)
+            tw = (ctypes.c_double * 2)()
+            rc = self.lib.ws_attend2_flagged(r_addr, r_val, d_addr, d_val, float(timeout_s),
+                                             float(spin_s), tw, *args, *plan2._second_args(kv2))
+            if times is not None:
+                times[:] = [tw[0], tw[1]]
+            if rc == -10:
+                raise TimeoutError(f"the device did not raise the queries' ready flag in "
+                                   f"{timeout_s:.0f} s")
+            if rc != 0:
+                raise RuntimeError(f"ws_attend2_flagged failed ({rc})")
+            return o, l
         if native is None:
             o, l = attend_torch(q, kv, self.layout, self.spec, self.batch, self.scale)
             if out is not None:
@@ -502,9 +546,14 @@ class CpuJobQueue:
     def submit(self, plan: CpuAttentionPlan, q: torch.Tensor, kv: torch.Tensor,
                out: torch.Tensor, lse: torch.Tensor, *, ready: tuple[int, int] | None,
                done: tuple[int, int] | None, timeout_s: float = 60.0,
-               spin_s: float = 0.0) -> None:
+               spin_s: float = 0.0,
+               second: tuple[CpuAttentionPlan, torch.Tensor] | None = None) -> None:
+        """Queue one call of ``plan`` (see :meth:`CpuAttentionPlan.__call__`, also for
+        ``second``: another pool's blocks of the same sequences in the same call)."""
         if self._q is None:
             raise RuntimeError("the CPU job queue is closed")
+        if second is not None and not plan.pairs_with(second[0]):
+            raise ValueError("these two plans cannot share a call (see pairs_with)")
         native = plan._native_args(q, kv, out, lse) if plan.flagged else None
         if native is None:
             raise ValueError("this call cannot run natively (torch path)")
@@ -514,9 +563,15 @@ class CpuJobQueue:
                              "float32 or bfloat16 and contiguous")
         r_addr, r_val = ready if ready is not None else (None, 0)
         d_addr, d_val = done if done is not None else (None, 0)
-        self._keep.append((plan, keep))
-        rc = self.lib.ws_queue_submit(self._q, r_addr, r_val, d_addr, d_val, float(timeout_s),
-                                      float(spin_s), *args)
+        if second is not None:
+            extra = second[0]._second_args(second[1])
+            self._keep.append((plan, keep, second))
+            rc = self.lib.ws_queue_submit2(self._q, r_addr, r_val, d_addr, d_val,
+                                           float(timeout_s), float(spin_s), *args, *extra)
+        else:
+            self._keep.append((plan, keep))
+            rc = self.lib.ws_queue_submit(self._q, r_addr, r_val, d_addr, d_val,
+                                          float(timeout_s), float(spin_s), *args)
         if rc != 0:
             raise RuntimeError(f"ws_queue_submit failed ({rc})")
 

@@ -62,6 +62,16 @@ MAX_GROUPS = 2
 COMPACT_MIN_ROWS = 16
 
 
+
+def pair_calls() -> bool:
+    """``WRITESCOPE_CPU_PAIR_CALLS`` (default on; ``0`` off): a layer whose CPU side reads two
+    regions (C blocks, and T blocks read in place) runs them as one kernel call
+    (``CpuAttentionPlan(second=...)``), not as two calls and a merge: each call pays its
+    team's start, tail and join, and the few T blocks a step reads in place made the second
+    call a few items per sequence. The switch is for A/B runs."""
+    return os.environ.get("WRITESCOPE_CPU_PAIR_CALLS", "1").strip().lower() not in ("0", "off", "false", "no")
+
+
 @dataclass
 class AttentionStepPlan:
     spec: KVSpec
@@ -527,7 +537,11 @@ class HybridAttention:
             t1 = time.perf_counter()
             self._lag["t_done"] = t1
             return o, l, t1 - t0
-        if self._cpu_compiled:
+        if (self._cpu_compiled and len(g.cpu_plans) == 2 and pair_calls()
+                and g.cpu_plans[0][1].pairs_with(g.cpu_plans[1][1])):
+            (r, pl), (r2, pl2) = g.cpu_plans
+            parts = [pl(q_host, self.pools[r][layer], second=(pl2, self.pools[r2][layer]))]
+        elif self._cpu_compiled:
             parts = [pl(q_host, self.pools[r][layer]) for r, pl in g.cpu_plans]
         else:
             parts = [self._cpu_attend(q_host, self.pools[r][layer], _layout(r), plan.spec, b,
@@ -570,6 +584,14 @@ class HybridAttention:
         slot = layer * MAX_GROUPS + g.index
         done = (self._flags.address(slot), self._step_id)
         (r, pl), *second = g.cpu_plans
+        if second and pair_calls() and pl.pairs_with(second[0][1]):
+            # C blocks and T blocks read in place: one call over both pools
+            (r2, pl2), = second
+            self._queue.submit(pl, q_host, self.pools[r][layer], out_bufs[0], out_bufs[1],
+                               ready=ready_address(ready), done=done, spin_s=self.cpu_spin_s,
+                               second=(pl2, self.pools[r2][layer]))
+            self._queued += 1
+            return True
         self._queue.submit(pl, q_host, self.pools[r][layer], out_bufs[0], out_bufs[1],
                            ready=ready_address(ready), done=None if second else done,
                            spin_s=self.cpu_spin_s)

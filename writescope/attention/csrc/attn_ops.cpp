@@ -98,7 +98,8 @@ int detect() {
 // Work of one call.
 
 struct Item {
-    int group, b0, b1;  // block range [b0, b1) in kv_blocks
+    int group, b0, b1;  // block range [b0, b1) in its source's kv_blocks
+    int src;            // 0: the call's pool, 1: its second pool (CallArgs::b)
     int64_t poff;       // offset of this item's partial result (m[M], l[M], o[M][Dv])
 };
 
@@ -117,10 +118,10 @@ struct Job {
     int q_bf16, Hq, G, Dk, Dv;
     float qs;  // scale * log2(e)
     const int32_t* q_indptr;
-    const int32_t* kv_blocks;
-    const int32_t* kv_lens;
-    ws_item_fn fn;
-    WsArgs args;
+    const int32_t* kv_blocks[2];  // per source
+    const int32_t* kv_lens[2];
+    ws_item_fn fn[2];
+    WsArgs args[2];
     const Item* items;
     const Group* groups;
     const Unit* units;
@@ -264,9 +265,9 @@ void run_item(const Job& J, int i) {
     const Item& w = J.items[i];
     const Group& g = J.groups[w.group];
     float* p = J.part + w.poff;
-    WsItem it{packed_q(J, w.group), g.M, g.head, J.kv_blocks + w.b0, J.kv_lens + w.b0,
-              w.b1 - w.b0, p + 2 * g.M, p, p + g.M};
-    J.fn(&J.args, &it);
+    WsItem it{packed_q(J, w.group), g.M, g.head, J.kv_blocks[w.src] + w.b0,
+              J.kv_lens[w.src] + w.b0, w.b1 - w.b0, p + 2 * g.M, p, p + g.M};
+    J.fn[w.src](&J.args[w.src], &it);
     J.pending[w.group].fetch_sub(1, std::memory_order_acq_rel);
 }
 
@@ -320,7 +321,20 @@ int wait_ready(const volatile int64_t* ready, int64_t value, double timeout_s,
 }
 
 
-// The arguments of one ws_attend_ex call.
+// A call's second pool (ws_attend2_flagged, ws_queue_submit2): another region's blocks of the
+// same sequences -- C blocks in the CPU layout and T blocks read in place -- attended in the
+// same call, its chunks merged with the first pool's by the call's own log-sum-exp merge. One
+// call per layer instead of two calls and a merge job: each call pays its team's start, its
+// tail and its join, and a few T blocks made a second call of a few items per sequence.
+struct Src2 {
+    const void* kv;
+    int dtype, layout;
+    int64_t block_stride;
+    const int32_t *kv_indptr, *kv_blocks, *kv_lens;
+    int isa;
+};
+
+// The arguments of one ws_attend_ex call (b.kv set: a second pool, same spec and block size).
 struct CallArgs {
     const void* q;
     int q_dtype, nq, Hq;
@@ -334,7 +348,13 @@ struct CallArgs {
     float* out;
     float* lse;
     int isa, threads, chunk_blocks;
+    Src2 b;  // zero: none
 };
+
+ws_item_fn isa_fn(int isa) {
+    return isa == 3 ? ws_item_avx512bf16 : isa == 2 ? ws_item_amx
+         : isa == 1 ? ws_item_avx512 : ws_item_avx2;
+}
 
 int default_threads() {
 #ifdef _OPENMP
@@ -351,8 +371,8 @@ int plan_call(const CallArgs& a, Plan& plan, Job& J, int& nitems, int& nunits, i
     if (a.q_dtype != 0 && a.q_dtype != 1) return -3;
     if (a.H <= 0 || a.Hq % a.H != 0) return -1;
     const int H = a.H, G = a.Hq / a.H, Dk = a.Dk, Dv = a.Dv;
-    ws_item_fn fn = a.isa == 3 ? ws_item_avx512bf16 : a.isa == 2 ? ws_item_amx
-                  : a.isa == 1 ? ws_item_avx512 : ws_item_avx2;
+    const int nsrc = a.b.kv ? 2 : 1;
+    const int32_t* indptr[2] = {a.kv_indptr, a.b.kv_indptr};
     // more threads than CPUs only add team members that the final join must wait for
     const int procs = default_threads();
     const int threads = a.threads <= 0 ? procs : std::min(a.threads, procs);
@@ -360,7 +380,7 @@ int plan_call(const CallArgs& a, Plan& plan, Job& J, int& nitems, int& nunits, i
     int64_t total = 0;  // (block, head) pairs to read
     for (int s = 0; s < a.nseq; ++s)
         if (a.q_indptr[s + 1] > a.q_indptr[s])
-            total += (int64_t)(a.kv_indptr[s + 1] - a.kv_indptr[s]) * H;
+            for (int x = 0; x < nsrc; ++x) total += (int64_t)(indptr[x][s + 1] - indptr[x][s]) * H;
     int chunk = a.chunk_blocks;
     if (chunk <= 0) {  // >= 8 items per thread (a short tail), >= 4 blocks per item
         const int64_t per = 8 * (int64_t)threads;
@@ -375,16 +395,20 @@ int plan_call(const CallArgs& a, Plan& plan, Job& J, int& nitems, int& nunits, i
     int64_t qtot = 0, ptot = 0, rows = 0;
     for (int s = 0; s < a.nseq; ++s) {
         const int q0 = a.q_indptr[s], nr = a.q_indptr[s + 1] - q0;
-        const int k0 = a.kv_indptr[s], k1 = a.kv_indptr[s + 1];
-        if (nr <= 0 || k1 <= k0) continue;
+        int nblocks = 0;
+        for (int x = 0; x < nsrc; ++x) nblocks += indptr[x][s + 1] - indptr[x][s];
+        if (nr <= 0 || nblocks <= 0) continue;
         for (int r = std::max(q0, 0); r < std::min(q0 + nr, a.nq); ++r) plan.covered[r] = 1;
         const int M = nr * G;
         const int64_t stride = (int64_t)M * (Dv + 2);
         for (int h = 0; h < H; ++h) {
             const int gi = (int)groups.size();
             int nc = 0;
-            for (int b = k0; b < k1; b += chunk, ++nc)
-                items.push_back(Item{gi, b, std::min(k1, b + chunk), ptot + nc * stride});
+            for (int x = 0; x < nsrc; ++x) {
+                const int k0 = indptr[x][s], k1 = indptr[x][s + 1];
+                for (int b = k0; b < k1; b += chunk, ++nc)
+                    items.push_back(Item{gi, b, std::min(k1, b + chunk), x, ptot + nc * stride});
+            }
             groups.push_back(Group{s, h, M, nc, qtot, ptot});
             qtot += (int64_t)M * Dk;
             ptot += nc * stride;
@@ -411,10 +435,14 @@ int plan_call(const CallArgs& a, Plan& plan, Job& J, int& nitems, int& nunits, i
     float* qpack = plan.qpack.get((size_t)std::max<int64_t>(qtot, 1));
     float* part = plan.part.get((size_t)std::max<int64_t>(ptot, 1));
     if (!qpack || !part) return -2;
-    J = Job{a.q, a.q_dtype, a.Hq, G, Dk, Dv, a.scale * 1.4426950408889634f,  // base-2 scores
-            a.q_indptr, a.kv_blocks, a.kv_lens, fn,
-            WsArgs{a.kv, a.dtype, a.layout, a.block_stride, H, a.bs, a.R, a.k_off, Dk, a.v_off,
-                   Dv, a.scale * 1.4426950408889634f},
+    const float qs = a.scale * 1.4426950408889634f;  // base-2 scores
+    J = Job{a.q, a.q_dtype, a.Hq, G, Dk, Dv, qs, a.q_indptr,
+            {a.kv_blocks, a.b.kv_blocks}, {a.kv_lens, a.b.kv_lens},
+            {isa_fn(a.isa), isa_fn(a.b.isa)},
+            {WsArgs{a.kv, a.dtype, a.layout, a.block_stride, H, a.bs, a.R, a.k_off, Dk, a.v_off,
+                    Dv, qs},
+             WsArgs{a.b.kv, a.b.dtype, a.b.layout, a.b.block_stride, H, a.bs, a.R, a.k_off, Dk,
+                    a.v_off, Dv, qs}},
             items.data(), groups.data(), plan.units.data(), plan.pending.data(),
             plan.qstate.data(), qpack, part, a.out, a.lse};
     return 0;
@@ -683,6 +711,28 @@ int ws_attend_flagged(const volatile int64_t* ready, int64_t ready_value, int64_
     return flagged_call(a, ready, ready_value, done, done_value, timeout_s, spin_s, nullptr, times);
 }
 
+// ws_attend_flagged over two pools of the same sequences (see Src2): the blocks of sequence s are
+// kv_blocks[kv_indptr[s] .. kv_indptr[s+1]) of `kv` and kv_blocks2[kv_indptr2[s] ..
+// kv_indptr2[s+1]) of `kv2` (its own layout, block stride and ISA; the spec and block size are
+// the first pool's). One result, as if the blocks were one pool's.
+int ws_attend2_flagged(const volatile int64_t* ready, int64_t ready_value, int64_t* done,
+                       int64_t done_value, double timeout_s, double spin_s, double* times,
+                       const void* q, int q_dtype, int nq, int Hq, const void* kv, int dtype,
+                       int layout, int64_t block_stride, int H, int bs, int R, int k_off, int Dk,
+                       int v_off, int Dv, const int32_t* q_indptr, const int32_t* kv_indptr,
+                       const int32_t* kv_blocks, const int32_t* kv_lens, int nseq, float scale,
+                       float* out, float* lse, int isa, int threads, int chunk_blocks,
+                       const void* kv2, int dtype2, int layout2, int64_t block_stride2,
+                       const int32_t* kv_indptr2, const int32_t* kv_blocks2,
+                       const int32_t* kv_lens2, int isa2) {
+    if (!kv2) return -2;
+    const CallArgs a{q, q_dtype, nq, Hq, kv, dtype, layout, block_stride, H, bs, R, k_off, Dk,
+                     v_off, Dv, q_indptr, kv_indptr, kv_blocks, kv_lens, nseq, scale, out, lse,
+                     isa, threads, chunk_blocks,
+                     Src2{kv2, dtype2, layout2, block_stride2, kv_indptr2, kv_blocks2, kv_lens2, isa2}};
+    return flagged_call(a, ready, ready_value, done, done_value, timeout_s, spin_s, nullptr, times);
+}
+
 // A native job queue: one thread of its own runs the submitted calls in order, each as
 // ws_attend_flagged. Submitting is a few microseconds under a mutex; between two calls the
 // worker needs no interpreter lock (a Python worker needs it, and a launching thread holding it
@@ -704,6 +754,28 @@ int ws_queue_submit(void* queue, const volatile int64_t* ready, int64_t ready_va
     QueuedCall c{CallArgs{q, q_dtype, nq, Hq, kv, dtype, layout, block_stride, H, bs, R, k_off,
                           Dk, v_off, Dv, q_indptr, kv_indptr, kv_blocks, kv_lens, nseq, scale,
                           out, lse, isa, threads, chunk_blocks},
+                 ready, ready_value, done, done_value, timeout_s, spin_s};
+    return queue_push(Q, c);
+}
+
+// ws_queue_submit of a two-pool call (ws_attend2_flagged's arguments).
+int ws_queue_submit2(void* queue, const volatile int64_t* ready, int64_t ready_value,
+                     int64_t* done, int64_t done_value, double timeout_s, double spin_s,
+                     const void* q, int q_dtype, int nq, int Hq, const void* kv, int dtype,
+                     int layout, int64_t block_stride, int H, int bs, int R, int k_off, int Dk,
+                     int v_off, int Dv, const int32_t* q_indptr, const int32_t* kv_indptr,
+                     const int32_t* kv_blocks, const int32_t* kv_lens, int nseq, float scale,
+                     float* out, float* lse, int isa, int threads, int chunk_blocks,
+                     const void* kv2, int dtype2, int layout2, int64_t block_stride2,
+                     const int32_t* kv_indptr2, const int32_t* kv_blocks2,
+                     const int32_t* kv_lens2, int isa2) {
+    WsQueue* Q = (WsQueue*)queue;
+    if (!kv2) return -2;
+    QueuedCall c{CallArgs{q, q_dtype, nq, Hq, kv, dtype, layout, block_stride, H, bs, R, k_off,
+                          Dk, v_off, Dv, q_indptr, kv_indptr, kv_blocks, kv_lens, nseq, scale,
+                          out, lse, isa, threads, chunk_blocks,
+                          Src2{kv2, dtype2, layout2, block_stride2, kv_indptr2, kv_blocks2,
+                               kv_lens2, isa2}},
                  ready, ready_value, done, done_value, timeout_s, spin_s};
     return queue_push(Q, c);
 }
