@@ -140,6 +140,30 @@ def test_hybrid_matches_reference(spec, hq, stage_bytes_blocks, cpu_async):
     ha.close()
 
 
+@pytest.mark.parametrize("paired", ["1", "0"])
+def test_cpu_side_reading_two_regions_in_one_call_or_two(monkeypatch, paired):
+    """C blocks and T blocks read in place by the CPU side: one kernel call over both pools
+    (the default), or two calls and a merge (``WRITESCOPE_CPU_PAIR_CALLS=0``); the same result."""
+    monkeypatch.setenv("WRITESCOPE_CPU_PAIR_CALLS", paired)
+    case = build_case(MLA, 4, [70, 3, 0, 129, 40], q_counts=[1, 3, 2, 1, 4], block_size=8,
+                      frac={"G": 0.2, "T": 0.5, "C": 0.3}, cpu_t_frac=0.5, seed=3)
+    assert {r for r, _ in case.plan.cpu} == {Region.C, Region.T}
+    from writescope.attention import cpu
+    calls = []
+    real = cpu.CpuAttentionPlan.__call__
+
+    def counted(self, *args, second=None, **kw):
+        calls.append(second is not None)
+        return real(self, *args, second=second, **kw)
+
+    monkeypatch.setattr(cpu.CpuAttentionPlan, "__call__", counted)
+    ha = HybridAttention(case.pools, MLA, "cpu", cpu_threads=2, staging_bytes=0, stage_t=False)
+    check_all_layers(case, ha)
+    ha.close()
+    if cpu.available():  # the compiled kernel: one call a layer, or two
+        assert calls == ([True] * MLA.num_layers if paired == "1" else [False] * 2 * MLA.num_layers)
+
+
 def test_torch_workers_thread_count_stays_its_own():
     """The torch fallback's worker runs torch with ``cpu_threads`` threads; torch's process
     default, which threads that start parallel work later inherit (a server's, the CPU experts'
