@@ -379,6 +379,7 @@ class CpuAttentionPlan:
                  chunk_blocks: int = 0, threads: int | None = None):
         self.layout, self.spec, self.batch, self.scale = layout, spec, batch, float(scale)
         self.nq, self.hq = int(nq), int(hq)
+        self._paired: CpuAttentionPlan | None = None  # the last plan pairs_with accepted
         if threads is not None and int(threads) < 1:
             raise ValueError(f"threads must be a positive integer, got {threads!r}")
         self.threads = None if threads is None else int(threads)
@@ -418,20 +419,27 @@ class CpuAttentionPlan:
     def pairs_with(self, other: CpuAttentionPlan) -> bool:
         """Whether one call can attend this plan's blocks and ``other``'s (another pool's
         blocks of the same sequences, e.g. C blocks and T blocks read in place): both compiled,
-        the same queries, spec, scale, block size and KV dtype."""
-        return (not self.torch_path and not other.torch_path and self.nq == other.nq
-                and self.hq == other.hq and self.spec == other.spec and self.scale == other.scale
-                and self.kv_dtype == other.kv_dtype and self._const[:7] == other._const[:7]
-                and self.batch.num_seqs == other.batch.num_seqs
-                and torch.equal(self._ints[0], other._ints[0]))
+        the same queries, spec, scale, block size and KV dtype. (Checked once per pair: a
+        step's calls ask again at every layer.)"""
+        if other is self._paired:
+            return True
+        ok = (not self.torch_path and not other.torch_path and self.nq == other.nq
+              and self.hq == other.hq and self.spec == other.spec and self.scale == other.scale
+              and self.kv_dtype == other.kv_dtype and self._const[:7] == other._const[:7]
+              and self.batch.num_seqs == other.batch.num_seqs
+              and torch.equal(self._ints[0], other._ints[0]))
+        if ok:
+            self._paired = other
+        return ok
 
     def _second_args(self, kv: torch.Tensor) -> tuple:
         """This plan's pool as a two-pool call's second one (``Src2`` in csrc/attn_ops.cpp)."""
         if (tuple(kv.shape), kv.stride(0), kv.dtype) != (self.kv_shape, self.kv_stride,
                                                           self.kv_dtype):
             raise ValueError("pool layer differs from the one the plan was made for")
-        return (_ptr(kv), 1 if kv.dtype == torch.bfloat16 else 0, 0 if self.layout == "cpu" else 1,
-                self.kv_stride, *(_ptr(t) for t in self._ints[1:]), self._isa)
+        return (_ptr(kv), 1 if kv.dtype == torch.bfloat16 else 0,
+                0 if self.layout == "cpu" else 1, self.kv_stride,
+                *(_ptr(t) for t in self._ints[1:]), self._isa)
 
     def _native_args(self, q: torch.Tensor, kv: torch.Tensor, out: torch.Tensor | None,
                      lse: torch.Tensor | None) -> tuple | None:

@@ -62,14 +62,14 @@ MAX_GROUPS = 2
 COMPACT_MIN_ROWS = 16
 
 
-
 def pair_calls() -> bool:
     """``WRITESCOPE_CPU_PAIR_CALLS`` (default on; ``0`` off): a layer whose CPU side reads two
     regions (C blocks, and T blocks read in place) runs them as one kernel call
-    (``CpuAttentionPlan(second=...)``), not as two calls and a merge: each call pays its
-    team's start, tail and join, and the few T blocks a step reads in place made the second
-    call a few items per sequence. The switch is for A/B runs."""
-    return os.environ.get("WRITESCOPE_CPU_PAIR_CALLS", "1").strip().lower() not in ("0", "off", "false", "no")
+    (``CpuAttentionPlan(second=...)``) rather than two calls and a merge job, so a layer pays
+    one team start, tail and join. On the H200 the two forms measured the same (DeepSeek-V2-Lite
+    4 x 128K, 2026-12-03f call 3). The switch is for A/B runs."""
+    value = os.environ.get("WRITESCOPE_CPU_PAIR_CALLS", "1").strip().lower()
+    return value not in ("0", "off", "false", "no")
 
 
 @dataclass
@@ -142,6 +142,7 @@ class _Group:
     cpu_rows: torch.Tensor | None = None     # compacted CPU rows (group-local), None = all
     cpu_rows_dev: torch.Tensor | None = None
     cpu_plans: list | None = None            # compiled-kernel calls, made on the first layer
+    cpu_paired: bool = False                 # its two cpu_plans run as one call (pair_calls)
     full_extra: tuple | None = None
     qmax: int = 1
     num_chunks: int = 0
@@ -537,8 +538,7 @@ class HybridAttention:
             t1 = time.perf_counter()
             self._lag["t_done"] = t1
             return o, l, t1 - t0
-        if (self._cpu_compiled and len(g.cpu_plans) == 2 and pair_calls()
-                and g.cpu_plans[0][1].pairs_with(g.cpu_plans[1][1])):
+        if self._cpu_compiled and g.cpu_paired:
             (r, pl), (r2, pl2) = g.cpu_plans
             parts = [pl(q_host, self.pools[r][layer], second=(pl2, self.pools[r2][layer]))]
         elif self._cpu_compiled:
@@ -565,6 +565,8 @@ class HybridAttention:
                                                 plan.scale, q_host.shape[0], q_host.shape[1],
                                                 q_host.dtype, threads=self.cpu_threads or None))
                            for r, b in g.cpu]
+            g.cpu_paired = (len(g.cpu_plans) == 2 and pair_calls()
+                            and g.cpu_plans[0][1].pairs_with(g.cpu_plans[1][1]))
 
     def _native_submit(self, layer: int, g: _Group, q_host, ready, out_bufs) -> bool:
         """Hand one layer's CPU side to the native job queue (``cpu.CpuJobQueue``) when it can
@@ -584,8 +586,7 @@ class HybridAttention:
         slot = layer * MAX_GROUPS + g.index
         done = (self._flags.address(slot), self._step_id)
         (r, pl), *second = g.cpu_plans
-        if second and pair_calls() and pl.pairs_with(second[0][1]):
-            # C blocks and T blocks read in place: one call over both pools
+        if g.cpu_paired:  # C blocks and T blocks read in place: one call over both pools
             (r2, pl2), = second
             self._queue.submit(pl, q_host, self.pools[r][layer], out_bufs[0], out_bufs[1],
                                ready=ready_address(ready), done=done, spin_s=self.cpu_spin_s,

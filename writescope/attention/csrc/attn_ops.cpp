@@ -323,9 +323,9 @@ int wait_ready(const volatile int64_t* ready, int64_t value, double timeout_s,
 
 // A call's second pool (ws_attend2_flagged, ws_queue_submit2): another region's blocks of the
 // same sequences -- C blocks in the CPU layout and T blocks read in place -- attended in the
-// same call, its chunks merged with the first pool's by the call's own log-sum-exp merge. One
-// call per layer instead of two calls and a merge job: each call pays its team's start, its
-// tail and its join, and a few T blocks made a second call of a few items per sequence.
+// same call, its chunks merged with the first pool's by the call's own log-sum-exp merge: one
+// team start, tail and join a layer instead of two calls' and a merge job. (On the H200 the two
+// forms measured the same: DeepSeek-V2-Lite 4 x 128K, bench/results/2026-12-03f-h200 call 3.)
 struct Src2 {
     const void* kv;
     int dtype, layout;
