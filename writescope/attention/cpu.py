@@ -432,14 +432,20 @@ class CpuAttentionPlan:
             self._paired = other
         return ok
 
-    def _second_args(self, kv: torch.Tensor) -> tuple:
-        """This plan's pool as a two-pool call's second one (``Src2`` in csrc/attn_ops.cpp)."""
-        if (tuple(kv.shape), kv.stride(0), kv.dtype) != (self.kv_shape, self.kv_stride,
-                                                          self.kv_dtype):
+    def _pair_args(self, second: tuple[CpuAttentionPlan, torch.Tensor] | None) -> tuple:
+        """A call's second pool (``Src2`` in csrc/attn_ops.cpp): ``second``'s plan and layer,
+        or none (a null pool)."""
+        if second is None:
+            return (None, 0, 0, 0, None, None, None, 0)
+        other, kv = second
+        if not self.pairs_with(other):
+            raise ValueError("these two plans cannot share a call (see pairs_with)")
+        if (tuple(kv.shape), kv.stride(0), kv.dtype) != (other.kv_shape, other.kv_stride,
+                                                          other.kv_dtype):
             raise ValueError("pool layer differs from the one the plan was made for")
         return (_ptr(kv), 1 if kv.dtype == torch.bfloat16 else 0,
-                0 if self.layout == "cpu" else 1, self.kv_stride,
-                *(_ptr(t) for t in self._ints[1:]), self._isa)
+                0 if other.layout == "cpu" else 1, other.kv_stride,
+                *(_ptr(t) for t in other._ints[1:]), other._isa)
 
     def _native_args(self, q: torch.Tensor, kv: torch.Tensor, out: torch.Tensor | None,
                      lse: torch.Tensor | None) -> tuple | None:
@@ -486,24 +492,9 @@ class CpuAttentionPlan:
         if (ready is not None or done is not None) and not self.flagged:
             raise ValueError("ready/done flags need the compiled kernel")
         native = self._native_args(q, kv, out, lse)
-        if second is not None:
-            plan2, kv2 = second
-            if native is None or not self.pairs_with(plan2):
-                raise ValueError("these two plans cannot share a call (see pairs_with)")
-            args, (_, _, o, l, _) = native
-            r_addr, r_val = ready if ready is not None else (None, 0)
-            d_addr, d_val = done if done is not None else (None, 0)
-            tw = (ctypes.c_double * 2)()
-            rc = self.lib.ws_attend2_flagged(r_addr, r_val, d_addr, d_val, float(timeout_s),
-                                             float(spin_s), tw, *args, *plan2._second_args(kv2))
-            if times is not None:
-                times[:] = [tw[0], tw[1]]
-            if rc == -10:
-                raise TimeoutError(f"the device did not raise the queries' ready flag in "
-                                   f"{timeout_s:.0f} s")
-            if rc != 0:
-                raise RuntimeError(f"ws_attend2_flagged failed ({rc})")
-            return o, l
+        extra = self._pair_args(second)
+        if native is None and second is not None:
+            raise ValueError("these two plans cannot share a call (see pairs_with)")
         if native is None:
             o, l = attend_torch(q, kv, self.layout, self.spec, self.batch, self.scale)
             if out is not None:
@@ -512,14 +503,14 @@ class CpuAttentionPlan:
                 return out, lse
             return o, l
         args, (_, _, o, l, _) = native
-        if ready is None and done is None:
+        if ready is None and done is None and second is None:
             rc = self.lib.ws_attend_ex(*args)
         else:
             r_addr, r_val = ready if ready is not None else (None, 0)
             d_addr, d_val = done if done is not None else (None, 0)
             tw = (ctypes.c_double * 2)()
-            rc = self.lib.ws_attend_flagged(r_addr, r_val, d_addr, d_val, float(timeout_s),
-                                            float(spin_s), tw, *args)
+            rc = self.lib.ws_attend2_flagged(r_addr, r_val, d_addr, d_val, float(timeout_s),
+                                             float(spin_s), tw, *args, *extra)
             if times is not None:
                 times[:] = [tw[0], tw[1]]
             if rc == -10:
@@ -560,8 +551,7 @@ class CpuJobQueue:
         ``second``: another pool's blocks of the same sequences in the same call)."""
         if self._q is None:
             raise RuntimeError("the CPU job queue is closed")
-        if second is not None and not plan.pairs_with(second[0]):
-            raise ValueError("these two plans cannot share a call (see pairs_with)")
+        extra = plan._pair_args(second)
         native = plan._native_args(q, kv, out, lse) if plan.flagged else None
         if native is None:
             raise ValueError("this call cannot run natively (torch path)")
@@ -571,15 +561,9 @@ class CpuJobQueue:
                              "float32 or bfloat16 and contiguous")
         r_addr, r_val = ready if ready is not None else (None, 0)
         d_addr, d_val = done if done is not None else (None, 0)
-        if second is not None:
-            extra = second[0]._second_args(second[1])
-            self._keep.append((plan, keep, second))
-            rc = self.lib.ws_queue_submit2(self._q, r_addr, r_val, d_addr, d_val,
-                                           float(timeout_s), float(spin_s), *args, *extra)
-        else:
-            self._keep.append((plan, keep))
-            rc = self.lib.ws_queue_submit(self._q, r_addr, r_val, d_addr, d_val,
-                                          float(timeout_s), float(spin_s), *args)
+        self._keep.append((plan, keep, second))
+        rc = self.lib.ws_queue_submit2(self._q, r_addr, r_val, d_addr, d_val, float(timeout_s),
+                                       float(spin_s), *args, *extra)
         if rc != 0:
             raise RuntimeError(f"ws_queue_submit failed ({rc})")
 

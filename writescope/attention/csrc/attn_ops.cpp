@@ -663,6 +663,27 @@ int ws_attend_flagged(const volatile int64_t* ready, int64_t ready_value, int64_
                       const int32_t* kv_blocks, const int32_t* kv_lens, int nseq, float scale,
                       float* out, float* lse, int isa, int threads, int chunk_blocks);
 
+// ws_attend_flagged over two pools of the same sequences (see Src2): the blocks of sequence s are
+// kv_blocks[kv_indptr[s] .. kv_indptr[s+1]) of `kv` and kv_blocks2[kv_indptr2[s] ..
+// kv_indptr2[s+1]) of `kv2` (its own layout, block stride and ISA; the spec and block size are
+// the first pool's). One result, as if the blocks were one pool's. kv2 null: `kv` alone.
+int ws_attend2_flagged(const volatile int64_t* ready, int64_t ready_value, int64_t* done,
+                       int64_t done_value, double timeout_s, double spin_s, double* times,
+                       const void* q, int q_dtype, int nq, int Hq, const void* kv, int dtype,
+                       int layout, int64_t block_stride, int H, int bs, int R, int k_off, int Dk,
+                       int v_off, int Dv, const int32_t* q_indptr, const int32_t* kv_indptr,
+                       const int32_t* kv_blocks, const int32_t* kv_lens, int nseq, float scale,
+                       float* out, float* lse, int isa, int threads, int chunk_blocks,
+                       const void* kv2, int dtype2, int layout2, int64_t block_stride2,
+                       const int32_t* kv_indptr2, const int32_t* kv_blocks2,
+                       const int32_t* kv_lens2, int isa2) {
+    const CallArgs a{q, q_dtype, nq, Hq, kv, dtype, layout, block_stride, H, bs, R, k_off, Dk,
+                     v_off, Dv, q_indptr, kv_indptr, kv_blocks, kv_lens, nseq, scale, out, lse,
+                     isa, threads, chunk_blocks,
+                     Src2{kv2, dtype2, layout2, block_stride2, kv_indptr2, kv_blocks2, kv_lens2, isa2}};
+    return flagged_call(a, ready, ready_value, done, done_value, timeout_s, spin_s, nullptr, times);
+}
+
 // ws_attend with the queries in float32 (q_dtype 0) or bfloat16 (q_dtype 1), contiguous
 // [nq][Hq][Dk]. bf16 queries are widened while they are packed, so the caller needs no
 // conversion op of its own (a torch op there is a parallel region of torch's whole team, with
@@ -705,32 +726,11 @@ int ws_attend_flagged(const volatile int64_t* ready, int64_t ready_value, int64_
                       int v_off, int Dv, const int32_t* q_indptr, const int32_t* kv_indptr,
                       const int32_t* kv_blocks, const int32_t* kv_lens, int nseq, float scale,
                       float* out, float* lse, int isa, int threads, int chunk_blocks) {
-    const CallArgs a{q, q_dtype, nq, Hq, kv, dtype, layout, block_stride, H, bs, R, k_off, Dk,
-                     v_off, Dv, q_indptr, kv_indptr, kv_blocks, kv_lens, nseq, scale, out, lse,
-                     isa, threads, chunk_blocks};
-    return flagged_call(a, ready, ready_value, done, done_value, timeout_s, spin_s, nullptr, times);
-}
-
-// ws_attend_flagged over two pools of the same sequences (see Src2): the blocks of sequence s are
-// kv_blocks[kv_indptr[s] .. kv_indptr[s+1]) of `kv` and kv_blocks2[kv_indptr2[s] ..
-// kv_indptr2[s+1]) of `kv2` (its own layout, block stride and ISA; the spec and block size are
-// the first pool's). One result, as if the blocks were one pool's.
-int ws_attend2_flagged(const volatile int64_t* ready, int64_t ready_value, int64_t* done,
-                       int64_t done_value, double timeout_s, double spin_s, double* times,
-                       const void* q, int q_dtype, int nq, int Hq, const void* kv, int dtype,
-                       int layout, int64_t block_stride, int H, int bs, int R, int k_off, int Dk,
-                       int v_off, int Dv, const int32_t* q_indptr, const int32_t* kv_indptr,
-                       const int32_t* kv_blocks, const int32_t* kv_lens, int nseq, float scale,
-                       float* out, float* lse, int isa, int threads, int chunk_blocks,
-                       const void* kv2, int dtype2, int layout2, int64_t block_stride2,
-                       const int32_t* kv_indptr2, const int32_t* kv_blocks2,
-                       const int32_t* kv_lens2, int isa2) {
-    if (!kv2) return -2;
-    const CallArgs a{q, q_dtype, nq, Hq, kv, dtype, layout, block_stride, H, bs, R, k_off, Dk,
-                     v_off, Dv, q_indptr, kv_indptr, kv_blocks, kv_lens, nseq, scale, out, lse,
-                     isa, threads, chunk_blocks,
-                     Src2{kv2, dtype2, layout2, block_stride2, kv_indptr2, kv_blocks2, kv_lens2, isa2}};
-    return flagged_call(a, ready, ready_value, done, done_value, timeout_s, spin_s, nullptr, times);
+    return ws_attend2_flagged(ready, ready_value, done, done_value, timeout_s, spin_s, times, q,
+                              q_dtype, nq, Hq, kv, dtype, layout, block_stride, H, bs, R, k_off,
+                              Dk, v_off, Dv, q_indptr, kv_indptr, kv_blocks, kv_lens, nseq,
+                              scale, out, lse, isa, threads, chunk_blocks, nullptr, 0, 0, 0,
+                              nullptr, nullptr, nullptr, 0);
 }
 
 // A native job queue: one thread of its own runs the submitted calls in order, each as
@@ -743,22 +743,7 @@ void* ws_queue_new() {
     return Q;
 }
 
-int ws_queue_submit(void* queue, const volatile int64_t* ready, int64_t ready_value,
-                    int64_t* done, int64_t done_value, double timeout_s, double spin_s,
-                    const void* q, int q_dtype, int nq, int Hq, const void* kv, int dtype,
-                    int layout, int64_t block_stride, int H, int bs, int R, int k_off, int Dk,
-                    int v_off, int Dv, const int32_t* q_indptr, const int32_t* kv_indptr,
-                    const int32_t* kv_blocks, const int32_t* kv_lens, int nseq, float scale,
-                    float* out, float* lse, int isa, int threads, int chunk_blocks) {
-    WsQueue* Q = (WsQueue*)queue;
-    QueuedCall c{CallArgs{q, q_dtype, nq, Hq, kv, dtype, layout, block_stride, H, bs, R, k_off,
-                          Dk, v_off, Dv, q_indptr, kv_indptr, kv_blocks, kv_lens, nseq, scale,
-                          out, lse, isa, threads, chunk_blocks},
-                 ready, ready_value, done, done_value, timeout_s, spin_s};
-    return queue_push(Q, c);
-}
-
-// ws_queue_submit of a two-pool call (ws_attend2_flagged's arguments).
+// ws_queue_submit of a two-pool call (ws_attend2_flagged's arguments; kv2 null: one pool).
 int ws_queue_submit2(void* queue, const volatile int64_t* ready, int64_t ready_value,
                      int64_t* done, int64_t done_value, double timeout_s, double spin_s,
                      const void* q, int q_dtype, int nq, int Hq, const void* kv, int dtype,
@@ -770,7 +755,6 @@ int ws_queue_submit2(void* queue, const volatile int64_t* ready, int64_t ready_v
                      const int32_t* kv_indptr2, const int32_t* kv_blocks2,
                      const int32_t* kv_lens2, int isa2) {
     WsQueue* Q = (WsQueue*)queue;
-    if (!kv2) return -2;
     QueuedCall c{CallArgs{q, q_dtype, nq, Hq, kv, dtype, layout, block_stride, H, bs, R, k_off,
                           Dk, v_off, Dv, q_indptr, kv_indptr, kv_blocks, kv_lens, nseq, scale,
                           out, lse, isa, threads, chunk_blocks,
@@ -778,6 +762,20 @@ int ws_queue_submit2(void* queue, const volatile int64_t* ready, int64_t ready_v
                                kv_lens2, isa2}},
                  ready, ready_value, done, done_value, timeout_s, spin_s};
     return queue_push(Q, c);
+}
+
+int ws_queue_submit(void* queue, const volatile int64_t* ready, int64_t ready_value,
+                    int64_t* done, int64_t done_value, double timeout_s, double spin_s,
+                    const void* q, int q_dtype, int nq, int Hq, const void* kv, int dtype,
+                    int layout, int64_t block_stride, int H, int bs, int R, int k_off, int Dk,
+                    int v_off, int Dv, const int32_t* q_indptr, const int32_t* kv_indptr,
+                    const int32_t* kv_blocks, const int32_t* kv_lens, int nseq, float scale,
+                    float* out, float* lse, int isa, int threads, int chunk_blocks) {
+    return ws_queue_submit2(queue, ready, ready_value, done, done_value, timeout_s, spin_s, q,
+                            q_dtype, nq, Hq, kv, dtype, layout, block_stride, H, bs, R, k_off, Dk,
+                            v_off, Dv, q_indptr, kv_indptr, kv_blocks, kv_lens, nseq, scale, out,
+                            lse, isa, threads, chunk_blocks, nullptr, 0, 0, 0, nullptr, nullptr,
+                            nullptr, 0);
 }
 
 // Queue fn(arg) (see JobFn) between the same two flags as an attention call: wait until
