@@ -120,16 +120,14 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
                                  i, f, p, p, i, i, i]
     d = ctypes.c_double
     lib.ws_attend_flagged.restype = i
-    lib.ws_attend_flagged.argtypes = [p, i64, p, i64, d, d, p, *lib.ws_attend_ex.argtypes]
+    second = [p, i, i, i64, p, p, p, i]  # a call's second pool (Src2; a null kv: none)
+    lib.ws_attend_flagged.argtypes = [p, i64, p, i64, d, d, p, *lib.ws_attend_ex.argtypes,
+                                      *second]
     lib.ws_queue_new.restype = p
     lib.ws_queue_new.argtypes = []
     lib.ws_queue_submit.restype = i
-    lib.ws_queue_submit.argtypes = [p, p, i64, p, i64, d, d, *lib.ws_attend_ex.argtypes]
-    second = [p, i, i, i64, p, p, p, i]  # a two-pool call's second pool (Src2)
-    lib.ws_attend2_flagged.restype = i
-    lib.ws_attend2_flagged.argtypes = [*lib.ws_attend_flagged.argtypes, *second]
-    lib.ws_queue_submit2.restype = i
-    lib.ws_queue_submit2.argtypes = [*lib.ws_queue_submit.argtypes, *second]
+    lib.ws_queue_submit.argtypes = [p, p, i64, p, i64, d, d, *lib.ws_attend_ex.argtypes,
+                                    *second]
     lib.ws_queue_submit_fn.restype = i
     lib.ws_queue_submit_fn.argtypes = [p, p, i64, p, i64, d, d, p, p]
     lib.ws_queue_drain.restype = i
@@ -509,8 +507,8 @@ class CpuAttentionPlan:
             r_addr, r_val = ready if ready is not None else (None, 0)
             d_addr, d_val = done if done is not None else (None, 0)
             tw = (ctypes.c_double * 2)()
-            rc = self.lib.ws_attend2_flagged(r_addr, r_val, d_addr, d_val, float(timeout_s),
-                                             float(spin_s), tw, *args, *extra)
+            rc = self.lib.ws_attend_flagged(r_addr, r_val, d_addr, d_val, float(timeout_s),
+                                            float(spin_s), tw, *args, *extra)
             if times is not None:
                 times[:] = [tw[0], tw[1]]
             if rc == -10:
@@ -562,8 +560,8 @@ class CpuJobQueue:
         r_addr, r_val = ready if ready is not None else (None, 0)
         d_addr, d_val = done if done is not None else (None, 0)
         self._keep.append((plan, keep, second))
-        rc = self.lib.ws_queue_submit2(self._q, r_addr, r_val, d_addr, d_val, float(timeout_s),
-                                       float(spin_s), *args, *extra)
+        rc = self.lib.ws_queue_submit(self._q, r_addr, r_val, d_addr, d_val, float(timeout_s),
+                                      float(spin_s), *args, *extra)
         if rc != 0:
             raise RuntimeError(f"ws_queue_submit failed ({rc})")
 

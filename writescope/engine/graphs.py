@@ -318,10 +318,11 @@ class DecodeGraphs:
         piece is graph-safe too, so that the whole step is one graph. None otherwise.
 
         Experts on the CPU count as graph-safe only when their calls are graphed
-        (``cpu_experts_graph``, opt-in). Otherwise their steps stay on the hybrid path: captured
-        around eager expert calls, resident attention diverged from the eager tokens on the
-        H200 (2026-12-03c, call 1: all four tiny models within 5-12 tokens; the cause was not
-        found)."""
+        (``cpu_experts_graph``, opt-in). Otherwise their steps stay on the hybrid path. Resident
+        attention captured around eager expert calls (``WRITESCOPE_RESIDENT_ATTENTION=force``)
+        diverged from the eager tokens until each capture's warm-up ran on the eager step's
+        inputs (2026-12-03e); since then it gives the eager tokens, but its steps were 6-9%
+        slower (Qwen3-30B-A3B 1 x 1K on the H200, 2026-12-03f call 1)."""
         if not self.wants(n):
             return None
         size = bucket(n)

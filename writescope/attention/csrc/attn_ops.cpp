@@ -321,7 +321,7 @@ int wait_ready(const volatile int64_t* ready, int64_t value, double timeout_s,
 }
 
 
-// A call's second pool (ws_attend2_flagged, ws_queue_submit2): another region's blocks of the
+// A call's second pool (ws_attend_flagged, ws_queue_submit with kv2 set): another region's blocks of the
 // same sequences -- C blocks in the CPU layout and T blocks read in place -- attended in the
 // same call, its chunks merged with the first pool's by the call's own log-sum-exp merge: one
 // team start, tail and join a layer instead of two calls' and a merge job. (On the H200 the two
@@ -655,28 +655,27 @@ int ws_default_threads() { return default_threads(); }
 
 void ws_set_prefetch_blocks(int n) { g_prefetch_blocks = n < 0 ? 0 : n > 64 ? 64 : n; }
 
+// ws_attend_ex between two flag words, all without the caller's interpreter lock (ctypes drops it
+// for the whole call): wait until *ready >= ready_value (the device stream raises it once this
+// layer's queries have landed in host memory), attend, then store done_value into *done with
+// release order (the device stream waits on it before merging the result). Between the kernel
+// and the store there is no Python, so a launching thread that holds the GIL cannot delay the
+// device's wait. spin_s > 0 starts the team before the wait (see flagged_call). Gives up after
+// timeout_s (returns -10, and still stores done_value, so the device never waits for nothing).
+// *times (if given) receives {seconds waiting for ready, seconds in the kernel}.
+// kv2 (not null): a second pool of the same sequences (see Src2), whose blocks for sequence s
+// are kv_blocks2[kv_indptr2[s] .. kv_indptr2[s+1]) (its own layout, block stride and ISA; the
+// spec and block size are the first pool's): one result, as if the blocks were one pool's.
 int ws_attend_flagged(const volatile int64_t* ready, int64_t ready_value, int64_t* done,
                       int64_t done_value, double timeout_s, double spin_s, double* times,
                       const void* q, int q_dtype, int nq, int Hq, const void* kv, int dtype,
                       int layout, int64_t block_stride, int H, int bs, int R, int k_off, int Dk,
                       int v_off, int Dv, const int32_t* q_indptr, const int32_t* kv_indptr,
                       const int32_t* kv_blocks, const int32_t* kv_lens, int nseq, float scale,
-                      float* out, float* lse, int isa, int threads, int chunk_blocks);
-
-// ws_attend_flagged over two pools of the same sequences (see Src2): the blocks of sequence s are
-// kv_blocks[kv_indptr[s] .. kv_indptr[s+1]) of `kv` and kv_blocks2[kv_indptr2[s] ..
-// kv_indptr2[s+1]) of `kv2` (its own layout, block stride and ISA; the spec and block size are
-// the first pool's). One result, as if the blocks were one pool's. kv2 null: `kv` alone.
-int ws_attend2_flagged(const volatile int64_t* ready, int64_t ready_value, int64_t* done,
-                       int64_t done_value, double timeout_s, double spin_s, double* times,
-                       const void* q, int q_dtype, int nq, int Hq, const void* kv, int dtype,
-                       int layout, int64_t block_stride, int H, int bs, int R, int k_off, int Dk,
-                       int v_off, int Dv, const int32_t* q_indptr, const int32_t* kv_indptr,
-                       const int32_t* kv_blocks, const int32_t* kv_lens, int nseq, float scale,
-                       float* out, float* lse, int isa, int threads, int chunk_blocks,
-                       const void* kv2, int dtype2, int layout2, int64_t block_stride2,
-                       const int32_t* kv_indptr2, const int32_t* kv_blocks2,
-                       const int32_t* kv_lens2, int isa2) {
+                      float* out, float* lse, int isa, int threads, int chunk_blocks,
+                      const void* kv2, int dtype2, int layout2, int64_t block_stride2,
+                      const int32_t* kv_indptr2, const int32_t* kv_blocks2,
+                      const int32_t* kv_lens2, int isa2) {
     const CallArgs a{q, q_dtype, nq, Hq, kv, dtype, layout, block_stride, H, bs, R, k_off, Dk,
                      v_off, Dv, q_indptr, kv_indptr, kv_blocks, kv_lens, nseq, scale, out, lse,
                      isa, threads, chunk_blocks,
@@ -697,7 +696,7 @@ int ws_attend_ex(const void* q, int q_dtype, int nq, int Hq, const void* kv, int
     return ws_attend_flagged(nullptr, 0, nullptr, 0, 0.0, 0.0, nullptr, q, q_dtype, nq, Hq, kv,
                              dtype, layout, block_stride, H, bs, R, k_off, Dk, v_off, Dv,
                              q_indptr, kv_indptr, kv_blocks, kv_lens, nseq, scale, out, lse, isa,
-                             threads, chunk_blocks);
+                             threads, chunk_blocks, nullptr, 0, 0, 0, nullptr, nullptr, nullptr, 0);
 }
 
 // float32 queries. isa: 0 avx2, 1 avx512, 2 amx, 3 avx512bf16. Returns 0, or a negative error.
@@ -711,28 +710,6 @@ int ws_attend(const float* q, int nq, int Hq, const void* kv, int dtype, int lay
                         threads, chunk_blocks);
 }
 
-// ws_attend_ex between two flag words, all without the caller's interpreter lock (ctypes drops it
-// for the whole call): wait until *ready >= ready_value (the device stream raises it once this
-// layer's queries have landed in host memory), attend, then store done_value into *done with
-// release order (the device stream waits on it before merging the result). Between the kernel
-// and the store there is no Python, so a launching thread that holds the GIL cannot delay the
-// device's wait. spin_s > 0 starts the team before the wait (see flagged_call). Gives up after
-// timeout_s (returns -10, and still stores done_value, so the device never waits for nothing).
-// *times (if given) receives {seconds waiting for ready, seconds in the kernel}.
-int ws_attend_flagged(const volatile int64_t* ready, int64_t ready_value, int64_t* done,
-                      int64_t done_value, double timeout_s, double spin_s, double* times,
-                      const void* q, int q_dtype, int nq, int Hq, const void* kv, int dtype,
-                      int layout, int64_t block_stride, int H, int bs, int R, int k_off, int Dk,
-                      int v_off, int Dv, const int32_t* q_indptr, const int32_t* kv_indptr,
-                      const int32_t* kv_blocks, const int32_t* kv_lens, int nseq, float scale,
-                      float* out, float* lse, int isa, int threads, int chunk_blocks) {
-    return ws_attend2_flagged(ready, ready_value, done, done_value, timeout_s, spin_s, times, q,
-                              q_dtype, nq, Hq, kv, dtype, layout, block_stride, H, bs, R, k_off,
-                              Dk, v_off, Dv, q_indptr, kv_indptr, kv_blocks, kv_lens, nseq,
-                              scale, out, lse, isa, threads, chunk_blocks, nullptr, 0, 0, 0,
-                              nullptr, nullptr, nullptr, 0);
-}
-
 // A native job queue: one thread of its own runs the submitted calls in order, each as
 // ws_attend_flagged. Submitting is a few microseconds under a mutex; between two calls the
 // worker needs no interpreter lock (a Python worker needs it, and a launching thread holding it
@@ -743,17 +720,17 @@ void* ws_queue_new() {
     return Q;
 }
 
-// ws_queue_submit of a two-pool call (ws_attend2_flagged's arguments; kv2 null: one pool).
-int ws_queue_submit2(void* queue, const volatile int64_t* ready, int64_t ready_value,
-                     int64_t* done, int64_t done_value, double timeout_s, double spin_s,
-                     const void* q, int q_dtype, int nq, int Hq, const void* kv, int dtype,
-                     int layout, int64_t block_stride, int H, int bs, int R, int k_off, int Dk,
-                     int v_off, int Dv, const int32_t* q_indptr, const int32_t* kv_indptr,
-                     const int32_t* kv_blocks, const int32_t* kv_lens, int nseq, float scale,
-                     float* out, float* lse, int isa, int threads, int chunk_blocks,
-                     const void* kv2, int dtype2, int layout2, int64_t block_stride2,
-                     const int32_t* kv_indptr2, const int32_t* kv_blocks2,
-                     const int32_t* kv_lens2, int isa2) {
+// Queue a call with ws_attend_flagged's arguments (kv2 null: one pool).
+int ws_queue_submit(void* queue, const volatile int64_t* ready, int64_t ready_value,
+                    int64_t* done, int64_t done_value, double timeout_s, double spin_s,
+                    const void* q, int q_dtype, int nq, int Hq, const void* kv, int dtype,
+                    int layout, int64_t block_stride, int H, int bs, int R, int k_off, int Dk,
+                    int v_off, int Dv, const int32_t* q_indptr, const int32_t* kv_indptr,
+                    const int32_t* kv_blocks, const int32_t* kv_lens, int nseq, float scale,
+                    float* out, float* lse, int isa, int threads, int chunk_blocks,
+                    const void* kv2, int dtype2, int layout2, int64_t block_stride2,
+                    const int32_t* kv_indptr2, const int32_t* kv_blocks2,
+                    const int32_t* kv_lens2, int isa2) {
     WsQueue* Q = (WsQueue*)queue;
     QueuedCall c{CallArgs{q, q_dtype, nq, Hq, kv, dtype, layout, block_stride, H, bs, R, k_off,
                           Dk, v_off, Dv, q_indptr, kv_indptr, kv_blocks, kv_lens, nseq, scale,
@@ -762,20 +739,6 @@ int ws_queue_submit2(void* queue, const volatile int64_t* ready, int64_t ready_v
                                kv_lens2, isa2}},
                  ready, ready_value, done, done_value, timeout_s, spin_s};
     return queue_push(Q, c);
-}
-
-int ws_queue_submit(void* queue, const volatile int64_t* ready, int64_t ready_value,
-                    int64_t* done, int64_t done_value, double timeout_s, double spin_s,
-                    const void* q, int q_dtype, int nq, int Hq, const void* kv, int dtype,
-                    int layout, int64_t block_stride, int H, int bs, int R, int k_off, int Dk,
-                    int v_off, int Dv, const int32_t* q_indptr, const int32_t* kv_indptr,
-                    const int32_t* kv_blocks, const int32_t* kv_lens, int nseq, float scale,
-                    float* out, float* lse, int isa, int threads, int chunk_blocks) {
-    return ws_queue_submit2(queue, ready, ready_value, done, done_value, timeout_s, spin_s, q,
-                            q_dtype, nq, Hq, kv, dtype, layout, block_stride, H, bs, R, k_off, Dk,
-                            v_off, Dv, q_indptr, kv_indptr, kv_blocks, kv_lens, nseq, scale, out,
-                            lse, isa, threads, chunk_blocks, nullptr, 0, 0, 0, nullptr, nullptr,
-                            nullptr, 0);
 }
 
 // Queue fn(arg) (see JobFn) between the same two flags as an attention call: wait until
