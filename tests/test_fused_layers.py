@@ -67,8 +67,45 @@ print(res)
 print("ok")
 """
 
+ROUTER_CASES = r"""
+import torch
+from writescope.layers.routing import route_fused
+torch.manual_seed(0)
+dev = DEVICE
+res = {}
+# (experts, k, renormalise, eps, scale, logits dtype, weights dtype): Qwen3, Mixtral,
+# DeepSeek-V2-Lite, a DeepSeek that renormalises and scales, top-1, a count not a power of two
+for e, k, renorm, eps, scale, ldt, wdt in (
+        (128, 8, True, 0.0, 1.0, torch.bfloat16, torch.bfloat16),
+        (8, 2, True, 0.0, 1.0, torch.bfloat16, torch.float32),
+        (64, 6, False, 1e-20, 1.0, torch.float32, torch.float32),
+        (160, 6, True, 1e-20, 16.0, torch.float32, torch.float32),
+        (16, 1, True, 0.0, 1.0, torch.float32, torch.float32),
+        (60, 4, False, 0.0, 2.5, torch.float32, torch.float32)):
+    logits = (torch.randn(7, e + 3) * 3).to(dev, ldt)[:, 1:1 + e]  # rows of a wider tensor
+    p = logits.softmax(dim=-1, dtype=torch.float32)
+    want_w, want_i = torch.topk(p, k, dim=-1, sorted=True)
+    top = want_w
+    if renorm:
+        want_w = want_w / (want_w.sum(-1, keepdim=True) + eps)
+    want_w = (want_w * scale).to(wdt)
+    w, i = route_fused(logits, k, renorm, eps, scale, wdt)
+    assert i.dtype == torch.long and w.dtype == wdt and w.shape == (7, k)
+    # the k largest in descending order (bf16 logits tie: either of two equal ones will do)
+    assert torch.equal(p.gather(1, i), top), (e, k, i, want_i)
+    assert all(len(set(r)) == k for r in i.tolist())
+    err = ((w.double() - want_w.double()).abs() / want_w.double().abs()).max().item()
+    assert err <= (1e-5 if wdt == torch.float32 else 2.0 ** -7), (e, k, err)
+    res[(e, k, str(wdt))] = (torch.equal(w, want_w), err)
+w, i = route_fused(torch.zeros(0, 8, device=dev), 2, True)
+assert w.shape == (0, 2) and i.shape == (0, 2)
+print(res)
+print("ok")
+"""
 
-@pytest.mark.parametrize("cases", [NORM_CASES, ROPE_CASES], ids=["rms_norm", "rotation"])
+
+@pytest.mark.parametrize("cases", [NORM_CASES, ROPE_CASES, ROUTER_CASES],
+                         ids=["rms_norm", "rotation", "router"])
 def test_fused_forms_under_the_interpreter(cases):
     pytest.importorskip("triton")
     r = run_interpreted(cases.replace("DEVICE", '"cpu"'))
@@ -123,3 +160,39 @@ def test_fused_rotation_within_one_unit_on_cuda():
     ulp = {"torch.bfloat16": 2.0 ** -7, "torch.float16": 2.0 ** -10, "torch.float32": 1e-6}
     for key, (_, err) in ns["res"].items():
         assert err <= ulp[key[2]], (key, err)
+
+
+def test_router_takes_the_torch_form_off_cuda(monkeypatch):
+    from writescope.layers import routing
+    from writescope.layers.moe import Router
+    from writescope.models.config import ModelConfig
+    monkeypatch.setattr(routing, "route_fused", lambda *a, **k: pytest.fail("fused off CUDA"))
+    cfg = ModelConfig.from_hf({"model_type": "qwen3_moe", "hidden_size": 8, "num_experts": 16,
+                               "rms_norm_eps": 1e-6,
+                               "num_experts_per_tok": 4, "num_hidden_layers": 1,
+                               "num_attention_heads": 2, "num_key_value_heads": 1,
+                               "head_dim": 4, "intermediate_size": 16,
+                               "moe_intermediate_size": 8, "vocab_size": 32,
+                               "norm_topk_prob": True})
+    r = Router(cfg)
+    with torch.no_grad():
+        r.weight.normal_()
+    w, i = r(torch.randn(3, 8))
+    assert w.shape == (3, 4) and i.shape == (3, 4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fused_router_on_cuda():
+    """On the GPU: a top-k of the torch form's values in its order, weights within the bounds
+    above;
+    WRITESCOPE_FUSED_ROUTER=0 turns it off."""
+    ns: dict = {}
+    exec(ROUTER_CASES.replace("DEVICE", '"cuda"').replace('print("ok")', ""), ns)
+    from writescope.layers import routing
+    assert routing.fused_enabled()
+    os.environ["WRITESCOPE_FUSED_ROUTER"] = "0"
+    try:
+        assert not routing.fused_enabled()
+    finally:
+        del os.environ["WRITESCOPE_FUSED_ROUTER"]

@@ -43,8 +43,8 @@ def test_segments_split_at_attention_and_host_bound_experts(tiny_deepseek_v2):
     assert names[2] == ["post0", "ffn0", "pre1"]
     assert ["ffn1"] in names and ["ffn2"] in names
     assert [s.graphable for s in segs] == [i % 2 == 0 for i in range(len(segs))]
-    assert segs[2].inputs == ["x", "o_kv", "l_kv", "o_self", "l_self", "q", "cos", "sin"]
-    assert segs[2].outputs == ["x", "h", "q", "rec", "o_self", "l_self"]
+    assert segs[2].inputs == ["x", "o_kv", "l_kv", "q", "rec", "cos", "sin"]
+    assert segs[2].outputs == ["x", "h", "q", "rec"]
 
 
 def test_graph_safe_runs_are_cut_every_max_layers(tiny_qwen3_moe, monkeypatch):

@@ -38,7 +38,7 @@ from typing import Callable
 
 import torch
 
-from ..attention.merge import merge
+from ..attention.selfmerge import decode_self_merge
 from ..layers import cpu_experts_graph
 
 #: the step sizes that are captured: a decode step of ``n`` tokens runs in the smallest size
@@ -144,11 +144,10 @@ def _layer_pieces(i: int, layer, n: int, cache, group: int | None = None,
     g = 0 if group is None else group
     pre_ = "" if group is None else f"{group}:"
     x, cos, sin, q, rec = (pre_ + k for k in ("x", "cos", "sin", "q", "rec"))
-    o_self, l_self, o_kv, l_kv, h = (pre_ + k for k in ("o_self", "l_self", "o_kv", "l_kv", "h"))
+    o_kv, l_kv, h = (pre_ + k for k in ("o_kv", "l_kv", "h"))
 
     def pre(env, ctx):
         env[q], env[rec] = attn.pre(layer.input_layernorm(env[x]), (env[cos], env[sin]))
-        env[o_self], env[l_self] = cache.decode_self_partial(env[q], env[rec])
 
     def attend(env, ctx):  # the only part that depends on the step's plan
         env[o_kv], env[l_kv] = ctx.attend_cached(i, env[q], env[rec])
@@ -163,15 +162,16 @@ def _layer_pieces(i: int, layer, n: int, cache, group: int | None = None,
         env[o_kv], env[l_kv] = ctx.attend_finish(i, g)
 
     def post(env, ctx):
-        o, _ = merge(env[o_kv], env[l_kv], env[o_self], env[l_self])
-        env[x] = env[x] + attn.post(o.to(env[q].dtype))
+        # the cached partial merged with each token over itself, in q's dtype (one kernel on CUDA)
+        o = decode_self_merge(env[o_kv], env[l_kv], env[q], env[rec], cache.spec, cache.scale)
+        env[x] = env[x] + attn.post(o)
         env[h] = layer.post_attention_layernorm(env[x])
 
     def mlp(env, ctx):
         env[x] = env[x] + ffn(env[h])
 
     safe = getattr(ffn, "graph_safe", None)
-    out = [Piece(f"{pre_}pre{i}", pre, (x, cos, sin), (q, rec, o_self, l_self), True, g)]
+    out = [Piece(f"{pre_}pre{i}", pre, (x, cos, sin), (q, rec), True, g)]
     if group is None and resident:
         out.append(Piece(f"attn{i}", attend_resident, (q, rec), (o_kv, l_kv), True))
     elif group is None:
@@ -179,7 +179,7 @@ def _layer_pieces(i: int, layer, n: int, cache, group: int | None = None,
     else:
         out += [Piece(f"{pre_}launch{i}", launch, (q, rec), (), False, g),
                 Piece(f"{pre_}finish{i}", finish, (), (o_kv, l_kv), False, g)]
-    return out + [Piece(f"{pre_}post{i}", post, (x, o_kv, l_kv, o_self, l_self, q), (x, h), True,
+    return out + [Piece(f"{pre_}post{i}", post, (x, o_kv, l_kv, q, rec), (x, h), True,
                         g),
                   Piece(f"{pre_}ffn{i}", mlp, (x, h), (x,), True if safe is None else safe(n), g)]
 

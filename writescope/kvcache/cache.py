@@ -38,6 +38,7 @@ from ..attention.merge import merge
 from ..attention.prefill import causal_prefix_attention
 from ..attention.resident import ResidentAttention
 from ..attention.selfattn import causal_self_attention
+from ..attention.selfmerge import decode_self_merge
 from ..core import RequestTooLargeError
 from ..hostmem import h2d
 from .context import ContextPlan, gather_context
@@ -560,10 +561,15 @@ class InplaceKVCache:
         ctx = [gather_context(p, self.pools, layer, self.bs, self.device, self.hybrid.cgather)
                for _, _, p in step["prefill"]]
         out_c, lse_c = self.attend_cached(layer, q, records)
-        out_s, lse_s = causal_self_attention(q, records, self.spec, step["self_seg_lens"],
-                                             self.scale)
-        out, _ = merge(out_c, lse_c, out_s, lse_s)
-        out = out.to(q.dtype)
+        if all(n == 1 for n in step["self_seg_lens"]):
+            # single-token segments (decode rows; dense-prefill rows are replaced below): each
+            # token over itself, merged and cast (one kernel on CUDA)
+            out = decode_self_merge(out_c, lse_c, q, records, self.spec, self.scale)
+        else:
+            out_s, lse_s = causal_self_attention(q, records, self.spec, step["self_seg_lens"],
+                                                 self.scale)
+            out, _ = merge(out_c, lse_c, out_s, lse_s)
+            out = out.to(q.dtype)
         spec = self.spec
         for (r0, n, _), c in zip(step["prefill"], ctx):
             kv = torch.cat((c, records[r0:r0 + n].to(c.dtype)), dim=0)
@@ -603,12 +609,6 @@ class InplaceKVCache:
         if self._step is None:
             raise KVCacheError("attend_finish outside a step")
         return self.hybrid.finish(layer, group)
-
-    def decode_self_partial(self, q: torch.Tensor, records: torch.Tensor
-                            ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The other part for a decode step (one new token per sequence): each token over
-        itself. Needs no step state, so a CUDA graph may hold it (``engine/graphs.py``)."""
-        return causal_self_attention(q, records, self.spec, [1] * q.shape[0], self.scale)
 
     def _write(self, layer: int, records: torch.Tensor) -> None:
         step = self._step

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..models.config import ModelConfig
-from . import cpu_experts_graph, moe_triton
+from . import cpu_experts_graph, moe_triton, routing
 from .mlp import GatedMLP
 
 
@@ -38,8 +38,16 @@ class Router(nn.Module):
             logits = F.linear(x.float(), self.weight.float())
         else:
             logits = F.linear(x, self.weight)
+        deepseek = cfg.model_type == "deepseek_v2"
+        grouped = deepseek and cfg.topk_method == "group_limited_greedy"
+        if logits.is_cuda and not grouped and routing.fused_enabled():  # one kernel (routing.py)
+            return routing.route_fused(
+                logits, k, cfg.norm_topk_prob and (not deepseek or k > 1),
+                eps=1e-20 if deepseek else 0.0,
+                scale=cfg.routed_scaling_factor if deepseek else 1.0,
+                out_dtype=logits.dtype if cfg.model_type == "qwen3_moe" else torch.float32)
         scores = logits.softmax(dim=-1, dtype=torch.float32)
-        if cfg.model_type == "deepseek_v2" and cfg.topk_method == "group_limited_greedy":
+        if grouped:
             n, g = scores.shape[0], cfg.n_group
             group_scores = scores.view(n, g, -1).max(dim=-1).values
             group_idx = torch.topk(group_scores, k=cfg.topk_group, dim=-1, sorted=False)[1]
