@@ -45,7 +45,7 @@ print("ok")
 
 ROPE_CASES = r"""
 import torch
-from writescope.layers.rotary import Rotary, apply_rotary, rotate_half_fused
+from writescope.layers.rotary import Rotary, apply_rotary, rotate_half_fused, rotate_pairs_fused
 torch.manual_seed(0)
 dev = DEVICE
 res = {}
@@ -63,6 +63,16 @@ for d, heads in ((128, 32), (128, 4), (64, 8), (96, 2)):
         err = ((got.double() - want.double()).abs().max() / want.double().abs().max()).item()
         res[(d, heads, str(dt))] = (torch.equal(got, want), err)
         assert err < (1e-6 if dt == torch.float32 else 2e-2), (d, heads, dt, err)
+        # the interleaved pairs (DeepSeek-V2): float32 arithmetic, one rounding
+        xf = x.float().unflatten(-1, (-1, 2))
+        a, b = xf[..., 0], xf[..., 1]
+        c1, s1 = cos.unsqueeze(1), sin.unsqueeze(1)
+        want = torch.stack((a * c1 - b * s1, a * s1 + b * c1), dim=-1).flatten(-2).to(dt)
+        got = rotate_pairs_fused(x, cos, sin)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        err = ((got.double() - want.double()).abs().max() / want.double().abs().max()).item()
+        res[(d, heads, str(dt), "pairs")] = (torch.equal(got, want), err)
+        assert err < (1e-6 if dt == torch.float32 else 2e-2), (d, heads, dt, "pairs", err)
 print(res)
 print("ok")
 """
@@ -125,9 +135,11 @@ def test_rms_norm_takes_the_torch_form_off_cuda(monkeypatch):
 def test_rotation_takes_the_torch_form_off_cuda(monkeypatch):
     from writescope.layers import rotary
     monkeypatch.setattr(rotary, "rotate_half_fused", lambda *a: pytest.fail("fused off CUDA"))
+    monkeypatch.setattr(rotary, "rotate_pairs_fused", lambda *a: pytest.fail("fused off CUDA"))
     x = torch.randn(2, 3, 8)
     cos, sin = torch.randn(2, 4), torch.randn(2, 4)
     rotary.apply_rotary(x, cos, sin)
+    rotary.apply_rotary(x, cos, sin, interleaved=True)
 
 
 @pytest.mark.gpu

@@ -5,12 +5,14 @@ rotates interleaved pairs (a complex multiply). YaRN follows the paper (arXiv 23
 DeepSeek configures it: ``factor``, ``original_max_position_embeddings``, ``beta_fast``/``beta_slow``
 and an attention factor from ``mscale``/``mscale_all_dim``.
 
-On CUDA the half-split rotation is one Triton kernel instead of the torch form's nine (two cats
-and two casts of cos/sin, a negation, a cat, two products, a sum), which run twice a layer: a
+On CUDA each rotation is one Triton kernel. The half-split one replaces the torch form's nine
+(two cats and two casts of cos/sin, a negation, a cat, two products, a sum), twice a layer: a
 decode step of Qwen3-30B-A3B spent most of its device time in ~4,300 such small kernels and copies
 (bench/results/2026-12-03c-h200, call 3). It rounds each product and sum to x's dtype as the
 torch form does; on the H200 the results were still not all the same bits, but within one unit
-in the last place (call 5; ``WRITESCOPE_FUSED_ROPE=0``: the torch form).
+in the last place (call 5; ``WRITESCOPE_FUSED_ROPE=0``: the torch form). The interleaved one
+(DeepSeek-V2) replaces a cast, four products, a difference, a sum, a stack and the cast back, twice
+a layer; its arithmetic is the torch form's float32, rounded once.
 """
 from __future__ import annotations
 
@@ -107,9 +109,34 @@ def _kernel():
     return FastLaunch(rope_half_kernel)
 
 
+@functools.lru_cache(maxsize=None)
+def _pair_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def rope_pair_kernel(X, COS, SIN, OUT, heads, stride_x, stride_c, stride_o,
+                         HALF: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        tok = row // heads
+        j = tl.arange(0, BLOCK)
+        m = j < HALF
+        # the torch form: x in float32, cos/sin as they are (float32), one rounding at the end
+        a = tl.load(X + row * stride_x + 2 * j, mask=m, other=0.0).to(tl.float32)
+        b = tl.load(X + row * stride_x + 2 * j + 1, mask=m, other=0.0).to(tl.float32)
+        c = tl.load(COS + tok * stride_c + j, mask=m, other=0.0).to(tl.float32)
+        s = tl.load(SIN + tok * stride_c + j, mask=m, other=0.0).to(tl.float32)
+        dt = OUT.dtype.element_ty
+        tl.store(OUT + row * stride_o + 2 * j, (a * c - b * s).to(dt), mask=m)
+        tl.store(OUT + row * stride_o + 2 * j + 1, (a * s + b * c).to(dt), mask=m)
+
+    from ..attention.launch import FastLaunch
+    return FastLaunch(rope_pair_kernel)
+
+
 def fused_enabled() -> bool:
-    """The half-split rotation in one Triton kernel on CUDA (``WRITESCOPE_FUSED_ROPE=0``: the
-    torch form's nine kernels, as on the CPU)."""
+    """Each rotation in one Triton kernel on CUDA (``WRITESCOPE_FUSED_ROPE=0``: the torch
+    forms, as on the CPU)."""
     from ..attention.gpu import triton_switch
     return triton_switch("WRITESCOPE_FUSED_ROPE")
 
@@ -118,6 +145,17 @@ def rotate_half_fused(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> 
     """:func:`apply_rotary`'s half-split form in one launch: ``x [N, heads, dim]`` (bf16, fp16
     or fp32), ``cos/sin [N, dim/2]``. The torch form's roundings: the products and sums rounded
     to x's dtype one by one (within one unit of the torch form's results on the H200)."""
+    return _rotate_fused(_kernel(), x, cos, sin)
+
+
+def rotate_pairs_fused(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """:func:`apply_rotary`'s interleaved form (DeepSeek-V2: each pair of values rotated as a
+    complex number) in one launch instead of the torch form's ~9 kernels: ``x [N, heads, dim]``,
+    ``cos/sin [N, dim/2]``; float32 arithmetic, rounded to x's dtype once, as the torch form."""
+    return _rotate_fused(_pair_kernel(), x, cos, sin)
+
+
+def _rotate_fused(kernel, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     n, heads, d = x.shape
     rows = x.reshape(n * heads, d)
     if rows.stride(-1) != 1:
@@ -129,18 +167,18 @@ def rotate_half_fused(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> 
     out = torch.empty(n, heads, d, dtype=x.dtype, device=x.device)
     if rows.shape[0]:
         half = d // 2
-        _kernel()[(rows.shape[0],)](rows, c, s_, out, heads, rows.stride(0), c.stride(0),
-                                    d, HALF=half, BLOCK=1 << max(4, (half - 1).bit_length()),
-                                    num_warps=1 if half <= 128 else 4)
+        kernel[(rows.shape[0],)](rows, c, s_, out, heads, rows.stride(0), c.stride(0), d,
+                                 HALF=half, BLOCK=1 << max(4, (half - 1).bit_length()),
+                                 num_warps=1 if half <= 128 else 4)
     return out
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False
                  ) -> torch.Tensor:
     """Rotate ``x [N, heads, dim]`` by per-token ``cos/sin [N, dim/2]``."""
-    if (not interleaved and x.is_cuda and x.dim() == 3 and x.shape[-1] % 2 == 0
+    if (x.is_cuda and x.dim() == 3 and x.shape[-1] % 2 == 0
             and x.dtype in (torch.bfloat16, torch.float16, torch.float32) and fused_enabled()):
-        return rotate_half_fused(x, cos, sin)
+        return rotate_pairs_fused(x, cos, sin) if interleaved else rotate_half_fused(x, cos, sin)
     c, s = cos.unsqueeze(1), sin.unsqueeze(1)
     if interleaved:
         xf = x.float().unflatten(-1, (-1, 2))
