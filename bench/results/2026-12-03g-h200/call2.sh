@@ -1,12 +1,13 @@
 #!/bin/bash
-# Thirty-second session, call 2: decode attention's self-merge, the router's softmax/top-k and the
-# interleaved rotation (DeepSeek-V2) are
-# one Triton kernel each on CUDA (attention/selfmerge.py, layers/routing.py, layers/rotary.py; ~25-40 fewer kernels a
-# layer). The GPU suite; then where a decode step's time goes (bench.step_profile) with the two
-# kernels and with their torch forms (WRITESCOPE_FUSED_SELF_MERGE=0 WRITESCOPE_FUSED_ROUTER=0),
-# alternating: Qwen3-30B-A3B 2 x 32K (68 GiB, all KV in HBM: one CUDA graph a step) and
-# DeepSeek-V2-Lite 4 x 32K (38 GiB, spilled: the hybrid step); then issue 6's DeepSeek-V2-Lite
-# 4 x 128K row, writescope and transfer, two rounds.
+# Thirty-second session, call 2: decode attention's self-merge, the router's softmax/top-k and
+# DeepSeek-V2's interleaved rotation are one Triton kernel each on CUDA (attention/selfmerge.py,
+# layers/routing.py, layers/rotary.py; ~25-40 fewer kernels a layer). The GPU suite; then where a
+# decode step's time goes (bench.step_profile) with the new kernels and with the torch forms
+# (WRITESCOPE_FUSED_SELF_MERGE=0 WRITESCOPE_FUSED_ROUTER=0 WRITESCOPE_FUSED_ROPE=0; the last
+# also turns off the half-split rotation kernel of the twenty-eighth session), alternating:
+# Qwen3-30B-A3B 2 x 32K (68 GiB, all KV in HBM: one CUDA graph a step) and DeepSeek-V2-Lite
+# 4 x 32K (38 GiB); then issue 6's DeepSeek-V2-Lite 4 x 128K row, writescope and transfer, two
+# rounds.
 source bench/results/run-helper.sh
 call_begin 560
 gpu_tests 185
