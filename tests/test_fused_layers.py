@@ -39,6 +39,14 @@ for d in (128, 512, 2048, 4096, 7168):
     assert torch.allclose(rms_norm_fused(x, m.weight, m.eps), m.weight * (x * torch.rsqrt(
         x.pow(2).mean(-1, keepdim=True) + m.eps)), rtol=1e-5, atol=1e-6)
 assert rms_norm_fused(torch.zeros(0, 64, device=dev), torch.ones(64, device=dev), 1e-6).shape == (0, 64)
+# the heads of a fused projection's output: [tokens, heads, d] read through its strides
+y = torch.randn(3, 40 * 16, device=dev).bfloat16()
+heads = y.view(3, 40, 16)[:, 32:36]
+m = RMSNorm(16).to(dev)
+h = heads.float()
+want = m.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + m.eps)).bfloat16()
+got = rms_norm_fused(heads, m.weight, m.eps)
+assert got.shape == (3, 4, 16) and (got.float() - want.float()).abs().max().item() <= 2 ** -6
 print(worst)
 print("ok")
 """
@@ -54,7 +62,10 @@ for d, heads in ((128, 32), (128, 4), (64, 8), (96, 2)):
     pos = torch.tensor([0, 5, 4095, 131071], device=dev)
     cos, sin = rot.cos_sin(pos)
     for dt in (torch.float32, torch.bfloat16, torch.float16):
-        x = (torch.randn(4, heads, 2 * d, device=dev) * 2).to(dt)[..., ::2]  # a strided view
+        if heads <= 4:  # a strided view
+            x = (torch.randn(4, heads, 2 * d, device=dev) * 2).to(dt)[..., ::2]
+        else:  # heads of a wider row (a fused projection's output): strided tokens and heads
+            x = (torch.randn(4, heads + 3, d, device=dev) * 2).to(dt)[:, 1:1 + heads]
         c2 = torch.cat((cos.unsqueeze(1),) * 2, -1).to(dt)
         s2 = torch.cat((sin.unsqueeze(1),) * 2, -1).to(dt)
         want = x * c2 + torch.cat((-x[..., d // 2:], x[..., :d // 2]), -1) * s2
@@ -208,3 +219,31 @@ def test_fused_router_on_cuda():
         assert not routing.fused_enabled()
     finally:
         del os.environ["WRITESCOPE_FUSED_ROUTER"]
+
+
+def test_qkv_weights_are_rows_of_one_tensor(tiny_qwen3_moe):
+    """The loader lays q/k/v_proj's weights out as rows of one tensor (models/gqa.py), filled
+    with the checkpoint's values; one GEMM over it gives the three projections; moving a
+    weight elsewhere turns the shared GEMM off."""
+    from safetensors.torch import load_file
+    from writescope.models.config import ModelConfig
+    from writescope.models.loader import build_model
+    cfg = ModelConfig.from_hf(tiny_qwen3_moe)
+    model = build_model(cfg, dtype=torch.float32, device="cpu", checkpoint=tiny_qwen3_moe)
+    sd = {}
+    for f in sorted(tiny_qwen3_moe.glob("*.safetensors")):
+        sd.update(load_file(f))
+    attn = model.model.layers[1].self_attn
+    p = "model.layers.1.self_attn."
+    assert torch.equal(attn.q_proj.weight, sd[p + "q_proj.weight"].float())
+    assert torch.equal(attn.v_proj.weight, sd[p + "v_proj.weight"].float())
+    qkv = attn._qkv
+    assert qkv is not None and attn.q_proj.weight.data_ptr() == qkv.data_ptr()
+    x = torch.randn(3, cfg.hidden_size)
+    y = torch.nn.functional.linear(x, qkv)
+    want = torch.cat([attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)], dim=-1)
+    assert torch.allclose(y, want, atol=1e-5, rtol=1e-5)
+    assert attn._fused_qkv(x) is None  # the CPU keeps its three GEMMs
+    if torch.cuda.is_available():
+        attn.cuda()  # .cuda() copies each weight on its own: they are no longer its rows
+        assert attn._fused_qkv(x.cuda()) is None

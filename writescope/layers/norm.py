@@ -30,11 +30,13 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def rms_norm_kernel(X, W, OUT, stride_x, stride_o, D, eps, BLOCK: tl.constexpr):
-        row = tl.program_id(0).to(tl.int64)
+    def rms_norm_kernel(X, W, OUT, heads, stride_t, stride_h, stride_o, D, eps,
+                        BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)  # (token, head) = divmod(row, heads)
         d = tl.arange(0, BLOCK)
         m = d < D
-        x = tl.load(X + row * stride_x + d, mask=m, other=0.0).to(tl.float32)
+        x = tl.load(X + (row // heads) * stride_t + (row % heads) * stride_h + d, mask=m,
+                    other=0.0).to(tl.float32)
         r = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
         y = (x * r).to(X.dtype.element_ty).to(tl.float32)
         w = tl.load(W + d, mask=m, other=0.0).to(tl.float32)
@@ -49,17 +51,22 @@ FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def rms_norm_fused(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """:class:`RMSNorm`'s forward in one Triton launch (``x`` on the device, any leading shape)."""
+    """:class:`RMSNorm`'s forward in one Triton launch (``x`` on the device, any leading shape;
+    a 3-D ``x`` is read through its strides, e.g. the heads of a fused projection's output)."""
     d = x.shape[-1]
-    rows = x.reshape(-1, d)
-    if rows.stride(-1) != 1:
-        rows = rows.contiguous()
-    out = torch.empty(rows.shape, dtype=torch.promote_types(weight.dtype, x.dtype),
-                      device=x.device)
-    if rows.shape[0]:
+    if x.dim() == 3 and x.stride(-1) == 1:
+        rows, heads, st, sh = x, x.shape[1], x.stride(0), x.stride(1)
+    else:
+        rows = x.reshape(-1, d)
+        if rows.stride(-1) != 1:
+            rows = rows.contiguous()
+        heads, st, sh = 1, rows.stride(0), 0
+    n = x.numel() // d if d else 0
+    out = torch.empty(n, d, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
+    if n:
         block = 1 << max(4, (d - 1).bit_length())
-        _kernel()[(rows.shape[0],)](
-            rows, weight, out, rows.stride(0), out.stride(0), d, float(eps),
+        _kernel()[(n,)](
+            rows, weight, out, heads, st, sh, out.stride(0), d, float(eps),
             BLOCK=block, num_warps=4 if block <= 2048 else 8)
     return out.view(x.shape)
 

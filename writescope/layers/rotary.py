@@ -85,15 +85,16 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def rope_half_kernel(X, COS, SIN, OUT, heads, stride_x, stride_c, stride_o,
+    def rope_half_kernel(X, COS, SIN, OUT, heads, stride_t, stride_h, stride_c, stride_o,
                          HALF: tl.constexpr, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         tok = row // heads
+        X = X + tok * stride_t + (row % heads) * stride_h
         j = tl.arange(0, BLOCK)
         m = j < HALF
         dt = X.dtype.element_ty
-        x1 = tl.load(X + row * stride_x + j, mask=m, other=0.0).to(tl.float32)
-        x2 = tl.load(X + row * stride_x + HALF + j, mask=m, other=0.0).to(tl.float32)
+        x1 = tl.load(X + j, mask=m, other=0.0).to(tl.float32)
+        x2 = tl.load(X + HALF + j, mask=m, other=0.0).to(tl.float32)
         # cos/sin in x's dtype, and every product and sum rounded to it, as the torch form's
         # separate kernels round them
         c = tl.load(COS + tok * stride_c + j, mask=m, other=0.0).to(dt).to(tl.float32)
@@ -115,15 +116,16 @@ def _pair_kernel():
     import triton.language as tl
 
     @triton.jit
-    def rope_pair_kernel(X, COS, SIN, OUT, heads, stride_x, stride_c, stride_o,
+    def rope_pair_kernel(X, COS, SIN, OUT, heads, stride_t, stride_h, stride_c, stride_o,
                          HALF: tl.constexpr, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         tok = row // heads
+        X = X + tok * stride_t + (row % heads) * stride_h
         j = tl.arange(0, BLOCK)
         m = j < HALF
         # the torch form: x in float32, cos/sin as they are (float32), one rounding at the end
-        a = tl.load(X + row * stride_x + 2 * j, mask=m, other=0.0).to(tl.float32)
-        b = tl.load(X + row * stride_x + 2 * j + 1, mask=m, other=0.0).to(tl.float32)
+        a = tl.load(X + 2 * j, mask=m, other=0.0).to(tl.float32)
+        b = tl.load(X + 2 * j + 1, mask=m, other=0.0).to(tl.float32)
         c = tl.load(COS + tok * stride_c + j, mask=m, other=0.0).to(tl.float32)
         s = tl.load(SIN + tok * stride_c + j, mask=m, other=0.0).to(tl.float32)
         dt = OUT.dtype.element_ty
@@ -157,19 +159,18 @@ def rotate_pairs_fused(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) ->
 
 def _rotate_fused(kernel, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     n, heads, d = x.shape
-    rows = x.reshape(n * heads, d)
-    if rows.stride(-1) != 1:
-        rows = rows.contiguous()
+    if x.stride(-1) != 1:
+        x = x.contiguous()
     c = cos if cos.stride(-1) == 1 else cos.contiguous()
     s_ = sin if sin.stride(-1) == 1 else sin.contiguous()
     if c.stride(0) != s_.stride(0):
         c, s_ = c.contiguous(), s_.contiguous()
     out = torch.empty(n, heads, d, dtype=x.dtype, device=x.device)
-    if rows.shape[0]:
+    if n * heads:
         half = d // 2
-        kernel[(rows.shape[0],)](rows, c, s_, out, heads, rows.stride(0), c.stride(0), d,
-                                 HALF=half, BLOCK=1 << max(4, (half - 1).bit_length()),
-                                 num_warps=1 if half <= 128 else 4)
+        kernel[(n * heads,)](x, c, s_, out, heads, x.stride(0), x.stride(1), c.stride(0), d,
+                             HALF=half, BLOCK=1 << max(4, (half - 1).bit_length()),
+                             num_warps=1 if half <= 128 else 4)
     return out
 
 

@@ -1,7 +1,16 @@
-"""Grouped-query attention (Mixtral, Qwen3-MoE). Cache record per KV head: ``[K | V]``."""
+"""Grouped-query attention (Mixtral, Qwen3-MoE). Cache record per KV head: ``[K | V]``.
+
+The q, k and v projections keep their hub names and weights, but the loader lays the three
+weights out as consecutive rows of one tensor (:meth:`GQAAttention.share_projection_storage`,
+before they are filled), so that on CUDA one GEMM computes all three: a decode step's GEMVs
+read the rows in one pass, and two launches a layer fewer. Elsewhere (and if anything moved
+the weights apart) the three projections run as before: the CPU's numbers stay the ones the
+parity tests pin.
+"""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..layers.norm import RMSNorm
@@ -24,14 +33,51 @@ class GQAAttention(nn.Module):
             self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
         else:
             self.q_norm = self.k_norm = None
+        #: the three projections' weights as rows of one tensor (share_projection_storage)
+        self._qkv: torch.Tensor | None = None
+
+    def share_projection_storage(self) -> None:
+        """Give q_proj, k_proj and v_proj weights that are consecutive rows of one tensor (call
+        before they are filled; without biases only)."""
+        lins = (self.q_proj, self.k_proj, self.v_proj)
+        w = self.q_proj.weight
+        if any(l.bias is not None or l.weight.is_meta for l in lins):
+            return
+        buf = torch.empty(sum(l.weight.shape[0] for l in lins), w.shape[1], dtype=w.dtype,
+                          device=w.device)
+        row = 0
+        for l in lins:
+            rows = l.weight.shape[0]
+            l.weight = nn.Parameter(buf[row:row + rows], requires_grad=False)
+            row += rows
+        self._qkv = buf
+
+    def _fused_qkv(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The shared weight, where one GEMM should compute the three projections: on CUDA, and
+        while the three weights still are its rows."""
+        qkv = self._qkv
+        if qkv is None or not x.is_cuda or qkv.device != x.device or qkv.dtype != x.dtype:
+            return None
+        step = qkv.stride(0) * qkv.element_size()
+        base = qkv.data_ptr()
+        if (self.q_proj.weight.data_ptr() != base
+                or self.k_proj.weight.data_ptr() != base + self.hq * self.d * step
+                or self.v_proj.weight.data_ptr() != base + (self.hq + self.hkv) * self.d * step):
+            return None
+        return qkv
 
     def pre(self, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
         """Everything before attention: rotated queries ``[N, Hq, D]`` and the new tokens'
         records ``[N, Hkv, 2D]``."""
         n = x.shape[0]
-        q = self.q_proj(x).view(n, self.hq, self.d)
-        k = self.k_proj(x).view(n, self.hkv, self.d)
-        v = self.v_proj(x).view(n, self.hkv, self.d)
+        qkv = self._fused_qkv(x)
+        if qkv is not None:  # one GEMM; q, k, v are head slices of its rows
+            y = F.linear(x, qkv).view(n, self.hq + 2 * self.hkv, self.d)
+            q, k, v = y.split([self.hq, self.hkv, self.hkv], dim=1)
+        else:
+            q = self.q_proj(x).view(n, self.hq, self.d)
+            k = self.k_proj(x).view(n, self.hkv, self.d)
+            v = self.v_proj(x).view(n, self.hkv, self.d)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = rope

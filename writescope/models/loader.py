@@ -115,6 +115,9 @@ def build_model(cfg: ModelConfig, *, dtype: torch.dtype, device: torch.device | 
         if cpu_layers[i]:
             moe.experts = None  # filled below with host-memory experts
     _materialize(model, cfg, dtype, device)
+    for m in model.modules():  # before the weights are filled (models/gqa.py)
+        if hasattr(m, "share_projection_storage"):
+            m.share_projection_storage()
     model.rotary = type(model.rotary)(cfg.rope_dim, cfg.rope_theta, cfg.rope_scaling).to(device)
     model.eval()
     if progress is not None:
