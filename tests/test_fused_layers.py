@@ -247,3 +247,25 @@ def test_qkv_weights_are_rows_of_one_tensor(tiny_qwen3_moe):
     if torch.cuda.is_available():
         attn.cuda()  # .cuda() copies each weight on its own: they are no longer its rows
         assert attn._fused_qkv(x.cuda()) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_qkv_in_one_gemm_on_cuda(tiny_qwen3_moe, monkeypatch):
+    """On CUDA the attention's pre-step takes the shared GEMM, and its queries and records equal
+    the three GEMMs' within bf16 rounding (WRITESCOPE_FUSED_QKV=0)."""
+    from writescope.models.config import ModelConfig
+    from writescope.models.loader import build_model
+    cfg = ModelConfig.from_hf(tiny_qwen3_moe)
+    model = build_model(cfg, dtype=torch.bfloat16, device="cuda", checkpoint=tiny_qwen3_moe)
+    attn = model.model.layers[0].self_attn
+    x = torch.randn(5, cfg.hidden_size, device="cuda").bfloat16()
+    assert attn._fused_qkv(x) is not None
+    rope = model.rotary.cos_sin(torch.arange(5, device="cuda") + 7)
+    q1, r1 = attn.pre(x, rope)
+    monkeypatch.setenv("WRITESCOPE_FUSED_QKV", "0")
+    assert attn._fused_qkv(x) is None
+    q0, r0 = attn.pre(x, rope)
+    for a, b in ((q1, q0), (r1, r0)):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        assert (a.float() - b.float()).abs().max().item() <= 2 ** -6 * b.float().abs().max().item()

@@ -5,9 +5,11 @@ weights out as consecutive rows of one tensor (:meth:`GQAAttention.share_project
 before they are filled), so that on CUDA one GEMM computes all three: a decode step's GEMVs
 read the rows in one pass, and two launches a layer fewer. Elsewhere (and if anything moved
 the weights apart) the three projections run as before: the CPU's numbers stay the ones the
-parity tests pin.
+parity tests pin. ``WRITESCOPE_FUSED_QKV=0`` keeps the three GEMMs on CUDA too.
 """
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.nn.functional as F
@@ -56,7 +58,8 @@ class GQAAttention(nn.Module):
         """The shared weight, where one GEMM should compute the three projections: on CUDA, and
         while the three weights still are its rows."""
         qkv = self._qkv
-        if qkv is None or not x.is_cuda or qkv.device != x.device or qkv.dtype != x.dtype:
+        if qkv is None or not x.is_cuda or qkv.device != x.device or qkv.dtype != x.dtype \
+                or os.environ.get("WRITESCOPE_FUSED_QKV", "1") == "0":
             return None
         step = qkv.stride(0) * qkv.element_size()
         base = qkv.data_ptr()
