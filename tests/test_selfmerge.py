@@ -85,12 +85,15 @@ def test_torch_form_off_cuda(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_self_merge_on_cuda():
-    """On the GPU: within the bounds above of the float64 reference, the torch form's bits in
-    most elements, and the engine's switch turns it off."""
+    """On the GPU: within the bounds above of the float64 reference, the torch form's bf16 bits
+    in all but a few elements (in float32 the two sum in different orders: 30-40% of the
+    elements differ in the last bits, 2026-12-03g call 2), and the engine's switch turns it
+    off."""
     ns: dict = {}
     exec(CASES.replace("DEVICE", '"cuda"').replace('print("ok")', ""), ns)
     for key, (frac, _) in ns["res"].items():
-        assert frac < 0.05, (key, frac)
+        if "bfloat16" in key[1]:
+            assert frac < 0.01, (key, frac)
     from writescope.attention import selfmerge
     assert selfmerge.fused_enabled()
     os.environ["WRITESCOPE_FUSED_SELF_MERGE"] = "0"
