@@ -1235,3 +1235,39 @@ def test_host_bound_steps_leave_the_gpu_rate_alone():
     cpu_only = dataclasses.replace(prof, h2d_pinned_Bps=None)
     assert not cpu_only.has_gpu
     assert run(cpu_only, 0.95)["planner.host_bound_steps"] == 0
+
+
+def test_steps_that_measure_no_path_keep_the_rates_and_predict_once(monkeypatch):
+    """A decode step with all its KV on the GPU (a CUDA graph: no path timed) leaves every
+    factor as it was and costs one prediction; a step that timed the CPU corrects it."""
+    from writescope.models.config import REFERENCE_DIR
+    cfg = ModelConfig.from_hf(REFERENCE_DIR / "deepseek-v2-lite.json")
+    pol = WriteScopePolicy(profile=H200_PROFILE, model_config=cfg, block_size=64)
+    calls = []
+    real = rl.predict_step
+    monkeypatch.setattr(rl, "predict_step", lambda *a, **k: calls.append(1) or real(*a, **k))
+    regs = (Region.G,) * 8 + (Region.C,) * 4 + (Region.T,) * 4
+    n = 16 * 64
+    for _ in range(3):
+        for i in range(2):
+            pol.assign(SeqKV(i, n, regs))
+        before = dict(pol.feedback.factors)
+        calls.clear()
+        pol.observe({"batch_lengths": [n + 1] * 2, "cpu_s": 0.0, "gpu_s": None, "pcie_s": 0.0,
+                     "step_s": 0.01, "host_s": 0.002, "cpu_bytes": 0,
+                     "gpu_bytes": 2 * n * cfg.kv_bytes_per_token(), "t_bytes": 0})
+        n += 1
+        assert len(calls) == 1 and pol.feedback.factors == before
+    for _ in range(2):  # (the first CPU-timed step, far off the model, is not used)
+        for i in range(2):
+            pol.assign(SeqKV(i, n, regs))
+        calls.clear()
+        pol.observe({"batch_lengths": [n + 1] * 2, "cpu_s": 0.05, "gpu_s": None, "pcie_s": 0.0,
+                     "step_s": 0.06, "host_s": 0.002,
+                     "cpu_bytes": 2 * 256 * cfg.kv_bytes_per_token(),
+                     "gpu_bytes": 2 * 768 * cfg.kv_bytes_per_token(), "t_bytes": 0})
+        n += 1
+    assert len(calls) == 3 and pol.feedback.factors["cpu"] != before["cpu"]
+    # the region counts follow the tuple the table hands out
+    assert pol._counts(regs) == (8, 4, 4)
+    assert pol._counts(regs + (Region.C,)) == (8, 5, 4)

@@ -168,14 +168,15 @@ def choose_spilled_region(n_c: int, n_spilled: int, target: float) -> Region:
 class WriteScopePolicy(PlacementPolicy):
     name = "writescope"
 
-    def __init__(self, profile: HardwareProfile | str | None = None, model_config=None,
+    def __init__(self, profile: HardwareProfile | str | os.PathLike | None = None, model_config=None,
                  experts_on_cpu: bool = False, batch_hint: int | None = None,
                  feedback_alpha: float = 0.3, block_size: int | None = None,
                  verify_steps: int = 2, pipelined: bool = False, **_ignored: Any):
         if model_config is None:
             raise ValueError("kv_policy 'writescope' needs the model's config (model_config=...)")
-        if profile is None or isinstance(profile, str):
-            profile = load_or_calibrate(profile, model_config=model_config)
+        if profile is None or isinstance(profile, (str, os.PathLike)):
+            profile = load_or_calibrate(None if profile is None else str(profile),
+                                        model_config=model_config)
         self.profile = profile
         self.cfg = model_config
         self.experts_on_cpu = bool(experts_on_cpu)
@@ -214,6 +215,8 @@ class WriteScopePolicy(PlacementPolicy):
         self.probes = 0  # steps planned at the uncorrected share to re-measure the CPU
         self._memo = None  # (planning state, (target share, step share, predicted step s))
         self._first_cpu_skipped = False
+        #: id of a sealed-region tuple -> (the tuple, its G/C/T counts): see _counts
+        self._region_counts: dict[int, tuple[tuple, tuple[int, int, int]]] = {}
         self.last_placement_target = math.nan  # the target share of the last place() call
         #: the last spilling place() calls: (seq_id, blocks, target, batch C blocks, batch
         #: spilled blocks after them) -- what the bench rows record of a prefill's placement
@@ -359,11 +362,10 @@ class WriteScopePolicy(PlacementPolicy):
         self._see(seq)
         self._starts.append(seq.num_tokens)
         plan = self._current_plan(seq.seq_id)
-        regions = seq.regions
-        n_t = regions.count(Region.T)
+        _, n_c, n_t = self._counts(seq.regions)
         n_cpu_t = min(n_t, int(math.floor(plan["t_fraction_to_cpu"] * n_t + 0.5)))
         bs = self.block_size or DEFAULT_BLOCK_SIZE
-        self._assigned["cpu_c"] += regions.count(Region.C) * bs
+        self._assigned["cpu_c"] += n_c * bs
         self._assigned["cpu_t"] += n_cpu_t * bs
         self._assigned["streamed"] += (n_t - n_cpu_t) * bs
         self.cpu_t_tokens_total += n_cpu_t * bs
@@ -405,17 +407,24 @@ class WriteScopePolicy(PlacementPolicy):
                            cpu_tok * (1 - t_frac), cpu_tok * t_frac)
         pl = self.pipelined
         scale = float(sum(lengths))  # the batch's KV tokens: the size the factors describe
-        raw = rl.predict_step(self.profile, self.cfg, load, self.experts_on_cpu, pipelined=pl)
         # this step's prediction, from what was known before it ran (out of sample)
-        predicted = (rl.predict_step(self.profile, self.cfg, load, self.experts_on_cpu,
-                                     self.feedback.corrections_at(scale), pipelined=pl).step_s
-                     + max(0.0, self.step_overhead_s))
+        before = rl.predict_step(self.profile, self.cfg, load, self.experts_on_cpu,
+                                 self.feedback.corrections_at(scale), pipelined=pl)
+        predicted = before.step_s + max(0.0, self.step_overhead_s)
+        raw = None  # the uncorrected model's times: only where a path was measured
+
+        def uncorrected() -> rl.StepPrediction:
+            nonlocal raw
+            if raw is None:
+                raw = rl.predict_step(self.profile, self.cfg, load, self.experts_on_cpu,
+                                      pipelined=pl)
+            return raw
         pcie_s = timing.get("pcie_s")
         cpu_s = timing.get("cpu_s")
         if (cpu_s or 0) > 0 and cpu_tok > 0:
             self._decode_without_cpu = 0
             if self.cpu_samples == 0 and not self._first_cpu_skipped and \
-                    cpu_s > FIRST_CPU_SAMPLE_MAX_RATIO * raw.cpu_attn_s:
+                    cpu_s > FIRST_CPU_SAMPLE_MAX_RATIO * uncorrected().cpu_attn_s:
                 # the CPU side's first step may pay its start-up (thread team, first touches):
                 # measured once on the H200 machine, such a step drove the CPU factor to a level
                 # that kept the share at 0 for a whole run; a first step that far off the model
@@ -434,18 +443,25 @@ class WriteScopePolicy(PlacementPolicy):
                 host_s >= HOST_BOUND_FRACTION * step_s:
             gpu_s = None  # a host-bound step: its GPU bracket holds the launching thread's gaps
             self.host_bound_steps += 1
-        self.feedback.update(
-            {"cpu": cpu_s, "gpu": gpu_s,
-             "pcie": pcie_s if pcie_s else None, "expert": timing.get("cpu_expert_s")},
-            {"cpu": raw.cpu_attn_s, "gpu": raw.gpu_attn_s, "pcie": raw.pcie_s,
-             "expert": raw.expert_s if self.experts_on_cpu else 0.0},
-            cpu_split=(fixed, raw.cpu_attn_s - fixed) if fixed else None, scale=scale)
+        paths = {"cpu": cpu_s, "gpu": gpu_s, "pcie": pcie_s if pcie_s else None,
+                 "expert": timing.get("cpu_expert_s")}
+        corrected = before
+        if any(v is not None and v > 0 for v in paths.values()):
+            r = uncorrected()
+            self.feedback.update(
+                paths, {"cpu": r.cpu_attn_s, "gpu": r.gpu_attn_s, "pcie": r.pcie_s,
+                        "expert": r.expert_s if self.experts_on_cpu else 0.0},
+                cpu_split=(fixed, r.cpu_attn_s - fixed) if fixed else None, scale=scale)
+            corrected = None  # the rates moved
+        # (a step that measured no path -- all its KV on the GPU, in a CUDA graph -- keeps
+        # every factor: one prediction serves, 0.2-0.3 ms of the host's step less)
         measured = timing.get("step_s")
         if measured is not None:
             # what the per-path model does not see (Python, launches, sampling): an additive
             # term, smoothed like the rates; it shifts the step time, not the best share
-            corrected = rl.predict_step(self.profile, self.cfg, load, self.experts_on_cpu,
-                                        self.feedback.corrections_at(scale), pipelined=pl)
+            if corrected is None:
+                corrected = rl.predict_step(self.profile, self.cfg, load, self.experts_on_cpu,
+                                            self.feedback.corrections_at(scale), pipelined=pl)
             a = self.feedback.alpha
             self.step_overhead_s = (1 - a) * self.step_overhead_s + a * (float(measured)
                                                                          - corrected.step_s)
@@ -479,6 +495,20 @@ class WriteScopePolicy(PlacementPolicy):
         }
 
     # ------------------------------------------------------------------ planning
+    def _counts(self, regions: tuple) -> tuple[int, int, int]:
+        """``regions``' G, C and T blocks. A block table hands out the same tuple until one of
+        its blocks seals, so the counts are kept per tuple: counting a 32K sequence's 512
+        blocks three times over, in assign() and in the plan, for every sequence of every
+        decode step, was a third of this policy's host time a step."""
+        hit = self._region_counts.get(id(regions))
+        if hit is not None and hit[0] is regions:
+            return hit[1]
+        c = (regions.count(Region.G), regions.count(Region.C), regions.count(Region.T))
+        if len(self._region_counts) > 4096:
+            self._region_counts.clear()
+        self._region_counts[id(regions)] = (regions, c)  # the tuple kept: its id stays its own
+        return c
+
     def _learn_geometry(self, capacity: CacheCapacity) -> None:
         self.block_size = capacity.block_size
         self.token_bytes = capacity.block_bytes / capacity.block_size
@@ -502,7 +532,7 @@ class WriteScopePolicy(PlacementPolicy):
         bs = self.block_size or DEFAULT_BLOCK_SIZE
         resident = c_tok = t_tok = 0.0
         for s in seqs:
-            n_g, n_c, n_t = (s.regions.count(r) for r in (Region.G, Region.C, Region.T))
+            n_g, n_c, n_t = self._counts(s.regions)
             tail = max(0, s.num_tokens - len(s.regions) * bs)
             resident += n_g * bs + tail
             c_tok += n_c * bs
