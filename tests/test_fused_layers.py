@@ -1,9 +1,7 @@
-"""The layers' fused Triton forms against their torch forms: RMSNorm (layers/norm.py) and the
-half-split rotary rotation (layers/rotary.py); on the CPU through Triton's interpreter, on CUDA
-as the engine runs them."""
+"""The layers' fused forms against their torch forms: RMSNorm (layers/norm.py), the rotations
+(layers/rotary.py), the router (layers/routing.py) and GQA's one q/k/v GEMM (models/gqa.py); the
+Triton kernels on the CPU through Triton's interpreter, on CUDA as the engine runs them."""
 from __future__ import annotations
-
-import os
 
 import pytest
 import torch
@@ -51,12 +49,26 @@ print(worst)
 print("ok")
 """
 
-ROPE_CASES = r"""
+# each case is a snippet run under the interpreter (DEVICE "cpu") or on CUDA: the seed, the
+# device and a dict of results, then its checks, then "ok"
+PRELUDE = """
 import torch
-from writescope.layers.rotary import Rotary, apply_rotary, rotate_half_fused, rotate_pairs_fused
 torch.manual_seed(0)
 dev = DEVICE
 res = {}
+"""
+
+ROPE_CASES = PRELUDE + r"""
+from writescope.layers.rotary import Rotary, apply_rotary, rotate_half_fused, rotate_pairs_fused
+
+
+def check(key, got, want):
+    assert got.dtype == want.dtype and got.shape == want.shape
+    err = ((got.double() - want.double()).abs().max() / want.double().abs().max()).item()
+    res[key] = (torch.equal(got, want), err)
+    assert err < (1e-6 if want.dtype == torch.float32 else 2e-2), (key, err)
+
+
 for d, heads in ((128, 32), (128, 4), (64, 8), (96, 2)):
     rot = Rotary(d, 1e6, None).to(dev)
     pos = torch.tensor([0, 5, 4095, 131071], device=dev)
@@ -69,31 +81,19 @@ for d, heads in ((128, 32), (128, 4), (64, 8), (96, 2)):
         c2 = torch.cat((cos.unsqueeze(1),) * 2, -1).to(dt)
         s2 = torch.cat((sin.unsqueeze(1),) * 2, -1).to(dt)
         want = x * c2 + torch.cat((-x[..., d // 2:], x[..., :d // 2]), -1) * s2
-        got = rotate_half_fused(x, cos, sin)
-        assert got.dtype == want.dtype and got.shape == want.shape
-        err = ((got.double() - want.double()).abs().max() / want.double().abs().max()).item()
-        res[(d, heads, str(dt))] = (torch.equal(got, want), err)
-        assert err < (1e-6 if dt == torch.float32 else 2e-2), (d, heads, dt, err)
+        check((d, heads, str(dt)), rotate_half_fused(x, cos, sin), want)
         # the interleaved pairs (DeepSeek-V2): float32 arithmetic, one rounding
         xf = x.float().unflatten(-1, (-1, 2))
         a, b = xf[..., 0], xf[..., 1]
         c1, s1 = cos.unsqueeze(1), sin.unsqueeze(1)
         want = torch.stack((a * c1 - b * s1, a * s1 + b * c1), dim=-1).flatten(-2).to(dt)
-        got = rotate_pairs_fused(x, cos, sin)
-        assert got.dtype == want.dtype and got.shape == want.shape
-        err = ((got.double() - want.double()).abs().max() / want.double().abs().max()).item()
-        res[(d, heads, str(dt), "pairs")] = (torch.equal(got, want), err)
-        assert err < (1e-6 if dt == torch.float32 else 2e-2), (d, heads, dt, "pairs", err)
+        check((d, heads, str(dt), "pairs"), rotate_pairs_fused(x, cos, sin), want)
 print(res)
 print("ok")
 """
 
-ROUTER_CASES = r"""
-import torch
+ROUTER_CASES = PRELUDE + r"""
 from writescope.layers.routing import route_fused
-torch.manual_seed(0)
-dev = DEVICE
-res = {}
 # (experts, k, renormalise, eps, scale, logits dtype, weights dtype): Qwen3, Mixtral,
 # DeepSeek-V2-Lite, a DeepSeek that renormalises and scales, top-1, a count not a power of two
 for e, k, renorm, eps, scale, ldt, wdt in (
@@ -155,7 +155,7 @@ def test_rotation_takes_the_torch_form_off_cuda(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_fused_rms_norm_on_cuda():
+def test_fused_rms_norm_on_cuda(monkeypatch):
     """On the GPU the kernel rounds as torch does: bf16 results within one unit of the torch
     form's, most of them equal; the engine's RMSNorm takes it (and WRITESCOPE_FUSED_NORM=0 not)."""
     ns: dict = {}
@@ -165,11 +165,8 @@ def test_fused_rms_norm_on_cuda():
             assert rel <= 1.01 * ns["ULP"] and frac < 0.02, (d, dt, wdt, frac, rel)
     from writescope.layers import norm
     assert norm.fused_enabled()
-    os.environ["WRITESCOPE_FUSED_NORM"] = "0"
-    try:
-        assert not norm.fused_enabled()
-    finally:
-        del os.environ["WRITESCOPE_FUSED_NORM"]
+    monkeypatch.setenv("WRITESCOPE_FUSED_NORM", "0")
+    assert not norm.fused_enabled()
 
 
 @pytest.mark.gpu
@@ -206,19 +203,15 @@ def test_router_takes_the_torch_form_off_cuda(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_fused_router_on_cuda():
+def test_fused_router_on_cuda(monkeypatch):
     """On the GPU: a top-k of the torch form's values in its order, weights within the bounds
-    above;
-    WRITESCOPE_FUSED_ROUTER=0 turns it off."""
+    above; WRITESCOPE_FUSED_ROUTER=0 turns it off."""
     ns: dict = {}
     exec(ROUTER_CASES.replace("DEVICE", '"cuda"').replace('print("ok")', ""), ns)
     from writescope.layers import routing
     assert routing.fused_enabled()
-    os.environ["WRITESCOPE_FUSED_ROUTER"] = "0"
-    try:
-        assert not routing.fused_enabled()
-    finally:
-        del os.environ["WRITESCOPE_FUSED_ROUTER"]
+    monkeypatch.setenv("WRITESCOPE_FUSED_ROUTER", "0")
+    assert not routing.fused_enabled()
 
 
 def test_qkv_weights_are_rows_of_one_tensor(tiny_qwen3_moe):

@@ -3,8 +3,6 @@ token over itself and cast, as one Triton kernel against the float64 reference a
 form; on the CPU through Triton's interpreter, on CUDA as the engine runs it."""
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from triton_interp import run_interpreted
@@ -84,7 +82,7 @@ def test_torch_form_off_cuda(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_self_merge_on_cuda():
+def test_self_merge_on_cuda(monkeypatch):
     """On the GPU: within the bounds above of the float64 reference, the torch form's bf16 bits
     in all but a few elements (in float32 the two sum in different orders: 30-40% of the
     elements differ in the last bits, 2026-12-03g call 2), and the engine's switch turns it
@@ -96,8 +94,5 @@ def test_self_merge_on_cuda():
             assert frac < 0.01, (key, frac)
     from writescope.attention import selfmerge
     assert selfmerge.fused_enabled()
-    os.environ["WRITESCOPE_FUSED_SELF_MERGE"] = "0"
-    try:
-        assert not selfmerge.fused_enabled()
-    finally:
-        del os.environ["WRITESCOPE_FUSED_SELF_MERGE"]
+    monkeypatch.setenv("WRITESCOPE_FUSED_SELF_MERGE", "0")
+    assert not selfmerge.fused_enabled()

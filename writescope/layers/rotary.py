@@ -85,55 +85,42 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def rope_half_kernel(X, COS, SIN, OUT, heads, stride_t, stride_h, stride_c, stride_o,
-                         HALF: tl.constexpr, BLOCK: tl.constexpr):
-        row = tl.program_id(0).to(tl.int64)
+    def rope_kernel(X, COS, SIN, OUT, heads, stride_t, stride_h, stride_c, stride_o,
+                    HALF: tl.constexpr, BLOCK: tl.constexpr, PAIRS: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)  # (token, head) = divmod(row, heads)
         tok = row // heads
         X = X + tok * stride_t + (row % heads) * stride_h
+        OUT = OUT + row * stride_o
         j = tl.arange(0, BLOCK)
         m = j < HALF
-        dt = X.dtype.element_ty
-        x1 = tl.load(X + j, mask=m, other=0.0).to(tl.float32)
-        x2 = tl.load(X + HALF + j, mask=m, other=0.0).to(tl.float32)
-        # cos/sin in x's dtype, and every product and sum rounded to it, as the torch form's
-        # separate kernels round them
-        c = tl.load(COS + tok * stride_c + j, mask=m, other=0.0).to(dt).to(tl.float32)
-        s = tl.load(SIN + tok * stride_c + j, mask=m, other=0.0).to(dt).to(tl.float32)
-        a1 = (x1 * c).to(dt).to(tl.float32)
-        b1 = (x2 * s).to(dt).to(tl.float32)
-        a2 = (x2 * c).to(dt).to(tl.float32)
-        b2 = (x1 * s).to(dt).to(tl.float32)
-        tl.store(OUT + row * stride_o + j, (a1 - b1).to(dt), mask=m)
-        tl.store(OUT + row * stride_o + HALF + j, (a2 + b2).to(dt), mask=m)
-
-    from ..attention.launch import FastLaunch
-    return FastLaunch(rope_half_kernel)
-
-
-@functools.lru_cache(maxsize=None)
-def _pair_kernel():
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def rope_pair_kernel(X, COS, SIN, OUT, heads, stride_t, stride_h, stride_c, stride_o,
-                         HALF: tl.constexpr, BLOCK: tl.constexpr):
-        row = tl.program_id(0).to(tl.int64)
-        tok = row // heads
-        X = X + tok * stride_t + (row % heads) * stride_h
-        j = tl.arange(0, BLOCK)
-        m = j < HALF
-        # the torch form: x in float32, cos/sin as they are (float32), one rounding at the end
-        a = tl.load(X + 2 * j, mask=m, other=0.0).to(tl.float32)
-        b = tl.load(X + 2 * j + 1, mask=m, other=0.0).to(tl.float32)
-        c = tl.load(COS + tok * stride_c + j, mask=m, other=0.0).to(tl.float32)
-        s = tl.load(SIN + tok * stride_c + j, mask=m, other=0.0).to(tl.float32)
         dt = OUT.dtype.element_ty
-        tl.store(OUT + row * stride_o + 2 * j, (a * c - b * s).to(dt), mask=m)
-        tl.store(OUT + row * stride_o + 2 * j + 1, (a * s + b * c).to(dt), mask=m)
+        c = tl.load(COS + tok * stride_c + j, mask=m, other=0.0)
+        s = tl.load(SIN + tok * stride_c + j, mask=m, other=0.0)
+        if PAIRS:
+            # interleaved pairs, the torch form: x in float32, cos/sin as they are (float32),
+            # one rounding at the end
+            a = tl.load(X + 2 * j, mask=m, other=0.0).to(tl.float32)
+            b = tl.load(X + 2 * j + 1, mask=m, other=0.0).to(tl.float32)
+            c = c.to(tl.float32)
+            s = s.to(tl.float32)
+            tl.store(OUT + 2 * j, (a * c - b * s).to(dt), mask=m)
+            tl.store(OUT + 2 * j + 1, (a * s + b * c).to(dt), mask=m)
+        else:
+            # halves: cos/sin in x's dtype, and every product and sum rounded to it, as the
+            # torch form's separate kernels round them
+            x1 = tl.load(X + j, mask=m, other=0.0).to(tl.float32)
+            x2 = tl.load(X + HALF + j, mask=m, other=0.0).to(tl.float32)
+            c = c.to(dt).to(tl.float32)
+            s = s.to(dt).to(tl.float32)
+            a1 = (x1 * c).to(dt).to(tl.float32)
+            b1 = (x2 * s).to(dt).to(tl.float32)
+            a2 = (x2 * c).to(dt).to(tl.float32)
+            b2 = (x1 * s).to(dt).to(tl.float32)
+            tl.store(OUT + j, (a1 - b1).to(dt), mask=m)
+            tl.store(OUT + HALF + j, (a2 + b2).to(dt), mask=m)
 
     from ..attention.launch import FastLaunch
-    return FastLaunch(rope_pair_kernel)
+    return FastLaunch(rope_kernel)
 
 
 def fused_enabled() -> bool:
@@ -147,17 +134,18 @@ def rotate_half_fused(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> 
     """:func:`apply_rotary`'s half-split form in one launch: ``x [N, heads, dim]`` (bf16, fp16
     or fp32), ``cos/sin [N, dim/2]``. The torch form's roundings: the products and sums rounded
     to x's dtype one by one (within one unit of the torch form's results on the H200)."""
-    return _rotate_fused(_kernel(), x, cos, sin)
+    return _rotate_fused(x, cos, sin, pairs=False)
 
 
 def rotate_pairs_fused(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """:func:`apply_rotary`'s interleaved form (DeepSeek-V2: each pair of values rotated as a
     complex number) in one launch instead of the torch form's ~9 kernels: ``x [N, heads, dim]``,
     ``cos/sin [N, dim/2]``; float32 arithmetic, rounded to x's dtype once, as the torch form."""
-    return _rotate_fused(_pair_kernel(), x, cos, sin)
+    return _rotate_fused(x, cos, sin, pairs=True)
 
 
-def _rotate_fused(kernel, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def _rotate_fused(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairs: bool
+                  ) -> torch.Tensor:
     n, heads, d = x.shape
     if x.stride(-1) != 1:
         x = x.contiguous()
@@ -168,9 +156,9 @@ def _rotate_fused(kernel, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor)
     out = torch.empty(n, heads, d, dtype=x.dtype, device=x.device)
     if n * heads:
         half = d // 2
-        kernel[(n * heads,)](x, c, s_, out, heads, x.stride(0), x.stride(1), c.stride(0), d,
-                             HALF=half, BLOCK=1 << max(4, (half - 1).bit_length()),
-                             num_warps=1 if half <= 128 else 4)
+        _kernel()[(n * heads,)](x, c, s_, out, heads, x.stride(0), x.stride(1), c.stride(0), d,
+                                HALF=half, BLOCK=1 << max(4, (half - 1).bit_length()),
+                                PAIRS=pairs, num_warps=1 if half <= 128 else 4)
     return out
 
 
