@@ -1268,6 +1268,10 @@ def test_steps_that_measure_no_path_keep_the_rates_and_predict_once(monkeypatch)
                      "gpu_bytes": 2 * 768 * cfg.kv_bytes_per_token(), "t_bytes": 0})
         n += 1
     assert len(calls) == 3 and pol.feedback.factors["cpu"] != before["cpu"]
-    # the region counts follow the tuple the table hands out
+    # the region counts follow the tuple the table hands out, and only the view's are kept
     assert pol._counts(regs) == (8, 4, 4)
     assert pol._counts(regs + (Region.C,)) == (8, 5, 4)
+    for i in range(2):
+        pol.assign(SeqKV(i, n, regs))
+    pol.observe({"batch_lengths": [n + 1] * 2, "step_s": 0.01})
+    assert set(pol._region_counts) == {id(regs)}

@@ -215,7 +215,8 @@ class WriteScopePolicy(PlacementPolicy):
         self.probes = 0  # steps planned at the uncorrected share to re-measure the CPU
         self._memo = None  # (planning state, (target share, step share, predicted step s))
         self._first_cpu_skipped = False
-        #: id of a sealed-region tuple -> (the tuple, its G/C/T counts): see _counts
+        #: id of a sealed-region tuple -> (the tuple, its G/C/T counts): see _counts; observe()
+        #: keeps those of the batch's view
         self._region_counts: dict[int, tuple[tuple, tuple[int, int, int]]] = {}
         self.last_placement_target = math.nan  # the target share of the last place() call
         #: the last spilling place() calls: (seq_id, blocks, target, batch C blocks, batch
@@ -387,6 +388,9 @@ class WriteScopePolicy(PlacementPolicy):
         self._this_step.clear()
         self._view = {k: v for k, v in self._view.items()
                       if k in self._batch or k in self._expected}
+        # counts of tuples nothing will ask about again go (a 128K sequence's is 16 KB)
+        live = {id(v.regions) for v in self._view.values()}
+        self._region_counts = {k: v for k, v in self._region_counts.items() if k in live}
         self._gone = {k for k in self._gone if k in self._view}
         self._assigned = {"cpu_c": 0, "cpu_t": 0, "streamed": 0}
         self._plan = None
@@ -504,8 +508,6 @@ class WriteScopePolicy(PlacementPolicy):
         if hit is not None and hit[0] is regions:
             return hit[1]
         c = (regions.count(Region.G), regions.count(Region.C), regions.count(Region.T))
-        if len(self._region_counts) > 4096:
-            self._region_counts.clear()
         self._region_counts[id(regions)] = (regions, c)  # the tuple kept: its id stays its own
         return c
 
