@@ -168,8 +168,8 @@ def choose_spilled_region(n_c: int, n_spilled: int, target: float) -> Region:
 class WriteScopePolicy(PlacementPolicy):
     name = "writescope"
 
-    def __init__(self, profile: HardwareProfile | str | os.PathLike | None = None, model_config=None,
-                 experts_on_cpu: bool = False, batch_hint: int | None = None,
+    def __init__(self, profile: HardwareProfile | str | os.PathLike | None = None,
+                 model_config=None, experts_on_cpu: bool = False, batch_hint: int | None = None,
                  feedback_alpha: float = 0.3, block_size: int | None = None,
                  verify_steps: int = 2, pipelined: bool = False, **_ignored: Any):
         if model_config is None:
@@ -508,7 +508,8 @@ class WriteScopePolicy(PlacementPolicy):
         if hit is not None and hit[0] is regions:
             return hit[1]
         c = (regions.count(Region.G), regions.count(Region.C), regions.count(Region.T))
-        self._region_counts[id(regions)] = (regions, c)  # the tuple kept: its id stays its own
+        if isinstance(regions, tuple):  # (a list could change under the same id)
+            self._region_counts[id(regions)] = (regions, c)  # kept: its id stays its own
         return c
 
     def _learn_geometry(self, capacity: CacheCapacity) -> None:
