@@ -102,7 +102,9 @@ UNVERIFIED_CPU_FACTOR = 2.0
 #: good. And the factor placement knows is the one learnt before the batch's long-context steps:
 #: on the H200, the bench's warm-up left factors ~1.0 that put Qwen3 / Mixtral 2 x 128K (experts
 #: on the GPU) at 0.61 / 0.64 of the spill in C, and their decode steps then measured 1.49 / 1.31,
-#: whose best shares are 0.51 / 0.57 (2026-12-01e call 3: writescope 0.90x static on Mixtral)
+#: whose best shares are 0.51 / 0.57 (2026-12-01e call 3: writescope 0.90x static on Mixtral).
+#: A/B on DeepSeek-V2-Lite 4 x 128K (two rounds each, 2026-12-03c call 2 and 2026-12-03g call 1):
+#: neither 1.2 nor 1.0 beat 1.4 in both rounds; 1.4 beat static in both rounds of the latter
 PLACEMENT_CPU_MARGIN = 1.4
 
 
