@@ -586,17 +586,12 @@ class HybridAttention:
         slot = layer * MAX_GROUPS + g.index
         done = (self._flags.address(slot), self._step_id)
         (r, pl), *second = g.cpu_plans
-        if g.cpu_paired:  # C blocks and T blocks read in place: one call over both pools
-            (r2, pl2), = second
-            self._queue.submit(pl, q_host, self.pools[r][layer], out_bufs[0], out_bufs[1],
-                               ready=ready_address(ready), done=done, spin_s=self.cpu_spin_s,
-                               second=(pl2, self.pools[r2][layer]))
-            self._queued += 1
-            return True
+        # C blocks and T blocks read in place, paired: one call over both pools
+        paired = (second[0][1], self.pools[second[0][0]][layer]) if g.cpu_paired else None
         self._queue.submit(pl, q_host, self.pools[r][layer], out_bufs[0], out_bufs[1],
-                           ready=ready_address(ready), done=None if second else done,
-                           spin_s=self.cpu_spin_s)
-        if second:
+                           ready=ready_address(ready), done=done if paired or not second else None,
+                           spin_s=self.cpu_spin_s, second=paired)
+        if second and paired is None:
             # C blocks and T blocks read in place: two calls on the queue's thread, the second
             # into host scratch, merged into the pinned result before the flag goes up (with a
             # Python worker instead, this step ran its CPU side at half the rate: 2026-12-01-h200)

@@ -282,11 +282,13 @@ class InplaceKVCache:
             for _, _, r, bid in step["new_blocks"]:
                 self.alloc[r].free([bid])
             raise
+        self_segs = _self_segments(step["seg_lens"], prefill)
         step.update(
             read_tokens=read_tokens, t0=time.perf_counter(),
             # (first row, rows, context) of each sequence attended by the dense prefill kernel;
             # the self partial then treats its rows as single tokens (they are overwritten)
-            prefill=prefill, self_seg_lens=_self_segments(step["seg_lens"], prefill),
+            prefill=prefill, self_seg_lens=self_segs,
+            self_single=all(n == 1 for n in self_segs),  # every layer's attention asks
             plan=plan, groups=_pipeline_groups(work, plan) if pipeline else None,
             group_records={})
         step["resident"] = None
@@ -561,7 +563,7 @@ class InplaceKVCache:
         ctx = [gather_context(p, self.pools, layer, self.bs, self.device, self.hybrid.cgather)
                for _, _, p in step["prefill"]]
         out_c, lse_c = self.attend_cached(layer, q, records)
-        if all(n == 1 for n in step["self_seg_lens"]):
+        if step["self_single"]:
             # single-token segments (decode rows; dense-prefill rows are replaced below): each
             # token over itself, merged and cast (one kernel on CUDA)
             out = decode_self_merge(out_c, lse_c, q, records, self.spec, self.scale)
