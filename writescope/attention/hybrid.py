@@ -839,11 +839,26 @@ class HybridAttention:
         return out, lse
 
     # ------------------------------------------------------------------------------------------
-    def end_step(self) -> dict[str, float]:
+    def end_step(self, wait: bool = True) -> dict[str, float]:
         """Finish the step (waits for the device); returns ``{cpu_s, gpu_s, pcie_s, ...}``:
         CPU kernel seconds, GPU attention seconds (kernel time, not waits), copy-stream busy
-        seconds, host seconds spent waiting for the CPU side, and the step's wall seconds."""
+        seconds, host seconds spent waiting for the CPU side, and the step's wall seconds.
+
+        ``wait=False``: a step with no CPU jobs and no copy-stream work whose device work may
+        still be running (the engine's overlapped decode steps): nothing is waited for, its GPU
+        seconds are not measured (None), and the buffers it retired stay held until a step
+        that waits."""
         if self.plan is None:  # not in a step (e.g. an aborted step that never began)
+            return dict(self.timings)
+        if not wait:
+            if self._jobs or self._queued or self._stage_plan is not None or \
+                    any(g.pending is not None for g in self._groups):
+                raise RuntimeError("end_step(wait=False) on a step with CPU or copy work")
+            self._events = []
+            self.timings["gpu_s"] = None
+            self.timings["step_s"] = time.perf_counter() - self._t0
+            self._groups = []
+            self.plan = None
             return dict(self.timings)
         if self.device.type == "cuda":
             wait_for_stream(self.device)

@@ -6,8 +6,9 @@ warm-ups that come before a policy's first row. A row carries:
   None with ``--prefill synthetic``, where random KV is written to the homes the placement policy
   chooses instead of prefilling (``prefill``, ``synthetic_fill_tokens``, ``synthetic_fill_s``):
   the decode steps read the same regions, in seconds instead of minutes per 128K row;
-* ``step_times_s`` -- each decode step's ``engine.step()`` wall time (CUDA synchronised), all
-  ``batch`` sequences decoding; ``decode_tokens_per_s = batch * steps / sum(step times)``, mean,
+* ``step_times_s`` -- each decode step's ``engine.step()`` wall time (CUDA synchronised; with
+  overlapped decode steps, ``engine/inflight.py``, the time between the returns of consecutive
+  calls, each of which waits for the tokens it returns), all ``batch`` sequences decoding; ``decode_tokens_per_s = batch * steps / sum(step times)``, mean,
   p50 and p99 step time; ``untimed_step_times_s`` -- the :data:`UNTIMED_DECODE_STEPS` decode
   steps before them (where a new CUDA graph is captured);
 * ``peak_vram_bytes`` -- ``torch.cuda.max_memory_allocated`` over the row on CUDA; elsewhere the
@@ -75,6 +76,13 @@ def token_digest(seqs: list[list[int]]) -> str:
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def _step_sync(engine, device: torch.device) -> None:
+    """After a timed decode step: wait for the device, unless the engine overlaps its steps
+    (then the step in flight is the next one, and waiting for it would undo the overlap)."""
+    if not getattr(engine, "overlap", False):
+        _sync(device)
 
 
 def _free_memory(device: torch.device) -> None:
@@ -196,7 +204,7 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
         for _ in range(UNTIMED_DECODE_STEPS):
             t0 = time.perf_counter()
             outs = engine.step()
-            _sync(dev)
+            _step_sync(engine, dev)
             untimed.append(time.perf_counter() - t0)
             if len(outs) != batch:
                 raise RowFailed(f"a decode step produced {len(outs)} tokens for a batch of {batch}")
@@ -215,7 +223,7 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
             c0, g0 = counters["kv.bytes_read.cpu"], counters["kv.bytes_read.gpu"]
             t0 = time.perf_counter()
             outs = engine.step()
-            _sync(dev)
+            _step_sync(engine, dev)
             dt = time.perf_counter() - t0
             if len(outs) != batch:
                 raise RowFailed(f"a decode step produced {len(outs)} tokens for a batch of {batch}")

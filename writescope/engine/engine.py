@@ -24,7 +24,8 @@ from ..attention.gather import DEFAULT_GATHER_BYTES
 from ..kvcache.regions import DEFAULT_BLOCK_SIZE, Region
 from ..models.config import REFERENCE_MODELS, ModelConfig
 from ..models.loader import build_model
-from .runner import ModelRunner
+from .inflight import next_input_ids, overlap_enabled
+from .runner import Launched, ModelRunner
 from .scheduler import Scheduler
 
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
@@ -260,9 +261,15 @@ class LLMEngine:
                            else self.config.eos_token_id)
         self.requests: dict[str, Request] = {}
         self._detok: dict[str, object] = {}
+        #: overlapped decode steps (engine/inflight.py): whether they run, the step in flight,
+        #: and outputs of a step completed outside ``step`` (returned by the next call)
+        self.overlap = overlap_enabled(self.device)
+        self._inflight: Launched | None = None
+        self._held: list[RequestOutput] = []
         self.counters = {"engine.steps": 0, "engine.prompt_tokens": 0, "engine.generated_tokens": 0,
                          "engine.requests_finished": 0, "engine.requests_aborted": 0,
-                         "engine.step_time_s": 0.0, "engine.synthetic_prefill_tokens": 0}
+                         "engine.step_time_s": 0.0, "engine.synthetic_prefill_tokens": 0,
+                         "engine.overlapped_steps": 0}
         freeze_gc()
 
 
@@ -304,6 +311,7 @@ class LLMEngine:
         if self.cache is not None:
             if self.has_unfinished_requests():
                 raise RuntimeError("cannot change the KV policy while requests are running")
+            self._drain()  # a step of finished requests still in flight
             self.cache.hybrid.close()
             old = weakref.ref(self.cache)
             self.cache = self.scheduler = self.runner = None
@@ -333,6 +341,7 @@ class LLMEngine:
             sys.setswitchinterval(float(os.environ["WRITESCOPE_SWITCH_INTERVAL"]))
         self.runner = ModelRunner(self.model, self.cache, self.device)
         if any(self.cpu_expert_layers):
+            self.runner.experts_on_cpu = True
             self.runner.pipeline = False
             # the attention team must not spin on the next layer's queries while the experts'
             # team computes this layer's experts on the same cores
@@ -499,6 +508,7 @@ class LLMEngine:
         values, and no sequence decodes while the others are still prefilling.) The next
         :meth:`step` then runs each prompt's last token and samples its first output token.
         Returns the tokens filled."""
+        self._drain()  # the running requests' tokens first: the scheduler starts from them
         cache, spec = self.cache, self.cache.spec
         gen = torch.Generator(device=self.device).manual_seed(seed)
         filled = 0
@@ -525,22 +535,59 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ the step
     def step(self) -> list[RequestOutput]:
-        batch = self.scheduler.schedule()
-        if not batch:
-            return []
+        """Advance the running requests by one step; the outputs of the requests it advanced.
+        With overlapped decode steps (engine/inflight.py) the step whose outputs are returned
+        may have been launched by the previous call, and the step that follows it is already
+        on the device when this returns."""
         t0 = time.perf_counter()
-        tokens, logprobs = self.runner.run(batch)
-        self.counters["engine.steps"] += 1
-        self.counters["engine.step_time_s"] += time.perf_counter() - t0
+        outs, self._held = self._held, []
+        h, self._inflight = self._inflight, None
+        try:
+            if h is None:
+                batch = self.scheduler.schedule()
+                if not batch:
+                    return outs
+                h = self.runner.launch(batch, defer=self.overlap)
+                self.counters["engine.steps"] += 1
+            if h.deferred:  # in flight: launch the step that follows it before waiting for it
+                nxt = self.scheduler.followup(h.batch)
+                if nxt is not None:
+                    try:
+                        self._inflight = self.runner.launch(
+                            nxt[0], input_ids=next_input_ids(h.pending.tokens, nxt[1]),
+                            defer=True)
+                        self.counters["engine.steps"] += 1
+                        self.counters["engine.overlapped_steps"] += 1
+                    except BaseException:
+                        self._apply(h)  # its tokens are good: the requests keep them
+                        raise
+            return outs + self._apply(h)
+        finally:
+            self.counters["engine.step_time_s"] += time.perf_counter() - t0
+
+    def _drain(self) -> None:
+        """Complete the step in flight, if any; its outputs go to the next :meth:`step`."""
+        h, self._inflight = getattr(self, "_inflight", None), None
+        if h is not None:
+            self._held += self._apply(h)
+
+    def _apply(self, h: Launched) -> list[RequestOutput]:
+        """A launched step's tokens into its requests (waiting for them if they are still on
+        their way); the outputs of the requests it advanced. Requests that finished while it
+        was in flight get nothing from it."""
+        tokens, logprobs = self.runner.collect(h)
         outputs = []
         sampled = iter(zip(tokens, logprobs))
         now = time.monotonic()
-        for s in batch.seqs:
+        for s in h.batch.seqs:
             req = s.request
-            req.num_computed = s.start + s.num_new
-            if not s.sample:
+            tok_lp = next(sampled) if s.sample else None
+            if req.finished:
                 continue
-            tok, lp = next(sampled)
+            req.num_computed = s.start + s.num_new
+            if tok_lp is None:
+                continue
+            tok, lp = tok_lp
             req.output_token_ids.append(tok)
             req.logprobs.append(lp)
             if req.first_token_time is None:

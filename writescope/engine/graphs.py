@@ -411,6 +411,11 @@ class DecodeGraphs:
             return env["out"]
         return torch.cat([env[f"{g}:out"][:c] for g, c in enumerate(counts)])
 
+    @property
+    def has_pending(self) -> bool:
+        """Whether a step size ran eagerly and waits to be captured (:meth:`capture_pending`)."""
+        return self._pending is not None
+
     def drop_pending(self) -> None:
         """The step failed: do not capture from its inputs."""
         self._pending = None

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -9,9 +10,25 @@ from ..core import StepBatch
 from ..hostmem import h2d
 from ..kvcache.cache import InplaceKVCache
 from ..layers.cpu_experts import raise_pending_errors, take_routed_bytes
-from ..layers.sampler import Sampler
+from ..layers.sampler import PendingTokens, Sampler
 from ..models.base import CausalLM
 from .stepform import StepForms
+
+
+@dataclass
+class Launched:
+    """A step the runner has launched: its tokens (a step that completed), or the device tokens
+    still being copied back (a deferred step, :attr:`pending`)."""
+
+    batch: StepBatch
+    tokens: list[int] | None = None
+    logprobs: list[float] | None = None
+    pending: PendingTokens | None = None
+    t_launched: float = 0.0
+
+    @property
+    def deferred(self) -> bool:
+        return self.pending is not None
 
 
 def step_form_key(batch: StepBatch) -> str:
@@ -45,6 +62,9 @@ class ModelRunner:
         #: measured step times, per batch size and context (stepform.py); None: always split
         #: when it can
         self.step_forms = StepForms() if mode == "auto" else None
+        #: routed experts run on the CPU in some layer: their calls keep every step synchronous
+        #: (the engine sets it)
+        self.experts_on_cpu = False
 
     @property
     def pipelines(self) -> bool:
@@ -57,20 +77,38 @@ class ModelRunner:
     def run(self, batch: StepBatch) -> tuple[list[int], list[float]]:
         """One step; returns the sampled token and its log-probability for each sequence with
         ``sample=True``, in batch order."""
+        return self.collect(self.launch(batch))
+
+    @torch.no_grad()
+    def launch(self, batch: StepBatch, input_ids: torch.Tensor | None = None,
+               defer: bool = False) -> Launched:
+        """Run one step up to its tokens. ``input_ids``: the step's tokens already on the device
+        (an overlapped step's, taken from the previous step's :class:`PendingTokens`) instead of
+        the requests' token lists.
+
+        ``defer``: the caller can take this step's tokens later (:meth:`collect`). Where the
+        step allows it -- a greedy decode step whose cache step is deferrable
+        (``cache.step_deferrable``), no CUDA graph waiting to be captured, no CPU expert calls --
+        it is then closed without waiting for the device, and its tokens come back through
+        page-locked memory (:attr:`Launched.pending`). Otherwise the step completes here, as
+        :meth:`run`'s does."""
         ids, pos, last_rows = [], [], []
         row = 0
         for s in batch.seqs:
-            toks = s.request.token_ids_at(s.start, s.num_new)
-            ids.extend(toks)
+            if input_ids is None:
+                ids.extend(s.request.token_ids_at(s.start, s.num_new))
             pos.extend(range(s.start, s.start + s.num_new))
             row += s.num_new
             if s.sample:
                 last_rows.append(row - 1)
-        input_ids = h2d(ids, self.device, torch.long)
+        if input_ids is None:
+            input_ids = h2d(ids, self.device, torch.long)
+        elif input_ids.shape[0] != row:
+            raise ValueError(f"{input_ids.shape[0]} input ids for a step of {row} tokens")
         positions = h2d(pos, self.device, torch.long)
         t0 = time.perf_counter()
         decode = all(s.num_new == 1 for s in batch.seqs)
-        graphed = decode and self.graphs is not None and self.graphs.wants(len(ids))
+        graphed = decode and self.graphs is not None and self.graphs.wants(row)
         split = graphed and self.pipeline
         forms = self.step_forms if split else None
         policy = self.cache.policy
@@ -82,7 +120,7 @@ class ModelRunner:
         # a graphed one-batch step may attend through the cache's fixed buffers, when all its
         # cached KV is on the GPU (the cache decides; cache.step_resident) and the rest of the
         # step is graph-safe (graphs.resident_rows)
-        rows = self.graphs.resident_rows(len(ids)) if graphed and not split else None
+        rows = self.graphs.resident_rows(row) if graphed and not split else None
         self.cache.begin_step([(s.request.seq_id, s.start, s.num_new) for s in batch.seqs],
                               pipeline=split, resident_rows=rows)
         if forms is not None and not self.cache.step_splittable:
@@ -90,6 +128,7 @@ class ModelRunner:
             split = False
             if hasattr(policy, "pipelined"):
                 policy.pipelined = False
+        sampled = [s for s in batch.seqs if s.sample]
         try:
             if graphed:
                 hidden = self.graphs.run(input_ids, positions, self.cache,
@@ -97,11 +136,20 @@ class ModelRunner:
                                          resident=self.cache.step_resident)
             else:
                 hidden = self.model(input_ids, positions, self.cache)
-            sampled = [s for s in batch.seqs if s.sample]
+            logits = None
             if sampled:
                 hidden = hidden[h2d(last_rows, self.device, torch.long)]
                 logits = self.model.compute_logits(hidden)
             t1 = time.perf_counter()
+            if (defer and decode and sampled and len(sampled) == len(batch.seqs)
+                    and self.cache.step_deferrable and not self.experts_on_cpu
+                    and (self.graphs is None or not self.graphs.has_pending)
+                    and all(s.request.params.greedy for s in sampled)):
+                pending = self.sampler.greedy_pending(logits)
+                self.cache.end_step({"host_s": t1 - t0}, wait=False)
+                self.last_times = {"forward_host_s": t1 - t0, "device_tail_s": 0.0,
+                                   "cpu_expert_s": None}
+                return Launched(batch, pending=pending, t_launched=t1)
             # the CPU expert calls the device waits for (their kernel seconds go to the planner
             # with the step's timing), then the step's end, which waits for the device
             expert_s = raise_pending_errors()
@@ -116,7 +164,7 @@ class ModelRunner:
             if self.graphs is not None:
                 self.graphs.capture_pending()  # a new decode size ran eagerly: capture it now
             if not sampled:
-                return [], []
+                return Launched(batch, tokens=[], logprobs=[])
         except BaseException:
             self.cache.abort_step()
             if self.graphs is not None:
@@ -127,5 +175,16 @@ class ModelRunner:
                 pass
             take_routed_bytes()  # this step's routing does not go into the next step's figure
             raise
-        return self.sampler.sample(logits, [s.request.params for s in sampled],
-                                   [s.request.seq_id for s in sampled])
+        tokens, logprobs = self.sampler.sample(logits, [s.request.params for s in sampled],
+                                               [s.request.seq_id for s in sampled])
+        return Launched(batch, tokens=tokens, logprobs=logprobs)
+
+    def collect(self, launched: Launched) -> tuple[list[int], list[float]]:
+        """A launched step's tokens and log-probabilities (waits for a deferred step's copies;
+        its ``device_tail_s`` is then the wait)."""
+        if launched.pending is None:
+            return launched.tokens, launched.logprobs
+        t = time.perf_counter()
+        out = launched.pending.result()
+        self.last_times["device_tail_s"] = time.perf_counter() - t
+        return out

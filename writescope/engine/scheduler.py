@@ -56,6 +56,33 @@ class Scheduler:
         self.cache.expect_waiting(self.queue_head())
         return StepBatch(seqs)
 
+    def followup(self, batch: StepBatch) -> tuple[StepBatch, list[int]] | None:
+        """The decode step that follows ``batch`` (a decode step whose tokens are not known on
+        the host yet), or None when the next step should be scheduled afresh: a request is
+        waiting, or a running request is not in ``batch``. Each of ``batch``'s requests gets
+        its next token unless the token still to come is its last (``max_tokens``). Returns the
+        step and, per sequence, its row in ``batch`` (where its input token comes from).
+        Requests that finish on the token still to come (EOS, a stop string) are in it: the
+        engine drops what they produce. Requests of ``batch`` that have finished since (on an
+        earlier token, or aborted) are left out."""
+        if self.waiting or any(s.num_new != 1 or not s.sample for s in batch.seqs):
+            return None
+        going = [(i, s) for i, s in enumerate(batch.seqs) if not s.request.finished]
+        if len(going) != len(self.running) or \
+                {id(s.request) for _, s in going} != {id(r) for r in self.running}:
+            return None
+        seqs, rows = [], []
+        for i, s in going:
+            req = s.request
+            if len(req.output_token_ids) + 1 >= req.max_tokens:
+                continue
+            seqs.append(ScheduledSeq(req, s.start + 1, 1, True))
+            rows.append(i)
+        if not seqs or len(seqs) > self.max_num_batched_tokens:
+            return None
+        self.cache.expect_waiting({})
+        return StepBatch(seqs), rows
+
     def queue_head(self) -> dict[int, int]:
         """The waiting requests that would be admitted next if nothing left (in order, while
         their reservations fit the free blocks and the batch has room): ``seq_id -> prompt

@@ -426,6 +426,19 @@ class InplaceKVCache:
         return step is not None and (step["groups"] is not None or
                                      _pipeline_groups(step["work"], step["plan"]) is not None)
 
+    @property
+    def step_deferrable(self) -> bool:
+        """Whether the open step may be closed before its device work is done
+        (``end_step(wait=False)``): a step with no prefill rows that completes no block and
+        reads no T or C block on either side (only G and W, on the GPU), so that nothing on the
+        host or on another stream depends on its work (the engine's overlapped decode steps,
+        ``engine/inflight.py``)."""
+        step = self._step
+        if step is None or step["new_blocks"] or step["groups"] or step["prefill"]:
+            return False
+        rt = step["read_tokens"]
+        return not rt["cpu"] and not rt["spilled"]
+
     def _load_resident(self, step: dict, plan: AttentionStepPlan, rows: int) -> tuple | None:
         """The step's key in :attr:`resident`'s buffers, or None when it cannot run there (see
         :meth:`begin_step`; ``WRITESCOPE_RESIDENT_ATTENTION=0`` never, ``=force`` also off CUDA,
@@ -493,7 +506,8 @@ class InplaceKVCache:
         bs = self.bs
         per = {(side, r): ([], []) for side in ("cpu", "gpu") for r in Region}
         q_counts = []
-        read = {"cpu": 0, "gpu": 0, "t_gpu": 0}
+        # "spilled": tokens of T and C blocks read by either side (a deferrable step has none)
+        read = {"cpu": 0, "gpu": 0, "t_gpu": 0, "spilled": 0}
         prefill = []
         custom = type(self.policy).assign is not PlacementPolicy.assign
         row0 = 0
@@ -532,6 +546,8 @@ class InplaceKVCache:
                     read[side] += sel.size * bs
                     if side == "gpu" and r is Region.T:
                         read["t_gpu"] += sel.size * bs
+                    if r is Region.T or r is Region.C:
+                        read["spilled"] += sel.size * bs
             tail = start - t.num_sealed * bs
             per[("gpu", Region.W)][0].append(np.array([t.w_slot] if tail else [], dtype=np.int32))
             per[("gpu", Region.W)][1].append(np.array([tail] if tail else [], dtype=np.int32))
@@ -636,16 +652,22 @@ class InplaceKVCache:
             w_flat.index_copy_(0, step["w_dst"], records.index_select(0, step["w_src"]))
             self.counters["kv.bytes_written.W"] += step["w_dst"].numel() * tok_bytes
 
-    def end_step(self, extra_timing: dict | None = None) -> dict:
+    def end_step(self, extra_timing: dict | None = None, wait: bool = True) -> dict:
         """Close the step: seal its blocks, count, and show the placement policy the step's
         timing (the attention side's, plus ``extra_timing``: the runner's CPU experts'
-        ``cpu_expert_s``)."""
+        ``cpu_expert_s``).
+
+        ``wait=False`` (only where :attr:`step_deferrable`): close it while its device work may
+        still run. Its timing is then ``untimed``: the policy closes the step's bookkeeping but
+        learns no rates from it."""
         step = self._step
         if step is None:
             raise KVCacheError("end_step without begin_step")
+        if not wait and not self.step_deferrable:
+            raise KVCacheError("end_step(wait=False) on a step that is not deferrable")
         # first: the attention side may report a failed CPU job here; the step is then still
         # open, so abort_step can give its blocks back
-        timing = self.hybrid.end_step()
+        timing = self.hybrid.end_step() if wait else self.hybrid.end_step(wait=False)
         if step["resident"] is not None:  # no GPU timing events in a resident step
             timing["gpu_s"] = None
             self.counters["kv.resident_steps"] += 1
@@ -666,6 +688,8 @@ class InplaceKVCache:
                       t_bytes=step["read_tokens"]["t_gpu"] * tb,
                       batch_lengths=[s + n for _, s, n in step["work"]])
         timing.update(extra_timing or {})
+        if not wait:
+            timing["untimed"] = True
         self.last_timing = timing
         self.policy.observe(timing)
         self._step = None

@@ -11,6 +11,33 @@ import torch
 from ..core import SamplingParams
 
 
+class PendingTokens:
+    """Greedy tokens and their log-probabilities still on their way from the device: copied into
+    page-locked host memory behind the step's work, read by :meth:`result` (which waits for the
+    copies, not for work queued after them)."""
+
+    def __init__(self, tokens: torch.Tensor, logprobs: torch.Tensor):
+        #: the tokens on the device (the next step's input ids are taken from here)
+        self.tokens = tokens
+        if tokens.device.type == "cuda":
+            self._host = (torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True),
+                          torch.empty(logprobs.shape, dtype=logprobs.dtype, pin_memory=True))
+            self._host[0].copy_(tokens, non_blocking=True)
+            self._host[1].copy_(logprobs, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record(torch.cuda.current_stream(tokens.device))
+        else:
+            self._host, self._event = (tokens, logprobs), None
+
+    def ready(self) -> bool:
+        return self._event is None or self._event.query()
+
+    def result(self) -> tuple[list[int], list[float]]:
+        if self._event is not None:
+            self._event.synchronize()
+        return self._host[0].tolist(), self._host[1].tolist()
+
+
 class Sampler:
     def __init__(self):
         self._generators: dict[int, torch.Generator] = {}
@@ -27,6 +54,16 @@ class Sampler:
             g.manual_seed(seed)
             self._generators[seq_id] = g
         return g
+
+    @staticmethod
+    def greedy_pending(logits: torch.Tensor) -> PendingTokens:
+        """Greedy tokens of ``logits [B, V]`` and their log-probabilities, computed on the
+        device as :meth:`sample` computes them, without waiting for them (the engine's
+        overlapped decode steps, ``engine/inflight.py``)."""
+        logits = logits.float()
+        greedy = torch.argmax(logits, dim=-1)
+        chosen = torch.log_softmax(logits, dim=-1).gather(1, greedy.view(-1, 1)).view(-1)
+        return PendingTokens(greedy, chosen)
 
     def sample(self, logits: torch.Tensor, params: list[SamplingParams], seq_ids: list[int]
                ) -> tuple[list[int], list[float]]:

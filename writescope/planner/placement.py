@@ -380,7 +380,9 @@ class WriteScopePolicy(PlacementPolicy):
         # prefill rows does not say how fast decode runs, so it does not correct the rates
         starts, self._starts = self._starts, []
         decode = len(starts) == len(lengths) and all(e - s == 1 for s, e in zip(starts, lengths))
-        if decode:
+        # nor does a step closed before its device work was done (an overlapped decode step,
+        # engine/inflight.py): its times are the host's alone
+        if decode and not timing.get("untimed"):
             self._feedback(timing, lengths)
         else:
             self.skipped_steps += 1

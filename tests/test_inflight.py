@@ -1,0 +1,198 @@
+"""Overlapped decode steps (engine/inflight.py): the next step is launched before the tokens of
+the step in flight are read back. On the CPU (WRITESCOPE_ASYNC_DECODE=1) the same code paths
+run with nothing to overlap: every token and log-probability must be the synchronous engine's,
+however requests finish, abort or arrive, and every KV block must come back."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from test_parity import GREEDY, PLACEMENTS, engine, prompt_ids
+from writescope import SamplingParams
+from writescope.layers.sampler import Sampler
+
+
+def _run(path, monkeypatch, overlap: bool, prompts, params, opts, script=None):
+    """Generate ``prompts`` step by step; ``script(llm, step_index)`` may add or abort requests
+    between steps. Returns ({request id: (tokens, logprobs, finish reason)}, stats)."""
+    monkeypatch.setenv("WRITESCOPE_ASYNC_DECODE", "1" if overlap else "0")
+    llm = engine(path, **opts)
+    eng = llm.engine
+    assert eng.overlap is overlap
+    for i, (p, sp) in enumerate(zip(prompts, params)):
+        eng.add_request(f"r{i}", p, sp)
+    done, i = {}, 0
+    while eng.has_unfinished_requests():
+        if script is not None:
+            script(eng, i)
+        for o in eng.step():  # an aborted request's entry is its last output before the abort
+            done[o.request_id] = (o.token_ids, o.logprobs, o.finish_reason)
+        i += 1
+        assert i < 500
+    eng.step()  # a step of finished requests may still be in flight: it returns nothing
+    s = eng.stats()
+    assert all(s[f"kv.blocks.{r}"] == 0 for r in "GTCW"), "every block returned"
+    return done, s
+
+
+def _same(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k][0] == b[k][0], k
+        assert a[k][2] == b[k][2], k
+        assert max((abs(x - y) for x, y in zip(a[k][1], b[k][1])), default=0.0) < 1e-5, k
+
+
+@pytest.mark.parametrize("placement", ["all-G", "mixed"])
+def test_overlapped_steps_give_the_synchronous_tokens(tiny_qwen3_moe, placement, monkeypatch):
+    """Requests of different lengths finishing at different steps (max_tokens), greedy: the
+    same tokens, log-probabilities and finish reasons. With all KV in G most decode steps
+    overlap (not those that complete a block); with blocks in T and C none can."""
+    lens, news = (12, 40, 75), (9, 30, 21)
+    prompts = [prompt_ids(320, n, seed=n) for n in lens]
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True, logprobs=1)
+              for m in news]
+    opts = PLACEMENTS[placement]
+    want, s0 = _run(tiny_qwen3_moe, monkeypatch, False, prompts, params, opts)
+    got, s1 = _run(tiny_qwen3_moe, monkeypatch, True, prompts, params, opts)
+    _same(got, want)
+    assert s0["engine.overlapped_steps"] == 0
+    if placement == "all-G":
+        assert s1["engine.overlapped_steps"] >= sum(news) // 3 // 2, s1
+    else:
+        assert s1["engine.overlapped_steps"] < 3, s1
+    assert s1["engine.generated_tokens"] == s0["engine.generated_tokens"] == sum(news)
+
+
+def test_a_request_that_stops_while_the_next_step_is_in_flight(tiny_qwen3_moe, monkeypatch):
+    """A stop token (known only once its step's tokens are back) ends a request whose next
+    token is already being computed: that token is dropped, the other requests go on."""
+    prompts = [prompt_ids(320, n, seed=n) for n in (20, 33)]
+    plain = [SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=1)] * 2
+    free, _ = _run(tiny_qwen3_moe, monkeypatch, False, prompts, plain, PLACEMENTS["all-G"])
+    stop_tok = free["r0"][0][6]  # r0's seventh token
+    first = free["r0"][0].index(stop_tok)
+    params = [SamplingParams(temperature=0.0, max_tokens=24, stop_token_ids=[stop_tok],
+                             ignore_eos=True, logprobs=1), plain[1]]
+    want, _ = _run(tiny_qwen3_moe, monkeypatch, False, prompts, params, PLACEMENTS["all-G"])
+    got, s = _run(tiny_qwen3_moe, monkeypatch, True, prompts, params, PLACEMENTS["all-G"])
+    _same(got, want)
+    assert got["r0"][0] == free["r0"][0][:first + 1] and got["r0"][2] == "stop"
+    assert got["r1"][0] == free["r1"][0]
+    assert s["engine.overlapped_steps"] > 0
+
+
+def test_aborts_and_arrivals_between_overlapped_steps(tiny_qwen3_moe, monkeypatch):
+    """A request aborted while a step holding it is in flight gets nothing more; one added
+    mid-run waits for the step in flight and then joins; the others' tokens are unchanged."""
+    prompts = [prompt_ids(320, n, seed=n) for n in (18, 26, 31)]
+    params = [SamplingParams(temperature=0.0, max_tokens=28, ignore_eos=True, logprobs=1)] * 3
+    late = prompt_ids(320, 22, seed=99)
+
+    def script(eng, i):
+        if i == 6:
+            eng.abort_request("r1")
+        if i == 9:
+            eng.add_request("late", late, params[0])
+
+    want, _ = _run(tiny_qwen3_moe, monkeypatch, False, prompts, params, PLACEMENTS["all-G"],
+                   script)
+    got, s = _run(tiny_qwen3_moe, monkeypatch, True, prompts, params, PLACEMENTS["all-G"],
+                  script)
+    assert got["r1"][2] is None and want["r1"][2] is None  # aborted before it finished
+    # the abort lands one step later in the token stream of an overlapped run at most
+    short, long_ = sorted((got["r1"][0], want["r1"][0]), key=len)
+    assert short == long_[:len(short)] and len(long_) - len(short) <= 1
+    assert len(short) < 28
+    for k in ("r0", "r2", "late"):
+        assert got[k][0] == want[k][0], k
+        assert max(abs(x - y) for x, y in zip(got[k][1], want[k][1])) < 1e-5, k
+    assert s["engine.overlapped_steps"] > 0
+
+
+def test_sampled_requests_keep_the_synchronous_path(tiny_qwen3_moe, monkeypatch):
+    """A request that samples (temperature > 0, seeded) is never overlapped: its tokens come
+    from the host's generator, step by step, exactly as without overlap."""
+    prompts = [prompt_ids(320, n, seed=n) for n in (15, 29)]
+    params = [SamplingParams(temperature=0.8, top_p=0.9, seed=7, max_tokens=12, logprobs=1),
+              SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=1)]
+    want, _ = _run(tiny_qwen3_moe, monkeypatch, False, prompts, params, PLACEMENTS["all-G"])
+    got, s = _run(tiny_qwen3_moe, monkeypatch, True, prompts, params, PLACEMENTS["all-G"])
+    _same(got, want)
+    assert s["engine.overlapped_steps"] == 0
+
+
+def test_policy_change_and_synthetic_prefill_complete_the_step_in_flight(tiny_qwen3_moe,
+                                                                          monkeypatch):
+    """The bench's sequence: requests aborted with a step in flight, then the policy rebuilt,
+    or new requests filled synthetically; the step in flight is completed first."""
+    monkeypatch.setenv("WRITESCOPE_ASYNC_DECODE", "1")
+    llm = engine(tiny_qwen3_moe, **PLACEMENTS["all-G"])
+    eng = llm.engine
+    sp = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    for round_ in range(2):
+        for i in range(2):
+            eng.add_request(f"a{round_}{i}", prompt_ids(320, 20 + i, seed=i), sp)
+        eng.prefill_synthetic(seed=round_)
+        for _ in range(8):
+            assert len(eng.step()) == 2
+        assert eng._inflight is not None
+        for i in range(2):
+            eng.abort_request(f"a{round_}{i}")
+        assert not eng.has_unfinished_requests()
+    eng.set_kv_policy("transfer")
+    assert eng._inflight is None
+    out = llm.generate([prompt_ids(320, 25, seed=5)], GREEDY)
+    assert len(out[0].token_ids) == GREEDY.max_tokens
+
+
+def test_greedy_pending_matches_sample():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, 300, generator=g) * 4
+    s = Sampler()
+    want = s.sample(logits, [GREEDY] * 5, list(range(5)))
+    got = Sampler.greedy_pending(logits).result()
+    assert got[0] == want[0]
+    assert got[1] == pytest.approx(want[1], abs=0)
+
+
+def test_the_switch(monkeypatch):
+    from writescope.engine.inflight import overlap_enabled
+    for v, cpu, cuda in (("auto", False, True), ("1", True, True), ("0", False, False)):
+        monkeypatch.setenv("WRITESCOPE_ASYNC_DECODE", v)
+        assert overlap_enabled(torch.device("cpu")) is cpu
+        assert overlap_enabled(torch.device("cuda")) is cuda
+    monkeypatch.setenv("WRITESCOPE_ASYNC_DECODE", "sometimes")
+    with pytest.raises(ValueError, match="WRITESCOPE_ASYNC_DECODE"):
+        overlap_enabled(torch.device("cpu"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("placement", ["all-G", "G-then-T"])
+def test_overlapped_steps_on_cuda(all_tiny, placement, monkeypatch):
+    """On CUDA (the default there): CUDA graphs, resident steps and overlapped steps together
+    give the synchronous engine's tokens and transformers' (generate_checked); with all KV in
+    G most decode steps overlap, and once G is full ("G-then-T": later blocks in T) the steps
+    that read T do not."""
+    from test_parity import generate_checked
+    opts = (dict(PLACEMENTS["all-G"]) if placement == "all-G"
+            else dict(kv_policy="transfer", num_gpu_blocks=4))
+    opts["device"] = "cuda"
+    lens, news = (5, 20, 30), (17, 30, 24)
+    prompts = [prompt_ids(320, n, seed=n) for n in lens]
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True, logprobs=1)
+              for m in news]
+    want, _ = _run(all_tiny, monkeypatch, False, prompts, params, opts)
+    got, s = _run(all_tiny, monkeypatch, True, prompts, params, opts)
+    assert got.keys() == want.keys()
+    for k in got:
+        assert got[k][0] == want[k][0], k
+        assert max(abs(x - y) for x, y in zip(got[k][1], want[k][1])) < 1e-4, k
+    if placement == "all-G":
+        assert s["engine.overlapped_steps"] >= sum(news) // 3 // 2, s
+        assert s["graphs.resident_steps"] > 0, s
+    else:
+        assert s["engine.overlapped_steps"] < s["engine.steps"] // 2, s
+    monkeypatch.setenv("WRITESCOPE_ASYNC_DECODE", "auto")
+    generate_checked(all_tiny, **opts)
