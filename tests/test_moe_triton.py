@@ -29,6 +29,11 @@ for E, H, I, n, k, dt in ((6, 40, 24, 3, 2, torch.float32), (8, 64, 48, 1, 3, to
     assert got.dtype == x.dtype and got.shape == x.shape
     err = ((got.double() - ref).norm() / ref.norm()).item()
     assert err < (1e-5 if dt == torch.float32 else 1e-2), (E, H, I, n, k, dt, err)
+    # other launch settings (the bench's sweep): blocks that do not divide the sizes
+    got = fused_experts(x, idx, w, gu, dn, config={"gate_up_rows": 8, "gate_up_block_h": 32,
+                                                   "down_rows": 4, "down_block_i": 16})
+    err = ((got.double() - ref).norm() / ref.norm()).item()
+    assert err < (1e-5 if dt == torch.float32 else 1e-2), (E, H, I, n, k, dt, err, "config")
 empty = fused_experts(x[:0], idx[:0], w[:0], gu, dn)
 assert empty.shape == (0, x.shape[1])
 print("ok")
@@ -62,11 +67,17 @@ def test_engine_with_fused_moe_matches_transformers(all_tiny, monkeypatch):
     assert [o.token_ids for o in a] == [o.token_ids for o in b]
 
 
-def test_gate_up_programs_fill_the_gpu():
-    """Few routed pairs: narrower gate/up programs, so that a launch has >= TARGET_PROGRAMS."""
+def test_programs_fill_the_gpu():
+    """Few routed pairs: narrower gate/up and down programs, so that a launch has >=
+    TARGET_PROGRAMS."""
     from writescope.layers.moe_triton import gate_up_rows
     assert gate_up_rows(16, 768) == 16      # Qwen3-30B-A3B, 2 tokens x 8 experts: 768 programs
     assert gate_up_rows(24, 1408) == 64     # DeepSeek-V2-Lite, 4 x 6: 24 x 22 = 528 already
     assert gate_up_rows(4, 14336) == 64     # Mixtral, 2 x 2
     assert gate_up_rows(1, 24) == 16        # never below 16 rows
     assert gate_up_rows(128, 768) == 64
+    from writescope.layers.moe_triton import down_rows
+    assert down_rows(2, 2048) == 8          # Qwen3-30B-A3B, 2 tokens: 2 x 256 = 512 programs
+    assert down_rows(16, 2048) == 32        # 16 x 64 = 1024 already at 32 outputs
+    assert down_rows(128, 4096) == 64
+    assert down_rows(1, 24) == 8            # never below 8 outputs

@@ -8,10 +8,13 @@ Here every (token, slot) pair is one row of two GEMV launches that read the chos
 weights in place from the stacked ``gate_up [E, 2I, H]`` / ``down [E, H, I]`` tensors:
 
 1. ``h[s] = silu(W_gate[e_s] x[t_s]) * (W_up[e_s] x[t_s])``  -- grid (slots, I / BLOCK_I)
-2. ``y[s] = w_s * W_down[e_s] h[s]``                         -- grid (slots, H / BLOCK_O)
+2. ``out[t] = sum_j w_j * W_down[e_j] h[t*k + j]``          -- grid (tokens, H / BLOCK_O)
 
-and ``out[t] = sum_j y[t*k + j]`` (one reduction). Accumulation is fp32; loop bounds are
-compile-time constants, so Triton's CPU interpreter runs the kernels too (the tests do).
+Accumulation is fp32, per (row, column) across the loop and reduced once at its end; the
+second kernel sums a token's experts in slot order and writes the model's dtype (until the
+thirty-third session: one program per slot, an fp32 buffer of every slot's output, then a
+sum and a cast, three more kernels a layer). Loop bounds are compile-time constants, so
+Triton's CPU interpreter runs the kernels too (the tests do).
 
 On by default on CUDA (``WRITESCOPE_FUSED_MOE=0`` turns it off): :class:`~writescope.layers.moe.
 StackedExperts` uses it for steps of at most ``MAX_SLOTS`` (token, expert) pairs. On the H200
@@ -55,45 +58,55 @@ def _kernels():
         t = (s // K).to(tl.int64)
         wg = W + e * stride_we + i.to(tl.int64)[:, None] * stride_wr
         wu = wg + INTER * stride_wr
-        acc_g = tl.zeros([BLOCK_I], dtype=tl.float32)
-        acc_u = tl.zeros([BLOCK_I], dtype=tl.float32)
+        # products accumulate per (row, column) and each row is reduced once, after the loop:
+        # no cross-lane reduction between the loads of one block and the next
+        acc_g = tl.zeros([BLOCK_I, BLOCK_H], dtype=tl.float32)
+        acc_u = tl.zeros([BLOCK_I, BLOCK_H], dtype=tl.float32)
         for h0 in range(0, HID, BLOCK_H):
             h = h0 + tl.arange(0, BLOCK_H)
             hmask = h < HID
             x = tl.load(X + t * HID + h, mask=hmask, other=0.0).to(tl.float32)
             m = imask[:, None] & hmask[None, :]
-            g = tl.load(wg + h[None, :], mask=m, other=0.0).to(tl.float32)
-            u = tl.load(wu + h[None, :], mask=m, other=0.0).to(tl.float32)
-            acc_g += tl.sum(g * x[None, :], axis=1)
-            acc_u += tl.sum(u * x[None, :], axis=1)
-        act = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+            g = tl.load(wg + h[None, :], mask=m, other=0.0)
+            u = tl.load(wu + h[None, :], mask=m, other=0.0)
+            acc_g += g.to(tl.float32) * x[None, :]
+            acc_u += u.to(tl.float32) * x[None, :]
+        sg = tl.sum(acc_g, axis=1)
+        su = tl.sum(acc_u, axis=1)
+        act = sg / (1.0 + tl.exp(-sg)) * su
         tl.store(HOUT + s.to(tl.int64) * INTER + i, act, mask=imask)
 
     @triton.jit
-    def down_kernel(HIN, IDX, WTS, W, Y, stride_we, stride_wr,
-                    HID: tl.constexpr, INTER: tl.constexpr,
+    def down_kernel(HIN, IDX, WTS, W, OUT, stride_we, stride_wr,
+                    K: tl.constexpr, HID: tl.constexpr, INTER: tl.constexpr,
                     BLOCK_O: tl.constexpr, BLOCK_I: tl.constexpr):
-        s = tl.program_id(0)
+        # one program: BLOCK_O outputs of one token over all its K experts, each expert's
+        # intermediate row scaled by its routing weight, in slot order (deterministic), written
+        # in the output's dtype: no per-slot buffer, no separate sum over the slots
+        t = tl.program_id(0).to(tl.int64)
         o = tl.program_id(1) * BLOCK_O + tl.arange(0, BLOCK_O)
         omask = o < HID
-        e = tl.load(IDX + s).to(tl.int64)
-        wd = W + e * stride_we + o.to(tl.int64)[:, None] * stride_wr
-        acc = tl.zeros([BLOCK_O], dtype=tl.float32)
-        for i0 in range(0, INTER, BLOCK_I):
-            i = i0 + tl.arange(0, BLOCK_I)
-            imask = i < INTER
-            h = tl.load(HIN + s.to(tl.int64) * INTER + i, mask=imask, other=0.0)
-            d = tl.load(wd + i[None, :], mask=omask[:, None] & imask[None, :], other=0.0)
-            acc += tl.sum(d.to(tl.float32) * h[None, :], axis=1)
-        wt = tl.load(WTS + s).to(tl.float32)
-        tl.store(Y + s.to(tl.int64) * HID + o, acc * wt, mask=omask)
+        acc = tl.zeros([BLOCK_O, BLOCK_I], dtype=tl.float32)
+        for j in range(K):
+            s = t * K + j
+            e = tl.load(IDX + s).to(tl.int64)
+            wt = tl.load(WTS + s).to(tl.float32)
+            wd = W + e * stride_we + o.to(tl.int64)[:, None] * stride_wr
+            for i0 in range(0, INTER, BLOCK_I):
+                i = i0 + tl.arange(0, BLOCK_I)
+                imask = i < INTER
+                h = tl.load(HIN + s * INTER + i, mask=imask, other=0.0) * wt
+                d = tl.load(wd + i[None, :], mask=omask[:, None] & imask[None, :], other=0.0)
+                acc += d.to(tl.float32) * h[None, :]
+        y = tl.sum(acc, axis=1)
+        tl.store(OUT + t * HID + o, y.to(OUT.dtype.element_ty), mask=omask)
 
     from ..attention.launch import FastLaunch
     return FastLaunch(gate_up_kernel), FastLaunch(down_kernel)
 
 
-def _pow2(n: int, cap: int) -> int:
-    return min(cap, 1 << max(4, (int(n) - 1).bit_length()))
+def _pow2(n: int, cap: int, floor: int = 16) -> int:
+    return min(cap, 1 << max(floor.bit_length() - 1, (int(n) - 1).bit_length()))
 
 
 def gate_up_rows(slots: int, inter: int) -> int:
@@ -111,11 +124,29 @@ def gate_up_rows(slots: int, inter: int) -> int:
     return bi
 
 
+def down_rows(tokens: int, hid: int) -> int:
+    """Outputs per down program (each reads its token's K experts' rows): 64, halved (down to
+    8) while the launch has fewer than ``TARGET_PROGRAMS`` programs."""
+    from ..attention.gpu import TARGET_PROGRAMS
+    bo = _pow2(hid, 64, 8)
+    while bo > 8 and tokens * -(-hid // bo) < TARGET_PROGRAMS:
+        bo //= 2
+    return bo
+
+
+#: launch settings the bench may override (``bench/gpu_experts.py`` sweeps them): None keeps
+#: the defaults chosen by :func:`gate_up_rows` / :func:`down_rows` and the block widths below
+GATE_UP_BLOCK_H = 128
+DOWN_BLOCK_I = 128
+
+
 def fused_experts(x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, gate_up: torch.Tensor,
-                  down: torch.Tensor) -> torch.Tensor:
+                  down: torch.Tensor, config: dict | None = None) -> torch.Tensor:
     """``sum_j w[t, j] * expert_{idx[t, j]}(x[t])`` for ``x [n, H]``, ``idx``/``w [n, k]``,
     ``gate_up [E, 2I, H]`` and ``down [E, H, I]`` (rows contiguous). Same contract as
-    :func:`~writescope.layers.moe.run_experts`."""
+    :func:`~writescope.layers.moe.run_experts`. ``config`` (benchmarks): ``gate_up_rows``,
+    ``gate_up_block_h``, ``down_rows``, ``down_block_i``, ``gate_up_warps``, ``down_warps``
+    instead of the defaults."""
     n, k = idx.shape
     E, two_i, hid = gate_up.shape
     inter = two_i // 2
@@ -125,21 +156,24 @@ def fused_experts(x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, gate_up: 
     if gate_up.stride(2) != 1 or down.stride(2) != 1:
         raise ValueError("expert weights need contiguous rows")
     slots = n * k
-    out = torch.zeros_like(x)
+    out = torch.empty_like(x)
     if slots == 0:
         return out
+    c = config or {}
     gate_up_kernel, down_kernel = _kernels()
     xc = x.contiguous()
     ids = idx.reshape(-1).to(torch.int32).contiguous()
     wts = w.reshape(-1).to(torch.float32).contiguous()
     h = torch.empty(slots, inter, dtype=torch.float32, device=x.device)
-    y = torch.empty(slots, hid, dtype=torch.float32, device=x.device)
-    bi, bh = gate_up_rows(slots, inter), _pow2(hid, 128)
+    bi = c.get("gate_up_rows") or gate_up_rows(slots, inter)
+    bh = c.get("gate_up_block_h") or _pow2(hid, GATE_UP_BLOCK_H)
+    opts = {"num_warps": c["gate_up_warps"]} if c.get("gate_up_warps") else {}
     gate_up_kernel[(slots, -(-inter // bi))](xc, ids, gate_up, h, gate_up.stride(0),
                                              gate_up.stride(1), K=k, HID=hid, INTER=inter,
-                                             BLOCK_I=bi, BLOCK_H=bh)
-    bo, bi2 = _pow2(hid, 64), _pow2(inter, 128)
-    down_kernel[(slots, -(-hid // bo))](h, ids, wts, down, y, down.stride(0), down.stride(1),
-                                        HID=hid, INTER=inter, BLOCK_O=bo, BLOCK_I=bi2)
-    out.copy_(y.view(n, k, hid).sum(1))
+                                             BLOCK_I=bi, BLOCK_H=bh, **opts)
+    bo = c.get("down_rows") or down_rows(n, hid)
+    bi2 = c.get("down_block_i") or _pow2(inter, DOWN_BLOCK_I)
+    opts = {"num_warps": c["down_warps"]} if c.get("down_warps") else {}
+    down_kernel[(n, -(-hid // bo))](h, ids, wts, down, out, down.stride(0), down.stride(1),
+                                    K=k, HID=hid, INTER=inter, BLOCK_O=bo, BLOCK_I=bi2, **opts)
     return out

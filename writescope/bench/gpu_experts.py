@@ -1,0 +1,140 @@
+"""``python -m writescope.bench.gpu_experts [--json FILE] [--sweep]``: the decode step's routed
+experts on the GPU (``layers/moe_triton.py``), GB/s of expert weights read against the HBM
+copy bandwidth measured in the same run.
+
+For each reference model's expert shape and a few decode batch sizes (tokens per step), a
+stack of ``--layers`` layers' experts (random bf16, far larger than the L2 cache) is run layer
+after layer, as a decode step runs them, with random top-k routing; the time per layer is the
+median over ``--reps`` passes (device events around a pass). Bytes are the distinct experts'
+gate/up and down weights a layer reads. ``torch`` is the expert-by-expert path
+(``moe.run_experts``) on the same routing, for scale. ``--sweep`` also times other launch
+settings (rows per program, block widths, warps) of the two kernels and prints the fastest
+(the defaults are chosen from such runs).
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import platform
+import sys
+
+import torch
+
+from ..layers import moe_triton
+from ..layers.moe import run_experts
+from ..models.config import ModelConfig
+from .gpu_attention import _events_time, measure_hbm
+from .provenance import git_commit, source_digest
+
+MODELS = ("deepseek-v2-lite", "qwen3-30b-a3b", "mixtral-8x7b")
+
+
+def sweep_configs() -> list[dict]:
+    out = []
+    for gr, gh, gw in itertools.product((8, 16, 32), (128, 256), (4, 8)):
+        out.append({"gate_up_rows": gr, "gate_up_block_h": gh, "gate_up_warps": gw})
+    for dr, di, dw in itertools.product((4, 8, 16), (128, 256), (4, 8)):
+        out.append({"down_rows": dr, "down_block_i": di, "down_warps": dw})
+    return out
+
+
+def _routing(n: int, e: int, k: int, gen: torch.Generator, dev) -> tuple[torch.Tensor, torch.Tensor]:
+    idx = torch.rand(n, e, generator=gen).topk(k, dim=-1).indices
+    w = torch.rand(n, k, generator=gen).softmax(-1)
+    return idx.to(dev), w.to(dev)
+
+
+def case(name: str, n: int, layers: int, reps: int, dev, configs: list[dict], torch_ref: bool,
+         gen: torch.Generator) -> dict:
+    cfg = ModelConfig.from_hf(name)
+    E, k, H, I = cfg.num_experts, cfg.num_experts_per_tok, cfg.hidden_size, cfg.moe_intermediate_size
+    dt = torch.bfloat16
+    gu = [torch.randn(E, 2 * I, H, device=dev, dtype=dt) * 0.02 for _ in range(layers)]
+    dn = [torch.randn(E, H, I, device=dev, dtype=dt) * 0.02 for _ in range(layers)]
+    x = torch.randn(n, H, device=dev, dtype=dt)
+    routes = [_routing(n, E, k, gen, dev) for _ in range(layers)]
+    distinct = sum(len(set(r[0].reshape(-1).tolist())) for r in routes) / layers
+    layer_bytes = distinct * 3 * I * H * 2
+
+    def pass_(config):
+        def f():
+            for li in range(layers):
+                moe_triton.fused_experts(x, *routes[li], gu[li], dn[li], config=config)
+        return f
+
+    res = {"model": name, "tokens": n, "experts_per_token": k, "hidden": H, "inter": I,
+           "distinct_experts": distinct, "layer_bytes": layer_bytes,
+           "default_rows": {"gate_up": moe_triton.gate_up_rows(n * k, I),
+                            "down": moe_triton.down_rows(n, H)}}
+    want = run_experts(x.float(), routes[0][0], routes[0][1].float(),
+                       lambda e: (gu[0][e].float(), dn[0][e].float()))
+    rows = []
+    for config in [None] + configs:
+        try:
+            got = moe_triton.fused_experts(x, *routes[0], gu[0], dn[0], config=config).float()
+            err = ((got - want).norm() / want.norm()).item()
+            pass_(config)()  # compile
+            t = _events_time(pass_(config), reps) / layers
+        except Exception as e:  # noqa: BLE001 - a setting Triton cannot build: reported, skipped
+            rows.append({"config": config, "error": f"{type(e).__name__}: {e}"})
+            continue
+        rows.append({"config": config, "us": t * 1e6, "gbps": layer_bytes / t / 1e9, "rel_err": err})
+    res["default"] = rows[0]
+    ok = [r for r in rows if "us" in r]
+    res["best"] = min(ok, key=lambda r: r["us"]) if ok else None
+    res["variants"] = rows[1:]
+    if torch_ref:
+        def torch_pass():
+            for li in range(layers):
+                run_experts(x, *routes[li], lambda e, li=li: (gu[li][e], dn[li][e]))
+        torch_pass()
+        res["torch_gbps"] = layer_bytes / (_events_time(torch_pass, max(1, reps // 3)) / layers) / 1e9
+    del gu, dn
+    torch.cuda.empty_cache()
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--tokens", default="1,2,4,8", help="decode tokens per step (comma list)")
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--sweep", action="store_true", help="also time other launch settings")
+    ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("gpu_experts: needs CUDA", file=sys.stderr)
+        return 2
+    dev = torch.device("cuda")
+    hbm = measure_hbm(dev)
+    gen = torch.Generator().manual_seed(0)
+    configs = sweep_configs() if args.sweep else []
+    results = []
+    print(f"HBM copy bandwidth: {hbm:.0f} GB/s (read + write)")
+    print(f"{'model':<18} {'tok':>3} {'experts':>7} {'MB/layer':>8} {'us':>7} {'GB/s':>6} "
+          f"{'of HBM':>6} {'best us':>7} {'best GB/s':>9} {'torch GB/s':>10}")
+    for name in args.models.split(","):
+        for n in (int(t) for t in args.tokens.split(",")):
+            r = case(name, n, args.layers, args.reps, dev, configs, not args.no_torch, gen)
+            results.append(r)
+            d, b = r["default"], r["best"]
+            print(f"{name:<18} {n:>3} {r['distinct_experts']:>7.1f} {r['layer_bytes'] / 1e6:>8.1f} "
+                  f"{d.get('us', float('nan')):>7.1f} {d.get('gbps', float('nan')):>6.0f} "
+                  f"{d.get('gbps', 0) / hbm:>6.0%} {b['us']:>7.1f} {b['gbps']:>9.0f} "
+                  f"{r.get('torch_gbps', float('nan')):>10.0f}" + (f"  best: {b['config']}" if args.sweep else ""))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"command": " ".join(["python -m writescope.bench.gpu_experts"] + list(argv or sys.argv[1:])),
+                       "commit": git_commit(), "source_digest": source_digest(),
+                       "machine": {"gpu": torch.cuda.get_device_name(dev), "python": platform.python_version(),
+                                   "torch": torch.__version__},
+                       "hbm_copy_gbps": hbm, "results": results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
