@@ -77,7 +77,8 @@ def test_programs_fill_the_gpu():
     assert gate_up_rows(1, 24) == 16        # never below 16 rows
     assert gate_up_rows(128, 768) == 64
     from writescope.layers.moe_triton import down_rows
-    assert down_rows(2, 2048) == 8          # Qwen3-30B-A3B, 2 tokens: 2 x 256 = 512 programs
-    assert down_rows(16, 2048) == 32        # 16 x 64 = 1024 already at 32 outputs
-    assert down_rows(128, 4096) == 64
-    assert down_rows(1, 24) == 8            # never below 8 outputs
+    assert down_rows(2, 2048, 8) == 8       # Qwen3-30B-A3B, 2 tokens: 2 x 256 = 512 programs
+    assert down_rows(16, 2048, 8) == 16     # 8 experts a load: at most 128 rows a tile
+    assert down_rows(16, 2048, 1) == 32     # 16 x 64 = 1024 already at 32 outputs
+    assert down_rows(128, 4096, 2) == 64
+    assert down_rows(1, 24, 8) == 8         # never below 8 outputs

@@ -5,7 +5,8 @@ copy bandwidth measured in the same run.
 For each reference model's expert shape and a few decode batch sizes (tokens per step), a
 stack of ``--layers`` layers' experts (random bf16, far larger than the L2 cache) is run layer
 after layer, as a decode step runs them, with random top-k routing; the time per layer is the
-median over ``--reps`` passes (device events around a pass). Bytes are the distinct experts'
+median over ``--reps`` passes (device events around a pass, captured as one CUDA graph as the
+engine's decode steps are). Bytes are the distinct experts'
 gate/up and down weights a layer reads. ``torch`` is the expert-by-expert path
 (``moe.run_experts``) on the same routing, for scale. ``--sweep`` also times other launch
 settings (rows per program, block widths, warps) of the two kernels and prints the fastest
@@ -32,9 +33,9 @@ MODELS = ("deepseek-v2-lite", "qwen3-30b-a3b", "mixtral-8x7b")
 
 def sweep_configs() -> list[dict]:
     out = []
-    for gr, gh, gw in itertools.product((8, 16, 32), (128, 256), (4, 8)):
+    for gr, gh, gw in itertools.product((8, 16, 32, 64), (64, 128, 256, 512), (4, 8)):
         out.append({"gate_up_rows": gr, "gate_up_block_h": gh, "gate_up_warps": gw})
-    for dr, di, dw in itertools.product((4, 8, 16), (128, 256), (4, 8)):
+    for dr, di, dw in itertools.product((4, 8, 16, 32), (64, 128, 256, 512), (4, 8)):
         out.append({"down_rows": dr, "down_block_i": di, "down_warps": dw})
     return out
 
@@ -58,10 +59,22 @@ def case(name: str, n: int, layers: int, reps: int, dev, configs: list[dict], to
     layer_bytes = distinct * 3 * I * H * 2
 
     def pass_(config):
+        """The layers' calls as one CUDA graph's replay, as the engine's decode steps run them:
+        the device time, without the host's per-call launches (a few tens of microseconds of
+        Python a call, more than a small layer's kernels take)."""
         def f():
             for li in range(layers):
                 moe_triton.fused_experts(x, *routes[li], gu[li], dn[li], config=config)
-        return f
+        f()  # compile
+        side = torch.cuda.Stream(dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):
+            f()
+        torch.cuda.current_stream(dev).wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            f()
+        return g.replay
 
     res = {"model": name, "tokens": n, "experts_per_token": k, "hidden": H, "inter": I,
            "distinct_experts": distinct, "layer_bytes": layer_bytes,
@@ -74,7 +87,6 @@ def case(name: str, n: int, layers: int, reps: int, dev, configs: list[dict], to
         try:
             got = moe_triton.fused_experts(x, *routes[0], gu[0], dn[0], config=config).float()
             err = ((got - want).norm() / want.norm()).item()
-            pass_(config)()  # compile
             t = _events_time(pass_(config), reps) / layers
         except Exception as e:  # noqa: BLE001 - a setting Triton cannot build: reported, skipped
             rows.append({"config": config, "error": f"{type(e).__name__}: {e}"})

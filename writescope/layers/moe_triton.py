@@ -78,27 +78,32 @@ def _kernels():
 
     @triton.jit
     def down_kernel(HIN, IDX, WTS, W, OUT, stride_we, stride_wr,
-                    K: tl.constexpr, HID: tl.constexpr, INTER: tl.constexpr,
+                    K: tl.constexpr, KP: tl.constexpr, HID: tl.constexpr, INTER: tl.constexpr,
                     BLOCK_O: tl.constexpr, BLOCK_I: tl.constexpr):
-        # one program: BLOCK_O outputs of one token over all its K experts, each expert's
-        # intermediate row scaled by its routing weight, in slot order (deterministic), written
-        # in the output's dtype: no per-slot buffer, no separate sum over the slots
+        # one program: BLOCK_O outputs of one token over all its K experts at once (a
+        # [KP, BLOCK_O, BLOCK_I] tile a load, KP = K to the power of two, the padding masked),
+        # each expert's rows summed over the intermediate size, then weighted and summed over
+        # the experts in slot order (deterministic), written in the output's dtype: no per-slot
+        # buffer, no separate sum over the slots
         t = tl.program_id(0).to(tl.int64)
         o = tl.program_id(1) * BLOCK_O + tl.arange(0, BLOCK_O)
         omask = o < HID
-        acc = tl.zeros([BLOCK_O, BLOCK_I], dtype=tl.float32)
-        for j in range(K):
-            s = t * K + j
-            e = tl.load(IDX + s).to(tl.int64)
-            wt = tl.load(WTS + s).to(tl.float32)
-            wd = W + e * stride_we + o.to(tl.int64)[:, None] * stride_wr
-            for i0 in range(0, INTER, BLOCK_I):
-                i = i0 + tl.arange(0, BLOCK_I)
-                imask = i < INTER
-                h = tl.load(HIN + s * INTER + i, mask=imask, other=0.0) * wt
-                d = tl.load(wd + i[None, :], mask=omask[:, None] & imask[None, :], other=0.0)
-                acc += d.to(tl.float32) * h[None, :]
-        y = tl.sum(acc, axis=1)
+        j = tl.arange(0, KP)
+        jmask = j < K
+        s = t * K + j
+        e = tl.load(IDX + s, mask=jmask, other=0).to(tl.int64)
+        wt = tl.load(WTS + s, mask=jmask, other=0.0).to(tl.float32)
+        wrow = W + e[:, None, None] * stride_we + o.to(tl.int64)[None, :, None] * stride_wr
+        hrow = HIN + s[:, None] * INTER
+        rmask = jmask[:, None, None] & omask[None, :, None]
+        acc = tl.zeros([KP, BLOCK_O, BLOCK_I], dtype=tl.float32)
+        for i0 in range(0, INTER, BLOCK_I):
+            i = i0 + tl.arange(0, BLOCK_I)
+            imask = i < INTER
+            h = tl.load(hrow + i[None, :], mask=jmask[:, None] & imask[None, :], other=0.0)
+            d = tl.load(wrow + i[None, None, :], mask=rmask & imask[None, None, :], other=0.0)
+            acc += d.to(tl.float32) * h[:, None, :]
+        y = tl.sum(tl.sum(acc, axis=2) * wt[:, None], axis=0)
         tl.store(OUT + t * HID + o, y.to(OUT.dtype.element_ty), mask=omask)
 
     from ..attention.launch import FastLaunch
@@ -124,20 +129,27 @@ def gate_up_rows(slots: int, inter: int) -> int:
     return bi
 
 
-def down_rows(tokens: int, hid: int) -> int:
-    """Outputs per down program (each reads its token's K experts' rows): 64, halved (down to
-    8) while the launch has fewer than ``TARGET_PROGRAMS`` programs."""
+def down_rows(tokens: int, hid: int, k_pow2: int = 1) -> int:
+    """Outputs per down program (each reads its token's K experts' rows, ``k_pow2`` = K to the
+    power of two of them a load): at most 128 rows a tile and 64 outputs, halved (down to 8)
+    while the launch has fewer than ``TARGET_PROGRAMS`` programs."""
     from ..attention.gpu import TARGET_PROGRAMS
-    bo = _pow2(hid, 64, 8)
+    bo = _pow2(hid, max(8, min(64, 128 // k_pow2)), 8)
     while bo > 8 and tokens * -(-hid // bo) < TARGET_PROGRAMS:
         bo //= 2
     return bo
 
 
-#: launch settings the bench may override (``bench/gpu_experts.py`` sweeps them): None keeps
-#: the defaults chosen by :func:`gate_up_rows` / :func:`down_rows` and the block widths below
-GATE_UP_BLOCK_H = 128
-DOWN_BLOCK_I = 128
+#: bytes of weights one program loads per loop step (both kernels): enough in flight per SM to
+#: keep HBM busy with a few programs resident, few enough registers for the accumulators
+TILE_BYTES = 16384
+
+
+def _width(tile_rows: int, n: int, itemsize: int) -> int:
+    """The loop's block width: ``TILE_BYTES`` over ``tile_rows`` rows, a power of two in
+    [32, 512], no wider than ``n`` to the power of two."""
+    w = 1 << max(5, (TILE_BYTES // max(1, tile_rows * itemsize)).bit_length() - 1)
+    return max(32, min(512, w, _pow2(n, 512, 32)))
 
 
 def fused_experts(x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, gate_up: torch.Tensor,
@@ -165,15 +177,17 @@ def fused_experts(x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, gate_up: 
     ids = idx.reshape(-1).to(torch.int32).contiguous()
     wts = w.reshape(-1).to(torch.float32).contiguous()
     h = torch.empty(slots, inter, dtype=torch.float32, device=x.device)
+    isz = gate_up.element_size()
     bi = c.get("gate_up_rows") or gate_up_rows(slots, inter)
-    bh = c.get("gate_up_block_h") or _pow2(hid, GATE_UP_BLOCK_H)
-    opts = {"num_warps": c["gate_up_warps"]} if c.get("gate_up_warps") else {}
+    bh = c.get("gate_up_block_h") or _width(2 * bi, hid, isz)
     gate_up_kernel[(slots, -(-inter // bi))](xc, ids, gate_up, h, gate_up.stride(0),
                                              gate_up.stride(1), K=k, HID=hid, INTER=inter,
-                                             BLOCK_I=bi, BLOCK_H=bh, **opts)
-    bo = c.get("down_rows") or down_rows(n, hid)
-    bi2 = c.get("down_block_i") or _pow2(inter, DOWN_BLOCK_I)
-    opts = {"num_warps": c["down_warps"]} if c.get("down_warps") else {}
+                                             BLOCK_I=bi, BLOCK_H=bh,
+                                             num_warps=c.get("gate_up_warps") or 8)
+    kp = 1 << (k - 1).bit_length()
+    bo = c.get("down_rows") or down_rows(n, hid, kp)
+    bi2 = c.get("down_block_i") or _width(kp * bo, inter, isz)
     down_kernel[(n, -(-hid // bo))](h, ids, wts, down, out, down.stride(0), down.stride(1),
-                                    K=k, HID=hid, INTER=inter, BLOCK_O=bo, BLOCK_I=bi2, **opts)
+                                    K=k, KP=kp, HID=hid, INTER=inter, BLOCK_O=bo, BLOCK_I=bi2,
+                                    num_warps=c.get("down_warps") or 8)
     return out
