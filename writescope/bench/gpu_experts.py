@@ -33,9 +33,9 @@ MODELS = ("deepseek-v2-lite", "qwen3-30b-a3b", "mixtral-8x7b")
 
 def sweep_configs() -> list[dict]:
     out = []
-    for gr, gh, gw in itertools.product((8, 16, 32, 64), (64, 128, 256, 512), (4, 8)):
+    for gr, gh, gw in itertools.product((16, 64), (128, 256), (4, 8)):
         out.append({"gate_up_rows": gr, "gate_up_block_h": gh, "gate_up_warps": gw})
-    for dr, di, dw in itertools.product((4, 8, 16, 32), (64, 128, 256, 512), (4, 8)):
+    for dr, di, dw in itertools.product((8, 16), (128, 256, 512), (4, 8)):
         out.append({"down_rows": dr, "down_block_i": di, "down_warps": dw})
     return out
 

@@ -140,8 +140,14 @@ def down_rows(tokens: int, hid: int, k_pow2: int = 1) -> int:
     return bo
 
 
-#: bytes of weights one program loads per loop step (both kernels): enough in flight per SM to
-#: keep HBM busy with a few programs resident, few enough registers for the accumulators
+#: the gate/up kernel's block of the hidden size, and the down kernel's bytes of weights one
+#: program loads per loop step. Measured in the engine's steps on the H200 (2026-12-03h calls 2
+#: and 3, ``step_profile``): gate/up with 128 columns and 4 warps read Qwen3-30B-A3B's 2-token
+#: and DeepSeek-V2-Lite's 4-token gate/up weights in 1.47 and 1.66 ms a step (256 and 64
+#: columns over 8 warps: 1.68 and 2.25; the row-at-a-time form before: 1.71 and 2.00); the
+#: down kernel over 16 KB tiles of a token's experts, 8 warps, in 0.77 and 0.91 ms (a 2-D tile
+#: per expert: 0.91 and 1.03; one program per slot plus a sum: 0.65 + ~0.3 and 0.93 + ~0.15)
+GATE_UP_BLOCK_H = 128
 TILE_BYTES = 16384
 
 
@@ -179,11 +185,11 @@ def fused_experts(x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, gate_up: 
     h = torch.empty(slots, inter, dtype=torch.float32, device=x.device)
     isz = gate_up.element_size()
     bi = c.get("gate_up_rows") or gate_up_rows(slots, inter)
-    bh = c.get("gate_up_block_h") or _width(2 * bi, hid, isz)
+    bh = c.get("gate_up_block_h") or _pow2(hid, GATE_UP_BLOCK_H)
     gate_up_kernel[(slots, -(-inter // bi))](xc, ids, gate_up, h, gate_up.stride(0),
                                              gate_up.stride(1), K=k, HID=hid, INTER=inter,
                                              BLOCK_I=bi, BLOCK_H=bh,
-                                             num_warps=c.get("gate_up_warps") or 8)
+                                             num_warps=c.get("gate_up_warps") or 4)
     kp = 1 << (k - 1).bit_length()
     bo = c.get("down_rows") or down_rows(n, hid, kp)
     bi2 = c.get("down_block_i") or _width(kp * bo, inter, isz)
