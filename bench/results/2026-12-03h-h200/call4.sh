@@ -4,7 +4,7 @@
 # of the three models (step_profile); issue 6's experts-on-GPU 32K rows of all three models
 # with the overlapped decode steps; one DeepSeek-V2-Lite 4 x 128K writescope/transfer round.
 source bench/results/run-helper.sh
-call_begin 470
+call_begin 400
 gpu_tests 190
 run experts 40 python -m writescope.bench.gpu_experts --json $R/experts.json
 P=bench/profiles/h200.json
