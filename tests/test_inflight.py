@@ -110,9 +110,9 @@ def test_aborts_and_arrivals_between_overlapped_steps(tiny_qwen3_moe, monkeypatc
     assert s["engine.overlapped_steps"] > 0
 
 
-def test_sampled_requests_keep_the_synchronous_path(tiny_qwen3_moe, monkeypatch):
-    """A request that samples (temperature > 0, seeded) is never overlapped: its tokens come
-    from the host's generator, step by step, exactly as without overlap."""
+def test_seeded_sampling_keeps_the_synchronous_path(tiny_qwen3_moe, monkeypatch):
+    """A request that samples with a seed is never overlapped: its tokens come from its own host
+    generator, step by step, exactly as without overlap."""
     prompts = [prompt_ids(320, n, seed=n) for n in (15, 29)]
     params = [SamplingParams(temperature=0.8, top_p=0.9, seed=7, max_tokens=12, logprobs=1),
               SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=1)]
@@ -120,6 +120,22 @@ def test_sampled_requests_keep_the_synchronous_path(tiny_qwen3_moe, monkeypatch)
     got, s = _run(tiny_qwen3_moe, monkeypatch, True, prompts, params, PLACEMENTS["all-G"])
     _same(got, want)
     assert s["engine.overlapped_steps"] == 0
+
+
+def test_unseeded_sampling_is_overlapped(tiny_qwen3_moe, monkeypatch):
+    """Unseeded sampled requests (temperature, top-k, top-p) overlap: their tokens are drawn on
+    the device from its default generator. On the CPU that generator is the host's, drawn in
+    the same order, so a run from the same global seed gives the synchronous run's tokens."""
+    prompts = [prompt_ids(320, n, seed=n) for n in (15, 29, 40)]
+    params = [SamplingParams(temperature=0.8, top_p=0.9, max_tokens=14, logprobs=1),
+              SamplingParams(temperature=1.2, top_k=20, max_tokens=20, logprobs=1),
+              SamplingParams(temperature=0.0, max_tokens=17, ignore_eos=True, logprobs=1)]
+    torch.manual_seed(123)
+    want, _ = _run(tiny_qwen3_moe, monkeypatch, False, prompts, params, PLACEMENTS["all-G"])
+    torch.manual_seed(123)
+    got, s = _run(tiny_qwen3_moe, monkeypatch, True, prompts, params, PLACEMENTS["all-G"])
+    _same(got, want)
+    assert s["engine.overlapped_steps"] > 0
 
 
 def test_policy_change_and_synthetic_prefill_complete_the_step_in_flight(tiny_qwen3_moe,
@@ -146,14 +162,25 @@ def test_policy_change_and_synthetic_prefill_complete_the_step_in_flight(tiny_qw
     assert len(out[0].token_ids) == GREEDY.max_tokens
 
 
-def test_greedy_pending_matches_sample():
+def test_sample_pending_matches_sample():
+    """Greedy rows: the same tokens and log-probabilities as the host path. Unseeded sampled
+    rows on the CPU: the same draws from the same global seed. Seeded rows are refused."""
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(5, 300, generator=g) * 4
+    params = [GREEDY, SamplingParams(temperature=0.7, top_k=30), GREEDY,
+              SamplingParams(temperature=1.0, top_p=0.8), SamplingParams(temperature=0.0)]
     s = Sampler()
-    want = s.sample(logits, [GREEDY] * 5, list(range(5)))
-    got = Sampler.greedy_pending(logits).result()
+    torch.manual_seed(5)
+    want = s.sample(logits, params, list(range(5)))
+    torch.manual_seed(5)
+    got = s.sample_pending(logits, params).result()
     assert got[0] == want[0]
     assert got[1] == pytest.approx(want[1], abs=0)
+    assert Sampler.can_defer(params)
+    seeded = [GREEDY, SamplingParams(temperature=0.7, seed=3)]
+    assert not Sampler.can_defer(seeded)
+    with pytest.raises(ValueError, match="seeded"):
+        s.sample_pending(logits[:2], seeded)
 
 
 def test_the_switch(monkeypatch):

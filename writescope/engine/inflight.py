@@ -7,10 +7,13 @@ thirty-second session). vLLM v1's asynchronous scheduling hides that time; this 
 in writescope's terms:
 
 1. ``LLMEngine.step`` launches a step (``ModelRunner.launch(defer=True)``). When the step is
-   deferrable -- greedy decode tokens only, the cache step reads only G and W on the GPU and
-   completes no block (``InplaceKVCache.step_deferrable``), no CUDA graph waits to be captured,
-   no routed experts on the CPU -- the runner closes it without waiting for the device, and its
-   tokens are copied into page-locked memory behind its work (``Sampler.greedy_pending``).
+   deferrable -- decode tokens only, none of them seeded sampling (``Sampler.can_defer``: a
+   seeded request draws from its own host generator), the cache step reads only G and W on the
+   GPU and completes no block (``InplaceKVCache.step_deferrable``), no CUDA graph waits to be
+   captured, no routed experts on the CPU -- the runner closes it without waiting for the
+   device, and its tokens, chosen on the device (``Sampler.sample_pending``: greedy rows as
+   before, unseeded sampled rows from the device's generator), are copied into page-locked
+   memory behind its work.
 2. Before waiting for those tokens, the engine launches the step that follows
    (``Scheduler.followup``: the same requests, one token further), its input ids taken on the
    device from the first step's tokens. Then it waits for the first step's tokens, which the

@@ -87,7 +87,7 @@ class ModelRunner:
         the requests' token lists.
 
         ``defer``: the caller can take this step's tokens later (:meth:`collect`). Where the
-        step allows it -- a greedy decode step whose cache step is deferrable
+        step allows it -- a decode step with no seeded sampling whose cache step is deferrable
         (``cache.step_deferrable``), no CUDA graph waiting to be captured, no CPU expert calls --
         it is then closed without waiting for the device, and its tokens come back through
         page-locked memory (:attr:`Launched.pending`). Otherwise the step completes here, as
@@ -144,8 +144,8 @@ class ModelRunner:
             if (defer and decode and sampled and len(sampled) == len(batch.seqs)
                     and self.cache.step_deferrable and not self.experts_on_cpu
                     and (self.graphs is None or not self.graphs.has_pending)
-                    and all(s.request.params.greedy for s in sampled)):
-                pending = self.sampler.greedy_pending(logits)
+                    and self.sampler.can_defer([s.request.params for s in sampled])):
+                pending = self.sampler.sample_pending(logits, [s.request.params for s in sampled])
                 self.cache.end_step({"host_s": t1 - t0}, wait=False)
                 self.last_times = {"forward_host_s": t1 - t0, "device_tail_s": 0.0,
                                    "cpu_expert_s": None}

@@ -56,14 +56,46 @@ class Sampler:
         return g
 
     @staticmethod
-    def greedy_pending(logits: torch.Tensor) -> PendingTokens:
-        """Greedy tokens of ``logits [B, V]`` and their log-probabilities, computed on the
-        device as :meth:`sample` computes them, without waiting for them (the engine's
-        overlapped decode steps, ``engine/inflight.py``)."""
+    def can_defer(params: list[SamplingParams]) -> bool:
+        """Whether :meth:`sample_pending` can sample these rows on the device: greedy rows, and
+        sampled rows without a seed (a seeded row draws from its own host generator, step by
+        step, so that its tokens repeat across runs and devices)."""
+        return all(p.greedy or p.seed is None for p in params)
+
+    @staticmethod
+    def _filtered(logits_row: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+        """One row's logits after temperature, top-k and top-p (masked to -inf), on its device."""
+        row = logits_row / p.temperature
+        if p.top_k and p.top_k > 0:
+            kth = torch.topk(row, min(p.top_k, row.numel())).values[-1]
+            row = row.masked_fill(row < kth, float("-inf"))
+        if p.top_p < 1.0:
+            sorted_logits, order = torch.sort(row, descending=True)
+            probs = torch.softmax(sorted_logits, dim=-1)
+            cum = torch.cumsum(probs, dim=-1)
+            drop = cum - probs > p.top_p  # keep the smallest prefix whose mass reaches top_p
+            sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+            row = torch.full_like(row, float("-inf")).scatter(0, order, sorted_logits)
+        return row
+
+    def sample_pending(self, logits: torch.Tensor, params: list[SamplingParams]
+                       ) -> PendingTokens:
+        """:meth:`sample`'s tokens and log-probabilities computed on the device without
+        waiting for them (the engine's overlapped decode steps, ``engine/inflight.py``); only
+        where :meth:`can_defer`. Greedy rows are :meth:`sample`'s exactly; an unseeded sampled
+        row draws from the device's default generator instead of the host's (on the CPU the
+        same one, so the same tokens)."""
         logits = logits.float()
-        greedy = torch.argmax(logits, dim=-1)
-        chosen = torch.log_softmax(logits, dim=-1).gather(1, greedy.view(-1, 1)).view(-1)
-        return PendingTokens(greedy, chosen)
+        tokens = torch.argmax(logits, dim=-1)
+        for i, p in enumerate(params):
+            if p.greedy:
+                continue
+            if p.seed is not None:
+                raise ValueError("a seeded row is sampled on the host (Sampler.can_defer)")
+            probs = torch.softmax(self._filtered(logits[i], p), dim=-1)
+            tokens[i:i + 1] = torch.multinomial(probs, 1)
+        chosen = torch.log_softmax(logits, dim=-1).gather(1, tokens.view(-1, 1)).view(-1)
+        return PendingTokens(tokens, chosen)
 
     def sample(self, logits: torch.Tensor, params: list[SamplingParams], seq_ids: list[int]
                ) -> tuple[list[int], list[float]]:
@@ -75,18 +107,7 @@ class Sampler:
         for i, p in enumerate(params):
             if p.greedy:
                 continue
-            row = logits[i] / p.temperature
-            if p.top_k and p.top_k > 0:
-                kth = torch.topk(row, min(p.top_k, row.numel())).values[-1]
-                row = row.masked_fill(row < kth, float("-inf"))
-            if p.top_p < 1.0:
-                sorted_logits, order = torch.sort(row, descending=True)
-                probs = torch.softmax(sorted_logits, dim=-1)
-                cum = torch.cumsum(probs, dim=-1)
-                drop = cum - probs > p.top_p  # keep the smallest prefix whose mass reaches top_p
-                sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-                row = torch.full_like(row, float("-inf")).scatter(0, order, sorted_logits)
-            probs = torch.softmax(row, dim=-1).cpu()
+            probs = torch.softmax(self._filtered(logits[i], p), dim=-1).cpu()
             gen = self._generator(seq_ids[i], p.seed, logits.device)
             out[i] = int(torch.multinomial(probs, 1, generator=gen).item())
         idx = torch.tensor(out, device=logits.device)
