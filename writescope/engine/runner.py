@@ -24,7 +24,6 @@ class Launched:
     tokens: list[int] | None = None
     logprobs: list[float] | None = None
     pending: PendingTokens | None = None
-    t_launched: float = 0.0
 
     @property
     def deferred(self) -> bool:
@@ -149,7 +148,7 @@ class ModelRunner:
                 self.cache.end_step({"host_s": t1 - t0}, wait=False)
                 self.last_times = {"forward_host_s": t1 - t0, "device_tail_s": 0.0,
                                    "cpu_expert_s": None}
-                return Launched(batch, pending=pending, t_launched=t1)
+                return Launched(batch, pending=pending)
             # the CPU expert calls the device waits for (their kernel seconds go to the planner
             # with the step's timing), then the step's end, which waits for the device
             expert_s = raise_pending_errors()

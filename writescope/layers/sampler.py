@@ -12,7 +12,7 @@ from ..core import SamplingParams
 
 
 class PendingTokens:
-    """Greedy tokens and their log-probabilities still on their way from the device: copied into
+    """Sampled tokens and their log-probabilities still on their way from the device: copied into
     page-locked host memory behind the step's work, read by :meth:`result` (which waits for the
     copies, not for work queued after them)."""
 
@@ -28,9 +28,6 @@ class PendingTokens:
             self._event.record(torch.cuda.current_stream(tokens.device))
         else:
             self._host, self._event = (tokens, logprobs), None
-
-    def ready(self) -> bool:
-        return self._event is None or self._event.query()
 
     def result(self) -> tuple[list[int], list[float]]:
         if self._event is not None:
