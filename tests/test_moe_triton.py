@@ -82,3 +82,22 @@ def test_programs_fill_the_gpu():
     assert down_rows(16, 2048, 1) == 32     # 16 x 64 = 1024 already at 32 outputs
     assert down_rows(128, 4096, 2) == 64
     assert down_rows(1, 24, 8) == 8         # never below 8 outputs
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_experts_bench_runs(tmp_path):
+    """`python -m writescope.bench.gpu_experts` on one model and one batch size: its JSON has
+    the default setting's time and GB/s and an error within bf16's reach of the float32
+    expert-by-expert path."""
+    import json
+
+    from writescope.bench.gpu_experts import main
+    out = tmp_path / "experts.json"
+    assert main(["--models", "qwen3-30b-a3b", "--tokens", "2", "--layers", "2", "--reps", "3",
+                 "--no-torch", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    (r,) = res["results"]
+    assert r["default"]["us"] > 0 and 0 < r["default"]["gbps"] < 2 * res["hbm_copy_gbps"]
+    assert r["default"]["rel_err"] < 1e-2
+    assert r["variants"] == [] and r["best"] == r["default"]
