@@ -174,7 +174,7 @@ def fused_experts(x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, gate_up: 
     if gate_up.stride(2) != 1 or down.stride(2) != 1:
         raise ValueError("expert weights need contiguous rows")
     slots = n * k
-    out = torch.empty_like(x)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)  # rows contiguous, as written
     if slots == 0:
         return out
     c = config or {}
