@@ -4,7 +4,8 @@ A short decode step with all its KV on the GPU spends ~2.5 ms of its ~10 ms on t
 the device idle: scheduling, the step's index arrays, the cache's bookkeeping, sampling, the
 requests' outputs (Qwen3-30B-A3B 2 x 32K on the H200: 10.15 ms a step, 7.26 ms of kernels;
 thirty-second session). vLLM v1's asynchronous scheduling hides that time; this is the same idea
-in writescope's terms:
+in writescope's terms (on the H200: Qwen3-30B-A3B 2 x 32K 9.28 -> 7.75 ms a step, DeepSeek-V2-Lite
+4 x 32K 9.52 -> 7.93; bench/results/2026-12-03h-h200, call 1):
 
 1. ``LLMEngine.step`` launches a step (``ModelRunner.launch(defer=True)``). When the step is
    deferrable -- decode tokens only, none of them seeded sampling (``Sampler.can_defer``: a
