@@ -753,6 +753,26 @@ def test_rows_count_pipelined_steps(tiny_qwen3_moe, tmp_path, monkeypatch):
     assert row["pipelined_steps"] == 3 and row["cpu_attn_threads"] == 1
 
 
+def test_rows_with_overlapped_steps(tiny_qwen3_moe, tmp_path, monkeypatch):
+    """WRITESCOPE_ASYNC_DECODE=1 (CUDA's default): a row with all KV in G records how many of
+    its timed decode steps overlapped the step before, and its tokens are the row's without
+    overlap (the timed loop does not wait for the step in flight)."""
+    rows = {}
+    for mode in ("0", "1"):
+        monkeypatch.setenv("WRITESCOPE_ASYNC_DECODE", mode)
+        out = tmp_path / mode
+        out.mkdir()
+        rc = bench_cli(tiny_qwen3_moe, out, "--batch", "2", "--context-lengths", "150",
+                       "--decode-steps", "6", "--num-gpu-blocks", "64", "--policies", "writescope",
+                       "--max-num-batched-tokens", "64", "--prefill", "synthetic")
+        assert rc == 0
+        (rows[mode],) = _strict_json(out / "results.json")["rows"]
+        assert not rows[mode].get("error"), rows[mode].get("error")
+    assert rows["0"]["overlapped_steps"] == 0
+    assert 3 <= rows["1"]["overlapped_steps"] <= 6  # a step that completes a block does not
+    assert rows["1"]["output_token_ids"] == rows["0"]["output_token_ids"]
+
+
 def test_rows_say_which_step_form_auto_chose(tiny_qwen3_moe, tmp_path, monkeypatch):
     """With WRITESCOPE_PIPELINE=auto a row records, per batch size, the form the chooser settled
     on and each form's median step; without it, nothing."""

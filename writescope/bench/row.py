@@ -39,7 +39,9 @@ warm-ups that come before a policy's first row. A row carries:
   figures of a row move with it;
 * ``threads_decode`` -- the process's threads over the decode steps (:mod:`.threads`): CPU
   seconds, how many were busy more than half the time, and the busiest ones;
-  ``pipelined_steps`` -- timed decode steps run as two interleaved sub-batches; ``step_forms``
+  ``pipelined_steps`` -- timed decode steps run as two interleaved sub-batches;
+  ``overlapped_steps`` -- decode steps launched before the tokens of the step in flight were
+  read back (``engine/inflight.py``), over the timed steps; ``step_forms``
   -- with ``WRITESCOPE_PIPELINE=auto``, per key (a batch's size and context) the form chosen
   and each form's median step (``engine/stepform.py``);
   ``cpu_attn_threads`` -- the CPU attention kernel's thread count.
@@ -219,6 +221,7 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
         link = []
         moved_prefill = counters["kv.bytes_moved_after_placement"] - moved0
         piped0 = counters.get("kv.pipelined_steps", 0)
+        over0 = engine.counters.get("engine.overlapped_steps", 0)
         for _ in range(decode_steps):
             c0, g0 = counters["kv.bytes_read.cpu"], counters["kv.bytes_read.gpu"]
             t0 = time.perf_counter()
@@ -256,6 +259,7 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
                 else engine.weights_bytes + cache.stats()["kv.vram_bytes"])
         moved = counters["kv.bytes_moved_after_placement"] - moved0
         piped = counters.get("kv.pipelined_steps", 0) - piped0
+        overlapped = engine.counters.get("engine.overlapped_steps", 0) - over0
         # the cache's and planner's state with the row's batch still in (the aborts release it)
         st = cache.stats()
         planner_after = planner_state(cache.policy)
@@ -301,7 +305,8 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
         "threads_decode": threads,
         # decode steps run as two interleaved sub-batches (WRITESCOPE_PIPELINE=1), and the CPU
         # attention kernel's thread count
-        "pipelined_steps": int(piped), "cpu_attn_threads": attn_threads(cache),
+        "pipelined_steps": int(piped), "overlapped_steps": int(overlapped),
+        "cpu_attn_threads": attn_threads(cache),
         # with WRITESCOPE_PIPELINE=auto: per batch size and context, the form chosen and medians
         "step_forms": (engine.runner.step_forms.stats()
                        if getattr(engine.runner, "step_forms", None) is not None else None),
