@@ -13,7 +13,7 @@ from writescope.layers.sampler import Sampler
 
 
 def _run(path, monkeypatch, overlap: bool, prompts, params, opts, script=None):
-    """Generate ``prompts`` step by step; ``script(llm, step_index)`` may add or abort requests
+    """Generate ``prompts`` step by step; ``script(engine, step_index)`` may add or abort requests
     between steps. Returns ({request id: (tokens, logprobs, finish reason)}, stats)."""
     monkeypatch.setenv("WRITESCOPE_ASYNC_DECODE", "1" if overlap else "0")
     llm = engine(path, **opts)
@@ -47,7 +47,7 @@ def _same(a: dict, b: dict) -> None:
 def test_overlapped_steps_give_the_synchronous_tokens(tiny_qwen3_moe, placement, monkeypatch):
     """Requests of different lengths finishing at different steps (max_tokens), greedy: the
     same tokens, log-probabilities and finish reasons. With all KV in G most decode steps
-    overlap (not those that complete a block); with blocks in T and C none can."""
+    overlap (not those that complete a block); once blocks are in T and C none can."""
     lens, news = (12, 40, 75), (9, 30, 21)
     prompts = [prompt_ids(320, n, seed=n) for n in lens]
     params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True, logprobs=1)
