@@ -10,7 +10,8 @@ engine's decode steps are). Bytes are the distinct experts'
 gate/up and down weights a layer reads. ``torch`` is the expert-by-expert path
 (``moe.run_experts``) on the same routing, for scale. ``--sweep`` also times other launch
 settings (rows per program, block widths, warps) of the two kernels and prints the fastest
-(the defaults are chosen from such runs).
+(the committed defaults were chosen from the engine's step times, ``step_profile``, in
+bench/results/2026-12-03h-h200; this session's sweeps were cut by their device-call caps).
 """
 from __future__ import annotations
 
