@@ -45,7 +45,31 @@ h = heads.float()
 want = m.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + m.eps)).bfloat16()
 got = rms_norm_fused(heads, m.weight, m.eps)
 assert got.shape == (3, 4, 16) and (got.float() - want.float()).abs().max().item() <= 2 ** -6
+# the residual's add and the norm of the sum in one launch: the sum as torch's add rounds it
+# (the interpreter truncates: within one unit), the norm as rms_norm_fused's of that sum
+from writescope.layers.norm import add_rms_norm_fused
+same = {}
+for d, dt in ((2048, torch.bfloat16), (4096, torch.bfloat16), (7168, torch.float32), (96, torch.float32)):
+    m = RMSNorm(d, 1e-6)
+    with torch.no_grad():
+        m.weight.copy_(torch.randn(d) * 0.1 + 1)
+    m = m.to(dev, dt)
+    x, dx = (torch.randn(5, d) * 3).to(dev, dt), torch.randn(5, d).to(dev, dt)
+    s, h = add_rms_norm_fused(x, dx, m.weight, m.eps)
+    assert s.dtype == dt and h.dtype == dt and s.shape == h.shape == (5, d)
+    ref = x + dx
+    rel = ((s.double() - ref.double()).abs() / ref.double().abs().clamp_min(1e-30)).max().item()
+    assert rel <= (1e-7 if dt == torch.float32 else 1.01 * ULP), (d, dt, rel)
+    h2 = rms_norm_fused(s, m.weight, m.eps)
+    assert (h.double() - h2.double()).abs().max().item() <= 1.01 * ULP * h2.double().abs().max().item()
+    same[(d, str(dt))] = (torch.equal(s, ref), torch.equal(h, h2))
+    # RMSNorm.add_forward: no residual yet gives x and its norm
+    x0, h0 = m.add_forward(x, None)
+    assert x0 is x and torch.equal(h0, m(x))
+s, h = add_rms_norm_fused(torch.zeros(0, 64, device=dev), torch.zeros(0, 64, device=dev), torch.ones(64, device=dev), 1e-6)
+assert s.shape == h.shape == (0, 64)
 print(worst)
+print(same)
 print("ok")
 """
 
@@ -118,6 +142,10 @@ for e, k, renorm, eps, scale, ldt, wdt in (
     err = ((w.double() - want_w.double()).abs() / want_w.double().abs()).max().item()
     assert err <= (1e-5 if wdt == torch.float32 else 2.0 ** -7), (e, k, err)
     res[(e, k, str(wdt))] = (torch.equal(w, want_w), err)
+    # compact (what the fused experts read): the same values as float32, int32 ids
+    wc, ic = route_fused(logits, k, renorm, eps, scale, torch.float32, torch.int32, wdt)
+    assert wc.dtype == torch.float32 and ic.dtype == torch.int32
+    assert torch.equal(wc, w.float()) and torch.equal(ic, i.int()), (e, k)
 w, i = route_fused(torch.zeros(0, 8, device=dev), 2, True)
 assert w.shape == (0, 2) and i.shape == (0, 2)
 print(res)
@@ -125,8 +153,47 @@ print("ok")
 """
 
 
-@pytest.mark.parametrize("cases", [NORM_CASES, ROPE_CASES, ROUTER_CASES],
-                         ids=["rms_norm", "rotation", "router"])
+HEADS_CASES = PRELUDE + r"""
+from writescope.layers.attn_heads import attn_heads_fused
+from writescope.layers.norm import RMSNorm, rms_norm_fused
+from writescope.layers.rotary import Rotary, rotate_half_fused
+ULP = {torch.bfloat16: 2.0 ** -7, torch.float16: 2.0 ** -10, torch.float32: 1e-6}
+# (query heads, KV heads, head size, head norms): Qwen3-30B-A3B, Mixtral, a small odd one
+for hq, hkv, d, norm in ((32, 4, 128, True), (32, 8, 128, False), (6, 2, 64, True)):
+    rot = Rotary(d, 1e6, None).to(dev)
+    cos, sin = rot.cos_sin(torch.tensor([0, 7, 4095, 131071, 3], device=dev))
+    for dt in (torch.bfloat16, torch.float16, torch.float32):
+        qn = kn = None
+        if norm:
+            qn, kn = RMSNorm(d, 1e-6), RMSNorm(d, 1e-6)
+            with torch.no_grad():
+                qn.weight.copy_(torch.randn(d) * 0.1 + 1)
+                kn.weight.copy_(torch.randn(d) * 0.1 + 1)
+            qn, kn = qn.to(dev, dt), kn.to(dev, dt)
+        y = (torch.randn(5, hq + 2 * hkv, d) * 2).to(dev, dt)
+        q, rec = attn_heads_fused(y, hq, hkv, qn, kn, cos, sin)
+        assert q.shape == (5, hq, d) and rec.shape == (5, hkv, 2 * d) and q.dtype == rec.dtype == dt
+        # the separate forms: the norms' and the rotation's kernels, then the cat
+        wq, wk, v = y.split([hq, hkv, hkv], dim=1)
+        if norm:
+            wq, wk = rms_norm_fused(wq, qn.weight, qn.eps), rms_norm_fused(wk, kn.weight, kn.eps)
+        wq, wk = rotate_half_fused(wq, cos, sin), rotate_half_fused(wk, cos, sin)
+        want_r = torch.cat((wk, v), dim=-1)
+        assert torch.equal(rec[..., d:], v)  # the values as they are
+        for got, want in ((q, wq), (rec, want_r)):
+            err = ((got.double() - want.double()).abs().max() / want.double().abs().max()).item()
+            assert err <= 2.01 * ULP[dt], (hq, hkv, d, norm, dt, err)
+            res[(hq, hkv, d, norm, str(dt), got is q)] = (torch.equal(got, want), err)
+q, rec = attn_heads_fused(torch.zeros(0, 12, 64, device=dev), 8, 2, None, None,
+                          torch.zeros(0, 32, device=dev), torch.zeros(0, 32, device=dev))
+assert q.shape == (0, 8, 64) and rec.shape == (0, 2, 128)
+print(res)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("cases", [NORM_CASES, ROPE_CASES, ROUTER_CASES, HEADS_CASES],
+                         ids=["rms_norm", "rotation", "router", "attn_heads"])
 def test_fused_forms_under_the_interpreter(cases):
     pytest.importorskip("triton")
     r = run_interpreted(cases.replace("DEVICE", '"cpu"'))
@@ -137,10 +204,14 @@ def test_rms_norm_takes_the_torch_form_off_cuda(monkeypatch):
     from writescope.layers import norm
     called = []
     monkeypatch.setattr(norm, "rms_norm_fused", lambda *a: called.append(a))
+    monkeypatch.setattr(norm, "add_rms_norm_fused", lambda *a: called.append(a))
     m = norm.RMSNorm(8)
     x = torch.randn(2, 8)
     want = m.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + m.eps))
     assert torch.equal(m(x), want) and not called
+    dx = torch.randn(2, 8)
+    s, h = m.add_forward(x, dx)
+    assert torch.equal(s, x + dx) and torch.equal(h, m(x + dx)) and not called
 
 
 def test_rotation_takes_the_torch_form_off_cuda(monkeypatch):
@@ -163,10 +234,21 @@ def test_fused_rms_norm_on_cuda(monkeypatch):
     for (d, dt, wdt), (frac, rel) in ns["worst"].items():
         if "bfloat16" in dt:
             assert rel <= 1.01 * ns["ULP"] and frac < 0.02, (d, dt, wdt, frac, rel)
+    for key, (s_equal, h_equal) in ns["same"].items():  # the sum is torch's add; the norm
+        assert s_equal and h_equal, key                 # rms_norm_fused's, to the bit
     from writescope.layers import norm
     assert norm.fused_enabled()
+    m = norm.RMSNorm(64).cuda()
+    x, dx = torch.randn(3, 64, device="cuda"), torch.randn(3, 64, device="cuda")
+    called = []
+    monkeypatch.setattr(norm, "add_rms_norm_fused", lambda *a: called.append(a) or (x, x))
+    m.add_forward(x, dx)
+    assert called  # the engine's add_forward takes the kernel
     monkeypatch.setenv("WRITESCOPE_FUSED_NORM", "0")
     assert not norm.fused_enabled()
+    called.clear()
+    s, h = m.add_forward(x, dx)
+    assert not called and torch.equal(s, x + dx) and torch.equal(h, m(x + dx))
 
 
 @pytest.mark.gpu
@@ -261,4 +343,47 @@ def test_qkv_in_one_gemm_on_cuda(tiny_qwen3_moe, monkeypatch):
     q0, r0 = attn.pre(x, rope)
     for a, b in ((q1, q0), (r1, r0)):
         assert a.shape == b.shape and a.dtype == b.dtype
+        assert (a.float() - b.float()).abs().max().item() <= 2 ** -6 * b.float().abs().max().item()
+
+
+def test_attn_heads_take_the_separate_forms_off_cuda(tiny_qwen3_moe, monkeypatch):
+    """Off CUDA the attention's pre-step never calls the fused heads kernel."""
+    from writescope.layers import attn_heads
+    from writescope.models.config import ModelConfig
+    from writescope.models.loader import build_model
+    monkeypatch.setattr(attn_heads, "attn_heads_fused",
+                        lambda *a: pytest.fail("fused heads off CUDA"))
+    cfg = ModelConfig.from_hf(tiny_qwen3_moe)
+    model = build_model(cfg, dtype=torch.float32, device="cpu", checkpoint=tiny_qwen3_moe)
+    attn = model.model.layers[0].self_attn
+    q, rec = attn.pre(torch.randn(3, cfg.hidden_size), model.rotary.cos_sin(torch.arange(3)))
+    assert q.shape == (3, cfg.num_heads, cfg.head_dim)
+    assert rec.shape == (3, cfg.num_kv_heads, 2 * cfg.head_dim)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_attn_heads_on_cuda(tiny_qwen3_moe, monkeypatch):
+    """On the GPU: the fused heads within two units of the separate kernels' (the norm's sum
+    runs in another order), the values copied as they are; the engine's pre-step takes it, and
+    WRITESCOPE_FUSED_HEADS=0 gives the separate forms."""
+    ns: dict = {}
+    exec(HEADS_CASES.replace("DEVICE", '"cuda"').replace('print("ok")', ""), ns)
+    from writescope.layers import attn_heads
+    from writescope.models.config import ModelConfig
+    from writescope.models.loader import build_model
+    cfg = ModelConfig.from_hf(tiny_qwen3_moe)
+    model = build_model(cfg, dtype=torch.bfloat16, device="cuda", checkpoint=tiny_qwen3_moe)
+    attn = model.model.layers[0].self_attn
+    x = torch.randn(5, cfg.hidden_size, device="cuda").bfloat16()
+    rope = model.rotary.cos_sin(torch.arange(5, device="cuda") + 7)
+    calls = []
+    real = attn_heads.attn_heads_fused
+    monkeypatch.setattr(attn_heads, "attn_heads_fused", lambda *a: calls.append(1) or real(*a))
+    q1, r1 = attn.pre(x, rope)
+    assert calls
+    monkeypatch.setenv("WRITESCOPE_FUSED_HEADS", "0")
+    q0, r0 = attn.pre(x, rope)
+    assert len(calls) == 1
+    for a, b in ((q1, q0), (r1, r0)):
         assert (a.float() - b.float()).abs().max().item() <= 2 ** -6 * b.float().abs().max().item()

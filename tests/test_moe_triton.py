@@ -34,6 +34,8 @@ for E, H, I, n, k, dt in ((6, 40, 24, 3, 2, torch.float32), (8, 64, 48, 1, 3, to
                                                    "down_rows": 4, "down_block_i": 16})
     err = ((got.double() - ref).norm() / ref.norm()).item()
     assert err < (1e-5 if dt == torch.float32 else 1e-2), (E, H, I, n, k, dt, err, "config")
+    # int32 ids (the router's compact output) read as the int64 ones
+    assert torch.equal(fused_experts(x, idx.int(), w, gu, dn), fused_experts(x, idx, w, gu, dn))
 empty = fused_experts(x[:0], idx[:0], w[:0], gu, dn)
 assert empty.shape == (0, x.shape[1])
 print("ok")
@@ -65,6 +67,27 @@ def test_engine_with_fused_moe_matches_transformers(all_tiny, monkeypatch):
     monkeypatch.setenv("WRITESCOPE_FUSED_MOE", "0")
     b = engine(all_tiny, device="cuda", experts="gpu", **PLACEMENTS["mixed"]).generate(prompts, GREEDY)
     assert [o.token_ids for o in a] == [o.token_ids for o in b]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_moe_block_reads_the_compact_router_output(tiny_qwen3_moe, monkeypatch):
+    """On CUDA the MoE block asks its router for float32 weights and int32 ids (no casts before
+    the fused experts): the same output, to the bit, as from the router's usual output."""
+    from writescope.models.config import ModelConfig
+    from writescope.models.loader import build_model
+    cfg = ModelConfig.from_hf(tiny_qwen3_moe)
+    model = build_model(cfg, dtype=torch.bfloat16, device="cuda", checkpoint=tiny_qwen3_moe)
+    moe = model.moe_blocks()[0][1]
+    x = torch.randn(3, cfg.hidden_size, device="cuda").bfloat16()
+    real, calls = moe.gate.forward, []
+    monkeypatch.setattr(moe.gate, "forward",
+                        lambda h, compact=False: calls.append(compact) or real(h, compact))
+    out = moe(x)
+    assert calls == [True]
+    w, i = real(x)
+    assert w.dtype == torch.bfloat16 and i.dtype == torch.long
+    assert torch.equal(out, moe.experts(x, i, w))
 
 
 def test_programs_fill_the_gpu():

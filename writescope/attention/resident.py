@@ -19,9 +19,15 @@ order among duplicate indices does not matter then.
 :attr:`key` names the capacities; a step that needs more grows the buffers (new addresses: the
 caller captures anew, see ``graphs.DecodeGraphs``). Capacities are powers of two, so a run
 captures again only when its context doubles. The same kernels as the eager path run
-(``gpu.launch_partials``, ``gpu.launch_reduce``), so the results are the same bits.
+(``gpu.launch_partials``, ``gpu.launch_reduce``), so the results are the same bits. The new
+records go to their W slots in one launch on CUDA (:func:`write_rows`;
+``WRITESCOPE_FUSED_WRITE=0``: ``index_select`` and ``index_copy_``).
 """
 from __future__ import annotations
+
+import functools
+import math
+import os
 
 import numpy as np
 import torch
@@ -76,6 +82,9 @@ class ResidentAttention:
         self.spec = spec
         self.scale = float(scale)
         self.device = torch.device(device)
+        if chunk_blocks is None:  # a fixed chunk size for experiments (else per step)
+            env = os.environ.get("WRITESCOPE_RESIDENT_CHUNK_BLOCKS", "").strip()
+            chunk_blocks = int(env) if env.isdigit() and int(env) > 0 else None
         self.chunk_blocks = chunk_blocks
         self._sets: dict[int, _Buffers] = {}  # per step size (rows)
         self._cur: _Buffers | None = None
@@ -184,8 +193,47 @@ class ResidentAttention:
         return out, lse
 
     def write(self, layer: int, records: torch.Tensor) -> None:
-        """The loaded step's new records (``[rows, H, R]``) into their W slots."""
+        """The loaded step's new records (``[rows, H, R]``) into their W slots (one launch on
+        CUDA: :func:`write_rows`)."""
         bufs = self._cur
         spec = self.spec
         w_flat = self.pools[Region.W][layer].view(-1, spec.num_kv_heads, spec.rec_dim)
+        if w_flat.is_cuda and records.is_cuda and G.triton_switch("WRITESCOPE_FUSED_WRITE"):
+            write_rows(records, bufs.w_src, bufs.w_dst, w_flat)
+            return
         w_flat.index_copy_(0, bufs.w_dst, records.to(spec.dtype).index_select(0, bufs.w_src))
+
+
+@functools.lru_cache(maxsize=None)
+def _write_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def write_rows_kernel(REC, SRC, DST, OUT, ROW: tl.constexpr, BLOCK: tl.constexpr):
+        r = tl.program_id(0)
+        src = tl.load(SRC + r).to(tl.int64)
+        dst = tl.load(DST + r).to(tl.int64)
+        for c0 in tl.static_range(0, ROW, BLOCK):
+            c = c0 + tl.arange(0, BLOCK)
+            m = c < ROW
+            v = tl.load(REC + src * ROW + c, mask=m)
+            tl.store(OUT + dst * ROW + c, v.to(OUT.dtype.element_ty), mask=m)
+
+    from .launch import FastLaunch
+    return FastLaunch(write_rows_kernel)
+
+
+def write_rows(records: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, out: torch.Tensor
+               ) -> None:
+    """``out[dst[i]] = records[src[i]]`` (cast to ``out``'s dtype) for every ``i``, one program
+    a row: the ``index_select`` and ``index_copy_`` of the torch form (two kernels a layer) in
+    one. Rows that repeat a slot must carry the same values (a padded step's rows do)."""
+    rec = records if records.is_contiguous() else records.contiguous()
+    row = math.prod(rec.shape[1:])
+    if math.prod(out.shape[1:]) != row or not out.is_contiguous():
+        raise ValueError(f"records of {row} values for slots of {math.prod(out.shape[1:])}")
+    if src.numel():
+        block = min(1024, 1 << max(4, (row - 1).bit_length()))
+        _write_kernel()[(src.numel(),)](rec, src, dst, out, ROW=row, BLOCK=block,
+                                        num_warps=4 if block >= 512 else 1)

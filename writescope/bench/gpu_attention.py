@@ -190,6 +190,11 @@ SHAPES = {
     "mla": (lambda L: KVSpec.mla(L, 512, 64, torch.bfloat16), 16, "DeepSeek-V2-Lite"),
 }
 BATCHES = {"1x256K": (1, 262144), "8x32K": (8, 32768), "64x4K": (64, 4096)}
+#: more batches ``--batches`` takes: the engine's 32K decode steps of issue 6 (one layer each)
+EXTRA_BATCHES = {"2x32K": (2, 32768), "4x32K": (4, 32768)}
+BATCHES.update({k: v for k, v in EXTRA_BATCHES.items() if k not in BATCHES})
+#: the batches a run times unless ``--batches`` says otherwise (issue 9's three)
+DEFAULT_BATCHES = ("1x256K", "8x32K", "64x4K")
 BLOCK = 64
 #: calls per resident-decode timing (queued back to back: :func:`_queued_time`)
 RESIDENT_REPS = 20
@@ -722,7 +727,8 @@ def main(argv: list[str] | None = None) -> int:
                                  description=__doc__.split("\n")[0])
     ap.add_argument("--json", help="write results to this JSON file")
     ap.add_argument("--shapes", default="gqa,mla")
-    ap.add_argument("--batches", default=",".join(BATCHES))
+    ap.add_argument("--batches", default=",".join(DEFAULT_BATCHES),
+                    help=f"comma list of {', '.join(BATCHES)}")
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--shares", default="0,0.2,0.3,0.35,0.4,0.45,0.5,0.55,0.6,1")
     ap.add_argument("--staging-mib", default="512,2048",
@@ -763,6 +769,11 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(text)
         return 0
+    unknown = [b for b in args.batches.split(",") if b not in BATCHES]
+    if unknown:
+        print(f"gpu_attention: unknown batch {', '.join(unknown)} (--batches takes a comma list "
+              f"of {', '.join(BATCHES)})", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("gpu_attention: no CUDA device; nothing to measure", file=sys.stderr)
         return 2

@@ -144,10 +144,13 @@ def _layer_pieces(i: int, layer, n: int, cache, group: int | None = None,
     g = 0 if group is None else group
     pre_ = "" if group is None else f"{group}:"
     x, cos, sin, q, rec = (pre_ + k for k in ("x", "cos", "sin", "q", "rec"))
-    o_kv, l_kv, h = (pre_ + k for k in ("o_kv", "l_kv", "h"))
+    o_kv, l_kv, h, dx = (pre_ + k for k in ("o_kv", "l_kv", "h", "dx"))
+    first = i == 0  # no MLP output to add before this layer
 
     def pre(env, ctx):
-        env[q], env[rec] = attn.pre(layer.input_layernorm(env[x]), (env[cos], env[sin]))
+        # the previous layer's MLP output is added as this layer's norm runs (one kernel)
+        env[x], hn = layer.input_layernorm.add_forward(env[x], None if first else env[dx])
+        env[q], env[rec] = attn.pre(hn, (env[cos], env[sin]))
 
     def attend(env, ctx):  # the only part that depends on the step's plan
         env[o_kv], env[l_kv] = ctx.attend_cached(i, env[q], env[rec])
@@ -164,14 +167,14 @@ def _layer_pieces(i: int, layer, n: int, cache, group: int | None = None,
     def post(env, ctx):
         # the cached partial merged with each token over itself, in q's dtype (one kernel on CUDA)
         o = decode_self_merge(env[o_kv], env[l_kv], env[q], env[rec], cache.spec, cache.scale)
-        env[x] = env[x] + attn.post(o)
-        env[h] = layer.post_attention_layernorm(env[x])
+        env[x], env[h] = layer.post_attention_layernorm.add_forward(env[x], attn.post(o))
 
     def mlp(env, ctx):
-        env[x] = env[x] + ffn(env[h])
+        env[dx] = ffn(env[h])  # added by the next layer's pre (or the final norm)
 
     safe = getattr(ffn, "graph_safe", None)
-    out = [Piece(f"{pre_}pre{i}", pre, (x, cos, sin), (q, rec), True, g)]
+    out = [Piece(f"{pre_}pre{i}", pre, (x, cos, sin) if first else (x, dx, cos, sin),
+                 (x, q, rec), True, g)]
     if group is None and resident:
         out.append(Piece(f"attn{i}", attend_resident, (q, rec), (o_kv, l_kv), True))
     elif group is None:
@@ -181,7 +184,7 @@ def _layer_pieces(i: int, layer, n: int, cache, group: int | None = None,
                 Piece(f"{pre_}finish{i}", finish, (), (o_kv, l_kv), False, g)]
     return out + [Piece(f"{pre_}post{i}", post, (x, o_kv, l_kv, q, rec), (x, h), True,
                         g),
-                  Piece(f"{pre_}ffn{i}", mlp, (x, h), (x,), True if safe is None else safe(n), g)]
+                  Piece(f"{pre_}ffn{i}", mlp, (h,), (dx,), True if safe is None else safe(n), g)]
 
 
 def _ends(model, group: int | None = None) -> tuple[Piece, Piece]:
@@ -189,17 +192,18 @@ def _ends(model, group: int | None = None) -> tuple[Piece, Piece]:
     m, rot = model.model, model.rotary
     g = 0 if group is None else group
     pre_ = "" if group is None else f"{group}:"
-    ids, pos, x, cos, sin, out = (pre_ + k for k in ("ids", "pos", "x", "cos", "sin", "out"))
+    ids, pos, x, cos, sin, out, dx = (pre_ + k for k in ("ids", "pos", "x", "cos", "sin", "out",
+                                                         "dx"))
 
     def embed(env, ctx):
         env[x] = m.embed_tokens(env[ids])
         env[cos], env[sin] = rot.cos_sin(env[pos])
 
     def norm(env, ctx):
-        env[out] = m.norm(env[x])
+        env[out] = m.norm.add_forward(env[x], env[dx])[1]  # the last MLP's output added
 
     return (Piece(f"{pre_}embed", embed, (ids, pos), (x, cos, sin), True, g),
-            Piece(f"{pre_}norm", norm, (x,), (out,), True, g))
+            Piece(f"{pre_}norm", norm, (x, dx), (out,), True, g))
 
 
 def decode_pieces(model, n: int, cache, resident: bool = False) -> list[Piece]:

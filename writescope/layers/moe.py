@@ -31,7 +31,11 @@ class Router(nn.Module):
                                                dtype=torch.float32 if fp32 else None))
         self.fp32 = fp32
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, compact: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(weights [N, k], ids [N, k])``. ``compact``: where the router is one kernel, the
+        weights' values as the family rounds them but stored as float32, and int32 ids -- what
+        the fused experts read (``moe_triton``), so they need no casts of their own."""
         cfg = self.cfg
         k = cfg.num_experts_per_tok
         if self.fp32:
@@ -41,11 +45,14 @@ class Router(nn.Module):
         deepseek = cfg.model_type == "deepseek_v2"
         grouped = deepseek and cfg.topk_method == "group_limited_greedy"
         if logits.is_cuda and not grouped and routing.fused_enabled():  # one kernel (routing.py)
+            wdt = logits.dtype if cfg.model_type == "qwen3_moe" else torch.float32
             return routing.route_fused(
                 logits, k, cfg.norm_topk_prob and (not deepseek or k > 1),
                 eps=1e-20 if deepseek else 0.0,
                 scale=cfg.routed_scaling_factor if deepseek else 1.0,
-                out_dtype=logits.dtype if cfg.model_type == "qwen3_moe" else torch.float32)
+                out_dtype=torch.float32 if compact else wdt,
+                ids_dtype=torch.int32 if compact else torch.long,
+                round_to=wdt if compact else None)
         scores = logits.softmax(dim=-1, dtype=torch.float32)
         if grouped:
             n, g = scores.shape[0], cfg.n_group
@@ -149,7 +156,9 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._dtype = x.dtype  # the hidden states' (graph_safe asks whether a call could be captured)
-        w, idx = self.gate(x)
+        fused = (self.cpu_experts is None and self.uploader is None and self.experts is not None
+                 and self.experts.fused_for(x.shape[0] * self.cfg.num_experts_per_tok))
+        w, idx = self.gate(x, compact=fused)
         uploaded = self.uploader is not None and self.uploader.wants(x.shape[0])
         if self.cpu_experts is not None and not uploaded and x.is_cuda and \
                 torch.cuda.is_current_stream_capturing():

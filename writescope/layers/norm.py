@@ -10,6 +10,10 @@ kernel computes what the torch form does in the same precision: the sum of squar
 (in another order: the last bit may differ), the normalised row rounded to the input's dtype,
 then the weight's product rounded to the promoted dtype. ``WRITESCOPE_FUSED_NORM=0`` keeps the
 torch form everywhere.
+
+:meth:`RMSNorm.add_forward` adds the residual and normalises the sum in one kernel (vLLM's fused
+add-RMSNorm; the residual's add was two more kernels a layer, ~1.4 us each in Qwen3-30B-A3B's
+graphed 2 x 32K step, bench/results/2026-12-03h-h200 call 4).
 """
 from __future__ import annotations
 
@@ -42,8 +46,26 @@ def _kernel():
         w = tl.load(W + d, mask=m, other=0.0).to(tl.float32)
         tl.store(OUT + row * stride_o + d, (w * y).to(OUT.dtype.element_ty), mask=m)
 
+    @triton.jit
+    def add_rms_norm_kernel(X, DX, W, SUM, OUT, stride_x, stride_d, stride_s, stride_o, D, eps,
+                            BLOCK: tl.constexpr):
+        # the residual's sum rounded to its dtype (torch's add), then rms_norm_kernel's
+        # arithmetic on it, in the same order
+        row = tl.program_id(0).to(tl.int64)
+        d = tl.arange(0, BLOCK)
+        m = d < D
+        a = tl.load(X + row * stride_x + d, mask=m, other=0.0).to(tl.float32)
+        b = tl.load(DX + row * stride_d + d, mask=m, other=0.0).to(tl.float32)
+        s = (a + b).to(SUM.dtype.element_ty)
+        tl.store(SUM + row * stride_s + d, s, mask=m)
+        x = s.to(tl.float32)
+        r = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
+        y = (x * r).to(SUM.dtype.element_ty).to(tl.float32)
+        w = tl.load(W + d, mask=m, other=0.0).to(tl.float32)
+        tl.store(OUT + row * stride_o + d, (w * y).to(OUT.dtype.element_ty), mask=m)
+
     from ..attention.launch import FastLaunch
-    return FastLaunch(rms_norm_kernel)
+    return FastLaunch(rms_norm_kernel), FastLaunch(add_rms_norm_kernel)
 
 
 #: the input dtypes the kernel takes
@@ -64,11 +86,36 @@ def rms_norm_fused(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.T
     n = x.numel() // d if d else 0
     out = torch.empty(n, d, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
     if n:
-        block = 1 << max(4, (d - 1).bit_length())
-        _kernel()[(n,)](
+        block = _block(d)
+        _kernel()[0][(n,)](
             rows, weight, out, heads, st, sh, out.stride(0), d, float(eps),
-            BLOCK=block, num_warps=4 if block <= 2048 else 8)
+            BLOCK=block, num_warps=_warps(block))
     return out.view(x.shape)
+
+
+def _block(d: int) -> int:
+    return 1 << max(4, (d - 1).bit_length())
+
+
+def _warps(block: int) -> int:
+    return 4 if block <= 2048 else 8
+
+
+def add_rms_norm_fused(x: torch.Tensor, dx: torch.Tensor, weight: torch.Tensor, eps: float
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``s = x + dx`` and ``rms_norm(s)`` in one Triton launch: :meth:`RMSNorm.add_forward` on
+    the device (``x`` and ``dx`` of one dtype and shape, rows contiguous)."""
+    d = x.shape[-1]
+    xs, ds = x.reshape(-1, d), dx.reshape(-1, d)
+    n = xs.shape[0]
+    s = torch.empty(n, d, dtype=x.dtype, device=x.device)
+    out = torch.empty(n, d, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
+    if n:
+        block = _block(d)
+        _kernel()[1][(n,)](
+            xs, ds, weight, s, out, xs.stride(0), ds.stride(0), s.stride(0), out.stride(0), d,
+            float(eps), BLOCK=block, num_warps=_warps(block))
+    return s.view(x.shape), out.view(x.shape)
 
 
 class RMSNorm(nn.Module):
@@ -84,3 +131,17 @@ class RMSNorm(nn.Module):
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(dtype)
+
+    def add_forward(self, x: torch.Tensor, dx: torch.Tensor | None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream's next value ``s = x + dx`` (``x`` when ``dx`` is None) and its
+        norm ``self(s)``: one kernel on CUDA instead of the add's and the norm's (the same
+        roundings: the sum in ``x``'s dtype, then the norm of it)."""
+        if dx is None:
+            return x, self(x)
+        if (x.is_cuda and x.dtype in FUSED_DTYPES and dx.dtype == x.dtype
+                and dx.shape == x.shape and x.stride(-1) == 1 and dx.stride(-1) == 1
+                and x.dim() == 2 and fused_enabled()):
+            return add_rms_norm_fused(x, dx, self.weight, self.eps)
+        s = x + dx
+        return s, self(s)

@@ -31,7 +31,8 @@ def _kernel():
 
     @triton.jit
     def route_kernel(LOGITS, W, IDX, stride_l, E, eps, scale, K: tl.constexpr,
-                     BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, RENORM: tl.constexpr):
+                     BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, RENORM: tl.constexpr,
+                     ROUND: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         e = tl.arange(0, BLOCK_E)
         me = e < E
@@ -52,28 +53,42 @@ def _kernel():
         if RENORM:
             vals = vals / (tl.sum(vals, axis=0) + eps)  # the slots past k hold 0
         vals = vals * scale
+        if ROUND == 1:  # the weights' values in bf16 (fp16), stored wider for their consumer
+            vals = vals.to(tl.bfloat16).to(tl.float32)
+        elif ROUND == 2:
+            vals = vals.to(tl.float16).to(tl.float32)
         mk = kk < K
         tl.store(W + row * K + kk, vals.to(W.dtype.element_ty), mask=mk)
-        tl.store(IDX + row * K + kk, ids.to(tl.int64), mask=mk)
+        tl.store(IDX + row * K + kk, ids.to(IDX.dtype.element_ty), mask=mk)
 
     from ..attention.launch import FastLaunch
     return FastLaunch(route_kernel)
 
 
+#: ``route_fused``'s ``round_to``: the dtypes its weights may be rounded to before stored wider
+_ROUND = {None: 0, torch.bfloat16: 1, torch.float16: 2, torch.float32: 0}
+
+
 def route_fused(logits: torch.Tensor, k: int, renorm: bool, eps: float = 0.0, scale: float = 1.0,
-                out_dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-    """``logits [N, E]`` -> ``(weights [N, k] out_dtype, ids [N, k] int64)``: the softmax's
+                out_dtype: torch.dtype = torch.float32, ids_dtype: torch.dtype = torch.long,
+                round_to: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``logits [N, E]`` -> ``(weights [N, k] out_dtype, ids [N, k] ids_dtype)``: the softmax's
     ``k`` largest probabilities in descending order, divided by their sum plus ``eps`` when
-    ``renorm``, times ``scale``."""
+    ``renorm``, times ``scale`` (rounded to ``round_to`` first, when given: the values of
+    ``out_dtype=round_to`` in a wider tensor, as the fused experts read them; int32 ids
+    likewise spare their kernel a cast)."""
     n, e = logits.shape
     if not 0 < k <= e:
         raise ValueError(f"top-{k} of {e} experts")
+    if round_to not in _ROUND or ids_dtype not in (torch.long, torch.int32):
+        raise ValueError(f"weights rounded to {round_to}, ids as {ids_dtype}")
     rows = logits if logits.stride(-1) == 1 else logits.contiguous()
     w = torch.empty(n, k, dtype=out_dtype, device=logits.device)
-    ids = torch.empty(n, k, dtype=torch.long, device=logits.device)
+    ids = torch.empty(n, k, dtype=ids_dtype, device=logits.device)
     if n:
         block_e = 1 << max(4, (e - 1).bit_length())
         _kernel()[(n,)](rows, w, ids, rows.stride(0), e, float(eps), float(scale), K=k,
                         BLOCK_E=block_e, BLOCK_K=1 << max(1, (k - 1).bit_length()),
-                        RENORM=bool(renorm), num_warps=1 if block_e <= 256 else 4)
+                        RENORM=bool(renorm), ROUND=_ROUND[round_to],
+                        num_warps=1 if block_e <= 256 else 4)
     return w, ids

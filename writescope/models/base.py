@@ -54,9 +54,15 @@ class DecoderLayer(nn.Module):
         return getattr(self, self.mlp_name)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                ctx: AttentionContext) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, ctx, self.idx)
-        return x + self.ffn(self.post_attention_layernorm(x))
+                ctx: AttentionContext, dx: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(x, dx)``: the residual stream before this layer's MLP and the MLP's output, which
+        the next layer (or the final norm) adds as it normalises (``dx``: the previous layer's,
+        None for the first). Each add and the norm after it are one kernel on CUDA
+        (``RMSNorm.add_forward``); the values are those of ``x + f(norm(x))`` layer by layer."""
+        x, h = self.input_layernorm.add_forward(x, dx)
+        x, h = self.post_attention_layernorm.add_forward(x, self.self_attn(h, rope, ctx, self.idx))
+        return x, self.ffn(h)
 
 
 class CausalLM(nn.Module):
@@ -93,9 +99,10 @@ class CausalLM(nn.Module):
                 ) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)
         rope = self.rotary.cos_sin(positions)
+        dx = None
         for layer in self.model.layers:
-            x = layer(x, rope, ctx)
-        return self.model.norm(x)
+            x, dx = layer(x, rope, ctx, dx)
+        return self.model.norm.add_forward(x, dx)[1]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

@@ -6,6 +6,9 @@ before they are filled), so that on CUDA one GEMM computes all three: a decode s
 read the rows in one pass, and two launches a layer fewer. Elsewhere (and if anything moved
 the weights apart) the three projections run as before: the CPU's numbers stay the ones the
 parity tests pin. ``WRITESCOPE_FUSED_QKV=0`` keeps the three GEMMs on CUDA too.
+
+After the one GEMM, the head norms (Qwen3), the rotation and the records are one more launch on
+CUDA (``layers/attn_heads.py``; ``WRITESCOPE_FUSED_HEADS=0``: the separate kernels).
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..layers import attn_heads
 from ..layers.norm import RMSNorm
 from ..layers.rotary import apply_rotary
 from .config import ModelConfig
@@ -74,8 +78,13 @@ class GQAAttention(nn.Module):
         records ``[N, Hkv, 2D]``."""
         n = x.shape[0]
         qkv = self._fused_qkv(x)
+        cos, sin = rope
         if qkv is not None:  # one GEMM; q, k, v are head slices of its rows
             y = F.linear(x, qkv).view(n, self.hq + 2 * self.hkv, self.d)
+            if cos.shape[-1] * 2 == self.d and attn_heads.usable(y, self.q_norm, self.k_norm):
+                # norms, rotations and records in one launch (layers/attn_heads.py)
+                return attn_heads.attn_heads_fused(y, self.hq, self.hkv, self.q_norm,
+                                                   self.k_norm, cos, sin)
             q, k, v = y.split([self.hq, self.hkv, self.hkv], dim=1)
         else:
             q = self.q_proj(x).view(n, self.hq, self.d)
@@ -83,7 +92,6 @@ class GQAAttention(nn.Module):
             v = self.v_proj(x).view(n, self.hkv, self.d)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        cos, sin = rope
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         return q, torch.cat((k, v), dim=-1)
 
