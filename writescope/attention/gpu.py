@@ -93,12 +93,25 @@ class ChunkPlan:
                            (self.kv0, self.kv1, self.q0, self.qn)), self.base, self.qmax)
 
 
-def choose_chunk_blocks(num_blocks: int, num_kv_heads: int, min_blocks: int = 16,
-                        max_blocks: int = 512, target_programs: int = TARGET_PROGRAMS) -> int:
-    """Blocks per chunk so that one launch has about ``target_programs`` programs."""
+def target_programs(spec: KVSpec) -> int:
+    """Programs a decode launch over ``spec``'s cache aims for. GQA: :data:`TARGET_PROGRAMS`
+    (four a streaming multiprocessor). MLA: half that -- a program's two stages of [64, 576]
+    tiles fill an SM's shared memory, so one runs per SM, and two waves of them read fastest.
+    Measured on the H200 as CUDA-graph replays of one layer (bench/results/2026-12-03i-h200
+    call 3, ``gpu_attention --skip spilled``): the best chunk was the one closest to these
+    targets at every batch (GQA 2 / 4 / 8 x 32K: 8 / 16 / 32 blocks, 3368 / 3745 / 4089 GB/s;
+    MLA: 4 / 8 / 16 blocks, 2109 / 2772 / 3270 GB/s, against 1182 and 2198 GB/s with the
+    16-block floor this replaced at 2 and 4 x 32K)."""
+    return TARGET_PROGRAMS // 2 if spec.is_mla else TARGET_PROGRAMS
+
+
+def choose_chunk_blocks(num_blocks: int, spec: KVSpec, min_blocks: int = 4,
+                        max_blocks: int = 512, target: int | None = None) -> int:
+    """Blocks per chunk so that one launch has about ``target`` programs (default
+    :func:`target_programs`): ``num_blocks`` over ``spec``'s KV heads."""
     if num_blocks <= 0:
         return min_blocks
-    want = math.ceil(num_blocks * num_kv_heads / target_programs)
+    want = math.ceil(num_blocks * spec.num_kv_heads / (target or target_programs(spec)))
     return int(min(max_blocks, max(min_blocks, want)))
 
 
@@ -107,7 +120,7 @@ def choose_chunk_blocks(num_blocks: int, num_kv_heads: int, min_blocks: int = 16
 MAX_SPLIT_ROWS = 16
 
 
-def chunk_blocks_for(batches: list[BlockBatch], num_kv_heads: int) -> int:
+def chunk_blocks_for(batches: list[BlockBatch], spec: KVSpec) -> int:
     """Chunk size for one step's launches (host-side index arrays): split-KV for decode-sized
     query counts, whole sequences for long query chunks."""
     qmax, total, longest = 0, 0, 1
@@ -122,7 +135,7 @@ def chunk_blocks_for(batches: list[BlockBatch], num_kv_heads: int) -> int:
         total += int(ki[-1]) if ki.size else 0
     if qmax > MAX_SPLIT_ROWS:
         return longest
-    return choose_chunk_blocks(total, num_kv_heads)
+    return choose_chunk_blocks(total, spec)
 
 
 def plan_chunks(batch: BlockBatch, chunk_blocks: int, base: int = 0) -> ChunkPlan:
@@ -458,7 +471,7 @@ def attend_gpu(q: torch.Tensor, kv: torch.Tensor, layout: str, spec: KVSpec, bat
     cpu_batch = BlockBatch(batch.q_indptr.cpu(), batch.kv_indptr.cpu(), batch.kv_blocks,
                            batch.kv_lens)
     if chunk_blocks is None:
-        chunk_blocks = chunk_blocks_for([cpu_batch], spec.num_kv_heads)
+        chunk_blocks = chunk_blocks_for([cpu_batch], spec)
     plan = plan_chunks(cpu_batch, chunk_blocks)
     qmax = plan.qmax
     row_ptr, row_idx = plan_rows([plan], nq, qmax)

@@ -440,7 +440,7 @@ class HybridAttention:
         base = 0
         cpu_plans = []
         cpu_bs = [s.host_batch for s in g.sources]
-        cb = self.chunk_blocks or G.chunk_blocks_for(cpu_bs, self.spec.num_kv_heads)
+        cb = self.chunk_blocks or G.chunk_blocks_for(cpu_bs, self.spec)
         for cpu_b in cpu_bs:
             cp = G.plan_chunks(cpu_b, cb, base)
             base += cp.num_chunks

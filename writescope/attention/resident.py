@@ -122,7 +122,7 @@ class ResidentAttention:
                 b = BlockBatch(qi.to("cpu", torch.int32), torch.zeros(n + 1, dtype=torch.int32),
                                torch.zeros(0, dtype=torch.int32), torch.zeros(0, dtype=torch.int32))
             hosts.append(b.host_view())
-        cb = self.chunk_blocks or G.chunk_blocks_for(hosts, self.spec.num_kv_heads)
+        cb = self.chunk_blocks or G.chunk_blocks_for(hosts, self.spec)
         chunks = [G.plan_chunks(b, cb) for b in hosts]
         if any(c.qmax != 1 for c in chunks if c.num_chunks):
             raise ValueError("a resident step has one query row per sequence")

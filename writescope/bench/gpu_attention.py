@@ -452,7 +452,7 @@ def bench_resident(shape: str, batch: str, dev, reps: int) -> dict:
     q = torch.randn(nseq, hq, spec.k_dim, device=dev, dtype=spec.dtype)
     cpu_b = BlockBatch(bb.q_indptr.cpu(), bb.kv_indptr.cpu(), bb.kv_blocks, bb.kv_lens)
     res = {}
-    auto = G.choose_chunk_blocks(nseq * nb, spec.num_kv_heads)
+    auto = G.choose_chunk_blocks(nseq * nb, spec)
     dflt = G.default_config(spec, hq // spec.num_kv_heads, 1)
     cfgs = [dflt] + [c for c in CONFIGS[shape] if c != dflt]
     # chunk sizes with the default tiles, then the other tiles at the default chunk size
