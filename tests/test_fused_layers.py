@@ -192,8 +192,27 @@ print("ok")
 """
 
 
-@pytest.mark.parametrize("cases", [NORM_CASES, ROPE_CASES, ROUTER_CASES, HEADS_CASES],
-                         ids=["rms_norm", "rotation", "router", "attn_heads"])
+MLP_CASES = PRELUDE + r"""
+import torch.nn.functional as F
+from writescope.layers.mlp import silu_mul_fused
+ULP = {torch.bfloat16: 2.0 ** -7, torch.float16: 2.0 ** -10, torch.float32: 1e-6}
+for n, inter in ((1, 1408), (4, 2816), (3, 10944), (2, 40)):
+    for dt in (torch.bfloat16, torch.float16, torch.float32):
+        h = (torch.randn(n, 2 * inter) * 3).to(dev, dt)
+        want = F.silu(h[:, :inter]) * h[:, inter:]
+        got = silu_mul_fused(h)
+        assert got.dtype == dt and got.shape == (n, inter)
+        err = ((got.double() - want.double()).abs() / want.double().abs().clamp_min(1e-3)).max().item()
+        assert err <= 2.01 * ULP[dt], (n, inter, dt, err)
+        res[(n, inter, str(dt))] = ((got == want).float().mean().item(), err)
+assert silu_mul_fused(torch.zeros(0, 8, device=dev)).shape == (0, 4)
+print(res)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("cases", [NORM_CASES, ROPE_CASES, ROUTER_CASES, HEADS_CASES, MLP_CASES],
+                         ids=["rms_norm", "rotation", "router", "attn_heads", "silu_mul"])
 def test_fused_forms_under_the_interpreter(cases):
     pytest.importorskip("triton")
     r = run_interpreted(cases.replace("DEVICE", '"cpu"'))
@@ -387,3 +406,52 @@ def test_attn_heads_on_cuda(tiny_qwen3_moe, monkeypatch):
     assert len(calls) == 1
     for a, b in ((q1, q0), (r1, r0)):
         assert (a.float() - b.float()).abs().max().item() <= 2 ** -6 * b.float().abs().max().item()
+
+
+def test_gate_and_up_weights_are_rows_of_one_tensor(tiny_deepseek_v2, monkeypatch):
+    """The loader lays a gated MLP's gate and up weights out as rows of one tensor (shared
+    experts and dense layers), filled with the checkpoint's values; off CUDA the MLP runs its
+    torch form, never the fused kernel."""
+    from safetensors.torch import load_file
+    from writescope.layers import mlp
+    from writescope.models.config import ModelConfig
+    from writescope.models.loader import build_model
+    monkeypatch.setattr(mlp, "silu_mul_fused", lambda *a: pytest.fail("fused MLP off CUDA"))
+    cfg = ModelConfig.from_hf(tiny_deepseek_v2)
+    model = build_model(cfg, dtype=torch.float32, device="cpu", checkpoint=tiny_deepseek_v2)
+    sd = {}
+    for f in sorted(tiny_deepseek_v2.glob("*.safetensors")):
+        sd.update(load_file(f))
+    mlps = [(n, m) for n, m in model.named_modules() if isinstance(m, mlp.GatedMLP)]
+    assert mlps
+    for name, m in mlps:
+        assert m._gate_up is not None and m.gate_proj.weight.data_ptr() == m._gate_up.data_ptr()
+        assert torch.equal(m.up_proj.weight, sd[f"{name}.up_proj.weight"].float())
+        assert torch.equal(m.gate_proj.weight, sd[f"{name}.gate_proj.weight"].float())
+        x = torch.randn(3, m.gate_proj.weight.shape[1])
+        want = m.down_proj(torch.nn.functional.silu(m.gate_proj(x)) * m.up_proj(x))
+        assert torch.equal(m(x), want)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fused_mlp_on_cuda(tiny_deepseek_v2, monkeypatch):
+    """On the GPU: silu_mul within two units of the torch form; DeepSeek's shared-expert MLP takes
+    the stacked GEMM and the kernel, within bf16 rounding of WRITESCOPE_FUSED_MLP=0."""
+    ns: dict = {}
+    exec(MLP_CASES.replace("DEVICE", '"cuda"').replace('print("ok")', ""), ns)
+    from writescope.layers import mlp
+    from writescope.models.config import ModelConfig
+    from writescope.models.loader import build_model
+    cfg = ModelConfig.from_hf(tiny_deepseek_v2)
+    model = build_model(cfg, dtype=torch.bfloat16, device="cuda", checkpoint=tiny_deepseek_v2)
+    m = next(m for m in model.modules() if isinstance(m, mlp.GatedMLP))
+    x = torch.randn(4, m.gate_proj.weight.shape[1], device="cuda").bfloat16()
+    calls, real = [], mlp.silu_mul_fused
+    monkeypatch.setattr(mlp, "silu_mul_fused", lambda h: calls.append(1) or real(h))
+    a = m(x)
+    assert calls
+    monkeypatch.setenv("WRITESCOPE_FUSED_MLP", "0")
+    b = m(x)
+    assert len(calls) == 1
+    assert (a.float() - b.float()).abs().max().item() <= 2 ** -6 * b.float().abs().max().item()

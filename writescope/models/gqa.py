@@ -1,7 +1,7 @@
 """Grouped-query attention (Mixtral, Qwen3-MoE). Cache record per KV head: ``[K | V]``.
 
 The q, k and v projections keep their hub names and weights, but the loader lays the three
-weights out as consecutive rows of one tensor (:meth:`GQAAttention.share_projection_storage`,
+weights out as consecutive rows of one tensor (``layers/stacked.py``,
 before they are filled), so that on CUDA one GEMM computes all three: a decode step's GEMVs
 read the rows in one pass, and two launches a layer fewer. Elsewhere (and if anything moved
 the weights apart) the three projections run as before: the CPU's numbers stay the ones the
@@ -20,6 +20,7 @@ from torch import nn
 
 from ..layers import attn_heads
 from ..layers.norm import RMSNorm
+from ..layers.stacked import share_rows, still_rows
 from ..layers.rotary import apply_rotary
 from .config import ModelConfig
 
@@ -45,18 +46,7 @@ class GQAAttention(nn.Module):
     def share_projection_storage(self) -> None:
         """Give q_proj, k_proj and v_proj weights that are consecutive rows of one tensor (call
         before they are filled; without biases only)."""
-        lins = (self.q_proj, self.k_proj, self.v_proj)
-        w = self.q_proj.weight
-        if any(l.bias is not None or l.weight.is_meta for l in lins):
-            return
-        buf = torch.empty(sum(l.weight.shape[0] for l in lins), w.shape[1], dtype=w.dtype,
-                          device=w.device)
-        row = 0
-        for l in lins:
-            rows = l.weight.shape[0]
-            l.weight = nn.Parameter(buf[row:row + rows], requires_grad=False)
-            row += rows
-        self._qkv = buf
+        self._qkv = share_rows((self.q_proj, self.k_proj, self.v_proj))
 
     def _fused_qkv(self, x: torch.Tensor) -> torch.Tensor | None:
         """The shared weight, where one GEMM should compute the three projections: on CUDA, and
@@ -65,13 +55,7 @@ class GQAAttention(nn.Module):
         if qkv is None or not x.is_cuda or qkv.device != x.device or qkv.dtype != x.dtype \
                 or os.environ.get("WRITESCOPE_FUSED_QKV", "1") == "0":
             return None
-        step = qkv.stride(0) * qkv.element_size()
-        base = qkv.data_ptr()
-        if (self.q_proj.weight.data_ptr() != base
-                or self.k_proj.weight.data_ptr() != base + self.hq * self.d * step
-                or self.v_proj.weight.data_ptr() != base + (self.hq + self.hkv) * self.d * step):
-            return None
-        return qkv
+        return qkv if still_rows(qkv, (self.q_proj, self.k_proj, self.v_proj)) else None
 
     def pre(self, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
         """Everything before attention: rotated queries ``[N, Hq, D]`` and the new tokens'
