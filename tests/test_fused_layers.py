@@ -211,8 +211,43 @@ print("ok")
 """
 
 
-@pytest.mark.parametrize("cases", [NORM_CASES, ROPE_CASES, ROUTER_CASES, HEADS_CASES, MLP_CASES],
-                         ids=["rms_norm", "rotation", "router", "attn_heads", "silu_mul"])
+MLA_CASES = PRELUDE + r"""
+from writescope.layers.mla_heads import mla_heads_fused
+from writescope.layers.norm import RMSNorm, rms_norm_fused
+from writescope.layers.rotary import Rotary, rotate_pairs_fused
+ULP = {torch.bfloat16: 2.0 ** -7, torch.float16: 2.0 ** -10, torch.float32: 1e-6}
+# (heads, nope, rope, lora): DeepSeek-V2-Lite, a small one
+for nh, nope, rope, lora in ((16, 128, 64, 512), (3, 16, 8, 40)):
+    rot = Rotary(rope, 1e4, None).to(dev)
+    cos, sin = rot.cos_sin(torch.tensor([0, 9, 4095, 163839], device=dev))
+    for dt in (torch.bfloat16, torch.float32):
+        norm = RMSNorm(lora, 1e-6)
+        with torch.no_grad():
+            norm.weight.copy_(torch.randn(lora) * 0.1 + 1)
+        norm = norm.to(dev, dt)
+        # q and [c | k_pe] as one stacked GEMM's output: column slices of one [N, W] tensor
+        y = (torch.randn(4, nh * (nope + rope) + lora + rope) * 2).to(dev, dt)
+        q = y[:, :nh * (nope + rope)].view(4, nh, nope + rope)
+        kva = y[:, nh * (nope + rope):]
+        q_pe, rec = mla_heads_fused(q, kva, norm, cos, sin, lora)
+        assert q_pe.shape == (4, nh, rope) and rec.shape == (4, 1, lora + rope)
+        want_q = rotate_pairs_fused(q[..., nope:], cos, sin)
+        want_c = rms_norm_fused(kva[:, :lora], norm.weight, norm.eps)
+        want_k = rotate_pairs_fused(kva[:, lora:].reshape(4, 1, rope), cos, sin)
+        for key, got, want in (("q_pe", q_pe, want_q), ("k_pe", rec[:, 0, lora:], want_k[:, 0]),
+                               ("c", rec[:, 0, :lora], want_c)):
+            err = ((got.double() - want.double()).abs().max() / want.double().abs().max()).item()
+            assert err <= 2.01 * ULP[dt], (nh, dt, key, err)
+            res[(nh, str(dt), key)] = (torch.equal(got, want), err)
+print(res)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("cases", [NORM_CASES, ROPE_CASES, ROUTER_CASES, HEADS_CASES, MLP_CASES,
+                                   MLA_CASES],
+                         ids=["rms_norm", "rotation", "router", "attn_heads", "silu_mul",
+                              "mla_heads"])
 def test_fused_forms_under_the_interpreter(cases):
     pytest.importorskip("triton")
     r = run_interpreted(cases.replace("DEVICE", '"cpu"'))
@@ -455,3 +490,53 @@ def test_fused_mlp_on_cuda(tiny_deepseek_v2, monkeypatch):
     b = m(x)
     assert len(calls) == 1
     assert (a.float() - b.float()).abs().max().item() <= 2 ** -6 * b.float().abs().max().item()
+
+
+def test_mla_projections_are_rows_of_one_tensor(tiny_deepseek_v2, monkeypatch):
+    """Without a query LoRA the loader stacks q_proj's and kv_a_proj_with_mqa's weights (one
+    GEMM on CUDA), filled with the checkpoint's values; off CUDA the separate forms run."""
+    from safetensors.torch import load_file
+    from writescope.layers import mla_heads
+    from writescope.models.config import ModelConfig
+    from writescope.models.loader import build_model
+    monkeypatch.setattr(mla_heads, "mla_heads_fused", lambda *a: pytest.fail("fused off CUDA"))
+    cfg = ModelConfig.from_hf(tiny_deepseek_v2)
+    model = build_model(cfg, dtype=torch.float32, device="cpu", checkpoint=tiny_deepseek_v2)
+    attn = model.model.layers[0].self_attn
+    if attn.q_lora:
+        pytest.skip("the tiny checkpoint has a query LoRA")
+    sd = {}
+    for f in sorted(tiny_deepseek_v2.glob("*.safetensors")):
+        sd.update(load_file(f))
+    assert attn._q_kva is not None and attn.q_proj.weight.data_ptr() == attn._q_kva.data_ptr()
+    p = "model.layers.0.self_attn."
+    assert torch.equal(attn.kv_a_proj_with_mqa.weight, sd[p + "kv_a_proj_with_mqa.weight"].float())
+    x = torch.randn(3, cfg.hidden_size)
+    q, rec = attn.pre(x, model.rotary.cos_sin(torch.arange(3)))
+    assert q.shape[:2] == (3, cfg.num_heads) and rec.shape[:2] == (3, 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_mla_heads_on_cuda(tiny_deepseek_v2, monkeypatch):
+    """On the GPU: the fused record and q_pe against the separate kernels; MLA's pre-step takes
+    the stacked GEMM and the kernel, within bf16 rounding of WRITESCOPE_FUSED_HEADS=0."""
+    ns: dict = {}
+    exec(MLA_CASES.replace("DEVICE", '"cuda"').replace('print("ok")', ""), ns)
+    from writescope.layers import mla_heads
+    from writescope.models.config import ModelConfig
+    from writescope.models.loader import build_model
+    cfg = ModelConfig.from_hf(tiny_deepseek_v2)
+    model = build_model(cfg, dtype=torch.bfloat16, device="cuda", checkpoint=tiny_deepseek_v2)
+    attn = model.model.layers[0].self_attn
+    x = torch.randn(4, cfg.hidden_size, device="cuda").bfloat16()
+    rope = model.rotary.cos_sin(torch.arange(4, device="cuda") + 11)
+    calls, real = [], mla_heads.mla_heads_fused
+    monkeypatch.setattr(mla_heads, "mla_heads_fused", lambda *a: calls.append(1) or real(*a))
+    q1, r1 = attn.pre(x, rope)
+    assert calls
+    monkeypatch.setenv("WRITESCOPE_FUSED_HEADS", "0")
+    q0, r0 = attn.pre(x, rope)
+    assert len(calls) == 1
+    for a, b in ((q1, q0), (r1, r0)):
+        assert (a.float() - b.float()).abs().max().item() <= 2 ** -6 * b.float().abs().max().item()

@@ -12,17 +12,24 @@ Prefill chunks are compute-bound, and there the absorbed form costs ~3x the FLOP
 each chunk's gathered context back to :meth:`MLAAttention.forward` (``dense=``), which decompresses
 it with ``kv_b_proj`` and attends per head (``attention/prefill.mla_prefix_attention``, as
 transformers computes it).
+
+On CUDA, without a query LoRA, ``q_proj`` and ``kv_a_proj_with_mqa`` are one GEMM over their
+weights stacked as rows of one tensor (``layers/stacked.py``), and the latent's norm, both
+rotations and the record are one launch (``layers/mla_heads.py``).
 """
 from __future__ import annotations
 
 import os
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..attention.prefill import mla_prefix_attention
+from ..layers import mla_heads
 from ..layers.norm import RMSNorm
 from ..layers.rotary import apply_rotary
+from ..layers.stacked import share_rows, still_rows
 from .config import ModelConfig
 
 
@@ -53,17 +60,39 @@ class MLAAttention(nn.Module):
         self.kv_a_layernorm = RMSNorm(self.lora, 1e-6)
         self.kv_b_proj = nn.Linear(self.lora, self.nh * (self.nope + self.vd), bias=False)
         self.o_proj = nn.Linear(self.nh * self.vd, h, bias=bias)
+        #: q_proj's and kv_a_proj_with_mqa's weights as rows of one tensor
+        self._q_kva: torch.Tensor | None = None
+
+    def share_projection_storage(self) -> None:
+        """Without a query LoRA (V2-Lite), give q_proj and kv_a_proj_with_mqa -- both read the
+        layer's input -- weights that are rows of one tensor (the loader calls this before
+        filling them): one GEMM for both on CUDA."""
+        if not self.q_lora:
+            self._q_kva = share_rows((self.q_proj, self.kv_a_proj_with_mqa))
 
     def _project(self, x: torch.Tensor, rope):
         """Queries ``q_nope [N, H, 128]``, ``q_pe [N, H, 64]`` (rope applied) and the new tokens'
         records ``[N, 1, 576]``."""
         n = x.shape[0]
-        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if self.q_lora else self.q_proj(x)
-        q = q.view(n, self.nh, self.nope + self.rope)
+        qk = self.nope + self.rope
+        both = self._q_kva
+        if (x.is_cuda and both is not None and both.dtype == x.dtype and both.device == x.device
+                and still_rows(both, (self.q_proj, self.kv_a_proj_with_mqa))):
+            y = F.linear(x, both)  # q and [c | k_pe] from one GEMM
+            q, kva = y[:, :self.nh * qk], y[:, self.nh * qk:]
+        else:
+            q = (self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if self.q_lora
+                 else self.q_proj(x))
+            kva = self.kv_a_proj_with_mqa(x)
+        q = q.view(n, self.nh, qk)
         q_nope, q_pe = q.split([self.nope, self.rope], dim=-1)
-        c, k_pe = self.kv_a_proj_with_mqa(x).split([self.lora, self.rope], dim=-1)
-        c = self.kv_a_layernorm(c)
         cos, sin = rope
+        if mla_heads.usable(q, kva, self.kv_a_layernorm):  # norm, rotations, record: one launch
+            q_pe, rec = mla_heads.mla_heads_fused(q, kva, self.kv_a_layernorm, cos, sin,
+                                                  self.lora)
+            return q_nope, q_pe, rec
+        c, k_pe = kva.split([self.lora, self.rope], dim=-1)
+        c = self.kv_a_layernorm(c)
         q_pe = apply_rotary(q_pe, cos, sin, interleaved=True)
         k_pe = apply_rotary(k_pe.view(n, 1, self.rope), cos, sin, interleaved=True)
         return q_nope, q_pe, torch.cat((c.view(n, 1, self.lora), k_pe), dim=-1)
