@@ -440,8 +440,11 @@ class HybridAttention:
         base = 0
         cpu_plans = []
         cpu_bs = [s.host_batch for s in g.sources]
-        cb = self.chunk_blocks or G.chunk_blocks_for(cpu_bs, self.spec)
         for cpu_b in cpu_bs:
+            # each source is its own launch: its chunks aim at the launch's programs (a chunk
+            # size from all the step's blocks left a G launch beside a large T share with a
+            # fraction of them)
+            cb = self.chunk_blocks or G.chunk_blocks_for([cpu_b], self.spec)
             cp = G.plan_chunks(cpu_b, cb, base)
             base += cp.num_chunks
             cpu_plans.append(cp)
