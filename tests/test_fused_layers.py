@@ -540,3 +540,40 @@ def test_mla_heads_on_cuda(tiny_deepseek_v2, monkeypatch):
     assert len(calls) == 1
     for a, b in ((q1, q0), (r1, r0)):
         assert (a.float() - b.float()).abs().max().item() <= 2 ** -6 * b.float().abs().max().item()
+
+
+def test_layers_free_the_old_residual_before_their_mlp(tiny_qwen3_moe):
+    """The residual's add is deferred to the next layer's norm (``RMSNorm.add_forward``); the
+    forward pass must still free a layer's input residual and the previous MLP's output once
+    their sum exists, so that a long prefill's peak (which sizes the KV pools on CUDA) holds no
+    more hidden-sized tensors than the plain ``x + f(norm(x))`` form."""
+    import weakref
+
+    from writescope.models.config import ModelConfig
+    from writescope.models.loader import build_model
+    cfg = ModelConfig.from_hf(tiny_qwen3_moe)
+    model = build_model(cfg, dtype=torch.float32, device="cpu", checkpoint=tiny_qwen3_moe)
+    layers = model.model.layers
+    seen, alive = {}, []
+    for i, layer in enumerate(layers):
+        ffn_fwd = layer.ffn.forward
+
+        def pre(carry, rope, ctx, i=i, real=layer.forward):
+            seen[i] = [weakref.ref(t) for t in carry if t is not None]
+            return real(carry, rope, ctx)
+
+        def ffn(h, i=i, real=ffn_fwd):
+            alive.append((i, [r() is not None for r in seen[i]]))
+            return real(h)
+        layer.forward, layer.ffn.forward = pre, ffn
+
+    class Ctx:  # each token over itself (no cache)
+        def attention(self, layer, q, records, dense=None):
+            from writescope.attention.selfattn import causal_self_attention
+            spec = cfg.kv_spec(torch.float32)
+            return causal_self_attention(q, records, spec, [q.shape[0]], cfg.softmax_scale)[0]
+    n = 5
+    model(torch.arange(n), torch.arange(n), Ctx())
+    assert [i for i, _ in alive] == list(range(len(layers)))
+    for i, flags in alive:  # the input residual (and the previous MLP output) are gone
+        assert not any(flags), (i, flags)

@@ -53,14 +53,19 @@ class DecoderLayer(nn.Module):
     def ffn(self) -> nn.Module:
         return getattr(self, self.mlp_name)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                ctx: AttentionContext, dx: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(x, dx)``: the residual stream before this layer's MLP and the MLP's output, which
-        the next layer (or the final norm) adds as it normalises (``dx``: the previous layer's,
-        None for the first). Each add and the norm after it are one kernel on CUDA
-        (``RMSNorm.add_forward``); the values are those of ``x + f(norm(x))`` layer by layer."""
+    def forward(self, carry: list, rope: tuple[torch.Tensor, torch.Tensor],
+                ctx: AttentionContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """``carry = [x, dx]``: the residual stream and the previous layer's MLP output (None
+        before the first layer); returns them for the next layer (or the final norm), which
+        adds ``dx`` as it normalises. Each add and the norm after it are one kernel on CUDA
+        (``RMSNorm.add_forward``); the values are those of ``x + f(norm(x))`` layer by layer.
+        ``carry`` is emptied here, so that the old residual and ``dx`` are freed once their sum
+        exists (the caller keeps no reference: a long prefill chunk's peak activation memory,
+        which sizes the KV pools on CUDA, holds one hidden-sized tensor fewer)."""
+        x, dx = carry
+        carry.clear()
         x, h = self.input_layernorm.add_forward(x, dx)
+        del dx
         x, h = self.post_attention_layernorm.add_forward(x, self.self_attn(h, rope, ctx, self.idx))
         return x, self.ffn(h)
 
@@ -101,7 +106,9 @@ class CausalLM(nn.Module):
         rope = self.rotary.cos_sin(positions)
         dx = None
         for layer in self.model.layers:
-            x, dx = layer(x, rope, ctx, dx)
+            carry = [x, dx]
+            del x, dx  # the layer holds the only references (DecoderLayer.forward)
+            x, dx = layer(carry, rope, ctx)
         return self.model.norm.add_forward(x, dx)[1]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
