@@ -400,6 +400,29 @@ def test_qkv_in_one_gemm_on_cuda(tiny_qwen3_moe, monkeypatch):
         assert (a.float() - b.float()).abs().max().item() <= 2 ** -6 * b.float().abs().max().item()
 
 
+def _cuda_model(path):
+    from writescope.models.config import ModelConfig
+    from writescope.models.loader import build_model
+    cfg = ModelConfig.from_hf(path)
+    return cfg, build_model(cfg, dtype=torch.bfloat16, device="cuda", checkpoint=path)
+
+
+def _fused_then_separate(monkeypatch, module, name: str, env: str, run):
+    """``run()`` with ``module.name`` (a fused kernel's entry) counted, then again with
+    ``env=0``: the kernel ran in the first and not in the second; both results, compared
+    within bf16 rounding (each a tensor or a tuple of tensors)."""
+    calls, real = [], getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a: calls.append(1) or real(*a))
+    fused = run()
+    assert calls
+    monkeypatch.setenv(env, "0")
+    separate = run()
+    assert len(calls) == 1
+    pairs = zip(fused, separate) if isinstance(fused, tuple) else [(fused, separate)]
+    for a, b in pairs:
+        assert (a.float() - b.float()).abs().max().item() <= 2 ** -6 * b.float().abs().max().item()
+
+
 def test_attn_heads_take_the_separate_forms_off_cuda(tiny_qwen3_moe, monkeypatch):
     """Off CUDA the attention's pre-step never calls the fused heads kernel."""
     from writescope.layers import attn_heads
@@ -424,23 +447,12 @@ def test_attn_heads_on_cuda(tiny_qwen3_moe, monkeypatch):
     ns: dict = {}
     exec(HEADS_CASES.replace("DEVICE", '"cuda"').replace('print("ok")', ""), ns)
     from writescope.layers import attn_heads
-    from writescope.models.config import ModelConfig
-    from writescope.models.loader import build_model
-    cfg = ModelConfig.from_hf(tiny_qwen3_moe)
-    model = build_model(cfg, dtype=torch.bfloat16, device="cuda", checkpoint=tiny_qwen3_moe)
+    cfg, model = _cuda_model(tiny_qwen3_moe)
     attn = model.model.layers[0].self_attn
     x = torch.randn(5, cfg.hidden_size, device="cuda").bfloat16()
     rope = model.rotary.cos_sin(torch.arange(5, device="cuda") + 7)
-    calls = []
-    real = attn_heads.attn_heads_fused
-    monkeypatch.setattr(attn_heads, "attn_heads_fused", lambda *a: calls.append(1) or real(*a))
-    q1, r1 = attn.pre(x, rope)
-    assert calls
-    monkeypatch.setenv("WRITESCOPE_FUSED_HEADS", "0")
-    q0, r0 = attn.pre(x, rope)
-    assert len(calls) == 1
-    for a, b in ((q1, q0), (r1, r0)):
-        assert (a.float() - b.float()).abs().max().item() <= 2 ** -6 * b.float().abs().max().item()
+    _fused_then_separate(monkeypatch, attn_heads, "attn_heads_fused", "WRITESCOPE_FUSED_HEADS",
+                         lambda: attn.pre(x, rope))
 
 
 def test_gate_and_up_weights_are_rows_of_one_tensor(tiny_deepseek_v2, monkeypatch):
@@ -476,20 +488,10 @@ def test_fused_mlp_on_cuda(tiny_deepseek_v2, monkeypatch):
     ns: dict = {}
     exec(MLP_CASES.replace("DEVICE", '"cuda"').replace('print("ok")', ""), ns)
     from writescope.layers import mlp
-    from writescope.models.config import ModelConfig
-    from writescope.models.loader import build_model
-    cfg = ModelConfig.from_hf(tiny_deepseek_v2)
-    model = build_model(cfg, dtype=torch.bfloat16, device="cuda", checkpoint=tiny_deepseek_v2)
+    _, model = _cuda_model(tiny_deepseek_v2)
     m = next(m for m in model.modules() if isinstance(m, mlp.GatedMLP))
     x = torch.randn(4, m.gate_proj.weight.shape[1], device="cuda").bfloat16()
-    calls, real = [], mlp.silu_mul_fused
-    monkeypatch.setattr(mlp, "silu_mul_fused", lambda h: calls.append(1) or real(h))
-    a = m(x)
-    assert calls
-    monkeypatch.setenv("WRITESCOPE_FUSED_MLP", "0")
-    b = m(x)
-    assert len(calls) == 1
-    assert (a.float() - b.float()).abs().max().item() <= 2 ** -6 * b.float().abs().max().item()
+    _fused_then_separate(monkeypatch, mlp, "silu_mul_fused", "WRITESCOPE_FUSED_MLP", lambda: m(x))
 
 
 def test_mla_projections_are_rows_of_one_tensor(tiny_deepseek_v2, monkeypatch):
@@ -524,22 +526,12 @@ def test_mla_heads_on_cuda(tiny_deepseek_v2, monkeypatch):
     ns: dict = {}
     exec(MLA_CASES.replace("DEVICE", '"cuda"').replace('print("ok")', ""), ns)
     from writescope.layers import mla_heads
-    from writescope.models.config import ModelConfig
-    from writescope.models.loader import build_model
-    cfg = ModelConfig.from_hf(tiny_deepseek_v2)
-    model = build_model(cfg, dtype=torch.bfloat16, device="cuda", checkpoint=tiny_deepseek_v2)
+    cfg, model = _cuda_model(tiny_deepseek_v2)
     attn = model.model.layers[0].self_attn
     x = torch.randn(4, cfg.hidden_size, device="cuda").bfloat16()
     rope = model.rotary.cos_sin(torch.arange(4, device="cuda") + 11)
-    calls, real = [], mla_heads.mla_heads_fused
-    monkeypatch.setattr(mla_heads, "mla_heads_fused", lambda *a: calls.append(1) or real(*a))
-    q1, r1 = attn.pre(x, rope)
-    assert calls
-    monkeypatch.setenv("WRITESCOPE_FUSED_HEADS", "0")
-    q0, r0 = attn.pre(x, rope)
-    assert len(calls) == 1
-    for a, b in ((q1, q0), (r1, r0)):
-        assert (a.float() - b.float()).abs().max().item() <= 2 ** -6 * b.float().abs().max().item()
+    _fused_then_separate(monkeypatch, mla_heads, "mla_heads_fused", "WRITESCOPE_FUSED_HEADS",
+                         lambda: attn.pre(x, rope))
 
 
 def test_layers_free_the_old_residual_before_their_mlp(tiny_qwen3_moe):
