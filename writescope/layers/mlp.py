@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import gemv
 from .stacked import share_rows, still_rows
 
 
@@ -79,5 +80,5 @@ class GatedMLP(nn.Module):
         gu = self._gate_up
         if (x.is_cuda and gu is not None and gu.device == x.device and gu.dtype == x.dtype
                 and x.dim() == 2 and fused_enabled() and still_rows(gu, (g, u))):
-            return d(silu_mul_fused(F.linear(x, gu)))
+            return gemv.linear(silu_mul_fused(gemv.linear(x, gu)), d.weight, d.bias)
         return d(F.silu(g(x)) * u(x))

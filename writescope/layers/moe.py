@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..models.config import ModelConfig
-from . import cpu_experts_graph, moe_triton, routing
+from . import cpu_experts_graph, gemv, moe_triton, routing
 from .mlp import GatedMLP
 
 
@@ -39,9 +39,9 @@ class Router(nn.Module):
         cfg = self.cfg
         k = cfg.num_experts_per_tok
         if self.fp32:
-            logits = F.linear(x.float(), self.weight.float())
+            logits = gemv.linear(x.float(), self.weight.float())
         else:
-            logits = F.linear(x, self.weight)
+            logits = gemv.linear(x, self.weight)
         deepseek = cfg.model_type == "deepseek_v2"
         grouped = deepseek and cfg.topk_method == "group_limited_greedy"
         if logits.is_cuda and not grouped and routing.fused_enabled():  # one kernel (routing.py)

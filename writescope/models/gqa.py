@@ -15,13 +15,12 @@ from __future__ import annotations
 import os
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ..layers import attn_heads
+from ..layers import attn_heads, gemv
 from ..layers.norm import RMSNorm
-from ..layers.stacked import share_rows, still_rows
 from ..layers.rotary import apply_rotary
+from ..layers.stacked import share_rows, still_rows
 from .config import ModelConfig
 
 
@@ -64,7 +63,7 @@ class GQAAttention(nn.Module):
         qkv = self._fused_qkv(x)
         cos, sin = rope
         if qkv is not None:  # one GEMM; q, k, v are head slices of its rows
-            y = F.linear(x, qkv).view(n, self.hq + 2 * self.hkv, self.d)
+            y = gemv.linear(x, qkv).view(n, self.hq + 2 * self.hkv, self.d)
             if cos.shape[-1] * 2 == self.d and attn_heads.usable(y, self.q_norm, self.k_norm):
                 # norms, rotations and records in one launch (layers/attn_heads.py)
                 return attn_heads.attn_heads_fused(y, self.hq, self.hkv, self.q_norm,
@@ -80,7 +79,8 @@ class GQAAttention(nn.Module):
         return q, torch.cat((k, v), dim=-1)
 
     def post(self, out: torch.Tensor) -> torch.Tensor:
-        return self.o_proj(out.reshape(out.shape[0], self.hq * self.d))
+        o = self.o_proj
+        return gemv.linear(out.reshape(out.shape[0], self.hq * self.d), o.weight, o.bias)
 
     def forward(self, x: torch.Tensor, rope, ctx, layer: int) -> torch.Tensor:
         return self.post(ctx.attention(layer, *self.pre(x, rope)))

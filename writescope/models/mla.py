@@ -22,11 +22,10 @@ from __future__ import annotations
 import os
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..attention.prefill import mla_prefix_attention
-from ..layers import mla_heads
+from ..layers import gemv, mla_heads
 from ..layers.norm import RMSNorm
 from ..layers.rotary import apply_rotary
 from ..layers.stacked import share_rows, still_rows
@@ -78,7 +77,7 @@ class MLAAttention(nn.Module):
         both = self._q_kva
         if (x.is_cuda and both is not None and both.dtype == x.dtype and both.device == x.device
                 and still_rows(both, (self.q_proj, self.kv_a_proj_with_mqa))):
-            y = F.linear(x, both)  # q and [c | k_pe] from one GEMM
+            y = gemv.linear(x, both)  # q and [c | k_pe] from one GEMM
             q, kva = y[:, :self.nh * qk], y[:, self.nh * qk:]
         else:
             q = (self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if self.q_lora
@@ -114,7 +113,9 @@ class MLAAttention(nn.Module):
 
     def post(self, out: torch.Tensor) -> torch.Tensor:
         """From the attention over latents ``[N, H, 512]`` to the layer's output ``[N, hidden]``."""
-        return self.o_proj(self._values(out).reshape(out.shape[0], self.nh * self.vd))
+        o = self.o_proj
+        return gemv.linear(self._values(out).reshape(out.shape[0], self.nh * self.vd), o.weight,
+                           o.bias)
 
     def forward(self, x: torch.Tensor, rope, ctx, layer: int) -> torch.Tensor:
         q_nope, q_pe, rec = self._project(x, rope)
