@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
-import platform
 import sys
 
 import torch
@@ -27,7 +25,7 @@ from ..layers import moe_triton
 from ..layers.moe import run_experts
 from ..models.config import ModelConfig
 from .gpu_attention import _events_time, measure_hbm
-from .provenance import git_commit, source_digest
+from .graphed import add_common_args, graph_replay, write_json
 
 MODELS = ("deepseek-v2-lite", "qwen3-30b-a3b", "mixtral-8x7b")
 
@@ -66,16 +64,7 @@ def case(name: str, n: int, layers: int, reps: int, dev, configs: list[dict], to
         def f():
             for li in range(layers):
                 moe_triton.fused_experts(x, *routes[li], gu[li], dn[li], config=config)
-        f()  # compile
-        side = torch.cuda.Stream(dev)
-        side.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(side):
-            f()
-        torch.cuda.current_stream(dev).wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            f()
-        return g.replay
+        return graph_replay(f, dev)
 
     res = {"model": name, "tokens": n, "experts_per_token": k, "hidden": H, "inter": I,
            "distinct_experts": distinct, "layer_bytes": layer_bytes,
@@ -111,13 +100,9 @@ def case(name: str, n: int, layers: int, reps: int, dev, configs: list[dict], to
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default=",".join(MODELS))
+    add_common_args(ap, MODELS)
     ap.add_argument("--tokens", default="1,2,4,8", help="decode tokens per step (comma list)")
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--reps", type=int, default=9)
-    ap.add_argument("--sweep", action="store_true", help="also time other launch settings")
     ap.add_argument("--no-torch", action="store_true")
-    ap.add_argument("--json")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("gpu_experts: needs CUDA", file=sys.stderr)
@@ -140,12 +125,7 @@ def main(argv=None) -> int:
                   f"{d.get('gbps', 0) / hbm:>6.0%} {b['us']:>7.1f} {b['gbps']:>9.0f} "
                   f"{r.get('torch_gbps', float('nan')):>10.0f}" + (f"  best: {b['config']}" if args.sweep else ""))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"command": " ".join(["python -m writescope.bench.gpu_experts"] + list(argv or sys.argv[1:])),
-                       "commit": git_commit(), "source_digest": source_digest(),
-                       "machine": {"gpu": torch.cuda.get_device_name(dev), "python": platform.python_version(),
-                                   "torch": torch.__version__},
-                       "hbm_copy_gbps": hbm, "results": results}, f, indent=1)
+        write_json(args.json, "writescope.bench.gpu_experts", argv, dev, hbm, results)
     return 0
 
 

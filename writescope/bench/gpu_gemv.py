@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
-import platform
 import sys
 
 import torch
@@ -24,7 +22,7 @@ import torch.nn.functional as F
 from ..layers import gemv
 from ..models.config import ModelConfig
 from .gpu_attention import _events_time, measure_hbm
-from .provenance import git_commit, source_digest
+from .graphed import add_common_args, graph_replay, write_json
 
 MODELS = ("qwen3-30b-a3b", "deepseek-v2-lite", "mixtral-8x7b")
 
@@ -66,16 +64,7 @@ def case(model: str, what: str, n: int, k: int, dt, rows: int, layers: int, reps
         def f():
             for w in ws:
                 fn(x, w)
-        f()
-        side = torch.cuda.Stream(dev)
-        side.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(side):
-            f()
-        torch.cuda.current_stream(dev).wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            f()
-        return g.replay
+        return graph_replay(f, dev)
 
     def timed(fn) -> dict:
         got = fn(x, ws[0]).double()
@@ -106,12 +95,8 @@ def case(model: str, what: str, n: int, k: int, dt, rows: int, layers: int, reps
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default=",".join(MODELS))
+    add_common_args(ap, MODELS)
     ap.add_argument("--rows", default="1,2,4,8", help="decode rows (tokens) per step, comma list")
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--reps", type=int, default=9)
-    ap.add_argument("--sweep", action="store_true", help="also time other launch settings")
-    ap.add_argument("--json")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("gpu_gemv: needs CUDA", file=sys.stderr)
@@ -135,13 +120,7 @@ def main(argv=None) -> int:
                       f"{b.get('gbps', float('nan')):>6.0f}"
                       + (f"  best: {b.get('config')}" if args.sweep else ""), flush=True)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"command": " ".join(["python -m writescope.bench.gpu_gemv"]
-                                           + list(argv if argv is not None else sys.argv[1:])),
-                       "commit": git_commit(), "source_digest": source_digest(),
-                       "machine": {"gpu": torch.cuda.get_device_name(dev),
-                                   "python": platform.python_version(), "torch": torch.__version__},
-                       "hbm_copy_gbps": hbm, "results": results}, f, indent=1)
+        write_json(args.json, "writescope.bench.gpu_gemv", argv, dev, hbm, results)
     return 0
 
 
