@@ -2,9 +2,9 @@
 
 After the one q/k/v GEMM (``models/gqa.py``) a decode step's heads go through Qwen3's q and k
 RMSNorms, the half-split rotation of q and k, and the concatenation of each KV head's ``[k | v]``
-record: six kernels a layer in the separate forms (two norms, two rotations, the cat and its
-copy), each a few microseconds over a few kilobytes. In Qwen3-30B-A3B's graphed 2 x 32K decode
-step they were ~0.6 of its 6.85 device milliseconds (bench/results/2026-12-03h-h200 call 4).
+record: five kernels a layer in the separate forms (two norms, two rotations, the cat), each a
+few microseconds over a few kilobytes. In Qwen3-30B-A3B's graphed 2 x 32K decode
+step they were ~0.35 of its 6.85 device milliseconds (bench/results/2026-12-03h-h200 call 4).
 
 Here one program per (token, head) of the projection's output ``y [N, Hq + 2 Hkv, D]``: a query
 head is normalised (``q_norm``) and rotated into ``q [N, Hq, D]``; a key head is normalised
