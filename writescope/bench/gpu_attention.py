@@ -40,6 +40,7 @@ from ..attention.hybrid import AttentionStepPlan, HybridAttention, cpu_kernel
 from ..attention.reference import dense_attention
 from ..kvcache.pools import allocate_pool
 from ..kvcache.regions import KVSpec, Region, block_records, pool_shape, to_cpu_layout
+from .graphed import graph_replay
 from .provenance import git_commit, source_digest
 
 
@@ -235,30 +236,13 @@ def _queued_time(fn, reps: int) -> float:
 
 def _graph_time(fn, calls: int = 8, reps: int = 9) -> float | None:
     """Median device seconds of one call of ``fn`` as a CUDA graph of ``calls`` calls replays
-    it: the engine's form for a resident step (no launch path at all). None where the capture
-    fails."""
+    it (``graphed.graph_replay``): the engine's form for a resident step (no launch path at
+    all). None where the capture fails."""
     try:
-        fn()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn()
-        torch.cuda.current_stream().wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(calls):
-                fn()
-        g.replay()
+        replay = graph_replay(lambda: [fn() for _ in range(calls)], torch.cuda.current_device())
+        replay()
         torch.cuda.synchronize()
-        ts = []
-        for _ in range(reps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            g.replay()
-            b.record()
-            b.synchronize()
-            ts.append(a.elapsed_time(b) / 1e3 / calls)
-        return sorted(ts)[len(ts) // 2]
+        return _events_time(replay, reps) / calls
     except Exception:  # noqa: BLE001 -- a capture this build cannot do: no graph figure
         return None
 
