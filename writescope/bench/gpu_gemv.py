@@ -119,8 +119,8 @@ def main(argv=None) -> int:
                       f"{t.get('gbps', float('nan')):>6.0f} {b.get('us', float('nan')):>7.1f} "
                       f"{b.get('gbps', float('nan')):>6.0f}"
                       + (f"  best: {b.get('config')}" if args.sweep else ""), flush=True)
-    if args.json:
-        write_json(args.json, "writescope.bench.gpu_gemv", argv, dev, hbm, results)
+                if args.json:  # after every case: a run cut short keeps what it measured
+                    write_json(args.json, "writescope.bench.gpu_gemv", argv, dev, hbm, results)
     return 0
 
 
