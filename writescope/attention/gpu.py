@@ -194,18 +194,22 @@ def _kernels():
     import triton.language as tl
 
     @triton.jit
-    def partial_kernel(Q, KV, BLOCKS, LENS, C_KV0, C_KV1, C_Q0, C_QN, P_OUT, P_LSE,
-                       chunk_base, stride_qt, stride_qh, qk_scale,
+    def partial_kernel(Q, KV, KV2, BLOCKS, LENS, C_KV0, C_KV1, C_Q0, C_QN, P_OUT, P_LSE,
+                       chunk_base, second_from, stride_qt, stride_qh, qk_scale,
                        BS: tl.constexpr, TOK_STRIDE: tl.constexpr, REC: tl.constexpr,
                        HQ: tl.constexpr, GROUP: tl.constexpr, QMAX,
                        K_OFF: tl.constexpr, DA: tl.constexpr, BLOCK_DA: tl.constexpr,
                        DB: tl.constexpr, BLOCK_DB: tl.constexpr,
                        V_OFF: tl.constexpr, DV: tl.constexpr, BLOCK_DV: tl.constexpr,
                        SHARE_V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       PREC: tl.constexpr):
+                       PREC: tl.constexpr, TWO_POOLS: tl.constexpr):
         c = tl.program_id(0)
         h = tl.program_id(1)
         mt = tl.program_id(2)
+        if TWO_POOLS:  # chunks from second_from on read the second pool (one launch for both)
+            kvp = tl.where(c >= second_from, KV2, KV)
+        else:
+            kvp = KV
         kv0 = tl.load(C_KV0 + c)
         kv1 = tl.load(C_KV1 + c)
         q0 = tl.load(C_Q0 + c)
@@ -240,18 +244,18 @@ def _kernels():
             valid = inr & (off < ln)
             tok = (blk.to(tl.int64) * BS + off) * TOK_STRIDE + h * REC
             if BLOCK_DA == DA:
-                k_a = tl.load(KV + tok[:, None] + K_OFF + da[None, :], mask=valid[:, None],
+                k_a = tl.load(kvp + tok[:, None] + K_OFF + da[None, :], mask=valid[:, None],
                               other=0.0)
             else:
-                k_a = tl.load(KV + tok[:, None] + K_OFF + da[None, :],
+                k_a = tl.load(kvp + tok[:, None] + K_OFF + da[None, :],
                               mask=valid[:, None] & (da < DA)[None, :], other=0.0)
             s = tl.dot(q_a, tl.trans(k_a), input_precision=PREC)
             if DB > 0:
                 if BLOCK_DB == DB:
-                    k_b = tl.load(KV + tok[:, None] + K_OFF + DA + db[None, :],
+                    k_b = tl.load(kvp + tok[:, None] + K_OFF + DA + db[None, :],
                                   mask=valid[:, None], other=0.0)
                 else:
-                    k_b = tl.load(KV + tok[:, None] + K_OFF + DA + db[None, :],
+                    k_b = tl.load(kvp + tok[:, None] + K_OFF + DA + db[None, :],
                                   mask=valid[:, None] & (db < DB)[None, :], other=0.0)
                 s += tl.dot(q_b, tl.trans(k_b), input_precision=PREC)
             s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
@@ -263,10 +267,10 @@ def _kernels():
                 v = k_a
             else:
                 if BLOCK_DV == DV:
-                    v = tl.load(KV + tok[:, None] + V_OFF + dv[None, :], mask=valid[:, None],
+                    v = tl.load(kvp + tok[:, None] + V_OFF + dv[None, :], mask=valid[:, None],
                                 other=0.0)
                 else:
-                    v = tl.load(KV + tok[:, None] + V_OFF + dv[None, :],
+                    v = tl.load(kvp + tok[:, None] + V_OFF + dv[None, :],
                                 mask=valid[:, None] & (dv < DV)[None, :], other=0.0)
             acc = acc * alpha[:, None] + tl.dot(pr.to(v.dtype), v, input_precision=PREC)
             m_i = m_new
@@ -281,11 +285,16 @@ def _kernels():
 
     @triton.jit
     def reduce_kernel(P_OUT, P_LSE, ROW_PTR, ROW_IDX, X_OUT, X_LSE, OUT, LSE,
+                      Q, REC, s_qn, s_qh, s_rn, s_rh, s_scale,
                       HQ: tl.constexpr, DV: tl.constexpr, BLOCK_H: tl.constexpr,
-                      BLOCK_DV: tl.constexpr, BLOCK_E: tl.constexpr, HAS_X: tl.constexpr):
+                      BLOCK_DV: tl.constexpr, BLOCK_E: tl.constexpr, HAS_X: tl.constexpr,
+                      SELF: tl.constexpr, GROUP: tl.constexpr, K_OFF: tl.constexpr,
+                      DK: tl.constexpr, BLOCK_DK: tl.constexpr, V_OFF: tl.constexpr):
         # one program per (query row, head tile, value tile); one pass over the row's partials,
         # BLOCK_E at a time, with a running maximum (online log-sum-exp): the partial loads of
-        # one step do not wait for a previous pass over the LSEs
+        # one step do not wait for a previous pass over the LSEs. SELF (a decode step): the
+        # row's new token over itself is one more term (the score of q with the token's own
+        # record, its value), and OUT is the model's dtype, LSE not written
         row = tl.program_id(0)
         hh = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
         dv = tl.program_id(2) * BLOCK_DV + tl.arange(0, BLOCK_DV)
@@ -322,12 +331,29 @@ def _kernels():
             acc = acc * a[:, None] + op * w[:, None]
             ssum = ssum * a + w
             m = m_new
+        if SELF:
+            dk = tl.arange(0, BLOCK_DK)
+            km = hm[:, None] & (dk < DK)[None, :]
+            r64 = row.to(tl.int64)
+            rrow = REC + r64 * s_rn + (hh // GROUP)[:, None] * s_rh
+            qh = tl.load(Q + r64 * s_qn + hh[:, None] * s_qh + dk[None, :], mask=km, other=0.0)
+            kh = tl.load(rrow + K_OFF + dk[None, :], mask=km, other=0.0)
+            sc = tl.sum(qh.to(tl.float32) * kh.to(tl.float32), 1) * s_scale
+            vh = tl.load(rrow + V_OFF + dv[None, :], mask=hm[:, None] & dm[None, :], other=0.0)
+            m_new = tl.maximum(m, sc)
+            a = tl.exp(m - m_new)
+            w = tl.exp(sc - m_new)
+            acc = acc * a[:, None] + vh.to(tl.float32) * w[:, None]
+            ssum = ssum * a + w
+            m = m_new
         has = ssum > 0
         out = acc / tl.where(has, ssum, 1.0)[:, None]
-        lse = tl.where(has, m + tl.log(tl.where(has, ssum, 1.0)), float("-inf"))
-        if tl.program_id(2) == 0:
-            tl.store(LSE + xr, lse, mask=hm)
-        tl.store(OUT + xr[:, None] * DV + dv[None, :], out, mask=hm[:, None] & dm[None, :])
+        if not SELF:
+            lse = tl.where(has, m + tl.log(tl.where(has, ssum, 1.0)), float("-inf"))
+            if tl.program_id(2) == 0:
+                tl.store(LSE + xr, lse, mask=hm)
+        tl.store(OUT + xr[:, None] * DV + dv[None, :], out.to(OUT.dtype.element_ty),
+                 mask=hm[:, None] & dm[None, :])
 
     from .launch import FastLaunch
     return FastLaunch(partial_kernel), FastLaunch(reduce_kernel)
@@ -373,30 +399,35 @@ def _split_k(spec: KVSpec) -> tuple[int, int, bool]:
 def launch_partials(q: torch.Tensor, kv: torch.Tensor, spec: KVSpec, plan: ChunkPlan,
                     kv_blocks: torch.Tensor, kv_lens: torch.Tensor, scale: float,
                     part_out: torch.Tensor, part_lse: torch.Tensor, qmax: int,
-                    config: KernelConfig | None = None) -> None:
+                    config: KernelConfig | None = None,
+                    second: tuple[torch.Tensor, int] | None = None) -> None:
     """Write the partials of ``plan``'s chunks. ``q [nq, Hq, Dk]`` in the pool's dtype;
     ``kv`` one layer of a GPU-layout pool ``[N, bs, H, R]`` (contiguous); ``part_out
-    [P, Hq, Dv]`` / ``part_lse [P, Hq]`` fp32 with ``P >= (plan.base + chunks) * qmax``."""
+    [P, Hq, Dv]`` / ``part_lse [P, Hq]`` fp32 with ``P >= (plan.base + chunks) * qmax``.
+    ``second = (kv2, c)``: chunks ``c`` and later read ``kv2`` (another pool's layer of the same
+    record layout) instead, in the same launch; ``kv_blocks`` then holds both pools' ids."""
     if plan.num_chunks == 0:
         return
     partial_kernel, _ = _kernels()
     nq, hq, dk = q.shape
     n, bs, hkv, rec = kv.shape
     assert kv.is_contiguous() and q.stride(-1) == 1 and dk == spec.k_dim
+    kv2, second_from = second if second is not None else (kv, 0)
+    assert kv2.is_contiguous() and kv2.shape[1:] == kv.shape[1:] and kv2.dtype == kv.dtype
     group = hq // hkv
     cfg = config or default_config(spec, group, qmax)
     da, db, share = _split_k(spec)
     grid = (plan.num_chunks, hkv, triton_cdiv(qmax * group, cfg.block_m))
     partial_kernel[grid](
-        q, kv, kv_blocks, kv_lens, plan.kv0, plan.kv1, plan.q0, plan.qn, part_out, part_lse,
-        plan.base, q.stride(0), q.stride(1), scale * LOG2E,
+        q, kv, kv2, kv_blocks, kv_lens, plan.kv0, plan.kv1, plan.q0, plan.qn, part_out,
+        part_lse, plan.base, second_from, q.stride(0), q.stride(1), scale * LOG2E,
         BS=bs, TOK_STRIDE=hkv * rec, REC=rec, HQ=hq, GROUP=group, QMAX=qmax,
         K_OFF=spec.k_offset, DA=da, BLOCK_DA=max(16, _next_pow2(da)),
         DB=db, BLOCK_DB=max(16, _next_pow2(db)) if db else 16,
         V_OFF=spec.v_offset, DV=spec.v_dim, BLOCK_DV=max(16, _next_pow2(spec.v_dim)),
         SHARE_V=share, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         # fp32 KV (the exact-parity runs) must not be rounded to TF32 inside tl.dot
-        PREC="ieee" if kv.dtype == torch.float32 else "tf32",
+        PREC="ieee" if kv.dtype == torch.float32 else "tf32", TWO_POOLS=second is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
@@ -432,20 +463,40 @@ def reduce_config(nq: int, hq: int, dv: int, target_programs: int = TARGET_PROGR
 
 
 def launch_reduce(part_out: torch.Tensor, part_lse: torch.Tensor, row_indptr: torch.Tensor,
-                  row_idx: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                  row_idx: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None,
                   extra: tuple[torch.Tensor, torch.Tensor] | None = None,
-                  config: ReduceConfig | None = None) -> None:
-    """Merge every row's partials (and ``extra``, a merged partial per row) into ``out``/``lse``."""
+                  config: ReduceConfig | None = None,
+                  self_terms: tuple[torch.Tensor, torch.Tensor, KVSpec, float] | None = None
+                  ) -> None:
+    """Merge every row's partials (and ``extra``, a merged partial per row) into ``out``/``lse``.
+
+    ``self_terms = (q, records, spec, scale)`` (a decode step: one new token a row): each row's
+    token over itself is merged too -- what :func:`~.selfmerge.decode_self_merge` does after a
+    float32 merge, in the same launch -- and ``out`` is the layer's attention output in its own
+    dtype (``q``'s); no LSE is written (``lse`` may be None)."""
     _, reduce_kernel = _kernels()
     nq, hq, dv = out.shape
     if nq == 0:
         return
     c = config or reduce_config(nq, hq, dv)
+    if self_terms is not None:
+        sq, srec, sspec, sscale = self_terms
+        if sq.stride(-1) != 1 or srec.stride(-1) != 1 or hq % sspec.num_kv_heads:
+            raise ValueError("self terms need rows of contiguous heads and whole KV groups")
+        sargs = (sq, srec, sq.stride(0), sq.stride(1), srec.stride(0), srec.stride(1),
+                 float(sscale))
+        skw = dict(SELF=True, GROUP=hq // sspec.num_kv_heads, K_OFF=sspec.k_offset,
+                   DK=sspec.k_dim, BLOCK_DK=max(16, _next_pow2(sspec.k_dim)),
+                   V_OFF=sspec.v_offset)
+        lse = out if lse is None else lse  # never written
+    else:
+        sargs = (out, out, 0, 0, 0, 0, 1.0)
+        skw = dict(SELF=False, GROUP=1, K_OFF=0, DK=1, BLOCK_DK=16, V_OFF=0)
     xo, xl = extra if extra is not None else (out, lse)
     reduce_kernel[(nq, triton_cdiv(hq, c.block_h), triton_cdiv(dv, c.block_dv))](
-        part_out, part_lse, row_indptr, row_idx, xo, xl, out, lse,
+        part_out, part_lse, row_indptr, row_idx, xo, xl, out, lse, *sargs,
         HQ=hq, DV=dv, BLOCK_H=c.block_h, BLOCK_DV=c.block_dv, BLOCK_E=c.block_e,
-        HAS_X=extra is not None, num_warps=4)
+        HAS_X=extra is not None, num_warps=4, **skw)
 
 
 def triton_cdiv(a: int, b: int) -> int:

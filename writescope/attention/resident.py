@@ -47,15 +47,19 @@ def _pow2(n: int, least: int = 16) -> int:
 
 class _Buffers:
     """One step size's device buffers: block ids and lengths, chunks, merge rows (int32, one
-    tensor), the new tokens' rows and W slots (int64), and the partials."""
+    tensor), the new tokens' rows and W slots (int64), and the partials. Each array holds both
+    regions, the first's capacity then the second's (``(name, i)``: region ``i``'s part); the
+    chunks' block entries index the whole ``blocks``/``lens`` arrays, so one launch can read
+    both regions' chunks."""
 
     def __init__(self, key: tuple, device: torch.device):
         rows, cap_b, cap_c = key
         self.key = key
         layout, off = {}, 0
-        for i in range(len(RESIDENT_REGIONS)):
-            for name, size in (("blocks", cap_b[i]), ("lens", cap_b[i]), ("kv0", cap_c[i]),
-                               ("kv1", cap_c[i]), ("q0", cap_c[i]), ("qn", cap_c[i])):
+        for name, caps in (("blocks", cap_b), ("lens", cap_b), ("kv0", cap_c), ("kv1", cap_c),
+                           ("q0", cap_c), ("qn", cap_c)):
+            layout[name] = (off, sum(caps))
+            for i, size in enumerate(caps):
                 layout[(name, i)] = (off, size)
                 off += size
         layout["row_ptr"] = (off, rows + 1)
@@ -143,8 +147,9 @@ class ResidentAttention:
         host32 = np.zeros(bufs.i32.numel(), dtype=np.int32)
         lay = bufs.layout
         for i, (b, c) in enumerate(zip(hosts, chunks)):
-            for name, a in (("blocks", b.kv_blocks), ("lens", b.kv_lens), ("kv0", c.kv0),
-                            ("kv1", c.kv1), ("q0", c.q0), ("qn", c.qn)):
+            first = sum(bufs.key[1][:i])  # the region's first entry in the blocks array
+            for name, a in (("blocks", b.kv_blocks), ("lens", b.kv_lens), ("kv0", c.kv0 + first),
+                            ("kv1", c.kv1 + first), ("q0", c.q0), ("qn", c.qn)):
                 o = lay[(name, i)][0]
                 host32[o:o + a.numel()] = a.numpy()
         o = lay["row_ptr"][0]
@@ -163,9 +168,9 @@ class ResidentAttention:
         return bufs.key
 
     # ------------------------------------------------------------------ per layer
-    def attend(self, layer: int, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Float32 ``(out, lse)`` of ``q [rows, Hq, Dk]`` over the loaded step's G and W blocks
-        (rows without blocks: zeros and -inf)."""
+    def _partials(self, layer: int, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The partials of ``q [rows, Hq, Dk]`` over the loaded step's G and W chunks: one
+        launch over both pools (``WRITESCOPE_RESIDENT_ONE_LAUNCH=0``: one per region)."""
         bufs = self._cur
         if bufs is None:
             raise RuntimeError("ResidentAttention.attend before load")
@@ -180,17 +185,46 @@ class ResidentAttention:
                 torch.empty(sum(cap_c), hq, dv, dtype=torch.float32, device=self.device),
                 torch.empty(sum(cap_c), hq, dtype=torch.float32, device=self.device))
         t = bufs.t
-        qk = q.to(self.pools[RESIDENT_REGIONS[0]].dtype).contiguous()
+        g, w = (self.pools[r][layer] for r in RESIDENT_REGIONS)
+        qk = q.to(g.dtype).contiguous()
+        if G.triton_switch("WRITESCOPE_RESIDENT_ONE_LAUNCH"):
+            plan = G.ChunkPlan(t["kv0"], t["kv1"], t["q0"], t["qn"], 0, 1)
+            G.launch_partials(qk, g, spec, plan, t["blocks"], t["lens"], self.scale, parts[0],
+                              parts[1], 1, second=(w, cap_c[0]))
+            return parts
         base = 0
-        for i, r in enumerate(RESIDENT_REGIONS):
+        for i, kv in enumerate((g, w)):
             plan = G.ChunkPlan(t[("kv0", i)], t[("kv1", i)], t[("q0", i)], t[("qn", i)], base, 1)
-            G.launch_partials(qk, self.pools[r][layer], spec, plan, t[("blocks", i)],
-                              t[("lens", i)], self.scale, parts[0], parts[1], 1)
+            G.launch_partials(qk, kv, spec, plan, t["blocks"], t["lens"], self.scale, parts[0],
+                              parts[1], 1)
             base += cap_c[i]
+        return parts
+
+    def attend(self, layer: int, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Float32 ``(out, lse)`` of ``q [rows, Hq, Dk]`` over the loaded step's G and W blocks
+        (rows without blocks: zeros and -inf)."""
+        parts = self._partials(layer, q)
+        rows, hq, dv = q.shape[0], q.shape[1], self.spec.v_dim
         out = torch.empty(rows, hq, dv, dtype=torch.float32, device=self.device)
         lse = torch.empty(rows, hq, dtype=torch.float32, device=self.device)
+        t = self._cur.t
         G.launch_reduce(parts[0], parts[1], t["row_ptr"], t["row_idx"], out, lse)
         return out, lse
+
+    def attend_merged(self, layer: int, q: torch.Tensor, records: torch.Tensor) -> torch.Tensor:
+        """The layer's decode attention output ``[rows, Hq, Dv]`` in ``q``'s dtype: the cached
+        G and W blocks and each row's new token over itself (``records [rows, Hkv, R]``) in
+        the merge's launch -- :meth:`attend` then :func:`~.selfmerge.decode_self_merge`, one
+        kernel fewer."""
+        parts = self._partials(layer, q)
+        rows, hq, dv = q.shape[0], q.shape[1], self.spec.v_dim
+        out = torch.empty(rows, hq, dv, dtype=q.dtype, device=self.device)
+        t = self._cur.t
+        G.launch_reduce(parts[0], parts[1], t["row_ptr"], t["row_idx"], out, None,
+                        self_terms=(q if q.stride(-1) == 1 else q.contiguous(),
+                                    records if records.stride(-1) == 1 else records.contiguous(),
+                                    self.spec, self.scale))
+        return out
 
     def write(self, layer: int, records: torch.Tensor) -> None:
         """The loaded step's new records (``[rows, H, R]``) into their W slots (one launch on

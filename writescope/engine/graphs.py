@@ -38,7 +38,7 @@ from typing import Callable
 
 import torch
 
-from ..attention.selfmerge import decode_self_merge
+from ..attention.selfmerge import decode_self_merge, fused_enabled
 from ..layers import cpu_experts_graph
 
 #: the step sizes that are captured: a decode step of ``n`` tokens runs in the smallest size
@@ -139,13 +139,15 @@ def _layer_pieces(i: int, layer, n: int, cache, group: int | None = None,
     ``launch`` (GPU side enqueued, CPU side handed to its worker) and ``finish`` (the merge),
     so that the other sub-batch's work can be enqueued between them. ``resident``: the step's
     cached KV is all on the GPU and loaded into fixed buffers (``cache.attend_resident``):
-    the attention piece is graph-safe too."""
+    the attention piece is graph-safe too, and (unless ``WRITESCOPE_FUSED_SELF_MERGE=0``) it
+    merges the new tokens over themselves in its own launch, handing ``post`` the output."""
     attn, ffn = layer.self_attn, layer.ffn
     g = 0 if group is None else group
     pre_ = "" if group is None else f"{group}:"
     x, cos, sin, q, rec = (pre_ + k for k in ("x", "cos", "sin", "q", "rec"))
-    o_kv, l_kv, h, dx = (pre_ + k for k in ("o_kv", "l_kv", "h", "dx"))
+    o_kv, l_kv, h, dx, o_ = (pre_ + k for k in ("o_kv", "l_kv", "h", "dx", "o"))
     first = i == 0  # no MLP output to add before this layer
+    merged = group is None and resident and fused_enabled()
 
     def pre(env, ctx):
         # the previous layer's MLP output is added as this layer's norm runs (one kernel)
@@ -158,6 +160,9 @@ def _layer_pieces(i: int, layer, n: int, cache, group: int | None = None,
     def attend_resident(env, ctx):  # the plan is in fixed buffers (no ctx: also in a capture)
         env[o_kv], env[l_kv] = cache.attend_resident(i, env[q], env[rec])
 
+    def attend_merged(env, ctx):  # the same, the self merge in the reduce's launch
+        env[o_] = cache.attend_resident_merged(i, env[q], env[rec])
+
     def launch(env, ctx):
         ctx.attend_launch(i, env[q], env[rec], g)
 
@@ -169,12 +174,19 @@ def _layer_pieces(i: int, layer, n: int, cache, group: int | None = None,
         o = decode_self_merge(env[o_kv], env[l_kv], env[q], env[rec], cache.spec, cache.scale)
         env[x], env[h] = layer.post_attention_layernorm.add_forward(env[x], attn.post(o))
 
+    def post_merged(env, ctx):
+        env[x], env[h] = layer.post_attention_layernorm.add_forward(env[x], attn.post(env[o_]))
+
     def mlp(env, ctx):
         env[dx] = ffn(env[h])  # added by the next layer's pre (or the final norm)
 
     safe = getattr(ffn, "graph_safe", None)
     out = [Piece(f"{pre_}pre{i}", pre, (x, cos, sin) if first else (x, dx, cos, sin),
                  (x, q, rec), True, g)]
+    if merged:
+        return out + [Piece(f"attn{i}", attend_merged, (q, rec), (o_,), True),
+                      Piece(f"post{i}", post_merged, (x, o_), (x, h), True),
+                      Piece(f"ffn{i}", mlp, (h,), (dx,), True if safe is None else safe(n))]
     if group is None and resident:
         out.append(Piece(f"attn{i}", attend_resident, (q, rec), (o_kv, l_kv), True))
     elif group is None:
