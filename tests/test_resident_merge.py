@@ -1,7 +1,8 @@
 """ResidentAttention's one-launch forms (attention/resident.py, attention/gpu.py): the G and W
 chunks' partials in one launch over both pools, and the merge that also takes each row's new
-token over itself (``attend_merged``, the graphed decode step's form) -- against a float64
-oracle and against the separate launches, under Triton's CPU interpreter and on CUDA."""
+token over itself and writes the new records (``attend_merged``, the graphed decode step's
+form) -- against a float64 oracle and against the separate launches, under Triton's CPU
+interpreter and on CUDA."""
 from __future__ import annotations
 
 import pytest
@@ -48,6 +49,9 @@ for name, spec, hq in (("gqa", KVSpec.gqa(layers, 2, 64, torch.float32), 8),
             o, l = ra.attend(layer, q)
             outs[one] = (o, l, ra.attend_merged(layer, q, rec))
         os.environ.pop("WRITESCOPE_RESIDENT_ONE_LAUNCH")
+        # the new records went to their W slots (the padded row: the last token's, again)
+        w_rows = pools[Region.W][layer].view(-1, spec.num_kv_heads, spec.rec_dim)
+        assert torch.equal(w_rows[40:43], rec[:n])
         assert torch.equal(outs["1"][0], outs["0"][0]) and torch.equal(outs["1"][1], outs["0"][1])
         assert torch.equal(outs["1"][2], outs["0"][2])
         o, l, merged = outs["1"]
@@ -74,7 +78,13 @@ for name, spec, hq in (("gqa", KVSpec.gqa(layers, 2, 64, torch.float32), 8),
     qb, recb = q.to(torch.bfloat16), rec.to(torch.bfloat16)
     o, l = rb.attend(0, qb)
     sep = self_merge_torch(o[:n], l[:n], qb[:n], recb[:n], specb, scale)
+    os.environ["WRITESCOPE_FUSED_WRITE"] = "0"
+    unfused = rb.attend_merged(0, qb, recb)[:n]
+    os.environ.pop("WRITESCOPE_FUSED_WRITE")
+    pb[Region.W][0].view(-1, spec.num_kv_heads, spec.rec_dim)[40:43] = 0
     got = rb.attend_merged(0, qb, recb)[:n]
+    assert torch.equal(got, unfused)
+    assert torch.equal(pb[Region.W][0].view(-1, spec.num_kv_heads, spec.rec_dim)[40:43], recb[:n])
     assert got.dtype == torch.bfloat16
     rel = ((got.double() - sep.double()).abs().max() / sep.double().abs().max()).item()
     assert rel < 2 ** -7, (name, rel)

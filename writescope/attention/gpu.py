@@ -285,16 +285,19 @@ def _kernels():
 
     @triton.jit
     def reduce_kernel(P_OUT, P_LSE, ROW_PTR, ROW_IDX, X_OUT, X_LSE, OUT, LSE,
-                      Q, REC, s_qn, s_qh, s_rn, s_rh, s_scale,
+                      Q, REC, s_qn, s_qh, s_rn, s_rh, s_scale, W_OUT, W_SRC, W_DST, s_wn, s_wh,
                       HQ: tl.constexpr, DV: tl.constexpr, BLOCK_H: tl.constexpr,
                       BLOCK_DV: tl.constexpr, BLOCK_E: tl.constexpr, HAS_X: tl.constexpr,
                       SELF: tl.constexpr, GROUP: tl.constexpr, K_OFF: tl.constexpr,
-                      DK: tl.constexpr, BLOCK_DK: tl.constexpr, V_OFF: tl.constexpr):
+                      DK: tl.constexpr, BLOCK_DK: tl.constexpr, V_OFF: tl.constexpr,
+                      WRITE: tl.constexpr, R: tl.constexpr, BLOCK_R: tl.constexpr):
         # one program per (query row, head tile, value tile); one pass over the row's partials,
         # BLOCK_E at a time, with a running maximum (online log-sum-exp): the partial loads of
         # one step do not wait for a previous pass over the LSEs. SELF (a decode step): the
         # row's new token over itself is one more term (the score of q with the token's own
-        # record, its value), and OUT is the model's dtype, LSE not written
+        # record, its value), and OUT is the model's dtype, LSE not written. WRITE: the first
+        # value tile's programs also copy their KV heads' records, row W_SRC[row], to their
+        # slots W_DST[row] (the W tails; never a slot the partials read)
         row = tl.program_id(0)
         hh = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
         dv = tl.program_id(2) * BLOCK_DV + tl.arange(0, BLOCK_DV)
@@ -346,6 +349,15 @@ def _kernels():
             acc = acc * a[:, None] + vh.to(tl.float32) * w[:, None]
             ssum = ssum * a + w
             m = m_new
+        if WRITE:
+            if tl.program_id(2) == 0:
+                rr = tl.arange(0, BLOCK_R)
+                wm = hm[:, None] & (rr < R)[None, :]
+                kvh = (hh // GROUP)[:, None]
+                src = tl.load(W_SRC + row)
+                val = tl.load(REC + src * s_rn + kvh * s_rh + rr[None, :], mask=wm, other=0.0)
+                tl.store(W_OUT + tl.load(W_DST + row) * s_wn + kvh * s_wh + rr[None, :],
+                         val.to(W_OUT.dtype.element_ty), mask=wm)
         has = ssum > 0
         out = acc / tl.where(has, ssum, 1.0)[:, None]
         if not SELF:
@@ -466,14 +478,17 @@ def launch_reduce(part_out: torch.Tensor, part_lse: torch.Tensor, row_indptr: to
                   row_idx: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None,
                   extra: tuple[torch.Tensor, torch.Tensor] | None = None,
                   config: ReduceConfig | None = None,
-                  self_terms: tuple[torch.Tensor, torch.Tensor, KVSpec, float] | None = None
-                  ) -> None:
+                  self_terms: tuple[torch.Tensor, torch.Tensor, KVSpec, float] | None = None,
+                  write: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
     """Merge every row's partials (and ``extra``, a merged partial per row) into ``out``/``lse``.
 
     ``self_terms = (q, records, spec, scale)`` (a decode step: one new token a row): each row's
     token over itself is merged too -- what :func:`~.selfmerge.decode_self_merge` does after a
     float32 merge, in the same launch -- and ``out`` is the layer's attention output in its own
-    dtype (``q``'s); no LSE is written (``lse`` may be None)."""
+    dtype (``q``'s); no LSE is written (``lse`` may be None). With them, ``write = (rows,
+    src, dst)`` also copies ``records[src[i]]`` to ``rows[dst[i]]`` for every row ``i``
+    (``rows [slots, Hkv, R]``, ``src``/``dst`` int64): the W tails' new records, as
+    :func:`~.resident.write_rows` does, in the same launch."""
     _, reduce_kernel = _kernels()
     nq, hq, dv = out.shape
     if nq == 0:
@@ -489,9 +504,21 @@ def launch_reduce(part_out: torch.Tensor, part_lse: torch.Tensor, row_indptr: to
                    DK=sspec.k_dim, BLOCK_DK=max(16, _next_pow2(sspec.k_dim)),
                    V_OFF=sspec.v_offset)
         lse = out if lse is None else lse  # never written
+        if write is not None:
+            wrows, wsrc, wdst = write
+            if wrows.stride(-1) != 1 or wrows.shape[1:] != srec.shape[1:]:
+                raise ValueError("records go to rows of the records' layout")
+            sargs += (wrows, wsrc, wdst, wrows.stride(0), wrows.stride(1))
+            skw.update(WRITE=True, R=srec.shape[-1], BLOCK_R=max(16, _next_pow2(srec.shape[-1])))
+        else:
+            sargs += (out, out, out, 0, 0)
+            skw.update(WRITE=False, R=1, BLOCK_R=16)
+    elif write is not None:
+        raise ValueError("records are written with the self terms only")
     else:
-        sargs = (out, out, 0, 0, 0, 0, 1.0)
-        skw = dict(SELF=False, GROUP=1, K_OFF=0, DK=1, BLOCK_DK=16, V_OFF=0)
+        sargs = (out, out, 0, 0, 0, 0, 1.0, out, out, out, 0, 0)
+        skw = dict(SELF=False, GROUP=1, K_OFF=0, DK=1, BLOCK_DK=16, V_OFF=0, WRITE=False, R=1,
+                   BLOCK_R=16)
     xo, xl = extra if extra is not None else (out, lse)
     reduce_kernel[(nq, triton_cdiv(hq, c.block_h), triton_cdiv(dv, c.block_dv))](
         part_out, part_lse, row_indptr, row_idx, xo, xl, out, lse, *sargs,

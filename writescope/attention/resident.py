@@ -212,18 +212,26 @@ class ResidentAttention:
         return out, lse
 
     def attend_merged(self, layer: int, q: torch.Tensor, records: torch.Tensor) -> torch.Tensor:
-        """The layer's decode attention output ``[rows, Hq, Dv]`` in ``q``'s dtype: the cached
-        G and W blocks and each row's new token over itself (``records [rows, Hkv, R]``) in
-        the merge's launch -- :meth:`attend` then :func:`~.selfmerge.decode_self_merge`, one
-        kernel fewer."""
+        """The layer's decode attention output ``[rows, Hq, Dv]`` in ``q``'s dtype, with the new
+        records (``[rows, Hkv, R]``) written: the cached G and W blocks' partials, then one
+        launch that merges them with each row's new token over itself and copies the records
+        to their W slots -- :meth:`attend`, :func:`~.selfmerge.decode_self_merge` and
+        :meth:`write` in two kernels (``WRITESCOPE_FUSED_WRITE=0``: the records by
+        :meth:`write`)."""
         parts = self._partials(layer, q)
-        rows, hq, dv = q.shape[0], q.shape[1], self.spec.v_dim
+        bufs, spec = self._cur, self.spec
+        rows, hq, dv = q.shape[0], q.shape[1], spec.v_dim
         out = torch.empty(rows, hq, dv, dtype=q.dtype, device=self.device)
-        t = self._cur.t
+        t = bufs.t
+        rec = records if records.stride(-1) == 1 else records.contiguous()
+        w_flat = self.pools[Region.W][layer].view(-1, spec.num_kv_heads, spec.rec_dim)
+        fused_write = G.triton_switch("WRITESCOPE_FUSED_WRITE")
         G.launch_reduce(parts[0], parts[1], t["row_ptr"], t["row_idx"], out, None,
-                        self_terms=(q if q.stride(-1) == 1 else q.contiguous(),
-                                    records if records.stride(-1) == 1 else records.contiguous(),
-                                    self.spec, self.scale))
+                        self_terms=(q if q.stride(-1) == 1 else q.contiguous(), rec, spec,
+                                    self.scale),
+                        write=(w_flat, bufs.w_src, bufs.w_dst) if fused_write else None)
+        if not fused_write:
+            self.write(layer, records)
         return out
 
     def write(self, layer: int, records: torch.Tensor) -> None:

@@ -475,14 +475,13 @@ class InplaceKVCache:
     def attend_resident_merged(self, layer: int, q: torch.Tensor, records: torch.Tensor
                                ) -> torch.Tensor:
         """:meth:`attend_resident` and the self merge (``decode_self_merge``) in one: the
-        layer's attention output in ``q``'s dtype, the new tokens over themselves merged in
-        the same launch as the cached partials (``ResidentAttention.attend_merged``)."""
+        layer's attention output in ``q``'s dtype, the new tokens over themselves merged (and
+        their records written) in the launch that merges the cached partials
+        (``ResidentAttention.attend_merged``)."""
         r = self.resident
         if r is None or r.key is None:
             raise KVCacheError("attend_resident without a resident step loaded")
-        out = r.attend_merged(layer, q, records)
-        r.write(layer, records)
-        return out
+        return r.attend_merged(layer, q, records)
 
     @property
     def step_groups(self) -> list[int] | None:
