@@ -30,6 +30,7 @@ class Router(nn.Module):
         self.weight = nn.Parameter(torch.zeros(cfg.num_experts, cfg.hidden_size,
                                                dtype=torch.float32 if fp32 else None))
         self.fp32 = fp32
+        self._counters: dict[torch.device, torch.Tensor] = {}
 
     def forward(self, x: torch.Tensor, compact: bool = False
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -38,21 +39,23 @@ class Router(nn.Module):
         the fused experts read (``moe_triton``), so they need no casts of their own."""
         cfg = self.cfg
         k = cfg.num_experts_per_tok
-        if self.fp32:
-            logits = gemv.linear(x.float(), self.weight.float())
-        else:
-            logits = gemv.linear(x, self.weight)
         deepseek = cfg.model_type == "deepseek_v2"
         grouped = deepseek and cfg.topk_method == "group_limited_greedy"
-        if logits.is_cuda and not grouped and routing.fused_enabled():  # one kernel (routing.py)
-            wdt = logits.dtype if cfg.model_type == "qwen3_moe" else torch.float32
-            return routing.route_fused(
-                logits, k, cfg.norm_topk_prob and (not deepseek or k > 1),
-                eps=1e-20 if deepseek else 0.0,
-                scale=cfg.routed_scaling_factor if deepseek else 1.0,
-                out_dtype=torch.float32 if compact else wdt,
-                ids_dtype=torch.int32 if compact else torch.long,
-                round_to=wdt if compact else None)
+        ldt = torch.float32 if self.fp32 else x.dtype  # the logits' dtype, as F.linear gives it
+        if x.is_cuda and not grouped and routing.fused_enabled():  # one kernel (routing.py)
+            wdt = ldt if cfg.model_type == "qwen3_moe" else torch.float32
+            how = dict(k=k, renorm=cfg.norm_topk_prob and (not deepseek or k > 1),
+                       eps=1e-20 if deepseek else 0.0,
+                       scale=cfg.routed_scaling_factor if deepseek else 1.0,
+                       out_dtype=torch.float32 if compact else wdt,
+                       ids_dtype=torch.int32 if compact else torch.long,
+                       round_to=wdt if compact else None)
+            if (x.dim() == 2 and x.shape[0] <= routing.MAX_TOKENS and routing.logits_enabled()
+                    and (self.fp32 or x.dtype == self.weight.dtype)):  # the logits too
+                return routing.router_fused(x, self.weight, self._counter(x.device),
+                                            logits_dtype=ldt, **how)
+            return routing.route_fused(self._logits(x), **how)
+        logits = self._logits(x)
         scores = logits.softmax(dim=-1, dtype=torch.float32)
         if grouped:
             n, g = scores.shape[0], cfg.n_group
@@ -70,6 +73,19 @@ class Router(nn.Module):
         elif cfg.model_type == "qwen3_moe":
             w = w.to(logits.dtype)
         return w, idx
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fp32:
+            return gemv.linear(x.float(), self.weight.float())
+        return gemv.linear(x, self.weight)
+
+    def _counter(self, device: torch.device) -> torch.Tensor:
+        """The fused router's zero int32 word on ``device`` (kept: a CUDA graph holds its
+        address; each launch leaves it zero)."""
+        c = self._counters.get(device)
+        if c is None:
+            c = self._counters[device] = torch.zeros(1, dtype=torch.int32, device=device)
+        return c
 
 
 class StackedExperts(nn.Module):
@@ -169,6 +185,10 @@ class MoE(nn.Module):
             handle = self.cpu_experts.submit(x, idx, w)  # the CPU works while the GPU does the rest
             shared = self.shared_experts(x) if self.shared_experts is not None else None
             out = self.cpu_experts.wait(handle)
+        elif fused:  # the shared output added in the down kernel, rounded as `out + shared` is
+            shared = self.shared_experts(x) if self.shared_experts is not None else None
+            return moe_triton.fused_experts(x, idx, w, self.experts.gate_up, self.experts.down,
+                                            add=shared)
         else:
             out = (self.uploader.forward(self.cpu_experts, x, idx, w) if uploaded
                    else self.experts(x, idx, w))

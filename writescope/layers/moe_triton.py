@@ -77,9 +77,9 @@ def _kernels():
         tl.store(HOUT + s.to(tl.int64) * INTER + i, act, mask=imask)
 
     @triton.jit
-    def down_kernel(HIN, IDX, WTS, W, OUT, stride_we, stride_wr,
+    def down_kernel(HIN, IDX, WTS, W, OUT, ADD, stride_we, stride_wr,
                     K: tl.constexpr, KP: tl.constexpr, HID: tl.constexpr, INTER: tl.constexpr,
-                    BLOCK_O: tl.constexpr, BLOCK_I: tl.constexpr):
+                    BLOCK_O: tl.constexpr, BLOCK_I: tl.constexpr, HAS_ADD: tl.constexpr):
         # one program: BLOCK_O outputs of one token over all its K experts at once (a
         # [KP, BLOCK_O, BLOCK_I] tile a load, KP = K to the power of two, the padding masked),
         # each expert's rows summed over the intermediate size, then weighted and summed over
@@ -103,8 +103,11 @@ def _kernels():
             h = tl.load(hrow + i[None, :], mask=jmask[:, None] & imask[None, :], other=0.0)
             d = tl.load(wrow + i[None, None, :], mask=rmask & imask[None, None, :], other=0.0)
             acc += d.to(tl.float32) * h[:, None, :]
-        y = tl.sum(tl.sum(acc, axis=2) * wt[:, None], axis=0)
-        tl.store(OUT + t * HID + o, y.to(OUT.dtype.element_ty), mask=omask)
+        y = tl.sum(tl.sum(acc, axis=2) * wt[:, None], axis=0).to(OUT.dtype.element_ty)
+        if HAS_ADD:  # `y + add` as torch adds two tensors of the output's dtype
+            a = tl.load(ADD + t * HID + o, mask=omask, other=0.0)
+            y = (y.to(tl.float32) + a.to(tl.float32)).to(OUT.dtype.element_ty)
+        tl.store(OUT + t * HID + o, y, mask=omask)
 
     from ..attention.launch import FastLaunch
     return FastLaunch(gate_up_kernel), FastLaunch(down_kernel)
@@ -159,12 +162,15 @@ def _width(tile_rows: int, n: int, itemsize: int) -> int:
 
 
 def fused_experts(x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, gate_up: torch.Tensor,
-                  down: torch.Tensor, config: dict | None = None) -> torch.Tensor:
+                  down: torch.Tensor, config: dict | None = None,
+                  add: torch.Tensor | None = None) -> torch.Tensor:
     """``sum_j w[t, j] * expert_{idx[t, j]}(x[t])`` for ``x [n, H]``, ``idx``/``w [n, k]``,
     ``gate_up [E, 2I, H]`` and ``down [E, H, I]`` (rows contiguous). Same contract as
-    :func:`~writescope.layers.moe.run_experts`. ``config`` (benchmarks): ``gate_up_rows``,
-    ``gate_up_block_h``, ``down_rows``, ``down_block_i``, ``gate_up_warps``, ``down_warps``
-    instead of the defaults."""
+    :func:`~writescope.layers.moe.run_experts`; with ``add [n, H]`` (``x``'s dtype) the bits of
+    that result ``+ add``, in the down kernel (DeepSeek's shared experts' output: one kernel a
+    layer less, ~1.5 us on the H200, bench/results/2026-12-03j-h200/call1/d4-32k.log).
+    ``config`` (benchmarks): ``gate_up_rows``, ``gate_up_block_h``, ``down_rows``,
+    ``down_block_i``, ``gate_up_warps``, ``down_warps`` instead of the defaults."""
     n, k = idx.shape
     E, two_i, hid = gate_up.shape
     inter = two_i // 2
@@ -173,6 +179,8 @@ def fused_experts(x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, gate_up: 
                          f"hidden size {x.shape[-1]}")
     if gate_up.stride(2) != 1 or down.stride(2) != 1:
         raise ValueError("expert weights need contiguous rows")
+    if add is not None and (add.shape != x.shape or add.dtype != x.dtype):
+        raise ValueError(f"adding {add.dtype} {tuple(add.shape)} to {x.dtype} {tuple(x.shape)}")
     slots = n * k
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)  # rows contiguous, as written
     if slots == 0:
@@ -193,7 +201,8 @@ def fused_experts(x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, gate_up: 
     kp = 1 << (k - 1).bit_length()
     bo = c.get("down_rows") or down_rows(n, hid, kp)
     bi2 = c.get("down_block_i") or _width(kp * bo, inter, isz)
-    down_kernel[(n, -(-hid // bo))](h, ids, wts, down, out, down.stride(0), down.stride(1),
+    extra = out if add is None else add.contiguous()  # (not read without HAS_ADD)
+    down_kernel[(n, -(-hid // bo))](h, ids, wts, down, out, extra, down.stride(0), down.stride(1),
                                     K=k, KP=kp, HID=hid, INTER=inter, BLOCK_O=bo, BLOCK_I=bi2,
-                                    num_warps=c.get("down_warps") or 8)
+                                    HAS_ADD=add is not None, num_warps=c.get("down_warps") or 8)
     return out

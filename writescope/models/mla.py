@@ -15,7 +15,8 @@ transformers computes it).
 
 On CUDA, without a query LoRA, ``q_proj`` and ``kv_a_proj_with_mqa`` are one GEMM over their
 weights stacked as rows of one tensor (``layers/stacked.py``), and the latent's norm, both
-rotations and the record are one launch (``layers/mla_heads.py``).
+rotations and the record are one launch (``layers/mla_heads.py``); for decode-sized batches the
+query's absorption and the values' are one launch each (``layers/mla_absorb.py``).
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ import torch
 from torch import nn
 
 from ..attention.prefill import mla_prefix_attention
-from ..layers import gemv, mla_heads
+from ..layers import gemv, mla_absorb, mla_heads
 from ..layers.norm import RMSNorm
 from ..layers.rotary import apply_rotary
 from ..layers.stacked import share_rows, still_rows
@@ -98,6 +99,8 @@ class MLAAttention(nn.Module):
 
     def _absorb(self, q_nope: torch.Tensor, q_pe: torch.Tensor) -> torch.Tensor:
         w_uk = self.kv_b_proj.weight.view(self.nh, self.nope + self.vd, self.lora)[:, :self.nope]
+        if mla_absorb.usable(q_nope, w_uk):  # the product and the concatenation: one launch
+            return mla_absorb.absorb_fused(q_nope, q_pe, w_uk)
         return torch.cat((torch.einsum("nhd,hdc->nhc", q_nope, w_uk), q_pe), dim=-1)
 
     def pre(self, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,6 +112,8 @@ class MLAAttention(nn.Module):
     def _values(self, out: torch.Tensor) -> torch.Tensor:
         """Attention over latents ``[N, H, 512]`` -> the heads' values ``[N, H, 128]``."""
         w_uv = self.kv_b_proj.weight.view(self.nh, self.nope + self.vd, self.lora)[:, self.nope:]
+        if mla_absorb.usable(out, w_uv):  # one launch, rows laid out as o_proj reads them
+            return mla_absorb.values_fused(out, w_uv).view(out.shape[0], self.nh, self.vd)
         return torch.einsum("nhc,hvc->nhv", out, w_uv)
 
     def post(self, out: torch.Tensor) -> torch.Tensor:
