@@ -98,6 +98,14 @@ def default_config(m: int, n: int, k: int) -> dict:
             "warps": 4, "stages": 4}
 
 
+def dot_options(*dtypes: torch.dtype) -> tuple[str, bool]:
+    """``(input_precision, upcast)`` for a ``tl.dot`` over operands of ``dtypes``: float32
+    exactly, as torch's default matmul (no TF32); under Triton's CPU interpreter, whose dot of
+    16-bit floats is not one, everything upcast to float32 and exact."""
+    interp = os.environ.get("TRITON_INTERPRET") == "1"
+    return ("ieee" if interp or torch.float32 in dtypes else "tf32"), interp
+
+
 def gemv(x: torch.Tensor, w: torch.Tensor, config: dict | None = None) -> torch.Tensor:
     """``x [M, K] @ w[N, K]^T`` in ``x``'s dtype, ``M <= MAX_ROWS`` (rows of both contiguous)."""
     mrows, k = x.shape
@@ -118,12 +126,11 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: dict | None = None) -> torch.
     gemv_kernel, split_sum_kernel = _kernels()
     dst = out if split == 1 else torch.empty(split, mrows, n, dtype=torch.float32,
                                              device=x.device)
-    prec = ("ieee" if x.dtype == torch.float32 or w.dtype == torch.float32
-            or os.environ.get("TRITON_INTERPRET") == "1" else "tf32")
+    prec, upcast = dot_options(x.dtype, w.dtype)
     gemv_kernel[(-(-n // c["block_n"]), split)](
         x, w, dst, mrows, n, x.stride(0), w.stride(0), 0 if split == 1 else dst.stride(0),
         n, K=k, K_SPLIT=k_split, BLOCK_M=16, BLOCK_N=c["block_n"], BLOCK_K=c["block_k"],
-        PREC=prec, UPCAST=os.environ.get("TRITON_INTERPRET") == "1",
+        PREC=prec, UPCAST=upcast,
         num_warps=c["warps"], num_stages=c["stages"])
     if split > 1:
         mn = mrows * n

@@ -26,9 +26,10 @@ which are also the forms on the CPU.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
+
+from .gemv import dot_options
 
 #: tokens up to which the fused forms run (all of them in each program, padded to 16 rows)
 MAX_TOKENS = 16
@@ -118,13 +119,6 @@ def _pow2(n: int, least: int = 16) -> int:
     return max(least, 1 << max(0, (int(n) - 1).bit_length()))
 
 
-def _dot_options(dtype: torch.dtype) -> tuple[str, bool]:
-    """(``input_precision``, upcast): float32 exactly as torch's default matmul (no TF32); under
-    Triton's interpreter everything in float32."""
-    interp = os.environ.get("TRITON_INTERPRET") == "1"
-    return ("ieee" if dtype == torch.float32 or interp else "tf32"), interp
-
-
 def absorb_fused(q_nope: torch.Tensor, q_pe: torch.Tensor, w_uk: torch.Tensor) -> torch.Tensor:
     """``torch.cat((einsum("nhd,hdc->nhc", q_nope, w_uk), q_pe), -1)`` in ``w_uk``'s dtype:
     ``q_nope [N, H, D]``, ``q_pe [N, H, R]`` (any strides, rows contiguous), ``w_uk [H, D, C]``
@@ -139,7 +133,7 @@ def absorb_fused(q_nope: torch.Tensor, q_pe: torch.Tensor, w_uk: torch.Tensor) -
     w_uk = w_uk if w_uk.stride(-1) == 1 else w_uk.contiguous()
     out = torch.empty(n, nh, c + r, dtype=w_uk.dtype, device=w_uk.device)
     if n:
-        prec, upcast = _dot_options(w_uk.dtype)
+        prec, upcast = dot_options(w_uk.dtype)
         _kernels()[0][(nh, -(-c // ABSORB_BLOCK_C))](
             q_nope, q_pe, w_uk, out, n, q_nope.stride(0), q_nope.stride(1), q_pe.stride(0),
             q_pe.stride(1), w_uk.stride(0), w_uk.stride(1), out.stride(0), out.stride(1),
@@ -161,7 +155,7 @@ def values_fused(out: torch.Tensor, w_uv: torch.Tensor) -> torch.Tensor:
     w_uv = w_uv if w_uv.stride(-1) == 1 else w_uv.contiguous()
     vals = torch.empty(n, nh * v, dtype=w_uv.dtype, device=w_uv.device)
     if n:
-        prec, upcast = _dot_options(w_uv.dtype)
+        prec, upcast = dot_options(w_uv.dtype)
         _kernels()[1][(nh, -(-v // VALUES_BLOCK_V))](
             out, w_uv, vals, n, out.stride(0), out.stride(1), w_uv.stride(0), w_uv.stride(1),
             vals.stride(0), C=c, V=v, BLOCK_N=_pow2(n), BLOCK_C=min(_pow2(c), 128),
