@@ -183,19 +183,18 @@ def _layer_pieces(i: int, layer, n: int, cache, group: int | None = None,
     safe = getattr(ffn, "graph_safe", None)
     out = [Piece(f"{pre_}pre{i}", pre, (x, cos, sin) if first else (x, dx, cos, sin),
                  (x, q, rec), True, g)]
+    post_piece = Piece(f"{pre_}post{i}", post, (x, o_kv, l_kv, q, rec), (x, h), True, g)
     if merged:
-        return out + [Piece(f"attn{i}", attend_merged, (q, rec), (o_,), True),
-                      Piece(f"post{i}", post_merged, (x, o_), (x, h), True),
-                      Piece(f"ffn{i}", mlp, (h,), (dx,), True if safe is None else safe(n))]
-    if group is None and resident:
+        out.append(Piece(f"attn{i}", attend_merged, (q, rec), (o_,), True))
+        post_piece = Piece(f"post{i}", post_merged, (x, o_), (x, h), True)
+    elif group is None and resident:
         out.append(Piece(f"attn{i}", attend_resident, (q, rec), (o_kv, l_kv), True))
     elif group is None:
         out.append(Piece(f"attn{i}", attend, (q, rec), (o_kv, l_kv), False))
     else:
         out += [Piece(f"{pre_}launch{i}", launch, (q, rec), (), False, g),
                 Piece(f"{pre_}finish{i}", finish, (), (o_kv, l_kv), False, g)]
-    return out + [Piece(f"{pre_}post{i}", post, (x, o_kv, l_kv, q, rec), (x, h), True,
-                        g),
+    return out + [post_piece,
                   Piece(f"{pre_}ffn{i}", mlp, (h,), (dx,), True if safe is None else safe(n), g)]
 
 
