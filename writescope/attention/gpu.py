@@ -39,6 +39,7 @@ import torch
 
 from ..kvcache.regions import KVSpec
 from .batch import BlockBatch
+from .launch import pdl_args
 
 LOG2E = 1.4426950408889634
 
@@ -202,7 +203,10 @@ def _kernels():
                        DB: tl.constexpr, BLOCK_DB: tl.constexpr,
                        V_OFF: tl.constexpr, DV: tl.constexpr, BLOCK_DV: tl.constexpr,
                        SHARE_V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       PREC: tl.constexpr, TWO_POOLS: tl.constexpr):
+                       PREC: tl.constexpr, TWO_POOLS: tl.constexpr, PDL: tl.constexpr):
+        if PDL:  # launched dependent on the kernel before (attention/launch.py)
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         c = tl.program_id(0)
         h = tl.program_id(1)
         mt = tl.program_id(2)
@@ -290,7 +294,8 @@ def _kernels():
                       BLOCK_DV: tl.constexpr, BLOCK_E: tl.constexpr, HAS_X: tl.constexpr,
                       SELF: tl.constexpr, GROUP: tl.constexpr, K_OFF: tl.constexpr,
                       DK: tl.constexpr, BLOCK_DK: tl.constexpr, V_OFF: tl.constexpr,
-                      WRITE: tl.constexpr, R: tl.constexpr, BLOCK_R: tl.constexpr):
+                      WRITE: tl.constexpr, R: tl.constexpr, BLOCK_R: tl.constexpr,
+                      PDL: tl.constexpr):
         # one program per (query row, head tile, value tile); one pass over the row's partials,
         # BLOCK_E at a time, with a running maximum (online log-sum-exp): the partial loads of
         # one step do not wait for a previous pass over the LSEs. SELF (a decode step): the
@@ -298,6 +303,9 @@ def _kernels():
         # record, its value), and OUT is the model's dtype, LSE not written. WRITE: the first
         # value tile's programs also copy their KV heads' records, row W_SRC[row], to their
         # slots W_DST[row] (the W tails; never a slot the partials read)
+        if PDL:  # launched dependent on the kernel before (attention/launch.py)
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         row = tl.program_id(0)
         hh = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
         dv = tl.program_id(2) * BLOCK_DV + tl.arange(0, BLOCK_DV)
@@ -440,7 +448,7 @@ def launch_partials(q: torch.Tensor, kv: torch.Tensor, spec: KVSpec, plan: Chunk
         SHARE_V=share, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         # fp32 KV (the exact-parity runs) must not be rounded to TF32 inside tl.dot
         PREC="ieee" if kv.dtype == torch.float32 else "tf32", TWO_POOLS=second is not None,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(part_out))
 
 
 @dataclass(frozen=True)
@@ -523,7 +531,7 @@ def launch_reduce(part_out: torch.Tensor, part_lse: torch.Tensor, row_indptr: to
     reduce_kernel[(nq, triton_cdiv(hq, c.block_h), triton_cdiv(dv, c.block_dv))](
         part_out, part_lse, row_indptr, row_idx, xo, xl, out, lse, *sargs,
         HQ=hq, DV=dv, BLOCK_H=c.block_h, BLOCK_DV=c.block_dv, BLOCK_E=c.block_e,
-        HAS_X=extra is not None, num_warps=4, **skw)
+        HAS_X=extra is not None, num_warps=4, **skw, **pdl_args(out))
 
 
 def triton_cdiv(a: int, b: int) -> int:

@@ -18,6 +18,9 @@ kernel is the one the JIT would have picked. Arguments are passed in the kernel'
 order, constexprs included, as ``CompiledKernel.__getitem__`` does. Should this Triton's
 launcher not take them so (a ``TypeError``), the wrapper says so once and goes back to the JIT
 path for good. ``WRITESCOPE_FAST_LAUNCH=0`` uses the JIT path always, to compare.
+
+Also here: :func:`pdl_args`, the launches of the decode chain's kernels dependent on the one
+before them (programmatic dependent launch, below).
 """
 from __future__ import annotations
 
@@ -153,3 +156,58 @@ class FastLaunch:
             return self.fn[grid](*args, **kwargs)
         self.direct += 1
         return kernel
+
+
+# ----------------------------------------------------------------------------------------------
+# programmatic dependent launch
+# ----------------------------------------------------------------------------------------------
+#
+# A decode layer is a chain of short kernels (a few microseconds each); each waits for the whole
+# of the one before it, and its programs are only placed on the SMs once that one is done. With
+# programmatic dependent launch (Hopper on; CUDA's programmatic stream serialisation, kept in
+# a CUDA graph's edges) a kernel may start while the one before it is still running: its
+# programs are placed as soon as every program of the one before has signalled
+# (``gdc_launch_dependents``), run what reads no output of that kernel (weights, the step's
+# plan), and wait (``gdc_wait``) for it to finish, its memory visible, before the rest. The
+# kernels here wait first, or after loads of constants and of the step's plan only, and signal
+# right after their wait, so that no program of a kernel runs before the kernel two back has
+# finished: whatever a kernel reads before its wait was written before the kernel before it
+# started. Triton's tutorial 11 (programmatic dependent launch) shows the two calls; CUTLASS's
+# example 63 loads its weights before the wait the same way. ``WRITESCOPE_PDL=0`` launches as
+# before.
+
+_PDL: dict = {}
+
+
+def _pdl_triton() -> bool:
+    try:
+        import triton.language as tl
+        from triton.backends.nvidia.compiler import CUDAOptions
+        return (hasattr(tl.extra.cuda, "gdc_wait")
+                and "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {}))
+    except Exception:  # no CUDA backend, an older Triton
+        return False
+
+
+def pdl_enabled(device: torch.device) -> bool:
+    """Whether kernels on ``device`` are launched dependent on the one before (CUDA, compute
+    capability 9 or later, a Triton with grid dependency control, not interpreted,
+    ``WRITESCOPE_PDL`` not 0)."""
+    if device.type != "cuda" or os.environ.get("WRITESCOPE_PDL", "1") in ("0", "", "false", "no"):
+        return False
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("0", ""):
+        return False
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    ok = _PDL.get(idx)
+    if ok is None:
+        ok = _PDL[idx] = torch.cuda.get_device_capability(idx)[0] >= 9 and _pdl_triton()
+    return ok
+
+
+def pdl_args(x: torch.Tensor) -> dict:
+    """The keyword arguments that launch a kernel with a ``PDL`` flag (constexpr) dependent on
+    the one before it, on ``x``'s device: ``PDL`` and Triton's ``launch_pdl`` when
+    :func:`pdl_enabled`, else ``PDL=False``."""
+    if pdl_enabled(x.device):
+        return {"PDL": True, "launch_pdl": True}
+    return {"PDL": False}

@@ -22,6 +22,8 @@ import functools
 
 import torch
 
+from ..attention.launch import pdl_args
+
 
 def fused_enabled() -> bool:
     from ..attention.gpu import triton_switch
@@ -36,7 +38,8 @@ def _kernel():
     @triton.jit
     def attn_heads_kernel(Y, QW, KW, COS, SIN, QOUT, ROUT, stride_y, stride_c, eps,
                           HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
-                          HALF: tl.constexpr, BLOCK: tl.constexpr, NORM: tl.constexpr):
+                          HALF: tl.constexpr, BLOCK: tl.constexpr, NORM: tl.constexpr,
+                          PDL: tl.constexpr):
         t = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1)  # a query head (h < HQ) or key head h - HQ
         dt = QOUT.dtype.element_ty
@@ -46,6 +49,9 @@ def _kernel():
         is_q = hv < HQ
         is_k = hv >= HQ
         src = Y + t * stride_y + h * D
+        if PDL:  # launched dependent on the kernel before (attention/launch.py)
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         x1 = tl.load(src + j, mask=m, other=0.0).to(tl.float32)
         x2 = tl.load(src + HALF + j, mask=m, other=0.0).to(tl.float32)
         if NORM:  # RMSNorm (layers/norm.py): normalised, rounded, times the weight, rounded
@@ -110,7 +116,7 @@ def attn_heads_fused(y: torch.Tensor, hq: int, hkv: int, q_norm, k_norm, cos: to
         _kernel()[(n, hq + hkv)](
             y, qw, kw, c, s, q, rec, y.stride(0), c.stride(0), eps, HQ=hq, HKV=hkv, D=d,
             HALF=half, BLOCK=1 << max(4, (half - 1).bit_length()), NORM=norm,
-            num_warps=1 if half <= 128 else 4)
+            num_warps=1 if half <= 128 else 4, **pdl_args(q))
     return q, rec
 
 

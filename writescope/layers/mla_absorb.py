@@ -30,6 +30,7 @@ import functools
 import torch
 
 from .gemv import dot_options
+from ..attention.launch import pdl_args
 
 #: tokens up to which the fused forms run (all of them in each program, padded to 16 rows)
 MAX_TOKENS = 16
@@ -55,9 +56,12 @@ def _kernels():
                       stride_wh, stride_wd, stride_on, stride_oh, D: tl.constexpr,
                       C: tl.constexpr, R: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr,
-                      PREC: tl.constexpr, UPCAST: tl.constexpr):
+                      PREC: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
         h = tl.program_id(0)
         pc = tl.program_id(1)
+        if PDL:  # launched dependent on the kernel before (attention/launch.py)
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         dt = OUT.dtype.element_ty
         n = tl.arange(0, BLOCK_N)
         mn = n < N
@@ -88,9 +92,12 @@ def _kernels():
     def values_kernel(A, W, OUT, N, stride_an, stride_ah, stride_wh, stride_wv, stride_on,
                       C: tl.constexpr, V: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_C: tl.constexpr, BLOCK_V: tl.constexpr, PREC: tl.constexpr,
-                      UPCAST: tl.constexpr):
+                      UPCAST: tl.constexpr, PDL: tl.constexpr):
         h = tl.program_id(0)
         pv = tl.program_id(1)
+        if PDL:  # launched dependent on the kernel before (attention/launch.py)
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         dt = OUT.dtype.element_ty
         n = tl.arange(0, BLOCK_N)
         mn = n < N
@@ -138,7 +145,8 @@ def absorb_fused(q_nope: torch.Tensor, q_pe: torch.Tensor, w_uk: torch.Tensor) -
             q_nope, q_pe, w_uk, out, n, q_nope.stride(0), q_nope.stride(1), q_pe.stride(0),
             q_pe.stride(1), w_uk.stride(0), w_uk.stride(1), out.stride(0), out.stride(1),
             D=d, C=c, R=r, BLOCK_N=_pow2(n), BLOCK_D=min(_pow2(d), 128),
-            BLOCK_C=ABSORB_BLOCK_C, BLOCK_R=_pow2(r), PREC=prec, UPCAST=upcast, num_warps=4)
+            BLOCK_C=ABSORB_BLOCK_C, BLOCK_R=_pow2(r), PREC=prec, UPCAST=upcast, num_warps=4,
+            **pdl_args(out))
     return out
 
 
@@ -159,7 +167,8 @@ def values_fused(out: torch.Tensor, w_uv: torch.Tensor) -> torch.Tensor:
         _kernels()[1][(nh, -(-v // VALUES_BLOCK_V))](
             out, w_uv, vals, n, out.stride(0), out.stride(1), w_uv.stride(0), w_uv.stride(1),
             vals.stride(0), C=c, V=v, BLOCK_N=_pow2(n), BLOCK_C=min(_pow2(c), 128),
-            BLOCK_V=VALUES_BLOCK_V, PREC=prec, UPCAST=upcast, num_warps=4, num_stages=3)
+            BLOCK_V=VALUES_BLOCK_V, PREC=prec, UPCAST=upcast, num_warps=4, num_stages=3,
+            **pdl_args(vals))
     return vals
 
 

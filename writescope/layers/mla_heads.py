@@ -19,6 +19,7 @@ import functools
 import torch
 
 from .attn_heads import fused_enabled
+from ..attention.launch import pdl_args
 
 
 @functools.lru_cache(maxsize=None)
@@ -30,9 +31,12 @@ def _kernel():
     def mla_heads_kernel(Q, KVA, NW, COS, SIN, QPE, REC, stride_qt, stride_qh, stride_kt,
                          stride_c, eps, NH: tl.constexpr, NOPE: tl.constexpr,
                          LORA: tl.constexpr, ROPE: tl.constexpr, BLOCK_C: tl.constexpr,
-                         BLOCK_R: tl.constexpr):
+                         BLOCK_R: tl.constexpr, PDL: tl.constexpr):
         t = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1)
+        if PDL:  # launched dependent on the kernel before (attention/launch.py)
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         j = tl.arange(0, BLOCK_R)  # rotated pairs
         mj = j < ROPE // 2
         c = tl.load(COS + t * stride_c + j, mask=mj, other=0.0).to(tl.float32)
@@ -86,7 +90,7 @@ def mla_heads_fused(q: torch.Tensor, kva: torch.Tensor, norm, cos: torch.Tensor,
             q, kva, norm.weight, c, s, q_pe, rec, q.stride(0), q.stride(1), kva.stride(0),
             c.stride(0), float(norm.eps), NH=nh, NOPE=nope, LORA=lora, ROPE=rope,
             BLOCK_C=1 << max(4, (lora - 1).bit_length()),
-            BLOCK_R=1 << max(4, (rope // 2 - 1).bit_length()), num_warps=4)
+            BLOCK_R=1 << max(4, (rope // 2 - 1).bit_length()), num_warps=4, **pdl_args(rec))
     return q_pe, rec
 
 

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import gemv
+from ..attention.launch import pdl_args
 from .stacked import share_rows, still_rows
 
 
@@ -31,8 +32,12 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def silu_mul_kernel(H, OUT, stride_h, stride_o, INTER, BLOCK: tl.constexpr):
+    def silu_mul_kernel(H, OUT, stride_h, stride_o, INTER, BLOCK: tl.constexpr,
+                        PDL: tl.constexpr):
         t = tl.program_id(0).to(tl.int64)
+        if PDL:  # launched dependent on the kernel before (attention/launch.py)
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         i = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         m = i < INTER
         dt = OUT.dtype.element_ty
@@ -56,7 +61,7 @@ def silu_mul_fused(h: torch.Tensor) -> torch.Tensor:
     if n and inter:
         block = min(1024, 1 << max(4, (inter - 1).bit_length()))
         _kernel()[(n, -(-inter // block))](h, out, h.stride(0), out.stride(0), inter,
-                                           BLOCK=block, num_warps=4)
+                                           BLOCK=block, num_warps=4, **pdl_args(out))
     return out
 
 

@@ -29,6 +29,8 @@ import os
 
 import torch
 
+from ..attention.launch import pdl_args
+
 #: (token, slot) pairs up to which a step takes the fused path
 MAX_SLOTS = 128
 
@@ -50,7 +52,10 @@ def _kernels():
     @triton.jit
     def gate_up_kernel(X, IDX, W, HOUT, stride_we, stride_wr,
                        K: tl.constexpr, HID: tl.constexpr, INTER: tl.constexpr,
-                       BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr):
+                       BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr):
+        if PDL:  # launched dependent on the kernel before (attention/launch.py)
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         s = tl.program_id(0)
         i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
         imask = i < INTER
@@ -79,12 +84,16 @@ def _kernels():
     @triton.jit
     def down_kernel(HIN, IDX, WTS, W, OUT, ADD, stride_we, stride_wr,
                     K: tl.constexpr, KP: tl.constexpr, HID: tl.constexpr, INTER: tl.constexpr,
-                    BLOCK_O: tl.constexpr, BLOCK_I: tl.constexpr, HAS_ADD: tl.constexpr):
+                    BLOCK_O: tl.constexpr, BLOCK_I: tl.constexpr, HAS_ADD: tl.constexpr,
+                    PDL: tl.constexpr):
         # one program: BLOCK_O outputs of one token over all its K experts at once (a
         # [KP, BLOCK_O, BLOCK_I] tile a load, KP = K to the power of two, the padding masked),
         # each expert's rows summed over the intermediate size, then weighted and summed over
         # the experts in slot order (deterministic), written in the output's dtype: no per-slot
         # buffer, no separate sum over the slots
+        if PDL:  # launched dependent on the kernel before (attention/launch.py)
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         t = tl.program_id(0).to(tl.int64)
         o = tl.program_id(1) * BLOCK_O + tl.arange(0, BLOCK_O)
         omask = o < HID
@@ -191,18 +200,20 @@ def fused_experts(x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, gate_up: 
     ids = idx.reshape(-1).to(torch.int32).contiguous()
     wts = w.reshape(-1).to(torch.float32).contiguous()
     h = torch.empty(slots, inter, dtype=torch.float32, device=x.device)
+    pdl = pdl_args(h)
     isz = gate_up.element_size()
     bi = c.get("gate_up_rows") or gate_up_rows(slots, inter)
     bh = c.get("gate_up_block_h") or _pow2(hid, GATE_UP_BLOCK_H)
     gate_up_kernel[(slots, -(-inter // bi))](xc, ids, gate_up, h, gate_up.stride(0),
                                              gate_up.stride(1), K=k, HID=hid, INTER=inter,
                                              BLOCK_I=bi, BLOCK_H=bh,
-                                             num_warps=c.get("gate_up_warps") or 4)
+                                             num_warps=c.get("gate_up_warps") or 4, **pdl)
     kp = 1 << (k - 1).bit_length()
     bo = c.get("down_rows") or down_rows(n, hid, kp)
     bi2 = c.get("down_block_i") or _width(kp * bo, inter, isz)
     extra = out if add is None else add.contiguous()  # (not read without HAS_ADD)
     down_kernel[(n, -(-hid // bo))](h, ids, wts, down, out, extra, down.stride(0), down.stride(1),
                                     K=k, KP=kp, HID=hid, INTER=inter, BLOCK_O=bo, BLOCK_I=bi2,
-                                    HAS_ADD=add is not None, num_warps=c.get("down_warps") or 8)
+                                    HAS_ADD=add is not None, num_warps=c.get("down_warps") or 8,
+                                    **pdl)
     return out

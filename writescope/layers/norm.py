@@ -22,6 +22,8 @@ import functools
 import torch
 from torch import nn
 
+from ..attention.launch import pdl_args
+
 
 def fused_enabled() -> bool:
     from ..attention.gpu import triton_switch
@@ -35,25 +37,32 @@ def _kernel():
 
     @triton.jit
     def rms_norm_kernel(X, W, OUT, heads, stride_t, stride_h, stride_o, D, eps,
-                        BLOCK: tl.constexpr):
+                        BLOCK: tl.constexpr, PDL: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)  # (token, head) = divmod(row, heads)
         d = tl.arange(0, BLOCK)
         m = d < D
+        w = tl.load(W + d, mask=m, other=0.0).to(tl.float32)  # a constant: before the wait
+        if PDL:  # launched dependent on the kernel before (attention/launch.py)
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         x = tl.load(X + (row // heads) * stride_t + (row % heads) * stride_h + d, mask=m,
                     other=0.0).to(tl.float32)
         r = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
         y = (x * r).to(X.dtype.element_ty).to(tl.float32)
-        w = tl.load(W + d, mask=m, other=0.0).to(tl.float32)
         tl.store(OUT + row * stride_o + d, (w * y).to(OUT.dtype.element_ty), mask=m)
 
     @triton.jit
     def add_rms_norm_kernel(X, DX, W, SUM, OUT, stride_x, stride_d, stride_s, stride_o, D, eps,
-                            BLOCK: tl.constexpr):
+                            BLOCK: tl.constexpr, PDL: tl.constexpr):
         # the residual's sum rounded to its dtype (torch's add), then rms_norm_kernel's
         # arithmetic on it, in the same order
         row = tl.program_id(0).to(tl.int64)
         d = tl.arange(0, BLOCK)
         m = d < D
+        w = tl.load(W + d, mask=m, other=0.0).to(tl.float32)
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         a = tl.load(X + row * stride_x + d, mask=m, other=0.0).to(tl.float32)
         b = tl.load(DX + row * stride_d + d, mask=m, other=0.0).to(tl.float32)
         s = (a + b).to(SUM.dtype.element_ty)
@@ -61,7 +70,6 @@ def _kernel():
         x = s.to(tl.float32)
         r = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
         y = (x * r).to(SUM.dtype.element_ty).to(tl.float32)
-        w = tl.load(W + d, mask=m, other=0.0).to(tl.float32)
         tl.store(OUT + row * stride_o + d, (w * y).to(OUT.dtype.element_ty), mask=m)
 
     from ..attention.launch import FastLaunch
@@ -89,7 +97,7 @@ def rms_norm_fused(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.T
         block = _block(d)
         _kernel()[0][(n,)](
             rows, weight, out, heads, st, sh, out.stride(0), d, float(eps),
-            BLOCK=block, num_warps=_warps(block))
+            BLOCK=block, num_warps=_warps(block), **pdl_args(out))
     return out.view(x.shape)
 
 
@@ -114,7 +122,7 @@ def add_rms_norm_fused(x: torch.Tensor, dx: torch.Tensor, weight: torch.Tensor, 
         block = _block(d)
         _kernel()[1][(n,)](
             xs, ds, weight, s, out, xs.stride(0), ds.stride(0), s.stride(0), out.stride(0), d,
-            float(eps), BLOCK=block, num_warps=_warps(block))
+            float(eps), BLOCK=block, num_warps=_warps(block), **pdl_args(out))
     return s.view(x.shape), out.view(x.shape)
 
 

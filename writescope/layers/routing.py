@@ -44,6 +44,8 @@ import functools
 
 import torch
 
+from ..attention.launch import pdl_args
+
 
 def fused_enabled() -> bool:
     from ..attention.gpu import triton_switch
@@ -115,7 +117,11 @@ def _kernels():
     def router_kernel(X, WR, LOGITS, COUNTER, W, IDX, n, stride_x, stride_w, E, eps, scale,
                       HID: tl.constexpr, ROWS: tl.constexpr, BLOCK_X: tl.constexpr,
                       BLOCK_H: tl.constexpr, K: tl.constexpr, BLOCK_E: tl.constexpr,
-                      BLOCK_K: tl.constexpr, RENORM: tl.constexpr, ROUND: tl.constexpr):
+                      BLOCK_K: tl.constexpr, RENORM: tl.constexpr, ROUND: tl.constexpr,
+                      PDL: tl.constexpr):
+        if PDL:  # launched dependent on the kernel before (attention/launch.py)
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         # 1. this program's BLOCK_X experts' logits of every token: float32 products summed per
         # (token, expert, column) over the hidden blocks in order, then over the columns
         t = tl.arange(0, ROWS)
@@ -236,5 +242,5 @@ def router_fused(x: torch.Tensor, weight: torch.Tensor, counter: torch.Tensor, k
             x, weight, logits, counter, w, ids, n, x.stride(0), weight.stride(0), e, float(eps),
             float(scale), HID=hid, ROWS=1 << max(0, (n - 1).bit_length()), BLOCK_X=bx,
             BLOCK_H=bh, RENORM=bool(renorm), ROUND=_ROUND[round_to], num_warps=warps,
-            **_blocks(e, k))
+            **_blocks(e, k), **pdl_args(x))
     return w, ids
