@@ -21,14 +21,11 @@ gate/up shape and at the float32 router (7.9 against 13.1 us), and with it on, t
 steps were 0.1-0.2 ms slower (Qwen3 2 x 32K 6.1 against 6.0 ms of device time, DeepSeek 4 x 32K
 6.2 against 6.0), so it stays opt-in.
 
-``WRITESCOPE_GEMV=prefetch`` (thirty-sixth session) takes the other form here,
-:func:`gemv_prefetch`: launched dependent on the kernel before (programmatic dependent launch,
-``attention/launch.py``), each program loads its ``16 x 512`` tile of the weight -- a constant
--- before it waits for that kernel, so the weight's read overlaps the short kernel before a
-projection (the merge before o_proj, the residual's norm before q/k/v) as far as the register
-file holds tiles; then it waits, reads the rows and sums on the CUDA cores. The input size's
-shares' float32 sums are added in order by the share that finishes last (a ticket counter,
-zeroed again), so no second launch and the same bits every run.
+A form whose programs each loaded a 16 x 512 weight tile before waiting for the kernel before
+(programmatic dependent launch, ``attention/launch.py``; its input size's shares summed by the
+last share to finish) was slower again with the decode chain's dependent launches on: the 32K
+steps took Qwen3-30B-A3B 6.0 against 5.7 ms, DeepSeek-V2-Lite 6.1 against 5.6, Mixtral-8x7B
+14.2 against 13.8 (bench/results/2026-12-04-h200, call 3; the code is in commit 44ead49).
 """
 from __future__ import annotations
 
@@ -42,12 +39,8 @@ import torch.nn.functional as F
 MAX_ROWS = 16
 
 
-def _choice() -> str:
-    return os.environ.get("WRITESCOPE_GEMV", "cublas").strip().lower()
-
-
 def enabled() -> bool:
-    if _choice() not in ("triton", "prefetch"):
+    if os.environ.get("WRITESCOPE_GEMV", "cublas").strip().lower() != "triton":
         return False
     from ..attention.gpu import triton_available
     return triton_available()
@@ -93,47 +86,8 @@ def _kernels():
             acc += tl.load(P + s * MN + i, mask=msk, other=0.0)
         tl.store(OUT + i, acc.to(OUT.dtype.element_ty), mask=msk)
 
-    @triton.jit
-    def prefetch_kernel(X, W, OUT, P, COUNTER, N, stride_xm, stride_wn, stride_om,
-                        K: tl.constexpr, ROWS: tl.constexpr, SPLIT: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
-        pn = tl.program_id(0)
-        ps = tl.program_id(1)  # the share of K this program sums
-        n = pn * BLOCK_N + tl.arange(0, BLOCK_N)
-        k = ps * BLOCK_K + tl.arange(0, BLOCK_K)
-        nm = n < N
-        km = k < K
-        # the weight's tile first: a constant, read while the kernel before still runs
-        w = tl.load(W + n[:, None].to(tl.int64) * stride_wn + k[None, :],
-                    mask=nm[:, None] & km[None, :], other=0.0)
-        if PDL:  # launched dependent on the kernel before (attention/launch.py)
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
-        wf = w.to(tl.float32)
-        for r in tl.static_range(ROWS):
-            x = tl.load(X + r * stride_xm + k, mask=km, other=0.0).to(tl.float32)
-            y = tl.sum(wf * x[None, :], axis=1)
-            if SPLIT == 1:
-                tl.store(OUT + r * stride_om + n, y.to(OUT.dtype.element_ty), mask=nm)
-            else:
-                tl.store(P + (ps * ROWS + r) * N + n, y, mask=nm)
-        if SPLIT > 1:
-            # the share that finishes last adds the shares' sums in order: the barrier orders
-            # this program's stores before its ticket's release; the acquire, then loads past
-            # L1, see every share's
-            tl.debug_barrier()
-            done = tl.atomic_add(COUNTER + pn, 1, sem="acq_rel", scope="gpu")
-            if done == SPLIT - 1:
-                for r in tl.static_range(ROWS):
-                    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-                    for q in tl.static_range(SPLIT):
-                        acc += tl.load(P + (q * ROWS + r) * N + n, mask=nm, other=0.0,
-                                       cache_modifier=".cg")
-                    tl.store(OUT + r * stride_om + n, acc.to(OUT.dtype.element_ty), mask=nm)
-                tl.store(COUNTER + pn, 0)  # for the next launch (a CUDA graph's replay too)
-
     from ..attention.launch import FastLaunch
-    return FastLaunch(gemv_kernel), FastLaunch(split_sum_kernel), FastLaunch(prefetch_kernel)
+    return FastLaunch(gemv_kernel), FastLaunch(split_sum_kernel)
 
 
 @functools.lru_cache(maxsize=256)
@@ -175,7 +129,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: dict | None = None) -> torch.
     k_split = -(-k // split)
     k_split = -(-k_split // c["block_k"]) * c["block_k"] if split > 1 else k
     split = -(-k // k_split)
-    gemv_kernel, split_sum_kernel, _ = _kernels()
+    gemv_kernel, split_sum_kernel = _kernels()
     dst = out if split == 1 else torch.empty(split, mrows, n, dtype=torch.float32,
                                              device=x.device)
     prec, upcast = dot_options(x.dtype, w.dtype)
@@ -190,60 +144,11 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: dict | None = None) -> torch.
     return out
 
 
-#: :func:`gemv_prefetch`'s tile: outputs a program and inputs a share
-PREFETCH_BLOCK_N = 16
-PREFETCH_BLOCK_K = 512
-
-#: per device: zeroed int32 ticket counters, one per column block of a launch (launches on one
-#: stream, in turn, share them: each leaves its counters zero)
-_COUNTERS: dict = {}
-
-
-def _counters(device: torch.device, need: int) -> torch.Tensor | None:
-    have = _COUNTERS.get(device)
-    if have is None or have.numel() < need:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None  # not allocated inside a CUDA graph's capture: the caller splits not
-        have = _COUNTERS[device] = torch.zeros(max(need, 4096), dtype=torch.int32, device=device)
-    return have
-
-
-def gemv_prefetch(x: torch.Tensor, w: torch.Tensor, block_n: int = PREFETCH_BLOCK_N,
-                  block_k: int = PREFETCH_BLOCK_K) -> torch.Tensor:
-    """``x [M, K] @ w[N, K]^T`` in ``x``'s dtype, ``M <= MAX_ROWS`` (rows of both contiguous),
-    in the prefetching form (module docstring): ``N / block_n`` x ``K / block_k`` programs."""
-    from ..attention.launch import pdl_args
-    mrows, k = x.shape
-    n = w.shape[0]
-    if w.shape[1] != k or mrows > MAX_ROWS:
-        raise ValueError(f"gemv of {tuple(x.shape)} by {tuple(w.shape)} (at most {MAX_ROWS} rows)")
-    x = x if x.stride(-1) == 1 else x.contiguous()
-    w = w if w.stride(-1) == 1 else w.contiguous()
-    out = torch.empty(mrows, n, dtype=x.dtype, device=x.device)
-    if mrows == 0 or n == 0:
-        return out
-    block_k = min(block_k, 1 << max(4, (k - 1).bit_length()))
-    cols = -(-n // block_n)
-    split = -(-k // block_k)
-    counters = _counters(x.device, cols) if split > 1 else out
-    if counters is None:  # one share of the whole input size
-        block_k = 1 << (k - 1).bit_length()
-        split, counters = 1, out
-    part = out if split == 1 else torch.empty(split, mrows, n, dtype=torch.float32,
-                                              device=x.device)
-    _kernels()[2][(cols, split)](
-        x, w, out, part, counters, n, x.stride(0), w.stride(0), out.stride(0), K=k, ROWS=mrows,
-        SPLIT=split, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4, **pdl_args(out))
-    return out
-
-
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
            ) -> torch.Tensor:
     """``F.linear``, or :func:`gemv` for a few rows on CUDA when ``WRITESCOPE_GEMV=triton``
-    (:func:`gemv_prefetch` when ``=prefetch``; same dtypes, no bias, 2-D input)."""
+    (same dtypes, no bias, 2-D input)."""
     if (bias is None and x.is_cuda and x.dim() == 2 and x.shape[0] <= MAX_ROWS
             and x.dtype == weight.dtype and enabled()):
-        if _choice() == "prefetch":
-            return gemv_prefetch(x, weight)
         return gemv(x, weight)
     return F.linear(x, weight, bias)
