@@ -22,6 +22,7 @@ import time
 
 
 from .row import make_prompts
+from ..attention.launch import pdl_enabled
 from ..units import parse_count
 
 
@@ -122,6 +123,9 @@ def main(argv=None) -> int:
                           "self_cpu_ms_per_step": e.self_cpu_time_total / 1e3 / n}
                          for e in top],
         "device_ms_per_step": sum(dev_us(e) for e in kernels) / 1e3 / n,
+        # dependent launches (attention/launch.py): a kernel's span then includes its wait for
+        # the kernel before, so the spans overlap and their sum exceeds the step
+        "dependent_launches": pdl_enabled(eng.device),
         "top_device_ops": [{"op": e.key, "calls_per_step": e.count / n,
                             "device_ms_per_step": dev_us(e) / 1e3 / n}
                            for e in kernels[:args.top]],
@@ -138,6 +142,9 @@ def main(argv=None) -> int:
         print(f"{r['op'][:48]:48s} {r['calls_per_step']:10.1f} {r['self_cpu_ms_per_step']:12.2f}")
     if kernels:
         print(f"\ndevice time {res['device_ms_per_step']:.1f} ms a step (profiled; kernels and copies)")
+        if res["dependent_launches"]:
+            print("(dependent launches on: each Triton kernel's time includes its wait for the "
+                  "kernel before; WRITESCOPE_PDL=0 for times that do not overlap)")
         print(f"{'kernel':72s} {'calls/step':>10s} {'ms/step':>8s}")
         for r in res["top_device_ops"]:
             print(f"{r['op'][:72]:72s} {r['calls_per_step']:10.1f} {r['device_ms_per_step']:8.2f}")
