@@ -169,10 +169,10 @@ class FastLaunch:
 # programs are placed as soon as every program of the one before has signalled
 # (``gdc_launch_dependents``), run what reads no output of that kernel (weights, the step's
 # plan), and wait (``gdc_wait``) for it to finish, its memory visible, before the rest. The
-# kernels here wait first, or after loads of constants and of the step's plan only, and signal
-# right after their wait, so that no program of a kernel runs before the kernel two back has
-# finished: whatever a kernel reads before its wait was written before the kernel before it
-# started. Triton's tutorial 11 (programmatic dependent launch) shows the two calls; CUTLASS's
+# kernels here wait first (the norms after loading their weights, constants), and signal right
+# after their wait, so that no program of a kernel runs before the kernel two back has
+# finished: whatever a kernel would read before its wait was written before the kernel before
+# it started. Triton's tutorial 11 (programmatic dependent launch) shows the two calls; CUTLASS's
 # example 63 loads its weights before the wait the same way. ``WRITESCOPE_PDL=0`` launches as
 # before.
 
