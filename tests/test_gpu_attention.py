@@ -313,6 +313,11 @@ def test_fast_launch_off_goes_through_the_jit(monkeypatch):
             k[(4,)](x, y, 2.0, 100, BLOCK=32)
         assert torch.equal(y, 6 * x)
         assert (k.direct, k.jit) == ((2, 1) if fast == "1" else (0, 3))
+        if fast == "1":  # the kept form's resources, as bench.step_profile lists them
+            from writescope.attention.launch import compiled_resources
+            row = [r for r in compiled_resources() if r["kernel"] == "axpy"][-1]
+            assert row["warps"] == 4 and row["registers"] > 0 and row["spilled"] == 0
+            assert row["dependent"] is False
 
 
 @pytest.mark.parametrize("shape", ["gqa", "mla"])

@@ -1,7 +1,8 @@
 """Programmatic dependent launch (attention/launch.py: ``pdl_args``): where it is on, and on the
 GPU machine a CUDA-graphed chain of the decode layer's kernels -- norm, head rotation, router,
 routed experts, SiLU-mul -- giving the same bits launched dependent on one another as launched
-one after the other, replayed from a graph and run eagerly."""
+one after the other (with and without the early reads before their waits), replayed from a
+graph and run eagerly."""
 from __future__ import annotations
 
 import pytest
@@ -19,6 +20,11 @@ def test_pdl_is_off_off_cuda_and_when_switched_off(monkeypatch):
     monkeypatch.setenv("WRITESCOPE_PDL", "1")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert not launch.pdl_enabled(torch.device("cuda", 0))
+    # early reads go with dependent launches only
+    assert launch.pdl_args(cpu, early=True) == {"PDL": False, "EARLY": False}
+    assert launch.early_reads()
+    monkeypatch.setenv("WRITESCOPE_PDL_EARLY", "0")
+    assert not launch.early_reads()
 
 
 def _chain(x, dx, p, counter, layers):
@@ -58,8 +64,9 @@ def test_dependent_launches_give_the_same_bits_in_a_graph(monkeypatch):
     x, dx = r(n, hid, scale=1.0), r(n, hid, scale=1.0)
     counter = torch.zeros(1, dtype=torch.int32, device="cuda")
     results = {}
-    for mode in ("0", "1"):
-        monkeypatch.setenv("WRITESCOPE_PDL", mode)
+    for mode in ("0", "1", "1-late"):  # off; on with early reads (the default); on, wait first
+        monkeypatch.setenv("WRITESCOPE_PDL", mode[0])
+        monkeypatch.setenv("WRITESCOPE_PDL_EARLY", "0" if mode.endswith("late") else "1")
         eager = _chain(x, dx, p, counter, 6)
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
@@ -76,6 +83,7 @@ def test_dependent_launches_give_the_same_bits_in_a_graph(monkeypatch):
         assert int(counter.item()) == 0  # the router's last program left its counter zero
         results[mode] = out.clone()
     assert torch.equal(results["0"], results["1"])
+    assert torch.equal(results["0"], results["1-late"])
     from writescope.layers.moe_triton import _kernels
     gate_up = _kernels()[0]
     kept = [k for k in gate_up._kernels.values() if getattr(k.metadata, "launch_pdl", False)]

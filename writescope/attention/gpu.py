@@ -203,8 +203,9 @@ def _kernels():
                        DB: tl.constexpr, BLOCK_DB: tl.constexpr,
                        V_OFF: tl.constexpr, DV: tl.constexpr, BLOCK_DV: tl.constexpr,
                        SHARE_V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       PREC: tl.constexpr, TWO_POOLS: tl.constexpr, PDL: tl.constexpr):
-        if PDL:  # launched dependent on the kernel before (attention/launch.py)
+                       PREC: tl.constexpr, TWO_POOLS: tl.constexpr, PDL: tl.constexpr,
+                       EARLY: tl.constexpr):
+        if PDL and not EARLY:  # launched dependent on the kernel before (attention/launch.py)
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
         c = tl.program_id(0)
@@ -214,10 +215,15 @@ def _kernels():
             kvp = tl.where(c >= second_from, KV2, KV)
         else:
             kvp = KV
+        # EARLY (launch.py): the chunk's bounds, the host's copies, before the wait; the queries
+        # (the kernel before writes them) after
         kv0 = tl.load(C_KV0 + c)
         kv1 = tl.load(C_KV1 + c)
         q0 = tl.load(C_Q0 + c)
         qn = tl.load(C_QN + c)
+        if PDL and EARLY:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         r = mt * BLOCK_M + tl.arange(0, BLOCK_M)
         qrow = r // GROUP
         head = h * GROUP + r % GROUP
@@ -295,7 +301,7 @@ def _kernels():
                       SELF: tl.constexpr, GROUP: tl.constexpr, K_OFF: tl.constexpr,
                       DK: tl.constexpr, BLOCK_DK: tl.constexpr, V_OFF: tl.constexpr,
                       WRITE: tl.constexpr, R: tl.constexpr, BLOCK_R: tl.constexpr,
-                      PDL: tl.constexpr):
+                      PDL: tl.constexpr, EARLY: tl.constexpr):
         # one program per (query row, head tile, value tile); one pass over the row's partials,
         # BLOCK_E at a time, with a running maximum (online log-sum-exp): the partial loads of
         # one step do not wait for a previous pass over the LSEs. SELF (a decode step): the
@@ -303,7 +309,7 @@ def _kernels():
         # record, its value), and OUT is the model's dtype, LSE not written. WRITE: the first
         # value tile's programs also copy their KV heads' records, row W_SRC[row], to their
         # slots W_DST[row] (the W tails; never a slot the partials read)
-        if PDL:  # launched dependent on the kernel before (attention/launch.py)
+        if PDL and not EARLY:  # launched dependent on the kernel before (attention/launch.py)
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
         row = tl.program_id(0)
@@ -311,8 +317,21 @@ def _kernels():
         dv = tl.program_id(2) * BLOCK_DV + tl.arange(0, BLOCK_DV)
         hm = hh < HQ
         dm = dv < DV
+        # EARLY (launch.py): the merge rows (host copies) and the self terms' query and record
+        # (the heads kernel's, two launches back: the partials are between) before the wait
         e0 = tl.load(ROW_PTR + row)
         e1 = tl.load(ROW_PTR + row + 1)
+        if SELF:
+            dk = tl.arange(0, BLOCK_DK)
+            km = hm[:, None] & (dk < DK)[None, :]
+            r64 = row.to(tl.int64)
+            rrow = REC + r64 * s_rn + (hh // GROUP)[:, None] * s_rh
+            qh = tl.load(Q + r64 * s_qn + hh[:, None] * s_qh + dk[None, :], mask=km, other=0.0)
+            kh = tl.load(rrow + K_OFF + dk[None, :], mask=km, other=0.0)
+            vh = tl.load(rrow + V_OFF + dv[None, :], mask=hm[:, None] & dm[None, :], other=0.0)
+        if PDL and EARLY:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         xr = row.to(tl.int64) * HQ + hh
         m = tl.full([BLOCK_H], -1.0e30, dtype=tl.float32)
         acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
@@ -343,14 +362,7 @@ def _kernels():
             ssum = ssum * a + w
             m = m_new
         if SELF:
-            dk = tl.arange(0, BLOCK_DK)
-            km = hm[:, None] & (dk < DK)[None, :]
-            r64 = row.to(tl.int64)
-            rrow = REC + r64 * s_rn + (hh // GROUP)[:, None] * s_rh
-            qh = tl.load(Q + r64 * s_qn + hh[:, None] * s_qh + dk[None, :], mask=km, other=0.0)
-            kh = tl.load(rrow + K_OFF + dk[None, :], mask=km, other=0.0)
             sc = tl.sum(qh.to(tl.float32) * kh.to(tl.float32), 1) * s_scale
-            vh = tl.load(rrow + V_OFF + dv[None, :], mask=hm[:, None] & dm[None, :], other=0.0)
             m_new = tl.maximum(m, sc)
             a = tl.exp(m - m_new)
             w = tl.exp(sc - m_new)
@@ -448,7 +460,7 @@ def launch_partials(q: torch.Tensor, kv: torch.Tensor, spec: KVSpec, plan: Chunk
         SHARE_V=share, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         # fp32 KV (the exact-parity runs) must not be rounded to TF32 inside tl.dot
         PREC="ieee" if kv.dtype == torch.float32 else "tf32", TWO_POOLS=second is not None,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(part_out))
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(part_out, early=True))
 
 
 @dataclass(frozen=True)
@@ -531,7 +543,7 @@ def launch_reduce(part_out: torch.Tensor, part_lse: torch.Tensor, row_indptr: to
     reduce_kernel[(nq, triton_cdiv(hq, c.block_h), triton_cdiv(dv, c.block_dv))](
         part_out, part_lse, row_indptr, row_idx, xo, xl, out, lse, *sargs,
         HQ=hq, DV=dv, BLOCK_H=c.block_h, BLOCK_DV=c.block_dv, BLOCK_E=c.block_e,
-        HAS_X=extra is not None, num_warps=4, **skw, **pdl_args(out))
+        HAS_X=extra is not None, num_warps=4, **skw, **pdl_args(out, early=True))
 
 
 def triton_cdiv(a: int, b: int) -> int:

@@ -62,6 +62,28 @@ def enabled() -> bool:
     return os.environ.get("WRITESCOPE_FAST_LAUNCH", "1") != "0"
 
 
+#: every FastLaunch made (the kernels are built once per process, lru-cached)
+_ALL: list = []
+
+
+def compiled_resources() -> list[dict]:
+    """The compiled forms of every :class:`FastLaunch` kernel so far: name, warps, stages,
+    registers a thread, bytes spilled, shared memory a program (what bounds the programs an SM
+    holds; ``bench.step_profile`` prints them)."""
+    rows = []
+    for fl in _ALL:
+        for k in fl._kernels.values():
+            md = getattr(k, "metadata", None)
+            rows.append({"kernel": getattr(fl.fn, "__name__", str(fl.fn)),
+                         "warps": getattr(md, "num_warps", None),
+                         "stages": getattr(md, "num_stages", None),
+                         "registers": getattr(k, "n_regs", None),
+                         "spilled": getattr(k, "n_spills", None),
+                         "shared": getattr(md, "shared", None),
+                         "dependent": bool(getattr(md, "launch_pdl", False))})
+    return rows
+
+
 class _Form:
     """One way of calling a kernel: how many arguments come by position and which by name."""
 
@@ -96,6 +118,7 @@ class FastLaunch:
         #: launches that went through the kept kernel / through the JIT (for tests and benches)
         self.direct = 0
         self.jit = 0
+        _ALL.append(self)
 
     def __getitem__(self, grid):
         return lambda *args, **kwargs: self.launch(grid, args, kwargs)
@@ -175,6 +198,15 @@ class FastLaunch:
 # it started. Triton's tutorial 11 (programmatic dependent launch) shows the two calls; CUTLASS's
 # example 63 loads its weights before the wait the same way. ``WRITESCOPE_PDL=0`` launches as
 # before.
+#
+# Early reads (``EARLY``, a second constexpr of the kernels that have it): by that rule a kernel
+# may also read, before its wait, what the kernel two or more back wrote or the host copied
+# before the step -- the step's plan (chunk bounds, block ids, merge rows: host copies), the
+# router's expert ids and weights in the down kernel (the gate/up kernel is between them), the
+# new token's query and record in the merge (the partials are between it and the heads
+# kernel), weights. Those reads then overlap the end of the kernel before instead of following
+# it. Each such kernel loads the same values in the same order either way; only the wait moves
+# (after those loads with ``EARLY``, first without). ``WRITESCOPE_PDL_EARLY=0`` waits first.
 
 _PDL: dict = {}
 
@@ -204,10 +236,19 @@ def pdl_enabled(device: torch.device) -> bool:
     return ok
 
 
-def pdl_args(x: torch.Tensor) -> dict:
+def early_reads() -> bool:
+    """Whether kernels launched dependent read what the kernel before them cannot have written
+    before their wait (``WRITESCOPE_PDL_EARLY``, on unless 0)."""
+    return os.environ.get("WRITESCOPE_PDL_EARLY", "1") not in ("0", "", "false", "no")
+
+
+def pdl_args(x: torch.Tensor, early: bool = False) -> dict:
     """The keyword arguments that launch a kernel with a ``PDL`` flag (constexpr) dependent on
     the one before it, on ``x``'s device: ``PDL`` and Triton's ``launch_pdl`` when
-    :func:`pdl_enabled`, else ``PDL=False``."""
-    if pdl_enabled(x.device):
-        return {"PDL": True, "launch_pdl": True}
-    return {"PDL": False}
+    :func:`pdl_enabled`, else ``PDL=False``. ``early``: the kernel also has an ``EARLY`` flag
+    (its early reads before the wait, :func:`early_reads`; False when not launched dependent)."""
+    on = pdl_enabled(x.device)
+    args = {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
+    if early:
+        args["EARLY"] = on and early_reads()
+    return args

@@ -30,12 +30,16 @@ from .graphed import add_common_args, graph_replay, write_json
 MODELS = ("deepseek-v2-lite", "qwen3-30b-a3b", "mixtral-8x7b")
 
 
-def sweep_configs() -> list[dict]:
+def sweep_configs(which: str = "all") -> list[dict]:
+    """Launch settings of one kernel at a time (the other at its default): ``which`` is
+    ``gate_up``, ``down`` or ``all``."""
     out = []
-    for gr, gh, gw in itertools.product((16, 64), (128, 256), (4, 8)):
-        out.append({"gate_up_rows": gr, "gate_up_block_h": gh, "gate_up_warps": gw})
-    for dr, di, dw in itertools.product((8, 16), (128, 256, 512), (4, 8)):
-        out.append({"down_rows": dr, "down_block_i": di, "down_warps": dw})
+    if which in ("all", "gate_up"):
+        for gr, gh, gw in itertools.product((8, 16, 32, 64), (128, 256, 512), (4, 8)):
+            out.append({"gate_up_rows": gr, "gate_up_block_h": gh, "gate_up_warps": gw})
+    if which in ("all", "down"):
+        for dr, di, dw in itertools.product((4, 8, 16), (128, 256, 512), (4, 8)):
+            out.append({"down_rows": dr, "down_block_i": di, "down_warps": dw})
     return out
 
 
@@ -69,7 +73,7 @@ def case(name: str, n: int, layers: int, reps: int, dev, configs: list[dict], to
     res = {"model": name, "tokens": n, "experts_per_token": k, "hidden": H, "inter": I,
            "distinct_experts": distinct, "layer_bytes": layer_bytes,
            "default_rows": {"gate_up": moe_triton.gate_up_rows(n * k, I),
-                            "down": moe_triton.down_rows(n, H)}}
+                            "down": moe_triton.down_rows(n, H, 1 << (k - 1).bit_length())}}
     want = run_experts(x.float(), routes[0][0], routes[0][1].float(),
                        lambda e: (gu[0][e].float(), dn[0][e].float()))
     rows = []
@@ -82,6 +86,9 @@ def case(name: str, n: int, layers: int, reps: int, dev, configs: list[dict], to
             rows.append({"config": config, "error": f"{type(e).__name__}: {e}"})
             continue
         rows.append({"config": config, "us": t * 1e6, "gbps": layer_bytes / t / 1e9, "rel_err": err})
+        if configs:  # a sweep: each setting as it is timed (a run cut short keeps them)
+            print(f"  {name} {n} tokens {config or 'default'}: {t * 1e6:.1f} us, "
+                  f"{layer_bytes / t / 1e9:.0f} GB/s", flush=True)
     res["default"] = rows[0]
     ok = [r for r in rows if "us" in r]
     res["best"] = min(ok, key=lambda r: r["us"]) if ok else None
@@ -103,6 +110,8 @@ def main(argv=None) -> int:
     add_common_args(ap, MODELS)
     ap.add_argument("--tokens", default="1,2,4,8", help="decode tokens per step (comma list)")
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--sweep-kernel", choices=("all", "gate_up", "down"), default="all",
+                    help="with --sweep: whose launch settings to vary")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("gpu_experts: needs CUDA", file=sys.stderr)
@@ -110,7 +119,7 @@ def main(argv=None) -> int:
     dev = torch.device("cuda")
     hbm = measure_hbm(dev)
     gen = torch.Generator().manual_seed(0)
-    configs = sweep_configs() if args.sweep else []
+    configs = sweep_configs(args.sweep_kernel) if args.sweep else []
     results = []
     print(f"HBM copy bandwidth: {hbm:.0f} GB/s (read + write)")
     print(f"{'model':<18} {'tok':>3} {'experts':>7} {'MB/layer':>8} {'us':>7} {'GB/s':>6} "

@@ -22,7 +22,7 @@ import time
 
 
 from .row import make_prompts
-from ..attention.launch import pdl_enabled
+from ..attention.launch import compiled_resources, pdl_enabled
 from ..units import parse_count
 
 
@@ -148,6 +148,14 @@ def main(argv=None) -> int:
         print(f"{'kernel':72s} {'calls/step':>10s} {'ms/step':>8s}")
         for r in res["top_device_ops"]:
             print(f"{r['op'][:72]:72s} {r['calls_per_step']:10.1f} {r['device_ms_per_step']:8.2f}")
+    res["compiled"] = compiled_resources()
+    if res["compiled"]:
+        print(f"\n{'Triton kernel (compiled forms)':32s} {'warps':>5s} {'stages':>6s} "
+              f"{'regs':>5s} {'spilled':>7s} {'shared':>7s} dependent")
+        for r in sorted(res["compiled"], key=lambda r: r["kernel"]):
+            print(f"{r['kernel'][:32]:32s} {r['warps']!s:>5s} {r['stages']!s:>6s} "
+                  f"{r['registers']!s:>5s} {r['spilled']!s:>7s} {r['shared']!s:>7s} "
+                  f"{r['dependent']}")
     if args.cprofile > 0:
         res["cprofile"] = python_profile(eng, args.cprofile, args.top)
     if args.json:

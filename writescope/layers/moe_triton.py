@@ -85,13 +85,13 @@ def _kernels():
     def down_kernel(HIN, IDX, WTS, W, OUT, ADD, stride_we, stride_wr,
                     K: tl.constexpr, KP: tl.constexpr, HID: tl.constexpr, INTER: tl.constexpr,
                     BLOCK_O: tl.constexpr, BLOCK_I: tl.constexpr, HAS_ADD: tl.constexpr,
-                    PDL: tl.constexpr):
+                    PDL: tl.constexpr, EARLY: tl.constexpr):
         # one program: BLOCK_O outputs of one token over all its K experts at once (a
         # [KP, BLOCK_O, BLOCK_I] tile a load, KP = K to the power of two, the padding masked),
         # each expert's rows summed over the intermediate size, then weighted and summed over
         # the experts in slot order (deterministic), written in the output's dtype: no per-slot
         # buffer, no separate sum over the slots
-        if PDL:  # launched dependent on the kernel before (attention/launch.py)
+        if PDL and not EARLY:  # launched dependent on the kernel before (attention/launch.py)
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
         t = tl.program_id(0).to(tl.int64)
@@ -100,13 +100,22 @@ def _kernels():
         j = tl.arange(0, KP)
         jmask = j < K
         s = t * K + j
+        # EARLY (launch.py): the router's expert ids and weights (two launches back: the gate/up
+        # kernel is between) and the first weight tile before the wait; the activations after
         e = tl.load(IDX + s, mask=jmask, other=0).to(tl.int64)
         wt = tl.load(WTS + s, mask=jmask, other=0.0).to(tl.float32)
         wrow = W + e[:, None, None] * stride_we + o.to(tl.int64)[None, :, None] * stride_wr
         hrow = HIN + s[:, None] * INTER
         rmask = jmask[:, None, None] & omask[None, :, None]
-        acc = tl.zeros([KP, BLOCK_O, BLOCK_I], dtype=tl.float32)
-        for i0 in range(0, INTER, BLOCK_I):
+        i = tl.arange(0, BLOCK_I)
+        imask = i < INTER
+        d = tl.load(wrow + i[None, None, :], mask=rmask & imask[None, None, :], other=0.0)
+        if PDL and EARLY:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        h = tl.load(hrow + i[None, :], mask=jmask[:, None] & imask[None, :], other=0.0)
+        acc = d.to(tl.float32) * h[:, None, :]  # the first block's products, then the rest's
+        for i0 in range(BLOCK_I, INTER, BLOCK_I):
             i = i0 + tl.arange(0, BLOCK_I)
             imask = i < INTER
             h = tl.load(hrow + i[None, :], mask=jmask[:, None] & imask[None, :], other=0.0)
@@ -215,5 +224,5 @@ def fused_experts(x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, gate_up: 
     down_kernel[(n, -(-hid // bo))](h, ids, wts, down, out, extra, down.stride(0), down.stride(1),
                                     K=k, KP=kp, HID=hid, INTER=inter, BLOCK_O=bo, BLOCK_I=bi2,
                                     HAS_ADD=add is not None, num_warps=c.get("down_warps") or 8,
-                                    **pdl)
+                                    **pdl_args(h, early=True))
     return out

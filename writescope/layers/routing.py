@@ -118,8 +118,8 @@ def _kernels():
                       HID: tl.constexpr, ROWS: tl.constexpr, BLOCK_X: tl.constexpr,
                       BLOCK_H: tl.constexpr, K: tl.constexpr, BLOCK_E: tl.constexpr,
                       BLOCK_K: tl.constexpr, RENORM: tl.constexpr, ROUND: tl.constexpr,
-                      PDL: tl.constexpr):
-        if PDL:  # launched dependent on the kernel before (attention/launch.py)
+                      PDL: tl.constexpr, EARLY: tl.constexpr):
+        if PDL and not EARLY:  # launched dependent on the kernel before (attention/launch.py)
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
         # 1. this program's BLOCK_X experts' logits of every token: float32 products summed per
@@ -128,14 +128,25 @@ def _kernels():
         mt = t < n
         f = tl.program_id(0) * BLOCK_X + tl.arange(0, BLOCK_X)
         mf = f < E
+        # EARLY (launch.py): the first hidden block's weights (a decode step's tokens take the
+        # whole hidden size in one block) before the wait; the normed tokens after
+        h = tl.arange(0, BLOCK_H)
+        w_first = tl.load(WR + f[:, None] * stride_w + h[None, :],
+                          mask=mf[:, None] & (h < HID)[None, :], other=0.0)
+        if PDL and EARLY:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         acc = tl.zeros([ROWS, BLOCK_X, BLOCK_H], dtype=tl.float32)
         for h0 in tl.static_range(0, HID, BLOCK_H):
             h = h0 + tl.arange(0, BLOCK_H)
             mh = h < HID
             xv = tl.load(X + t[:, None] * stride_x + h[None, :], mask=mt[:, None] & mh[None, :],
                          other=0.0).to(tl.float32)
-            wv = tl.load(WR + f[:, None] * stride_w + h[None, :], mask=mf[:, None] & mh[None, :],
-                         other=0.0).to(tl.float32)
+            if h0 == 0:
+                wv = w_first.to(tl.float32)
+            else:
+                wv = tl.load(WR + f[:, None] * stride_w + h[None, :],
+                             mask=mf[:, None] & mh[None, :], other=0.0).to(tl.float32)
             acc += xv[:, None, :] * wv[None, :, :]
         lg = tl.sum(acc, axis=2)
         tl.store(LOGITS + t[:, None] * E + f[None, :], lg.to(LOGITS.dtype.element_ty),
@@ -242,5 +253,5 @@ def router_fused(x: torch.Tensor, weight: torch.Tensor, counter: torch.Tensor, k
             x, weight, logits, counter, w, ids, n, x.stride(0), weight.stride(0), e, float(eps),
             float(scale), HID=hid, ROWS=1 << max(0, (n - 1).bit_length()), BLOCK_X=bx,
             BLOCK_H=bh, RENORM=bool(renorm), ROUND=_ROUND[round_to], num_warps=warps,
-            **_blocks(e, k), **pdl_args(x))
+            **_blocks(e, k), **pdl_args(x, early=True))
     return w, ids
