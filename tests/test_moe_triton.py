@@ -94,17 +94,29 @@ def test_programs_fill_the_gpu():
     """Few routed pairs: narrower gate/up and down programs, so that a launch has >=
     TARGET_PROGRAMS."""
     from writescope.layers.moe_triton import gate_up_rows
-    assert gate_up_rows(16, 768) == 16      # Qwen3-30B-A3B, 2 tokens x 8 experts: 768 programs
-    assert gate_up_rows(24, 1408) == 64     # DeepSeek-V2-Lite, 4 x 6: 24 x 22 = 528 already
-    assert gate_up_rows(4, 14336) == 64     # Mixtral, 2 x 2
-    assert gate_up_rows(1, 24) == 16        # never below 16 rows
-    assert gate_up_rows(128, 768) == 64
+    assert gate_up_rows(16, 768) == 8       # Qwen3-30B-A3B, 2 tokens x 8 experts: 1536 programs
+    assert gate_up_rows(24, 1408) == 8      # DeepSeek-V2-Lite, 4 x 6: 24 x 176
+    assert gate_up_rows(4, 14336) == 8      # Mixtral, 2 x 2
     from writescope.layers.moe_triton import down_rows
     assert down_rows(2, 2048, 8) == 8       # Qwen3-30B-A3B, 2 tokens: 2 x 256 = 512 programs
     assert down_rows(16, 2048, 8) == 16     # 8 experts a load: at most 128 rows a tile
     assert down_rows(16, 2048, 1) == 32     # 16 x 64 = 1024 already at 32 outputs
     assert down_rows(128, 4096, 2) == 64
     assert down_rows(1, 24, 8) == 8         # never below 8 outputs
+
+
+def test_launch_settings_from_the_environment(monkeypatch):
+    """WRITESCOPE_MOE_LAUNCH sets the kernels' launch settings (the engine's steps with others);
+    what is not a JSON object of those settings, powers of two, is refused by name."""
+    from writescope.layers import moe_triton
+    monkeypatch.delenv("WRITESCOPE_MOE_LAUNCH", raising=False)
+    assert moe_triton.launch_overrides() == {}
+    monkeypatch.setenv("WRITESCOPE_MOE_LAUNCH", '{"gate_up_rows": 16, "down_warps": 8}')
+    assert moe_triton.launch_overrides() == {"gate_up_rows": 16, "down_warps": 8}
+    for bad in ('{"gate_up_rows": 12}', '{"rows": 8}', '[8]', 'rows=8', '{"down_warps": "8"}'):
+        monkeypatch.setenv("WRITESCOPE_MOE_LAUNCH", bad)
+        with pytest.raises(ValueError, match="WRITESCOPE_MOE_LAUNCH"):
+            moe_triton.launch_overrides()
 
 
 @pytest.mark.gpu

@@ -25,6 +25,7 @@ experts; bench/results/2026-11-30b-h200/). The design follows the GEMV-style sma
 from __future__ import annotations
 
 import functools
+import json
 import os
 
 import torch
@@ -136,18 +137,19 @@ def _pow2(n: int, cap: int, floor: int = 16) -> int:
 
 
 def gate_up_rows(slots: int, inter: int) -> int:
-    """Rows of the intermediate size per gate/up program: 64, halved (down to 16) while the
-    launch has fewer than ``TARGET_PROGRAMS`` programs. A decode step routes few (token, expert)
-    pairs; with 64 rows Qwen3-30B-A3B's 2-token step launched 16 x 12 = 192 programs on the
-    H200's 132 SMs, which read its ~100 MB of gate/up weights a layer at ~1.6 TB/s (3.06 ms of
-    a 14.7 ms step, bench/results/2026-12-03c-h200, call 3) while the down kernel's 512 programs
-    read at 3.6 TB/s. Each row's sum runs over the same hidden blocks in the same order whatever
-    the programs' rows, so the results do not change."""
-    from ..attention.gpu import TARGET_PROGRAMS
-    bi = _pow2(inter, 64)
-    while bi > 16 and slots * -(-inter // bi) < TARGET_PROGRAMS:
-        bi //= 2
-    return bi
+    """Rows of the intermediate size per gate/up program: :data:`GATE_UP_ROWS`, whatever the
+    step's routed pairs (``slots``) and the intermediate size. Each row's sum runs over the same
+    hidden blocks in the same order whatever the programs' rows, so the results do not change.
+
+    Until the thirty-seventh session: 64 rows, halved down to 16 while a launch had fewer than
+    ``TARGET_PROGRAMS`` programs (with 64 rows Qwen3-30B-A3B's 2-token step had launched 192
+    programs, which read its gate/up weights at ~1.6 TB/s, bench/results/2026-12-03c-h200 call 3).
+    The sweep of bench/results/2026-12-04b-h200 call 1 (``bench.gpu_experts --sweep``, CUDA-graph
+    replays over 8 layers' experts) found 8 rows over 8 warps the fastest gate/up setting at both
+    Qwen3-30B-A3B's 2 and DeepSeek-V2-Lite's 4 tokens: a layer's experts in 43.9 and 96.7 us
+    against 46.1 and 99.1 with 16 / 64 rows over 4 warps (DeepSeek's 64 rows took 245 registers
+    a thread, two programs an SM)."""
+    return GATE_UP_ROWS
 
 
 def down_rows(tokens: int, hid: int, k_pow2: int = 1) -> int:
@@ -170,6 +172,38 @@ def down_rows(tokens: int, hid: int, k_pow2: int = 1) -> int:
 #: per expert: 0.91 and 1.03; one program per slot plus a sum: 0.65 + ~0.3 and 0.93 + ~0.15)
 GATE_UP_BLOCK_H = 128
 TILE_BYTES = 16384
+#: rows a gate/up program and the two kernels' warps (:func:`gate_up_rows`; the down kernel's
+#: 16 KB tiles over 4 warps instead of 8: a layer's experts in 44.5 / 95.4 us against 46.1 /
+#: 99.1 at Qwen3's 2 and DeepSeek's 4 tokens, the same sweep)
+GATE_UP_ROWS = 8
+GATE_UP_WARPS = 8
+DOWN_WARPS = 4
+
+#: the launch settings :func:`fused_experts` takes from ``config`` and from
+#: ``WRITESCOPE_MOE_LAUNCH`` (a JSON object of them: the engine's steps with other settings)
+LAUNCH_KEYS = ("gate_up_rows", "gate_up_block_h", "gate_up_warps", "down_rows", "down_block_i",
+               "down_warps")
+
+
+@functools.lru_cache(maxsize=8)
+def _overrides(raw: str) -> dict:
+    if not raw.strip():
+        return {}
+    try:
+        d = json.loads(raw)
+    except ValueError as e:
+        raise ValueError(f"WRITESCOPE_MOE_LAUNCH is not JSON ({e}): {raw!r}") from None
+    bad = [k for k in d if k not in LAUNCH_KEYS] if isinstance(d, dict) else ["(not an object)"]
+    vals = [v for v in d.values()] if isinstance(d, dict) else []
+    if bad or not all(isinstance(v, int) and v > 0 and v & (v - 1) == 0 for v in vals):
+        raise ValueError(f"WRITESCOPE_MOE_LAUNCH takes an object of {', '.join(LAUNCH_KEYS)} "
+                         f"with powers of two: got {raw!r}")
+    return dict(d)
+
+
+def launch_overrides() -> dict:
+    """The launch settings ``WRITESCOPE_MOE_LAUNCH`` sets (empty when unset)."""
+    return _overrides(os.environ.get("WRITESCOPE_MOE_LAUNCH", ""))
 
 
 def _width(tile_rows: int, n: int, itemsize: int) -> int:
@@ -188,7 +222,8 @@ def fused_experts(x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, gate_up: 
     that result ``+ add``, in the down kernel (DeepSeek's shared experts' output: one kernel a
     layer less, ~1.5 us on the H200, bench/results/2026-12-03j-h200/call1/d4-32k.log).
     ``config`` (benchmarks): ``gate_up_rows``, ``gate_up_block_h``, ``down_rows``,
-    ``down_block_i``, ``gate_up_warps``, ``down_warps`` instead of the defaults."""
+    ``down_block_i``, ``gate_up_warps``, ``down_warps`` instead of the defaults (and of
+    ``WRITESCOPE_MOE_LAUNCH``'s, :func:`launch_overrides`)."""
     n, k = idx.shape
     E, two_i, hid = gate_up.shape
     inter = two_i // 2
@@ -203,7 +238,7 @@ def fused_experts(x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, gate_up: 
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)  # rows contiguous, as written
     if slots == 0:
         return out
-    c = config or {}
+    c = {**launch_overrides(), **(config or {})}
     gate_up_kernel, down_kernel = _kernels()
     xc = x.contiguous()
     ids = idx.reshape(-1).to(torch.int32).contiguous()
@@ -216,13 +251,15 @@ def fused_experts(x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, gate_up: 
     gate_up_kernel[(slots, -(-inter // bi))](xc, ids, gate_up, h, gate_up.stride(0),
                                              gate_up.stride(1), K=k, HID=hid, INTER=inter,
                                              BLOCK_I=bi, BLOCK_H=bh,
-                                             num_warps=c.get("gate_up_warps") or 4, **pdl)
+                                             num_warps=c.get("gate_up_warps") or GATE_UP_WARPS,
+                                             **pdl)
     kp = 1 << (k - 1).bit_length()
     bo = c.get("down_rows") or down_rows(n, hid, kp)
     bi2 = c.get("down_block_i") or _width(kp * bo, inter, isz)
     extra = out if add is None else add.contiguous()  # (not read without HAS_ADD)
     down_kernel[(n, -(-hid // bo))](h, ids, wts, down, out, extra, down.stride(0), down.stride(1),
                                     K=k, KP=kp, HID=hid, INTER=inter, BLOCK_O=bo, BLOCK_I=bi2,
-                                    HAS_ADD=add is not None, num_warps=c.get("down_warps") or 8,
+                                    HAS_ADD=add is not None,
+                                    num_warps=c.get("down_warps") or DOWN_WARPS,
                                     **pdl_args(h, early=True))
     return out
