@@ -6,6 +6,7 @@
 source bench/results/run-helper.sh
 call_begin 190
 D=bench/results/2026-12-04b-h200
+export PYTHONPATH=$PWD  # act_check.py runs as a script (the first run lacked this line)
 run act-pdl 35 python $D/act_check.py
 run act-nopdl 35 env WRITESCOPE_PDL=0 python $D/act_check.py
 run act-cublas 35 python $D/act_check.py --cublas-first
