@@ -9,9 +9,10 @@ median over ``--reps`` passes (device events around a pass, captured as one CUDA
 engine's decode steps are). Bytes are the distinct experts'
 gate/up and down weights a layer reads. ``torch`` is the expert-by-expert path
 (``moe.run_experts``) on the same routing, for scale. ``--sweep`` also times other launch
-settings (rows per program, block widths, warps) of the two kernels and prints the fastest
-(the committed defaults were chosen from the engine's step times, ``step_profile``, in
-bench/results/2026-12-03h-h200; this session's sweeps were cut by their device-call caps).
+settings (rows per program, block widths, warps) of one kernel at a time, prints each as it is
+timed and the fastest (``--sweep-kernel`` picks the kernel). The committed defaults come from
+its sweep at Qwen3-30B-A3B's 2 and DeepSeek-V2-Lite's 4 tokens, confirmed in the engine's steps
+(``step_profile``), bench/results/2026-12-04b-h200 calls 1 and 2.
 """
 from __future__ import annotations
 
