@@ -201,11 +201,12 @@ class FastLaunch:
 #
 # Early reads (``EARLY``, a second constexpr of the kernels that have it): by that rule a kernel
 # may also read, before its wait, what the kernel two or more back wrote or the host copied
-# before the step -- the step's plan (chunk bounds, block ids, merge rows: host copies), the
-# router's expert ids and weights in the down kernel (the gate/up kernel is between them), the
-# new token's query and record in the merge (the partials are between it and the heads
-# kernel), weights. Those reads then overlap the end of the kernel before instead of following
-# it. Each such kernel loads the same values in the same order either way; only the wait moves
+# before the step -- the step's plan (the partials' chunk bounds, the merge's rows: host
+# copies), the router's expert ids and weights in the down kernel (the gate/up kernel is
+# between them), the new token's query and record in the merge (the partials are between it
+# and the heads kernel; the resident step always launches them), weights (the router's, the
+# down kernel's first tile). Those reads then overlap the end of the kernel before instead of
+# following it. Each such kernel loads the same values in the same order either way; only the wait moves
 # (after those loads with ``EARLY``, first without). ``WRITESCOPE_PDL_EARLY=0`` waits first.
 
 _PDL: dict = {}
