@@ -226,6 +226,9 @@ class ResidentAttention:
         rec = records if records.stride(-1) == 1 else records.contiguous()
         w_flat = self.pools[Region.W][layer].view(-1, spec.num_kv_heads, spec.rec_dim)
         fused_write = G.triton_switch("WRITESCOPE_FUSED_WRITE")
+        # the partials' launch (the buffers hold at least 16 chunks, so there always is one) sits
+        # between the kernel that wrote q and the records and this merge, which reads them before
+        # its wait when launched dependent (attention/launch.py, early reads)
         G.launch_reduce(parts[0], parts[1], t["row_ptr"], t["row_idx"], out, None,
                         self_terms=(q if q.stride(-1) == 1 else q.contiguous(), rec, spec,
                                     self.scale),
