@@ -195,7 +195,7 @@ def _overrides(raw: str) -> dict:
         raise ValueError(f"WRITESCOPE_MOE_LAUNCH is not JSON ({e}): {raw!r}") from None
     bad = [k for k in d if k not in LAUNCH_KEYS] if isinstance(d, dict) else ["(not an object)"]
     vals = [v for v in d.values()] if isinstance(d, dict) else []
-    if bad or not all(isinstance(v, int) and v > 0 and v & (v - 1) == 0 for v in vals):
+    if bad or not all(type(v) is int and v > 0 and v & (v - 1) == 0 for v in vals):
         raise ValueError(f"WRITESCOPE_MOE_LAUNCH takes an object of {', '.join(LAUNCH_KEYS)} "
                          f"with powers of two: got {raw!r}")
     return dict(d)
