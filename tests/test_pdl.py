@@ -22,7 +22,8 @@ def test_pdl_is_off_off_cuda_and_when_switched_off(monkeypatch):
     assert not launch.pdl_enabled(torch.device("cuda", 0))
     # early reads go with dependent launches only
     assert launch.pdl_args(cpu, early=True) == {"PDL": False, "EARLY": False}
-    assert launch.early_reads()
+    monkeypatch.delenv("WRITESCOPE_PDL_EARLY", raising=False)
+    assert launch.early_reads()  # on by default
     monkeypatch.setenv("WRITESCOPE_PDL_EARLY", "0")
     assert not launch.early_reads()
 
