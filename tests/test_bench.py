@@ -708,6 +708,29 @@ def test_busy_threads_finds_a_spinning_thread():
     assert by["spinner"]["frac"] > 0.5 and by["idler"]["cpu_s"] < 0.05, r
     assert r["busy_over_half"] >= 1 and r["threads"] >= 3
     assert busy_threads({}, b, 1.0) is None
+    # a thread that waited switched out voluntarily; the counts are deltas over the stretch
+    go, done, stop = threading.Event(), threading.Event(), threading.Event()
+
+    def sleeper():
+        go.wait()
+        for _ in range(20):
+            time.sleep(0.002)
+        done.set()
+        stop.wait()
+    waiter = threading.Thread(target=sleeper, name="sleeper")
+    waiter.start()
+    a = snapshot()
+    go.set(), done.wait()
+    b = snapshot()
+    stop.set(), waiter.join()
+    by = {t["name"]: t for t in busy_threads(a, b, 0.05, top=10 ** 6)["top"]}
+    assert 20 <= by["sleeper"]["vcsw"] <= 24 and by["sleeper"]["ivcsw"] >= 0, by["sleeper"]
+
+
+def test_python_probe_times_a_fixed_loop():
+    from writescope.bench.threads import python_probe_us
+    short, long = python_probe_us(n=2000), python_probe_us(n=200000)
+    assert 0 < short < long
 
 
 def test_synthetic_prefill_rows(tiny_qwen3_moe, tmp_path):

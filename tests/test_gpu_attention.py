@@ -336,3 +336,25 @@ def test_the_spilled_bench_runs_both_step_forms_and_checks_each(monkeypatch, sha
     assert r["rel_err_vs_torch"] < BF16_TOL and r["pipelined_rel_err_vs_torch"] < BF16_TOL
     one = B.bench_spilled(shape, "4x2K", 2, [0.5], dev, 1, [2**20], 2)
     assert "hybrid_pipelined" not in one and "pipelined_rel_err_vs_torch" not in one
+
+
+def test_planned_attend_gpu_relaunches_what_attend_gpu_computes():
+    """``writescope calibrate`` times the kernels of a step already planned
+    (``planned_attend_gpu``): each launch gives attend_gpu's result; and a CUDA graph's kernel
+    costs less than an eager launch (the model's charge for steps all in HBM)."""
+    _triton()
+    from writescope.attention.gpu import attend_gpu, planned_attend_gpu
+    from writescope.planner.calibrate import graph_launch_s, launch_s
+    spec, hq = SHAPES["mla"]
+    case = build_case(spec, hq, [300, 65, 1000], block_size=16, frac={"G": 1.0}, w_tail=False,
+                      device="cuda", seed=3)
+    q = case.random_q("cuda", seed=5)
+    batch = dict(case.plan.gpu)[Region.G]
+    o, l = attend_gpu(q, case.pools[Region.G][1], "gpu", spec, batch, case.scale)
+    run = planned_attend_gpu(q, case.pools[Region.G][1], "gpu", spec, batch, case.scale)
+    for _ in range(2):
+        o2, l2 = run()
+        torch.cuda.synchronize()
+        assert torch.equal(o2, o) and torch.equal(l2, l)
+    g = graph_launch_s(n=100, reps=3)
+    assert 0 < g < launch_s("cuda", n=100)

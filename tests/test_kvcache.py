@@ -138,6 +138,25 @@ def test_static_policy_puts_prefix_in_c():
     assert cache.seqs[0].regions() == (Region.C,) * 5 + (Region.T,) * 5
 
 
+def test_on_a_cpu_device_the_cpu_side_runs_on_the_calling_thread():
+    """Both sides are CPU work there: a worker thread would run the CPU kernel in a second
+    OpenMP team, and libgomp then makes every team's idle members sleep almost at once (a
+    decode step 1.5-2x slower on the 2-core dev VM, bench/results/2026-12-04c-devbox)."""
+    import threading
+    spec = SPECS["gqa"](1)
+    cache = make_cache(spec, 4, StaticPolicy(1.0), blocks=32)
+    cache.layout.num_blocks[Region.G] = 0
+    cache.alloc[Region.G].__init__(0, "G")
+    before = {t.ident for t in threading.enumerate()}
+    cache.add_sequence(0, 40)
+    for start, n in ((0, 40), (40, 1), (41, 1)):  # a prefill chunk, then decode steps
+        cache.begin_step([(0, start, n)])
+        cache.attention(0, torch.randn(n, 4, 16), torch.randn(n, 2, 32))
+        t = cache.end_step()
+    assert t["cpu_bytes"] > 0 and cache.hybrid._worker is None
+    assert {t.ident for t in threading.enumerate()} == before
+
+
 def test_budgets_and_admission():
     spec = SPECS["gqa"](1)
     layout = plan_layout(spec, 8, device_bytes=spec.block_bytes(8) * 6, pinned_bytes=spec.block_bytes(8) * 2,

@@ -1000,6 +1000,81 @@ def test_step_overhead_is_learnt_out_of_sample_and_leaves_the_share_alone():
     assert [p for p, _ in out] == pytest.approx([p for p, _ in base], rel=1e-6)
 
 
+def test_one_far_off_step_does_not_set_the_overhead():
+    """A step 20x its prediction (the first after a synthetic prefill, one that compiled a
+    kernel) is left out of the learnt overhead; the same figure twice in a row is taken."""
+    from writescope.planner import placement as pl
+    cfg = ModelConfig.from_hf("qwen3-30b-a3b")
+    pol = make_policy("writescope", profile=h200_like(), model_config=cfg, verify_steps=0)
+    n, tb = 4096, cfg.kv_bytes_per_token()
+    load = rl.StepLoad(2, 2 * n, 0, 0, 0)
+    model_s = rl.predict_step(pol.profile, cfg, load, False).step_s
+
+    def step(seconds):
+        nonlocal n
+        for i in range(2):
+            pol.assign(SeqKV(i, n, (Region.G,) * (n // 64)))
+        n += 1
+        pol.observe({"batch_lengths": [n] * 2, "step_s": seconds, "cpu_bytes": 0,
+                     "gpu_bytes": 2 * n * tb, "t_bytes": 0})
+    step(20 * model_s)
+    assert pol.step_overhead_s == 0.0
+    for _ in range(5):
+        step(model_s + 0.001)
+    assert pol.step_overhead_s == pytest.approx(0.001 * (1 - (1 - pol.feedback.alpha) ** 5),
+                                                rel=0.05)
+    before = pol.step_overhead_s
+    step(pl.OVERHEAD_OUTLIER_RATIO * 2 * model_s)  # first: left out
+    assert pol.step_overhead_s == before
+    step(pl.OVERHEAD_OUTLIER_RATIO * 2 * model_s)  # again: it is the steps' time now
+    assert pol.step_overhead_s > before
+
+
+def test_an_overlapped_step_is_predicted_by_the_model_alone():
+    """A decode step closed before its device work ran (``untimed``) learns nothing, and its
+    prediction -- made when stats() asks -- is the model's for its load, not a stale earlier
+    step's (a 4 x 32K row reported 123 ms predictions for its 5 ms steps, 2026-12-04b)."""
+    cfg = ModelConfig.from_hf("qwen3-30b-a3b")
+    pol = make_policy("writescope", profile=h200_like(), model_config=cfg, verify_steps=0)
+    n, tb = 32768, cfg.kv_bytes_per_token()
+    regs = (Region.G,) * (n // 64)
+    for i in range(2):
+        pol.assign(SeqKV(i, n, regs))
+    pol.observe({"batch_lengths": [n + 1] * 2, "step_s": 0.5, "cpu_bytes": 0,
+                 "gpu_bytes": 2 * n * tb, "t_bytes": 0})  # a slow timed step first
+    n += 1
+    overhead, factors = pol.step_overhead_s, dict(pol.feedback.factors)
+    for i in range(2):
+        pol.assign(SeqKV(i, n, regs))
+    pol.observe({"batch_lengths": [n + 1] * 2, "step_s": 0.001, "untimed": True,
+                 "cpu_bytes": 0, "gpu_bytes": 2 * n * tb, "t_bytes": 0})
+    want = rl.predict_step(pol.profile, cfg, rl.StepLoad(2, 2 * n, 0, 0, 0), False).step_s
+    s = pol.stats()
+    assert s["planner.predicted_step_s"] == pytest.approx(want, rel=1e-9)
+    assert math.isnan(s["planner.measured_step_s"])
+    assert pol.step_overhead_s == overhead and pol.feedback.factors == factors
+    assert pol.stats()["planner.predicted_step_s"] == pytest.approx(want, rel=1e-9)  # kept
+
+
+def test_a_step_all_in_hbm_is_charged_graph_launches():
+    """With the experts and every KV token on the GPU the engine replays CUDA graphs: the
+    model charges the profile's graph kernel cost, else (spilled KV, CPU experts, or an older
+    profile without the figure) eager launches."""
+    cfg = ModelConfig.from_hf("qwen3-30b-a3b")
+    eager = h200_like()
+    graph = h200_like(graph_launch_s=1.5e-6)
+    res = rl.StepLoad(2, 65536, 0, 0, 0)
+    spilled = rl.StepLoad(2, 32768, 32768, 0, 0)
+    n = cfg.num_layers * rl.KERNELS_PER_LAYER
+    d = rl.predict_step(eager, cfg, res, False).step_s - rl.predict_step(graph, cfg, res, False).step_s
+    assert d == pytest.approx(n * (eager.launch_s - 1.5e-6), rel=1e-6)
+    for load, on_cpu in ((spilled, False), (res, True)):
+        assert rl.predict_step(graph, cfg, load, on_cpu).step_s == \
+            pytest.approx(rl.predict_step(eager, cfg, load, on_cpu).step_s, rel=1e-12)
+    with pytest.raises(ValueError, match="graph_launch_s"):
+        h200_like(graph_launch_s=-1.0).validate()
+
+
 def test_without_feedback_the_share_does_not_adapt():
     k, m = 5, 40
     out, _ = simulate(alpha=0.0, steps=30, slow_from=k, slow_until=m)

@@ -562,6 +562,15 @@ def attend_gpu(q: torch.Tensor, kv: torch.Tensor, layout: str, spec: KVSpec, bat
     Plans on the host (one small device-to-host read of the batch's index arrays); the hybrid
     runner plans once per step instead and calls :func:`launch_partials` per layer.
     """
+    return planned_attend_gpu(q, kv, layout, spec, batch, scale, chunk_blocks, config)()
+
+
+def planned_attend_gpu(q: torch.Tensor, kv: torch.Tensor, layout: str, spec: KVSpec,
+                       batch: BlockBatch, scale: float, chunk_blocks: int | None = None,
+                       config: KernelConfig | None = None):
+    """:func:`attend_gpu` split at its plan: plans now (host work, buffers) and returns a
+    function that launches the two kernels and returns ``(out, lse)`` -- what a decode step
+    pays per layer once the step is planned (``writescope calibrate`` times that)."""
     if layout != "gpu":
         raise ValueError("attend_gpu reads GPU-layout pools ([N, bs, H, R]) only")
     nq, hq, _ = q.shape
@@ -579,7 +588,14 @@ def attend_gpu(q: torch.Tensor, kv: torch.Tensor, layout: str, spec: KVSpec, bat
     out = torch.empty(nq, hq, spec.v_dim, dtype=torch.float32, device=dev)
     lse = torch.empty(nq, hq, dtype=torch.float32, device=dev)
     qk = q.to(kv.dtype).contiguous()
-    launch_partials(qk, kv, spec, plan.to(dev), batch.kv_blocks.to(dev, torch.int32),
-                    batch.kv_lens.to(dev, torch.int32), scale, part_out, part_lse, qmax, config)
-    launch_reduce(part_out, part_lse, row_ptr.to(dev), row_idx.to(dev), out, lse)
-    return out, lse
+    dplan = plan.to(dev)
+    blocks = batch.kv_blocks.to(dev, torch.int32)
+    lens = batch.kv_lens.to(dev, torch.int32)
+    row_ptr, row_idx = row_ptr.to(dev), row_idx.to(dev)
+
+    def run() -> tuple[torch.Tensor, torch.Tensor]:
+        launch_partials(qk, kv, spec, dplan, blocks, lens, scale, part_out, part_lse, qmax,
+                        config)
+        launch_reduce(part_out, part_lse, row_ptr, row_idx, out, lse)
+        return out, lse
+    return run

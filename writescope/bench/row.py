@@ -58,7 +58,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .threads import busy_threads, snapshot as thread_snapshot
+from .threads import busy_threads, python_probe_us, snapshot as thread_snapshot
 
 
 def make_prompts(vocab_size: int, batch: int, context: int, seed: int) -> list[list[int]]:
@@ -211,6 +211,7 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
             if len(outs) != batch:
                 raise RowFailed(f"a decode step produced {len(outs)} tokens for a batch of {batch}")
         read_before = probe_read_gbps()
+        py_before = python_probe_us()
         threads0, t_threads = thread_snapshot(), time.perf_counter()
         # tokens produced so far (sequences prefilled early already decoded some)
         for rid in ids:
@@ -252,6 +253,7 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
             for o in outs:
                 tokens[o.request_id] = list(o.token_ids)
         threads = busy_threads(threads0, thread_snapshot(), time.perf_counter() - t_threads)
+        py_after = python_probe_us()
         read_after = probe_read_gbps()
         live = cache.live_blocks()
         timing = dict(cache.last_timing)
@@ -301,8 +303,10 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
         "cpu_expert_s_mean": float(np.mean(expert_s)) if expert_s else None,
         # the host's DRAM read bandwidth just before and just after the decode steps
         "cpu_read_gbps": [read_before, read_after],
-        # which threads burnt how much CPU during the decode steps (bench/threads.py)
+        # which threads burnt how much CPU during the decode steps (bench/threads.py), and a
+        # fixed Python loop's microseconds on this thread before and after them
         "threads_decode": threads,
+        "python_probe_us": [py_before, py_after],
         # decode steps run as two interleaved sub-batches (WRITESCOPE_PIPELINE=1), and the CPU
         # attention kernel's thread count
         "pipelined_steps": int(piped), "overlapped_steps": int(overlapped),

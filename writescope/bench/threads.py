@@ -6,7 +6,11 @@ finish before the call does: one member on a core shared with a busy thread stal
 take either ~155 or ~250 ms a step, one or the other for a whole row (2026-12-01h-h200 call 1).
 A slow host and a spinning thread of our own look alike in step times; which threads burnt how
 much CPU during the decode steps tells them apart. A row records :func:`busy_threads` between
-two :func:`snapshot` calls taken around its timed steps.
+two :func:`snapshot` calls taken around its timed steps, with each thread's context switches
+(voluntary: it waited; involuntary: it was preempted, its core wanted elsewhere), and
+:func:`python_probe_us` before and after them: the same pure-Python loop's time says whether
+the launching thread ran at its usual speed (a slow core, or a sibling hyperthread busy under
+the VM, slows it without any thread of ours being busy).
 """
 from __future__ import annotations
 
@@ -17,10 +21,39 @@ import threading
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def snapshot() -> dict[int, tuple[str, float, int]]:
-    """``{tid: (name, CPU seconds so far, CPU it last ran on)}`` for every thread of this
-    process; ``{}`` where there is no ``/proc`` (not Linux). A Python thread is named by its
-    ``threading`` name, others by the kernel's (OpenMP and driver threads)."""
+def python_probe_us(reps: int = 5, n: int = 20000) -> float:
+    """Median microseconds of a fixed pure-Python loop on the calling thread."""
+    import time
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        acc = 0
+        for i in range(n):
+            acc += i & 7
+        ts.append(time.perf_counter() - t)
+    return round(sorted(ts)[len(ts) // 2] * 1e6, 1)
+
+
+def _switches(base: str, tid: str) -> tuple[int, int]:
+    """(voluntary, involuntary) context switches of one thread so far; (0, 0) if unreadable."""
+    v = iv = 0
+    try:
+        with open(f"{base}/{tid}/status") as f:
+            for line in f:
+                if line.startswith("voluntary_ctxt_switches:"):
+                    v = int(line.split()[1])
+                elif line.startswith("nonvoluntary_ctxt_switches:"):
+                    iv = int(line.split()[1])
+    except OSError:
+        pass
+    return v, iv
+
+
+def snapshot() -> dict[int, tuple[str, float, int, int, int]]:
+    """``{tid: (name, CPU seconds so far, CPU it last ran on, voluntary and involuntary context
+    switches so far)}`` for every thread of this process; ``{}`` where there is no ``/proc``
+    (not Linux). A Python thread is named by its ``threading`` name, others by the kernel's
+    (OpenMP and driver threads)."""
     base = f"/proc/{os.getpid()}/task"
     try:
         tids = os.listdir(base)
@@ -40,7 +73,7 @@ def snapshot() -> dict[int, tuple[str, float, int]]:
         # fields after comm start at field 3 (state): utime is field 14, stime 15, processor 39
         cpu_s = (int(rest[11]) + int(rest[12])) / _TICK
         tid = int(t)
-        out[tid] = (names.get(tid, comm), cpu_s, int(rest[36]))
+        out[tid] = (names.get(tid, comm), cpu_s, int(rest[36]), *_switches(base, t))
     return out
 
 
@@ -52,10 +85,15 @@ def busy_threads(before: dict, after: dict, wall_s: float, top: int = 24) -> dic
     if not before or not after or wall_s <= 0:
         return None
     rows = []
-    for tid, (name, cpu_s, core) in after.items():
-        d = cpu_s - (before[tid][1] if tid in before else 0.0)
-        rows.append({"tid": tid, "name": name, "cpu_s": round(d, 3),
-                     "frac": round(d / wall_s, 3), "cpu": core})
+    for tid, (name, cpu_s, core, *sw) in after.items():
+        b = before.get(tid)
+        d = cpu_s - (b[1] if b else 0.0)
+        row = {"tid": tid, "name": name, "cpu_s": round(d, 3), "frac": round(d / wall_s, 3),
+               "cpu": core}
+        if len(sw) == 2:
+            b_sw = b[3:5] if b and len(b) >= 5 else (0, 0)
+            row["vcsw"], row["ivcsw"] = sw[0] - b_sw[0], sw[1] - b_sw[1]
+        rows.append(row)
     rows.sort(key=lambda r: -r["cpu_s"])
     return {"wall_s": round(wall_s, 4), "process_cpu_s": round(sum(r["cpu_s"] for r in rows), 3),
             "threads": len(rows), "busy_over_half": sum(r["frac"] > 0.5 for r in rows),

@@ -211,12 +211,12 @@ def device_attention_rates(cfgs: Iterable[ModelConfig], kv_bytes: int, reps: int
     there, the torch path otherwise (also on a machine without a GPU, where the torch path over
     G/T blocks is the 'device' side)."""
     from ..attention.torch_paged import attend_torch
-    kernel, name = attend_torch, "attend_torch"
+    planned = None
     if device == "cuda":
         try:
             from ..attention import gpu as gpu_mod
-            if getattr(gpu_mod, "triton_available", lambda: False)() and hasattr(gpu_mod, "attend_gpu"):
-                kernel, name = gpu_mod.attend_gpu, "attend_gpu"
+            if getattr(gpu_mod, "triton_available", lambda: False)():
+                planned = gpu_mod.planned_attend_gpu
         except ImportError:
             pass
     sync = _cuda_sync if device == "cuda" else (lambda: None)
@@ -226,16 +226,24 @@ def device_attention_rates(cfgs: Iterable[ModelConfig], kv_bytes: int, reps: int
         if fam in out:
             continue
         spec, pool, batch, q, nbytes = _attn_case(cfg, kv_bytes, device, "gpu")
-        fn = kernel
-        try:
-            fn(q, pool, "gpu", spec, batch, cfg.softmax_scale)
-        except Exception as e:  # a kernel that cannot take this shape: time the portable path
-            log(f"  device attention {fam}: {name} failed ({type(e).__name__}: {e}); timing attend_torch")
-            fn = attend_torch
-        dt = _median_time(lambda: fn(q, pool, "gpu", spec, batch, cfg.softmax_scale), reps, sync)
+        # the Triton kernels as a decode step runs them: planned once (the step's host work,
+        # outside this rate; until 2026-12-04 the plan was timed too, which put the rate at
+        # 1.0-1.6 TB/s on the H200, a third of what the kernels read at), then launched
+        fn, name = (lambda: attend_torch(q, pool, "gpu", spec, batch, cfg.softmax_scale)), \
+            "attend_torch"
+        if planned is not None:
+            try:
+                fn, name = planned(q, pool, "gpu", spec, batch, cfg.softmax_scale), "attend_gpu"
+                fn()
+            except Exception as e:  # a kernel that cannot take this shape: the portable path
+                log(f"  device attention {fam}: attend_gpu failed ({type(e).__name__}: {e}); "
+                    "timing attend_torch")
+                fn, name = (lambda: attend_torch(q, pool, "gpu", spec, batch,
+                                                 cfg.softmax_scale)), "attend_torch"
+        dt = _median_time(fn, reps, sync)
         out[fam] = nbytes / dt
-        log(f"  device attention {fam:16s} ({device}, {fn.__name__}): {out[fam] / 1e9:8.1f} GB/s")
-        del pool
+        log(f"  device attention {fam:16s} ({device}, {name}): {out[fam] / 1e9:8.1f} GB/s")
+        del pool, fn
     return out
 
 
@@ -345,6 +353,24 @@ def launch_s(device: str, n: int = 400) -> float:
     return _median_time(many, 3, sync) / n
 
 
+def graph_launch_s(n: int = 400, reps: int = 5) -> float:
+    """One small kernel's share of a CUDA graph's replay: what a decode step whose KV is all
+    in HBM (run as CUDA graphs, ``engine/graphs.py``) pays per kernel instead of
+    :func:`launch_s`. CUDA only."""
+    x = torch.zeros(1, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # a warm-up off the capture, as torch's docs ask
+        for _ in range(3):
+            x.add_(1.0)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(n):
+            x.add_(1.0)
+    return _median_time(g.replay, reps, _cuda_sync) / n
+
+
 # ---------------------------------------------------------------------------------- GPU probes
 def gpu_copy_rates(nbytes: int, reps: int, log) -> dict[str, float]:
     dev = torch.device("cuda")
@@ -448,11 +474,19 @@ def calibrate(quick: bool = False, models: Iterable[str | ModelConfig] | None = 
         log(f"  {'cpu_attn_roundtrip_s':22s} {art * 1e6:8.1f} us")
     ls = launch_s(device)
     log(f"  {'launch_s':22s} {ls * 1e6:8.1f} us")
+    gls = None
+    if has_gpu:
+        try:
+            gls = graph_launch_s()
+            log(f"  {'graph_launch_s':22s} {gls * 1e6:8.2f} us")
+        except RuntimeError as e:  # no graphs here: the model charges eager launches
+            notes.append(f"CUDA graph probe failed: {e}")
+            log(f"  graph probe failed: {e}")
     prof = HardwareProfile(
         machine=machine_description(), cpu_threads=torch.get_num_threads(), cpu_read_Bps=read,
         cpu_attn=cpu_attn, device_attn=dev_attn, cpu_expert=experts, cpu_roundtrip_s=rt,
         cpu_attn_roundtrip_s=art,
-        launch_s=ls, cpu_attn_isa=attn_isa, cpu_attn_prefetch_blocks=attn_pf,
+        launch_s=ls, graph_launch_s=gls, cpu_attn_isa=attn_isa, cpu_attn_prefetch_blocks=attn_pf,
         cpu_attn_kernel=kernel_name,
         cpu_expert_kernel=expert_kind, quick=quick,
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

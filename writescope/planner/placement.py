@@ -46,7 +46,11 @@ The cache asks (see :mod:`writescope.kvcache.placement`):
   the lengths ``assign`` was shown) correct the rates; ``planner.predicted_step_s`` (made
   before the step ran, from the state after the previous one) and ``planner.measured_step_s``
   are those of the last decode step. Step time the per-path model does not explain (Python,
-  launches, sampling) is learnt as an additive ``planner.step_overhead_s``.
+  launches, sampling) is learnt as an additive ``planner.step_overhead_s``; a step more than
+  ``OVERHEAD_OUTLIER_RATIO`` (3) times its prediction is left out of it unless the next one is
+  too. A decode step closed before its device work ran (overlapped, ``untimed``) learns nothing;
+  its prediction is the model's alone (its host time hides behind the device's), made when
+  :meth:`stats` asks for it.
 
 Two shares come out of the roofline (:mod:`.roofline`), both over the batch of the last step:
 
@@ -135,6 +139,11 @@ FIRST_CPU_SAMPLE_MAX_RATIO = 3.0
 #: transfer's step). With this guard the same row's GPU factor stayed at 1.06 and writescope ran
 #: 0.96x transfer (2026-12-03e call 3).
 HOST_BOUND_FRACTION = 0.7
+#: a decode step that took more than this times the planner's prediction (the first step of a
+#: row after a synthetic prefill, one that compiled a kernel) does not move the learnt overhead,
+#: unless the next one does too: on the H200 one such step left the overhead at 78 ms for a
+#: whole 4 x 32K row of 5 ms steps (its predictions 20x the steps, 2026-12-04b call 2)
+OVERHEAD_OUTLIER_RATIO = 3.0
 
 #: a step's plan reuses the last solve while the batch size is the same and every token count
 #: and rate factor is within this relative distance of the one it was solved for
@@ -191,6 +200,7 @@ class WriteScopePolicy(PlacementPolicy):
         self.verify_steps = max(0, int(verify_steps))
         self.cpu_samples = 0  # decode steps in which the CPU attended blocks and was timed
         self.step_overhead_s = 0.0  # measured step time the per-path model does not explain
+        self._overhead_outliers = 0  # consecutive decode steps kept out of it (OVERHEAD_OUTLIER_RATIO)
         # tokens per block: from the constructor, else learnt from the first place() call
         # (the cache always places before it assigns blocks), else the default
         self.block_size: int | None = block_size
@@ -386,6 +396,9 @@ class WriteScopePolicy(PlacementPolicy):
             self._feedback(timing, lengths)
         else:
             self.skipped_steps += 1
+            if decode:  # an overlapped step: predicted (lazily, for stats()), nothing learnt
+                self._last = {"load": (self._load(timing, lengths), float(sum(lengths))),
+                              "measured_step_s": math.nan}
         self.steps += 1
         # close the step: its sequences are the batch the next step is planned for
         self._batch = set(self._this_step)
@@ -399,7 +412,8 @@ class WriteScopePolicy(PlacementPolicy):
         self._assigned = {"cpu_c": 0, "cpu_t": 0, "streamed": 0}
         self._plan = None
 
-    def _feedback(self, timing: dict[str, Any], lengths: list[int]) -> None:
+    def _load(self, timing: dict[str, Any], lengths: list[int]) -> rl.StepLoad:
+        """The step's load as it ran: tokens each side read (the timing's bytes)."""
         tb = self.token_bytes
         cpu_tok = float(timing.get("cpu_bytes", 0)) / tb
         gpu_tok = float(timing.get("gpu_bytes", 0)) / tb
@@ -411,8 +425,13 @@ class WriteScopePolicy(PlacementPolicy):
         streamed = min(streamed, gpu_tok)
         assigned_cpu = a["cpu_c"] + a["cpu_t"]
         t_frac = a["cpu_t"] / assigned_cpu if assigned_cpu else 0.0
-        load = rl.StepLoad(max(1, len(lengths)), gpu_tok - streamed, streamed,
+        return rl.StepLoad(max(1, len(lengths)), gpu_tok - streamed, streamed,
                            cpu_tok * (1 - t_frac), cpu_tok * t_frac)
+
+    def _feedback(self, timing: dict[str, Any], lengths: list[int]) -> None:
+        tb = self.token_bytes
+        cpu_tok = float(timing.get("cpu_bytes", 0)) / tb
+        load = self._load(timing, lengths)
         pl = self.pipelined
         scale = float(sum(lengths))  # the batch's KV tokens: the size the factors describe
         # this step's prediction, from what was known before it ran (out of sample)
@@ -471,14 +490,24 @@ class WriteScopePolicy(PlacementPolicy):
                 corrected = rl.predict_step(self.profile, self.cfg, load, self.experts_on_cpu,
                                             self.feedback.corrections_at(scale), pipelined=pl)
             a = self.feedback.alpha
-            self.step_overhead_s = (1 - a) * self.step_overhead_s + a * (float(measured)
-                                                                         - corrected.step_s)
+            if float(measured) > OVERHEAD_OUTLIER_RATIO * predicted and \
+                    self._overhead_outliers == 0:
+                self._overhead_outliers = 1  # one step this far off is not the steps' overhead
+            else:
+                self._overhead_outliers = 0
+                self.step_overhead_s = (1 - a) * self.step_overhead_s + a * (float(measured)
+                                                                             - corrected.step_s)
         self._last = {"predicted_step_s": predicted,
                       "measured_step_s": float(measured) if measured is not None else math.nan}
 
     def stats(self) -> dict[str, Any]:
         plan = self._plan or self._make_plan(commit=False)
         c = self.feedback.corrections
+        if "load" in self._last:  # an overlapped step's prediction, made when first asked for
+            load, scale = self._last.pop("load")
+            self._last["predicted_step_s"] = rl.predict_step(
+                self.profile, self.cfg, load, self.experts_on_cpu,
+                self.feedback.corrections_at(scale), pipelined=self.pipelined).step_s
         pred, meas = self._last.get("predicted_step_s", math.nan), self._last.get("measured_step_s", math.nan)
         return {
             "planner.cpu_share": plan["cpu_share"],

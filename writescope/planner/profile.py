@@ -29,6 +29,9 @@ cpu_attn_roundtrip_s       the same for CPU attention as the engine's decode ste
                            each layer's ready word (optional; not with CPU experts, where the
                            team does not spin)
 launch_s                   one small device kernel launch (the per-layer fixed GPU cost)
+graph_launch_s             one small kernel's share of a CUDA graph's replay: the per-kernel
+                           cost of a decode step whose KV is all in HBM (run as CUDA graphs);
+                           optional (without it such steps are charged ``launch_s``)
 =========================  =====================================================================
 
 All rates are bytes per second. The engine loads a profile with :func:`load_or_calibrate`
@@ -74,6 +77,7 @@ class HardwareProfile:
     # and the AMX variant's fastest software-prefetch distance per family; {} = the default
     cpu_attn_prefetch_blocks: dict[str, int] = field(default_factory=dict)
     cpu_attn_roundtrip_s: float | None = None
+    graph_launch_s: float | None = None
     # provenance
     cpu_attn_kernel: str = ""
     cpu_expert_kernel: str = ""
@@ -167,9 +171,9 @@ class HardwareProfile:
             raise ValueError("hardware profile: cpu_expert is empty")
         for k, r in self.cpu_expert.items():
             pos(f"cpu_expert[{k}]", r)
-        for name in ("cpu_roundtrip_s", "launch_s", "cpu_attn_roundtrip_s"):
+        for name in ("cpu_roundtrip_s", "launch_s", "cpu_attn_roundtrip_s", "graph_launch_s"):
             v = getattr(self, name)
-            if v is None and name == "cpu_attn_roundtrip_s":
+            if v is None and name in ("cpu_attn_roundtrip_s", "graph_launch_s"):
                 continue
             if not isinstance(v, (int, float)) or v < 0:
                 raise ValueError(f"hardware profile: {name} must be >= 0, got {v!r}")

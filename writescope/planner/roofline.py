@@ -20,6 +20,9 @@ One decode layer, for a batch of ``B`` sequences (one new token each)::
 * ``layer     = max(compute, pcie)``: the staging ring copies layer l+1 while layer l computes,
   so streaming costs nothing until it is the slower of the two;
 * ``step      = sum(layer) + pcie of the first layer`` (nothing hides the first copy) ``+ lm head``.
+* ``dense`` holds ``KERNELS_PER_LAYER`` launches: eager ones (``launch_s``), or, in a step whose
+  KV is all on the GPU and whose experts are too (the engine replays such steps as CUDA graphs,
+  ``engine/graphs.py``), a graph's kernels (``graph_launch_s``, where the profile has it).
 
 Contention: the CPU's reads and the H2D DMA share host DRAM. When the CPU is busy (attention or
 experts) while T streams, the H2D rate is the profile's *concurrent* H2D rate, and the CPU
@@ -225,6 +228,21 @@ def _beside_the_link(nbytes: float, rate: float, cap: float, link_s: float) -> f
     return link_s + (nbytes - link_s * cap) / rate
 
 
+def graphed(profile: "HardwareProfile", load: StepLoad, experts_on_cpu: bool) -> bool:
+    """Whether the engine runs a step of this load as CUDA graphs: on a GPU, every KV token in
+    HBM (resident), the routed experts on the GPU."""
+    return (profile.has_gpu and not experts_on_cpu and load.streamed_tokens <= 0
+            and load.cpu_tokens <= 0)
+
+
+def launch_cost_s(profile: "HardwareProfile", load: StepLoad, experts_on_cpu: bool) -> float:
+    """Seconds one of a layer's kernels costs beyond its bytes: a graph's kernel in a graphed
+    step (when the profile measured it), an eager launch otherwise."""
+    if profile.graph_launch_s is not None and graphed(profile, load, experts_on_cpu):
+        return profile.graph_launch_s
+    return profile.launch_s
+
+
 def layer_time(profile: "HardwareProfile", cfg: "ModelConfig", layer: int, load: StepLoad,
                experts_on_cpu: bool, corr: Corrections = Corrections(),
                regime: tuple[bool, bool] | None = None, pipelined: bool = False) -> LayerTime:
@@ -248,7 +266,7 @@ def layer_time(profile: "HardwareProfile", cfg: "ModelConfig", layer: int, load:
 
     # GPU: dense weights from HBM + a fixed number of launches; attention over resident + staged
     dense_s = ((p["attn"] + p["mlp"]) * WEIGHT_BYTES / profile.weight_read_Bps
-               + KERNELS_PER_LAYER * profile.launch_s)
+               + KERNELS_PER_LAYER * launch_cost_s(profile, load, experts_on_cpu))
     gpu_attn_s = corr.gpu * (load.resident_tokens + load.streamed_tokens) * kvb / profile.device_attn_rate(fam)
     # CPU attention: a fixed round trip whenever it attends anything, then its bytes
     cpu_attn_s = 0.0
