@@ -222,6 +222,9 @@ def test_share_non_decreasing_in_context_length(name, batch, experts_on_cpu):
 
 
 H200_PROFILE = Path(__file__).resolve().parents[1] / "bench" / "profiles" / "h200.json"
+#: the profile the planner planned with from 2026-12-01 to 2026-12-04: the scenarios measured
+#: under it (rate corrections learnt against its rates) are checked against it
+H200_PROFILE_1201 = H200_PROFILE.with_name("h200-2026-12-01.json")
 
 
 @pytest.mark.skipif(not H200_PROFILE.exists(), reason="no committed H200 profile")
@@ -297,14 +300,14 @@ def test_cpu_experts_beside_the_link_slow_down_continuously():
     assert xs == sorted(xs) and max(b - a for a, b in zip(xs, xs[1:])) <= 0.5 + 1e-9
 
 
-@pytest.mark.skipif(not H200_PROFILE.exists(), reason="no committed H200 profile")
+@pytest.mark.skipif(not H200_PROFILE_1201.exists(), reason="no 2026-12-01 H200 profile")
 def test_placement_writes_c_only_for_a_gain_the_bench_can_see():
     """DeepSeek-V2-Lite 8 x 128K with the experts on the CPU and G holding 12181 blocks, at the
     rate corrections its planner had learnt (2026-12-01d call 4): the model gives a CPU share of
     ~0.19 a 1.3% gain, and the C blocks placed for it made writescope 4-10% slower than
     transfer. Placement needs PLACEMENT_MIN_GAIN (3%); the step plan keeps MIN_GAIN (1%). A
     large gain (Qwen3 with its experts on the GPU, 2 x 128K) is placed as before."""
-    prof = HardwareProfile.load(H200_PROFILE)
+    prof = HardwareProfile.load(H200_PROFILE_1201)
     dsv = ModelConfig.from_hf("deepseek-v2-lite")
     corr = rl.Corrections(cpu=1.225, cpu_fixed=0.219, pcie=1.0, gpu=1.0, expert=0.899)
     g = 12181 * 64
@@ -449,14 +452,14 @@ def test_the_batch_makes_up_for_a_sequence_placed_against_another_target():
     assert c_fraction(cache.seqs[1])[0] == pytest.approx(2 * target, abs=1 / 60)
 
 
-@pytest.mark.skipif(not H200_PROFILE.exists(), reason="no committed H200 profile")
+@pytest.mark.skipif(not H200_PROFILE_1201.exists(), reason="no 2026-12-01 H200 profile")
 def test_with_experts_on_the_cpu_a_step_reads_t_in_place_only_for_a_visible_gain():
     """DeepSeek-V2-Lite 8 x 128K, experts on the CPU, at the factors its decode steps measured:
     with every spilled block in T, the model gives the CPU ~17% of them for a 1% gain -- the
     regime where attending 8% of the KV on the CPU made writescope 4-10% slower than transfer.
     With the experts on the CPU the step plan needs PLACEMENT_MIN_GAIN too; with them on the
     GPU it keeps MIN_GAIN."""
-    prof = HardwareProfile.load(H200_PROFILE)
+    prof = HardwareProfile.load(H200_PROFILE_1201)
     dsv = ModelConfig.from_hf("deepseek-v2-lite")
     corr = rl.Corrections(cpu=1.225, cpu_fixed=0.219, pcie=1.0, gpu=1.0, expert=0.899)
     B, L, G = 8, 131072, 12181
@@ -1136,14 +1139,14 @@ def test_a_pessimistic_cpu_factor_is_probed_again():
     assert pol.stats()["planner.cpu_rate_correction"] < 2.0
 
 
-@pytest.mark.skipif(not H200_PROFILE.exists(), reason="no committed H200 profile")
+@pytest.mark.skipif(not H200_PROFILE_1201.exists(), reason="no 2026-12-01 H200 profile")
 def test_an_unverified_planner_measures_the_cpu_even_when_the_batch_keeps_it_off():
     """One 32K sequence: its round trips would cost more than the CPU saves (step share 0), so
     nothing would ever measure the CPU path and placement would keep every spilled block in T
     for good (as a bench row prefilled after a one-request warm-up did on the H200). Until it is
     verified, the planner reads T blocks in place all the same; then it returns to share 0."""
     cfg = ModelConfig.from_hf("deepseek-v2-lite")
-    prof = HardwareProfile.load(H200_PROFILE)
+    prof = HardwareProfile.load(H200_PROFILE_1201)
     bs, g, t = 64, 128, 384
     assert rl.optimal_cpu_share(prof, cfg, 1, g * bs, 0, t * bs, False).cpu_share == 0.0
     pol = make_policy("writescope", profile=prof, model_config=cfg, verify_steps=2)

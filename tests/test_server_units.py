@@ -166,3 +166,46 @@ def test_serve_command_arguments():
     kw = engine_kwargs(args)
     assert kw["model"] is None and kw["vram_budget"] == "2GiB" and kw["max_model_len"] == 8192
     assert kw["kv_policy"] == "cpu" and kw["max_num_seqs"] == 4
+
+
+def test_engine_thread_runs_jobs_in_order_on_one_thread_and_ends_on_close():
+    import threading
+    from writescope.server.owner import EngineThread
+    t = EngineThread(name="t-owner")
+    ids = [t.call(threading.get_ident) for _ in range(3)]
+    assert len(set(ids)) == 1 and ids[0] == t.ident != threading.get_ident()
+    with pytest.raises(ZeroDivisionError):
+        t.call(lambda: 1 / 0)
+    assert t.call(lambda a, b=0: a + b, 2, b=3) == 5  # (an error does not end the thread)
+    t.close()
+    t.join(5)
+    assert not t.is_alive()
+    with pytest.raises(RuntimeError, match="ended"):
+        t.submit(int)
+
+
+def test_the_server_steps_the_engine_on_the_thread_that_built_it(tiny_qwen3_moe):
+    """``writescope serve`` builds the engine on an EngineThread and the loop steps it there:
+    one OpenMP team behind every torch op (``server/owner.py``)."""
+    import threading
+    from starlette.testclient import TestClient
+    from writescope.engine.engine import LLMEngine
+    from writescope.server.api import create_app
+    from writescope.server.owner import EngineThread
+    owner = EngineThread()
+    engine = owner.call(LLMEngine, str(tiny_qwen3_moe), device="cpu", max_model_len=256)
+    stepped = set()
+    real_step = engine.step
+
+    def step(*a, **k):
+        stepped.add(threading.get_ident())
+        return real_step(*a, **k)
+    engine.step = step
+    app = create_app(engine, engine_thread=owner)
+    with TestClient(app) as client:
+        r = client.post("/v1/completions", json={"model": engine.model_name, "prompt": "hello",
+                                                 "max_tokens": 4, "temperature": 0})
+        assert r.status_code == 200, r.text
+    assert stepped == {owner.ident}
+    owner.join(10)
+    assert not owner.is_alive()  # the loop's end ended its thread

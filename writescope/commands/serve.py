@@ -59,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..engine.engine import LLMEngine
     from ..server.api import GracefulServer, create_app
+    from ..server.owner import EngineThread
     from .common import engine_kwargs
 
     logging.basicConfig(level=args.log_level.upper(),
@@ -67,12 +68,16 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--shutdown-timeout must be >= 0")
     sock = bind_socket(args.host, args.port)  # bind first: a busy port fails before loading
     host, port = sock.getsockname()[:2]
+    # built on the thread that will step it: one OpenMP team behind the engine (owner.py)
+    owner = EngineThread()
     try:
-        engine = LLMEngine(**engine_kwargs(args))
+        engine = owner.call(LLMEngine, **engine_kwargs(args))
     except BaseException:
+        owner.close()
         sock.close()
         raise
     if engine.tokenizer is None:
+        owner.close()
         sock.close()
         raise ValueError(f"model {engine.model_name} has no tokenizer files; the server needs one")
     url_host = f"[{host}]" if ":" in host else host
@@ -82,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
               f"(max_model_len {engine.max_model_len})", flush=True)
 
     app = create_app(engine, served_model_names=args.served_model_name, api_key=args.api_key,
-                     on_ready=ready)
+                     on_ready=ready, engine_thread=owner)
     config = uvicorn.Config(app, host=host, port=port, log_level=args.log_level,
                             access_log=not args.no_access_log, lifespan="on",
                             timeout_graceful_shutdown=10.0)  # backstop after our own grace
@@ -94,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         server.run(sockets=[sock])
     finally:
+        owner.close()  # (where the engine loop ran it closed the thread already: a second is harmless)
         signal.signal(signal.SIGTERM, previous)
         sock.close()
     if not server.started:

@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP server: a FastAPI app around one engine loop thread.
 
 Threads and ownership
-    The engine is not thread-safe, so exactly one thread -- :class:`EngineLoop` -- calls it. HTTP
+    The engine is not thread-safe, so exactly one thread -- :class:`EngineLoop` -- calls it
+    (``writescope serve`` builds the engine on that same thread: ``server/owner.py`` says why). HTTP
     handlers run on the asyncio event loop and talk to the engine only through a thread-safe
     command queue (add, abort, stop). The engine thread steps while any request is unfinished and
     blocks on the queue when there is none (no busy wait). Between two steps it applies every
@@ -94,9 +95,11 @@ _STOP = object()
 class EngineLoop:
     """Owns the engine: one thread steps it; everything else sends commands through a queue."""
 
-    def __init__(self, engine: Any, metrics: ServerMetrics, stats_interval_s: float = 0.05
-                 ) -> None:
+    def __init__(self, engine: Any, metrics: ServerMetrics, stats_interval_s: float = 0.05,
+                 engine_thread: Any = None) -> None:
         self.engine = engine
+        #: the thread that built the engine (``server/owner.py``), to step it on; None: a new one
+        self.engine_thread = engine_thread
         self.metrics = metrics
         self.stats_interval_s = stats_interval_s
         self._cmds: queue.SimpleQueue = queue.SimpleQueue()
@@ -111,6 +114,11 @@ class EngineLoop:
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._publish_stats()
+        if self.engine_thread is not None:  # the thread that built it steps it
+            self._thread = self.engine_thread
+            self._thread.submit(self._run)
+            self._thread.close()  # (it ends when the loop does)
+            return
         self._thread = threading.Thread(target=self._run, name="writescope-engine", daemon=True)
         self._thread.start()
 
@@ -483,7 +491,7 @@ async def _until_disconnect(request: Request) -> None:
 class OpenAIServer:
     def __init__(self, engine: Any, served_model_names: Sequence[str] | None = None,
                  api_key: str | None = None, metrics: ServerMetrics | None = None,
-                 max_body_bytes: int = MAX_BODY_BYTES) -> None:
+                 max_body_bytes: int = MAX_BODY_BYTES, engine_thread: Any = None) -> None:
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.model_names = list(served_model_names or [engine.model_name])
@@ -491,7 +499,7 @@ class OpenAIServer:
         self.api_key = api_key or None
         self.max_body_bytes = max_body_bytes
         self.metrics = metrics or ServerMetrics(self.model_names[0])
-        self.loop = EngineLoop(engine, self.metrics)
+        self.loop = EngineLoop(engine, self.metrics, engine_thread=engine_thread)
         self.vocab_size = _vocab_size(engine)
         self._tok_pool = concurrent.futures.ThreadPoolExecutor(1, "writescope-tokenize")
         self.active = 0  # HTTP requests holding admitted generations
@@ -858,10 +866,13 @@ class GracefulServer(uvicorn.Server):
 
 def create_app(engine: Any, *, served_model_names: Sequence[str] | None = None,
                api_key: str | None = None, on_ready: Callable[[], None] | None = None,
-               max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+               max_body_bytes: int = MAX_BODY_BYTES, engine_thread: Any = None) -> FastAPI:
     """The FastAPI app serving ``engine`` (an :class:`~writescope.engine.engine.LLMEngine` or
-    anything with its interface). The engine loop starts and stops with the app's lifespan."""
-    server = OpenAIServer(engine, served_model_names, api_key, max_body_bytes=max_body_bytes)
+    anything with its interface). The engine loop starts and stops with the app's lifespan.
+    ``engine_thread``: the :class:`~writescope.server.owner.EngineThread` that built the engine,
+    which then steps it (else the loop starts a thread of its own)."""
+    server = OpenAIServer(engine, served_model_names, api_key, max_body_bytes=max_body_bytes,
+                          engine_thread=engine_thread)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
