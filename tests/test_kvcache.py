@@ -140,8 +140,8 @@ def test_static_policy_puts_prefix_in_c():
 
 def test_on_a_cpu_device_the_cpu_side_runs_on_the_calling_thread():
     """Both sides are CPU work there: a worker thread would run the CPU kernel in a second
-    OpenMP team, and libgomp then makes every team's idle members sleep almost at once (a
-    decode step 1.5-2x slower on the 2-core dev VM, bench/results/2026-12-04c-devbox)."""
+    OpenMP team, and libgomp then makes every team's idle members sleep almost at once (decode
+    steps at ~half transfer's rate on the 2-core dev VM, bench/results/2026-12-04c-devbox)."""
     import threading
     spec = SPECS["gqa"](1)
     cache = make_cache(spec, 4, StaticPolicy(1.0), blocks=32)

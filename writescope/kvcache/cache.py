@@ -173,10 +173,10 @@ class InplaceKVCache:
         # On a CPU-only device both sides are CPU work on the same cores: the CPU side runs on
         # the calling thread. A worker thread would run the kernel in a second OpenMP team, and
         # libgomp, once its teams hold more threads than there are cores, makes every team's
-        # idle members sleep after ~1,000 spins instead of ~300,000: each of the forward's
-        # parallel ops then waits for its members to be woken. On the 2-core dev VM that made a
-        # writescope decode step 1.5-2x slower than transfer's with the same placement, its
-        # CPU share 0 (the team, made by the warm-up, stays): bench/results/2026-12-04c-devbox.
+        # idle members sleep after ~100 spins instead of ~300,000: each of the forward's
+        # parallel ops then waits for its members to be woken. On the 2-core dev VM that gave
+        # writescope 23-28 decode tok/s against transfer's 44-46 with the same placement and
+        # CPU share 0 (the team, made by the warm-up, stays; bench/results/2026-12-04c-devbox).
         self.hybrid = HybridAttention(self.pools, spec, self.device, cpu_threads, staging_bytes,
                                       cpu_async=self.device.type != "cpu")
         #: decode steps whose cached KV is all on the GPU, through fixed buffers that a CUDA

@@ -1,14 +1,14 @@
 """The engine's own thread: it builds the engine, then steps it, so that every torch op the
-engine runs has one OpenAI thread team behind it.
+engine runs has one OpenMP thread team behind it.
 
 libgomp (torch's OpenMP runtime on Linux) gives each thread that starts parallel work a team of
 its own, kept for the thread's life. Once the teams together hold more threads than there are
 cores, it makes every idle team member sleep after ~100 spins instead of ~300,000, so each
 parallel op waits for its members to be woken. A server that built the engine on its main
 thread (whose team the model's loading made) and stepped it on another was in that state: on
-the 2-core dev VM its CPU decode steps took 2.3x as long as the same steps on the building
-thread (67 against 30 ms, 260 voluntary context switches a step against none;
-``bench/results/2026-12-04c-devbox``). :class:`EngineThread` is that one thread.
+the 2-core dev VM its CPU decode steps took 43 ms against 30 on the building thread, with 264
+voluntary context switches a step against none (``bench/results/2026-12-04c-devbox/
+omp_teams.py``). :class:`EngineThread` is that one thread.
 """
 from __future__ import annotations
 
