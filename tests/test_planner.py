@@ -1005,7 +1005,8 @@ def test_step_overhead_is_learnt_out_of_sample_and_leaves_the_share_alone():
 
 def test_one_far_off_step_does_not_set_the_overhead():
     """A step 20x its prediction (the first after a synthetic prefill, one that compiled a
-    kernel) is left out of the learnt overhead; the same figure twice in a row is taken."""
+    kernel) is left out of the learnt overhead, and so is every step a new step size ran
+    eagerly; the same far-off figure twice in a row is taken."""
     from writescope.planner import placement as pl
     cfg = ModelConfig.from_hf("qwen3-30b-a3b")
     pol = make_policy("writescope", profile=h200_like(), model_config=cfg, verify_steps=0)
@@ -1021,6 +1022,13 @@ def test_one_far_off_step_does_not_set_the_overhead():
         pol.observe({"batch_lengths": [n] * 2, "step_s": seconds, "cpu_bytes": 0,
                      "gpu_bytes": 2 * n * tb, "t_bytes": 0})
     step(20 * model_s)
+    assert pol.step_overhead_s == 0.0
+    for _ in range(3):  # a new step size's eager runs (kernels compiled), however many
+        for i in range(2):
+            pol.assign(SeqKV(i, n, (Region.G,) * (n // 64)))
+        n += 1
+        pol.observe({"batch_lengths": [n] * 2, "step_s": 50 * model_s, "new_shape": True,
+                     "cpu_bytes": 0, "gpu_bytes": 2 * n * tb, "t_bytes": 0})
     assert pol.step_overhead_s == 0.0
     for _ in range(5):
         step(model_s + 0.001)

@@ -153,7 +153,10 @@ class ModelRunner:
             # with the step's timing), then the step's end, which waits for the device
             expert_s = raise_pending_errors()
             extra = {"cpu_expert_s": expert_s, "cpu_expert_bytes": take_routed_bytes(),
-                     "host_s": t1 - t0}  # the planner tells host-bound steps apart by it
+                     "host_s": t1 - t0,  # the planner tells host-bound steps apart by it
+                     # a step size's first, eager run (its graphs are captured after it; its
+                     # kernels may have compiled): not a steady step's time
+                     "new_shape": self.graphs is not None and self.graphs.has_pending}
             timing = self.cache.end_step({k: v for k, v in extra.items() if v is not None})
             if forms is not None:
                 forms.observe(form_key, split, timing["step_s"])

@@ -48,9 +48,10 @@ The cache asks (see :mod:`writescope.kvcache.placement`):
   are those of the last decode step. Step time the per-path model does not explain (Python,
   launches, sampling) is learnt as an additive ``planner.step_overhead_s``; a step more than
   ``OVERHEAD_OUTLIER_RATIO`` (3) times its prediction is left out of it unless the next one is
-  too. A decode step closed before its device work ran (overlapped, ``untimed``) learns nothing;
-  its prediction is the model's alone (its host time hides behind the device's), made when
-  :meth:`stats` asks for it.
+  too, and so is a step size's first, eager run (``new_shape`` in its timing). A decode step
+  closed before its device work ran (overlapped, ``untimed``) learns nothing; its prediction is
+  the model's alone (its host time hides behind the device's), made when :meth:`stats` asks
+  for it.
 
 Two shares come out of the roofline (:mod:`.roofline`), both over the batch of the last step:
 
@@ -490,7 +491,9 @@ class WriteScopePolicy(PlacementPolicy):
                 corrected = rl.predict_step(self.profile, self.cfg, load, self.experts_on_cpu,
                                             self.feedback.corrections_at(scale), pipelined=pl)
             a = self.feedback.alpha
-            if float(measured) > OVERHEAD_OUTLIER_RATIO * predicted and \
+            if timing.get("new_shape"):
+                pass  # a step size's first, eager run (engine/runner.py): not a steady step
+            elif float(measured) > OVERHEAD_OUTLIER_RATIO * predicted and \
                     self._overhead_outliers == 0:
                 self._overhead_outliers = 1  # one step this far off is not the steps' overhead
             else:
