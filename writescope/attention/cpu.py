@@ -48,10 +48,13 @@ __all__ = ["attend_cpu", "CpuAttentionPlan", "CpuJobQueue", "current_isa_setting
            "features", "read_bandwidth", "tile_read_bandwidth", "use_library"]
 
 _CSRC = Path(__file__).with_name("csrc")
-_SOURCES = ("attn_ops.cpp", "attn_avx2.cpp", "attn_avx512.cpp", "attn_bf16.cpp", "attn_amx.cpp")
+_SOURCES = ("attn_ops.cpp", "attn_avx2.cpp", "attn_avx512.cpp", "attn_bf16.cpp", "attn_amx.cpp",
+            "attn_bf16_l2.cpp")
+#: sources an older revision's kernel (``bench.cpu_ab --against``) may lack: built when present
+_OPTIONAL_SOURCES = ("attn_bf16_l2.cpp",)
 _HEADERS = ("attn_common.h", "attn_impl.h", "attn_evenodd.h", "attn_v512.h", "attn_amx_emu.h")
 _CFLAGS = ["-O3", "-fPIC", "-std=c++17", "-fopenmp", "-fno-math-errno"]
-_ISA_CODE = {"avx2": 0, "avx512": 1, "amx": 2, "avx512bf16": 3}
+_ISA_CODE = {"avx2": 0, "avx512": 1, "amx": 2, "avx512bf16": 3, "avx512bf16-l2": 4}
 _F_AVX2, _F_AVX512, _F_BF16, _F_AMX = 1, 2, 4, 8
 
 _lock = threading.Lock()
@@ -76,11 +79,16 @@ _isa_from_profile = False  # the setting is an engine's choice from its profile,
 def _build_dir(extra_flags: tuple[str, ...] = (), csrc: Path = _CSRC) -> Path:
     from torch.utils.cpp_extension import get_default_build_root
     h = hashlib.sha256()
-    for name in _SOURCES + _HEADERS:
+    for name in _present(csrc) + _HEADERS:
         h.update(name.encode())
         h.update((csrc / name).read_bytes())
     h.update(" ".join(_CFLAGS + list(extra_flags)).encode())
     return Path(get_default_build_root()) / f"writescope_cpu_attn_{h.hexdigest()[:16]}"
+
+
+def _present(csrc: Path) -> tuple[str, ...]:
+    """The sources to build from ``csrc``: all, less the optional ones it lacks."""
+    return tuple(n for n in _SOURCES if n not in _OPTIONAL_SOURCES or (csrc / n).is_file())
 
 
 def _compile(out: Path, extra_flags: tuple[str, ...] = (), csrc: Path = _CSRC) -> None:
@@ -90,14 +98,15 @@ def _compile(out: Path, extra_flags: tuple[str, ...] = (), csrc: Path = _CSRC) -
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         procs, objs = [], []
-        for src in _SOURCES:
+        sources = _present(csrc)
+        for src in sources:
             obj = Path(tmp) / (src + ".o")
             objs.append(str(obj))
             procs.append(subprocess.Popen([cxx, *_CFLAGS, *extra_flags, "-c", str(csrc / src),
                                            "-o", str(obj)],
                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
         errs = []
-        for src, p in zip(_SOURCES, procs):
+        for src, p in zip(sources, procs):
             log = p.communicate()[0].decode(errors="replace")
             if p.returncode:
                 errs.append(f"{src}:\n{log[-3000:]}")
@@ -231,8 +240,9 @@ def isas() -> list[str]:
     """Kernel variants this machine can run, slowest first."""
     f = features()
     have = {"avx2": f["avx2"], "avx512": f["avx512"], "avx512bf16": f["avx512_bf16"],
-            "amx": f["amx"]}
-    return [k for k in ("avx2", "avx512", "avx512bf16", "amx") if have[k]] if available() else []
+            "avx512bf16-l2": f["avx512_bf16"], "amx": f["amx"]}
+    return [k for k in ("avx2", "avx512", "avx512bf16", "avx512bf16-l2", "amx")
+            if have[k]] if available() else []
 
 
 def set_isa(isa: str, *, from_profile: bool = False) -> None:

@@ -50,6 +50,8 @@ def revision_csrc(rev: str, dest: Path) -> Path:
         except (OSError, subprocess.SubprocessError) as e:
             raise SystemExit(f"--against {rev}: git failed: {e}") from None
         if r.returncode:
+            if name in cpu._OPTIONAL_SOURCES:  # a revision from before that file
+                continue
             raise SystemExit(f"--against {rev}: {r.stderr.decode(errors='replace').strip()}")
         (dest / name).write_bytes(r.stdout)
     return dest
@@ -162,7 +164,8 @@ def main(argv: list[str] | None = None) -> dict:
             sources = {}
         else:
             src = Path(args.csrc)
-            missing = [n for n in cpu._SOURCES + cpu._HEADERS if not (src / n).is_file()]
+            missing = [n for n in cpu._SOURCES + cpu._HEADERS
+                       if n not in cpu._OPTIONAL_SOURCES and not (src / n).is_file()]
             if missing:
                 raise SystemExit(f"--csrc {src}: missing {', '.join(missing)}")
             sources = {label: ((), src)}

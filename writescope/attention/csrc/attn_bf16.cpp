@@ -30,7 +30,13 @@
 
 namespace {
 
-#define WS_PF_HINT _MM_HINT_T0
+// The software prefetch's level: L1 here; attn_bf16_l2.cpp builds this file again with L2
+// (the variant "avx512bf16-l2": which is faster depends on the core, `writescope calibrate`
+// times both).
+#ifndef WS_BF16_PF_HINT
+#define WS_BF16_PF_HINT _MM_HINT_T0
+#endif
+#define WS_PF_HINT WS_BF16_PF_HINT
 #include "attn_v512.h"
 #include "attn_impl.h"
 
@@ -321,12 +327,15 @@ static void bf16_item(const WsArgs* a, const WsItem* it) {
 
 }  // namespace
 
+#ifndef WS_BF16_ITEM_FN
 int ws_bf16_eligible(const WsArgs* a) {
     return a->dtype == 1 && a->Dk % 16 == 0 && a->Dv % 16 == 0 && a->k_off % 16 == 0 &&
            a->v_off % 16 == 0;
 }
+#define WS_BF16_ITEM_FN ws_item_avx512bf16
+#endif
 
-void ws_item_avx512bf16(const WsArgs* a, const WsItem* it) {
+void WS_BF16_ITEM_FN(const WsArgs* a, const WsItem* it) {
     if (ws_bf16_eligible(a)) bf16_item(a, it);
     else ws_item_dispatch(a, it);
 }

@@ -41,6 +41,7 @@ void ws_item_avx2(const WsArgs*, const WsItem*);
 void ws_item_avx512(const WsArgs*, const WsItem*);
 void ws_item_amx(const WsArgs*, const WsItem*);
 void ws_item_avx512bf16(const WsArgs*, const WsItem*);
+void ws_item_avx512bf16_l2(const WsArgs*, const WsItem*);  // the same, prefetching into L2
 // 1 when the AVX512-BF16 path takes this shape (bf16, K/V dims and offsets % 16 == 0)
 int ws_bf16_eligible(const WsArgs*);
 // 1 when the AMX unit accepts this shape (bf16, Dk and Dv % 16 == 0, bs % 32 == 0 in the C

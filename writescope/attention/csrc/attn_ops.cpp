@@ -352,8 +352,8 @@ struct CallArgs {
 };
 
 ws_item_fn isa_fn(int isa) {
-    return isa == 3 ? ws_item_avx512bf16 : isa == 2 ? ws_item_amx
-         : isa == 1 ? ws_item_avx512 : ws_item_avx2;
+    return isa == 4 ? ws_item_avx512bf16_l2 : isa == 3 ? ws_item_avx512bf16
+         : isa == 2 ? ws_item_amx : isa == 1 ? ws_item_avx512 : ws_item_avx2;
 }
 
 int default_threads() {
@@ -687,7 +687,7 @@ int ws_attend_flagged(const volatile int64_t* ready, int64_t ready_value, int64_
 // [nq][Hq][Dk]. bf16 queries are widened while they are packed, so the caller needs no
 // conversion op of its own (a torch op there is a parallel region of torch's whole team, with
 // the same all-threads-at-once exposure this kernel avoids).
-// isa: 0 avx2, 1 avx512, 2 amx, 3 avx512bf16. Returns 0, or a negative error code.
+// isa: 0 avx2, 1 avx512, 2 amx, 3 avx512bf16, 4 avx512bf16-l2. Returns 0, or a negative error code.
 int ws_attend_ex(const void* q, int q_dtype, int nq, int Hq, const void* kv, int dtype,
                  int layout, int64_t block_stride, int H, int bs, int R, int k_off, int Dk,
                  int v_off, int Dv, const int32_t* q_indptr, const int32_t* kv_indptr,
@@ -699,7 +699,8 @@ int ws_attend_ex(const void* q, int q_dtype, int nq, int Hq, const void* kv, int
                              threads, chunk_blocks, nullptr, 0, 0, 0, nullptr, nullptr, nullptr, 0);
 }
 
-// float32 queries. isa: 0 avx2, 1 avx512, 2 amx, 3 avx512bf16. Returns 0, or a negative error.
+// float32 queries. isa: 0 avx2, 1 avx512, 2 amx, 3 avx512bf16, 4 avx512bf16-l2. Returns 0, or a
+// negative error.
 int ws_attend(const float* q, int nq, int Hq, const void* kv, int dtype, int layout,
               int64_t block_stride, int H, int bs, int R, int k_off, int Dk, int v_off, int Dv,
               const int32_t* q_indptr, const int32_t* kv_indptr, const int32_t* kv_blocks,
