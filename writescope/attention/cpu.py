@@ -18,9 +18,12 @@ arithmetic.
 
 Threads: ``WRITESCOPE_CPU_ATTN_THREADS`` or :func:`set_num_threads`; by default every usable
 core minus :func:`reserve_cores` (cores the engine keeps for its other CPU work).
-ISA: ``WRITESCOPE_CPU_ATTN_ISA`` = ``auto`` (default) | ``amx`` | ``avx512bf16`` | ``avx512`` |
-``avx2``, or :func:`set_isa`. ``auto`` picks, for bf16 KV, AMX, else AVX-512 BF16 dot products
-(``csrc/attn_bf16.cpp``), else fp32 FMAs on widened bf16; fp32 KV always takes the FMA path.
+ISA: ``WRITESCOPE_CPU_ATTN_ISA`` = ``auto`` (default) | ``amx`` | ``avx512bf16`` |
+``avx512bf16-l2`` | ``avx512`` | ``avx2``, or :func:`set_isa`. ``auto`` picks, for bf16 KV, AMX,
+else AVX-512 BF16 dot products (``csrc/attn_bf16.cpp``), else fp32 FMAs on widened bf16; fp32 KV
+always takes the FMA path. ``avx512bf16-l2`` is the BF16 kernel prefetching into L2 instead of
+L1 (``csrc/attn_bf16_l2.cpp``): faster on some cores (Zen 4), not on others; an engine runs the
+variant its profile's calibration found fastest per attention family.
 """
 from __future__ import annotations
 
