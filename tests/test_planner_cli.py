@@ -1,5 +1,6 @@
 """``writescope plan`` and ``writescope calibrate``, and finding a profile."""
 import json
+import os
 
 import pytest
 
@@ -239,3 +240,14 @@ def test_load_or_calibrate_caches_and_extends(tmp_path, tiny_sizes, monkeypatch)
     explicit = tmp_path / "given.json"
     h200_like().save(explicit)
     assert load_or_calibrate(str(explicit)).has_gpu and len(calls) == 2
+    from writescope.attention import cpu
+    if cpu.available() and os.environ.get("WRITESCOPE_CPU_ATTN_ISA", "auto") == "auto":
+        assert set(c.cpu_attn_variants) == set(cpu.isas())
+        # a cache calibrated before a kernel variant this build has: measured again, once
+        stale = HardwareProfile.load(prof_mod.default_cache_path())
+        stale.cpu_attn_variants = stale.cpu_attn_variants[:-1]
+        stale.save(prof_mod.default_cache_path())
+        d = load_or_calibrate(model_config=other)
+        assert len(calls) == 3 and set(d.cpu_attn_variants) == set(cpu.isas())
+        load_or_calibrate(model_config=other)
+        assert len(calls) == 3

@@ -182,6 +182,13 @@ def _fastest_prefetch(run, reps: int, fam: str, log, dt_current: float) -> tuple
     return best, times[best]
 
 
+def _timed_variants(chosen: dict[str, str]) -> list[str]:
+    """The kernel variants the calibration chose among (every one this build can run), or []
+    when it chose none (the user fixed the variant, or no compiled kernel)."""
+    from ..attention import cpu
+    return list(cpu.isas()) if chosen else []
+
+
 def _fastest_variant(run, reps: int, fam: str, log) -> tuple[str | None, float]:
     """The kernel variant (ISA) with the shortest median time for ``run`` (bf16 KV), and that
     time; ``(None, time of the current setting)`` when the user chose a variant."""
@@ -487,6 +494,7 @@ def calibrate(quick: bool = False, models: Iterable[str | ModelConfig] | None = 
         cpu_attn=cpu_attn, device_attn=dev_attn, cpu_expert=experts, cpu_roundtrip_s=rt,
         cpu_attn_roundtrip_s=art,
         launch_s=ls, graph_launch_s=gls, cpu_attn_isa=attn_isa, cpu_attn_prefetch_blocks=attn_pf,
+        cpu_attn_variants=_timed_variants(attn_isa),
         cpu_attn_kernel=kernel_name,
         cpu_expert_kernel=expert_kind, quick=quick,
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

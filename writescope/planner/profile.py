@@ -18,6 +18,8 @@ cpu_attn                   the CPU attention kernel's KV bytes/s per shape famil
 cpu_attn_isa               the kernel variant that gave those rates (fastest of those this CPU has)
 cpu_attn_prefetch_blocks   with the AMX variant, the software-prefetch distance that gave them
                            (blocks ahead, of 0, 1, 2; 0: none); optional
+cpu_attn_variants          the kernel variants the calibration timed; a cached profile that lacks
+                           a variant this build has is measured again (optional)
 device_attn                attention rate on the device path (the GPU, or the torch path where
                            there is no GPU), KV bytes/s per family
 cpu_expert                 routed-expert FFN on the CPU: weight bytes/s per expert shape
@@ -78,6 +80,8 @@ class HardwareProfile:
     cpu_attn_prefetch_blocks: dict[str, int] = field(default_factory=dict)
     cpu_attn_roundtrip_s: float | None = None
     graph_launch_s: float | None = None
+    # the CPU attention variants timed for cpu_attn_isa ([]: not recorded)
+    cpu_attn_variants: list[str] = field(default_factory=list)
     # provenance
     cpu_attn_kernel: str = ""
     cpu_expert_kernel: str = ""
@@ -273,7 +277,9 @@ def load_or_calibrate(path: str | os.PathLike | None = None, quick: bool = True,
     ``path`` (or ``$WRITESCOPE_PROFILE``) names a saved profile, which must exist. Otherwise the
     cached profile of this machine (``~/.cache/writescope/profile-<machine>.json``) is used; if
     there is none, it is from another version, or it lacks ``model_config``'s attention family
-    or expert shape, a quick calibration of what is missing runs and the cache is updated.
+    or expert shape, a quick calibration of what is missing runs and the cache is updated. A
+    cached profile whose calibration did not time every CPU attention variant this build has
+    (a new kernel variant since) is measured again.
     """
     path = path or os.environ.get("WRITESCOPE_PROFILE")
     if path:
@@ -287,6 +293,8 @@ def load_or_calibrate(path: str | os.PathLike | None = None, quick: bool = True,
             cached = HardwareProfile.load(cache)
         except ValueError:
             cached = None  # stale or broken cache: measure again
+    if cached is not None and _new_cpu_variants(cached):
+        cached = None  # its variant choices predate a kernel variant this build has
     if cached is not None and (model_config is None or (
             attn_family(model_config) in cached.cpu_attn
             and expert_key(model_config.hidden_size, model_config.moe_intermediate_size)
@@ -302,6 +310,14 @@ def load_or_calibrate(path: str | os.PathLike | None = None, quick: bool = True,
     except OSError:
         pass  # a read-only home still runs, just without the cache
     return prof
+
+
+def _new_cpu_variants(p: HardwareProfile) -> list[str]:
+    """CPU attention variants this build can run that ``p``'s calibration did not time."""
+    from ..attention import cpu
+    if os.environ.get("WRITESCOPE_CPU_ATTN_ISA", "auto") != "auto" or not cpu.available():
+        return []
+    return [v for v in cpu.isas() if v not in p.cpu_attn_variants]
 
 
 def load_or_default(path: str | os.PathLike | None = None, model_config=None,
