@@ -1077,7 +1077,8 @@ def test_a_step_all_in_hbm_is_charged_graph_launches():
     res = rl.StepLoad(2, 65536, 0, 0, 0)
     spilled = rl.StepLoad(2, 32768, 32768, 0, 0)
     n = cfg.num_layers * rl.KERNELS_PER_LAYER
-    d = rl.predict_step(eager, cfg, res, False).step_s - rl.predict_step(graph, cfg, res, False).step_s
+    d = (rl.predict_step(eager, cfg, res, False).step_s
+         - rl.predict_step(graph, cfg, res, False).step_s)
     assert d == pytest.approx(n * (eager.launch_s - 1.5e-6), rel=1e-6)
     for load, on_cpu in ((spilled, False), (res, True)):
         assert rl.predict_step(graph, cfg, load, on_cpu).step_s == \

@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         server.run(sockets=[sock])
     finally:
-        owner.close()  # (where the engine loop ran it closed the thread already: a second is harmless)
+        owner.close()  # (where the engine loop ran, it closed the thread already: harmless)
         signal.signal(signal.SIGTERM, previous)
         sock.close()
     if not server.started:

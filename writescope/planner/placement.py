@@ -201,7 +201,7 @@ class WriteScopePolicy(PlacementPolicy):
         self.verify_steps = max(0, int(verify_steps))
         self.cpu_samples = 0  # decode steps in which the CPU attended blocks and was timed
         self.step_overhead_s = 0.0  # measured step time the per-path model does not explain
-        self._overhead_outliers = 0  # consecutive decode steps kept out of it (OVERHEAD_OUTLIER_RATIO)
+        self._overhead_outliers = 0  # steps in a row kept out of it (OVERHEAD_OUTLIER_RATIO)
         # tokens per block: from the constructor, else learnt from the first place() call
         # (the cache always places before it assigns blocks), else the default
         self.block_size: int | None = block_size
