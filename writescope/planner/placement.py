@@ -140,10 +140,10 @@ FIRST_CPU_SAMPLE_MAX_RATIO = 3.0
 #: transfer's step). With this guard the same row's GPU factor stayed at 1.06 and writescope ran
 #: 0.96x transfer (2026-12-03e call 3).
 HOST_BOUND_FRACTION = 0.7
-#: a decode step that took more than this times the planner's prediction (the first step of a
-#: row after a synthetic prefill, one that compiled a kernel) does not move the learnt overhead,
-#: unless the next one does too: on the H200 one such step left the overhead at 78 ms for a
-#: whole 4 x 32K row of 5 ms steps (its predictions 20x the steps, 2026-12-04b call 2)
+#: a decode step that took more than this times the planner's prediction (one that compiled a
+#: kernel, a stall) does not move the learnt overhead, unless the next one does too. Beside the
+#: ``new_shape`` steps kept out of it: slow steps before a row left the overhead at 78 ms for
+#: a whole 4 x 32K row of 5 ms steps on the H200 (predictions 20x the steps, 2026-12-04b call 2)
 OVERHEAD_OUTLIER_RATIO = 3.0
 
 #: a step's plan reuses the last solve while the batch size is the same and every token count
