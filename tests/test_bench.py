@@ -993,3 +993,27 @@ def test_a_policy_variant_runs_with_its_setting(tiny_qwen3_moe, tmp_path, monkey
     assert "has no numeric setting 'no_such_knob'" in rows[2]["error"]
     from writescope.planner.placement import PLACEMENT_CPU_MARGIN
     assert seen == [PLACEMENT_CPU_MARGIN, 1.0]  # static's row failed before it ran
+
+
+def test_a_cpu_threads_variant_sets_the_cache_s_attention_team(tiny_qwen3_moe, tmp_path, monkeypatch):
+    """``writescope@cpu_threads=2`` runs writescope with the CPU attention kernel's calls planned
+    for two threads in that policy's cache (the row records it), the plain policy with
+    ``--cpu-threads``; a count that is not a whole number fails that row and the grid goes on."""
+    from writescope.bench import grid
+    seen = []
+    real = grid.run_engine_row
+
+    def spy(engine, prompts, *a, **k):
+        seen.append(engine.cache.hybrid.cpu_threads)
+        return real(engine, prompts, *a, **k)
+    monkeypatch.setattr(grid, "run_engine_row", spy)
+    rc = bench_cli(tiny_qwen3_moe, tmp_path, "--batch", "2", "--context-lengths", "100",
+                   "--decode-steps", "4", "--num-gpu-blocks", "8", "--max-num-batched-tokens", "64",
+                   "--prefill", "synthetic", "--cpu-threads", "1", "--policies",
+                   "writescope,writescope@cpu_threads=2,writescope@cpu_threads=1.5")
+    assert rc == 0
+    rows = _strict_json(tmp_path / "results.json")["rows"]
+    assert seen == [1, 2]
+    assert [r.get("cpu_attn_threads") for r in rows[:2]] == [1, 2]
+    assert not rows[0].get("error") and not rows[1].get("error")
+    assert "whole number" in rows[2]["error"]

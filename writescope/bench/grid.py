@@ -223,9 +223,20 @@ def swap_kv_policy(engine, policy: str, *, cpu_share: float) -> None:
     """Give ``engine`` a fresh, empty KV cache of the same layout under ``policy`` (same weights):
     a name, or a variant (:func:`split_variant`) whose settings are set on the new placement
     policy once it is built, before anything is placed (so only attributes it reads as it
-    works take effect, as ``placement_cpu_margin`` is); a setting it does not have is an error."""
+    works take effect, as ``placement_cpu_margin`` is); a setting it does not have is an error.
+    One setting belongs to the cache instead: ``cpu_threads``, the CPU attention kernel's thread
+    count in this cache (``--cpu-threads`` for one policy's rows), so that two team sizes
+    alternate round by round in one process."""
     name, sets = split_variant(policy)
+    sets = dict(sets)
+    threads = sets.pop("cpu_threads", None)
+    if threads is not None and (threads != int(threads) or threads < 1):
+        raise ValueError(f"policy {policy!r}: cpu_threads must be a whole number >= 1")
     engine.set_kv_policy(name, cpu_share=cpu_share)
+    if threads is not None:
+        # read when the step's kernel calls are planned (attention/hybrid.py), the first at
+        # the row's first step: nothing has been planned in the new cache yet
+        engine.cache.hybrid.cpu_threads = int(threads)
     pol = engine.cache.policy
     for key, value in sets.items():
         current = getattr(pol, key, None)
