@@ -33,7 +33,7 @@ from ..attention import cpu
 from ..hostmem import pageable_empty
 from ..kvcache.regions import from_cpu_layout, gpu_pool_shape
 from ..units import parse_count
-from .cpu_attention import SHAPES, SIZES, _machine, decode_case
+from .cpu_attention import SHAPES, SIZES, _machine, decode_case, shape_case
 from .cpu_phases import parse_variants
 from .provenance import REPO, result_header, write_json
 
@@ -114,7 +114,8 @@ def main(argv: list[str] | None = None) -> dict:
                             "';' separates builds, each timed against this tree's")
     ap.add_argument("--isa", default="auto", help="kernel variant for every build (default: this CPU's)")
     ap.add_argument("--threads", type=int, default=None, help="kernel threads (default: the kernel's)")
-    ap.add_argument("--shapes", default=",".join(SHAPES), help="comma list of " + ", ".join(SHAPES))
+    ap.add_argument("--shapes", default=",".join(SHAPES),
+                    help="comma list of " + ", ".join(SHAPES) + " or gqa-HQ/H/D")
     ap.add_argument("--sizes", default=",".join(f"{b}x{l}" for b, l in SIZES), help="BATCHxLENGTH list")
     ap.add_argument("--reps", type=int, default=7, help="rounds of one call of each build")
     ap.add_argument("--block-size", type=int, default=64)
@@ -126,8 +127,10 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     shapes = [s for s in args.shapes.split(",") if s]
     for s in shapes:
-        if s not in SHAPES:
-            raise SystemExit(f"unknown shape {s!r}; choose from {', '.join(SHAPES)}")
+        try:
+            shape_case(s)
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
     sizes = []
     for bl in args.sizes.split(","):
         try:

@@ -52,6 +52,20 @@ SHAPES = {
 SIZES = [(1, 262144), (8, 32768), (64, 4096)]
 
 
+def shape_case(name: str):
+    """(KVSpec factory, query heads) of a shape: one of SHAPES, or any GQA shape written
+    ``gqa-HQ/H/D`` (query heads / KV heads / head dim, e.g. ``gqa-32/8/128``, Mixtral-8x7B's)."""
+    if name in SHAPES:
+        return SHAPES[name]
+    parts = name[4:].split("/") if name.startswith("gqa-") else []
+    if len(parts) == 3 and all(x.isdigit() and int(x) > 0 for x in parts):
+        hq, h, d = map(int, parts)
+        if hq % h == 0:
+            return (lambda: KVSpec.gqa(1, h, d, torch.bfloat16)), hq
+    raise ValueError(f"unknown shape {name!r}: one of {', '.join(SHAPES)} or gqa-HQ/H/D "
+                     "(HQ a multiple of H)")
+
+
 def _llc_bytes() -> int:
     best = 0
     for p in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
@@ -132,7 +146,7 @@ def decode_case(name: str, batch: int, length: int, bs: int, gen: torch.Generato
     random contents (any values do: the rate is what counts), allocated as the engine allocates
     its C pool (huge pages advised before the first touch), their blocks scattered over it.
     Returns (spec, pool, block batch, bf16 queries, scale, KV bytes one call reads)."""
-    spec_fn, hq = SHAPES[name]
+    spec_fn, hq = shape_case(name)
     spec = spec_fn()
     nb_seq = math.ceil(length / bs)
     nblocks = batch * nb_seq
