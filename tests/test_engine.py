@@ -233,3 +233,34 @@ def test_a_step_reports_the_cpu_experts_bytes_it_read(tiny_qwen3_moe):
     eng.step()  # a decode step: one token, top-k experts per layer
     got = eng.cache.last_timing["cpu_expert_bytes"]
     assert len(layers) * per_expert <= got <= len(layers) * cfg.num_experts_per_tok * per_expert
+
+
+def test_a_gpu_host_s_cpu_teams_leave_the_launching_thread_its_cores(monkeypatch):
+    """On a 16-core GPU host the engine's CPU attention team takes 15 threads (one core left to
+    the launching thread: 15 attended the hybrid steps 0.94-0.99x as long as 14 in seven of eight
+    pairs, bench/results/2026-12-04d-h200) and the experts' team 14; below 8 cores nothing is
+    kept back; an explicit experts' thread count in the environment wins."""
+    from writescope.attention import cpu as cpu_attn
+    from writescope.engine import engine as eng
+    from writescope.layers import cpu_experts
+    monkeypatch.delenv("WRITESCOPE_CPU_EXPERT_THREADS", raising=False)
+    monkeypatch.delenv("WRITESCOPE_CPU_ATTN_THREADS", raising=False)
+    before_experts, before_attn = cpu_experts._num_threads, cpu_attn.num_threads_setting()
+    cpu_attn.set_num_threads(None)
+    try:
+        for cores, attn, experts in [(16, 15, 14), (10, 9, 9), (4, 4, None)]:
+            monkeypatch.setattr(cpu_attn, "_usable_cores", lambda c=cores: c)
+            cpu_attn.reserve_cores(0)
+            cpu_experts.set_num_threads(None)
+            eng._reserve_launch_core()
+            assert cpu_attn.get_num_threads() == attn
+            assert cpu_experts._num_threads == experts
+        monkeypatch.setattr(cpu_attn, "_usable_cores", lambda: 16)
+        monkeypatch.setenv("WRITESCOPE_CPU_EXPERT_THREADS", "3")
+        cpu_experts.set_num_threads(None)
+        eng._reserve_launch_core()
+        assert cpu_experts._num_threads is None  # the environment's count is read by the kernel
+    finally:
+        cpu_attn.reserve_cores(0)
+        cpu_attn.set_num_threads(before_attn)
+        cpu_experts.set_num_threads(before_experts)

@@ -120,8 +120,15 @@ def resolve_model(model: str | os.PathLike | None, random_weights: bool,
 
 
 def reserved_launch_cores(n: int) -> int:
-    """Cores a GPU host with ``n`` usable cores keeps out of the CPU kernels' teams: one where
-    there are 8-11, two from 12, none below 8 (see :func:`_reserve_launch_core`)."""
+    """Cores a GPU host with ``n`` usable cores keeps out of the CPU attention team: one from 8
+    up, none below (see :func:`_reserve_launch_core`)."""
+    return 0 if n < 8 else 1
+
+
+def reserved_expert_cores(n: int) -> int:
+    """Cores a GPU host with ``n`` usable cores keeps out of the CPU experts' team: one where
+    there are 8-11, two from 12, none below 8 (the attention team's rule until 2026-12-04; the
+    experts' rows were not measured with one)."""
     return 0 if n < 8 else (2 if n >= 12 else 1)
 
 
@@ -130,10 +137,15 @@ def _reserve_launch_core() -> None:
     launches GPU work and to the driver's threads: an OpenMP team spread over every core makes
     that thread, and with it the team's own barrier, wait on a shared core (one descheduled team
     member stalls the whole parallel region for a scheduler time slice, see
-    ``attention/hostflag.py``). One core where there are 8-11, two from 12 (the H200 host has 16);
-    none below 8. Explicit thread counts (``cpu_threads``, the environment variables) win.
-    (DeepSeek-V2-Lite 4 x 128K with the experts on the GPU ran no faster with all 16 cores in the
-    attention team: 126.8-129.1 ms against 125.9-132.5, bench/results/2026-12-02h-h200 call 1.)"""
+    ``attention/hostflag.py``). The attention team leaves one core where there are 8 or more
+    (the H200 host has 16: 15 threads), the experts' team one where there are 8-11 and two from
+    12; none below 8. Explicit thread counts (``cpu_threads``, the environment variables) win.
+    (The attention team's size in the hybrid decode steps, bench/results/2026-12-04d-h200 calls
+    1 and 3, DeepSeek-V2-Lite 4 x 128K and Qwen3-30B-A3B 2 x 128K with the experts on the GPU,
+    15 threads against 14 in rounds of alternating order: 0.939-0.973x the step in all four
+    DeepSeek pairs, 0.949-0.986x in three Qwen3 pairs and 1.093x in one; the CPU side attended
+    69-72 GB/s against 63-65 in call 3. All 16 cores: 0.967-0.975x in call 1's two DeepSeek pairs;
+    126.8-129.1 ms against 125.9-132.5 in bench/results/2026-12-02h-h200 call 1.)"""
     from ..attention import cpu as cpu_attn
     from ..layers import cpu_experts
     n = cpu_attn._usable_cores()
@@ -142,7 +154,7 @@ def _reserve_launch_core() -> None:
         return
     cpu_attn.reserve_cores(k)
     if not os.environ.get("WRITESCOPE_CPU_EXPERT_THREADS"):
-        cpu_experts.set_num_threads(n - k)
+        cpu_experts.set_num_threads(n - reserved_expert_cores(n))
 
 
 def freeze_gc() -> None:

@@ -1,6 +1,7 @@
 #!/bin/bash
 # Thirty-ninth session, call 3: the AVX-512 BF16 kernel reading T blocks in place (a952be9)
-# against the build before it (bb39e0a, which copied each T block into the C layout's pairs
+# against the build before it (bb39e0a's csrc, copied beside this script by `git archive`
+# because the device's git history is stale; it copied each T block into the C layout's pairs
 # first), call by call on this host, for Mixtral-8x7B's GQA shape (32/8/128: the family for
 # which the H200 host's calibrations choose this kernel) and Qwen3's (32/4/128); a calibration
 # (its T rates); issue 9's spilled table and issue 8's table; and a second sample of call 1's
@@ -8,7 +9,7 @@
 # the default 14 threads against writescope@cpu_threads=15, two rounds of alternating order.
 source bench/results/run-helper.sh
 call_begin 540
-run cpu-ab-t 90 python -m writescope.bench.cpu_ab --against bb39e0a --layouts C,T --isa avx512bf16-l2 \
+run cpu-ab-t 90 python -m writescope.bench.cpu_ab --csrc bench/results/2026-12-04d-h200/csrc-bb39e0a --layouts C,T --isa avx512bf16-l2 \
   --shapes gqa-32/8/128,gqa-32/4/128 --reps 7 --json $R/cpu_ab_t.json
 calibrate_profile 60
 hybrid_table hyb 80
