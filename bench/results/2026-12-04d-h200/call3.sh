@@ -7,6 +7,9 @@
 # (its T rates); issue 9's spilled table and issue 8's table; and a second sample of call 1's
 # attention-team question: DeepSeek-V2-Lite 4 x 128K and Qwen3-30B-A3B 2 x 128K, writescope at
 # the default 14 threads against writescope@cpu_threads=15, two rounds of alternating order.
+# The folder was made on the dev machine before the call (and not committed):
+#   D=bench/results/2026-12-04d-h200/csrc-bb39e0a; mkdir -p $D
+#   git archive bb39e0a writescope/attention/csrc | tar x --strip-components=3 -C $D
 source bench/results/run-helper.sh
 call_begin 540
 run cpu-ab-t 90 python -m writescope.bench.cpu_ab --csrc bench/results/2026-12-04d-h200/csrc-bb39e0a --layouts C,T --isa avx512bf16-l2 \
