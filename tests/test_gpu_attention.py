@@ -257,10 +257,10 @@ def test_host_flag_modes_hold_the_stream_until_signalled(mode):
 
 def test_the_bench_runs_its_cpu_side_with_the_engines_threads(monkeypatch):
     """The hybrid rows measure the step as the engine takes it: the CPU kernel on every usable
-    core but the ones the engine keeps for launching (14 of the H200 host's 16)."""
+    core but the one the engine keeps for launching (15 of the H200 host's 16)."""
     from writescope.attention import cpu
     from writescope.bench.gpu_attention import default_cpu_threads
-    for usable, threads in ((16, 14), (12, 10), (10, 9), (8, 7), (4, 4), (1, 1)):
+    for usable, threads in ((16, 15), (12, 11), (10, 9), (8, 7), (4, 4), (1, 1)):
         monkeypatch.setattr(cpu, "_usable_cores", lambda u=usable: u)
         assert default_cpu_threads() == threads
 
