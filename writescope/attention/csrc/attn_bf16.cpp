@@ -66,15 +66,26 @@ static inline void sum_halves16(const __m512* a, __m512* v) {
 // MB query rows (MB * NP <= 16; row r's 16-dim chunk c at qb + 32 (16 c + r), the 16 dims
 // twice), written token-major: slot t of the pairs at s + t * SS (SS = MB, or 16 for the two
 // 8-row halves of a 16-row chunk), rows in order.
-// `load(j, c)`: pair j's 16-dim chunk c as [token t: 16 dims | token t+1: 16 dims].
-template <int MB, int NP, int SS, class Load>
-static inline void qk_core(Load load, const uint16_t* __restrict qb, int nK, float* __restrict s) {
+// TL (the GPU layout read in place, T blocks): `tk` holds the 2 NP tokens' K instead; a token
+// pair's 16 dims are then two 32-byte loads put side by side, already in the order the permute
+// makes of a C-layout pair.
+template <int MB, int NP, int SS = MB, bool TL = false>
+static inline void qk_tm(const uint16_t* __restrict k2, int64_t pst2, const uint16_t* __restrict qb,
+                         int nK, __m512i perm, float* __restrict s,
+                         const uint16_t* const* tk = nullptr) {
     static_assert(MB * NP <= 16, "16 accumulators");
     __m512 acc[16];
     for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
     for (int c = 0; c < nK; ++c) {
         __m512i kv[NP];
-        for (int j = 0; j < NP; ++j) kv[j] = load(j, c);
+        for (int j = 0; j < NP; ++j) {
+            if constexpr (TL)
+                kv[j] = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)(tk[2 * j] + 16 * c))),
+                    _mm256_loadu_si256((const __m256i*)(tk[2 * j + 1] + 16 * c)), 1);
+            else
+                kv[j] = _mm512_permutexvar_epi16(perm, _mm512_loadu_si512((const void*)(k2 + j * pst2 + 32 * c)));
+        }
         for (int r = 0; r < MB; ++r) {
             const __m512bh qv = (__m512bh)_mm512_loadu_si512((const void*)(qb + 32 * (16 * c + r)));
             for (int j = 0; j < NP; ++j) acc[j * MB + r] = _mm512_dpbf16_ps(acc[j * MB + r], (__m512bh)kv[j], qv);
@@ -100,31 +111,6 @@ static inline void qk_core(Load load, const uint16_t* __restrict qb, int nK, flo
         else _mm512_storeu_ps(s, v[0]);
         if (NP == 4) _mm512_storeu_ps(s + 16, v[1]);
     }
-}
-
-// The C layout: a loaded token pair (16 dims x 2 tokens, interleaved) permuted by `perm`.
-template <int MB, int NP, int SS = MB>
-static inline void qk_tm(const uint16_t* __restrict k2, int64_t pst2, const uint16_t* __restrict qb,
-                         int nK, __m512i perm, float* __restrict s) {
-    qk_core<MB, NP, SS>([&](int j, int c) {
-        return _mm512_permutexvar_epi16(perm, _mm512_loadu_si512((const void*)(k2 + j * pst2 + 32 * c)));
-    }, qb, nK, s);
-}
-
-// The GPU layout read in place (T blocks): token t's record `ts` elements after token t-1's, so
-// the two tokens' 16 dims are two 32-byte loads put side by side -- the order qk_core wants,
-// with no permute. `t0`: the first pair's first token; a pair's missing second token (odd `n`)
-// reads the first again (its score slot is overwritten with -inf by softmax_tm).
-template <int MB, int NP, int SS = MB>
-static inline void qk_tm_t(const uint16_t* __restrict kt, int64_t ts, int t0, int n,
-                           const uint16_t* __restrict qb, int nK, float* __restrict s) {
-    const uint16_t* r[2 * NP];
-    for (int j = 0; j < 2 * NP; ++j) r[j] = kt + (int64_t)(t0 + j < n ? t0 + j : t0 + j - 1) * ts;
-    qk_core<MB, NP, SS>([&](int j, int c) {
-        const __m256i lo = _mm256_loadu_si256((const __m256i*)(r[2 * j] + 16 * c));
-        const __m256i hi = _mm256_loadu_si256((const __m256i*)(r[2 * j + 1] + 16 * c));
-        return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-    }, qb, nK, s);
 }
 
 // One 16-row chunk's online-softmax step over a block: S holds `n` valid token slots of Ms
@@ -154,7 +140,9 @@ static SmIdx sm_idx(int Ms) {
     return x;
 }
 
-static void softmax_tm(const SmIdx& ix, int n, float* __restrict S, uint32_t* __restrict Pp,
+// (always inlined: bf16_item_t's two forms would otherwise share one out-of-line copy, and the C
+// layout's form would no longer be the code it was before the T form existed)
+__attribute__((always_inline)) static inline void softmax_tm(const SmIdx& ix, int n, float* __restrict S, uint32_t* __restrict Pp,
                        float* __restrict mrun, float* __restrict lrun, float* __restrict alpha) {
     const int Ms = ix.Ms;
     const int per = 16 / Ms;
@@ -214,17 +202,32 @@ static void softmax_tm(const SmIdx& ix, int n, float* __restrict S, uint32_t* __
 
 // O[r][16c .. 16c + 16 NC) += sum over pairs of V pair . P pair, MB rows; the P pair of row r and
 // token pair p is the dword pb[r * pr + p * pp]; `pfk` lines of the prefetch `pf` per pair
-// `load(p, v)`: token pair p's NC vectors of V pairs, (v[t][d], v[t+1][d]) per dword.
-template <int MB, int NC, class Load>
-static inline void pv_core(Load load, int np, const uint32_t* __restrict pb, int64_t pr, int64_t pp,
-                           float* __restrict o, int64_t ost, WsPf& pf, int64_t pfk) {
+// TL (the GPU layout read in place, T blocks; NC = 2): v2 is token 0's V, tokens `pstride`
+// elements apart, `n` tokens; tokens t and t+1's 32 dims are two 64-byte loads that VPUNPCKLWD /
+// VPUNPCKHWD interleave into the pairs VDPBF16PS takes -- in each 128-bit lane, dims 0-3 and
+// 4-7 of that lane's 8, so the accumulators hold the 32 dims in that order (o[k], k < 16: dim
+// 8 (k / 4) + k % 4; o[16 + k]: dim 8 (k / 4) + 4 + k % 4; o_natural puts them back). A missing
+// second token (odd n) reads the first again: its probability is 0.
+template <int MB, int NC, bool TL = false>
+static inline void pv_rows(const uint16_t* __restrict v2, int64_t pstride, int np,
+                           const uint32_t* __restrict pb, int64_t pr, int64_t pp, float* __restrict o,
+                           int64_t ost, WsPf& pf, int64_t pfk, int n = 0) {
+    static_assert(!TL || NC == 2, "the GPU layout's pairs come 32 dims at a time");
     __m512 acc[MB][NC];
     for (int r = 0; r < MB; ++r)
         for (int j = 0; j < NC; ++j) acc[r][j] = _mm512_loadu_ps(o + r * ost + 16 * j);
     for (int p = 0; p < np; ++p) {
         ws_pf_step(pf, pfk);
         __m512i v[NC];
-        load(p, v);
+        if constexpr (TL) {
+            const uint16_t* r0 = v2 + (int64_t)(2 * p) * pstride;
+            const uint16_t* r1 = 2 * p + 1 < n ? r0 + pstride : r0;
+            const __m512i x = _mm512_loadu_si512((const void*)r0), y = _mm512_loadu_si512((const void*)r1);
+            v[0] = _mm512_unpacklo_epi16(x, y);
+            v[NC - 1] = _mm512_unpackhi_epi16(x, y);
+        } else {
+            for (int j = 0; j < NC; ++j) v[j] = _mm512_loadu_si512((const void*)(v2 + p * pstride + 32 * j));
+        }
         for (int r = 0; r < MB; ++r) {
             __m512i w = _mm512_set1_epi32((int)pb[r * pr + p * pp]);
             for (int j = 0; j < NC; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], (__m512bh)v[j], (__m512bh)w);
@@ -234,55 +237,17 @@ static inline void pv_core(Load load, int np, const uint32_t* __restrict pb, int
         for (int j = 0; j < NC; ++j) _mm512_storeu_ps(o + r * ost + 16 * j, acc[r][j]);
 }
 
-// The C layout: a pair's 16 dims x 2 tokens are one load.
-template <int MB, int NC>
-static inline void pv_rows(const uint16_t* __restrict v2, int64_t pstride, int np,
-                           const uint32_t* __restrict pb, int64_t pr, int64_t pp, float* __restrict o,
-                           int64_t ost, WsPf& pf, int64_t pfk) {
-    pv_core<MB, NC>([&](int p, __m512i* v) {
-        for (int j = 0; j < NC; ++j) v[j] = _mm512_loadu_si512((const void*)(v2 + p * pstride + 32 * j));
-    }, np, pb, pr, pp, o, ost, pf, pfk);
-}
-
 // all M rows; the prefetch advances `pfk` lines per pair of the first row group
-template <int NC>
+template <int NC, bool TL = false>
 static void pv_all(const uint16_t* v2, int64_t pstride, int np, const uint32_t* pb, int64_t pp,
-                   float* o, int64_t ost, int M, WsPf& pf, int64_t pfk) {
+                   float* o, int64_t ost, int M, WsPf& pf, int64_t pfk, int n = 0) {
     int r = 0;
-    for (; r + 8 <= M; r += 8, pfk = 0) pv_rows<8, NC>(v2, pstride, np, pb + r, 1, pp, o + r * ost, ost, pf, pfk);
-    for (; r + 4 <= M; r += 4, pfk = 0) pv_rows<4, NC>(v2, pstride, np, pb + r, 1, pp, o + r * ost, ost, pf, pfk);
-    for (; r < M; ++r, pfk = 0) pv_rows<1, NC>(v2, pstride, np, pb + r, 1, pp, o + r * ost, ost, pf, pfk);
+    for (; r + 8 <= M; r += 8, pfk = 0) pv_rows<8, NC, TL>(v2, pstride, np, pb + r, 1, pp, o + r * ost, ost, pf, pfk, n);
+    for (; r + 4 <= M; r += 4, pfk = 0) pv_rows<4, NC, TL>(v2, pstride, np, pb + r, 1, pp, o + r * ost, ost, pf, pfk, n);
+    for (; r < M; ++r, pfk = 0) pv_rows<1, NC, TL>(v2, pstride, np, pb + r, 1, pp, o + r * ost, ost, pf, pfk, n);
 }
 
-// The GPU layout read in place (T blocks), 32 dims at a time: tokens t and t+1's 32 dims are two
-// 64-byte loads, and VPUNPCKLWD / VPUNPCKHWD interleave them into the pairs VDPBF16PS takes --
-// in each 128-bit lane, dims 0-3 and 4-7 of that lane's 8. The accumulators therefore hold a
-// 32-dim group's O in that order (o[k], k < 16: dim 8 (k / 4) + k % 4; o[16 + k]: dim
-// 8 (k / 4) + 4 + k % 4); bf16_item puts the rows back in order at the end (o_natural). A
-// missing second token (odd `n`) reads the first again: its probability is 0.
-template <int MB>
-static inline void pv_rows_t(const uint16_t* __restrict vt, int64_t ts, int n,
-                             const uint32_t* __restrict pb, int64_t pr, int64_t pp, float* __restrict o,
-                             int64_t ost, WsPf& pf, int64_t pfk) {
-    const int np = (n + 1) / 2;
-    pv_core<MB, 2>([&](int p, __m512i* v) {
-        const uint16_t* r0 = vt + (int64_t)(2 * p) * ts;
-        const uint16_t* r1 = 2 * p + 1 < n ? r0 + ts : r0;
-        const __m512i a = _mm512_loadu_si512((const void*)r0), b = _mm512_loadu_si512((const void*)r1);
-        v[0] = _mm512_unpacklo_epi16(a, b);
-        v[1] = _mm512_unpackhi_epi16(a, b);
-    }, np, pb, pr, pp, o, ost, pf, pfk);
-}
-
-static void pv_all_t(const uint16_t* vt, int64_t ts, int n, const uint32_t* pb, int64_t pp,
-                     float* o, int64_t ost, int M, WsPf& pf, int64_t pfk) {
-    int r = 0;
-    for (; r + 8 <= M; r += 8, pfk = 0) pv_rows_t<8>(vt, ts, n, pb + r, 1, pp, o + r * ost, ost, pf, pfk);
-    for (; r + 4 <= M; r += 4, pfk = 0) pv_rows_t<4>(vt, ts, n, pb + r, 1, pp, o + r * ost, ost, pf, pfk);
-    for (; r < M; ++r, pfk = 0) pv_rows_t<1>(vt, ts, n, pb + r, 1, pp, o + r * ost, ost, pf, pfk);
-}
-
-// One O row accumulated by pv_rows_t, its 32-dim groups put back in dim order.
+// One O row of a TL item (pv_rows), its 32-dim groups put back in dim order.
 static inline void o_natural(const float* __restrict src, int Dv, float* __restrict dst) {
     for (int g = 0; g < Dv; g += 32)
         for (int k = 0; k < 16; ++k) {
@@ -291,23 +256,36 @@ static inline void o_natural(const float* __restrict src, int Dv, float* __restr
         }
 }
 
-// NP token pairs' scores from pair p on, in the C layout or (tl) the GPU layout read in place.
-template <int MB, int NP, int SS = MB>
-static inline void qk_pairs(bool tl, const uint16_t* k2, int64_t pst2, const uint16_t* kt, int64_t ts,
-                            int p, int n, const uint16_t* qb, int nK, __m512i perm, float* s) {
-    if (tl) qk_tm_t<MB, NP, SS>(kt, ts, 2 * p, n, qb, nK, s);
-    else qk_tm<MB, NP, SS>(k2 + p * pst2, pst2, qb, nK, perm, s);
-}
-
 // Scheme (per item: M query rows, one KV head, a run of blocks): rows in chunks of up to 16;
 // per block and chunk, Q.K as VDPBF16PS dot products whose per-lane partial sums are reduced
 // 32 scores at a time (sum_halves16) into token-major scores, a vertical online softmax
 // (softmax_tm) that writes P as the bf16 pairs P.V broadcasts, then P.V. The AMX kernel keeps
-// its scores token-major for the same reason (attn_amx.cpp). T blocks (the GPU layout) are read
-// in place (qk_tm_t, pv_rows_t) when the V dims come in 32s; before, every block was first
-// copied into the C layout's pairs, element by element (ws_repack: GQA 4 KV heads on the Zen 4
-// dev VM, 7.0 GB/s against 16.9 for the same records in C, 2026-12-04).
-static void bf16_item(const WsArgs* a, const WsItem* it) {
+// its scores token-major for the same reason (attn_amx.cpp).
+// TL: T blocks (the GPU layout) read in place -- qk_tm's and pv_rows's TL forms -- instead of
+// being copied into the C layout's pairs first (ws_repack); bf16_item chooses (a template
+// parameter, so the C layout's code is the same as without it).
+
+// qk_tm on NP token pairs from pair p: in the C layout at k2, or (TL) in place, token t's K at
+// kt + t * ts; a pair's missing second token (odd n) reads the first again (its score slot is
+// overwritten with -inf by softmax_tm).
+template <int MB, int NP, int SS = MB, bool TL = false>
+__attribute__((always_inline)) static inline void qk_at(const uint16_t* k2, int64_t pst2,
+        const uint16_t* kt, int64_t ts, int p, int n, const uint16_t* qb, int nK, __m512i perm,
+        float* s) {
+    if constexpr (TL) {
+        const uint16_t* tk[2 * NP];
+        for (int j = 0; j < 2 * NP; ++j) {
+            const int t = 2 * p + j;
+            tk[j] = kt + (int64_t)(t < n ? t : t - 1) * ts;
+        }
+        qk_tm<MB, NP, SS, true>(nullptr, 0, qb, nK, perm, s, tk);
+    } else {
+        qk_tm<MB, NP, SS>(k2 + p * pst2, pst2, qb, nK, perm, s);
+    }
+}
+
+template <bool TL>
+static void bf16_item_t(const WsArgs* a, const WsItem* it) {
     const int M = it->M, R = a->R, bs = a->bs, Dk = a->Dk, Dv = a->Dv;
     const int nK = Dk / 16, nV = Dv / 16;
     const int bsp = (int)ws_round_up(bs, 2);
@@ -343,9 +321,7 @@ static void bf16_item(const WsArgs* a, const WsItem* it) {
     for (int j = 0; j < 16; ++j) { pidx[j] = (uint16_t)(2 * j); pidx[16 + j] = (uint16_t)(2 * j + 1); }
     const __m512i perm = _mm512_loadu_si512((const void*)pidx);
     const int64_t pst2 = 2 * (int64_t)R;
-    // T blocks read in place (the GPU layout: token-major records, ts elements apart)
-    const bool tl = a->layout != 0 && Dv % 32 == 0;
-    const int64_t ts = (int64_t)a->H * R;
+    const int64_t ts = (int64_t)a->H * R;  // TL: elements from one token's record to the next
     const int mlast = M - 16 * (nmc - 1);
     const SmIdx ix16 = sm_idx(16), ixlast = sm_idx(mlast <= 4 ? 4 : mlast <= 8 ? 8 : 16);
 
@@ -354,14 +330,12 @@ static void bf16_item(const WsArgs* a, const WsItem* it) {
         if (n <= 0) continue;
         WsPf pf;
         const uint16_t* tile;
-        if (tl) {
-            tile = ws_block_ptr<uint16_t>(a, it->blocks[bi], it->head);
+        if constexpr (TL) {
+            tile = ws_block_ptr<uint16_t>(a, it->blocks[bi], it->head);  // token 0's record
             ws_pf_init<uint16_t>(pf, a, it, bi);
         } else {
             tile = ws_block_tile<uint16_t>(a, it, bi, n, bsp, tilebuf, pf);
         }
-        const uint16_t* kt = tile + a->k_off;  // tl: token 0's K, V
-        const uint16_t* vt = tile + a->v_off;
         const int np = (n + 1) / 2;
         // lines per Q.K pair step and per P.V pair step (two 16-dim columns), in proportion to
         // their products: nK and 2 of nK + nV per pair
@@ -369,6 +343,8 @@ static void bf16_item(const WsArgs* a, const WsItem* it) {
         const int64_t pf_k = (pf.total * nK + pf_div - 1) / pf_div, pf_v = (pf.total * 2 + pf_div - 1) / pf_div;
         const uint16_t* k2 = tile + (int64_t)a->k_off * 2;
         const uint16_t* v2 = tile + (int64_t)a->v_off * 2;
+        const uint16_t* kt = tile + a->k_off;  // TL: token 0's K and V
+        const uint16_t* vt = tile + a->v_off;
         for (int mc = 0; mc < nmc; ++mc) {
             const int m0 = 16 * mc, mp = M - m0 < 16 ? M - m0 : 16;
             const int Ms = mp <= 4 ? 4 : mp <= 8 ? 8 : 16;
@@ -379,22 +355,22 @@ static void bf16_item(const WsArgs* a, const WsItem* it) {
             if (Ms == 16) {  // two 8-row halves of two pairs: 10 loads per 16 products, not 17
                 for (; p + 2 <= np; p += 2) {
                     ws_pf_step(pf, 2 * pfk);
-                    qk_pairs<8, 2, 16>(tl, k2, pst2, kt, ts, p, n, qb, nK, perm, S + 2 * p * 16);
-                    qk_pairs<8, 2, 16>(tl, k2, pst2, kt, ts, p, n, qb + 8 * 32, nK, perm, S + 2 * p * 16 + 8);
+                    qk_at<8, 2, 16, TL>(k2, pst2, kt, ts, p, n, qb, nK, perm, S + 2 * p * 16);
+                    qk_at<8, 2, 16, TL>(k2, pst2, kt, ts, p, n, qb + 8 * 32, nK, perm, S + 2 * p * 16 + 8);
                 }
-                for (; p < np; ++p) qk_pairs<16, 1>(tl, k2, pst2, kt, ts, p, n, qb, nK, perm, S + 2 * p * 16);
+                for (; p < np; ++p) qk_at<16, 1, 16, TL>(k2, pst2, kt, ts, p, n, qb, nK, perm, S + 2 * p * 16);
             } else if (Ms == 8) {
                 for (; p + 2 <= np; p += 2) {
                     ws_pf_step(pf, 2 * pfk);
-                    qk_pairs<8, 2>(tl, k2, pst2, kt, ts, p, n, qb, nK, perm, S + 2 * p * 8);
+                    qk_at<8, 2, 8, TL>(k2, pst2, kt, ts, p, n, qb, nK, perm, S + 2 * p * 8);
                 }
-                for (; p < np; ++p) qk_pairs<8, 1>(tl, k2, pst2, kt, ts, p, n, qb, nK, perm, S + 2 * p * 8);
+                for (; p < np; ++p) qk_at<8, 1, 8, TL>(k2, pst2, kt, ts, p, n, qb, nK, perm, S + 2 * p * 8);
             } else {
                 for (; p + 4 <= np; p += 4) {
                     ws_pf_step(pf, 4 * pfk);
-                    qk_pairs<4, 4>(tl, k2, pst2, kt, ts, p, n, qb, nK, perm, S + 2 * p * 4);
+                    qk_at<4, 4, 4, TL>(k2, pst2, kt, ts, p, n, qb, nK, perm, S + 2 * p * 4);
                 }
-                for (; p < np; ++p) qk_pairs<4, 1>(tl, k2, pst2, kt, ts, p, n, qb, nK, perm, S + 2 * p * 4);
+                for (; p < np; ++p) qk_at<4, 1, 4, TL>(k2, pst2, kt, ts, p, n, qb, nK, perm, S + 2 * p * 4);
             }
             softmax_tm(mc + 1 < nmc ? ix16 : ixlast, n, S, Pp, mrun + m0, lrun + m0, alpha);
             float* Oc = O + (int64_t)m0 * ost;
@@ -406,19 +382,36 @@ static void bf16_item(const WsArgs* a, const WsItem* it) {
             }
             const int64_t pvk = mc == 0 ? pf_v : 0;
             int c = 0;
-            if (tl)
-                for (; c < nV; c += 2) pv_all_t(vt + 16 * c, ts, n, Pp, Ms, Oc + 16 * c, ost, mp, pf, pvk);
-            for (; c + 2 <= nV; c += 2) pv_all<2>(v2 + 32 * c, pst2, np, Pp, Ms, Oc + 16 * c, ost, mp, pf, pvk);
-            for (; c < nV; ++c) pv_all<1>(v2 + 32 * c, pst2, np, Pp, Ms, Oc + 16 * c, ost, mp, pf, pvk);
+            if constexpr (TL) {
+                for (; c < nV; c += 2) pv_all<2, true>(vt + 16 * c, ts, np, Pp, Ms, Oc + 16 * c, ost, mp, pf, pvk, n);
+            } else {
+                for (; c + 2 <= nV; c += 2) pv_all<2>(v2 + 32 * c, pst2, np, Pp, Ms, Oc + 16 * c, ost, mp, pf, pvk);
+                for (; c < nV; ++c) pv_all<1>(v2 + 32 * c, pst2, np, Pp, Ms, Oc + 16 * c, ost, mp, pf, pvk);
+            }
             ws_pf_step(pf, pf.total);  // whatever the steps above left
         }
     }
     for (int r = 0; r < M; ++r) {
-        if (tl) o_natural(O + r * ost, Dv, it->o + (int64_t)r * Dv);
+        if constexpr (TL) o_natural(O + r * ost, Dv, it->o + (int64_t)r * Dv);
         else memcpy(it->o + (int64_t)r * Dv, O + r * ost, sizeof(float) * Dv);
         it->m[r] = mrun[r];
         it->l[r] = lrun[r];
     }
+}
+
+// T blocks are read in place when there are several KV heads (each head's part of a record is
+// then a strided piece of it) and the V dims come in 32s; with one KV head (MLA's latent) a
+// block's records are one contiguous run, and the copy into pairs lets the inner loops load
+// each pair once. In place against the copy, bench.cpu_ab on the T layout, 9 paired calls a
+// shape: Mixtral's GQA (8 KV heads) 1.08-1.16x, Qwen3's (4) 1.07-1.12x on the Zen 4 dev VM,
+// where the C layout's code ran 0.99-1.02x the build without the T form
+// (bench/results/cpu_ab-ct-devbox-zen4-2026-12-04d-run1.log, run2.log); MLA in place, tried,
+// 0.97-0.99x. On the H200 host a first version, every block's layout tested at run time inside
+// the loops, read T 0.94-1.08x (Mixtral's) and 1.04-1.08x (Qwen3's) as fast as the copy, and
+// its C layout 0.93-0.98x (2026-12-04d-h200 call 3); this form is not measured there.
+static void bf16_item(const WsArgs* a, const WsItem* it) {
+    if (a->layout != 0 && a->H > 1 && a->Dv % 32 == 0) bf16_item_t<true>(a, it);
+    else bf16_item_t<false>(a, it);
 }
 
 }  // namespace
