@@ -3,6 +3,7 @@
 // as a variant elsewhere. Queries and probabilities are rounded to bf16, as GPU flash
 // attention does; accumulation is fp32.
 //
+// T blocks (the GPU layout, token-major records) are read in place: see bf16_item at the end.
 // The C layout's token pairs ([bs/2][R][2]) are the operand format of VDPBF16PS for P.V:
 //   O[d] += p[t] v[t][d] + p[t+1] v[t+1][d]  -- one instruction per 16 dims of a token pair,
 //   the pair (p[t], p[t+1]) broadcast as one 32-bit value.
@@ -142,7 +143,8 @@ static SmIdx sm_idx(int Ms) {
 
 // (always inlined: bf16_item_t's two forms would otherwise share one out-of-line copy, and the C
 // layout's form would no longer be the code it was before the T form existed)
-__attribute__((always_inline)) static inline void softmax_tm(const SmIdx& ix, int n, float* __restrict S, uint32_t* __restrict Pp,
+__attribute__((always_inline)) static inline void softmax_tm(const SmIdx& ix, int n, float* __restrict S,
+                                                             uint32_t* __restrict Pp,
                        float* __restrict mrun, float* __restrict lrun, float* __restrict alpha) {
     const int Ms = ix.Ms;
     const int per = 16 / Ms;
@@ -399,18 +401,16 @@ static void bf16_item_t(const WsArgs* a, const WsItem* it) {
     }
 }
 
-// T blocks are read in place when there are several KV heads (each head's part of a record is
-// then a strided piece of it) and the V dims come in 32s; with one KV head (MLA's latent) a
-// block's records are one contiguous run, and the copy into pairs lets the inner loops load
-// each pair once. In place against the copy, bench.cpu_ab on the T layout, 9 paired calls a
-// shape: Mixtral's GQA (8 KV heads) 1.08-1.16x, Qwen3's (4) 1.07-1.12x on the Zen 4 dev VM,
-// where the C layout's code ran 0.99-1.02x the build without the T form
-// (bench/results/cpu_ab-ct-devbox-zen4-2026-12-04d-run1.log, run2.log); MLA in place, tried,
-// 0.97-0.99x. On the H200 host a first version, every block's layout tested at run time inside
-// the loops, read T 0.94-1.08x (Mixtral's) and 1.04-1.08x (Qwen3's) as fast as the copy, and
-// its C layout 0.93-0.98x (2026-12-04d-h200 call 3); this form is not measured there.
+// T blocks are read in place when the V dims come in 32s. In place against the copy into pairs,
+// bench.cpu_ab on the T layout, 9 paired calls a shape: Mixtral's GQA (8 KV heads) 1.08-1.16x,
+// Qwen3's (4) 1.07-1.12x, MLA 1.02-1.07x on the Zen 4 dev VM, where the C layout's code ran
+// 0.99-1.02x the build without the T form (in bench/results/: cpu_ab-ct-devbox-zen4-2026-12-04d-
+// run1.log, -run2.log; cpu_ab-t-mla-inplace-devbox-zen4-2026-12-04d.log, -run2.log). On the H200
+// host a first version, which tested the layout at run time inside the loops, read T 0.94-1.08x
+// (Mixtral's) and 1.04-1.08x (Qwen3's) as fast as the copy, and its C layout 0.93-0.98x
+// (2026-12-04d-h200 call 3); this form is not measured there.
 static void bf16_item(const WsArgs* a, const WsItem* it) {
-    if (a->layout != 0 && a->H > 1 && a->Dv % 32 == 0) bf16_item_t<true>(a, it);
+    if (a->layout != 0 && a->Dv % 32 == 0) bf16_item_t<true>(a, it);
     else bf16_item_t<false>(a, it);
 }
 
