@@ -969,24 +969,31 @@ def test_policy_variants_are_parsed_and_refused_when_malformed():
                  policies=["writescope", "writescope@margin"]).validate()
 
 
-def test_a_policy_variant_runs_with_its_setting(tiny_qwen3_moe, tmp_path, monkeypatch):
-    """``writescope@placement_cpu_margin=1.0`` runs writescope with that attribute set on its
-    placement policy (the rows' label is the variant); a setting the policy does not have fails
-    that policy's rows with the reason, and the grid goes on."""
+def _variant_rows(model, tmp_path, monkeypatch, policies: str, probe):
+    """A small grid over ``policies``: its rows, and ``probe(engine)`` at each row's start."""
     from writescope.bench import grid
     seen = []
     real = grid.run_engine_row
 
     def spy(engine, prompts, *a, **k):
-        seen.append(getattr(engine.cache.policy, "placement_cpu_margin", None))
+        seen.append(probe(engine))
         return real(engine, prompts, *a, **k)
     monkeypatch.setattr(grid, "run_engine_row", spy)
-    rc = bench_cli(tiny_qwen3_moe, tmp_path, "--batch", "2", "--context-lengths", "100",
+    rc = bench_cli(model, tmp_path, "--batch", "2", "--context-lengths", "100",
                    "--decode-steps", "4", "--num-gpu-blocks", "8", "--max-num-batched-tokens", "64",
-                   "--prefill", "synthetic", "--cpu-threads", "1", "--policies",
-                   "writescope,writescope@placement_cpu_margin=1.0,static@no_such_knob=2")
+                   "--prefill", "synthetic", "--cpu-threads", "1", "--policies", policies)
     assert rc == 0
-    rows = _strict_json(tmp_path / "results.json")["rows"]
+    return _strict_json(tmp_path / "results.json")["rows"], seen
+
+
+def test_a_policy_variant_runs_with_its_setting(tiny_qwen3_moe, tmp_path, monkeypatch):
+    """``writescope@placement_cpu_margin=1.0`` runs writescope with that attribute set on its
+    placement policy (the rows' label is the variant); a setting the policy does not have fails
+    that policy's rows with the reason, and the grid goes on."""
+    rows, seen = _variant_rows(
+        tiny_qwen3_moe, tmp_path, monkeypatch,
+        "writescope,writescope@placement_cpu_margin=1.0,static@no_such_knob=2",
+        lambda engine: getattr(engine.cache.policy, "placement_cpu_margin", None))
     assert [r["policy"] for r in rows] == ["writescope", "writescope@placement_cpu_margin=1.0",
                                            "static@no_such_knob=2"]
     assert not rows[0].get("error") and not rows[1].get("error")
@@ -999,20 +1006,9 @@ def test_a_cpu_threads_variant_sets_the_cache_s_attention_team(tiny_qwen3_moe, t
     """``writescope@cpu_threads=2`` runs writescope with the CPU attention kernel's calls planned
     for two threads in that policy's cache (the row records it), the plain policy with
     ``--cpu-threads``; a count that is not a whole number fails that row and the grid goes on."""
-    from writescope.bench import grid
-    seen = []
-    real = grid.run_engine_row
-
-    def spy(engine, prompts, *a, **k):
-        seen.append(engine.cache.hybrid.cpu_threads)
-        return real(engine, prompts, *a, **k)
-    monkeypatch.setattr(grid, "run_engine_row", spy)
-    rc = bench_cli(tiny_qwen3_moe, tmp_path, "--batch", "2", "--context-lengths", "100",
-                   "--decode-steps", "4", "--num-gpu-blocks", "8", "--max-num-batched-tokens", "64",
-                   "--prefill", "synthetic", "--cpu-threads", "1", "--policies",
-                   "writescope,writescope@cpu_threads=2,writescope@cpu_threads=1.5")
-    assert rc == 0
-    rows = _strict_json(tmp_path / "results.json")["rows"]
+    rows, seen = _variant_rows(tiny_qwen3_moe, tmp_path, monkeypatch,
+                               "writescope,writescope@cpu_threads=2,writescope@cpu_threads=1.5",
+                               lambda engine: engine.cache.hybrid.cpu_threads)
     assert seen == [1, 2]
     assert [r.get("cpu_attn_threads") for r in rows[:2]] == [1, 2]
     assert not rows[0].get("error") and not rows[1].get("error")
