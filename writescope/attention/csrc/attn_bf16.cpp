@@ -404,8 +404,9 @@ static void bf16_item_t(const WsArgs* a, const WsItem* it) {
 // T blocks are read in place when the V dims come in 32s. In place against the copy into pairs,
 // bench.cpu_ab on the T layout, 9 paired calls a shape: Mixtral's GQA (8 KV heads) 1.08-1.16x,
 // Qwen3's (4) 1.07-1.12x, MLA 1.02-1.07x on the Zen 4 dev VM, where the C layout's code ran
-// 0.99-1.02x the build without the T form (in bench/results/: cpu_ab-ct-devbox-zen4-2026-12-04d-
-// run1.log, -run2.log; cpu_ab-t-mla-inplace-devbox-zen4-2026-12-04d.log, -run2.log). On the H200
+// 0.99-1.03x the build without the T form (in bench/results/: cpu_ab-ct-devbox-zen4-2026-12-04d-
+// run1.log, -run2.log, MLA's T still copied there; MLA's in place:
+// cpu_ab-t-mla-inplace-devbox-zen4-2026-12-04d.log, -run2.log). On the H200
 // host a first version, which tested the layout at run time inside the loops, read T 0.94-1.08x
 // (Mixtral's) and 1.04-1.08x (Qwen3's) as fast as the copy, and its C layout 0.93-0.98x
 // (2026-12-04d-h200 call 3); this form is not measured there.
