@@ -144,7 +144,7 @@ def _reserve_launch_core() -> None:
     1 and 3, DeepSeek-V2-Lite 4 x 128K and Qwen3-30B-A3B 2 x 128K with the experts on the GPU,
     15 threads against 14 in rounds of alternating order: 0.939-0.973x the step in all four
     DeepSeek pairs, 0.949-0.986x in three Qwen3 pairs and 1.093x in one; the CPU side attended
-    69-72 GB/s against 63-65 in call 3. All 16 cores: 0.967-0.975x in call 1's two DeepSeek pairs;
+    69-72 GB/s against 62-69 in call 3. All 16 cores: 0.967-0.975x in call 1's two DeepSeek pairs;
     126.8-129.1 ms against 125.9-132.5 in bench/results/2026-12-02h-h200 call 1.)"""
     from ..attention import cpu as cpu_attn
     from ..layers import cpu_experts
