@@ -232,11 +232,8 @@ def swap_kv_policy(engine, policy: str, *, cpu_share: float) -> None:
     threads = sets.pop("cpu_threads", None)
     if threads is not None and (threads != int(threads) or threads < 1):
         raise ValueError(f"policy {policy!r}: cpu_threads must be a whole number >= 1")
-    engine.set_kv_policy(name, cpu_share=cpu_share)
-    if threads is not None:
-        # read when the step's kernel calls are planned (attention/hybrid.py), the first at
-        # the row's first step: nothing has been planned in the new cache yet
-        engine.cache.hybrid.cpu_threads = int(threads)
+    engine.set_kv_policy(name, cpu_share=cpu_share,
+                         cpu_threads=None if threads is None else int(threads))
     pol = engine.cache.policy
     for key, value in sets.items():
         current = getattr(pol, key, None)

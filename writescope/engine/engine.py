@@ -317,9 +317,11 @@ class LLMEngine:
                 f"{', all weights on the CPU device' if self.device.type == 'cpu' else ''}); "
                 f"{avail / 2**30:.1f} GiB is available")
 
-    def set_kv_policy(self, kv_policy: str, cpu_share: float = 0.5) -> None:
+    def set_kv_policy(self, kv_policy: str, cpu_share: float = 0.5,
+                      cpu_threads: int | None = None) -> None:
         """(Re)build an empty KV cache of the same layout under ``kv_policy``, over the same
-        weights (the bench compares policies this way). Only between requests."""
+        weights (the bench compares policies this way). Only between requests. ``cpu_threads``:
+        the new cache's CPU attention team size (default: the engine's ``cpu_threads``)."""
         if self.cache is not None:
             if self.has_unfinished_requests():
                 raise RuntimeError("cannot change the KV policy while requests are running")
@@ -343,7 +345,8 @@ class LLMEngine:
                              block_size=a["layout"].block_size)
         self.kv_policy = kv_policy
         self.cache = InplaceKVCache(a["spec"], a["layout"], policy, self.device,
-                                    self.config.softmax_scale, a["cpu_threads"],
+                                    self.config.softmax_scale,
+                                    a["cpu_threads"] if cpu_threads is None else cpu_threads,
                                     staging_bytes=a["staging"])
         self.scheduler = Scheduler(self.cache, a["max_num_seqs"], a["max_num_batched_tokens"])
         # the CPU workers (attention, experts) need the GIL for a few microseconds between
