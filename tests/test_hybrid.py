@@ -218,6 +218,76 @@ def test_hybrid_two_steps_and_all_cpu_all_gpu():
         ha.close()
 
 
+def _per_seq(b: BlockBatch) -> tuple[list[int], list[list[int]], list[list[int]]]:
+    qi, ki = b.q_indptr.tolist(), b.kv_indptr.tolist()
+    return ([qi[i + 1] - qi[i] for i in range(len(qi) - 1)],
+            [b.kv_blocks[ki[i]:ki[i + 1]].tolist() for i in range(len(ki) - 1)],
+            [b.kv_lens[ki[i]:ki[i + 1]].tolist() for i in range(len(ki) - 1)])
+
+
+def _copied(plan: AttentionStepPlan) -> AttentionStepPlan:
+    """The same plan in new tensors (a caller that builds every step's plan afresh)."""
+    cp = lambda b: BlockBatch(*(t.clone() for t in (b.q_indptr, b.kv_indptr, b.kv_blocks,  # noqa
+                                                   b.kv_lens)))
+    return AttentionStepPlan(plan.spec, plan.scale, plan.num_q_rows,
+                             gpu=[(r, cp(b)) for r, b in plan.gpu],
+                             cpu=[(r, cp(b)) for r, b in plan.cpu])
+
+
+def _one_t_block_to_the_cpu(plan: AttentionStepPlan) -> AttentionStepPlan:
+    """The plan with sequence 0's last GPU-side T block read in place by the CPU instead."""
+    gpu, cpu = dict(plan.gpu), dict(plan.cpu)
+    qn, blocks, lens = _per_seq(gpu[Region.T])
+    _, cb, cl = _per_seq(cpu[Region.T]) if Region.T in cpu else (qn, [[] for _ in qn],
+                                                                  [[] for _ in qn])
+    cb[0].append(blocks[0].pop())
+    cl[0].append(lens[0].pop())
+    gpu[Region.T] = BlockBatch.build(qn, blocks, lens)
+    cpu[Region.T] = BlockBatch.build(qn, cb, cl)
+    return AttentionStepPlan(plan.spec, plan.scale, plan.num_q_rows, gpu=list(gpu.items()),
+                             cpu=list(cpu.items()))
+
+
+@pytest.mark.parametrize("reuse", ["1", "0"])
+def test_a_step_with_the_last_steps_t_batches_reuses_its_staging_plan(reuse, monkeypatch):
+    """The staging ring's plan is made again only when the step's T batches differ from the last
+    step's: equal values in new tensors are the same batches, a batch refilled in place with
+    other values is not (the plan keeps a copy of what it was made for);
+    ``WRITESCOPE_STAGE_PLAN_REUSE=0`` plans every step. Every step's output is the reference's."""
+    monkeypatch.setenv("WRITESCOPE_STAGE_PLAN_REUSE", reuse)
+    case = build_case(GQA, 4, [70, 33, 129], q_counts=1, block_size=8,
+                      frac={"G": 0.2, "T": 0.5, "C": 0.3}, seed=11)
+    blk = 8 * GQA.num_kv_heads * GQA.rec_dim * 4
+    ha = HybridAttention(case.pools, GQA, "cpu", staging_bytes=6 * blk, stage_t=True)
+
+    def step(plan):
+        case.plan = plan
+        check_all_layers(case, ha)
+        return ha._stage_reuse[1]
+
+    first = case.plan
+    sp = step(first)
+    assert len(sp.pieces) > 1  # the ring is smaller than a layer's T blocks
+    same = step(_copied(first))
+    assert (same is sp) == (reuse == "1")
+    moved = _one_t_block_to_the_cpu(first)
+    other = step(moved)
+    assert other is not sp and other.num_blocks == sp.num_blocks - 1
+    # back to the first plan's values (new tensors), then those tensors refilled in place
+    t_moved = dict(moved.gpu)[Region.T]
+    t_first = dict(first.gpu)[Region.T]
+    refill = _copied(first)
+    t_refill = dict(refill.gpu)[Region.T]
+    assert t_refill.num_blocks != t_moved.num_blocks
+    again = step(refill)
+    assert again is not other and again.num_blocks == sp.num_blocks
+    assert torch.equal(t_refill.kv_blocks, t_first.kv_blocks)
+    t_refill.kv_blocks[:2] = t_refill.kv_blocks[:2].flip(0).clone()  # same count, new order
+    flipped = step(refill)
+    assert flipped is not again
+    ha.close()
+
+
 def test_empty_plan_gives_identity():
     pools = {r: torch.zeros(GQA.num_layers, 2, 8, 2, 32) for r in (Region.G, Region.W, Region.T)}
     pools[Region.C] = torch.zeros(pool_shape(Region.C, GQA, 2, 8))

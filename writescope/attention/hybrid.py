@@ -156,6 +156,27 @@ class _Group:
         return self.rows[1] - self.rows[0]
 
 
+def _clone_key(key):
+    """A plan key (nested tuples of tensors and plain values) with its tensors copied."""
+    if isinstance(key, torch.Tensor):
+        return key.clone()
+    if isinstance(key, tuple):
+        return tuple(_clone_key(k) for k in key)
+    return key
+
+
+def _same_key(a, b) -> bool:
+    """Whether two plan keys hold the same values (tensors compared by shape, dtype and
+    contents)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+                and a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b))
+    if isinstance(a, tuple) or isinstance(b, tuple):
+        return (isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b)
+                and all(_same_key(x, y) for x, y in zip(a, b)))
+    return a == b
+
+
 def ready_address(ready) -> tuple[int, int] | None:
     """A ready flag's ``(address, value)`` for a native waiter, or None (e.g. a CUDA event)."""
     return getattr(ready, "address", None)
@@ -170,13 +191,15 @@ def compact_cpu_rows(batches: list[tuple[Region, BlockBatch]]
     one step share ``q_indptr``; a sequence without CPU blocks has no entries in any of them."""
     if not batches:
         return batches, None
-    qi = batches[0][1].q_indptr.to("cpu", torch.int64)
-    has = torch.zeros(qi.numel() - 1, dtype=torch.bool)
+    has = None  # (numpy: this runs on every step, mostly to find that every sequence has one)
     for _, b in batches:
-        ki = b.kv_indptr.to("cpu", torch.int64)
-        has |= (ki[1:] - ki[:-1]) > 0
-    if bool(has.all()):
+        ki = b.kv_indptr.to("cpu").numpy()
+        h = ki[1:] != ki[:-1]
+        has = h if has is None else has | h
+    if has.all():
         return batches, None
+    has = torch.from_numpy(has)
+    qi = batches[0][1].q_indptr.to("cpu", torch.int64)
     qn = qi[1:] - qi[:-1]
     rows = torch.cat([torch.arange(int(qi[i]), int(qi[i + 1])) for i in
                       torch.nonzero(has).flatten().tolist()] or [torch.zeros(0, dtype=torch.int64)])
@@ -243,6 +266,8 @@ class HybridAttention:
         self._pinned: dict = {}
         self._retired: list = []  # pinned buffers replaced during this step (see _pinned_bufs)
         self._groups: list[_Group] = []
+        #: the last step's staging plan: [key (copied T batches), StagePlan, device batches]
+        self._stage_reuse: list | None = None
         # the compiled kernel is planned once per step (CpuAttentionPlan) and run per layer
         self._cpu_compiled = self._cpu_attend is not attend_torch and self._cpu_attend is cpu_kernel()
         self._parts: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # per group, kept
@@ -386,14 +411,17 @@ class HybridAttention:
         self._stage_plan = None
         t_plan = time.perf_counter()
         if any(t is not None for t in staged):
-            sp = self.ring.plan(staged, self.max_slot_blocks)
+            sp, dev_batches = self._stage_planned(staged)
             self._stage_plan = sp
             # start the copy stream first, then plan the rest
             ly = list(range(self.spec.num_layers)) if layers is None else list(layers)
             self.ring.begin(self.pools[Region.T], sp, ly)
+            if dev_batches is None:
+                dev_batches = [piece.batch.to(dev) for piece in sp.pieces]
+                self._stage_reuse[2] = dev_batches
             for i, piece in enumerate(sp.pieces):
                 self._groups[piece.part].sources.append(
-                    _Source(Region.T, piece.batch.to(dev), piece=i, host_batch=piece.batch))
+                    _Source(Region.T, dev_batches[i], piece=i, host_batch=piece.batch))
         # only the rows of sequences with CPU blocks go to the CPU, when that leaves out at least
         # COMPACT_MIN_ROWS rows (WRITESCOPE_CPU_ROWS=all: never)
         compact = os.environ.get("WRITESCOPE_CPU_ROWS", "cpu") != "all"
@@ -406,6 +434,28 @@ class HybridAttention:
             g.gpu_planned = self.backend != "triton"  # else at its first launch
         self.timings["host_begin_s"] = time.perf_counter() - self._t0
         self.timings["host_plan_s"] = time.perf_counter() - t_plan
+
+    def _stage_planned(self, staged: list[BlockBatch | None]):
+        """The staging ring's plan for this step's T batches (one per group, None for a group
+        without), and its pieces' batches on the device, or None for those when they are still
+        to be copied there. A decode step's T batches are most often the last step's (T blocks
+        are sealed and never move; a sequence's next block lands in T once every block-size
+        tokens), so the last plan is kept with a copy of the batches it was made for and used
+        again when they are equal (``WRITESCOPE_STAGE_PLAN_REUSE=0``: plan every step, to
+        compare). Saves the host the ring's planning and the pieces' copies to the device
+        before the step's first T copy can start."""
+        hosts = [None if t is None else t.host_view() for t in staged]
+        key = (self.max_slot_blocks, tuple(
+            None if h is None else (h.q_indptr, h.kv_indptr, h.kv_blocks, h.kv_lens)
+            for h in hosts))
+        cached = self._stage_reuse
+        if cached is not None and cached[2] is not None and _same_key(cached[0], key):
+            return cached[1], cached[2]
+        sp = self.ring.plan(hosts, self.max_slot_blocks)
+        reuse = os.environ.get("WRITESCOPE_STAGE_PLAN_REUSE", "1") != "0"
+        # the key's tensors are copied: a caller may refill its batch tensors in place
+        self._stage_reuse = [_clone_key(key), sp, None] if reuse else [None, sp, None]
+        return sp, None
 
     @staticmethod
     def _split(plan: AttentionStepPlan, groups: list[int] | None) -> list[_Group]:

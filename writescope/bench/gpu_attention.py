@@ -633,22 +633,37 @@ def two_groups(nseq: int) -> list[int] | None:
 
 def _run_steps(ha: HybridAttention, plan_fn, q, layers: int, reps: int,
                groups: list[int] | None = None) -> tuple[float, dict]:
-    """Median wall seconds of a decode step's attention over all layers (:func:`attend_layers`)
-    and that step's timings."""
-    times, tims = [], []
-    ha.timing_every = 1  # every step's device timings, as the tables report them
-    for _ in range(reps + 1):
+    """Median wall seconds of a decode step's attention over all layers (:func:`attend_layers`,
+    from planning the step to its end) and the timings of a step run the same way.
+
+    On CUDA the steps alternate: ``reps`` steps with no device timing events, as the engine runs
+    three steps in four (``HybridAttention.timing_every``), give the wall time; ``reps`` steps
+    between them record the events the breakdown reports (copy-stream and GPU times, the first
+    and last copies), and the median of those is the row's ``timings``. Reading the events back
+    costs the host ~20 us a pair after the device is done (a pair per layer and per copy: ~0.3
+    ms of a 23 ms MLA step, 2026-12-04d-h200 call 3, where every step was timed and the wall
+    time included them). Without CUDA every step is timed and gives both."""
+    cuda = ha.device.type == "cuda"
+    ha.timing_every = 2 if cuda else 1
+    walls, timed = [], []
+    n = 2 * reps if cuda else reps
+    for i in range(n + 2):  # the first two steps (one of each kind) are not counted
         plan = plan_fn()
-        if ha.device.type == "cuda":
+        if cuda:
             torch.cuda.synchronize()
         t = time.perf_counter()
         attend_layers(ha, plan, q, layers, groups)
         tm = ha.end_step()
-        times.append(time.perf_counter() - t)
-        tims.append(tm)
-    times = times[1:]
-    k = sorted(range(len(times)), key=lambda i: times[i])[len(times) // 2]
-    return times[k], tims[k + 1]
+        dt = time.perf_counter() - t
+        if i < 2:
+            continue
+        if not cuda or tm.get("gpu_s") is None:
+            walls.append(dt)
+        if not cuda or tm.get("gpu_s") is not None:
+            timed.append((dt, tm))
+    ws = sorted(walls)
+    tms = sorted(timed, key=lambda x: x[0])
+    return ws[len(ws) // 2], {**tms[len(tms) // 2][1], "timed_step_s": tms[len(tms) // 2][0]}
 
 
 def _row(bytes_per_step: int, t: float, tm: dict) -> dict:
@@ -941,12 +956,14 @@ def breakdown_markdown(out: dict) -> str:
     CPU kernel's rate (C bytes / its seconds after the queries landed), the CPU's wait for the
     layers' queries, the first copy's start after the step's, and the device's time after the
     last copy (the merge alone where the link was the longer side; more where the CPU was). The
-    row's timings are those of its median step. A side with nothing to do has '-'. A row of
-    the pipelined form has its sub-batches after the share (``0.60 p4+4``)."""
+    row's timings are those of its median timed step (on CUDA a step with device events, whose
+    wall time is the last column; the GB/s and the step ms are of the steps without them, see
+    :func:`_run_steps`). A side with nothing to do has '-'. A row of the pipelined form has its
+    sub-batches after the share (``0.60 p4+4``)."""
     comb = out["ceilings"]["combined"]["combined_GBps"]
     lines = ["| shape/batch | share | GB/s (% combined) | link GB/s | CPU GB/s | CPU wait for "
-             "queries ms | first copy ms | after last copy ms | step ms |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "queries ms | first copy ms | after last copy ms | step ms | timed step ms |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     fmt = lambda x, spec: "-" if x is None else format(x, spec)  # noqa: E731
     for key, r in out["results"].items():
         total = r.get("bytes_per_step")
@@ -966,7 +983,8 @@ def breakdown_markdown(out: dict) -> str:
                 f"| {key} | {share} | {h['GBps']:.1f} ({100 * h['GBps'] / comb:.0f}%) | "
                 f"{fmt(link, '.1f')} | {fmt(cpu, '.1f')} | "
                 f"{fmt(qw * 1e3 if cs and qw is not None else None, '.2f')} | "
-                f"{fmt(first, '.2f')} | {fmt(tail, '.2f')} | {h['s'] * 1e3:.2f} |")
+                f"{fmt(first, '.2f')} | {fmt(tail, '.2f')} | {h['s'] * 1e3:.2f} | "
+                f"{fmt(ts * 1e3 if (ts := h.get('timed_step_s')) is not None else None, '.2f')} |")
     return "\n".join(lines)
 
 
