@@ -54,7 +54,9 @@ calibrate_profile() {
 # around the balance the 2026-12-02 calls found -- 0.5-0.65: MLA's best was the lowest share
 # swept, 0.55, in two runs of 2026-12-02g) into $R/NAME.json; ARGS are added (--skip "" for the
 # resident rows too, --shapes, --shares to override). Seven timed steps per share, the median
-# (until 2026-12-02h: --reps 2, whose "median" was the slower of the two). HYB_PF sets the AMX
+# (until 2026-12-02h: --reps 2, whose "median" was the slower of the two); since 2026-12-04e
+# seven steps without device timing events give the wall time and seven with them, in between,
+# the breakdown (gpu_attention._run_steps). HYB_PF sets the AMX
 # kernel's prefetch distance (default 1, the calibrations' choice on the H200).
 hybrid_table() {
   local name=$1 cap=$2; shift 2

@@ -13,7 +13,8 @@ Per layer, with CUDA and Triton (the fast path)::
     CPU worker:                          wait q | attend C (and CPU-assigned T) | -> pinned | flag
 
 * ``begin_step`` plans everything that is the same for every layer -- the staging pieces and
-  their DMA copies first, then starts the copy stream on the first layers' T blocks; the chunk
+  their DMA copies first (kept from the last step while its T batches are the same: a decode
+  step's most often are), then starts the copy stream on the first layers' T blocks; the chunk
   lists of the split-KV kernel and the row -> partials map of the merge are made at each group's
   first launch, after that layer's CPU side has its queries (the CPU starts sooner).
 * ``attend`` enqueues the GPU side without waiting for anything, hands the CPU side to a worker
