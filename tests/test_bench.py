@@ -467,6 +467,8 @@ def test_cpu_attention_bench_rows_against_the_best_read_probe(tmp_path):
         assert set(r["kernel_gbps_by_prefetch_blocks"]) == {"0", "3"}
         assert r["paired_frac_of_read_bw"] > 0
     assert json.loads(out.read_text())["rows"][1]["batch"] == 2
+    # the kernel's calls rotate through copies of each shape's KV spanning the probe's array
+    assert all(r["kv_sets"] == -(-(1 << 22) // r["kv_bytes"]) > 1 for r in res["rows"])
     # the array read every other way at the start, beside each shape and at the end; the rows
     # against the best rate of any of them, and paired with one pass of each
     want = {"vector+pf", "torch.sum"} | ({"tile", "tile+pf"} if "amx" in cpu.isas() else set())
@@ -858,10 +860,13 @@ def test_cpu_ab_times_two_builds_call_by_call(tmp_path):
     src = tmp_path / "csrc"
     shutil.copytree(cpu._CSRC, src)
     res = cpu_ab.main(["--csrc", str(src), "--shapes", "gqa-32/4/128,mla-16/1/576", "--sizes", "1x1k,2x300",
-                       "--reps", "3", "--threads", "2", "--json", str(tmp_path / "ab.json")])
+                       "--reps", "3", "--threads", "2", "--cold-bytes", str(1 << 22),
+                       "--json", str(tmp_path / "ab.json")])
     assert [(r["shape"], r["batch"], r["length"]) for r in res["rows"]] == [
         ("gqa-32/4/128", 1, 1024), ("gqa-32/4/128", 2, 300), ("mla-16/1/576", 1, 1024), ("mla-16/1/576", 2, 300)]
     for r in res["rows"]:
+        # the calls rotate through copies of the KV that span --cold-bytes
+        assert r["kv_sets"] == -(-(1 << 22) // r["kv_bytes"]) > 1
         assert set(r["gbps"]) == {"this tree", str(src)}
         assert all(len(v) == 3 and min(v) > 0 for v in r["gbps"].values())
         assert r["ratio"] > 0 and r["threads"] == 2
@@ -871,8 +876,9 @@ def test_cpu_ab_times_two_builds_call_by_call(tmp_path):
     assert cpu.num_threads_setting() is None  # the caller's settings are back
     # a revision through git: HEAD's kernel (the working tree's in a clean checkout)
     if shutil.which("git") and (cpu_ab.REPO / ".git").exists():
-        res = cpu_ab.main(["--against", "HEAD", "--shapes", "gqa-32/4/128", "--sizes", "1x512", "--reps", "1"])
-        assert res["against"] == "HEAD" and len(res["rows"]) == 1
+        res = cpu_ab.main(["--against", "HEAD", "--shapes", "gqa-32/4/128", "--sizes", "1x512", "--reps", "1",
+                           "--cold-bytes", "0"])
+        assert res["against"] == "HEAD" and len(res["rows"]) == 1 and res["rows"][0]["kv_sets"] == 1
         with pytest.raises(SystemExit, match="--against no-such-revision"):
             cpu_ab.main(["--against", "no-such-revision"])
     with pytest.raises(SystemExit, match="missing attn_ops.cpp"):
@@ -885,24 +891,24 @@ def test_cpu_ab_times_two_builds_call_by_call(tmp_path):
         cpu_ab.main([])
     # this tree's sources with a compile-time knob set: the AMX kernel's, so the build differs
     # while the AVX-512 / AVX2 kernels these CPUs run compute the same bits
-    res = cpu_ab.main(["--defines", "WS_QK_PF=0", "--shapes", "gqa-32/4/128", "--sizes", "1x512", "--reps", "1"])
+    res = cpu_ab.main(["--cold-bytes", "4194304", "--defines", "WS_QK_PF=0", "--shapes", "gqa-32/4/128", "--sizes", "1x512", "--reps", "1"])
     assert res["against"] == "-DWS_QK_PF=0" and res["rows"][0]["max_abs_out_diff"] == 0.0
     for bad in ("QK_PF=0", "WS_QK_PF=0;", ""):
         with pytest.raises(SystemExit, match="--defines"):
             cpu_ab.main(["--defines", bad])
     # several builds in one run, each against this tree's, in rotating order
-    res = cpu_ab.main(["--defines", "WS_QK_PF=0;WS_QK_PF=0,WS_PV_PF=0", "--shapes", "mla-16/1/576",
+    res = cpu_ab.main(["--cold-bytes", "4194304", "--defines", "WS_QK_PF=0;WS_QK_PF=0,WS_PV_PF=0", "--shapes", "mla-16/1/576",
                        "--sizes", "1x300", "--reps", "3"])
     r = res["rows"][0]
     assert set(r["ratios"]) == {"-DWS_QK_PF=0", "-DWS_QK_PF=0 -DWS_PV_PF=0"}
     assert all(len(v) == 3 for v in r["gbps"].values()) and len(r["gbps"]) == 3
     assert r["max_abs_out_diff"] == 0.0  # prefetches and copy order never change a result
     # --layouts: every build on the C pool and on the same records in the T (GPU) layout
-    res = cpu_ab.main(["--layouts", "C,T", "--shapes", "mla-16/1/576", "--sizes", "1x300", "--reps", "2"])
+    res = cpu_ab.main(["--cold-bytes", "4194304", "--layouts", "C,T", "--shapes", "mla-16/1/576", "--sizes", "1x300", "--reps", "2"])
     r = res["rows"][0]
     assert set(r["gbps"]) == {"this tree [C]", "this tree [T]"} and set(r["ratios"]) == {"this tree [T]"}
     assert r["max_abs_out_diff"] < 1e-2  # the same KV read from either layout
-    res = cpu_ab.main(["--layouts", "T", "--defines", "WS_PV_PAR=0", "--shapes", "gqa-32/4/128",
+    res = cpu_ab.main(["--cold-bytes", "4194304", "--layouts", "T", "--defines", "WS_PV_PAR=0", "--shapes", "gqa-32/4/128",
                        "--sizes", "1x300", "--reps", "1"])
     assert set(res["rows"][0]["gbps"]) == {"this tree", "-DWS_PV_PAR=0"}
     for bad in ("C,X", "", "C,C"):

@@ -21,6 +21,7 @@ compares this tree's two layouts.
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import subprocess
 import tempfile
@@ -33,7 +34,7 @@ from ..attention import cpu
 from ..hostmem import pageable_empty
 from ..kvcache.regions import from_cpu_layout, gpu_pool_shape
 from ..units import parse_count
-from .cpu_attention import SHAPES, SIZES, _machine, decode_case, shape_case
+from .cpu_attention import SHAPES, SIZES, _machine, decode_case, probe_bytes, shape_case
 from .cpu_phases import parse_variants
 from .provenance import REPO, result_header, write_json
 
@@ -62,12 +63,15 @@ LAYOUTS = {"C": "cpu", "T": "gpu"}
 
 
 def compare(libs: dict[str, object], shape: str, batch: int, length: int, reps: int, bs: int,
-            gen: torch.Generator, layouts: tuple[str, ...] = ("C",)) -> dict:
+            gen: torch.Generator, layouts: tuple[str, ...] = ("C",), cold_bytes: int = 0) -> dict:
     """One shape: every library on every layout's pool (the same KV), ``reps`` rounds of one call
     each, the order rotated from round to round (two variants: alternating). The first library on
     the first layout is the reference of the ratios (the working tree's). With more than one
-    layout each variant is named ``"<library> [<layout>]"``."""
-    spec, pool, bb, q, scale, kv_bytes = decode_case(shape, batch, length, bs, gen)
+    layout each variant is named ``"<library> [<layout>]"``. Timed calls rotate through the KV
+    sets of ``cold_bytes`` (``cpu_attention.decode_case``): a call never reads what the call
+    before it (another variant's) left in the last-level cache."""
+    spec, pool, bbs, q, scale, kv_bytes = decode_case(shape, batch, length, bs, gen, cold_bytes)
+    sets = itertools.cycle(bbs)
     pools = {"C": pool}
     if "T" in layouts:  # the same records, token-major (as T blocks lie in pinned memory)
         pools["T"] = pageable_empty(gpu_pool_shape(spec, pool.shape[0], bs)[1:], spec.dtype)
@@ -77,13 +81,14 @@ def compare(libs: dict[str, object], shape: str, batch: int, length: int, reps: 
     gbps: dict[str, list[float]] = {n: [] for n in names}
     outs = {}
 
-    def call(n):
+    def call(n, bb=None):
         lib, lay = runs[n]
         with cpu.use_library(lib):
-            return cpu.attend_cpu(q, pools[lay], LAYOUTS[lay], spec, bb, scale)
+            return cpu.attend_cpu(q, pools[lay], LAYOUTS[lay], spec,
+                                  next(sets) if bb is None else bb, scale)
 
     for n in names:  # warm-up (first touch, the team's start) and each variant's result
-        outs[n] = call(n)
+        outs[n] = call(n, bbs[0])
     for r in range(reps):
         k = r % len(names)
         for n in names[k:] + names[:k]:
@@ -96,7 +101,7 @@ def compare(libs: dict[str, object], shape: str, batch: int, length: int, reps: 
     out_diff = {n: float((outs[ref][0] - outs[n][0]).abs().max()) for n in others}
     lse_diff = {n: float((outs[ref][1] - outs[n][1]).abs().max()) for n in others}
     return {"shape": shape, "batch": batch, "length": length, "kv_bytes": kv_bytes,
-            "isa": cpu.get_isa(spec.dtype), "threads": cpu.get_num_threads(),
+            "kv_sets": len(bbs), "isa": cpu.get_isa(spec.dtype), "threads": cpu.get_num_threads(),
             "gbps": gbps, "median_gbps": {n: statistics.median(v) for n, v in gbps.items()},
             "ratios": ratios, "ratio": ratios[others[0]],
             "max_abs_out_diff": max(out_diff.values()), "max_abs_lse_diff": max(lse_diff.values()),
@@ -123,6 +128,11 @@ def main(argv: list[str] | None = None) -> dict:
                     help="comma list of C (the CPU layout, the default) and T (the GPU layout, "
                          "read in place): every build is timed on each; C,T alone compares "
                          "this tree's two")
+    ap.add_argument("--cold-bytes", type=int, default=None,
+                    help="calls rotate through copies of a shape's KV spanning this many bytes, "
+                         "so that none reads what the last left in the last-level cache "
+                         "(default: max(1 GiB, 6 x that cache), the read probe's array; 0: every "
+                         "call on the same KV, the only way until 2026-12-04e)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
     shapes = [s for s in args.shapes.split(",") if s]
@@ -195,7 +205,8 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         for s in shapes:
             for b, l in sizes:
-                r = compare(libs, s, b, l, args.reps, args.block_size, gen, layouts)
+                r = compare(libs, s, b, l, args.reps, args.block_size, gen, layouts,
+                            probe_bytes() if args.cold_bytes is None else args.cold_bytes)
                 rows.append(r)
                 m = r["median_gbps"]
                 print(f"{s:14} {f'{b}x{l}':>10} {r['isa']:>10} {m[ref]:13.1f} " +

@@ -11,7 +11,10 @@
   over the run, is the demanding denominator (``kernel_frac_of_best_read_bw``, and paired,
   ``paired_frac_of_best_read_bw``: each call right after one pass of every method);
 * the kernel's achieved GB/s of KV read (bytes of the valid records / time), C layout, bf16,
-  for the default variant and every other variant this CPU runs, and the T (GPU) layout;
+  for the default variant and every other variant this CPU runs, and the T (GPU) layout; its
+  calls rotate through copies of the shape's KV that together span the probe's array, so that
+  no call reads what the last ones left in the last-level cache (``kv_sets``; ``--warm``: one
+  copy, the bench's way until 2026-12-04e);
 * the torch-matmul path: bf16 matmuls + fp32 softmax over the same KV held dense and
   head-major (``torch_gbps``, the best torch can do), and the engine's portable paged path
   :func:`attend_torch` on the pool (``torch_paged_gbps``),
@@ -28,6 +31,7 @@ neighbours come and go, the estimate least moved by them.
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import os
 import platform
@@ -141,35 +145,67 @@ def fill_random(pool: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return pool
 
 
-def decode_case(name: str, batch: int, length: int, bs: int, gen: torch.Generator):
+def probe_bytes() -> int:
+    """The read probe's array: max(1 GiB, 6 x the last-level cache)."""
+    return max(1 << 30, 6 * _llc_bytes())
+
+
+def decode_case(name: str, batch: int, length: int, bs: int, gen: torch.Generator,
+                cold_bytes: int = 0):
     """One shape's decode step on the CPU: ``batch`` sequences of ``length`` tokens in a C pool of
     random contents (any values do: the rate is what counts), allocated as the engine allocates
     its C pool (huge pages advised before the first touch), their blocks scattered over it.
-    Returns (spec, pool, block batch, bf16 queries, scale, KV bytes one call reads)."""
+
+    ``cold_bytes``: the pool holds as many disjoint sets of the step's blocks as it takes to span
+    that many bytes (at least one), each set a batch of its own, so that calls rotating through
+    the sets never find the last calls' KV in the last-level cache -- as an engine step, which
+    reads every layer's KV once, never does. One call's KV is 0.3-0.5 GB here, and the H200
+    host's last-level cache 300 MB: timed back to back on one set, calls read partly from it
+    (the bench's medians ran 10-20% above its paired calls, each made after the probe had
+    evicted it; 2026-12-04e-h200 call 3). Set i's blocks hold a copy of set 0's contents.
+
+    Returns (spec, pool, block batches (one per set), bf16 queries, scale, KV bytes one call
+    reads)."""
     spec_fn, hq = shape_case(name)
     spec = spec_fn()
     nb_seq = math.ceil(length / bs)
     nblocks = batch * nb_seq
-    pool = fill_random(pageable_empty(cpu_pool_shape(spec, nblocks, bs)[1:], spec.dtype), gen)
-    perm = torch.randperm(nblocks, generator=gen)
-    blocks = [perm[i * nb_seq:(i + 1) * nb_seq].tolist() for i in range(batch)]
-    lens = [[bs] * (nb_seq - 1) + [length - bs * (nb_seq - 1)] for _ in range(batch)]
-    bb = BlockBatch.build([1] * batch, blocks, lens)
-    q = torch.randn(batch, hq, spec.k_dim, generator=gen).to(torch.bfloat16)
     kv_bytes = batch * length * spec.num_kv_heads * spec.rec_dim * spec.itemsize
-    return spec, pool, bb, q, 1.0 / math.sqrt(spec.k_dim), kv_bytes
+    sets = max(1, math.ceil(cold_bytes / kv_bytes))
+    total = sets * nblocks
+    pool = pageable_empty(cpu_pool_shape(spec, total, bs)[1:], spec.dtype)
+    fill_random(pool[:nblocks], gen)
+    for k in range(1, sets):  # (a copy: random numbers for every set would take seconds each)
+        pool[k * nblocks:(k + 1) * nblocks].copy_(pool[:nblocks])
+    perm = torch.randperm(total, generator=gen)
+    lens = [[bs] * (nb_seq - 1) + [length - bs * (nb_seq - 1)] for _ in range(batch)]
+    bbs = []
+    for k in range(sets):
+        ids = perm[k * nblocks:(k + 1) * nblocks]
+        blocks = [ids[i * nb_seq:(i + 1) * nb_seq].tolist() for i in range(batch)]
+        bbs.append(BlockBatch.build([1] * batch, blocks, lens))
+    q = torch.randn(batch, hq, spec.k_dim, generator=gen).to(torch.bfloat16)
+    return spec, pool, bbs, q, 1.0 / math.sqrt(spec.k_dim), kv_bytes
 
 
 def bench_shape(name: str, batch: int, length: int, reps: int, torch_reps: int, bs: int,
                 variants: bool, gpu_layout: bool, gen: torch.Generator,
-                prefetch: tuple[int, ...] = (), probe: torch.Tensor | None = None) -> dict:
-    spec, pool, bb, q, scale, kv_bytes = decode_case(name, batch, length, bs, gen)
+                prefetch: tuple[int, ...] = (), probe: torch.Tensor | None = None,
+                cold_bytes: int = 0) -> dict:
+    """One shape's row; the kernel's calls rotate through the KV sets of ``cold_bytes`` (see
+    :func:`decode_case`; 0: every call on the same KV)."""
+    spec, pool, bbs, q, scale, kv_bytes = decode_case(name, batch, length, bs, gen, cold_bytes)
+    bb = bbs[0]
+    sets = itertools.cycle(bbs)
     row = {"shape": name, "batch": batch, "length": length, "block_size": bs,
-           "kv_bytes": kv_bytes, "threads": cpu.get_num_threads()}
+           "kv_bytes": kv_bytes, "kv_sets": len(bbs), "threads": cpu.get_num_threads()}
+
+    def kernel(kv, layout="cpu"):
+        return lambda: cpu.attend_cpu(q, kv, layout, spec, next(sets), scale)
 
     isa = cpu.get_isa(spec.dtype)
     row["kernel_isa"] = isa
-    ts = _times(lambda: cpu.attend_cpu(q, pool, "cpu", spec, bb, scale), reps)
+    ts = _times(kernel(pool), reps)
     t = statistics.median(ts)
     row["kernel_s"] = t
     row["kernel_gbps"] = kv_bytes / t / 1e9
@@ -180,8 +216,9 @@ def bench_shape(name: str, batch: int, length: int, reps: int, torch_reps: int, 
         for _ in range(reps):
             reads = _reads(probe, 1)  # every other way of reading, then the vector probe
             bw = cpu.read_bandwidth(probe.numel() * 4, reps=1, buffer=probe)
+            call = kernel(pool)
             t0 = time.perf_counter()
-            cpu.attend_cpu(q, pool, "cpu", spec, bb, scale)
+            call()
             gbps = kv_bytes / (time.perf_counter() - t0) / 1e9
             ratios.append(gbps / bw)
             best_ratios.append(gbps / max(bw, *reads.values()))
@@ -192,7 +229,7 @@ def bench_shape(name: str, batch: int, length: int, reps: int, torch_reps: int, 
         prev = cpu.current_isa_setting()
         for v in cpu.isas():
             cpu.set_isa(v)
-            by[v] = kv_bytes / _time(lambda: cpu.attend_cpu(q, pool, "cpu", spec, bb, scale), reps) / 1e9
+            by[v] = kv_bytes / _time(kernel(pool), reps) / 1e9
         cpu.set_isa(prev)
         row["kernel_gbps_by_isa"] = by
     if prefetch:  # the AMX kernel's prefetch distance (blocks ahead), the default variant
@@ -200,7 +237,7 @@ def bench_shape(name: str, batch: int, length: int, reps: int, torch_reps: int, 
         prev = cpu.get_prefetch_blocks()
         for n in prefetch:
             cpu.set_prefetch_blocks(n)
-            by[str(n)] = kv_bytes / _time(lambda: cpu.attend_cpu(q, pool, "cpu", spec, bb, scale), reps) / 1e9
+            by[str(n)] = kv_bytes / _time(kernel(pool), reps) / 1e9
         cpu.set_prefetch_blocks(prev)
         row["kernel_gbps_by_prefetch_blocks"] = by
     ref = attend_torch(q, pool, "cpu", spec, bb, scale)
@@ -224,7 +261,7 @@ def bench_shape(name: str, batch: int, length: int, reps: int, torch_reps: int, 
         gp = pageable_empty(gpu_pool_shape(spec, pool.shape[0], bs)[1:], spec.dtype)
         gp.view(-1).copy_(pool.view(-1))  # contents do not matter for the rate
         del pool
-        t = _time(lambda: cpu.attend_cpu(q, gp, "gpu", spec, bb, scale), reps)
+        t = _time(kernel(gp, "gpu"), reps)
         row["kernel_gbps_gpu_layout"] = kv_bytes / t / 1e9
     return row
 
@@ -246,7 +283,11 @@ def main(argv: list[str] | None = None) -> dict:
                     help="comma list of AMX prefetch distances (blocks ahead; 0: no software "
                          "prefetch) to time as well")
     ap.add_argument("--read-bytes", type=int, default=0,
-                    help="bandwidth probe array (default: max(1 GiB, 6 x last-level cache))")
+                    help="bandwidth probe array (default: max(1 GiB, 6 x last-level cache)); the "
+                         "kernel's calls rotate through as many copies of a shape's KV as span it")
+    ap.add_argument("--warm", action="store_true",
+                    help="time every call on the same KV (until 2026-12-04e the bench's only "
+                         "way: part of it is then read from the last-level cache)")
     args = ap.parse_args(argv)
     shapes = []
     for name in filter(None, args.shapes.split(",")):  # a full name, or its family: "mla", "gqa"
@@ -267,7 +308,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.threads:
         cpu.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
-    nbytes = args.read_bytes or max(1 << 30, 6 * _llc_bytes())
+    nbytes = args.read_bytes or probe_bytes()
     probe = cpu.probe_buffer(nbytes)
     read_bw = cpu.read_bandwidth(nbytes, reps=5, buffer=probe)
     probes = [read_bw]
@@ -293,7 +334,8 @@ def main(argv: list[str] | None = None) -> dict:
             by_method.append(_reads(probe, 2))
             read_bw = max(probes)
             row = bench_shape(name, b, l, args.reps, args.torch_reps, args.block_size,
-                              not args.no_variants, not args.no_gpu_layout, gen, pf, probe)
+                              not args.no_variants, not args.no_gpu_layout, gen, pf, probe,
+                              cold_bytes=0 if args.warm else nbytes)
             row["read_bw_probe_gbps"] = probes[-1]
             row["read_bw_gbps"] = read_bw
             row["kernel_frac_of_read_bw"] = row["kernel_gbps"] / read_bw
