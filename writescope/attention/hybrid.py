@@ -440,8 +440,7 @@ class HybridAttention:
         """The staging ring's plan for this step's T batches (one per group, None for a group
         without), and its pieces' batches on the device, or None for those when they are still
         to be copied there. A decode step's T batches are most often the last step's (T blocks
-        are sealed and never move; a sequence's next block lands in T once every block-size
-        tokens), so the last plan is kept with a copy of the batches it was made for and used
+        are sealed and never move; a sequence seals a block once every block-size tokens), so the last plan is kept with a copy of the batches it was made for and used
         again when they are equal (``WRITESCOPE_STAGE_PLAN_REUSE=0``: plan every step, to
         compare). Saves the host the ring's planning and the pieces' copies to the device
         before the step's first T copy can start."""

@@ -161,8 +161,8 @@ def decode_case(name: str, batch: int, length: int, bs: int, gen: torch.Generato
     the sets never find the last calls' KV in the last-level cache -- as an engine step, which
     reads every layer's KV once, never does. One call's KV is 0.3-0.5 GB here, and the H200
     host's last-level cache 300 MB: timed back to back on one set, calls read partly from it
-    (the bench's medians ran 10-20% above its paired calls, each made after the probe had
-    evicted it; 2026-12-04e-h200 call 3). Set i's blocks hold a copy of set 0's contents.
+    (the bench's medians ran 4-22 points of the probe above its paired calls, each made after
+    a probe had evicted it, and up to 128% of the probe; 2026-12-04e-h200 call 3). Set i's blocks hold a copy of set 0's contents.
 
     Returns (spec, pool, block batches (one per set), bf16 queries, scale, KV bytes one call
     reads)."""

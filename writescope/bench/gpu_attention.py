@@ -640,9 +640,10 @@ def _run_steps(ha: HybridAttention, plan_fn, q, layers: int, reps: int,
     three steps in four (``HybridAttention.timing_every``), give the wall time; ``reps`` steps
     between them record the events the breakdown reports (copy-stream and GPU times, the first
     and last copies), and the median of those is the row's ``timings``. Reading the events back
-    costs the host ~20 us a pair after the device is done (a pair per layer and per copy: ~0.3
-    ms of a 23 ms MLA step, 2026-12-04d-h200 call 3, where every step was timed and the wall
-    time included them). Without CUDA every step is timed and gives both."""
+    (a pair per layer and per copy) costs the host time after the device is done: a timed step
+    took 0.25-0.39 ms longer than an untimed one in MLA's 21-23 ms steps (2026-12-04e-h200 call
+    1; until then every step was timed and the wall time included it). Without CUDA every step
+    is timed and gives both."""
     cuda = ha.device.type == "cuda"
     ha.timing_every = 2 if cuda else 1
     walls, timed = [], []
