@@ -754,6 +754,8 @@ def test_synthetic_prefill_rows(tiny_qwen3_moe, tmp_path):
     assert by["cpu"]["pinned_used_bytes"] == 0 and by["cpu"]["host_used_bytes"] > 0
     for r in doc["rows"]:
         assert r["pipelined_steps"] == 0 and r["cpu_attn_threads"] >= 1
+        # (no staging ring on a CPU-only machine: T blocks are in the device's memory there)
+        assert r["staging_plans"] == {"made": 0, "reused": 0}
     with pytest.raises(ValueError, match="peer"):
         GridSpec(models=["m"], batches=[1], context_lengths=[8], peers=["transformers"],
                  prefill="synthetic").validate()

@@ -285,6 +285,8 @@ def test_a_step_with_the_last_steps_t_batches_reuses_its_staging_plan(reuse, mon
     t_refill.kv_blocks[:2] = t_refill.kv_blocks[:2].flip(0).clone()  # same count, new order
     flipped = step(refill)
     assert flipped is not again
+    # five steps with T blocks to stream: the second kept the first's plan when reuse is on
+    assert ha.stage_plans == ({"made": 4, "reused": 1} if reuse == "1" else {"made": 5, "reused": 0})
     ha.close()
 
 

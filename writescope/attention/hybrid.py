@@ -269,6 +269,8 @@ class HybridAttention:
         self._groups: list[_Group] = []
         #: the last step's staging plan: [key (copied T batches), StagePlan, device batches]
         self._stage_reuse: list | None = None
+        #: steps with T blocks to stream that made a new staging plan / kept the last one
+        self.stage_plans = {"made": 0, "reused": 0}
         # the compiled kernel is planned once per step (CpuAttentionPlan) and run per layer
         self._cpu_compiled = self._cpu_attend is not attend_torch and self._cpu_attend is cpu_kernel()
         self._parts: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # per group, kept
@@ -450,7 +452,9 @@ class HybridAttention:
             for h in hosts))
         cached = self._stage_reuse
         if cached is not None and cached[2] is not None and _same_key(cached[0], key):
+            self.stage_plans["reused"] += 1
             return cached[1], cached[2]
+        self.stage_plans["made"] += 1
         sp = self.ring.plan(hosts, self.max_slot_blocks)
         reuse = os.environ.get("WRITESCOPE_STAGE_PLAN_REUSE", "1") != "0"
         # the key's tensors are copied: a caller may refill its batch tensors in place

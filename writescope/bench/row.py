@@ -44,7 +44,9 @@ warm-ups that come before a policy's first row. A row carries:
   read back (``engine/inflight.py``), over the timed steps; ``step_forms``
   -- with ``WRITESCOPE_PIPELINE=auto``, per key (a batch's size and context) the form chosen
   and each form's median step (``engine/stepform.py``);
-  ``cpu_attn_threads`` -- the CPU attention kernel's thread count.
+  ``cpu_attn_threads`` -- the CPU attention kernel's thread count; ``staging_plans`` -- of the
+  timed decode steps that streamed T blocks, how many made a new staging plan (``made``) and
+  how many kept the last step's (``reused``: their T batches were the same).
 """
 from __future__ import annotations
 
@@ -223,6 +225,7 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
         moved_prefill = counters["kv.bytes_moved_after_placement"] - moved0
         piped0 = counters.get("kv.pipelined_steps", 0)
         over0 = engine.counters.get("engine.overlapped_steps", 0)
+        plans0 = dict(getattr(cache.hybrid, "stage_plans", {}))
         for _ in range(decode_steps):
             c0, g0 = counters["kv.bytes_read.cpu"], counters["kv.bytes_read.gpu"]
             t0 = time.perf_counter()
@@ -262,6 +265,8 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
         moved = counters["kv.bytes_moved_after_placement"] - moved0
         piped = counters.get("kv.pipelined_steps", 0) - piped0
         overlapped = engine.counters.get("engine.overlapped_steps", 0) - over0
+        plans = {k: v - plans0.get(k, 0)
+                 for k, v in getattr(cache.hybrid, "stage_plans", {}).items()}
         # the cache's and planner's state with the row's batch still in (the aborts release it)
         st = cache.stats()
         planner_after = planner_state(cache.policy)
@@ -311,6 +316,8 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
         # attention kernel's thread count
         "pipelined_steps": int(piped), "overlapped_steps": int(overlapped),
         "cpu_attn_threads": attn_threads(cache),
+        # of the timed decode steps that streamed T blocks: new staging plans, kept ones
+        "staging_plans": plans or None,
         # with WRITESCOPE_PIPELINE=auto: per batch size and context, the form chosen and medians
         "step_forms": (engine.runner.step_forms.stats()
                        if getattr(engine.runner, "step_forms", None) is not None else None),
