@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--no-h2d", action="store_true", help="skip the runs beside the H2D copy")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
-    from .cpu_attention import _llc_bytes, _machine
+    from .cpu_attention import _machine, probe_bytes
     if not cpu.available():
         raise SystemExit(f"CPU kernel library unavailable: {cpu.load_error()}")
     try:
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> dict:
         threads = [0]
     if any(t < 1 for t in threads) or args.rounds < 1:
         raise SystemExit("--threads takes a comma list of counts >= 1 and --rounds a count >= 1")
-    nbytes = args.read_bytes or max(1 << 30, 6 * _llc_bytes())
+    nbytes = args.read_bytes or probe_bytes()
     h2d = torch.cuda.is_available() and not args.no_h2d
     ms = methods()
     a = cpu.probe_buffer(nbytes)
