@@ -920,6 +920,65 @@ def test_cpu_ab_times_two_builds_call_by_call(tmp_path):
         cpu_ab.main(["--layouts", "C"])  # nothing to compare
 
 
+def test_block_orders_cover_the_same_blocks_per_set():
+    """cpu_attention.block_sets: every order's set k holds exactly the ids of set k's range (so
+    calls rotating through sets never reread memory, whatever their order), each sequence
+    ``nb_seq`` of them; contiguous and lockstep lay them out as the engine's allocators would."""
+    from writescope.bench.cpu_attention import ORDERS, block_sets, decode_lens
+    gen = torch.Generator().manual_seed(0)
+    batch, nb_seq, sets = 3, 5, 2
+    lens = decode_lens(batch, 5 * 64 - 10, 64)
+    assert lens == [[64, 64, 64, 64, 54]] * 3
+    got = {o: block_sets(o, sets, batch, nb_seq, lens, gen) for o in ORDERS}
+    for o, bbs in got.items():
+        assert len(bbs) == sets and all(bb.kv_lens.tolist() == sum(lens, []) for bb in bbs), o
+    for k in range(sets):
+        base = k * batch * nb_seq
+        per = {o: _seq_blocks(got[o][k], batch) for o in ORDERS}
+        for o, blocks in per.items():
+            assert sorted(b for seq in blocks for b in seq) == list(range(base, base + batch * nb_seq)), o
+            assert all(len(seq) == nb_seq for seq in blocks)
+        assert per["contiguous"][1] == list(range(base + nb_seq, base + 2 * nb_seq))
+        assert per["lockstep"][1] == list(range(base + 1, base + batch * nb_seq, batch))
+    with pytest.raises(ValueError, match="block order 'sorted'"):
+        block_sets("sorted", 1, 1, 1, [[64]], gen)
+
+
+def _seq_blocks(bb, batch):
+    """Each sequence's block ids, in order, from a BlockBatch of one query per sequence."""
+    ids, starts = bb.kv_blocks.tolist(), bb.kv_indptr.tolist()
+    return [ids[starts[i]:starts[i + 1]] for i in range(batch)]
+
+
+def test_cpu_ab_times_block_orders_and_prefetch_distances(tmp_path):
+    """bench.cpu_ab --orders / --prefetch-blocks: this tree's build on each block order and at each
+    AMX prefetch distance, call by call; the same order computes the same bits at every distance
+    (a prefetch never changes a result); bad lists refused."""
+    from writescope.attention import cpu
+    if not cpu.available():
+        pytest.skip(f"the CPU kernel is not available: {cpu.load_error()}")
+    from writescope.bench import cpu_ab
+    before = cpu.get_prefetch_blocks(), cpu.prefetch_chosen_by_user()
+    res = cpu_ab.main(["--orders", "contiguous,scattered", "--prefetch-blocks", "0,2", "--shapes", "mla-16/1/576",
+                       "--sizes", "2x700", "--reps", "2", "--threads", "2", "--cold-bytes", str(1 << 22),
+                       "--json", str(tmp_path / "ab.json")])
+    (r,) = res["rows"]
+    names = ["this tree [contiguous] [pf 0]", "this tree [contiguous] [pf 2]",
+             "this tree [scattered] [pf 0]", "this tree [scattered] [pf 2]"]
+    assert list(r["gbps"]) == names and set(r["ratios"]) == set(names[1:])
+    assert r["variants"][names[3]] == {"build": "this tree", "layout": "C", "order": "scattered",
+                                       "prefetch_blocks": 2}
+    assert all(len(v) == 2 and min(v) > 0 for v in r["gbps"].values())
+    assert r["out_diffs"][names[1]] == 0.0 and r["out_diffs"][names[3]] == 0.0
+    assert (cpu.get_prefetch_blocks(), cpu.prefetch_chosen_by_user()) == before  # settings back
+    for bad in ("contiguous,contiguous", "sorted", ""):
+        with pytest.raises(SystemExit, match="--orders"):
+            cpu_ab.main(["--orders", bad])
+    for bad in ("1,x", "-1,2", "2,2"):
+        with pytest.raises(SystemExit, match="--prefetch-blocks"):
+            cpu_ab.main([f"--prefetch-blocks={bad}"])
+
+
 def test_h2d_copies_bench_patterns_and_cpu_only_exit(capsys):
     from writescope.attention.staging import strided_copies
     from writescope.bench import h2d_copies

@@ -16,7 +16,10 @@ alternating). Per shape it prints every build's median (GB/s of KV read) and the
 per-repetition ratios (working tree / that build): the comparison least moved by the machine's
 neighbours. ``--layouts C,T`` times every build on the C pool and on the same records in the
 GPU layout (T blocks, read in place), each (build, layout) pair a column of its own; alone it
-compares this tree's two layouts.
+compares this tree's two layouts. ``--orders scattered,contiguous,lockstep`` times each on the
+blocks laid out each way over the same pool (``cpu_attention.block_sets``), and
+``--prefetch-blocks 1,2,3`` at each AMX software-prefetch distance: either alone compares this
+tree's build that way.
 """
 from __future__ import annotations
 
@@ -34,7 +37,8 @@ from ..attention import cpu
 from ..hostmem import pageable_empty
 from ..kvcache.regions import from_cpu_layout, gpu_pool_shape
 from ..units import parse_count
-from .cpu_attention import SHAPES, SIZES, _machine, decode_case, probe_bytes, shape_case
+from .cpu_attention import (ORDERS, SHAPES, SIZES, _machine, block_sets, decode_case, decode_lens,
+                            probe_bytes, shape_case)
 from .cpu_phases import parse_variants
 from .provenance import REPO, result_header, write_json
 
@@ -62,46 +66,74 @@ def revision_csrc(rev: str, dest: Path) -> Path:
 LAYOUTS = {"C": "cpu", "T": "gpu"}
 
 
+def variant_names(libs, layouts=("C",), orders=("scattered",), prefetch=()) -> dict:
+    """name -> (library name, layout, block order, prefetch distance or None) for every
+    combination; a name shows only the axes that have more than one value."""
+    out = {}
+    for n, lay, o, pf in itertools.product(libs, layouts, orders, prefetch or (None,)):
+        name = n + (f" [{lay}]" if len(layouts) > 1 else "") + (f" [{o}]" if len(orders) > 1 else "")
+        out[name + ("" if pf is None else f" [pf {pf}]")] = (n, lay, o, pf)
+    return out
+
+
 def compare(libs: dict[str, object], shape: str, batch: int, length: int, reps: int, bs: int,
-            gen: torch.Generator, layouts: tuple[str, ...] = ("C",), cold_bytes: int = 0) -> dict:
-    """One shape: every library on every layout's pool (the same KV), ``reps`` rounds of one call
-    each, the order rotated from round to round (two variants: alternating). The first library on
-    the first layout is the reference of the ratios (the working tree's). With more than one
-    layout each variant is named ``"<library> [<layout>]"``. Timed calls rotate through the KV
-    sets of ``cold_bytes`` (``cpu_attention.decode_case``): a call never reads what the call
-    before it (another variant's) left in the last-level cache."""
-    spec, pool, bbs, q, scale, kv_bytes = decode_case(shape, batch, length, bs, gen, cold_bytes)
-    sets = itertools.cycle(bbs)
+            gen: torch.Generator, layouts: tuple[str, ...] = ("C",), cold_bytes: int = 0,
+            orders: tuple[str, ...] = ("scattered",), prefetch: tuple[int, ...] = ()) -> dict:
+    """One shape: every library on every layout's pool (the same KV), with its blocks laid out
+    in every order and at every prefetch distance, ``reps`` rounds of one call each, the order
+    rotated from round to round (two variants: alternating). The first combination is the
+    reference of the ratios (the working tree's). Timed calls rotate through the KV sets of
+    ``cold_bytes`` (``cpu_attention.decode_case``), every order's set k over the same blocks: a
+    call never reads what the call before it (another variant's) left in the last-level
+    cache."""
+    spec, pool, bbs, q, scale, kv_bytes = decode_case(shape, batch, length, bs, gen, cold_bytes,
+                                                      orders[0])
+    nb_seq = -(-length // bs)
+    by_order = {orders[0]: bbs}
+    for o in orders[1:]:
+        by_order[o] = block_sets(o, len(bbs), batch, nb_seq, decode_lens(batch, length, bs), gen)
+    turn = itertools.count()  # the set of every timed call, whatever its variant
     pools = {"C": pool}
     if "T" in layouts:  # the same records, token-major (as T blocks lie in pinned memory)
         pools["T"] = pageable_empty(gpu_pool_shape(spec, pool.shape[0], bs)[1:], spec.dtype)
         pools["T"].copy_(from_cpu_layout(pool))
-    runs = {(n if len(layouts) == 1 else f"{n} [{lay}]"): (libs[n], lay) for n in libs for lay in layouts}
+    runs = variant_names(libs, layouts, orders, prefetch)
     names = list(runs)
     gbps: dict[str, list[float]] = {n: [] for n in names}
     outs = {}
+    prev_pf, pf_user = cpu.get_prefetch_blocks(), cpu.prefetch_chosen_by_user()
 
-    def call(n, bb=None):
-        lib, lay = runs[n]
-        with cpu.use_library(lib):
+    def call(n, first=False):
+        lib, lay, order, pf = runs[n]
+        sets = by_order[order]
+        if pf is not None:
+            cpu.set_prefetch_blocks(pf)
+        with cpu.use_library(libs[lib]):
             return cpu.attend_cpu(q, pools[lay], LAYOUTS[lay], spec,
-                                  next(sets) if bb is None else bb, scale)
+                                  sets[0] if first else sets[next(turn) % len(sets)], scale)
 
-    for n in names:  # warm-up (first touch, the team's start) and each variant's result
-        outs[n] = call(n, bbs[0])
-    for r in range(reps):
-        k = r % len(names)
-        for n in names[k:] + names[:k]:
-            t0 = time.perf_counter()
-            call(n)
-            gbps[n].append(kv_bytes / (time.perf_counter() - t0) / 1e9)
+    try:
+        for n in names:  # warm-up (first touch, the team's start) and each variant's result
+            outs[n] = call(n, first=True)
+        for r in range(reps):
+            k = r % len(names)
+            for n in names[k:] + names[:k]:
+                t0 = time.perf_counter()
+                call(n)
+                gbps[n].append(kv_bytes / (time.perf_counter() - t0) / 1e9)
+    finally:
+        cpu.set_prefetch_blocks(prev_pf, from_profile=not pf_user)
     ref, others = names[0], names[1:]
     ratios = {n: statistics.median(x / y for x, y in zip(gbps[ref], gbps[n])) for n in others}
-    # the builds' outputs against the reference's: a change meant to compute the same thing
-    out_diff = {n: float((outs[ref][0] - outs[n][0]).abs().max()) for n in others}
-    lse_diff = {n: float((outs[ref][1] - outs[n][1]).abs().max()) for n in others}
+    # each variant's output against the first variant's on the same blocks (its order's first):
+    # a change meant to compute the same thing
+    same = {n: next(m for m in names if runs[m][2] == runs[n][2]) for n in others}
+    out_diff = {n: float((outs[same[n]][0] - outs[n][0]).abs().max()) for n in others}
+    lse_diff = {n: float((outs[same[n]][1] - outs[n][1]).abs().max()) for n in others}
     return {"shape": shape, "batch": batch, "length": length, "kv_bytes": kv_bytes,
             "kv_sets": len(bbs), "isa": cpu.get_isa(spec.dtype), "threads": cpu.get_num_threads(),
+            "variants": {n: {"build": b, "layout": lay, "order": o, "prefetch_blocks": pf}
+                         for n, (b, lay, o, pf) in runs.items()},
             "gbps": gbps, "median_gbps": {n: statistics.median(v) for n, v in gbps.items()},
             "ratios": ratios, "ratio": ratios[others[0]],
             "max_abs_out_diff": max(out_diff.values()), "max_abs_lse_diff": max(lse_diff.values()),
@@ -133,6 +165,12 @@ def main(argv: list[str] | None = None) -> dict:
                          "so that none reads what the last left in the last-level cache "
                          "(default: max(1 GiB, 6 x that cache), the read probe's array; 0: every "
                          "call on the same KV, the only way until 2026-12-04e)")
+    ap.add_argument("--orders", default="scattered",
+                    help="comma list of block orders (" + ", ".join(ORDERS) + "): every build is "
+                         "timed on each; the first is the reference")
+    ap.add_argument("--prefetch-blocks", default="",
+                    help="comma list of AMX software-prefetch distances (blocks ahead; 0: none): "
+                         "every build is timed at each (default: the kernel's current distance)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
     shapes = [s for s in args.shapes.split(",") if s]
@@ -153,8 +191,20 @@ def main(argv: list[str] | None = None) -> dict:
     layouts = tuple(x.strip().upper() for x in args.layouts.split(",") if x.strip())
     if not layouts or any(x not in LAYOUTS for x in layouts) or len(set(layouts)) < len(layouts):
         raise SystemExit(f"--layouts {args.layouts!r}: a comma list of C and T")
-    if args.against is None and args.csrc is None and args.defines is None and len(layouts) < 2:
-        raise SystemExit("give --against, --csrc or --defines (or --layouts C,T)")
+    orders = tuple(x.strip() for x in args.orders.split(",") if x.strip())
+    if not orders or any(x not in ORDERS for x in orders) or len(set(orders)) < len(orders):
+        raise SystemExit(f"--orders {args.orders!r}: a comma list of {', '.join(ORDERS)}")
+    try:
+        prefetch = tuple(int(x) for x in args.prefetch_blocks.split(",") if x.strip())
+    except ValueError:
+        prefetch = (-1,)
+    if any(n < 0 for n in prefetch) or len(set(prefetch)) < len(prefetch):
+        raise SystemExit(f"--prefetch-blocks {args.prefetch_blocks!r}: a comma list of distinct "
+                         "distances of 0 blocks (no software prefetch) or more")
+    if (args.against is None and args.csrc is None and args.defines is None and len(layouts) < 2
+            and len(orders) < 2 and len(prefetch) < 2):
+        raise SystemExit("give --against, --csrc or --defines (or --layouts C,T, --orders or "
+                         "--prefetch-blocks with two or more values)")
     if not cpu.available():
         raise SystemExit(f"the CPU kernel is not available: {cpu.load_error()}")
     if args.isa != "auto" and args.isa not in cpu.isas():
@@ -194,9 +244,10 @@ def main(argv: list[str] | None = None) -> dict:
     cpu.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
     rows = []
-    variants = [n if len(layouts) == 1 else f"{n} [{lay}]" for n in libs for lay in layouts]
+    variants = list(variant_names(libs, layouts, orders, prefetch))
     ref, others = variants[0], variants[1:]
     if len(others) > 1:  # the other variants' columns, numbered
+        print(f"reference: {ref}")
         for i, n in enumerate(others, 1):
             print(f"build {i}: {n}")
     heads = [n[:12] for n in others] if len(others) == 1 else [f"build {i}" for i in range(1, len(others) + 1)]
@@ -206,7 +257,8 @@ def main(argv: list[str] | None = None) -> dict:
         for s in shapes:
             for b, l in sizes:
                 r = compare(libs, s, b, l, args.reps, args.block_size, gen, layouts,
-                            probe_bytes() if args.cold_bytes is None else args.cold_bytes)
+                            probe_bytes() if args.cold_bytes is None else args.cold_bytes,
+                            orders, prefetch)
                 rows.append(r)
                 m = r["median_gbps"]
                 print(f"{s:14} {f'{b}x{l}':>10} {r['isa']:>10} {m[ref]:13.1f} " +

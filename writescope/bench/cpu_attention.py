@@ -145,16 +145,53 @@ def fill_random(pool: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return pool
 
 
+def decode_lens(batch: int, length: int, bs: int) -> list[list[int]]:
+    """Each sequence's valid tokens per block: ``length`` tokens in blocks of ``bs``."""
+    nb_seq = math.ceil(length / bs)
+    return [[bs] * (nb_seq - 1) + [length - bs * (nb_seq - 1)] for _ in range(batch)]
+
+
 def probe_bytes() -> int:
     """The read probe's array: max(1 GiB, 6 x the last-level cache)."""
     return max(1 << 30, 6 * _llc_bytes())
 
 
+#: how a decode case's blocks lie in its pool (``decode_case``'s ``order``): each sequence's blocks
+#: scattered over its set's ids at random; each sequence's blocks one contiguous run (as a
+#: sequence prefilled alone gets them from the C region's lowest-free-first list); the sequences'
+#: blocks interleaved block by block (as a batch decoding in lockstep gets them).
+ORDERS = ("scattered", "contiguous", "lockstep")
+
+
+def block_sets(order: str, sets: int, batch: int, nb_seq: int, lens: list[list[int]],
+               gen: torch.Generator) -> list[BlockBatch]:
+    """One block batch per KV set: set k owns the ids ``k * batch * nb_seq ...`` of the pool, laid
+    out as ``order`` (:data:`ORDERS`) says; every order's set k covers the same ids, so calls of
+    any order that rotate through the sets never read the same memory twice in a row."""
+    if order not in ORDERS:
+        raise ValueError(f"block order {order!r}: one of {', '.join(ORDERS)}")
+    nblocks = batch * nb_seq
+    out = []
+    for k in range(sets):
+        base = k * nblocks
+        if order == "scattered":
+            ids = (torch.randperm(nblocks, generator=gen) + base).tolist()
+            blocks = [ids[i * nb_seq:(i + 1) * nb_seq] for i in range(batch)]
+        elif order == "contiguous":
+            blocks = [list(range(base + i * nb_seq, base + (i + 1) * nb_seq)) for i in range(batch)]
+        else:
+            blocks = [list(range(base + i, base + nblocks, batch)) for i in range(batch)]
+        out.append(BlockBatch.build([1] * batch, blocks, lens))
+    return out
+
+
 def decode_case(name: str, batch: int, length: int, bs: int, gen: torch.Generator,
-                cold_bytes: int = 0):
+                cold_bytes: int = 0, order: str = "scattered"):
     """One shape's decode step on the CPU: ``batch`` sequences of ``length`` tokens in a C pool of
     random contents (any values do: the rate is what counts), allocated as the engine allocates
-    its C pool (huge pages advised before the first touch), their blocks scattered over it.
+    its C pool (huge pages advised before the first touch), their blocks laid out as ``order``
+    says (:func:`block_sets`; until 2026-12-04f scattered over the whole pool rather than over
+    their set's ids).
 
     ``cold_bytes``: the pool holds as many disjoint sets of the step's blocks as it takes to span
     that many bytes (at least one), each set a batch of its own, so that calls rotating through
@@ -177,13 +214,7 @@ def decode_case(name: str, batch: int, length: int, bs: int, gen: torch.Generato
     fill_random(pool[:nblocks], gen)
     for k in range(1, sets):  # (a copy: random numbers for every set would take seconds each)
         pool[k * nblocks:(k + 1) * nblocks].copy_(pool[:nblocks])
-    perm = torch.randperm(total, generator=gen)
-    lens = [[bs] * (nb_seq - 1) + [length - bs * (nb_seq - 1)] for _ in range(batch)]
-    bbs = []
-    for k in range(sets):
-        ids = perm[k * nblocks:(k + 1) * nblocks]
-        blocks = [ids[i * nb_seq:(i + 1) * nb_seq].tolist() for i in range(batch)]
-        bbs.append(BlockBatch.build([1] * batch, blocks, lens))
+    bbs = block_sets(order, sets, batch, nb_seq, decode_lens(batch, length, bs), gen)
     q = torch.randn(batch, hq, spec.k_dim, generator=gen).to(torch.bfloat16)
     return spec, pool, bbs, q, 1.0 / math.sqrt(spec.k_dim), kv_bytes
 
@@ -191,14 +222,15 @@ def decode_case(name: str, batch: int, length: int, bs: int, gen: torch.Generato
 def bench_shape(name: str, batch: int, length: int, reps: int, torch_reps: int, bs: int,
                 variants: bool, gpu_layout: bool, gen: torch.Generator,
                 prefetch: tuple[int, ...] = (), probe: torch.Tensor | None = None,
-                cold_bytes: int = 0) -> dict:
+                cold_bytes: int = 0, order: str = "scattered") -> dict:
     """One shape's row; the kernel's calls rotate through the KV sets of ``cold_bytes`` (see
-    :func:`decode_case`; 0: every call on the same KV)."""
-    spec, pool, bbs, q, scale, kv_bytes = decode_case(name, batch, length, bs, gen, cold_bytes)
+    :func:`decode_case`; 0: every call on the same KV), the blocks laid out as ``order`` says."""
+    spec, pool, bbs, q, scale, kv_bytes = decode_case(name, batch, length, bs, gen, cold_bytes, order)
     bb = bbs[0]
     sets = itertools.cycle(bbs)
     row = {"shape": name, "batch": batch, "length": length, "block_size": bs,
-           "kv_bytes": kv_bytes, "kv_sets": len(bbs), "threads": cpu.get_num_threads()}
+           "kv_bytes": kv_bytes, "kv_sets": len(bbs), "block_order": order,
+           "threads": cpu.get_num_threads()}
 
     def kernel(kv, layout="cpu"):
         return lambda: cpu.attend_cpu(q, kv, layout, spec, next(sets), scale)
@@ -285,6 +317,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--read-bytes", type=int, default=0,
                     help="bandwidth probe array (default: max(1 GiB, 6 x last-level cache)); the "
                          "kernel's calls rotate through as many copies of a shape's KV as span it")
+    ap.add_argument("--order", default="scattered", choices=ORDERS,
+                    help="how each sequence's blocks lie in the pool (default: scattered at random)")
     ap.add_argument("--warm", action="store_true",
                     help="time every call on the same KV (until 2026-12-04e the bench's only "
                          "way: part of it is then read from the last-level cache)")
@@ -335,7 +369,7 @@ def main(argv: list[str] | None = None) -> dict:
             read_bw = max(probes)
             row = bench_shape(name, b, l, args.reps, args.torch_reps, args.block_size,
                               not args.no_variants, not args.no_gpu_layout, gen, pf, probe,
-                              cold_bytes=0 if args.warm else nbytes)
+                              cold_bytes=0 if args.warm else nbytes, order=args.order)
             row["read_bw_probe_gbps"] = probes[-1]
             row["read_bw_gbps"] = read_bw
             row["kernel_frac_of_read_bw"] = row["kernel_gbps"] / read_bw
