@@ -1069,6 +1069,33 @@ def test_a_policy_variant_runs_with_its_setting(tiny_qwen3_moe, tmp_path, monkey
     assert seen == [PLACEMENT_CPU_MARGIN, 1.0]  # static's row failed before it ran
 
 
+def test_an_expert_threads_variant_sets_the_cpu_experts_team(tiny_qwen3_moe, tmp_path, monkeypatch):
+    """``writescope@expert_threads=1`` runs that policy's rows with a one-thread CPU experts'
+    team, and a policy without the setting after it with the engine's own again (the rows
+    record both); a count that is not a whole number fails that row."""
+    from writescope.bench import grid
+    from writescope.layers import cpu_experts
+    monkeypatch.setattr(cpu_experts, "_num_threads", None)
+    seen = []
+    real = grid.run_engine_row
+
+    def spy(engine, prompts, *a, **k):
+        seen.append(cpu_experts.get_num_threads())
+        return real(engine, prompts, *a, **k)
+    monkeypatch.setattr(grid, "run_engine_row", spy)
+    rc = bench_cli(tiny_qwen3_moe, tmp_path, "--batch", "2", "--context-lengths", "100",
+                   "--decode-steps", "3", "--num-gpu-blocks", "8", "--max-num-batched-tokens", "64",
+                   "--prefill", "synthetic", "--cpu-threads", "1", "--experts", "cpu", "--policies",
+                   "writescope@expert_threads=1,writescope,writescope@expert_threads=0.5")
+    assert rc == 0
+    rows = _strict_json(tmp_path / "results.json")["rows"]
+    own = cpu_experts._default_threads()
+    assert seen == [1, own]
+    assert [r.get("cpu_expert_threads") for r in rows[:2]] == [1, own]
+    assert not rows[0].get("error") and not rows[1].get("error")
+    assert "expert_threads must be a whole number" in rows[2]["error"]
+
+
 def test_a_cpu_threads_variant_sets_the_cache_s_attention_team(tiny_qwen3_moe, tmp_path, monkeypatch):
     """``writescope@cpu_threads=2`` runs writescope with the CPU attention kernel's calls planned
     for two threads in that policy's cache (the row records it), the plain policy with

@@ -224,14 +224,22 @@ def swap_kv_policy(engine, policy: str, *, cpu_share: float) -> None:
     a name, or a variant (:func:`split_variant`) whose settings are set on the new placement
     policy once it is built, before anything is placed (so only attributes it reads as it
     works take effect, as ``placement_cpu_margin`` is); a setting it does not have is an error.
-    One setting belongs to the cache instead: ``cpu_threads``, the CPU attention kernel's thread
-    count in this cache (``--cpu-threads`` for one policy's rows), so that two team sizes
-    alternate round by round in one process."""
+    Two settings belong to the engine instead: ``cpu_threads``, the CPU attention kernel's
+    thread count in this cache (``--cpu-threads`` for one policy's rows), and ``expert_threads``,
+    the CPU routed experts' team size while this policy's rows run (a policy without it runs
+    with the engine's own), so that two team sizes alternate round by round in one process."""
+    from ..layers import cpu_experts
     name, sets = split_variant(policy)
     sets = dict(sets)
     threads = sets.pop("cpu_threads", None)
     if threads is not None and (threads != int(threads) or threads < 1):
         raise ValueError(f"policy {policy!r}: cpu_threads must be a whole number >= 1")
+    experts = sets.pop("expert_threads", None)
+    if experts is not None and (experts != int(experts) or experts < 1):
+        raise ValueError(f"policy {policy!r}: expert_threads must be a whole number >= 1")
+    if not hasattr(engine, "bench_expert_threads"):  # the engine's own setting, before any variant
+        engine.bench_expert_threads = cpu_experts.num_threads_setting()
+    cpu_experts.set_num_threads(engine.bench_expert_threads if experts is None else int(experts))
     engine.set_kv_policy(name, cpu_share=cpu_share,
                          cpu_threads=None if threads is None else int(threads))
     pol = engine.cache.policy

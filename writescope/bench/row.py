@@ -44,7 +44,8 @@ warm-ups that come before a policy's first row. A row carries:
   read back (``engine/inflight.py``), over the timed steps; ``step_forms``
   -- with ``WRITESCOPE_PIPELINE=auto``, per key (a batch's size and context) the form chosen
   and each form's median step (``engine/stepform.py``);
-  ``cpu_attn_threads`` -- the CPU attention kernel's thread count; ``staging_plans`` -- of the
+  ``cpu_attn_threads`` -- the CPU attention kernel's thread count; ``cpu_expert_threads`` --
+  the CPU routed experts' team size (None when no expert runs on the CPU); ``staging_plans`` -- of the
   timed decode steps that streamed T blocks, how many made a new staging plan (``made``) and
   how many kept the last step's (``reused``: their T batches were the same).
 """
@@ -316,6 +317,7 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
         # attention kernel's thread count
         "pipelined_steps": int(piped), "overlapped_steps": int(overlapped),
         "cpu_attn_threads": attn_threads(cache),
+        "cpu_expert_threads": expert_threads(engine),
         # of the timed decode steps that streamed T blocks: new staging plans, kept ones
         "staging_plans": plans or None,
         # with WRITESCOPE_PIPELINE=auto: per batch size and context, the form chosen and medians
@@ -345,6 +347,14 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
         row["error"] = (f"{engine.kv_policy} had to put {live[_region(other)]} blocks in {other}: "
                         f"its region {only} is full (over the {'pinned' if only == 'T' else 'host'} budget)")
     return row
+
+
+def expert_threads(engine) -> int | None:
+    """The CPU routed experts' team size, or None when the engine runs none on the CPU."""
+    if not any(getattr(engine, "cpu_expert_layers", ()) or ()):
+        return None
+    from ..layers import cpu_experts
+    return cpu_experts.get_num_threads()
 
 
 def attn_threads(cache) -> int:

@@ -52,7 +52,8 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-__all__ = ["CpuExperts", "CpuExpertsHandle", "set_num_threads", "get_num_threads", "kernel_info",
+__all__ = ["CpuExperts", "CpuExpertsHandle", "set_num_threads", "get_num_threads",
+           "num_threads_setting", "kernel_info",
            "available_isas", "ISA_NAMES"]
 
 ISA_NAMES = ("generic", "avx2", "avx512", "avx512bf16", "amx")
@@ -89,6 +90,11 @@ def set_num_threads(n: int | None) -> None:
 
 def get_num_threads() -> int:
     return _num_threads if _num_threads is not None else _default_threads()
+
+
+def num_threads_setting() -> int | None:
+    """What :func:`set_num_threads` last set (None: the default / the env variable)."""
+    return _num_threads
 
 
 # ---------------------------------------------------------------------------------------------
