@@ -460,20 +460,22 @@ def test_the_resident_sweep_tries_wider_merge_steps_for_few_rows():
 
 
 def test_the_gpu_attention_summary_gives_the_kernels_device_rate_beside_the_queued_one():
-    """The resident column: the default's queued GB/s (% of the HBM copy rate), the sweep's
-    best, and the default's kernels alone (profiler time), '-' where no profiler ran."""
+    """The resident column: the default's queued GB/s (% of the HBM copy rate), the default
+    replayed from a CUDA graph (the engine's form for a resident step), the sweep's best, and
+    the default's kernels alone (profiler time), '-' where no graph or profiler ran."""
     from writescope.bench.gpu_attention import summary_markdown
     out = {"ceilings": {"hbm_copy_GBps": 4000.0, "h2d_pinned_GBps": 55.0,
                         "combined": {"combined_GBps": 130.0, "h2d_GBps": 50.0,
                                      "cpu_read_GBps": 80.0, "threads": 14}},
            "machine": {"cpu_kernel": "k"},
            "results": {"mla/1x256K": {"resident": {"default_GBps": 2000.0, "GBps": 3000.0,
+                                                   "default_graph_GBps": 3100.0,
                                                    "default_device_GBps": 3400.0}},
                        "mla/8x32K": {"resident": {"default_GBps": 2800.0, "GBps": 2800.0,
                                                   "default_device_GBps": None}}}}
     text = summary_markdown(out)
-    assert "| mla/1x256K | 2000 (50%) / 3000 / 3400 (85%) |" in text, text
-    assert "| mla/8x32K | 2800 (70%) / 2800 / - |" in text, text
+    assert "| mla/1x256K | 2000 (50%) / 3100 (78%) / 3000 / 3400 (85%) |" in text, text
+    assert "| mla/8x32K | 2800 (70%) / - / 2800 / - |" in text, text
 
 
 def test_the_gpu_attention_breakdown_splits_each_hybrid_row(tmp_path, capsys):
