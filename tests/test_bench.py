@@ -447,6 +447,49 @@ def test_cpu_attention_bench_takes_shape_families_and_refuses_unknown_shapes():
             cpu_attention.main([f"--prefetch-blocks={bad}", "--reps", "1", "--read-bytes", "1048576"])
 
 
+def test_cpu_attention_bench_runs_the_variant_a_profile_chose(tmp_path, monkeypatch):
+    """--isa profile: each shape runs the variant a calibration chose for its attention family
+    (here an invented choice, the AVX2 kernel, for GQA 32/4/128), the kernel's own choice for a
+    family the profile does not name; --isa VARIANT forces one; bad input is a clear error."""
+    from writescope.attention import cpu
+    if not cpu.available():
+        pytest.skip("no C++ compiler for the CPU attention kernel")
+    from writescope.bench import cpu_attention
+    from writescope.planner.profile import HardwareProfile
+    assert cpu_attention.shape_family("gqa-32/4/128") == "gqa-g8-d128"
+    assert cpu_attention.shape_family("gqa-32/8/128") == "gqa-g4-d128"
+    assert cpu_attention.shape_family("mla-16/1/576") == "mla-h16-r576"
+    p = HardwareProfile(machine={"cpu": "synthetic"}, cpu_threads=1, cpu_read_Bps=1e10,
+                        cpu_attn={"gqa-g8-d128": {"C": 1e9, "T": 1e9}},
+                        device_attn={"gqa-g8-d128": 1e6}, cpu_expert={"h64-i48": 1e12},
+                        cpu_roundtrip_s=0.0, launch_s=0.0,
+                        cpu_attn_isa={"gqa-g8-d128": "avx2"},
+                        cpu_attn_prefetch_blocks={"gqa-g8-d128": 3})
+    path = tmp_path / "p.json"
+    p.save(path)
+    args = ["--sizes", "1x300", "--shapes", "gqa-32/4/128,mla-16/1/576", "--reps", "1",
+            "--torch-reps", "0", "--no-variants", "--no-gpu-layout", "--read-bytes", str(1 << 22)]
+    res = cpu_attention.main(args + ["--isa", "profile", "--profile", str(path)])
+    assert res["profile"] == str(path) and res["isa_setting"] == "profile"
+    assert [r["kernel_isa"] for r in res["rows"]] == ["avx2", cpu.get_isa()]
+    before = cpu.get_prefetch_blocks()
+    assert [r["prefetch_blocks"] for r in res["rows"]] == [3, before]  # the profile's distance
+    assert cpu.current_isa_setting() == "auto"  # the caller's settings are back
+    res = cpu_attention.main(args + ["--isa", "avx2"])
+    assert {r["kernel_isa"] for r in res["rows"]} == {"avx2"}
+    monkeypatch.setenv("WRITESCOPE_PROFILE", str(path))  # the engine's profile, without --profile
+    res = cpu_attention.main(args[:3] + ["gqa-32/4/128"] + args[4:] + ["--isa", "profile"])
+    assert res["rows"][0]["kernel_isa"] == "avx2"
+    with pytest.raises(SystemExit, match="--isa sse9"):
+        cpu_attention.main(args + ["--isa", "sse9"])
+    with pytest.raises(SystemExit, match="no such file"):
+        cpu_attention.main(args + ["--isa", "profile", "--profile", str(tmp_path / "none.json")])
+    with pytest.raises(SystemExit, match="--isa profile sets the profile's distances"):
+        cpu_attention.main(args + ["--isa", "profile", "--profile", str(path), "--prefetch-blocks", "1"])
+    with pytest.raises(SystemExit, match="--profile goes with --isa profile"):
+        cpu_attention.main(args + ["--profile", str(path)])
+
+
 def test_cpu_attention_bench_rows_against_the_best_read_probe(tmp_path):
     """Tiny sizes: every row carries median and best rates, the probes of the run and fractions
     of the best probe; a prefetch sweep adds its rates."""

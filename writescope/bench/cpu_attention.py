@@ -15,6 +15,11 @@
   calls rotate through copies of the shape's KV that together span the probe's array, so that
   no call reads what the last ones left in the last-level cache (``kv_sets``; ``--warm``: one
   copy, the bench's way until 2026-12-04e);
+* with ``--isa profile``, each shape on the kernel variant (and AMX prefetch distance) that
+  ``writescope calibrate`` chose for its attention family on this machine -- what the engine
+  runs -- instead of the kernel's own default (``auto``: on CPUs without AMX the AVX-512 BF16
+  kernel prefetching into L1, which the 2-core Zen 4 dev VM reads 1.3-1.5x slower than the
+  same kernel prefetching into L2, the variant its calibration picks);
 * the torch-matmul path: bf16 matmuls + fp32 softmax over the same KV held dense and
   head-major (``torch_gbps``, the best torch can do), and the engine's portable paged path
   :func:`attend_torch` on the pool (``torch_paged_gbps``),
@@ -68,6 +73,35 @@ def shape_case(name: str):
             return (lambda: KVSpec.gqa(1, h, d, torch.bfloat16)), hq
     raise ValueError(f"unknown shape {name!r}: one of {', '.join(SHAPES)} or gqa-HQ/H/D "
                      "(HQ a multiple of H)")
+
+
+def shape_family(name: str) -> str:
+    """The profile's attention-family key of a shape (``planner.roofline.attn_family``'s form):
+    what a calibration chose the kernel variant for."""
+    spec_fn, hq = shape_case(name)
+    spec = spec_fn()
+    if name.startswith("mla"):
+        return f"mla-h{hq}-r{spec.rec_dim}"
+    return f"gqa-g{hq // spec.num_kv_heads}-d{spec.k_dim}"
+
+
+def profile_variants(path: str | None) -> tuple[dict[str, str], dict[str, int], str | None]:
+    """The kernel variant and the AMX kernel's prefetch distance per attention family that
+    ``writescope calibrate`` chose on this machine -- what the engine runs -- from the profile at
+    ``path``, else ``$WRITESCOPE_PROFILE``, else this machine's cached profile (none: ``{}``);
+    and where they came from. Nothing is calibrated here."""
+    from ..planner.profile import HardwareProfile, default_cache_path
+    src = path or os.environ.get("WRITESCOPE_PROFILE") or default_cache_path()
+    if not Path(src).exists():
+        if path:
+            raise SystemExit(f"--profile {path}: no such file")
+        return {}, {}, None
+    try:
+        prof = HardwareProfile.load(src)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"profile {src}: {e}") from None
+    return (dict(getattr(prof, "cpu_attn_isa", None) or {}),
+            dict(getattr(prof, "cpu_attn_prefetch_blocks", None) or {}), str(src))
 
 
 def _llc_bytes() -> int:
@@ -317,6 +351,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--read-bytes", type=int, default=0,
                     help="bandwidth probe array (default: max(1 GiB, 6 x last-level cache)); the "
                          "kernel's calls rotate through as many copies of a shape's KV as span it")
+    ap.add_argument("--isa", default="auto",
+                    help="the kernel variant: auto (the kernel's own choice), profile (the one "
+                         "`writescope calibrate` chose for the shape's family, as the engine runs "
+                         "it: --profile, else $WRITESCOPE_PROFILE, else this machine's cached "
+                         "profile; auto for a family it does not name), or a variant name")
+    ap.add_argument("--profile", help="the profile --isa profile reads")
     ap.add_argument("--order", default="scattered", choices=ORDERS,
                     help="how each sequence's blocks lie in the pool (default: scattered at random)")
     ap.add_argument("--warm", action="store_true",
@@ -341,6 +381,15 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(f"CPU attention kernel unavailable: {cpu.load_error()}")
     if args.threads:
         cpu.set_num_threads(args.threads)
+    chosen, chosen_pf, chosen_from = ({}, {}, None)
+    if args.isa == "profile":
+        chosen, chosen_pf, chosen_from = profile_variants(args.profile)
+        if pf and any(shape_family(n) in chosen_pf for n in shapes):
+            raise SystemExit("--prefetch-blocks: --isa profile sets the profile's distances")
+    elif args.isa != "auto" and args.isa not in cpu.isas():
+        raise SystemExit(f"--isa {args.isa}: this CPU runs {', '.join(cpu.isas())} (or auto, profile)")
+    elif args.profile:
+        raise SystemExit("--profile goes with --isa profile")
     gen = torch.Generator().manual_seed(0)
     nbytes = args.read_bytes or probe_bytes()
     probe = cpu.probe_buffer(nbytes)
@@ -348,7 +397,7 @@ def main(argv: list[str] | None = None) -> dict:
     probes = [read_bw]
     res = {**result_header("cpu_attention", argv), "machine": _machine(),
            "threads": cpu.get_num_threads(), "read_bw_array_bytes": nbytes, "read_bw_gbps": read_bw,
-           "rows": []}
+           "isa_setting": args.isa, "profile": chosen_from, "rows": []}
     print(f"DRAM read bandwidth ({nbytes / 2**30:.2f} GiB array, {cpu.get_num_threads()} threads): "
           f"{read_bw:.1f} GB/s", flush=True)
     # the same array read every other way: the vector probe is not always the fastest reader
@@ -367,9 +416,23 @@ def main(argv: list[str] | None = None) -> dict:
             probes.append(cpu.read_bandwidth(nbytes, reps=3, buffer=probe))
             by_method.append(_reads(probe, 2))
             read_bw = max(probes)
-            row = bench_shape(name, b, l, args.reps, args.torch_reps, args.block_size,
-                              not args.no_variants, not args.no_gpu_layout, gen, pf, probe,
-                              cold_bytes=0 if args.warm else nbytes, order=args.order)
+            prev_isa = cpu.current_isa_setting()
+            prev_pf, pf_user = cpu.get_prefetch_blocks(), cpu.prefetch_chosen_by_user()
+            isa = chosen.get(shape_family(name), "auto") if args.isa == "profile" else args.isa
+            if isa not in cpu.isas():  # a profile from another machine: the kernel's choice
+                isa = "auto"
+            cpu.set_isa(isa)
+            if shape_family(name) in chosen_pf:  # the AMX kernel's distance, as the engine sets it
+                cpu.set_prefetch_blocks(chosen_pf[shape_family(name)], from_profile=True)
+            try:
+                row = bench_shape(name, b, l, args.reps, args.torch_reps, args.block_size,
+                                  not args.no_variants, not args.no_gpu_layout, gen, pf, probe,
+                                  cold_bytes=0 if args.warm else nbytes, order=args.order)
+            finally:
+                cpu.set_isa(prev_isa)
+                cpu.set_prefetch_blocks(prev_pf, from_profile=not pf_user)
+            row["prefetch_blocks"] = cpu.get_prefetch_blocks() if shape_family(name) not in chosen_pf \
+                else chosen_pf[shape_family(name)]
             row["read_bw_probe_gbps"] = probes[-1]
             row["read_bw_gbps"] = read_bw
             row["kernel_frac_of_read_bw"] = row["kernel_gbps"] / read_bw
