@@ -477,6 +477,10 @@ def test_cpu_attention_bench_runs_the_variant_a_profile_chose(tmp_path, monkeypa
     assert cpu.current_isa_setting() == "auto"  # the caller's settings are back
     res = cpu_attention.main(args + ["--isa", "avx2"])
     assert {r["kernel_isa"] for r in res["rows"]} == {"avx2"}
+    monkeypatch.setattr(cpu, "_isa", "avx2")  # as $WRITESCOPE_CPU_ATTN_ISA=avx2 sets it: auto keeps it
+    res = cpu_attention.main(args)
+    assert {r["kernel_isa"] for r in res["rows"]} == {"avx2"} and cpu.current_isa_setting() == "avx2"
+    monkeypatch.setattr(cpu, "_isa", "auto")
     monkeypatch.setenv("WRITESCOPE_PROFILE", str(path))  # the engine's profile, without --profile
     res = cpu_attention.main(args[:3] + ["gqa-32/4/128"] + args[4:] + ["--isa", "profile"])
     assert res["rows"][0]["kernel_isa"] == "avx2"

@@ -18,7 +18,7 @@
 * with ``--isa profile``, each shape on the kernel variant (and AMX prefetch distance) that
   ``writescope calibrate`` chose for its attention family on this machine -- what the engine
   runs -- instead of the kernel's own default (``auto``: on CPUs without AMX the AVX-512 BF16
-  kernel prefetching into L1, which the 2-core Zen 4 dev VM reads 1.3-1.5x slower than the
+  kernel prefetching into L1, which the 2-core Zen 4 dev VM reads 1.2-1.5x slower than the
   same kernel prefetching into L2, the variant its calibration picks);
 * the torch-matmul path: bf16 matmuls + fp32 softmax over the same KV held dense and
   head-major (``torch_gbps``, the best torch can do), and the engine's portable paged path
@@ -416,23 +416,25 @@ def main(argv: list[str] | None = None) -> dict:
             probes.append(cpu.read_bandwidth(nbytes, reps=3, buffer=probe))
             by_method.append(_reads(probe, 2))
             read_bw = max(probes)
-            prev_isa = cpu.current_isa_setting()
+            # the variant: --isa's, or the profile's for this family (one this CPU runs); else the
+            # current setting (auto, or $WRITESCOPE_CPU_ATTN_ISA's) stays
+            fam = shape_family(name)
+            isa = chosen.get(fam) if args.isa == "profile" else args.isa
+            prev_isa, isa_user = cpu.current_isa_setting(), cpu.isa_chosen_by_user()
             prev_pf, pf_user = cpu.get_prefetch_blocks(), cpu.prefetch_chosen_by_user()
-            isa = chosen.get(shape_family(name), "auto") if args.isa == "profile" else args.isa
-            if isa not in cpu.isas():  # a profile from another machine: the kernel's choice
-                isa = "auto"
-            cpu.set_isa(isa)
-            if shape_family(name) in chosen_pf:  # the AMX kernel's distance, as the engine sets it
-                cpu.set_prefetch_blocks(chosen_pf[shape_family(name)], from_profile=True)
+            if isa in cpu.isas():
+                cpu.set_isa(isa)
+            if fam in chosen_pf:  # the AMX kernel's distance, as the engine sets it
+                cpu.set_prefetch_blocks(chosen_pf[fam], from_profile=True)
+            pf_used = cpu.get_prefetch_blocks()
             try:
                 row = bench_shape(name, b, l, args.reps, args.torch_reps, args.block_size,
                                   not args.no_variants, not args.no_gpu_layout, gen, pf, probe,
                                   cold_bytes=0 if args.warm else nbytes, order=args.order)
             finally:
-                cpu.set_isa(prev_isa)
+                cpu.set_isa(prev_isa, from_profile=not isa_user)
                 cpu.set_prefetch_blocks(prev_pf, from_profile=not pf_user)
-            row["prefetch_blocks"] = cpu.get_prefetch_blocks() if shape_family(name) not in chosen_pf \
-                else chosen_pf[shape_family(name)]
+            row["prefetch_blocks"] = pf_used
             row["read_bw_probe_gbps"] = probes[-1]
             row["read_bw_gbps"] = read_bw
             row["kernel_frac_of_read_bw"] = row["kernel_gbps"] / read_bw
