@@ -1141,6 +1141,13 @@ def test_an_expert_threads_variant_sets_the_cpu_experts_team(tiny_qwen3_moe, tmp
     assert [r.get("cpu_expert_threads") for r in rows[:2]] == [1, own]
     assert not rows[0].get("error") and not rows[1].get("error")
     assert "expert_threads must be a whole number" in rows[2]["error"]
+    # the last policy a variant: the engine's own team size is back when the grid is done
+    (tmp_path / "again").mkdir()
+    rc = bench_cli(tiny_qwen3_moe, tmp_path / "again", "--batch", "1", "--context-lengths", "64",
+                   "--decode-steps", "2", "--num-gpu-blocks", "8", "--max-num-batched-tokens", "64",
+                   "--prefill", "synthetic", "--cpu-threads", "1", "--experts", "cpu", "--policies",
+                   "writescope,writescope@expert_threads=1")
+    assert rc == 0 and seen[-1] == 1 and cpu_experts.num_threads_setting() is None
 
 
 def test_a_cpu_threads_variant_sets_the_cache_s_attention_team(tiny_qwen3_moe, tmp_path, monkeypatch):

@@ -550,6 +550,9 @@ class Grid:
             for policy in (s.policies if rnd % 2 == 0 else s.policies[::-1]):
                 self._run_policy(engine, model, cfg, profile, policy, static_share, vram_budget,
                                  rnd, ws_tokens, bar)
+        if hasattr(engine, "bench_expert_threads"):  # a variant's experts' team ends with its rows
+            from ..layers import cpu_experts
+            cpu_experts.set_num_threads(engine.bench_expert_threads)
         for peer_name in s.peers:
             self._run_peer(engine, model, cfg, peer_name, vram_budget, ws_tokens, bar)
         del engine
