@@ -76,13 +76,12 @@ def shape_case(name: str):
 
 
 def shape_family(name: str) -> str:
-    """The profile's attention-family key of a shape (``planner.roofline.attn_family``'s form):
+    """The profile's attention-family key of a shape (``planner.roofline.attn_family``'s):
     what a calibration chose the kernel variant for."""
+    from ..planner.roofline import family_key
     spec_fn, hq = shape_case(name)
     spec = spec_fn()
-    if name.startswith("mla"):
-        return f"mla-h{hq}-r{spec.rec_dim}"
-    return f"gqa-g{hq // spec.num_kv_heads}-d{spec.k_dim}"
+    return family_key(spec.is_mla, hq, spec.num_kv_heads, spec.rec_dim if spec.is_mla else spec.k_dim)
 
 
 def profile_variants(path: str | None) -> tuple[dict[str, str], dict[str, int], str | None]:

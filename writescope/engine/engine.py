@@ -127,8 +127,10 @@ def reserved_launch_cores(n: int) -> int:
 
 def reserved_expert_cores(n: int) -> int:
     """Cores a GPU host with ``n`` usable cores keeps out of the CPU experts' team: one where
-    there are 8-11, two from 12, none below 8 (the attention team's rule until 2026-12-04; the
-    experts' rows were not measured with one)."""
+    there are 8-11, two from 12, none below 8 (the attention team's rule until 2026-12-04). One
+    core out instead of two on the H200 host: the same step (Qwen3-30B-A3B 4 x 128K, experts on
+    the CPU, 310.6 / 314.4 ms at 15 threads against 310.4 / 314.6 at 14,
+    bench/results/2026-12-04f-h200 call 2)."""
     return 0 if n < 8 else (2 if n >= 12 else 1)
 
 

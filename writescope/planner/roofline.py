@@ -155,8 +155,16 @@ def kv_bytes_per_token_layer(cfg: "ModelConfig") -> float:
 def attn_family(cfg: "ModelConfig") -> str:
     """The CPU attention kernel's shape family: what sets its speed per KV byte."""
     if cfg.is_mla:
-        return f"mla-h{cfg.num_heads}-r{cfg.kv_lora_rank + cfg.qk_rope_head_dim}"
-    return f"gqa-g{cfg.num_heads // cfg.num_kv_heads}-d{cfg.head_dim}"
+        return family_key(True, cfg.num_heads, 1, cfg.kv_lora_rank + cfg.qk_rope_head_dim)
+    return family_key(False, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+
+
+def family_key(mla: bool, num_heads: int, num_kv_heads: int, dim: int) -> str:
+    """:func:`attn_family`'s key from the shape alone: query heads, KV heads and the record
+    (MLA: latent plus rope) or head dimension."""
+    if mla:
+        return f"mla-h{num_heads}-r{dim}"
+    return f"gqa-g{num_heads // num_kv_heads}-d{dim}"
 
 
 def active_experts(num_experts: int, top_k: int, tokens: int) -> float:
