@@ -4,6 +4,7 @@ in order on a thread of its own (``cpu.CpuJobQueue``). Ready words are raised by
 here, as the device stream raises them in the engine."""
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
@@ -304,3 +305,48 @@ def test_graphed_expert_call_host_half_resets_words_and_computes_real_rows():
     assert ce.take_routed_bytes() == len(set(ids[:n].view(-1).tolist())) * ex.expert_bytes
     assert torch.equal(call.res[:n], ex.forward(hidden[:n], ids[:n], w[:n]))
     assert not call.res[n:].any()
+
+
+def _thread_slack_ns() -> int:
+    import ctypes
+    return int(ctypes.CDLL(None).prctl(30, 0, 0, 0, 0))  # PR_GET_TIMERSLACK: the calling thread's
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timer slack is Linux's")
+@pytest.mark.parametrize("setting, want", [(None, 1000), ("2500", 2500), ("default", None)])
+def test_waiting_threads_nap_with_the_configured_timer_slack(monkeypatch, setting, want):
+    """The threads that poll ready words in 20 us naps get WRITESCOPE_TIMER_SLACK_NS of timer
+    slack (1000 ns unless set; "default" leaves the kernel's): the native queue's own thread,
+    seen from a job it runs, and a Python worker through ``precise_naps``."""
+    import ctypes
+    from writescope.attention.hostflag import precise_naps
+    if setting is None:
+        monkeypatch.delenv("WRITESCOPE_TIMER_SLACK_NS", raising=False)
+    else:
+        monkeypatch.setenv("WRITESCOPE_TIMER_SLACK_NS", setting)
+    inherited = _thread_slack_ns()
+    seen = []
+    job_t = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+    job = job_t(lambda _arg: seen.append(_thread_slack_ns()) or 0)
+    queue = cpu.CpuJobQueue()
+    try:
+        queue.submit_fn(ctypes.cast(job, ctypes.c_void_p).value, 0, job, ready=None, done=None)
+        assert queue.drain(timeout_s=30)[0] == 1
+    finally:
+        queue.close()
+    out = []
+    t = threading.Thread(target=lambda: (precise_naps(), out.append(_thread_slack_ns())))
+    t.start()
+    t.join()
+    expect = inherited if want is None else want
+    assert seen == [expect] and out == [expect]
+
+
+def test_a_bad_timer_slack_setting_is_refused(monkeypatch):
+    from writescope.attention.hostflag import precise_naps
+    for bad in ("0", "-5", "fast"):
+        monkeypatch.setenv("WRITESCOPE_TIMER_SLACK_NS", bad)
+        with pytest.raises(ValueError, match="WRITESCOPE_TIMER_SLACK_NS"):
+            precise_naps()
+        with pytest.raises(ValueError, match="WRITESCOPE_TIMER_SLACK_NS"):
+            cpu.CpuJobQueue()

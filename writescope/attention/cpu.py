@@ -550,6 +550,8 @@ class CpuJobQueue:
         self.lib = _load()
         if self.lib is None:
             raise RuntimeError(f"the CPU job queue needs the compiled kernel ({_load_error})")
+        from .hostflag import timer_slack_ns
+        timer_slack_ns()  # a bad WRITESCOPE_TIMER_SLACK_NS fails here, not silently in the thread
         self._q = self.lib.ws_queue_new()
         self._keep: list = []
 

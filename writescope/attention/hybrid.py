@@ -47,7 +47,7 @@ import torch
 from ..kvcache.regions import KVSpec, Region
 from .batch import BlockBatch
 from .gather import DEFAULT_GATHER_BYTES, CGather
-from .hostflag import stream_ready, wait_for_stream
+from .hostflag import precise_naps, stream_ready, wait_for_stream
 from .merge import merge_many
 from .staging import StagingRing
 from .torch_paged import attend_torch
@@ -349,6 +349,7 @@ class HybridAttention:
             before = torch.get_num_threads()
 
             def init():
+                precise_naps()
                 if n:
                     torch.set_num_threads(n)
                     # a thread takes torch's process default at its first parallel op: take

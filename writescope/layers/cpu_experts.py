@@ -287,8 +287,10 @@ def _get_executor() -> concurrent.futures.ThreadPoolExecutor:
     if _executor is None:
         with _executor_lock:
             if _executor is None:
+                from ..attention.hostflag import precise_naps
                 _executor = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=1, thread_name_prefix="writescope-cpu-experts")
+                    max_workers=1, thread_name_prefix="writescope-cpu-experts",
+                    initializer=precise_naps)
     return _executor
 
 

@@ -52,6 +52,9 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -301,6 +304,25 @@ double now_s() {
 void nap_us(long us) {
     struct timespec ts = {0, us * 1000};
     nanosleep(&ts, nullptr);
+}
+
+// The calling thread's timer slack, from WRITESCOPE_TIMER_SLACK_NS (default 1000 ns; "default":
+// leave the kernel's 50 us). Linux lets a sleep run late by its thread's slack, so with the
+// default a 20 us nap took 93 us on the dev VM (47 us at 1 us slack): a wait_ready that has gone
+// to its naps then starts the layer's CPU work up to ~70 us after its ready word rose. Threads
+// take their creator's slack, so the queue's thread sets it before its OpenMP team exists.
+void precise_naps() {
+#ifdef __linux__
+    const char* v = getenv("WRITESCOPE_TIMER_SLACK_NS");
+    long ns = 1000;
+    if (v && *v) {
+        if (!strcmp(v, "default")) return;
+        char* end = nullptr;
+        ns = strtol(v, &end, 10);
+        if (*end || ns <= 0) return;  // the Python side rejects these before a queue starts
+    }
+    prctl(PR_SET_TIMERSLACK, (unsigned long)ns, 0, 0, 0);
+#endif
 }
 
 // Wait until *ready >= value: spin (for spin_s, at least 256 pauses), then sleep 20 us at a
@@ -570,6 +592,7 @@ int queue_push(WsQueue* Q, const QueuedCall& c) {
 }
 
 void queue_main(WsQueue* Q) {
+    precise_naps();
     for (;;) {
         QueuedCall c;
         {
