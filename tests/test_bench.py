@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -1161,3 +1162,19 @@ def test_a_cpu_threads_variant_sets_the_cache_s_attention_team(tiny_qwen3_moe, t
     assert [r.get("cpu_attn_threads") for r in rows[:2]] == [1, 2]
     assert not rows[0].get("error") and not rows[1].get("error")
     assert "whole number" in rows[2]["error"]
+
+
+def test_naps_bench_alternates_the_two_slack_settings(tmp_path, monkeypatch):
+    """``bench.naps`` on the CPU: each round measures a nap under both settings (the CUDA round
+    trips only where there is a GPU), writes every round and the medians, and leaves the
+    caller's setting as it found it."""
+    from writescope.bench import naps
+    monkeypatch.setenv("WRITESCOPE_TIMER_SLACK_NS", "3000")
+    out = tmp_path / "naps.json"
+    assert naps.main(["--rounds", "2", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert set(doc["median"]) == set(naps.SETTINGS)
+    for s in naps.SETTINGS:
+        assert len(doc["rounds"][s]["nap_us"]) == 2
+        assert all(v >= 20.0 for v in doc["rounds"][s]["nap_us"])  # a nap never ends early
+    assert os.environ["WRITESCOPE_TIMER_SLACK_NS"] == "3000"
