@@ -42,22 +42,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#ifdef WS_AMX_EMULATE
-#include "../../writescope/attention/csrc/attn_amx_emu.h"
-#define T_CFG(p) ws_emu_loadconfig(p)
-#define T_LOAD(t, p, s) ws_emu_loadd(t, p, s)
-#define T_STORE(t, p, s) ws_emu_stored(t, p, s)
-#define T_ZERO(t) ws_emu_zero(t)
-#define T_DP(c, a, b) ws_emu_dpbf16ps(c, a, b)
-#define T_RELEASE() ws_emu_release()
-#else
-#define T_CFG(p) _tile_loadconfig(p)
-#define T_LOAD(t, p, s) _tile_loadd(t, p, s)
-#define T_STORE(t, p, s) _tile_stored(t, p, s)
-#define T_ZERO(t) _tile_zero(t)
-#define T_DP(c, a, b) _tile_dpbf16ps(c, a, b)
-#define T_RELEASE() _tile_release()
-#endif
+#include "../../writescope/attention/csrc/attn_tiles.h"  // T_LOAD, T_DP, ...: tiles or their emulation
+#include "../../writescope/attention/csrc/attn_v512.h"   // exp2_fast
 
 enum { H = 16, R = 576, DV = 512, PASS = 256, NG = PASS / 32, NTT = PASS / 16, NKS = R / 32, NDT = DV / 16 };
 static const long RS = 2L * R * 2;             // bytes of a pair row (pairs layout)
@@ -77,17 +63,6 @@ static void tiles_config() {
 static inline uint16_t bf16(float x) { uint32_t u; memcpy(&u, &x, 4); u += 0x7FFF + ((u >> 16) & 1); return (uint16_t)(u >> 16); }
 static inline float f32(uint16_t b) { uint32_t u = (uint32_t)b << 16; float x; memcpy(&x, &u, 4); return x; }
 
-static inline __m512 exp2_fast(__m512 x) {  // degree-4 exp2 with VSCALEFPS, as attn_v512.h's
-    x = _mm512_max_ps(x, _mm512_set1_ps(-127.0f));
-    const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_sub_ps(x, n);
-    __m512 p = _mm512_set1_ps(9.582852944731712e-03f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5906426161527634e-02f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4024099111557007e-01f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931241750717163e-01f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
 
 static inline void transpose16(__m512i* r) {  // 16 x 16 dwords, four stages of block swaps
     const __m512i iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);

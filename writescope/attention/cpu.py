@@ -55,7 +55,8 @@ _SOURCES = ("attn_ops.cpp", "attn_avx2.cpp", "attn_avx512.cpp", "attn_bf16.cpp",
             "attn_bf16_l2.cpp")
 #: sources an older revision's kernel (``bench.cpu_ab --against``) may lack: built when present
 _OPTIONAL_SOURCES = ("attn_bf16_l2.cpp",)
-_HEADERS = ("attn_common.h", "attn_impl.h", "attn_evenodd.h", "attn_v512.h", "attn_amx_emu.h")
+_HEADERS = ("attn_common.h", "attn_impl.h", "attn_evenodd.h", "attn_v512.h", "attn_amx_emu.h",
+            "attn_tiles.h")
 _CFLAGS = ["-O3", "-fPIC", "-std=c++17", "-fopenmp", "-fno-math-errno"]
 _ISA_CODE = {"avx2": 0, "avx512": 1, "amx": 2, "avx512bf16": 3, "avx512bf16-l2": 4}
 _F_AVX2, _F_AVX512, _F_BF16, _F_AMX = 1, 2, 4, 8
@@ -82,7 +83,8 @@ _isa_from_profile = False  # the setting is an engine's choice from its profile,
 def _build_dir(extra_flags: tuple[str, ...] = (), csrc: Path = _CSRC) -> Path:
     from torch.utils.cpp_extension import get_default_build_root
     h = hashlib.sha256()
-    for name in _present(csrc) + _HEADERS:
+    # an earlier revision's csrc (bench.cpu_ab) may lack a header added since
+    for name in _present(csrc) + tuple(n for n in _HEADERS if (csrc / n).is_file()):
         h.update(name.encode())
         h.update((csrc / name).read_bytes())
     h.update(" ".join(_CFLAGS + list(extra_flags)).encode())
