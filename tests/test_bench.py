@@ -1178,3 +1178,20 @@ def test_naps_bench_alternates_the_two_slack_settings(tmp_path, monkeypatch):
         assert len(doc["rounds"][s]["nap_us"]) == 2
         assert all(v >= 20.0 for v in doc["rounds"][s]["nap_us"])  # a nap never ends early
     assert os.environ["WRITESCOPE_TIMER_SLACK_NS"] == "3000"
+
+
+def test_cpu_ab_takes_a_revision_from_before_a_header(tmp_path, monkeypatch):
+    """``--against`` an older revision: a header added to the kernel since (here one no revision
+    has) is left out of the copy instead of failing it; a missing source still fails."""
+    import subprocess
+    from writescope.attention import cpu
+    from writescope.bench import cpu_ab
+    if subprocess.run(["git", "rev-parse", "HEAD"], cwd=cpu_ab.REPO, capture_output=True).returncode:
+        pytest.skip("not a git checkout")
+    monkeypatch.setattr(cpu, "_HEADERS", cpu._HEADERS + ("attn_from_the_future.h",))
+    out = cpu_ab.revision_csrc("HEAD", tmp_path)
+    assert (out / "attn_amx.cpp").is_file() and not (out / "attn_from_the_future.h").exists()
+    monkeypatch.setattr(cpu, "_SOURCES", cpu._SOURCES + ("attn_from_the_future.cpp",))
+    (tmp_path / "x").mkdir()
+    with pytest.raises(SystemExit, match="attn_from_the_future.cpp"):
+        cpu_ab.revision_csrc("HEAD", tmp_path / "x")

@@ -47,7 +47,8 @@ CSRC = "writescope/attention/csrc"
 
 def revision_csrc(rev: str, dest: Path) -> Path:
     """The kernel sources of git revision ``rev`` written into ``dest``; SystemExit with git's
-    reason when the revision or a file is missing."""
+    reason when the revision or a source is missing (an optional source or a header the revision
+    predates is left out: its own sources do not include it)."""
     for name in cpu._SOURCES + cpu._HEADERS:
         try:
             r = subprocess.run(["git", "show", f"{rev}:{CSRC}/{name}"], cwd=REPO,
@@ -55,7 +56,7 @@ def revision_csrc(rev: str, dest: Path) -> Path:
         except (OSError, subprocess.SubprocessError) as e:
             raise SystemExit(f"--against {rev}: git failed: {e}") from None
         if r.returncode:
-            if name in cpu._OPTIONAL_SOURCES:  # a revision from before that file
+            if name in cpu._OPTIONAL_SOURCES or name in cpu._HEADERS:  # a revision before that file
                 continue
             raise SystemExit(f"--against {rev}: {r.stderr.decode(errors='replace').strip()}")
         (dest / name).write_bytes(r.stdout)
