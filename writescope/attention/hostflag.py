@@ -43,6 +43,7 @@ import torch
 
 from .launch import raw_stream
 
+
 def timer_slack_ns() -> int | None:
     """``WRITESCOPE_TIMER_SLACK_NS``: the timer slack of the threads that wait for the device in
     naps (default 1000 ns; ``default``: None, Linux's own 50 us stays)."""

@@ -47,7 +47,7 @@ import torch
 from ..kvcache.regions import KVSpec, Region
 from .batch import BlockBatch
 from .gather import DEFAULT_GATHER_BYTES, CGather
-from .hostflag import precise_naps, stream_ready, wait_for_stream
+from .hostflag import precise_naps, stream_ready, timer_slack_ns, wait_for_stream
 from .merge import merge_many
 from .staging import StagingRing
 from .torch_paged import attend_torch
@@ -347,6 +347,7 @@ class HybridAttention:
         if self._worker is None:
             n = int(self.cpu_threads) if self.cpu_threads else 0
             before = torch.get_num_threads()
+            timer_slack_ns()  # a bad setting fails here, not in the worker's initializer
 
             def init():
                 precise_naps()

@@ -287,7 +287,8 @@ def _get_executor() -> concurrent.futures.ThreadPoolExecutor:
     if _executor is None:
         with _executor_lock:
             if _executor is None:
-                from ..attention.hostflag import precise_naps
+                from ..attention.hostflag import precise_naps, timer_slack_ns
+                timer_slack_ns()  # a bad setting fails here, not in the worker's initializer
                 _executor = concurrent.futures.ThreadPoolExecutor(
                     max_workers=1, thread_name_prefix="writescope-cpu-experts",
                     initializer=precise_naps)
