@@ -24,6 +24,7 @@ import statistics
 import sys
 import threading
 import time
+from unittest import mock
 
 import torch
 
@@ -49,21 +50,9 @@ def nap_us(setting: str, naps: int = 2000) -> float:
     return out[0]
 
 
-class _slack:
+def _slack(setting: str):
     """``WRITESCOPE_TIMER_SLACK_NS`` set to ``setting`` inside the block."""
-
-    def __init__(self, setting: str):
-        self.setting = setting
-
-    def __enter__(self):
-        self.old = os.environ.get("WRITESCOPE_TIMER_SLACK_NS")
-        os.environ["WRITESCOPE_TIMER_SLACK_NS"] = self.setting
-
-    def __exit__(self, *exc):
-        if self.old is None:
-            os.environ.pop("WRITESCOPE_TIMER_SLACK_NS", None)
-        else:
-            os.environ["WRITESCOPE_TIMER_SLACK_NS"] = self.old
+    return mock.patch.dict(os.environ, {"WRITESCOPE_TIMER_SLACK_NS": setting})
 
 
 def roundtrip_us(model: str, setting: str, reps: int) -> float:
