@@ -1195,3 +1195,30 @@ def test_cpu_ab_takes_a_revision_from_before_a_header(tmp_path, monkeypatch):
     (tmp_path / "x").mkdir()
     with pytest.raises(SystemExit, match="attn_from_the_future.cpp"):
         cpu_ab.revision_csrc("HEAD", tmp_path / "x")
+
+
+def test_an_expert_link_variant_sets_the_links_share(tiny_qwen3_moe, tmp_path, monkeypatch):
+    """``writescope@expert_link=0.5`` runs that policy's rows with the link taking half of the
+    small decode steps' CPU experts (layers/expert_link.py; forced off CUDA), a policy without
+    it with the engine's own share (0 here: auto is on CUDA only); the rows record the share and
+    the calls, and a share outside [0, 1] fails its row."""
+    from writescope.bench import grid
+    seen = []
+    real = grid.run_engine_row
+
+    def spy(engine, prompts, *a, **k):
+        seen.append(engine.expert_link.share)
+        return real(engine, prompts, *a, **k)
+    monkeypatch.setattr(grid, "run_engine_row", spy)
+    rc = bench_cli(tiny_qwen3_moe, tmp_path, "--batch", "2", "--context-lengths", "100",
+                   "--decode-steps", "3", "--num-gpu-blocks", "64", "--max-num-batched-tokens", "64",
+                   "--prefill", "synthetic", "--cpu-threads", "1", "--experts", "cpu", "--policies",
+                   "writescope@expert_link=0.5,writescope,writescope@expert_link=2")
+    assert rc == 0
+    rows = _strict_json(tmp_path / "results.json")["rows"]
+    assert seen == [0.5, 0.0]
+    assert rows[0]["expert_link"]["share"] == 0.5 and rows[0]["expert_link"]["calls"] > 0
+    assert rows[1]["expert_link"]["share"] == 0.0
+    assert not rows[0].get("error") and not rows[1].get("error")
+    assert rows[0]["output_token_ids"] == rows[1]["output_token_ids"]
+    assert "expert_link must be a share" in rows[2]["error"]

@@ -185,8 +185,8 @@ def test_bad_inputs():
     w = torch.ones(3, 2)
     with pytest.raises(IndexError, match="out of range"):
         layer.forward(x, torch.tensor([[0, 1], [2, 4], [0, 1]]), w)
-    with pytest.raises(IndexError, match="out of range"):
-        layer.forward(x, torch.tensor([[0, 1], [2, -1], [0, 1]]), w)
+    with pytest.raises(IndexError, match="out of range"):  # (-1 is a slot left out)
+        layer.forward(x, torch.tensor([[0, 1], [2, -2], [0, 1]]), w)
     with pytest.raises(IndexError, match="out of range"):  # raised by wait() on the async path
         layer.wait(layer.submit(x, torch.tensor([[0, 1], [2, 7], [0, 1]]), w))
     with pytest.raises(ValueError, match="hidden must be"):

@@ -224,10 +224,12 @@ def swap_kv_policy(engine, policy: str, *, cpu_share: float) -> None:
     a name, or a variant (:func:`split_variant`) whose settings are set on the new placement
     policy once it is built, before anything is placed (so only attributes it reads as it
     works take effect, as ``placement_cpu_margin`` is); a setting it does not have is an error.
-    Two settings belong to the engine instead: ``cpu_threads``, the CPU attention kernel's
-    thread count in this cache (``--cpu-threads`` for one policy's rows), and ``expert_threads``,
+    Three settings belong to the engine instead: ``cpu_threads``, the CPU attention kernel's
+    thread count in this cache (``--cpu-threads`` for one policy's rows), ``expert_threads``,
     the CPU routed experts' team size while this policy's rows run (a policy without it runs
-    with the engine's own), so that two team sizes alternate round by round in one process."""
+    with the engine's own), so that two team sizes alternate round by round in one process, and
+    ``expert_link``, the link's share of small decode steps' CPU experts (0: none;
+    ``layers/expert_link.py``) while its rows run."""
     from ..layers import cpu_experts
     name, sets = split_variant(policy)
     sets = dict(sets)
@@ -240,6 +242,16 @@ def swap_kv_policy(engine, policy: str, *, cpu_share: float) -> None:
     if not hasattr(engine, "bench_expert_threads"):  # the engine's own setting, before any variant
         engine.bench_expert_threads = cpu_experts.num_threads_setting()
     cpu_experts.set_num_threads(engine.bench_expert_threads if experts is None else int(experts))
+    link_share = sets.pop("expert_link", None)
+    if link_share is not None and not 0.0 <= link_share <= 1.0:
+        raise ValueError(f"policy {policy!r}: expert_link must be a share in [0, 1]")
+    link = getattr(engine, "expert_link", None)
+    if link is None and link_share:
+        raise ValueError(f"policy {policy!r}: expert_link needs routed experts on the CPU")
+    if link is not None:
+        if not hasattr(engine, "bench_expert_link"):  # the engine's own share
+            engine.bench_expert_link = link.share
+        link.share = engine.bench_expert_link if link_share is None else float(link_share)
     engine.set_kv_policy(name, cpu_share=cpu_share,
                          cpu_threads=None if threads is None else int(threads))
     pol = engine.cache.policy
@@ -553,6 +565,8 @@ class Grid:
         if hasattr(engine, "bench_expert_threads"):  # a variant's experts' team ends with its rows
             from ..layers import cpu_experts
             cpu_experts.set_num_threads(engine.bench_expert_threads)
+        if hasattr(engine, "bench_expert_link") and engine.expert_link is not None:
+            engine.expert_link.share = engine.bench_expert_link  # (and its link share)
         for peer_name in s.peers:
             self._run_peer(engine, model, cfg, peer_name, vram_budget, ws_tokens, bar)
         del engine

@@ -45,7 +45,9 @@ warm-ups that come before a policy's first row. A row carries:
   -- with ``WRITESCOPE_PIPELINE=auto``, per key (a batch's size and context) the form chosen
   and each form's median step (``engine/stepform.py``);
   ``cpu_attn_threads`` -- the CPU attention kernel's thread count; ``cpu_expert_threads`` --
-  the CPU routed experts' team size (None when no expert runs on the CPU); ``staging_plans`` -- of the
+  the CPU routed experts' team size (None when no expert runs on the CPU); ``expert_link`` --
+  the link's share of small decode steps' CPU experts and its layer calls so far
+  (``layers/expert_link.py``); ``staging_plans`` -- of the
   timed decode steps that streamed T blocks, how many made a new staging plan (``made``) and
   how many kept the last step's (``reused``: their T batches were the same).
 """
@@ -318,6 +320,10 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
         "pipelined_steps": int(piped), "overlapped_steps": int(overlapped),
         "cpu_attn_threads": attn_threads(cache),
         "cpu_expert_threads": expert_threads(engine),
+        # the link's share of small decode steps' CPU experts (layers/expert_link.py) and the
+        # layer calls it has taken part in so far (None: no expert on the CPU)
+        "expert_link": (None if getattr(engine, "expert_link", None) is None else
+                        {"share": engine.expert_link.share, "calls": engine.expert_link.calls}),
         # of the timed decode steps that streamed T blocks: new staging plans, kept ones
         "staging_plans": plans or None,
         # with WRITESCOPE_PIPELINE=auto: per batch size and context, the form chosen and medians

@@ -41,7 +41,9 @@ def register(subparsers) -> None:
                         "NAME@ATTR=NUMBER[@...] sets its placement policy's attribute, e.g. "
                         "writescope@placement_cpu_margin=1.0 beside writescope, to compare two "
                         "settings in one run (with --rounds, alternated); @cpu_threads=N and "
-                        "@expert_threads=N set the CPU attention and CPU experts' team sizes")
+                        "@expert_threads=N set the CPU attention and CPU experts' team sizes, "
+                        "@expert_link=S the link's share of small decode steps' CPU experts "
+                        "(0: none)")
     p.add_argument("--peer", action="append", default=[], metavar="NAME",
                    help="external peer run on the same weights and prompts: transformers")
     p.add_argument("--peer-offload-weights", action="store_true",

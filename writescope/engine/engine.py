@@ -265,6 +265,7 @@ class LLMEngine:
                              max_tokens_total=max_total, max_num_seqs=max_num_seqs,
                              num_gpu_blocks=num_gpu_blocks)
         self.profile = self._load_profile(profile, cfg)
+        self.expert_link = self._attach_expert_link()
         self.cpu_attn_isa = self._use_calibrated_cpu_variant()
         self._kv_args = dict(spec=spec, layout=layout, cpu_threads=cpu_threads,
                              staging=staging if layout.num_blocks[Region.T] else 0,
@@ -302,6 +303,19 @@ class LLMEngine:
             up.register(m.cpu_experts)
             m.uploader = up
         return up
+
+    def _attach_expert_link(self):
+        """With routed experts on the CPU: the link's share of small decode steps' experts
+        (``layers/expert_link.py``), given to the runner and to every CPU-expert layer."""
+        if not any(self.cpu_expert_layers):
+            return None
+        from ..layers.expert_link import ExpertLink
+        from ..layers.moe import MoE
+        link = ExpertLink(self.device, self.profile)
+        for m in self.model.modules():
+            if isinstance(m, MoE) and m.cpu_experts is not None:
+                m.link = link
+        return link
 
     def _check_host_memory(self) -> None:
         """Refuse, before allocating anything, a model whose host-resident weights (routed experts
@@ -357,6 +371,7 @@ class LLMEngine:
         if os.environ.get("WRITESCOPE_SWITCH_INTERVAL"):
             sys.setswitchinterval(float(os.environ["WRITESCOPE_SWITCH_INTERVAL"]))
         self.runner = ModelRunner(self.model, self.cache, self.device)
+        self.runner.expert_link = self.expert_link
         if any(self.cpu_expert_layers):
             self.runner.experts_on_cpu = True
             self.runner.pipeline = False
@@ -660,6 +675,10 @@ class LLMEngine:
             s["experts.uploads"] = up.uploads
             s["experts.upload_bytes"] = up.bytes
             s["experts.pinned_bytes"] = up.pinned_bytes
+        link = self.expert_link
+        if link is not None:  # layer calls whose experts the link shared (expert_link.py)
+            s["experts.link_share"] = link.share
+            s["experts.link_calls"] = link.calls
         if self.device.type == "cuda":
             s["engine.cuda_peak_bytes"] = torch.cuda.max_memory_allocated(self.device)
         graphs = getattr(getattr(self, "runner", None), "graphs", None)

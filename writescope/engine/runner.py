@@ -64,6 +64,9 @@ class ModelRunner:
         #: routed experts run on the CPU in some layer: their calls keep every step synchronous
         #: (the engine sets it)
         self.experts_on_cpu = False
+        #: the link's share of those experts in small decode steps (layers/expert_link.py; the
+        #: engine sets it), told per step whether the step streams KV
+        self.expert_link = None
 
     @property
     def pipelines(self) -> bool:
@@ -128,13 +131,20 @@ class ModelRunner:
             if hasattr(policy, "pipelined"):
                 policy.pipelined = False
         sampled = [s for s in batch.seqs if s.sample]
+        link = self.expert_link
         try:
-            if graphed:
-                hidden = self.graphs.run(input_ids, positions, self.cache,
-                                         groups=self.cache.step_groups,
-                                         resident=self.cache.step_resident)
-            else:
-                hidden = self.model(input_ids, positions, self.cache)
+            if link is not None:
+                link.begin_step(decode, self.cache.step_streams)
+            try:
+                if graphed:
+                    hidden = self.graphs.run(input_ids, positions, self.cache,
+                                             groups=self.cache.step_groups,
+                                             resident=self.cache.step_resident)
+                else:
+                    hidden = self.model(input_ids, positions, self.cache)
+            finally:
+                if link is not None:
+                    link.end_step()
             logits = None
             if sampled:
                 hidden = hidden[h2d(last_rows, self.device, torch.long)]

@@ -447,6 +447,13 @@ class InplaceKVCache:
         rt = step["read_tokens"]
         return not rt["cpu"] and not rt["spilled"]
 
+    @property
+    def step_streams(self) -> bool:
+        """Whether the open step's GPU side reads T blocks (streamed over the link), i.e. the
+        link is busy through its attention (``layers/expert_link.py`` then leaves it alone)."""
+        step = self._step
+        return step is not None and step["read_tokens"]["t_gpu"] > 0
+
     def _load_resident(self, step: dict, plan: AttentionStepPlan, rows: int) -> tuple | None:
         """The step's key in :attr:`resident`'s buffers, or None when it cannot run there (see
         :meth:`begin_step`; ``WRITESCOPE_RESIDENT_ATTENTION=0`` never, ``=force`` also off CUDA,

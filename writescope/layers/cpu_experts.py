@@ -398,7 +398,7 @@ def take_routed_bytes() -> int | None:
     total = 0
     while _routed:
         ids, per_expert = _routed.popleft()
-        total += len(set(ids.view(-1).tolist())) * per_expert  # ~3 us for a decode call
+        total += len(set(ids.view(-1).tolist()) - {-1}) * per_expert  # ~3 us a decode call
     return total
 
 
@@ -665,11 +665,15 @@ class CpuExperts:
             raise ValueError(f"hidden must be floating point, got {hidden.dtype}")
 
     def submit(self, hidden: torch.Tensor, topk_ids: torch.Tensor,
-               topk_weights: torch.Tensor) -> CpuExpertsHandle:
-        """Start the computation and return at once (see :meth:`wait`)."""
+               topk_weights: torch.Tensor, routed: torch.Tensor | None = None,
+               out_dtype: torch.dtype | None = None) -> CpuExpertsHandle:
+        """Start the computation and return at once (see :meth:`wait`). An id of -1 in
+        ``topk_ids`` is a slot left out (another reader computes it: ``expert_link.py``); then
+        ``routed`` is the step's whole routing, whose distinct experts :func:`take_routed_bytes`
+        counts. ``out_dtype``: the result's dtype (default the hidden states')."""
         self._check(hidden, topk_ids, topk_weights)
         n = hidden.shape[0]
-        dev, dtype = hidden.device, hidden.dtype
+        dev, dtype = hidden.device, (out_dtype or hidden.dtype)
         if n == 0:
             fut: concurrent.futures.Future = concurrent.futures.Future()
             fut.set_result(torch.zeros(0, self.hidden, dtype=dtype))
@@ -686,6 +690,10 @@ class CpuExperts:
             xs.copy_(x, non_blocking=True)
             ids_h.copy_(ids, non_blocking=True)
             w_h.copy_(w, non_blocking=True)
+            if routed is not None:
+                routed_h = torch.empty(routed.shape, dtype=torch.int32, pin_memory=True)
+                routed_h.copy_(routed.detach().to(torch.int32), non_blocking=True)
+                routed = routed_h
             from ..attention.hostflag import stream_ready
             event = stream_ready(dev)  # the worker polls it (sleeping, no CUDA call)
             x, ids, w = xs, ids_h, w_h
@@ -693,7 +701,9 @@ class CpuExperts:
             x, ids, w = (t.to("cpu").contiguous() for t in (x, ids, w))
             if x.data_ptr() == hidden.data_ptr():  # the caller may overwrite hidden meanwhile
                 x = x.clone()
-        _routed.append((ids, self.expert_bytes))
+            if routed is not None:
+                routed = routed.detach().to("cpu", torch.int32)
+        _routed.append((ids if routed is None else routed, self.expert_bytes))
         pin = dev.type == "cuda"
         if _device_wait_enabled(dev):
             ready = getattr(event, "address", None)
@@ -794,20 +804,23 @@ class CpuExperts:
         return out
 
     def forward(self, hidden: torch.Tensor, topk_ids: torch.Tensor,
-                topk_weights: torch.Tensor) -> torch.Tensor:
+                topk_weights: torch.Tensor, routed: torch.Tensor | None = None,
+                out_dtype: torch.dtype | None = None) -> torch.Tensor:
         """``wait(submit(...))``. With host tensors there is nothing to overlap, so the kernel runs
         in the calling thread: the hop to the worker thread costs ~0.2 ms a call (H200 host,
         bench/results/cpu_experts-h200-threads.json, async vs inline rows)."""
         if hidden.device.type != "cpu":
-            return self.wait(self.submit(hidden, topk_ids, topk_weights))
+            return self.wait(self.submit(hidden, topk_ids, topk_weights, routed, out_dtype))
         self._check(hidden, topk_ids, topk_weights)
+        out_dtype = out_dtype or hidden.dtype
         if hidden.shape[0] == 0:
-            return torch.zeros(0, self.hidden, dtype=hidden.dtype)
+            return torch.zeros(0, self.hidden, dtype=out_dtype)
         x = hidden.detach().to(self.dtype).contiguous()
         ids = topk_ids.detach().to("cpu", torch.int32).contiguous()
         w = topk_weights.detach().to("cpu", torch.float32).contiguous()
-        _routed.append((ids, self.expert_bytes))
-        return self._compute(x, ids, w, hidden.dtype, False, None)
+        _routed.append((ids if routed is None else routed.detach().to("cpu", torch.int32),
+                        self.expert_bytes))
+        return self._compute(x, ids, w, out_dtype, False, None)
 
     __call__ = forward
 
@@ -841,7 +854,7 @@ class CpuExperts:
             x.data_ptr(), n, ids.data_ptr(), w.data_ptr(), k, out.data_ptr(),
             isa, amx_min, get_num_threads())
         if rc == -1:
-            bad = ids[(ids < 0) | (ids >= self.num_experts)]
+            bad = ids[(ids < -1) | (ids >= self.num_experts)]
             raise IndexError(f"topk_ids out of range [0, {self.num_experts}): {bad[:8].tolist()}")
         if rc != 0:
             raise RuntimeError(f"CPU expert kernel failed (code {rc})")
@@ -851,11 +864,12 @@ class CpuExperts:
         n, k = ids.shape
         E, I = self.num_experts, self.inter
         flat = ids.reshape(-1).long()
-        if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= E):
-            bad = flat[(flat < 0) | (flat >= E)]
+        if flat.numel() and (int(flat.min()) < -1 or int(flat.max()) >= E):
+            bad = flat[(flat < -1) | (flat >= E)]
             raise IndexError(f"topk_ids out of range [0, {E}): {bad[:8].tolist()}")
         order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=E).tolist()
+        order = order[flat[order] >= 0]  # -1: a slot another reader takes (expert_link.py)
+        counts = torch.bincount(flat[order], minlength=E).tolist()
         tok, wflat = order // k, w.reshape(-1)[order]
         out = torch.zeros(n, self.hidden, dtype=torch.float32)
         start = 0

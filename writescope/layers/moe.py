@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..models.config import ModelConfig
-from . import cpu_experts_graph, gemv, moe_triton, routing
+from . import cpu_experts_graph, expert_link, gemv, moe_triton, routing
 from .mlp import GatedMLP
 
 
@@ -147,6 +147,7 @@ class MoE(nn.Module):
         self.experts = StackedExperts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size)
         self.cpu_experts = None  # set by the loader when this layer's experts live on the CPU
         self.uploader = None  # set by the engine: runs CPU experts on the GPU for prefill chunks
+        self.link = None  # set by the engine: the link's share of small decode steps' experts
         self._dtype: torch.dtype | None = None
         if cfg.num_shared_experts:
             self.shared_experts = GatedMLP(cfg.hidden_size, cfg.shared_expert_intermediate_size)
@@ -182,9 +183,12 @@ class MoE(nn.Module):
             shared = self.shared_experts(x) if self.shared_experts is not None else None
         elif self.cpu_experts is not None and not uploaded:
             cpu_experts_graph.reserve(self.cpu_experts, x, idx)  # a capture's warm-up: set aside
-            handle = self.cpu_experts.submit(x, idx, w)  # the CPU works while the GPU does the rest
+            # the CPU works while the GPU does the rest; in small decode steps the GPU reads
+            # some of the experts over the link meanwhile (expert_link.py)
+            share = self.link.share_for(x.shape[0]) if self.link is not None else 0.0
+            call = expert_link.submit(self.cpu_experts, x, idx, w, share)
             shared = self.shared_experts(x) if self.shared_experts is not None else None
-            out = self.cpu_experts.wait(handle)
+            out = expert_link.finish(self.cpu_experts, call, x.dtype)
         elif fused:  # the shared output added in the down kernel, rounded as `out + shared` is
             shared = self.shared_experts(x) if self.shared_experts is not None else None
             return moe_triton.fused_experts(x, idx, w, self.experts.gate_up, self.experts.down,

@@ -223,6 +223,17 @@ def _concurrent(profile: "HardwareProfile", cpu_busy: bool, streaming: bool) -> 
     return h2d, cap
 
 
+def link_expert_share(profile: "HardwareProfile", batch_size: int) -> float:
+    """The link's share of the CPU experts' bytes in a decode step of ``batch_size`` tokens
+    that streams no KV (``layers/expert_link.py``: its setting, the profile's rates), 0 where
+    it takes none. (As a fraction of bytes: the engine gives it whole experts, the count that
+    comes nearest.)"""
+    if not profile.has_gpu:
+        return 0.0
+    from ..layers import expert_link
+    return expert_link.planned_share(profile, batch_size)
+
+
 def _beside_the_link(nbytes: float, rate: float, cap: float, link_s: float) -> float:
     """Seconds to read ``nbytes`` at ``rate`` while the link's DMA reads host DRAM for
     ``link_s`` seconds from the start, the CPU's reads capped at ``cap`` meanwhile: at the
@@ -288,14 +299,29 @@ def layer_time(profile: "HardwareProfile", cfg: "ModelConfig", layer: int, load:
     pcie_s = corr.pcie * load.streamed_tokens * kvb / h2d if streams else 0.0
     # routed experts
     knee = math.inf
+    link_expert_s = 0.0
     if not expert_bytes:
         expert_s = 0.0
     elif experts_on_cpu:
         rate = profile.cpu_expert_rate(cfg.hidden_size, cfg.moe_intermediate_size)
         if streams and cpu_cap < rate:
             knee = expert_bytes / cpu_cap
-        expert_s = corr.expert * (profile.cpu_roundtrip_s
-                                  + _beside_the_link(expert_bytes, rate, cpu_cap, pcie_s))
+        # a step that spills no KV leaves the link to a share of the experts (expert_link.py):
+        # the GPU reads it meanwhile, the CPU its own part capped at the concurrent rate while
+        # the link reads. (The engine gives the link experts in any step that streams no KV,
+        # also one whose spilled KV the CPU attends; the model leaves those out, so that the
+        # CPU share's optimum does not jump to 1 to free the link, against placements fixed at
+        # write time: there the prediction is pessimistic, the experts' correction absorbs it.)
+        share = 0.0 if load.spilled_tokens > 0 else link_expert_share(profile, load.batch_size)
+        cpu_bytes = expert_bytes * (1.0 - share)
+        if share > 0:
+            link_expert_s = expert_bytes * share / (profile.concurrent_h2d_Bps
+                                                    or profile.h2d_pinned_Bps)
+            cap = profile.concurrent_cpu_read_Bps or rate
+            cpu_part = _beside_the_link(cpu_bytes, rate, cap, link_expert_s)
+        else:
+            cpu_part = _beside_the_link(cpu_bytes, rate, cpu_cap, pcie_s)
+        expert_s = corr.expert * (profile.cpu_roundtrip_s + cpu_part)
     else:
         expert_s = expert_bytes / profile.weight_read_Bps
 
@@ -304,7 +330,7 @@ def layer_time(profile: "HardwareProfile", cfg: "ModelConfig", layer: int, load:
     if pipelined:
         compute_s = max(PIPE_GPU_FACTOR * (dense_s + expert_s) + gpu_attn_s, cpu_attn_s)
     elif profile.has_gpu:
-        compute_s = dense_s + max(gpu_attn_s, cpu_attn_s) + expert_s
+        compute_s = dense_s + max(gpu_attn_s, cpu_attn_s) + max(expert_s, link_expert_s)
     else:  # one processor does everything, one thing at a time
         compute_s = dense_s + gpu_attn_s + cpu_attn_s + expert_s
     return LayerTime(dense_s, gpu_attn_s, cpu_attn_s, expert_s, pcie_s, compute_s,
@@ -537,6 +563,21 @@ def _host_io_s(profile: "HardwareProfile", kv: float, cpu_expert: float,
     return best
 
 
+def _host_io_link_experts_s(profile: "HardwareProfile", kv: float, cpu_expert: float,
+                            c_solo: float) -> float:
+    """:func:`_host_io_s` for steps whose link reads routed experts instead of KV (the engine's
+    small decode steps that stream none, ``layers/expert_link.py``): the CPU reads the ``kv``
+    spilled bytes and what the link leaves of the experts. The link takes ``L`` of the experts'
+    bytes, both read at their concurrent ceilings while it does; the least time is at the
+    balance of ``(kv + ex - L) / c`` and ``L / h``, or at ``L = ex`` when the CPU's KV alone
+    outlasts the link's experts, or with the CPU alone at its solo ceiling."""
+    c = min(profile.concurrent_cpu_read_Bps or c_solo, c_solo)
+    h = profile.concurrent_h2d_Bps or profile.h2d_pinned_Bps
+    total = kv + cpu_expert
+    link = min(cpu_expert, total * h / (c + h))
+    return min(max((total - link) / c, link / h), total / c_solo)
+
+
 def roofline_bound_s(profile: "HardwareProfile", cfg: "ModelConfig", lengths: Sequence[int],
                      gpu_kv_tokens: float, experts_on_cpu: bool,
                      cpu_expert_bytes: float | None = None) -> float:
@@ -547,7 +588,9 @@ def roofline_bound_s(profile: "HardwareProfile", cfg: "ModelConfig", lengths: Se
       the resident KV from HBM;
     * the host serves the spilled KV over the link and the CPU's DRAM read, shared with the
       routed experts' weights when they are on the CPU (:func:`_host_io_s`) -- the CPU cannot
-      read experts and attend KV at full speed at once.
+      read experts and attend KV at full speed at once; with no spilled KV, in batches small
+      enough for the link to take experts (``layers/expert_link.py``), the experts over both
+      (:func:`_host_io_link_experts_s`), where that is less.
 
     Without a GPU one processor reads everything, one thing after another.
 
@@ -577,6 +620,8 @@ def roofline_bound_s(profile: "HardwareProfile", cfg: "ModelConfig", lengths: Se
         gpu = weights + (0.0 if experts_on_cpu else exp / profile.weight_read_Bps) \
             + res * kvb / profile.weight_read_Bps
         host = _host_io_s(profile, spilled * kvb, exp if experts_on_cpu else 0.0, c_solo)
+        if experts_on_cpu and spilled <= 0 and link_expert_share(profile, b) > 0:
+            host = min(host, _host_io_link_experts_s(profile, 0.0, exp, c_solo))
         total += max(gpu, host)
     return total + cfg.vocab_size * cfg.hidden_size * WEIGHT_BYTES / profile.weight_read_Bps
 

@@ -388,7 +388,8 @@ static thread_local Scratch g_scratch;
 // Entry point
 //   gu:   [E][Ip/16][2 (gate, up)][tile] packed tiles, tile = 16 x Hp elements
 //   down: [E][Hp/16][tile], tile = 16 x Ip elements
-//   x:    [N][H] in the weight dtype; ids [N][k] int32; tw [N][k] fp32; out [N][Hp] fp32 (written)
+//   x:    [N][H] in the weight dtype; ids [N][k] int32 (-1: a slot left out, read elsewhere);
+//         tw [N][k] fp32; out [N][Hp] fp32 (written)
 // returns 0, or -1 when an expert id is out of range, -2 on a bad argument
 // --------------------------------------------------------------------------------------------
 extern "C" int ws_moe_forward(const void* gu, const void* down, int wdtype, int E, int H, int I,
@@ -412,6 +413,7 @@ extern "C" int ws_moe_forward(const void* gu, const void* down, int wdtype, int 
   S.count.assign(E, 0);
   for (long i = 0; i < (long)N * k; ++i) {
     const int e = ids[i];
+    if (e == -1) continue;  // a slot another reader takes (layers/expert_link.py): skipped
     if (e < 0 || e >= E) return -1;
     S.count[e]++;
   }
@@ -434,6 +436,7 @@ extern "C" int ws_moe_forward(const void* gu, const void* down, int wdtype, int 
     std::vector<int32_t> fill(nact, 0), slot_of(E, -1);
     for (int j = 0; j < nact; ++j) slot_of[S.active[j]] = j;
     for (long i = 0; i < (long)N * k; ++i) {
+      if (ids[i] == -1) continue;
       const int j = slot_of[ids[i]];
       const int r = S.row_off[j] + fill[j]++;
       S.tok_of[r] = (int)(i / k);
