@@ -130,6 +130,39 @@ def test_setting_and_step_gate(monkeypatch):
     assert el.profile_share(None) == el.DEFAULT_SHARE
 
 
+def test_copy_read_mode_copies_only_the_links_experts(monkeypatch):
+    """``copy_experts`` (the default read mode's copies, on the CPU device here: the same calls)
+    puts exactly the link's experts into the buffer's views, counting their bytes; a bad mode
+    is refused."""
+    from writescope.layers.expert_upload import ExpertUploader
+    E, H, I = 8, 32, 48
+    layer = _layer(E, H, I, torch.bfloat16)
+    buf = ExpertUploader("cpu", min_tokens=1, pin=False)
+    buf.register(layer)
+    gu, dn = buf.device_views(layer)
+    gu.zero_()
+    dn.zero_()
+    monkeypatch.setattr("writescope.attention.hostflag.stream_ready",
+                        lambda dev: type("R", (), {"synchronize": lambda self: None})())
+    ids, w = _routing(2, 3, E, 5)
+    sp = el.split(ids, w, E, 0.5)
+    link = [e for e in sp.experts.tolist() if e < E]
+    assert link
+    el.copy_experts(layer, sp, buf)
+    for e in range(E):
+        if e in link:
+            assert torch.equal(gu[e], layer.gate_up[e]) and torch.equal(dn[e], layer.down[e])
+        else:
+            assert not gu[e].any() and not dn[e].any()
+    assert buf.link_bytes == len(link) * (gu[0].numel() + dn[0].numel()) * 2
+    x = torch.randn(2, H).to(torch.bfloat16)
+    ref = el.run_reference(layer, x, sp)
+    monkeypatch.setenv("WRITESCOPE_EXPERT_LINK_READ", "sideways")
+    with pytest.raises(ValueError, match="WRITESCOPE_EXPERT_LINK_READ"):
+        el.read_mode()
+    assert ref.shape == (2, H)
+
+
 def test_run_refuses_more_tokens_than_its_block():
     layer = _layer(4, 32, 32, torch.float32)
     ids, w = _routing(el.MAX_TOKENS + 1, 2, 4, 0)
@@ -163,6 +196,9 @@ for dt in (torch.float32, torch.bfloat16):
             assert got.device == x.device and got.shape == (n, H) and got.dtype == torch.float32
             err = ((got.cpu() - ref.cpu()).norm() / ref.norm().clamp_min(1e-30)).item()
             assert err < 1e-5, (dt, E, H, I, n, k, share, err)
+            # the copy read mode's kernels: the same over device copies of the tensors
+            dev_w = (layer.gate_up.to(dev), layer.down.to(dev))
+            assert torch.equal(el.run(layer, x, sp, weights=dev_w), got)
 print("ok")
 """
 

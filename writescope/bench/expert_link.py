@@ -7,7 +7,8 @@ For each reference model's expert shape it builds full-size random layers in hos
 that they are several times the last-level cache; visited round-robin, as a decode step visits
 its layers), page-locks them as the engine does, and times layer calls through the MoE layer's
 path (``layers/expert_link.submit`` / ``finish``: the CPU's part on the native queue, the link's
-kernels reading the page-locked tiles in place, the device waiting for the CPU) with the link
+experts copied into a device buffer (``--reads copy``, the engine's default) or read by the
+kernels where they lie (``mapped``), the device waiting for the CPU) with the link
 taking each share: ``0`` (the CPU alone: today's engine without the link), ``profile`` (the
 engine's default, from the profile's concurrent rates), fixed shares, ``1`` (the link alone).
 Each row prints the routed experts' bytes per second next to the ceilings they aim at: the
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -62,6 +64,10 @@ def bench_model(name: str, args, shares, profile, log) -> list[dict]:
     layers = [ce.CpuExperts.random(E, H, I, torch.bfloat16, seed=i, unique_experts=2)
               for i in range(n_layers)]
     pinned = all(pin_tensor(t) for ly in layers for t in (ly.gate_up, ly.down))
+    from ..layers.expert_upload import ExpertUploader
+    buffer = ExpertUploader(dev, min_tokens=1, pin=False)  # the device buffer of the copy reads
+    for ly in layers:
+        buffer.register(ly)
     log(f"[{name}] {n_layers} layers x {E * expert_bytes / 1e9:.2f} GB built and "
         f"{'page-locked' if pinned else 'NOT page-locked'} in {time.perf_counter() - t0:.1f} s")
     gen = torch.Generator().manual_seed(1)
@@ -74,12 +80,18 @@ def bench_model(name: str, args, shares, profile, log) -> list[dict]:
             routes.append((ids.to(dev), torch.rand(n, k, generator=gen).softmax(-1).to(dev)))
         active = [len(ids.unique()) for ids, _ in routes]
         ref = el.finish(layers[0], el.submit(layers[0], x, *routes[0], 0.0), x.dtype).float()
-        for label, share in shares:
-            got = el.finish(layers[0], el.submit(layers[0], x, *routes[0], share), x.dtype).float()
+        for (label, share), read in ((sh, rd) for sh in shares for rd in
+                                     (args.reads if sh[1] > 0 else args.reads[:1])):
+            os.environ["WRITESCOPE_EXPERT_LINK_READ"] = read
+            label = f"{label} {read}" if share > 0 else label
+
+            def call(layer, ids, w):
+                return el.finish(layer, el.submit(layer, x, ids, w, share, buffer), x.dtype)
+            got = call(layers[0], *routes[0]).float()
             err = float((got - ref).norm() / ref.norm().clamp_min(1e-30))
             ok = err < 1e-2
             for li, layer in enumerate(layers):  # warm-up (kernels compiled, pages touched)
-                el.finish(layer, el.submit(layer, x, *routes[li % len(routes)], share), x.dtype)
+                call(layer, *routes[li % len(routes)])
             torch.cuda.synchronize()
             ce.raise_pending_errors()
             ce.take_routed_bytes()
@@ -88,7 +100,7 @@ def bench_model(name: str, args, shares, profile, log) -> list[dict]:
             while True:
                 for li, layer in enumerate(layers):
                     r = (calls + li) % len(routes)
-                    el.finish(layer, el.submit(layer, x, *routes[r], share), x.dtype)
+                    call(layer, *routes[r])
                     nbytes += active[r] * expert_bytes
                     calls += 1
                 torch.cuda.synchronize()
@@ -99,13 +111,14 @@ def bench_model(name: str, args, shares, profile, log) -> list[dict]:
             ce.take_routed_bytes()
             gbps = nbytes / dt / 1e9
             row = {"model": name, "experts": E, "hidden": H, "inter": I, "topk": k, "tokens": n,
-                   "share": share, "share_label": label, "layers": n_layers, "calls": calls,
+                   "share": share, "share_label": label, "read": read if share > 0 else None,
+                   "layers": n_layers, "calls": calls,
                    "mean_active_experts": round(sum(active) / len(active), 2),
                    "us_per_call": round(dt / calls * 1e6, 1), "GBps": round(gbps, 1),
                    "cpu_kernel_us_per_call": round(cpu_s / calls * 1e6, 1),
                    "rel_err_vs_cpu_alone": float(f"{err:.3g}"), "correct": ok}
             rows.append(row)
-            log(f"  {name:17s} N={n:3d} share {label:17s} {row['us_per_call']:8.1f} us/call "
+            log(f"  {name:17s} N={n:3d} share {label:24s} {row['us_per_call']:8.1f} us/call "
                 f"{gbps:6.1f} GB/s (CPU kernel {row['cpu_kernel_us_per_call']:7.1f} us/call) "
                 f"err {err:.1e}{'' if ok else ' WRONG'}")
     del layers
@@ -120,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", nargs="+", type=int, default=[1, 4])
     ap.add_argument("--shares", nargs="+", default=["0", "profile", "0.25", "0.5", "1"],
                     help="the link's shares to time: numbers in [0, 1] or 'profile'")
+    ap.add_argument("--reads", nargs="+", default=["copy", "mapped"], choices=["copy", "mapped"],
+                    help="how the GPU reads the link's experts (WRITESCOPE_EXPERT_LINK_READ)")
     ap.add_argument("--profile", help="hardware profile (default: the engine's)")
     ap.add_argument("--footprint-gb", type=float, default=6.0,
                     help="expert weights allocated per model (>> last-level cache)")

@@ -311,7 +311,7 @@ class LLMEngine:
             return None
         from ..layers.expert_link import ExpertLink
         from ..layers.moe import MoE
-        link = ExpertLink(self.device, self.profile)
+        link = ExpertLink(self.device, self.profile, buffer=self.expert_uploader)
         for m in self.model.modules():
             if isinstance(m, MoE) and m.cpu_experts is not None:
                 m.link = link
@@ -679,6 +679,8 @@ class LLMEngine:
         if link is not None:  # layer calls whose experts the link shared (expert_link.py)
             s["experts.link_share"] = link.share
             s["experts.link_calls"] = link.calls
+            if up is not None:
+                s["experts.link_copied_bytes"] = up.link_bytes
         if self.device.type == "cuda":
             s["engine.cuda_peak_bytes"] = torch.cuda.max_memory_allocated(self.device)
         graphs = getattr(getattr(self, "runner", None), "graphs", None)

@@ -226,15 +226,30 @@ def kernels_usable(experts, x: torch.Tensor) -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def run(experts, x: torch.Tensor, sp: LinkSplit) -> torch.Tensor:
+def read_mode() -> str:
+    """``WRITESCOPE_EXPERT_LINK_READ``: how the GPU reads the link's experts. ``copy``
+    (default): the launching thread waits for the layer's routing, then the stream copies the
+    link's experts' packed tensors from page-locked memory into the prefill uploader's device
+    buffer (DMA, the link's full rate) and the kernels read them there; ``mapped``: the kernels
+    read the host tiles in place (zero-copy; on the H200 31-39 GB/s alone and slower beside the
+    CPU's reads, which it slowed too: 2026-12-04h call 1)."""
+    mode = os.environ.get("WRITESCOPE_EXPERT_LINK_READ", "copy").strip().lower()
+    if mode not in ("copy", "mapped"):
+        raise ValueError(f"WRITESCOPE_EXPERT_LINK_READ must be 'copy' or 'mapped', got {mode!r}")
+    return mode
+
+
+def run(experts, x: torch.Tensor, sp: LinkSplit, weights: tuple | None = None) -> torch.Tensor:
     """The link's experts' weighted outputs, ``[n, H]`` fp32 on ``x``'s device: the Triton
-    kernels reading ``experts``' packed host tiles where they lie, or :func:`run_reference`."""
+    kernels reading ``experts``' packed host tiles where they lie (or ``weights``, device copies
+    of ``(gate_up, down)`` holding at least the link's experts), or :func:`run_reference`."""
     n = x.shape[0]
     if n == 0:
         return torch.zeros(0, experts.hidden, dtype=torch.float32, device=x.device)
     if n > MAX_TOKENS:
         raise ValueError(f"the link takes experts for at most {MAX_TOKENS} tokens, got {n}")
-    if not kernels_usable(experts, x):
+    gu_t, dn_t = weights if weights is not None else (experts.gate_up, experts.down)
+    if weights is None and not kernels_usable(experts, x):
         return run_reference(experts, x, sp)
     m_max = sp.experts.shape[0]
     hp, ip, H = experts.hp, experts.ip, experts.hidden
@@ -245,10 +260,10 @@ def run(experts, x: torch.Tensor, sp: LinkSplit) -> torch.Tensor:
     hb = torch.empty(m_max, MAX_TOKENS, ip, dtype=dt, device=x.device)
     y = torch.empty(m_max, n, H, dtype=torch.float32, device=x.device)
     gate_up, down = _kernels()
-    gate_up[(m_max, ip // 16)](xs, experts.gate_up, sp.experts, hb, n, experts.num_experts,
+    gate_up[(m_max, ip // 16)](xs, gu_t, sp.experts, hb, n, experts.num_experts,
                                H=H, HP=hp, IP=ip, MT=MAX_TOKENS, BK=_block_k(hp), BF16=bf16,
                                PREC=prec, num_warps=4)
-    down[(m_max, hp // 16)](hb, experts.down, sp.experts, sp.weights, y, n, experts.num_experts,
+    down[(m_max, hp // 16)](hb, dn_t, sp.experts, sp.weights, y, n, experts.num_experts,
                             H=H, HP=hp, IP=ip, MT=MAX_TOKENS, BK=_block_k(ip), BF16=bf16,
                             PREC=prec, num_warps=4)
     return y.sum(0)
@@ -269,15 +284,39 @@ def run_reference(experts, x: torch.Tensor, sp: LinkSplit) -> torch.Tensor:
     return out.to(x.device)
 
 
-def submit(experts, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, share: float):
+def submit(experts, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, share: float,
+           buffer=None):
     """A CPU-expert call with the link taking ``share`` (0: none): the CPU's part queued (its
-    inputs copied, its ready word raised), then the link's kernels enqueued behind it, so both
-    read at once. Returns what :func:`finish` takes."""
+    inputs copied, its ready word raised), then the link's part enqueued behind it, so both
+    read at once. ``buffer``: the prefill uploader (``expert_upload.ExpertUploader``), whose
+    device buffer the ``copy`` read mode (:func:`read_mode`) copies the link's experts into;
+    without one the kernels read the host tiles in place. Returns what :func:`finish` takes."""
     if share <= 0:
         return experts.submit(x, idx, w), None
     sp = split(idx, w, experts.num_experts, share)
     handle = experts.submit(x, sp.ids_cpu, w, routed=idx, out_dtype=torch.float32)
+    if x.is_cuda and buffer is not None and read_mode() == "copy":
+        return handle, run(experts, x, sp, weights=copy_experts(experts, sp, buffer))
     return handle, run(experts, x, sp)
+
+
+def copy_experts(experts, sp: LinkSplit, buffer) -> tuple[torch.Tensor, torch.Tensor]:
+    """The link's experts of ``sp`` copied, on the current stream, from their page-locked host
+    tensors into ``buffer``'s device views of ``experts``' (same places): the launching thread
+    first waits (polling a page-locked word, no CUDA call) for the routing to reach the host --
+    the copies' sources depend on it. Returns the device views ``(gate_up, down)``."""
+    from ..attention.hostflag import stream_ready
+    dev = sp.experts.device
+    ids_h = torch.empty(sp.experts.shape, dtype=torch.int32, pin_memory=dev.type == "cuda")
+    ids_h.copy_(sp.experts, non_blocking=True)
+    stream_ready(dev).synchronize()
+    gu, dn = buffer.device_views(experts)
+    for e in ids_h.tolist():
+        if e < experts.num_experts:
+            gu[e].copy_(experts.gate_up[e], non_blocking=True)
+            dn[e].copy_(experts.down[e], non_blocking=True)
+            buffer.link_bytes += (gu[e].numel() + dn[e].numel()) * gu.element_size()
+    return gu, dn
 
 
 def finish(experts, call, dtype: torch.dtype) -> torch.Tensor:
@@ -292,10 +331,13 @@ class ExpertLink:
     """Per model: whether, and with which share, the link takes experts in the current step.
 
     The runner calls :meth:`begin_step` before each step's forward; the MoE layers ask
-    :meth:`share_for` with their call's token count."""
+    :meth:`share_for` with their call's token count. ``buffer``: the prefill uploader whose
+    device buffer the link's experts are copied into (:func:`copy_experts`)."""
 
-    def __init__(self, device: torch.device | str, profile=None, share: float | str | None = None):
+    def __init__(self, device: torch.device | str, profile=None, share: float | str | None = None,
+                 buffer=None):
         self.device = torch.device(device)
+        self.buffer = buffer
         value = setting() if share is None else share
         self.forced = value != "auto"
         if self.forced:

@@ -52,6 +52,9 @@ class ExpertUploader:
         self._buf: torch.Tensor | None = None
         self.uploads = 0
         self.bytes = 0
+        #: bytes the link's share of decode steps' experts copied into the buffer
+        #: (layers/expert_link.py)
+        self.link_bytes = 0
 
     def register(self, experts: CpuExperts) -> None:
         """One layer's experts: sizes the buffer, pins the host weights when asked."""
@@ -80,6 +83,12 @@ class ExpertUploader:
     def device_bytes(self) -> int:
         """Device bytes of the buffer once allocated."""
         return 0 if self._buf is None else self._buf.numel() * self._buf.element_size()
+
+    def device_views(self, experts: CpuExperts) -> tuple[torch.Tensor, torch.Tensor]:
+        """The buffer as device tensors shaped like ``experts``' ``gate_up`` and ``down`` (what
+        a prefill step uploads whole; the link's decode share copies single experts into it,
+        ``expert_link.copy_experts``). Allocated on first use."""
+        return self._views(experts)
 
     def _views(self, experts: CpuExperts) -> tuple[torch.Tensor, torch.Tensor]:
         dt = experts.gate_up.dtype

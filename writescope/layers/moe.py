@@ -186,7 +186,8 @@ class MoE(nn.Module):
             # the CPU works while the GPU does the rest; in small decode steps the GPU reads
             # some of the experts over the link meanwhile (expert_link.py)
             share = self.link.share_for(x.shape[0]) if self.link is not None else 0.0
-            call = expert_link.submit(self.cpu_experts, x, idx, w, share)
+            call = expert_link.submit(self.cpu_experts, x, idx, w, share,
+                                      None if self.link is None else self.link.buffer)
             shared = self.shared_experts(x) if self.shared_experts is not None else None
             out = expert_link.finish(self.cpu_experts, call, x.dtype)
         elif fused:  # the shared output added in the down kernel, rounded as `out + shared` is
