@@ -1200,7 +1200,7 @@ def test_cpu_ab_takes_a_revision_from_before_a_header(tmp_path, monkeypatch):
 def test_an_expert_link_variant_sets_the_links_share(tiny_qwen3_moe, tmp_path, monkeypatch):
     """``writescope@expert_link=0.5`` runs that policy's rows with the link taking half of the
     small decode steps' CPU experts (layers/expert_link.py; forced off CUDA), a policy without
-    it with the engine's own share (0 here: auto is on CUDA only); the rows record the share and
+    it with the engine's own share (0: off by default); the rows record the share and
     the calls, and a share outside [0, 1] fails its row."""
     from writescope.bench import grid
     seen = []

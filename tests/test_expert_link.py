@@ -101,6 +101,9 @@ def test_routed_bytes_count_the_link_experts_too():
 
 
 def test_setting_and_step_gate(monkeypatch):
+    monkeypatch.delenv("WRITESCOPE_EXPERT_LINK", raising=False)
+    assert el.setting() == 0.0 and el.ExpertLink("cpu").share == 0.0  # off by default
+    assert el.planned_share(None, 1) == 0.0
     monkeypatch.setenv("WRITESCOPE_EXPERT_LINK", "auto")
     assert el.setting() == "auto"
     assert el.ExpertLink("cpu").share == 0.0  # auto: on CUDA only
@@ -232,13 +235,14 @@ def test_engine_with_the_link_matches_transformers(all_tiny, monkeypatch, placem
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_engine_with_the_link_on_cuda(all_tiny, monkeypatch):
-    """On CUDA with the profile's share: the link's kernels in the decode steps, transformers'
-    tokens (bf16 weights' rounding aside, the float32 engine's log-probabilities)."""
-    monkeypatch.delenv("WRITESCOPE_EXPERT_LINK", raising=False)
+    """On CUDA with the profile's share: the link's kernels in the decode steps (its experts
+    copied into the uploader's buffer, the default read mode), transformers' tokens."""
+    monkeypatch.setenv("WRITESCOPE_EXPERT_LINK", "auto")
     llm = generate_checked(all_tiny, experts="cpu", device="cuda", kv_policy="static",
                            cpu_share=0.5)
     s = llm.stats()
     assert s["experts.link_share"] > 0 and s["experts.link_calls"] > 0
+    assert s["experts.link_copied_bytes"] > 0
     monkeypatch.setenv("WRITESCOPE_EXPERT_LINK", "off")
     off = engine(all_tiny, experts="cpu", device="cuda", kv_policy="static", cpu_share=0.5)
     ids = prompt_ids(off.engine.config.vocab_size)

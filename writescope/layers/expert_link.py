@@ -20,10 +20,24 @@ straight from the CPU kernel's packed tiles in host memory. The two results are 
 Off CUDA (tests; Triton's interpreter) the same functions run on host tensors, the kernels
 through the interpreter or :func:`run_reference`.
 
-When (``WRITESCOPE_EXPERT_LINK``): ``auto`` (default) -- on CUDA, for decode steps of at most
-:data:`MAX_TOKENS` tokens that stream no KV (then the link is otherwise idle through the
-experts' phase; the runner tells :class:`ExpertLink` per step); ``off`` / ``0``; or a share
-(0 < s <= 1) that replaces the profile's ratio ``l / (l + c)``, also off CUDA (tests).
+When (``WRITESCOPE_EXPERT_LINK``): ``off`` / ``0`` (the default); ``auto`` -- on CUDA, for
+decode steps of at most :data:`MAX_TOKENS` tokens that stream no KV (then the link is otherwise
+idle through the experts' phase; the runner tells :class:`ExpertLink` per step), at the
+profile's share; or a share (0 < s <= 1) that replaces the profile's ratio ``l / (l + c)``,
+also off CUDA (tests). The planner and the roofline bound count the link's share only when
+it is on.
+
+Status: **opt-in, slower where measured at batch 1** (H200, 2026-12-04h, calls 1-2,
+``python -m writescope.bench.expert_link`` and batch-1 ``writescope bench`` rows with
+``@expert_link=0`` alternating). The link read the experts at 29-37 GB/s whichever way (mapped:
+zero-copy loads; copy: DMA into the uploader's buffer once the launching thread has the
+routing), not the 55 GB/s of large pinned copies, and the CPU's part did not get faster by the
+bytes it gave away (DeepSeek-V2-Lite at 1 token: 4 experts took the CPU kernel 978-1560 us beside
+the link against 1149-1470 for all 6 alone). One layer call at 1 token took 1.3-1.5x as long
+with the profile's share (0.36) as the CPU alone; at 4 tokens it was 4-8% shorter (DeepSeek
+4466 against 4866 us, Qwen3-30B-A3B 3563 against 3726, copy reads). Engine rows at batch 1 were
+1.5-2.2x slower with the link (DeepSeek-V2-Lite 1 x 8K p50 79-100 against 40-66 ms). Left in as
+an experiment with its benchmark; not used by default.
 """
 from __future__ import annotations
 
@@ -43,8 +57,8 @@ DEFAULT_SHARE = 0.36
 
 
 def setting() -> float | str:
-    """``WRITESCOPE_EXPERT_LINK``: "auto", 0.0 (off) or a forced share in (0, 1]."""
-    raw = os.environ.get("WRITESCOPE_EXPERT_LINK", "auto").strip().lower()
+    """``WRITESCOPE_EXPERT_LINK``: "auto", 0.0 (off, the default) or a forced share in (0, 1]."""
+    raw = os.environ.get("WRITESCOPE_EXPERT_LINK", "off").strip().lower()
     if raw == "auto":
         return "auto"
     if raw in ("off", "no", "false"):
