@@ -1222,3 +1222,12 @@ def test_an_expert_link_variant_sets_the_links_share(tiny_qwen3_moe, tmp_path, m
     assert not rows[0].get("error") and not rows[1].get("error")
     assert rows[0]["output_token_ids"] == rows[1]["output_token_ids"]
     assert "expert_link must be a share" in rows[2]["error"]
+
+
+def test_expert_link_bench_needs_cuda():
+    """``python -m writescope.bench.expert_link`` times the link: without CUDA it says so and
+    exits 2 (no traceback)."""
+    if torch.cuda.is_available():
+        pytest.skip("has CUDA")
+    from writescope.bench import expert_link
+    assert expert_link.main([]) == 2

@@ -135,6 +135,27 @@ def _apply(v: dict, default_threads: int) -> None:
     os.environ["WRITESCOPE_CPU_EXPERT_AMX_MIN"] = str(v["amx_min"])
 
 
+def round_robin(layers, routes, active, expert_bytes: int, call, min_seconds: float,
+                sync=None) -> tuple[int, int, float]:
+    """Layer calls round-robin over ``layers`` (call ``c`` on layer ``l`` takes routing
+    ``(c + l) mod len(routes)``, ``active[r]`` of its experts distinct) until ``min_seconds``
+    and at least two passes; ``sync`` (if any) ends each pass. Returns (calls, routed expert
+    bytes, seconds)."""
+    calls, nbytes = 0, 0
+    t = time.perf_counter()
+    while True:
+        for li, layer in enumerate(layers):
+            r = (calls + li) % len(routes)
+            call(layer, *routes[r])
+            nbytes += active[r] * expert_bytes
+            calls += 1
+        if sync is not None:
+            sync()
+        dt = time.perf_counter() - t
+        if dt >= min_seconds and calls >= 2 * len(layers):
+            return calls, nbytes, dt
+
+
 def bench_model(name: str, args, variants: list[dict], log) -> list[dict]:
     cfg = ModelConfig.from_hf(name)
     E, H, I, k = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts_per_tok
@@ -182,17 +203,8 @@ def bench_model(name: str, args, variants: list[dict], log) -> list[dict]:
                 # warm-up pass over every layer, then round-robin until min_seconds
                 for li, layer in enumerate(layers):
                     call(layer, *routes[li % len(routes)])
-                calls, nbytes, dt = 0, 0, 0.0
-                t = time.perf_counter()
-                while True:
-                    for li, layer in enumerate(layers):
-                        r = (calls + li) % len(routes)
-                        call(layer, *routes[r])
-                        nbytes += active[r] * expert_bytes
-                        calls += 1
-                    dt = time.perf_counter() - t
-                    if dt >= args.min_seconds and calls >= 2 * len(layers):
-                        break
+                calls, nbytes, dt = round_robin(layers, routes, active, expert_bytes, call,
+                                                args.min_seconds)
                 gbps = nbytes / dt / 1e9
                 row = {"model": name, "experts": E, "hidden": H, "inter": I, "topk": k,
                        "tokens": n, "variant": v["name"], "layers": n_layers,

@@ -34,7 +34,7 @@ import torch
 from ..layers import cpu_experts as ce
 from ..layers import expert_link as el
 from ..models.config import ModelConfig
-from .cpu_experts import machine
+from .cpu_experts import machine, round_robin
 from .provenance import git_commit, source_digest
 
 MODELS = ("deepseek-v2-lite", "qwen3-30b-a3b", "mixtral-8x7b")
@@ -95,18 +95,8 @@ def bench_model(name: str, args, shares, profile, log) -> list[dict]:
             torch.cuda.synchronize()
             ce.raise_pending_errors()
             ce.take_routed_bytes()
-            calls, nbytes = 0, 0
-            t = time.perf_counter()
-            while True:
-                for li, layer in enumerate(layers):
-                    r = (calls + li) % len(routes)
-                    call(layer, *routes[r])
-                    nbytes += active[r] * expert_bytes
-                    calls += 1
-                torch.cuda.synchronize()
-                dt = time.perf_counter() - t
-                if dt >= args.min_seconds and calls >= 2 * len(layers):
-                    break
+            calls, nbytes, dt = round_robin(layers, routes, active, expert_bytes, call,
+                                            args.min_seconds, torch.cuda.synchronize)
             cpu_s = ce.raise_pending_errors() or 0.0
             ce.take_routed_bytes()
             gbps = nbytes / dt / 1e9
