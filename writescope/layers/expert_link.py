@@ -305,11 +305,12 @@ def submit(experts, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, share: 
     read at once. ``buffer``: the prefill uploader (``expert_upload.ExpertUploader``), whose
     device buffer the ``copy`` read mode (:func:`read_mode`) copies the link's experts into;
     without one the kernels read the host tiles in place. Returns what :func:`finish` takes."""
-    if share <= 0:
-        return experts.submit(x, idx, w), None
+    copy = x.is_cuda and buffer is not None and read_mode() == "copy"
+    if share <= 0 or (x.is_cuda and not copy and not kernels_usable(experts, x)):
+        return experts.submit(x, idx, w), None  # (on CUDA: no buffer, weights not page-locked)
     sp = split(idx, w, experts.num_experts, share)
     handle = experts.submit(x, sp.ids_cpu, w, routed=idx, out_dtype=torch.float32)
-    if x.is_cuda and buffer is not None and read_mode() == "copy":
+    if copy:
         return handle, run(experts, x, sp, weights=copy_experts(experts, sp, buffer))
     return handle, run(experts, x, sp)
 
