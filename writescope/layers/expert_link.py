@@ -4,10 +4,11 @@ A decode step with the routed experts on the CPU is bound by the CPU reading the
 experts' weights: DeepSeek-V2-Lite at batch 1 reads 6 experts x 17.3 MB a layer, ~1.2 ms at the
 ~88 GB/s its kernel reaches in the engine, most of the step. Meanwhile the PCIe link idles
 unless the step streams KV. The weights are page-locked already (the prefill uploader pins them,
-``expert_upload.py``), so a GPU kernel can read them where they lie -- zero-copy loads through
-the unified address space -- while the CPU reads the others from DRAM, as hybrid attention
-serves spilled KV from both paths. Nothing moves and nothing is copied in advance: each reader
-reads its own experts' bytes once.
+``expert_upload.py``), so the GPU can read some of them over the link -- copied into the
+uploader's device buffer once the routing is known (:func:`read_mode` ``copy``), or loaded in
+place through the unified address space (``mapped``) -- while the CPU reads the others from
+DRAM, as hybrid attention serves spilled KV from both paths. Nothing is placed anew: each
+reader reads its own experts' bytes once per call.
 
 The split (:func:`split`, on the device, no host synchronisation) gives the link whole experts:
 of the ``n_act`` distinct experts the step activates, the ``m`` with the highest ids, ``m`` the
@@ -16,7 +17,8 @@ count that minimises ``max((n_act - m) / c, m / l)`` for the link's and the CPU'
 ``concurrent_cpu_read_Bps``). The CPU kernel gets the routing with those slots set to -1 (it
 skips them); two Triton kernels (:func:`run`) compute the link's experts, ``h = silu(x Wg^T) *
 (x Wu^T)`` rounded to the weights' dtype as the CPU kernel rounds it, then ``w * (h Wd^T)``,
-straight from the CPU kernel's packed tiles in host memory. The two results are added in fp32.
+from the CPU kernel's packed tiles (their device copies, or in host memory). The two results
+are added in fp32.
 Off CUDA (tests; Triton's interpreter) the same functions run on host tensors, the kernels
 through the interpreter or :func:`run_reference`.
 
@@ -33,7 +35,7 @@ Status: **opt-in, slower where measured at batch 1** (H200, 2026-12-04h, calls 1
 zero-copy loads; copy: DMA into the uploader's buffer once the launching thread has the
 routing), not the 55 GB/s of large pinned copies, and the CPU's part did not get faster by the
 bytes it gave away (DeepSeek-V2-Lite at 1 token: 4 experts took the CPU kernel 978-1560 us beside
-the link against 1149-1470 for all 6 alone). One layer call at 1 token took 1.3-1.5x as long
+the link against 1149-1470 for all 6 alone). One layer call at 1 token took 1.2-1.5x as long
 with the profile's share (0.36) as the CPU alone; at 4 tokens it was 4-8% shorter (DeepSeek
 4466 against 4866 us, Qwen3-30B-A3B 3563 against 3726, copy reads). Engine rows at batch 1 were
 1.5-2.2x slower with the link (DeepSeek-V2-Lite 1 x 8K p50 79-100 against 40-66 ms). Left in as
