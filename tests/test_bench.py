@@ -1084,8 +1084,9 @@ def test_policy_variants_are_parsed_and_refused_when_malformed():
                  policies=["writescope", "writescope@margin"]).validate()
 
 
-def _variant_rows(model, tmp_path, monkeypatch, policies: str, probe):
-    """A small grid over ``policies``: its rows, and ``probe(engine)`` at each row's start."""
+def _variant_rows(model, tmp_path, monkeypatch, policies: str, probe, *extra: str):
+    """A small grid over ``policies``: its rows, and ``probe(engine)`` at each row's start
+    (``extra``: more CLI arguments, later ones overriding these)."""
     from writescope.bench import grid
     seen = []
     real = grid.run_engine_row
@@ -1096,7 +1097,7 @@ def _variant_rows(model, tmp_path, monkeypatch, policies: str, probe):
     monkeypatch.setattr(grid, "run_engine_row", spy)
     rc = bench_cli(model, tmp_path, "--batch", "2", "--context-lengths", "100",
                    "--decode-steps", "4", "--num-gpu-blocks", "8", "--max-num-batched-tokens", "64",
-                   "--prefill", "synthetic", "--cpu-threads", "1", "--policies", policies)
+                   "--prefill", "synthetic", "--cpu-threads", "1", "--policies", policies, *extra)
     assert rc == 0
     return _strict_json(tmp_path / "results.json")["rows"], seen
 
@@ -1202,20 +1203,10 @@ def test_an_expert_link_variant_sets_the_links_share(tiny_qwen3_moe, tmp_path, m
     small decode steps' CPU experts (layers/expert_link.py; forced off CUDA), a policy without
     it with the engine's own share (0: off by default); the rows record the share and
     the calls, and a share outside [0, 1] fails its row."""
-    from writescope.bench import grid
-    seen = []
-    real = grid.run_engine_row
-
-    def spy(engine, prompts, *a, **k):
-        seen.append(engine.expert_link.share)
-        return real(engine, prompts, *a, **k)
-    monkeypatch.setattr(grid, "run_engine_row", spy)
-    rc = bench_cli(tiny_qwen3_moe, tmp_path, "--batch", "2", "--context-lengths", "100",
-                   "--decode-steps", "3", "--num-gpu-blocks", "64", "--max-num-batched-tokens", "64",
-                   "--prefill", "synthetic", "--cpu-threads", "1", "--experts", "cpu", "--policies",
-                   "writescope@expert_link=0.5,writescope,writescope@expert_link=2")
-    assert rc == 0
-    rows = _strict_json(tmp_path / "results.json")["rows"]
+    rows, seen = _variant_rows(  # all KV in G: no step streams, the link may take experts
+        tiny_qwen3_moe, tmp_path, monkeypatch,
+        "writescope@expert_link=0.5,writescope,writescope@expert_link=2",
+        lambda engine: engine.expert_link.share, "--experts", "cpu", "--num-gpu-blocks", "64")
     assert seen == [0.5, 0.0]
     assert rows[0]["expert_link"]["share"] == 0.5 and rows[0]["expert_link"]["calls"] > 0
     assert rows[1]["expert_link"]["share"] == 0.0
