@@ -412,6 +412,23 @@ def test_step_profile_counts_a_decode_steps_ops(tiny_deepseek_v2, tmp_path, caps
     assert "cprofile" not in res
 
 
+def test_step_profile_splits_a_step_along_its_expert_chain(capsys):
+    """--timeline: the chain's device times (ms) split into the device's work between calls,
+    the calls' spans, their CPU kernels (the queue's seconds) and the hand-off left over."""
+    from writescope.bench import step_profile
+    marks = [(0.0, 1.0), (1.5, 3.0), (3.2, 4.0)]
+    c = step_profile.chain_split(marks, 0.006, 0.002, (3, 0.0009, 0.002), 2_000_000)
+    assert c["calls"] == 3
+    assert c["calls_ms"] == pytest.approx(3.3) and c["device_between_ms"] == pytest.approx(0.7)
+    assert c["kernels_ms"] == pytest.approx(2.0) and c["handoff_ms"] == pytest.approx(1.3)
+    assert c["outside_ms"] == pytest.approx(2.0) and c["queue_wait_ms"] == pytest.approx(0.9)
+    assert c["kernel_gbps"] == pytest.approx(1.0)
+    step_profile.print_chain(c)
+    assert "3 calls, step 6.0 ms = outside the chain 2.0" in capsys.readouterr().out
+    empty = step_profile.chain_split([], 0.006, None, None, None)
+    assert empty["calls"] == 0 and empty["outside_ms"] == pytest.approx(6.0)
+
+
 def test_step_profile_lists_python_functions_by_host_time(tiny_deepseek_v2, tmp_path, capsys):
     from writescope.bench import step_profile
     out = tmp_path / "p.json"

@@ -295,6 +295,32 @@ def test_cuda_hidden_round_trip(queue, monkeypatch):
     ce.raise_pending_errors()  # reported once
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_timeline_marks_each_device_waited_call(monkeypatch):
+    """WRITESCOPE_EXPERT_TIMELINE=1: a (ready, seen) pair of device times per device-waited call,
+    in stream order (bench.step_profile --timeline splits a step with them); none when off."""
+    E, H, I, k, N = 8, 128, 96, 2, 3
+    bf = torch.bfloat16
+    layer = CpuExperts.from_weights(*(t.to(bf).cuda() for t in _weights(E, H, I)), dtype=bf)
+    ids, w = _routing(N, E, k)
+    x = torch.randn(N, H, device="cuda").to(bf)
+    ce.take_timeline()
+    layer.wait(layer.submit(x, ids.cuda(), w.cuda()))
+    ce.raise_pending_errors()
+    assert ce.take_timeline() == []  # off by default
+    monkeypatch.setenv("WRITESCOPE_EXPERT_TIMELINE", "1")
+    y = x
+    for _ in range(3):
+        y = layer.wait(layer.submit(y, ids.cuda(), w.cuda()))
+    ce.raise_pending_errors()
+    marks = ce.take_timeline()
+    assert len(marks) == 3 and marks[0][0] == 0.0
+    assert all(b >= a for a, b in marks)
+    assert all(marks[i][0] >= marks[i - 1][1] for i in range(1, 3))  # each call waits for the last
+    assert ce.take_timeline() == []  # taken once
+
+
 @pytest.mark.parametrize("backend", ["cpp", "torch"] if ISAS else ["torch"])
 def test_uploader_runs_cpu_experts_on_the_device_path(backend):
     """Prefill-sized steps: the packed host weights are copied into one shared buffer and

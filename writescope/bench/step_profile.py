@@ -9,6 +9,12 @@ kernel launches, and the ops that cost the most host time. A decode step
 whose host time is close to its wall time is launch-bound: the list says which ops to remove or
 fuse. ``--json FILE`` writes the same figures.
 
+``--timeline`` (CPU experts on CUDA) splits each unprofiled step along its chain of CPU expert
+calls with two timing events a call (``WRITESCOPE_EXPERT_TIMELINE``, ``layers/cpu_experts.py``):
+the device's own work between one call's result and the next call's inputs, and each call's
+span from its inputs to the device past its wait -- the CPU kernels (the native queue's time)
+plus the hand-off (the ready word, the queue's pick-up, the done word reaching the device).
+
 ``--cprofile N`` then runs N more steps under :mod:`cProfile` and lists the Python functions
 that take the most host time per step (self and cumulative), with the attention calls
 (``HybridAttention.launch`` / ``finish``) broken down: torch.profiler sees framework ops and
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 
@@ -48,8 +55,12 @@ def main(argv=None) -> int:
                          "model's prefill (long contexts in seconds; LLMEngine.prefill_synthetic)")
     ap.add_argument("--cprofile", type=int, default=0, metavar="N",
                     help="then N more steps under cProfile: the Python functions by host time")
+    ap.add_argument("--timeline", action="store_true",
+                    help="split each unprofiled step along its CPU expert calls (CUDA)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
+    if args.timeline:
+        os.environ["WRITESCOPE_EXPERT_TIMELINE"] = "1"
 
     from torch.profiler import ProfilerActivity, profile
 
@@ -72,13 +83,21 @@ def main(argv=None) -> int:
         eng.step()  # prefill
     for _ in range(args.warmup):
         eng.step()
-    plain, expert_s, host_s = [], [], []  # the same steps with no profiler attached
+    from ..layers import cpu_experts
+    cpu_experts.take_timeline()
+    plain, expert_s, host_s, chains = [], [], [], []  # the same steps with no profiler attached
     for _ in range(args.steps):
         t0 = time.perf_counter()
         eng.step()
         plain.append(time.perf_counter() - t0)
         expert_s.append(eng.runner.last_times.get("cpu_expert_s") or 0.0)
         host_s.append(eng.runner.last_times.get("forward_host_s", float("nan")))
+        if args.timeline:
+            chains.append(chain_split(cpu_experts.take_timeline(), plain[-1], expert_s[-1],
+                                      cpu_experts.last_queue_stats,
+                                      eng.runner.last_times.get("cpu_expert_bytes")))
+    if args.timeline:  # the profiled steps below record no events
+        os.environ.pop("WRITESCOPE_EXPERT_TIMELINE", None)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if eng.device.type == "cuda" else [])
     walls, hosts = [], []
     with profile(activities=acts) as prof:
@@ -148,6 +167,10 @@ def main(argv=None) -> int:
         print(f"{'kernel':72s} {'calls/step':>10s} {'ms/step':>8s}")
         for r in res["top_device_ops"]:
             print(f"{r['op'][:72]:72s} {r['calls_per_step']:10.1f} {r['device_ms_per_step']:8.2f}")
+    if chains:
+        res["expert_chain"] = {k: sorted(c[k] for c in chains)[len(chains) // 2]
+                               for k in chains[0]}
+        print_chain(res["expert_chain"])
     res["compiled"] = compiled_resources()
     if res["compiled"]:
         print(f"\n{'Triton kernel (compiled forms)':32s} {'warps':>5s} {'stages':>6s} "
@@ -162,6 +185,42 @@ def main(argv=None) -> int:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)
     return 0
+
+
+def chain_split(marks: list[tuple[float, float]], step_s: float, kernel_s: float,
+                queue_stats, routed_bytes: int | None) -> dict:
+    """One step's CPU expert chain from :func:`~writescope.layers.cpu_experts.take_timeline`'s
+    ``(ready, seen)`` device times (ms): ``calls``; ``device_between_ms``, the device's time from
+    one call's result seen to the next call's inputs copied (its own work between two calls);
+    ``calls_ms``, the calls' spans from inputs copied to result seen; ``kernels_ms``, the CPU
+    kernels' time in them (the native queue's); ``handoff_ms``, the rest of the spans (the ready
+    word, the queue's pick-up and the kernel's start, the done word reaching the device);
+    ``outside_ms``, the step's wall time outside the chain (before the first call and after the
+    last: the first layers, the head, sampling, the step's start and end on the host);
+    ``queue_wait_ms``, the queue thread's time waiting for inputs; ``kernel_gbps``, the expert
+    bytes the calls read over the kernels' time."""
+    calls = len(marks)
+    spans = sum(b - a for a, b in marks)
+    between = sum(marks[i][0] - marks[i - 1][1] for i in range(1, calls))
+    kernels = (kernel_s or 0.0) * 1e3
+    out = {"calls": calls, "step_ms": step_s * 1e3, "device_between_ms": between,
+           "calls_ms": spans, "kernels_ms": kernels, "handoff_ms": spans - kernels,
+           "outside_ms": step_s * 1e3 - (marks[-1][1] - marks[0][0] if marks else 0.0),
+           "queue_wait_ms": (queue_stats[1] * 1e3 if queue_stats else float("nan")),
+           "kernel_gbps": (routed_bytes / kernel_s / 1e9 if routed_bytes and kernel_s
+                           else float("nan"))}
+    return out
+
+
+def print_chain(c: dict) -> None:
+    n = max(c["calls"], 1)
+    print(f"\nCPU expert chain (median of the unprofiled steps): {c['calls']:.0f} calls, "
+          f"step {c['step_ms']:.1f} ms = outside the chain {c['outside_ms']:.1f} + device between "
+          f"calls {c['device_between_ms']:.1f} ({c['device_between_ms'] / n * 1e3:.0f} us a "
+          f"call) + calls {c['calls_ms']:.1f}; in the calls: CPU kernels {c['kernels_ms']:.1f} ms "
+          f"({c['kernel_gbps']:.1f} GB/s of expert weights), hand-off {c['handoff_ms']:.1f} ms "
+          f"({c['handoff_ms'] / n * 1e3:.0f} us a call); the queue waited "
+          f"{c['queue_wait_ms']:.1f} ms for inputs")
 
 
 def python_profile(eng, steps: int, top: int) -> dict:

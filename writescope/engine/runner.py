@@ -172,7 +172,8 @@ class ModelRunner:
                 forms.observe(form_key, split, timing["step_s"])
             self.last_times = {"forward_host_s": t1 - t0,
                                "device_tail_s": time.perf_counter() - t1,
-                               "cpu_expert_s": expert_s}
+                               "cpu_expert_s": expert_s,
+                               "cpu_expert_bytes": extra["cpu_expert_bytes"]}
             if self.graphs is not None:
                 self.graphs.capture_pending()  # a new decode size ran eagerly: capture it now
             if not sampled:

@@ -402,12 +402,38 @@ def take_routed_bytes() -> int | None:
     return total
 
 
+#: ``WRITESCOPE_EXPERT_TIMELINE=1``: each device-waited call records two timing events on the
+#: stream -- its inputs copied (just before its ready word is raised) and the device past its
+#: wait for the result -- that :func:`take_timeline` hands out (``bench.step_profile
+#: --timeline`` splits a step with them); off by default (no events recorded)
+_timeline: list = []
+#: the native queue's figures at the last drain: (calls, seconds waiting for inputs, kernel s)
+last_queue_stats: tuple[int, float, float] | None = None
+
+
+def timeline_on() -> bool:
+    return os.environ.get("WRITESCOPE_EXPERT_TIMELINE", "0") == "1"
+
+
+def take_timeline() -> list[tuple[float, float]]:
+    """The device-waited calls since the last take, in order, as ``(ready, seen)`` milliseconds
+    on the device's clock relative to the first call's ready event (``WRITESCOPE_EXPERT_TIMELINE``
+    on; synchronises with the last event). Empty when off or when no call ran."""
+    global _timeline
+    marks, _timeline = _timeline, []
+    if not marks:
+        return []
+    marks[-1][1].synchronize()
+    t0 = marks[0][0]
+    return [(t0.elapsed_time(a), t0.elapsed_time(b)) for a, b in marks]
+
+
 def raise_pending_errors() -> float | None:
     """Once the step is enqueued: wait for the CPU expert calls the device waits for, re-raise
     the first failure among them (and a device wait that gave up), clear the pending list.
     Returns the kernel seconds of the calls that ran on the native queue or inline (the planner
     corrects its experts' rate with them), or None when none did."""
-    global _pending, _native_pending, _inline_s
+    global _pending, _native_pending, _inline_s, last_queue_stats
     jobs, _pending = _pending, []
     native, _native_pending = _native_pending, 0
     errors = []
@@ -420,7 +446,8 @@ def raise_pending_errors() -> float | None:
         kernel_s, _inline_s = _inline_s or None, 0.0
     if native and _native_queue is not None:
         try:
-            kernel_s = (kernel_s or 0.0) + _native_queue.drain()[2]
+            last_queue_stats = _native_queue.drain()
+            kernel_s = (kernel_s or 0.0) + last_queue_stats[2]
         except Exception as e:  # noqa: BLE001 - re-raised below
             errors.append(RuntimeError(f"CPU expert call failed: {e} (-1: an expert id out of "
                                        f"range, -2: a bad argument, -10: the inputs never came)"))
@@ -448,6 +475,7 @@ class CpuExpertsHandle:
     n: int
     result: torch.Tensor | None = None  # pinned: filled by the worker when the device waits
     seq: int = 0                        # the flag value that says ``result`` is there
+    mark: object = None                 # the inputs' timing event (WRITESCOPE_EXPERT_TIMELINE)
 
 
 class CpuExperts:
@@ -681,7 +709,7 @@ class CpuExperts:
         x = hidden.detach().to(self.dtype)
         ids = topk_ids.detach().to(torch.int32)
         w = topk_weights.detach().to(torch.float32)
-        event = None
+        event = mark = None
         if dev.type == "cuda":
             # async D2H into pinned buffers; the worker waits on the event before reading them
             xs = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
@@ -695,6 +723,9 @@ class CpuExperts:
                 routed_h.copy_(routed.detach().to(torch.int32), non_blocking=True)
                 routed = routed_h
             from ..attention.hostflag import stream_ready
+            if timeline_on():
+                mark = torch.cuda.Event(enable_timing=True)
+                mark.record()
             event = stream_ready(dev)  # the worker polls it (sleeping, no CUDA call)
             x, ids, w = xs, ids_h, w_h
         else:
@@ -720,10 +751,10 @@ class CpuExperts:
                 if queue is not None:
                     self._submit_native(queue, x, ids, w, res, ready,
                                         (flags.address(self._slot), seq))
-                    return CpuExpertsHandle(None, dev, dtype, n, res, seq)
+                    return CpuExpertsHandle(None, dev, dtype, n, res, seq, mark)
                 fut = _get_executor().submit(self._compute_signalled, x, ids, w, event, res,
                                              flags, seq)
-                return CpuExpertsHandle(fut, dev, dtype, n, res, seq)
+                return CpuExpertsHandle(fut, dev, dtype, n, res, seq, mark)
         fut = _get_executor().submit(self._compute, x, ids, w, dtype, pin, event)
         return CpuExpertsHandle(fut, dev, dtype, n)
 
@@ -795,6 +826,10 @@ class CpuExperts:
         if handle.result is not None:
             flags = _host_flags(torch.device(handle.device))
             flags.wait(self._slot, handle.seq)
+            if handle.mark is not None:
+                seen = torch.cuda.Event(enable_timing=True)
+                seen.record()
+                _timeline.append((handle.mark, seen))
             if handle.future is not None:  # (the native queue's calls: drained at the step's end)
                 _pending.append(handle.future)
             return handle.result.to(handle.device, non_blocking=True)
