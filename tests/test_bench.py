@@ -425,6 +425,14 @@ def test_step_profile_splits_a_step_along_its_expert_chain(capsys):
     assert c["kernel_gbps"] == pytest.approx(1.0)
     step_profile.print_chain(c)
     assert "3 calls, step 6.0 ms = outside the chain 2.0" in capsys.readouterr().out
+    # on the host's clock: call 1 was queued 0.3 ms after call 0 was done, its inputs came
+    # 0.1 ms later; the launching thread queued a call every 1.5 ms
+    calls = [dict(enter=0.0, pushed=1e-4, wait=2e-4, popped=1e-4, ready=3e-4, done=13e-4),
+             dict(enter=12e-4, pushed=16e-4, wait=17e-4, popped=16e-4, ready=17e-4, done=27e-4)]
+    h = step_profile.host_chain(calls)
+    assert h["host_kernels_ms"] == pytest.approx(2.0) and h["launcher_per_call_ms"] == pytest.approx(1.5)
+    assert h["launcher_late_ms"] == pytest.approx(0.3) and h["device_late_ms"] == pytest.approx(0.1)
+    assert h["pickup_ms"] == pytest.approx(0.3) and step_profile.host_chain([]) == {}
     empty = step_profile.chain_split([], 0.006, None, None, None)
     assert empty["calls"] == 0 and empty["outside_ms"] == pytest.approx(6.0)
 

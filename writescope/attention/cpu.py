@@ -146,6 +146,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ws_queue_submit_fn.argtypes = [p, p, i64, p, i64, d, d, p, p]
     lib.ws_queue_drain.restype = i
     lib.ws_queue_drain.argtypes = [p, d, p]
+    lib.ws_queue_times.restype = i
+    lib.ws_queue_times.argtypes = [p, p, i]
     lib.ws_queue_free.restype = None
     lib.ws_queue_free.argtypes = [p]
     lib.ws_cpu_features.restype = i
@@ -632,6 +634,16 @@ class CpuJobQueue:
         if rc != 0:
             raise RuntimeError(f"a queued CPU job failed (code {rc})")
         return int(st[0]), float(st[1]), float(st[2])
+
+    def times(self, max_calls: int = 4096) -> list[tuple[float, float, float]]:
+        """The finished calls' host times since the last take, oldest first: ``(popped from the
+        queue, inputs ready -- the kernel starts --, done)`` in seconds on the clock of
+        :func:`time.perf_counter` (CLOCK_MONOTONIC, Linux)."""
+        if self._q is None:
+            return []
+        buf = (ctypes.c_double * (3 * max_calls))()
+        n = self.lib.ws_queue_times(self._q, buf, max_calls)
+        return [(buf[3 * i], buf[3 * i + 1], buf[3 * i + 2]) for i in range(n)]
 
     def close(self) -> None:
         """Stop the thread (calls not started are not run; their done words are stored)."""

@@ -96,6 +96,7 @@ def main(argv=None) -> int:
             chains.append(chain_split(cpu_experts.take_timeline(), plain[-1], expert_s[-1],
                                       cpu_experts.last_queue_stats,
                                       eng.runner.last_times.get("cpu_expert_bytes")))
+            chains[-1].update(host_chain(cpu_experts.take_host_timeline()))
     if args.timeline:  # the profiled steps below record no events
         os.environ.pop("WRITESCOPE_EXPERT_TIMELINE", None)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if eng.device.type == "cuda" else [])
@@ -212,6 +213,31 @@ def chain_split(marks: list[tuple[float, float]], step_s: float, kernel_s: float
     return out
 
 
+def host_chain(calls: list[dict]) -> dict:
+    """The same chain on the host's clock (:func:`~writescope.layers.cpu_experts.
+    take_host_timeline`), summed over a step's calls in ms: ``host_kernels_ms`` (inputs seen to
+    done); between one call's done and the next call's inputs seen, ``launcher_late_ms`` -- the
+    launching thread had not yet queued the next call -- and ``device_late_ms``, the rest (the
+    queued call waiting for its inputs); ``launcher_per_call_ms``, the launching thread's mean
+    time from one call's job queued to the next's; ``pickup_ms``, from a job queued to its
+    kernel's start, summed."""
+    if not calls:
+        return {}
+    ms = 1e3
+    late = dev = 0.0
+    for a, b in zip(calls, calls[1:]):
+        gap = b["ready"] - a["done"]
+        lag = min(max(0.0, b["pushed"] - a["done"]), max(gap, 0.0))
+        late += lag
+        dev += max(gap, 0.0) - lag
+    n = len(calls)
+    return {"host_kernels_ms": sum(c["done"] - c["ready"] for c in calls) * ms,
+            "launcher_late_ms": late * ms, "device_late_ms": dev * ms,
+            "launcher_per_call_ms": ((calls[-1]["pushed"] - calls[0]["pushed"]) / (n - 1) * ms
+                                     if n > 1 else float("nan")),
+            "pickup_ms": sum(max(0.0, c["ready"] - c["pushed"]) for c in calls) * ms}
+
+
 def print_chain(c: dict) -> None:
     n = max(c["calls"], 1)
     print(f"\nCPU expert chain (median of the unprofiled steps): {c['calls']:.0f} calls, "
@@ -221,6 +247,13 @@ def print_chain(c: dict) -> None:
           f"({c['kernel_gbps']:.1f} GB/s of expert weights), hand-off {c['handoff_ms']:.1f} ms "
           f"({c['handoff_ms'] / n * 1e3:.0f} us a call); the queue waited "
           f"{c['queue_wait_ms']:.1f} ms for inputs")
+    if "launcher_late_ms" in c:
+        print(f"  on the host's clock: kernels {c['host_kernels_ms']:.1f} ms; between a call's "
+              f"done and the next call's start {c['launcher_late_ms']:.1f} ms with the next call "
+              f"not yet queued by the launching thread and {c['device_late_ms']:.1f} ms waiting "
+              f"for its inputs; the launching thread queued a call every "
+              f"{c['launcher_per_call_ms'] * 1e3:.0f} us; jobs started {c['pickup_ms']:.1f} ms "
+              f"after being queued, summed")
 
 
 def python_profile(eng, steps: int, top: int) -> dict:

@@ -415,6 +415,23 @@ def timeline_on() -> bool:
     return os.environ.get("WRITESCOPE_EXPERT_TIMELINE", "0") == "1"
 
 
+#: per device-waited native call (timeline on): the launching thread's (submit entered, job
+#: pushed, wait entered) on time.perf_counter's clock
+_host_marks: list = []
+
+
+def take_host_timeline() -> list[dict]:
+    """The native calls since the last take (``WRITESCOPE_EXPERT_TIMELINE`` on), oldest first,
+    each with the launching thread's times (``enter``: submit called, ``pushed``: the job queued,
+    ``wait``: wait called) and the queue thread's (``popped``, ``ready``: the inputs seen, the
+    kernel starts, ``done``), all seconds on :func:`time.perf_counter`'s clock."""
+    global _host_marks
+    marks, _host_marks = _host_marks, []
+    q = _native_queue.times() if _native_queue is not None else []
+    return [dict(enter=m[0], pushed=m[1], wait=m[2], popped=t[0], ready=t[1], done=t[2])
+            for m, t in zip(marks, q)]
+
+
 def take_timeline() -> list[tuple[float, float]]:
     """The device-waited calls since the last take, in order, as ``(ready, seen)`` milliseconds
     on the device's clock relative to the first call's ready event (``WRITESCOPE_EXPERT_TIMELINE``
@@ -476,6 +493,7 @@ class CpuExpertsHandle:
     result: torch.Tensor | None = None  # pinned: filled by the worker when the device waits
     seq: int = 0                        # the flag value that says ``result`` is there
     mark: object = None                 # the inputs' timing event (WRITESCOPE_EXPERT_TIMELINE)
+    host: tuple | None = None           # (submit entered, job pushed) host times (the same)
 
 
 class CpuExperts:
@@ -699,6 +717,7 @@ class CpuExperts:
         ``topk_ids`` is a slot left out (another reader computes it: ``expert_link.py``); then
         ``routed`` is the step's whole routing, whose distinct experts :func:`take_routed_bytes`
         counts. ``out_dtype``: the result's dtype (default the hidden states')."""
+        entered = time.perf_counter()
         self._check(hidden, topk_ids, topk_weights)
         n = hidden.shape[0]
         dev, dtype = hidden.device, (out_dtype or hidden.dtype)
@@ -751,7 +770,8 @@ class CpuExperts:
                 if queue is not None:
                     self._submit_native(queue, x, ids, w, res, ready,
                                         (flags.address(self._slot), seq))
-                    return CpuExpertsHandle(None, dev, dtype, n, res, seq, mark)
+                    host = None if mark is None else (entered, time.perf_counter())
+                    return CpuExpertsHandle(None, dev, dtype, n, res, seq, mark, host)
                 fut = _get_executor().submit(self._compute_signalled, x, ids, w, event, res,
                                              flags, seq)
                 return CpuExpertsHandle(fut, dev, dtype, n, res, seq, mark)
@@ -824,6 +844,8 @@ class CpuExperts:
         the returned tensor is filled in stream order once the CPU is done: the device waits, this
         thread goes on."""
         if handle.result is not None:
+            if handle.host is not None:
+                _host_marks.append((*handle.host, time.perf_counter()))
             flags = _host_flags(torch.device(handle.device))
             flags.wait(self._slot, handle.seq)
             if handle.mark is not None:

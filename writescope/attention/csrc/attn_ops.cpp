@@ -577,7 +577,11 @@ struct WsQueue {
     int64_t ncalls = 0;                     // since the last drain, under mu
     double wait_s = 0.0, kernel_s = 0.0;
     int first_rc = 0;
+    // per call since the last ws_queue_times: {popped, ready seen, done stored} on
+    // CLOCK_MONOTONIC (Python's time.perf_counter on Linux), at most kMaxTimes calls
+    std::vector<double> times;
 };
+constexpr size_t kMaxTimes = 1 << 14;
 
 // Append a call (-11 once the queue is stopping) and wake the worker.
 int queue_push(WsQueue* Q, const QueuedCall& c) {
@@ -603,6 +607,7 @@ void queue_main(WsQueue* Q) {
             Q->jobs.pop_front();
         }
         double t[2] = {0.0, 0.0};
+        const double popped = now_s();
         int rc;
         if (Q->stop.load()) {  // not run: the device must not wait for it
             rc = -11;
@@ -625,6 +630,10 @@ void queue_main(WsQueue* Q) {
             ++Q->ncalls;
             Q->wait_s += t[0];
             Q->kernel_s += t[1];
+            if (Q->times.size() < 3 * kMaxTimes) {
+                const double done = now_s();
+                Q->times.insert(Q->times.end(), {popped, done - t[1], done});
+            }
             if (rc != 0 && Q->first_rc == 0) Q->first_rc = rc;
         }
         Q->idle.notify_all();
@@ -841,6 +850,19 @@ int ws_queue_drain(void* queue, double timeout_s, double* stats) {
         Q->first_rc = 0;
     }
     return rc;
+}
+
+// The calls' host times since the last call of this (oldest first, at most kMaxTimes): up to
+// `max` triples {popped from the queue, inputs ready (the kernel starts), done stored} in
+// seconds on CLOCK_MONOTONIC into out. Returns the number of triples written; the rest are
+// dropped.
+int ws_queue_times(void* queue, double* out, int max) {
+    WsQueue* Q = (WsQueue*)queue;
+    std::lock_guard<std::mutex> lk(Q->mu);
+    const int n = (int)std::min<size_t>(Q->times.size() / 3, max < 0 ? 0 : (size_t)max);
+    std::copy(Q->times.begin(), Q->times.begin() + 3 * n, out);
+    Q->times.clear();
+    return n;
 }
 
 // Stop the worker: calls not started yet are not run (their done words are still stored, and
