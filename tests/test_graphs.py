@@ -273,9 +273,9 @@ def test_resident_steps_are_captured_whole(all_tiny, experts, monkeypatch):
     """On CUDA, decode steps whose cached KV is all on the GPU are captured with their attention
     (resident buffers) and replayed; when G fills up the steps go back to the hybrid path. With
     the experts on the CPU (their calls eager, the default) no step is resident
-    (graphs.resident_rows); with them graphed (WRITESCOPE_CPU_EXPERTS_GRAPHED=1 in the
-    environment) they are resident like the rest. The tokens are the eager run's and
-    transformers'."""
+    (graphs.resident_rows); with them graphed (by default in resident steps,
+    WRITESCOPE_CPU_EXPERTS_GRAPHED) they are resident like the rest. The tokens are the eager
+    run's and transformers'."""
     lens = (5, 20, 30)
     prompts = [prompt_ids(320, n, seed=n) for n in lens]
     for opts in (PLACEMENTS["all-G"], dict(kv_policy="transfer", num_gpu_blocks=4)):
@@ -340,8 +340,25 @@ def test_resident_steps_around_eager_cpu_expert_calls(all_tiny, monkeypatch):
     output buffers -- the rotary tables -- which hold nothing at capture time, and wrote it into
     the KV buffers.)"""
     monkeypatch.setenv("WRITESCOPE_RESIDENT_ATTENTION", "force")
-    monkeypatch.delenv("WRITESCOPE_CPU_EXPERTS_GRAPHED", raising=False)
+    monkeypatch.setenv("WRITESCOPE_CPU_EXPERTS_GRAPHED", "0")
     prompts = [prompt_ids(320, n, seed=n) for n in (5, 20, 30)]
     kw = dict(device="cuda", experts="cpu", **PLACEMENTS["all-G"])
     _, s = eager_then_graphed(all_tiny, prompts, kw, monkeypatch)
     assert s["graphs.resident_steps"] > 0 and s["graphs.cpu_expert_calls"] == 0, s
+
+
+@pytest.mark.parametrize("value,want", [(None, "auto"), ("auto", "auto"), ("1", "on"),
+                                        ("on", "on"), ("0", "off"), ("off", "off")])
+def test_graphed_cpu_expert_calls_mode(value, want, monkeypatch):
+    """WRITESCOPE_CPU_EXPERTS_GRAPHED: auto (the default) graphs the calls in resident steps
+    only, 1 in every graphed step, 0 never; anything else is an error."""
+    if value is None:
+        monkeypatch.delenv("WRITESCOPE_CPU_EXPERTS_GRAPHED", raising=False)
+    else:
+        monkeypatch.setenv("WRITESCOPE_CPU_EXPERTS_GRAPHED", value)
+    assert cpu_experts_graph.mode() == want
+    assert cpu_experts_graph.enabled(resident=True) == (want != "off")
+    assert cpu_experts_graph.enabled(resident=False) == (want == "on")
+    monkeypatch.setenv("WRITESCOPE_CPU_EXPERTS_GRAPHED", "sometimes")
+    with pytest.raises(ValueError, match="WRITESCOPE_CPU_EXPERTS_GRAPHED"):
+        cpu_experts_graph.mode()

@@ -9,8 +9,8 @@ size as a CUDA graph and replayed with one launch. Attention stays eager: its pl
 regions, CPU share) changes every step (unless all of the step's KV is resident,
 ``attention/resident.py``). So does any piece that would synchronise with the host for that
 step size (the grouped expert path), and calls of experts on the CPU -- unless they are
-captured by halves (``layers/cpu_experts_graph.py``, opt-in: ``WRITESCOPE_CPU_EXPERTS_GRAPHED=1``):
-the graph holds the copies, the ready word, the device's wait and the result's copy, and each
+captured by halves (``layers/cpu_experts_graph.py``; by default in resident steps only,
+``WRITESCOPE_CPU_EXPERTS_GRAPHED``): the graph holds the copies, the ready word, the device's wait and the result's copy, and each
 replay first queues the segment's native kernel calls (``Segment.host_calls``). This is the
 piecewise capture vLLM v1 uses; the code is ours.
 
@@ -195,7 +195,8 @@ def _layer_pieces(i: int, layer, n: int, cache, group: int | None = None,
         out += [Piece(f"{pre_}launch{i}", launch, (q, rec), (), False, g),
                 Piece(f"{pre_}finish{i}", finish, (), (o_kv, l_kv), False, g)]
     return out + [post_piece,
-                  Piece(f"{pre_}ffn{i}", mlp, (h,), (dx,), True if safe is None else safe(n), g)]
+                  Piece(f"{pre_}ffn{i}", mlp, (h,), (dx,),
+                        True if safe is None else safe(n, group is None and resident), g)]
 
 
 def _ends(model, group: int | None = None) -> tuple[Piece, Piece]:
@@ -347,7 +348,7 @@ class DecodeGraphs:
         ok = self._resident_ok.get(size)
         if ok is None:
             safe = [getattr(l.ffn, "graph_safe", None) for l in self.model.model.layers]
-            ok = self._resident_ok[size] = all(f is None or f(size) for f in safe)
+            ok = self._resident_ok[size] = all(f is None or f(size, True) for f in safe)
         return size if ok else None
 
     def wants(self, n: int) -> bool:
@@ -443,7 +444,8 @@ class DecodeGraphs:
         if experts:  # whether their calls are captured (cpu_experts_graph), or why not
             why = next((e.graph_disabled for e in experts if e.graph_disabled), None)
             out["graphs.cpu_experts_graphed"] = (
-                f"off ({why})" if why else "on" if cpu_experts_graph.enabled() else "off")
+                f"off ({why})" if why else {"auto": "resident steps"}.get(
+                    cpu_experts_graph.mode(), cpu_experts_graph.mode()))
         return out
 
     @torch.no_grad()
@@ -484,11 +486,12 @@ class DecodeGraphs:
     def _graphed_experts(self, segs: list[Segment]) -> bool:
         """Whether these segments would capture CPU expert calls (graph-safe ffn pieces of
         layers whose experts are on the CPU)."""
-        if not cpu_experts_graph.enabled():
+        if cpu_experts_graph.mode() == "off":
             return False
-        return any(getattr(l.ffn, "cpu_experts", None) is not None
-                   and l.ffn.cpu_experts.graph_disabled is None
-                   for l in self.model.model.layers) and any(s.graphable for s in segs)
+        ffn = {f"ffn{i}" for i, l in enumerate(self.model.model.layers)
+               if getattr(l.ffn, "cpu_experts", None) is not None
+               and l.ffn.cpu_experts.graph_disabled is None}
+        return any(p.name.split(":")[-1] in ffn for s in segs if s.graphable for p in s.pieces)
 
     def _capture(self, segs: list[Segment]) -> None:
         torch.cuda.synchronize(self.device)

@@ -778,12 +778,14 @@ class CpuExperts:
         fut = _get_executor().submit(self._compute, x, ids, w, dtype, pin, event)
         return CpuExpertsHandle(fut, dev, dtype, n)
 
-    def graphable(self, device: torch.device, dtype: torch.dtype) -> bool:
+    def graphable(self, device: torch.device, dtype: torch.dtype, resident: bool = True) -> bool:
         """Whether a call on ``device`` with hidden states of ``dtype`` may be captured in a CUDA
-        graph (``cpu_experts_graph``): the compiled kernel on the native queue, the device
-        waiting on a kernel (not the driver's memop, which a graph may not hold)."""
+        graph of a ``resident`` step or another (``cpu_experts_graph``): the compiled kernel on
+        the native queue, the device waiting on a kernel (not the driver's memop, which a graph
+        may not hold)."""
         from . import cpu_experts_graph
-        if (device.type != "cuda" or self.backend != "cpp" or not cpu_experts_graph.enabled()
+        if (device.type != "cuda" or self.backend != "cpp"
+                or not cpu_experts_graph.enabled(resident)
                 or self.graph_disabled is not None
                 or dtype not in (torch.bfloat16, torch.float32)
                 or not _device_wait_enabled(device)):

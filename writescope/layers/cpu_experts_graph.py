@@ -24,14 +24,24 @@ Every captured call has buffers and words of its own, set aside by the capture's
 ones (a padded graph size) are never computed; their result rows stay zero. The kernel, its
 inputs and its rows are the eager call's, so the results are the same bits.
 
-Status: **opt-in** (``WRITESCOPE_CPU_EXPERTS_GRAPHED=1``; default: eager calls, the step's graph
-breaking at each of them). The first version, with its buffers page-locked by
-``cudaHostRegister``, never captured on the H200 (torch refused the copies: 2026-12-03d call 4);
-the buffers now come from torch's pinned allocator, outside the capture: that version captures,
-replays and gives the eager tokens there (2026-12-03e call 1), but is not faster (Qwen3-30B-A3B
-x 1K: 57.1 against 55.1 ms a step at batch 1, 159.1 against 148.3 at batch 4). A capture that
-fails with graphed calls in it turns them off for that model's layers
-(``CpuExperts.graph_disabled``, one warning) and the step is captured again around eager calls.
+Status: ``WRITESCOPE_CPU_EXPERTS_GRAPHED`` = ``auto`` (the default since 2026-12-04i: graphed in
+*resident* steps, whose cached KV is all on the GPU, so that the whole step is graphs; eager
+calls in the others, whose graphs break at attention anyway), ``1`` (graphed in every graphed
+step) or ``0`` (always eager: the step's graph breaks at each call). The first version, with its
+buffers page-locked by ``cudaHostRegister``, never captured on the H200 (torch refused the
+copies: 2026-12-03d call 4); the buffers now come from torch's pinned allocator, outside the
+capture: that version captures, replays and gives the eager tokens there (2026-12-03e call 1).
+It was then not faster (Qwen3-30B-A3B x 1K: 57.1 against 55.1 ms a step at batch 1, the whole
+step one graph whose launch came before any of its work). Since resident steps are cut into
+several graphs, it is: with eager calls the launching thread is the batch-1 step's critical path
+(DeepSeek-V2-Lite 1 x 8K: it queued a call every 1.55 ms against the CPU kernel's 1.1 ms,
+``bench.step_profile --timeline``, 2026-12-04i call 2), and graphed resident steps ran 0.76-0.97x
+the eager ones in five pairs of processes (DeepSeek 1 x 8K 34.2 / 36.6 against 35.2 / 47.9 ms,
+Qwen3 1 x 1K 58.8 / 55.8 against 68.5 / 62.2, DeepSeek 4 x 8K 105.7 against 113.4; call 3). A
+spilled step (DeepSeek 2 x 16K over 64 GPU blocks, CPU attention beside the experts) took 85.4
+graphed against 82.5 eager in the one pair run, hence ``auto``. A capture that fails with
+graphed calls in it turns them off for that model's layers (``CpuExperts.graph_disabled``, one
+warning) and the step is captured again around eager calls.
 """
 from __future__ import annotations
 
@@ -50,11 +60,27 @@ _reserving = False
 _MAX_WORDS = 1 << 14
 
 
-def enabled() -> bool:
-    """``WRITESCOPE_CPU_EXPERTS_GRAPHED=1`` turns graphed calls on (default off: right on the
-    H200 but slower there, see the module docstring)."""
-    return os.environ.get("WRITESCOPE_CPU_EXPERTS_GRAPHED", "0").strip().lower() in (
-        "1", "on", "true", "yes")
+MODES = ("auto", "on", "off")
+
+
+def mode() -> str:
+    """``WRITESCOPE_CPU_EXPERTS_GRAPHED``: ``auto`` (default: graphed in resident steps), ``on``
+    (``1``: in every graphed step) or ``off`` (``0``: never); see the module docstring."""
+    v = os.environ.get("WRITESCOPE_CPU_EXPERTS_GRAPHED", "auto").strip().lower()
+    if v in ("1", "on", "true", "yes"):
+        return "on"
+    if v in ("0", "off", "false", "no"):
+        return "off"
+    if v in ("", "auto"):
+        return "auto"
+    raise ValueError(f"WRITESCOPE_CPU_EXPERTS_GRAPHED must be auto, 1 or 0, got {v!r}")
+
+
+def enabled(resident: bool = True) -> bool:
+    """Whether CPU expert calls are graphed in a step that is ``resident`` (all its cached KV on
+    the GPU, its attention in the graph too) or not."""
+    m = mode()
+    return m == "on" or (m == "auto" and resident)
 
 
 def take_captured() -> list["GraphedCall"]:

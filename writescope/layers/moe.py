@@ -154,15 +154,16 @@ class MoE(nn.Module):
         else:
             self.shared_experts = None
 
-    def graph_safe(self, n: int) -> bool:
-        """Whether a CUDA graph may capture this block's forward over ``n`` tokens: it runs on
-        the device alone (no host synchronisation), or its CPU experts' calls can be graphed
-        (their device half captured, the host half queued at each replay: cpu_experts_graph)."""
+    def graph_safe(self, n: int, resident: bool = True) -> bool:
+        """Whether a CUDA graph may capture this block's forward over ``n`` tokens in a
+        ``resident`` step or another: it runs on the device alone (no host synchronisation), or
+        its CPU experts' calls can be graphed in such a step (their device half captured, the
+        host half queued at each replay: cpu_experts_graph)."""
         if self.uploader is not None and self.uploader.wants(n):
             return False
         if self.cpu_experts is not None:  # its device half captured (cpu_experts_graph)
             return self._dtype is not None and self.cpu_experts.graphable(
-                self.gate.weight.device, self._dtype)
+                self.gate.weight.device, self._dtype, resident)
         if self.experts is None:
             return False
         return self.experts.fused_for(n * self.cfg.num_experts_per_tok)
