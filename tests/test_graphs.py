@@ -351,7 +351,7 @@ def test_resident_steps_around_eager_cpu_expert_calls(all_tiny, monkeypatch):
                                         ("on", "on"), ("0", "off"), ("off", "off")])
 def test_graphed_cpu_expert_calls_mode(value, want, monkeypatch):
     """WRITESCOPE_CPU_EXPERTS_GRAPHED: auto (the default) graphs the calls in resident steps
-    only, 1 in every graphed step, 0 never; anything else is an error."""
+    only, 1 in every graphed step, 0 never; anything else is an error (at the engine's start)."""
     if value is None:
         monkeypatch.delenv("WRITESCOPE_CPU_EXPERTS_GRAPHED", raising=False)
     else:
@@ -362,3 +362,9 @@ def test_graphed_cpu_expert_calls_mode(value, want, monkeypatch):
     monkeypatch.setenv("WRITESCOPE_CPU_EXPERTS_GRAPHED", "sometimes")
     with pytest.raises(ValueError, match="WRITESCOPE_CPU_EXPERTS_GRAPHED"):
         cpu_experts_graph.mode()
+
+
+def test_bad_graphed_cpu_expert_calls_setting_fails_at_start(tiny_qwen3_moe, monkeypatch):
+    monkeypatch.setenv("WRITESCOPE_CPU_EXPERTS_GRAPHED", "sometimes")
+    with pytest.raises(ValueError, match="must be auto, 1 or 0"):
+        engine(tiny_qwen3_moe)

@@ -318,6 +318,7 @@ class DecodeGraphs:
         self.cache = cache
         self.device = torch.device(device)
         self.mode = mode()
+        cpu_experts_graph.mode()  # a bad WRITESCOPE_CPU_EXPERTS_GRAPHED fails here, not mid-step
         self.plans: dict[int, list[Segment]] = {}
         self._pending: tuple[int, list[Segment]] | None = None
         self._pool = None
