@@ -435,6 +435,8 @@ def test_step_profile_splits_a_step_along_its_expert_chain(capsys):
     assert h["pickup_ms"] == pytest.approx(0.3) and step_profile.host_chain([]) == {}
     empty = step_profile.chain_split([], 0.006, None, None, None)
     assert empty["calls"] == 0 and empty["outside_ms"] == pytest.approx(6.0)
+    step_profile.print_chain(empty)
+    assert "no eager CPU expert calls timed" in capsys.readouterr().out
 
 
 def test_step_profile_lists_python_functions_by_host_time(tiny_deepseek_v2, tmp_path, capsys):

@@ -85,6 +85,7 @@ def main(argv=None) -> int:
         eng.step()
     from ..layers import cpu_experts
     cpu_experts.take_timeline()
+    cpu_experts.take_host_timeline()
     plain, expert_s, host_s, chains = [], [], [], []  # the same steps with no profiler attached
     for _ in range(args.steps):
         t0 = time.perf_counter()
@@ -239,6 +240,11 @@ def host_chain(calls: list[dict]) -> dict:
 
 
 def print_chain(c: dict) -> None:
+    if not c["calls"]:
+        print("\nCPU expert chain: no eager CPU expert calls timed (none in these steps, or "
+              "graphed: by default in resident steps, WRITESCOPE_CPU_EXPERTS_GRAPHED=0 keeps "
+              "them eager)")
+        return
     n = max(c["calls"], 1)
     print(f"\nCPU expert chain (median of the unprofiled steps): {c['calls']:.0f} calls, "
           f"step {c['step_ms']:.1f} ms = outside the chain {c['outside_ms']:.1f} + device between "

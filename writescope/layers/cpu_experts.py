@@ -424,10 +424,13 @@ def take_host_timeline() -> list[dict]:
     """The native calls since the last take (``WRITESCOPE_EXPERT_TIMELINE`` on), oldest first,
     each with the launching thread's times (``enter``: submit called, ``pushed``: the job queued,
     ``wait``: wait called) and the queue thread's (``popped``, ``ready``: the inputs seen, the
-    kernel starts, ``done``), all seconds on :func:`time.perf_counter`'s clock."""
+    kernel starts, ``done``), all seconds on :func:`time.perf_counter`'s clock. Empty when the
+    queue ran other calls too (graphed calls' host halves have no launching-thread times)."""
     global _host_marks
     marks, _host_marks = _host_marks, []
     q = _native_queue.times() if _native_queue is not None else []
+    if len(q) != len(marks):
+        return []
     return [dict(enter=m[0], pushed=m[1], wait=m[2], popped=t[0], ready=t[1], done=t[2])
             for m, t in zip(marks, q)]
 
