@@ -10,9 +10,9 @@ regions, CPU share) changes every step (unless all of the step's KV is resident,
 ``attention/resident.py``). So does any piece that would synchronise with the host for that
 step size (the grouped expert path), and calls of experts on the CPU -- unless they are
 captured by halves (``layers/cpu_experts_graph.py``; by default in resident steps only,
-``WRITESCOPE_CPU_EXPERTS_GRAPHED``): the graph holds the copies, the ready word, the device's wait and the result's copy, and each
-replay first queues the segment's native kernel calls (``Segment.host_calls``). This is the
-piecewise capture vLLM v1 uses; the code is ours.
+``WRITESCOPE_CPU_EXPERTS_GRAPHED``): the graph holds the copies, the ready word, the device's
+wait and the result's copy, and each replay first queues the segment's native kernel calls
+(``Segment.host_calls``). This is the piecewise capture vLLM v1 uses; the code is ours.
 
 The forward pass is a list of :class:`Piece` (``embed``, per layer ``pre``/``attn``/``post``/
 ``ffn``, ``norm``) over a dict of named tensors. Runs of graph-safe pieces form a

@@ -407,6 +407,7 @@ def take_routed_bytes() -> int | None:
 #: wait for the result -- that :func:`take_timeline` hands out (``bench.step_profile
 #: --timeline`` splits a step with them); off by default (no events recorded)
 _timeline: list = []
+_TIMELINE_MAX = 1 << 16  # calls kept until a take (a run nobody takes from keeps no more)
 #: the native queue's figures at the last drain: (calls, seconds waiting for inputs, kernel s)
 last_queue_stats: tuple[int, float, float] | None = None
 
@@ -849,11 +850,11 @@ class CpuExperts:
         the returned tensor is filled in stream order once the CPU is done: the device waits, this
         thread goes on."""
         if handle.result is not None:
-            if handle.host is not None:
+            if handle.host is not None and len(_host_marks) < _TIMELINE_MAX:
                 _host_marks.append((*handle.host, time.perf_counter()))
             flags = _host_flags(torch.device(handle.device))
             flags.wait(self._slot, handle.seq)
-            if handle.mark is not None:
+            if handle.mark is not None and len(_timeline) < _TIMELINE_MAX:
                 seen = torch.cuda.Event(enable_timing=True)
                 seen.record()
                 _timeline.append((handle.mark, seen))
