@@ -721,7 +721,8 @@ class CpuExperts:
         ``topk_ids`` is a slot left out (another reader computes it: ``expert_link.py``); then
         ``routed`` is the step's whole routing, whose distinct experts :func:`take_routed_bytes`
         counts. ``out_dtype``: the result's dtype (default the hidden states')."""
-        entered = time.perf_counter()
+        timeline = timeline_on()
+        entered = time.perf_counter() if timeline else 0.0
         self._check(hidden, topk_ids, topk_weights)
         n = hidden.shape[0]
         dev, dtype = hidden.device, (out_dtype or hidden.dtype)
@@ -746,7 +747,7 @@ class CpuExperts:
                 routed_h.copy_(routed.detach().to(torch.int32), non_blocking=True)
                 routed = routed_h
             from ..attention.hostflag import stream_ready
-            if timeline_on():
+            if timeline:
                 mark = torch.cuda.Event(enable_timing=True)
                 mark.record()
             event = stream_ready(dev)  # the worker polls it (sleeping, no CUDA call)
