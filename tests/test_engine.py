@@ -27,6 +27,24 @@ def test_outputs_have_vllm_fields(llm):
     assert o.text == llm.tokenizer.decode(o.token_ids)
     assert outs[1].prompt is None and outs[1].prompt_token_ids == [5, 6, 7]
     assert llm.generate("x", SamplingParams(max_tokens=2, ignore_eos=True))[0].logprobs is None
+    assert o.top_logprobs is not None and all(len(d) == 1 for d in o.top_logprobs)
+
+
+def test_logprobs_zero_and_alternatives_in_a_mixed_batch(llm):
+    """One batch: a row with no log-probabilities, one with the sampled token's only (0), one
+    with 4 alternatives a step, sampled at temperature 0.8 (its alternatives are the model's
+    distribution, not the sampler's)."""
+    params = [SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),
+              SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=0),
+              SamplingParams(temperature=0.8, seed=3, max_tokens=6, ignore_eos=True, logprobs=4)]
+    none, zero, four = llm.generate([[5, 6, 7], [8, 9], [10, 11, 12, 13]], params)
+    assert none.logprobs is None and none.top_logprobs is None
+    assert len(zero.logprobs) == 6 and zero.top_logprobs is None
+    assert len(four.top_logprobs) == 6
+    for tok, lp, top in zip(four.token_ids, four.logprobs, four.top_logprobs):
+        vals = list(top.values())
+        assert len(top) == 4 and vals == sorted(vals, reverse=True)
+        assert lp <= vals[0] + 1e-6 and (tok not in top or abs(top[tok] - lp) < 1e-6)
 
 
 def test_seeded_sampling_is_reproducible_and_varies(llm):
@@ -114,11 +132,16 @@ def test_cli_generate(tmp_path, tiny_qwen3_moe):
     out = tmp_path / "o.jsonl"
     r = subprocess.run([sys.executable, "-m", "writescope.cli", "generate", "--model", str(tiny_qwen3_moe),
                         "--prompts-file", str(prompts), "--max-tokens", "4", "--dtype", "float32",
-                        "--device", "cpu", "--output", str(out)], capture_output=True, text=True, timeout=300)
+                        "--device", "cpu", "--output", str(out), "--logprobs", "2"],
+                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [row["prompt"] for row in rows] == ["hi", "there"]
     assert "tokens/s" in r.stderr and "moved after placement 0 B" in r.stderr
+    for row in rows:  # greedy: each token leads its two alternatives
+        assert len(row["logprobs"]) == len(row["top_logprobs"]) == len(row["token_ids"]) == 4
+        for t, lp, top in zip(row["token_ids"], row["logprobs"], row["top_logprobs"]):
+            assert len(top) == 2 and top[0][0] == t and abs(top[0][1] - lp) < 1e-6
 
 
 def test_cli_errors_are_clear(tmp_path):

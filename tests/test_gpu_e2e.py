@@ -23,7 +23,7 @@ def test_cuda_bf16_within_logprob_tolerance(all_tiny):
     """bf16 on the GPU: each step's chosen token is the reference's or within bf16 noise of it."""
     llm = engine(all_tiny, device="cuda", dtype="bfloat16", **PLACEMENTS["mixed"])
     ids = prompt_ids(llm.engine.config.vocab_size)
-    ref_toks, ref_lps = reference(str(all_tiny), tuple(ids), 8)
+    ref_toks, ref_lps, _ = reference(str(all_tiny), tuple(ids), 8)
     (out,) = llm.generate([ids], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=1))
     assert out.token_ids[0] == ref_toks[0]
     assert abs(out.logprobs[0] - ref_lps[0]) < 0.05

@@ -14,7 +14,8 @@ from writescope.layers.sampler import Sampler
 
 def _run(path, monkeypatch, overlap: bool, prompts, params, opts, script=None):
     """Generate ``prompts`` step by step; ``script(engine, step_index)`` may add or abort requests
-    between steps. Returns ({request id: (tokens, logprobs, finish reason)}, stats)."""
+    between steps. Returns ({request id: (tokens, logprobs, finish reason, alternatives)},
+    stats)."""
     monkeypatch.setenv("WRITESCOPE_ASYNC_DECODE", "1" if overlap else "0")
     llm = engine(path, **opts)
     eng = llm.engine
@@ -26,7 +27,7 @@ def _run(path, monkeypatch, overlap: bool, prompts, params, opts, script=None):
         if script is not None:
             script(eng, i)
         for o in eng.step():  # an aborted request's entry is its last output before the abort
-            done[o.request_id] = (o.token_ids, o.logprobs, o.finish_reason)
+            done[o.request_id] = (o.token_ids, o.logprobs, o.finish_reason, o.top_logprobs)
         i += 1
         assert i < 500
     eng.step()  # a step of finished requests may still be in flight: it returns nothing
@@ -41,6 +42,9 @@ def _same(a: dict, b: dict) -> None:
         assert a[k][0] == b[k][0], k
         assert a[k][2] == b[k][2], k
         assert max((abs(x - y) for x, y in zip(a[k][1], b[k][1])), default=0.0) < 1e-5, k
+        assert (a[k][3] is None) == (b[k][3] is None), k
+        for x, y in zip(a[k][3] or [], b[k][3] or []):
+            assert list(x) == list(y) and max(abs(x[t] - y[t]) for t in x) < 1e-5, k
 
 
 @pytest.mark.parametrize("placement", ["all-G", "mixed"])
@@ -50,8 +54,8 @@ def test_overlapped_steps_give_the_synchronous_tokens(tiny_qwen3_moe, placement,
     overlap (not those that complete a block); once blocks are in T and C none can."""
     lens, news = (12, 40, 75), (9, 30, 21)
     prompts = [prompt_ids(320, n, seed=n) for n in lens]
-    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True, logprobs=1)
-              for m in news]
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True, logprobs=k)
+              for m, k in zip(news, (1, 0, 3))]
     opts = PLACEMENTS[placement]
     want, s0 = _run(tiny_qwen3_moe, monkeypatch, False, prompts, params, opts)
     got, s1 = _run(tiny_qwen3_moe, monkeypatch, True, prompts, params, opts)
@@ -208,7 +212,7 @@ def test_overlapped_steps_on_cuda(all_tiny, placement, monkeypatch):
     opts["device"] = "cuda"
     lens, news = (5, 20, 30), (17, 30, 24)
     prompts = [prompt_ids(320, n, seed=n) for n in lens]
-    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True, logprobs=1)
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True, logprobs=3)
               for m in news]
     want, _ = _run(all_tiny, monkeypatch, False, prompts, params, opts)
     got, s = _run(all_tiny, monkeypatch, True, prompts, params, opts)
@@ -216,6 +220,9 @@ def test_overlapped_steps_on_cuda(all_tiny, placement, monkeypatch):
     for k in got:
         assert got[k][0] == want[k][0], k
         assert max(abs(x - y) for x, y in zip(got[k][1], want[k][1])) < 1e-4, k
+        for x, y in zip(got[k][3], want[k][3]):  # the alternatives, through the pinned copies
+            assert len(x) == len(y) == 3
+            assert max(abs(a - b) for a, b in zip(x.values(), y.values())) < 1e-4, k
     if placement == "all-G":
         assert s["engine.overlapped_steps"] >= sum(news) // 3 // 2, s
         assert s["graphs.resident_steps"] > 0, s

@@ -1,5 +1,6 @@
 """HF parity: greedy tokens identical to transformers' generate, chosen-token log-probabilities
-within 1e-4 at every step (float32), for every architecture and every placement of KV blocks."""
+and the five most likely tokens' within 1e-4 at every step (float32), for every architecture and
+every placement of KV blocks."""
 from __future__ import annotations
 
 import functools
@@ -11,6 +12,7 @@ from conftest import hf_model
 from writescope import LLM, SamplingParams
 
 PROMPT_LEN, NEW = 210, 32
+TOP = 5  # alternatives checked per step
 
 PLACEMENTS = {
     # name: engine options
@@ -27,15 +29,18 @@ def prompt_ids(vocab: int, n: int = PROMPT_LEN, seed: int = 1) -> list[int]:
 
 
 @functools.lru_cache(maxsize=None)
-def reference(path: str, ids: tuple[int, ...], new: int = NEW) -> tuple[list[int], list[float]]:
+def reference(path: str, ids: tuple[int, ...], new: int = NEW
+              ) -> tuple[list[int], list[float], list[torch.Tensor]]:
+    """transformers' greedy tokens, their log-probabilities and each step's whole
+    log-probability row."""
     model = hf_model(path)
     x = torch.tensor([list(ids)])
     with torch.no_grad():
         g = model.generate(x, max_new_tokens=new, do_sample=False, output_scores=True,
                            return_dict_in_generate=True, eos_token_id=None, pad_token_id=0)
     toks = g.sequences[0, x.shape[1]:].tolist()
-    lps = [torch.log_softmax(s[0].float(), -1)[t].item() for s, t in zip(g.scores, toks)]
-    return toks, lps
+    rows = [torch.log_softmax(s[0].float(), -1) for s in g.scores]
+    return toks, [r[t].item() for r, t in zip(rows, toks)], rows
 
 
 def engine(path, **kw) -> LLM:
@@ -45,14 +50,21 @@ def engine(path, **kw) -> LLM:
     return LLM(str(path), **opts)
 
 
-GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True, logprobs=1)
+GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True, logprobs=TOP)
 
 
-def check(out, ref_toks, ref_lps):
+def check(out, ref_toks, ref_lps, ref_rows):
     assert out.token_ids == ref_toks
-    assert len(out.logprobs) == len(ref_lps)
+    assert len(out.logprobs) == len(ref_lps) == len(out.top_logprobs)
     for step, (a, b) in enumerate(zip(out.logprobs, ref_lps)):
         assert abs(a - b) < 1e-4, f"step {step}: logprob {a} vs transformers {b}"
+    for step, (top, row) in enumerate(zip(out.top_logprobs, ref_rows)):
+        # the same values as transformers' five largest (ids compared by value: near-ties may
+        # swap), each id's value transformers' own for that id
+        assert len(top) == TOP
+        want = torch.topk(row, TOP).values.tolist()
+        assert max(abs(a - b) for a, b in zip(top.values(), want)) < 1e-4, f"step {step}"
+        assert all(abs(v - row[t].item()) < 1e-4 for t, v in top.items()), f"step {step}"
 
 
 def generate_checked(path, **engine_options) -> LLM:

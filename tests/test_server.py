@@ -227,6 +227,44 @@ def test_stop_strings_and_logprobs(client, llm):
     assert all(t.logprob <= 0 for t in c.choices[0].logprobs.content)
 
 
+def test_top_logprobs(client, llm):
+    """``logprobs: k`` (completions) and ``top_logprobs: k`` (chat): the k most likely tokens
+    per generated token, as ``LLM.generate(..., SamplingParams(logprobs=k))`` reports them;
+    streamed chunks carry the same."""
+    prompt = "Once upon a time"
+    ref = _ref(llm, prompt, max_tokens=6, ignore_eos=True, logprobs=3)
+    tok = llm.tokenizer
+    want = [{tok.decode([t]): v for t, v in reversed(d.items())} for d in ref.top_logprobs]
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, logprobs=3,
+                                  extra_body={"ignore_eos": True}, **GREEDY)
+    lp = r.choices[0].logprobs
+    assert len(lp.top_logprobs) == 6
+    for top, sampled, w, chosen in zip(lp.top_logprobs, lp.tokens, want, lp.token_logprobs):
+        assert 3 <= len(top) <= 4 and top[sampled] == pytest.approx(chosen, abs=1e-5)
+        for t, v in w.items():
+            assert top[t] == pytest.approx(v, abs=1e-5)
+    with client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, logprobs=3,
+                                   stream=True, extra_body={"ignore_eos": True}, **GREEDY) as s:
+        streamed = [d for chunk in s for c in chunk.choices if c.logprobs
+                    for d in c.logprobs.top_logprobs]
+    assert streamed == lp.top_logprobs
+    c = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                       max_tokens=5, logprobs=True, top_logprobs=2, **GREEDY)
+    content = c.choices[0].logprobs.content
+    assert len(content) == c.usage.completion_tokens
+    for item in content:
+        assert len(item.top_logprobs) == 2
+        assert item.top_logprobs[0].logprob >= item.top_logprobs[1].logprob
+        assert item.top_logprobs[0].token == item.token  # greedy: the sampled token leads
+        assert item.top_logprobs[0].logprob == pytest.approx(item.logprob, abs=1e-6)
+    with client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                        max_tokens=5, logprobs=True, top_logprobs=2, stream=True,
+                                        **GREEDY) as s:
+        items = [i for chunk in s for ch in chunk.choices if ch.logprobs
+                 for i in ch.logprobs.content]
+    assert [i.model_dump() for i in items] == [i.model_dump() for i in content]
+
+
 def test_32_concurrent_streams_with_disconnects(client, llm, url):
     """32 streaming clients of mixed lengths (16 run at once, the rest wait); every third one
     hangs up after a few chunks. The others get exactly the greedy output of LLM.generate;

@@ -18,6 +18,11 @@ class RequestTooLargeError(InvalidRequestError):
     """A request can never fit the model's context or the KV budgets (refused before any write)."""
 
 
+#: the most alternatives ``SamplingParams.logprobs`` may ask for per step (vLLM's default
+#: ``max_logprobs``)
+MAX_LOGPROBS = 20
+
+
 @dataclass
 class SamplingParams:
     """Sampling options, named and defaulted as in vLLM."""
@@ -30,7 +35,10 @@ class SamplingParams:
     stop: list[str] | str | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
-    logprobs: int | None = None  # 1: return the chosen token's log-probability per step
+    #: None: no log-probabilities; 0: the sampled token's log-probability per step
+    #: (``RequestOutput.logprobs``); k >= 1: also the k most likely tokens' per step
+    #: (``RequestOutput.top_logprobs``), at most :data:`MAX_LOGPROBS`
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -58,8 +66,11 @@ class SamplingParams:
             raise bad(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise bad(f"seed must be an integer, got {self.seed!r}")
-        if self.logprobs is not None and (not isinstance(self.logprobs, int) or self.logprobs < 0):
-            raise bad(f"logprobs must be a non-negative integer, got {self.logprobs!r}")
+        if self.logprobs is not None and (not isinstance(self.logprobs, int)
+                                          or isinstance(self.logprobs, bool)
+                                          or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise bad(f"logprobs must be an integer from 0 to {MAX_LOGPROBS}, "
+                      f"got {self.logprobs!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise bad("stop must be a list of non-empty strings")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
@@ -100,6 +111,9 @@ class Request:
     seq_id: int = field(default_factory=lambda: next(_req_counter))
     output_token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    #: per step, the ``params.logprobs`` most likely tokens: {token id: log-probability}, most
+    #: likely first (empty unless ``params.logprobs`` >= 1)
+    top_logprobs: list[dict[int, float]] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
     num_computed: int = 0  # tokens whose KV is in the cache
@@ -142,7 +156,11 @@ class RequestOutput:
     token_ids: list[int]
     text: str
     finish_reason: str | None
+    #: per generated token, its log-probability (``SamplingParams.logprobs`` not None)
     logprobs: list[float] | None = None
+    #: per generated token, the k most likely tokens {token id: log-probability}, most likely
+    #: first (``SamplingParams.logprobs`` = k >= 1); the sampled token may not be among them
+    top_logprobs: list[dict[int, float]] | None = None
 
     @property
     def finished(self) -> bool:

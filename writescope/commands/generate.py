@@ -20,6 +20,9 @@ def register(sub) -> None:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=-1)
+    p.add_argument("--logprobs", type=int, metavar="K",
+                   help="each generated token's log-probability and the K most likely tokens' "
+                        "(0: the sampled token's only); printed after each text, or in --output")
     p.add_argument("--output", help="write results as JSONL here")
     add_engine_args(p)
     p.set_defaults(func=run)
@@ -46,6 +49,18 @@ def _read_prompts(path: str) -> list:
     return prompts
 
 
+def logprob_table(o, tokenizer) -> str:
+    """One line per generated token: its text, its log-probability and the alternatives."""
+    lines = []
+    tops = o.top_logprobs or [None] * len(o.token_ids)
+    for i, (t, lp, top) in enumerate(zip(o.token_ids, o.logprobs, tops)):
+        line = f"{i:5d} {tokenizer.decode([t])!r:>16} {lp:9.4f}"
+        if top:
+            line += "  | " + "  ".join(f"{tokenizer.decode([a])!r} {v:.4f}" for a, v in top.items())
+        lines.append(line)
+    return "\n".join(lines)
+
+
 def run(args: argparse.Namespace) -> int:
     from ..core import SamplingParams
     from ..llm import LLM
@@ -53,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     prompts = [args.prompt] if args.prompt is not None else _read_prompts(args.prompts_file)
     # checked before the model loads: a bad flag is an error at once, not after the weights
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                            max_tokens=args.max_tokens, seed=args.seed)
+                            max_tokens=args.max_tokens, seed=args.seed, logprobs=args.logprobs)
     llm = LLM(**engine_kwargs(args), show_progress=True)
     if args.chat:
         prompts = [llm.tokenizer.apply_chat_template([{"role": "user", "content": p}])
@@ -65,11 +80,17 @@ def run(args: argparse.Namespace) -> int:
     out_f = open(args.output, "w") if args.output else None
     for o in outputs:
         if out_f:
-            out_f.write(json.dumps({"prompt": o.prompt, "prompt_token_ids": o.prompt_token_ids,
-                                    "text": o.text, "token_ids": o.token_ids,
-                                    "finish_reason": o.finish_reason}) + "\n")
+            row = {"prompt": o.prompt, "prompt_token_ids": o.prompt_token_ids, "text": o.text,
+                   "token_ids": o.token_ids, "finish_reason": o.finish_reason}
+            if o.logprobs is not None:
+                row["logprobs"] = o.logprobs
+            if o.top_logprobs is not None:  # per token [[id, log-probability], ...]
+                row["top_logprobs"] = [[[t, v] for t, v in d.items()] for d in o.top_logprobs]
+            out_f.write(json.dumps(row) + "\n")
         else:
             print(o.text)
+            if o.logprobs is not None:
+                print(logprob_table(o, llm.tokenizer))
     if out_f:
         out_f.close()
         print(f"wrote {len(outputs)} results to {args.output}", file=sys.stderr)

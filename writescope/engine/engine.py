@@ -607,9 +607,9 @@ class LLMEngine:
         """A launched step's tokens into its requests (waiting for them if they are still on
         their way); the outputs of the requests it advanced. Requests that finished while it
         was in flight get nothing from it."""
-        tokens, logprobs = self.runner.collect(h)
+        tokens, logprobs, top = self.runner.collect(h)
         outputs = []
-        sampled = iter(zip(tokens, logprobs))
+        sampled = iter(zip(tokens, logprobs, top or [None] * len(tokens)))
         now = time.monotonic()
         for s in h.batch.seqs:
             req = s.request
@@ -619,9 +619,11 @@ class LLMEngine:
             req.num_computed = s.start + s.num_new
             if tok_lp is None:
                 continue
-            tok, lp = tok_lp
+            tok, lp, alternatives = tok_lp
             req.output_token_ids.append(tok)
             req.logprobs.append(lp)
+            if alternatives is not None:
+                req.top_logprobs.append(alternatives)
             if req.first_token_time is None:
                 req.first_token_time = now
             self.counters["engine.generated_tokens"] += 1
@@ -657,7 +659,8 @@ class LLMEngine:
         return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids,
                              list(req.output_token_ids), req.text,
                              None if req.finish_reason is None else str(req.finish_reason),
-                             list(req.logprobs) if req.params.logprobs else None)
+                             list(req.logprobs) if req.params.logprobs is not None else None,
+                             list(req.top_logprobs) if req.params.logprobs else None)
 
     # ------------------------------------------------------------------ statistics
     def stats(self) -> dict:

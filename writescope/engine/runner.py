@@ -23,6 +23,7 @@ class Launched:
     batch: StepBatch
     tokens: list[int] | None = None
     logprobs: list[float] | None = None
+    top_logprobs: list | None = None  # per sampled row None or {token id: log-probability}
     pending: PendingTokens | None = None
 
     @property
@@ -76,9 +77,9 @@ class ModelRunner:
                     and (g.mode == "pieces" or self.device.type == "cuda"))
 
     @torch.no_grad()  # not inference_mode: the CPU worker thread writes pinned buffers
-    def run(self, batch: StepBatch) -> tuple[list[int], list[float]]:
-        """One step; returns the sampled token and its log-probability for each sequence with
-        ``sample=True``, in batch order."""
+    def run(self, batch: StepBatch) -> tuple[list[int], list[float], list | None]:
+        """One step; returns the sampled token, its log-probability and the alternatives asked
+        for (:meth:`collect`) for each sequence with ``sample=True``, in batch order."""
         return self.collect(self.launch(batch))
 
     @torch.no_grad()
@@ -188,15 +189,16 @@ class ModelRunner:
                 pass
             take_routed_bytes()  # this step's routing does not go into the next step's figure
             raise
-        tokens, logprobs = self.sampler.sample(logits, [s.request.params for s in sampled],
-                                               [s.request.seq_id for s in sampled])
-        return Launched(batch, tokens=tokens, logprobs=logprobs)
+        tokens, logprobs, top = self.sampler.sample(logits, [s.request.params for s in sampled],
+                                                    [s.request.seq_id for s in sampled])
+        return Launched(batch, tokens=tokens, logprobs=logprobs, top_logprobs=top)
 
-    def collect(self, launched: Launched) -> tuple[list[int], list[float]]:
-        """A launched step's tokens and log-probabilities (waits for a deferred step's copies;
-        its ``device_tail_s`` is then the wait)."""
+    def collect(self, launched: Launched) -> tuple[list[int], list[float], list | None]:
+        """A launched step's tokens, their log-probabilities and, per sampled row, None or the
+        most likely tokens {id: log-probability} its request asked for (None: no row asked;
+        waits for a deferred step's copies; its ``device_tail_s`` is then the wait)."""
         if launched.pending is None:
-            return launched.tokens, launched.logprobs
+            return launched.tokens, launched.logprobs, launched.top_logprobs
         t = time.perf_counter()
         out = launched.pending.result()
         self.last_times["device_tail_s"] = time.perf_counter() - t

@@ -1,8 +1,11 @@
-"""Sampling: greedy, temperature, top-k, top-p, per-request seeds, chosen-token log-probabilities.
+"""Sampling: greedy, temperature, top-k, top-p, per-request seeds, log-probabilities of the
+chosen token and of the most likely ones.
 
 Log-probabilities are those of the model's distribution (log-softmax of the raw logits in
 float32), as vLLM and transformers' ``output_scores``/``compute_transition_scores`` report them
-for greedy decoding.
+for greedy decoding; so are the alternatives a request asks for with ``SamplingParams.logprobs``
+= k >= 1 (vLLM's sampled logprobs): the k largest of them, one ``torch.topk`` over the rows
+of the batch, most likely first.
 """
 from __future__ import annotations
 
@@ -11,28 +14,53 @@ import torch
 from ..core import SamplingParams
 
 
-class PendingTokens:
-    """Sampled tokens and their log-probabilities still on their way from the device: copied into
-    page-locked host memory behind the step's work, read by :meth:`result` (which waits for the
-    copies, not for work queued after them)."""
+#: per row, None or the row's k most likely tokens {token id: log-probability}, most likely first
+TopLogprobs = list  # list[dict[int, float] | None]
 
-    def __init__(self, tokens: torch.Tensor, logprobs: torch.Tensor):
+
+def top_k_of(params: list[SamplingParams]) -> list[int]:
+    """Per row, how many alternatives it asks for (0: none)."""
+    return [p.logprobs or 0 for p in params]
+
+
+def _top_tensors(logprobs: torch.Tensor, ks: list[int]):
+    """(values, ids) of the ``max(ks)`` largest log-probabilities of each row, or None."""
+    k = min(max(ks, default=0), logprobs.shape[-1])
+    return torch.topk(logprobs, k, dim=-1) if k > 0 else None
+
+
+def _top_dicts(values: list[list[float]], ids: list[list[int]], ks: list[int]) -> TopLogprobs:
+    return [dict(zip(i[:k], v[:k])) if k > 0 else None for v, i, k in zip(values, ids, ks)]
+
+
+class PendingTokens:
+    """Sampled tokens and their log-probabilities (and the alternatives asked for) still on their
+    way from the device: copied into page-locked host memory behind the step's work, read by
+    :meth:`result` (which waits for the copies, not for work queued after them)."""
+
+    def __init__(self, tokens: torch.Tensor, logprobs: torch.Tensor, top=None,
+                 ks: list[int] | None = None):
         #: the tokens on the device (the next step's input ids are taken from here)
         self.tokens = tokens
+        self._ks = ks or []
+        tensors = (tokens, logprobs) + (tuple(top) if top is not None else ())
         if tokens.device.type == "cuda":
-            self._host = (torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True),
-                          torch.empty(logprobs.shape, dtype=logprobs.dtype, pin_memory=True))
-            self._host[0].copy_(tokens, non_blocking=True)
-            self._host[1].copy_(logprobs, non_blocking=True)
+            self._host = tuple(torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                               for t in tensors)
+            for h, t in zip(self._host, tensors):
+                h.copy_(t, non_blocking=True)
             self._event = torch.cuda.Event()
             self._event.record(torch.cuda.current_stream(tokens.device))
         else:
-            self._host, self._event = (tokens, logprobs), None
+            self._host, self._event = tensors, None
 
-    def result(self) -> tuple[list[int], list[float]]:
+    def result(self) -> tuple[list[int], list[float], TopLogprobs | None]:
         if self._event is not None:
             self._event.synchronize()
-        return self._host[0].tolist(), self._host[1].tolist()
+        top = None
+        if len(self._host) > 2:
+            top = _top_dicts(self._host[2].tolist(), self._host[3].tolist(), self._ks)
+        return self._host[0].tolist(), self._host[1].tolist(), top
 
 
 class Sampler:
@@ -91,12 +119,15 @@ class Sampler:
                 raise ValueError("a seeded row is sampled on the host (Sampler.can_defer)")
             probs = torch.softmax(self._filtered(logits[i], p), dim=-1)
             tokens[i:i + 1] = torch.multinomial(probs, 1)
-        chosen = torch.log_softmax(logits, dim=-1).gather(1, tokens.view(-1, 1)).view(-1)
-        return PendingTokens(tokens, chosen)
+        logprobs = torch.log_softmax(logits, dim=-1)
+        chosen = logprobs.gather(1, tokens.view(-1, 1)).view(-1)
+        ks = top_k_of(params)
+        return PendingTokens(tokens, chosen, _top_tensors(logprobs, ks), ks)
 
     def sample(self, logits: torch.Tensor, params: list[SamplingParams], seq_ids: list[int]
-               ) -> tuple[list[int], list[float]]:
-        """``logits [B, V]`` -> (chosen token ids, their log-probabilities)."""
+               ) -> tuple[list[int], list[float], TopLogprobs | None]:
+        """``logits [B, V]`` -> (chosen token ids, their log-probabilities, per row None or the
+        ``params[i].logprobs`` most likely tokens {id: log-probability}; None when no row asks)."""
         logits = logits.float()
         logprobs = torch.log_softmax(logits, dim=-1)
         greedy = torch.argmax(logits, dim=-1)
@@ -109,4 +140,8 @@ class Sampler:
             out[i] = int(torch.multinomial(probs, 1, generator=gen).item())
         idx = torch.tensor(out, device=logits.device)
         chosen = logprobs.gather(1, idx.view(-1, 1)).view(-1).tolist()
-        return out, chosen
+        ks = top_k_of(params)
+        top = _top_tensors(logprobs, ks)
+        if top is None:
+            return out, chosen, None
+        return out, chosen, _top_dicts(top.values.tolist(), top.indices.tolist(), ks)

@@ -71,6 +71,7 @@ class Delta:
 
     new_token_ids: list[int]
     new_logprobs: list[float] | None
+    new_top_logprobs: list[dict[int, float]] | None  # the alternatives asked for, per new token
     text: str | None           # the engine's full detokenised text so far (None: unchanged)
     finish_reason: str | None
 
@@ -86,6 +87,7 @@ class _Sink:
     arrival: float
     n_tokens: int = 0
     n_logprobs: int = 0
+    n_top_logprobs: int = 0
     first_token_time: float | None = None
 
 
@@ -208,7 +210,7 @@ class EngineLoop:
             deliveries = []
             for rid, sink in list(self._sinks.items()):
                 self._apply(("abort", rid))
-                deliveries.append((sink.queue, sink.tag, Delta([], None, None, "abort")))
+                deliveries.append((sink.queue, sink.tag, Delta([], None, None, None, "abort")))
             if deliveries:
                 self._call(_deliver, deliveries)
         elif cmd[0] == "abort":
@@ -246,6 +248,10 @@ class EngineLoop:
             if out.logprobs is not None:
                 new_lp = list(out.logprobs[sink.n_logprobs:])
                 sink.n_logprobs = len(out.logprobs)
+            new_top = None
+            if out.top_logprobs is not None:
+                new_top = list(out.top_logprobs[sink.n_top_logprobs:])
+                sink.n_top_logprobs = len(out.top_logprobs)
             if new_ids:
                 new_total += len(new_ids)
                 if sink.first_token_time is None:
@@ -253,7 +259,7 @@ class EngineLoop:
                     self.metrics.ttft.observe(now - sink.arrival)
             sink.n_tokens = n
             deliveries.append((sink.queue, sink.tag,
-                               Delta(new_ids, new_lp, out.text, out.finish_reason)))
+                               Delta(new_ids, new_lp, new_top, out.text, out.finish_reason)))
             if out.finish_reason is not None:
                 del self._sinks[out.request_id]
                 self.metrics.requests_total.inc(labels={"finished_reason": str(out.finish_reason)})
@@ -288,7 +294,7 @@ class EngineLoop:
                 self.engine.abort_request(rid)
             except Exception as e:  # noqa: BLE001
                 log.error("abort of %s at shutdown failed: %s", rid, e)
-            deliveries.append((s.queue, s.tag, Delta([], None, None, "abort")))
+            deliveries.append((s.queue, s.tag, Delta([], None, None, None, "abort")))
         self._sinks.clear()
         while True:  # commands that raced the stop
             try:
@@ -349,6 +355,7 @@ class _Choice:
     max_tokens: int
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[dict[int, float]] = field(default_factory=list)
     text: str = ""
     finish_reason: str | None = None
     # streaming cursors
@@ -431,6 +438,8 @@ class _Generation:
             c.token_ids.extend(item.new_token_ids)
             if item.new_logprobs:
                 c.logprobs.extend(item.new_logprobs)
+            if item.new_top_logprobs:
+                c.top_logprobs.extend(item.new_top_logprobs)
             if item.text is not None:
                 c.text = item.text
             if item.finish_reason is not None:
@@ -592,7 +601,7 @@ class OpenAIServer:
         encoded = await self.off_loop(tokenize, heavy)
         choices, params = [], []
         base = P.new_id("cmpl")
-        lp = None if req.logprobs is None else 1
+        lp = req.logprobs  # None, or the alternatives per token (0: the sampled token's only)
         for pi, (ids, text) in enumerate(encoded):
             if text is None:
                 self.check_ids(ids, "prompt")
@@ -639,9 +648,22 @@ class OpenAIServer:
         for t in toks:
             offsets.append(off)
             off += len(t)
-        return P.CompletionLogprobs(
-            tokens=toks, token_logprobs=list(lps), text_offset=offsets,
-            top_logprobs=[{t: v} for t, v in zip(toks, lps)] if k >= 1 else None)
+        top = None
+        if k >= 1:  # the k most likely tokens, and the sampled one where it is not among them
+            top = []
+            for i, (t, v) in enumerate(zip(toks, lps)):
+                d: dict[str, float] = {}
+                for tid, alt in self._alternatives(c, start + i):
+                    d.setdefault(self.token_str(tid), alt)  # two ids, one text: the likelier
+                d.setdefault(t, v)
+                top.append(d)
+        return P.CompletionLogprobs(tokens=toks, token_logprobs=list(lps), text_offset=offsets,
+                                    top_logprobs=top)
+
+    @staticmethod
+    def _alternatives(c: _Choice, i: int) -> list[tuple[int, float]]:
+        """Token ``i``'s most likely alternatives (id, log-probability), most likely first."""
+        return list(c.top_logprobs[i].items()) if i < len(c.top_logprobs) else []
 
     async def _completion_stream(self, gen: _Generation, req: P.CompletionRequest, rid: str,
                                  model: str) -> AsyncIterator[str]:
@@ -698,7 +720,7 @@ class OpenAIServer:
                              param="messages") from None
         max_tokens = self.resolve_max_tokens(len(ids), req.requested_max_tokens, "messages")
         base = P.new_id("chatcmpl")
-        lp = 1 if req.logprobs else None
+        lp = (req.top_logprobs or 0) if req.logprobs else None
         choices = [_Choice(j, f"{base}-{j}", ids, None, max_tokens) for j in range(req.num_choices)]
         params = [self._params(req, max_tokens, lp, j) for j in range(req.num_choices)]
         gen = _Generation(self, choices, params, arrival, req.num_choices)
@@ -715,12 +737,16 @@ class OpenAIServer:
     def _chat_logprobs(self, c: _Choice, start: int, end: int, top: int | None
                        ) -> P.ChatChoiceLogprobs:
         items = []
-        for tid, lp in zip(c.token_ids[start:end], c.logprobs[start:end]):
+        for i, (tid, lp) in enumerate(zip(c.token_ids[start:end], c.logprobs[start:end])):
             tok = self.token_str(tid)
-            b = list(tok.encode("utf-8"))
-            items.append(P.ChatLogprob(
-                token=tok, logprob=lp, bytes=b,
-                top_logprobs=[P.ChatTopLogprob(token=tok, logprob=lp, bytes=b)] if top else []))
+            alts = []
+            if top:
+                for alt_id, alt in self._alternatives(c, start + i):
+                    t = self.token_str(alt_id)
+                    alts.append(P.ChatTopLogprob(token=t, logprob=alt,
+                                                 bytes=list(t.encode("utf-8"))))
+            items.append(P.ChatLogprob(token=tok, logprob=lp, bytes=list(tok.encode("utf-8")),
+                                       top_logprobs=alts))
         return P.ChatChoiceLogprobs(content=items)
 
     async def _chat_stream(self, gen: _Generation, req: P.ChatCompletionRequest, rid: str,

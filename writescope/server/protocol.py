@@ -19,7 +19,7 @@ from typing import Any, Literal, Optional, Union
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
                       model_serializer, model_validator)
 
-from ..core import InvalidRequestError, SamplingParams
+from ..core import MAX_LOGPROBS, InvalidRequestError, SamplingParams
 
 MAX_CHOICES = 16       # n
 MAX_SUBREQUESTS = 128  # prompts x n in one completions call
@@ -138,15 +138,12 @@ class CompletionRequest(_SamplingFields):
     prompt: Prompt
     max_tokens: Optional[int] = Field(16, ge=1)
     echo: Optional[bool] = False
-    logprobs: Optional[int] = Field(None, ge=0, le=5)
+    logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)  # vLLM's limit (OpenAI's: 5)
     best_of: Optional[int] = Field(None, ge=1)
     suffix: Optional[str] = None
 
     @model_validator(mode="after")
     def _completion_checks(self):
-        if self.logprobs is not None and self.logprobs > 1:
-            raise ValueError("logprobs > 1 is not supported: only the sampled token's "
-                             "log-probability is returned (use 0 or 1)")
         if self.best_of is not None and self.best_of != self.num_choices:
             raise ValueError("best_of different from n is not supported")
         if self.suffix:
@@ -210,7 +207,7 @@ class ChatCompletionRequest(_SamplingFields):
     max_tokens: Optional[int] = Field(None, ge=1)
     max_completion_tokens: Optional[int] = Field(None, ge=1)
     logprobs: Optional[bool] = False
-    top_logprobs: Optional[int] = Field(None, ge=0, le=20)
+    top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
     response_format: Optional[ResponseFormat] = None
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Optional[Union[str, dict[str, Any]]] = None
@@ -219,9 +216,6 @@ class ChatCompletionRequest(_SamplingFields):
 
     @model_validator(mode="after")
     def _chat_checks(self):
-        if self.top_logprobs and self.top_logprobs > 1:
-            raise ValueError("top_logprobs > 1 is not supported: only the sampled token's "
-                             "log-probability is returned (use 0 or 1)")
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs requires logprobs to be true")
         if self.response_format is not None and self.response_format.type != "text":

@@ -1,0 +1,74 @@
+"""The sampler's log-probabilities: the chosen token's and the k most likely tokens' per row
+(``SamplingParams.logprobs``), on the host path and the deferred one."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from writescope.core import MAX_LOGPROBS, InvalidRequestError, SamplingParams
+from writescope.layers.sampler import Sampler
+
+
+def logits_rows(n: int = 4, vocab: int = 257, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, vocab, generator=g) * 3
+
+
+def reference(logits: torch.Tensor, i: int, k: int) -> dict[int, float]:
+    lp = torch.log_softmax(logits[i].double(), -1)
+    order = torch.argsort(lp, descending=True)[:k].tolist()
+    return {t: lp[t].item() for t in order}
+
+
+def test_alternatives_are_the_k_largest_log_probabilities_per_row():
+    logits = logits_rows()
+    params = [SamplingParams(temperature=0.0, logprobs=5), SamplingParams(temperature=0.0),
+              SamplingParams(temperature=0.0, logprobs=0),
+              SamplingParams(temperature=0.0, logprobs=MAX_LOGPROBS)]
+    toks, chosen, top = Sampler().sample(logits, params, [0, 1, 2, 3])
+    assert toks == logits.argmax(-1).tolist()
+    assert top[1] is None and top[2] is None
+    for i, k in ((0, 5), (3, MAX_LOGPROBS)):
+        want = reference(logits, i, k)
+        assert list(top[i]) == list(want)  # the same ids, most likely first
+        assert all(abs(top[i][t] - v) < 1e-5 for t, v in want.items())
+        assert next(iter(top[i])) == toks[i]  # greedy: the chosen token leads
+        assert top[i][toks[i]] == pytest.approx(chosen[i], abs=1e-6)
+
+
+def test_no_row_asking_gives_no_alternatives():
+    logits = logits_rows(2)
+    params = [SamplingParams(temperature=0.0, logprobs=0), SamplingParams(temperature=0.0)]
+    assert Sampler().sample(logits, params, [0, 1])[2] is None
+
+
+def test_sampled_rows_report_the_distribution_not_the_filter():
+    """Alternatives are the model's distribution (as vLLM's sampled logprobs), whatever top_k /
+    top_p / temperature the row samples with; the sampled token need not be among them."""
+    logits = logits_rows(1, seed=3)
+    p = SamplingParams(temperature=1.5, top_k=40, top_p=0.9, seed=11, logprobs=3)
+    toks, chosen, top = Sampler().sample(logits, [p], [7])
+    want = reference(logits, 0, 3)
+    assert list(top[0]) == list(want)
+    full = torch.log_softmax(logits[0].float(), -1)
+    assert chosen[0] == pytest.approx(full[toks[0]].item(), abs=1e-6)
+
+
+def test_fewer_tokens_than_asked():
+    logits = logits_rows(1, vocab=6)
+    _, _, top = Sampler().sample(logits, [SamplingParams(temperature=0.0, logprobs=10)], [0])
+    assert len(top[0]) == 6
+
+
+def test_deferred_path_gives_the_same_alternatives():
+    logits = logits_rows(3, seed=5)
+    params = [SamplingParams(temperature=0.0, logprobs=4), SamplingParams(temperature=0.0),
+              SamplingParams(temperature=0.0, logprobs=2)]
+    s = Sampler()
+    assert s.sample_pending(logits, params).result() == s.sample(logits, params, [0, 1, 2])
+
+
+@pytest.mark.parametrize("bad", [-1, MAX_LOGPROBS + 1, 2.0, True])
+def test_bad_logprobs_are_refused(bad):
+    with pytest.raises(InvalidRequestError, match="logprobs"):
+        SamplingParams(logprobs=bad)
