@@ -123,3 +123,49 @@ def test_cpu_experts_match_transformers(all_tiny):
     ids = prompt_ids(llm.engine.config.vocab_size)
     gpu = engine(all_tiny, experts="gpu", kv_policy="static", cpu_share=0.5, num_gpu_blocks=3)
     assert gpu.generate([ids], GREEDY)[0].token_ids == llm.generate([ids], GREEDY)[0].token_ids
+
+
+@functools.lru_cache(maxsize=None)
+def prompt_reference(path: str, ids: tuple[int, ...]) -> torch.Tensor:
+    """transformers' log-probability rows over the prompt: row i predicts token i + 1."""
+    with torch.no_grad():
+        logits = hf_model(path)(torch.tensor([list(ids)])).logits[0]
+    return torch.log_softmax(logits.float(), -1)
+
+
+@pytest.mark.parametrize("placement", ["all-G", "mixed"])
+def test_prompt_logprobs_match_transformers(all_tiny, placement):
+    """``prompt_logprobs=3`` over a 210-token prompt prefilled in chunks of 64: every prompt
+    token's log-probability and the three most likely tokens at each position are
+    transformers' (within 1e-4); the first token has none."""
+    llm = engine(all_tiny, **PLACEMENTS[placement])
+    ids = prompt_ids(llm.engine.config.vocab_size)
+    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True, prompt_logprobs=3)
+    (out,) = llm.generate([ids], params)
+    ref = prompt_reference(str(all_tiny), tuple(ids))
+    assert len(out.prompt_logprobs) == len(out.prompt_top_logprobs) == len(ids)
+    assert out.prompt_logprobs[0] is None and out.prompt_top_logprobs[0] is None
+    for i in range(1, len(ids)):
+        row = ref[i - 1]
+        assert abs(out.prompt_logprobs[i] - row[ids[i]].item()) < 1e-4, f"token {i}"
+        top = out.prompt_top_logprobs[i]
+        want = torch.topk(row, 3).values.tolist()
+        assert max(abs(a - b) for a, b in zip(top.values(), want)) < 1e-4, f"token {i}"
+        assert all(abs(v - row[t].item()) < 1e-4 for t, v in top.items()), f"token {i}"
+    assert out.logprobs is None and out.top_logprobs is None
+
+
+def test_prompt_logprobs_zero_and_long_prompts_in_pieces(all_tiny, monkeypatch):
+    """``prompt_logprobs=0``: the prompt tokens' log-probabilities only; the LM head taking a
+    few rows at a time (``BLOCK_BYTES``) gives the same values."""
+    from writescope.engine import prompt_logprobs as plp
+    ids = prompt_ids(320, 150, seed=4)
+    params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0)
+    (a,) = engine(all_tiny).generate([ids], params)
+    monkeypatch.setattr(plp, "BLOCK_BYTES", 4 * 320 * 7)  # 7 rows a pass
+    (b,) = engine(all_tiny).generate([ids], params)
+    assert a.prompt_top_logprobs is None and len(a.prompt_logprobs) == 150
+    assert max(abs(x - y) for x, y in zip(a.prompt_logprobs[1:], b.prompt_logprobs[1:])) < 1e-5
+    ref = prompt_reference(str(all_tiny), tuple(ids))
+    assert max(abs(a.prompt_logprobs[i] - ref[i - 1, ids[i]].item())
+               for i in range(1, 150)) < 1e-4

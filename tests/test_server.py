@@ -265,6 +265,34 @@ def test_top_logprobs(client, llm):
     assert [i.model_dump() for i in items] == [i.model_dump() for i in content]
 
 
+def test_echo_with_logprobs_scores_the_prompt(client, llm):
+    """lm-evaluation-harness's loglikelihood request: echo, logprobs 1, one new token. The
+    prompt's tokens come first, the first without a log-probability, each other's as
+    ``LLM.generate(..., SamplingParams(prompt_logprobs=1))`` gives it; then the new token's.
+    Streamed, the echo chunk carries the prompt's."""
+    prompt = "The sea was calm and the ship sailed on"
+    ref = _ref(llm, prompt, max_tokens=1, ignore_eos=True, prompt_logprobs=1, logprobs=1)
+    n = len(ref.prompt_token_ids)
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=1, echo=True,
+                                  logprobs=1, extra_body={"ignore_eos": True}, **GREEDY)
+    lp = r.choices[0].logprobs
+    assert r.choices[0].text.startswith(prompt)
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == n + 1
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    for got, want in zip(lp.token_logprobs[1:n], ref.prompt_logprobs[1:]):
+        assert got == pytest.approx(want, abs=1e-5)
+    assert lp.token_logprobs[n] == pytest.approx(ref.logprobs[0], abs=1e-5)
+    assert all(lp.tokens[i] in lp.top_logprobs[i] for i in range(1, n + 1))
+    assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0
+    with client.completions.create(model=MODEL, prompt=prompt, max_tokens=1, echo=True,
+                                   logprobs=1, stream=True, extra_body={"ignore_eos": True},
+                                   **GREEDY) as s:
+        chunks = [c for chunk in s for c in chunk.choices]
+    assert chunks[0].text == prompt and chunks[0].logprobs.token_logprobs[0] is None
+    streamed = [v for c in chunks if c.logprobs for v in c.logprobs.token_logprobs]
+    assert streamed == lp.token_logprobs
+
+
 def test_32_concurrent_streams_with_disconnects(client, llm, url):
     """32 streaming clients of mixed lengths (16 run at once, the rest wait); every third one
     hangs up after a few chunks. The others get exactly the greedy output of LLM.generate;

@@ -39,6 +39,10 @@ class SamplingParams:
     #: (``RequestOutput.logprobs``); k >= 1: also the k most likely tokens' per step
     #: (``RequestOutput.top_logprobs``), at most :data:`MAX_LOGPROBS`
     logprobs: int | None = None
+    #: None: none; 0: each prompt token's log-probability given the tokens before it
+    #: (``RequestOutput.prompt_logprobs``, None for the first); k >= 1: also the k most likely
+    #: tokens' at each prompt position (``RequestOutput.prompt_top_logprobs``)
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -66,11 +70,11 @@ class SamplingParams:
             raise bad(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise bad(f"seed must be an integer, got {self.seed!r}")
-        if self.logprobs is not None and (not isinstance(self.logprobs, int)
-                                          or isinstance(self.logprobs, bool)
-                                          or not 0 <= self.logprobs <= MAX_LOGPROBS):
-            raise bad(f"logprobs must be an integer from 0 to {MAX_LOGPROBS}, "
-                      f"got {self.logprobs!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool)
+                                  or not 0 <= v <= MAX_LOGPROBS):
+                raise bad(f"{name} must be an integer from 0 to {MAX_LOGPROBS}, got {v!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise bad("stop must be a list of non-empty strings")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
@@ -114,6 +118,10 @@ class Request:
     #: per step, the ``params.logprobs`` most likely tokens: {token id: log-probability}, most
     #: likely first (empty unless ``params.logprobs`` >= 1)
     top_logprobs: list[dict[int, float]] = field(default_factory=list)
+    #: per prompt token, its log-probability given the tokens before it (None for the first;
+    #: filled as prefill chunks run) and the ``params.prompt_logprobs`` most likely tokens there
+    prompt_logprobs: list[float | None] = field(default_factory=list)
+    prompt_top_logprobs: list[dict[int, float] | None] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
     num_computed: int = 0  # tokens whose KV is in the cache
@@ -161,6 +169,12 @@ class RequestOutput:
     #: per generated token, the k most likely tokens {token id: log-probability}, most likely
     #: first (``SamplingParams.logprobs`` = k >= 1); the sampled token may not be among them
     top_logprobs: list[dict[int, float]] | None = None
+    #: per prompt token, its log-probability given the tokens before it, None for the first
+    #: (``SamplingParams.prompt_logprobs`` not None)
+    prompt_logprobs: list[float | None] | None = None
+    #: per prompt token, the k most likely tokens there, None for the first
+    #: (``SamplingParams.prompt_logprobs`` = k >= 1)
+    prompt_top_logprobs: list[dict[int, float] | None] | None = None
 
     @property
     def finished(self) -> bool:

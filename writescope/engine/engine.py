@@ -509,6 +509,10 @@ class LLMEngine:
                 f"({self.cache.sealed_capacity} blocks of {self.cache.bs} tokens)")
         req = Request(request_id, ids, params, prompt=text, arrival=time.monotonic(),
                       max_tokens=max_tokens)
+        if params.prompt_logprobs is not None:  # the first token has none (nothing before it)
+            req.prompt_logprobs.append(None)
+            if params.prompt_logprobs:
+                req.prompt_top_logprobs.append(None)
         self.requests[request_id] = req
         if self.tokenizer is not None:
             from ..models.tokenizer import IncrementalDetokenizer
@@ -617,6 +621,11 @@ class LLMEngine:
             if req.finished:
                 continue
             req.num_computed = s.start + s.num_new
+            plp = h.prompt_logprobs.get(req.seq_id) if h.prompt_logprobs else None
+            if plp is not None and plp.first == len(req.prompt_logprobs):
+                req.prompt_logprobs.extend(plp.logprobs)
+                if plp.top is not None:
+                    req.prompt_top_logprobs.extend(plp.top)
             if tok_lp is None:
                 continue
             tok, lp, alternatives = tok_lp
@@ -660,7 +669,11 @@ class LLMEngine:
                              list(req.output_token_ids), req.text,
                              None if req.finish_reason is None else str(req.finish_reason),
                              list(req.logprobs) if req.params.logprobs is not None else None,
-                             list(req.top_logprobs) if req.params.logprobs else None)
+                             list(req.top_logprobs) if req.params.logprobs else None,
+                             # complete once the request samples; the same lists each step
+                             req.prompt_logprobs if req.params.prompt_logprobs is not None
+                             else None,
+                             req.prompt_top_logprobs if req.params.prompt_logprobs else None)
 
     # ------------------------------------------------------------------ statistics
     def stats(self) -> dict:

@@ -12,6 +12,7 @@ from ..kvcache.cache import InplaceKVCache
 from ..layers.cpu_experts import raise_pending_errors, take_routed_bytes
 from ..layers.sampler import PendingTokens, Sampler
 from ..models.base import CausalLM
+from . import prompt_logprobs
 from .stepform import StepForms
 
 
@@ -25,6 +26,8 @@ class Launched:
     logprobs: list[float] | None = None
     top_logprobs: list | None = None  # per sampled row None or {token id: log-probability}
     pending: PendingTokens | None = None
+    #: {seq id: prompt log-probabilities of this step's rows} (requests that ask for them)
+    prompt_logprobs: dict | None = None
 
     @property
     def deferred(self) -> bool:
@@ -147,6 +150,10 @@ class ModelRunner:
                 if link is not None:
                     link.end_step()
             logits = None
+            prompt_lps = None
+            if any(s.request.params.prompt_logprobs is not None and s.request.is_prefilling
+                   for s in batch.seqs):
+                prompt_lps = prompt_logprobs.compute(self.model, hidden, batch)
             if sampled:
                 hidden = hidden[h2d(last_rows, self.device, torch.long)]
                 logits = self.model.compute_logits(hidden)
@@ -159,7 +166,7 @@ class ModelRunner:
                 self.cache.end_step({"host_s": t1 - t0}, wait=False)
                 self.last_times = {"forward_host_s": t1 - t0, "device_tail_s": 0.0,
                                    "cpu_expert_s": None}
-                return Launched(batch, pending=pending)
+                return Launched(batch, pending=pending, prompt_logprobs=prompt_lps)
             # the CPU expert calls the device waits for (their kernel seconds go to the planner
             # with the step's timing), then the step's end, which waits for the device
             expert_s = raise_pending_errors()
@@ -178,7 +185,7 @@ class ModelRunner:
             if self.graphs is not None:
                 self.graphs.capture_pending()  # a new decode size ran eagerly: capture it now
             if not sampled:
-                return Launched(batch, tokens=[], logprobs=[])
+                return Launched(batch, tokens=[], logprobs=[], prompt_logprobs=prompt_lps)
         except BaseException:
             self.cache.abort_step()
             if self.graphs is not None:
@@ -191,7 +198,8 @@ class ModelRunner:
             raise
         tokens, logprobs, top = self.sampler.sample(logits, [s.request.params for s in sampled],
                                                     [s.request.seq_id for s in sampled])
-        return Launched(batch, tokens=tokens, logprobs=logprobs, top_logprobs=top)
+        return Launched(batch, tokens=tokens, logprobs=logprobs, top_logprobs=top,
+                        prompt_logprobs=prompt_lps)
 
     def collect(self, launched: Launched) -> tuple[list[int], list[float], list | None]:
         """A launched step's tokens, their log-probabilities and, per sampled row, None or the

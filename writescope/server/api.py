@@ -74,6 +74,8 @@ class Delta:
     new_top_logprobs: list[dict[int, float]] | None  # the alternatives asked for, per new token
     text: str | None           # the engine's full detokenised text so far (None: unchanged)
     finish_reason: str | None
+    #: (prompt log-probabilities, their alternatives or None), with the first tokens only
+    prompt: tuple | None = None
 
 
 class EngineFailure(Exception):
@@ -88,6 +90,7 @@ class _Sink:
     n_tokens: int = 0
     n_logprobs: int = 0
     n_top_logprobs: int = 0
+    sent_prompt: bool = False
     first_token_time: float | None = None
 
 
@@ -252,6 +255,10 @@ class EngineLoop:
             if out.top_logprobs is not None:
                 new_top = list(out.top_logprobs[sink.n_top_logprobs:])
                 sink.n_top_logprobs = len(out.top_logprobs)
+            prompt = None
+            if out.prompt_logprobs is not None and not sink.sent_prompt:
+                prompt = (out.prompt_logprobs, out.prompt_top_logprobs)  # complete: prefilled
+                sink.sent_prompt = True
             if new_ids:
                 new_total += len(new_ids)
                 if sink.first_token_time is None:
@@ -259,7 +266,8 @@ class EngineLoop:
                     self.metrics.ttft.observe(now - sink.arrival)
             sink.n_tokens = n
             deliveries.append((sink.queue, sink.tag,
-                               Delta(new_ids, new_lp, new_top, out.text, out.finish_reason)))
+                               Delta(new_ids, new_lp, new_top, out.text, out.finish_reason,
+                                     prompt)))
             if out.finish_reason is not None:
                 del self._sinks[out.request_id]
                 self.metrics.requests_total.inc(labels={"finished_reason": str(out.finish_reason)})
@@ -356,6 +364,8 @@ class _Choice:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[dict[int, float]] = field(default_factory=list)
+    prompt_logprobs: list[float | None] | None = None  # echo with logprobs: once prefilled
+    prompt_top_logprobs: list[dict[int, float] | None] | None = None
     text: str = ""
     finish_reason: str | None = None
     # streaming cursors
@@ -440,6 +450,8 @@ class _Generation:
                 c.logprobs.extend(item.new_logprobs)
             if item.new_top_logprobs:
                 c.top_logprobs.extend(item.new_top_logprobs)
+            if item.prompt is not None:
+                c.prompt_logprobs, c.prompt_top_logprobs = item.prompt
             if item.text is not None:
                 c.text = item.text
             if item.finish_reason is not None:
@@ -602,6 +614,7 @@ class OpenAIServer:
         choices, params = [], []
         base = P.new_id("cmpl")
         lp = req.logprobs  # None, or the alternatives per token (0: the sampled token's only)
+        prompt_lp = lp if req.echo else None  # echo with logprobs: the prompt tokens' too
         for pi, (ids, text) in enumerate(encoded):
             if text is None:
                 self.check_ids(ids, "prompt")
@@ -611,7 +624,7 @@ class OpenAIServer:
             for j in range(req.num_choices):
                 idx = pi * req.num_choices + j
                 choices.append(_Choice(idx, f"{base}-{idx}", ids, text, max_tokens))
-                params.append(self._params(req, max_tokens, lp, j))
+                params.append(self._params(req, max_tokens, lp, j, prompt_lp))
         gen = _Generation(self, choices, params, arrival, req.num_choices)
         return await self._respond(
             request, gen, req.stream, lambda: self._completion_stream(gen, req, base, model),
@@ -620,8 +633,7 @@ class OpenAIServer:
                 choices=[P.CompletionChoice(
                     index=c.index,
                     text=(c.prompt_text or "") + c.text if req.echo else c.text,
-                    logprobs=self._completion_logprobs(c, 0, len(c.token_ids), req.logprobs,
-                                                       0) if req.logprobs is not None else None,
+                    logprobs=self._full_logprobs(c, req) if req.logprobs is not None else None,
                     finish_reason=c.finish_reason) for c in gen.choices]))
 
     async def _respond(self, request, gen: "_Generation", stream: bool, make_stream, make_response):
@@ -634,9 +646,10 @@ class OpenAIServer:
             return Response(status_code=499)
         return JSONResponse(make_response().model_dump())
 
-    def _params(self, req, max_tokens: int, lp: int | None, j: int) -> SamplingParams:
+    def _params(self, req, max_tokens: int, lp: int | None, j: int,
+                prompt_lp: int | None = None) -> SamplingParams:
         try:
-            return req.sampling_params(max_tokens, lp, seed_offset=j)
+            return req.sampling_params(max_tokens, lp, seed_offset=j, prompt_logprobs=prompt_lp)
         except InvalidRequestError as e:
             raise P.invalid_request(e) from None
 
@@ -660,6 +673,47 @@ class OpenAIServer:
         return P.CompletionLogprobs(tokens=toks, token_logprobs=list(lps), text_offset=offsets,
                                     top_logprobs=top)
 
+    def _prompt_logprobs(self, c: _Choice, k: int) -> P.CompletionLogprobs:
+        """Echo with logprobs: the prompt's tokens, each one's log-probability given those
+        before it (None for the first, and for all where the request ended before its prefill
+        did) and, for k >= 1, the k most likely tokens there and the prompt's own."""
+        toks = [self.token_str(t) for t in c.prompt_ids]
+        n = len(toks)
+        lps = list(c.prompt_logprobs) if c.prompt_logprobs is not None else [None] * n
+        alts = c.prompt_top_logprobs or [None] * n
+        offsets, off = [], 0
+        for t in toks:
+            offsets.append(off)
+            off += len(t)
+        top = None
+        if k >= 1:
+            top = []
+            for t, v, a in zip(toks, lps, alts):
+                if v is None:
+                    top.append(None)
+                    continue
+                d: dict[str, float] = {}
+                for tid, alt in (a or {}).items():
+                    d.setdefault(self.token_str(tid), alt)
+                d.setdefault(t, v)
+                top.append(d)
+        return P.CompletionLogprobs(tokens=toks, token_logprobs=lps, text_offset=offsets,
+                                    top_logprobs=top)
+
+    def _full_logprobs(self, c: _Choice, req: P.CompletionRequest) -> P.CompletionLogprobs:
+        """A whole completion's logprobs: with echo the prompt's first, then the generated
+        tokens' (their text offsets after the prompt's)."""
+        if not req.echo:
+            return self._completion_logprobs(c, 0, len(c.token_ids), req.logprobs, 0)
+        head = self._prompt_logprobs(c, req.logprobs)
+        tail = self._completion_logprobs(c, 0, len(c.token_ids), req.logprobs,
+                                         sum(len(t) for t in head.tokens))
+        return P.CompletionLogprobs(
+            tokens=head.tokens + tail.tokens, token_logprobs=head.token_logprobs + tail.token_logprobs,
+            text_offset=head.text_offset + tail.text_offset,
+            top_logprobs=None if head.top_logprobs is None
+            else head.top_logprobs + tail.top_logprobs)
+
     @staticmethod
     def _alternatives(c: _Choice, i: int) -> list[tuple[int, float]]:
         """Token ``i``'s most likely alternatives (id, log-probability), most likely first."""
@@ -672,12 +726,22 @@ class OpenAIServer:
         created = P.now_s()
         text_offsets = {c.index: 0 for c in gen.choices}
         try:
+            echo_later: set[int] = set()  # echo with logprobs: sent once the prompt's are known
             if req.echo:
                 for c in gen.choices:
+                    if req.logprobs is not None:
+                        echo_later.add(c.index)
+                        continue
                     yield _sse(P.CompletionResponse(id=rid, created=created, model=model, choices=[
                         P.CompletionChoice(index=c.index, text=c.prompt_text or "")]))
-                    text_offsets[c.index] = len(c.prompt_text or "")
             async for c, piece, start, end in _deltas(gen, holdback):
+                if c.index in echo_later:
+                    echo_later.discard(c.index)
+                    head = self._prompt_logprobs(c, req.logprobs)
+                    text_offsets[c.index] = sum(len(t) for t in head.tokens)
+                    yield _sse(P.CompletionResponse(id=rid, created=created, model=model, choices=[
+                        P.CompletionChoice(index=c.index, text=c.prompt_text or "",
+                                           logprobs=head)]))
                 logprobs = None
                 if req.logprobs is not None:
                     logprobs = self._completion_logprobs(c, start, end, req.logprobs,

@@ -113,8 +113,8 @@ class _SamplingFields(_Strict):
     def stop_list(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
-    def sampling_params(self, max_tokens: int, logprobs: int | None, seed_offset: int = 0
-                        ) -> SamplingParams:
+    def sampling_params(self, max_tokens: int, logprobs: int | None, seed_offset: int = 0,
+                        prompt_logprobs: int | None = None) -> SamplingParams:
         seed = self.seed
         if seed is not None and seed_offset:
             seed = (seed + seed_offset) % (2 ** 63)
@@ -128,6 +128,7 @@ class _SamplingFields(_Strict):
             stop_token_ids=list(self.stop_token_ids or []),
             ignore_eos=bool(self.ignore_eos),
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
         )
 
 
@@ -148,9 +149,6 @@ class CompletionRequest(_SamplingFields):
             raise ValueError("best_of different from n is not supported")
         if self.suffix:
             raise ValueError("suffix is not supported by this server")
-        if self.echo and self.logprobs is not None:
-            raise ValueError("echo together with logprobs is not supported "
-                             "(prompt log-probabilities are not computed)")
         if isinstance(self.prompt, list):
             if not self.prompt:
                 raise ValueError("prompt must not be empty")
