@@ -126,6 +126,20 @@ def test_seeded_sampling_keeps_the_synchronous_path(tiny_qwen3_moe, monkeypatch)
     assert s["engine.overlapped_steps"] == 0
 
 
+def test_penalties_keep_the_synchronous_path_while_they_run(tiny_qwen3_moe, monkeypatch):
+    """A request whose logits depend on its tokens so far (a penalty, min_tokens) is never in
+    an overlapped step -- its next step must see this step's token --, and once it has
+    finished the others' steps overlap again; all tokens are the synchronous run's."""
+    prompts = [prompt_ids(320, n, seed=n) for n in (15, 29)]
+    params = [SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=1,
+                             frequency_penalty=1.0, repetition_penalty=1.2),
+              SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True, logprobs=1)]
+    want, _ = _run(tiny_qwen3_moe, monkeypatch, False, prompts, params, PLACEMENTS["all-G"])
+    got, s = _run(tiny_qwen3_moe, monkeypatch, True, prompts, params, PLACEMENTS["all-G"])
+    _same(got, want)
+    assert 0 < s["engine.overlapped_steps"] <= 30 - 8
+
+
 def test_unseeded_sampling_is_overlapped(tiny_qwen3_moe, monkeypatch):
     """Unseeded sampled requests (temperature, top-k, top-p) overlap: their tokens are drawn on
     the device from its default generator. On the CPU that generator is the host's, drawn in

@@ -265,6 +265,23 @@ def test_top_logprobs(client, llm):
     assert [i.model_dump() for i in items] == [i.model_dump() for i in content]
 
 
+def test_penalties_and_bias_equal_llm_generate(client, llm):
+    """presence / frequency / repetition penalties, min_tokens and logit_bias reach the
+    engine: the server's greedy text is ``LLM.generate``'s with the same settings, and a token
+    id outside the vocabulary is a 400."""
+    prompt = "Once upon a time"
+    kw = dict(presence_penalty=0.5, frequency_penalty=1.0, repetition_penalty=1.2, min_tokens=4)
+    ref = _ref(llm, prompt, max_tokens=16, logit_bias={50: 3.0}, **kw)
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=16,
+                                  presence_penalty=0.5, frequency_penalty=1.0,
+                                  logit_bias={"50": 3.0}, **GREEDY,
+                                  extra_body={"repetition_penalty": 1.2, "min_tokens": 4})
+    assert r.choices[0].text == ref.text and r.usage.completion_tokens == len(ref.token_ids)
+    with pytest.raises(openai.BadRequestError, match="logit_bias"):
+        client.completions.create(model=MODEL, prompt=prompt, max_tokens=4,
+                                  logit_bias={"99999999": 1.0})
+
+
 def test_echo_with_logprobs_scores_the_prompt(client, llm):
     """lm-evaluation-harness's loglikelihood request: echo, logprobs 1, one new token. The
     prompt's tokens come first, the first without a log-probability, each other's as

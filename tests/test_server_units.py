@@ -42,8 +42,10 @@ def test_completion_request_errors(body, param, code):
 
 
 @pytest.mark.parametrize("body,needle", [
-    ({"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
-    ({"prompt": "x", "logit_bias": {"5": 1.0}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": {"a": 1.0}}, "token ids"),
+    ({"prompt": "x", "logit_bias": {"5": 101}}, "-100 to 100"),
+    ({"prompt": "x", "presence_penalty": 2.5}, "presence_penalty"),
+    ({"prompt": "x", "repetition_penalty": 0}, "repetition_penalty"),
     ({"prompt": "x", "stop": [""]}, "non-empty"),
     ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream"),
 ])
@@ -73,6 +75,13 @@ def test_sampling_params_mapping():
     sp0, sp1 = r.sampling_params(10, None, 0), r.sampling_params(10, 1, 1)
     assert sp0.greedy and sp0.max_tokens == 10 and sp0.stop == ["x"] and sp0.top_k == 3
     assert sp0.seed == 5 and sp1.seed == 6 and sp1.logprobs == 1
+    assert not sp0.changes_logits
+    r = P.parse_request(P.CompletionRequest, json.dumps(
+        {"prompt": "a", "presence_penalty": 0.5, "frequency_penalty": -0.25,
+         "repetition_penalty": 1.1, "min_tokens": 2, "logit_bias": {"7": -100, "9": 2}}).encode())
+    sp = r.sampling_params(10, None)
+    assert (sp.presence_penalty, sp.frequency_penalty, sp.repetition_penalty, sp.min_tokens,
+            sp.logit_bias) == (0.5, -0.25, 1.1, 2, {7: -100.0, 9: 2.0})
     assert P.parse_request(P.CompletionRequest, b'{"prompt": [1, 2]}').prompts() == [[1, 2]]
     assert P.parse_request(P.CompletionRequest, b'{"prompt": [[1], [2]]}').prompts() == [[1], [2]]
 

@@ -43,18 +43,32 @@ class SamplingParams:
     #: (``RequestOutput.prompt_logprobs``, None for the first); k >= 1: also the k most likely
     #: tokens' at each prompt position (``RequestOutput.prompt_top_logprobs``)
     prompt_logprobs: int | None = None
+    #: penalties on the logits before sampling (vLLM's, OpenAI's ranges): ``presence_penalty``
+    #: is subtracted from every token generated so far, ``frequency_penalty`` once per time it
+    #: was generated; ``repetition_penalty`` (transformers' / CTRL's) divides the positive
+    #: logits and multiplies the negative ones of every token in the prompt or the output
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    #: EOS and ``stop_token_ids`` cannot end the output before this many tokens
+    min_tokens: int = 0
+    #: {token id: value added to its logit} (OpenAI: -100 to 100)
+    logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        if isinstance(self.logit_bias, dict):
+            self.logit_bias = dict(self.logit_bias) or None
         self.validate()
 
     def validate(self) -> None:
         def bad(msg: str) -> InvalidRequestError:
             return InvalidRequestError(msg)
-        for name in ("temperature", "top_p"):
+        for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty",
+                     "repetition_penalty"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
                 raise bad(f"{name} must be a finite number, got {v!r}")
@@ -75,6 +89,23 @@ class SamplingParams:
             if v is not None and (not isinstance(v, int) or isinstance(v, bool)
                                   or not 0 <= v <= MAX_LOGPROBS):
                 raise bad(f"{name} must be an integer from 0 to {MAX_LOGPROBS}, got {v!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise bad(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if not 0 < self.repetition_penalty <= 10:
+            raise bad(f"repetition_penalty must be in (0, 10], got {self.repetition_penalty}")
+        if not isinstance(self.min_tokens, int) or isinstance(self.min_tokens, bool) \
+                or self.min_tokens < 0 or (self.max_tokens is not None
+                                           and self.min_tokens > self.max_tokens):
+            raise bad(f"min_tokens must be an integer from 0 to max_tokens, "
+                      f"got {self.min_tokens!r}")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict) or any(
+                    not isinstance(t, int) or isinstance(t, bool) or t < 0
+                    or not isinstance(v, (int, float)) or isinstance(v, bool)
+                    or not -100 <= v <= 100 for t, v in self.logit_bias.items()):
+                raise bad("logit_bias must map token ids (non-negative integers) to numbers "
+                          "from -100 to 100")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise bad("stop must be a list of non-empty strings")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
@@ -83,6 +114,17 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def reads_history(self) -> bool:
+        """Whether the logits are changed by the tokens so far (penalties, ``min_tokens``):
+        such a row needs its last token on the host before its next step is sampled."""
+        return bool(self.presence_penalty or self.frequency_penalty
+                    or self.repetition_penalty != 1.0 or self.min_tokens)
+
+    @property
+    def changes_logits(self) -> bool:
+        return self.reads_history or bool(self.logit_bias)
 
 
 class FinishReason(str, enum.Enum):

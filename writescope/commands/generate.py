@@ -20,6 +20,12 @@ def register(sub) -> None:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=-1)
+    p.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="transformers' repetition penalty over prompt and output (1: off)")
+    p.add_argument("--presence-penalty", type=float, default=0.0)
+    p.add_argument("--frequency-penalty", type=float, default=0.0)
+    p.add_argument("--min-tokens", type=int, default=0,
+                   help="EOS and stop tokens cannot end the output before this many tokens")
     p.add_argument("--logprobs", type=int, metavar="K",
                    help="each generated token's log-probability and the K most likely tokens' "
                         "(0: the sampled token's only); printed after each text, or in --output")
@@ -68,7 +74,10 @@ def run(args: argparse.Namespace) -> int:
     prompts = [args.prompt] if args.prompt is not None else _read_prompts(args.prompts_file)
     # checked before the model loads: a bad flag is an error at once, not after the weights
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                            max_tokens=args.max_tokens, seed=args.seed, logprobs=args.logprobs)
+                            max_tokens=args.max_tokens, seed=args.seed, logprobs=args.logprobs,
+                            repetition_penalty=args.repetition_penalty,
+                            presence_penalty=args.presence_penalty,
+                            frequency_penalty=args.frequency_penalty, min_tokens=args.min_tokens)
     llm = LLM(**engine_kwargs(args), show_progress=True)
     if args.chat:
         prompts = [llm.tokenizer.apply_chat_template([{"role": "user", "content": p}])

@@ -271,9 +271,9 @@ class LLMEngine:
                              staging=staging if layout.num_blocks[Region.T] else 0,
                              max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
         self.cache = None
-        self.set_kv_policy(kv_policy, cpu_share=cpu_share)
         self.eos_ids = set(self.tokenizer.eos_token_ids if self.tokenizer is not None
                            else self.config.eos_token_id)
+        self.set_kv_policy(kv_policy, cpu_share=cpu_share)
         self.requests: dict[str, Request] = {}
         self._detok: dict[str, object] = {}
         #: overlapped decode steps (engine/inflight.py): whether they run, the step in flight,
@@ -371,6 +371,7 @@ class LLMEngine:
         if os.environ.get("WRITESCOPE_SWITCH_INTERVAL"):
             sys.setswitchinterval(float(os.environ["WRITESCOPE_SWITCH_INTERVAL"]))
         self.runner = ModelRunner(self.model, self.cache, self.device)
+        self.runner.sampler.processors.eos_ids = self.eos_ids  # what min_tokens holds back
         self.runner.expert_link = self.expert_link
         if any(self.cpu_expert_layers):
             self.runner.experts_on_cpu = True
@@ -485,6 +486,10 @@ class LLMEngine:
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError("params must be a SamplingParams")
         params.validate()
+        bad = [t for t in (params.logit_bias or {}) if t >= self.config.vocab_size]
+        if bad:
+            raise InvalidRequestError(f"logit_bias: token id {bad[0]} is out of range "
+                                      f"(vocabulary size {self.config.vocab_size})")
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         if isinstance(prompt, str):
@@ -648,14 +653,15 @@ class LLMEngine:
         detok = self._detok.get(req.request_id)
         new = detok.add(tok) if detok is not None else ""
         req.text += new
-        if p.stop and new:
+        early = len(req.output_token_ids) < p.min_tokens  # no stop before min_tokens (vLLM)
+        if p.stop and new and not early:
             for s in p.stop:  # only where this token's text can have completed a stop string
                 i = req.text.find(s, max(0, len(req.text) - len(new) - len(s) + 1))
                 if i >= 0:
                     req.text = req.text[:i]
                     return FinishReason.STOP
         reason = None
-        if (not p.ignore_eos and tok in self.eos_ids) or tok in p.stop_token_ids:
+        if not early and ((not p.ignore_eos and tok in self.eos_ids) or tok in p.stop_token_ids):
             reason = FinishReason.STOP
         elif len(req.output_token_ids) >= req.max_tokens:
             reason = FinishReason.LENGTH

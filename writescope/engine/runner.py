@@ -162,7 +162,8 @@ class ModelRunner:
                     and self.cache.step_deferrable and not self.experts_on_cpu
                     and (self.graphs is None or not self.graphs.has_pending)
                     and self.sampler.can_defer([s.request.params for s in sampled])):
-                pending = self.sampler.sample_pending(logits, [s.request.params for s in sampled])
+                pending = self.sampler.sample_pending(logits, [s.request.params for s in sampled],
+                                                      [s.request for s in sampled])
                 self.cache.end_step({"host_s": t1 - t0}, wait=False)
                 self.last_times = {"forward_host_s": t1 - t0, "device_tail_s": 0.0,
                                    "cpu_expert_s": None}
@@ -197,7 +198,8 @@ class ModelRunner:
             take_routed_bytes()  # this step's routing does not go into the next step's figure
             raise
         tokens, logprobs, top = self.sampler.sample(logits, [s.request.params for s in sampled],
-                                                    [s.request.seq_id for s in sampled])
+                                                    [s.request.seq_id for s in sampled],
+                                                    [s.request for s in sampled])
         return Launched(batch, tokens=tokens, logprobs=logprobs, top_logprobs=top,
                         prompt_logprobs=prompt_lps)
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from ..core import SamplingParams
+from ..core import Request, SamplingParams
+from .logits_processors import LogitsProcessors
 
 
 #: per row, None or the row's k most likely tokens {token id: log-probability}, most likely first
@@ -66,9 +67,15 @@ class PendingTokens:
 class Sampler:
     def __init__(self):
         self._generators: dict[int, torch.Generator] = {}
+        #: penalties, logit bias, min_tokens (tokens are picked from the processed logits)
+        self.processors = LogitsProcessors()
 
     def forget(self, seq_id: int) -> None:
         self._generators.pop(seq_id, None)
+        self.processors.forget(seq_id)
+
+    def _scores(self, logits: torch.Tensor, requests: list[Request] | None) -> torch.Tensor:
+        return self.processors.apply(logits, requests) if requests else logits
 
     def _generator(self, seq_id: int, seed: int | None, device: torch.device) -> torch.Generator | None:
         if seed is None:
@@ -84,8 +91,9 @@ class Sampler:
     def can_defer(params: list[SamplingParams]) -> bool:
         """Whether :meth:`sample_pending` can sample these rows on the device: greedy rows, and
         sampled rows without a seed (a seeded row draws from its own host generator, step by
-        step, so that its tokens repeat across runs and devices)."""
-        return all(p.greedy or p.seed is None for p in params)
+        step, so that its tokens repeat across runs and devices), and none whose logits depend
+        on its tokens so far (penalties, ``min_tokens``: the next step must see this one's)."""
+        return all((p.greedy or p.seed is None) and not p.reads_history for p in params)
 
     @staticmethod
     def _filtered(logits_row: torch.Tensor, p: SamplingParams) -> torch.Tensor:
@@ -103,39 +111,44 @@ class Sampler:
             row = torch.full_like(row, float("-inf")).scatter(0, order, sorted_logits)
         return row
 
-    def sample_pending(self, logits: torch.Tensor, params: list[SamplingParams]
-                       ) -> PendingTokens:
+    def sample_pending(self, logits: torch.Tensor, params: list[SamplingParams],
+                       requests: list[Request] | None = None) -> PendingTokens:
         """:meth:`sample`'s tokens and log-probabilities computed on the device without
         waiting for them (the engine's overlapped decode steps, ``engine/inflight.py``); only
         where :meth:`can_defer`. Greedy rows are :meth:`sample`'s exactly; an unseeded sampled
         row draws from the device's default generator instead of the host's (on the CPU the
         same one, so the same tokens)."""
         logits = logits.float()
-        tokens = torch.argmax(logits, dim=-1)
+        scores = self._scores(logits, requests)
+        tokens = torch.argmax(scores, dim=-1)
         for i, p in enumerate(params):
             if p.greedy:
                 continue
             if p.seed is not None:
                 raise ValueError("a seeded row is sampled on the host (Sampler.can_defer)")
-            probs = torch.softmax(self._filtered(logits[i], p), dim=-1)
+            probs = torch.softmax(self._filtered(scores[i], p), dim=-1)
             tokens[i:i + 1] = torch.multinomial(probs, 1)
         logprobs = torch.log_softmax(logits, dim=-1)
         chosen = logprobs.gather(1, tokens.view(-1, 1)).view(-1)
         ks = top_k_of(params)
         return PendingTokens(tokens, chosen, _top_tensors(logprobs, ks), ks)
 
-    def sample(self, logits: torch.Tensor, params: list[SamplingParams], seq_ids: list[int]
+    def sample(self, logits: torch.Tensor, params: list[SamplingParams], seq_ids: list[int],
+               requests: list[Request] | None = None
                ) -> tuple[list[int], list[float], TopLogprobs | None]:
         """``logits [B, V]`` -> (chosen token ids, their log-probabilities, per row None or the
-        ``params[i].logprobs`` most likely tokens {id: log-probability}; None when no row asks)."""
+        ``params[i].logprobs`` most likely tokens {id: log-probability}; None when no row asks).
+        ``requests`` (one per row): their penalties, bias and ``min_tokens`` apply
+        (:mod:`.logits_processors`); the log-probabilities are the model's own."""
         logits = logits.float()
         logprobs = torch.log_softmax(logits, dim=-1)
-        greedy = torch.argmax(logits, dim=-1)
+        scores = self._scores(logits, requests)
+        greedy = torch.argmax(scores, dim=-1)
         out = greedy.tolist()
         for i, p in enumerate(params):
             if p.greedy:
                 continue
-            probs = torch.softmax(self._filtered(logits[i], p), dim=-1).cpu()
+            probs = torch.softmax(self._filtered(scores[i], p), dim=-1).cpu()
             gen = self._generator(seq_ids[i], p.seed, logits.device)
             out[i] = int(torch.multinomial(probs, 1, generator=gen).item())
         idx = torch.tensor(out, device=logits.device)

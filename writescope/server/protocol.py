@@ -74,6 +74,8 @@ class _SamplingFields(_Strict):
     user: Optional[str] = None
     # extensions (vLLM's names)
     top_k: Optional[int] = Field(None, ge=-1)
+    repetition_penalty: Optional[float] = Field(None, gt=0.0, le=10.0)
+    min_tokens: Optional[int] = Field(None, ge=0)
     ignore_eos: Optional[bool] = False
     stop_token_ids: Optional[list[int]] = None
 
@@ -94,13 +96,18 @@ class _SamplingFields(_Strict):
             raise ValueError("stop_token_ids must be non-negative")
         return v
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _check_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for k, b in (v or {}).items():
+            if not k.isdigit():
+                raise ValueError(f"logit_bias keys must be token ids, got {k!r}")
+            if not -100 <= b <= 100:
+                raise ValueError(f"logit_bias values must be from -100 to 100, got {b}")
+        return v
+
     @model_validator(mode="after")
     def _unsupported(self):
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name):
-                raise ValueError(f"{name} is not supported by this server (use 0)")
-        if self.logit_bias:
-            raise ValueError("logit_bias is not supported by this server")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true")
         return self
@@ -127,6 +134,13 @@ class _SamplingFields(_Strict):
             stop=self.stop_list,
             stop_token_ids=list(self.stop_token_ids or []),
             ignore_eos=bool(self.ignore_eos),
+            presence_penalty=float(self.presence_penalty or 0.0),
+            frequency_penalty=float(self.frequency_penalty or 0.0),
+            repetition_penalty=1.0 if self.repetition_penalty is None
+            else float(self.repetition_penalty),
+            min_tokens=self.min_tokens or 0,
+            logit_bias={int(k): float(b) for k, b in self.logit_bias.items()}
+            if self.logit_bias else None,
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
         )

@@ -1,0 +1,119 @@
+"""Penalties, logit bias and min_tokens (layers/logits_processors.py): against a plain
+per-token reference, against transformers' repetition penalty, and through the engine."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from conftest import hf_model
+from test_parity import engine, prompt_ids
+from writescope import SamplingParams
+from writescope.core import InvalidRequestError, Request
+from writescope.layers.logits_processors import LogitsProcessors
+
+
+def request(prompt, output, **kw) -> Request:
+    r = Request("r", list(prompt), SamplingParams(**kw))
+    r.output_token_ids = list(output)
+    return r
+
+
+def reference_row(row: list[float], req: Request, eos: set[int]) -> list[float]:
+    """The processors' meaning, token by token."""
+    p = req.params
+    out = list(row)
+    seen = set(req.prompt_token_ids) | set(req.output_token_ids)
+    for t in range(len(out)):
+        if p.repetition_penalty != 1.0 and t in seen:
+            out[t] = out[t] / p.repetition_penalty if out[t] > 0 else out[t] * p.repetition_penalty
+        n = req.output_token_ids.count(t)
+        out[t] -= p.frequency_penalty * n + p.presence_penalty * (n > 0)
+        out[t] += (p.logit_bias or {}).get(t, 0.0)
+        if len(req.output_token_ids) < p.min_tokens and (t in eos or t in p.stop_token_ids):
+            out[t] = -math.inf
+    return out
+
+
+def test_each_processor_against_its_definition():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 50, generator=g) * 3
+    reqs = [request([1, 2, 3, 2], [4, 4, 9], repetition_penalty=1.3),
+            request([5], [7, 7, 7, 8], frequency_penalty=0.5, presence_penalty=0.3),
+            request([5], [], logit_bias={3: 5.0, 49: -100}),
+            request([5], [6], min_tokens=3, stop_token_ids=[11]),
+            request([5], [6, 7, 8], min_tokens=3, stop_token_ids=[11]),  # reached: no mask
+            request([1, 2], [3], temperature=0.0)]                         # asks for nothing
+    proc = LogitsProcessors()
+    proc.eos_ids = {0}
+    got = proc.apply(logits, reqs)
+    for i, r in enumerate(reqs):
+        want = reference_row(logits[i].tolist(), r, proc.eos_ids)
+        assert got[i].tolist() == pytest.approx(want, abs=1e-5), i
+    assert got[3, 0] == -math.inf and got[3, 11] == -math.inf and got[4, 0] > -math.inf
+    assert torch.equal(got[5], logits[5])
+
+
+def test_nothing_asked_returns_the_same_tensor():
+    logits = torch.randn(2, 10)
+    assert LogitsProcessors().apply(logits, [request([1], []), request([2], [3])]) is logits
+
+
+@pytest.mark.parametrize("bad", [dict(presence_penalty=2.5), dict(frequency_penalty=-3.0),
+                                 dict(repetition_penalty=0.0), dict(min_tokens=-1),
+                                 dict(min_tokens=5, max_tokens=4),
+                                 dict(logit_bias={1: 101.0}), dict(logit_bias={-1: 1.0}),
+                                 dict(presence_penalty=float("nan"))])
+def test_bad_values_are_refused(bad):
+    with pytest.raises(InvalidRequestError):
+        SamplingParams(**bad)
+
+
+def test_repetition_penalty_matches_transformers(all_tiny):
+    """Greedy with ``repetition_penalty=1.5`` over a 210-token prompt: transformers' tokens."""
+    llm = engine(all_tiny)
+    ids = prompt_ids(llm.engine.config.vocab_size)
+    (out,) = llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True,
+                                                repetition_penalty=1.5))
+    with torch.no_grad():
+        g = hf_model(str(all_tiny)).generate(torch.tensor([ids]), max_new_tokens=24,
+                                              do_sample=False, repetition_penalty=1.5,
+                                              eos_token_id=None, pad_token_id=0)
+    assert out.token_ids == g[0, len(ids):].tolist()
+
+
+def test_engine_applies_bias_min_tokens_and_penalties(tiny_qwen3_moe):
+    llm = engine(tiny_qwen3_moe)
+    ids = prompt_ids(320, 30, seed=2)
+    plain = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=0)
+    (base,) = llm.generate([ids], plain)
+    # a large bias makes a token the greedy choice at every step; log-probabilities stay the
+    # model's own (raw), so they are not those of a certain token
+    forced = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=0,
+                            logit_bias={17: 100.0})
+    (b,) = llm.generate([ids], forced)
+    assert b.token_ids == [17] * 6 and all(lp < -1e-3 for lp in b.logprobs)
+    # min_tokens: the first greedy token is a stop token, held back for three tokens
+    first = base.token_ids[0]
+    (stopped,) = llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=12,
+                                                    stop_token_ids=[first]))
+    assert stopped.token_ids == [first] and stopped.finish_reason == "stop"
+    (held,) = llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=12, min_tokens=3,
+                                                 stop_token_ids=[first]))
+    assert len(held.token_ids) >= 3 and first not in held.token_ids[:3]
+    # frequency and presence penalties: each greedy choice is the best of the model's own
+    # log-probabilities less each token's penalty for the tokens before it
+    (f,) = llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True,
+                                              frequency_penalty=1.5, presence_penalty=0.5,
+                                              logprobs=20))
+    penalised = 0
+    for i, (tok, lp, top) in enumerate(zip(f.token_ids, f.logprobs, f.top_logprobs)):
+        before = f.token_ids[:i]
+
+        def score(t, v):
+            n = before.count(t)
+            return v - 1.5 * n - 0.5 * (n > 0)
+        assert all(score(tok, lp) >= score(t, v) - 1e-4 for t, v in top.items()), i
+        penalised += tok != next(iter(top))  # not the model's own first choice
+    assert penalised > 0 and f.token_ids != base.token_ids
