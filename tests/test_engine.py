@@ -287,3 +287,39 @@ def test_a_gpu_host_s_cpu_teams_leave_the_launching_thread_its_cores(monkeypatch
         cpu_attn.reserve_cores(0)
         cpu_attn.set_num_threads(before_attn)
         cpu_experts.set_num_threads(before_experts)
+
+
+def test_n_completions_per_prompt(llm):
+    """``SamplingParams.n``: one RequestOutput per prompt with n ``outputs`` (vLLM's shape);
+    seeded, completion j draws with seed + j, so a run repeats and the completions differ."""
+    sp = SamplingParams(temperature=1.0, seed=11, n=3, max_tokens=8, ignore_eos=True, logprobs=0)
+    a = llm.generate([[5, 6, 7], "hello"], sp)
+    b = llm.generate([[5, 6, 7], "hello"], sp)
+    assert len(a) == 2 and all(len(o.outputs) == 3 for o in a)
+    assert [[c.token_ids for c in o.outputs] for o in a] == [[c.token_ids for c in o.outputs]
+                                                            for o in b]
+    first = a[0].outputs
+    assert [c.index for c in first] == [0, 1, 2] and len({tuple(c.token_ids) for c in first}) > 1
+    assert a[0].token_ids == first[0].token_ids and a[0].finished
+    single = llm.generate([5, 6, 7], SamplingParams(temperature=1.0, seed=12, max_tokens=8,
+                                                    ignore_eos=True, logprobs=0))[0]
+    assert single.outputs[0].token_ids == first[1].token_ids  # seed 11 + 1
+    assert single.outputs[0].cumulative_logprob == pytest.approx(sum(single.logprobs))
+    with pytest.raises(InvalidRequestError, match="n requests"):
+        llm.engine.add_request("x", [1, 2], SamplingParams(n=2))
+
+
+def test_a_bad_prompt_leaves_none_of_the_call_queued(llm):
+    with pytest.raises(InvalidRequestError):
+        llm.generate([[5, 6], [10 ** 9]], SamplingParams(max_tokens=2))
+    assert not llm.engine.has_unfinished_requests()
+
+
+def test_chat_renders_the_template(default_model_dir):
+    llm = LLM(str(default_model_dir), dtype="float32", device="cpu", max_model_len=256)
+    conv = [{"role": "user", "content": "What is the capital of France?"}]
+    sp = SamplingParams(temperature=0, max_tokens=6)
+    (got,) = llm.chat(conv, sp)
+    (want,) = llm.generate([llm.tokenizer.apply_chat_template(conv)], sp)
+    assert got.token_ids == want.token_ids and got.prompt_token_ids == want.prompt_token_ids
+    assert len(llm.chat([conv, conv], sp)) == 2

@@ -35,6 +35,9 @@ class SamplingParams:
     stop: list[str] | str | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
+    #: completions per prompt (``LLM.generate``: ``RequestOutput.outputs``; seeded rows draw
+    #: with seeds ``seed, seed + 1, ...``); the engine itself runs one per request
+    n: int = 1
     #: None: no log-probabilities; 0: the sampled token's log-probability per step
     #: (``RequestOutput.logprobs``); k >= 1: also the k most likely tokens' per step
     #: (``RequestOutput.top_logprobs``), at most :data:`MAX_LOGPROBS`
@@ -82,6 +85,8 @@ class SamplingParams:
                                             or isinstance(self.max_tokens, bool)
                                             or self.max_tokens < 1):
             raise bad(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        if not isinstance(self.n, int) or isinstance(self.n, bool) or not 1 <= self.n <= 128:
+            raise bad(f"n must be an integer from 1 to 128, got {self.n!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise bad(f"seed must be an integer, got {self.seed!r}")
         for name in ("logprobs", "prompt_logprobs"):
@@ -197,8 +202,27 @@ class Request:
 
 
 @dataclass
+class CompletionOutput:
+    """One completion of a prompt (vLLM's ``RequestOutput.outputs[i]``)."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None
+    logprobs: list[float] | None
+    top_logprobs: list[dict[int, float]] | None
+    finish_reason: str | None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
 class RequestOutput:
-    """What ``LLM.generate`` returns per prompt and ``LLMEngine.step`` per advanced request."""
+    """What ``LLM.generate`` returns per prompt and ``LLMEngine.step`` per advanced request.
+    Its ``text``, ``token_ids``, ``logprobs`` are the first completion's; ``outputs`` lists them
+    all (``SamplingParams.n``), shaped as vLLM's."""
 
     request_id: str
     prompt: str | None
@@ -217,10 +241,25 @@ class RequestOutput:
     #: per prompt token, the k most likely tokens there, None for the first
     #: (``SamplingParams.prompt_logprobs`` = k >= 1)
     prompt_top_logprobs: list[dict[int, float] | None] | None = None
+    #: every completion of the prompt (``LLM.generate`` with ``n`` > 1); None: just this one
+    completions: list[CompletionOutput] | None = None
 
     @property
     def finished(self) -> bool:
+        if self.completions is not None:
+            return all(c.finished for c in self.completions)
         return self.finish_reason is not None
+
+    @property
+    def outputs(self) -> list[CompletionOutput]:
+        if self.completions is not None:
+            return self.completions
+        return [self.as_completion(0)]
+
+    def as_completion(self, index: int) -> CompletionOutput:
+        cum = sum(self.logprobs) if self.logprobs is not None else None
+        return CompletionOutput(index, self.text, self.token_ids, cum, self.logprobs,
+                                self.top_logprobs, self.finish_reason)
 
 
 @dataclass

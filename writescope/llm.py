@@ -1,6 +1,7 @@
 """The offline Python API, shaped like vLLM's: ``LLM(model).generate(prompts, SamplingParams(...))``."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 
@@ -9,6 +10,24 @@ from tqdm.auto import tqdm
 
 from .core import RequestOutput, SamplingParams
 from .engine.engine import LLMEngine
+
+
+def one_completion(params: SamplingParams, j: int) -> SamplingParams:
+    """The engine request for completion ``j`` of ``params.n``: n = 1, a seed of its own."""
+    if params.n == 1:
+        return params
+    seed = None if params.seed is None else (params.seed + j) % (2 ** 63)
+    return dataclasses.replace(params, n=1, seed=seed)
+
+
+def merge_completions(outs: list[RequestOutput]) -> RequestOutput:
+    """One prompt's n finished requests as one :class:`RequestOutput`: the first's fields, all
+    of them in ``outputs``."""
+    if len(outs) == 1:
+        return outs[0]
+    first = dataclasses.replace(outs[0])
+    first.completions = [o.as_completion(i) for i, o in enumerate(outs)]
+    return first
 
 
 class LLM:
@@ -39,13 +58,21 @@ class LLM:
             params = [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
-        ids = []
-        for p, sp in zip(prompts, params):
-            rid = f"gen-{next(self._ids)}"
-            self.engine.add_request(rid, p, sp)
-            ids.append(rid)
+        groups: list[list[str]] = []  # per prompt, its n engine requests
+        try:
+            for p, sp in zip(prompts, params):
+                groups.append([])
+                for j in range(sp.n):
+                    rid = f"gen-{next(self._ids)}"
+                    self.engine.add_request(rid, p, one_completion(sp, j))
+                    groups[-1].append(rid)
+        except BaseException:  # a bad prompt: none of this call's requests stay queued
+            for rid in (r for g in groups for r in g):
+                self.engine.abort_request(rid)
+            raise
         results: dict[str, RequestOutput] = {}
-        bar = tqdm(total=len(ids), desc="generating", unit="req", disable=not use_tqdm)
+        total = sum(len(g) for g in groups)
+        bar = tqdm(total=total, desc="generating", unit="req", disable=not use_tqdm)
         with bar:
             while self.engine.has_unfinished_requests():
                 for out in self.engine.step():
@@ -53,7 +80,19 @@ class LLM:
                         results[out.request_id] = out
                         bar.update(1)
                         bar.set_postfix(tok_s=f"{self.engine.stats()['engine.tokens_per_s']:.1f}")
-        return [results[r] for r in ids]
+        return [merge_completions([results[r] for r in g]) for g in groups]
+
+    def chat(self, messages: list[dict] | list[list[dict]],
+             sampling_params: SamplingParams | list[SamplingParams] | None = None,
+             use_tqdm: bool = False, add_generation_prompt: bool = True) -> list[RequestOutput]:
+        """:meth:`generate` on one conversation (a list of ``{"role", "content"}`` messages) or
+        several, each rendered with the model's chat template (vLLM's ``LLM.chat``)."""
+        if self.tokenizer is None:
+            raise ValueError("this model has no tokenizer, so no chat template")
+        convs = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [list(self.tokenizer.apply_chat_template(
+            c, add_generation_prompt=add_generation_prompt)) for c in convs]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def stats(self) -> dict:
         """Counters of the KV cache, the planner and the engine (see docs/ARCHITECTURE.md)."""

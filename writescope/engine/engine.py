@@ -486,6 +486,9 @@ class LLMEngine:
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError("params must be a SamplingParams")
         params.validate()
+        if params.n != 1:
+            raise InvalidRequestError("the engine runs one completion a request: submit n "
+                                      "requests (LLM.generate does) for SamplingParams.n > 1")
         bad = [t for t in (params.logit_bias or {}) if t >= self.config.vocab_size]
         if bad:
             raise InvalidRequestError(f"logit_bias: token id {bad[0]} is out of range "
