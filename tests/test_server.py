@@ -282,6 +282,27 @@ def test_penalties_and_bias_equal_llm_generate(client, llm):
                                   logit_bias={"99999999": 1.0})
 
 
+def test_tokenize_and_detokenize(url, llm):
+    h = {"Authorization": f"Bearer {API_KEY}"}
+    tok = llm.tokenizer
+    r = httpx.post(url + "/tokenize", json={"prompt": "Once upon a time",
+                                            "return_token_strs": True}, headers=h, timeout=30)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["tokens"] == tok.encode("Once upon a time") and body["count"] == len(body["tokens"])
+    assert body["max_model_len"] == MAX_LEN and "".join(body["token_strs"]) == "Once upon a time"
+    conv = [{"role": "user", "content": "hi"}]
+    r = httpx.post(url + "/tokenize", json={"messages": conv}, headers=h, timeout=30)
+    assert r.json()["tokens"] == list(tok.apply_chat_template(conv))
+    r = httpx.post(url + "/detokenize", json={"tokens": body["tokens"]}, headers=h, timeout=30)
+    assert r.json() == {"prompt": "Once upon a time"}
+    for path, bad in (("/tokenize", {"prompt": "x", "messages": conv}), ("/tokenize", {}),
+                      ("/detokenize", {"tokens": [10 ** 9]}), ("/detokenize", {"tokens": "x"})):
+        r = httpx.post(url + path, json=bad, headers=h, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["message"], (path, bad)
+    assert httpx.post(url + "/tokenize", json={"prompt": "x"}, timeout=30).status_code == 401
+
+
 def test_echo_with_logprobs_scores_the_prompt(client, llm):
     """lm-evaluation-harness's loglikelihood request: echo, logprobs 1, one new token. The
     prompt's tokens come first, the first without a log-probability, each other's as

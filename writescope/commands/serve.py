@@ -20,7 +20,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "serve", help="serve an OpenAI-compatible HTTP API with continuous batching",
         description="Serve /v1/completions, /v1/chat/completions (streaming and not), /v1/models, "
-                    "/health and /metrics (Prometheus text). With no --model, serves the "
+                    "/tokenize, /detokenize, /health and /metrics (Prometheus text). With no "
+                    "--model, serves the "
                     "embedded default model (it ships a chat template).")
     add_engine_args(p)
     g = p.add_argument_group("server")

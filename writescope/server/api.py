@@ -53,6 +53,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..core import InvalidRequestError, SamplingParams
 from . import protocol as P
+from . import tokenize
 from .metrics import CONTENT_TYPE, ServerMetrics
 
 log = logging.getLogger("writescope.server")
@@ -1010,6 +1011,14 @@ def create_app(engine: Any, *, served_model_names: Sequence[str] | None = None,
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         return await server.chat(request)
+
+    @app.post("/tokenize")
+    async def tokenize_(request: Request):
+        return JSONResponse(await tokenize.tokenize(server, request))
+
+    @app.post("/detokenize")
+    async def detokenize_(request: Request):
+        return JSONResponse(await tokenize.detokenize(server, request))
 
     @app.get("/v1/models")
     async def models(request: Request):
