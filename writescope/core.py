@@ -111,6 +111,9 @@ class SamplingParams:
                     or not -100 <= v <= 100 for t, v in self.logit_bias.items()):
                 raise bad("logit_bias must map token ids (non-negative integers) to numbers "
                           "from -100 to 100")
+        self._reads_history = bool(self.presence_penalty or self.frequency_penalty
+                                   or self.repetition_penalty != 1.0 or self.min_tokens)
+        self._changes_logits = self._reads_history or bool(self.logit_bias)
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise bad("stop must be a list of non-empty strings")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
@@ -123,13 +126,14 @@ class SamplingParams:
     @property
     def reads_history(self) -> bool:
         """Whether the logits are changed by the tokens so far (penalties, ``min_tokens``):
-        such a row needs its last token on the host before its next step is sampled."""
-        return bool(self.presence_penalty or self.frequency_penalty
-                    or self.repetition_penalty != 1.0 or self.min_tokens)
+        such a row needs its last token on the host before its next step is sampled. Set by
+        :meth:`validate` (the engine validates each request's parameters on admission), so
+        that a decode step's sampler reads one attribute per row."""
+        return self._reads_history
 
     @property
     def changes_logits(self) -> bool:
-        return self.reads_history or bool(self.logit_bias)
+        return self._changes_logits
 
 
 class FinishReason(str, enum.Enum):
