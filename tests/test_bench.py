@@ -1249,3 +1249,13 @@ def test_expert_link_bench_needs_cuda():
         pytest.skip("has CUDA")
     from writescope.bench import expert_link
     assert expert_link.main([]) == 2
+
+
+def test_sampler_bench_times_both_ways(tmp_path):
+    from writescope.bench import sampler
+    out = tmp_path / "s.json"
+    assert sampler.main(["--device", "cpu", "--batch", "2", "--reps", "1", "--vocab", "500",
+                         "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["setting"] for r in rows] == list(sampler.SETTINGS)
+    assert all(r["batch"] == 2 and r["batched_ms"] > 0 and r["per_row_ms"] > 0 for r in rows)

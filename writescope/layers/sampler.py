@@ -97,7 +97,8 @@ class Sampler:
 
     @staticmethod
     def _filtered(logits_row: torch.Tensor, p: SamplingParams) -> torch.Tensor:
-        """One row's logits after temperature, top-k and top-p (masked to -inf), on its device."""
+        """One row's logits after temperature, top-k and top-p (masked to -inf), on its device
+        (a seeded row's, drawn on the host; :meth:`draw` does the same for all other rows)."""
         row = logits_row / p.temperature
         if p.top_k and p.top_k > 0:
             kth = torch.topk(row, min(p.top_k, row.numel())).values[-1]
@@ -111,6 +112,48 @@ class Sampler:
             row = torch.full_like(row, float("-inf")).scatter(0, order, sorted_logits)
         return row
 
+    @staticmethod
+    def draw(scores: torch.Tensor, params: list[SamplingParams], rows: list[int]) -> torch.Tensor:
+        """Tokens for the unseeded sampled ``rows`` of ``scores [B, V]``, all at once on their
+        device: temperature, top-k and top-p as :meth:`_filtered` (top-k keeps exactly k
+        tokens where values tie), and a draw by the exponential race (``argmax(p / E)``,
+        E ~ Exp(1): token i wins with probability p_i), as vLLM samples -- no launches per row
+        and no copy to the host. Rows with a top-k work on the largest k of them only (one
+        ``topk``); rows with only a top-p sort the whole vocabulary; the rest need neither."""
+        dev = scores.device
+        out = torch.empty(len(rows), dtype=torch.long, device=dev)
+        ks = [params[i].top_k if params[i].top_k and params[i].top_k > 0 else 0 for i in rows]
+        ps = [params[i].top_p for i in rows]
+        groups: dict[str, list[int]] = {"top_k": [], "top_p": [], "plain": []}
+        for j, (k, p) in enumerate(zip(ks, ps)):
+            groups["top_k" if k else "top_p" if p < 1.0 else "plain"].append(j)
+        for kind, js in groups.items():
+            if not js:
+                continue
+            x = scores[torch.tensor([rows[j] for j in js], device=dev)]
+            x = x / torch.tensor([params[rows[j]].temperature for j in js],
+                                 device=dev).unsqueeze(1)
+            order = None
+            if kind == "top_k":  # the largest max(k) values, in order: mask each row's tail
+                x, order = torch.topk(x, min(max(ks[j] for j in js), x.shape[-1]), dim=-1)
+                keep = torch.tensor([ks[j] for j in js], device=dev).unsqueeze(1)
+                x = x.masked_fill(torch.arange(x.shape[-1], device=dev).unsqueeze(0) >= keep,
+                                  float("-inf"))
+            elif kind == "top_p":
+                x, order = torch.sort(x, dim=-1, descending=True)
+            if any(ps[j] < 1.0 for j in js):  # keep the smallest prefix whose mass reaches top_p
+                probs = torch.softmax(x, dim=-1)
+                top_p = torch.tensor([ps[j] if ps[j] < 1.0 else float("inf") for j in js],
+                                     device=dev).unsqueeze(1)
+                x = x.masked_fill(torch.cumsum(probs, dim=-1) - probs > top_p, float("-inf"))
+            probs = torch.softmax(x, dim=-1)
+            race = torch.empty_like(probs).exponential_().clamp_min_(1e-30)
+            pick = torch.argmax(probs / race, dim=-1)
+            if order is not None:
+                pick = order.gather(1, pick.unsqueeze(1)).squeeze(1)
+            out[torch.tensor(js, device=dev)] = pick
+        return out
+
     def sample_pending(self, logits: torch.Tensor, params: list[SamplingParams],
                        requests: list[Request] | None = None) -> PendingTokens:
         """:meth:`sample`'s tokens and log-probabilities computed on the device without
@@ -121,13 +164,11 @@ class Sampler:
         logits = logits.float()
         scores = self._scores(logits, requests)
         tokens = torch.argmax(scores, dim=-1)
-        for i, p in enumerate(params):
-            if p.greedy:
-                continue
-            if p.seed is not None:
-                raise ValueError("a seeded row is sampled on the host (Sampler.can_defer)")
-            probs = torch.softmax(self._filtered(scores[i], p), dim=-1)
-            tokens[i:i + 1] = torch.multinomial(probs, 1)
+        rows = [i for i, p in enumerate(params) if not p.greedy]
+        if any(params[i].seed is not None for i in rows):
+            raise ValueError("a seeded row is sampled on the host (Sampler.can_defer)")
+        if rows:
+            tokens[torch.tensor(rows, device=tokens.device)] = self.draw(scores, params, rows)
         logprobs = torch.log_softmax(logits, dim=-1)
         chosen = logprobs.gather(1, tokens.view(-1, 1)).view(-1)
         ks = top_k_of(params)
@@ -143,16 +184,20 @@ class Sampler:
         logits = logits.float()
         logprobs = torch.log_softmax(logits, dim=-1)
         scores = self._scores(logits, requests)
-        greedy = torch.argmax(scores, dim=-1)
-        out = greedy.tolist()
-        for i, p in enumerate(params):
-            if p.greedy:
+        tokens = torch.argmax(scores, dim=-1)
+        unseeded = [i for i, p in enumerate(params) if not p.greedy and p.seed is None]
+        if unseeded:  # on the device, all rows at once
+            tokens[torch.tensor(unseeded, device=tokens.device)] = self.draw(scores, params,
+                                                                              unseeded)
+        out = tokens.tolist()
+        for i, p in enumerate(params):  # seeded rows: each from its own host generator
+            if p.greedy or p.seed is None:
                 continue
             probs = torch.softmax(self._filtered(scores[i], p), dim=-1).cpu()
             gen = self._generator(seq_ids[i], p.seed, logits.device)
             out[i] = int(torch.multinomial(probs, 1, generator=gen).item())
-        idx = torch.tensor(out, device=logits.device)
-        chosen = logprobs.gather(1, idx.view(-1, 1)).view(-1).tolist()
+            tokens[i] = out[i]
+        chosen = logprobs.gather(1, tokens.view(-1, 1)).view(-1).tolist()
         ks = top_k_of(params)
         top = _top_tensors(logprobs, ks)
         if top is None:
