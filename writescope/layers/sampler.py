@@ -158,9 +158,9 @@ class Sampler:
                        requests: list[Request] | None = None) -> PendingTokens:
         """:meth:`sample`'s tokens and log-probabilities computed on the device without
         waiting for them (the engine's overlapped decode steps, ``engine/inflight.py``); only
-        where :meth:`can_defer`. Greedy rows are :meth:`sample`'s exactly; an unseeded sampled
-        row draws from the device's default generator instead of the host's (on the CPU the
-        same one, so the same tokens)."""
+        where :meth:`can_defer`. The same tokens as :meth:`sample`'s: greedy rows exactly,
+        unseeded sampled rows from the same :meth:`draw` on the device's default generator
+        (the same draws from the same state)."""
         logits = logits.float()
         scores = self._scores(logits, requests)
         tokens = torch.argmax(scores, dim=-1)

@@ -656,33 +656,28 @@ class OpenAIServer:
 
     def _completion_logprobs(self, c: _Choice, start: int, end: int, k: int,
                              text_offset: int) -> P.CompletionLogprobs:
-        toks = [self.token_str(t) for t in c.token_ids[start:end]]
-        lps = c.logprobs[start:end]
-        offsets, off = [], text_offset
-        for t in toks:
-            offsets.append(off)
-            off += len(t)
-        top = None
-        if k >= 1:  # the k most likely tokens, and the sampled one where it is not among them
-            top = []
-            for i, (t, v) in enumerate(zip(toks, lps)):
-                d: dict[str, float] = {}
-                for tid, alt in self._alternatives(c, start + i):
-                    d.setdefault(self.token_str(tid), alt)  # two ids, one text: the likelier
-                d.setdefault(t, v)
-                top.append(d)
-        return P.CompletionLogprobs(tokens=toks, token_logprobs=list(lps), text_offset=offsets,
-                                    top_logprobs=top)
+        ids = c.token_ids[start:end]
+        alts = [dict(self._alternatives(c, i)) for i in range(start, end)]
+        return self._logprob_entries(ids, c.logprobs[start:end], alts, k, text_offset)
 
     def _prompt_logprobs(self, c: _Choice, k: int) -> P.CompletionLogprobs:
         """Echo with logprobs: the prompt's tokens, each one's log-probability given those
         before it (None for the first, and for all where the request ended before its prefill
         did) and, for k >= 1, the k most likely tokens there and the prompt's own."""
-        toks = [self.token_str(t) for t in c.prompt_ids]
-        n = len(toks)
+        n = len(c.prompt_ids)
         lps = list(c.prompt_logprobs) if c.prompt_logprobs is not None else [None] * n
-        alts = c.prompt_top_logprobs or [None] * n
-        offsets, off = [], 0
+        return self._logprob_entries(c.prompt_ids, lps, c.prompt_top_logprobs or [None] * n,
+                                     k, 0)
+
+    def _logprob_entries(self, ids: list[int], lps: list[float | None],
+                         alts: list[dict[int, float] | None], k: int,
+                         text_offset: int) -> P.CompletionLogprobs:
+        """The completions endpoint's logprobs for tokens ``ids``: their text, offsets and
+        log-probabilities and, for k >= 1, per token the k most likely tokens' text and the
+        token's own (where it is not among them; None where the token has no
+        log-probability). Two ids of one text keep the likelier value."""
+        toks = [self.token_str(t) for t in ids]
+        offsets, off = [], text_offset
         for t in toks:
             offsets.append(off)
             off += len(t)
@@ -698,7 +693,7 @@ class OpenAIServer:
                     d.setdefault(self.token_str(tid), alt)
                 d.setdefault(t, v)
                 top.append(d)
-        return P.CompletionLogprobs(tokens=toks, token_logprobs=lps, text_offset=offsets,
+        return P.CompletionLogprobs(tokens=toks, token_logprobs=list(lps), text_offset=offsets,
                                     top_logprobs=top)
 
     def _full_logprobs(self, c: _Choice, req: P.CompletionRequest) -> P.CompletionLogprobs:
