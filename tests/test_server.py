@@ -331,6 +331,49 @@ def test_echo_with_logprobs_scores_the_prompt(client, llm):
     assert streamed == lp.token_logprobs
 
 
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
+          "properties": {"name": {"type": "string", "maxLength": 12},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 120}}}
+
+
+def test_structured_outputs_equal_llm_generate(client, llm):
+    """response_format (json_schema, json_object), vLLM's structured_outputs and guided_*
+    fields reach the engine: greedy texts are LLM.generate's under the same constraint, valid
+    for it, streamed or not."""
+    import json
+
+    import jsonschema
+
+    from writescope.core import StructuredOutputsParams as S
+    messages = [{"role": "user", "content": "Describe a person."}]
+    ids = llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    ref = _ref(llm, ids, max_tokens=60, structured_outputs=S(json=PERSON))
+    rf = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON,
+                                                 "strict": True}}
+    r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=60,
+                                       response_format=rf, **GREEDY)
+    text = r.choices[0].message.content
+    assert text == ref.text and r.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(text), PERSON)
+    with client.chat.completions.create(model=MODEL, messages=messages, max_tokens=60,
+                                        response_format=rf, stream=True, **GREEDY) as s:
+        assert "".join(c.delta.content or "" for chunk in s for c in chunk.choices) == text
+    r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8,
+                                       response_format={"type": "json_object"}, **GREEDY)
+    assert r.choices[0].message.content == _ref(llm, ids, max_tokens=8, structured_outputs=S(
+        json_object=True)).text
+    assert r.choices[0].message.content.startswith("{")
+    prompt = "The answer is"
+    for body, so in (({"guided_choice": ["yes", "no"]}, S(choice=["yes", "no"])),
+                     ({"structured_outputs": {"regex": "[0-9]{2}-[a-z]{3}"}},
+                      S(regex="[0-9]{2}-[a-z]{3}")),
+                     ({"guided_json": PERSON}, S(json=PERSON))):
+        r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=60,
+                                      extra_body=body, **GREEDY)
+        assert r.choices[0].text == _ref(llm, prompt, max_tokens=60, structured_outputs=so).text
+        assert r.choices[0].finish_reason == "stop"
+
+
 def test_32_concurrent_streams_with_disconnects(client, llm, url):
     """32 streaming clients of mixed lengths (16 run at once, the rest wait); every third one
     hangs up after a few chunks. The others get exactly the greedy output of LLM.generate;
@@ -411,6 +454,15 @@ BAD = [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
                               "temperature": "hot"}, 400, None),
     ("/v1/no/such/route", {"prompt": "x"}, 404, None),
+    ("/v1/completions", {"prompt": "hi", "structured_outputs": {"regex": "a(b"}}, 400,
+     "invalid_value"),
+    ("/v1/completions", {"prompt": "hi", "guided_regex": "a", "guided_choice": ["a"]}, 400, None),
+    ("/v1/completions", {"prompt": "hi", "structured_outputs": {}}, 400, None),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "response_format": {"type": "json_schema"}}, 400, None),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "response_format": {"type": "json_schema", "json_schema": {
+                                  "name": "s", "schema": {"type": "wat"}}}}, 400, None),
 ]
 
 

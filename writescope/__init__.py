@@ -1,6 +1,8 @@
 """writescope: long-context MoE inference on one budgeted GPU."""
-from .core import RequestOutput, SamplingParams
+from .core import (CompletionOutput, GuidedDecodingParams, RequestOutput, SamplingParams,
+                   StructuredOutputsParams)
 from .llm import LLM
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput",
+           "StructuredOutputsParams", "GuidedDecodingParams"]
 __version__ = "0.1.0"

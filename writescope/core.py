@@ -24,6 +24,61 @@ MAX_LOGPROBS = 20
 
 
 @dataclass
+class StructuredOutputsParams:
+    """A constraint on the generated text (vLLM's ``StructuredOutputsParams``, formerly
+    ``GuidedDecodingParams``): exactly one of a JSON schema (``json``: a dict or its JSON text),
+    any JSON object (``json_object``), a regular expression (``regex``, Rust ``regex`` syntax),
+    one of several strings (``choice``) or a context-free grammar (``grammar``: Lark or
+    llama.cpp's GBNF). The engine masks every token that cannot continue a text matching it
+    (layers/grammar.py) and ends the request once the text is complete."""
+
+    json: dict | str | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool = False
+    #: the whitespace a JSON value may hold between its tokens, as a regex (None: none, the
+    #: compact form ``{"a":1,"b":[2,3]}``)
+    whitespace_pattern: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.choice is not None:
+            self.choice = list(self.choice)
+        self.validate()
+
+    def validate(self) -> None:
+        kinds = [k for k in ("json", "regex", "choice", "grammar") if getattr(self, k) is not None]
+        if self.json_object:
+            kinds.append("json_object")
+        if len(kinds) != 1:
+            raise InvalidRequestError(
+                "structured outputs need exactly one of json, json_object, regex, choice, "
+                f"grammar (got {', '.join(kinds) or 'none'})")
+        if self.json is not None and not isinstance(self.json, (dict, str)):
+            raise InvalidRequestError("structured outputs: json must be a JSON schema (an object "
+                                      "or its JSON text)")
+        for name in ("regex", "grammar", "whitespace_pattern"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, str) or not v):
+                raise InvalidRequestError(f"structured outputs: {name} must be a non-empty string")
+        if self.choice is not None and (not self.choice or any(
+                not isinstance(c, str) or not c for c in self.choice)):
+            raise InvalidRequestError("structured outputs: choice must be a non-empty list of "
+                                      "non-empty strings")
+
+    @property
+    def kind(self) -> str:
+        for k in ("json", "regex", "choice", "grammar"):
+            if getattr(self, k) is not None:
+                return k
+        return "json_object"
+
+
+#: vLLM's former name
+GuidedDecodingParams = StructuredOutputsParams
+
+
+@dataclass
 class SamplingParams:
     """Sampling options, named and defaulted as in vLLM."""
 
@@ -57,6 +112,9 @@ class SamplingParams:
     min_tokens: int = 0
     #: {token id: value added to its logit} (OpenAI: -100 to 100)
     logit_bias: dict[int, float] | None = None
+    #: the text must match a JSON schema, a regex, a choice or a grammar
+    #: (:class:`StructuredOutputsParams`; needs the model's tokenizer)
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -111,6 +169,10 @@ class SamplingParams:
                     or not -100 <= v <= 100 for t, v in self.logit_bias.items()):
                 raise bad("logit_bias must map token ids (non-negative integers) to numbers "
                           "from -100 to 100")
+        if self.structured_outputs is not None:
+            if not isinstance(self.structured_outputs, StructuredOutputsParams):
+                raise bad("structured_outputs must be a StructuredOutputsParams")
+            self.structured_outputs.validate()
         self._reads_history = bool(self.presence_penalty or self.frequency_penalty
                                    or self.repetition_penalty != 1.0 or self.min_tokens)
         self._changes_logits = self._reads_history or bool(self.logit_bias)
@@ -134,6 +196,11 @@ class SamplingParams:
     @property
     def changes_logits(self) -> bool:
         return self._changes_logits
+
+    @property
+    def constrained(self) -> bool:
+        """Whether a grammar masks this row's tokens (``structured_outputs``)."""
+        return self.structured_outputs is not None
 
 
 class FinishReason(str, enum.Enum):

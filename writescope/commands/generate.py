@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -29,6 +30,14 @@ def register(sub) -> None:
     p.add_argument("--logprobs", type=int, metavar="K",
                    help="each generated token's log-probability and the K most likely tokens' "
                         "(0: the sampled token's only); printed after each text, or in --output")
+    so = p.add_argument_group("structured outputs (one of)").add_mutually_exclusive_group()
+    so.add_argument("--json-schema", metavar="SCHEMA",
+                    help="the output is JSON matching this schema (a file, or the schema's JSON)")
+    so.add_argument("--json-object", action="store_true", help="the output is a JSON object")
+    so.add_argument("--regex", help="the output matches this regular expression")
+    so.add_argument("--choice", nargs="+", metavar="TEXT", help="the output is one of these")
+    so.add_argument("--grammar", metavar="GRAMMAR",
+                    help="the output follows this Lark or GBNF grammar (a file, or its text)")
     p.add_argument("--output", help="write results as JSONL here")
     add_engine_args(p)
     p.set_defaults(func=run)
@@ -55,6 +64,36 @@ def _read_prompts(path: str) -> list:
     return prompts
 
 
+def _file_or_text(v: str) -> str:
+    if os.path.isfile(v):
+        with open(v) as f:
+            return f.read()
+    return v
+
+
+def structured_outputs(args: argparse.Namespace):
+    """The constraint the flags ask for, or None."""
+    from ..core import InvalidRequestError, StructuredOutputsParams
+
+    if args.json_schema is not None:
+        text = _file_or_text(args.json_schema)
+        try:
+            schema = json.loads(text)
+        except json.JSONDecodeError as e:
+            where = "the file" if os.path.isfile(args.json_schema) else "it"
+            raise InvalidRequestError(f"--json-schema: {where} is not valid JSON ({e})") from None
+        return StructuredOutputsParams(json=schema)
+    if args.json_object:
+        return StructuredOutputsParams(json_object=True)
+    if args.regex is not None:
+        return StructuredOutputsParams(regex=args.regex)
+    if args.choice is not None:
+        return StructuredOutputsParams(choice=args.choice)
+    if args.grammar is not None:
+        return StructuredOutputsParams(grammar=_file_or_text(args.grammar))
+    return None
+
+
 def logprob_table(o, tokenizer) -> str:
     """One line per generated token: its text, its log-probability and the alternatives."""
     lines = []
@@ -77,7 +116,11 @@ def run(args: argparse.Namespace) -> int:
                             max_tokens=args.max_tokens, seed=args.seed, logprobs=args.logprobs,
                             repetition_penalty=args.repetition_penalty,
                             presence_penalty=args.presence_penalty,
-                            frequency_penalty=args.frequency_penalty, min_tokens=args.min_tokens)
+                            frequency_penalty=args.frequency_penalty, min_tokens=args.min_tokens,
+                            structured_outputs=structured_outputs(args))
+    if params.structured_outputs is not None:
+        from ..layers.grammar import check
+        check(params.structured_outputs)
     llm = LLM(**engine_kwargs(args), show_progress=True)
     if args.chat:
         prompts = [llm.tokenizer.apply_chat_template([{"role": "user", "content": p}])

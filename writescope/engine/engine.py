@@ -19,6 +19,7 @@ from ..core import (FinishReason, InvalidRequestError, Request, RequestOutput, R
                     RequestTooLargeError, SamplingParams)
 from ..kvcache.cache import InplaceKVCache, plan_layout
 from ..kvcache.placement import make_policy
+from ..layers.grammar import Grammars
 from ..attention.hybrid import DEFAULT_STAGING_BYTES
 from ..attention.gather import DEFAULT_GATHER_BYTES
 from ..kvcache.regions import DEFAULT_BLOCK_SIZE, Region
@@ -273,6 +274,8 @@ class LLMEngine:
         self.cache = None
         self.eos_ids = set(self.tokenizer.eos_token_ids if self.tokenizer is not None
                            else self.config.eos_token_id)
+        #: the constrained requests' matchers (structured outputs; layers/grammar.py)
+        self.grammars = Grammars(self.tokenizer, cfg.vocab_size)
         self.set_kv_policy(kv_policy, cpu_share=cpu_share)
         self.requests: dict[str, Request] = {}
         self._detok: dict[str, object] = {}
@@ -372,6 +375,7 @@ class LLMEngine:
             sys.setswitchinterval(float(os.environ["WRITESCOPE_SWITCH_INTERVAL"]))
         self.runner = ModelRunner(self.model, self.cache, self.device)
         self.runner.sampler.processors.eos_ids = self.eos_ids  # what min_tokens holds back
+        self.runner.sampler.grammars = self.grammars
         self.runner.expert_link = self.expert_link
         if any(self.cpu_expert_layers):
             self.runner.experts_on_cpu = True
@@ -517,6 +521,8 @@ class LLMEngine:
                 f"({self.cache.sealed_capacity} blocks of {self.cache.bs} tokens)")
         req = Request(request_id, ids, params, prompt=text, arrival=time.monotonic(),
                       max_tokens=max_tokens)
+        if params.structured_outputs is not None:  # compiled now: a bad grammar is refused here
+            self.grammars.admit(req.seq_id, params.structured_outputs)
         if params.prompt_logprobs is not None:  # the first token has none (nothing before it)
             req.prompt_logprobs.append(None)
             if params.prompt_logprobs:
@@ -666,6 +672,8 @@ class LLMEngine:
         reason = None
         if not early and ((not p.ignore_eos and tok in self.eos_ids) or tok in p.stop_token_ids):
             reason = FinishReason.STOP
+        elif p.structured_outputs is not None and self.grammars.done(req.seq_id):
+            reason = FinishReason.STOP  # the text matches and nothing more can follow
         elif len(req.output_token_ids) >= req.max_tokens:
             reason = FinishReason.LENGTH
         if reason is not None and detok is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..core import Request, SamplingParams
+from .grammar import Grammars
 from .logits_processors import LogitsProcessors
 
 
@@ -69,13 +70,29 @@ class Sampler:
         self._generators: dict[int, torch.Generator] = {}
         #: penalties, logit bias, min_tokens (tokens are picked from the processed logits)
         self.processors = LogitsProcessors()
+        #: the constrained requests' grammars (layers/grammar.py; the engine sets it)
+        self.grammars: Grammars | None = None
 
     def forget(self, seq_id: int) -> None:
         self._generators.pop(seq_id, None)
         self.processors.forget(seq_id)
+        if self.grammars is not None:
+            self.grammars.forget(seq_id)
+
+    def _constrained(self, requests: list[Request] | None) -> list[int]:
+        if not requests or self.grammars is None:
+            return []
+        return [i for i, r in enumerate(requests) if r.params.constrained]
 
     def _scores(self, logits: torch.Tensor, requests: list[Request] | None) -> torch.Tensor:
-        return self.processors.apply(logits, requests) if requests else logits
+        """The logits tokens are picked from: after the processors, then the grammars' masks."""
+        if not requests:
+            return logits
+        scores = self.processors.apply(logits, requests)
+        rows = self._constrained(requests)
+        if rows:
+            scores = self.grammars.mask(scores, rows, [requests[i].seq_id for i in rows], logits)
+        return scores
 
     def _generator(self, seq_id: int, seed: int | None, device: torch.device) -> torch.Generator | None:
         if seed is None:
@@ -92,8 +109,10 @@ class Sampler:
         """Whether :meth:`sample_pending` can sample these rows on the device: greedy rows, and
         sampled rows without a seed (a seeded row draws from its own host generator, step by
         step, so that its tokens repeat across runs and devices), and none whose logits depend
-        on its tokens so far (penalties, ``min_tokens``: the next step must see this one's)."""
-        return all((p.greedy or p.seed is None) and not p.reads_history for p in params)
+        on its tokens so far (penalties, ``min_tokens``, a grammar: the next step must see this
+        one's)."""
+        return all((p.greedy or p.seed is None) and not p.reads_history and not p.constrained
+                   for p in params)
 
     @staticmethod
     def _filtered(logits_row: torch.Tensor, p: SamplingParams) -> torch.Tensor:
@@ -165,8 +184,9 @@ class Sampler:
         scores = self._scores(logits, requests)
         tokens = torch.argmax(scores, dim=-1)
         rows = [i for i, p in enumerate(params) if not p.greedy]
-        if any(params[i].seed is not None for i in rows):
-            raise ValueError("a seeded row is sampled on the host (Sampler.can_defer)")
+        if any(params[i].seed is not None for i in rows) or any(p.constrained for p in params):
+            raise ValueError("seeded and constrained rows are sampled on the host "
+                             "(Sampler.can_defer)")
         if rows:
             tokens[torch.tensor(rows, device=tokens.device)] = self.draw(scores, params, rows)
         logprobs = torch.log_softmax(logits, dim=-1)
@@ -197,6 +217,8 @@ class Sampler:
             gen = self._generator(seq_ids[i], p.seed, logits.device)
             out[i] = int(torch.multinomial(probs, 1, generator=gen).item())
             tokens[i] = out[i]
+        for i in self._constrained(requests):
+            self.grammars.accept(requests[i].seq_id, out[i])
         chosen = logprobs.gather(1, tokens.view(-1, 1)).view(-1).tolist()
         ks = top_k_of(params)
         top = _top_tensors(logprobs, ks)

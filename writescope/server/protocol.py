@@ -1,13 +1,14 @@
 """Request and response bodies of the OpenAI-compatible API, as pydantic models.
 
 Shapes follow OpenAI's API reference for ``/v1/completions`` and ``/v1/chat/completions`` (and
-the objects the official ``openai`` client parses); field names of the few extensions (``top_k``,
-``ignore_eos``, ``stop_token_ids``) follow vLLM's server. Requests are validated strictly, as
-OpenAI does: an unknown field, a field of the wrong type (``"max_tokens": "16"``) or a value out of
-range is a 400 naming the parameter. Parameters this engine cannot honour (penalties, logit bias,
-tools, more than the sampled token's log-probability) are refused with a clear message rather
-than silently ignored; neutral values of them (``0``, ``{}``, ``"none"``) are accepted because
-common clients send them.
+the objects the official ``openai`` client parses); field names of the extensions (``top_k``,
+``ignore_eos``, ``stop_token_ids``, ``repetition_penalty``, ``min_tokens``,
+``structured_outputs`` and the older ``guided_*``) follow vLLM's server. Requests are validated
+strictly, as OpenAI does: an unknown field, a field of the wrong type (``"max_tokens": "16"``) or
+a value out of range is a 400 naming the parameter. Parameters this engine cannot honour (tools,
+``suffix``, ``best_of`` other than ``n``) are refused with a clear message rather than silently
+ignored; neutral values of them (``"none"`` tool choice) are accepted because common clients send
+them.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from typing import Any, Literal, Optional, Union
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
                       model_serializer, model_validator)
 
-from ..core import MAX_LOGPROBS, InvalidRequestError, SamplingParams
+from ..core import MAX_LOGPROBS, InvalidRequestError, SamplingParams, StructuredOutputsParams
 
 MAX_CHOICES = 16       # n
 MAX_SUBREQUESTS = 128  # prompts x n in one completions call
@@ -57,6 +58,44 @@ class StreamOptions(_Strict):
 Stop = Union[str, list[str], None]
 
 
+class JSONSchemaFormat(_Strict):
+    """``response_format.json_schema`` (OpenAI's structured outputs)."""
+
+    name: str = Field(min_length=1, max_length=64)
+    description: Optional[str] = None
+    # "schema" shadows a pydantic BaseModel attribute: stored as schema_
+    schema_: Optional[dict[str, Any]] = Field(None, alias="schema")
+    strict: Optional[bool] = None
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JSONSchemaFormat] = None
+
+    @model_validator(mode="after")
+    def _schema_given(self):
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("response_format of type json_schema needs json_schema")
+        if self.type != "json_schema" and self.json_schema is not None:
+            raise ValueError("json_schema is only allowed with type json_schema")
+        return self
+
+
+class StructuredOutputsField(_Strict):
+    """vLLM's ``structured_outputs`` extension: exactly one constraint."""
+
+    json_: Optional[Union[dict[str, Any], str]] = Field(None, alias="json")
+    regex: Optional[str] = None
+    choice: Optional[list[str]] = None
+    grammar: Optional[str] = None
+    json_object: Optional[bool] = None
+    whitespace_pattern: Optional[str] = None
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+
+
 class _SamplingFields(_Strict):
     """Fields shared by both endpoints."""
 
@@ -78,6 +117,15 @@ class _SamplingFields(_Strict):
     min_tokens: Optional[int] = Field(None, ge=0)
     ignore_eos: Optional[bool] = False
     stop_token_ids: Optional[list[int]] = None
+    # structured outputs: OpenAI's response_format, vLLM's structured_outputs and its former
+    # guided_* fields
+    response_format: Optional[ResponseFormat] = None
+    structured_outputs: Optional[StructuredOutputsField] = None
+    guided_json: Optional[Union[dict[str, Any], str]] = None
+    guided_regex: Optional[str] = None
+    guided_choice: Optional[list[str]] = None
+    guided_grammar: Optional[str] = None
+    guided_whitespace_pattern: Optional[str] = None
 
     @field_validator("stop")
     @classmethod
@@ -110,7 +158,44 @@ class _SamplingFields(_Strict):
     def _unsupported(self):
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true")
+        given = [name for name, on in (
+            ("response_format", self.response_format is not None
+             and self.response_format.type != "text"),
+            ("structured_outputs", self.structured_outputs is not None),
+            ("guided_json", self.guided_json is not None),
+            ("guided_regex", self.guided_regex is not None),
+            ("guided_choice", self.guided_choice is not None),
+            ("guided_grammar", self.guided_grammar is not None)) if on]
+        if len(given) > 1:
+            raise ValueError(f"at most one constraint on the output: got {', '.join(given)}")
         return self
+
+    def structured(self) -> StructuredOutputsParams | None:
+        """The request's constraint on the output, if any (an :class:`InvalidRequestError`
+        when it is malformed)."""
+        ws = self.guided_whitespace_pattern
+        rf = self.response_format
+        if rf is not None and rf.type == "json_object":
+            return StructuredOutputsParams(json_object=True, whitespace_pattern=ws)
+        if rf is not None and rf.type == "json_schema":
+            schema = rf.json_schema.schema_  # type: ignore[union-attr]
+            return StructuredOutputsParams(json=schema if schema is not None else {},
+                                           whitespace_pattern=ws)
+        so = self.structured_outputs
+        if so is not None:
+            return StructuredOutputsParams(
+                json=so.json_, regex=so.regex, choice=so.choice, grammar=so.grammar,
+                json_object=bool(so.json_object),
+                whitespace_pattern=so.whitespace_pattern if so.whitespace_pattern else ws)
+        if self.guided_json is not None:
+            return StructuredOutputsParams(json=self.guided_json, whitespace_pattern=ws)
+        if self.guided_regex is not None:
+            return StructuredOutputsParams(regex=self.guided_regex)
+        if self.guided_choice is not None:
+            return StructuredOutputsParams(choice=self.guided_choice)
+        if self.guided_grammar is not None:
+            return StructuredOutputsParams(grammar=self.guided_grammar)
+        return None
 
     @property
     def num_choices(self) -> int:
@@ -143,6 +228,7 @@ class _SamplingFields(_Strict):
             if self.logit_bias else None,
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
+            structured_outputs=self.structured(),
         )
 
 
@@ -209,18 +295,12 @@ class ChatMessage(BaseModel):
         return "".join(p.text or "" for p in self.content)
 
 
-class ResponseFormat(_Strict):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: Optional[dict[str, Any]] = None
-
-
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: Optional[int] = Field(None, ge=1)
     max_completion_tokens: Optional[int] = Field(None, ge=1)
     logprobs: Optional[bool] = False
     top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
-    response_format: Optional[ResponseFormat] = None
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Optional[Union[str, dict[str, Any]]] = None
     parallel_tool_calls: Optional[bool] = None
@@ -230,8 +310,6 @@ class ChatCompletionRequest(_SamplingFields):
     def _chat_checks(self):
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs requires logprobs to be true")
-        if self.response_format is not None and self.response_format.type != "text":
-            raise ValueError("response_format other than text is not supported")
         if self.tools:
             raise ValueError("tools are not supported by this server")
         if self.tool_choice not in (None, "none", "auto"):

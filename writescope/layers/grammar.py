@@ -1,0 +1,200 @@
+"""Structured outputs: a JSON schema, a regex, a choice or a grammar masks the tokens a request
+may sample (``SamplingParams.structured_outputs``).
+
+The grammar engine is llguidance (the Rust core of Microsoft's guidance, one of vLLM's
+structured-output backends): given the tokenizer, a matcher per request computes, before each
+step, the bitmask of the tokens that can continue a text matching the grammar, and consumes the
+token sampled. Here the bitmasks of a step's constrained rows are computed together on the host
+(in parallel for several rows), unpacked on the logits' device and applied after the logits
+processors: a masked token's score is -inf, so greedy and sampled rows alike pick an allowed
+token. Log-probabilities stay the model's own (as the rest of the sampler's). A request ends
+when its matcher has nothing more to accept (``is_stopped``: the JSON value is closed, the regex
+cannot grow), without waiting for the model to choose EOS.
+
+Grammars are compiled once per distinct constraint (a matcher in its start state, cached; each
+request gets a copy), and the tokenizer is converted once per engine, on the first constrained
+request (about a second for a 150K-token vocabulary).
+"""
+from __future__ import annotations
+
+import json
+import logging
+from collections import OrderedDict
+from typing import Any
+
+import torch
+
+from ..core import InvalidRequestError, StructuredOutputsParams
+
+log = logging.getLogger(__name__)
+
+#: compiled constraints kept (a matcher in its start state each)
+CACHE_SIZE = 64
+
+
+def _llguidance():
+    try:
+        import llguidance
+        import llguidance.hf  # noqa: F401 - the tokenizer conversion
+    except ImportError as e:
+        raise InvalidRequestError(
+            "structured outputs need the llguidance package (pip install llguidance)") from e
+    return llguidance
+
+
+def grammar_text(so: StructuredOutputsParams) -> str:
+    """The llguidance grammar of a constraint (not yet checked: :meth:`Grammars.admit` does)."""
+    llg = _llguidance()
+    kind = so.kind
+    if kind in ("json", "json_object"):
+        schema: Any = {"type": "object"} if kind == "json_object" else so.json
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as e:
+                raise InvalidRequestError(f"structured outputs: json is not valid JSON: {e}") \
+                    from None
+        if not isinstance(schema, (dict, bool)):
+            raise InvalidRequestError("structured outputs: a JSON schema is an object")
+        opts: dict[str, Any] = {"whitespace_flexible": False}
+        if so.whitespace_pattern is not None:
+            opts["whitespace_pattern"] = so.whitespace_pattern
+        try:
+            return llg.LLMatcher.grammar_from_json_schema(schema, defaults=opts)
+        except (ValueError, TypeError) as e:
+            raise InvalidRequestError(f"structured outputs: invalid JSON schema: {e}") from None
+    try:
+        if kind == "regex":
+            return llg.grammar_from("regex", so.regex)
+        if kind == "choice":
+            return llg.grammar_from("choice", so.choice)
+        return llg.grammar_from("grammar", so.grammar)  # Lark, or GBNF converted to Lark
+    except ValueError as e:
+        raise InvalidRequestError(f"structured outputs: invalid {kind}: {e}") from None
+
+
+def check(so: StructuredOutputsParams) -> None:
+    """Refuse a constraint that does not compile, before any model or tokenizer is loaded (the
+    engine checks again against its tokenizer)."""
+    err = _llguidance().LLMatcher.validate_grammar(grammar_text(so))
+    if err and not err.startswith("WARNING"):
+        raise InvalidRequestError(f"structured outputs: invalid {so.kind}: {err.strip()}")
+
+
+def _key(so: StructuredOutputsParams) -> str:
+    return json.dumps([so.kind, so.json, so.regex, so.choice, so.grammar, so.whitespace_pattern],
+                      sort_keys=True, default=str)
+
+
+def unpack(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """``[n, ceil(V / 32)]`` int32 bitmasks (bit j of word w: token 32 w + j allowed) ->
+    ``[n, vocab]`` bool, on the bitmask's device."""
+    bits = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    allowed = (bitmask.unsqueeze(-1) >> bits) & 1
+    return allowed.view(bitmask.shape[0], -1)[:, :vocab].bool()
+
+
+class Grammars:
+    """The matchers of the constrained requests (by sequence id) and each step's masks."""
+
+    def __init__(self, tokenizer, vocab_size: int):
+        #: the engine's :class:`~writescope.models.tokenizer.Tokenizer` (None: a model without
+        #: one, whose requests cannot be constrained)
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self._lltok = None
+        self._executor = None
+        self._compiled: OrderedDict[str, Any] = OrderedDict()
+        self._matchers: dict[int, Any] = {}
+
+    # ------------------------------------------------------------------ requests
+    def _ll_tokenizer(self):
+        if self._lltok is None:
+            llg = _llguidance()
+            if self.tokenizer is None:
+                raise InvalidRequestError("structured outputs need the model's tokenizer; this "
+                                          "model has none")
+            try:
+                self._lltok = llg.hf.from_tokenizer(
+                    self.tokenizer.hf, n_vocab=self.vocab_size,
+                    eos_token=list(self.tokenizer.eos_token_ids) or None)
+            except Exception as e:  # noqa: BLE001 - llguidance raises ValueError and others
+                raise InvalidRequestError(
+                    f"structured outputs: cannot use this model's tokenizer ({e})") from e
+        return self._lltok
+
+    def admit(self, seq_id: int, so: StructuredOutputsParams) -> None:
+        """Compile ``so`` (cached) and give ``seq_id`` a matcher in its start state; a constraint
+        that does not compile is an :class:`InvalidRequestError`."""
+        llg = _llguidance()
+        key = _key(so)
+        start = self._compiled.get(key)
+        if start is None:
+            tok = self._ll_tokenizer()
+            text = grammar_text(so)
+            err = llg.LLMatcher.validate_grammar(text, tok)
+            if err and not err.startswith("WARNING"):
+                raise InvalidRequestError(f"structured outputs: invalid {so.kind}: {err.strip()}")
+            start = llg.LLMatcher(tok, text, log_level=0)
+            if start.is_error():
+                raise InvalidRequestError(f"structured outputs: invalid {so.kind}: "
+                                          f"{start.get_error()}")
+            self._compiled[key] = start
+            if len(self._compiled) > CACHE_SIZE:
+                self._compiled.popitem(last=False)
+        else:
+            self._compiled.move_to_end(key)
+        self._matchers[seq_id] = start.deep_copy()
+
+    def forget(self, seq_id: int) -> None:
+        self._matchers.pop(seq_id, None)
+
+    def constrains(self, seq_id: int) -> bool:
+        return seq_id in self._matchers
+
+    # ------------------------------------------------------------------ a step
+    def bitmasks(self, seq_ids: list[int]) -> torch.Tensor:
+        """The next token's bitmask of each of ``seq_ids`` (constrained), ``[n, ceil(V/32)]``
+        int32 on the host."""
+        llg = _llguidance()
+        words = (self.vocab_size + 31) // 32
+        out = torch.empty(len(seq_ids), words, dtype=torch.int32)
+        matchers = [self._matchers[s] for s in seq_ids]
+        if len(matchers) == 1:
+            matchers[0].unsafe_compute_mask_ptr(out.data_ptr(), words * 4)
+        else:
+            if self._executor is None:
+                self._executor = llg.LLExecutor()
+            self._executor.unsafe_compute_mask_ptr(
+                [(m, i) for i, m in enumerate(matchers)], out.data_ptr(), words * 4, len(seq_ids))
+        return out
+
+    def mask(self, scores: torch.Tensor, rows: list[int], seq_ids: list[int],
+             fallback: torch.Tensor) -> torch.Tensor:
+        """``scores [B, V]`` with the tokens the grammars of ``rows`` (of ``seq_ids``) disallow
+        at -inf: a new tensor. A row left with no token (the processors ruled out all the
+        grammar allows, e.g. ``min_tokens`` holding back the only EOS) takes ``fallback``'s row
+        (the raw logits) under the grammar's mask alone."""
+        dev = scores.device
+        allowed = unpack(self.bitmasks(seq_ids).to(dev), scores.shape[-1])
+        idx = torch.tensor(rows, device=dev)
+        sub = scores[idx].masked_fill(~allowed, float("-inf"))
+        dead = torch.isneginf(sub).all(dim=-1)
+        if bool(dead.any()):
+            sub = torch.where(dead.unsqueeze(1),
+                              fallback[idx].masked_fill(~allowed, float("-inf")), sub)
+        out = scores.clone()
+        out[idx] = sub
+        return out
+
+    def accept(self, seq_id: int, token: int) -> None:
+        """``token`` was sampled for ``seq_id``: advance its matcher."""
+        m = self._matchers.get(seq_id)
+        if m is not None and not m.consume_token(token):
+            log.warning("structured outputs: sequence %d's token %d was not accepted: %s",
+                        seq_id, token, m.get_error())
+
+    def done(self, seq_id: int) -> bool:
+        """Whether ``seq_id``'s text is complete (its matcher accepts nothing more, or failed)."""
+        m = self._matchers.get(seq_id)
+        return m is not None and m.is_stopped()
