@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections import OrderedDict
 from typing import Any
 
@@ -106,45 +107,56 @@ class Grammars:
         self._executor = None
         self._compiled: OrderedDict[str, Any] = OrderedDict()
         self._matchers: dict[int, Any] = {}
+        #: :meth:`prepare` may run on another thread (the server compiles off the engine's)
+        self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ requests
     def _ll_tokenizer(self):
-        if self._lltok is None:
-            llg = _llguidance()
-            if self.tokenizer is None:
-                raise InvalidRequestError("structured outputs need the model's tokenizer; this "
-                                          "model has none")
-            try:
-                self._lltok = llg.hf.from_tokenizer(
-                    self.tokenizer.hf, n_vocab=self.vocab_size,
-                    eos_token=list(self.tokenizer.eos_token_ids) or None)
-            except Exception as e:  # noqa: BLE001 - llguidance raises ValueError and others
-                raise InvalidRequestError(
-                    f"structured outputs: cannot use this model's tokenizer ({e})") from e
-        return self._lltok
+        with self._lock:
+            if self._lltok is None:
+                llg = _llguidance()
+                if self.tokenizer is None:
+                    raise InvalidRequestError("structured outputs need the model's tokenizer; "
+                                              "this model has none")
+                try:
+                    self._lltok = llg.hf.from_tokenizer(
+                        self.tokenizer.hf, n_vocab=self.vocab_size,
+                        eos_token=list(self.tokenizer.eos_token_ids) or None)
+                except Exception as e:  # noqa: BLE001 - llguidance raises several types
+                    raise InvalidRequestError(
+                        f"structured outputs: cannot use this model's tokenizer ({e})") from e
+            return self._lltok
 
-    def admit(self, seq_id: int, so: StructuredOutputsParams) -> None:
-        """Compile ``so`` (cached) and give ``seq_id`` a matcher in its start state; a constraint
-        that does not compile is an :class:`InvalidRequestError`."""
-        llg = _llguidance()
+    def prepare(self, so: StructuredOutputsParams):
+        """``so`` compiled (cached): a matcher in its start state. Thread-safe, so that a server
+        can compile on a worker thread (and convert the tokenizer, on the first constraint)
+        while the engine's thread runs steps; a constraint that does not compile is an
+        :class:`InvalidRequestError`."""
         key = _key(so)
-        start = self._compiled.get(key)
-        if start is None:
-            tok = self._ll_tokenizer()
-            text = grammar_text(so)
-            err = llg.LLMatcher.validate_grammar(text, tok)
-            if err and not err.startswith("WARNING"):
-                raise InvalidRequestError(f"structured outputs: invalid {so.kind}: {err.strip()}")
-            start = llg.LLMatcher(tok, text, log_level=0)
-            if start.is_error():
-                raise InvalidRequestError(f"structured outputs: invalid {so.kind}: "
-                                          f"{start.get_error()}")
+        with self._lock:
+            start = self._compiled.get(key)
+            if start is not None:
+                self._compiled.move_to_end(key)
+                return start
+        llg = _llguidance()
+        tok = self._ll_tokenizer()
+        text = grammar_text(so)
+        err = llg.LLMatcher.validate_grammar(text, tok)
+        if err and not err.startswith("WARNING"):
+            raise InvalidRequestError(f"structured outputs: invalid {so.kind}: {err.strip()}")
+        start = llg.LLMatcher(tok, text, log_level=0)
+        if start.is_error():
+            raise InvalidRequestError(f"structured outputs: invalid {so.kind}: "
+                                      f"{start.get_error()}")
+        with self._lock:
             self._compiled[key] = start
             if len(self._compiled) > CACHE_SIZE:
                 self._compiled.popitem(last=False)
-        else:
-            self._compiled.move_to_end(key)
-        self._matchers[seq_id] = start.deep_copy()
+        return start
+
+    def admit(self, seq_id: int, so: StructuredOutputsParams) -> None:
+        """Give ``seq_id`` a matcher of ``so`` in its start state (:meth:`prepare`)."""
+        self._matchers[seq_id] = self.prepare(so).deep_copy()
 
     def forget(self, seq_id: int) -> None:
         self._matchers.pop(seq_id, None)

@@ -1,5 +1,6 @@
 """Sampling: greedy, temperature, top-k, top-p, per-request seeds, log-probabilities of the
-chosen token and of the most likely ones.
+chosen token and of the most likely ones. Tokens are picked from the logits after the logits
+processors (penalties, bias, ``min_tokens``) and the grammars' masks (structured outputs).
 
 Log-probabilities are those of the model's distribution (log-softmax of the raw logits in
 float32), as vLLM and transformers' ``output_scores``/``compute_transition_scores`` report them

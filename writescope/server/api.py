@@ -392,6 +392,7 @@ class _Generation:
 
     async def submit(self) -> None:
         loop = self.server.loop
+        await self._compile_constraints()
         futs = []
         for c, p in zip(self.choices, self.params):
             futs.append(loop.add(c.request_id, c.prompt_ids, p, self.queue, c.index, self.arrival))
@@ -414,6 +415,19 @@ class _Generation:
             raise e
         raise P.APIError(f"could not start the request: {type(e).__name__}: {e}",
                          status=500, type="server_error") from None
+
+    async def _compile_constraints(self) -> None:
+        """Compile the request's structured-output constraint on a worker thread (the first one
+        also converts the tokenizer, about a second for a large vocabulary), so that the
+        engine's thread finds it compiled and its steps do not wait for it."""
+        grammars = getattr(self.server.engine, "grammars", None)
+        so = next((p.structured_outputs for p in self.params if p.structured_outputs), None)
+        if grammars is None or so is None:
+            return
+        try:
+            await asyncio.to_thread(grammars.prepare, so)
+        except InvalidRequestError as e:
+            raise P.invalid_request(e) from None
 
     def close(self) -> None:
         """The response is over (sent, failed or abandoned): abort what still runs."""
