@@ -342,8 +342,8 @@ def test_structured_outputs_equal_llm_generate(client, llm):
     for it, streamed or not."""
     import json
 
-    import jsonschema
-
+    jsonschema = pytest.importorskip("jsonschema")
+    pytest.importorskip("llguidance")
     from writescope.core import StructuredOutputsParams as S
     messages = [{"role": "user", "content": "Describe a person."}]
     ids = llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True)

@@ -21,11 +21,17 @@ run() {
 
 # call_begin SECONDS: the start every device-call script shares -- unbuffered output, a deadline
 # SECONDS from now for run(), $R = $OUT/r for the logs, the project installed, the tree's
-# provenance (the device's git HEAD is stale: the source digest names the tree).
+# provenance (the device's git HEAD is stale: the source digest names the tree). Wheels carried
+# in .whl/ (the device has no registry: llguidance for structured outputs, jsonschema for its
+# tests; see the device README's Notes) go to /tmp/site, on PYTHONPATH.
 call_begin() {
   export PYTHONUNBUFFERED=1
   T0=$(date +%s); DEADLINE=$((T0 + $1))
   R=$OUT/r; mkdir -p $R
+  if ls .whl/*.whl > /dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .whl/*.whl > $R/wheels.log 2>&1 && export PYTHONPATH=/tmp/site
+  fi
   pip install -e . --no-deps --no-build-isolation -q > $R/pip.log 2>&1
   python -m writescope.bench.provenance > $R/provenance.txt 2>&1
 }
