@@ -1259,3 +1259,18 @@ def test_sampler_bench_times_both_ways(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert [r["setting"] for r in rows] == list(sampler.SETTINGS)
     assert all(r["batch"] == 2 and r["batched_ms"] > 0 and r["per_row_ms"] > 0 for r in rows)
+
+
+def test_structured_bench_masks_the_constrained_runs_only(tiny_qwen3_moe, tmp_path):
+    pytest.importorskip("llguidance")
+    from writescope.bench import structured
+    out = tmp_path / "s.json"
+    assert structured.main(["--model", str(tiny_qwen3_moe), "--device", "cpu", "--dtype",
+                            "float32", "--batch", "2", "--max-tokens", "8",
+                            "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["constraint"] for r in rows] == list(structured.CONSTRAINTS)
+    for r in rows:
+        assert r["tokens"] > 0 and r["tokens_per_s"] > 0
+        assert (r["rows_masked"] > 0) == (r["constraint"] != "free")
+        assert (r["mask_us_per_row"] > 0) == (r["constraint"] != "free")

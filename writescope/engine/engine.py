@@ -714,6 +714,9 @@ class LLMEngine:
             s["experts.link_calls"] = link.calls
             if up is not None:
                 s["experts.link_copied_bytes"] = up.link_bytes
+        if self.grammars.rows_masked:  # structured outputs: rows masked, host time on masks
+            s["structured.rows_masked"] = self.grammars.rows_masked
+            s["structured.mask_s"] = self.grammars.mask_s
         if self.device.type == "cuda":
             s["engine.cuda_peak_bytes"] = torch.cuda.max_memory_allocated(self.device)
         graphs = getattr(getattr(self, "runner", None), "graphs", None)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections import OrderedDict
 from typing import Any
 
@@ -109,6 +110,9 @@ class Grammars:
         self._matchers: dict[int, Any] = {}
         #: :meth:`prepare` may run on another thread (the server compiles off the engine's)
         self._lock = threading.Lock()
+        #: host seconds spent on masks (computing the bitmasks, applying them) and rows masked
+        self.mask_s = 0.0
+        self.rows_masked = 0
 
     # ------------------------------------------------------------------ requests
     def _ll_tokenizer(self):
@@ -187,6 +191,7 @@ class Grammars:
         at -inf: a new tensor. A row left with no token (the processors ruled out all the
         grammar allows, e.g. ``min_tokens`` holding back the only EOS) takes ``fallback``'s row
         (the raw logits) under the grammar's mask alone."""
+        t0 = time.perf_counter()
         dev = scores.device
         allowed = unpack(self.bitmasks(seq_ids).to(dev), scores.shape[-1])
         idx = torch.tensor(rows, device=dev)
@@ -197,6 +202,8 @@ class Grammars:
                               fallback[idx].masked_fill(~allowed, float("-inf")), sub)
         out = scores.clone()
         out[idx] = sub
+        self.mask_s += time.perf_counter() - t0
+        self.rows_masked += len(rows)
         return out
 
     def accept(self, seq_id: int, token: int) -> None:
