@@ -13,6 +13,9 @@ import signal
 import socket
 import sys
 
+#: server/tools.py's PARSERS (not imported here: the CLI starts without pydantic)
+TOOL_PARSERS = ("hermes",)
+
 
 def register(subparsers) -> None:
     from .common import add_engine_args
@@ -38,6 +41,12 @@ def register(subparsers) -> None:
     g.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
     g.add_argument("--no-access-log", action="store_true", help="do not log every HTTP request")
+    g.add_argument("--tool-call-parser", choices=list(TOOL_PARSERS), default=None,
+                   help="read tool calls out of the model's text for tool_choice 'auto' "
+                        "(hermes: <tool_call>{...}</tool_call> blocks, Hermes / Qwen2.5 / Qwen3); "
+                        "without it only 'none', 'required' and named functions are served")
+    g.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="vLLM's flag, accepted for compatibility: --tool-call-parser enables it")
     p.set_defaults(func=run)
 
 
@@ -67,6 +76,9 @@ def run(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.shutdown_timeout < 0:
         raise ValueError("--shutdown-timeout must be >= 0")
+    if args.enable_auto_tool_choice and args.tool_call_parser is None:
+        raise ValueError("--enable-auto-tool-choice needs --tool-call-parser "
+                         f"({'|'.join(TOOL_PARSERS)})")
     sock = bind_socket(args.host, args.port)  # bind first: a busy port fails before loading
     host, port = sock.getsockname()[:2]
     # built on the thread that will step it: one OpenMP team behind the engine (owner.py)
@@ -88,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
               f"(max_model_len {engine.max_model_len})", flush=True)
 
     app = create_app(engine, served_model_names=args.served_model_name, api_key=args.api_key,
-                     on_ready=ready, engine_thread=owner)
+                     on_ready=ready, engine_thread=owner, tool_call_parser=args.tool_call_parser)
     config = uvicorn.Config(app, host=host, port=port, log_level=args.log_level,
                             access_log=not args.no_access_log, lifespan="on",
                             timeout_graceful_shutdown=10.0)  # backstop after our own grace

@@ -85,20 +85,23 @@ class Tokenizer:
         return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens,
                               clean_up_tokenization_spaces=False)
 
-    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """The chat template applied to ``messages`` (OpenAI-style role/content dicts), as text."""
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True,
+                    tools: list[dict] | None = None) -> str:
+        """The chat template applied to ``messages`` (OpenAI-style role/content dicts) and, for
+        templates that render them, ``tools`` (OpenAI's function definitions), as text."""
         if not self.has_chat_template:
             where = f" at {self.path}" if self.path else ""
             raise TokenizerError(
                 f"the checkpoint{where} has no chat template (tokenizer_config.json 'chat_template' "
                 "or chat_template.jinja); pass a plain text prompt instead of chat messages")
         return self.hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                           tokenize=False)
+                                           tokenize=False, tools=tools)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            tools: list[dict] | None = None) -> list[int]:
         """Prompt ids for a conversation. The rendered text already carries any BOS the template
         wants, so it is encoded without adding special tokens again (as vLLM does)."""
-        return self.encode(self.render_chat(messages, add_generation_prompt),
+        return self.encode(self.render_chat(messages, add_generation_prompt, tools),
                            add_special_tokens=False)
 
     def __repr__(self) -> str:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import hmac
 import json
 import logging
@@ -53,7 +54,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..core import InvalidRequestError, SamplingParams
 from . import protocol as P
-from . import tokenize
+from . import tokenize, tools
 from .metrics import CONTENT_TYPE, ServerMetrics
 
 log = logging.getLogger("writescope.server")
@@ -527,7 +528,13 @@ async def _until_disconnect(request: Request) -> None:
 class OpenAIServer:
     def __init__(self, engine: Any, served_model_names: Sequence[str] | None = None,
                  api_key: str | None = None, metrics: ServerMetrics | None = None,
-                 max_body_bytes: int = MAX_BODY_BYTES, engine_thread: Any = None) -> None:
+                 max_body_bytes: int = MAX_BODY_BYTES, engine_thread: Any = None,
+                 tool_call_parser: str | None = None) -> None:
+        if tool_call_parser is not None and tool_call_parser not in tools.PARSERS:
+            raise ValueError(f"unknown tool-call parser {tool_call_parser!r}: "
+                             f"known: {', '.join(tools.PARSERS)}")
+        #: reads tool calls out of the model's text for tool_choice 'auto' (server/tools.py)
+        self.tool_call_parser = tool_call_parser
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.model_names = list(served_model_names or [engine.model_name])
@@ -778,13 +785,15 @@ class OpenAIServer:
         self.check_auth(request)
         req = P.parse_request(P.ChatCompletionRequest, await self.read_body(request))
         model = self.check_model(req.model)
-        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-                    | ({"name": m.name} if m.name else {}) for m in req.messages]
+        mode = self._tool_mode(req)
+        messages = tools.template_messages(req)
+        tool_defs = tools.template_tools(req)
         heavy = sum(len(m["content"]) for m in messages) > INLINE_TOKENIZE_CHARS
 
         def template() -> list[int]:
             return list(self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=bool(req.add_generation_prompt)))
+                messages, add_generation_prompt=bool(req.add_generation_prompt),
+                tools=tool_defs))
 
         try:
             ids = await self.off_loop(template, heavy)
@@ -797,16 +806,35 @@ class OpenAIServer:
         lp = (req.top_logprobs or 0) if req.logprobs else None
         choices = [_Choice(j, f"{base}-{j}", ids, None, max_tokens) for j in range(req.num_choices)]
         params = [self._params(req, max_tokens, lp, j) for j in range(req.num_choices)]
+        forced = tools.constraint(req)
+        if forced is not None:
+            params = [dataclasses.replace(p, structured_outputs=forced) for p in params]
         gen = _Generation(self, choices, params, arrival, req.num_choices)
         return await self._respond(
-            request, gen, req.stream, lambda: self._chat_stream(gen, req, base, model),
+            request, gen, req.stream, lambda: self._chat_stream(gen, req, base, model, mode),
             lambda: P.ChatCompletionResponse(
                 id=base, model=model, usage=gen.usage(),
                 choices=[P.ChatChoice(
-                    index=c.index, message=P.ChatResponseMessage(content=c.text),
+                    index=c.index, message=message, finish_reason=reason,
                     logprobs=self._chat_logprobs(c, 0, len(c.token_ids), req.top_logprobs)
-                    if req.logprobs else None,
-                    finish_reason=c.finish_reason) for c in gen.choices]))
+                    if req.logprobs else None)
+                    for c in gen.choices
+                    for message, reason in [_message_of(req, mode, c)]]))
+
+    def _tool_mode(self, req: P.ChatCompletionRequest) -> str | None:
+        """How the chat's output relates to tools (server/tools.py): ``"forced"`` (a named
+        function or 'required'), ``"auto"`` (the parser reads the text) or None (plain text)."""
+        if req.calls_tools:
+            return "forced"
+        if req.tools and req.tool_choice in (None, "auto"):
+            if self.tool_call_parser is None:
+                raise P.APIError(
+                    "tool_choice 'auto' (the default when tools are given) needs a tool-call "
+                    "parser: start the server with --tool-call-parser "
+                    f"{'|'.join(tools.PARSERS)}, or ask for tool_choice 'required', a named "
+                    "function or 'none'", param="tool_choice")
+            return "auto"
+        return None
 
     def _chat_logprobs(self, c: _Choice, start: int, end: int, top: int | None
                        ) -> P.ChatChoiceLogprobs:
@@ -824,7 +852,7 @@ class OpenAIServer:
         return P.ChatChoiceLogprobs(content=items)
 
     async def _chat_stream(self, gen: _Generation, req: P.ChatCompletionRequest, rid: str,
-                           model: str) -> AsyncIterator[str]:
+                           model: str, mode: str | None = None) -> AsyncIterator[str]:
         holdback = max((len(s) for s in req.stop_list), default=1) - 1
         usage_every = bool(req.stream_options and req.stream_options.continuous_usage_stats)
         created = P.now_s()
@@ -839,12 +867,15 @@ class OpenAIServer:
             for c in gen.choices:
                 yield chunk([P.ChatStreamChoice(index=c.index,
                                                 delta=P.ChatDelta(role="assistant", content=""))])
+            calls = _ToolStream(req, mode)
             async for c, piece, start, end in _deltas(gen, holdback):
                 logprobs = (self._chat_logprobs(c, start, end, req.top_logprobs)
                             if req.logprobs else None)
-                yield chunk([P.ChatStreamChoice(
-                    index=c.index, delta=P.ChatDelta(content=piece if piece else None),
-                    logprobs=logprobs, finish_reason=c.finish_reason)])
+                delta, reason = calls.delta(c, piece)
+                if delta is None and logprobs is None and reason is None:
+                    continue
+                yield chunk([P.ChatStreamChoice(index=c.index, delta=delta or P.ChatDelta(),
+                                                logprobs=logprobs, finish_reason=reason)])
             if req.stream_options and req.stream_options.include_usage:
                 yield _sse(P.ChatCompletionChunk(id=rid, created=created, model=model, choices=[],
                                                  usage=gen.usage()))
@@ -881,6 +912,70 @@ class OpenAIServer:
         return P.ModelList(data=[P.ModelCard(id=n, root=getattr(self.engine, "model_name", n),
                                              max_model_len=self.max_model_len)
                                  for n in self.model_names])
+
+
+class _ToolStream:
+    """What a streamed chat choice sends, given how its output relates to tools: plain text;
+    a named function's arguments as they come (the first delta with the call's id and name);
+    'required' calls once the array is complete; or, with the parser ('auto'), the content up
+    to the first tool-call tag as it comes and the calls when the output finishes."""
+
+    def __init__(self, req: P.ChatCompletionRequest, mode: str | None):
+        self.req, self.mode = req, mode
+        self.named = mode == "forced" and isinstance(req.tool_choice, P.NamedToolChoice)
+        self.call_id: dict[int, str] = {}
+        self.content_sent: dict[int, int] = {}
+
+    def delta(self, c: "_Choice", piece: str) -> tuple[P.ChatDelta | None, str | None]:
+        if self.mode is None:
+            return (P.ChatDelta(content=piece) if piece else None), c.finish_reason
+        if self.named:
+            if not piece:
+                return None, c.finish_reason
+            first = c.index not in self.call_id
+            cid = self.call_id.setdefault(c.index, tools.new_call_id())
+            fn = P.DeltaFunctionCall(name=self.req.tool_choice.function.name if first else None,
+                                     arguments=piece)
+            return P.ChatDelta(tool_calls=[P.DeltaToolCall(
+                index=0, id=cid if first else None, type="function" if first else None,
+                function=fn)]), c.finish_reason
+        sent = self.content_sent.get(c.index, 0)
+        text = c.text[:c.sent_text]
+        if self.mode == "auto":  # content before the first tool-call tag, as it comes
+            end = tools.hermes_content_end(text, c.finished and c.sent_text == len(c.text))
+            content = text[sent:end] if end > sent else ""
+            self.content_sent[c.index] = max(sent, end)
+        else:
+            content = ""
+        if not c.finished:
+            return (P.ChatDelta(content=content) if content else None), None
+        message, reason = _message_of(self.req, self.mode, c)
+        if not message.tool_calls:  # no calls after all: the rest is content
+            rest = c.text[self.content_sent.get(c.index, 0):] if self.mode == "auto" else c.text
+            return (P.ChatDelta(content=content + rest) if content + rest else None), reason
+        return P.ChatDelta(content=content or None, tool_calls=[
+            P.DeltaToolCall(index=i, id=t.id, type="function", function=P.DeltaFunctionCall(
+                name=t.function.name, arguments=t.function.arguments))
+            for i, t in enumerate(message.tool_calls)]), reason
+
+
+def _message_of(req: P.ChatCompletionRequest, mode: str | None, c: "_Choice"
+                ) -> tuple[P.ChatResponseMessage, str | None]:
+    """A finished choice's message (its text, or the tool calls it holds) and finish reason
+    (``tool_calls`` where the model chose to call tools or had to list them, as OpenAI's)."""
+    if mode == "forced":
+        calls = tools.forced_calls(req, c.text)
+        if calls is None:
+            return P.ChatResponseMessage(content=c.text), c.finish_reason
+        named = isinstance(req.tool_choice, P.NamedToolChoice)
+        reason = c.finish_reason if named or c.finish_reason != "stop" else "tool_calls"
+        return P.ChatResponseMessage(content=None, tool_calls=calls), reason
+    if mode == "auto":
+        content, calls = tools.parse_hermes(c.text)
+        if calls:
+            reason = "tool_calls" if c.finish_reason == "stop" else c.finish_reason
+            return P.ChatResponseMessage(content=content, tool_calls=calls), reason
+    return P.ChatResponseMessage(content=c.text), c.finish_reason
 
 
 async def _deltas(gen: "_Generation", holdback: int):
@@ -966,13 +1061,14 @@ class GracefulServer(uvicorn.Server):
 
 def create_app(engine: Any, *, served_model_names: Sequence[str] | None = None,
                api_key: str | None = None, on_ready: Callable[[], None] | None = None,
-               max_body_bytes: int = MAX_BODY_BYTES, engine_thread: Any = None) -> FastAPI:
+               max_body_bytes: int = MAX_BODY_BYTES, engine_thread: Any = None,
+               tool_call_parser: str | None = None) -> FastAPI:
     """The FastAPI app serving ``engine`` (an :class:`~writescope.engine.engine.LLMEngine` or
     anything with its interface). The engine loop starts and stops with the app's lifespan.
     ``engine_thread``: the :class:`~writescope.server.owner.EngineThread` that built the engine,
     which then steps it (else the loop starts a thread of its own)."""
     server = OpenAIServer(engine, served_model_names, api_key, max_body_bytes=max_body_bytes,
-                          engine_thread=engine_thread)
+                          engine_thread=engine_thread, tool_call_parser=tool_call_parser)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -5,8 +5,8 @@ the objects the official ``openai`` client parses); field names of the extension
 ``ignore_eos``, ``stop_token_ids``, ``repetition_penalty``, ``min_tokens``,
 ``structured_outputs`` and the older ``guided_*``) follow vLLM's server. Requests are validated
 strictly, as OpenAI does: an unknown field, a field of the wrong type (``"max_tokens": "16"``) or
-a value out of range is a 400 naming the parameter. Parameters this engine cannot honour (tools,
-``suffix``, ``best_of`` other than ``n``) are refused with a clear message rather than silently
+a value out of range is a 400 naming the parameter. Parameters this engine cannot honour
+(``suffix``, ``best_of`` other than ``n``) are refused with a clear message rather than silently
 ignored; neutral values of them (``"none"`` tool choice) are accepted because common clients send
 them.
 """
@@ -280,12 +280,27 @@ class TextPart(BaseModel):
         return self
 
 
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    name: str
+    arguments: str  # JSON text, as OpenAI sends and returns it
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     # extra fields ignored: clients echo back assistant messages with refusal/annotations/...
     model_config = ConfigDict(extra="ignore", strict=True)
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[TextPart], None] = None
     name: Optional[str] = None
+    tool_calls: Optional[list[ToolCall]] = None  # an assistant turn's calls
+    tool_call_id: Optional[str] = None  # a tool turn: the call it answers
 
     def text(self) -> str:
         if self.content is None:
@@ -295,14 +310,35 @@ class ChatMessage(BaseModel):
         return "".join(p.text or "" for p in self.content)
 
 
+class FunctionDefinition(_Strict):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
+    description: Optional[str] = None
+    parameters: Optional[dict[str, Any]] = None  # a JSON schema of the arguments
+    strict: Optional[bool] = None
+
+
+class ChatTool(_Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: Optional[int] = Field(None, ge=1)
     max_completion_tokens: Optional[int] = Field(None, ge=1)
     logprobs: Optional[bool] = False
     top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
-    tools: Optional[list[dict[str, Any]]] = None
-    tool_choice: Optional[Union[str, dict[str, Any]]] = None
+    tools: Optional[list[ChatTool]] = Field(None, max_length=128)
+    tool_choice: Optional[Union[Literal["none", "auto", "required"], NamedToolChoice]] = None
     parallel_tool_calls: Optional[bool] = None
     add_generation_prompt: Optional[bool] = True  # extension (vLLM)
 
@@ -310,11 +346,32 @@ class ChatCompletionRequest(_SamplingFields):
     def _chat_checks(self):
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs requires logprobs to be true")
-        if self.tools:
-            raise ValueError("tools are not supported by this server")
-        if self.tool_choice not in (None, "none", "auto"):
-            raise ValueError("tool_choice is not supported by this server")
+        names = [t.function.name for t in self.tools or []]
+        if len(set(names)) != len(names):
+            raise ValueError("tools: function names must be distinct")
+        choice = self.tool_choice
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise ValueError(f"tool_choice names function {choice.function.name!r}, which is "
+                             "not among tools")
+        if choice == "required" and not names:
+            raise ValueError("tool_choice 'required' needs tools")
+        if self.calls_tools and self._constrained_otherwise():
+            raise ValueError("a forced tool call constrains the output: it cannot be combined "
+                             "with response_format or structured outputs")
         return self
+
+    @property
+    def calls_tools(self) -> bool:
+        """Whether the output is forced to be tool calls (a named function or 'required')."""
+        return bool(self.tools) and (self.tool_choice == "required"
+                                     or isinstance(self.tool_choice, NamedToolChoice))
+
+    def _constrained_otherwise(self) -> bool:
+        rf = self.response_format
+        return (rf is not None and rf.type != "text") or any(
+            getattr(self, f) is not None for f in ("structured_outputs", "guided_json",
+                                                   "guided_regex", "guided_choice",
+                                                   "guided_grammar"))
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -440,13 +497,34 @@ class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: Optional[str] = None
     refusal: Optional[str] = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+
+
+class DeltaFunctionCall(BaseModel):
+    name: Optional[str] = None
+    arguments: Optional[str] = None
+
+    @model_serializer(mode="wrap")
+    def _drop_none(self, handler):
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class DeltaToolCall(BaseModel):
+    index: int
+    id: Optional[str] = None
+    type: Optional[Literal["function"]] = None
+    function: Optional[DeltaFunctionCall] = None
+
+    @model_serializer(mode="wrap")
+    def _drop_none(self, handler):
+        return {k: v for k, v in handler(self).items() if v is not None}
 
 
 class ChatChoice(BaseModel):
     index: int
     message: ChatResponseMessage
     logprobs: Optional[ChatChoiceLogprobs] = None
-    finish_reason: Optional[Literal["stop", "length", "abort"]] = None
+    finish_reason: Optional[Literal["stop", "length", "abort", "tool_calls"]] = None
 
 
 class ChatCompletionResponse(BaseModel):
@@ -462,6 +540,7 @@ class ChatCompletionResponse(BaseModel):
 class ChatDelta(BaseModel):
     role: Optional[Literal["assistant"]] = None
     content: Optional[str] = None
+    tool_calls: Optional[list[DeltaToolCall]] = None
 
     @model_serializer(mode="wrap")
     def _drop_none(self, handler):  # OpenAI sends {"content": "..."} or {}, never nulls
@@ -472,7 +551,7 @@ class ChatStreamChoice(BaseModel):
     index: int
     delta: ChatDelta
     logprobs: Optional[ChatChoiceLogprobs] = None
-    finish_reason: Optional[Literal["stop", "length", "abort"]] = None
+    finish_reason: Optional[Literal["stop", "length", "abort", "tool_calls"]] = None
 
 
 class ChatCompletionChunk(BaseModel):

@@ -1,0 +1,191 @@
+"""Tool calls on /v1/chat/completions (server/tools.py), in process against a tiny checkpoint:
+tools reach the chat template; a named function and 'required' constrain the output to the
+tools' schemas and come back as tool_calls (streamed and not); with the hermes parser 'auto'
+reads <tool_call> blocks out of the text; without it 'auto' is a 400; earlier turns' calls and
+the tools' answers reach the template."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("llguidance")
+jsonschema = pytest.importorskip("jsonschema")
+
+from writescope.server import tools  # noqa: E402
+
+WEATHER = {"type": "object", "additionalProperties": False, "required": ["city", "days"],
+           "properties": {"city": {"enum": ["Paris", "Rome", "Oslo"]},
+                          "days": {"type": "integer", "minimum": 1, "maximum": 7}}}
+TIME = {"type": "object", "additionalProperties": False, "required": ["zone"],
+        "properties": {"zone": {"enum": ["UTC", "CET"]}}}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "forecast",
+                                           "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "get_time", "parameters": TIME}}]
+SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
+# renders the tools, and earlier calls and answers, so that tests can see them in the prompt
+TEMPLATE = ("{%- if tools %}TOOLS {{ tools | tojson }}\n{% endif -%}"
+            "{%- for m in messages -%}<|im_start|>{{ m.role }}\n{{ m.content }}"
+            "{%- for c in m.tool_calls or [] -%}CALL {{ c.function.name }} "
+            "{{ c.function.arguments | tojson }}{%- endfor -%}"
+            "{%- if m.tool_call_id %} ANSWERS {{ m.tool_call_id }}{% endif -%}"
+            "<|im_end|>\n{%- endfor -%}"
+            "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif -%}")
+MESSAGES = [{"role": "user", "content": "Weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_qwen3_moe):
+    from writescope.engine.engine import LLMEngine
+    eng = LLMEngine(str(tiny_qwen3_moe), dtype="float32", device="cpu", max_model_len=1024)
+    eng.tokenizer.hf.chat_template = TEMPLATE
+    return eng
+
+
+def _client(engine, parser=None):
+    from starlette.testclient import TestClient
+    from writescope.server.api import create_app
+    return TestClient(create_app(engine, tool_call_parser=parser))
+
+
+@pytest.fixture(scope="module")
+def client(engine):
+    with _client(engine, "hermes") as c:
+        yield c
+
+
+def _chat(client, **body):
+    r = client.post("/v1/chat/completions", json={"messages": MESSAGES, "temperature": 0,
+                                                  "max_tokens": 200, **body})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _stream(client, **body) -> list[dict]:
+    chunks = []
+    with client.stream("POST", "/v1/chat/completions", json={
+            "messages": MESSAGES, "temperature": 0, "max_tokens": 200, "stream": True,
+            **body}) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunks.append(json.loads(line[6:]))
+    return chunks
+
+
+def test_tools_reach_the_template_unless_tool_choice_is_none(client, engine):
+    plain = _chat(client, max_tokens=1)["usage"]["prompt_tokens"]
+    with_tools = _chat(client, max_tokens=1, tools=TOOLS, tool_choice="required")
+    assert with_tools["usage"]["prompt_tokens"] > plain + 20
+    none = _chat(client, max_tokens=1, tools=TOOLS, tool_choice="none")
+    assert none["usage"]["prompt_tokens"] == plain
+
+
+def test_named_function_returns_one_call_with_valid_arguments(client):
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    r = _chat(client, tools=TOOLS, tool_choice=choice)["choices"][0]
+    assert r["finish_reason"] == "stop" and r["message"]["content"] is None
+    (call,) = r["message"]["tool_calls"]
+    assert call["type"] == "function" and call["id"].startswith("chatcmpl-tool-")
+    assert call["function"]["name"] == "get_weather"
+    jsonschema.validate(json.loads(call["function"]["arguments"]), WEATHER)
+    # streamed: the call's id and name once, then its arguments piece by piece
+    deltas = [c["choices"][0]["delta"] for c in _stream(client, tools=TOOLS, tool_choice=choice)]
+    parts = [d["tool_calls"][0] for d in deltas if d.get("tool_calls")]
+    assert len(parts) > 1 and parts[0]["function"]["name"] == "get_weather" and parts[0]["id"]
+    assert all("id" not in p and "name" not in p["function"] for p in parts[1:])
+    assert "".join(p["function"]["arguments"] for p in parts) == call["function"]["arguments"]
+
+
+def test_required_lists_calls_of_the_tools(client):
+    r = _chat(client, tools=TOOLS, tool_choice="required")["choices"][0]
+    assert r["finish_reason"] == "tool_calls", r
+    calls = r["message"]["tool_calls"]
+    assert calls
+    for call in calls:
+        jsonschema.validate(json.loads(call["function"]["arguments"]),
+                            SCHEMAS[call["function"]["name"]])
+    chunks = _stream(client, tools=TOOLS, tool_choice="required")
+    streamed = [t for c in chunks for t in c["choices"][0]["delta"].get("tool_calls", [])]
+    assert [(t["function"]["name"], t["function"]["arguments"]) for t in streamed] == \
+        [(c["function"]["name"], c["function"]["arguments"]) for c in calls]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+FORCED = ('Let me look.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome", '
+          '"days": 2}}\n</tool_call>')
+
+
+def test_auto_with_the_hermes_parser(client):
+    """The model's text (forced here by a regex, the tiny model would not write it) holds a
+    <tool_call> block: content before it, the call parsed out, finish reason tool_calls."""
+    import re
+    body = dict(tools=TOOLS, guided_regex=re.escape(FORCED))
+    r = _chat(client, **body)["choices"][0]
+    assert r["finish_reason"] == "tool_calls" and r["message"]["content"] == "Let me look."
+    (call,) = r["message"]["tool_calls"]
+    assert call["function"] == {"name": "get_weather",
+                                "arguments": '{"city": "Rome", "days": 2}'}
+    chunks = _stream(client, **body)
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert "".join(d.get("content") or "" for d in deltas) == "Let me look."
+    assert not any("<tool" in (d.get("content") or "") for d in deltas)
+    streamed = [t for d in deltas for t in d.get("tool_calls", [])]
+    assert [t["function"]["name"] for t in streamed] == ["get_weather"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    # text without a block is plain content
+    r = _chat(client, tools=TOOLS, guided_regex="No tools needed\\.")["choices"][0]
+    assert r["message"] == {"role": "assistant", "content": "No tools needed.", "refusal": None,
+                            "tool_calls": []} and r["finish_reason"] == "stop"
+
+
+def test_auto_without_a_parser_and_bad_tool_requests_are_400(engine):
+    with _client(engine) as c:
+        for body, needle in (
+                (dict(tools=TOOLS), "tool-call parser"),
+                (dict(tools=TOOLS, tool_choice="auto"), "tool-call parser"),
+                (dict(tools=TOOLS, tool_choice={"type": "function",
+                                                "function": {"name": "nope"}}), "not among"),
+                (dict(tool_choice="required"), "needs tools"),
+                (dict(tools=TOOLS + TOOLS[:1]), "distinct"),
+                (dict(tools=TOOLS, tool_choice="required",
+                      response_format={"type": "json_object"}), "cannot be combined")):
+            r = c.post("/v1/chat/completions", json={"messages": MESSAGES, **body})
+            assert r.status_code == 400 and needle in r.json()["error"]["message"], (body, r.text)
+        r = c.post("/v1/chat/completions", json={"messages": MESSAGES, "tools": TOOLS,
+                                                 "tool_choice": "none", "max_tokens": 2})
+        assert r.status_code == 200  # 'none' needs no parser
+
+
+def test_earlier_calls_and_answers_reach_the_template(engine):
+    from writescope.server import protocol as P
+    req = P.parse_request(P.ChatCompletionRequest, json.dumps({"messages": [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Oslo", "days": 1}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "snow"}], "tools": TOOLS}).encode())
+    text = engine.tokenizer.render_chat(tools.template_messages(req),
+                                        tools=tools.template_tools(req))
+    assert text.startswith("TOOLS [")
+    assert 'CALL get_weather {"city": "Oslo", "days": 1}' in text  # arguments as an object
+    assert "snow ANSWERS c1" in text
+
+
+def test_hermes_parsing_edge_cases():
+    assert tools.parse_hermes("plain") == ("plain", [])
+    content, calls = tools.parse_hermes('<tool_call>{"name": "a", "arguments": {}}</tool_call>'
+                                        '<tool_call>{"name": "b", "arguments": "{}"}')
+    assert content is None and [c.function.name for c in calls] == ["a", "b"]
+    assert [c.function.arguments for c in calls] == ["{}", "{}"]
+    bad = 'x<tool_call>{"name": oops}</tool_call>'
+    assert tools.parse_hermes(bad) == (bad, [])  # not JSON: all of it is content
+    assert tools.hermes_content_end("abc<tool", False) == 3
+    assert tools.hermes_content_end("abc<tool", True) == 8
+    assert tools.hermes_content_end("ab<tool_call>{", False) == 2
+
+
+def test_serve_knows_the_parsers_the_server_has():
+    from writescope.commands.serve import TOOL_PARSERS
+    assert TOOL_PARSERS == tools.PARSERS

@@ -1,0 +1,148 @@
+"""Tool calls on the chat endpoint (OpenAI's ``tools`` and ``tool_choice``), as vLLM's server
+makes them:
+
+- the tools go into the chat template (``tools=``, the template renders them as the model was
+  trained to see them), unless ``tool_choice`` is ``"none"``; earlier turns' calls and the tools'
+  answers go in as Hugging Face templates expect them (each call's arguments as an object);
+- a named function (``{"type": "function", "function": {"name": ...}}``): the output is
+  constrained to the function's parameters schema (structured outputs) and returned as one call
+  whose arguments are the output;
+- ``"required"``: the output is constrained to a JSON array of ``{"name", "parameters"}``
+  objects, each one of the tools with its parameters, at least one (vLLM's schema), and
+  returned as that many calls, finish reason ``tool_calls``;
+- ``"auto"`` (OpenAI's default when tools are given): the model decides, and a tool-call parser
+  reads its text. The one parser here, ``hermes`` (``writescope serve --tool-call-parser
+  hermes``), reads ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks, the
+  format of Hermes, Qwen2.5 and Qwen3. Without a parser, ``"auto"`` with tools is refused, as
+  vLLM refuses it without ``--enable-auto-tool-choice``.
+"""
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from typing import Any
+
+from ..core import StructuredOutputsParams
+from . import protocol as P
+
+#: tool-call parsers ``writescope serve --tool-call-parser`` knows
+PARSERS = ("hermes",)
+
+HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
+_HERMES = re.compile(re.escape(HERMES_OPEN) + r"\s*(.*?)\s*(?:" + re.escape(HERMES_CLOSE) + r"|$)",
+                     re.DOTALL)
+
+
+def new_call_id() -> str:
+    return f"chatcmpl-tool-{uuid.uuid4().hex}"
+
+
+def _arguments(text: str) -> Any:
+    """A call's arguments for a template: the object its JSON text holds (the text itself when
+    it is not JSON)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def template_messages(req: P.ChatCompletionRequest) -> list[dict]:
+    """The request's messages as the chat template takes them."""
+    out = []
+    for m in req.messages:
+        msg: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
+                               "content": m.text()}
+        if m.name:
+            msg["name"] = m.name
+        if m.tool_calls:
+            msg["tool_calls"] = [{"id": c.id, "type": "function",
+                                  "function": {"name": c.function.name,
+                                               "arguments": _arguments(c.function.arguments)}}
+                                 for c in m.tool_calls]
+        if m.tool_call_id is not None:
+            msg["tool_call_id"] = m.tool_call_id
+        out.append(msg)
+    return out
+
+
+def template_tools(req: P.ChatCompletionRequest) -> list[dict] | None:
+    """The tools the template renders (none when ``tool_choice`` is ``"none"``)."""
+    if not req.tools or req.tool_choice == "none":
+        return None
+    return [t.model_dump(exclude_none=True) for t in req.tools]
+
+
+def _parameters(tool: P.ChatTool) -> dict:
+    return tool.function.parameters or {"type": "object"}
+
+
+def constraint(req: P.ChatCompletionRequest) -> StructuredOutputsParams | None:
+    """The structured-output constraint a forced tool call puts on the output, if any."""
+    if not req.calls_tools:
+        return None
+    tools = req.tools or []
+    if isinstance(req.tool_choice, P.NamedToolChoice):
+        name = req.tool_choice.function.name
+        return StructuredOutputsParams(json=_parameters(next(t for t in tools
+                                                             if t.function.name == name)))
+    items = [{"type": "object", "additionalProperties": False,
+              "required": ["name", "parameters"],
+              "properties": {"name": {"type": "string", "enum": [t.function.name]},
+                             "parameters": _parameters(t)}} for t in tools]
+    return StructuredOutputsParams(json={"type": "array", "minItems": 1,
+                                         "items": {"anyOf": items}})
+
+
+def forced_calls(req: P.ChatCompletionRequest, text: str) -> list[P.ToolCall] | None:
+    """The calls a forced output holds; None when a ``"required"`` output is not the complete
+    array (cut short by ``max_tokens`` or a stop string: it is returned as content)."""
+    if isinstance(req.tool_choice, P.NamedToolChoice):
+        return [P.ToolCall(id=new_call_id(), function=P.FunctionCall(
+            name=req.tool_choice.function.name, arguments=text))]
+    try:
+        calls = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(calls, list):
+        return None
+    return [P.ToolCall(id=new_call_id(), function=P.FunctionCall(
+        name=c["name"], arguments=json.dumps(c["parameters"], ensure_ascii=False)))
+        for c in calls if isinstance(c, dict) and "name" in c and "parameters" in c]
+
+
+def parse_hermes(text: str) -> tuple[str | None, list[P.ToolCall]]:
+    """(content, calls) of a model's text in the Hermes format: the text before the first
+    ``<tool_call>`` is the content; each block's JSON ``{"name", "arguments"}`` a call. A block
+    that is not such JSON leaves the whole text as content (no calls), as vLLM's parser does."""
+    start = text.find(HERMES_OPEN)
+    if start < 0:
+        return text, []
+    calls = []
+    for body in _HERMES.findall(text[start:]):
+        try:
+            obj = json.loads(body)
+        except json.JSONDecodeError:
+            return text, []
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+            return text, []
+        args = obj.get("arguments", obj.get("parameters", {}))
+        calls.append(P.ToolCall(id=new_call_id(), function=P.FunctionCall(
+            name=obj["name"], arguments=args if isinstance(args, str)
+            else json.dumps(args, ensure_ascii=False))))
+    content = text[:start]
+    return (content if content.strip() else None), calls
+
+
+def hermes_content_end(text: str, finished: bool) -> int:
+    """How much of a streamed text is content that can be sent: all before ``<tool_call>``, less
+    a tail that may be the start of one (until the output finishes)."""
+    i = text.find(HERMES_OPEN)
+    if i >= 0:
+        return i
+    if finished:
+        return len(text)
+    for k in range(min(len(HERMES_OPEN) - 1, len(text)), 0, -1):
+        if HERMES_OPEN.startswith(text[-k:]):
+            return len(text) - k
+    return len(text)
