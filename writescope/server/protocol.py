@@ -7,8 +7,7 @@ the objects the official ``openai`` client parses); field names of the extension
 strictly, as OpenAI does: an unknown field, a field of the wrong type (``"max_tokens": "16"``) or
 a value out of range is a 400 naming the parameter. Parameters this engine cannot honour
 (``suffix``, ``best_of`` other than ``n``) are refused with a clear message rather than silently
-ignored; neutral values of them (``"none"`` tool choice) are accepted because common clients send
-them.
+ignored.
 """
 from __future__ import annotations
 
