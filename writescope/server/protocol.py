@@ -499,24 +499,24 @@ class ChatResponseMessage(BaseModel):
     tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
-class DeltaFunctionCall(BaseModel):
-    name: Optional[str] = None
-    arguments: Optional[str] = None
+class _NoNulls(BaseModel):
+    """A streamed delta: OpenAI sends the fields it has, never nulls."""
 
     @model_serializer(mode="wrap")
     def _drop_none(self, handler):
         return {k: v for k, v in handler(self).items() if v is not None}
 
 
-class DeltaToolCall(BaseModel):
+class DeltaFunctionCall(_NoNulls):
+    name: Optional[str] = None
+    arguments: Optional[str] = None
+
+
+class DeltaToolCall(_NoNulls):
     index: int
     id: Optional[str] = None
     type: Optional[Literal["function"]] = None
     function: Optional[DeltaFunctionCall] = None
-
-    @model_serializer(mode="wrap")
-    def _drop_none(self, handler):
-        return {k: v for k, v in handler(self).items() if v is not None}
 
 
 class ChatChoice(BaseModel):
@@ -536,14 +536,10 @@ class ChatCompletionResponse(BaseModel):
     system_fingerprint: Optional[str] = None
 
 
-class ChatDelta(BaseModel):
+class ChatDelta(_NoNulls):
     role: Optional[Literal["assistant"]] = None
     content: Optional[str] = None
     tool_calls: Optional[list[DeltaToolCall]] = None
-
-    @model_serializer(mode="wrap")
-    def _drop_none(self, handler):  # OpenAI sends {"content": "..."} or {}, never nulls
-        return {k: v for k, v in handler(self).items() if v is not None}
 
 
 class ChatStreamChoice(BaseModel):
