@@ -111,6 +111,13 @@ def test_required_lists_calls_of_the_tools(client):
     assert [(t["function"]["name"], t["function"]["arguments"]) for t in streamed] == \
         [(c["function"]["name"], c["function"]["arguments"]) for c in calls]
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    one = _chat(client, tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
+    assert len(one["choices"][0]["message"]["tool_calls"]) == 1
+    from writescope.server import protocol as P
+    req = P.parse_request(P.ChatCompletionRequest, json.dumps(
+        {"messages": MESSAGES, "tools": TOOLS, "tool_choice": "required",
+         "parallel_tool_calls": False}).encode())
+    assert tools.constraint(req).json["maxItems"] == 1  # the array cannot hold a second call
 
 
 FORCED = ('Let me look.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome", '

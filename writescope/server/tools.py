@@ -9,7 +9,8 @@ makes them:
   whose arguments are the output;
 - ``"required"``: the output is constrained to a JSON array of ``{"name", "parameters"}``
   objects, each one of the tools with its parameters, at least one (vLLM's schema), and
-  returned as that many calls, finish reason ``tool_calls``;
+  returned as that many calls, finish reason ``tool_calls`` (one call at most with
+  ``parallel_tool_calls: false``);
 - ``"auto"`` (OpenAI's default when tools are given): the model decides, and a tool-call parser
   reads its text. The one parser here, ``hermes`` (``writescope serve --tool-call-parser
   hermes``), reads ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks, the
@@ -90,8 +91,10 @@ def constraint(req: P.ChatCompletionRequest) -> StructuredOutputsParams | None:
               "required": ["name", "parameters"],
               "properties": {"name": {"type": "string", "enum": [t.function.name]},
                              "parameters": _parameters(t)}} for t in tools]
-    return StructuredOutputsParams(json={"type": "array", "minItems": 1,
-                                         "items": {"anyOf": items}})
+    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": items}}
+    if req.parallel_tool_calls is False:
+        schema["maxItems"] = 1
+    return StructuredOutputsParams(json=schema)
 
 
 def forced_calls(req: P.ChatCompletionRequest, text: str) -> list[P.ToolCall] | None:
