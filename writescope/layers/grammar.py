@@ -75,12 +75,15 @@ def grammar_text(so: StructuredOutputsParams) -> str:
         raise InvalidRequestError(f"structured outputs: invalid {kind}: {e}") from None
 
 
-def check(so: StructuredOutputsParams) -> None:
-    """Refuse a constraint that does not compile, before any model or tokenizer is loaded (the
-    engine checks again against its tokenizer)."""
-    err = _llguidance().LLMatcher.validate_grammar(grammar_text(so))
+def check(so: StructuredOutputsParams, tokenizer=None) -> str:
+    """``so``'s grammar, or an :class:`InvalidRequestError` when it does not compile; without
+    ``tokenizer`` (an llguidance one) before any model is loaded (the engine checks again
+    against its tokenizer)."""
+    text = grammar_text(so)
+    err = _llguidance().LLMatcher.validate_grammar(text, tokenizer)
     if err and not err.startswith("WARNING"):
         raise InvalidRequestError(f"structured outputs: invalid {so.kind}: {err.strip()}")
+    return text
 
 
 def _key(so: StructuredOutputsParams) -> str:
@@ -142,13 +145,8 @@ class Grammars:
             if start is not None:
                 self._compiled.move_to_end(key)
                 return start
-        llg = _llguidance()
         tok = self._ll_tokenizer()
-        text = grammar_text(so)
-        err = llg.LLMatcher.validate_grammar(text, tok)
-        if err and not err.startswith("WARNING"):
-            raise InvalidRequestError(f"structured outputs: invalid {so.kind}: {err.strip()}")
-        start = llg.LLMatcher(tok, text, log_level=0)
+        start = _llguidance().LLMatcher(tok, check(so, tok), log_level=0)
         if start.is_error():
             raise InvalidRequestError(f"structured outputs: invalid {so.kind}: "
                                       f"{start.get_error()}")
@@ -164,9 +162,6 @@ class Grammars:
 
     def forget(self, seq_id: int) -> None:
         self._matchers.pop(seq_id, None)
-
-    def constrains(self, seq_id: int) -> bool:
-        return seq_id in self._matchers
 
     # ------------------------------------------------------------------ a step
     def bitmasks(self, seq_ids: list[int]) -> torch.Tensor:
