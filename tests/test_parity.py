@@ -152,6 +152,11 @@ def test_prompt_logprobs_match_transformers(all_tiny, placement):
         want = torch.topk(row, 3).values.tolist()
         assert max(abs(a - b) for a, b in zip(top.values(), want)) < 1e-4, f"token {i}"
         assert all(abs(v - row[t].item()) < 1e-4 for t, v in top.items()), f"token {i}"
+        # the rank: 1 + the tokens transformers finds clearly likelier (a near-tie either way)
+        own = row[ids[i]].item()
+        lo, hi = int((row > own + 1e-4).sum()) + 1, int((row > own - 1e-4).sum()) + 1
+        assert lo <= out.prompt_ranks[i] <= hi, f"token {i}"
+    assert out.prompt_ranks[0] is None and len(out.prompt_ranks) == len(ids)
     assert out.logprobs is None and out.top_logprobs is None
 
 
@@ -165,6 +170,7 @@ def test_prompt_logprobs_zero_and_long_prompts_in_pieces(all_tiny, monkeypatch):
     monkeypatch.setattr(plp, "BLOCK_BYTES", 4 * 320 * 7)  # 7 rows a pass
     (b,) = engine(all_tiny).generate([ids], params)
     assert a.prompt_top_logprobs is None and len(a.prompt_logprobs) == 150
+    assert a.prompt_ranks == b.prompt_ranks and min(a.prompt_ranks[1:]) >= 1
     assert max(abs(x - y) for x, y in zip(a.prompt_logprobs[1:], b.prompt_logprobs[1:])) < 1e-5
     ref = prompt_reference(str(all_tiny), tuple(ids))
     assert max(abs(a.prompt_logprobs[i] - ref[i - 1, ids[i]].item())

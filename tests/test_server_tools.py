@@ -13,7 +13,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("llguidance")
 jsonschema = pytest.importorskip("jsonschema")
 
-from writescope.server import tools  # noqa: E402
+from writescope.server import conversation, tools  # noqa: E402
 
 WEATHER = {"type": "object", "additionalProperties": False, "required": ["city", "days"],
            "properties": {"city": {"enum": ["Paris", "Rome", "Oslo"]},
@@ -173,8 +173,8 @@ def test_earlier_calls_and_answers_reach_the_template(engine):
             {"id": "c1", "type": "function",
              "function": {"name": "get_weather", "arguments": '{"city": "Oslo", "days": 1}'}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "snow"}], "tools": TOOLS}).encode())
-    text = engine.tokenizer.render_chat(tools.template_messages(req),
-                                        tools=tools.template_tools(req))
+    text = engine.tokenizer.render_chat(conversation.template_messages(req),
+                                        tools=conversation.template_tools(req))
     assert text.startswith("TOOLS [")
     assert 'CALL get_weather {"city": "Oslo", "days": 1}' in text  # arguments as an object
     assert "snow ANSWERS c1" in text

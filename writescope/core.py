@@ -98,7 +98,8 @@ class SamplingParams:
     #: (``RequestOutput.top_logprobs``), at most :data:`MAX_LOGPROBS`
     logprobs: int | None = None
     #: None: none; 0: each prompt token's log-probability given the tokens before it
-    #: (``RequestOutput.prompt_logprobs``, None for the first); k >= 1: also the k most likely
+    #: (``RequestOutput.prompt_logprobs``, None for the first) and its rank
+    #: (``RequestOutput.prompt_ranks``, 1: the most likely); k >= 1: also the k most likely
     #: tokens' at each prompt position (``RequestOutput.prompt_top_logprobs``)
     prompt_logprobs: int | None = None
     #: penalties on the logits before sampling (vLLM's, OpenAI's ranges): ``presence_penalty``
@@ -240,6 +241,7 @@ class Request:
     #: filled as prefill chunks run) and the ``params.prompt_logprobs`` most likely tokens there
     prompt_logprobs: list[float | None] = field(default_factory=list)
     prompt_top_logprobs: list[dict[int, float] | None] = field(default_factory=list)
+    prompt_ranks: list[int | None] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
     num_computed: int = 0  # tokens whose KV is in the cache
@@ -312,6 +314,9 @@ class RequestOutput:
     #: per prompt token, the k most likely tokens there, None for the first
     #: (``SamplingParams.prompt_logprobs`` = k >= 1)
     prompt_top_logprobs: list[dict[int, float] | None] | None = None
+    #: per prompt token, its rank among the vocabulary at its position (1: the most likely; ties
+    #: share the better rank), None for the first (``SamplingParams.prompt_logprobs`` not None)
+    prompt_ranks: list[int | None] | None = None
     #: every completion of the prompt (``LLM.generate`` with ``n`` > 1); None: just this one
     completions: list[CompletionOutput] | None = None
 

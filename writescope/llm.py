@@ -85,15 +85,21 @@ class LLM:
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | list[SamplingParams] | None = None,
              use_tqdm: bool = False, add_generation_prompt: bool = True,
-             tools: list[dict] | None = None) -> list[RequestOutput]:
+             tools: list[dict] | None = None, continue_final_message: bool = False,
+             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
         """:meth:`generate` on one conversation (a list of ``{"role", "content"}`` messages) or
         several, each rendered with the model's chat template (vLLM's ``LLM.chat``); ``tools``
-        (OpenAI's function definitions) go to templates that render them."""
+        (OpenAI's function definitions) go to templates that render them;
+        ``continue_final_message`` leaves the last message open for the output to continue
+        (with ``add_generation_prompt=False``); ``chat_template_kwargs`` are variables the
+        template reads (Qwen3's ``enable_thinking``)."""
         if self.tokenizer is None:
             raise ValueError("this model has no tokenizer, so no chat template")
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = [list(self.tokenizer.apply_chat_template(
-            c, add_generation_prompt=add_generation_prompt, tools=tools)) for c in convs]
+            c, add_generation_prompt=add_generation_prompt, tools=tools,
+            continue_final_message=continue_final_message, **(chat_template_kwargs or {})))
+            for c in convs]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def stats(self) -> dict:

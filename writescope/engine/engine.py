@@ -525,6 +525,7 @@ class LLMEngine:
             self.grammars.admit(req.seq_id, params.structured_outputs)
         if params.prompt_logprobs is not None:  # the first token has none (nothing before it)
             req.prompt_logprobs.append(None)
+            req.prompt_ranks.append(None)
             if params.prompt_logprobs:
                 req.prompt_top_logprobs.append(None)
         self.requests[request_id] = req
@@ -638,6 +639,7 @@ class LLMEngine:
             plp = h.prompt_logprobs.get(req.seq_id) if h.prompt_logprobs else None
             if plp is not None and plp.first == len(req.prompt_logprobs):
                 req.prompt_logprobs.extend(plp.logprobs)
+                req.prompt_ranks.extend(plp.ranks)
                 if plp.top is not None:
                     req.prompt_top_logprobs.extend(plp.top)
             if tok_lp is None:
@@ -690,7 +692,9 @@ class LLMEngine:
                              # complete once the request samples; the same lists each step
                              req.prompt_logprobs if req.params.prompt_logprobs is not None
                              else None,
-                             req.prompt_top_logprobs if req.params.prompt_logprobs else None)
+                             req.prompt_top_logprobs if req.params.prompt_logprobs else None,
+                             prompt_ranks=req.prompt_ranks
+                             if req.params.prompt_logprobs is not None else None)
 
     # ------------------------------------------------------------------ statistics
     def stats(self) -> dict:

@@ -1,6 +1,6 @@
 """Prompt log-probabilities (``SamplingParams.prompt_logprobs``, vLLM's name): for each prompt
-token after the first, its log-probability given the tokens before it, and for k >= 1 the k
-most likely tokens at that position -- what ``echo`` with ``logprobs`` returns on the
+token after the first, its log-probability given the tokens before it and its rank among the
+vocabulary (1: the most likely), and for k >= 1 the k most likely tokens at that position -- what ``echo`` with ``logprobs`` returns on the
 completions endpoint (lm-evaluation-harness's loglikelihood requests).
 
 A prefill chunk's hidden rows ``[start, start + n)`` predict prompt tokens ``start + 1 ..``;
@@ -26,6 +26,7 @@ class PromptLogprobs:
 
     first: int                                # index into the prompt of the first value
     logprobs: list[float]                     # each prompt token's log-probability
+    ranks: list[int]                          # 1 + the number of tokens likelier than it
     top: list[dict[int, float]] | None        # the k most likely tokens there (k >= 1)
 
 
@@ -45,6 +46,7 @@ def compute(model, hidden: torch.Tensor, batch: StepBatch) -> dict[int, PromptLo
         if j1 <= j0:
             continue
         lps: list[float] = []
+        ranks: list[int] = []
         tops: list[dict[int, float]] = []
         step = max(1, BLOCK_BYTES // (4 * model.cfg.vocab_size))
         a = j0
@@ -53,10 +55,12 @@ def compute(model, hidden: torch.Tensor, batch: StepBatch) -> dict[int, PromptLo
             logits = model.compute_logits(hidden[r0 + a - j0:r0 + b - j0]).float()
             lp = torch.log_softmax(logits, dim=-1)
             target = torch.tensor(prompt[a + 1:b + 1], device=lp.device).view(-1, 1)
-            lps.extend(lp.gather(1, target).view(-1).tolist())
+            own = lp.gather(1, target)
+            lps.extend(own.view(-1).tolist())
+            ranks.extend(((lp > own).sum(-1) + 1).tolist())
             if k > 0:
                 v, i = torch.topk(lp, min(k, lp.shape[-1]), dim=-1)
                 tops.extend(_top_dicts(v.tolist(), i.tolist(), [k] * (b - a)))
             a = b
-        out[s.request.seq_id] = PromptLogprobs(j0 + 1, lps, tops if k > 0 else None)
+        out[s.request.seq_id] = PromptLogprobs(j0 + 1, lps, ranks, tops if k > 0 else None)
     return out

@@ -86,22 +86,33 @@ class Tokenizer:
                               clean_up_tokenization_spaces=False)
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True,
-                    tools: list[dict] | None = None) -> str:
+                    tools: list[dict] | None = None, continue_final_message: bool = False,
+                    **template_kwargs: Any) -> str:
         """The chat template applied to ``messages`` (OpenAI-style role/content dicts) and, for
-        templates that render them, ``tools`` (OpenAI's function definitions), as text."""
+        templates that render them, ``tools`` (OpenAI's function definitions), as text.
+        ``continue_final_message``: the last message is left open (no end-of-turn after it), so
+        that the output continues it; ``template_kwargs``: variables the template reads (Qwen3's
+        ``enable_thinking``)."""
         if not self.has_chat_template:
             where = f" at {self.path}" if self.path else ""
             raise TokenizerError(
                 f"the checkpoint{where} has no chat template (tokenizer_config.json 'chat_template' "
                 "or chat_template.jinja); pass a plain text prompt instead of chat messages")
+        if add_generation_prompt and continue_final_message:
+            raise TokenizerError("continue_final_message and add_generation_prompt cannot both "
+                                 "be true")
         return self.hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                           tokenize=False, tools=tools)
+                                           tokenize=False, tools=tools,
+                                           continue_final_message=continue_final_message,
+                                           **template_kwargs)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            tools: list[dict] | None = None) -> list[int]:
+                            tools: list[dict] | None = None, continue_final_message: bool = False,
+                            **template_kwargs: Any) -> list[int]:
         """Prompt ids for a conversation. The rendered text already carries any BOS the template
         wants, so it is encoded without adding special tokens again (as vLLM does)."""
-        return self.encode(self.render_chat(messages, add_generation_prompt, tools),
+        return self.encode(self.render_chat(messages, add_generation_prompt, tools,
+                                            continue_final_message, **template_kwargs),
                            add_special_tokens=False)
 
     def __repr__(self) -> str:

@@ -54,7 +54,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..core import InvalidRequestError, SamplingParams
 from . import protocol as P
-from . import tokenize, tools
+from . import conversation, tokenize, tools
 from .metrics import CONTENT_TYPE, ServerMetrics
 
 log = logging.getLogger("writescope.server")
@@ -76,7 +76,8 @@ class Delta:
     new_top_logprobs: list[dict[int, float]] | None  # the alternatives asked for, per new token
     text: str | None           # the engine's full detokenised text so far (None: unchanged)
     finish_reason: str | None
-    #: (prompt log-probabilities, their alternatives or None), with the first tokens only
+    #: (prompt log-probabilities, their alternatives or None, their ranks), with the first
+    #: tokens only
     prompt: tuple | None = None
 
 
@@ -259,7 +260,8 @@ class EngineLoop:
                 sink.n_top_logprobs = len(out.top_logprobs)
             prompt = None
             if out.prompt_logprobs is not None and not sink.sent_prompt:
-                prompt = (out.prompt_logprobs, out.prompt_top_logprobs)  # complete: prefilled
+                # complete: prefilled
+                prompt = (out.prompt_logprobs, out.prompt_top_logprobs, out.prompt_ranks)
                 sink.sent_prompt = True
             if new_ids:
                 new_total += len(new_ids)
@@ -366,8 +368,10 @@ class _Choice:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[dict[int, float]] = field(default_factory=list)
-    prompt_logprobs: list[float | None] | None = None  # echo with logprobs: once prefilled
+    # echo with logprobs, prompt_logprobs: once prefilled
+    prompt_logprobs: list[float | None] | None = None
     prompt_top_logprobs: list[dict[int, float] | None] | None = None
+    prompt_ranks: list[int | None] | None = None
     text: str = ""
     finish_reason: str | None = None
     # streaming cursors
@@ -467,7 +471,7 @@ class _Generation:
             if item.new_top_logprobs:
                 c.top_logprobs.extend(item.new_top_logprobs)
             if item.prompt is not None:
-                c.prompt_logprobs, c.prompt_top_logprobs = item.prompt
+                c.prompt_logprobs, c.prompt_top_logprobs, c.prompt_ranks = item.prompt
             if item.text is not None:
                 c.text = item.text
             if item.finish_reason is not None:
@@ -636,7 +640,9 @@ class OpenAIServer:
         choices, params = [], []
         base = P.new_id("cmpl")
         lp = req.logprobs  # None, or the alternatives per token (0: the sampled token's only)
-        prompt_lp = lp if req.echo else None  # echo with logprobs: the prompt tokens' too
+        # the prompt tokens' too: for echo with logprobs, and for prompt_logprobs
+        asked = [k for k in (lp if req.echo else None, req.prompt_logprobs) if k is not None]
+        prompt_lp = max(asked) if asked else None
         for pi, (ids, text) in enumerate(encoded):
             if text is None:
                 self.check_ids(ids, "prompt")
@@ -656,7 +662,9 @@ class OpenAIServer:
                     index=c.index,
                     text=(c.prompt_text or "") + c.text if req.echo else c.text,
                     logprobs=self._full_logprobs(c, req) if req.logprobs is not None else None,
-                    finish_reason=c.finish_reason) for c in gen.choices]))
+                    finish_reason=c.finish_reason,
+                    prompt_logprobs=self._prompt_logprob_dicts(c, req.prompt_logprobs)
+                    if req.prompt_logprobs is not None else None) for c in gen.choices]))
 
     async def _respond(self, request, gen: "_Generation", stream: bool, make_stream, make_response):
         """Submit the generation, then stream it (SSE) or wait for the whole answer (499 when the
@@ -710,12 +718,33 @@ class OpenAIServer:
                     top.append(None)
                     continue
                 d: dict[str, float] = {}
-                for tid, alt in (a or {}).items():
+                for tid, alt in list((a or {}).items())[:k]:
                     d.setdefault(self.token_str(tid), alt)
                 d.setdefault(t, v)
                 top.append(d)
         return P.CompletionLogprobs(tokens=toks, token_logprobs=list(lps), text_offset=offsets,
                                     top_logprobs=top)
+
+    def _prompt_logprob_dicts(self, c: _Choice, k: int) -> P.PromptLogprobs:
+        """``prompt_logprobs`` (vLLM's shape): per prompt token, None for the first (and for all
+        where the request ended before its prefill did), else {token id: log-probability, rank,
+        text} for the prompt's own token and the k most likely ones there."""
+        n = len(c.prompt_ids)
+        if c.prompt_logprobs is None:
+            return [None] * n
+        tops = c.prompt_top_logprobs or [None] * n
+        out: P.PromptLogprobs = []
+        for tid, lp, rank, top in zip(c.prompt_ids, c.prompt_logprobs, c.prompt_ranks or [None] * n,
+                                      tops):
+            if lp is None:
+                out.append(None)
+                continue
+            d = {tid: P.PromptLogprob(logprob=lp, rank=rank, decoded_token=self.token_str(tid))}
+            for r, (alt_id, alt) in enumerate(list((top or {}).items())[:k], start=1):
+                d.setdefault(alt_id, P.PromptLogprob(logprob=alt, rank=r,
+                                                     decoded_token=self.token_str(alt_id)))
+            out.append(d)
+        return out + [None] * (n - len(out))
 
     def _full_logprobs(self, c: _Choice, req: P.CompletionRequest) -> P.CompletionLogprobs:
         """A whole completion's logprobs: with echo the prompt's first, then the generated
@@ -786,26 +815,14 @@ class OpenAIServer:
         req = P.parse_request(P.ChatCompletionRequest, await self.read_body(request))
         model = self.check_model(req.model)
         mode = self._tool_mode(req)
-        messages = tools.template_messages(req)
-        tool_defs = tools.template_tools(req)
-        heavy = sum(len(m["content"]) for m in messages) > INLINE_TOKENIZE_CHARS
-
-        def template() -> list[int]:
-            return list(self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=bool(req.add_generation_prompt),
-                tools=tool_defs))
-
-        try:
-            ids = await self.off_loop(template, heavy)
-        except Exception as e:  # noqa: BLE001 -- a template's own raise_exception or a bad turn
-            log.info("chat template rejected a request: %s", e)
-            raise P.APIError(f"cannot apply the model's chat template to these messages: {e}",
-                             param="messages") from None
+        heavy = conversation.text_size(req) > INLINE_TOKENIZE_CHARS
+        ids = await self.off_loop(lambda: conversation.prompt_ids(self.tokenizer, req), heavy)
         max_tokens = self.resolve_max_tokens(len(ids), req.requested_max_tokens, "messages")
         base = P.new_id("chatcmpl")
         lp = (req.top_logprobs or 0) if req.logprobs else None
         choices = [_Choice(j, f"{base}-{j}", ids, None, max_tokens) for j in range(req.num_choices)]
-        params = [self._params(req, max_tokens, lp, j) for j in range(req.num_choices)]
+        params = [self._params(req, max_tokens, lp, j, req.prompt_logprobs)
+                  for j in range(req.num_choices)]
         forced = tools.constraint(req)
         if forced is not None:
             params = [dataclasses.replace(p, structured_outputs=forced) for p in params]
@@ -815,11 +832,13 @@ class OpenAIServer:
             lambda: P.ChatCompletionResponse(
                 id=base, model=model, usage=gen.usage(),
                 choices=[P.ChatChoice(
-                    index=c.index, message=message, finish_reason=reason,
+                    index=c.index, message=_echoed(req, message), finish_reason=reason,
                     logprobs=self._chat_logprobs(c, 0, len(c.token_ids), req.top_logprobs)
                     if req.logprobs else None)
                     for c in gen.choices
-                    for message, reason in [_message_of(req, mode, c)]]))
+                    for message, reason in [_message_of(req, mode, c)]],
+                prompt_logprobs=self._prompt_logprob_dicts(gen.choices[0], req.prompt_logprobs)
+                if req.prompt_logprobs is not None else None))
 
     def _tool_mode(self, req: P.ChatCompletionRequest) -> str | None:
         """How the chat's output relates to tools (server/tools.py): ``"forced"`` (a named
@@ -864,9 +883,13 @@ class OpenAIServer:
             return _sse(c)
 
         try:
+            echoed = req.echoed()
             for c in gen.choices:
                 yield chunk([P.ChatStreamChoice(index=c.index,
                                                 delta=P.ChatDelta(role="assistant", content=""))])
+                if echoed:
+                    yield chunk([P.ChatStreamChoice(index=c.index,
+                                                    delta=P.ChatDelta(content=echoed))])
             calls = _ToolStream(req, mode)
             async for c, piece, start, end in _deltas(gen, holdback):
                 logprobs = (self._chat_logprobs(c, start, end, req.top_logprobs)
@@ -957,6 +980,15 @@ class _ToolStream:
             P.DeltaToolCall(index=i, id=t.id, type="function", function=P.DeltaFunctionCall(
                 name=t.function.name, arguments=t.function.arguments))
             for i, t in enumerate(message.tool_calls)]), reason
+
+
+def _echoed(req: P.ChatCompletionRequest, message: P.ChatResponseMessage
+            ) -> P.ChatResponseMessage:
+    """``echo``: the last message's content before the answer's (vLLM's extension)."""
+    head = req.echoed()
+    if head:
+        message.content = head + (message.content or "")
+    return message
 
 
 def _message_of(req: P.ChatCompletionRequest, mode: str | None, c: "_Choice"

@@ -2,8 +2,10 @@
 
 Shapes follow OpenAI's API reference for ``/v1/completions`` and ``/v1/chat/completions`` (and
 the objects the official ``openai`` client parses); field names of the extensions (``top_k``,
-``ignore_eos``, ``stop_token_ids``, ``repetition_penalty``, ``min_tokens``,
-``structured_outputs`` and the older ``guided_*``) follow vLLM's server. Requests are validated
+``ignore_eos``, ``stop_token_ids``, ``repetition_penalty``, ``min_tokens``, ``prompt_logprobs``,
+``structured_outputs`` and the older ``guided_*``; on the chat endpoint ``echo``,
+``add_generation_prompt``, ``continue_final_message`` and ``chat_template_kwargs``) follow vLLM's
+server. Requests are validated
 strictly, as OpenAI does: an unknown field, a field of the wrong type (``"max_tokens": "16"``) or
 a value out of range is a 400 naming the parameter. Parameters this engine cannot honour
 (``suffix``, ``best_of`` other than ``n``) are refused with a clear message rather than silently
@@ -125,6 +127,9 @@ class _SamplingFields(_Strict):
     guided_choice: Optional[list[str]] = None
     guided_grammar: Optional[str] = None
     guided_whitespace_pattern: Optional[str] = None
+    # extension (vLLM): each prompt token's log-probability and rank, and the k most likely
+    # tokens at each prompt position (the response's ``prompt_logprobs``; not when streaming)
+    prompt_logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
 
     @field_validator("stop")
     @classmethod
@@ -157,6 +162,8 @@ class _SamplingFields(_Strict):
     def _unsupported(self):
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true")
+        if self.stream and self.prompt_logprobs is not None:
+            raise ValueError("prompt_logprobs is not available when stream is true")
         given = [name for name, on in (
             ("response_format", self.response_format is not None
              and self.response_format.type != "text"),
@@ -330,8 +337,44 @@ class NamedToolChoice(_Strict):
     function: NamedFunction
 
 
-class ChatCompletionRequest(_SamplingFields):
+#: apply_chat_template's own parameters: ``chat_template_kwargs`` reaches the template only
+RESERVED_TEMPLATE_KWARGS = frozenset((
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length",
+    "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"))
+
+
+class ChatTemplateFields(_Strict):
+    """How a conversation becomes a prompt (vLLM's extensions): a generation prompt after the
+    last message, or the last message continued (an assistant turn left open, to start the
+    answer); ``chat_template_kwargs`` are extra variables the template reads (Qwen3's
+    ``enable_thinking``)."""
+
     messages: list[ChatMessage] = Field(min_length=1)
+    add_generation_prompt: Optional[bool] = True
+    continue_final_message: Optional[bool] = False
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+
+    @model_validator(mode="after")
+    def _template_checks(self):
+        if self.add_generation_prompt and self.continue_final_message:
+            raise ValueError("continue_final_message and add_generation_prompt cannot both be "
+                             "true: set add_generation_prompt to false to continue the last "
+                             "message")
+        bad = sorted(set(self.chat_template_kwargs or {}) & RESERVED_TEMPLATE_KWARGS)
+        if bad:
+            raise ValueError(f"chat_template_kwargs cannot set {', '.join(bad)}: they are "
+                             "parameters of the request itself")
+        return self
+
+    def template_options(self) -> dict[str, Any]:
+        """The keyword arguments of ``Tokenizer.apply_chat_template`` besides the messages."""
+        return {"add_generation_prompt": bool(self.add_generation_prompt),
+                "continue_final_message": bool(self.continue_final_message),
+                **(self.chat_template_kwargs or {})}
+
+
+class ChatCompletionRequest(ChatTemplateFields, _SamplingFields):
     max_tokens: Optional[int] = Field(None, ge=1)
     max_completion_tokens: Optional[int] = Field(None, ge=1)
     logprobs: Optional[bool] = False
@@ -339,7 +382,15 @@ class ChatCompletionRequest(_SamplingFields):
     tools: Optional[list[ChatTool]] = Field(None, max_length=128)
     tool_choice: Optional[Union[Literal["none", "auto", "required"], NamedToolChoice]] = None
     parallel_tool_calls: Optional[bool] = None
-    add_generation_prompt: Optional[bool] = True  # extension (vLLM)
+    # extension (vLLM): the answer starts with the last message's content when that message
+    # has the answer's role (an assistant turn continued, or answered again)
+    echo: Optional[bool] = False
+
+    def echoed(self) -> str:
+        """The text ``echo`` puts before each choice's content ('' when none)."""
+        last = self.messages[-1]
+        role = "assistant" if self.add_generation_prompt else last.role
+        return last.text() if self.echo and last.role == role else ""
 
     @model_validator(mode="after")
     def _chat_checks(self):
@@ -454,11 +505,25 @@ class CompletionLogprobs(BaseModel):
     top_logprobs: Optional[list[Optional[dict[str, float]]]] = None
 
 
+class PromptLogprob(BaseModel):
+    """A token's entry in ``prompt_logprobs`` (vLLM's ``Logprob``)."""
+
+    logprob: float
+    rank: Optional[int] = None  # 1: the most likely token at that position
+    decoded_token: Optional[str] = None
+
+
+#: per prompt token (None for the first): {token id: its entry}, the prompt's own token first,
+#: then the k most likely ones
+PromptLogprobs = list[Optional[dict[int, PromptLogprob]]]
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: Optional[CompletionLogprobs] = None
     finish_reason: Optional[Literal["stop", "length", "abort"]] = None
+    prompt_logprobs: Optional[PromptLogprobs] = None  # extension (vLLM)
 
 
 class CompletionResponse(BaseModel):
@@ -534,6 +599,7 @@ class ChatCompletionResponse(BaseModel):
     choices: list[ChatChoice]
     usage: Optional[UsageInfo] = None
     system_fingerprint: Optional[str] = None
+    prompt_logprobs: Optional[PromptLogprobs] = None  # extension (vLLM)
 
 
 class ChatDelta(_NoNulls):

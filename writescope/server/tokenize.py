@@ -3,32 +3,33 @@ count a prompt's tokens before sending it, see how the model's chat template ren
 conversation, turn token ids back into text.
 
 ``/tokenize`` takes ``{"prompt": "..."}`` (``add_special_tokens``, default true) or
-``{"messages": [...]}`` (``add_generation_prompt``, default true) and answers
+``{"messages": [...]}`` with the chat endpoint's template options (``add_generation_prompt``,
+default true, ``continue_final_message``, ``chat_template_kwargs``, ``tools``) and answers
 ``{"count", "max_model_len", "tokens"}`` (and ``token_strs`` with ``return_token_strs``);
 ``/detokenize`` takes ``{"tokens": [...]}`` and answers ``{"prompt": "..."}``.
 """
 from __future__ import annotations
 
+import json
 from typing import Any, Optional
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
+from . import conversation
 from . import protocol as P
 
 
-class TokenizeRequest(P._Strict):
+class TokenizeCompletionRequest(P._Strict):
     model: Optional[str] = None
-    prompt: Optional[str] = None
-    messages: Optional[list[P.ChatMessage]] = Field(None, min_length=1)
+    prompt: str
     add_special_tokens: Optional[bool] = True
-    add_generation_prompt: Optional[bool] = True
     return_token_strs: Optional[bool] = False
 
-    @model_validator(mode="after")
-    def _one_input(self):
-        if (self.prompt is None) == (self.messages is None):
-            raise ValueError("give either prompt or messages")
-        return self
+
+class TokenizeChatRequest(P.ChatTemplateFields):
+    model: Optional[str] = None
+    tools: Optional[list[P.ChatTool]] = Field(None, max_length=128)
+    return_token_strs: Optional[bool] = False
 
 
 class DetokenizeRequest(P._Strict):
@@ -36,22 +37,28 @@ class DetokenizeRequest(P._Strict):
     tokens: list[int]
 
 
+def _parse(body: bytes) -> TokenizeCompletionRequest | TokenizeChatRequest:
+    """A prompt or a conversation, by the body's keys (exactly one of the two)."""
+    try:
+        keys = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        keys = None  # parse_request names the error
+    if isinstance(keys, dict) and ("prompt" in keys) == ("messages" in keys):
+        raise P.APIError("give either prompt or messages", param="prompt" if keys else None)
+    chat = isinstance(keys, dict) and "messages" in keys
+    return P.parse_request(TokenizeChatRequest if chat else TokenizeCompletionRequest, body)
+
+
 async def tokenize(server: Any, request) -> dict:
     server.check_auth(request)
-    req = P.parse_request(TokenizeRequest, await server.read_body(request))
+    req = _parse(await server.read_body(request))
     server.check_model(req.model)
     tok = server.tokenizer
     if tok is None:
         raise P.APIError("this model has no tokenizer", param="model")
-    if req.messages is not None:
-        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-                    for m in req.messages]
-        try:
-            ids = list(tok.apply_chat_template(
-                messages, add_generation_prompt=bool(req.add_generation_prompt)))
-        except Exception as e:  # noqa: BLE001 -- the template's own error, or a bad turn
-            raise P.APIError(f"cannot apply the model's chat template to these messages: {e}",
-                             param="messages") from None
+    if isinstance(req, TokenizeChatRequest):
+        heavy = conversation.text_size(req) > 4096
+        ids = await server.off_loop(lambda: conversation.prompt_ids(tok, req), heavy)
     else:
         heavy = len(req.prompt) > 4096
         ids = list(await server.off_loop(

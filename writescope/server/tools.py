@@ -3,7 +3,7 @@ makes them:
 
 - the tools go into the chat template (``tools=``, the template renders them as the model was
   trained to see them), unless ``tool_choice`` is ``"none"``; earlier turns' calls and the tools'
-  answers go in as Hugging Face templates expect them (each call's arguments as an object);
+  answers go in as Hugging Face templates expect them (server/conversation.py);
 - a named function (``{"type": "function", "function": {"name": ...}}``): the output is
   constrained to the function's parameters schema (structured outputs) and returned as one call
   whose arguments are the output;
@@ -37,41 +37,6 @@ _HERMES = re.compile(re.escape(HERMES_OPEN) + r"\s*(.*?)\s*(?:" + re.escape(HERM
 
 def new_call_id() -> str:
     return f"chatcmpl-tool-{uuid.uuid4().hex}"
-
-
-def _arguments(text: str) -> Any:
-    """A call's arguments for a template: the object its JSON text holds (the text itself when
-    it is not JSON)."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
-
-
-def template_messages(req: P.ChatCompletionRequest) -> list[dict]:
-    """The request's messages as the chat template takes them."""
-    out = []
-    for m in req.messages:
-        msg: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
-                               "content": m.text()}
-        if m.name:
-            msg["name"] = m.name
-        if m.tool_calls:
-            msg["tool_calls"] = [{"id": c.id, "type": "function",
-                                  "function": {"name": c.function.name,
-                                               "arguments": _arguments(c.function.arguments)}}
-                                 for c in m.tool_calls]
-        if m.tool_call_id is not None:
-            msg["tool_call_id"] = m.tool_call_id
-        out.append(msg)
-    return out
-
-
-def template_tools(req: P.ChatCompletionRequest) -> list[dict] | None:
-    """The tools the template renders (none when ``tool_choice`` is ``"none"``)."""
-    if not req.tools or req.tool_choice == "none":
-        return None
-    return [t.model_dump(exclude_none=True) for t in req.tools]
 
 
 def _parameters(tool: P.ChatTool) -> dict:

@@ -1,0 +1,180 @@
+"""vLLM's request extensions on the OpenAI endpoints, in process against a tiny checkpoint:
+``prompt_logprobs`` (each prompt token's log-probability, rank and the k most likely tokens, on
+/v1/completions per choice and on /v1/chat/completions once), and the chat template options
+``continue_final_message``, ``echo`` and ``chat_template_kwargs`` (also on /tokenize, which must
+count the prompt the chat endpoint runs)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("fastapi")
+
+from writescope.core import SamplingParams  # noqa: E402
+
+# reads enable_thinking (as Qwen3's does) so that chat_template_kwargs can be seen in the prompt
+TEMPLATE = ("{%- for m in messages -%}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+            "{%- endfor -%}"
+            "{%- if add_generation_prompt %}<|im_start|>assistant\n"
+            "{%- if enable_thinking is defined and enable_thinking is false %}"
+            "<think>\n\n</think>\n\n{% endif -%}{% endif -%}")
+CONV = [{"role": "user", "content": "Tell me about rivers."},
+        {"role": "assistant", "content": "Rivers are"}]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_qwen3_moe):
+    from writescope.engine.engine import LLMEngine
+    eng = LLMEngine(str(tiny_qwen3_moe), dtype="float32", device="cpu", max_model_len=1024)
+    eng.tokenizer.hf.chat_template = TEMPLATE
+    return eng
+
+
+@pytest.fixture(scope="module")
+def client(engine):
+    from starlette.testclient import TestClient
+    from writescope.server.api import create_app
+    with TestClient(create_app(engine)) as c:
+        yield c
+
+
+def _post(client, path, **body):
+    r = client.post(path, json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _solo(engine, ids, params):
+    """What the engine alone gives for these prompt ids (the oracle for the server's output)."""
+    engine.add_request("solo", ids, params)
+    last = None
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            last = out
+    return last
+
+
+def _check_dicts(entries, ids, out, k):
+    assert len(entries) == len(ids) and entries[0] is None
+    for i in range(1, len(ids)):
+        d = {int(t): v for t, v in entries[i].items()}
+        own = d[ids[i]]
+        assert own["logprob"] == pytest.approx(out.prompt_logprobs[i], abs=1e-5)
+        assert own["rank"] == out.prompt_ranks[i]
+        top = list(out.prompt_top_logprobs[i].items())[:k] if k else []
+        assert set(d) == {ids[i]} | {t for t, _ in top}
+        for r, (t, v) in enumerate(top, start=1):
+            if t != ids[i] or own["rank"] == r:
+                assert d[t]["rank"] == r and d[t]["logprob"] == pytest.approx(v, abs=1e-5)
+        assert all(isinstance(v["decoded_token"], str) for v in d.values())
+
+
+def test_completions_prompt_logprobs(client, engine):
+    """Per choice, the engine's own values in vLLM's shape; with echo + logprobs each keeps its
+    own k."""
+    ids = engine.tokenizer.encode("A quiet river runs under the old bridge")
+    body = _post(client, "/v1/completions", prompt=ids, max_tokens=3, temperature=0,
+                 prompt_logprobs=4, n=2)
+    want = _solo(engine, ids, SamplingParams(temperature=0, max_tokens=3, prompt_logprobs=4))
+    assert len(body["choices"]) == 2
+    for ch in body["choices"]:
+        _check_dicts(ch["prompt_logprobs"], ids, want, 4)
+    # 0: the prompt's own tokens only (with their ranks)
+    body = _post(client, "/v1/completions", prompt=ids, max_tokens=1, prompt_logprobs=0)
+    _check_dicts(body["choices"][0]["prompt_logprobs"], ids, want, 0)
+    # echo with logprobs 2 next to prompt_logprobs 4: each its own number of alternatives
+    body = _post(client, "/v1/completions", prompt=ids, max_tokens=2, temperature=0,
+                 echo=True, logprobs=2, prompt_logprobs=4)
+    ch = body["choices"][0]
+    _check_dicts(ch["prompt_logprobs"], ids, want, 4)
+    assert ch["logprobs"]["top_logprobs"][0] is None
+    assert all(len(d) <= 3 for d in ch["logprobs"]["top_logprobs"][1:])
+    assert ch["logprobs"]["token_logprobs"][1:len(ids)] == pytest.approx(
+        want.prompt_logprobs[1:], abs=1e-5)
+    # not asked: null
+    body = _post(client, "/v1/completions", prompt=ids, max_tokens=1)
+    assert body["choices"][0]["prompt_logprobs"] is None
+
+
+def test_chat_prompt_logprobs_once_per_response(client, engine):
+    body = _post(client, "/v1/chat/completions", messages=CONV[:1], max_tokens=2,
+                 temperature=0, prompt_logprobs=2, n=2)
+    ids = engine.tokenizer.apply_chat_template(CONV[:1])
+    want = _solo(engine, ids, SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=2))
+    assert body["usage"]["prompt_tokens"] == len(ids)
+    _check_dicts(body["prompt_logprobs"], ids, want, 2)
+
+
+@pytest.mark.parametrize("path,extra", [("/v1/completions", {"prompt": "x"}),
+                                        ("/v1/chat/completions", {"messages": CONV[:1]})])
+def test_prompt_logprobs_refused_when_streaming_or_out_of_range(client, path, extra):
+    for bad in ({"prompt_logprobs": 1, "stream": True}, {"prompt_logprobs": 21},
+                {"prompt_logprobs": -1}, {"prompt_logprobs": "2"}):
+        r = client.post(path, json={**extra, **bad})
+        assert r.status_code == 400, (bad, r.text)
+        assert r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_continue_final_message_and_echo(client, engine):
+    """The assistant's turn is left open and the answer continues it (the engine's own greedy
+    tokens on those prompt ids); echo puts the open turn's text before the answer, streamed
+    and not."""
+    tok = engine.tokenizer
+    open_ids = tok.apply_chat_template(CONV, add_generation_prompt=False,
+                                       continue_final_message=True)
+    closed_ids = tok.apply_chat_template(CONV, add_generation_prompt=False)
+    assert open_ids != closed_ids and tok.decode(open_ids).endswith("Rivers are")
+    body = _post(client, "/v1/chat/completions", messages=CONV, max_tokens=6, temperature=0,
+                 add_generation_prompt=False, continue_final_message=True)
+    assert body["usage"]["prompt_tokens"] == len(open_ids)
+    want = _solo(engine, open_ids, SamplingParams(temperature=0, max_tokens=6))
+    answer = body["choices"][0]["message"]["content"]
+    assert answer == want.text
+    echoed = _post(client, "/v1/chat/completions", messages=CONV, max_tokens=6, temperature=0,
+                   add_generation_prompt=False, continue_final_message=True, echo=True)
+    assert echoed["choices"][0]["message"]["content"] == "Rivers are" + answer
+    text = ""
+    with client.stream("POST", "/v1/chat/completions", json={
+            "messages": CONV, "max_tokens": 6, "temperature": 0, "stream": True, "echo": True,
+            "add_generation_prompt": False, "continue_final_message": True}) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                for ch in json.loads(line[6:])["choices"]:
+                    text += ch["delta"].get("content") or ""
+    assert text == "Rivers are" + answer
+    # echo where the last message is the user's and a new assistant turn starts: nothing echoed
+    plain = _post(client, "/v1/chat/completions", messages=CONV[:1], max_tokens=4, temperature=0)
+    again = _post(client, "/v1/chat/completions", messages=CONV[:1], max_tokens=4, temperature=0,
+                  echo=True)
+    assert again["choices"][0]["message"] == plain["choices"][0]["message"]
+
+
+def test_chat_template_kwargs_reach_the_template(client, engine):
+    tok = engine.tokenizer
+    base = _post(client, "/v1/chat/completions", messages=CONV[:1], max_tokens=1)
+    off = _post(client, "/v1/chat/completions", messages=CONV[:1], max_tokens=1,
+                chat_template_kwargs={"enable_thinking": False})
+    want = tok.apply_chat_template(CONV[:1], enable_thinking=False)
+    assert "<think>" in tok.decode(want)
+    assert off["usage"]["prompt_tokens"] == len(want) > base["usage"]["prompt_tokens"]
+    # /tokenize renders the same prompt as the chat endpoint
+    r = _post(client, "/tokenize", messages=CONV[:1], chat_template_kwargs={"enable_thinking": False})
+    assert r["tokens"] == want
+    r = _post(client, "/tokenize", messages=CONV, add_generation_prompt=False,
+              continue_final_message=True)
+    assert r["tokens"] == tok.apply_chat_template(CONV, add_generation_prompt=False,
+                                                  continue_final_message=True)
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/tokenize"])
+def test_template_options_refused(client, path):
+    for bad in ({"continue_final_message": True},  # with add_generation_prompt (default true)
+                {"chat_template_kwargs": {"chat_template": "{{ 'x' }}"}},
+                {"chat_template_kwargs": {"add_generation_prompt": False}},
+                {"chat_template_kwargs": ["enable_thinking"]}):
+        r = client.post(path, json={"messages": CONV, **bad})
+        assert r.status_code == 400, (bad, r.text)
+    r = client.post("/tokenize", json={"prompt": "x", "messages": CONV})
+    assert r.status_code == 400 and "either" in r.json()["error"]["message"]
