@@ -15,6 +15,7 @@ from conftest import hf_model
 from writescope import LLM, SamplingParams, StructuredOutputsParams as S
 from writescope.core import InvalidRequestError
 from writescope.layers.grammar import unpack
+from writescope.models.tokenizer import IncrementalDetokenizer
 
 llguidance = pytest.importorskip("llguidance")
 jsonschema = pytest.importorskip("jsonschema")
@@ -144,6 +145,41 @@ def test_constrained_rows_leave_free_rows_unchanged(tiny_qwen3_moe, monkeypatch)
     assert [o.token_ids for o in together] == [o.token_ids for o in alone]
     assert llm.engine.counters["engine.overlapped_steps"] > 0  # the free rows did overlap
     assert valid(params[1].structured_outputs, together[1].text)
+
+
+def test_constraint_starting_after_a_marker(tiny):
+    """``starts_after`` (a reasoning model's ``</think>``): the tokens up to the one whose text
+    completes the marker are the free run's (greedy), the text after the marker matches the
+    regex, and the request ends when the regex does; a marker that never comes leaves the
+    output free."""
+    vocab = tiny.engine.config.vocab_size
+    ids = prompt_ids(vocab, 24, 11)
+    (free,) = tiny.generate([ids], SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))
+    text = free.text
+    assert len(text) > 12
+    marker = text[4:9]  # a piece of the free text: the constraint starts once it is written
+    (out,) = tiny.generate([ids], SamplingParams(
+        temperature=0.0, max_tokens=80, structured_outputs=S(regex=REGEX, starts_after=marker)))
+    cut = out.text.index(marker) + len(marker)
+    # n: the tokens until the streamed text shows the marker (text ending in an incomplete
+    # UTF-8 character is held back until the next token)
+    detok, seen = IncrementalDetokenizer(tiny.tokenizer, ids), ""
+    for n, t in enumerate(free.token_ids, start=1):
+        seen += detok.add(t)
+        if marker in seen:
+            break
+    assert out.token_ids[:n] == free.token_ids[:n]
+    assert out.text[:cut] == text[:cut]
+    # the token completing the marker may carry a few characters more, outside the regex
+    after = tiny.tokenizer.decode(out.token_ids[n:])
+    assert re.fullmatch(REGEX, after), (out.text, after)
+    assert out.finish_reason == "stop"
+    (never,) = tiny.generate([ids], SamplingParams(
+        temperature=0.0, max_tokens=40, ignore_eos=True,
+        structured_outputs=S(regex=REGEX, starts_after="\x00never\x00")))
+    assert never.token_ids == free.token_ids
+    stats = tiny.stats()
+    assert stats["structured.rows_masked"] >= len(out.token_ids) - n
 
 
 def test_min_tokens_cannot_leave_a_row_without_tokens(tiny):

@@ -144,7 +144,7 @@ def test_auto_with_the_hermes_parser(client):
     # text without a block is plain content
     r = _chat(client, tools=TOOLS, guided_regex="No tools needed\\.")["choices"][0]
     assert r["message"] == {"role": "assistant", "content": "No tools needed.", "refusal": None,
-                            "tool_calls": []} and r["finish_reason"] == "stop"
+                            "tool_calls": [], "reasoning_content": None} and r["finish_reason"] == "stop"
 
 
 def test_auto_without_a_parser_and_bad_tool_requests_are_400(engine):

@@ -40,6 +40,10 @@ class StructuredOutputsParams:
     #: the whitespace a JSON value may hold between its tokens, as a regex (None: none, the
     #: compact form ``{"a":1,"b":[2,3]}``)
     whitespace_pattern: str | None = None
+    #: the constraint holds from the token after the output's text first contains this string
+    #: (a reasoning model's end of thinking, ``"</think>"``: the model thinks freely, then
+    #: answers in the format); None: from the first token
+    starts_after: str | None = None
 
     def __post_init__(self) -> None:
         if self.choice is not None:
@@ -57,7 +61,7 @@ class StructuredOutputsParams:
         if self.json is not None and not isinstance(self.json, (dict, str)):
             raise InvalidRequestError("structured outputs: json must be a JSON schema (an object "
                                       "or its JSON text)")
-        for name in ("regex", "grammar", "whitespace_pattern"):
+        for name in ("regex", "grammar", "whitespace_pattern", "starts_after"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, str) or not v):
                 raise InvalidRequestError(f"structured outputs: {name} must be a non-empty string")

@@ -15,6 +15,8 @@ import sys
 
 #: server/tools.py's PARSERS (not imported here: the CLI starts without pydantic)
 TOOL_PARSERS = ("hermes",)
+#: server/reasoning.py's PARSERS
+REASONING_PARSERS = ("deepseek_r1", "qwen3")
 
 
 def register(subparsers) -> None:
@@ -47,6 +49,12 @@ def register(subparsers) -> None:
                         "without it only 'none', 'required' and named functions are served")
     g.add_argument("--enable-auto-tool-choice", action="store_true",
                    help="vLLM's flag, accepted for compatibility: --tool-call-parser enables it")
+    g.add_argument("--reasoning-parser", choices=list(REASONING_PARSERS), default=None,
+                   help="return a thinking model's <think>...</think> as the chat message's "
+                        "reasoning_content, apart from its content (qwen3: Qwen3, reasoning "
+                        "when the output or the prompt opens <think>; deepseek_r1: reasoning "
+                        "until </think>); a response_format or forced tool call then holds "
+                        "after the reasoning")
     p.set_defaults(func=run)
 
 
@@ -100,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
               f"(max_model_len {engine.max_model_len})", flush=True)
 
     app = create_app(engine, served_model_names=args.served_model_name, api_key=args.api_key,
-                     on_ready=ready, engine_thread=owner, tool_call_parser=args.tool_call_parser)
+                     on_ready=ready, engine_thread=owner, tool_call_parser=args.tool_call_parser,
+                     reasoning_parser=args.reasoning_parser)
     config = uvicorn.Config(app, host=host, port=port, log_level=args.log_level,
                             access_log=not args.no_access_log, lifespan="on",
                             timeout_graceful_shutdown=10.0)  # backstop after our own grace

@@ -664,6 +664,8 @@ class LLMEngine:
         detok = self._detok.get(req.request_id)
         new = detok.add(tok) if detok is not None else ""
         req.text += new
+        if p.structured_outputs is not None and new:
+            self.grammars.text_grew(req.seq_id, req.text, len(new))
         early = len(req.output_token_ids) < p.min_tokens  # no stop before min_tokens (vLLM)
         if p.stop and new and not early:
             for s in p.stop:  # only where this token's text can have completed a stop string

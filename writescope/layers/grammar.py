@@ -9,7 +9,10 @@ token sampled. Here the bitmasks of a step's constrained rows are computed toget
 processors: a masked token's score is -inf, so greedy and sampled rows alike pick an allowed
 token. Log-probabilities stay the model's own (as the rest of the sampler's). A request ends
 when its matcher has nothing more to accept (``is_stopped``: the JSON value is closed, the regex
-cannot grow), without waiting for the model to choose EOS.
+cannot grow), without waiting for the model to choose EOS. A constraint with ``starts_after``
+(a reasoning model's ``</think>``) waits: its request samples freely until its text contains
+that string, and the matcher takes the tokens after it (vLLM's structured outputs with a
+reasoning parser).
 
 Grammars are compiled once per distinct constraint (a matcher in its start state, cached; each
 request gets a copy), and the tokenizer is converted once per engine, on the first constrained
@@ -111,6 +114,8 @@ class Grammars:
         self._executor = None
         self._compiled: OrderedDict[str, Any] = OrderedDict()
         self._matchers: dict[int, Any] = {}
+        #: requests whose constraint has not started: {seq id: the string that starts it}
+        self._waiting: dict[int, str] = {}
         #: :meth:`prepare` may run on another thread (the server compiles off the engine's)
         self._lock = threading.Lock()
         #: host seconds spent on masks (computing the bitmasks, applying them) and rows masked
@@ -157,11 +162,26 @@ class Grammars:
         return start
 
     def admit(self, seq_id: int, so: StructuredOutputsParams) -> None:
-        """Give ``seq_id`` a matcher of ``so`` in its start state (:meth:`prepare`)."""
+        """Give ``seq_id`` a matcher of ``so`` in its start state (:meth:`prepare`), waiting
+        for ``so.starts_after`` where it has one."""
         self._matchers[seq_id] = self.prepare(so).deep_copy()
+        if so.starts_after:
+            self._waiting[seq_id] = so.starts_after
 
     def forget(self, seq_id: int) -> None:
         self._matchers.pop(seq_id, None)
+        self._waiting.pop(seq_id, None)
+
+    def active(self, seq_id: int) -> bool:
+        """Whether ``seq_id``'s next token is masked (its constraint has started)."""
+        return seq_id in self._matchers and seq_id not in self._waiting
+
+    def text_grew(self, seq_id: int, text: str, new: int) -> None:
+        """``seq_id``'s output text is now ``text``, its last ``new`` characters just added: a
+        waiting constraint starts once the text holds its ``starts_after`` string."""
+        marker = self._waiting.get(seq_id)
+        if marker is not None and text.find(marker, max(0, len(text) - new - len(marker) + 1)) >= 0:
+            del self._waiting[seq_id]
 
     # ------------------------------------------------------------------ a step
     def bitmasks(self, seq_ids: list[int]) -> torch.Tensor:
@@ -202,8 +222,8 @@ class Grammars:
         return out
 
     def accept(self, seq_id: int, token: int) -> None:
-        """``token`` was sampled for ``seq_id``: advance its matcher."""
-        m = self._matchers.get(seq_id)
+        """``token`` was sampled for ``seq_id``: advance its matcher (if it has started)."""
+        m = self._matchers.get(seq_id) if seq_id not in self._waiting else None
         if m is not None and not m.consume_token(token):
             log.warning("structured outputs: sequence %d's token %d was not accepted: %s",
                         seq_id, token, m.get_error())
@@ -211,4 +231,4 @@ class Grammars:
     def done(self, seq_id: int) -> bool:
         """Whether ``seq_id``'s text is complete (its matcher accepts nothing more, or failed)."""
         m = self._matchers.get(seq_id)
-        return m is not None and m.is_stopped()
+        return m is not None and seq_id not in self._waiting and m.is_stopped()

@@ -83,7 +83,8 @@ class Sampler:
     def _constrained(self, requests: list[Request] | None) -> list[int]:
         if not requests or self.grammars is None:
             return []
-        return [i for i, r in enumerate(requests) if r.params.constrained]
+        return [i for i, r in enumerate(requests)
+                if r.params.constrained and self.grammars.active(r.seq_id)]
 
     def _scores(self, logits: torch.Tensor, requests: list[Request] | None) -> torch.Tensor:
         """The logits tokens are picked from: after the processors, then the grammars' masks."""

@@ -54,7 +54,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..core import InvalidRequestError, SamplingParams
 from . import protocol as P
-from . import conversation, tokenize, tools
+from . import conversation, reasoning, tokenize, tools
+from .chat_output import ChatOutput
 from .metrics import CONTENT_TYPE, ServerMetrics
 
 log = logging.getLogger("writescope.server")
@@ -533,12 +534,15 @@ class OpenAIServer:
     def __init__(self, engine: Any, served_model_names: Sequence[str] | None = None,
                  api_key: str | None = None, metrics: ServerMetrics | None = None,
                  max_body_bytes: int = MAX_BODY_BYTES, engine_thread: Any = None,
-                 tool_call_parser: str | None = None) -> None:
+                 tool_call_parser: str | None = None, reasoning_parser: str | None = None
+                 ) -> None:
         if tool_call_parser is not None and tool_call_parser not in tools.PARSERS:
             raise ValueError(f"unknown tool-call parser {tool_call_parser!r}: "
                              f"known: {', '.join(tools.PARSERS)}")
         #: reads tool calls out of the model's text for tool_choice 'auto' (server/tools.py)
         self.tool_call_parser = tool_call_parser
+        #: splits a thinking model's reasoning from its answer (server/reasoning.py)
+        self.reasoning_parser = reasoning.get(reasoning_parser)
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.model_names = list(served_model_names or [engine.model_name])
@@ -826,19 +830,36 @@ class OpenAIServer:
         forced = tools.constraint(req)
         if forced is not None:
             params = [dataclasses.replace(p, structured_outputs=forced) for p in params]
+        out = self._chat_output(req, mode, ids)
+        if out.may_reason:  # the model thinks first, then the format holds
+            params = [p if p.structured_outputs is None else dataclasses.replace(
+                p, structured_outputs=dataclasses.replace(p.structured_outputs,
+                                                          starts_after=out.parser.end))
+                for p in params]
         gen = _Generation(self, choices, params, arrival, req.num_choices)
         return await self._respond(
-            request, gen, req.stream, lambda: self._chat_stream(gen, req, base, model, mode),
+            request, gen, req.stream, lambda: self._chat_stream(gen, req, base, model, out),
             lambda: P.ChatCompletionResponse(
                 id=base, model=model, usage=gen.usage(),
                 choices=[P.ChatChoice(
-                    index=c.index, message=_echoed(req, message), finish_reason=reason,
+                    index=c.index, message=message, finish_reason=reason,
                     logprobs=self._chat_logprobs(c, 0, len(c.token_ids), req.top_logprobs)
                     if req.logprobs else None)
                     for c in gen.choices
-                    for message, reason in [_message_of(req, mode, c)]],
+                    for message, reason in [out.message(c)]],
                 prompt_logprobs=self._prompt_logprob_dicts(gen.choices[0], req.prompt_logprobs)
                 if req.prompt_logprobs is not None else None))
+
+    def _chat_output(self, req: P.ChatCompletionRequest, mode: str | None,
+                     ids: list[int]) -> ChatOutput:
+        """How the request's choices become messages: tools (``mode``) and, with a reasoning
+        parser, whether the prompt opened the model's thinking or closed it (the template's
+        last characters)."""
+        parser = self.reasoning_parser
+        if parser is None:
+            return ChatOutput(req, mode)
+        return ChatOutput(req, mode, parser,
+                          self.tokenizer.decode(ids[-16:], skip_special_tokens=False))
 
     def _tool_mode(self, req: P.ChatCompletionRequest) -> str | None:
         """How the chat's output relates to tools (server/tools.py): ``"forced"`` (a named
@@ -871,7 +892,7 @@ class OpenAIServer:
         return P.ChatChoiceLogprobs(content=items)
 
     async def _chat_stream(self, gen: _Generation, req: P.ChatCompletionRequest, rid: str,
-                           model: str, mode: str | None = None) -> AsyncIterator[str]:
+                           model: str, out: ChatOutput) -> AsyncIterator[str]:
         holdback = max((len(s) for s in req.stop_list), default=1) - 1
         usage_every = bool(req.stream_options and req.stream_options.continuous_usage_stats)
         created = P.now_s()
@@ -890,11 +911,10 @@ class OpenAIServer:
                 if echoed:
                     yield chunk([P.ChatStreamChoice(index=c.index,
                                                     delta=P.ChatDelta(content=echoed))])
-            calls = _ToolStream(req, mode)
-            async for c, piece, start, end in _deltas(gen, holdback):
+            async for c, _piece, start, end in _deltas(gen, holdback):
                 logprobs = (self._chat_logprobs(c, start, end, req.top_logprobs)
                             if req.logprobs else None)
-                delta, reason = calls.delta(c, piece)
+                delta, reason = out.delta(c)
                 if delta is None and logprobs is None and reason is None:
                     continue
                 yield chunk([P.ChatStreamChoice(index=c.index, delta=delta or P.ChatDelta(),
@@ -935,79 +955,6 @@ class OpenAIServer:
         return P.ModelList(data=[P.ModelCard(id=n, root=getattr(self.engine, "model_name", n),
                                              max_model_len=self.max_model_len)
                                  for n in self.model_names])
-
-
-class _ToolStream:
-    """What a streamed chat choice sends, given how its output relates to tools: plain text;
-    a named function's arguments as they come (the first delta with the call's id and name);
-    'required' calls once the array is complete; or, with the parser ('auto'), the content up
-    to the first tool-call tag as it comes and the calls when the output finishes."""
-
-    def __init__(self, req: P.ChatCompletionRequest, mode: str | None):
-        self.req, self.mode = req, mode
-        self.named = mode == "forced" and isinstance(req.tool_choice, P.NamedToolChoice)
-        self.call_id: dict[int, str] = {}
-        self.content_sent: dict[int, int] = {}
-
-    def delta(self, c: "_Choice", piece: str) -> tuple[P.ChatDelta | None, str | None]:
-        if self.mode is None:
-            return (P.ChatDelta(content=piece) if piece else None), c.finish_reason
-        if self.named:
-            if not piece:
-                return None, c.finish_reason
-            first = c.index not in self.call_id
-            cid = self.call_id.setdefault(c.index, tools.new_call_id())
-            fn = P.DeltaFunctionCall(name=self.req.tool_choice.function.name if first else None,
-                                     arguments=piece)
-            return P.ChatDelta(tool_calls=[P.DeltaToolCall(
-                index=0, id=cid if first else None, type="function" if first else None,
-                function=fn)]), c.finish_reason
-        sent = self.content_sent.get(c.index, 0)
-        text = c.text[:c.sent_text]
-        if self.mode == "auto":  # content before the first tool-call tag, as it comes
-            end = tools.hermes_content_end(text, c.finished and c.sent_text == len(c.text))
-            content = text[sent:end] if end > sent else ""
-            self.content_sent[c.index] = max(sent, end)
-        else:
-            content = ""
-        if not c.finished:
-            return (P.ChatDelta(content=content) if content else None), None
-        message, reason = _message_of(self.req, self.mode, c)
-        if not message.tool_calls:  # no calls after all: the rest is content
-            rest = c.text[self.content_sent.get(c.index, 0):] if self.mode == "auto" else c.text
-            return (P.ChatDelta(content=content + rest) if content + rest else None), reason
-        return P.ChatDelta(content=content or None, tool_calls=[
-            P.DeltaToolCall(index=i, id=t.id, type="function", function=P.DeltaFunctionCall(
-                name=t.function.name, arguments=t.function.arguments))
-            for i, t in enumerate(message.tool_calls)]), reason
-
-
-def _echoed(req: P.ChatCompletionRequest, message: P.ChatResponseMessage
-            ) -> P.ChatResponseMessage:
-    """``echo``: the last message's content before the answer's (vLLM's extension)."""
-    head = req.echoed()
-    if head:
-        message.content = head + (message.content or "")
-    return message
-
-
-def _message_of(req: P.ChatCompletionRequest, mode: str | None, c: "_Choice"
-                ) -> tuple[P.ChatResponseMessage, str | None]:
-    """A finished choice's message (its text, or the tool calls it holds) and finish reason
-    (``tool_calls`` where the model chose to call tools or had to list them, as OpenAI's)."""
-    if mode == "forced":
-        calls = tools.forced_calls(req, c.text)
-        if calls is None:
-            return P.ChatResponseMessage(content=c.text), c.finish_reason
-        named = isinstance(req.tool_choice, P.NamedToolChoice)
-        reason = c.finish_reason if named or c.finish_reason != "stop" else "tool_calls"
-        return P.ChatResponseMessage(content=None, tool_calls=calls), reason
-    if mode == "auto":
-        content, calls = tools.parse_hermes(c.text)
-        if calls:
-            reason = "tool_calls" if c.finish_reason == "stop" else c.finish_reason
-            return P.ChatResponseMessage(content=content, tool_calls=calls), reason
-    return P.ChatResponseMessage(content=c.text), c.finish_reason
 
 
 async def _deltas(gen: "_Generation", holdback: int):
@@ -1094,13 +1041,15 @@ class GracefulServer(uvicorn.Server):
 def create_app(engine: Any, *, served_model_names: Sequence[str] | None = None,
                api_key: str | None = None, on_ready: Callable[[], None] | None = None,
                max_body_bytes: int = MAX_BODY_BYTES, engine_thread: Any = None,
-               tool_call_parser: str | None = None) -> FastAPI:
+               tool_call_parser: str | None = None,
+               reasoning_parser: str | None = None) -> FastAPI:
     """The FastAPI app serving ``engine`` (an :class:`~writescope.engine.engine.LLMEngine` or
     anything with its interface). The engine loop starts and stops with the app's lifespan.
     ``engine_thread``: the :class:`~writescope.server.owner.EngineThread` that built the engine,
     which then steps it (else the loop starts a thread of its own)."""
     server = OpenAIServer(engine, served_model_names, api_key, max_body_bytes=max_body_bytes,
-                          engine_thread=engine_thread, tool_call_parser=tool_call_parser)
+                          engine_thread=engine_thread, tool_call_parser=tool_call_parser,
+                          reasoning_parser=reasoning_parser)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

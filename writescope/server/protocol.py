@@ -562,6 +562,8 @@ class ChatResponseMessage(BaseModel):
     content: Optional[str] = None
     refusal: Optional[str] = None
     tool_calls: list[ToolCall] = Field(default_factory=list)
+    #: the model's thinking (``--reasoning-parser``; DeepSeek's and vLLM's field)
+    reasoning_content: Optional[str] = None
 
 
 class _NoNulls(BaseModel):
@@ -605,6 +607,7 @@ class ChatCompletionResponse(BaseModel):
 class ChatDelta(_NoNulls):
     role: Optional[Literal["assistant"]] = None
     content: Optional[str] = None
+    reasoning_content: Optional[str] = None
     tool_calls: Optional[list[DeltaToolCall]] = None
 
 

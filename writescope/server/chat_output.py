@@ -1,0 +1,118 @@
+"""What a chat choice's text becomes: the reasoning split off (server/reasoning.py, with
+``--reasoning-parser``), the content read for tool calls (server/tools.py) and, with ``echo``,
+prefixed by the last message's text -- as one message when the choice ends, or as deltas while
+it streams. The deltas are the final message cut up: each piece is computed from the text sent
+so far, so a stream and a whole response of the same tokens say the same."""
+from __future__ import annotations
+
+from typing import Any
+
+from . import protocol as P
+from . import tools
+from .reasoning import ReasoningParser
+
+
+class ChatOutput:
+    """One chat request's choices, from text to messages or deltas. ``mode``: how the output
+    relates to tools -- None (plain text), ``"forced"`` (a named function or 'required') or
+    ``"auto"`` (the hermes parser reads the text); ``parser``: the reasoning parser, and
+    ``prompt_tail`` the prompt's last characters (where a template opens or closes the model's
+    thinking)."""
+
+    def __init__(self, req: P.ChatCompletionRequest, mode: str | None,
+                 parser: ReasoningParser | None = None, prompt_tail: str = "") -> None:
+        self.req, self.mode, self.parser = req, mode, parser
+        #: whether the output starts inside the reasoning
+        self.opened = parser is not None and parser.opened(prompt_tail)
+        #: whether the output may hold reasoning (a constraint on it then starts after it)
+        self.may_reason = parser is not None and parser.may_reason(prompt_tail)
+        self.named = mode == "forced" and isinstance(req.tool_choice, P.NamedToolChoice)
+        self.call_id: dict[int, str] = {}
+        self.reasoning_sent: dict[int, int] = {}
+        self.content_seen: dict[int, int] = {}  # content characters handed to the tool logic
+        self.content_sent: dict[int, int] = {}  # 'auto': content characters sent as content
+
+    def parts(self, text: str, finished: bool) -> tuple[str | None, str]:
+        """(reasoning or None, content) of a choice's text."""
+        if self.parser is None:
+            return None, text
+        return self.parser.split(text, self.opened, finished)
+
+    # -- a whole message -------------------------------------------------------------------------
+    def message(self, c: Any, echo: bool = True) -> tuple[P.ChatResponseMessage, str | None]:
+        """A finished choice's message and finish reason (``tool_calls`` where the model chose
+        to call tools or had to list them, as OpenAI's)."""
+        reasoning, content = self.parts(c.text, True)
+        msg, reason = self._content_message(content, c.finish_reason)
+        msg.reasoning_content = reasoning
+        if reasoning is not None and not msg.content:
+            msg.content = None  # all thinking (cut short by max_tokens), or calls only
+        head = self.req.echoed() if echo else ""
+        if head:
+            msg.content = head + (msg.content or "")
+        return msg, reason
+
+    def _content_message(self, text: str, finish_reason: str | None
+                         ) -> tuple[P.ChatResponseMessage, str | None]:
+        if self.mode == "forced":
+            calls = tools.forced_calls(self.req, text)
+            if calls is None:
+                return P.ChatResponseMessage(content=text), finish_reason
+            named = isinstance(self.req.tool_choice, P.NamedToolChoice)
+            reason = finish_reason if named or finish_reason != "stop" else "tool_calls"
+            return P.ChatResponseMessage(content=None, tool_calls=calls), reason
+        if self.mode == "auto":
+            content, calls = tools.parse_hermes(text)
+            if calls:
+                reason = "tool_calls" if finish_reason == "stop" else finish_reason
+                return P.ChatResponseMessage(content=content, tool_calls=calls), reason
+        return P.ChatResponseMessage(content=text), finish_reason
+
+    # -- a stream --------------------------------------------------------------------------------
+    def delta(self, c: Any) -> tuple[P.ChatDelta | None, str | None]:
+        """What choice ``c`` sends now (None: nothing) and its finish reason once it ended: the
+        new reasoning, then the new content (plain; a named function's arguments as they come;
+        with 'auto', the content before the first tool-call tag as it comes; 'required' and
+        'auto' calls when the output ends)."""
+        i = c.index
+        reasoning, content = self.parts(c.text[:c.sent_text], c.finished)
+        new_reasoning = (reasoning or "")[self.reasoning_sent.get(i, 0):]
+        self.reasoning_sent[i] = len(reasoning or "")
+        piece = content[self.content_seen.get(i, 0):]
+        self.content_seen[i] = len(content)
+        d, reason = self._content_delta(c, content, piece)
+        if new_reasoning:
+            d = d or P.ChatDelta()
+            d.reasoning_content = new_reasoning
+        return d, reason
+
+    def _content_delta(self, c: Any, content: str, piece: str
+                       ) -> tuple[P.ChatDelta | None, str | None]:
+        if self.mode is None:
+            return (P.ChatDelta(content=piece) if piece else None), c.finish_reason
+        if self.named:
+            if not piece:
+                return None, c.finish_reason
+            first = c.index not in self.call_id
+            cid = self.call_id.setdefault(c.index, tools.new_call_id())
+            fn = P.DeltaFunctionCall(name=self.req.tool_choice.function.name if first else None,
+                                     arguments=piece)
+            return P.ChatDelta(tool_calls=[P.DeltaToolCall(
+                index=0, id=cid if first else None, type="function" if first else None,
+                function=fn)]), c.finish_reason
+        sent = self.content_sent.get(c.index, 0)
+        out = ""
+        if self.mode == "auto":  # content before the first tool-call tag, as it comes
+            end = tools.hermes_content_end(content, c.finished)
+            out = content[sent:end] if end > sent else ""
+            self.content_sent[c.index] = sent = max(sent, end)
+        if not c.finished:
+            return (P.ChatDelta(content=out) if out else None), None
+        message, reason = self.message(c, echo=False)
+        if not message.tool_calls:  # no calls after all: the rest is content
+            rest = content[sent:] if self.mode == "auto" else content
+            return (P.ChatDelta(content=out + rest) if out + rest else None), reason
+        return P.ChatDelta(content=out or None, tool_calls=[
+            P.DeltaToolCall(index=k, id=t.id, type="function", function=P.DeltaFunctionCall(
+                name=t.function.name, arguments=t.function.arguments))
+            for k, t in enumerate(message.tool_calls)]), reason
