@@ -148,6 +148,13 @@ def test_cli_errors_are_clear(tmp_path):
     r = subprocess.run([sys.executable, "-m", "writescope.cli", "generate", "--model", str(tmp_path / "none"),
                         "--prompt", "x"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and "error:" in r.stderr and "Traceback" not in r.stderr
+    base = [sys.executable, "-m", "writescope.cli", "generate", "--prompt", "x", "--chat"]
+    r = subprocess.run(base + ["--chat-template-kwargs", "[1]"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "must be a JSON object" in r.stderr
+    r = subprocess.run(base[:-1] + ["--chat-template-kwargs", "{}"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 1 and "needs --chat" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_cli_generate_default_model_fresh_cache(tmp_path):

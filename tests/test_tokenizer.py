@@ -78,6 +78,24 @@ def test_chat_template(tok):
     assert tok.hf.chat_template == CHAT_TEMPLATE
 
 
+def test_chat_template_options(tok):
+    """continue_final_message leaves the last turn open (no end of turn after it); template
+    variables reach the template; apply_chat_template's own names cannot be variables."""
+    msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello, I"}]
+    text = tok.render_chat(msgs, add_generation_prompt=False, continue_final_message=True)
+    assert text.endswith("<|im_start|>assistant\nHello, I")
+    with pytest.raises(TokenizerError, match="cannot both"):
+        tok.render_chat(msgs, continue_final_message=True)
+    with pytest.raises(TokenizerError, match="tokenize"):
+        tok.render_chat(msgs, tokenize=True)
+    saved = tok.hf.chat_template
+    try:
+        tok.hf.chat_template = "{{ greeting }} {{ messages[0]['content'] }}"
+        assert tok.render_chat(msgs[:1], greeting="Hey") == "Hey Hi"
+    finally:
+        tok.hf.chat_template = saved
+
+
 def test_no_chat_template_is_a_clear_error(tok_dir, tmp_path):
     d = tmp_path / "plain"
     shutil.copytree(tok_dir, d)

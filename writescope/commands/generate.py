@@ -17,6 +17,9 @@ def register(sub) -> None:
     src.add_argument("--prompt", help="the prompt text")
     src.add_argument("--prompts-file", help='JSONL: one {"prompt": "..."} (or a plain string) per line')
     p.add_argument("--chat", action="store_true", help="wrap prompts in the model's chat template")
+    p.add_argument("--chat-template-kwargs", type=_template_kwargs, default=None, metavar="JSON",
+                   help='variables the chat template reads, as a JSON object (with --chat), '
+                        'e.g. \'{"enable_thinking": false}\' for Qwen3')
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -71,6 +74,16 @@ def _file_or_text(v: str) -> str:
     return v
 
 
+def _template_kwargs(text: str) -> dict:
+    try:
+        v = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({e})") from None
+    if not isinstance(v, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return v
+
+
 def structured_outputs(args: argparse.Namespace):
     """The constraint the flags ask for, or None."""
     from ..core import InvalidRequestError, StructuredOutputsParams
@@ -121,9 +134,12 @@ def run(args: argparse.Namespace) -> int:
     if params.structured_outputs is not None:
         from ..layers.grammar import check
         check(params.structured_outputs)
+    if args.chat_template_kwargs is not None and not args.chat:
+        raise ValueError("--chat-template-kwargs needs --chat")
     llm = LLM(**engine_kwargs(args), show_progress=True)
     if args.chat:
-        prompts = [llm.tokenizer.apply_chat_template([{"role": "user", "content": p}])
+        prompts = [llm.tokenizer.apply_chat_template([{"role": "user", "content": p}],
+                                                     **(args.chat_template_kwargs or {}))
                    if isinstance(p, str) else p for p in prompts]
     t0 = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=True)

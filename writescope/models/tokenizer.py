@@ -19,6 +19,13 @@ from typing import Any, Iterable, Sequence
 
 REPLACEMENT_CHAR = "\ufffd"
 
+#: apply_chat_template's own parameters: template variables (``chat_template_kwargs``) cannot
+#: take these names
+RESERVED_TEMPLATE_KWARGS = frozenset((
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length",
+    "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"))
+
 
 class TokenizerError(ValueError):
     """A checkpoint whose tokenizer cannot be loaded or used as asked."""
@@ -101,6 +108,9 @@ class Tokenizer:
         if add_generation_prompt and continue_final_message:
             raise TokenizerError("continue_final_message and add_generation_prompt cannot both "
                                  "be true")
+        bad = sorted(set(template_kwargs) & RESERVED_TEMPLATE_KWARGS)
+        if bad:
+            raise TokenizerError(f"chat template variables cannot be named {', '.join(bad)}")
         return self.hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
                                            tokenize=False, tools=tools,
                                            continue_final_message=continue_final_message,

@@ -22,6 +22,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_valid
                       model_serializer, model_validator)
 
 from ..core import MAX_LOGPROBS, InvalidRequestError, SamplingParams, StructuredOutputsParams
+from ..models.tokenizer import RESERVED_TEMPLATE_KWARGS
 
 MAX_CHOICES = 16       # n
 MAX_SUBREQUESTS = 128  # prompts x n in one completions call
@@ -335,13 +336,6 @@ class NamedFunction(_Strict):
 class NamedToolChoice(_Strict):
     type: Literal["function"]
     function: NamedFunction
-
-
-#: apply_chat_template's own parameters: ``chat_template_kwargs`` reaches the template only
-RESERVED_TEMPLATE_KWARGS = frozenset((
-    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
-    "continue_final_message", "tokenize", "padding", "truncation", "max_length",
-    "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"))
 
 
 class ChatTemplateFields(_Strict):
