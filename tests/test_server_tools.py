@@ -139,7 +139,11 @@ def test_auto_with_the_hermes_parser(client):
     assert "".join(d.get("content") or "" for d in deltas) == "Let me look."
     assert not any("<tool" in (d.get("content") or "") for d in deltas)
     streamed = [t for d in deltas for t in d.get("tool_calls", [])]
-    assert [t["function"]["name"] for t in streamed] == ["get_weather"]
+    # the call's id and name once, then its arguments piece by piece as the model writes them
+    assert [t["function"].get("name") for t in streamed] == ["get_weather"] + [None] * (
+        len(streamed) - 1) and len(streamed) > 3
+    assert {t["index"] for t in streamed} == {0} and "id" in streamed[0]
+    assert "".join(t["function"]["arguments"] for t in streamed) == call["function"]["arguments"]
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
     # text without a block is plain content
     r = _chat(client, tools=TOOLS, guided_regex="No tools needed\\.")["choices"][0]
@@ -191,6 +195,32 @@ def test_hermes_parsing_edge_cases():
     assert tools.hermes_content_end("abc<tool", False) == 3
     assert tools.hermes_content_end("abc<tool", True) == 8
     assert tools.hermes_content_end("ab<tool_call>{", False) == 2
+
+
+def test_hermes_calls_stream_as_the_text_grows():
+    """Every prefix of a two-call text: names never change, arguments only grow, and the last
+    prefix gives the calls parse_hermes returns (arguments as written, spacing kept); the
+    incremental reader agrees with a fresh one on every prefix."""
+    text = ('Sure.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Ro}m\\"e", '
+            '"days": [1, 2]}}\n</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": '
+            '{"zone":"UTC"}}\n</tool_call>')
+    prev: list = []
+    stream = tools.HermesCallStream()  # reads each added piece once: the same answers
+    for k in range(len(text) + 1):
+        now = tools.hermes_partial_calls(text[:k])
+        assert stream.update(text[:k]) == now
+        assert len(now) >= len(prev)
+        for (n0, a0, _), (n1, a1, _) in zip(prev, now):
+            assert n0 == n1 and a1.startswith(a0)
+        prev = now
+    _, calls = tools.parse_hermes(text)
+    assert [(n, a) for n, a, done in prev if done] == [
+        (c.function.name, c.function.arguments) for c in calls]
+    assert calls[1].function.arguments == '{"zone":"UTC"}'
+    assert tools.json_value_end("12}", 0) == 2 and tools.json_value_end('"a\\"b" x', 0) == 6
+    assert tools.json_value_end('{"a": [1, {"b": "}"}]', 0) is None
+    # another key order: not streamed piece by piece (the calls come when the output ends)
+    assert tools.hermes_partial_calls('<tool_call>{"arguments": {}, "name": "a"}') == []
 
 
 def test_serve_knows_the_parsers_the_server_has():

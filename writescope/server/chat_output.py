@@ -31,6 +31,10 @@ class ChatOutput:
         self.reasoning_sent: dict[int, int] = {}
         self.content_seen: dict[int, int] = {}  # content characters handed to the tool logic
         self.content_sent: dict[int, int] = {}  # 'auto': content characters sent as content
+        #: 'auto': per choice, the calls streamed so far: [id, arguments sent], and the
+        #: scanner reading them out of the growing content
+        self.calls_sent: dict[int, list[list[str]]] = {}
+        self.call_scans: dict[int, tools.HermesCallStream] = {}
 
     def parts(self, text: str, finished: bool) -> tuple[str | None, str]:
         """(reasoning or None, content) of a choice's text."""
@@ -102,17 +106,40 @@ class ChatOutput:
                 function=fn)]), c.finish_reason
         sent = self.content_sent.get(c.index, 0)
         out = ""
+        streamed = self.calls_sent.setdefault(c.index, [])
+        calls: list[P.DeltaToolCall] = []
         if self.mode == "auto":  # content before the first tool-call tag, as it comes
             end = tools.hermes_content_end(content, c.finished)
             out = content[sent:end] if end > sent else ""
             self.content_sent[c.index] = sent = max(sent, end)
         if not c.finished:
-            return (P.ChatDelta(content=out) if out else None), None
+            if self.mode == "auto":  # each call's name once written, its arguments as they come
+                scan = self.call_scans.setdefault(c.index, tools.HermesCallStream())
+                for k, (name, args, _) in enumerate(scan.update(content)):
+                    calls += self._call_delta(streamed, k, name, args)
+            if not out and not calls:
+                return None, None
+            return P.ChatDelta(content=out or None, tool_calls=calls or None), None
         message, reason = self.message(c, echo=False)
         if not message.tool_calls:  # no calls after all: the rest is content
             rest = content[sent:] if self.mode == "auto" else content
             return (P.ChatDelta(content=out + rest) if out + rest else None), reason
-        return P.ChatDelta(content=out or None, tool_calls=[
-            P.DeltaToolCall(index=k, id=t.id, type="function", function=P.DeltaFunctionCall(
-                name=t.function.name, arguments=t.function.arguments))
-            for k, t in enumerate(message.tool_calls)]), reason
+        for k, t in enumerate(message.tool_calls):
+            calls += self._call_delta(streamed, k, t.function.name, t.function.arguments, t.id)
+        return P.ChatDelta(content=out or None, tool_calls=calls or None), reason
+
+    @staticmethod
+    def _call_delta(streamed: list[list[str]], k: int, name: str, args: str,
+                    call_id: str | None = None) -> list[P.DeltaToolCall]:
+        """Call ``k``'s delta: its id, name and arguments so far the first time, then the
+        arguments' new text (none where they are not a continuation of what was sent)."""
+        if k >= len(streamed):
+            streamed.append([call_id or tools.new_call_id(), args])
+            return [P.DeltaToolCall(index=k, id=streamed[k][0], type="function",
+                                    function=P.DeltaFunctionCall(name=name, arguments=args))]
+        before = streamed[k][1]
+        if len(args) <= len(before) or not args.startswith(before):
+            return []
+        streamed[k][1] = args
+        return [P.DeltaToolCall(index=k, function=P.DeltaFunctionCall(
+            arguments=args[len(before):]))]

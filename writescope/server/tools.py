@@ -14,7 +14,9 @@ makes them:
 - ``"auto"`` (OpenAI's default when tools are given): the model decides, and a tool-call parser
   reads its text. The one parser here, ``hermes`` (``writescope serve --tool-call-parser
   hermes``), reads ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks, the
-  format of Hermes, Qwen2.5 and Qwen3. Without a parser, ``"auto"`` with tools is refused, as
+  format of Hermes, Qwen2.5 and Qwen3; streamed, each call's name goes out once it is written
+  and its arguments as they come (their JSON text as the model writes it, which is also what
+  the whole response returns). Without a parser, ``"auto"`` with tools is refused, as
   vLLM refuses it without ``--enable-auto-tool-choice``.
 """
 from __future__ import annotations
@@ -79,6 +81,109 @@ def forced_calls(req: P.ChatCompletionRequest, text: str) -> list[P.ToolCall] | 
         for c in calls if isinstance(c, dict) and "name" in c and "parameters" in c]
 
 
+# a block's head up to the start of its arguments: {"name": "...", "arguments":
+_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
+
+
+class JsonValueScan:
+    """Finds where a JSON value that starts at ``start`` ends, in a text that only grows:
+    each :meth:`end` call scans only what was added since the last one."""
+
+    def __init__(self, start: int) -> None:
+        self.start = self.j = start
+        self.depth, self.in_str, self.esc = 0, False, False
+        self.done: int | None = None
+
+    def end(self, text: str) -> int | None:
+        """The index after the value, or None while the text ends inside it."""
+        while self.done is None and self.j < len(text):
+            self._step(text[self.j])
+            self.j += 1
+        return self.done
+
+    def _step(self, ch: str) -> None:
+        j = self.j
+        if self.in_str:
+            if self.esc:
+                self.esc = False
+            elif ch == "\\":
+                self.esc = True
+            elif ch == '"':
+                self.in_str = False
+                if self.depth == 0:
+                    self.done = j + 1
+        elif ch == '"':
+            self.in_str = True
+        elif ch in "{[":
+            self.depth += 1
+        elif ch in "}]":
+            if self.depth == 0:
+                self.done = j  # a number / literal closed by the object around it
+                return
+            self.depth -= 1
+            if self.depth == 0:
+                self.done = j + 1
+        elif self.depth == 0 and j > self.start and ch in ", \t\r\n":
+            self.done = j
+
+
+def json_value_end(text: str, i: int) -> int | None:
+    """Where the JSON value starting at ``text[i]`` ends (the index after it), or None when
+    the text ends inside it."""
+    return JsonValueScan(i).end(text)
+
+
+class HermesCallStream:
+    """The calls a streamed text holds so far, for streaming them: (name, the arguments' JSON
+    text so far, complete), each from a block whose head is ``{"name": "...", "arguments":``
+    followed by an object; the first block not (yet) of that shape ends the list. As the text
+    grows (each :meth:`update` must extend the last one's), names stay and arguments only
+    grow; finished blocks and the open one's scan are kept, so a long argument is read once."""
+
+    def __init__(self) -> None:
+        self.done: list[tuple[str, str, bool]] = []
+        self.pos = 0                       # where to look for the next block
+        self.open: tuple[str, int, JsonValueScan] | None = None  # name, args start, scan
+
+    def update(self, text: str) -> list[tuple[str, str, bool]]:
+        while True:
+            if self.open is None:
+                pos = text.find(HERMES_OPEN, self.pos)
+                if pos < 0:
+                    break
+                m = _HEAD.match(text, pos + len(HERMES_OPEN))
+                if m is None or m.end() >= len(text) or text[m.end()] != "{":
+                    break  # not (yet) a head followed by an object: look again next time
+                try:
+                    name = json.loads('"' + m.group(1) + '"')
+                except json.JSONDecodeError:
+                    break
+                self.open = (name, m.end(), JsonValueScan(m.end()))
+            name, a, scan = self.open
+            end = scan.end(text)
+            if end is None:
+                return self.done + [(name, text[a:], False)]
+            self.done.append((name, text[a:end], True))
+            self.open, self.pos = None, end
+        return list(self.done)
+
+
+def hermes_partial_calls(text: str) -> list[tuple[str, str, bool]]:
+    """:class:`HermesCallStream` over one text."""
+    return HermesCallStream().update(text)
+
+
+def _raw_arguments(body: str, args: Any) -> str:
+    """A block's arguments as the model wrote them (what streaming sends), where they are an
+    object right after the name; else as JSON."""
+    m = _HEAD.match(body)
+    if isinstance(args, dict) and m is not None and body[m.end():m.end() + 1] == "{":
+        end = json_value_end(body, m.end())
+        if end is not None:
+            return body[m.end():end]
+    return json.dumps(args, ensure_ascii=False)
+
+
 def parse_hermes(text: str) -> tuple[str | None, list[P.ToolCall]]:
     """(content, calls) of a model's text in the Hermes format: the text before the first
     ``<tool_call>`` is the content; each block's JSON ``{"name", "arguments"}`` a call. A block
@@ -97,7 +202,7 @@ def parse_hermes(text: str) -> tuple[str | None, list[P.ToolCall]]:
         args = obj.get("arguments", obj.get("parameters", {}))
         calls.append(P.ToolCall(id=new_call_id(), function=P.FunctionCall(
             name=obj["name"], arguments=args if isinstance(args, str)
-            else json.dumps(args, ensure_ascii=False))))
+            else _raw_arguments(body, args))))
     content = text[:start]
     return (content if content.strip() else None), calls
 
