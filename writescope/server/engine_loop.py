@@ -132,15 +132,8 @@ class EngineLoop:
             log.critical("the engine loop crashed:\n%s", traceback.format_exc())
             self.dead = e
             self._fail_all(EngineFailure(f"engine loop crashed: {type(e).__name__}: {e}"))
-            gone = P.APIError("the engine is not running", status=503, type="server_error",
-                              code="unavailable")
-            while True:
-                try:
-                    cmd = self._cmds.get_nowait()
-                except queue.Empty:
-                    break
-                if cmd is not _STOP and cmd[0] == "add":
-                    self._resolve(cmd[-1], gone)
+            self._refuse_queued(P.APIError("the engine is not running", status=503,
+                                           type="server_error", code="unavailable"))
 
     def _loop_forever(self) -> None:
         eng = self.engine
@@ -268,16 +261,20 @@ class EngineLoop:
                 log.error("abort of %s at shutdown failed: %s", rid, e)
             deliveries.append((s.queue, s.tag, Delta([], None, None, None, "abort")))
         self._sinks.clear()
-        while True:  # commands that raced the stop
+        self._refuse_queued(gone)  # commands that raced the stop
+        if deliveries:
+            self._call(_deliver, deliveries)
+        self._publish_stats()
+
+    def _refuse_queued(self, err: Exception) -> None:
+        """Answer every queued request that was never added with ``err``."""
+        while True:
             try:
                 cmd = self._cmds.get_nowait()
             except queue.Empty:
                 break
             if cmd is not _STOP and cmd[0] == "add":
-                self._resolve(cmd[-1], gone)
-        if deliveries:
-            self._call(_deliver, deliveries)
-        self._publish_stats()
+                self._resolve(cmd[-1], err)
 
     def _publish_stats(self) -> None:
         self._last_stats = time.monotonic()
