@@ -22,6 +22,8 @@ TEMPLATE = ("{%- for m in messages -%}<|im_start|>{{ m.role }}\n{{ m.content }}<
             "<think>\n\n</think>\n\n{% elif open_thinking is defined and open_thinking %}"
             "<think>\n{% endif -%}{% endif -%}")
 MESSAGES = [{"role": "user", "content": "Why is the sky blue?"}]
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}]
 OFF = {"enable_thinking": False}
 OPEN = {"open_thinking": True}
 
@@ -129,6 +131,12 @@ def test_opened_thinking_is_reasoning_and_a_format_waits_for_its_end(client):
     assert held["message"]["reasoning_content"] == msg["reasoning_content"]
     tokens = [t["token"] for t in free["logprobs"]["content"]]
     assert [t["token"] for t in held["logprobs"]["content"]] == tokens
+    # a named tool call waits too: cut short inside the thinking, there is no call
+    named, streamed = _both(client, chat_template_kwargs=OPEN, tools=TOOLS,
+                            tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    assert named["message"]["tool_calls"] == [] and named["message"]["content"] is None
+    assert named["message"]["reasoning_content"] == msg["reasoning_content"]
+    assert streamed["tool_calls"] == [] and streamed["content"] == ""
 
 
 def test_thinking_written_by_the_model_is_split_off(client):
@@ -148,9 +156,7 @@ def test_thinking_written_by_the_model_is_split_off(client):
 def test_tool_calls_are_read_from_the_content_only(client):
     text = ('<think>need the weather</think>Let me look.<tool_call>\n{"name": "get_weather", '
             '"arguments": {"city": "Rome"}}\n</tool_call>')
-    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}}}}}]
-    choice, streamed = _both(client, chat_template_kwargs=OFF, tools=tools,
+    choice, streamed = _both(client, chat_template_kwargs=OFF, tools=TOOLS,
                              guided_regex=re.escape(text))
     msg = choice["message"]
     assert msg["reasoning_content"] == "need the weather"

@@ -528,7 +528,8 @@ class OpenAIServer:
         base = P.new_id("chatcmpl")
         lp = (req.top_logprobs or 0) if req.logprobs else None
         choices = [_Choice(j, f"{base}-{j}", ids, None, max_tokens) for j in range(req.num_choices)]
-        params = [self._params(req, max_tokens, lp, j, req.prompt_logprobs)
+        # the prompt's log-probabilities are the response's, once: the first choice computes them
+        params = [self._params(req, max_tokens, lp, j, req.prompt_logprobs if j == 0 else None)
                   for j in range(req.num_choices)]
         forced = tools.constraint(req)
         if forced is not None:

@@ -59,6 +59,8 @@ class ChatOutput:
     def _content_message(self, text: str, finish_reason: str | None
                          ) -> tuple[P.ChatResponseMessage, str | None]:
         if self.mode == "forced":
+            if not text.strip():  # nothing after the reasoning (cut short): no call
+                return P.ChatResponseMessage(content=text), finish_reason
             calls = tools.forced_calls(self.req, text)
             if calls is None:
                 return P.ChatResponseMessage(content=text), finish_reason
