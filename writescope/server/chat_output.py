@@ -81,6 +81,11 @@ class ChatOutput:
         with 'auto', the content before the first tool-call tag as it comes; 'required' and
         'auto' calls when the output ends)."""
         i = c.index
+        if self.parser is None and self.mode != "auto":  # only the new text is needed
+            seen = self.content_seen.get(i, 0)
+            self.content_seen[i] = c.sent_text
+            return self._content_delta(c, c.text if c.finished else "",
+                                       c.text[seen:c.sent_text])
         reasoning, content = self.parts(c.text[:c.sent_text], c.finished)
         new_reasoning = (reasoning or "")[self.reasoning_sent.get(i, 0):]
         self.reasoning_sent[i] = len(reasoning or "")
