@@ -1,7 +1,8 @@
 """Prompt log-probabilities (``SamplingParams.prompt_logprobs``, vLLM's name): for each prompt
 token after the first, its log-probability given the tokens before it and its rank among the
-vocabulary (1: the most likely), and for k >= 1 the k most likely tokens at that position -- what ``echo`` with ``logprobs`` returns on the
-completions endpoint (lm-evaluation-harness's loglikelihood requests).
+vocabulary (1: the most likely), and for k >= 1 the k most likely tokens at that position --
+what ``echo`` with ``logprobs`` returns on the completions endpoint (lm-evaluation-harness's
+loglikelihood requests).
 
 A prefill chunk's hidden rows ``[start, start + n)`` predict prompt tokens ``start + 1 ..``;
 each chunk's rows go through the LM head a few rows at a time (at most ``BLOCK_BYTES`` of

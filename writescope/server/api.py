@@ -347,9 +347,11 @@ class OpenAIServer:
         choices, params = [], []
         base = P.new_id("cmpl")
         lp = req.logprobs  # None, or the alternatives per token (0: the sampled token's only)
-        # the prompt tokens' too: for echo with logprobs, and for prompt_logprobs
-        asked = [k for k in (lp if req.echo else None, req.prompt_logprobs) if k is not None]
-        prompt_lp = max(asked) if asked else None
+        # the prompt tokens' too: for echo with logprobs (each choice streams its own), and for
+        # prompt_logprobs (the same for every choice of a prompt: its first choice computes them)
+        echo_lp = lp if req.echo else None
+        asked = [k for k in (echo_lp, req.prompt_logprobs) if k is not None]
+        first_lp = max(asked) if asked else None
         for pi, (ids, text) in enumerate(encoded):
             if text is None:
                 self.check_ids(ids, "prompt")
@@ -359,7 +361,8 @@ class OpenAIServer:
             for j in range(req.num_choices):
                 idx = pi * req.num_choices + j
                 choices.append(_Choice(idx, f"{base}-{idx}", ids, text, max_tokens))
-                params.append(self._params(req, max_tokens, lp, j, prompt_lp))
+                params.append(self._params(req, max_tokens, lp, j,
+                                           first_lp if j == 0 else echo_lp))
         gen = _Generation(self, choices, params, arrival, req.num_choices)
         return await self._respond(
             request, gen, req.stream, lambda: self._completion_stream(gen, req, base, model),
@@ -370,7 +373,8 @@ class OpenAIServer:
                     text=(c.prompt_text or "") + c.text if req.echo else c.text,
                     logprobs=self._full_logprobs(c, req) if req.logprobs is not None else None,
                     finish_reason=c.finish_reason,
-                    prompt_logprobs=self._prompt_logprob_dicts(c, req.prompt_logprobs)
+                    prompt_logprobs=self._prompt_logprob_dicts(
+                        gen.choices[c.index - c.index % req.num_choices], req.prompt_logprobs)
                     if req.prompt_logprobs is not None else None) for c in gen.choices]))
 
     async def _respond(self, request, gen: "_Generation", stream: bool, make_stream, make_response):
