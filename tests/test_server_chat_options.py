@@ -178,3 +178,39 @@ def test_template_options_refused(client, path):
         assert r.status_code == 400, (bad, r.text)
     r = client.post("/tokenize", json={"prompt": "x", "messages": CONV})
     assert r.status_code == 400 and "either" in r.json()["error"]["message"]
+
+
+def test_usage_counts_prompt_tokens_found_in_the_prefix_cache(client, engine):
+    """``usage.prompt_tokens_details.cached_tokens`` (OpenAI's field): a prompt that starts with
+    an earlier one reuses its blocks (64 tokens each here), streamed and not; the answer is the
+    engine's own without the cache."""
+    ids = [(7 * i) % 300 + 3 for i in range(150)]
+    first = _post(client, "/v1/completions", prompt=ids, max_tokens=2, temperature=0)
+    assert first["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    longer = ids + [11, 12, 13]
+    body = _post(client, "/v1/completions", prompt=longer, max_tokens=5, temperature=0,
+                 logprobs=0)
+    assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": 128}
+    assert body["usage"]["prompt_tokens"] == 153
+    # the same answer as a run that computes the whole prompt (prompt_logprobs skips the cache)
+    want = _solo(engine, longer, SamplingParams(temperature=0, max_tokens=5, logprobs=0,
+                                                prompt_logprobs=0))
+    assert want.num_cached_tokens == 0
+    got = body["choices"][0]
+    assert got["text"] == want.text
+    assert got["logprobs"]["token_logprobs"] == pytest.approx(want.logprobs, abs=1e-4)
+    usage = None
+    with client.stream("POST", "/v1/completions", json={
+            "prompt": longer, "max_tokens": 3, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                usage = json.loads(line[6:]).get("usage") or usage
+    assert usage["prompt_tokens_details"] == {"cached_tokens": 128}
+    # a chat's next turn starts from the blocks of the turn before
+    conv = [{"role": "user", "content": "Tell me about rivers and the sea. " * 12}]
+    a = _post(client, "/v1/chat/completions", messages=conv, max_tokens=8, temperature=0)
+    conv += [{"role": "assistant", "content": a["choices"][0]["message"]["content"]},
+             {"role": "user", "content": "And lakes?"}]
+    b = _post(client, "/v1/chat/completions", messages=conv, max_tokens=4, temperature=0)
+    assert b["usage"]["prompt_tokens_details"]["cached_tokens"] >= 64

@@ -249,6 +249,11 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
     num_computed: int = 0  # tokens whose KV is in the cache
+    #: prompt tokens found in the prefix cache at admission (not computed by this request)
+    num_cached_tokens: int = 0
+    #: the names of the prompt's full blocks (prefix caching, ``kvcache/prefix.py``): named at
+    #: the first admission attempt
+    block_names: list | None = None
     first_token_time: float | None = None
     text: str = ""  # detokenised output (stop strings trimmed)
     max_tokens: int = 0  # resolved from params and the context limit
@@ -323,6 +328,8 @@ class RequestOutput:
     prompt_ranks: list[int | None] | None = None
     #: every completion of the prompt (``LLM.generate`` with ``n`` > 1); None: just this one
     completions: list[CompletionOutput] | None = None
+    #: prompt tokens whose KV came from the prefix cache (not computed for this request)
+    num_cached_tokens: int = 0
 
     @property
     def finished(self) -> bool:

@@ -513,7 +513,10 @@ class Grid:
                   pinned_budget=pinned, host_budget=host,
                   num_gpu_blocks=s.num_gpu_blocks, kv_policy="transfer", experts=s.experts,
                   cpu_threads=s.cpu_threads, profile=s.profile,
-                  config_overrides=s.config_overrides or None)
+                  config_overrides=s.config_overrides or None,
+                  # rows of one model share the engine and their prompts' prefixes: each row
+                  # prefills and places its own KV
+                  enable_prefix_caching=False)
         if s.block_size is not None:
             kw["block_size"] = s.block_size
         engine = None

@@ -24,7 +24,7 @@ def measure(policy: str, batch: int, prompt: int, steps: int, profile: str | Non
     from .. import LLM, SamplingParams
     from ..models.default import default_model_path
     llm = LLM(str(default_model_path()), kv_policy=policy, num_gpu_blocks=4, block_size=64,
-              max_num_batched_tokens=4096, profile=profile)
+              max_num_batched_tokens=4096, profile=profile, enable_prefix_caching=False)
     eng = llm.engine
     g = torch.Generator().manual_seed(0)
     sp = SamplingParams(temperature=0.0, max_tokens=steps + 8, ignore_eos=True)

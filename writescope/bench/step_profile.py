@@ -72,7 +72,8 @@ def main(argv=None) -> int:
                     vram_budget=args.vram_budget, experts=args.experts,
                     num_gpu_blocks=args.num_gpu_blocks, max_num_seqs=args.batch,
                     max_model_len=args.context + total + 16,
-                    max_num_batched_tokens=args.max_num_batched_tokens, profile=args.profile)
+                    max_num_batched_tokens=args.max_num_batched_tokens, profile=args.profile,
+                    enable_prefix_caching=False)
     prompts = make_prompts(eng.config.vocab_size, args.batch, args.context, 0)
     sp = SamplingParams(max_tokens=total + 8, temperature=0.0, ignore_eos=True)
     for i, p in enumerate(prompts):

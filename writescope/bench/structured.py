@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from ..llm import LLM
     llm = LLM(args.model, dtype=args.dtype, device=args.device,
-              max_num_seqs=max(args.batch), max_model_len=1024)
+              max_num_seqs=max(args.batch), max_model_len=1024,
+              enable_prefix_caching=False)  # each row prefills its prompts, as before
     vocab = llm.engine.config.vocab_size
     rows = measure(llm, args.batch, args.max_tokens)
     print(f"{llm.engine.model_name} on {llm.engine.device}, vocabulary {vocab}, greedy, "

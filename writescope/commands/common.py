@@ -28,6 +28,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-batched-tokens", type=int, default=2048)
     g.add_argument("--cpu-threads", type=int, default=None, help="threads for CPU attention")
     g.add_argument("--profile", default=None, help="hardware profile JSON (writescope calibrate)")
+    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                   help="reuse the KV of prompt prefixes seen before (default: on; never with "
+                        "--kv-policy migrate)")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -38,7 +41,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
               kv_policy=args.kv_policy, cpu_share=args.cpu_share, experts=args.experts,
               max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
               max_num_batched_tokens=args.max_num_batched_tokens, cpu_threads=args.cpu_threads,
-              profile=args.profile)
+              profile=args.profile,
+              enable_prefix_caching=getattr(args, "enable_prefix_caching", True))
     if args.block_size is not None:
         kw["block_size"] = args.block_size
     return kw

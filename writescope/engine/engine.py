@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 from ..core import (FinishReason, InvalidRequestError, Request, RequestOutput, RequestStatus,
                     RequestTooLargeError, SamplingParams)
 from ..kvcache.cache import InplaceKVCache, plan_layout
-from ..kvcache.placement import make_policy
+from ..kvcache.placement import PlacementPolicy, make_policy
 from ..layers.grammar import Grammars
 from ..attention.hybrid import DEFAULT_STAGING_BYTES
 from ..attention.gather import DEFAULT_GATHER_BYTES
@@ -183,7 +183,8 @@ class LLMEngine:
                  host_budget: int | str | None = None, num_gpu_blocks: int | None = None,
                  kv_policy: str = "writescope", cpu_share: float = 0.5, experts: str = "auto",
                  cpu_threads: int | None = None, profile: str | os.PathLike | None = None,
-                 show_progress: bool = False, config_overrides: dict | None = None):
+                 show_progress: bool = False, config_overrides: dict | None = None,
+                 enable_prefix_caching: bool = True):
         self.dtype = parse_dtype(dtype)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if self.device.type == "cuda" and not torch.cuda.is_available():
@@ -272,6 +273,9 @@ class LLMEngine:
                              staging=staging if layout.num_blocks[Region.T] else 0,
                              max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
         self.cache = None
+        #: automatic prefix caching (kvcache/prefix.py): on unless asked off, and never under
+        #: the migrate baseline (it moves blocks that sequences would share)
+        self.enable_prefix_caching = bool(enable_prefix_caching)
         self.eos_ids = set(self.tokenizer.eos_token_ids if self.tokenizer is not None
                            else self.config.eos_token_id)
         #: the constrained requests' matchers (structured outputs; layers/grammar.py)
@@ -363,10 +367,12 @@ class LLMEngine:
                              model_config=self.config, experts_on_cpu=any(self.cpu_expert_layers),
                              block_size=a["layout"].block_size)
         self.kv_policy = kv_policy
+        moves = type(policy).migrations is not PlacementPolicy.migrations
         self.cache = InplaceKVCache(a["spec"], a["layout"], policy, self.device,
                                     self.config.softmax_scale,
                                     a["cpu_threads"] if cpu_threads is None else cpu_threads,
-                                    staging_bytes=a["staging"])
+                                    staging_bytes=a["staging"],
+                                    prefix_caching=self.enable_prefix_caching and not moves)
         self.scheduler = Scheduler(self.cache, a["max_num_seqs"], a["max_num_batched_tokens"])
         # the CPU workers (attention, experts) need the GIL for a few microseconds between
         # native calls; a launching thread holding it makes them wait up to the interpreter's
@@ -696,7 +702,8 @@ class LLMEngine:
                              else None,
                              req.prompt_top_logprobs if req.params.prompt_logprobs else None,
                              prompt_ranks=req.prompt_ranks
-                             if req.params.prompt_logprobs is not None else None)
+                             if req.params.prompt_logprobs is not None else None,
+                             num_cached_tokens=req.num_cached_tokens)
 
     # ------------------------------------------------------------------ statistics
     def stats(self) -> dict:

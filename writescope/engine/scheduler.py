@@ -1,8 +1,9 @@
 """Who runs this step: decodes first, then prefill chunks, within a token budget.
 
 Pure bookkeeping over :class:`~writescope.core.Request` records. The scheduler asks the cache
-whether a request's blocks can be reserved (admission control) and tells it which waiting
-requests would be admitted next (the placement policy plans for the batch they make); it never
+whether a request's blocks can be reserved (admission control; with prefix caching, a
+request starts from the cached blocks of its prompt's prefix and prefills the rest) and tells it
+which waiting requests would be admitted next (the placement policy plans for the batch they make); it never
 touches tensors. Continuous batching: requests join and leave the running set between steps, and
 a long prompt is prefilled in chunks so the running requests keep decoding meanwhile.
 """
@@ -28,7 +29,7 @@ class Scheduler:
         """Drop a request wherever it is and release its KV (finished or aborted)."""
         if req in self.running:
             self.running.remove(req)
-            self.cache.free_sequence(req.seq_id)
+            self.cache.free_sequence(req.seq_id, req.all_token_ids)
         elif req in self.waiting:
             self.waiting.remove(req)
 
@@ -105,11 +106,19 @@ class Scheduler:
         if not self.waiting or len(self.running) >= self.max_num_seqs:
             return None
         req = self.waiting[0]
-        total = len(req.prompt_token_ids) + req.max_tokens
-        if not self.cache.can_admit(total):
+        n_prompt = len(req.prompt_token_ids)
+        total = n_prompt + req.max_tokens
+        if req.block_names is None:  # named once (prefix caching; None without it)
+            req.block_names = self.cache.prefix_names(req.prompt_token_ids)
+        # a request that asks for its prompt's log-probabilities computes every prompt token
+        prefix = None if req.params.prompt_logprobs is not None else \
+            self.cache.match_prefix(req.block_names, n_prompt)
+        if not self.cache.can_admit(total, prefix):
             return None
         self.waiting.popleft()
-        self.cache.add_sequence(req.seq_id, total, prompt_tokens=len(req.prompt_token_ids))
+        cached = self.cache.add_sequence(req.seq_id, total, prompt_tokens=n_prompt, prefix=prefix,
+                                         prompt_names=req.block_names)
+        req.num_computed = req.num_cached_tokens = cached
         req.status = RequestStatus.RUNNING
         self.running.append(req)
         return req

@@ -44,6 +44,7 @@ from ..hostmem import h2d
 from .context import ContextPlan, gather_context
 from .placement import CacheCapacity, PlacementPolicy, SeqKV
 from .pools import BlockAllocator, ExtentAllocator, KVCacheError, allocate_pool
+from .prefix import PrefixCache, PrefixMatch, block_hashes
 from .regions import DEVICE_REGIONS, KVSpec, Region, block_records, to_cpu_layout
 from .table import CODE_REGIONS, REGION_CODES, SeqTable
 
@@ -153,7 +154,10 @@ class InplaceKVCache:
     def __init__(self, spec: KVSpec, layout: CacheLayout, policy: PlacementPolicy,
                  device: torch.device | str, scale: float, cpu_threads: int | None = None,
                  staging_bytes: int | None = None, prefill_gpu_rows: int | None = PREFILL_GPU_ROWS,
-                 dense_prefill: bool | None = None):
+                 dense_prefill: bool | None = None, prefix_caching: bool = False):
+        if prefix_caching and type(policy).migrations is not PlacementPolicy.migrations:
+            raise ValueError(f"prefix caching cannot run with the {policy.name!r} policy: it moves "
+                             "sealed blocks, which other sequences may share")
         self.spec = spec
         self.bs = layout.block_size
         self.layout = layout
@@ -188,6 +192,8 @@ class InplaceKVCache:
         self.dense_prefill = (dense_prefill_default() if dense_prefill is None else dense_prefill) \
             and prefill_gpu_rows is not None
         self.seqs: dict[int, SeqTable] = {}
+        #: automatic prefix caching (``prefix.py``); None when off
+        self.prefix = PrefixCache(self.bs) if prefix_caching else None
         self.reserved = 0  # blocks promised to admitted sequences, not yet sealed
         self.counters = {f"kv.bytes_written.{r}": 0 for r in Region}
         self.counters["kv.pipelined_steps"] = 0
@@ -211,53 +217,129 @@ class InplaceKVCache:
         return self.blocks_for(num_tokens) <= self.sealed_capacity and self.layout.num_blocks[Region.W] > 0
 
     def free_sealed(self) -> int:
-        return sum(self.alloc[r].num_free for r in (Region.G, Region.T, Region.C))
+        """Sealed-block slots that can be taken now (with prefix caching, also the registered
+        blocks no sequence uses: they are reclaimed when needed)."""
+        return sum(self._free(r) for r in (Region.G, Region.T, Region.C))
+
+    def _free(self, region: Region) -> int:
+        n = self.alloc[region].num_free
+        return n + self.prefix.num_unused(region) if self.prefix is not None else n
+
+    def _reclaim(self, region: Region, want: int) -> None:
+        """Make ``want`` ids of ``region`` free, forgetting unused cached blocks if needed."""
+        short = want - self.alloc[region].num_free
+        if short > 0 and self.prefix is not None:
+            self.alloc[region].free(self.prefix.reclaim(region, short))
 
     def free_slots(self) -> int:
         """Sequences that can still join (each holds one W tail slot)."""
         return self.alloc[Region.W].num_free
 
-    def can_admit(self, num_tokens: int) -> bool:
-        return (self.alloc[Region.W].num_free > 0
-                and self.blocks_for(num_tokens) <= self.free_sealed() - self.reserved)
+    def can_admit(self, num_tokens: int, prefix: PrefixMatch | None = None) -> bool:
+        """Whether a sequence of up to ``num_tokens`` tokens fits now; ``prefix``: the cached
+        blocks it would start from (:meth:`match_prefix`), which it does not need anew."""
+        need = self.blocks_for(num_tokens)
+        if prefix is not None:  # unused cached blocks it takes leave the free pool
+            need += prefix.unused - len(prefix)
+        return self.alloc[Region.W].num_free > 0 and need <= self.free_sealed() - self.reserved
 
-    def add_sequence(self, seq_id: int, max_tokens: int, prompt_tokens: int | None = None) -> None:
+    def prefix_names(self, token_ids) -> list[bytes] | None:
+        """The names of a prompt's full blocks (``prefix.py``); None without prefix caching."""
+        return None if self.prefix is None else block_hashes(token_ids, self.bs)
+
+    def match_prefix(self, names: list[bytes] | None, prompt_tokens: int) -> PrefixMatch | None:
+        """The cached blocks a prompt of ``prompt_tokens`` tokens with block names ``names``
+        can start from: its longest registered prefix, leaving at least its last token to be
+        computed (its logits sample the first output token)."""
+        if self.prefix is None or not names:
+            return None
+        return self.prefix.match(names, (prompt_tokens - 1) // self.bs)
+
+    def add_sequence(self, seq_id: int, max_tokens: int, prompt_tokens: int | None = None,
+                     prefix: PrefixMatch | None = None, prompt_names: list[bytes] | None = None
+                     ) -> int:
         """Admit a sequence that may grow to ``max_tokens`` tokens; reserves its blocks.
         ``prompt_tokens``: its prompt's length, told to the placement policy
-        (:meth:`PlacementPolicy.admit`).
+        (:meth:`PlacementPolicy.admit`). With prefix caching, ``prefix``: cached blocks it starts
+        from (they join its table, shared), and ``prompt_names``: its prompt's block names (its
+        own prompt blocks are registered under them as they are sealed).
 
-        Raises :class:`RequestTooLargeError` if it can never fit and :class:`KVCacheError` if it
-        does not fit now (the scheduler checks :meth:`can_admit` first and keeps it waiting)."""
+        Returns the tokens already in the cache (``len(prefix) * block_size``): its prefill
+        starts there. Raises :class:`RequestTooLargeError` if it can never fit and
+        :class:`KVCacheError` if it does not fit now (the scheduler checks :meth:`can_admit`
+        first and keeps it waiting)."""
         if seq_id in self.seqs:
             raise KVCacheError(f"sequence {seq_id} is already in the cache")
         if not self.can_ever_fit(max_tokens):
             raise RequestTooLargeError(
                 f"a sequence of {max_tokens} tokens needs {self.blocks_for(max_tokens)} KV blocks of "
                 f"{self.bs} tokens; the budgets hold {self.sealed_capacity}")
-        if not self.can_admit(max_tokens):
+        if prefix is not None and (self.prefix is None or len(prefix) * self.bs >= max_tokens):
+            raise KVCacheError("a cached prefix given without prefix caching, or as long as the "
+                               "sequence")
+        if not self.can_admit(max_tokens, prefix):
             raise KVCacheError("not enough free KV blocks now; admit it later")
-        need = self.blocks_for(max_tokens)
+        need = self.blocks_for(max_tokens) - (len(prefix) if prefix else 0)
         (slot,) = self.alloc[Region.W].alloc(1)
         self.reserved += need
-        self.seqs[seq_id] = SeqTable(seq_id, slot, need)
+        t = SeqTable(seq_id, slot, need)
+        if self.prefix is not None:
+            t.prompt_names = list(prompt_names or ())
+            if prefix:
+                self.prefix.acquire(prefix, int(prompt_tokens or 0))
+                for r, bid in prefix.blocks:
+                    t.append(r, bid)
+                t.names = t.prompt_names[:len(prefix)]
+                t.num_tokens = len(prefix) * self.bs
+            elif prompt_names is not None:
+                self.prefix.counters["prefix.queried_tokens"] += int(prompt_tokens or 0)
+        self.seqs[seq_id] = t
         self.policy.admit(seq_id, int(prompt_tokens or 0))
+        return t.num_tokens
 
     def expect_waiting(self, queued: dict[int, int]) -> None:
         """The scheduler's queue head that fits (``seq_id -> prompt tokens``), for the
         placement policy (:meth:`PlacementPolicy.expect`)."""
         self.policy.expect(dict(queued))
 
-    def free_sequence(self, seq_id: int) -> None:
+    def free_sequence(self, seq_id: int, token_ids=None) -> None:
+        """The sequence leaves the cache; its blocks are free again. With prefix caching,
+        ``token_ids``: the tokens whose records it holds (prompt then output tokens, at least up
+        to its last sealed block): its sealed blocks not yet registered are registered under
+        their names, and its registered blocks stay cached while no one needs their room."""
         t = self.seqs.pop(seq_id, None)
         if t is None:
             raise KVCacheError(f"sequence {seq_id} is not in the cache (freed twice?)")
         t.freed = True
-        for code, region in CODE_REGIONS.items():
-            ids = t.sealed_ids[t.sealed_codes == code]
-            self.alloc[region].free(ids.tolist())
+        if self.prefix is None:
+            for code, region in CODE_REGIONS.items():
+                ids = t.sealed_ids[t.sealed_codes == code]
+                self.alloc[region].free(ids.tolist())
+        else:
+            self._release_blocks(t, token_ids)
         self.alloc[Region.W].free([t.w_slot])
         self.reserved -= t.reserved_blocks
         self.policy.release(seq_id)
+
+    def _release_blocks(self, t: SeqTable, token_ids) -> None:
+        """Prefix caching's half of :meth:`free_sequence`: register the sequence's remaining
+        sealed blocks by its tokens, then leave every block, the last first (so that unused
+        blocks are reclaimed from the ends of prefixes, keeping their starts longest)."""
+        k0 = len(t.names)
+        if t.cacheable and token_ids is not None:
+            n = min(t.num_sealed, len(token_ids) // self.bs)
+            if n > k0:
+                new = block_hashes(token_ids[k0 * self.bs:n * self.bs], self.bs,
+                                   parent=t.names[-1] if k0 else None)
+                for b, name in enumerate(new, start=k0):
+                    self.prefix.register(name, (CODE_REGIONS[int(t.codes[b])], int(t.ids[b])))
+        free: dict[Region, list[int]] = {r: [] for r in CODE_REGIONS.values()}
+        for b in range(t.num_sealed - 1, -1, -1):
+            ref = (CODE_REGIONS[int(t.codes[b])], int(t.ids[b]))
+            if self.prefix.release(ref):
+                free[ref[0]].append(ref[1])
+        for r, ids in free.items():
+            self.alloc[r].free(ids)
 
     def num_tokens(self, seq_id: int) -> int:
         return self._table(seq_id).num_tokens
@@ -323,6 +405,8 @@ class InplaceKVCache:
             raise KVCacheError(f"fill_step: {records.shape[0]} records for {n_total} tokens")
         step = self._place(work)
         self._step = step
+        for seq_id, _, _ in work:  # random records: no block of these is ever found by its tokens
+            self.seqs[seq_id].cacheable = False
         try:
             for layer in range(self.spec.num_layers):
                 self._write(layer, records)
@@ -343,7 +427,7 @@ class InplaceKVCache:
         bs = self.bs
         if type(self.policy).migrations is not PlacementPolicy.migrations:
             self._migrate(work)
-        cap = CacheCapacity({r: self.alloc[r].num_free for r in (Region.G, Region.T, Region.C)},
+        cap = CacheCapacity({r: self._free(r) for r in (Region.G, Region.T, Region.C)},
                             bs, self.block_bytes)
         # ---- placement of the blocks completed this step
         new_blocks: list[tuple[int, int, Region, int]] = []  # (row in batch, block index, region, id)
@@ -380,6 +464,7 @@ class InplaceKVCache:
                     for r in (Region.G, Region.T, Region.C):
                         want = sum(x is r for x in regions)
                         if want:
+                            self._reclaim(r, want)
                             ids[r] = iter(self.alloc[r].alloc(want, after=t.last_id(r)))
                             cap.free[r] -= want
                     tail = start - first_new_block * bs  # old tail tokens in W (0..bs-1)
@@ -732,6 +817,10 @@ class InplaceKVCache:
             t = self.seqs[seq_id]
             assert b == t.num_sealed, "blocks are sealed in order"
             t.append(r, bid)
+            if self.prefix is not None and t.cacheable and b == len(t.names) \
+                    and b < len(t.prompt_names):  # a prompt block: its tokens are known
+                self.prefix.register(t.prompt_names[b], (r, bid))
+                t.names.append(t.prompt_names[b])
             t.reserved_blocks -= 1
             self.reserved -= 1
         for seq_id, start, n in step["work"]:
@@ -752,7 +841,9 @@ class InplaceKVCache:
 
     # ------------------------------------------------------------------ statistics
     def live_blocks(self) -> dict[Region, int]:
-        return {r: a.n - a.num_free for r, a in self.alloc.items()}
+        """Blocks in use per region (unused cached blocks, free to reclaim, are not)."""
+        return {r: a.n - self._free(r) if r is not Region.W else a.n - a.num_free
+                for r, a in self.alloc.items()}
 
     def stats(self) -> dict:
         s = {f"kv.blocks.{r}": n for r, n in self.live_blocks().items()}
@@ -766,6 +857,8 @@ class InplaceKVCache:
         s["kv.sequences"] = len(self.seqs)
         read = s["kv.bytes_read.cpu"] + s["kv.bytes_read.gpu"]
         s["kv.cpu_share_of_reads"] = s["kv.bytes_read.cpu"] / read if read else 0.0
+        if self.prefix is not None:
+            s.update(self.prefix.stats())
         s.update(self.policy.stats())
         return s
 

@@ -25,6 +25,12 @@ class SeqTable:
     ids: np.ndarray = field(default_factory=lambda: np.zeros(16, dtype=np.int32))
     num_sealed: int = 0
     freed: bool = False
+    #: prefix caching (``prefix.py``): the names of the sealed blocks so far (a prefix of the
+    #: table; the chain stops where a block's tokens were not known), the names of the prompt's
+    #: full blocks, and whether the records are the tokens' own (not a benchmark's random fill)
+    names: list = field(default_factory=list)
+    prompt_names: list = field(default_factory=list)
+    cacheable: bool = True
     _regions: tuple[Region, ...] = ()  # kept in step with codes, for the policies' SeqKV views
 
     def append(self, region: Region, block_id: int) -> None:

@@ -76,6 +76,7 @@ class _Choice:
     prompt_logprobs: list[float | None] | None = None
     prompt_top_logprobs: list[dict[int, float] | None] | None = None
     prompt_ranks: list[int | None] | None = None
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache
     text: str = ""
     finish_reason: str | None = None
     # streaming cursors
@@ -178,6 +179,8 @@ class _Generation:
                 c.prompt_logprobs, c.prompt_top_logprobs, c.prompt_ranks = item.prompt
             if item.text is not None:
                 c.text = item.text
+            if item.cached_tokens:
+                c.cached_tokens = item.cached_tokens
             if item.finish_reason is not None:
                 c.finish_reason = str(item.finish_reason)
             changed.add(tag)
@@ -193,8 +196,10 @@ class _Generation:
     def usage(self) -> P.UsageInfo:
         prompt = sum(len(c.prompt_ids) for c in self.choices[::self.n])
         completion = sum(len(c.token_ids) for c in self.choices)
+        cached = sum(c.cached_tokens for c in self.choices[::self.n])
         return P.UsageInfo(prompt_tokens=prompt, completion_tokens=completion,
-                           total_tokens=prompt + completion)
+                           total_tokens=prompt + completion,
+                           prompt_tokens_details=P.PromptTokensDetails(cached_tokens=cached))
 
 
 class _SSEResponse(StreamingResponse):

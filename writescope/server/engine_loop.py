@@ -39,6 +39,8 @@ class Delta:
     #: (prompt log-probabilities, their alternatives or None, their ranks), with the first
     #: tokens only
     prompt: tuple | None = None
+    #: prompt tokens found in the prefix cache
+    cached_tokens: int = 0
 
 
 class EngineFailure(Exception):
@@ -224,7 +226,7 @@ class EngineLoop:
             sink.n_tokens = n
             deliveries.append((sink.queue, sink.tag,
                                Delta(new_ids, new_lp, new_top, out.text, out.finish_reason,
-                                     prompt)))
+                                     prompt, out.num_cached_tokens)))
             if out.finish_reason is not None:
                 del self._sinks[out.request_id]
                 self.metrics.requests_total.inc(labels={"finished_reason": str(out.finish_reason)})

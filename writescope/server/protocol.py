@@ -486,10 +486,16 @@ def now_s() -> int:
     return int(time.time())
 
 
+class PromptTokensDetails(BaseModel):
+    #: prompt tokens whose KV came from the prefix cache (OpenAI's field)
+    cached_tokens: int = 0
+
+
 class UsageInfo(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    prompt_tokens_details: Optional[PromptTokensDetails] = None
 
 
 class CompletionLogprobs(BaseModel):

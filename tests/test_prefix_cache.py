@@ -1,0 +1,247 @@
+"""Automatic prefix caching (kvcache/prefix.py): a prompt starts from the cached blocks of its
+prefix, in whatever region they were written, and every number stays the same."""
+from __future__ import annotations
+
+import hashlib
+import random
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from writescope.attention.reference import dense_attention
+from writescope.kvcache.cache import CacheLayout, InplaceKVCache
+from writescope.kvcache.migrate import MigratePolicy
+from writescope.kvcache.placement import PlacementPolicy
+from writescope.kvcache.prefix import PrefixCache, block_hashes
+from writescope.kvcache.regions import KVSpec, Region
+
+from test_kvcache import RandomPolicy
+
+
+# ---------------------------------------------------------------------- the cache on its own
+def token_records(tokens: list[int], spec: KVSpec, layers: int) -> torch.Tensor:
+    """``[L, n, H, R]`` records that depend on each token and every token before it, as a
+    model's do (seeded by a hash of the prefix)."""
+    out = torch.empty(layers, len(tokens), spec.num_kv_heads, spec.rec_dim)
+    h = b""
+    for p, t in enumerate(tokens):
+        h = hashlib.blake2b(h + t.to_bytes(4, "little"), digest_size=8).digest()
+        g = torch.Generator().manual_seed(int.from_bytes(h, "little") & (2 ** 62 - 1))
+        out[:, p] = torch.randn(layers, spec.num_kv_heads, spec.rec_dim, generator=g)
+    return out
+
+
+def make_cache(spec, bs, policy, blocks, seqs=4, prefix=True):
+    layout = CacheLayout(bs, {Region.G: blocks, Region.T: blocks, Region.C: blocks, Region.W: seqs})
+    return InplaceKVCache(spec, layout, policy, "cpu", scale=0.3, prefill_gpu_rows=4,
+                          prefix_caching=prefix)
+
+
+class Seq:
+    def __init__(self, sid, prompt, new):
+        self.sid, self.prompt, self.new = sid, list(prompt), new
+        self.tokens = list(prompt)  # prompt, then the "sampled" tokens
+        self.done = 0  # tokens whose KV is in the cache
+        self.cached = 0
+
+
+def run(cache, seqs, spec, layers, chunk, rng, check=True):
+    """A small scheduler: admit in order while the cache takes them (starting from their cached
+    prefixes), prefill in chunks, decode one token a step, free when done; every attention
+    output checked against dense attention over the sequence's own records."""
+    waiting, running, hq = list(seqs), [], 2
+    g = torch.Generator().manual_seed(rng.randrange(1 << 30))
+    while waiting or running:
+        while waiting and len(running) < 2:
+            s = waiting[0]
+            names = cache.prefix_names(s.prompt)
+            m = cache.match_prefix(names, len(s.prompt))
+            if not cache.can_admit(len(s.prompt) + s.new, m):
+                break
+            waiting.pop(0)
+            s.cached = s.done = cache.add_sequence(s.sid, len(s.prompt) + s.new, len(s.prompt),
+                                                   prefix=m, prompt_names=names)
+            running.append(s)
+        assert running, "nothing runs and nothing can be admitted"
+        work = []
+        for s in running:
+            if s.done < len(s.prompt):
+                k = min(chunk, len(s.prompt) - s.done)
+            else:
+                k = 1
+                s.tokens.append(rng.randrange(1, 4))
+            work.append((s.sid, s.done, k))
+        cache.begin_step(work)
+        nq = sum(k for _, _, k in work)
+        recs = {s.sid: token_records(s.tokens[:s.done + k], spec, layers)
+                for s, (_, _, k) in zip(running, work)}
+        for layer in range(layers):
+            q = torch.randn(nq, hq, spec.k_dim, generator=g)
+            rec = torch.cat([recs[sid][layer, st:st + k] for sid, st, k in work])
+            out = cache.attention(layer, q, rec)
+            if check:
+                row = 0
+                for sid, st, k in work:
+                    r = recs[sid][layer]
+                    ref, _ = dense_attention(q[row:row + k], spec.k(r), spec.v(r), 0.3,
+                                             torch.arange(st, st + k), torch.arange(st + k))
+                    err = (out[row:row + k].double() - ref).norm() / ref.norm()
+                    assert err < 1e-5, (sid, st, k, float(err))
+                    row += k
+        cache.end_step()
+        for s, (_, _, k) in zip(list(running), work):
+            s.done += k
+            if s.done >= len(s.prompt) + s.new - 1:  # its last sampled token is never input
+                cache.free_sequence(s.sid, s.tokens)
+                running.remove(s)
+
+
+SPECS = {"gqa": lambda L: KVSpec.gqa(L, 2, 16, torch.float32),
+         "mla": lambda L: KVSpec.mla(L, 24, 8, torch.float32)}
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(kind=st.sampled_from(["gqa", "mla"]), bs=st.sampled_from([2, 4, 8]),
+       stems=st.lists(st.lists(st.integers(1, 3), min_size=8, max_size=30), min_size=1,
+                      max_size=3),
+       picks=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 12), st.integers(1, 10)),
+                      min_size=2, max_size=8),
+       chunk=st.integers(1, 12), blocks=st.integers(4, 16), seed=st.integers(0, 10_000))
+def test_shared_prefixes_attend_like_their_own_records(kind, bs, stems, picks, chunk, blocks,
+                                                       seed):
+    """Prompts built from a few shared stems, random homes and CPU/GPU assignments, a cache small
+    enough to reclaim: every output equals dense attention over the sequence's own records (a
+    cached block holds exactly what the sequence would have written), and in the end every
+    block is free or cached unused."""
+    rng = random.Random(seed)
+    spec = SPECS[kind](2)
+    cache = make_cache(spec, bs, RandomPolicy(seed), blocks)
+    seqs = []
+    for i, (stem, tail, new) in enumerate(picks):
+        prompt = stems[stem % len(stems)] + [rng.randrange(1, 4) for _ in range(tail)]
+        if not prompt:
+            prompt = [1]
+        if (len(prompt) + new) // bs > 3 * blocks:
+            continue
+        seqs.append(Seq(i, prompt, new))
+    run(cache, seqs, spec, 2, chunk, rng)
+    s = cache.stats()
+    assert all(s[f"kv.blocks.{r}"] == 0 for r in "GTCW"), s
+    assert s["kv.bytes_moved_after_placement"] == 0
+    p = cache.prefix
+    assert all(n == 0 for n in p.users.values())
+    for r in (Region.G, Region.T, Region.C):  # allocated ids = the unused cached ones
+        assert cache.alloc[r].used.sum() == p.num_unused(r)
+    assert s["prefix.hit_tokens"] <= s["prefix.queried_tokens"]
+
+
+def test_a_second_prompt_starts_from_the_first_ones_blocks():
+    spec = SPECS["gqa"](1)
+    cache = make_cache(spec, 4, RandomPolicy(0), blocks=16)
+    rng = random.Random(0)
+    a = Seq(0, list(range(1, 15)), 3)  # 14 tokens: 3 full blocks
+    run(cache, [a], spec, 1, 5, rng)
+    b = Seq(1, list(range(1, 15)) + [7, 7], 2)  # the same 14 tokens, then 2 more
+    names = cache.prefix_names(b.prompt)
+    m = cache.match_prefix(names, len(b.prompt))
+    assert len(m) == 3 and m.unused == 3
+    # the first block holds the prompt's first tokens; a's decode tokens made its 4th block
+    run(cache, [b], spec, 1, 5, rng)
+    assert b.cached == 12
+    st = cache.stats()
+    assert st["prefix.hit_tokens"] == 12 and st["prefix.queried_tokens"] == 14 + 16
+    # a prompt that is all cached blocks still computes its last token (its logits)
+    c = Seq(2, list(range(1, 13)), 1)
+    m = cache.match_prefix(cache.prefix_names(c.prompt), len(c.prompt))
+    assert len(m) == 2
+
+
+def test_concurrent_users_share_blocks_and_reservations_count_them_once():
+    spec = SPECS["gqa"](1)
+    cache = make_cache(spec, 4, RandomPolicy(1), blocks=3)  # 9 sealed blocks in all
+    prompt = list(range(1, 22))  # 21 tokens: 5 full blocks
+    a = Seq(0, prompt, 3)  # needs 6 blocks
+    # prefill a, keep it running
+    names = cache.prefix_names(prompt)
+    cache.add_sequence(0, 24, 21, prompt_names=names)
+    recs = token_records(prompt, spec, 1)
+    cache.begin_step([(0, 0, 21)])
+    cache.attention(0, torch.randn(21, 2, spec.k_dim), recs[0])
+    cache.end_step()
+    assert cache.prefix.stats()["prefix.registered_blocks"] == 5
+    # 3 blocks left and 6 reserved by a: a second 24-token sequence fits only by sharing
+    assert not cache.can_admit(24)
+    m = cache.match_prefix(names, 21)
+    assert len(m) == 5 and m.unused == 0
+    assert cache.can_admit(24, m)
+    assert cache.add_sequence(1, 24, 21, prefix=m, prompt_names=names) == 20
+    assert all(cache.prefix.users[ref] == 2 for ref in m.blocks)
+    cache.free_sequence(0, a.tokens)
+    assert all(cache.prefix.users[ref] == 1 for ref in m.blocks)
+    cache.free_sequence(1, prompt)
+    assert cache.stats()["kv.blocks.G"] + cache.stats()["kv.blocks.T"] + \
+        cache.stats()["kv.blocks.C"] == 0
+    assert sum(cache.prefix.num_unused(r) for r in (Region.G, Region.T, Region.C)) == 5
+
+
+def test_unused_blocks_are_reclaimed_from_the_ends_of_prefixes():
+    p = PrefixCache(4)
+    names = block_hashes(list(range(16)), 4)
+    for i, n in enumerate(names):
+        assert p.register(n, (Region.G, i))
+    for i in reversed(range(4)):  # as free_sequence leaves them: the last block first
+        assert not p.release((Region.G, i))
+    assert p.reclaim(Region.G, 2) == [3, 2]
+    m = p.match(names, 4)
+    assert len(m) == 2 and m.unused == 2
+    # a taken name: the second block with those tokens stays private (freed by its owner)
+    assert not p.register(names[0], (Region.C, 9))
+    assert p.release((Region.C, 9))
+
+
+def test_names_chain_over_the_whole_prefix():
+    a = block_hashes([1, 2, 3, 4, 5, 6], 2)
+    b = block_hashes([9, 2, 3, 4, 5, 6], 2)
+    assert len(a) == 3 and a[1:] != b[1:]  # same tokens after a different start: other names
+    assert block_hashes([3, 4, 5, 6], 2, parent=a[0]) == a[1:]
+    assert block_hashes([1, 2, 3], 2, limit=0) == []
+
+
+def test_synthetic_fill_is_never_cached():
+    spec = SPECS["gqa"](1)
+    cache = make_cache(spec, 4, RandomPolicy(2), blocks=8)
+    prompt = list(range(1, 14))
+    names = cache.prefix_names(prompt)
+    cache.add_sequence(0, 16, 13, prompt_names=names)
+    cache.fill_step([(0, 0, 12)], torch.randn(12, spec.num_kv_heads, spec.rec_dim))
+    cache.free_sequence(0, prompt)
+    assert cache.prefix.stats()["prefix.registered_blocks"] == 0
+    assert len(cache.match_prefix(names, 13)) == 0
+
+
+def test_migrate_policy_refuses_prefix_caching():
+    spec = SPECS["gqa"](1)
+    with pytest.raises(ValueError, match="prefix caching"):
+        make_cache(spec, 4, MigratePolicy(), blocks=4)
+
+
+class OnlyC(PlacementPolicy):
+    name = "only-c-test"
+
+    def place(self, seq, num_blocks, capacity):
+        return [Region.C] * num_blocks
+
+
+def test_reclaiming_makes_room_in_the_region_the_policy_asks_for():
+    """C full of unused cached blocks: a new sequence's C blocks take their ids."""
+    spec = SPECS["gqa"](1)
+    layout = CacheLayout(4, {Region.G: 0, Region.T: 0, Region.C: 4, Region.W: 2})
+    cache = InplaceKVCache(spec, layout, OnlyC(), "cpu", scale=0.3, prefix_caching=True)
+    rng = random.Random(3)
+    run(cache, [Seq(0, [1] * 17, 1)], spec, 1, 8, rng)
+    assert cache.prefix.num_unused(Region.C) == 4 and cache.free_sealed() == 4
+    run(cache, [Seq(1, [2] * 17, 1)], spec, 1, 8, rng)  # other tokens: no hit, all reclaimed
+    assert cache.prefix.counters["prefix.reclaimed_blocks"] == 4
+    assert len(cache.match_prefix(cache.prefix_names([2] * 17), 17)) == 4

@@ -1,0 +1,152 @@
+"""Automatic prefix caching: a sealed block found again by the tokens that made it.
+
+A sealed block's records depend only on its tokens and the tokens before it (the same weights,
+the same positions), so a block is named by a hash chained over its sequence: the hash of its
+predecessor's name and its own token ids. A sequence that is admitted with a prompt whose
+leading blocks have names the cache knows starts with those blocks in its table and prefills
+only the rest (vLLM's automatic prefix caching, one full block at a time).
+
+This fits the InplaceKVCache without moving a byte: a block keeps the home it was written to, in
+whichever region, and a second sequence only reads it there (its own new blocks are placed by
+the policy as usual). What this module keeps:
+
+* the names of registered blocks, and how many sequences use each;
+* registered blocks no sequence uses any more, per region, oldest first: they still count as
+  free (the cache reclaims them, oldest first, when a region runs out of free ids) until then a
+  prompt that starts with them reuses them.
+
+Blocks are registered when sealed if all their tokens are prompt tokens (known when the request
+arrives), and when their sequence leaves the cache for the rest (decode blocks: their tokens
+are then all known on the host, also after overlapped decode steps). A block whose name is
+already registered (two sequences prefilled the same prompt at once) stays private and is
+freed with its sequence.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .regions import Region, SEALED_REGIONS
+
+BlockRef = tuple[Region, int]  # (region, block id)
+
+
+def block_hashes(token_ids, block_size: int, parent: bytes | None = None,
+                 limit: int | None = None) -> list[bytes]:
+    """Names of the full blocks of ``token_ids`` (at most ``limit``), chained from ``parent``
+    (the name of the block before the first one; None: the first block of a sequence)."""
+    n = len(token_ids) // block_size
+    if limit is not None:
+        n = min(n, limit)
+    if n <= 0:
+        return []
+    toks = np.asarray(token_ids[:n * block_size], dtype=np.int64).reshape(n, block_size)
+    out, prev = [], parent or b""
+    for row in toks:
+        prev = hashlib.blake2b(prev + row.tobytes(), digest_size=16).digest()
+        out.append(prev)
+    return out
+
+
+@dataclass
+class PrefixMatch:
+    """The cached blocks a prompt can start from (its longest registered prefix)."""
+
+    blocks: list[BlockRef] = field(default_factory=list)
+    #: how many of them no sequence uses now: taking them removes them from the free pool
+    unused: int = 0
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+
+class PrefixCache:
+    """Registered blocks by name, their users, and the unused ones in reclaim order."""
+
+    def __init__(self, block_size: int):
+        self.bs = block_size
+        self.by_name: dict[bytes, BlockRef] = {}
+        self.name_of: dict[BlockRef, bytes] = {}
+        self.users: dict[BlockRef, int] = {}
+        #: registered blocks with no user, per region, oldest first (reclaimed in this order)
+        self.unused: dict[Region, OrderedDict[int, None]] = {r: OrderedDict() for r in SEALED_REGIONS}
+        self.counters = {"prefix.queried_tokens": 0, "prefix.hit_tokens": 0,
+                         "prefix.reclaimed_blocks": 0}
+
+    # ------------------------------------------------------------------ lookup
+    def match(self, names: list[bytes], max_blocks: int) -> PrefixMatch:
+        """The longest run of ``names`` (from the first) that is registered, at most
+        ``max_blocks`` long. Changes nothing."""
+        m = PrefixMatch()
+        for name in names[:max(0, max_blocks)]:
+            ref = self.by_name.get(name)
+            if ref is None:
+                break
+            m.blocks.append(ref)
+            m.unused += self.users[ref] == 0
+        return m
+
+    def acquire(self, match: PrefixMatch, prompt_tokens: int) -> None:
+        """A sequence starts from ``match``'s blocks: each gets one more user."""
+        self.counters["prefix.queried_tokens"] += prompt_tokens
+        self.counters["prefix.hit_tokens"] += len(match) * self.bs
+        for ref in match.blocks:
+            if self.users[ref] == 0:
+                del self.unused[ref[0]][ref[1]]
+            self.users[ref] += 1
+
+    # ------------------------------------------------------------------ registration
+    def register(self, name: bytes, ref: BlockRef) -> bool:
+        """Name a block its sequence holds (one user). False when the name is taken (another
+        block has the same tokens) or the block is registered already: it stays as it was."""
+        if name in self.by_name or ref in self.name_of:
+            return False
+        self.by_name[name] = ref
+        self.name_of[ref] = name
+        self.users[ref] = 1
+        return True
+
+    def registered(self, ref: BlockRef) -> bool:
+        return ref in self.name_of
+
+    def release(self, ref: BlockRef) -> bool:
+        """A sequence leaves a block. True: the block is not registered, the caller frees it;
+        False: it stays registered (used by others, or unused and reclaimable)."""
+        n = self.users.get(ref)
+        if n is None:
+            return True
+        if n <= 0:
+            raise RuntimeError(f"prefix cache: block {ref} released more often than used")
+        self.users[ref] = n - 1
+        if n == 1:
+            self.unused[ref[0]][ref[1]] = None
+        return False
+
+    # ------------------------------------------------------------------ reclaiming
+    def num_unused(self, region: Region) -> int:
+        return len(self.unused[region])
+
+    def reclaim(self, region: Region, k: int) -> list[int]:
+        """Forget up to ``k`` unused blocks of ``region``, oldest first; their ids, for the
+        caller to free."""
+        out = []
+        pool = self.unused[region]
+        while pool and len(out) < k:
+            bid, _ = pool.popitem(last=False)
+            ref = (region, bid)
+            del self.by_name[self.name_of.pop(ref)]
+            del self.users[ref]
+            out.append(bid)
+        self.counters["prefix.reclaimed_blocks"] += len(out)
+        return out
+
+    def stats(self) -> dict:
+        s = dict(self.counters)
+        q = s["prefix.queried_tokens"]
+        s["prefix.hit_rate"] = s["prefix.hit_tokens"] / q if q else 0.0
+        s["prefix.registered_blocks"] = len(self.name_of)
+        s.update({f"prefix.unused_blocks.{r}": len(p) for r, p in self.unused.items()})
+        return s
