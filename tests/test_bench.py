@@ -1274,3 +1274,14 @@ def test_structured_bench_masks_the_constrained_runs_only(tiny_qwen3_moe, tmp_pa
         assert r["tokens"] > 0 and r["tokens_per_s"] > 0
         assert (r["rows_masked"] > 0) == (r["constraint"] != "free")
         assert (r["mask_us_per_row"] > 0) == (r["constraint"] != "free")
+
+
+def test_prefix_cache_bench_finds_the_first_turn(tiny_qwen3_moe, tmp_path):
+    from writescope.bench import prefix_cache
+    out = tmp_path / "p.json"
+    assert prefix_cache.main(["--model", str(tiny_qwen3_moe), "--device", "cpu", "--dtype",
+                              "float32", "--contexts", "150", "--answer", "4", "--turn", "8",
+                              "--reps", "1", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["cached_tokens_off"] == 0 and row["cached_tokens_on"] == 128  # 2 blocks of 64
+    assert row["next_prompt_tokens"] == 162 and row["ttft_on_ms"] > 0 and row["speedup"] > 0

@@ -330,3 +330,32 @@ def test_chat_renders_the_template(default_model_dir):
     (want,) = llm.generate([llm.tokenizer.apply_chat_template(conv)], sp)
     assert got.token_ids == want.token_ids and got.prompt_token_ids == want.prompt_token_ids
     assert len(llm.chat([conv, conv], sp)) == 2
+
+
+def test_prefix_caching_on_off_and_never_with_migrate(tiny_qwen3_moe, llm):
+    import argparse
+    from writescope.commands.common import add_engine_args, engine_kwargs
+    ids = list(range(3, 43))  # 40 tokens: 5 blocks of 8, the last recomputed for its logits
+    greedy = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    a = llm.generate([ids], greedy)[0]
+    b = llm.generate([ids], greedy)[0]
+    assert (a.num_cached_tokens, b.num_cached_tokens) == (0, 32) and a.token_ids == b.token_ids
+    whole = llm.generate([ids], SamplingParams(max_tokens=1, prompt_logprobs=0))[0]
+    assert whole.num_cached_tokens == 0  # its prompt's log-probabilities need every token
+    s = llm.stats()
+    assert s["prefix.hit_tokens"] == 32 and s["prefix.queried_tokens"] == 120
+    off = LLM(str(tiny_qwen3_moe), dtype="float32", device="cpu", block_size=8,
+              max_model_len=256, enable_prefix_caching=False)
+    off.generate([ids], greedy)
+    assert off.generate([ids], greedy)[0].num_cached_tokens == 0
+    assert "prefix.hit_tokens" not in off.stats()
+    mig = LLM(str(tiny_qwen3_moe), dtype="float32", device="cpu", block_size=8,
+              max_model_len=256, kv_policy="migrate")
+    assert mig.engine.cache.prefix is None  # it moves blocks that sequences would share
+    mig.engine.set_kv_policy("static")
+    assert mig.engine.cache.prefix is not None
+    p = argparse.ArgumentParser()
+    add_engine_args(p)
+    assert engine_kwargs(p.parse_args([]))["enable_prefix_caching"] is True
+    assert engine_kwargs(p.parse_args(["--no-enable-prefix-caching"]))["enable_prefix_caching"] \
+        is False
