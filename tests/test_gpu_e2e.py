@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from test_parity import GREEDY, PLACEMENTS, engine, generate_checked, prompt_ids, reference
+from test_parity import (GREEDY, PLACEMENTS, engine, generate_checked, prefix_cache_checked,
+                         prompt_ids, reference)
 from writescope import SamplingParams
 
 pytestmark = [pytest.mark.gpu,
@@ -16,6 +17,14 @@ pytestmark = [pytest.mark.gpu,
 def test_cuda_fp32_matches_transformers(all_tiny, placement):
     s = generate_checked(all_tiny, device="cuda", **PLACEMENTS[placement]).stats()
     assert s["kv.bytes_moved_after_placement"] == 0
+    assert s["engine.cuda_peak_bytes"] <= s["engine.vram_budget"]
+
+
+@pytest.mark.parametrize("placement", ["mixed", "all-T", "all-C"])
+def test_cuda_prefix_cache_hits_match_transformers(all_tiny, placement):
+    """Prefix caching on CUDA: prompts start from blocks left in G, T (pinned, streamed) or C
+    (read by the CPU kernel) by earlier prompts and answers; transformers' tokens."""
+    s = prefix_cache_checked(all_tiny, device="cuda", **PLACEMENTS[placement])
     assert s["engine.cuda_peak_bytes"] <= s["engine.vram_budget"]
 
 

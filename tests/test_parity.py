@@ -177,19 +177,18 @@ def test_prompt_logprobs_zero_and_long_prompts_in_pieces(all_tiny, monkeypatch):
                for i in range(1, 150)) < 1e-4
 
 
-@pytest.mark.parametrize("placement", list(PLACEMENTS))
-def test_prefix_cache_hits_match_transformers(all_tiny, placement):
-    """Prefix caching: a prompt that starts with an earlier one's prompt (its blocks sealed
-    while prefilling) and one that starts with an earlier prompt *and its output* (blocks
-    sealed while decoding, named when it finished) start from those blocks, wherever they
-    were written, and still give transformers' tokens and log-probabilities."""
-    llm = engine(all_tiny, **PLACEMENTS[placement])
+def prefix_cache_checked(path, **engine_options) -> dict:
+    """A prompt that starts with an earlier one's prompt (its blocks sealed while prefilling)
+    and one that starts with an earlier prompt *and its output* (blocks sealed while decoding,
+    named when it finished) start from those blocks, wherever they were written, and still
+    give transformers' tokens and log-probabilities. Returns the engine's stats."""
+    llm = engine(path, **engine_options)
     vocab = llm.engine.config.vocab_size
     ids = prompt_ids(vocab)
     llm.generate([ids[:150]], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
     (out,) = llm.generate([ids], GREEDY)
     assert out.num_cached_tokens == 144  # 9 of the 150-token prompt's blocks of 16
-    check(out, *reference(str(all_tiny), tuple(ids)))
+    check(out, *reference(str(path), tuple(ids)))
     # 100 prompt tokens + 39 decoded ones in the cache: 8 whole blocks, 2 made while decoding
     short = prompt_ids(vocab, 100, seed=7)
     (first,) = llm.generate([short], SamplingParams(temperature=0.0, max_tokens=40,
@@ -197,8 +196,27 @@ def test_prefix_cache_hits_match_transformers(all_tiny, placement):
     follow = short + first.token_ids[:30] + [5]
     (out,) = llm.generate([follow], GREEDY)
     assert out.num_cached_tokens == 128
-    check(out, *reference(str(all_tiny), tuple(follow)))
+    check(out, *reference(str(path), tuple(follow)))
     s = llm.stats()
     assert s["prefix.hit_tokens"] == 144 + 128
     assert s["kv.bytes_moved_after_placement"] == 0
     assert all(s[f"kv.blocks.{r}"] == 0 for r in "GTCW"), "every block free or cached unused"
+    return s
+
+
+@pytest.mark.parametrize("placement", list(PLACEMENTS))
+def test_prefix_cache_hits_match_transformers(all_tiny, placement):
+    prefix_cache_checked(all_tiny, **PLACEMENTS[placement])
+
+
+def test_completions_of_one_prompt_share_its_blocks(all_tiny):
+    """``n=3``: the second and third completions wait for the first's prompt blocks (they are
+    being prefilled) and start from them; each is transformers' greedy output."""
+    llm = engine(all_tiny, **PLACEMENTS["mixed"])
+    ids = prompt_ids(llm.engine.config.vocab_size)
+    params = SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True, logprobs=TOP, n=3)
+    (out,) = llm.generate([ids], params)
+    ref = reference(str(all_tiny), tuple(ids))
+    for c in out.outputs:
+        check(c, *ref)
+    assert llm.stats()["prefix.hit_tokens"] == 2 * 208  # 13 whole blocks of the 210 tokens

@@ -245,3 +245,28 @@ def test_reclaiming_makes_room_in_the_region_the_policy_asks_for():
     run(cache, [Seq(1, [2] * 17, 1)], spec, 1, 8, rng)  # other tokens: no hit, all reclaimed
     assert cache.prefix.counters["prefix.reclaimed_blocks"] == 4
     assert len(cache.match_prefix(cache.prefix_names([2] * 17), 17)) == 4
+
+
+def test_a_prompt_being_prefilled_is_pending_until_sealed_or_freed():
+    spec = SPECS["gqa"](1)
+    cache = make_cache(spec, 4, RandomPolicy(4), blocks=16)
+    prompt = list(range(1, 14))  # 3 full blocks
+    names = cache.prefix_names(prompt)
+    m0 = cache.match_prefix(names, 13)
+    assert not cache.prefix_pending(names, m0, 13)
+    cache.add_sequence(0, 16, 13, prompt_names=names)
+    assert cache.prefix_pending(names, m0, 13)
+    recs = token_records(prompt, spec, 1)
+    cache.begin_step([(0, 0, 8)])  # two blocks sealed, the third still to come
+    cache.attention(0, torch.randn(8, 2, spec.k_dim), recs[0, :8])
+    cache.end_step()
+    m = cache.match_prefix(names, 13)
+    assert len(m) == 2 and cache.prefix_pending(names, m, 13)
+    assert not cache.prefix_pending(names[:2] + [b"other"], m, 13)
+    cache.free_sequence(0, prompt[:8])  # aborted: nothing is pending any more
+    assert not cache.prefix_pending(names, m, 13) and not cache._pending
+    # a benchmark's synthetic fill never registers, so nothing waits for it
+    cache.add_sequence(1, 16, 13, prompt_names=names)
+    assert cache.prefix_pending(names, cache.match_prefix(names, 13), 13)
+    cache.fill_step([(1, 0, 4)], torch.randn(4, spec.num_kv_heads, spec.rec_dim))
+    assert not cache._pending

@@ -113,6 +113,8 @@ class Scheduler:
         # a request that asks for its prompt's log-probabilities computes every prompt token
         prefix = None if req.params.prompt_logprobs is not None else \
             self.cache.match_prefix(req.block_names, n_prompt)
+        if prefix is not None and self.cache.prefix_pending(req.block_names, prefix, n_prompt):
+            return None  # a running request is prefilling more of this prompt: start from it
         if not self.cache.can_admit(total, prefix):
             return None
         self.waiting.popleft()

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -194,6 +195,8 @@ class InplaceKVCache:
         self.seqs: dict[int, SeqTable] = {}
         #: automatic prefix caching (``prefix.py``); None when off
         self.prefix = PrefixCache(self.bs) if prefix_caching else None
+        #: names of prompt blocks that running sequences will seal (and register)
+        self._pending: Counter = Counter()
         self.reserved = 0  # blocks promised to admitted sequences, not yet sealed
         self.counters = {f"kv.bytes_written.{r}": 0 for r in Region}
         self.counters["kv.pipelined_steps"] = 0
@@ -255,6 +258,25 @@ class InplaceKVCache:
             return None
         return self.prefix.match(names, (prompt_tokens - 1) // self.bs)
 
+    def prefix_pending(self, names: list[bytes] | None, prefix: PrefixMatch | None,
+                       prompt_tokens: int) -> bool:
+        """Whether the block after a prompt's cached prefix is being prefilled by a running
+        sequence (the same tokens): admitted a step or so later, the prompt would start from it
+        too. (Sequences admitted in one step share nothing: each attends its cached blocks
+        before the step writes its own.)"""
+        k = len(prefix) if prefix is not None else 0
+        return (self.prefix is not None and bool(names) and k < (prompt_tokens - 1) // self.bs
+                and self._pending[names[k]] > 0)
+
+    def _unpend(self, t: SeqTable, upto: int | None = None) -> None:
+        """``t``'s prompt blocks before ``upto`` (default: all) are no longer to be sealed."""
+        end = len(t.prompt_names) if upto is None else min(upto, len(t.prompt_names))
+        for name in t.prompt_names[t.pending_from:end]:
+            self._pending[name] -= 1
+            if self._pending[name] <= 0:
+                del self._pending[name]
+        t.pending_from = max(t.pending_from, end)
+
     def add_sequence(self, seq_id: int, max_tokens: int, prompt_tokens: int | None = None,
                      prefix: PrefixMatch | None = None, prompt_names: list[bytes] | None = None
                      ) -> int:
@@ -293,6 +315,8 @@ class InplaceKVCache:
                 t.num_tokens = len(prefix) * self.bs
             elif prompt_names is not None:
                 self.prefix.counters["prefix.queried_tokens"] += int(prompt_tokens or 0)
+            t.pending_from = len(t.names)
+            self._pending.update(t.prompt_names[t.pending_from:])
         self.seqs[seq_id] = t
         self.policy.admit(seq_id, int(prompt_tokens or 0))
         return t.num_tokens
@@ -311,6 +335,7 @@ class InplaceKVCache:
         if t is None:
             raise KVCacheError(f"sequence {seq_id} is not in the cache (freed twice?)")
         t.freed = True
+        self._unpend(t)
         if self.prefix is None:
             for code, region in CODE_REGIONS.items():
                 ids = t.sealed_ids[t.sealed_codes == code]
@@ -407,6 +432,7 @@ class InplaceKVCache:
         self._step = step
         for seq_id, _, _ in work:  # random records: no block of these is ever found by its tokens
             self.seqs[seq_id].cacheable = False
+            self._unpend(self.seqs[seq_id])
         try:
             for layer in range(self.spec.num_layers):
                 self._write(layer, records)
@@ -821,6 +847,7 @@ class InplaceKVCache:
                     and b < len(t.prompt_names):  # a prompt block: its tokens are known
                 self.prefix.register(t.prompt_names[b], (r, bid))
                 t.names.append(t.prompt_names[b])
+                self._unpend(t, b + 1)
             t.reserved_blocks -= 1
             self.reserved -= 1
         for seq_id, start, n in step["work"]:

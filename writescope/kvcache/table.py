@@ -31,6 +31,9 @@ class SeqTable:
     names: list = field(default_factory=list)
     prompt_names: list = field(default_factory=list)
     cacheable: bool = True
+    #: prompt blocks from here on are still to be sealed by this sequence (counted in the
+    #: cache's pending names, so that a prompt that shares them waits for them)
+    pending_from: int = 0
     _regions: tuple[Region, ...] = ()  # kept in step with codes, for the policies' SeqKV views
 
     def append(self, region: Region, block_id: int) -> None:

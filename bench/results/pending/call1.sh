@@ -7,6 +7,10 @@
 #    forty-fifth's sampler (batched draws, top-k copies, processors on CUDA) or the
 #    forty-sixth's structured outputs (masks unpacked on the device). If the graphed-call tests
 #    fail, cpu_experts_graph.mode()'s default goes back to "off".
+#    Also the forty-eighth's automatic prefix caching, on by default: its CUDA parity test
+#    (test_gpu_e2e.py::test_cuda_prefix_cache_hits_match_transformers) and every other GPU
+#    test that runs a prompt twice on one engine now starts the second from cached blocks; if
+#    those fail, LLMEngine's enable_prefix_caching default goes to False until fixed.
 # 2. The sampler's and the grammars' costs on the H200 (bench.sampler, bench.structured).
 # 3. The batch-1 CPU-experts rows on the auto default (DeepSeek-V2-Lite 1 x 8K, Qwen3 1 x 1K),
 #    graphed against eager (WRITESCOPE_CPU_EXPERTS_GRAPHED=0) alternating.

@@ -4,13 +4,11 @@
 # Qwen3-30B-A3B at full size (random weights), routed experts on the CPU, 32 GiB VRAM budget:
 # a first turn of 8K / 32K tokens, then that prompt + its answer + 64 new tokens, timed to the
 # first token with prefix caching off and on (the dev VM's 2-layer figures are in
-# bench/results/2026-12-05-devvm/). Then the prefix-cache tests on CUDA (the parity tests run
-# on the CPU; these check the same hits with the GPU's regions).
+# bench/results/2026-12-05-devvm/). (The GPU suite of call 1 has the prefix cache's CUDA
+# parity test, tests/test_gpu_e2e.py::test_cuda_prefix_cache_hits_match_transformers.)
 source bench/results/run-helper.sh
-call_begin 560
+call_begin 450
 run prefix-qwen3 420 python -m writescope.bench.prefix_cache --model qwen3-30b-a3b \
   --random-weights --vram-budget 32GiB --experts cpu --contexts 8192 32768 --reps 1 \
   --max-num-batched-tokens 16384 --json $R/prefix_cache-qwen3.json
-run prefix-tests 120 python -m pytest -q -p no:cacheprovider tests/test_prefix_cache.py \
-  tests/test_parity.py -k "prefix" --tb=short
 call_end
