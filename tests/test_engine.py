@@ -337,13 +337,15 @@ def test_prefix_caching_on_off_and_never_with_migrate(tiny_qwen3_moe, llm):
     from writescope.commands.common import add_engine_args, engine_kwargs
     ids = list(range(3, 43))  # 40 tokens: 5 blocks of 8, the last recomputed for its logits
     greedy = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    s0 = llm.stats()  # (the fixture's engine is shared with other tests)
     a = llm.generate([ids], greedy)[0]
     b = llm.generate([ids], greedy)[0]
     assert (a.num_cached_tokens, b.num_cached_tokens) == (0, 32) and a.token_ids == b.token_ids
     whole = llm.generate([ids], SamplingParams(max_tokens=1, prompt_logprobs=0))[0]
     assert whole.num_cached_tokens == 0  # its prompt's log-probabilities need every token
     s = llm.stats()
-    assert s["prefix.hit_tokens"] == 32 and s["prefix.queried_tokens"] == 120
+    assert s["prefix.hit_tokens"] - s0["prefix.hit_tokens"] == 32
+    assert s["prefix.queried_tokens"] - s0["prefix.queried_tokens"] == 120
     off = LLM(str(tiny_qwen3_moe), dtype="float32", device="cpu", block_size=8,
               max_model_len=256, enable_prefix_caching=False)
     off.generate([ids], greedy)
