@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 from ..core import (FinishReason, InvalidRequestError, Request, RequestOutput, RequestStatus,
                     RequestTooLargeError, SamplingParams)
 from ..kvcache.cache import InplaceKVCache, plan_layout
-from ..kvcache.placement import PlacementPolicy, make_policy
+from ..kvcache.placement import make_policy
 from ..layers.grammar import Grammars
 from ..attention.hybrid import DEFAULT_STAGING_BYTES
 from ..attention.gather import DEFAULT_GATHER_BYTES
@@ -367,12 +367,12 @@ class LLMEngine:
                              model_config=self.config, experts_on_cpu=any(self.cpu_expert_layers),
                              block_size=a["layout"].block_size)
         self.kv_policy = kv_policy
-        moves = type(policy).migrations is not PlacementPolicy.migrations
         self.cache = InplaceKVCache(a["spec"], a["layout"], policy, self.device,
                                     self.config.softmax_scale,
                                     a["cpu_threads"] if cpu_threads is None else cpu_threads,
                                     staging_bytes=a["staging"],
-                                    prefix_caching=self.enable_prefix_caching and not moves)
+                                    prefix_caching=self.enable_prefix_caching
+                                    and not policy.moves_blocks)
         self.scheduler = Scheduler(self.cache, a["max_num_seqs"], a["max_num_batched_tokens"])
         # the CPU workers (attention, experts) need the GIL for a few microseconds between
         # native calls; a launching thread holding it makes them wait up to the interpreter's

@@ -156,7 +156,7 @@ class InplaceKVCache:
                  device: torch.device | str, scale: float, cpu_threads: int | None = None,
                  staging_bytes: int | None = None, prefill_gpu_rows: int | None = PREFILL_GPU_ROWS,
                  dense_prefill: bool | None = None, prefix_caching: bool = False):
-        if prefix_caching and type(policy).migrations is not PlacementPolicy.migrations:
+        if prefix_caching and policy.moves_blocks:
             raise ValueError(f"prefix caching cannot run with the {policy.name!r} policy: it moves "
                              "sealed blocks, which other sequences may share")
         self.spec = spec
@@ -307,14 +307,14 @@ class InplaceKVCache:
         t = SeqTable(seq_id, slot, need)
         if self.prefix is not None:
             t.prompt_names = list(prompt_names or ())
+            if prompt_names is not None:
+                self.prefix.counters["prefix.queried_tokens"] += int(prompt_tokens or 0)
             if prefix:
-                self.prefix.acquire(prefix, int(prompt_tokens or 0))
+                self.prefix.acquire(prefix)
                 for r, bid in prefix.blocks:
                     t.append(r, bid)
                 t.names = t.prompt_names[:len(prefix)]
                 t.num_tokens = len(prefix) * self.bs
-            elif prompt_names is not None:
-                self.prefix.counters["prefix.queried_tokens"] += int(prompt_tokens or 0)
             t.pending_from = len(t.names)
             self._pending.update(t.prompt_names[t.pending_from:])
         self.seqs[seq_id] = t
@@ -451,7 +451,7 @@ class InplaceKVCache:
         """The placement half of a step: the homes of the blocks ``work`` completes (chosen by
         the policy, allocated) and where each of its tokens' records goes."""
         bs = self.bs
-        if type(self.policy).migrations is not PlacementPolicy.migrations:
+        if self.policy.moves_blocks:
             self._migrate(work)
         cap = CacheCapacity({r: self._free(r) for r in (Region.G, Region.T, Region.C)},
                             bs, self.block_bytes)
@@ -869,7 +869,7 @@ class InplaceKVCache:
     # ------------------------------------------------------------------ statistics
     def live_blocks(self) -> dict[Region, int]:
         """Blocks in use per region (unused cached blocks, free to reclaim, are not)."""
-        return {r: a.n - self._free(r) if r is not Region.W else a.n - a.num_free
+        return {r: a.n - (a.num_free if r is Region.W else self._free(r))
                 for r, a in self.alloc.items()}
 
     def stats(self) -> dict:

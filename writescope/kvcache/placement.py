@@ -82,6 +82,11 @@ class PlacementPolicy(ABC):
         were written. Moved bytes are counted in ``kv.bytes_moved_after_placement``."""
         return []
 
+    @property
+    def moves_blocks(self) -> bool:
+        """Whether this policy overrides :meth:`migrations` (may move sealed blocks)."""
+        return type(self).migrations is not PlacementPolicy.migrations
+
     def stats(self) -> dict[str, Any]:
         return {}
 

@@ -89,9 +89,8 @@ class PrefixCache:
             m.unused += self.users[ref] == 0
         return m
 
-    def acquire(self, match: PrefixMatch, prompt_tokens: int) -> None:
+    def acquire(self, match: PrefixMatch) -> None:
         """A sequence starts from ``match``'s blocks: each gets one more user."""
-        self.counters["prefix.queried_tokens"] += prompt_tokens
         self.counters["prefix.hit_tokens"] += len(match) * self.bs
         for ref in match.blocks:
             if self.users[ref] == 0:
