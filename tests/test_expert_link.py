@@ -71,7 +71,7 @@ def test_cpu_part_and_link_part_add_up_to_the_whole_call(backend, dtype):
     layer = _layer(E, H, I, dtype, backend)
     for n, k, share in ((1, 3, 0.36), (4, 2, 0.5), (7, 3, 0.9), (16, 2, 0.3), (2, 2, 0.05)):
         ids, w = _routing(n, k, E, n)
-        x = torch.randn(n, H).to(dtype)
+        x = torch.randn(n, H, generator=torch.Generator().manual_seed(n)).to(dtype)
         whole = layer.forward(x, ids, w, out_dtype=torch.float32)
         sp = el.split(ids, w, E, share)
         cpu = layer.forward(x, sp.ids_cpu, w, out_dtype=torch.float32)
