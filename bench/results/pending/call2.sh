@@ -1,14 +1,26 @@
 #!/bin/bash
-# Planned second call (written in the forty-eighth session, which had no device machine):
-# what automatic prefix caching saves the next turn of a long conversation on the H200 --
-# Qwen3-30B-A3B at full size (random weights), routed experts on the CPU, 32 GiB VRAM budget:
-# a first turn of 8K / 32K tokens, then that prompt + its answer + 64 new tokens, timed to the
-# first token with prefix caching off and on (the dev VM's 2-layer figures are in
-# bench/results/2026-12-05-devvm/). (The GPU suite of call 1 has the prefix cache's CUDA
-# parity test, tests/test_gpu_e2e.py::test_cuda_prefix_cache_hits_match_transformers.)
+# Second call of the forty-ninth session (planned in the forty-eighth, which had no device
+# machine; the rest added once call 1 had passed): the last call the session's device time
+# allows, three parts in order of need.
+# 1. What automatic prefix caching saves the next turn of a long conversation on the H200 --
+#    Qwen3-30B-A3B at full size (random weights), routed experts on the CPU, 32 GiB VRAM budget:
+#    a first turn of 8K / 32K tokens, then that prompt + its answer + 64 new tokens, timed to the
+#    first token with prefix caching off and on (the dev VM's 2-layer figures are in
+#    bench/results/2026-12-05-devvm/).
+# 2. Issue 6's Qwen3 1 x 1K row with the experts on the CPU on the graphed default (call 1 ran
+#    DeepSeek's 1 x 8K graphed and eager).
+# 3. Issue 6's five-policy experts-on-CPU row, Qwen3 4 x 128K (not re-run since the forty-first
+#    session), against the committed profile; cut by the deadline if need be (results.json
+#    keeps the rows finished).
 source bench/results/run-helper.sh
-call_begin 450
-run prefix-qwen3 420 python -m writescope.bench.prefix_cache --model qwen3-30b-a3b \
+call_begin 560
+run prefix-qwen3 260 python -m writescope.bench.prefix_cache --model qwen3-30b-a3b \
   --random-weights --vram-budget 32GiB --experts cpu --contexts 8192 32768 --reps 1 \
   --max-num-batched-tokens 16384 --json $R/prefix_cache-qwen3.json
+P=bench/profiles/h200.json
+run q1-1k 70 python -m writescope bench --model qwen3-30b-a3b --random-weights --profile $P \
+  --vram-budget 32GiB --experts cpu --max-num-batched-tokens 16384 --warmup-length 1k \
+  --decode-steps 24 --prefill synthetic --no-progress --policies writescope --batch 1 \
+  --context-lengths 1k --out $R/q1-1k
+cpu_grid qwen3-cpu 300 qwen3-30b-a3b 4 128k
 call_end
