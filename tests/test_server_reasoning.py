@@ -153,6 +153,25 @@ def test_thinking_written_by_the_model_is_split_off(client):
     assert streamed["content"] == msg["content"]
 
 
+def test_include_reasoning_false_drops_the_thinking_only(client):
+    """vLLM's ``include_reasoning: false``: the thinking is split off and dropped, streamed and
+    not; the content is the same as with it."""
+    text = "<think>\nthe sky scatters blue light\n</think>\n\nRayleigh scattering."
+    choice, streamed = _both(client, chat_template_kwargs=OFF, guided_regex=re.escape(text),
+                             include_reasoning=False)
+    msg = choice["message"]
+    assert msg["reasoning_content"] is None and msg["content"] == "Rayleigh scattering."
+    assert streamed["reasoning_content"] == "" and streamed["content"] == msg["content"]
+    assert choice["finish_reason"] == streamed["finish_reason"] == "stop"
+    # all thinking (the template opened it): no content and no reasoning
+    opened, streamed = _both(client, chat_template_kwargs=OPEN, max_tokens=20,
+                             include_reasoning=False)
+    assert opened["message"]["content"] is None
+    assert opened["message"]["reasoning_content"] is None
+    assert streamed["reasoning_content"] == streamed["content"] == ""
+    assert opened["finish_reason"] == streamed["finish_reason"] == "length"
+
+
 def test_tool_calls_are_read_from_the_content_only(client):
     text = ('<think>need the weather</think>Let me look.<tool_call>\n{"name": "get_weather", '
             '"arguments": {"city": "Rome"}}\n</tool_call>')

@@ -48,7 +48,7 @@ class ChatOutput:
         to call tools or had to list them, as OpenAI's)."""
         reasoning, content = self.parts(c.text, True)
         msg, reason = self._content_message(content, c.finish_reason)
-        msg.reasoning_content = reasoning
+        msg.reasoning_content = reasoning if self.req.include_reasoning is not False else None
         if reasoning is not None and not msg.content:
             msg.content = None  # all thinking (cut short by max_tokens), or calls only
         head = self.req.echoed() if echo else ""
@@ -92,7 +92,7 @@ class ChatOutput:
         piece = content[self.content_seen.get(i, 0):]
         self.content_seen[i] = len(content)
         d, reason = self._content_delta(c, content, piece)
-        if new_reasoning:
+        if new_reasoning and self.req.include_reasoning is not False:
             d = d or P.ChatDelta()
             d.reasoning_content = new_reasoning
         return d, reason

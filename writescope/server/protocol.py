@@ -379,6 +379,9 @@ class ChatCompletionRequest(ChatTemplateFields, _SamplingFields):
     # extension (vLLM): the answer starts with the last message's content when that message
     # has the answer's role (an assistant turn continued, or answered again)
     echo: Optional[bool] = False
+    # extension (vLLM): false leaves the reasoning out of the answer (with a reasoning parser,
+    # the model still thinks; its thoughts are split off and dropped)
+    include_reasoning: Optional[bool] = True
 
     def echoed(self) -> str:
         """The text ``echo`` puts before each choice's content ('' when none)."""
