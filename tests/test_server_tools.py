@@ -106,9 +106,19 @@ def test_required_lists_calls_of_the_tools(client):
     for call in calls:
         jsonschema.validate(json.loads(call["function"]["arguments"]),
                             SCHEMAS[call["function"]["name"]])
+    # streamed: each call's id and name once, then its arguments piece by piece
     chunks = _stream(client, tools=TOOLS, tool_choice="required")
     streamed = [t for c in chunks for t in c["choices"][0]["delta"].get("tool_calls", [])]
-    assert [(t["function"]["name"], t["function"]["arguments"]) for t in streamed] == \
+    joined: dict[int, list] = {}
+    for t in streamed:
+        if t["index"] not in joined:
+            assert t["id"] and t["function"]["name"]
+            joined[t["index"]] = [t["function"]["name"], ""]
+        else:
+            assert "id" not in t and "name" not in t["function"]
+        joined[t["index"]][1] += t["function"]["arguments"]
+    assert len(streamed) > len(joined)  # the arguments came in pieces
+    assert [tuple(joined[k]) for k in sorted(joined)] == \
         [(c["function"]["name"], c["function"]["arguments"]) for c in calls]
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
     one = _chat(client, tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
@@ -221,6 +231,41 @@ def test_hermes_calls_stream_as_the_text_grows():
     assert tools.json_value_end('{"a": [1, {"b": "}"}]', 0) is None
     # another key order: not streamed piece by piece (the calls come when the output ends)
     assert tools.hermes_partial_calls('<tool_call>{"arguments": {}, "name": "a"}') == []
+
+
+REQUIRED = ('[{"name": "get_weather", "parameters": {"city": "Ro}m\\"e", "days": [1, 2]}},\n'
+            ' {"parameters": {"zone":"UTC"} , "name":"get_time"},{"name": "get_time", '
+            '"parameters": {}, "note": [0, "]"]}]')
+
+
+def test_required_calls_stream_as_the_text_grows():
+    """A 'required' array: on every prefix the incremental reader agrees with a fresh one,
+    names never change, arguments only grow (spacing kept); a call whose parameters come
+    before its name is listed whole; the last prefix gives what forced_calls returns."""
+    prev: list = []
+    stream = tools.RequiredCallStream()
+    for k in range(len(REQUIRED) + 1):
+        now = tools.RequiredCallStream().update(REQUIRED[:k])
+        assert stream.update(REQUIRED[:k]) == now
+        assert len(now) >= len(prev)
+        for (n0, a0, _), (n1, a1, _) in zip(prev, now):
+            assert n0 == n1 and a1.startswith(a0)
+        if k < REQUIRED.index('"name":"get_time"') + 17:
+            assert len(now) <= 1  # the second call waits for its name
+        prev = now
+    assert [(n, a) for n, a, done in prev if done] == [
+        ("get_weather", '{"city": "Ro}m\\"e", "days": [1, 2]}'), ("get_time", '{"zone":"UTC"}'),
+        ("get_time", "{}")]
+    from writescope.server import protocol as P
+    req = P.parse_request(P.ChatCompletionRequest, json.dumps(
+        {"messages": MESSAGES, "tools": TOOLS, "tool_choice": "required"}).encode())
+    calls = tools.forced_calls(req, REQUIRED)
+    assert [(c.function.name, c.function.arguments) for c in calls] == [
+        (n, a) for n, a, _ in prev]
+    assert tools.forced_calls(req, REQUIRED[:-1]) is None  # cut short: content
+    # not an array of objects: nothing is listed
+    assert tools.RequiredCallStream().update('{"name": "a", "parameters": {}}') == []
+    assert tools.RequiredCallStream().update('[1, {"name": "a", "parameters": {}}]') == []
 
 
 def test_serve_knows_the_parsers_the_server_has():

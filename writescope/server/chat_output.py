@@ -34,7 +34,7 @@ class ChatOutput:
         #: 'auto': per choice, the calls streamed so far: [id, arguments sent], and the
         #: scanner reading them out of the growing content
         self.calls_sent: dict[int, list[list[str]]] = {}
-        self.call_scans: dict[int, tools.HermesCallStream] = {}
+        self.call_scans: dict[int, tools.HermesCallStream | tools.RequiredCallStream] = {}
 
     def parts(self, text: str, finished: bool) -> tuple[str | None, str]:
         """(reasoning or None, content) of a choice's text."""
@@ -79,9 +79,9 @@ class ChatOutput:
         """What choice ``c`` sends now (None: nothing) and its finish reason once it ended: the
         new reasoning, then the new content (plain; a named function's arguments as they come;
         with 'auto', the content before the first tool-call tag as it comes; 'required' and
-        'auto' calls when the output ends)."""
+        'auto' calls each with its name once written and its arguments as they come)."""
         i = c.index
-        if self.parser is None and self.mode != "auto":  # only the new text is needed
+        if self.parser is None and (self.mode is None or self.named):  # only the new text
             seen = self.content_seen.get(i, 0)
             self.content_seen[i] = c.sent_text
             return self._content_delta(c, c.text if c.finished else "",
@@ -120,10 +120,12 @@ class ChatOutput:
             out = content[sent:end] if end > sent else ""
             self.content_sent[c.index] = sent = max(sent, end)
         if not c.finished:
-            if self.mode == "auto":  # each call's name once written, its arguments as they come
-                scan = self.call_scans.setdefault(c.index, tools.HermesCallStream())
-                for k, (name, args, _) in enumerate(scan.update(content)):
-                    calls += self._call_delta(streamed, k, name, args)
+            # each call's name once written, its arguments as they come ('auto': out of the
+            # hermes blocks; 'required': out of the array of calls)
+            scan = self.call_scans.setdefault(c.index, tools.HermesCallStream()
+                                              if self.mode == "auto" else tools.RequiredCallStream())
+            for k, (name, args, _) in enumerate(scan.update(content)):
+                calls += self._call_delta(streamed, k, name, args)
             if not out and not calls:
                 return None, None
             return P.ChatDelta(content=out or None, tool_calls=calls or None), None

@@ -10,7 +10,10 @@ makes them:
 - ``"required"``: the output is constrained to a JSON array of ``{"name", "parameters"}``
   objects, each one of the tools with its parameters, at least one (vLLM's schema), and
   returned as that many calls, finish reason ``tool_calls`` (one call at most with
-  ``parallel_tool_calls: false``);
+  ``parallel_tool_calls: false``); each call's arguments are its parameters as the model wrote
+  them, and streamed, its name goes out once written and its arguments as they come (an output
+  cut short by ``max_tokens`` then ends as content, after the calls it had begun: not a
+  complete array, it is content in the whole response too);
 - ``"auto"`` (OpenAI's default when tools are given): the model decides, and a tool-call parser
   reads its text. The one parser here, ``hermes`` (``writescope serve --tool-call-parser
   hermes``), reads ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks, the
@@ -66,7 +69,9 @@ def constraint(req: P.ChatCompletionRequest) -> StructuredOutputsParams | None:
 
 def forced_calls(req: P.ChatCompletionRequest, text: str) -> list[P.ToolCall] | None:
     """The calls a forced output holds; None when a ``"required"`` output is not the complete
-    array (cut short by ``max_tokens`` or a stop string: it is returned as content)."""
+    array (cut short by ``max_tokens`` or a stop string: it is returned as content). A
+    ``"required"`` call's arguments are its ``parameters`` as the model wrote them (what
+    streaming sends, :class:`RequiredCallStream`)."""
     if isinstance(req.tool_choice, P.NamedToolChoice):
         return [P.ToolCall(id=new_call_id(), function=P.FunctionCall(
             name=req.tool_choice.function.name, arguments=text))]
@@ -76,9 +81,13 @@ def forced_calls(req: P.ChatCompletionRequest, text: str) -> list[P.ToolCall] | 
         return None
     if not isinstance(calls, list):
         return None
-    return [P.ToolCall(id=new_call_id(), function=P.FunctionCall(
-        name=c["name"], arguments=json.dumps(c["parameters"], ensure_ascii=False)))
-        for c in calls if isinstance(c, dict) and "name" in c and "parameters" in c]
+    calls = [c for c in calls if isinstance(c, dict) and isinstance(c.get("name"), str)
+             and "parameters" in c]
+    raw = RequiredCallStream().update(text)
+    if [(n, json.loads(a)) for n, a, _ in raw] != [(c["name"], c["parameters"]) for c in calls]:
+        raw = [(c["name"], json.dumps(c["parameters"], ensure_ascii=False), True) for c in calls]
+    return [P.ToolCall(id=new_call_id(), function=P.FunctionCall(name=n, arguments=a))
+            for n, a, _ in raw]
 
 
 # a block's head up to the start of its arguments: {"name": "...", "arguments":
@@ -166,6 +175,109 @@ class HermesCallStream:
             self.done.append((name, text[a:end], True))
             self.open, self.pos = None, end
         return list(self.done)
+
+
+class RequiredCallStream:
+    """The calls a streamed ``"required"`` output holds so far -- a JSON array of
+    ``{"name": ..., "parameters": {...}}`` objects (:func:`constraint`) --, as (name, the
+    parameters' JSON text so far, complete): an object is listed once its name is read and its
+    parameters have started, whatever the order of its keys (parameters written before the
+    name are listed whole). As the text grows (each :meth:`update` must extend the last one's),
+    each value is scanned once; text that is not such an array ends the list where it starts."""
+
+    def __init__(self) -> None:
+        self.done: list[tuple[str, str, bool]] = []
+        self.i = 0
+        self.state = "array"
+        self._new_object()
+
+    def _new_object(self) -> None:
+        self.name: str | None = None
+        self.params: tuple[int, int | None] | None = None  # the parameters' start and end
+        self.key: str | None = None
+        self.scan: JsonValueScan | None = None  # the key or value being read
+
+    def update(self, text: str) -> list[tuple[str, str, bool]]:
+        n = len(text)
+        while self.i < n and self.state != "end":
+            if self.scan is None and text[self.i] in " \t\r\n":
+                self.i += 1
+                continue
+            if not self._step(text, text[self.i]):
+                break
+        out = list(self.done)
+        if self.name is not None and self.params is not None and self.state != "end":
+            a, b = self.params
+            out.append((self.name, text[a:n if b is None else b], False))
+        return out
+
+    def _step(self, text: str, ch: str) -> bool:
+        """Reads on from ``self.i``; False where the text ends inside a value or is not of the
+        array's shape."""
+        st = self.state
+        if st == "array":
+            return self._expect(ch, "[", "element")
+        if st == "element":  # an object, or the end of an empty array
+            if ch == "]":
+                self.state = "end"
+                return True
+            return self._expect(ch, "{", "key")
+        if st == "key":  # a key, or the end of the object
+            if ch == "}":
+                return self._close_object(text)
+            if ch != '"' and self.scan is None:
+                return False
+            self.scan = self.scan or JsonValueScan(self.i)
+            end = self.scan.end(text)
+            if end is None:
+                return False
+            self.key, self.scan = json.loads(text[self.i:end]), None
+            self.i, self.state = end, "colon"
+            return True
+        if st == "colon":
+            return self._expect(ch, ":", "value")
+        if st == "value":
+            if self.scan is None:
+                self.scan = JsonValueScan(self.i)
+                if self.key == "parameters":
+                    self.params = (self.i, None)
+            end = self.scan.end(text)
+            if end is None:
+                return False
+            value, self.scan = text[self.i:end], None
+            if self.key == "name":
+                try:
+                    name = json.loads(value)
+                except json.JSONDecodeError:
+                    return False
+                self.name = name if isinstance(name, str) else None
+            elif self.key == "parameters":
+                self.params = (self.params[0], end)
+            self.i, self.state = end, "after_value"
+            return True
+        if st == "after_value":
+            if ch == "}":
+                return self._close_object(text)
+            return self._expect(ch, ",", "key")
+        # after an object
+        if ch == "]":
+            self.state = "end"
+            return True
+        return self._expect(ch, ",", "element")
+
+    def _expect(self, ch: str, want: str, then: str) -> bool:
+        if ch != want:
+            return False
+        self.i, self.state = self.i + 1, then
+        return True
+
+    def _close_object(self, text: str) -> bool:
+        if self.name is not None and self.params is not None and self.params[1] is not None:
+            a, b = self.params
+            self.done.append((self.name, text[a:b], True))
+        self._new_object()
+        self.i, self.state = self.i + 1, "after_object"
+        return True
 
 
 def hermes_partial_calls(text: str) -> list[tuple[str, str, bool]]:
