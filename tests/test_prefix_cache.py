@@ -186,6 +186,38 @@ def test_concurrent_users_share_blocks_and_reservations_count_them_once():
     assert sum(cache.prefix.num_unused(r) for r in (Region.G, Region.T, Region.C)) == 5
 
 
+def test_the_queue_head_counts_a_waiting_prompts_cached_blocks():
+    """The scheduler's queue head (what the placement policy expects to join the batch) counts
+    a waiting request's blocks as admission does: a prompt that fits only by sharing a
+    running sequence's blocks is in it, and is admitted; one that asks for its prompt's
+    log-probabilities computes every token, so it does not fit."""
+    from writescope.core import Request, SamplingParams
+    from writescope.engine.scheduler import Scheduler
+    spec = SPECS["gqa"](1)
+    cache = make_cache(spec, 4, RandomPolicy(1), blocks=3)  # 9 sealed blocks in all
+    prompt = list(range(1, 22))  # 21 tokens: 5 full blocks
+    names = cache.prefix_names(prompt)
+    cache.add_sequence(0, 24, 21, prompt_names=names)
+    cache.begin_step([(0, 0, 21)])
+    cache.attention(0, torch.randn(21, 2, spec.k_dim), token_records(prompt, spec, 1)[0])
+    cache.end_step()
+    assert not cache.can_admit(24)  # 3 blocks left and 6 reserved by sequence 0
+    sched = Scheduler(cache, max_num_seqs=4, max_num_batched_tokens=64)
+
+    def waiting(rid, **kw):
+        req = Request(rid, list(prompt), SamplingParams(max_tokens=3, **kw))
+        req.max_tokens = 3
+        sched.add(req)
+        return req
+
+    logp = waiting("logprobs", prompt_logprobs=1)
+    assert sched.queue_head() == {}
+    sched.remove(logp)
+    w = waiting("w")
+    assert sched.queue_head() == {w.seq_id: 21}
+    assert sched.admit_next() is w and w.num_cached_tokens == 20
+
+
 def test_unused_blocks_are_reclaimed_from_the_ends_of_prefixes():
     p = PrefixCache(4)
     names = block_hashes(list(range(16)), 4)

@@ -93,8 +93,13 @@ class Scheduler:
         free = self.cache.free_sealed() - self.cache.reserved
         head: dict[int, int] = {}
         for req in self.waiting:
+            if len(head) >= min(room, slots):
+                break
             need = self.cache.blocks_for(len(req.prompt_token_ids) + req.max_tokens)
-            if len(head) >= min(room, slots) or need > free:
+            prefix = self._cached_prefix(req)
+            if prefix is not None:  # as can_admit counts it
+                need += prefix.unused - len(prefix)
+            if need > free:
                 break
             head[req.seq_id] = len(req.prompt_token_ids)
             free -= need
@@ -108,11 +113,7 @@ class Scheduler:
         req = self.waiting[0]
         n_prompt = len(req.prompt_token_ids)
         total = n_prompt + req.max_tokens
-        if req.block_names is None:  # named once (prefix caching; None without it)
-            req.block_names = self.cache.prefix_names(req.prompt_token_ids)
-        # a request that asks for its prompt's log-probabilities computes every prompt token
-        prefix = None if req.params.prompt_logprobs is not None else \
-            self.cache.match_prefix(req.block_names, n_prompt)
+        prefix = self._cached_prefix(req)
         if prefix is not None and self.cache.prefix_pending(req.block_names, prefix, n_prompt):
             return None  # a running request is prefilling more of this prompt: start from it
         if not self.cache.can_admit(total, prefix):
@@ -124,6 +125,16 @@ class Scheduler:
         req.status = RequestStatus.RUNNING
         self.running.append(req)
         return req
+
+    def _cached_prefix(self, req: Request):
+        """The cached blocks a waiting request would start from now (``PrefixMatch``), or None
+        (prefix caching off, nothing cached, or a request that asks for its prompt's
+        log-probabilities: it computes every prompt token)."""
+        if req.block_names is None:  # named once (prefix caching; None without it)
+            req.block_names = self.cache.prefix_names(req.prompt_token_ids)
+        if req.params.prompt_logprobs is not None:
+            return None
+        return self.cache.match_prefix(req.block_names, len(req.prompt_token_ids))
 
     @staticmethod
     def _prefill_chunk(req: Request, budget: int, seqs: list[ScheduledSeq]) -> int:
