@@ -1258,7 +1258,7 @@ def test_sampler_bench_times_both_ways(tmp_path):
                          "--json", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert [r["setting"] for r in rows] == list(sampler.SETTINGS)
-    assert all(r["batch"] == 2 and r["batched_ms"] > 0 and r["per_row_ms"] > 0 for r in rows)
+    assert all(r["batch"] == 2 and r["batched_ms"] > 0 and r["seeded_ms"] > 0 for r in rows)
 
 
 def test_structured_bench_masks_the_constrained_runs_only(tiny_qwen3_moe, tmp_path):

@@ -9,6 +9,7 @@ import torch
 
 from test_parity import GREEDY, PLACEMENTS, engine, prompt_ids
 from writescope import SamplingParams
+from writescope.core import Request
 from writescope.layers.sampler import Sampler
 
 
@@ -114,16 +115,17 @@ def test_aborts_and_arrivals_between_overlapped_steps(tiny_qwen3_moe, monkeypatc
     assert s["engine.overlapped_steps"] > 0
 
 
-def test_seeded_sampling_keeps_the_synchronous_path(tiny_qwen3_moe, monkeypatch):
-    """A request that samples with a seed is never overlapped: its tokens come from its own host
-    generator, step by step, exactly as without overlap."""
+def test_seeded_sampling_overlaps_with_the_same_tokens(tiny_qwen3_moe, monkeypatch):
+    """A request that samples with a seed is overlapped too (its number for each step drawn
+    from its own host generator when the step is launched), and its tokens are exactly those
+    of a run without overlap."""
     prompts = [prompt_ids(320, n, seed=n) for n in (15, 29)]
     params = [SamplingParams(temperature=0.8, top_p=0.9, seed=7, max_tokens=12, logprobs=1),
               SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=1)]
     want, _ = _run(tiny_qwen3_moe, monkeypatch, False, prompts, params, PLACEMENTS["all-G"])
     got, s = _run(tiny_qwen3_moe, monkeypatch, True, prompts, params, PLACEMENTS["all-G"])
     _same(got, want)
-    assert s["engine.overlapped_steps"] == 0
+    assert s["engine.overlapped_steps"] > 0
 
 
 def test_penalties_keep_the_synchronous_path_while_they_run(tiny_qwen3_moe, monkeypatch):
@@ -195,10 +197,18 @@ def test_sample_pending_matches_sample():
     assert got[0] == want[0]
     assert got[1] == pytest.approx(want[1], abs=0)
     assert Sampler.can_defer(params)
-    seeded = [GREEDY, SamplingParams(temperature=0.7, seed=3)]
-    assert not Sampler.can_defer(seeded)
+    # seeded rows too: their numbers drawn on the host first, the same tokens as sample's
+    seeded = [GREEDY, SamplingParams(temperature=0.7, seed=3),
+              SamplingParams(temperature=1.0, top_k=20, seed=4)]
+    reqs = [Request(f"r{i}", [1], p) for i, p in enumerate(seeded)]
+    assert Sampler.can_defer(seeded)
+    one, two = Sampler(), Sampler()
+    for _ in range(3):  # step after step, each row's generator moves on alike
+        want = one.sample(logits[:3], seeded, [r.seq_id for r in reqs])
+        assert two.sample_pending(logits[:3], seeded, reqs).result() == want
     with pytest.raises(ValueError, match="seeded"):
-        s.sample_pending(logits[:2], seeded)
+        Sampler().sample_pending(logits[:3], seeded)  # no requests: no generators
+    assert not Sampler.can_defer([SamplingParams(temperature=0.7, repetition_penalty=1.2)])
 
 
 def test_the_switch(monkeypatch):
@@ -244,3 +254,22 @@ def test_overlapped_steps_on_cuda(all_tiny, placement, monkeypatch):
         assert s["engine.overlapped_steps"] < s["engine.steps"] // 2, s
     monkeypatch.setenv("WRITESCOPE_ASYNC_DECODE", "auto")
     generate_checked(all_tiny, **opts)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_seeded_sampling_overlaps_on_cuda(tiny_qwen3_moe, monkeypatch):
+    """On CUDA: seeded rows (their numbers from host generators, the picks on the device) in
+    overlapped steps give the synchronous run's tokens, and the same tokens again."""
+    opts = dict(PLACEMENTS["all-G"], device="cuda")
+    prompts = [prompt_ids(320, n, seed=n) for n in (15, 29, 8)]
+    params = [SamplingParams(temperature=0.8, top_p=0.9, seed=7, max_tokens=16, logprobs=1),
+              SamplingParams(temperature=1.0, top_k=40, seed=8, max_tokens=16, logprobs=1),
+              SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=1)]
+    want, _ = _run(tiny_qwen3_moe, monkeypatch, False, prompts, params, opts)
+    got, s = _run(tiny_qwen3_moe, monkeypatch, True, prompts, params, opts)
+    again, _ = _run(tiny_qwen3_moe, monkeypatch, True, prompts, params, opts)
+    assert got.keys() == want.keys() == again.keys()
+    for k in got:
+        assert got[k][0] == want[k][0] == again[k][0], k
+    assert s["engine.overlapped_steps"] > 0, s

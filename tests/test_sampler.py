@@ -98,6 +98,35 @@ def test_draw_samples_the_filtered_distribution(p):
     assert ((freq - want).abs() <= 4.5 * sd + 1e-12).all(), (freq, want)
 
 
+@pytest.mark.parametrize("p", [SamplingParams(temperature=0.7),
+                               SamplingParams(temperature=1.3, top_k=5),
+                               SamplingParams(temperature=0.9, top_k=7, top_p=0.8)])
+def test_seeded_draws_sample_the_filtered_distribution(p):
+    """Seeded rows (a number u per row, the token where the cumulative probability passes u):
+    40,000 draws within 4.5 standard deviations of the filter's distribution, none outside its
+    support; through Sampler.sample with 40,000 seeds, each seed's token the same on a second
+    sampler."""
+    torch.manual_seed(2)
+    logits = torch.randn(12) * 2
+    n = 40_000
+    rows = logits.expand(n, -1).contiguous()
+    params = [SamplingParams(temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, seed=i)
+              for i in range(n)]
+    got = torch.tensor(Sampler().sample(rows, params, list(range(n)))[0])
+    again = Sampler().sample(rows, params, list(range(n)))[0]
+    assert got.tolist() == again
+    want = _target(logits, p).double()
+    freq = torch.bincount(got, minlength=12).double() / n
+    assert (freq[want == 0] == 0).all()
+    sd = (want * (1 - want) / n).sqrt()
+    assert ((freq - want).abs() <= 4.5 * sd + 1e-12).all(), (freq, want)
+    # u at the edges of [0, 1): the most and least likely tokens of the support
+    u = torch.tensor([0.0, 1.0 - 2 ** -53], dtype=torch.float64)
+    edge = Sampler.draw(rows[:2], params[:2], [0, 1], u).tolist()
+    support = (want > 0).nonzero().flatten()
+    assert edge[0] in support.tolist() and edge[1] in support.tolist()
+
+
 def test_draw_mixes_rows_of_different_settings():
     """One call over rows that filter differently (and rows left out): each row's draw stays in
     its own filter's support."""

@@ -8,13 +8,13 @@ in writescope's terms (on the H200: Qwen3-30B-A3B 2 x 32K 9.28 -> 7.75 ms a step
 4 x 32K 9.52 -> 7.93; bench/results/2026-12-03h-h200, call 1):
 
 1. ``LLMEngine.step`` launches a step (``ModelRunner.launch(defer=True)``). When the step is
-   deferrable -- decode tokens only, none of them seeded sampling, penalties, ``min_tokens``
-   or a grammar (``Sampler.can_defer``: a seeded request draws from its own host generator, the
-   others need their last token on the host first), the cache step reads only G and W on the
+   deferrable -- decode tokens only, none of them with penalties, ``min_tokens`` or a grammar
+   (``Sampler.can_defer``: those need their last token on the host first; a seeded row's
+   number is drawn from its own host generator as the step is launched), the cache step reads only G and W on the
    GPU and completes no block (``InplaceKVCache.step_deferrable``), no CUDA graph waits to be
    captured, no routed experts on the CPU -- the runner closes it without waiting for the
    device, and its tokens, chosen on the device (``Sampler.sample_pending``: greedy rows as
-   before, unseeded sampled rows from the device's generator), are copied into page-locked
+   before, sampled rows as ``Sampler.sample`` draws them), are copied into page-locked
    memory behind its work.
 2. Before waiting for those tokens, the engine launches the step that follows
    (``Scheduler.followup``: the same requests, one token further), its input ids taken on the

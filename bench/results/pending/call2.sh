@@ -12,9 +12,16 @@
 # 3. Issue 6's five-policy experts-on-CPU row, Qwen3 4 x 128K (not re-run since the forty-first
 #    session), against the committed profile; cut by the deadline if need be (results.json
 #    keeps the rows finished).
+# 0. (added after call 1) Seeded sampling in one batched pick on the device (one number per row
+#    from its host generator; overlapped steps take seeded rows now): its GPU tests
+#    (tests/test_inflight.py's) and bench.sampler's seeded column on cuda.
 source bench/results/run-helper.sh
-call_begin 560
-run prefix-qwen3 260 python -m writescope.bench.prefix_cache --model qwen3-30b-a3b \
+call_begin 585
+run gpu-inflight 90 env WRITESCOPE_PROFILE=$PWD/bench/profiles/h200.json python -m pytest -m gpu \
+  -q -p no:cacheprovider --tb=short -rf -o faulthandler_timeout=60 tests/test_inflight.py
+run sampler 40 python -m writescope.bench.sampler --device cuda --batch 1 8 32 128 \
+  --json $R/sampler.json
+run prefix-qwen3 240 python -m writescope.bench.prefix_cache --model qwen3-30b-a3b \
   --random-weights --vram-budget 32GiB --experts cpu --contexts 8192 32768 --reps 1 \
   --max-num-batched-tokens 16384 --json $R/prefix_cache-qwen3.json
 P=bench/profiles/h200.json
