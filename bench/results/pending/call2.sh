@@ -16,7 +16,7 @@
 #    from its host generator; overlapped steps take seeded rows now): its GPU tests
 #    (tests/test_inflight.py's) and bench.sampler's seeded column on cuda.
 source bench/results/run-helper.sh
-call_begin 585
+call_begin 540
 run gpu-inflight 90 env WRITESCOPE_PROFILE=$PWD/bench/profiles/h200.json python -m pytest -m gpu \
   -q -p no:cacheprovider --tb=short -rf -o faulthandler_timeout=60 tests/test_inflight.py
 run sampler 40 python -m writescope.bench.sampler --device cuda --batch 1 8 32 128 \
