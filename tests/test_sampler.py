@@ -74,8 +74,24 @@ def test_bad_logprobs_are_refused(bad):
         SamplingParams(logprobs=bad)
 
 
+def _filtered(logits_row: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """The reference filter, one row at a time: the logits after temperature, top-k and top-p
+    (masked to -inf)."""
+    row = logits_row / p.temperature
+    if p.top_k and p.top_k > 0:
+        kth = torch.topk(row, min(p.top_k, row.numel())).values[-1]
+        row = row.masked_fill(row < kth, float("-inf"))
+    if p.top_p < 1.0:
+        sorted_logits, order = torch.sort(row, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        drop = torch.cumsum(probs, dim=-1) - probs > p.top_p  # keep the prefix reaching top_p
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        row = torch.full_like(row, float("-inf")).scatter(0, order, sorted_logits)
+    return row
+
+
 def _target(logits_row: torch.Tensor, p: SamplingParams) -> torch.Tensor:
-    return torch.softmax(Sampler._filtered(logits_row, p), -1)
+    return torch.softmax(_filtered(logits_row, p), -1)
 
 
 @pytest.mark.parametrize("p", [SamplingParams(temperature=0.7),

@@ -125,28 +125,12 @@ class Sampler:
         return all(not p.reads_history and not p.constrained for p in params)
 
     @staticmethod
-    def _filtered(logits_row: torch.Tensor, p: SamplingParams) -> torch.Tensor:
-        """One row's logits after temperature, top-k and top-p (masked to -inf), on its device
-        (a seeded row's, drawn on the host; :meth:`draw` does the same for all other rows)."""
-        row = logits_row / p.temperature
-        if p.top_k and p.top_k > 0:
-            kth = torch.topk(row, min(p.top_k, row.numel())).values[-1]
-            row = row.masked_fill(row < kth, float("-inf"))
-        if p.top_p < 1.0:
-            sorted_logits, order = torch.sort(row, descending=True)
-            probs = torch.softmax(sorted_logits, dim=-1)
-            cum = torch.cumsum(probs, dim=-1)
-            drop = cum - probs > p.top_p  # keep the smallest prefix whose mass reaches top_p
-            sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-            row = torch.full_like(row, float("-inf")).scatter(0, order, sorted_logits)
-        return row
-
-    @staticmethod
     def draw(scores: torch.Tensor, params: list[SamplingParams], rows: list[int],
              uniforms: torch.Tensor | None = None) -> torch.Tensor:
         """Tokens for the sampled ``rows`` of ``scores [B, V]``, all at once on their device:
-        temperature, top-k and top-p as :meth:`_filtered` (top-k keeps exactly k tokens where
-        values tie), then, for unseeded rows, a draw by the exponential race (``argmax(p / E)``,
+        the logits divided by the temperature, those below the k-th largest masked (top-k; exactly
+        k kept where values tie), then those past the smallest most-likely prefix whose
+        probability reaches top_p masked (top-p), then, for unseeded rows, a draw by the exponential race (``argmax(p / E)``,
         E ~ Exp(1) from the device's generator: token i wins with probability p_i), as vLLM
         samples; with ``uniforms`` (one number u in [0, 1) per row, seeded rows'), the token
         where the cumulative probability (float64) first exceeds u -- one random number a row
