@@ -118,6 +118,8 @@ def test_models_health_and_metrics_families(client, url):
     ids = [m.id for m in models.data]
     assert ids == [MODEL]
     assert httpx.get(url + "/health", timeout=10).status_code == 200
+    import writescope
+    assert httpx.get(url + "/version", timeout=10).json() == {"version": writescope.__version__}
     m = _metrics(url)
     for name in ("writescope_num_requests_running", "writescope_num_requests_waiting",
                  "writescope_generation_tokens_per_second",

@@ -830,6 +830,11 @@ def create_app(engine: Any, *, served_model_names: Sequence[str] | None = None,
             return JSONResponse({"status": "ok"})
         return JSONResponse({"status": "unavailable"}, status_code=503)
 
+    @app.get("/version")
+    async def version():
+        from .. import __version__
+        return JSONResponse({"version": __version__})
+
     @app.get("/metrics")
     async def metrics():
         return PlainTextResponse(server.metrics.render(), media_type=CONTENT_TYPE)
