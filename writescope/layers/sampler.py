@@ -169,7 +169,7 @@ class Sampler:
                 race = torch.empty_like(probs).exponential_().clamp_min_(1e-30)
                 pick = torch.argmax(probs / race, dim=-1)
             else:  # inverse CDF: the first token whose cumulative probability exceeds u
-                cdf = torch.cumsum(probs.double(), dim=-1)
+                cdf = torch.cumsum(probs, dim=-1, dtype=torch.float64)  # as much as the race
                 u = uniforms[torch.tensor(js, device=uniforms.device)].to(dev) * cdf[:, -1]
                 pick = torch.searchsorted(cdf, u.unsqueeze(1), right=True).squeeze(1)
                 pick = pick.clamp_(max=x.shape[-1] - 1)
