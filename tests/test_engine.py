@@ -346,8 +346,21 @@ def test_prefix_caching_on_off_and_never_with_migrate(tiny_qwen3_moe, llm):
     s = llm.stats()
     assert s["prefix.hit_tokens"] - s0["prefix.hit_tokens"] == 32
     assert s["prefix.queried_tokens"] - s0["prefix.queried_tokens"] == 120
+    # reset: the cache forgets every block (and the answer stays the same); not while a
+    # request is in the engine
+    llm.engine.add_request("waiting", ids, greedy)
+    assert llm.reset_prefix_cache() is False
+    while llm.engine.has_unfinished_requests():
+        llm.engine.step()
+    assert llm.reset_prefix_cache() is True
+    s = llm.stats()
+    assert s["prefix.registered_blocks"] == 0
+    assert all(s[f"prefix.unused_blocks.{r}"] == 0 for r in "GTC")
+    c = llm.generate([ids], greedy)[0]
+    assert c.num_cached_tokens == 0 and c.token_ids == a.token_ids
     off = LLM(str(tiny_qwen3_moe), dtype="float32", device="cpu", block_size=8,
               max_model_len=256, enable_prefix_caching=False)
+    assert off.reset_prefix_cache() is True  # nothing to forget
     off.generate([ids], greedy)
     assert off.generate([ids], greedy)[0].num_cached_tokens == 0
     assert "prefix.hit_tokens" not in off.stats()

@@ -218,6 +218,24 @@ def test_the_queue_head_counts_a_waiting_prompts_cached_blocks():
     assert sched.admit_next() is w and w.num_cached_tokens == 20
 
 
+def test_reset_forgets_every_block_only_when_no_sequence_is_in():
+    spec = SPECS["gqa"](1)
+    cache = make_cache(spec, 4, RandomPolicy(3), blocks=16)
+    rng = random.Random(3)
+    run(cache, [Seq(0, list(range(1, 15)), 3)], spec, 1, 5, rng)
+    free = {r: cache.alloc[r].num_free for r in (Region.G, Region.T, Region.C)}
+    assert cache.prefix.stats()["prefix.registered_blocks"] == 4
+    names = cache.prefix_names(list(range(1, 15)))
+    cache.add_sequence(1, 20, 14, prompt_names=names)
+    assert cache.reset_prefix_cache() is False  # sequence 1 is in
+    assert cache.prefix.stats()["prefix.registered_blocks"] == 4
+    cache.free_sequence(1)
+    assert cache.reset_prefix_cache() is True
+    assert cache.prefix.stats()["prefix.registered_blocks"] == 0
+    assert len(cache.match_prefix(names, 14)) == 0
+    assert sum(cache.alloc[r].num_free for r in free) == sum(free.values()) + 4
+
+
 def test_unused_blocks_are_reclaimed_from_the_ends_of_prefixes():
     p = PrefixCache(4)
     names = block_hashes(list(range(16)), 4)

@@ -214,3 +214,25 @@ def test_usage_counts_prompt_tokens_found_in_the_prefix_cache(client, engine):
              {"role": "user", "content": "And lakes?"}]
     b = _post(client, "/v1/chat/completions", messages=conv, max_tokens=4, temperature=0)
     assert b["usage"]["prompt_tokens_details"]["cached_tokens"] >= 64
+    # POST /reset_prefix_cache (vLLM's): the same prompt then computes every token
+    r = client.post("/reset_prefix_cache")
+    assert r.status_code == 200 and r.json() == {"status": "ok"}
+    again = _post(client, "/v1/completions", prompt=longer, max_tokens=5, temperature=0)
+    assert again["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert again["choices"][0]["text"] == want.text
+
+
+def test_reset_prefix_cache_is_refused_while_a_request_runs(client):
+    """A reset waits for no one: while a request streams it is a 409, and the stream ends as
+    it would have."""
+    with client.stream("POST", "/v1/completions", json={
+            "prompt": "Once upon a time", "max_tokens": 40, "temperature": 0,
+            "ignore_eos": True, "stream": True}) as s:
+        lines = s.iter_lines()
+        first = next(line for line in lines if line.startswith("data: "))
+        r = client.post("/reset_prefix_cache")
+        assert r.status_code == 409, r.text
+        assert r.json()["error"]["type"] == "conflict_error"
+        rest = [line for line in lines if line.startswith("data: ")]
+    assert first != "data: [DONE]" and rest[-1] == "data: [DONE]"
+    assert client.post("/reset_prefix_cache").status_code == 200

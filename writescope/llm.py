@@ -102,6 +102,11 @@ class LLM:
             for c in convs]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prompt block (vLLM's ``LLM.reset_prefix_cache``); True when done
+        (between ``generate`` calls it always is)."""
+        return self.engine.reset_prefix_cache()
+
     def stats(self) -> dict:
         """Counters of the KV cache, the planner and the engine (see docs/ARCHITECTURE.md)."""
         return self.engine.stats()

@@ -541,6 +541,14 @@ class LLMEngine:
         self.scheduler.add(req)
         self.counters["engine.prompt_tokens"] += len(ids)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prompt block (vLLM's): the next prompts compute all their
+        tokens. Only while no request is running or waiting (False, and nothing changes,
+        otherwise); True without prefix caching."""
+        if self.has_unfinished_requests():
+            return False
+        return self.cache.reset_prefix_cache()
+
     def abort_request(self, request_id: str) -> None:
         req = self.requests.get(request_id)
         if req is None or req.finished:

@@ -326,6 +326,18 @@ class InplaceKVCache:
         placement policy (:meth:`PlacementPolicy.expect`)."""
         self.policy.expect(dict(queued))
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block (vLLM's ``reset_prefix_cache``), returning them to the free
+        pools; only while no sequence is in the cache (a sequence's blocks may be shared), else
+        False and nothing changes. True without prefix caching (nothing is cached)."""
+        if self.prefix is None:
+            return True
+        if self.seqs:
+            return False
+        for r in CODE_REGIONS.values():
+            self.alloc[r].free(self.prefix.reclaim(r, self.prefix.num_unused(r)))
+        return True
+
     def free_sequence(self, seq_id: int, token_ids=None) -> None:
         """The sequence leaves the cache; its blocks are free again. With prefix caching,
         ``token_ids``: the tokens whose records it holds (prompt then output tokens, at least up

@@ -830,6 +830,14 @@ def create_app(engine: Any, *, served_model_names: Sequence[str] | None = None,
             return JSONResponse({"status": "ok"})
         return JSONResponse({"status": "unavailable"}, status_code=503)
 
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache(request: Request):
+        server.check_auth(request)
+        if not await server.loop.reset_prefix_cache():
+            raise P.APIError("the prefix cache can be reset only while no request is running "
+                             "or waiting", status=409, type="conflict_error")
+        return JSONResponse({"status": "ok"})
+
     @app.get("/version")
     async def version():
         from .. import __version__

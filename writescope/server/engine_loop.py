@@ -116,6 +116,17 @@ class EngineLoop:
         """Abort every running or waiting request; each ends with finish_reason "abort"."""
         self._cmds.put(("cancel_all",))
 
+    def reset_prefix_cache(self) -> asyncio.Future:
+        """Forget the engine's cached prompt blocks, on its thread; the future resolves to
+        whether it did (only while no request is running or waiting)."""
+        assert self._loop is not None, "engine loop not started"
+        fut = self._loop.create_future()
+        if self.stopping or not self.alive:
+            fut.set_result(False)
+        else:
+            self._cmds.put(("reset_prefix_cache", fut))
+        return fut
+
     def stop(self, timeout: float = 30.0) -> None:
         """Abort what is left, end the thread (called at lifespan shutdown)."""
         self.stopping = True
@@ -174,6 +185,13 @@ class EngineLoop:
                 deliveries.append((sink.queue, sink.tag, Delta([], None, None, None, "abort")))
             if deliveries:
                 self._call(_deliver, deliveries)
+        elif cmd[0] == "reset_prefix_cache":
+            try:
+                done = bool(self.engine.reset_prefix_cache())
+            except Exception as e:  # noqa: BLE001 -- answered as not done
+                log.error("reset_prefix_cache failed: %s", e)
+                done = False
+            self._call(_set_value, cmd[1], done)
         elif cmd[0] == "abort":
             rid = cmd[1]
             sink = self._sinks.pop(rid, None)
@@ -302,6 +320,11 @@ class EngineLoop:
 def _deliver(deliveries: list) -> None:
     for q, tag, item in deliveries:
         q.put_nowait((tag, item))
+
+
+def _set_value(fut: asyncio.Future, value: Any) -> None:
+    if not fut.done():
+        fut.set_result(value)
 
 
 def _set_future(fut: asyncio.Future, exc: BaseException | None) -> None:
