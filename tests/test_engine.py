@@ -74,6 +74,9 @@ def test_stop_token_and_stop_string(llm):
     stop = text[2:4]
     o = llm.generate(["the"], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop=[stop]))[0]
     assert o.finish_reason == "stop" and o.text == text[:text.find(stop)]
+    kept = llm.generate(["the"], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True,
+                                                stop=[stop], include_stop_str_in_output=True))[0]
+    assert kept.finish_reason == "stop" and kept.text == text[:text.find(stop) + len(stop)]
 
 
 def test_bad_parameters_are_rejected():

@@ -31,6 +31,8 @@ def reference_row(row: list[float], req: Request, eos: set[int]) -> list[float]:
         n = req.output_token_ids.count(t)
         out[t] -= p.frequency_penalty * n + p.presence_penalty * (n > 0)
         out[t] += (p.logit_bias or {}).get(t, 0.0)
+        if p.allowed_token_ids is not None and t not in p.allowed_token_ids:
+            out[t] = -math.inf
         if len(req.output_token_ids) < p.min_tokens and (t in eos or t in p.stop_token_ids):
             out[t] = -math.inf
     return out
@@ -38,13 +40,14 @@ def reference_row(row: list[float], req: Request, eos: set[int]) -> list[float]:
 
 def test_each_processor_against_its_definition():
     g = torch.Generator().manual_seed(0)
-    logits = torch.randn(6, 50, generator=g) * 3
+    logits = torch.randn(7, 50, generator=g) * 3
     reqs = [request([1, 2, 3, 2], [4, 4, 9], repetition_penalty=1.3),
             request([5], [7, 7, 7, 8], frequency_penalty=0.5, presence_penalty=0.3),
             request([5], [], logit_bias={3: 5.0, 49: -100}),
             request([5], [6], min_tokens=3, stop_token_ids=[11]),
             request([5], [6, 7, 8], min_tokens=3, stop_token_ids=[11]),  # reached: no mask
-            request([1, 2], [3], temperature=0.0)]                         # asks for nothing
+            request([1, 2], [3], temperature=0.0),                         # asks for nothing
+            request([5], [6], allowed_token_ids=[2, 7, 49, 400], logit_bias={7: 2.0})]
     proc = LogitsProcessors()
     proc.eos_ids = {0}
     got = proc.apply(logits, reqs)
@@ -53,6 +56,7 @@ def test_each_processor_against_its_definition():
         assert got[i].tolist() == pytest.approx(want, abs=1e-5), i
     assert got[3, 0] == -math.inf and got[3, 11] == -math.inf and got[4, 0] > -math.inf
     assert torch.equal(got[5], logits[5])
+    assert (got[6] > -math.inf).nonzero().flatten().tolist() == [2, 7, 49]
 
 
 def test_nothing_asked_returns_the_same_tensor():
@@ -64,7 +68,10 @@ def test_nothing_asked_returns_the_same_tensor():
                                  dict(repetition_penalty=0.0), dict(min_tokens=-1),
                                  dict(min_tokens=5, max_tokens=4),
                                  dict(logit_bias={1: 101.0}), dict(logit_bias={-1: 1.0}),
-                                 dict(presence_penalty=float("nan"))])
+                                 dict(presence_penalty=float("nan")),
+                                 dict(allowed_token_ids=[]), dict(allowed_token_ids=[-1]),
+                                 dict(allowed_token_ids=[1.5]),
+                                 dict(include_stop_str_in_output=1)])
 def test_bad_values_are_refused(bad):
     with pytest.raises(InvalidRequestError):
         SamplingParams(**bad)
@@ -94,6 +101,20 @@ def test_engine_applies_bias_min_tokens_and_penalties(tiny_qwen3_moe):
                             logit_bias={17: 100.0})
     (b,) = llm.generate([ids], forced)
     assert b.token_ids == [17] * 6 and all(lp < -1e-3 for lp in b.logprobs)
+    # allowed_token_ids: every token from the set (greedy: the model's best of them), sampled
+    # or not; an id beyond the vocabulary is refused
+    allowed = [5, 17, 200]
+    (a,) = llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True,
+                                              allowed_token_ids=allowed, logprobs=20))
+    assert set(a.token_ids) <= set(allowed)
+    for tok, top in zip(a.token_ids, a.top_logprobs):
+        among = [(v, t) for t, v in top.items() if t in allowed]
+        assert not among or max(among)[1] == tok  # the model's best of the allowed ones
+    (r,) = llm.generate([ids], SamplingParams(temperature=1.0, max_tokens=8, ignore_eos=True,
+                                              allowed_token_ids=allowed, seed=1))
+    assert set(r.token_ids) <= set(allowed)
+    with pytest.raises(InvalidRequestError, match="allowed_token_ids"):
+        llm.generate([ids], SamplingParams(max_tokens=2, allowed_token_ids=[10 ** 7]))
     # min_tokens: the first greedy token is a stop token, held back for three tokens
     first = base.token_ids[0]
     (stopped,) = llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=12,

@@ -236,3 +236,35 @@ def test_reset_prefix_cache_is_refused_while_a_request_runs(client):
         rest = [line for line in lines if line.startswith("data: ")]
     assert first != "data: [DONE]" and rest[-1] == "data: [DONE]"
     assert client.post("/reset_prefix_cache").status_code == 200
+
+
+def test_include_stop_str_and_allowed_token_ids(client, engine):
+    """vLLM's ``include_stop_str_in_output`` keeps the stop string at the end of the text,
+    streamed and not; ``allowed_token_ids`` limits every token to the set; a negative id is a
+    400 and one beyond the vocabulary too."""
+    base = _post(client, "/v1/completions", prompt="Once upon a time", max_tokens=12,
+                 temperature=0, ignore_eos=True)["choices"][0]["text"]
+    stop = base[3:5]
+    cut = base[:base.find(stop)]
+    body = dict(prompt="Once upon a time", max_tokens=12, temperature=0, ignore_eos=True,
+                stop=[stop], include_stop_str_in_output=True)
+    got = _post(client, "/v1/completions", **body)["choices"][0]
+    assert got["text"] == cut + stop and got["finish_reason"] == "stop"
+    streamed = ""
+    with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                streamed += json.loads(line[6:])["choices"][0]["text"]
+    assert streamed == cut + stop
+    allowed = [100, 101, 102]
+    ids = engine.tokenizer.encode("Once upon a time")
+    out = _post(client, "/v1/completions", prompt=ids, max_tokens=6, temperature=0,
+                ignore_eos=True, allowed_token_ids=allowed)["choices"][0]
+    want = _solo(engine, ids, SamplingParams(max_tokens=6, allowed_token_ids=allowed,
+                                             temperature=0, ignore_eos=True))
+    assert len(want.token_ids) == 6 and set(want.token_ids) <= set(allowed)
+    assert out["text"] == want.text == engine.tokenizer.decode(want.token_ids)
+    for bad in ([-1], [10 ** 7], []):
+        r = client.post("/v1/completions", json={"prompt": "a", "max_tokens": 2,
+                                                  "allowed_token_ids": bad})
+        assert r.status_code == 400, (bad, r.text)

@@ -120,6 +120,10 @@ class SamplingParams:
     #: the text must match a JSON schema, a regex, a choice or a grammar
     #: (:class:`StructuredOutputsParams`; needs the model's tokenizer)
     structured_outputs: StructuredOutputsParams | None = None
+    #: the stop string that ended the output stays at the end of its text (vLLM's)
+    include_stop_str_in_output: bool = False
+    #: only these token ids can be sampled (vLLM's; every other token's logit is -inf)
+    allowed_token_ids: list[int] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -128,6 +132,8 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids or [])
         if isinstance(self.logit_bias, dict):
             self.logit_bias = dict(self.logit_bias) or None
+        if isinstance(self.allowed_token_ids, (list, tuple)):
+            self.allowed_token_ids = list(self.allowed_token_ids)
         self.validate()
 
     def validate(self) -> None:
@@ -178,9 +184,18 @@ class SamplingParams:
             if not isinstance(self.structured_outputs, StructuredOutputsParams):
                 raise bad("structured_outputs must be a StructuredOutputsParams")
             self.structured_outputs.validate()
+        if self.allowed_token_ids is not None and (
+                not isinstance(self.allowed_token_ids, list) or not self.allowed_token_ids
+                or any(not isinstance(t, int) or isinstance(t, bool) or t < 0
+                       for t in self.allowed_token_ids)):
+            raise bad("allowed_token_ids must be a non-empty list of token ids (non-negative "
+                      "integers)")
+        if not isinstance(self.include_stop_str_in_output, bool):
+            raise bad("include_stop_str_in_output must be true or false")
         self._reads_history = bool(self.presence_penalty or self.frequency_penalty
                                    or self.repetition_penalty != 1.0 or self.min_tokens)
-        self._changes_logits = self._reads_history or bool(self.logit_bias)
+        self._changes_logits = (self._reads_history or bool(self.logit_bias)
+                                or self.allowed_token_ids is not None)
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise bad("stop must be a list of non-empty strings")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):

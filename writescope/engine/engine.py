@@ -499,10 +499,12 @@ class LLMEngine:
         if params.n != 1:
             raise InvalidRequestError("the engine runs one completion a request: submit n "
                                       "requests (LLM.generate does) for SamplingParams.n > 1")
-        bad = [t for t in (params.logit_bias or {}) if t >= self.config.vocab_size]
-        if bad:
-            raise InvalidRequestError(f"logit_bias: token id {bad[0]} is out of range "
-                                      f"(vocabulary size {self.config.vocab_size})")
+        for name, ids in (("logit_bias", params.logit_bias or {}),
+                          ("allowed_token_ids", params.allowed_token_ids or [])):
+            bad = [t for t in ids if t >= self.config.vocab_size]
+            if bad:
+                raise InvalidRequestError(f"{name}: token id {bad[0]} is out of range "
+                                          f"(vocabulary size {self.config.vocab_size})")
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         if isinstance(prompt, str):
@@ -685,7 +687,7 @@ class LLMEngine:
             for s in p.stop:  # only where this token's text can have completed a stop string
                 i = req.text.find(s, max(0, len(req.text) - len(new) - len(s) + 1))
                 if i >= 0:
-                    req.text = req.text[:i]
+                    req.text = req.text[:i + (len(s) if p.include_stop_str_in_output else 0)]
                     return FinishReason.STOP
         reason = None
         if not early and ((not p.ignore_eos and tok in self.eos_ids) or tok in p.stop_token_ids):

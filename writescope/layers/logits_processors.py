@@ -1,5 +1,6 @@
-"""What changes a row's logits before it is sampled: ``logit_bias``, ``min_tokens`` and the
-repetition, frequency and presence penalties (``SamplingParams``; vLLM's and OpenAI's meanings).
+"""What changes a row's logits before it is sampled: ``allowed_token_ids``, ``logit_bias``,
+``min_tokens`` and the repetition, frequency and presence penalties (``SamplingParams``; vLLM's
+and OpenAI's meanings).
 
 The sampler picks tokens from the processed logits; log-probabilities stay those of the model's
 own distribution (vLLM's default ``raw_logprobs``). Rows that ask for none of these are not
@@ -44,6 +45,12 @@ class LogitsProcessors:
             req, row = requests[i], out[i]
             p = req.params
             generated = req.output_token_ids
+            if p.allowed_token_ids is not None:  # every other token masked (vLLM's)
+                keep = torch.tensor([t for t in p.allowed_token_ids if t < vocab], device=dev,
+                                    dtype=torch.long)
+                kept = row[keep]
+                row.fill_(float("-inf"))
+                row[keep] = kept
             if p.repetition_penalty != 1.0:
                 seen = self._prompt(req, dev)
                 if generated:

@@ -3,7 +3,7 @@
 Shapes follow OpenAI's API reference for ``/v1/completions`` and ``/v1/chat/completions`` (and
 the objects the official ``openai`` client parses); field names of the extensions (``top_k``,
 ``ignore_eos``, ``stop_token_ids``, ``repetition_penalty``, ``min_tokens``, ``prompt_logprobs``,
-``structured_outputs`` and the older ``guided_*``; on the chat endpoint ``echo``,
+``include_stop_str_in_output``, ``allowed_token_ids``, ``structured_outputs`` and the older ``guided_*``; on the chat endpoint ``echo``,
 ``add_generation_prompt``, ``continue_final_message`` and ``chat_template_kwargs``) follow vLLM's
 server. Requests are validated
 strictly, as OpenAI does: an unknown field, a field of the wrong type (``"max_tokens": "16"``) or
@@ -119,6 +119,8 @@ class _SamplingFields(_Strict):
     min_tokens: Optional[int] = Field(None, ge=0)
     ignore_eos: Optional[bool] = False
     stop_token_ids: Optional[list[int]] = None
+    include_stop_str_in_output: Optional[bool] = False
+    allowed_token_ids: Optional[list[int]] = Field(None, min_length=1)
     # structured outputs: OpenAI's response_format, vLLM's structured_outputs and its former
     # guided_* fields
     response_format: Optional[ResponseFormat] = None
@@ -142,11 +144,11 @@ class _SamplingFields(_Strict):
             raise ValueError("stop sequences must be non-empty strings")
         return v
 
-    @field_validator("stop_token_ids")
+    @field_validator("stop_token_ids", "allowed_token_ids")
     @classmethod
-    def _check_stop_ids(cls, v: list[int] | None) -> list[int] | None:
+    def _check_stop_ids(cls, v: list[int] | None, info) -> list[int] | None:
         if v and any(t < 0 for t in v):
-            raise ValueError("stop_token_ids must be non-negative")
+            raise ValueError(f"{info.field_name} must be non-negative")
         return v
 
     @field_validator("logit_bias")
@@ -236,6 +238,8 @@ class _SamplingFields(_Strict):
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             structured_outputs=self.structured(),
+            include_stop_str_in_output=bool(self.include_stop_str_in_output),
+            allowed_token_ids=list(self.allowed_token_ids) if self.allowed_token_ids else None,
         )
 
 
