@@ -71,7 +71,8 @@ def test_nothing_asked_returns_the_same_tensor():
                                  dict(presence_penalty=float("nan")),
                                  dict(allowed_token_ids=[]), dict(allowed_token_ids=[-1]),
                                  dict(allowed_token_ids=[1.5]),
-                                 dict(include_stop_str_in_output=1)])
+                                 dict(include_stop_str_in_output=1),
+                                 dict(truncate_prompt_tokens=0), dict(truncate_prompt_tokens=-2)])
 def test_bad_values_are_refused(bad):
     with pytest.raises(InvalidRequestError):
         SamplingParams(**bad)

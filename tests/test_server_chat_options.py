@@ -268,3 +268,24 @@ def test_include_stop_str_and_allowed_token_ids(client, engine):
         r = client.post("/v1/completions", json={"prompt": "a", "max_tokens": 2,
                                                   "allowed_token_ids": bad})
         assert r.status_code == 400, (bad, r.text)
+
+
+def test_truncate_prompt_tokens_keeps_the_prompts_end(client, engine):
+    """vLLM's ``truncate_prompt_tokens``: the prompt's last k tokens only (usage counts them,
+    the answer is that of the shorter prompt); -1 keeps what the context takes; 0 is a 400."""
+    ids = [(5 * i) % 300 + 3 for i in range(40)]
+    body = dict(max_tokens=4, temperature=0, ignore_eos=True)
+    cut = _post(client, "/v1/completions", prompt=ids, truncate_prompt_tokens=10, **body)
+    tail = _post(client, "/v1/completions", prompt=ids[-10:], **body)
+    assert cut["usage"]["prompt_tokens"] == 10
+    assert cut["choices"][0]["text"] == tail["choices"][0]["text"]
+    chat = _post(client, "/v1/chat/completions", messages=CONV[:1], truncate_prompt_tokens=5,
+                 **body)
+    assert chat["usage"]["prompt_tokens"] == 5
+    whole = _post(client, "/v1/completions", prompt=ids, truncate_prompt_tokens=-1, **body)
+    assert whole["usage"]["prompt_tokens"] == 40
+    r = client.post("/v1/completions", json={"prompt": ids, "truncate_prompt_tokens": 0, **body})
+    assert r.status_code == 400
+    # the API: the same through SamplingParams
+    out = _solo(engine, ids, SamplingParams(truncate_prompt_tokens=10, **body))
+    assert out.text == tail["choices"][0]["text"] and len(out.prompt_token_ids) == 10

@@ -124,6 +124,9 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     #: only these token ids can be sampled (vLLM's; every other token's logit is -inf)
     allowed_token_ids: list[int] | None = None
+    #: keep only the prompt's last k tokens (vLLM's; -1: as many as the model's context takes,
+    #: leaving room for one new token)
+    truncate_prompt_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -190,6 +193,9 @@ class SamplingParams:
                        for t in self.allowed_token_ids)):
             raise bad("allowed_token_ids must be a non-empty list of token ids (non-negative "
                       "integers)")
+        t = self.truncate_prompt_tokens
+        if t is not None and (not isinstance(t, int) or isinstance(t, bool) or (t < 1 and t != -1)):
+            raise bad(f"truncate_prompt_tokens must be -1 or a positive integer, got {t!r}")
         if not isinstance(self.include_stop_str_in_output, bool):
             raise bad("include_stop_str_in_output must be true or false")
         self._reads_history = bool(self.presence_penalty or self.frequency_penalty

@@ -518,6 +518,11 @@ class LLMEngine:
                 raise InvalidRequestError(f"token ids must be integers in [0, {self.config.vocab_size})")
         if not ids:
             raise InvalidRequestError("the prompt is empty")
+        keep = params.truncate_prompt_tokens
+        if keep is not None:  # the prompt's last tokens only (vLLM's truncate_prompt_tokens)
+            keep = self.max_model_len - 1 if keep == -1 else keep
+            if len(ids) > keep:
+                ids, text = ids[-keep:], None
         if len(ids) >= self.max_model_len:
             raise RequestTooLargeError(f"the prompt has {len(ids)} tokens; this model's context "
                                        f"(max_model_len) is {self.max_model_len}")

@@ -308,6 +308,17 @@ class OpenAIServer:
         if any(t < 0 for t in ids):
             raise P.APIError(f"{what}: token ids must be non-negative", param=what)
 
+    def truncated(self, ids: list[int], keep: int | None) -> list[int]:
+        """The prompt's last ``keep`` tokens (vLLM's ``truncate_prompt_tokens``; -1: as many as
+        the context takes with room for one new token; None: all)."""
+        if keep is None:
+            return ids
+        if keep == 0:
+            raise P.APIError("truncate_prompt_tokens must be -1 or a positive integer",
+                             param="truncate_prompt_tokens")
+        keep = self.max_model_len - 1 if keep == -1 else keep
+        return ids[-keep:] if len(ids) > keep else ids
+
     def resolve_max_tokens(self, prompt_len: int, requested: int | None, noun: str) -> int:
         L = self.max_model_len
         if prompt_len == 0:
@@ -360,6 +371,9 @@ class OpenAIServer:
         for pi, (ids, text) in enumerate(encoded):
             if text is None:
                 self.check_ids(ids, "prompt")
+            short = self.truncated(ids, req.truncate_prompt_tokens)
+            if len(short) < len(ids):
+                ids, text = short, None
             max_tokens = self.resolve_max_tokens(len(ids), req.max_tokens, "prompt")
             if req.echo and text is None:
                 text = self.tokenizer.decode(ids)
@@ -533,6 +547,7 @@ class OpenAIServer:
         mode = self._tool_mode(req)
         heavy = conversation.text_size(req) > INLINE_TOKENIZE_CHARS
         ids = await self.off_loop(lambda: conversation.prompt_ids(self.tokenizer, req), heavy)
+        ids = self.truncated(ids, req.truncate_prompt_tokens)
         max_tokens = self.resolve_max_tokens(len(ids), req.requested_max_tokens, "messages")
         base = P.new_id("chatcmpl")
         lp = (req.top_logprobs or 0) if req.logprobs else None
