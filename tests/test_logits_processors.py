@@ -139,3 +139,39 @@ def test_engine_applies_bias_min_tokens_and_penalties(tiny_qwen3_moe):
         assert all(score(tok, lp) >= score(t, v) - 1e-4 for t, v in top.items()), i
         penalised += tok != next(iter(top))  # not the model's own first choice
     assert penalised > 0 and f.token_ids != base.token_ids
+
+
+def test_bad_words_mask_a_words_last_token_after_the_rest():
+    """vLLM's ``bad_words``: a one-token word is always masked; a longer word's last token only
+    where the output ends with the word's other tokens."""
+    logits = torch.zeros(3, 20)
+    reqs = [request([1], [4, 3], bad_words=["x"]), request([1], [3, 4], bad_words=["x"]),
+            request([1], [], bad_words=["x"])]
+    for r in reqs:
+        r.bad_words_ids = [[7], [3, 9], [2, 3, 11]]
+    got = LogitsProcessors().apply(logits, reqs)
+    masked = [(row == -math.inf).nonzero().flatten().tolist() for row in got]
+    assert masked == [[7, 9], [7], [7]]
+
+
+def test_engine_never_writes_a_bad_word(tiny_qwen3_moe):
+    llm = engine(tiny_qwen3_moe)
+    eng = llm.engine
+    ids = prompt_ids(320, 30, seed=4)
+    greedy = dict(temperature=0.0, max_tokens=16, ignore_eos=True)
+    (base,) = llm.generate([ids], SamplingParams(**greedy))
+    word = None
+    for t in base.token_ids:  # a generated token that is a word of its own
+        w = eng.tokenizer.decode([t]).strip()
+        if w and any(seq == [t] for seq in eng._bad_words_ids([w])):
+            word = w
+            break
+    assert word is not None
+    banned = eng._bad_words_ids([word])
+    (out,) = llm.generate([ids], SamplingParams(bad_words=[word], **greedy))
+    toks = out.token_ids
+    for seq in banned:
+        assert not any(toks[i:i + len(seq)] == seq for i in range(len(toks))), (seq, toks)
+    assert toks != base.token_ids
+    with pytest.raises(InvalidRequestError, match="bad_words"):
+        SamplingParams(bad_words=[" "])

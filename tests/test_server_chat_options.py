@@ -264,6 +264,15 @@ def test_include_stop_str_and_allowed_token_ids(client, engine):
                                              temperature=0, ignore_eos=True))
     assert len(want.token_ids) == 6 and set(want.token_ids) <= set(allowed)
     assert out["text"] == want.text == engine.tokenizer.decode(want.token_ids)
+    # bad_words reach the engine (tests/test_logits_processors.py checks what they do)
+    w = engine.tokenizer.decode([want.token_ids[0]]).strip() or "the"
+    banned = engine._bad_words_ids([w])
+    free = _post(client, "/v1/completions", prompt=ids, max_tokens=6, temperature=0,
+                 ignore_eos=True, bad_words=[w])["choices"][0]["text"]
+    toks = engine.tokenizer.encode(free, add_special_tokens=False)
+    assert [t for t in toks if [t] in banned] == []
+    r = client.post("/v1/completions", json={"prompt": "a", "max_tokens": 2, "bad_words": [""]})
+    assert r.status_code == 400
     for bad in ([-1], [10 ** 7], []):
         r = client.post("/v1/completions", json={"prompt": "a", "max_tokens": 2,
                                                   "allowed_token_ids": bad})

@@ -124,6 +124,9 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     #: only these token ids can be sampled (vLLM's; every other token's logit is -inf)
     allowed_token_ids: list[int] | None = None
+    #: words the output may not contain (vLLM's): the last token of each word's tokens
+    #: (as a word of its own and after a space) is masked where the output ends with the rest
+    bad_words: list[str] | None = None
     #: keep only the prompt's last k tokens (vLLM's; -1: as many as the model's context takes,
     #: leaving room for one new token)
     truncate_prompt_tokens: int | None = None
@@ -137,6 +140,8 @@ class SamplingParams:
             self.logit_bias = dict(self.logit_bias) or None
         if isinstance(self.allowed_token_ids, (list, tuple)):
             self.allowed_token_ids = list(self.allowed_token_ids)
+        if isinstance(self.bad_words, (list, tuple)):
+            self.bad_words = list(self.bad_words) or None
         self.validate()
 
     def validate(self) -> None:
@@ -193,13 +198,17 @@ class SamplingParams:
                        for t in self.allowed_token_ids)):
             raise bad("allowed_token_ids must be a non-empty list of token ids (non-negative "
                       "integers)")
+        if self.bad_words is not None and (not isinstance(self.bad_words, list) or any(
+                not isinstance(w, str) or not w.strip() for w in self.bad_words)):
+            raise bad("bad_words must be a list of non-empty strings")
         t = self.truncate_prompt_tokens
         if t is not None and (not isinstance(t, int) or isinstance(t, bool) or (t < 1 and t != -1)):
             raise bad(f"truncate_prompt_tokens must be -1 or a positive integer, got {t!r}")
         if not isinstance(self.include_stop_str_in_output, bool):
             raise bad("include_stop_str_in_output must be true or false")
         self._reads_history = bool(self.presence_penalty or self.frequency_penalty
-                                   or self.repetition_penalty != 1.0 or self.min_tokens)
+                                   or self.repetition_penalty != 1.0 or self.min_tokens
+                                   or self.bad_words)
         self._changes_logits = (self._reads_history or bool(self.logit_bias)
                                 or self.allowed_token_ids is not None)
         if any(not isinstance(s, str) or not s for s in self.stop):
@@ -275,6 +284,8 @@ class Request:
     #: the names of the prompt's full blocks (prefix caching, ``kvcache/prefix.py``): named at
     #: the first admission attempt
     block_names: list | None = None
+    #: ``params.bad_words`` as token sequences (the engine tokenizes them on admission)
+    bad_words_ids: list[list[int]] | None = None
     first_token_time: float | None = None
     text: str = ""  # detokenised output (stop strings trimmed)
     max_tokens: int = 0  # resolved from params and the context limit

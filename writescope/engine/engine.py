@@ -534,6 +534,8 @@ class LLMEngine:
                 f"({self.cache.sealed_capacity} blocks of {self.cache.bs} tokens)")
         req = Request(request_id, ids, params, prompt=text, arrival=time.monotonic(),
                       max_tokens=max_tokens)
+        if params.bad_words:
+            req.bad_words_ids = self._bad_words_ids(params.bad_words)
         if params.structured_outputs is not None:  # compiled now: a bad grammar is refused here
             self.grammars.admit(req.seq_id, params.structured_outputs)
         if params.prompt_logprobs is not None:  # the first token has none (nothing before it)
@@ -547,6 +549,22 @@ class LLMEngine:
             self._detok[request_id] = IncrementalDetokenizer(self.tokenizer, ids)
         self.scheduler.add(req)
         self.counters["engine.prompt_tokens"] += len(ids)
+
+    def _bad_words_ids(self, words: list[str]) -> list[list[int]]:
+        """Each bad word's tokens as a word of its own and, where that makes other tokens of
+        the same count, after a space (vLLM's rule: a word is banned at the start of the text
+        and in its middle)."""
+        if self.tokenizer is None:
+            raise InvalidRequestError(f"model {self.model_name} has no tokenizer: bad_words "
+                                      "cannot be tokenized")
+        out: list[list[int]] = []
+        for word in words:
+            alone = self.tokenizer.encode(word.lstrip(), add_special_tokens=False)
+            spaced = self.tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+            out.append(alone)
+            if spaced and spaced[0] != alone[0] and len(spaced) == len(alone):
+                out.append(spaced)
+        return [ids for ids in out if ids]
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prompt block (vLLM's): the next prompts compute all their

@@ -1,5 +1,5 @@
 """What changes a row's logits before it is sampled: ``allowed_token_ids``, ``logit_bias``,
-``min_tokens`` and the repetition, frequency and presence penalties (``SamplingParams``; vLLM's
+``bad_words``, ``min_tokens`` and the repetition, frequency and presence penalties (``SamplingParams``; vLLM's
 and OpenAI's meanings).
 
 The sampler picks tokens from the processed logits; log-probabilities stay those of the model's
@@ -66,6 +66,12 @@ class LogitsProcessors:
                 if ids:
                     row[torch.tensor(ids, device=dev)] += torch.tensor(
                         [float(p.logit_bias[t]) for t in ids], device=dev, dtype=row.dtype)
+            if req.bad_words_ids:  # a word's last token, where the output ends with the rest
+                n = len(generated)
+                banned = [w[-1] for w in req.bad_words_ids if w[-1] < vocab and (
+                    len(w) == 1 or (n >= len(w) - 1 and generated[n - len(w) + 1:] == w[:-1]))]
+                if banned:
+                    row[torch.tensor(banned, device=dev)] = float("-inf")
             if p.min_tokens and len(generated) < p.min_tokens:
                 ends = [t for t in (set(p.stop_token_ids) | (set() if p.ignore_eos
                                                              else self.eos_ids)) if t < vocab]
