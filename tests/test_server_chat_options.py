@@ -273,6 +273,13 @@ def test_include_stop_str_and_allowed_token_ids(client, engine):
     assert [t for t in toks if [t] in banned] == []
     r = client.post("/v1/completions", json={"prompt": "a", "max_tokens": 2, "bad_words": [""]})
     assert r.status_code == 400
+    # skip_special_tokens: false keeps special tokens' text (allowed_token_ids forces one here)
+    special = engine.tokenizer.decode([2], skip_special_tokens=False)
+    assert special and engine.tokenizer.decode([2]) == ""
+    both = [_post(client, "/v1/completions", prompt=ids, max_tokens=2, ignore_eos=True,
+                  allowed_token_ids=[2], skip_special_tokens=skip)["choices"][0]["text"]
+            for skip in (True, False)]
+    assert both == ["", special * 2]
     for bad in ([-1], [10 ** 7], []):
         r = client.post("/v1/completions", json={"prompt": "a", "max_tokens": 2,
                                                   "allowed_token_ids": bad})

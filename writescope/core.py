@@ -122,6 +122,8 @@ class SamplingParams:
     structured_outputs: StructuredOutputsParams | None = None
     #: the stop string that ended the output stays at the end of its text (vLLM's)
     include_stop_str_in_output: bool = False
+    #: special tokens (EOS, chat markers) are left out of the text (vLLM's default)
+    skip_special_tokens: bool = True
     #: only these token ids can be sampled (vLLM's; every other token's logit is -inf)
     allowed_token_ids: list[int] | None = None
     #: words the output may not contain (vLLM's): the last token of each word's tokens
@@ -204,8 +206,9 @@ class SamplingParams:
         t = self.truncate_prompt_tokens
         if t is not None and (not isinstance(t, int) or isinstance(t, bool) or (t < 1 and t != -1)):
             raise bad(f"truncate_prompt_tokens must be -1 or a positive integer, got {t!r}")
-        if not isinstance(self.include_stop_str_in_output, bool):
-            raise bad("include_stop_str_in_output must be true or false")
+        for name in ("include_stop_str_in_output", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise bad(f"{name} must be true or false")
         self._reads_history = bool(self.presence_penalty or self.frequency_penalty
                                    or self.repetition_penalty != 1.0 or self.min_tokens
                                    or self.bad_words)

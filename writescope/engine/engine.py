@@ -546,7 +546,8 @@ class LLMEngine:
         self.requests[request_id] = req
         if self.tokenizer is not None:
             from ..models.tokenizer import IncrementalDetokenizer
-            self._detok[request_id] = IncrementalDetokenizer(self.tokenizer, ids)
+            self._detok[request_id] = IncrementalDetokenizer(
+                self.tokenizer, ids, skip_special_tokens=params.skip_special_tokens)
         self.scheduler.add(req)
         self.counters["engine.prompt_tokens"] += len(ids)
 

@@ -4,7 +4,7 @@ Shapes follow OpenAI's API reference for ``/v1/completions`` and ``/v1/chat/comp
 the objects the official ``openai`` client parses); field names of the extensions (``top_k``,
 ``ignore_eos``, ``stop_token_ids``, ``repetition_penalty``, ``min_tokens``, ``prompt_logprobs``,
 ``include_stop_str_in_output``, ``allowed_token_ids``, ``truncate_prompt_tokens``, ``bad_words``,
-``structured_outputs`` and the older ``guided_*``; on the chat endpoint ``echo``,
+``skip_special_tokens``, ``structured_outputs`` and the older ``guided_*``; on the chat endpoint ``echo``,
 ``add_generation_prompt``, ``continue_final_message`` and ``chat_template_kwargs``) follow vLLM's
 server. Requests are validated
 strictly, as OpenAI does: an unknown field, a field of the wrong type (``"max_tokens": "16"``) or
@@ -124,6 +124,7 @@ class _SamplingFields(_Strict):
     allowed_token_ids: Optional[list[int]] = Field(None, min_length=1)
     truncate_prompt_tokens: Optional[int] = Field(None, ge=-1)
     bad_words: Optional[list[str]] = None
+    skip_special_tokens: Optional[bool] = True
     # structured outputs: OpenAI's response_format, vLLM's structured_outputs and its former
     # guided_* fields
     response_format: Optional[ResponseFormat] = None
@@ -245,6 +246,7 @@ class _SamplingFields(_Strict):
             allowed_token_ids=list(self.allowed_token_ids) if self.allowed_token_ids else None,
             truncate_prompt_tokens=self.truncate_prompt_tokens,
             bad_words=list(self.bad_words) if self.bad_words else None,
+            skip_special_tokens=self.skip_special_tokens is not False,
         )
 
 
