@@ -175,3 +175,35 @@ def test_engine_never_writes_a_bad_word(tiny_qwen3_moe):
     assert toks != base.token_ids
     with pytest.raises(InvalidRequestError, match="bad_words"):
         SamplingParams(bad_words=[" "])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_processors_on_cuda(tiny_qwen3_moe):
+    """On CUDA, in one batch: allowed_token_ids, bad_words and logit_bias do what they say, for
+    greedy, sampled and seeded rows, and seeded rows repeat."""
+    llm = engine(tiny_qwen3_moe, device="cuda")
+    eng = llm.engine
+    ids = prompt_ids(320, 30, seed=6)
+    base = llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=12,
+                                              ignore_eos=True))[0]
+    word = next(w for w in (eng.tokenizer.decode([t]).strip() for t in base.token_ids)
+                if w and [eng.tokenizer.encode(w, add_special_tokens=False)[-1]] in
+                eng._bad_words_ids([w]))
+    banned = eng._bad_words_ids([word])
+    allowed = [5, 17, 200]
+    params = [SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True,
+                             allowed_token_ids=allowed),
+              SamplingParams(temperature=1.0, max_tokens=8, ignore_eos=True,
+                             allowed_token_ids=allowed, seed=3),
+              SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, bad_words=[word]),
+              SamplingParams(temperature=0.7, max_tokens=6, ignore_eos=True,
+                             logit_bias={17: 100.0})]
+    outs = llm.generate([ids] * 4, params)
+    again = llm.generate([ids] * 4, params)
+    assert set(outs[0].token_ids) <= set(allowed) and set(outs[1].token_ids) <= set(allowed)
+    toks = outs[2].token_ids
+    assert all(toks[i:i + len(s)] != s for s in banned for i in range(len(toks)))
+    assert outs[3].token_ids == [17] * 6
+    assert again[1].token_ids == outs[1].token_ids  # seeded
+    assert again[0].token_ids == outs[0].token_ids and again[2].token_ids == toks

@@ -13,12 +13,14 @@
 #    session), against the committed profile; cut by the deadline if need be (results.json
 #    keeps the rows finished).
 # 0. (added after call 1) Seeded sampling in one batched pick on the device (one number per row
-#    from its host generator; overlapped steps take seeded rows now): its GPU tests
-#    (tests/test_inflight.py's) and bench.sampler's seeded column on cuda.
+#    from its host generator; overlapped steps take seeded rows now) and the new logits
+#    processors (allowed_token_ids, bad_words): their GPU tests (tests/test_inflight.py's,
+#    tests/test_logits_processors.py's) and bench.sampler's seeded column on cuda.
 source bench/results/run-helper.sh
 call_begin 540
 run gpu-inflight 90 env WRITESCOPE_PROFILE=$PWD/bench/profiles/h200.json python -m pytest -m gpu \
-  -q -p no:cacheprovider --tb=short -rf -o faulthandler_timeout=60 tests/test_inflight.py
+  -q -p no:cacheprovider --tb=short -rf -o faulthandler_timeout=60 tests/test_inflight.py \
+  tests/test_logits_processors.py tests/test_sampler.py
 run sampler 40 python -m writescope.bench.sampler --device cuda --batch 1 8 32 128 \
   --json $R/sampler.json
 run prefix-qwen3 240 python -m writescope.bench.prefix_cache --model qwen3-30b-a3b \
