@@ -72,7 +72,8 @@ def test_nothing_asked_returns_the_same_tensor():
                                  dict(allowed_token_ids=[]), dict(allowed_token_ids=[-1]),
                                  dict(allowed_token_ids=[1.5]),
                                  dict(include_stop_str_in_output=1),
-                                 dict(truncate_prompt_tokens=0), dict(truncate_prompt_tokens=-2)])
+                                 dict(truncate_prompt_tokens=0), dict(truncate_prompt_tokens=-2),
+                                 dict(min_p=1.5), dict(min_p=-0.1)])
 def test_bad_values_are_refused(bad):
     with pytest.raises(InvalidRequestError):
         SamplingParams(**bad)

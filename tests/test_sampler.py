@@ -78,6 +78,9 @@ def _filtered(logits_row: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     """The reference filter, one row at a time: the logits after temperature, top-k and top-p
     (masked to -inf)."""
     row = logits_row / p.temperature
+    if p.min_p > 0:  # below min_p times the most likely token's probability
+        probs = torch.softmax(row, -1)
+        row = row.masked_fill(probs < p.min_p * probs.max(), float("-inf"))
     if p.top_k and p.top_k > 0:
         kth = torch.topk(row, min(p.top_k, row.numel())).values[-1]
         row = row.masked_fill(row < kth, float("-inf"))
@@ -97,7 +100,9 @@ def _target(logits_row: torch.Tensor, p: SamplingParams) -> torch.Tensor:
 @pytest.mark.parametrize("p", [SamplingParams(temperature=0.7),
                                SamplingParams(temperature=1.3, top_k=5),
                                SamplingParams(temperature=1.0, top_p=0.6),
-                               SamplingParams(temperature=0.9, top_k=7, top_p=0.8)])
+                               SamplingParams(temperature=0.9, top_k=7, top_p=0.8),
+                               SamplingParams(temperature=1.1, min_p=0.1),
+                               SamplingParams(temperature=1.0, min_p=0.05, top_k=8, top_p=0.9)])
 def test_draw_samples_the_filtered_distribution(p):
     """The batched draw (exponential race) against the per-row filter's distribution: 40,000
     draws over a 12-token vocabulary, every frequency within 4.5 standard deviations, and no
@@ -116,7 +121,8 @@ def test_draw_samples_the_filtered_distribution(p):
 
 @pytest.mark.parametrize("p", [SamplingParams(temperature=0.7),
                                SamplingParams(temperature=1.3, top_k=5),
-                               SamplingParams(temperature=0.9, top_k=7, top_p=0.8)])
+                               SamplingParams(temperature=0.9, top_k=7, top_p=0.8),
+                               SamplingParams(temperature=1.0, min_p=0.2, top_p=0.95)])
 def test_seeded_draws_sample_the_filtered_distribution(p):
     """Seeded rows (a number u per row, the token where the cumulative probability passes u):
     40,000 draws within 4.5 standard deviations of the filter's distribution, none outside its
@@ -126,8 +132,8 @@ def test_seeded_draws_sample_the_filtered_distribution(p):
     logits = torch.randn(12) * 2
     n = 40_000
     rows = logits.expand(n, -1).contiguous()
-    params = [SamplingParams(temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, seed=i)
-              for i in range(n)]
+    params = [SamplingParams(temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
+                             min_p=p.min_p, seed=i) for i in range(n)]
     got = torch.tensor(Sampler().sample(rows, params, list(range(n)))[0])
     again = Sampler().sample(rows, params, list(range(n)))[0]
     assert got.tolist() == again

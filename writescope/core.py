@@ -89,6 +89,8 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1  # -1 or 0: off
+    #: tokens less likely than min_p times the most likely one are not sampled (0: off)
+    min_p: float = 0.0
     max_tokens: int | None = 16
     seed: int | None = None
     stop: list[str] | str | None = None
@@ -149,7 +151,7 @@ class SamplingParams:
     def validate(self) -> None:
         def bad(msg: str) -> InvalidRequestError:
             return InvalidRequestError(msg)
-        for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty",
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
                      "repetition_penalty"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
@@ -158,6 +160,8 @@ class SamplingParams:
             raise bad(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise bad(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.min_p <= 1:
+            raise bad(f"min_p must be in [0, 1], got {self.min_p}")
         if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < -1:
             raise bad(f"top_k must be -1 (off) or a positive integer, got {self.top_k!r}")
         if self.max_tokens is not None and (not isinstance(self.max_tokens, int)

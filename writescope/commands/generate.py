@@ -24,6 +24,8 @@ def register(sub) -> None:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=-1)
+    p.add_argument("--min-p", type=float, default=0.0,
+                   help="tokens less likely than this times the most likely one are not sampled")
     p.add_argument("--repetition-penalty", type=float, default=1.0,
                    help="transformers' repetition penalty over prompt and output (1: off)")
     p.add_argument("--presence-penalty", type=float, default=0.0)
@@ -125,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
 
     prompts = [args.prompt] if args.prompt is not None else _read_prompts(args.prompts_file)
     # checked before the model loads: a bad flag is an error at once, not after the weights
-    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
                             max_tokens=args.max_tokens, seed=args.seed, logprobs=args.logprobs,
                             repetition_penalty=args.repetition_penalty,
                             presence_penalty=args.presence_penalty,

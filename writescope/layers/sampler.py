@@ -129,8 +129,10 @@ class Sampler:
              uniforms: torch.Tensor | None = None) -> torch.Tensor:
         """Tokens for the sampled ``rows`` of ``scores [B, V]``, all at once on their device:
         the logits divided by the temperature, those below the k-th largest masked (top-k; exactly
-        k kept where values tie), then those past the smallest most-likely prefix whose
-        probability reaches top_p masked (top-p), then, for unseeded rows, a draw by the exponential race (``argmax(p / E)``,
+        k kept where values tie), those whose probability is below min_p times the largest one's
+        masked (min-p: a logit below the largest + log(min_p), the same over any subset that
+        holds the largest), then those past the smallest most-likely prefix whose probability
+        reaches top_p masked (top-p), then, for unseeded rows, a draw by the exponential race (``argmax(p / E)``,
         E ~ Exp(1) from the device's generator: token i wins with probability p_i), as vLLM
         samples; with ``uniforms`` (one number u in [0, 1) per row, seeded rows'), the token
         where the cumulative probability (float64) first exceeds u -- one random number a row
@@ -159,6 +161,11 @@ class Sampler:
                                   float("-inf"))
             elif kind == "top_p":
                 x, order = torch.sort(x, dim=-1, descending=True)
+            mins = [params[rows[j]].min_p for j in js]
+            if any(mins):  # log(0) = -inf: rows without min_p keep everything
+                floor = x.max(dim=-1, keepdim=True).values + torch.log(
+                    torch.tensor(mins, device=dev, dtype=x.dtype)).unsqueeze(1)
+                x = x.masked_fill(x < floor, float("-inf"))
             if any(ps[j] < 1.0 for j in js):  # keep the smallest prefix whose mass reaches top_p
                 probs = torch.softmax(x, dim=-1)
                 top_p = torch.tensor([ps[j] if ps[j] < 1.0 else float("inf") for j in js],

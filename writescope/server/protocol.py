@@ -1,7 +1,7 @@
 """Request and response bodies of the OpenAI-compatible API, as pydantic models.
 
 Shapes follow OpenAI's API reference for ``/v1/completions`` and ``/v1/chat/completions`` (and
-the objects the official ``openai`` client parses); field names of the extensions (``top_k``,
+the objects the official ``openai`` client parses); field names of the extensions (``top_k``, ``min_p``,
 ``ignore_eos``, ``stop_token_ids``, ``repetition_penalty``, ``min_tokens``, ``prompt_logprobs``,
 ``include_stop_str_in_output``, ``allowed_token_ids``, ``truncate_prompt_tokens``, ``bad_words``,
 ``skip_special_tokens``, ``structured_outputs`` and the older ``guided_*``; on the chat endpoint ``echo``,
@@ -116,6 +116,7 @@ class _SamplingFields(_Strict):
     user: Optional[str] = None
     # extensions (vLLM's names)
     top_k: Optional[int] = Field(None, ge=-1)
+    min_p: Optional[float] = Field(None, ge=0.0, le=1.0)
     repetition_penalty: Optional[float] = Field(None, gt=0.0, le=10.0)
     min_tokens: Optional[int] = Field(None, ge=0)
     ignore_eos: Optional[bool] = False
@@ -227,6 +228,7 @@ class _SamplingFields(_Strict):
             temperature=1.0 if self.temperature is None else float(self.temperature),
             top_p=1.0 if self.top_p is None else float(self.top_p),
             top_k=-1 if self.top_k is None else self.top_k,
+            min_p=0.0 if self.min_p is None else float(self.min_p),
             max_tokens=max_tokens,
             seed=seed,
             stop=self.stop_list,
