@@ -182,7 +182,7 @@ def test_engine_never_writes_a_bad_word(tiny_qwen3_moe):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_processors_on_cuda(tiny_qwen3_moe):
     """On CUDA, in one batch: allowed_token_ids, bad_words and logit_bias do what they say, for
-    greedy, sampled and seeded rows, and seeded rows repeat."""
+    greedy, sampled and seeded rows, and seeded rows (one with min_p) repeat."""
     llm = engine(tiny_qwen3_moe, device="cuda")
     eng = llm.engine
     ids = prompt_ids(320, 30, seed=6)
@@ -199,9 +199,12 @@ def test_processors_on_cuda(tiny_qwen3_moe):
                              allowed_token_ids=allowed, seed=3),
               SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, bad_words=[word]),
               SamplingParams(temperature=0.7, max_tokens=6, ignore_eos=True,
-                             logit_bias={17: 100.0})]
-    outs = llm.generate([ids] * 4, params)
-    again = llm.generate([ids] * 4, params)
+                             logit_bias={17: 100.0}),
+              SamplingParams(temperature=1.0, min_p=0.3, top_k=20, max_tokens=8,
+                             ignore_eos=True, seed=9)]
+    outs = llm.generate([ids] * 5, params)
+    again = llm.generate([ids] * 5, params)
+    assert again[4].token_ids == outs[4].token_ids
     assert set(outs[0].token_ids) <= set(allowed) and set(outs[1].token_ids) <= set(allowed)
     toks = outs[2].token_ids
     assert all(toks[i:i + len(s)] != s for s in banned for i in range(len(toks)))
