@@ -56,6 +56,18 @@ def test_seeded_sampling_is_reproducible_and_varies(llm):
     assert a == b and a != c
 
 
+def test_vllm_prompt_dicts(llm):
+    """vLLM's TextPrompt / TokensPrompt dicts give what their text or ids give."""
+    g = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    ids = llm.tokenizer.encode("once upon")
+    want = llm.generate(["once upon", ids], g)
+    got = llm.generate([{"prompt": "once upon"}, {"prompt_token_ids": ids}], g)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert llm.generate({"prompt_token_ids": ids}, g)[0].token_ids == want[1].token_ids
+    with pytest.raises(ValueError, match="prompt_token_ids"):
+        llm.generate([{"text": "x"}], g)
+
+
 def test_top_k_one_is_greedy(llm):
     g = llm.generate(["abc"], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))[0]
     k1 = llm.generate(["abc"], SamplingParams(temperature=1.5, top_k=1, max_tokens=8, seed=3,

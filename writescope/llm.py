@@ -30,6 +30,18 @@ def merge_completions(outs: list[RequestOutput]) -> RequestOutput:
     return first
 
 
+def _prompt_of(p):
+    """A prompt as the engine takes it: vLLM's ``TextPrompt`` / ``TokensPrompt`` dicts become
+    their text or token ids; strings and id lists stay."""
+    if not isinstance(p, dict):
+        return p
+    if "prompt_token_ids" in p:
+        return list(p["prompt_token_ids"])
+    if "prompt" in p:
+        return p["prompt"]
+    raise ValueError(f"a prompt dict needs 'prompt' or 'prompt_token_ids', got keys {sorted(p)}")
+
+
 class LLM:
     """Load a model (a checkpoint folder, a reference name with ``random_weights=True``, or the
     embedded default model when ``model`` is None) and generate from batches of prompts."""
@@ -45,14 +57,16 @@ class LLM:
     def tokenizer(self):
         return self.engine.tokenizer
 
-    def generate(self, prompts: str | list[str] | list[int] | list[list[int]],
+    def generate(self, prompts: str | dict | list[str] | list[int] | list[list[int]] | list[dict],
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
-        """One :class:`RequestOutput` per prompt, in prompt order. Prompts are strings or lists of
-        token ids (a flat list of ints is one prompt)."""
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts
-                                        and isinstance(prompts[0], int)):
+        """One :class:`RequestOutput` per prompt, in prompt order. Prompts are strings, lists of
+        token ids (a flat list of ints is one prompt) or vLLM's prompt dicts
+        (``{"prompt": text}``, ``{"prompt_token_ids": ids}``)."""
+        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts
+                                                and isinstance(prompts[0], int)):
             prompts = [prompts]
+        prompts = [_prompt_of(p) for p in prompts]
         params = sampling_params or SamplingParams()
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
