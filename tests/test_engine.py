@@ -159,6 +159,22 @@ def test_cli_generate(tmp_path, tiny_qwen3_moe):
             assert len(top) == 2 and top[0][0] == t and abs(top[0][1] - lp) < 1e-6
 
 
+def test_cli_generate_stop_and_ignore_eos(tmp_path, tiny_qwen3_moe):
+    def gen(*extra):
+        out = tmp_path / "o.jsonl"
+        r = subprocess.run([sys.executable, "-m", "writescope.cli", "generate", "--model",
+                            str(tiny_qwen3_moe), "--prompt", "the", "--max-tokens", "12",
+                            "--ignore-eos", "--dtype", "float32", "--device", "cpu", "--output",
+                            str(out), *extra], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        return json.loads(out.read_text().splitlines()[0])
+    whole = gen()
+    assert len(whole["token_ids"]) == 12 and len(whole["text"]) > 4
+    stop = whole["text"][2:4]
+    cut = gen("--stop", stop, "zzzz")
+    assert cut["text"] == whole["text"][:whole["text"].find(stop)]
+
+
 def test_cli_errors_are_clear(tmp_path):
     r = subprocess.run([sys.executable, "-m", "writescope.cli", "generate", "--model", str(tmp_path / "none"),
                         "--prompt", "x"], capture_output=True, text=True, timeout=120)

@@ -30,6 +30,10 @@ def register(sub) -> None:
                    help="transformers' repetition penalty over prompt and output (1: off)")
     p.add_argument("--presence-penalty", type=float, default=0.0)
     p.add_argument("--frequency-penalty", type=float, default=0.0)
+    p.add_argument("--stop", nargs="+", metavar="TEXT", default=None,
+                   help="the output ends before the first of these strings")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="go on past end-of-sequence tokens (up to --max-tokens)")
     p.add_argument("--min-tokens", type=int, default=0,
                    help="EOS and stop tokens cannot end the output before this many tokens")
     p.add_argument("--logprobs", type=int, metavar="K",
@@ -127,7 +131,8 @@ def run(args: argparse.Namespace) -> int:
 
     prompts = [args.prompt] if args.prompt is not None else _read_prompts(args.prompts_file)
     # checked before the model loads: a bad flag is an error at once, not after the weights
-    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                            min_p=args.min_p, stop=args.stop, ignore_eos=args.ignore_eos,
                             max_tokens=args.max_tokens, seed=args.seed, logprobs=args.logprobs,
                             repetition_penalty=args.repetition_penalty,
                             presence_penalty=args.presence_penalty,
