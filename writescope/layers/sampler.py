@@ -127,19 +127,19 @@ class Sampler:
     @staticmethod
     def draw(scores: torch.Tensor, params: list[SamplingParams], rows: list[int],
              uniforms: torch.Tensor | None = None) -> torch.Tensor:
-        """Tokens for the sampled ``rows`` of ``scores [B, V]``, all at once on their device:
-        the logits divided by the temperature, those below the k-th largest masked (top-k; exactly
-        k kept where values tie), those whose probability is below min_p times the largest one's
-        masked (min-p: a logit below the largest + log(min_p), the same over any subset that
-        holds the largest), then those past the smallest most-likely prefix whose probability
-        reaches top_p masked (top-p), then, for unseeded rows, a draw by the exponential race (``argmax(p / E)``,
-        E ~ Exp(1) from the device's generator: token i wins with probability p_i), as vLLM
-        samples; with ``uniforms`` (one number u in [0, 1) per row, seeded rows'), the token
-        where the cumulative probability (float64) first exceeds u -- one random number a row
-        instead of one per vocabulary entry (a host generator makes those at ~50 M/s: 3 ms for
-        Qwen3's vocabulary). No launches per row and no copy to the host. Rows with a top-k
-        work on the largest k of them only (one ``topk``); rows with only a top-p sort the
-        whole vocabulary; the rest need neither."""
+        """Tokens for the sampled ``rows`` of ``scores [B, V]``, all at once on their device.
+        The logits are divided by the temperature; masked are those below the k-th largest
+        (top-k; exactly k kept where values tie), those whose probability is below min_p times
+        the largest one's (min-p: a logit below the largest + log(min_p), the same over any
+        subset that holds the largest), then those past the smallest most-likely prefix whose
+        probability reaches top_p (top-p). Unseeded rows are then drawn by the exponential race
+        (``argmax(p / E)``, E ~ Exp(1) from the device's generator: token i wins with
+        probability p_i), as vLLM samples; with ``uniforms`` (one number u in [0, 1) per row,
+        seeded rows'), the token where the cumulative probability (float64) first exceeds u --
+        one random number a row instead of one per vocabulary entry (a host generator makes
+        those at ~50 M/s: 3 ms for Qwen3's vocabulary). No launches per row and no copy to the
+        host. Rows with a top-k work on the largest k of them only (one ``topk``); rows with
+        only a top-p sort the whole vocabulary; the rest need neither."""
         dev = scores.device
         out = torch.empty(len(rows), dtype=torch.long, device=dev)
         ks = [params[i].top_k if params[i].top_k and params[i].top_k > 0 else 0 for i in rows]
