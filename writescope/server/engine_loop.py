@@ -287,7 +287,8 @@ class EngineLoop:
         self._publish_stats()
 
     def _refuse_queued(self, err: Exception) -> None:
-        """Answer every queued request that was never added with ``err``."""
+        """Answer every queued request that was never added with ``err`` (a queued reset of the
+        prefix cache: not done)."""
         while True:
             try:
                 cmd = self._cmds.get_nowait()
@@ -295,6 +296,8 @@ class EngineLoop:
                 break
             if cmd is not _STOP and cmd[0] == "add":
                 self._resolve(cmd[-1], err)
+            elif cmd is not _STOP and cmd[0] == "reset_prefix_cache":
+                self._call(_set_value, cmd[1], False)
 
     def _publish_stats(self) -> None:
         self._last_stats = time.monotonic()
