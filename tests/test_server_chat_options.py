@@ -32,6 +32,16 @@ def engine(tiny_qwen3_moe):
 
 
 @pytest.fixture(scope="module")
+def oracle(tiny_qwen3_moe):
+    """A second engine on the same checkpoint for the tests' own runs and tokenizing: the
+    server's engine is stepped by its loop thread, which a test thread must not race."""
+    from writescope.engine.engine import LLMEngine
+    eng = LLMEngine(str(tiny_qwen3_moe), dtype="float32", device="cpu", max_model_len=1024)
+    eng.tokenizer.hf.chat_template = TEMPLATE
+    return eng
+
+
+@pytest.fixture(scope="module")
 def client(engine):
     from starlette.testclient import TestClient
     from writescope.server.api import create_app
@@ -70,13 +80,13 @@ def _check_dicts(entries, ids, out, k):
         assert all(isinstance(v["decoded_token"], str) for v in d.values())
 
 
-def test_completions_prompt_logprobs(client, engine):
+def test_completions_prompt_logprobs(client, oracle):
     """Per choice, the engine's own values in vLLM's shape; with echo + logprobs each keeps its
     own k."""
-    ids = engine.tokenizer.encode("A quiet river runs under the old bridge")
+    ids = oracle.tokenizer.encode("A quiet river runs under the old bridge")
     body = _post(client, "/v1/completions", prompt=ids, max_tokens=3, temperature=0,
                  prompt_logprobs=4, n=2)
-    want = _solo(engine, ids, SamplingParams(temperature=0, max_tokens=3, prompt_logprobs=4))
+    want = _solo(oracle, ids, SamplingParams(temperature=0, max_tokens=3, prompt_logprobs=4))
     assert len(body["choices"]) == 2
     for ch in body["choices"]:
         _check_dicts(ch["prompt_logprobs"], ids, want, 4)
@@ -97,11 +107,11 @@ def test_completions_prompt_logprobs(client, engine):
     assert body["choices"][0]["prompt_logprobs"] is None
 
 
-def test_chat_prompt_logprobs_once_per_response(client, engine):
+def test_chat_prompt_logprobs_once_per_response(client, oracle):
     body = _post(client, "/v1/chat/completions", messages=CONV[:1], max_tokens=2,
                  temperature=0, prompt_logprobs=2, n=2)
-    ids = engine.tokenizer.apply_chat_template(CONV[:1])
-    want = _solo(engine, ids, SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=2))
+    ids = oracle.tokenizer.apply_chat_template(CONV[:1])
+    want = _solo(oracle, ids, SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=2))
     assert body["usage"]["prompt_tokens"] == len(ids)
     _check_dicts(body["prompt_logprobs"], ids, want, 2)
 
@@ -116,11 +126,11 @@ def test_prompt_logprobs_refused_when_streaming_or_out_of_range(client, path, ex
         assert r.json()["error"]["type"] == "invalid_request_error"
 
 
-def test_continue_final_message_and_echo(client, engine):
+def test_continue_final_message_and_echo(client, oracle):
     """The assistant's turn is left open and the answer continues it (the engine's own greedy
     tokens on those prompt ids); echo puts the open turn's text before the answer, streamed
     and not."""
-    tok = engine.tokenizer
+    tok = oracle.tokenizer
     open_ids = tok.apply_chat_template(CONV, add_generation_prompt=False,
                                        continue_final_message=True)
     closed_ids = tok.apply_chat_template(CONV, add_generation_prompt=False)
@@ -128,7 +138,7 @@ def test_continue_final_message_and_echo(client, engine):
     body = _post(client, "/v1/chat/completions", messages=CONV, max_tokens=6, temperature=0,
                  add_generation_prompt=False, continue_final_message=True)
     assert body["usage"]["prompt_tokens"] == len(open_ids)
-    want = _solo(engine, open_ids, SamplingParams(temperature=0, max_tokens=6))
+    want = _solo(oracle, open_ids, SamplingParams(temperature=0, max_tokens=6))
     answer = body["choices"][0]["message"]["content"]
     assert answer == want.text
     echoed = _post(client, "/v1/chat/completions", messages=CONV, max_tokens=6, temperature=0,
@@ -151,8 +161,8 @@ def test_continue_final_message_and_echo(client, engine):
     assert again["choices"][0]["message"] == plain["choices"][0]["message"]
 
 
-def test_chat_template_kwargs_reach_the_template(client, engine):
-    tok = engine.tokenizer
+def test_chat_template_kwargs_reach_the_template(client, oracle):
+    tok = oracle.tokenizer
     base = _post(client, "/v1/chat/completions", messages=CONV[:1], max_tokens=1)
     off = _post(client, "/v1/chat/completions", messages=CONV[:1], max_tokens=1,
                 chat_template_kwargs={"enable_thinking": False})
@@ -180,7 +190,7 @@ def test_template_options_refused(client, path):
     assert r.status_code == 400 and "either" in r.json()["error"]["message"]
 
 
-def test_usage_counts_prompt_tokens_found_in_the_prefix_cache(client, engine):
+def test_usage_counts_prompt_tokens_found_in_the_prefix_cache(client, oracle):
     """``usage.prompt_tokens_details.cached_tokens`` (OpenAI's field): a prompt that starts with
     an earlier one reuses its blocks (64 tokens each here), streamed and not; the answer is the
     engine's own without the cache."""
@@ -193,7 +203,7 @@ def test_usage_counts_prompt_tokens_found_in_the_prefix_cache(client, engine):
     assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": 128}
     assert body["usage"]["prompt_tokens"] == 153
     # the same answer as a run that computes the whole prompt (prompt_logprobs skips the cache)
-    want = _solo(engine, longer, SamplingParams(temperature=0, max_tokens=5, logprobs=0,
+    want = _solo(oracle, longer, SamplingParams(temperature=0, max_tokens=5, logprobs=0,
                                                 prompt_logprobs=0))
     assert want.num_cached_tokens == 0
     got = body["choices"][0]
@@ -238,7 +248,7 @@ def test_reset_prefix_cache_is_refused_while_a_request_runs(client):
     assert client.post("/reset_prefix_cache").status_code == 200
 
 
-def test_include_stop_str_and_allowed_token_ids(client, engine):
+def test_include_stop_str_and_allowed_token_ids(client, oracle):
     """vLLM's ``include_stop_str_in_output`` keeps the stop string at the end of the text,
     streamed and not; ``allowed_token_ids`` limits every token to the set; a negative id is a
     400 and one beyond the vocabulary too."""
@@ -257,25 +267,25 @@ def test_include_stop_str_and_allowed_token_ids(client, engine):
                 streamed += json.loads(line[6:])["choices"][0]["text"]
     assert streamed == cut + stop
     allowed = [100, 101, 102]
-    ids = engine.tokenizer.encode("Once upon a time")
+    ids = oracle.tokenizer.encode("Once upon a time")
     out = _post(client, "/v1/completions", prompt=ids, max_tokens=6, temperature=0,
                 ignore_eos=True, allowed_token_ids=allowed)["choices"][0]
-    want = _solo(engine, ids, SamplingParams(max_tokens=6, allowed_token_ids=allowed,
+    want = _solo(oracle, ids, SamplingParams(max_tokens=6, allowed_token_ids=allowed,
                                              temperature=0, ignore_eos=True))
     assert len(want.token_ids) == 6 and set(want.token_ids) <= set(allowed)
-    assert out["text"] == want.text == engine.tokenizer.decode(want.token_ids)
+    assert out["text"] == want.text == oracle.tokenizer.decode(want.token_ids)
     # bad_words reach the engine (tests/test_logits_processors.py checks what they do)
-    w = engine.tokenizer.decode([want.token_ids[0]]).strip() or "the"
-    banned = engine._bad_words_ids([w])
+    w = oracle.tokenizer.decode([want.token_ids[0]]).strip() or "the"
+    banned = oracle._bad_words_ids([w])
     free = _post(client, "/v1/completions", prompt=ids, max_tokens=6, temperature=0,
                  ignore_eos=True, bad_words=[w])["choices"][0]["text"]
-    toks = engine.tokenizer.encode(free, add_special_tokens=False)
+    toks = oracle.tokenizer.encode(free, add_special_tokens=False)
     assert [t for t in toks if [t] in banned] == []
     r = client.post("/v1/completions", json={"prompt": "a", "max_tokens": 2, "bad_words": [""]})
     assert r.status_code == 400
     # skip_special_tokens: false keeps special tokens' text (allowed_token_ids forces one here)
-    special = engine.tokenizer.decode([2], skip_special_tokens=False)
-    assert special and engine.tokenizer.decode([2]) == ""
+    special = oracle.tokenizer.decode([2], skip_special_tokens=False)
+    assert special and oracle.tokenizer.decode([2]) == ""
     both = [_post(client, "/v1/completions", prompt=ids, max_tokens=2, ignore_eos=True,
                   allowed_token_ids=[2], skip_special_tokens=skip)["choices"][0]["text"]
             for skip in (True, False)]
@@ -286,7 +296,7 @@ def test_include_stop_str_and_allowed_token_ids(client, engine):
         assert r.status_code == 400, (bad, r.text)
 
 
-def test_truncate_prompt_tokens_keeps_the_prompts_end(client, engine):
+def test_truncate_prompt_tokens_keeps_the_prompts_end(client, oracle):
     """vLLM's ``truncate_prompt_tokens``: the prompt's last k tokens only (usage counts them,
     the answer is that of the shorter prompt); -1 keeps what the context takes; 0 is a 400."""
     ids = [(5 * i) % 300 + 3 for i in range(40)]
@@ -303,5 +313,5 @@ def test_truncate_prompt_tokens_keeps_the_prompts_end(client, engine):
     r = client.post("/v1/completions", json={"prompt": ids, "truncate_prompt_tokens": 0, **body})
     assert r.status_code == 400
     # the API: the same through SamplingParams
-    out = _solo(engine, ids, SamplingParams(truncate_prompt_tokens=10, **body))
+    out = _solo(oracle, ids, SamplingParams(truncate_prompt_tokens=10, **body))
     assert out.text == tail["choices"][0]["text"] and len(out.prompt_token_ids) == 10
