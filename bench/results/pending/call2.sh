@@ -16,17 +16,17 @@
 #    processors (allowed_token_ids, bad_words): their GPU tests (tests/test_inflight.py's,
 #    tests/test_logits_processors.py's) and bench.sampler's seeded column on cuda.
 source bench/results/run-helper.sh
-call_begin 410
-run gpu-inflight 90 env WRITESCOPE_PROFILE=$PWD/bench/profiles/h200.json python -m pytest -m gpu \
+call_begin 360
+run gpu-inflight 80 env WRITESCOPE_PROFILE=$PWD/bench/profiles/h200.json python -m pytest -m gpu \
   -q -p no:cacheprovider --tb=short -rf -o faulthandler_timeout=60 tests/test_inflight.py \
   tests/test_logits_processors.py tests/test_sampler.py
-run sampler 40 python -m writescope.bench.sampler --device cuda --batch 1 8 32 128 \
+run sampler 35 python -m writescope.bench.sampler --device cuda --batch 1 8 32 128 \
   --json $R/sampler.json
-run prefix-qwen3 200 python -m writescope.bench.prefix_cache --model qwen3-30b-a3b \
+run prefix-qwen3 180 python -m writescope.bench.prefix_cache --model qwen3-30b-a3b \
   --random-weights --vram-budget 32GiB --experts cpu --contexts 8192 32768 --reps 1 \
   --max-num-batched-tokens 16384 --json $R/prefix_cache-qwen3.json
 P=bench/profiles/h200.json
-run q1-1k 60 python -m writescope bench --model qwen3-30b-a3b --random-weights --profile $P \
+run q1-1k 50 python -m writescope bench --model qwen3-30b-a3b --random-weights --profile $P \
   --vram-budget 32GiB --experts cpu --max-num-batched-tokens 16384 --warmup-length 1k \
   --decode-steps 24 --prefill synthetic --no-progress --policies writescope --batch 1 \
   --context-lengths 1k --out $R/q1-1k
