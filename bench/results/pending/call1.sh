@@ -1,6 +1,6 @@
 #!/bin/bash
 # Planned first call of the next session lent a device (written in the forty-ninth session, whose
-# second call was refused seven times; carry .whl as in run-helper.sh's call_begin).
+# second call was refused ten times; carry .whl as in run-helper.sh's call_begin).
 # 1. The whole GPU suite on the forty-ninth session's package: seeded rows now picked on the
 #    device by inverse CDF (one number per row from its host generator) and sampled in
 #    overlapped decode steps; min_p, allowed_token_ids, bad_words on CUDA. New GPU tests:
