@@ -208,7 +208,8 @@ class SamplingParams:
                 not isinstance(w, str) or not w.strip() for w in self.bad_words)):
             raise bad("bad_words must be a list of non-empty strings")
         t = self.truncate_prompt_tokens
-        if t is not None and (not isinstance(t, int) or isinstance(t, bool) or (t < 1 and t != -1)):
+        if t is not None and (not isinstance(t, int) or isinstance(t, bool)
+                              or (t < 1 and t != -1)):
             raise bad(f"truncate_prompt_tokens must be -1 or a positive integer, got {t!r}")
         for name in ("include_stop_str_in_output", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):

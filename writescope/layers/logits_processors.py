@@ -1,6 +1,6 @@
 """What changes a row's logits before it is sampled: ``allowed_token_ids``, ``logit_bias``,
-``bad_words``, ``min_tokens`` and the repetition, frequency and presence penalties (``SamplingParams``; vLLM's
-and OpenAI's meanings).
+``bad_words``, ``min_tokens`` and the repetition, frequency and presence penalties
+(``SamplingParams``; vLLM's and OpenAI's meanings).
 
 The sampler picks tokens from the processed logits; log-probabilities stay those of the model's
 own distribution (vLLM's default ``raw_logprobs``). Rows that ask for none of these are not

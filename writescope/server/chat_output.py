@@ -122,8 +122,10 @@ class ChatOutput:
         if not c.finished:
             # each call's name once written, its arguments as they come ('auto': out of the
             # hermes blocks; 'required': out of the array of calls)
-            scan = self.call_scans.setdefault(c.index, tools.HermesCallStream()
-                                              if self.mode == "auto" else tools.RequiredCallStream())
+            scan = self.call_scans.get(c.index)
+            if scan is None:
+                scan = self.call_scans[c.index] = (tools.HermesCallStream() if self.mode == "auto"
+                                                   else tools.RequiredCallStream())
             for k, (name, args, _) in enumerate(scan.update(content)):
                 calls += self._call_delta(streamed, k, name, args)
             if not out and not calls:

@@ -1,10 +1,11 @@
 """Request and response bodies of the OpenAI-compatible API, as pydantic models.
 
 Shapes follow OpenAI's API reference for ``/v1/completions`` and ``/v1/chat/completions`` (and
-the objects the official ``openai`` client parses); field names of the extensions (``top_k``, ``min_p``,
-``ignore_eos``, ``stop_token_ids``, ``repetition_penalty``, ``min_tokens``, ``prompt_logprobs``,
-``include_stop_str_in_output``, ``allowed_token_ids``, ``truncate_prompt_tokens``, ``bad_words``,
-``skip_special_tokens``, ``structured_outputs`` and the older ``guided_*``; on the chat endpoint ``echo``,
+the objects the official ``openai`` client parses); field names of the extensions (``top_k``,
+``min_p``, ``ignore_eos``, ``stop_token_ids``, ``repetition_penalty``, ``min_tokens``,
+``prompt_logprobs``, ``include_stop_str_in_output``, ``allowed_token_ids``,
+``truncate_prompt_tokens``, ``bad_words``, ``skip_special_tokens``, ``structured_outputs`` and the
+older ``guided_*``; on the chat endpoint ``echo``, ``include_reasoning``,
 ``add_generation_prompt``, ``continue_final_message`` and ``chat_template_kwargs``) follow vLLM's
 server. Requests are validated
 strictly, as OpenAI does: an unknown field, a field of the wrong type (``"max_tokens": "16"``) or
