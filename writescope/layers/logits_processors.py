@@ -14,16 +14,18 @@ from ..core import Request
 
 
 class LogitsProcessors:
-    """Per-sequence state of the processors (the prompt's distinct tokens on the device, for
-    the repetition penalty) and :meth:`apply`."""
+    """Per-sequence state of the processors (on the device: the prompt's distinct tokens, for
+    the repetition penalty; the allowed token ids) and :meth:`apply`."""
 
     def __init__(self):
         self._prompt_ids: dict[int, torch.Tensor] = {}
+        self._allowed_ids: dict[int, torch.Tensor] = {}
         #: token ids that end a request (the engine's EOS ids); ``min_tokens`` holds them back
         self.eos_ids: set[int] = set()
 
     def forget(self, seq_id: int) -> None:
         self._prompt_ids.pop(seq_id, None)
+        self._allowed_ids.pop(seq_id, None)
 
     def _prompt(self, req: Request, device: torch.device) -> torch.Tensor:
         t = self._prompt_ids.get(req.seq_id)
@@ -46,8 +48,10 @@ class LogitsProcessors:
             p = req.params
             generated = req.output_token_ids
             if p.allowed_token_ids is not None:  # every other token masked (vLLM's)
-                keep = torch.tensor([t for t in p.allowed_token_ids if t < vocab], device=dev,
-                                    dtype=torch.long)
+                keep = self._allowed_ids.get(req.seq_id)
+                if keep is None:  # copied to the device once a sequence
+                    keep = self._allowed_ids[req.seq_id] = torch.tensor(
+                        [t for t in p.allowed_token_ids if t < vocab], dtype=torch.long).to(dev)
                 kept = row[keep]
                 row.fill_(float("-inf"))
                 row[keep] = kept
