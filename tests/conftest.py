@@ -203,12 +203,17 @@ def to_hub_config(cfg: dict) -> dict:
     return c
 
 
-def hf_model(path: str | Path):
-    """The transformers model of a checkpoint: float32, eval mode, eager attention (the oracle)."""
-    from transformers import AutoModelForCausalLM
+def hf_model(path: str | Path, dtype: torch.dtype = torch.float32):
+    """The transformers model of a checkpoint (the oracle): eval mode, eager attention and, where
+    transformers has the choice, eager experts -- a loop of ``F.linear`` over the experts, not
+    its ``grouped_mm`` kernel (which takes no float64, and whose CPU kernel is not the same on
+    every host)."""
+    from transformers import AutoModelForCausalLM, PretrainedConfig
 
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32,
-                                                attn_implementation="eager").eval()
+    kw = dict(dtype=dtype, attn_implementation="eager")
+    if hasattr(PretrainedConfig, "_experts_implementation"):
+        kw["experts_implementation"] = "eager"
+    return AutoModelForCausalLM.from_pretrained(str(path), **kw).eval()
 
 
 @torch.no_grad()

@@ -32,14 +32,15 @@ def prompt_ids(vocab: int, n: int = PROMPT_LEN, seed: int = 1) -> list[int]:
 def reference(path: str, ids: tuple[int, ...], new: int = NEW
               ) -> tuple[list[int], list[float], list[torch.Tensor]]:
     """transformers' greedy tokens, their log-probabilities and each step's whole
-    log-probability row."""
-    model = hf_model(path)
+    log-probability row, computed in float64: the engine's float32 error alone is measured
+    (a float32 oracle adds its own, which differs between hosts' CPU kernels)."""
+    model = hf_model(path, dtype=torch.float64)
     x = torch.tensor([list(ids)])
     with torch.no_grad():
         g = model.generate(x, max_new_tokens=new, do_sample=False, output_scores=True,
                            return_dict_in_generate=True, eos_token_id=None, pad_token_id=0)
     toks = g.sequences[0, x.shape[1]:].tolist()
-    rows = [torch.log_softmax(s[0].float(), -1) for s in g.scores]
+    rows = [torch.log_softmax(s[0].double(), -1) for s in g.scores]
     return toks, [r[t].item() for r, t in zip(rows, toks)], rows
 
 
