@@ -31,8 +31,10 @@ def oracle(q, k, v, scale):
 
 @pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("n,p", [(1, 0), (7, 0), (33, 70), (64, 1), (20, 300)])
-@pytest.mark.parametrize("path", ["sdpa", "tiled"])
+@pytest.mark.parametrize("path", ["sdpa", "sdpa-lazy-mask", "tiled"])
 def test_causal_prefix_attention_matches_float64(shape, n, p, path, monkeypatch):
+    """On the CPU, "sdpa" takes an explicit bool mask (small shapes), "sdpa-lazy-mask" torch's
+    lower-right causal bias (large ones, and CUDA)."""
     hq, hkv, dk, dv, shared = SHAPES[shape]
     g = torch.Generator().manual_seed(n * 1000 + p)
     t = p + n
@@ -44,6 +46,8 @@ def test_causal_prefix_attention_matches_float64(shape, n, p, path, monkeypatch)
         monkeypatch.setattr(prefill, "TILE_SCORE_ELEMS", hq * t * 5)  # several tiles
         got = prefill._tiled(q, k, v, scale)
     else:
+        if path == "sdpa-lazy-mask":
+            monkeypatch.setattr(prefill, "EXPLICIT_MASK_ELEMS", 0)
         got = causal_prefix_attention(q, k, v, scale)
     ref = oracle(q, k, v, scale)
     assert got.shape == (n, hq, dv)

@@ -60,8 +60,22 @@ def causal_prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return _tiled(q, k, v, scale)
 
 
-def _sdpa(q, k, v, scale):
+#: on the CPU, a causal mask of at most this many elements is made explicitly (a bool tensor):
+#: ``torch.nn.attention.bias`` (the lazy mask) imports torch._dynamo, ~1 s on first use --
+#: a CPU chat's first turn over a cached prefix waited for it
+EXPLICIT_MASK_ELEMS = 1 << 24
+
+
+def _causal_mask(n: int, t: int, device: torch.device):
+    """Row ``i`` of ``n`` sees keys ``0 .. t - n + i``: a bool tensor on the CPU where small,
+    else torch's lazy lower-right causal bias (which the fused CUDA kernels take natively)."""
+    if device.type == "cpu" and n * t <= EXPLICIT_MASK_ELEMS:
+        return torch.ones(n, t, dtype=torch.bool).tril_(diagonal=t - n)
     from torch.nn.attention.bias import causal_lower_right
+    return causal_lower_right(n, t)
+
+
+def _sdpa(q, k, v, scale):
     n, hq, _ = q.shape
     t, hkv, _ = k.shape
     g = hq // hkv
@@ -83,7 +97,7 @@ def _sdpa(q, k, v, scale):
         kh = k.transpose(0, 1).unsqueeze(0)
         vh = v.transpose(0, 1).unsqueeze(0)
         gqa = g > 1
-    mask = causal_lower_right(n, t)
+    mask = _causal_mask(n, t, q.device)
     if q.device.type == "cuda":  # fused kernels only: never the math path's full score matrix
         from torch.nn.attention import SDPBackend, sdpa_kernel
         with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
