@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 
-COMMANDS = ("generate", "serve", "bench", "calibrate", "plan")
+COMMANDS = ("generate", "chat", "serve", "bench", "calibrate", "plan")
 
 
 def build_parser() -> argparse.ArgumentParser:

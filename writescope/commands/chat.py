@@ -1,0 +1,199 @@
+"""``writescope chat``: a conversation with a model in the terminal (vLLM's ``vllm chat``,
+llama.cpp's conversation mode), its answers streamed as they are generated.
+
+Each turn sends the whole conversation through the model's chat template; with prefix caching
+(on by default) the earlier turns' KV is found in the cache, so a turn computes only its new
+tokens -- the figure after each answer says how many prompt tokens came from the cache.
+Lines starting with ``/`` are commands (``/help``); a line ending with ``\\`` continues on the
+next; Ctrl-C stops an answer (what was written stays in the conversation), Ctrl-D or ``/exit``
+ends the chat.
+"""
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+import time
+
+from .common import add_engine_args, engine_kwargs
+from .generate import _template_kwargs
+
+HELP = """commands:
+  /exit, /quit     end the chat (Ctrl-D too)
+  /reset           forget the conversation (the system prompt stays)
+  /system TEXT     set the system prompt (and forget the conversation)
+  /help            this list
+a line ending with \\ continues on the next; Ctrl-C stops an answer"""
+
+
+def register(sub) -> None:
+    p = sub.add_parser("chat", help="talk with a model in the terminal (multi-turn, streamed)",
+                       description="A multi-turn conversation in the terminal, answers streamed. "
+                                   "With no --model the embedded default model is used.")
+    p.add_argument("--system", default=None, help="the system prompt")
+    p.add_argument("--chat-template-kwargs", type=_template_kwargs, default=None, metavar="JSON",
+                   help='variables the chat template reads, as a JSON object, e.g. '
+                        '\'{"enable_thinking": false}\' for Qwen3')
+    p.add_argument("--max-tokens", type=int, default=512, help="at most this many tokens an answer")
+    # llama.cpp's sampling defaults
+    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--min-p", type=float, default=0.05)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--no-stats", action="store_true",
+                   help="no timing line after each answer")
+    add_engine_args(p)
+    p.set_defaults(func=run)
+
+
+def _read_message(prompt: str) -> str | None:
+    """The user's next message (lines ending with a backslash continue), or None at EOF."""
+    lines = []
+    while True:
+        if sys.stdin.isatty():
+            print(prompt if not lines else "... ", end="", file=sys.stderr, flush=True)
+        line = sys.stdin.readline()
+        if not line:
+            return "\n".join(lines) if lines else None
+        line = line.rstrip("\n")
+        if line.endswith("\\"):
+            lines.append(line[:-1])
+            continue
+        lines.append(line)
+        return "\n".join(lines)
+
+
+class Chat:
+    """The conversation and one engine; :meth:`answer` streams one turn to ``out``."""
+
+    def __init__(self, llm, params, system: str | None, template_kwargs: dict | None):
+        self.llm, self.params = llm, params
+        self.system, self.template_kwargs = system, template_kwargs or {}
+        self.messages: list[dict] = []
+        self.turns = 0
+
+    def reset(self, system: str | None = None, keep_system: bool = True) -> None:
+        self.messages = []
+        if not keep_system:
+            self.system = system
+
+    def conversation(self) -> list[dict]:
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        return head + self.messages
+
+    def answer(self, text: str, out, err) -> dict | None:
+        """Streams the answer to ``text`` to ``out``; returns the turn's figures (None when the
+        conversation no longer fits the model's context: the message is then not kept)."""
+        from ..core import RequestTooLargeError
+
+        engine = self.llm.engine
+        self.messages.append({"role": "user", "content": text})
+        ids = list(self.llm.tokenizer.apply_chat_template(self.conversation(),
+                                                          add_generation_prompt=True,
+                                                          **self.template_kwargs))
+        self.turns += 1
+        rid = f"chat-{self.turns}"
+        try:
+            engine.add_request(rid, ids, self.params)
+        except RequestTooLargeError as e:
+            self.messages.pop()
+            print(f"[{e}; /reset starts a new conversation]", file=err, flush=True)
+            return None
+        t0 = time.perf_counter()
+        first, last = None, None
+        with _StopOnInterrupt() as stop:  # Ctrl-C is seen between steps, never inside one
+            while engine.has_unfinished_requests():
+                if stop.asked:  # the answer ends here; what was written stays
+                    engine.abort_request(rid)
+                    print("\n[stopped]", file=err, flush=True)
+                    break
+                for o in engine.step():
+                    if o.request_id != rid:
+                        continue
+                    if first is None and o.token_ids:
+                        first = time.perf_counter()
+                    out.write(o.text[len(last.text) if last else 0:])
+                    out.flush()
+                    last = o
+                if last is not None and last.finish_reason is not None:
+                    break
+        out.write("\n")
+        out.flush()
+        self.messages.append({"role": "assistant", "content": last.text if last else ""})
+        end = time.perf_counter()
+        n = len(last.token_ids) if last else 0
+        return {"prompt_tokens": len(ids), "cached_tokens": last.num_cached_tokens if last else 0,
+                "tokens": n, "ttft_s": (first or end) - t0,
+                "tok_s": (n - 1) / (end - first) if first and n > 1 and end > first else 0.0}
+
+
+class _StopOnInterrupt:
+    """While open, Ctrl-C (SIGINT) only sets :attr:`asked` (in the main thread; elsewhere it
+    changes nothing), so that a step is never cut in the middle."""
+
+    def __enter__(self):
+        self.asked, self._old = False, None
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGINT, self._ask)
+        return self
+
+    def _ask(self, *_):
+        self.asked = True
+
+    def __exit__(self, *exc):
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+        return False
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..core import SamplingParams
+    from ..llm import LLM
+
+    # checked before the model loads: a bad flag is an error at once, not after the weights
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                            min_p=args.min_p, repetition_penalty=args.repetition_penalty,
+                            max_tokens=args.max_tokens,
+                            seed=args.seed if args.temperature > 0 else None)
+    llm = LLM(**engine_kwargs(args), show_progress=True)
+    if llm.tokenizer is None:
+        raise ValueError("this model has no tokenizer, so no chat template")
+    chat = Chat(llm, params, args.system, args.chat_template_kwargs)
+    print(f"chatting with {llm.engine.model_name} (/help for commands, Ctrl-D to end)",
+          file=sys.stderr, flush=True)
+    while True:
+        try:
+            text = _read_message("> ")
+        except KeyboardInterrupt:
+            print(file=sys.stderr)
+            return 0
+        if text is None:
+            return 0
+        cmd = text.strip()
+        if not cmd:
+            continue
+        if cmd in ("/exit", "/quit"):
+            return 0
+        if cmd == "/help":
+            print(HELP, file=sys.stderr, flush=True)
+            continue
+        if cmd == "/reset":
+            chat.reset()
+            print("[conversation forgotten]", file=sys.stderr, flush=True)
+            continue
+        if cmd == "/system" or cmd.startswith("/system "):
+            chat.reset(cmd[len("/system"):].strip() or None, keep_system=False)
+            print("[system prompt set, conversation forgotten]", file=sys.stderr, flush=True)
+            continue
+        if cmd.startswith("/"):
+            print(f"[unknown command {cmd.split()[0]}; /help lists them]", file=sys.stderr,
+                  flush=True)
+            continue
+        figures = chat.answer(text, sys.stdout, sys.stderr)
+        if figures is not None and not args.no_stats:
+            f = figures
+            print(f"[{f['tokens']} tokens, first after {f['ttft_s'] * 1e3:.0f} ms "
+                  f"({f['cached_tokens']} of {f['prompt_tokens']} prompt tokens cached), "
+                  f"{f['tok_s']:.1f} tokens/s]", file=sys.stderr, flush=True)
