@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import io
 import re
+import signal
 
 import pytest
 
 from writescope import LLM, SamplingParams
 from writescope.cli import main
+from writescope.commands.chat import Chat
 
 GREEDY = ["--temperature", "0", "--max-tokens", "12", "--block-size", "16"]
 
@@ -74,3 +76,29 @@ def test_a_conversation_past_the_context_is_refused_and_not_kept(monkeypatch, ca
     assert rc == 0
     assert "/reset starts a new conversation" in err
     assert out == "".join(x + "\n" for x in answers(oracle, ["Hi"]))  # the long turn not kept
+
+
+def test_ctrl_c_stops_an_answer_between_steps_and_keeps_what_was_written(default_model_dir,
+                                                                        oracle):
+    llm = LLM(str(default_model_dir), block_size=16)
+    step, calls = llm.engine.step, []
+
+    def step_then_interrupt():
+        calls.append(1)
+        if len(calls) == 4:  # Ctrl-C arrives while the fourth step runs
+            signal.raise_signal(signal.SIGINT)
+        return step()
+
+    llm.engine.step = step_then_interrupt
+    chat = Chat(llm, SamplingParams(temperature=0, max_tokens=12), None, None)
+    out, err = io.StringIO(), io.StringIO()
+    figures = chat.answer("Hello there", out, err)
+    full = answers(oracle, ["Hello there"])[0]
+    assert "[stopped]" in err.getvalue()
+    assert 0 < figures["tokens"] < 12 and len(calls) == 4
+    said = out.getvalue()[:-1]
+    assert full.startswith(said) and len(said) < len(full)
+    assert chat.messages[-1] == {"role": "assistant", "content": said}
+    assert not llm.engine.has_unfinished_requests()
+    llm.engine.step = step
+    assert chat.answer("Go on", io.StringIO(), io.StringIO())["tokens"] == 12

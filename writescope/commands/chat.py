@@ -74,10 +74,13 @@ class Chat:
         self.messages: list[dict] = []
         self.turns = 0
 
-    def reset(self, system: str | None = None, keep_system: bool = True) -> None:
+    def reset(self) -> None:
+        """Forget the conversation; the system prompt stays."""
         self.messages = []
-        if not keep_system:
-            self.system = system
+
+    def set_system(self, text: str | None) -> None:
+        """A new system prompt (None: none), and a new conversation."""
+        self.system, self.messages = text, []
 
     def conversation(self) -> list[dict]:
         head = [{"role": "system", "content": self.system}] if self.system else []
@@ -184,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
             print("[conversation forgotten]", file=sys.stderr, flush=True)
             continue
         if cmd == "/system" or cmd.startswith("/system "):
-            chat.reset(cmd[len("/system"):].strip() or None, keep_system=False)
+            chat.set_system(cmd[len("/system"):].strip() or None)
             print("[system prompt set, conversation forgotten]", file=sys.stderr, flush=True)
             continue
         if cmd.startswith("/"):
