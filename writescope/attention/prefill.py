@@ -20,6 +20,7 @@ The cache gathers the context (``kvcache/context.py``); this module only compute
 """
 from __future__ import annotations
 
+import functools
 import warnings
 
 import torch
@@ -66,11 +67,16 @@ def causal_prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 EXPLICIT_MASK_ELEMS = 1 << 24
 
 
+@functools.lru_cache(maxsize=2)  # every layer of a prefill chunk asks for the same one
+def _explicit_mask(n: int, t: int) -> torch.Tensor:
+    return torch.ones(n, t, dtype=torch.bool).tril_(diagonal=t - n)
+
+
 def _causal_mask(n: int, t: int, device: torch.device):
     """Row ``i`` of ``n`` sees keys ``0 .. t - n + i``: a bool tensor on the CPU where small,
     else torch's lazy lower-right causal bias (which the fused CUDA kernels take natively)."""
     if device.type == "cpu" and n * t <= EXPLICIT_MASK_ELEMS:
-        return torch.ones(n, t, dtype=torch.bool).tril_(diagonal=t - n)
+        return _explicit_mask(n, t)
     from torch.nn.attention.bias import causal_lower_right
     return causal_lower_right(n, t)
 
