@@ -141,8 +141,10 @@ def _build() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(so))  # CDLL (not PyDLL): the GIL is released during calls
     vp, i32, f32p = ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_float)
     lib.ws_moe_forward.argtypes = [vp, vp, i32, i32, i32, i32, i32, i32, vp, i32, vp, vp, i32, vp,
-                                   i32, i32, i32]
+                                   i32, i32, i32, vp, vp, i32, i32]
     lib.ws_moe_forward.restype = i32
+    lib.ws_fp8_tile_to_bf16.argtypes = [vp, i32, vp, i32, i32, vp, i32]
+    lib.ws_fp8_tile_to_bf16.restype = i32
     lib.ws_detect_isa.argtypes = []
     lib.ws_detect_isa.restype = i32
     lib.ws_read_sum.argtypes = [vp, ctypes.c_long, i32]
@@ -244,13 +246,17 @@ def _ceil(a: int, b: int) -> int:
     return (a + b - 1) // b * b
 
 
+#: dtypes packed in k-pairs (the VNNI order): bf16, and FP8 bytes (stored as uint8)
+_PAIRED = (torch.bfloat16, torch.uint8)
+
+
 def _tiles_view(w: torch.Tensor, op: int, kp: int) -> torch.Tensor:
     """``[O, K]`` weights (zero padded to ``[op, kp]``) as a view in the packed tiles' order:
-    bf16 ``[op/16, kp/2, 16, 2]``, fp32 ``[op/16, kp, 16]``."""
+    bf16 and FP8 bytes ``[op/16, kp/2, 16, 2]``, fp32 ``[op/16, kp, 16]``."""
     o, k = w.shape
     if (o, k) != (op, kp):
         w = F.pad(w, (0, kp - k, 0, op - o))
-    if w.dtype == torch.bfloat16:
+    if w.dtype in _PAIRED:
         return w.reshape(op // _TILE, _TILE, kp // 2, 2).permute(0, 2, 1, 3)
     return w.reshape(op // _TILE, _TILE, kp).permute(0, 2, 1)
 
@@ -267,7 +273,7 @@ def _pack_into(dst: torch.Tensor, w: torch.Tensor, op: int, kp: int) -> None:
 
 
 def _unpack(t: torch.Tensor, o: int, k: int, op: int, kp: int) -> torch.Tensor:
-    if t.dtype == torch.bfloat16:
+    if t.dtype in _PAIRED:
         w = t.reshape(op // _TILE, kp // 2, _TILE, 2).permute(0, 2, 1, 3).reshape(op, kp)
     else:
         w = t.reshape(op // _TILE, kp, _TILE).permute(0, 2, 1).reshape(op, kp)
@@ -315,7 +321,9 @@ class _WsMoeJob(ctypes.Structure):
                 ("N", ctypes.c_int32), ("ids", ctypes.c_void_p), ("tw", ctypes.c_void_p),
                 ("k", ctypes.c_int32), ("out", ctypes.c_void_p), ("res", ctypes.c_void_p),
                 ("res_dtype", ctypes.c_int32), ("isa", ctypes.c_int32),
-                ("amx_min", ctypes.c_int32), ("nthreads", ctypes.c_int32)]
+                ("amx_min", ctypes.c_int32), ("nthreads", ctypes.c_int32),
+                ("gus", ctypes.c_void_p), ("dns", ctypes.c_void_p), ("bo", ctypes.c_int32),
+                ("bi", ctypes.c_int32)]
 
 
 # The device-waited calls run on a native job queue (attention/cpu.py's CpuJobQueue, a C++
@@ -500,13 +508,37 @@ class CpuExpertsHandle:
     host: tuple | None = None           # (submit entered, job pushed) host times (the same)
 
 
+def _fp8_scheme_ok(fp8) -> str | None:
+    """Why block-wise FP8 weights of ``fp8`` (a ``models.quantization.Fp8Blocks``) cannot stay
+    FP8 in the compiled kernel, or None when they can."""
+    bo, bi = fp8.block
+    if bo % _TILE or bi % 2:
+        return (f"FP8 blocks of {bo}x{bi}: the kernel needs row blocks of a multiple of "
+                f"{_TILE} and column blocks of a multiple of 2")
+    if _get_lib() is None:
+        return f"the CPU expert C++ kernel is unavailable ({_lib_error})"
+    return None
+
+
 class CpuExperts:
-    """One MoE layer's routed experts in host memory (see the module docstring)."""
+    """One MoE layer's routed experts in host memory (see the module docstring).
+
+    ``fp8`` (a :class:`~writescope.models.quantization.Fp8Blocks`): the weights are stored as
+    block-wise FP8 (one byte each, ``gate_up``/``down`` of dtype uint8 in the bf16 tile order,
+    float32 scales in ``gate_up_scale [E, 2, ceil(I/bo), ceil(H/bi)]`` and ``down_scale [E,
+    ceil(H/bo), ceil(I/bi)]``) and computed in bfloat16 (``dtype``) from bf16(q * scale), the
+    values of the same checkpoint dequantized at load; the compiled kernel only."""
 
     def __init__(self, num_experts: int, hidden: int, inter: int, dtype: torch.dtype,
-                 backend: str | None = None):
+                 backend: str | None = None, fp8=None):
         if dtype not in (torch.bfloat16, torch.float32):
             raise ValueError(f"CpuExperts weights must be bfloat16 or float32, got {dtype}")
+        if fp8 is not None:
+            if dtype != torch.bfloat16:
+                raise ValueError(f"FP8 experts compute in bfloat16, got dtype {dtype}")
+            why = _fp8_scheme_ok(fp8)
+            if why is not None or (backend or "auto").lower() == "torch":
+                raise ValueError(f"FP8 experts need the compiled kernel: {why or 'backend torch'}")
         if min(num_experts, hidden, inter) < 1:
             raise ValueError(f"bad expert shape: {num_experts} experts, hidden {hidden}, "
                              f"intermediate {inter}")
@@ -530,10 +562,16 @@ class CpuExperts:
         # read at DRAM speed every step: huge pages (a 4 KiB page per 4 KiB read otherwise, and
         # page tables of ~0.2% of the weights, 110 MB for Qwen3's 54 GiB, past every cache)
         from ..hostmem import pageable_empty
+        self.fp8 = fp8
+        self.gate_up_scale = self.down_scale = None
         if backend == "cpp":
             # [E][I_p/16][gate|up][tile of 16 x H_p], [E][H_p/16][tile of 16 x I_p]
-            self.gate_up = pageable_empty((E, self.ip // _TILE, 2, _TILE * self.hp), dtype)
-            self.down = pageable_empty((E, self.hp // _TILE, _TILE * self.ip), dtype)
+            store = torch.uint8 if fp8 is not None else dtype
+            self.gate_up = pageable_empty((E, self.ip // _TILE, 2, _TILE * self.hp), store)
+            self.down = pageable_empty((E, self.hp // _TILE, _TILE * self.ip), store)
+            if fp8 is not None:
+                self.gate_up_scale = torch.ones((E, 2, *fp8.scale_shape((inter, hidden))))
+                self.down_scale = torch.ones((E, *fp8.scale_shape((hidden, inter))))
         else:
             self.gate_up = pageable_empty((E, 2 * inter, hidden), dtype)
             self.down = pageable_empty((E, hidden, inter), dtype)
@@ -544,6 +582,10 @@ class CpuExperts:
         if tuple(gate.shape) != (I, H) or tuple(up.shape) != (I, H) or tuple(down.shape) != (H, I):
             raise ValueError(f"expert {e}: expected gate/up [{I}, {H}] and down [{H}, {I}], got "
                              f"{tuple(gate.shape)}, {tuple(up.shape)}, {tuple(down.shape)}")
+        if self.fp8 is not None:  # quantized here, block by block (amax / 448)
+            self._set_expert_fp8(e, *(self.fp8.quantize(t.detach().to("cpu"))
+                                      for t in (gate, up, down)))
+            return
         gate, up, down = (t.detach().to("cpu", self.dtype) for t in (gate, up, down))
         if self.backend == "cpp":
             _pack_into(self.gate_up[e, :, 0], gate, self.ip, self.hp)
@@ -553,6 +595,52 @@ class CpuExperts:
             self.gate_up[e, :I] = gate
             self.gate_up[e, I:] = up
             self.down[e] = down
+
+    def _set_expert_fp8(self, e: int, gate: tuple, up: tuple, down: tuple) -> None:
+        """Expert ``e`` from FP8 ``(q, scale)`` pairs: gate/up ``q [I, H]``, down ``q [H, I]``
+        (float8_e4m3fn), each with its scale grid."""
+        H, I = self.hidden, self.inter
+        want = {0: (I, H), 1: (I, H), 2: (H, I)}
+        for j, (q, sc) in enumerate((gate, up, down)):
+            if tuple(q.shape) != want[j] or q.dtype != torch.float8_e4m3fn:
+                raise ValueError(f"expert {e}: expected float8_e4m3fn gate/up [{I}, {H}] and down "
+                                 f"[{H}, {I}], got {q.dtype} {tuple(q.shape)} for matrix {j}")
+            if tuple(sc.shape) != self.fp8.scale_shape(want[j]):
+                raise ValueError(f"expert {e}: scale of shape {tuple(sc.shape)} for a weight of "
+                                 f"{want[j]}, expected {self.fp8.scale_shape(want[j])}")
+        (qg, sg), (qu, su), (qd, sd) = gate, up, down
+        _pack_into(self.gate_up[e, :, 0], qg.to("cpu").view(torch.uint8), self.ip, self.hp)
+        _pack_into(self.gate_up[e, :, 1], qu.to("cpu").view(torch.uint8), self.ip, self.hp)
+        _pack_into(self.down[e], qd.to("cpu").view(torch.uint8), self.hp, self.ip)
+        self.gate_up_scale[e, 0] = sg
+        self.gate_up_scale[e, 1] = su
+        self.down_scale[e] = sd
+
+    @classmethod
+    def from_fp8(cls, gate: Sequence[tuple], up: Sequence[tuple], down: Sequence[tuple],
+                 fp8, backend: str | None = None) -> "CpuExperts":
+        """From a checkpoint's block-wise FP8 experts: per expert ``(q, scale)`` pairs of gate and
+        up (``q [I, H]``) and down (``q [H, I]``), float8_e4m3fn with their scale grids."""
+        E = len(gate)
+        if len(up) != E or len(down) != E or E == 0:
+            raise ValueError(f"gate, up and down must hold the same (non-zero) number of experts, "
+                             f"got {len(gate)}, {len(up)}, {len(down)}")
+        inter, hidden = gate[0][0].shape
+        self = cls(E, hidden, inter, torch.bfloat16, backend, fp8=fp8)
+        for e in range(E):
+            self._set_expert_fp8(e, gate[e], up[e], down[e])
+        return self
+
+    @staticmethod
+    def fp8_unsupported(fp8, dtype: torch.dtype, backend: str | None = None) -> str | None:
+        """Why experts of the FP8 scheme ``fp8`` would not stay FP8 here (they are then
+        dequantized at load), or None when they do: bfloat16 runs with the compiled kernel."""
+        if dtype != torch.bfloat16:
+            return f"FP8 experts compute in bfloat16; this run's dtype is {dtype}"
+        backend = (backend or os.environ.get("WRITESCOPE_CPU_EXPERT_BACKEND", "auto")).lower()
+        if backend == "torch":
+            return "the torch backend computes in the weights' dtype"
+        return _fp8_scheme_ok(fp8)
 
     @classmethod
     def from_weights(cls, gate: torch.Tensor | Sequence[torch.Tensor],
@@ -577,7 +665,8 @@ class CpuExperts:
     def random(cls, num_experts: int, hidden: int, inter: int, dtype: torch.dtype = torch.bfloat16,
                generator: torch.Generator | None = None, seed: int | None = None,
                std: float = 0.02, unique_experts: int | None = None,
-               backend: str | None = None, threads: int | None = None) -> "CpuExperts":
+               backend: str | None = None, threads: int | None = None,
+               fp8=None) -> "CpuExperts":
         """Full-size random experts without a checkpoint, N(0, std), drawn straight in ``dtype``.
 
         With ``seed`` (default 0): each expert's gate, up and down matrices are drawn in chunks
@@ -590,8 +679,13 @@ class CpuExperts:
         With ``generator``: expert by expert in the order gate, up, down from that one
         generator, on the calling thread.
         ``unique_experts=n`` draws only n experts and repeats them cyclically (separate memory,
-        same values): benchmarks use it to fill tens of GB fast."""
-        self = cls(num_experts, hidden, inter, dtype, backend)
+        same values): benchmarks use it to fill tens of GB fast.
+        ``fp8``: FP8 experts; with ``seed`` every block has the scale ``3.47 std / 448`` (the
+        draw's bound maps to the largest FP8 value) and the values are the draw's, rounded."""
+        self = cls(num_experts, hidden, inter, dtype, backend, fp8=fp8)
+        if fp8 is not None and generator is None:
+            self.gate_up_scale.fill_(self._random_fp8_scale(std))
+            self.down_scale.fill_(self._random_fp8_scale(std))
         n = num_experts if unique_experts is None else max(1, min(unique_experts, num_experts))
         if generator is not None:
             def draw(*shape):
@@ -604,7 +698,15 @@ class CpuExperts:
         for e in range(n, num_experts):
             self.gate_up[e].copy_(self.gate_up[e % n])
             self.down[e].copy_(self.down[e % n])
+            if fp8 is not None:
+                self.gate_up_scale[e].copy_(self.gate_up_scale[e % n])
+                self.down_scale[e].copy_(self.down_scale[e % n])
         return self
+
+    @staticmethod
+    def _random_fp8_scale(std: float) -> float:
+        from ..models.quantization import FP8_MAX
+        return 3.47 * std / FP8_MAX
 
     def _draw_parallel(self, n: int, seed: int, std: float, threads: int | None) -> None:
         """Experts ``0..n-1`` drawn in row chunks (see :meth:`random`), written in place."""
@@ -655,6 +757,9 @@ class CpuExperts:
         that ends the matrix also writes its padding."""
         H, I = self.hidden, self.inter
         o, r1 = (I if j < 2 else H), r0 + w.shape[0]
+        if self.fp8 is not None:  # (random draws: one scale for every block, see random)
+            sc = float(self.gate_up_scale.view(-1)[0])
+            w = (w.to(torch.float32) / sc).to(torch.float8_e4m3fn).view(torch.uint8)
         if self.backend == "cpp":
             dst = self.gate_up[e, :, j] if j < 2 else self.down[e]
             op, kp = (self.ip, self.hp) if j < 2 else (self.hp, self.ip)
@@ -668,6 +773,10 @@ class CpuExperts:
     def expert_weights(self, e: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Expert ``e``'s (gate [I, H], up [I, H], down [H, I]) in the HF layout (copies)."""
         H, I = self.hidden, self.inter
+        if self.fp8 is not None:
+            gate_up, down = self.unpack_expert(self.gate_up, self.down, e,
+                                               (self.gate_up_scale, self.down_scale))
+            return gate_up[:I].contiguous(), gate_up[I:].contiguous(), down.contiguous()
         if self.backend == "cpp":
             gate = _unpack(self.gate_up[e, :, 0], I, H, self.ip, self.hp)
             up = _unpack(self.gate_up[e, :, 1], I, H, self.ip, self.hp)
@@ -676,30 +785,56 @@ class CpuExperts:
         return (self.gate_up[e, :I].clone(), self.gate_up[e, I:].clone(), self.down[e].clone())
 
     # ------------------------------------------------------------------ facts
-    def unpack_expert(self, gate_up: torch.Tensor, down: torch.Tensor, e: int
+    def unpack_expert(self, gate_up: torch.Tensor, down: torch.Tensor, e: int,
+                      scales: tuple[torch.Tensor, torch.Tensor] | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor]:
         """Expert ``e`` as HF-layout ``gate_up [2I, H]`` and ``down [H, I]``, read from copies of
-        this object's ``gate_up`` / ``down`` tensors on any device (the GPU prefill path)."""
+        this object's ``gate_up`` / ``down`` tensors on any device (the GPU prefill path). FP8
+        experts need copies of ``(gate_up_scale, down_scale)`` on that device too, and come out
+        in bfloat16 as bf16(q * scale)."""
         H, I = self.hidden, self.inter
         if self.backend != "cpp":
             return gate_up[e], down[e]
         gate = _unpack(gate_up[e, :, 0], I, H, self.ip, self.hp)
         up = _unpack(gate_up[e, :, 1], I, H, self.ip, self.hp)
-        return torch.cat([gate, up]), _unpack(down[e], H, I, self.hp, self.ip)
+        dn = _unpack(down[e], H, I, self.hp, self.ip)
+        if self.fp8 is not None:
+            if scales is None:
+                raise ValueError("FP8 experts are unpacked with their scales")
+            gs, ds = scales
+
+            def deq(q, sc):
+                return self.fp8.dequantize(q.contiguous().view(torch.float8_e4m3fn),
+                                           sc).to(self.dtype)
+
+            return torch.cat([deq(gate, gs[e, 0]), deq(up, gs[e, 1])]), deq(dn, ds[e])
+        return torch.cat([gate, up]), dn
 
     @property
     def nbytes(self) -> int:
-        """Host bytes held by the weights (including tile padding)."""
-        return (self.gate_up.numel() + self.down.numel()) * self.gate_up.element_size()
+        """Host bytes held by the weights (including tile padding and FP8 scales)."""
+        n = (self.gate_up.numel() + self.down.numel()) * self.gate_up.element_size()
+        if self.fp8 is not None:
+            n += (self.gate_up_scale.numel() + self.down_scale.numel()) * 4
+        return n
 
     @property
     def expert_bytes(self) -> int:
-        """Bytes of one expert's weights (unpadded): what a call reads per activated expert."""
+        """Bytes of one expert's weights (unpadded, FP8 scales included): what a call reads per
+        activated expert."""
+        if self.fp8 is not None:
+            return 3 * self.hidden * self.inter + (
+                self.gate_up_scale[0].numel() + self.down_scale[0].numel()) * 4
         return 3 * self.hidden * self.inter * torch.empty(0, dtype=self.dtype).element_size()
+
+    @property
+    def weight_format(self) -> str:
+        """How the weights are stored: ``bfloat16``, ``float32`` or the FP8 scheme's name."""
+        return self.fp8.name if self.fp8 is not None else str(self.dtype).replace("torch.", "")
 
     def __repr__(self) -> str:
         return (f"CpuExperts({self.num_experts} experts, hidden={self.hidden}, "
-                f"inter={self.inter}, {self.dtype}, backend={self.backend}, "
+                f"inter={self.inter}, {self.weight_format}, backend={self.backend}, "
                 f"{self.nbytes / 2**30:.2f} GiB)")
 
     # ------------------------------------------------------------------ compute
@@ -827,12 +962,12 @@ class CpuExperts:
         n, k = ids.shape
         if out is None:
             out = torch.empty(n, self.hp, dtype=torch.float32)
-        job = _WsMoeJob(self.gate_up.data_ptr(), self.down.data_ptr(),
-                        0 if self.dtype == torch.bfloat16 else 1, self.num_experts, self.hidden,
+        job = _WsMoeJob(self.gate_up.data_ptr(), self.down.data_ptr(), self._wdtype,
+                        self.num_experts, self.hidden,
                         self.inter, self.hp, self.ip, x.data_ptr(), n, ids.data_ptr(),
                         w.data_ptr(), k, out.data_ptr(), res.data_ptr(),
                         0 if res.dtype == torch.bfloat16 else 1, min(_detected(), _isa_cap()),
-                        _amx_min(), get_num_threads())
+                        _amx_min(), get_num_threads(), *self._fp8_args())
         fn = ctypes.cast(_get_lib().ws_moe_job, ctypes.c_void_p).value
         queue.submit_fn(fn, ctypes.addressof(job), (job, x, ids, w, out, res, self),
                         ready=ready, done=done, spin_s=_ready_spin_s())
@@ -913,16 +1048,30 @@ class CpuExperts:
         isa = min(_detected(), _isa_cap())
         amx_min = _amx_min()
         rc = lib.ws_moe_forward(
-            self.gate_up.data_ptr(), self.down.data_ptr(), 0 if self.dtype == torch.bfloat16 else 1,
+            self.gate_up.data_ptr(), self.down.data_ptr(), self._wdtype,
             self.num_experts, self.hidden, self.inter, self.hp, self.ip,
             x.data_ptr(), n, ids.data_ptr(), w.data_ptr(), k, out.data_ptr(),
-            isa, amx_min, get_num_threads())
+            isa, amx_min, get_num_threads(), *self._fp8_args())
         if rc == -1:
             bad = ids[(ids < -1) | (ids >= self.num_experts)]
             raise IndexError(f"topk_ids out of range [0, {self.num_experts}): {bad[:8].tolist()}")
         if rc != 0:
             raise RuntimeError(f"CPU expert kernel failed (code {rc})")
         return out[:, :self.hidden]
+
+    @property
+    def _wdtype(self) -> int:
+        """The kernel's weight format code (csrc/cpu_experts.cpp: W_BF16, W_F32, W_FP8)."""
+        if self.fp8 is not None:
+            return 2
+        return 0 if self.dtype == torch.bfloat16 else 1
+
+    def _fp8_args(self) -> tuple[int, int, int, int]:
+        """The kernel's FP8 arguments: the scale grids' addresses and the block (zeros
+        otherwise)."""
+        if self.fp8 is None:
+            return 0, 0, 0, 0
+        return (self.gate_up_scale.data_ptr(), self.down_scale.data_ptr(), *self.fp8.block)
 
     def _compute_torch(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         n, k = ids.shape

@@ -234,7 +234,7 @@ def kernels_usable(experts, x: torch.Tensor) -> bool:
     """Whether :func:`run` can use the Triton kernels for ``experts`` (the compiled kernel's
     packed tiles) and hidden states ``x`` (on CUDA with the weights page-locked, or under
     Triton's interpreter)."""
-    if experts.backend != "cpp":
+    if experts.backend != "cpp" or experts.fp8 is not None:  # (no FP8 tiles in its kernels)
         return False
     if x.is_cuda:
         from ..attention.gpu import triton_available
@@ -308,7 +308,8 @@ def submit(experts, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, share: 
     device buffer the ``copy`` read mode (:func:`read_mode`) copies the link's experts into;
     without one the kernels read the host tiles in place. Returns what :func:`finish` takes."""
     copy = x.is_cuda and buffer is not None and read_mode() == "copy"
-    if share <= 0 or (x.is_cuda and not copy and not kernels_usable(experts, x)):
+    if share <= 0 or experts.fp8 is not None or (
+            x.is_cuda and not copy and not kernels_usable(experts, x)):  # (FP8: the CPU only)
         return experts.submit(x, idx, w), None  # (on CUDA: no buffer, weights not page-locked)
     sp = split(idx, w, experts.num_experts, share)
     handle = experts.submit(x, sp.ids_cpu, w, routed=idx, out_dtype=torch.float32)

@@ -110,6 +110,9 @@ class ExpertUploader:
         dn.copy_(experts.down, non_blocking=nb and experts.down.is_pinned())
         self.uploads += 1
         self.bytes += (gu.numel() + dn.numel()) * gu.element_size()
-        xw = x.to(gu.dtype)
-        out = run_experts(xw, idx, w, lambda e: experts.unpack_expert(gu, dn, e))
+        scales = None
+        if experts.fp8 is not None:  # (the scale grids: ~1/4000 of the FP8 bytes)
+            scales = (experts.gate_up_scale.to(self.device), experts.down_scale.to(self.device))
+        xw = x.to(experts.dtype)
+        out = run_experts(xw, idx, w, lambda e: experts.unpack_expert(gu, dn, e, scales))
         return out.to(x.dtype)

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from ..kvcache.regions import KVSpec
+from .quantization import Fp8Blocks, quantization_from_hf
 
 SUPPORTED = ("mixtral", "qwen3_moe", "deepseek_v2")
 REFERENCE_DIR = Path(__file__).parent / "configs"
@@ -87,6 +88,8 @@ class ModelConfig:
     v_head_dim: int = 0
     bos_token_id: int | None = None
     eos_token_id: list[int] = field(default_factory=list)
+    #: block-wise FP8 weights (``models/quantization.py``); None for an unquantized checkpoint
+    quantization: Fp8Blocks | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     # ------------------------------------------------------------------ construction
@@ -113,6 +116,7 @@ class ModelConfig:
             tie_word_embeddings=bool(_opt(d, "tie_word_embeddings", False)),
             bos_token_id=d.get("bos_token_id"),
             eos_token_id=eos,
+            quantization=quantization_from_hf(d.get("quantization_config")),
             raw=d,
         )
         num_layers = common["num_layers"]

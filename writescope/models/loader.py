@@ -5,11 +5,14 @@ Parameters are named like the hub's tensors, so loading is a name lookup; the ro
 the one exception: the hub stores one tensor per expert and projection
 (``...experts.7.gate_proj.weight``), which the loader stacks into the layer's expert tensors (on
 the compute device) or hands to :class:`~writescope.layers.cpu_experts.CpuExperts` (host memory)
-when that layer's experts run on the CPU.
+when that layer's experts run on the CPU. Block-wise FP8 checkpoints (``models/quantization.py``)
+are read through :class:`~writescope.models.quantization.QuantizedCheckpoint`: dequantized at load,
+except CPU experts of a bfloat16 run, which stay FP8 in host memory.
 """
 from __future__ import annotations
 
 import json
+import warnings
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +22,7 @@ from torch import nn
 
 from .base import CausalLM
 from .config import ModelConfig
+from .quantization import QuantizedCheckpoint
 from .registry import model_class
 
 
@@ -125,7 +129,10 @@ def build_model(cfg: ModelConfig, *, dtype: torch.dtype, device: torch.device | 
         progress.refresh()
     tick = progress.update if progress is not None else None
     if checkpoint is not None:
-        _load_checkpoint(model, cfg, Checkpoint(Path(checkpoint)), dtype, cpu_layers, tick)
+        ckpt = Checkpoint(Path(checkpoint))
+        if cfg.quantization is not None:
+            ckpt = QuantizedCheckpoint(ckpt, cfg.quantization)
+        _load_checkpoint(model, cfg, ckpt, dtype, cpu_layers, tick)
     else:
         _init_random(model, cfg, dtype, seed, cpu_layers, tick)
     if cfg.tie_word_embeddings:
@@ -180,8 +187,12 @@ def _load_checkpoint(model: CausalLM, cfg: ModelConfig, ckpt: Checkpoint, dtype:
             names = [expert_tensor_names(model, i, e) for e in range(cfg.num_experts)]
             if cpu_layers[i]:
                 from ..layers.cpu_experts import CpuExperts
-                stack = [torch.stack([ckpt.get(n[j]) for n in names]) for j in range(3)]
-                moe.use_cpu_experts(CpuExperts.from_weights(*stack, dtype=dtype))
+                if _fp8_cpu_experts(cfg, ckpt, names, dtype):
+                    pairs = [[ckpt.get_fp8(n[j]) for n in names] for j in range(3)]
+                    moe.use_cpu_experts(CpuExperts.from_fp8(*pairs, fp8=cfg.quantization))
+                else:
+                    stack = [torch.stack([ckpt.get(n[j]) for n in names]) for j in range(3)]
+                    moe.use_cpu_experts(CpuExperts.from_weights(*stack, dtype=dtype))
             else:
                 for e, (g, u, d) in enumerate(names):
                     moe.experts.gate_up[e, :inter].copy_(ckpt.get(g).to(dtype))
@@ -189,6 +200,32 @@ def _load_checkpoint(model: CausalLM, cfg: ModelConfig, ckpt: Checkpoint, dtype:
                     moe.experts.down[e].copy_(ckpt.get(d).to(dtype))
             if progress:
                 progress(1)
+
+
+def _fp8_cpu_experts(cfg: ModelConfig, ckpt, names: list[tuple[str, str, str]],
+                     dtype: torch.dtype) -> bool:
+    """Whether a layer's CPU experts stay FP8 in host memory (``models/quantization.py``): every
+    one of its expert matrices is FP8 in the checkpoint and the kernel can compute with them
+    (a bfloat16 run with the compiled kernel; else they are dequantized here, with a warning
+    where the run is bfloat16)."""
+    if not isinstance(ckpt, QuantizedCheckpoint) or not all(
+            ckpt.is_fp8(n) for triple in names for n in triple):
+        return False
+    from ..layers.cpu_experts import CpuExperts
+    why = CpuExperts.fp8_unsupported(cfg.quantization, dtype)
+    if why is not None and dtype == torch.bfloat16:
+        _warn_once(f"writescope: the CPU experts are dequantized to bfloat16 at load, twice the "
+                   f"host bytes and reads of FP8 ({why})")
+    return why is None
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _warned:
+        _warned.add(msg)
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
 
 def _seed_for(seed: int, name: str) -> int:
@@ -212,9 +249,13 @@ def _init_random(model: CausalLM, cfg: ModelConfig, dtype: torch.dtype, seed: in
         for i, moe in model.moe_blocks():
             if cpu_layers[i]:
                 from ..layers.cpu_experts import CpuExperts
+                fp8 = cfg.quantization
+                if fp8 is not None and CpuExperts.fp8_unsupported(fp8, dtype) is not None:
+                    fp8 = None
                 moe.use_cpu_experts(CpuExperts.random(cfg.num_experts, cfg.hidden_size,
                                                       cfg.moe_intermediate_size, dtype=dtype,
-                                                      seed=_seed_for(seed, f"experts.{i}"), std=std))
+                                                      seed=_seed_for(seed, f"experts.{i}"), std=std,
+                                                      fp8=fp8))
             else:
                 for t in (moe.experts.gate_up, moe.experts.down):
                     g = torch.Generator(device=t.device).manual_seed(_seed_for(seed, f"{i}.{t.shape}"))

@@ -18,7 +18,12 @@
 //    output, looping over the activated experts inside, so each thread owns its output columns and
 //    accumulates w * y without atomics (deterministic order);
 //  * fp32 accumulation everywhere; the intermediate h = silu(g) * u is rounded to the weight dtype
-//    (bf16) before the down projection, as torch's bf16 linear chain does.
+//    (bf16) before the down projection, as torch's bf16 linear chain does;
+//  * block-wise FP8 weights (e4m3 with one fp32 scale per bo x bi block, the -FP8 checkpoints'
+//    format: writescope/models/quantization.py) are stored one byte each in the bf16 tile order
+//    and turned, one 16-row tile at a time, into a per-thread bf16 tile of bf16(q * s) -- the
+//    values a checkpoint dequantized at load holds -- which the bf16 micro-kernels then read.
+//    The CPU reads half the bytes from DRAM; the bf16 tile stays in L2.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -39,7 +44,7 @@
 typedef uint16_t bf16_t;
 
 enum { ISA_GENERIC = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_AVX512BF16 = 3, ISA_AMX = 4 };
-enum { W_BF16 = 0, W_F32 = 1 };
+enum { W_BF16 = 0, W_F32 = 1, W_FP8 = 2 };
 
 static inline float bf16_to_f32(bf16_t v) {
   uint32_t u = (uint32_t)v << 16;
@@ -223,6 +228,62 @@ __attribute__((target("avx512f,avx512bf16"))) static void k_avx512bf16_bf16(cons
 }
 #endif  // WS_X86
 
+// --------------------------------------------------------------------------------------------
+// FP8 (e4m3) tiles -> bf16 tiles: dst[i] = bf16(q[i] * s), s = srow[k / bk] for the element's
+// input index k (a k-pair never straddles a block: bk is even; the K padding past the last of
+// the nb blocks holds zeros and takes the last scale). Tile order [Kp/2][16][2].
+// --------------------------------------------------------------------------------------------
+static inline float e4m3_to_f32(uint8_t b) {
+  const int e = (b >> 3) & 15, m = b & 7;
+  float v = e ? std::ldexp(1.0f + m / 8.0f, e - 7) : std::ldexp(m / 8.0f, -6);
+  if (e == 15 && m == 7) v = NAN;
+  return (b & 0x80) ? -v : v;
+}
+
+static inline int block_of(int kp, int bk, int nb) { return std::min(2 * kp / bk, nb - 1); }
+
+static void fp8_tile_generic(const uint8_t* W, int Kp, const float* srow, int bk, int nb,
+                             bf16_t* dst) {
+  static const std::vector<float> lut = [] {  // (a function-local static: built once, safely)
+    std::vector<float> t(256);
+    for (int b = 0; b < 256; ++b) t[b] = e4m3_to_f32((uint8_t)b);
+    return t;
+  }();
+  for (int kp = 0; kp < Kp / 2; ++kp) {
+    const float s = srow[block_of(kp, bk, nb)];
+    for (int i = 0; i < 32; ++i) dst[kp * 32 + i] = f32_to_bf16(lut[W[kp * 32 + i]] * s);
+  }
+}
+
+#ifdef WS_X86
+// e4m3 -> fp16 is exact with the byte's 7 magnitude bits moved up by 7 (bias 7 -> 15: the value
+// times 2^-8, subnormals included) and its sign to bit 15; VCVTPH2PS widens exactly, the scale
+// times 256 undoes the 2^-8 and VCVTNE2PS2BF16 rounds to nearest even, as torch's cast does.
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) static void fp8_tile_avx512bf16(
+    const uint8_t* W, int Kp, const float* srow, int bk, int nb, bf16_t* dst) {
+  const __m512i sign = _mm512_set1_epi16((short)0x8000), low7 = _mm512_set1_epi16(0x7f);
+  for (int kp = 0; kp < Kp / 2; ++kp) {
+    _mm_prefetch((const char*)W + kp * 32 + WS_PREFETCH_AHEAD, _MM_HINT_T0);
+    const __m512 sv = _mm512_set1_ps(srow[block_of(kp, bk, nb)] * 256.0f);
+    const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(W + kp * 32)));
+    const __m512i h = _mm512_or_si512(_mm512_and_si512(_mm512_slli_epi16(v, 8), sign),
+                                      _mm512_slli_epi16(_mm512_and_si512(v, low7), 7));
+    const __m512 lo = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h)), sv);
+    const __m512 hi = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)), sv);
+    _mm512_storeu_si512((void*)(dst + kp * 32), (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+  }
+}
+#endif
+
+static inline void fp8_tile(const uint8_t* W, int Kp, const float* srow, int bk, int nb,
+                            bf16_t* dst, int isa) {
+#ifdef WS_X86
+  if (isa >= ISA_AVX512BF16) return fp8_tile_avx512bf16(W, Kp, srow, bk, nb, dst);
+#endif
+  (void)isa;
+  fp8_tile_generic(W, Kp, srow, bk, nb, dst);
+}
+
 typedef void (*kern_t)(const void*, int, const void*, long, float*);
 
 #define WS_TABLE16(fn)                                                                          \
@@ -388,24 +449,34 @@ static thread_local Scratch g_scratch;
 // Entry point
 //   gu:   [E][Ip/16][2 (gate, up)][tile] packed tiles, tile = 16 x Hp elements
 //   down: [E][Hp/16][tile], tile = 16 x Ip elements
-//   x:    [N][H] in the weight dtype; ids [N][k] int32 (-1: a slot left out, read elsewhere);
-//         tw [N][k] fp32; out [N][Hp] fp32 (written)
+//   x:    [N][H] in the compute dtype (bf16 for bf16 and FP8 weights, else fp32); ids [N][k]
+//         int32 (-1: a slot left out, read elsewhere); tw [N][k] fp32; out [N][Hp] fp32 (written)
+//   FP8 weights (wdtype W_FP8): gu and down hold one byte a weight in the bf16 tile order;
+//         gus [E][2][ceil(I/bo)][ceil(H/bi)] and dns [E][ceil(H/bo)][ceil(I/bi)] fp32 scales,
+//         bo a multiple of 16 and bi of 2 (unused otherwise)
 // returns 0, or -1 when an expert id is out of range, -2 on a bad argument
 // --------------------------------------------------------------------------------------------
 extern "C" int ws_moe_forward(const void* gu, const void* down, int wdtype, int E, int H, int I,
                               int Hp, int Ip, const void* x, int N, const int32_t* ids,
                               const float* tw, int k, float* out, int isa, int amx_min,
-                              int nthreads) {
+                              int nthreads, const float* gus, const float* dns, int bo, int bi) {
   if (Hp % 32 || Ip % 32 || H > Hp || I > Ip || N < 0 || k <= 0 || E <= 0) return -2;
-  if (wdtype != W_BF16 && wdtype != W_F32) return -2;
+  if (wdtype != W_BF16 && wdtype != W_F32 && wdtype != W_FP8) return -2;
+  const bool fp8 = wdtype == W_FP8;
+  if (fp8 && (!gus || !dns || bo <= 0 || bi <= 0 || bo % 16 || bi % 2)) return -2;
+  const int cdtype = fp8 ? W_BF16 : wdtype;  // the dtype the micro-kernels compute in
   const int detected = ws_detect_isa();
   if (isa > detected) isa = detected;
-  const bool amx = (isa >= ISA_AMX) && wdtype == W_BF16;
+  const bool amx = (isa >= ISA_AMX) && cdtype == W_BF16;
   if (amx_min < 1) amx_min = 1;
-  const KernSel sel = select_kernel(isa, wdtype);
+  const KernSel sel = select_kernel(isa, cdtype);
   const int esz = (sel.act_bf16 || amx) ? 2 : 4;  // activation element size handed to the kernel
   const bool act_bf16 = esz == 2;
-  const int wsz = wdtype == W_BF16 ? 2 : 4;
+  const int wsz = fp8 ? 1 : cdtype == W_BF16 ? 2 : 4;  // stored weight element size
+  const int xsz = cdtype == W_BF16 ? 2 : 4;            // the input activations' element size
+  // FP8 scale grids: row blocks x column blocks per matrix
+  const int gu_rb = (I + bo - 1) / std::max(bo, 1), gu_cb = (H + bi - 1) / std::max(bi, 1);
+  const int dn_rb = (H + bo - 1) / std::max(bo, 1), dn_cb = (I + bi - 1) / std::max(bi, 1);
   if (nthreads < 1) nthreads = 1;
 
   Scratch& S = g_scratch;
@@ -472,8 +543,8 @@ extern "C" int ws_moe_forward(const void* gu, const void* down, int wdtype, int 
         std::memset(dst, 0, (size_t)Hp * esz);
         continue;
       }
-      const char* src = (const char*)x + (long)tok * H * wsz;
-      if (wsz == esz) {
+      const char* src = (const char*)x + (long)tok * H * xsz;
+      if (xsz == esz) {
         std::memcpy(dst, src, (size_t)H * esz);
       } else {  // bf16 -> f32
         const bf16_t* s = (const bf16_t*)src;
@@ -488,6 +559,8 @@ extern "C" int ws_moe_forward(const void* gu, const void* down, int wdtype, int 
     // ---- phase 1: h = silu(x Wg^T) * (x Wu^T), items = (expert, 16-row tile of I)
     {
       std::vector<float> G(16 * 16 * 4), U(16 * 16 * 4);
+      // FP8: this thread's bf16 copies of the tiles it works on (gate, up / down)
+      std::vector<bf16_t> Tg(fp8 ? 16L * std::max(Hp, Ip) + 32 : 0), Tu(fp8 ? 16L * Hp + 32 : 0);
 #pragma omp for schedule(dynamic, 1)
       for (int item = 0; item < n_items1; ++item) {
         const int j = item / it, tile = item % it;
@@ -496,6 +569,15 @@ extern "C" int ws_moe_forward(const void* gu, const void* down, int wdtype, int 
         const bool ea = amx && m >= amx_min;
         const char* wg = GU + (e * gu_expert + (2L * tile) * gu_tile) * wsz;
         const char* wu = wg + gu_tile * wsz;
+        if (fp8) {
+          const int rb = std::min(tile * 16 / bo, gu_rb - 1);  // (padding rows: zeros)
+          const float* sg = gus + (((long)e * 2 + 0) * gu_rb + rb) * gu_cb;
+          const float* su = gus + (((long)e * 2 + 1) * gu_rb + rb) * gu_cb;
+          fp8_tile((const uint8_t*)wg, Hp, sg, bi, gu_cb, Tg.data(), isa);
+          fp8_tile((const uint8_t*)wu, Hp, su, bi, gu_cb, Tu.data(), isa);
+          wg = (const char*)Tg.data();
+          wu = (const char*)Tu.data();
+        }
         const char* X = xg + (long)r0 * Hp * esz;
         const int mp = ea ? (m + 15) / 16 * 16 : m;
         for (int t0 = 0; t0 < mp; t0 += 16) {
@@ -514,7 +596,7 @@ extern "C" int ws_moe_forward(const void* gu, const void* down, int wdtype, int 
             char* hrow = hb + ((long)(r0 + t0 + t) * Ip + tile * 16) * esz;
             for (int r = 0; r < 16; ++r) {
               float v = silu(G[t * 16 + r]) * U[t * 16 + r];
-              if (wdtype == W_BF16) {
+              if (cdtype == W_BF16) {
                 const bf16_t b = f32_to_bf16(v);
                 if (act_bf16)
                   ((bf16_t*)hrow)[r] = b;
@@ -537,6 +619,11 @@ extern "C" int ws_moe_forward(const void* gu, const void* down, int wdtype, int 
           const int r0 = row_off[j], m = count[e];
           const bool ea = amx && m >= amx_min;
           const char* wd = DN + (e * dn_expert + (long)c * dn_tile) * wsz;
+          if (fp8) {
+            const float* sd = dns + ((long)e * dn_rb + std::min(c * 16 / bo, dn_rb - 1)) * dn_cb;
+            fp8_tile((const uint8_t*)wd, Ip, sd, bi, dn_cb, Tg.data(), isa);
+            wd = (const char*)Tg.data();
+          }
           const char* X = hb + (long)r0 * Ip * esz;
           const int mp = ea ? (m + 15) / 16 * 16 : m;
           for (int t0 = 0; t0 < mp; t0 += 16) {
@@ -581,13 +668,17 @@ struct WsMoeJob {
   float* out;
   void* res;
   int32_t res_dtype, isa, amx_min, nthreads;
+  const float* gus;  // FP8 scales (W_FP8 only)
+  const float* dns;
+  int32_t bo, bi;
 };
 
 extern "C" int ws_moe_job(void* arg) {
   const WsMoeJob& j = *(const WsMoeJob*)arg;
   if (j.res_dtype != 0 && j.res_dtype != 1) return -2;
   const int rc = ws_moe_forward(j.gu, j.down, j.wdtype, j.E, j.H, j.I, j.Hp, j.Ip, j.x, j.N,
-                                j.ids, j.tw, j.k, j.out, j.isa, j.amx_min, j.nthreads);
+                                j.ids, j.tw, j.k, j.out, j.isa, j.amx_min, j.nthreads, j.gus,
+                                j.dns, j.bo, j.bi);
   if (rc != 0) return rc;
   for (long n = 0; n < j.N; ++n) {
     const float* o = j.out + n * j.Hp;
@@ -598,6 +689,16 @@ extern "C" int ws_moe_job(void* arg) {
       std::memcpy((float*)j.res + n * j.H, o, sizeof(float) * (size_t)j.H);
     }
   }
+  return 0;
+}
+
+// One packed FP8 tile ([Kp/2][16][2] bytes, scales srow[nb]) to bf16 with the code path of `isa`
+// (the kernel's own conversion, exported so that tests can check it value by value).
+extern "C" int ws_fp8_tile_to_bf16(const uint8_t* W, int Kp, const float* srow, int bk, int nb,
+                                   uint16_t* dst, int isa) {
+  if (Kp % 2 || bk <= 0 || bk % 2 || nb <= 0) return -2;
+  const int detected = ws_detect_isa();
+  fp8_tile(W, Kp, srow, bk, nb, dst, std::min(isa, detected));
   return 0;
 }
 
