@@ -240,6 +240,54 @@ def write_hub_checkpoint(src: Path, dst: Path, hub_config: dict | None = None,
     return dst
 
 
+FP8_TEST_BLOCK = (16, 16)  # every tiny matrix dimension but DeepSeek's kv_a (40 rows) divides
+
+
+def write_fp8_checkpoint(src: Path, dst: Path, block=FP8_TEST_BLOCK) -> Path:
+    """``src`` re-saved in the block-wise FP8 format of the -FP8 releases: every linear layer's
+    matrix (not the embeddings, the head or the routers) whose sides the block divides becomes
+    ``float8_e4m3fn`` plus a float32 ``weight_scale_inv`` grid (``Fp8Blocks.quantize``: amax ->
+    448); the others stay float32 and are named in ``modules_to_not_convert``, as the releases
+    name their routers and heads."""
+    from safetensors.torch import load_file, save_file
+
+    from writescope.models.quantization import Fp8Blocks
+
+    sch = Fp8Blocks(tuple(block))
+    shutil.copytree(src, dst)
+    sd = load_file(str(src / "model.safetensors"))
+    out, keep = {}, []
+    for n, t in sd.items():
+        linear = (n.endswith(".weight") and t.dim() == 2 and not _is_router(n)
+                  and "embed_tokens" not in n and not n.startswith("lm_head"))
+        if linear and t.shape[0] % block[0] == 0 and t.shape[1] % block[1] == 0:
+            out[n], out[n + "_scale_inv"] = sch.quantize(t)
+        else:
+            out[n] = t
+            if linear:
+                keep.append(n[:-len(".weight")])
+    save_file(out, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["quantization_config"] = dict(sch.to_hf(), modules_to_not_convert=["lm_head", *keep])
+    (dst / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    return dst
+
+
+def hf_fp8_model(path: str | Path, dtype: torch.dtype = torch.float64):
+    """transformers' model of an FP8 checkpoint, dequantized at load
+    (``FineGrainedFP8Config(dequantize=True)``, which needs accelerate): the FP8 oracle."""
+    pytest.importorskip("accelerate", reason="transformers loads FP8 checkpoints with accelerate")
+    from transformers import AutoModelForCausalLM, FineGrainedFP8Config, PretrainedConfig
+
+    # loaded in float32 and then converted: its dequantization writes float32 whatever the dtype
+    # asked for (q * scale in float32, as writescope's; exact in float64 afterwards)
+    kw = dict(dtype=torch.float32, attn_implementation="eager",
+              quantization_config=FineGrainedFP8Config(dequantize=True))
+    if hasattr(PretrainedConfig, "_experts_implementation"):
+        kw["experts_implementation"] = "eager"
+    return AutoModelForCausalLM.from_pretrained(str(path), **kw).to(dtype).eval()
+
+
 @dataclass(frozen=True)
 class BadCheckpoint:
     """A broken checkpoint folder; ``tensor``/``file`` name what is wrong (None if n/a)."""
@@ -318,6 +366,30 @@ def tiny_qwen3_moe_hub(tiny_root, tiny_qwen3_moe) -> Path:
 @pytest.fixture(scope="session")
 def tiny_deepseek_v2_hub(tiny_root, tiny_deepseek_v2) -> Path:
     return write_hub_checkpoint(tiny_deepseek_v2, tiny_root / "deepseek_v2_hub")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_moe_fp8(tiny_root, tiny_qwen3_moe) -> Path:
+    return write_fp8_checkpoint(tiny_qwen3_moe, tiny_root / "qwen3_moe_fp8")
+
+
+@pytest.fixture(scope="session")
+def tiny_mixtral_fp8(tiny_root, tiny_mixtral) -> Path:
+    return write_fp8_checkpoint(tiny_mixtral, tiny_root / "mixtral_fp8")
+
+
+@pytest.fixture(scope="session")
+def tiny_deepseek_v2_fp8(tiny_root, tiny_deepseek_v2) -> Path:
+    return write_fp8_checkpoint(tiny_deepseek_v2, tiny_root / "deepseek_v2_fp8")
+
+
+FP8_ARCHS = ("tiny_mixtral_fp8", "tiny_qwen3_moe_fp8", "tiny_deepseek_v2_fp8")
+
+
+@pytest.fixture(params=FP8_ARCHS)
+def all_fp8(request) -> Path:
+    """Each tiny architecture's FP8 checkpoint in turn."""
+    return request.getfixturevalue(request.param)
 
 
 @pytest.fixture

@@ -144,10 +144,12 @@ def parse_int_list(text: str) -> list[int]:
 
 def parse_overrides(items: list[str] | None) -> dict[str, Any]:
     """``["num_hidden_layers=2,hidden_size=256", "head_dim=128"]`` -> a dict; values are JSON
-    (numbers, true/false/null, lists) or else strings."""
+    (numbers, true/false/null, lists, objects: commas inside brackets, braces or quotes do not
+    split, e.g. ``quantization_config={"quant_method":"fp8","weight_block_size":[128,128]}``)
+    or else strings."""
     out: dict[str, Any] = {}
     for item in items or []:
-        for part in str(item).split(","):
+        for part in _top_level_split(str(item)):
             if not part.strip():
                 continue
             key, sep, val = part.partition("=")
@@ -158,6 +160,30 @@ def parse_overrides(items: list[str] | None) -> dict[str, Any]:
             except json.JSONDecodeError:
                 out[key.strip()] = val.strip()
     return out
+
+
+def _top_level_split(text: str, sep: str = ",") -> list[str]:
+    """``text`` split at the ``sep`` characters outside brackets, braces and double quotes."""
+    parts, depth, quoted, start, i = [], 0, False, 0, 0
+    while i < len(text):
+        c = text[i]
+        if quoted:
+            if c == "\\":
+                i += 1
+            elif c == '"':
+                quoted = False
+        elif c == '"':
+            quoted = True
+        elif c in "[{":
+            depth += 1
+        elif c in "]}":
+            depth = max(0, depth - 1)
+        elif c == sep and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+        i += 1
+    parts.append(text[start:])
+    return parts
 
 
 def parse_name_list(text: str | list[str]) -> list[str]:

@@ -66,8 +66,9 @@ def _available_ram_bytes() -> int | None:
     return None
 
 
-#: config.json keys an override may add (absent from some families' configs)
-OVERRIDE_NEW_KEYS = ("head_dim",)
+#: config.json keys an override may add (absent from some families' configs; a
+#: ``quantization_config`` gives random weights the FP8 experts of an -FP8 release)
+OVERRIDE_NEW_KEYS = ("head_dim", "quantization_config")
 
 
 def apply_config_overrides(raw: dict, overrides: dict | None) -> dict:
@@ -750,6 +751,11 @@ class LLMEngine:
         s["engine.weights_device_bytes"] = self.weights_bytes
         s["engine.vram_budget"] = self.vram_budget
         s["engine.experts_on_cpu_layers"] = sum(self.cpu_expert_layers)
+        held = [m.cpu_experts for _, m in self.model.moe_blocks()
+                if getattr(m, "cpu_experts", None) is not None]
+        if held:  # how the CPU experts' weights are stored, and their host bytes
+            s["engine.cpu_expert_format"] = held[0].weight_format
+            s["engine.cpu_expert_bytes"] = sum(x.nbytes for x in held)
         up = self.expert_uploader
         if up is not None:  # prefill steps that ran the CPU experts on the GPU
             s["experts.uploads"] = up.uploads

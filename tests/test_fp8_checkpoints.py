@@ -1,0 +1,197 @@
+"""Block-wise FP8 checkpoints (the format of the -FP8 releases): the config's scheme, loading
+(dequantized on the compute device, FP8 in host memory for CPU experts), parity with transformers
+loading the same checkpoint dequantized, and clear errors for what is not supported."""
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from conftest import hf_fp8_model
+from test_parity import GREEDY, NEW, check, engine, prompt_ids
+from writescope import LLM
+from writescope.models.config import ConfigError, ModelConfig, load_config_dict
+from writescope.models.loader import CheckpointError
+from writescope.models.quantization import Fp8Blocks, quantization_from_hf
+
+
+# ------------------------------------------------------------------------------------ config
+def test_scheme_from_config():
+    qc = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+          "weight_block_size": [128, 128], "modules_to_not_convert": ["lm_head"]}
+    assert quantization_from_hf(qc) == Fp8Blocks((128, 128))
+    assert quantization_from_hf(None) is None
+    cfg = load_config_dict("qwen3-30b-a3b")
+    cfg["quantization_config"] = qc
+    assert ModelConfig.from_hf(cfg).quantization == Fp8Blocks((128, 128))
+    assert ModelConfig.from_hf("qwen3-30b-a3b").quantization is None
+
+
+@pytest.mark.parametrize("qc,match", [
+    ({"quant_method": "gptq", "bits": 4}, "'gptq' is not supported"),
+    ({"quant_method": "awq"}, "'awq' is not supported"),
+    ({"quant_method": "mxfp4"}, "'mxfp4' is not supported"),
+    ({"quant_method": "fp8", "weight_block_size": [128, 128], "fmt": "e5m2"}, "e5m2"),
+    ({"quant_method": "fp8", "weight_block_size": [128, 128], "activation_scheme": "static"},
+     "static"),
+    ({"quant_method": "fp8"}, "weight_block_size"),
+    ({"quant_method": "fp8", "weight_block_size": [128]}, "weight_block_size"),
+    ("fp8", "must be an object"),
+])
+def test_unsupported_quantization_is_refused(qc, match):
+    with pytest.raises(ConfigError, match=match):
+        quantization_from_hf(qc)
+
+
+def test_quantize_round_trip_and_shapes():
+    sch = Fp8Blocks((16, 32))
+    w = torch.randn(40, 70)
+    q, s = sch.quantize(w)
+    assert q.dtype == torch.float8_e4m3fn and q.shape == (40, 70) and s.shape == (3, 3)
+    assert sch.scale_shape((40, 70)) == (3, 3) and sch.scale_shape((5, 40, 70)) == (5, 3, 3)
+    d = sch.dequantize(q, s)
+    # e4m3 keeps 3 mantissa bits: within 1/16 of each value, and of the block's max below that
+    assert ((d - w).abs() <= w.abs() / 16 + s.max() / 2).all()
+    assert sch.dequantize(*sch.quantize(d)).equal(d)  # FP8 values re-quantize to themselves
+    with pytest.raises(ValueError, match="expected"):
+        sch.dequantize(q, s[:2])
+    with pytest.raises(ValueError, match="float8"):
+        sch.dequantize(q.float(), s)
+    with pytest.raises(ValueError, match="positive"):
+        Fp8Blocks((0, 128))
+
+
+# ------------------------------------------------------------------------------------ parity
+@functools.lru_cache(maxsize=None)
+def fp8_reference(path: str, ids: tuple[int, ...], new: int = NEW):
+    """transformers' greedy tokens, log-probabilities and rows over the FP8 checkpoint
+    dequantized at load, in float64."""
+    model = hf_fp8_model(path, dtype=torch.float64)
+    x = torch.tensor([list(ids)])
+    with torch.no_grad():
+        g = model.generate(x, max_new_tokens=new, do_sample=False, output_scores=True,
+                           return_dict_in_generate=True, eos_token_id=None, pad_token_id=0)
+    toks = g.sequences[0, x.shape[1]:].tolist()
+    rows = [torch.log_softmax(s[0].double(), -1) for s in g.scores]
+    return toks, [r[t].item() for r, t in zip(rows, toks)], rows
+
+
+@pytest.mark.parametrize("experts", ["gpu", "cpu"])
+def test_fp8_checkpoint_matches_transformers(all_fp8, experts):
+    """float32: every FP8 weight dequantized exactly at load, CPU experts included; greedy tokens
+    and log-probabilities as transformers' over the same checkpoint, mixed block placement."""
+    llm = engine(all_fp8, experts=experts, kv_policy="static", cpu_share=0.5, num_gpu_blocks=3)
+    ids = prompt_ids(llm.engine.config.vocab_size)
+    (out,) = llm.generate([ids], GREEDY)
+    check(out, *fp8_reference(str(all_fp8), tuple(ids)))
+    assert llm.engine.config.quantization is not None
+
+
+def _dequantized_copy(src, dst):
+    """``src`` (an FP8 checkpoint) with every FP8 weight replaced by its float32 dequantized
+    values and no quantization_config: what the FP8 path must equal."""
+    shutil.copytree(src, dst)
+    cfg = json.loads((src / "config.json").read_text())
+    sch = quantization_from_hf(cfg.pop("quantization_config"))
+    sd = load_file(str(src / "model.safetensors"))
+    out = {}
+    for n, t in sd.items():
+        if n.endswith("_scale_inv"):
+            continue
+        out[n] = sch.dequantize(t, sd[n + "_scale_inv"]) if t.dtype == torch.float8_e4m3fn else t
+    save_file(out, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+def test_bf16_cpu_experts_stay_fp8_and_equal_the_dequantized_checkpoint(all_fp8, tmp_path):
+    """bfloat16 with the experts on the CPU: the experts stay FP8 in host memory (half the
+    bytes), and every token and log-probability equals those of the checkpoint dequantized
+    offline -- the kernel computes from bf16(q * scale), the values a dequantized load holds."""
+    from writescope.layers.cpu_experts import CpuExperts
+    plain = _dequantized_copy(all_fp8, tmp_path / "dequantized")
+    opts = dict(dtype="bfloat16", experts="cpu", kv_policy="static", cpu_share=0.5,
+                num_gpu_blocks=3)
+    a, b = engine(all_fp8, **opts), engine(plain, **opts)
+    held = [m.cpu_experts for _, m in a.engine.model.moe_blocks()]
+    assert held and all(isinstance(x, CpuExperts) and x.fp8 is not None for x in held)
+    assert all(x.gate_up.dtype == torch.uint8 for x in held)
+    ref = [m.cpu_experts for _, m in b.engine.model.moe_blocks()]
+    assert all(r.fp8 is None for r in ref)
+    assert sum(x.nbytes for x in held) < 0.55 * sum(r.nbytes for r in ref)
+    ids = prompt_ids(a.engine.config.vocab_size)
+    (x,), (y,) = a.generate([ids], GREEDY), b.generate([ids], GREEDY)
+    assert x.token_ids == y.token_ids
+    assert x.logprobs == y.logprobs
+    assert a.stats()["engine.cpu_expert_format"] == "fp8 (e4m3, 16x16 blocks)"
+
+
+def test_float32_runs_dequantize_cpu_experts_too(tiny_qwen3_moe_fp8):
+    llm = engine(tiny_qwen3_moe_fp8, experts="cpu")
+    held = [m.cpu_experts for _, m in llm.engine.model.moe_blocks()]
+    assert held and all(x.fp8 is None and x.dtype == torch.float32 for x in held)
+
+
+def test_random_weights_with_an_fp8_config():
+    """Benchmarks: a reference config with an FP8 quantization_config and random weights puts
+    FP8 experts on the CPU (the bytes a step reads are those of an FP8 checkpoint)."""
+    over = {"num_hidden_layers": 2, "hidden_size": 256, "moe_intermediate_size": 128,
+            "num_experts": 8, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 64, "intermediate_size": 512, "vocab_size": 512,
+            "quantization_config": Fp8Blocks().to_hf()}
+    llm = LLM("qwen3-30b-a3b", random_weights=True, config_overrides=over, experts="cpu",
+              dtype="bfloat16", max_model_len=256, block_size=16)
+    held = [m.cpu_experts for _, m in llm.engine.model.moe_blocks()]
+    assert held and all(x.fp8 == Fp8Blocks() for x in held)
+    out = llm.generate([[5, 6, 7, 8]], GREEDY)[0]
+    assert len(out.token_ids) == NEW
+
+
+# ------------------------------------------------------------------------------------ errors
+def _edited(src, dst, edit):
+    shutil.copytree(src, dst)
+    sd = load_file(str(src / "model.safetensors"))
+    edit(sd)
+    save_file(sd, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    return dst
+
+
+def test_broken_fp8_checkpoints_are_named(tiny_qwen3_moe_fp8, tmp_path):
+    name = "model.layers.1.mlp.experts.3.down_proj.weight"
+
+    def no_scale(sd):
+        del sd[name + "_scale_inv"]
+
+    def bad_scale(sd):
+        sd[name + "_scale_inv"] = sd[name + "_scale_inv"][:1]
+
+    def orphan_scale(sd):
+        sd["model.layers.0.mlp.shared.weight_scale_inv"] = torch.ones(1, 1)
+
+    def scaled_float(sd):
+        sd["model.layers.0.mlp.gate.weight_scale_inv"] = torch.ones(1, 4)
+
+    cases = [(no_scale, rf"{name}.*float8_e4m3fn but has no"),
+             (bad_scale, rf"{name}_scale_inv.*has shape \[1, 3\], expected \[4, 3\]"),
+             (orphan_scale, r"unexpected tensor 'model.layers.0.mlp.shared.weight_scale_inv'"),
+             (scaled_float, r"'model.layers.0.mlp.gate.weight'.*has a _scale_inv but is "
+                            r"torch.float32, not float8_e4m3fn")]
+    for i, (edit, match) in enumerate(cases):
+        path = _edited(tiny_qwen3_moe_fp8, tmp_path / f"bad{i}", edit)
+        for experts in ("gpu", "cpu"):
+            with pytest.raises(CheckpointError, match=match):
+                engine(path, experts=experts, dtype="bfloat16")
+
+
+def test_unsupported_quantized_checkpoint_is_refused(tiny_qwen3_moe, tmp_path):
+    dst = tmp_path / "gptq"
+    shutil.copytree(tiny_qwen3_moe, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": 128}
+    (dst / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match="'gptq' is not supported"):
+        LLM(str(dst))
