@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from ..layers import cpu_experts as ce
 from ..models.config import ModelConfig
+from ..models.quantization import Fp8Blocks
 from .provenance import git_commit, source_digest
 
 MODELS = ("deepseek-v2-lite", "qwen3-30b-a3b", "mixtral-8x7b")
@@ -160,17 +161,26 @@ def bench_model(name: str, args, variants: list[dict], log) -> list[dict]:
     cfg = ModelConfig.from_hf(name)
     E, H, I, k = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts_per_tok
     dtype = torch.bfloat16
-    expert_bytes = 3 * H * I * 2
-    layer_bytes = E * expert_bytes
-    n_layers = max(args.min_layers, math.ceil(args.footprint_gb * 1e9 / layer_bytes))
     rows = []
-    refs: dict[int, torch.Tensor] = {}
+    refs: dict[tuple[str, int], torch.Tensor] = {}
     backends = sorted({v["backend"] for v in variants})
-    for backend in backends:
+    # (backend, weight format): FP8 experts (block-wise, as the -FP8 checkpoints') in the
+    # compiled kernel only
+    runs = [(b, wf) for wf in args.weights for b in backends if wf == "bf16" or b == "cpp"]
+    for backend, wf in runs:
+        fp8 = Fp8Blocks() if wf == "fp8" else None
+        expert_bytes = 3 * H * I * 2 if fp8 is None else None
         t0 = time.perf_counter()
-        layers = [ce.CpuExperts.random(E, H, I, dtype, seed=i, unique_experts=2, backend=backend)
-                  for i in range(n_layers)]
-        log(f"[{name}] {backend}: {n_layers} layers x {layer_bytes / 1e9:.2f} GB built in "
+        layers = []
+        n_layers = args.min_layers
+        while len(layers) < n_layers:
+            layers.append(ce.CpuExperts.random(E, H, I, dtype, seed=len(layers), unique_experts=2,
+                                               backend=backend, fp8=fp8))
+            expert_bytes = layers[0].expert_bytes  # (FP8: one byte a weight, and the scales)
+            n_layers = max(args.min_layers,
+                           math.ceil(args.footprint_gb * 1e9 / (E * expert_bytes)))
+        layer_bytes = E * expert_bytes
+        log(f"[{name}] {backend} {wf}: {n_layers} layers x {layer_bytes / 1e9:.2f} GB built in "
             f"{time.perf_counter() - t0:.1f} s")
         gen = torch.Generator().manual_seed(1)
         for n in args.tokens:
@@ -185,6 +195,7 @@ def bench_model(name: str, args, variants: list[dict], log) -> list[dict]:
             for v in variants:
                 if v["backend"] != backend:
                     continue
+                v = dict(v, name=v["name"] + ("-fp8" if fp8 is not None else ""))
                 _apply(v, args.default_threads)
                 if v["mode"] == "inline":  # forward() on host tensors: the calling thread
                     def call(layer, ids, w):
@@ -195,9 +206,9 @@ def bench_model(name: str, args, variants: list[dict], log) -> list[dict]:
                 ids0, w0 = routes[0]
                 y = call(layers[0], ids0, w0).float()
                 if ref is None:  # same weights in every backend (same seed), so computed once
-                    ref = refs.get(n)
+                    ref = refs.get((wf, n))
                     if ref is None:
-                        ref = refs[n] = _reference(layers[0], x, ids0, w0)
+                        ref = refs[(wf, n)] = _reference(layers[0], x, ids0, w0)
                 err = float((y - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
                 ok = err < 2e-2
                 # warm-up pass over every layer, then round-robin until min_seconds
@@ -207,7 +218,7 @@ def bench_model(name: str, args, variants: list[dict], log) -> list[dict]:
                                                 args.min_seconds)
                 gbps = nbytes / dt / 1e9
                 row = {"model": name, "experts": E, "hidden": H, "inter": I, "topk": k,
-                       "tokens": n, "variant": v["name"], "layers": n_layers,
+                       "tokens": n, "variant": v["name"], "weights": wf, "layers": n_layers,
                        "threads": v["threads"] or args.default_threads, "mode": v["mode"],
                        "mean_active_experts": round(sum(active) / len(active), 2),
                        "calls": calls, "us_per_call": round(dt / calls * 1e6, 1),
@@ -226,7 +237,8 @@ def bench_model(name: str, args, variants: list[dict], log) -> list[dict]:
 
 def render(paths: list[str]) -> str:
     """Markdown: one table per result file (machine), models x tokens, GB/s and % of DRAM."""
-    out = ["# CPU routed experts: GB/s of expert weights read (bf16)", "",
+    out = ["# CPU routed experts: GB/s of expert weights read (bf16; -fp8 variants: FP8 bytes)",
+           "",
            "Produced by `python -m writescope.bench.cpu_experts` (per-file command below); "
            "rendered with `--render`. % = share of the DRAM read bandwidth measured in the same "
            "run. N = tokens per layer (uniform random top-k routing).", ""]
@@ -284,6 +296,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-seconds", type=float, default=0.4, help="timed seconds per row")
     ap.add_argument("--dram-gib", type=float, default=4.0, help="buffer for the DRAM probe")
     ap.add_argument("--backends", nargs="+", default=["cpp", "torch"], choices=["cpp", "torch"])
+    ap.add_argument("--weights", nargs="+", default=["bf16"], choices=["bf16", "fp8"],
+                    help="expert weight formats: bf16, and block-wise FP8 (128x128 scales, as "
+                         "the -FP8 checkpoints; the C++ kernel only). GB/s counts the bytes "
+                         "stored: one a weight for FP8")
     ap.add_argument("--isas", nargs="+", default=None, choices=list(ce.ISA_NAMES),
                     help="C++ code paths to time (default: every one this CPU has)")
     ap.add_argument("--amx-min", nargs="+", type=int, default=[ce.AMX_MIN_TOKENS],
