@@ -195,3 +195,29 @@ def test_unsupported_quantized_checkpoint_is_refused(tiny_qwen3_moe, tmp_path):
     (dst / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ConfigError, match="'gptq' is not supported"):
         LLM(str(dst))
+
+
+# ------------------------------------------------------------------------------------ planner
+def test_planner_counts_fp8_cpu_experts_at_one_byte():
+    """The roofline model charges FP8 experts on the CPU one byte a weight (and their scales);
+    on the GPU they are bf16 (dequantized at load), as are the experts of a bf16 checkpoint."""
+    from pathlib import Path
+
+    from writescope.planner import roofline as rl
+    from writescope.planner.profile import HardwareProfile
+
+    prof = HardwareProfile.load(Path(__file__).resolve().parents[1] / "bench" / "profiles"
+                                / "h200.json")
+    raw = load_config_dict("qwen3-30b-a3b")
+    bf, fp = ModelConfig.from_hf(raw), ModelConfig.from_hf(
+        dict(raw, quantization_config=Fp8Blocks().to_hf()))
+    assert rl.expert_weight_bytes(fp, True) == 1 + 4 / 128 ** 2
+    assert rl.expert_weight_bytes(fp, False) == rl.expert_weight_bytes(bf, True) == 2
+    load = rl.StepLoad(1, 1024.0, 0.0, 0.0, 0.0)
+    a, b = rl.predict_step(prof, bf, load, True), rl.predict_step(prof, fp, load, True)
+    assert b.step_s < 0.7 * a.step_s
+    assert rl.predict_step(prof, fp, load, False).step_s == rl.predict_step(prof, bf, load,
+                                                                            False).step_s
+    ba = rl.roofline_bound_s(prof, bf, [1024], 1e9, True)
+    bb = rl.roofline_bound_s(prof, fp, [1024], 1e9, True)
+    assert bb < 0.7 * ba

@@ -162,6 +162,16 @@ def parse_overrides(items: list[str] | None) -> dict[str, Any]:
     return out
 
 
+def _cpu_expert_item(engine) -> float:
+    """Bytes a CPU expert weight takes in ``engine`` (FP8 experts: one, and their scales)."""
+    held = [m.cpu_experts for _, m in engine.model.moe_blocks()
+            if getattr(m, "cpu_experts", None) is not None]
+    if held:
+        x = held[0]
+        return x.expert_bytes / (3 * x.hidden * x.inter)
+    return torch.empty(0, dtype=engine.dtype).element_size()
+
+
 def _top_level_split(text: str, sep: str = ",") -> list[str]:
     """``text`` split at the ``sep`` characters outside brackets, braces and double quotes."""
     parts, depth, quoted, start, i = [], 0, False, 0, 0
@@ -409,7 +419,7 @@ def model_terms(profile, cfg, engine, policy: str, batch: int, ctx: int, decode_
         "spilled_kv_bytes_per_step": spilled * cfg.kv_bytes_per_token(engine.dtype),
         "cpu_expert_bytes_per_step": (
             rl.active_experts(cfg.num_experts, cfg.num_experts_per_tok, batch) * expert_params
-            * torch.empty(0, dtype=engine.dtype).element_size() * sum(engine.cpu_expert_layers))}
+            * _cpu_expert_item(engine) * sum(engine.cpu_expert_layers))}
     if profile is None:
         out.update(model_step_s=None, roofline_bound_s=None)
         return out

@@ -64,6 +64,16 @@ if TYPE_CHECKING:  # pragma: no cover
     from .profile import HardwareProfile
 
 WEIGHT_BYTES = 2  # bf16 weights
+
+
+def expert_weight_bytes(cfg: "ModelConfig", experts_on_cpu: bool) -> float:
+    """Bytes a routed-expert weight takes where the experts run: bf16, except FP8 checkpoints'
+    experts on the CPU, which stay FP8 in host memory (one byte and their blocks' scales,
+    ``layers/cpu_experts.py``; on the GPU they are dequantized to bf16 at load)."""
+    q = getattr(cfg, "quantization", None)
+    if experts_on_cpu and q is not None:
+        return 1.0 + 4.0 / (q.block[0] * q.block[1])
+    return WEIGHT_BYTES
 KV_ITEMSIZE = 2   # bf16 KV
 #: torch kernels launched per layer outside attention (projections, norms, rotary, router, ...):
 #: the fixed GPU cost of a layer is this many launches
@@ -276,7 +286,7 @@ def layer_time(profile: "HardwareProfile", cfg: "ModelConfig", layer: int, load:
     fam = attn_family(cfg)
     p = layer_param_counts(cfg, layer)
     n_act = active_experts(cfg.num_experts, cfg.num_experts_per_tok, load.batch_size) if p["expert"] else 0.0
-    expert_bytes = n_act * p["expert"] * WEIGHT_BYTES
+    expert_bytes = n_act * p["expert"] * expert_weight_bytes(cfg, experts_on_cpu)
 
     cpu_attends, streams = regime if regime is not None else (load.cpu_tokens > 0,
                                                               load.streamed_tokens > 0)
@@ -605,14 +615,14 @@ def roofline_bound_s(profile: "HardwareProfile", cfg: "ModelConfig", lengths: Se
     act = active_experts(cfg.num_experts, cfg.num_experts_per_tok, b)
     scale = 1.0
     if cpu_expert_bytes is not None and experts_on_cpu:
-        uniform = sum(act * layer_param_counts(cfg, i)["expert"] * WEIGHT_BYTES
-                      for i in range(cfg.num_layers))
+        uniform = sum(act * layer_param_counts(cfg, i)["expert"]
+                      * expert_weight_bytes(cfg, experts_on_cpu) for i in range(cfg.num_layers))
         scale = float(cpu_expert_bytes) / uniform if uniform > 0 else 1.0
     c_solo = _cpu_read_ceiling(profile, cfg, experts_on_cpu)
     total = 0.0
     for i in range(cfg.num_layers):
         p = layer_param_counts(cfg, i)
-        exp = scale * act * p["expert"] * WEIGHT_BYTES
+        exp = scale * act * p["expert"] * expert_weight_bytes(cfg, experts_on_cpu)
         weights = (p["attn"] + p["mlp"]) * WEIGHT_BYTES / profile.weight_read_Bps
         if not profile.has_gpu:
             total += weights + (exp + (spilled + res) * kvb) / profile.cpu_read_Bps
@@ -648,6 +658,7 @@ def plan_for_lengths(profile: "HardwareProfile", cfg: "ModelConfig", lengths: Se
 __all__ = [
     "StepLoad", "Corrections", "LayerTime", "StepPrediction", "SharePlan",
     "kv_bytes_per_token_layer", "attn_family", "active_experts", "layer_param_counts",
+    "expert_weight_bytes", "WEIGHT_BYTES",
     "gpu_weight_bytes", "layer_time", "predict_step", "load_at_share", "optimal_cpu_share",
     "target_share", "resident_tokens", "gpu_kv_capacity_tokens", "roofline_bound_s",
     "plan_for_lengths", "bandwidth_ratio",
