@@ -221,3 +221,19 @@ def test_planner_counts_fp8_cpu_experts_at_one_byte():
     ba = rl.roofline_bound_s(prof, bf, [1024], 1e9, True)
     bb = rl.roofline_bound_s(prof, fp, [1024], 1e9, True)
     assert bb < 0.7 * ba
+
+
+def test_placement_summary_counts_fp8_cpu_experts_at_one_byte():
+    """The host-memory check before loading (engine ``_check_host_memory``) and the logs see FP8
+    CPU experts at one byte a weight; the GPU side stays bf16."""
+    from writescope.layers.expert_placement import expert_placement_summary
+    raw = load_config_dict("qwen3-30b-a3b")
+    bf, fp = ModelConfig.from_hf(raw), ModelConfig.from_hf(
+        dict(raw, quantization_config=Fp8Blocks().to_hf()))
+    flags = [i % 2 == 0 for i in range(bf.num_layers)]
+    a = expert_placement_summary(bf, flags, torch.bfloat16)
+    b = expert_placement_summary(fp, flags, torch.bfloat16)
+    assert b["cpu_expert_bytes"] == pytest.approx(a["cpu_expert_bytes"] / 2 * (1 + 4 / 128 ** 2))
+    assert b["gpu_weight_bytes"] == a["gpu_weight_bytes"]
+    assert expert_placement_summary(fp, flags, torch.float32)["cpu_expert_bytes"] == \
+        2 * a["cpu_expert_bytes"]

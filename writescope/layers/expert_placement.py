@@ -108,21 +108,33 @@ def _check_fits(cfg, flags, budget, kv, dtype, margin_bytes, mode) -> None:
             f"{_gb(margin)} = {_gb(need)} exceed the VRAM budget of {_gb(budget)} ({hint})")
 
 
+def _cpu_expert_itemsize(cfg: ModelConfig, dtype: torch.dtype) -> float:
+    """Host bytes a routed-expert weight takes on the CPU: the run's dtype, or one byte and its
+    block's share of a scale where an FP8 checkpoint's experts stay FP8 (``cpu_experts.py``)."""
+    q = cfg.quantization
+    if q is not None:
+        from .cpu_experts import CpuExperts
+        if CpuExperts.fp8_unsupported(q, dtype) is None:
+            return 1.0 + 4.0 / (q.block[0] * q.block[1])
+    return torch.empty(0, dtype=dtype).element_size()
+
+
 def expert_placement_summary(cfg: ModelConfig, flags: list[bool], dtype: torch.dtype) -> dict:
     """Bytes on each side for a placement (for logs, the planner and the CLI)."""
     if len(flags) != cfg.num_layers:
         raise ValueError(f"flags has {len(flags)} entries, the model has {cfg.num_layers} layers")
     itemsize = torch.empty(0, dtype=dtype).element_size()
     pc = cfg.param_counts()
-    per_layer = cfg.num_experts * pc["expert"] * itemsize
+    per_layer = cfg.num_experts * pc["expert"] * _cpu_expert_itemsize(cfg, dtype)
     moe = set(cfg.moe_layers)
     cpu_layers = [i for i, f in enumerate(flags) if f]
     bad = [i for i in cpu_layers if i not in moe]
     if bad:
         raise ValueError(f"layers {bad} are dense: they have no routed experts to put on the CPU")
-    cpu_bytes = len(cpu_layers) * per_layer
+    cpu_bytes = int(len(cpu_layers) * per_layer)
+    gpu_experts = (len(moe) - len(cpu_layers)) * cfg.num_experts * pc["expert"] * itemsize
     return {"cpu_expert_layers": len(cpu_layers), "moe_layers": len(moe),
             "cpu_expert_bytes": cpu_bytes,
-            "gpu_expert_bytes": pc["routed_experts"] * itemsize - cpu_bytes,
-            "gpu_weight_bytes": pc["total"] * itemsize - cpu_bytes,
+            "gpu_expert_bytes": gpu_experts,
+            "gpu_weight_bytes": (pc["total"] - pc["routed_experts"]) * itemsize + gpu_experts,
             "expert_bytes": pc["expert"] * itemsize}
