@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import hf_fp8_model
-from test_parity import GREEDY, NEW, check, engine, prompt_ids
+from test_parity import GREEDY, NEW, check, engine, greedy_reference, prompt_ids
 from writescope import LLM
 from writescope.models.config import ConfigError, ModelConfig, load_config_dict
 from writescope.models.loader import CheckpointError
@@ -70,14 +70,7 @@ def test_quantize_round_trip_and_shapes():
 def fp8_reference(path: str, ids: tuple[int, ...], new: int = NEW):
     """transformers' greedy tokens, log-probabilities and rows over the FP8 checkpoint
     dequantized at load, in float64."""
-    model = hf_fp8_model(path, dtype=torch.float64)
-    x = torch.tensor([list(ids)])
-    with torch.no_grad():
-        g = model.generate(x, max_new_tokens=new, do_sample=False, output_scores=True,
-                           return_dict_in_generate=True, eos_token_id=None, pad_token_id=0)
-    toks = g.sequences[0, x.shape[1]:].tolist()
-    rows = [torch.log_softmax(s[0].double(), -1) for s in g.scores]
-    return toks, [r[t].item() for r, t in zip(rows, toks)], rows
+    return greedy_reference(hf_fp8_model(path, dtype=torch.float64), ids, new)
 
 
 @pytest.mark.parametrize("experts", ["gpu", "cpu"])

@@ -34,7 +34,13 @@ def reference(path: str, ids: tuple[int, ...], new: int = NEW
     """transformers' greedy tokens, their log-probabilities and each step's whole
     log-probability row, computed in float64: the engine's float32 error alone is measured
     (a float32 oracle adds its own, which differs between hosts' CPU kernels)."""
-    model = hf_model(path, dtype=torch.float64)
+    return greedy_reference(hf_model(path, dtype=torch.float64), ids, new)
+
+
+def greedy_reference(model, ids: tuple[int, ...], new: int = NEW
+                     ) -> tuple[list[int], list[float], list[torch.Tensor]]:
+    """A transformers model's greedy tokens after ``ids``, their log-probabilities and each
+    step's whole log-probability row (float64)."""
     x = torch.tensor([list(ids)])
     with torch.no_grad():
         g = model.generate(x, max_new_tokens=new, do_sample=False, output_scores=True,

@@ -261,22 +261,27 @@ static void fp8_tile_generic(const uint8_t* W, int Kp, const float* srow, int bk
 // (both powers of two: the product's rounding is that of q * s) and VCVTNE2PS2BF16 rounds to
 // nearest even, as torch's cast does. Two integer ops a 16 values (VCVTPH2PS through fp16 took
 // 35% longer a line on the Zen 4 dev VM). The NaN codes (0x7f, 0xff) are not NaN here.
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) static inline __m512bh fp8_line(
+    const uint8_t* p, __m512 sv) {  // one 32-byte line (16 rows x 2 inputs), sv = scale * 2^120
+  const __m512i keep = _mm512_set1_epi32((int)0x87F00000u);
+  const __m512i a = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p));
+  const __m512i c = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(p + 16)));
+  const __m512 lo =
+      _mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(a, 20), keep)), sv);
+  const __m512 hi =
+      _mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(c, 20), keep)), sv);
+  return _mm512_cvtne2ps_pbh(hi, lo);
+}
+
 __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void fp8_tile_avx512bf16(
     const uint8_t* W, int Kp, const float* srow, int bk, int nb, bf16_t* dst) {
-  const __m512i keep = _mm512_set1_epi32((int)0x87F00000u);
   for (int k0 = 0, b = 0; k0 < Kp / 2; k0 += bk / 2, ++b) {  // one scale per K block
     const __m512 sv = _mm512_set1_ps(std::ldexp(srow[std::min(b, nb - 1)], 120));
     const int k1 = std::min(Kp / 2, k0 + bk / 2);
     for (int kp = k0; kp < k1; ++kp) {
       const uint8_t* p = W + kp * 32;
       if (!(kp & 1)) _mm_prefetch((const char*)p + WS_PREFETCH_AHEAD, _MM_HINT_T0);
-      const __m512i a = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p));
-      const __m512i c = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(p + 16)));
-      const __m512 lo = _mm512_mul_ps(
-          _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(a, 20), keep)), sv);
-      const __m512 hi = _mm512_mul_ps(
-          _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(c, 20), keep)), sv);
-      _mm512_storeu_si512((void*)(dst + kp * 32), (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+      _mm512_storeu_si512((void*)(dst + kp * 32), (__m512i)fp8_line(p, sv));
     }
   }
 }
@@ -289,7 +294,6 @@ template <int MB>
 __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void k_fp8_avx512bf16(
     const uint8_t* W, int Kp, const bf16_t* X, long ldx, const float* srow, int bk, int nb,
     float* out) {
-  const __m512i keep = _mm512_set1_epi32((int)0x87F00000u);
   __m512 acc[MB];
   for (int t = 0; t < MB; ++t) acc[t] = _mm512_setzero_ps();
   for (int k0 = 0, b = 0; k0 < Kp / 2; k0 += bk / 2, ++b) {
@@ -298,13 +302,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void k_fp8_avx512b
     for (int kp = k0; kp < k1; ++kp) {
       const uint8_t* p = W + kp * 32;
       if (!(kp & 1)) _mm_prefetch((const char*)p + WS_PREFETCH_AHEAD, _MM_HINT_T0);
-      const __m512i a = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p));
-      const __m512i c = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(p + 16)));
-      const __m512 lo = _mm512_mul_ps(
-          _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(a, 20), keep)), sv);
-      const __m512 hi = _mm512_mul_ps(
-          _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(c, 20), keep)), sv);
-      const __m512bh wv = _mm512_cvtne2ps_pbh(hi, lo);
+      const __m512bh wv = fp8_line(p, sv);
       for (int t = 0; t < MB; ++t) {
         int32_t pair;
         std::memcpy(&pair, X + t * ldx + 2 * kp, 4);
