@@ -129,6 +129,17 @@ def test_float32_runs_dequantize_cpu_experts_too(tiny_qwen3_moe_fp8):
     assert held and all(x.fp8 is None and x.dtype == torch.float32 for x in held)
 
 
+def test_torch_backend_dequantizes_cpu_experts_with_a_warning(tiny_qwen3_moe_fp8, monkeypatch):
+    from writescope.models import loader
+    monkeypatch.setenv("WRITESCOPE_CPU_EXPERT_BACKEND", "torch")
+    monkeypatch.setattr(loader, "_warned", set())
+    with pytest.warns(RuntimeWarning, match="dequantized to bfloat16 at load"):
+        llm = engine(tiny_qwen3_moe_fp8, experts="cpu", dtype="bfloat16")
+    held = [m.cpu_experts for _, m in llm.engine.model.moe_blocks()]
+    assert held and all(x.fp8 is None and x.backend == "torch" for x in held)
+    assert len(llm.generate([[5, 6, 7]], GREEDY)[0].token_ids) == NEW
+
+
 def test_random_weights_with_an_fp8_config():
     """Benchmarks: a reference config with an FP8 quantization_config and random weights puts
     FP8 experts on the CPU (the bytes a step reads are those of an FP8 checkpoint)."""

@@ -537,8 +537,8 @@ class CpuExperts:
             if dtype != torch.bfloat16:
                 raise ValueError(f"FP8 experts compute in bfloat16, got dtype {dtype}")
             why = _fp8_scheme_ok(fp8)
-            if why is not None or (backend or "auto").lower() == "torch":
-                raise ValueError(f"FP8 experts need the compiled kernel: {why or 'backend torch'}")
+            if why is not None:
+                raise ValueError(f"FP8 experts need the compiled kernel: {why}")
         if min(num_experts, hidden, inter) < 1:
             raise ValueError(f"bad expert shape: {num_experts} experts, hidden {hidden}, "
                              f"intermediate {inter}")
@@ -550,6 +550,8 @@ class CpuExperts:
             if lib is None and backend == "cpp":
                 raise RuntimeError(f"CPU expert C++ kernel unavailable: {_lib_error}")
             backend = "cpp" if lib is not None else "torch"
+        if fp8 is not None and backend != "cpp":
+            raise ValueError("FP8 experts need the compiled kernel: backend torch")
         self.backend = backend
         global _flag_slots
         self._slot = _flag_slots % _MAX_LAYERS  # this layer's flag (see _host_flags)
