@@ -115,7 +115,6 @@ def test_quantizing_float_weights_and_random_fp8_experts():
     g = torch.Generator().manual_seed(3)
     mats = [torch.randn(E, I, H, generator=g), torch.randn(E, I, H, generator=g),
             torch.randn(E, H, I, generator=g)]
-    layer = CpuExperts.from_weights(*mats, dtype=torch.bfloat16)
     fp8 = CpuExperts(E, H, I, torch.bfloat16, fp8=sch)
     for e in range(E):
         fp8._set_expert(e, mats[0][e], mats[1][e], mats[2][e])
@@ -123,7 +122,6 @@ def test_quantizing_float_weights_and_random_fp8_experts():
             want = sch.dequantize(*sch.quantize(mats[j][e])).to(torch.bfloat16)
             assert torch.equal(got, want)
             assert (got.float() - mats[j][e]).abs().max() <= mats[j][e].abs().max() / 16
-    del layer
     r = CpuExperts.random(4, 256, 128, seed=1, fp8=Fp8Blocks())
     assert torch.all(r.gate_up_scale == r.gate_up_scale.view(-1)[0])
     w = torch.cat([t.float().view(-1) for t in r.expert_weights(1)])

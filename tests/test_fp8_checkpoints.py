@@ -110,10 +110,10 @@ def test_bf16_cpu_experts_stay_fp8_and_equal_the_dequantized_checkpoint(all_fp8,
     opts = dict(dtype="bfloat16", experts="cpu", kv_policy="static", cpu_share=0.5,
                 num_gpu_blocks=3)
     a, b = engine(all_fp8, **opts), engine(plain, **opts)
-    held = [m.cpu_experts for _, m in a.engine.model.moe_blocks()]
+    held = a.engine.model.host_experts()
     assert held and all(isinstance(x, CpuExperts) and x.fp8 is not None for x in held)
     assert all(x.gate_up.dtype == torch.uint8 for x in held)
-    ref = [m.cpu_experts for _, m in b.engine.model.moe_blocks()]
+    ref = b.engine.model.host_experts()
     assert all(r.fp8 is None for r in ref)
     assert sum(x.nbytes for x in held) < 0.55 * sum(r.nbytes for r in ref)
     ids = prompt_ids(a.engine.config.vocab_size)
@@ -125,7 +125,7 @@ def test_bf16_cpu_experts_stay_fp8_and_equal_the_dequantized_checkpoint(all_fp8,
 
 def test_float32_runs_dequantize_cpu_experts_too(tiny_qwen3_moe_fp8):
     llm = engine(tiny_qwen3_moe_fp8, experts="cpu")
-    held = [m.cpu_experts for _, m in llm.engine.model.moe_blocks()]
+    held = llm.engine.model.host_experts()
     assert held and all(x.fp8 is None and x.dtype == torch.float32 for x in held)
 
 
@@ -135,7 +135,7 @@ def test_torch_backend_dequantizes_cpu_experts_with_a_warning(tiny_qwen3_moe_fp8
     monkeypatch.setattr(loader, "_warned", set())
     with pytest.warns(RuntimeWarning, match="dequantized to bfloat16 at load"):
         llm = engine(tiny_qwen3_moe_fp8, experts="cpu", dtype="bfloat16")
-    held = [m.cpu_experts for _, m in llm.engine.model.moe_blocks()]
+    held = llm.engine.model.host_experts()
     assert held and all(x.fp8 is None and x.backend == "torch" for x in held)
     assert len(llm.generate([[5, 6, 7]], GREEDY)[0].token_ids) == NEW
 
@@ -149,7 +149,7 @@ def test_random_weights_with_an_fp8_config():
             "quantization_config": Fp8Blocks().to_hf()}
     llm = LLM("qwen3-30b-a3b", random_weights=True, config_overrides=over, experts="cpu",
               dtype="bfloat16", max_model_len=256, block_size=16)
-    held = [m.cpu_experts for _, m in llm.engine.model.moe_blocks()]
+    held = llm.engine.model.host_experts()
     assert held and all(x.fp8 == Fp8Blocks() for x in held)
     out = llm.generate([[5, 6, 7, 8]], GREEDY)[0]
     assert len(out.token_ids) == NEW

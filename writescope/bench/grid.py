@@ -164,8 +164,7 @@ def parse_overrides(items: list[str] | None) -> dict[str, Any]:
 
 def _cpu_expert_item(engine) -> float:
     """Bytes a CPU expert weight takes in ``engine`` (FP8 experts: one, and their scales)."""
-    held = [m.cpu_experts for _, m in engine.model.moe_blocks()
-            if getattr(m, "cpu_experts", None) is not None]
+    held = engine.model.host_experts()
     if held:
         x = held[0]
         return x.expert_bytes / (3 * x.hidden * x.inter)
@@ -370,8 +369,7 @@ def host_memory_summary(engine) -> dict[str, int | None]:
     (page-locked on CUDA), the C pool (pageable: resident only where written), and what the
     kernel reports available now."""
     from ..engine.engine import _available_ram_bytes
-    experts = sum(m.cpu_experts.nbytes for _, m in engine.model.moe_blocks()
-                  if getattr(m, "cpu_experts", None) is not None)
+    experts = sum(x.nbytes for x in engine.model.host_experts())
     pools = engine.cache.pools
     nbytes = {r: pools[_region(r)].numel() * pools[_region(r)].element_size() for r in "TC"}
     return {"experts": experts, "T pool": nbytes["T"], "C pool": nbytes["C"],

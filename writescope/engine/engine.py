@@ -751,8 +751,7 @@ class LLMEngine:
         s["engine.weights_device_bytes"] = self.weights_bytes
         s["engine.vram_budget"] = self.vram_budget
         s["engine.experts_on_cpu_layers"] = sum(self.cpu_expert_layers)
-        held = [m.cpu_experts for _, m in self.model.moe_blocks()
-                if getattr(m, "cpu_experts", None) is not None]
+        held = self.model.host_experts()
         if held:  # how the CPU experts' weights are stored, and their host bytes
             s["engine.cpu_expert_format"] = held[0].weight_format
             s["engine.cpu_expert_bytes"] = sum(x.nbytes for x in held)

@@ -116,3 +116,8 @@ class CausalLM(nn.Module):
 
     def moe_blocks(self) -> list[tuple[int, MoE]]:
         return [(i, l.ffn) for i, l in enumerate(self.model.layers) if isinstance(l.ffn, MoE)]
+
+    def host_experts(self) -> list:
+        """The host-memory routed experts (``CpuExperts``) of the layers that have them."""
+        return [m.cpu_experts for _, m in self.moe_blocks()
+                if getattr(m, "cpu_experts", None) is not None]
