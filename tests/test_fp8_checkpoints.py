@@ -84,7 +84,7 @@ def test_fp8_checkpoint_matches_transformers(all_fp8, experts):
     assert llm.engine.config.quantization is not None
 
 
-def _dequantized_copy(src, dst):
+def dequantized_copy(src, dst):
     """``src`` (an FP8 checkpoint) with every FP8 weight replaced by its float32 dequantized
     values and no quantization_config: what the FP8 path must equal."""
     shutil.copytree(src, dst)
@@ -106,7 +106,7 @@ def test_bf16_cpu_experts_stay_fp8_and_equal_the_dequantized_checkpoint(all_fp8,
     bytes), and every token and log-probability equals those of the checkpoint dequantized
     offline -- the kernel computes from bf16(q * scale), the values a dequantized load holds."""
     from writescope.layers.cpu_experts import CpuExperts
-    plain = _dequantized_copy(all_fp8, tmp_path / "dequantized")
+    plain = dequantized_copy(all_fp8, tmp_path / "dequantized")
     opts = dict(dtype="bfloat16", experts="cpu", kv_policy="static", cpu_share=0.5,
                 num_gpu_blocks=3)
     a, b = engine(all_fp8, **opts), engine(plain, **opts)
@@ -202,9 +202,9 @@ def test_unsupported_quantized_checkpoint_is_refused(tiny_qwen3_moe, tmp_path):
 
 
 # ------------------------------------------------------------------------------------ planner
-def test_planner_counts_fp8_cpu_experts_at_one_byte():
-    """The roofline model charges FP8 experts on the CPU one byte a weight (and their scales);
-    on the GPU they are bf16 (dequantized at load), as are the experts of a bf16 checkpoint."""
+def test_planner_counts_fp8_experts_at_one_byte():
+    """The roofline model charges FP8 experts one byte a weight (and their scales) on either
+    side, and the GPU's weights and KV room follow; a bf16 checkpoint's experts are two bytes."""
     from pathlib import Path
 
     from writescope.planner import roofline as rl
@@ -215,29 +215,43 @@ def test_planner_counts_fp8_cpu_experts_at_one_byte():
     raw = load_config_dict("qwen3-30b-a3b")
     bf, fp = ModelConfig.from_hf(raw), ModelConfig.from_hf(
         dict(raw, quantization_config=Fp8Blocks().to_hf()))
-    assert rl.expert_weight_bytes(fp, True) == 1 + 4 / 128 ** 2
-    assert rl.expert_weight_bytes(fp, False) == rl.expert_weight_bytes(bf, True) == 2
+    one = 1 + 4 / 128 ** 2
+    assert rl.expert_weight_bytes(fp, True) == rl.expert_weight_bytes(fp, False) == one
+    assert rl.expert_weight_bytes(bf, True) == rl.expert_weight_bytes(bf, False) == 2
     load = rl.StepLoad(1, 1024.0, 0.0, 0.0, 0.0)
-    a, b = rl.predict_step(prof, bf, load, True), rl.predict_step(prof, fp, load, True)
-    assert b.step_s < 0.7 * a.step_s
-    assert rl.predict_step(prof, fp, load, False).step_s == rl.predict_step(prof, bf, load,
-                                                                            False).step_s
-    ba = rl.roofline_bound_s(prof, bf, [1024], 1e9, True)
-    bb = rl.roofline_bound_s(prof, fp, [1024], 1e9, True)
-    assert bb < 0.7 * ba
+    for on_cpu in (True, False):
+        a, b = rl.predict_step(prof, bf, load, on_cpu), rl.predict_step(prof, fp, load, on_cpu)
+        assert b.step_s < a.step_s
+        ba = rl.roofline_bound_s(prof, bf, [1024], 1e9, on_cpu)
+        bb = rl.roofline_bound_s(prof, fp, [1024], 1e9, on_cpu)
+        assert bb < (0.7 if on_cpu else 0.9) * ba
+    pc = bf.param_counts()
+    assert rl.gpu_weight_bytes(fp, True) == rl.gpu_weight_bytes(bf, True) == 2 * pc["other"]
+    assert rl.gpu_weight_bytes(fp, False) == int(2 * pc["other"] + one * pc["routed_experts"])
+    assert rl.gpu_kv_capacity_tokens(fp, 48 * 2 ** 30, False) > 0 == \
+        rl.gpu_kv_capacity_tokens(bf, 48 * 2 ** 30, False)
 
 
-def test_placement_summary_counts_fp8_cpu_experts_at_one_byte():
-    """The host-memory check before loading (engine ``_check_host_memory``) and the logs see FP8
-    CPU experts at one byte a weight; the GPU side stays bf16."""
-    from writescope.layers.expert_placement import expert_placement_summary
+def test_placement_summary_counts_fp8_experts_at_one_byte():
+    """The host-memory check before loading (engine ``_check_host_memory``), the VRAM check and
+    the logs see FP8 experts at one byte a weight on both sides in a bf16 run; with
+    ``experts="auto"`` twice as many layers' experts fit a budget."""
+    from writescope.layers.expert_placement import choose_expert_layers, expert_placement_summary
     raw = load_config_dict("qwen3-30b-a3b")
     bf, fp = ModelConfig.from_hf(raw), ModelConfig.from_hf(
         dict(raw, quantization_config=Fp8Blocks().to_hf()))
     flags = [i % 2 == 0 for i in range(bf.num_layers)]
     a = expert_placement_summary(bf, flags, torch.bfloat16)
     b = expert_placement_summary(fp, flags, torch.bfloat16)
-    assert b["cpu_expert_bytes"] == pytest.approx(a["cpu_expert_bytes"] / 2 * (1 + 4 / 128 ** 2))
-    assert b["gpu_weight_bytes"] == a["gpu_weight_bytes"]
-    assert expert_placement_summary(fp, flags, torch.float32)["cpu_expert_bytes"] == \
-        2 * a["cpu_expert_bytes"]
+    half = 1 / 2 * (1 + 4 / 128 ** 2)
+    assert b["cpu_expert_bytes"] == pytest.approx(a["cpu_expert_bytes"] * half)
+    assert b["gpu_expert_bytes"] == pytest.approx(a["gpu_expert_bytes"] * half)
+    assert b["gpu_weight_bytes"] == a["gpu_weight_bytes"] - a["gpu_expert_bytes"] + \
+        b["gpu_expert_bytes"]
+    f32 = expert_placement_summary(fp, flags, torch.float32)
+    assert f32["cpu_expert_bytes"] == 2 * a["cpu_expert_bytes"]
+    assert f32["gpu_expert_bytes"] == 2 * a["gpu_expert_bytes"]
+    budget = 32 * 2 ** 30
+    on_gpu = [sum(not f for f in choose_expert_layers(c, "auto", budget, 2 ** 30, torch.bfloat16))
+              for c in (bf, fp)]
+    assert 0 < 2 * on_gpu[0] <= on_gpu[1] <= 48, on_gpu

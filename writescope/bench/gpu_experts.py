@@ -12,7 +12,9 @@ gate/up and down weights a layer reads. ``torch`` is the expert-by-expert path
 settings (rows per program, block widths, warps) of one kernel at a time, prints each as it is
 timed and the fastest (``--sweep-kernel`` picks the kernel). The committed defaults come from
 its sweep at Qwen3-30B-A3B's 2 and DeepSeek-V2-Lite's 4 tokens, confirmed in the engine's steps
-(``step_profile``), bench/results/2026-12-04b-h200 calls 1 and 2.
+(``step_profile``), bench/results/2026-12-04b-h200 calls 1 and 2. ``--weights bf16,fp8`` also
+times block-wise FP8 experts (128 x 128 blocks, one byte a weight and a float32 scale a block,
+converted in the kernels: ``StackedExperts(fp8=...)``), their bytes counted as stored.
 """
 from __future__ import annotations
 
@@ -23,8 +25,9 @@ import sys
 import torch
 
 from ..layers import moe_triton
-from ..layers.moe import run_experts
+from ..layers.moe import StackedExperts, run_experts
 from ..models.config import ModelConfig
+from ..models.quantization import Fp8Blocks
 from .gpu_attention import _events_time, measure_hbm
 from .graphed import add_common_args, graph_replay, write_json
 
@@ -50,17 +53,38 @@ def _routing(n: int, e: int, k: int, gen: torch.Generator, dev) -> tuple[torch.T
     return idx.to(dev), w.to(dev)
 
 
+def _fp8_layer(E: int, H: int, I: int, dev) -> StackedExperts:
+    """One layer's random experts, FP8 with 128 x 128 blocks, quantized expert by expert."""
+    st = StackedExperts(E, H, I, fp8=Fp8Blocks()).to(dev)
+    for e in range(E):
+        mats = [torch.randn(*shape, device=dev) * 0.02 for shape in ((I, H), (I, H), (H, I))]
+        st.set_expert_fp8(e, *[st.fp8.quantize(m) for m in mats])
+    return st
+
+
 def case(name: str, n: int, layers: int, reps: int, dev, configs: list[dict], torch_ref: bool,
-         gen: torch.Generator) -> dict:
+         gen: torch.Generator, weights: str = "bf16") -> dict:
     cfg = ModelConfig.from_hf(name)
     E, k, H, I = cfg.num_experts, cfg.num_experts_per_tok, cfg.hidden_size, cfg.moe_intermediate_size
     dt = torch.bfloat16
-    gu = [torch.randn(E, 2 * I, H, device=dev, dtype=dt) * 0.02 for _ in range(layers)]
-    dn = [torch.randn(E, H, I, device=dev, dtype=dt) * 0.02 for _ in range(layers)]
+    if weights == "fp8":
+        stacks = [_fp8_layer(E, H, I, dev) for _ in range(layers)]
+        gu, dn = [s.gate_up for s in stacks], [s.down for s in stacks]
+        scales = [(s.gate_up_scale, s.down_scale, s.fp8) for s in stacks]
+        per_weight = 1 + 4 / (128 * 128)
+        expert = stacks[0].weights
+    else:
+        gu = [torch.randn(E, 2 * I, H, device=dev, dtype=dt) * 0.02 for _ in range(layers)]
+        dn = [torch.randn(E, H, I, device=dev, dtype=dt) * 0.02 for _ in range(layers)]
+        scales = [None] * layers
+        per_weight = 2
+
+        def expert(e):
+            return gu[0][e], dn[0][e]
     x = torch.randn(n, H, device=dev, dtype=dt)
     routes = [_routing(n, E, k, gen, dev) for _ in range(layers)]
     distinct = sum(len(set(r[0].reshape(-1).tolist())) for r in routes) / layers
-    layer_bytes = distinct * 3 * I * H * 2
+    layer_bytes = distinct * 3 * I * H * per_weight
 
     def pass_(config):
         """The layers' calls as one CUDA graph's replay, as the engine's decode steps run them:
@@ -68,19 +92,21 @@ def case(name: str, n: int, layers: int, reps: int, dev, configs: list[dict], to
         Python a call, more than a small layer's kernels take)."""
         def f():
             for li in range(layers):
-                moe_triton.fused_experts(x, *routes[li], gu[li], dn[li], config=config)
+                moe_triton.fused_experts(x, *routes[li], gu[li], dn[li], config=config,
+                                         fp8=scales[li])
         return graph_replay(f, dev)
 
-    res = {"model": name, "tokens": n, "experts_per_token": k, "hidden": H, "inter": I,
-           "distinct_experts": distinct, "layer_bytes": layer_bytes,
+    res = {"model": name, "weights": weights, "tokens": n, "experts_per_token": k, "hidden": H,
+           "inter": I, "distinct_experts": distinct, "layer_bytes": layer_bytes,
            "default_rows": {"gate_up": moe_triton.gate_up_rows(n * k, I),
                             "down": moe_triton.down_rows(n, H, 1 << (k - 1).bit_length())}}
     want = run_experts(x.float(), routes[0][0], routes[0][1].float(),
-                       lambda e: (gu[0][e].float(), dn[0][e].float()))
+                       lambda e: tuple(t.float() for t in expert(e)))
     rows = []
     for config in [None] + configs:
         try:
-            got = moe_triton.fused_experts(x, *routes[0], gu[0], dn[0], config=config).float()
+            got = moe_triton.fused_experts(x, *routes[0], gu[0], dn[0], config=config,
+                                           fp8=scales[0]).float()
             err = ((got - want).norm() / want.norm()).item()
             t = _events_time(pass_(config), reps) / layers
         except Exception as e:  # noqa: BLE001 - a setting Triton cannot build: reported, skipped
@@ -94,7 +120,7 @@ def case(name: str, n: int, layers: int, reps: int, dev, configs: list[dict], to
     ok = [r for r in rows if "us" in r]
     res["best"] = min(ok, key=lambda r: r["us"]) if ok else None
     res["variants"] = rows[1:]
-    if torch_ref:
+    if torch_ref and weights == "bf16":
         def torch_pass():
             for li in range(layers):
                 run_experts(x, *routes[li], lambda e, li=li: (gu[li][e], dn[li][e]))
@@ -111,9 +137,14 @@ def main(argv=None) -> int:
     add_common_args(ap, MODELS)
     ap.add_argument("--tokens", default="1,2,4,8", help="decode tokens per step (comma list)")
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--weights", default="bf16",
+                    help="comma list of bf16 and fp8 (block-wise FP8 experts, 128 x 128 blocks)")
     ap.add_argument("--sweep-kernel", choices=("all", "gate_up", "down"), default="all",
                     help="with --sweep: whose launch settings to vary")
     args = ap.parse_args(argv)
+    kinds = args.weights.split(",")
+    if not kinds or any(w not in ("bf16", "fp8") for w in kinds):
+        ap.error(f"--weights takes bf16 and/or fp8, got {args.weights!r}")
     if not torch.cuda.is_available():
         print("gpu_experts: needs CUDA", file=sys.stderr)
         return 2
@@ -123,17 +154,17 @@ def main(argv=None) -> int:
     configs = sweep_configs(args.sweep_kernel) if args.sweep else []
     results = []
     print(f"HBM copy bandwidth: {hbm:.0f} GB/s (read + write)")
-    print(f"{'model':<18} {'tok':>3} {'experts':>7} {'MB/layer':>8} {'us':>7} {'GB/s':>6} "
+    print(f"{'model':<18} {'wt':>4} {'tok':>3} {'experts':>7} {'MB/layer':>8} {'us':>7} {'GB/s':>6} "
           f"{'of HBM':>6} {'best us':>7} {'best GB/s':>9} {'torch GB/s':>10}")
-    for name in args.models.split(","):
-        for n in (int(t) for t in args.tokens.split(",")):
-            r = case(name, n, args.layers, args.reps, dev, configs, not args.no_torch, gen)
-            results.append(r)
-            d, b = r["default"], r["best"]
-            print(f"{name:<18} {n:>3} {r['distinct_experts']:>7.1f} {r['layer_bytes'] / 1e6:>8.1f} "
-                  f"{d.get('us', float('nan')):>7.1f} {d.get('gbps', float('nan')):>6.0f} "
-                  f"{d.get('gbps', 0) / hbm:>6.0%} {b['us']:>7.1f} {b['gbps']:>9.0f} "
-                  f"{r.get('torch_gbps', float('nan')):>10.0f}" + (f"  best: {b['config']}" if args.sweep else ""))
+    for name, wt, n in itertools.product(args.models.split(","), kinds,
+                                         (int(t) for t in args.tokens.split(","))):
+        r = case(name, n, args.layers, args.reps, dev, configs, not args.no_torch, gen, wt)
+        results.append(r)
+        d, b = r["default"], r["best"]
+        print(f"{name:<18} {wt:>4} {n:>3} {r['distinct_experts']:>7.1f} {r['layer_bytes'] / 1e6:>8.1f} "
+              f"{d.get('us', float('nan')):>7.1f} {d.get('gbps', float('nan')):>6.0f} "
+              f"{d.get('gbps', 0) / hbm:>6.0%} {b['us']:>7.1f} {b['gbps']:>9.0f} "
+              f"{r.get('torch_gbps', float('nan')):>10.0f}" + (f"  best: {b['config']}" if args.sweep else ""))
     if args.json:
         write_json(args.json, "writescope.bench.gpu_experts", argv, dev, hbm, results)
     return 0

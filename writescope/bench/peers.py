@@ -58,9 +58,17 @@ def engine_state_dict(model, consume_cpu_experts: bool = False) -> dict[str, tor
     ``consume_cpu_experts``: drop each layer's host-memory experts from the engine's model once
     unpacked, so a model whose experts fill host memory is not held twice (the engine cannot
     run afterwards)."""
-    sd = {_hf_name(n): p.detach() for n, p in model.named_parameters()}
+    sd = {_hf_name(n): p.detach() for n, p in model.named_parameters()
+          if not n.endswith(("experts.gate_up_scale", "experts.down_scale"))}
     for i, moe in model.moe_blocks():
         cpu = getattr(moe, "cpu_experts", None)
+        stacked = getattr(moe, "experts", None)
+        if cpu is None and getattr(stacked, "fp8", None) is not None:  # FP8 on the device
+            prefix = f"model.layers.{i}.mlp.experts."
+            pairs = [stacked.weights(e) for e in range(stacked.gate_up.shape[0])]
+            sd[prefix + "gate_up_proj"] = torch.stack([gu for gu, _ in pairs])
+            sd[prefix + "down_proj"] = torch.stack([dn for _, dn in pairs])
+            continue
         if cpu is None:
             continue
         if consume_cpu_experts:

@@ -755,6 +755,10 @@ class LLMEngine:
         if held:  # how the CPU experts' weights are stored, and their host bytes
             s["engine.cpu_expert_format"] = held[0].weight_format
             s["engine.cpu_expert_bytes"] = sum(x.nbytes for x in held)
+        dev = self.model.device_experts()
+        if dev:  # how the routed experts on the compute device are stored, and their bytes
+            s["engine.gpu_expert_format"] = dev[0].weight_format
+            s["engine.gpu_expert_bytes"] = sum(x.nbytes for x in dev)
         up = self.expert_uploader
         if up is not None:  # prefill steps that ran the CPU experts on the GPU
             s["experts.uploads"] = up.uploads

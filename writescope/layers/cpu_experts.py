@@ -707,8 +707,8 @@ class CpuExperts:
 
     @staticmethod
     def _random_fp8_scale(std: float) -> float:
-        from ..models.quantization import FP8_MAX
-        return 3.47 * std / FP8_MAX
+        from ..models.quantization import Fp8Blocks
+        return Fp8Blocks.random_scale(std)
 
     def _draw_parallel(self, n: int, seed: int, std: float, threads: int | None) -> None:
         """Experts ``0..n-1`` drawn in row chunks (see :meth:`random`), written in place."""

@@ -84,9 +84,10 @@ def choose_expert_layers(cfg: ModelConfig, experts: str, vram_budget_bytes: int 
     pc = cfg.param_counts()
     margin = default_margin_bytes(vram_budget_bytes) if margin_bytes is None else margin_bytes
     fixed = pc["other"] * itemsize + kv_bytes_needed + margin
-    if fixed + pc["routed_experts"] * itemsize <= vram_budget_bytes:
+    dev_item = _device_expert_itemsize(cfg, dtype)
+    if fixed + pc["routed_experts"] * dev_item <= vram_budget_bytes:
         return all_gpu
-    per_layer = cfg.num_experts * pc["expert"] * itemsize
+    per_layer = int(cfg.num_experts * pc["expert"] * dev_item)
     free = vram_budget_bytes - fixed
     if free < 0:
         _check_fits(cfg, [i in set(moe) for i in range(n)], vram_budget_bytes, kv_bytes_needed,
@@ -119,6 +120,17 @@ def _cpu_expert_itemsize(cfg: ModelConfig, dtype: torch.dtype) -> float:
     return torch.empty(0, dtype=dtype).element_size()
 
 
+def _device_expert_itemsize(cfg: ModelConfig, dtype: torch.dtype) -> float:
+    """Device bytes a routed-expert weight takes on the GPU: the run's dtype, or one byte and its
+    block's share of a scale where an FP8 checkpoint's experts stay FP8 there (``moe.py``)."""
+    q = cfg.quantization
+    if q is not None:
+        from .moe import StackedExperts
+        if StackedExperts.fp8_unsupported(q, dtype) is None:
+            return 1.0 + 4.0 / (q.block[0] * q.block[1])
+    return torch.empty(0, dtype=dtype).element_size()
+
+
 def expert_placement_summary(cfg: ModelConfig, flags: list[bool], dtype: torch.dtype) -> dict:
     """Bytes on each side for a placement (for logs, the planner and the CLI)."""
     if len(flags) != cfg.num_layers:
@@ -132,7 +144,8 @@ def expert_placement_summary(cfg: ModelConfig, flags: list[bool], dtype: torch.d
     if bad:
         raise ValueError(f"layers {bad} are dense: they have no routed experts to put on the CPU")
     cpu_bytes = int(len(cpu_layers) * per_layer)
-    gpu_experts = (len(moe) - len(cpu_layers)) * cfg.num_experts * pc["expert"] * itemsize
+    gpu_experts = int((len(moe) - len(cpu_layers)) * cfg.num_experts * pc["expert"]
+                      * _device_expert_itemsize(cfg, dtype))
     return {"cpu_expert_layers": len(cpu_layers), "moe_layers": len(moe),
             "cpu_expert_bytes": cpu_bytes,
             "gpu_expert_bytes": gpu_experts,

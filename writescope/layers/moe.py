@@ -89,22 +89,112 @@ class Router(nn.Module):
 
 
 class StackedExperts(nn.Module):
-    """Routed experts as stacked tensors on the compute device (the ``experts="gpu"`` path)."""
+    """Routed experts as stacked tensors on the compute device (the ``experts="gpu"`` path).
 
-    def __init__(self, num_experts: int, hidden: int, inter: int):
+    ``fp8`` (a :class:`~writescope.models.quantization.Fp8Blocks`): an FP8 checkpoint's experts
+    kept FP8 on the device -- ``gate_up``/``down`` hold the float8_e4m3fn bytes (dtype uint8,
+    which ``Module.to(dtype)`` leaves alone), ``gate_up_scale [E, 2, ceil(I/bo), ceil(H/bi)]``
+    (gate's grid, then up's) and ``down_scale [E, ceil(H/bo), ceil(I/bi)]`` their float32
+    scales. Half the VRAM and half the bytes a decode step reads; every path computes with
+    bf16(q * scale), the values of the checkpoint dequantized at load (the fused kernels convert
+    in registers, the others dequantize one expert at a time)."""
+
+    def __init__(self, num_experts: int, hidden: int, inter: int, fp8=None):
         super().__init__()
-        self.gate_up = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden))
-        self.down = nn.Parameter(torch.empty(num_experts, hidden, inter))
+        self.fp8 = fp8
+        if fp8 is None:
+            self.gate_up = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden))
+            self.down = nn.Parameter(torch.empty(num_experts, hidden, inter))
+            self.gate_up_scale = self.down_scale = None
+            return
+
+        def param(*shape, dtype):
+            return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
+
+        self.gate_up = param(num_experts, 2 * inter, hidden, dtype=torch.uint8)
+        self.down = param(num_experts, hidden, inter, dtype=torch.uint8)
+        self.gate_up_scale = param(num_experts, 2, *fp8.scale_shape((inter, hidden)),
+                                   dtype=torch.float32)
+        self.down_scale = param(num_experts, *fp8.scale_shape((hidden, inter)),
+                                dtype=torch.float32)
+
+    @staticmethod
+    def fp8_unsupported(fp8, dtype: torch.dtype) -> str | None:
+        """Why an FP8 checkpoint's experts would not stay FP8 on the compute device (they are
+        then dequantized at load), or None when they do: bfloat16 runs, unless
+        ``WRITESCOPE_FP8_DEVICE_EXPERTS=0``."""
+        import os
+        if dtype != torch.bfloat16:
+            return f"FP8 experts compute in bfloat16; this run's dtype is {dtype}"
+        if os.environ.get("WRITESCOPE_FP8_DEVICE_EXPERTS", "1").lower() in ("0", "false", "no"):
+            return "WRITESCOPE_FP8_DEVICE_EXPERTS=0"
+        return None
+
+    def set_expert_fp8(self, e: int, gate: tuple, up: tuple, down: tuple) -> None:
+        """Expert ``e`` from a checkpoint's ``(q, scale)`` pairs (float8_e4m3fn ``q``): gate and
+        up ``[I, H]``, down ``[H, I]``."""
+        inter = self.gate_up.shape[1] // 2
+        for j, (q, sc), want in ((0, gate, (inter, self.gate_up.shape[2])),
+                                 (1, up, (inter, self.gate_up.shape[2])),
+                                 (2, down, tuple(self.down.shape[1:]))):
+            if q.dtype != torch.float8_e4m3fn or tuple(q.shape) != want \
+                    or tuple(sc.shape) != self.fp8.scale_shape(want):
+                raise ValueError(f"expert {e}: matrix {j} is {q.dtype} {tuple(q.shape)} with "
+                                 f"scales {tuple(sc.shape)}, expected float8_e4m3fn {want} with "
+                                 f"{self.fp8.scale_shape(want)}")
+        self.gate_up[e, :inter].copy_(gate[0].view(torch.uint8))
+        self.gate_up[e, inter:].copy_(up[0].view(torch.uint8))
+        self.gate_up_scale[e, 0].copy_(gate[1])
+        self.gate_up_scale[e, 1].copy_(up[1])
+        self.down[e].copy_(down[0].view(torch.uint8))
+        self.down_scale[e].copy_(down[1])
+
+    def weights(self, e: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Expert ``e`` as HF-layout ``gate_up [2I, H]`` and ``down [H, I]`` in the compute dtype
+        (FP8 experts dequantized to bf16(q * scale), on their device)."""
+        if self.fp8 is None:
+            return self.gate_up[e], self.down[e]
+        inter = self.gate_up.shape[1] // 2
+
+        def deq(q, sc):
+            return self.fp8.dequantize(q.view(torch.float8_e4m3fn), sc).to(torch.bfloat16)
+
+        gu = self.gate_up[e]
+        return (torch.cat([deq(gu[:inter], self.gate_up_scale[e, 0]),
+                           deq(gu[inter:], self.gate_up_scale[e, 1])]),
+                deq(self.down[e], self.down_scale[e]))
+
+    @property
+    def weight_format(self) -> str:
+        """How the weights are stored: their dtype's name, or the FP8 scheme's."""
+        return str(self.gate_up.dtype).removeprefix("torch.") if self.fp8 is None \
+            else self.fp8.name
+
+    @property
+    def nbytes(self) -> int:
+        """Device bytes of the weights (and FP8 scales)."""
+        ts = [self.gate_up, self.down] + ([] if self.fp8 is None else
+                                          [self.gate_up_scale, self.down_scale])
+        return sum(t.numel() * t.element_size() for t in ts)
 
     def fused_for(self, slots: int) -> bool:
         """Whether a step of ``slots`` (token, expert) pairs takes the fused path (which never
         synchronises with the host, so it can be captured in a CUDA graph)."""
         return self.gate_up.is_cuda and slots <= moe_triton.MAX_SLOTS and moe_triton.enabled()
 
+    def fused(self, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor,
+              add: torch.Tensor | None = None) -> torch.Tensor:
+        """The decode-sized path (:func:`moe_triton.fused_experts`) over these weights."""
+        scales = None if self.fp8 is None else (self.gate_up_scale, self.down_scale, self.fp8)
+        return moe_triton.fused_experts(x, idx, w, self.gate_up, self.down, add=add,
+                                        fp8=scales)
+
     def forward(self, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         if self.fused_for(idx.numel()):
-            return moe_triton.fused_experts(x, idx, w, self.gate_up, self.down)  # decode-sized
-        return run_experts(x, idx, w, lambda e: (self.gate_up[e], self.down[e]))
+            return self.fused(x, idx, w)  # decode-sized
+        if self.fp8 is not None and x.dtype != torch.bfloat16:
+            raise ValueError(f"FP8 experts compute in bfloat16, not {x.dtype}")
+        return run_experts(x, idx, w, self.weights)
 
 
 def run_experts(x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, weights) -> torch.Tensor:
@@ -193,8 +283,7 @@ class MoE(nn.Module):
             out = expert_link.finish(self.cpu_experts, call, x.dtype)
         elif fused:  # the shared output added in the down kernel, rounded as `out + shared` is
             shared = self.shared_experts(x) if self.shared_experts is not None else None
-            return moe_triton.fused_experts(x, idx, w, self.experts.gate_up, self.experts.down,
-                                            add=shared)
+            return self.experts.fused(x, idx, w, add=shared)
         else:
             out = (self.uploader.forward(self.cpu_experts, x, idx, w) if uploaded
                    else self.experts(x, idx, w))

@@ -16,6 +16,10 @@ thirty-third session: one program per slot, an fp32 buffer of every slot's outpu
 sum and a cast, three more kernels a layer). Loop bounds are compile-time constants, so
 Triton's CPU interpreter runs the kernels too (the tests do).
 
+An FP8 checkpoint's experts kept FP8 on the device (``StackedExperts(fp8=...)``) are read as
+their bytes, one float32 scale per block, and turned into bf16(q * scale) in registers before
+the products (:func:`fused_experts`' ``fp8``): half the bytes of bf16 experts, the same results.
+
 On by default on CUDA (``WRITESCOPE_FUSED_MOE=0`` turns it off): :class:`~writescope.layers.moe.
 StackedExperts` uses it for steps of at most ``MAX_SLOTS`` (token, expert) pairs. On the H200
 machine it took DeepSeek-V2-Lite's batch-4 decode from 32.8 to 41.7 tokens/s (8K context, GPU
@@ -50,10 +54,35 @@ def _kernels():
     import triton
     import triton.language as tl
 
+    global fp8_weights  # where Triton's CPU interpreter looks a kernel's callees up
+
     @triton.jit
-    def gate_up_kernel(X, IDX, W, HOUT, stride_we, stride_wr,
+    def fp8_weights(q, scale, MODE: tl.constexpr):
+        # float8_e4m3fn bytes (uint8) times their blocks' scales (broadcast to q's shape), as the
+        # bf16 values bf16(q * scale) that the checkpoint dequantized at load gives, in float32.
+        # MODE 1: the hardware's conversion (sm_89 and later); MODE 2: integer operations -- the
+        # byte's sign, exponent and mantissa moved into a half's (exact, subnormals too), times
+        # 2^8 for the bias (7 against 15); the product q * scale is rounded once either way.
+        # NaN codes (0x7f, 0xff) come out as 480 by MODE 2 (no checkpoint holds them).
+        # MODE + 4: the rounding to bf16 by integer operations, to nearest even (Triton's CPU
+        # interpreter truncates in its casts; the GPU's cvt.rn rounds as torch does)
+        if MODE % 4 == 1:
+            f = q.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale
+        else:
+            b = q.to(tl.uint16)
+            b = ((b & 0x80) << 8) | ((b & 0x7F) << 7)
+            f = b.to(tl.float16, bitcast=True).to(tl.float32) * (scale * 256.0)
+        if MODE >= 4:
+            r = f.to(tl.uint32, bitcast=True)
+            r = (r + 0x7FFF + ((r >> 16) & 1)) & 0xFFFF0000
+            return r.to(tl.float32, bitcast=True)
+        return f.to(tl.bfloat16).to(tl.float32)
+
+    @triton.jit
+    def gate_up_kernel(X, IDX, W, HOUT, S, stride_we, stride_wr, stride_se, stride_sm, stride_sr,
                        K: tl.constexpr, HID: tl.constexpr, INTER: tl.constexpr,
-                       BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr):
+                       BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr,
+                       FP8: tl.constexpr, SBO: tl.constexpr, SBI: tl.constexpr):
         if PDL:  # launched dependent on the kernel before (attention/launch.py)
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
@@ -64,6 +93,9 @@ def _kernels():
         t = (s // K).to(tl.int64)
         wg = W + e * stride_we + i.to(tl.int64)[:, None] * stride_wr
         wu = wg + INTER * stride_wr
+        if FP8:  # each row's scales: gate's grid, then up's; BLOCK_H divides the column block
+            sg = S + e * stride_se + (i // SBO).to(tl.int64) * stride_sr
+            su = sg + stride_sm
         # products accumulate per (row, column) and each row is reduced once, after the loop:
         # no cross-lane reduction between the loads of one block and the next
         acc_g = tl.zeros([BLOCK_I, BLOCK_H], dtype=tl.float32)
@@ -73,8 +105,11 @@ def _kernels():
             hmask = h < HID
             x = tl.load(X + t * HID + h, mask=hmask, other=0.0).to(tl.float32)
             m = imask[:, None] & hmask[None, :]
-            g = tl.load(wg + h[None, :], mask=m, other=0.0)
-            u = tl.load(wu + h[None, :], mask=m, other=0.0)
+            g = tl.load(wg + h[None, :], mask=m, other=0)
+            u = tl.load(wu + h[None, :], mask=m, other=0)
+            if FP8:
+                g = fp8_weights(g, tl.load(sg + h0 // SBI, mask=imask, other=0.0)[:, None], FP8)
+                u = fp8_weights(u, tl.load(su + h0 // SBI, mask=imask, other=0.0)[:, None], FP8)
             acc_g += g.to(tl.float32) * x[None, :]
             acc_u += u.to(tl.float32) * x[None, :]
         sg = tl.sum(acc_g, axis=1)
@@ -83,10 +118,11 @@ def _kernels():
         tl.store(HOUT + s.to(tl.int64) * INTER + i, act, mask=imask)
 
     @triton.jit
-    def down_kernel(HIN, IDX, WTS, W, OUT, ADD, stride_we, stride_wr,
+    def down_kernel(HIN, IDX, WTS, W, OUT, ADD, S, stride_we, stride_wr, stride_se, stride_sr,
                     K: tl.constexpr, KP: tl.constexpr, HID: tl.constexpr, INTER: tl.constexpr,
                     BLOCK_O: tl.constexpr, BLOCK_I: tl.constexpr, HAS_ADD: tl.constexpr,
-                    PDL: tl.constexpr, EARLY: tl.constexpr):
+                    PDL: tl.constexpr, EARLY: tl.constexpr,
+                    FP8: tl.constexpr, SBO: tl.constexpr, SBI: tl.constexpr):
         # one program: BLOCK_O outputs of one token over all its K experts at once (a
         # [KP, BLOCK_O, BLOCK_I] tile a load, KP = K to the power of two, the padding masked),
         # each expert's rows summed over the intermediate size, then weighted and summed over
@@ -110,7 +146,11 @@ def _kernels():
         rmask = jmask[:, None, None] & omask[None, :, None]
         i = tl.arange(0, BLOCK_I)
         imask = i < INTER
-        d = tl.load(wrow + i[None, None, :], mask=rmask & imask[None, None, :], other=0.0)
+        d = tl.load(wrow + i[None, None, :], mask=rmask & imask[None, None, :], other=0)
+        if FP8:  # the scales of each expert's BLOCK_O rows, [KP, BLOCK_O] a column block
+            srow = S + e[:, None] * stride_se + (o // SBO).to(tl.int64)[None, :] * stride_sr
+            smask = jmask[:, None] & omask[None, :]
+            d = fp8_weights(d, tl.load(srow, mask=smask, other=0.0)[:, :, None], FP8)
         if PDL and EARLY:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
@@ -120,7 +160,10 @@ def _kernels():
             i = i0 + tl.arange(0, BLOCK_I)
             imask = i < INTER
             h = tl.load(hrow + i[None, :], mask=jmask[:, None] & imask[None, :], other=0.0)
-            d = tl.load(wrow + i[None, None, :], mask=rmask & imask[None, None, :], other=0.0)
+            d = tl.load(wrow + i[None, None, :], mask=rmask & imask[None, None, :], other=0)
+            if FP8:
+                sc = tl.load(srow + i0 // SBI, mask=smask, other=0.0)
+                d = fp8_weights(d, sc[:, :, None], FP8)
             acc += d.to(tl.float32) * h[:, None, :]
         y = tl.sum(tl.sum(acc, axis=2) * wt[:, None], axis=0).to(OUT.dtype.element_ty)
         if HAS_ADD:  # `y + add` as torch adds two tensors of the output's dtype
@@ -213,17 +256,50 @@ def _width(tile_rows: int, n: int, itemsize: int) -> int:
     return max(32, min(512, w, _pow2(n, 512, 32)))
 
 
+def fp8_convert_mode(device: torch.device) -> int:
+    """How the fused kernels turn FP8 bytes into floats on ``device``: 1, the hardware's
+    conversion (CUDA compute capability 8.9 and later, and Triton's CPU interpreter); 2, integer
+    operations (older GPUs)."""
+    if device.type != "cuda":
+        return 1
+    return 1 if torch.cuda.get_device_capability(device) >= (8, 9) else 2
+
+
+def _check_fp8(gate_up, down, fp8, x) -> None:
+    gs, ds, scheme = fp8
+    E, two_i, hid = gate_up.shape
+    inter = two_i // 2
+    if gate_up.dtype != torch.uint8 or down.dtype != torch.uint8:
+        raise ValueError(f"FP8 experts are uint8 bytes, got {gate_up.dtype} / {down.dtype}")
+    want_g = (E, 2, *scheme.scale_shape((inter, hid)))
+    want_d = (E, *scheme.scale_shape((hid, inter)))
+    if tuple(gs.shape) != want_g or tuple(ds.shape) != want_d:
+        raise ValueError(f"FP8 scales {tuple(gs.shape)} / {tuple(ds.shape)}, expected {want_g} / "
+                         f"{want_d} for {scheme.name}")
+    if gs.dtype != torch.float32 or ds.dtype != torch.float32 or gs.stride(3) != 1 \
+            or ds.stride(2) != 1:
+        raise ValueError("FP8 scales must be float32 with contiguous rows")
+    if x.dtype != torch.bfloat16:
+        raise ValueError(f"FP8 experts compute in bfloat16, not {x.dtype}")
+
+
 def fused_experts(x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, gate_up: torch.Tensor,
                   down: torch.Tensor, config: dict | None = None,
-                  add: torch.Tensor | None = None) -> torch.Tensor:
+                  add: torch.Tensor | None = None, fp8: tuple | None = None) -> torch.Tensor:
     """``sum_j w[t, j] * expert_{idx[t, j]}(x[t])`` for ``x [n, H]``, ``idx``/``w [n, k]``,
     ``gate_up [E, 2I, H]`` and ``down [E, H, I]`` (rows contiguous). Same contract as
     :func:`~writescope.layers.moe.run_experts`; with ``add [n, H]`` (``x``'s dtype) the bits of
     that result ``+ add``, in the down kernel (DeepSeek's shared experts' output: one kernel a
     layer less, ~1.5 us on the H200, bench/results/2026-12-03j-h200/call1/d4-32k.log).
+    ``fp8 = (gate_up_scale, down_scale, scheme)``: ``gate_up``/``down`` hold float8_e4m3fn bytes
+    (uint8) with the scales of :class:`~writescope.layers.moe.StackedExperts`; each weight is
+    computed as bf16(q * scale), so the result equals, bit for bit, this function's over the
+    experts dequantized to bfloat16 (``x`` must be bfloat16). The loops' widths are then at most
+    the scale blocks' largest power-of-two divisor, so that a tile never straddles two blocks.
     ``config`` (benchmarks): ``gate_up_rows``, ``gate_up_block_h``, ``down_rows``,
     ``down_block_i``, ``gate_up_warps``, ``down_warps`` instead of the defaults (and of
-    ``WRITESCOPE_MOE_LAUNCH``'s, :func:`launch_overrides`)."""
+    ``WRITESCOPE_MOE_LAUNCH``'s, :func:`launch_overrides`); ``fp8_convert`` (1 or 2) instead of
+    :func:`fp8_convert_mode`'s."""
     n, k = idx.shape
     E, two_i, hid = gate_up.shape
     inter = two_i // 2
@@ -234,6 +310,8 @@ def fused_experts(x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, gate_up: 
         raise ValueError("expert weights need contiguous rows")
     if add is not None and (add.shape != x.shape or add.dtype != x.dtype):
         raise ValueError(f"adding {add.dtype} {tuple(add.shape)} to {x.dtype} {tuple(x.shape)}")
+    if fp8 is not None:
+        _check_fp8(gate_up, down, fp8, x)
     slots = n * k
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)  # rows contiguous, as written
     if slots == 0:
@@ -248,18 +326,32 @@ def fused_experts(x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, gate_up: 
     isz = gate_up.element_size()
     bi = c.get("gate_up_rows") or gate_up_rows(slots, inter)
     bh = c.get("gate_up_block_h") or _pow2(hid, GATE_UP_BLOCK_H)
-    gate_up_kernel[(slots, -(-inter // bi))](xc, ids, gate_up, h, gate_up.stride(0),
-                                             gate_up.stride(1), K=k, HID=hid, INTER=inter,
-                                             BLOCK_I=bi, BLOCK_H=bh,
+    if fp8 is None:
+        mode, sbo, sbi, gs, ds = 0, 1, 1, gate_up, down  # (the scale pointers are not read)
+        gstr, dstr = (0, 0, 0), (0, 0)
+    else:
+        gs, ds, scheme = fp8
+        mode = c.get("fp8_convert") or fp8_convert_mode(x.device)
+        if x.device.type != "cuda":  # the interpreter: bf16 rounding by integer operations
+            mode += 4
+        sbo, sbi = scheme.block
+        bh = min(bh, sbi & -sbi)  # a tile's columns within one scale block
+        gstr, dstr = (gs.stride(0), gs.stride(1), gs.stride(2)), (ds.stride(0), ds.stride(1))
+    gate_up_kernel[(slots, -(-inter // bi))](xc, ids, gate_up, h, gs, gate_up.stride(0),
+                                             gate_up.stride(1), *gstr, K=k, HID=hid, INTER=inter,
+                                             BLOCK_I=bi, BLOCK_H=bh, FP8=mode, SBO=sbo, SBI=sbi,
                                              num_warps=c.get("gate_up_warps") or GATE_UP_WARPS,
                                              **pdl)
     kp = 1 << (k - 1).bit_length()
     bo = c.get("down_rows") or down_rows(n, hid, kp)
     bi2 = c.get("down_block_i") or _width(kp * bo, inter, isz)
+    if fp8 is not None:
+        bi2 = min(bi2, sbi & -sbi)
     extra = out if add is None else add.contiguous()  # (not read without HAS_ADD)
-    down_kernel[(n, -(-hid // bo))](h, ids, wts, down, out, extra, down.stride(0), down.stride(1),
-                                    K=k, KP=kp, HID=hid, INTER=inter, BLOCK_O=bo, BLOCK_I=bi2,
-                                    HAS_ADD=add is not None,
+    down_kernel[(n, -(-hid // bo))](h, ids, wts, down, out, extra, ds, down.stride(0),
+                                    down.stride(1), *dstr, K=k, KP=kp, HID=hid, INTER=inter,
+                                    BLOCK_O=bo, BLOCK_I=bi2, HAS_ADD=add is not None,
+                                    FP8=mode, SBO=sbo, SBI=sbi,
                                     num_warps=c.get("down_warps") or DOWN_WARPS,
                                     **pdl_args(h, early=True))
     return out

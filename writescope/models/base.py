@@ -121,3 +121,8 @@ class CausalLM(nn.Module):
         """The host-memory routed experts (``CpuExperts``) of the layers that have them."""
         return [m.cpu_experts for _, m in self.moe_blocks()
                 if getattr(m, "cpu_experts", None) is not None]
+
+    def device_experts(self) -> list:
+        """The routed experts on the compute device (``StackedExperts``) of the layers that
+        have them."""
+        return [m.experts for _, m in self.moe_blocks() if getattr(m, "experts", None) is not None]

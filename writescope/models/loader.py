@@ -22,6 +22,7 @@ from torch import nn
 
 from .base import CausalLM
 from .config import ModelConfig
+from ..layers.moe import StackedExperts
 from .quantization import QuantizedCheckpoint
 from .registry import model_class
 
@@ -92,6 +93,8 @@ def _materialize(model: nn.Module, cfg: ModelConfig, dtype: torch.dtype, device:
                 continue
             full = f"{mod_name}.{pname}" if mod_name else pname
             dt = torch.float32 if _is_fp32_param(cfg, full) else dtype
+            if not p.dtype.is_floating_point or full.endswith("_scale"):
+                dt = p.dtype  # FP8 experts' bytes and their float32 scales (layers/moe.py)
             mod._parameters[pname] = nn.Parameter(torch.empty(p.shape, dtype=dt, device=device),
                                                   requires_grad=False)
 
@@ -115,9 +118,18 @@ def build_model(cfg: ModelConfig, *, dtype: torch.dtype, device: torch.device | 
     with torch.device("meta"):
         model = cls(cfg)
     cpu_layers = cpu_expert_layers or [False] * cfg.num_layers
+    ckpt = None
+    if checkpoint is not None:
+        ckpt = Checkpoint(Path(checkpoint))
+        if cfg.quantization is not None:
+            ckpt = QuantizedCheckpoint(ckpt, cfg.quantization)
     for i, moe in model.moe_blocks():
         if cpu_layers[i]:
             moe.experts = None  # filled below with host-memory experts
+        elif _fp8_device_experts(cfg, ckpt, model, i, dtype):
+            with torch.device("meta"):
+                moe.experts = StackedExperts(cfg.num_experts, cfg.hidden_size,
+                                             cfg.moe_intermediate_size, fp8=cfg.quantization)
     _materialize(model, cfg, dtype, device)
     for m in model.modules():  # before the weights are filled (models/gqa.py)
         if hasattr(m, "share_projection_storage"):
@@ -128,10 +140,7 @@ def build_model(cfg: ModelConfig, *, dtype: torch.dtype, device: torch.device | 
         progress.total = sum(1 for _ in _dense_params(model)) + len(model.moe_blocks())
         progress.refresh()
     tick = progress.update if progress is not None else None
-    if checkpoint is not None:
-        ckpt = Checkpoint(Path(checkpoint))
-        if cfg.quantization is not None:
-            ckpt = QuantizedCheckpoint(ckpt, cfg.quantization)
+    if ckpt is not None:
         _load_checkpoint(model, cfg, ckpt, dtype, cpu_layers, tick)
     else:
         _init_random(model, cfg, dtype, seed, cpu_layers, tick)
@@ -193,6 +202,10 @@ def _load_checkpoint(model: CausalLM, cfg: ModelConfig, ckpt: Checkpoint, dtype:
                 else:
                     stack = [torch.stack([ckpt.get(n[j]) for n in names]) for j in range(3)]
                     moe.use_cpu_experts(CpuExperts.from_weights(*stack, dtype=dtype))
+            elif moe.experts.fp8 is not None:
+                for e, (g, u, d) in enumerate(names):
+                    moe.experts.set_expert_fp8(e, ckpt.get_fp8(g), ckpt.get_fp8(u),
+                                               ckpt.get_fp8(d))
             else:
                 for e, (g, u, d) in enumerate(names):
                     moe.experts.gate_up[e, :inter].copy_(ckpt.get(g).to(dtype))
@@ -217,6 +230,20 @@ def _fp8_cpu_experts(cfg: ModelConfig, ckpt, names: list[tuple[str, str, str]],
         _warn_once(f"writescope: the CPU experts are dequantized to bfloat16 at load, twice the "
                    f"host bytes and reads of FP8 ({why})")
     return why is None
+
+
+def _fp8_device_experts(cfg: ModelConfig, ckpt, model: CausalLM, layer: int,
+                        dtype: torch.dtype) -> bool:
+    """Whether a layer's experts on the compute device stay FP8 there (``layers/moe.py``): an FP8
+    config in a bfloat16 run, and, from a checkpoint, every one of the layer's expert matrices
+    FP8 in it (else they are dequantized at load)."""
+    if cfg.quantization is None or StackedExperts.fp8_unsupported(cfg.quantization, dtype):
+        return False
+    if ckpt is None:  # random weights
+        return True
+    names = [expert_tensor_names(model, layer, e) for e in range(cfg.num_experts)]
+    return isinstance(ckpt, QuantizedCheckpoint) and all(
+        ckpt.is_fp8(n) for triple in names for n in triple)
 
 
 _warned: set[str] = set()
@@ -256,6 +283,8 @@ def _init_random(model: CausalLM, cfg: ModelConfig, dtype: torch.dtype, seed: in
                                                       cfg.moe_intermediate_size, dtype=dtype,
                                                       seed=_seed_for(seed, f"experts.{i}"), std=std,
                                                       fp8=fp8))
+            elif moe.experts.fp8 is not None:
+                _random_fp8_experts(moe.experts, _seed_for(seed, f"experts.{i}"), std)
             else:
                 for t in (moe.experts.gate_up, moe.experts.down):
                     g = torch.Generator(device=t.device).manual_seed(_seed_for(seed, f"{i}.{t.shape}"))
@@ -263,3 +292,17 @@ def _init_random(model: CausalLM, cfg: ModelConfig, dtype: torch.dtype, seed: in
             if progress:
                 progress(1)
 
+
+def _random_fp8_experts(experts: StackedExperts, seed: int, std: float) -> None:
+    """Seeded random FP8 experts on their device, as ``CpuExperts.random`` draws them: every
+    block scaled by ``Fp8Blocks.random_scale(std)``, the values N(0, std) bounded at 3.46 std,
+    rounded to FP8; drawn an expert at a time (one float32 matrix at a time on the device)."""
+    scale = experts.fp8.random_scale(std)
+    experts.gate_up_scale.fill_(scale)
+    experts.down_scale.fill_(scale)
+    g = torch.Generator(device=experts.gate_up.device).manual_seed(seed)
+    for e in range(experts.gate_up.shape[0]):
+        for t in (experts.gate_up[e], experts.down[e]):
+            w = torch.empty(t.shape, dtype=torch.float32, device=t.device).normal_(
+                0.0, std, generator=g).clamp_(-3.46 * std, 3.46 * std)
+            t.copy_((w / scale).to(torch.float8_e4m3fn).view(torch.uint8))

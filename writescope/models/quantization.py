@@ -14,11 +14,15 @@ computes with the dequantized weights, as transformers does with
 
 Where the weights go:
 
-* every tensor the model holds on its compute device, and every weight of a float32 run, is
-  dequantized at load (:meth:`Fp8Blocks.dequantize`, in float32, then cast to the run's dtype);
-* routed experts that run on the CPU in a bfloat16 run stay FP8 in host memory, half the bytes
-  the CPU reads a step (``layers/cpu_experts.py``), and are dequantized tile by tile inside the
-  kernel to the bfloat16 values the load-time path gives.
+* in a bfloat16 run the routed experts stay FP8 where they run, half the bytes they take and a
+  decode step reads: in host memory for the CPU's (``layers/cpu_experts.py``, dequantized tile
+  by tile inside the kernel), on the compute device for the GPU's (``layers/moe.py``
+  ``StackedExperts(fp8=...)``, converted in registers by the fused decode kernels of
+  ``layers/moe_triton.py``, an expert at a time for larger steps) -- every path computes with
+  the bfloat16 values the load-time path gives (``WRITESCOPE_FP8_DEVICE_EXPERTS=0``
+  dequantizes the GPU's at load);
+* everything else, and every weight of a float32 run, is dequantized at load
+  (:meth:`Fp8Blocks.dequantize`, in float32, then cast to the run's dtype).
 
 Every other ``quantization_config`` (GPTQ, AWQ, bitsandbytes, compressed-tensors, MXFP4, FP8
 with static activation scales or per-tensor scales) is refused with a :class:`ConfigError`.
@@ -94,6 +98,12 @@ class Fp8Blocks:
         scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
         q = (blocks / scale[..., :, None, :, None]).to(FP8_DTYPE)
         return q.view(*lead, so * bo, si * bi)[..., :o, :i].contiguous(), scale
+
+    @staticmethod
+    def random_scale(std: float) -> float:
+        """The one scale of every block of seeded random FP8 weights drawn from N(0, std) (the
+        draws are bounded at 3.46 std, which maps to the largest FP8 value)."""
+        return 3.47 * std / FP8_MAX
 
     def to_hf(self) -> dict[str, Any]:
         return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",

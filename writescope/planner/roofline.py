@@ -66,12 +66,12 @@ if TYPE_CHECKING:  # pragma: no cover
 WEIGHT_BYTES = 2  # bf16 weights
 
 
-def expert_weight_bytes(cfg: "ModelConfig", experts_on_cpu: bool) -> float:
+def expert_weight_bytes(cfg: "ModelConfig", experts_on_cpu: bool = False) -> float:
     """Bytes a routed-expert weight takes where the experts run: bf16, except FP8 checkpoints'
-    experts on the CPU, which stay FP8 in host memory (one byte and their blocks' scales,
-    ``layers/cpu_experts.py``; on the GPU they are dequantized to bf16 at load)."""
+    experts, which stay FP8 on either side in a bf16 run (one byte and their blocks' scales:
+    ``layers/cpu_experts.py`` in host memory, ``layers/moe.py`` on the GPU)."""
     q = getattr(cfg, "quantization", None)
-    if experts_on_cpu and q is not None:
+    if q is not None:
         return 1.0 + 4.0 / (q.block[0] * q.block[1])
     return WEIGHT_BYTES
 KV_ITEMSIZE = 2   # bf16 KV
@@ -219,7 +219,8 @@ def _facts(cfg: "ModelConfig") -> dict:
 def gpu_weight_bytes(cfg: "ModelConfig", experts_on_cpu: bool) -> int:
     """Weight bytes resident on the GPU (everything, less the routed experts when on the CPU)."""
     pc = cfg.param_counts()
-    return WEIGHT_BYTES * (pc["other"] if experts_on_cpu else pc["total"])
+    experts = 0 if experts_on_cpu else pc["routed_experts"] * expert_weight_bytes(cfg)
+    return int(WEIGHT_BYTES * pc["other"] + experts)
 
 
 # ----------------------------------------------------------------------------- the model
