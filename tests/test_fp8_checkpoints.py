@@ -251,6 +251,10 @@ def test_placement_summary_counts_fp8_experts_at_one_byte():
     f32 = expert_placement_summary(fp, flags, torch.float32)
     assert f32["cpu_expert_bytes"] == 2 * a["cpu_expert_bytes"]
     assert f32["gpu_expert_bytes"] == 2 * a["gpu_expert_bytes"]
+    # on the CPU device the "GPU" experts are dequantized at load (moe.StackedExperts)
+    cpu_dev = expert_placement_summary(fp, flags, torch.bfloat16, "cpu")
+    assert cpu_dev["gpu_expert_bytes"] == a["gpu_expert_bytes"]
+    assert cpu_dev["cpu_expert_bytes"] == b["cpu_expert_bytes"]
     budget = 32 * 2 ** 30
     on_gpu = [sum(not f for f in choose_expert_layers(c, "auto", budget, 2 ** 30, torch.bfloat16))
               for c in (bf, fp)]

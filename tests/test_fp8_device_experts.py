@@ -101,14 +101,40 @@ def test_stacked_fp8_experts_dequantize_as_the_checkpoint_loader():
         st.set_expert_fp8(0, pairs[2], pairs[1], pairs[0])
     with pytest.raises(ValueError, match="bfloat16"):
         st(torch.zeros(1, 64), torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 2))
+    # a step with more (token, expert) pairs than experts dequantizes them in groups: the
+    # same result as one expert at a time
+    gu2, dn2 = st.dequantized(0, 3)
+    assert torch.equal(gu2[1], gu) and torch.equal(dn2[1], dn)
+    x = torch.randn(4, 64, generator=g).to(torch.bfloat16)
+    idx = torch.tensor([[0, 2], [1, 2], [2, 0], [1, 0]])
+    w = torch.rand(4, 2, generator=g)
+    from writescope.layers import moe
+    from writescope.layers.moe import run_experts
+    one = run_experts(x, idx, w, st.weights)
+    old = moe.FP8_GROUP_WEIGHTS
+    try:
+        for group in (1, 2, 3):  # experts a group
+            moe.FP8_GROUP_WEIGHTS = group * 3 * 64 * 48
+            assert torch.equal(st(x, idx, w), one)
+    finally:
+        moe.FP8_GROUP_WEIGHTS = old
+
+
+@pytest.fixture
+def fp8_on_any_device(monkeypatch):
+    """FP8 experts kept FP8 on the CPU device too (by default only on CUDA): the same code
+    paths as on the GPU, less the fused kernels."""
+    monkeypatch.setenv("WRITESCOPE_FP8_DEVICE_EXPERTS", "1")
 
 
 @pytest.mark.parametrize("experts", ["gpu", "auto"])
 def test_bf16_device_experts_stay_fp8_and_equal_the_dequantized_checkpoint(all_fp8, tmp_path,
-                                                                           experts):
+                                                                           experts,
+                                                                           fp8_on_any_device):
     """bfloat16 with the experts on the compute device: they stay FP8 there (about half the
     bytes), and every token and log-probability equals those of the checkpoint dequantized
-    offline."""
+    offline (prefill chunks dequantize groups of experts, decode steps one expert at a
+    time)."""
     plain = dequantized_copy(all_fp8, tmp_path / "dequantized")
     opts = dict(dtype="bfloat16", experts=experts, kv_policy="static", cpu_share=0.5,
                 num_gpu_blocks=3)
@@ -128,9 +154,20 @@ def test_bf16_device_experts_stay_fp8_and_equal_the_dequantized_checkpoint(all_f
 
 
 def test_device_experts_dequantized_where_they_cannot_stay_fp8(tiny_qwen3_moe_fp8, monkeypatch):
-    """float32 runs and ``WRITESCOPE_FP8_DEVICE_EXPERTS=0`` dequantize the experts at load."""
+    """float32 runs, bfloat16 runs on the CPU device (by default: there torch would dequantize
+    the experts at every call) and ``WRITESCOPE_FP8_DEVICE_EXPERTS=0`` dequantize the experts
+    at load."""
     held = engine(tiny_qwen3_moe_fp8, experts="gpu").engine.model.device_experts()
     assert held and all(x.fp8 is None and x.gate_up.dtype == torch.float32 for x in held)
+    held = engine(tiny_qwen3_moe_fp8, experts="gpu", dtype="bfloat16").engine.model.device_experts()
+    assert held and all(x.fp8 is None and x.gate_up.dtype == torch.bfloat16 for x in held)
+    fp8 = Fp8Blocks()
+    assert StackedExperts.fp8_unsupported(fp8, torch.bfloat16, "cpu")
+    assert StackedExperts.fp8_unsupported(fp8, torch.bfloat16, "cuda") is None
+    assert StackedExperts.fp8_unsupported(fp8, torch.bfloat16) is None
+    assert "float32" in StackedExperts.fp8_unsupported(fp8, torch.float32, "cuda")
+    monkeypatch.setenv("WRITESCOPE_FP8_DEVICE_EXPERTS", "1")
+    assert StackedExperts.fp8_unsupported(fp8, torch.bfloat16, "cpu") is None
     monkeypatch.setenv("WRITESCOPE_FP8_DEVICE_EXPERTS", "0")
     llm = engine(tiny_qwen3_moe_fp8, experts="gpu", dtype="bfloat16")
     held = llm.engine.model.device_experts()
@@ -138,7 +175,7 @@ def test_device_experts_dequantized_where_they_cannot_stay_fp8(tiny_qwen3_moe_fp
     assert len(llm.generate([[5, 6, 7]], GREEDY)[0].token_ids) == NEW
 
 
-def test_random_weights_with_an_fp8_config_on_the_device():
+def test_random_weights_with_an_fp8_config_on_the_device(fp8_on_any_device):
     """Benchmarks: random weights with an FP8 quantization_config put FP8 experts on the device,
     every block scaled as the CPU's random FP8 experts are, the values a bounded normal draw."""
     over = {"num_hidden_layers": 2, "hidden_size": 256, "moe_intermediate_size": 128,

@@ -224,7 +224,8 @@ class LLMEngine:
         spec = cfg.kv_spec(self.dtype)
         from ..layers.expert_placement import choose_expert_layers
         kv_need = spec.token_bytes() * self.max_model_len
-        self.cpu_expert_layers = choose_expert_layers(cfg, experts, vram, kv_need, self.dtype)
+        self.cpu_expert_layers = choose_expert_layers(cfg, experts, vram, kv_need, self.dtype,
+                                                      device=self.device)
 
         self._check_host_memory()
         t0 = time.perf_counter()
@@ -329,7 +330,8 @@ class LLMEngine:
         """Refuse, before allocating anything, a model whose host-resident weights (routed experts
         on the CPU; every weight when the device is the CPU) exceed the memory available now."""
         from ..layers.expert_placement import expert_placement_summary
-        summary = expert_placement_summary(self.config, self.cpu_expert_layers, self.dtype)
+        summary = expert_placement_summary(self.config, self.cpu_expert_layers, self.dtype,
+                                           self.device)
         host = summary["cpu_expert_bytes"]
         if self.device.type == "cpu":
             host += summary["gpu_weight_bytes"]

@@ -57,11 +57,13 @@ def _gb(b: int) -> str:
 
 def choose_expert_layers(cfg: ModelConfig, experts: str, vram_budget_bytes: int | None,
                          kv_bytes_needed: int, dtype: torch.dtype,
-                         margin_bytes: int | None = None) -> list[bool]:
+                         margin_bytes: int | None = None, device=None) -> list[bool]:
     """Per layer: are this layer's routed experts on the CPU? (see the module docstring)
 
     ``kv_bytes_needed``: GPU bytes the KV cache of the workload needs (its G/W regions and staging);
-    ``margin_bytes``: activation/staging margin (default :func:`default_margin_bytes`).
+    ``margin_bytes``: activation/staging margin (default :func:`default_margin_bytes`);
+    ``device``: the compute device (None: a CUDA device), which decides whether an FP8
+    checkpoint's experts stay FP8 there (``moe.StackedExperts.fp8_unsupported``).
     Raises ``ValueError`` on bad values and when the budget cannot hold what must stay on the GPU.
     """
     mode = _validate(cfg, experts, vram_budget_bytes, kv_bytes_needed, dtype, margin_bytes)
@@ -71,34 +73,35 @@ def choose_expert_layers(cfg: ModelConfig, experts: str, vram_budget_bytes: int 
         s = set(moe)
         flags = [i in s for i in range(n)]
         if vram_budget_bytes is not None:
-            _check_fits(cfg, flags, vram_budget_bytes, kv_bytes_needed, dtype, margin_bytes, mode)
+            _check_fits(cfg, flags, vram_budget_bytes, kv_bytes_needed, dtype, margin_bytes, mode,
+                        device)
         return flags
     if vram_budget_bytes is None:
         return [False] * n
     all_gpu = [False] * n
     if mode == "gpu":  # the placement was asked for: the KV fits around it (the engine checks)
-        _check_fits(cfg, all_gpu, vram_budget_bytes, 0, dtype, margin_bytes, mode)
+        _check_fits(cfg, all_gpu, vram_budget_bytes, 0, dtype, margin_bytes, mode, device)
         return all_gpu
     # auto
     itemsize = torch.empty(0, dtype=dtype).element_size()
     pc = cfg.param_counts()
     margin = default_margin_bytes(vram_budget_bytes) if margin_bytes is None else margin_bytes
     fixed = pc["other"] * itemsize + kv_bytes_needed + margin
-    dev_item = _device_expert_itemsize(cfg, dtype)
+    dev_item = _device_expert_itemsize(cfg, dtype, device)
     if fixed + pc["routed_experts"] * dev_item <= vram_budget_bytes:
         return all_gpu
     per_layer = int(cfg.num_experts * pc["expert"] * dev_item)
     free = vram_budget_bytes - fixed
     if free < 0:
         _check_fits(cfg, [i in set(moe) for i in range(n)], vram_budget_bytes, kv_bytes_needed,
-                    dtype, margin_bytes, mode)
+                    dtype, margin_bytes, mode, device)
     keep = min(len(moe), max(0, free) // per_layer) if per_layer else len(moe)
     on_cpu = set(moe[: len(moe) - keep])
     return [i in on_cpu for i in range(n)]
 
 
-def _check_fits(cfg, flags, budget, kv, dtype, margin_bytes, mode) -> None:
-    s = expert_placement_summary(cfg, flags, dtype)
+def _check_fits(cfg, flags, budget, kv, dtype, margin_bytes, mode, device=None) -> None:
+    s = expert_placement_summary(cfg, flags, dtype, device)
     margin = default_margin_bytes(budget) if margin_bytes is None else margin_bytes
     need = s["gpu_weight_bytes"] + kv + margin
     if need > budget:
@@ -120,19 +123,21 @@ def _cpu_expert_itemsize(cfg: ModelConfig, dtype: torch.dtype) -> float:
     return torch.empty(0, dtype=dtype).element_size()
 
 
-def _device_expert_itemsize(cfg: ModelConfig, dtype: torch.dtype) -> float:
+def _device_expert_itemsize(cfg: ModelConfig, dtype: torch.dtype, device=None) -> float:
     """Device bytes a routed-expert weight takes on the GPU: the run's dtype, or one byte and its
     block's share of a scale where an FP8 checkpoint's experts stay FP8 there (``moe.py``)."""
     q = cfg.quantization
     if q is not None:
         from .moe import StackedExperts
-        if StackedExperts.fp8_unsupported(q, dtype) is None:
+        if StackedExperts.fp8_unsupported(q, dtype, device) is None:
             return 1.0 + 4.0 / (q.block[0] * q.block[1])
     return torch.empty(0, dtype=dtype).element_size()
 
 
-def expert_placement_summary(cfg: ModelConfig, flags: list[bool], dtype: torch.dtype) -> dict:
-    """Bytes on each side for a placement (for logs, the planner and the CLI)."""
+def expert_placement_summary(cfg: ModelConfig, flags: list[bool], dtype: torch.dtype,
+                             device=None) -> dict:
+    """Bytes on each side for a placement (for logs, the planner and the CLI) on the compute
+    ``device`` (None: a CUDA device)."""
     if len(flags) != cfg.num_layers:
         raise ValueError(f"flags has {len(flags)} entries, the model has {cfg.num_layers} layers")
     itemsize = torch.empty(0, dtype=dtype).element_size()
@@ -145,7 +150,7 @@ def expert_placement_summary(cfg: ModelConfig, flags: list[bool], dtype: torch.d
         raise ValueError(f"layers {bad} are dense: they have no routed experts to put on the CPU")
     cpu_bytes = int(len(cpu_layers) * per_layer)
     gpu_experts = int((len(moe) - len(cpu_layers)) * cfg.num_experts * pc["expert"]
-                      * _device_expert_itemsize(cfg, dtype))
+                      * _device_expert_itemsize(cfg, dtype, device))
     return {"cpu_expert_layers": len(cpu_layers), "moe_layers": len(moe),
             "cpu_expert_bytes": cpu_bytes,
             "gpu_expert_bytes": gpu_experts,

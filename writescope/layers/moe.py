@@ -88,6 +88,11 @@ class Router(nn.Module):
         return c
 
 
+#: weights of FP8 experts dequantized at once in prefill-sized steps (StackedExperts
+#: ._weights_for): 32 M, ~200 MB of transient bf16 and float32 copies
+FP8_GROUP_WEIGHTS = 32 * 2 ** 20
+
+
 class StackedExperts(nn.Module):
     """Routed experts as stacked tensors on the compute device (the ``experts="gpu"`` path).
 
@@ -119,15 +124,23 @@ class StackedExperts(nn.Module):
                                 dtype=torch.float32)
 
     @staticmethod
-    def fp8_unsupported(fp8, dtype: torch.dtype) -> str | None:
-        """Why an FP8 checkpoint's experts would not stay FP8 on the compute device (they are
-        then dequantized at load), or None when they do: bfloat16 runs, unless
-        ``WRITESCOPE_FP8_DEVICE_EXPERTS=0``."""
+    def fp8_unsupported(fp8, dtype: torch.dtype, device: torch.device | str | None = None
+                        ) -> str | None:
+        """Why an FP8 checkpoint's experts would not stay FP8 on the compute ``device`` (they
+        are then dequantized at load), or None when they do: bfloat16 runs on CUDA
+        (``WRITESCOPE_FP8_DEVICE_EXPERTS=auto``, the default; ``None`` stands for a CUDA
+        device); ``=1`` on any device (on the CPU device every call then dequantizes its
+        experts with torch, ~40x slower than computing with bf16 ones: for tests of the same
+        code paths); ``=0`` never."""
         import os
         if dtype != torch.bfloat16:
             return f"FP8 experts compute in bfloat16; this run's dtype is {dtype}"
-        if os.environ.get("WRITESCOPE_FP8_DEVICE_EXPERTS", "1").lower() in ("0", "false", "no"):
+        how = os.environ.get("WRITESCOPE_FP8_DEVICE_EXPERTS", "auto").lower()
+        if how in ("0", "false", "no"):
             return "WRITESCOPE_FP8_DEVICE_EXPERTS=0"
+        if how not in ("1", "true", "yes") and device is not None \
+                and torch.device(device).type != "cuda":
+            return "FP8 experts stay FP8 on CUDA devices (WRITESCOPE_FP8_DEVICE_EXPERTS=1: any)"
         return None
 
     def set_expert_fp8(self, e: int, gate: tuple, up: tuple, down: tuple) -> None:
@@ -154,15 +167,40 @@ class StackedExperts(nn.Module):
         (FP8 experts dequantized to bf16(q * scale), on their device)."""
         if self.fp8 is None:
             return self.gate_up[e], self.down[e]
-        inter = self.gate_up.shape[1] // 2
+        gu, dn = self.dequantized(e, e + 1)
+        return gu[0], dn[0]
 
-        def deq(q, sc):
-            return self.fp8.dequantize(q.view(torch.float8_e4m3fn), sc).to(torch.bfloat16)
+    def dequantized(self, a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """FP8 experts ``a..b-1`` as bf16(q * scale) stacks ``gate_up [b-a, 2I, H]`` and
+        ``down [b-a, H, I]`` (a few kernels for the range, whatever its length)."""
+        n, two_i, hid = b - a, self.gate_up.shape[1], self.gate_up.shape[2]
+        fp8 = torch.float8_e4m3fn
+        gq = self.gate_up[a:b].view(fp8).view(n, 2, two_i // 2, hid)
+        gu = self.fp8.dequantize(gq, self.gate_up_scale[a:b]).to(torch.bfloat16)
+        dn = self.fp8.dequantize(self.down[a:b].view(fp8), self.down_scale[a:b])
+        return gu.view(n, two_i, hid), dn.to(torch.bfloat16)
 
-        gu = self.gate_up[e]
-        return (torch.cat([deq(gu[:inter], self.gate_up_scale[e, 0]),
-                           deq(gu[inter:], self.gate_up_scale[e, 1])]),
-                deq(self.down[e], self.down_scale[e]))
+    def _weights_for(self, slots: int):
+        """``run_experts``' weights for a step of ``slots`` (token, expert) pairs: bf16 experts
+        as they are; FP8 ones dequantized one at a time in small steps, and in groups of up to
+        :data:`FP8_GROUP_WEIGHTS` weights in steps with more pairs than experts (prefill
+        chunks, where most experts are active: fewer, larger kernels). ``run_experts`` asks for
+        the active experts in increasing order, so each group is dequantized once."""
+        E = self.gate_up.shape[0]
+        if self.fp8 is None or slots < E:
+            return self.weights
+        group = max(1, FP8_GROUP_WEIGHTS // (self.gate_up[0].numel() + self.down[0].numel()))
+        held: list = [None, None]
+
+        def weights(e: int):
+            g0 = e - e % group
+            if held[0] != g0:
+                held[0], held[1] = g0, None  # the previous group freed before the next
+                held[1] = self.dequantized(g0, min(E, g0 + group))
+            gu, dn = held[1]
+            return gu[e - g0], dn[e - g0]
+
+        return weights
 
     @property
     def weight_format(self) -> str:
@@ -194,7 +232,7 @@ class StackedExperts(nn.Module):
             return self.fused(x, idx, w)  # decode-sized
         if self.fp8 is not None and x.dtype != torch.bfloat16:
             raise ValueError(f"FP8 experts compute in bfloat16, not {x.dtype}")
-        return run_experts(x, idx, w, self.weights)
+        return run_experts(x, idx, w, self._weights_for(idx.numel()))
 
 
 def run_experts(x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, weights) -> torch.Tensor:

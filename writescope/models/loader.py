@@ -126,7 +126,7 @@ def build_model(cfg: ModelConfig, *, dtype: torch.dtype, device: torch.device | 
     for i, moe in model.moe_blocks():
         if cpu_layers[i]:
             moe.experts = None  # filled below with host-memory experts
-        elif _fp8_device_experts(cfg, ckpt, model, i, dtype):
+        elif _fp8_device_experts(cfg, ckpt, model, i, dtype, device):
             with torch.device("meta"):
                 moe.experts = StackedExperts(cfg.num_experts, cfg.hidden_size,
                                              cfg.moe_intermediate_size, fp8=cfg.quantization)
@@ -233,11 +233,13 @@ def _fp8_cpu_experts(cfg: ModelConfig, ckpt, names: list[tuple[str, str, str]],
 
 
 def _fp8_device_experts(cfg: ModelConfig, ckpt, model: CausalLM, layer: int,
-                        dtype: torch.dtype) -> bool:
+                        dtype: torch.dtype, device: torch.device) -> bool:
     """Whether a layer's experts on the compute device stay FP8 there (``layers/moe.py``): an FP8
-    config in a bfloat16 run, and, from a checkpoint, every one of the layer's expert matrices
-    FP8 in it (else they are dequantized at load)."""
-    if cfg.quantization is None or StackedExperts.fp8_unsupported(cfg.quantization, dtype):
+    config in a bfloat16 run on CUDA (``StackedExperts.fp8_unsupported``), and, from a
+    checkpoint, every one of the layer's expert matrices FP8 in it (else they are dequantized at
+    load)."""
+    if cfg.quantization is None or StackedExperts.fp8_unsupported(cfg.quantization, dtype,
+                                                                  device):
         return False
     if ckpt is None:  # random weights
         return True

@@ -82,6 +82,11 @@ class Fp8Blocks:
         if tuple(scale.shape) != want:
             raise ValueError(f"scale of shape {list(scale.shape)} for a weight of shape "
                              f"{list(q.shape)}: expected {list(want)} ({self.name})")
+        *lead, o, i = q.shape
+        bo, bi = self.block
+        if o % bo == 0 and i % bi == 0:  # whole blocks: the scales broadcast, no expanded copy
+            blocks = q.to(torch.float32).view(*lead, o // bo, bo, i // bi, bi)
+            return (blocks * scale.to(torch.float32)[..., :, None, :, None]).view(q.shape)
         return q.to(torch.float32) * self.expand_scale(scale, tuple(q.shape))
 
     def quantize(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
