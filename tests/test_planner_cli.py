@@ -251,3 +251,23 @@ def test_load_or_calibrate_caches_and_extends(tmp_path, tiny_sizes, monkeypatch)
         assert len(calls) == 3 and set(d.cpu_attn_variants) == set(cpu.isas())
         load_or_calibrate(model_config=other)
         assert len(calls) == 3
+
+
+def test_plan_with_an_fp8_config_override(profile_file, tmp_path):
+    """``--config-override`` as in ``writescope bench``: an -FP8 release's experts take one byte
+    a weight, so under 32 GiB Qwen3-30B-A3B's experts fit on the GPU with ``--experts auto``,
+    where its bf16 ones go to the CPU; a misspelt key is an error."""
+    q = 'quantization_config={"quant_method":"fp8","weight_block_size":[128,128]}'
+    docs = []
+    for extra in ([], ["--config-override", q]):
+        out = tmp_path / f"plan{len(docs)}.json"
+        assert cli.main(["plan", "--model", "qwen3-30b-a3b", "--profile", str(profile_file),
+                         "--context-lengths", "1k", "--vram-budget", "32GiB",
+                         "--json", str(out), *extra]) == 0
+        docs.append(json.loads(out.read_text()))
+    bf, fp = docs
+    assert bf["meta"]["experts"] == "cpu" and fp["meta"]["experts"] == "gpu"
+    assert fp["meta"]["gpu_weight_bytes"] < 32 * 2 ** 30
+    assert fp["writescope"][0]["predicted_step_s"] < 0.2 * bf["writescope"][0]["predicted_step_s"]
+    assert cli.main(["plan", "--model", "qwen3-30b-a3b", "--profile", str(profile_file),
+                     "--config-override", "num_hiden_layers=2"]) != 0

@@ -36,6 +36,11 @@ def register(subparsers) -> None:
     p.add_argument("--batch", type=int, default=1, help="sequences per step (default 1)")
     p.add_argument("--context-lengths", default=DEFAULT_LENGTHS, metavar="L1,L2,...",
                    help=f"tokens per sequence, e.g. 1k,8k,128k (default {DEFAULT_LENGTHS})")
+    p.add_argument("--config-override", action="append", default=[], metavar="KEY=VALUE",
+                   help="change a config.json key before planning, as `writescope bench` does: "
+                        "e.g. 'quantization_config={\"quant_method\":\"fp8\","
+                        "\"weight_block_size\":[128,128]}' plans an -FP8 release's experts "
+                        "(repeatable or comma-separated)")
     p.add_argument("--experts", choices=("auto", "cpu", "gpu"), default="auto",
                    help="where routed experts run (auto: the GPU if all weights fit the budget)")
     p.add_argument("--vram-budget", default="32GiB", help="GPU memory the engine may use (default 32GiB)")
@@ -184,7 +189,14 @@ def run(args: argparse.Namespace) -> int:
     from ..units import format_bytes, parse_bytes, parse_count
     if args.batch < 1:  # before a calibration may run
         raise ValueError(f"--batch must be >= 1, got {args.batch}")
-    cfg = ModelConfig.from_hf(args.model)
+    if args.config_override:
+        from ..bench.grid import parse_overrides
+        from ..engine.engine import apply_config_overrides
+        from ..models.config import load_config_dict
+        cfg = ModelConfig.from_hf(apply_config_overrides(load_config_dict(args.model),
+                                                         parse_overrides(args.config_override)))
+    else:
+        cfg = ModelConfig.from_hf(args.model)
     if "_name_or_path" not in cfg.raw:
         cfg.raw["_name_or_path"] = Path(args.model).name or args.model
     profile = HardwareProfile.load(args.profile) if args.profile else load_or_calibrate(model_config=cfg)
