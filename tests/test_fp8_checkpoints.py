@@ -101,25 +101,36 @@ def dequantized_copy(src, dst):
     return dst
 
 
+def fp8_and_dequantized(src, tmp_path, experts: str) -> tuple[LLM, LLM]:
+    """bfloat16 engines over ``src`` (an FP8 checkpoint) and over its offline-dequantized copy,
+    mixed block placement."""
+    plain = dequantized_copy(src, tmp_path / "dequantized")
+    opts = dict(dtype="bfloat16", experts=experts, kv_policy="static", cpu_share=0.5,
+                num_gpu_blocks=3)
+    return engine(src, **opts), engine(plain, **opts)
+
+
+def assert_same_greedy(a: LLM, b: LLM) -> None:
+    """The same greedy tokens and log-probabilities, to the bit."""
+    ids = prompt_ids(a.engine.config.vocab_size)
+    (x,), (y,) = a.generate([ids], GREEDY), b.generate([ids], GREEDY)
+    assert x.token_ids == y.token_ids
+    assert x.logprobs == y.logprobs
+
+
 def test_bf16_cpu_experts_stay_fp8_and_equal_the_dequantized_checkpoint(all_fp8, tmp_path):
     """bfloat16 with the experts on the CPU: the experts stay FP8 in host memory (half the
     bytes), and every token and log-probability equals those of the checkpoint dequantized
     offline -- the kernel computes from bf16(q * scale), the values a dequantized load holds."""
     from writescope.layers.cpu_experts import CpuExperts
-    plain = dequantized_copy(all_fp8, tmp_path / "dequantized")
-    opts = dict(dtype="bfloat16", experts="cpu", kv_policy="static", cpu_share=0.5,
-                num_gpu_blocks=3)
-    a, b = engine(all_fp8, **opts), engine(plain, **opts)
+    a, b = fp8_and_dequantized(all_fp8, tmp_path, "cpu")
     held = a.engine.model.host_experts()
     assert held and all(isinstance(x, CpuExperts) and x.fp8 is not None for x in held)
     assert all(x.gate_up.dtype == torch.uint8 for x in held)
     ref = b.engine.model.host_experts()
     assert all(r.fp8 is None for r in ref)
     assert sum(x.nbytes for x in held) < 0.55 * sum(r.nbytes for r in ref)
-    ids = prompt_ids(a.engine.config.vocab_size)
-    (x,), (y,) = a.generate([ids], GREEDY), b.generate([ids], GREEDY)
-    assert x.token_ids == y.token_ids
-    assert x.logprobs == y.logprobs
+    assert_same_greedy(a, b)
     assert a.stats()["engine.cpu_expert_format"] == "fp8 (e4m3, 16x16 blocks)"
 
 
@@ -140,15 +151,20 @@ def test_torch_backend_dequantizes_cpu_experts_with_a_warning(tiny_qwen3_moe_fp8
     assert len(llm.generate([[5, 6, 7]], GREEDY)[0].token_ids) == NEW
 
 
-def test_random_weights_with_an_fp8_config():
-    """Benchmarks: a reference config with an FP8 quantization_config and random weights puts
-    FP8 experts on the CPU (the bytes a step reads are those of an FP8 checkpoint)."""
+def random_fp8_llm(experts: str) -> LLM:
+    """A reduced Qwen3-30B-A3B with random weights and an -FP8 release's quantization_config."""
     over = {"num_hidden_layers": 2, "hidden_size": 256, "moe_intermediate_size": 128,
             "num_experts": 8, "num_attention_heads": 4, "num_key_value_heads": 2,
             "head_dim": 64, "intermediate_size": 512, "vocab_size": 512,
             "quantization_config": Fp8Blocks().to_hf()}
-    llm = LLM("qwen3-30b-a3b", random_weights=True, config_overrides=over, experts="cpu",
-              dtype="bfloat16", max_model_len=256, block_size=16)
+    return LLM("qwen3-30b-a3b", random_weights=True, config_overrides=over, experts=experts,
+               dtype="bfloat16", max_model_len=256, block_size=16)
+
+
+def test_random_weights_with_an_fp8_config():
+    """Benchmarks: a reference config with an FP8 quantization_config and random weights puts
+    FP8 experts on the CPU (the bytes a step reads are those of an FP8 checkpoint)."""
+    llm = random_fp8_llm("cpu")
     held = llm.engine.model.host_experts()
     assert held and all(x.fp8 == Fp8Blocks() for x in held)
     out = llm.generate([[5, 6, 7, 8]], GREEDY)[0]

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from test_fp8_checkpoints import dequantized_copy
+from test_fp8_checkpoints import (assert_same_greedy, dequantized_copy, fp8_and_dequantized,
+                                  random_fp8_llm)
 from test_parity import GREEDY, NEW, engine, prompt_ids
 from triton_interp import run_interpreted
-from writescope import LLM
 from writescope.layers.moe import StackedExperts
 from writescope.models.quantization import Fp8Blocks
 
@@ -135,18 +135,12 @@ def test_bf16_device_experts_stay_fp8_and_equal_the_dequantized_checkpoint(all_f
     bytes), and every token and log-probability equals those of the checkpoint dequantized
     offline (prefill chunks dequantize groups of experts, decode steps one expert at a
     time)."""
-    plain = dequantized_copy(all_fp8, tmp_path / "dequantized")
-    opts = dict(dtype="bfloat16", experts=experts, kv_policy="static", cpu_share=0.5,
-                num_gpu_blocks=3)
-    a, b = engine(all_fp8, **opts), engine(plain, **opts)
+    a, b = fp8_and_dequantized(all_fp8, tmp_path, experts)
     held, ref = a.engine.model.device_experts(), b.engine.model.device_experts()
     assert held and all(x.fp8 is not None and x.gate_up.dtype == torch.uint8 for x in held)
     assert all(r.fp8 is None for r in ref)
     assert sum(x.nbytes for x in held) < 0.55 * sum(r.nbytes for r in ref)
-    ids = prompt_ids(a.engine.config.vocab_size)
-    (x,), (y,) = a.generate([ids], GREEDY), b.generate([ids], GREEDY)
-    assert x.token_ids == y.token_ids
-    assert x.logprobs == y.logprobs
+    assert_same_greedy(a, b)
     s = a.stats()
     assert s["engine.gpu_expert_format"] == "fp8 (e4m3, 16x16 blocks)"
     assert s["engine.gpu_expert_bytes"] == sum(x.nbytes for x in held)
@@ -178,12 +172,7 @@ def test_device_experts_dequantized_where_they_cannot_stay_fp8(tiny_qwen3_moe_fp
 def test_random_weights_with_an_fp8_config_on_the_device(fp8_on_any_device):
     """Benchmarks: random weights with an FP8 quantization_config put FP8 experts on the device,
     every block scaled as the CPU's random FP8 experts are, the values a bounded normal draw."""
-    over = {"num_hidden_layers": 2, "hidden_size": 256, "moe_intermediate_size": 128,
-            "num_experts": 8, "num_attention_heads": 4, "num_key_value_heads": 2,
-            "head_dim": 64, "intermediate_size": 512, "vocab_size": 512,
-            "quantization_config": Fp8Blocks().to_hf()}
-    llm = LLM("qwen3-30b-a3b", random_weights=True, config_overrides=over, experts="gpu",
-              dtype="bfloat16", max_model_len=256, block_size=16)
+    llm = random_fp8_llm("gpu")
     held = llm.engine.model.device_experts()
     assert held and all(x.fp8 == Fp8Blocks() for x in held)
     std = 0.02
@@ -192,8 +181,7 @@ def test_random_weights_with_an_fp8_config_on_the_device(fp8_on_any_device):
         gu, dn = x.weights(5)
         assert 0.8 * std < gu.float().std().item() < 1.2 * std
         assert gu.float().abs().max().item() <= 3.47 * std
-    again = LLM("qwen3-30b-a3b", random_weights=True, config_overrides=over, experts="gpu",
-                dtype="bfloat16", max_model_len=256, block_size=16).engine.model.device_experts()
+    again = random_fp8_llm("gpu").engine.model.device_experts()
     assert all(torch.equal(a.down, b.down) for a, b in zip(held, again))
     out = llm.generate([[5, 6, 7, 8]], GREEDY)[0]
     assert len(out.token_ids) == NEW
