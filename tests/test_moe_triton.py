@@ -131,9 +131,12 @@ def test_gpu_experts_bench_runs(tmp_path):
     from writescope.bench.gpu_experts import main
     out = tmp_path / "experts.json"
     assert main(["--models", "qwen3-30b-a3b", "--tokens", "2", "--layers", "2", "--reps", "3",
-                 "--no-torch", "--json", str(out)]) == 0
+                 "--no-torch", "--weights", "bf16,fp8", "--json", str(out)]) == 0
     res = json.loads(out.read_text())
-    (r,) = res["results"]
-    assert r["default"]["us"] > 0 and 0 < r["default"]["gbps"] < 2 * res["hbm_copy_gbps"]
-    assert r["default"]["rel_err"] < 1e-2
-    assert r["variants"] == [] and r["best"] == r["default"]
+    bf, fp = res["results"]
+    assert (bf["weights"], fp["weights"]) == ("bf16", "fp8")
+    assert 0.49 < fp["layer_bytes"] / bf["layer_bytes"] < 0.51
+    for r in (bf, fp):
+        assert r["default"]["us"] > 0 and 0 < r["default"]["gbps"] < 2 * res["hbm_copy_gbps"]
+        assert r["default"]["rel_err"] < 1e-2
+        assert r["variants"] == [] and r["best"] == r["default"]

@@ -55,7 +55,8 @@ def _routing(n: int, e: int, k: int, gen: torch.Generator, dev) -> tuple[torch.T
 
 def _fp8_layer(E: int, H: int, I: int, dev) -> StackedExperts:
     """One layer's random experts, FP8 with 128 x 128 blocks, quantized expert by expert."""
-    st = StackedExperts(E, H, I, fp8=Fp8Blocks()).to(dev)
+    with torch.device(dev):
+        st = StackedExperts(E, H, I, fp8=Fp8Blocks())
     for e in range(E):
         mats = [torch.randn(*shape, device=dev) * 0.02 for shape in ((I, H), (I, H), (H, I))]
         st.set_expert_fp8(e, *[st.fp8.quantize(m) for m in mats])

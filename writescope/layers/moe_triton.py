@@ -323,7 +323,8 @@ def fused_experts(x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, gate_up: 
     wts = w.reshape(-1).to(torch.float32).contiguous()
     h = torch.empty(slots, inter, dtype=torch.float32, device=x.device)
     pdl = pdl_args(h)
-    isz = gate_up.element_size()
+    # the tiles' widths by the values they hold once loaded (registers), FP8 ones as bf16
+    isz = 2 if fp8 is not None else gate_up.element_size()
     bi = c.get("gate_up_rows") or gate_up_rows(slots, inter)
     bh = c.get("gate_up_block_h") or _pow2(hid, GATE_UP_BLOCK_H)
     if fp8 is None:
