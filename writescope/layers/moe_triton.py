@@ -38,6 +38,12 @@ from ..attention.launch import pdl_args
 
 #: (token, slot) pairs up to which a step takes the fused path
 MAX_SLOTS = 128
+#: the same for FP8 experts: past it a step dequantizes the experts (groups of them, ~11 bytes
+#: of traffic a weight, every expert of a layer once a step has more pairs than experts) for
+#: the expert-by-expert GEMMs, where the fused kernels read one byte a weight a pair, mostly
+#: from L2 -- so they stay the cheaper path to about ten pairs an expert (a decode batch of
+#: 128 tokens for Qwen3-30B-A3B); prefill chunks are larger
+MAX_SLOTS_FP8 = 1024
 
 
 def available() -> bool:
