@@ -241,6 +241,21 @@ def test_planner_counts_fp8_experts_at_one_byte():
         ba = rl.roofline_bound_s(prof, bf, [1024], 1e9, on_cpu)
         bb = rl.roofline_bound_s(prof, fp, [1024], 1e9, on_cpu)
         assert bb < (0.7 if on_cpu else 0.9) * ba
+    # the FP8 kernel's own rate where the profile measured it (writescope calibrate), and no
+    # share of the experts for the link (its kernels read no FP8 tiles)
+    import dataclasses
+    key = "h2048-i768"
+    slow = dataclasses.replace(prof, cpu_expert={**prof.cpu_expert,
+                                                 key + "-fp8": prof.cpu_expert[key] / 4})
+    a, b = rl.predict_step(prof, fp, load, True), rl.predict_step(slow, fp, load, True)
+    a_bf = rl.predict_step(prof, bf, load, True)
+    assert b.expert_s > 2 * a.expert_s
+    assert rl.predict_step(slow, bf, load, True).step_s == rl.predict_step(prof, bf, load,
+                                                                           True).step_s
+    with pytest.MonkeyPatch.context() as mp:  # a link's share of the experts (off by default)
+        mp.setenv("WRITESCOPE_EXPERT_LINK", "0.25")  # changes bf16's prediction, not FP8's
+        assert rl.predict_step(prof, bf, load, True).step_s != a_bf.step_s
+        assert rl.predict_step(prof, fp, load, True).step_s == a.step_s
     pc = bf.param_counts()
     assert rl.gpu_weight_bytes(fp, True) == rl.gpu_weight_bytes(bf, True) == 2 * pc["other"]
     assert rl.gpu_weight_bytes(fp, False) == int(2 * pc["other"] + one * pc["routed_experts"])

@@ -109,6 +109,12 @@ def test_profile_lookups():
     assert p.cpu_expert_rate(4096, 12000) == 80e9  # nearest in size
     assert p.cpu_attn_rate("gqa-g99-d7", "C") == min(r["C"] for r in p.cpu_attn.values())
     assert p.scaled(cpu_attn=0.5).cpu_attn_rate("gqa-g8-d128", "T") == p.cpu_attn_rate("gqa-g8-d128", "T") / 2
+    # FP8 experts' rates under their own keys; the bf16 rate where none was measured
+    assert p.cpu_expert_rate(2048, 768, fp8=True) == 50e9
+    q = h200_like(cpu_expert={"h2048-i768": 50e9, "h4096-i14336": 80e9, "h2048-i768-fp8": 30e9})
+    assert q.cpu_expert_rate(2048, 768, fp8=True) == 30e9
+    assert q.cpu_expert_rate(4096, 14336, fp8=True) == 30e9  # the nearest FP8 shape
+    assert q.cpu_expert_rate(2048, 768) == 50e9 and q.cpu_expert_rate(4000, 14336) == 80e9
 
 
 @pytest.fixture
@@ -130,8 +136,12 @@ def test_calibrate_command_writes_a_usable_profile(tmp_path, tiny_sizes, monkeyp
     assert p.quick and p.cpu_read_Bps > 0 and p.cpu_roundtrip_s > 0
     fam = "gqa-g2-d16"
     assert set(p.cpu_attn[fam]) == {"C", "T"} and p.cpu_attn[fam]["C"] > 0
-    assert p.device_attn[fam] > 0 and p.cpu_expert["h64-i32"] > 0
     import torch
+    assert p.device_attn[fam] > 0 and p.cpu_expert["h64-i32"] > 0
+    from writescope.layers.cpu_experts import CpuExperts
+    from writescope.models.quantization import Fp8Blocks
+    if CpuExperts.fp8_unsupported(Fp8Blocks(), torch.bfloat16) is None:  # FP8 experts too
+        assert p.cpu_expert["h64-i32-fp8"] > 0
     assert p.has_gpu == torch.cuda.is_available()
     if cpu.available():  # the fastest variant this CPU has, chosen by timing
         assert p.cpu_attn_isa[fam] in cpu.isas()

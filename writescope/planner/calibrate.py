@@ -299,7 +299,30 @@ def cpu_expert_rates(cfgs: Iterable[ModelConfig], weight_bytes: int, reps: int, 
         out[key] = e * one / dt
         log(f"  cpu experts {key:14s} ({e} experts): {out[key] / 1e9:6.1f} GB/s of weights, "
             f"{dt / e * 1e6:7.1f} us per expert")
+        if cpu_experts_cls is not None and fn is not None and "torch" not in kind:
+            _fp8_expert_rate(cpu_experts_cls, h, i, e, x, ids, w, reps, out, log)
     return out, kind
+
+
+def _fp8_expert_rate(cls, h: int, i: int, e: int, x, ids, w, reps: int, out: dict, log) -> None:
+    """The same call over block-wise FP8 experts (128 x 128 blocks), bytes as stored, under the
+    ``-fp8`` key (``HardwareProfile.cpu_expert_rate(..., fp8=True)``), where the kernel keeps
+    FP8 experts (the planner prices an FP8 checkpoint's CPU experts with it)."""
+    from ..models.quantization import Fp8Blocks
+    fp8 = Fp8Blocks()
+    if cls.fp8_unsupported(fp8, torch.bfloat16) is not None:
+        return
+    key = expert_key(h, i, fp8=True)
+    try:
+        ex = cls.random(num_experts=e, hidden=h, inter=i, unique_experts=2, fp8=fp8)
+        ex.forward(x[:1], ids[:1], w[:1])
+        dt = _median_time(lambda: ex.forward(x, ids, w), reps)
+    except Exception as err:  # noqa: BLE001 - the bf16 rate stands in (profile.cpu_expert_rate)
+        log(f"  cpu experts {key}: FP8 experts failed ({type(err).__name__}: {err})")
+        return
+    out[key] = e * 3 * h * i * (1 + 4 / (fp8.block[0] * fp8.block[1])) / dt
+    log(f"  cpu experts {key:14s} ({e} experts): {out[key] / 1e9:6.1f} GB/s of weights, "
+        f"{dt / e * 1e6:7.1f} us per expert")
 
 
 def cpu_roundtrip_s(cfg: ModelConfig, device: str, reps: int) -> float:

@@ -124,17 +124,16 @@ class HardwareProfile:
             return min(self.device_attn.values())
         return self.weight_read_Bps
 
-    def cpu_expert_rate(self, hidden: int, inter: int) -> float:
-        """Expert weight bytes/s for a shape: measured, else the measured shape nearest in size."""
-        key = expert_key(hidden, inter)
-        if key in self.cpu_expert:
-            return self.cpu_expert[key]
-        size = hidden * inter
-
-        def dist(k: str) -> float:
-            h, i = (int(v) for v in re.findall(r"\d+", k))
-            return abs(math.log((h * i) / size))
-        return self.cpu_expert[min(self.cpu_expert, key=dist)]
+    def cpu_expert_rate(self, hidden: int, inter: int, fp8: bool = False) -> float:
+        """Expert weight bytes/s for a shape: measured, else the measured shape nearest in size.
+        ``fp8``: of block-wise FP8 experts (bytes as stored), where the profile measured them
+        (``h...-i...-fp8`` keys); else the bf16 experts' rate."""
+        if fp8:
+            rates = {k: v for k, v in self.cpu_expert.items() if k.endswith(FP8_SUFFIX)}
+            if rates:
+                return _nearest(rates, hidden, inter, FP8_SUFFIX)
+        rates = {k: v for k, v in self.cpu_expert.items() if not k.endswith(FP8_SUFFIX)}
+        return _nearest(rates, hidden, inter, "")
 
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict[str, Any]:
@@ -221,8 +220,25 @@ class HardwareProfile:
         return p
 
 
-def expert_key(hidden: int, inter: int) -> str:
-    return f"h{hidden}-i{inter}"
+def expert_key(hidden: int, inter: int, fp8: bool = False) -> str:
+    return f"h{hidden}-i{inter}" + (FP8_SUFFIX if fp8 else "")
+
+
+#: the ``cpu_expert`` keys of block-wise FP8 experts' rates
+FP8_SUFFIX = "-fp8"
+
+
+def _nearest(rates: dict[str, float], hidden: int, inter: int, suffix: str) -> float:
+    """The rate of ``hidden x inter``'s key in ``rates``, else of the key nearest in size."""
+    key = expert_key(hidden, inter) + suffix
+    if key in rates:
+        return rates[key]
+    size = hidden * inter
+
+    def dist(k: str) -> float:
+        h, i = (int(v) for v in re.match(r"h(\d+)-i(\d+)", k).groups())
+        return abs(math.log((h * i) / size))
+    return rates[min(rates, key=dist)]
 
 
 # ---------------------------------------------------------------------------------- locating

@@ -314,7 +314,8 @@ def layer_time(profile: "HardwareProfile", cfg: "ModelConfig", layer: int, load:
     if not expert_bytes:
         expert_s = 0.0
     elif experts_on_cpu:
-        rate = profile.cpu_expert_rate(cfg.hidden_size, cfg.moe_intermediate_size)
+        fp8 = getattr(cfg, "quantization", None) is not None
+        rate = profile.cpu_expert_rate(cfg.hidden_size, cfg.moe_intermediate_size, fp8)
         if streams and cpu_cap < rate:
             knee = expert_bytes / cpu_cap
         # a step that spills no KV leaves the link to a share of the experts (expert_link.py):
@@ -322,8 +323,10 @@ def layer_time(profile: "HardwareProfile", cfg: "ModelConfig", layer: int, load:
         # the link reads. (The engine gives the link experts in any step that streams no KV,
         # also one whose spilled KV the CPU attends; the model leaves those out, so that the
         # CPU share's optimum does not jump to 1 to free the link, against placements fixed at
-        # write time: there the prediction is pessimistic, the experts' correction absorbs it.)
-        share = 0.0 if load.spilled_tokens > 0 else link_expert_share(profile, load.batch_size)
+        # write time: there the prediction is pessimistic, the experts' correction absorbs it.
+        # FP8 experts stay on the CPU alone: the link's kernels read no FP8 tiles.)
+        share = 0.0 if load.spilled_tokens > 0 or fp8 else link_expert_share(profile,
+                                                                             load.batch_size)
         cpu_bytes = expert_bytes * (1.0 - share)
         if share > 0:
             link_expert_s = expert_bytes * share / (profile.concurrent_h2d_Bps
