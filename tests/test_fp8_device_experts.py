@@ -27,8 +27,8 @@ g = torch.Generator().manual_seed(0)
 dev = "cuda" if torch.cuda.is_available() and not os.environ.get("TRITON_INTERPRET") else "cpu"
 for E, H, I, n, k, block in ((6, 64, 32, 3, 2, (16, 16)), (4, 130, 70, 2, 2, (16, 48)),
                              (5, 96, 40, 2, 3, (24, 8)), (4, 32, 16, 70, 2, (16, 16))):
-    if dev == "cpu" and n * k > 128:  # more pairs than MAX_SLOTS (FP8 steps up to MAX_SLOTS_FP8
-        continue                      # take these kernels): on CUDA only, the interpreter is slow
+    if dev == "cpu" and n * k > 128:  # more pairs than MAX_SLOTS (FP8 steps take these kernels
+        continue                      # further): on CUDA only, the interpreter is slow
     fp8 = Fp8Blocks(block)
     st = StackedExperts(E, H, I, fp8=fp8).to(dev)
     for e in range(E):

@@ -218,7 +218,9 @@ class StackedExperts(nn.Module):
     def fused_for(self, slots: int) -> bool:
         """Whether a step of ``slots`` (token, expert) pairs takes the fused path (which never
         synchronises with the host, so it can be captured in a CUDA graph)."""
-        most = moe_triton.MAX_SLOTS if self.fp8 is None else moe_triton.MAX_SLOTS_FP8
+        most = moe_triton.MAX_SLOTS
+        if self.fp8 is not None:
+            most = max(most, moe_triton.FP8_PAIRS_PER_EXPERT * self.gate_up.shape[0])
         return self.gate_up.is_cuda and slots <= most and moe_triton.enabled()
 
     def fused(self, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor,

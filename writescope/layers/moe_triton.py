@@ -38,12 +38,14 @@ from ..attention.launch import pdl_args
 
 #: (token, slot) pairs up to which a step takes the fused path
 MAX_SLOTS = 128
-#: the same for FP8 experts: past it a step dequantizes the experts (groups of them, ~11 bytes
-#: of traffic a weight, every expert of a layer once a step has more pairs than experts) for
-#: the expert-by-expert GEMMs, where the fused kernels read one byte a weight a pair, mostly
-#: from L2 -- so they stay the cheaper path to about ten pairs an expert (a decode batch of
-#: 128 tokens for Qwen3-30B-A3B); prefill chunks are larger
-MAX_SLOTS_FP8 = 1024
+#: FP8 experts take the fused path up to this many pairs an expert of the layer (at least
+#: MAX_SLOTS pairs): past it a step dequantizes the experts (groups of them, ~11 bytes of
+#: traffic a weight) for the expert-by-expert GEMMs, where the fused kernels read each active
+#: expert from DRAM about once (a launch's programs run slot-fastest, so the pairs of one
+#: expert read the same rows together, from L2) and spend a few ALU operations a weight a
+#: pair -- the cheaper path to several pairs an expert: 1,024 pairs for Qwen3-30B-A3B (a
+#: decode batch of 128 tokens), 512 for DeepSeek-V2-Lite, 128 for Mixtral-8x7B
+FP8_PAIRS_PER_EXPERT = 8
 
 
 def available() -> bool:

@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..layers.moe import StackedExperts
 from .base import CausalLM
 from .config import ModelConfig
-from ..layers.moe import StackedExperts
 from .quantization import QuantizedCheckpoint
 from .registry import model_class
 
@@ -296,9 +296,10 @@ def _init_random(model: CausalLM, cfg: ModelConfig, dtype: torch.dtype, seed: in
 
 
 def _random_fp8_experts(experts: StackedExperts, seed: int, std: float) -> None:
-    """Seeded random FP8 experts on their device, as ``CpuExperts.random`` draws them: every
-    block scaled by ``Fp8Blocks.random_scale(std)``, the values N(0, std) bounded at 3.46 std,
-    rounded to FP8; drawn an expert at a time (one float32 matrix at a time on the device)."""
+    """Seeded random FP8 experts on their device, with the scale and bounds of
+    ``CpuExperts.random``'s (other values: another generator): every block scaled by
+    ``Fp8Blocks.random_scale(std)``, the values N(0, std) bounded at 3.46 std, rounded to FP8;
+    drawn an expert at a time (one float32 matrix at a time on the device)."""
     scale = experts.fp8.random_scale(std)
     experts.gate_up_scale.fill_(scale)
     experts.down_scale.fill_(scale)
