@@ -23,7 +23,7 @@ for W in bf16 fp8; do
   O=(--experts cpu); [ $W = fp8 ] && O=(--experts auto --config-override "$Q")
   run q-$W 120 python -m writescope bench --model qwen3-30b-a3b --random-weights --profile $P \
     --vram-budget 32GiB --max-num-batched-tokens 16384 --warmup-length 1k \
-    --decode-steps 24 --prefill synthetic --no-progress --batch 1 4 --context-lengths 1k 8k \
+    --decode-steps 24 --prefill synthetic --no-progress --batch 1,4 --context-lengths 1k,8k \
     --policies writescope "${O[@]}" --out $R/q-$W
 done
 call_end
