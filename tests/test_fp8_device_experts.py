@@ -113,6 +113,7 @@ def test_stacked_fp8_experts_dequantize_as_the_checkpoint_loader():
     from writescope.layers import moe
     from writescope.layers.moe import run_experts
     one = run_experts(x, idx, w, st.weights)
+    assert st._weights_for(idx.numel()) != st.weights and st._weights_for(2) == st.weights
     old = moe.FP8_GROUP_WEIGHTS
     try:
         for group in (1, 2, 3):  # experts a group
