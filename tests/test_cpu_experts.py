@@ -322,9 +322,11 @@ def test_timeline_marks_each_device_waited_call(monkeypatch):
 
 
 @pytest.mark.parametrize("backend", ["cpp", "torch"] if ISAS else ["torch"])
-def test_uploader_runs_cpu_experts_on_the_device_path(backend):
+def test_uploader_runs_cpu_experts_on_the_device_path(backend, monkeypatch):
     """Prefill-sized steps: the packed host weights are copied into one shared buffer and
-    unpacked expert by expert; layers of different shapes share the buffer."""
+    unpacked a range of experts at a time (the same result whatever the range); layers of
+    different shapes share the buffer."""
+    from writescope.layers import moe
     from writescope.layers.expert_upload import ExpertUploader
     layers = []
     for E, H, I, seed in ((6, 40, 24, 0), (4, 64, 48, 1)):
@@ -343,7 +345,15 @@ def test_uploader_runs_cpu_experts_on_the_device_path(backend):
         ref = ref64(x, ids, w, gate, up, down)
         assert (got.double() - ref).norm() / ref.norm() < 1e-5
         assert torch.allclose(got, ex.forward(x, ids, w), atol=1e-5)
-    assert upl.uploads == 2 and upl.device_bytes >= upl.max_bytes
+        gu, dn = ex.unpack_experts(ex.gate_up, ex.down, 1, 4)
+        for j in range(3):
+            one = ex.unpack_expert(ex.gate_up, ex.down, 1 + j)
+            assert torch.equal(gu[j], one[0]) and torch.equal(dn[j], one[1])
+        with monkeypatch.context() as mp:  # ranges of one and of two experts
+            for n in (1, 2):
+                mp.setattr(moe, "GROUP_WEIGHTS", n * 3 * ex.hidden * ex.inter)
+                assert torch.equal(upl.forward(ex, x, ids, w), got)
+    assert upl.uploads == 6 and upl.device_bytes >= upl.max_bytes
     assert not ExpertUploader("cpu", min_tokens=0).wants(10**6)
 
 

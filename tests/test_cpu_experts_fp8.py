@@ -130,7 +130,7 @@ def test_quantizing_float_weights_and_random_fp8_experts():
     assert torch.equal(r2.expert_weights(3)[2], r2.expert_weights(1)[2])
 
 
-def test_uploader_dequantizes_fp8_experts_on_the_device_path():
+def test_uploader_dequantizes_fp8_experts_on_the_device_path(monkeypatch):
     E, H, I = 6, 64, 48
     sch, pairs = _fp8_weights(E, H, I, (16, 16))
     layer = CpuExperts.from_fp8(*pairs, fp8=sch)
@@ -143,6 +143,15 @@ def test_uploader_dequantizes_fp8_experts_on_the_device_path():
     ref = ref64(x, ids, w, gate, up, down, round_h_to=torch.bfloat16)
     assert (got.double() - ref).norm() / ref.norm() < 1e-2
     assert upl.bytes == layer.gate_up.numel() + layer.down.numel()
+    scales = (layer.gate_up_scale, layer.down_scale)
+    gu, dn = layer.unpack_experts(layer.gate_up, layer.down, 2, 5, scales)
+    for j in range(3):  # a range as its experts one by one: bf16(q * scale)
+        one = layer.unpack_expert(layer.gate_up, layer.down, 2 + j, scales)
+        assert torch.equal(gu[j], one[0]) and torch.equal(dn[j], one[1])
+        assert torch.equal(one[0], torch.cat([gate[2 + j], up[2 + j]]).to(torch.bfloat16))
+    from writescope.layers import moe
+    monkeypatch.setattr(moe, "GROUP_WEIGHTS", 2 * 3 * H * I)  # ranges of two experts
+    assert torch.equal(upl.forward(layer, x, ids, w), got)
 
 
 def test_bad_fp8_inputs():

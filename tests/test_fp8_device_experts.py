@@ -114,13 +114,13 @@ def test_stacked_fp8_experts_dequantize_as_the_checkpoint_loader():
     from writescope.layers.moe import run_experts
     one = run_experts(x, idx, w, st.weights)
     assert st._weights_for(idx.numel()) != st.weights and st._weights_for(2) == st.weights
-    old = moe.FP8_GROUP_WEIGHTS
+    old = moe.GROUP_WEIGHTS
     try:
         for group in (1, 2, 3):  # experts a group
-            moe.FP8_GROUP_WEIGHTS = group * 3 * 64 * 48
+            moe.GROUP_WEIGHTS = group * 3 * 64 * 48
             assert torch.equal(st(x, idx, w), one)
     finally:
-        moe.FP8_GROUP_WEIGHTS = old
+        moe.GROUP_WEIGHTS = old
 
 
 @pytest.fixture

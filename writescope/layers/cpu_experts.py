@@ -272,12 +272,13 @@ def _pack_into(dst: torch.Tensor, w: torch.Tensor, op: int, kp: int) -> None:
     dst.view(v.shape).copy_(v)
 
 
-def _unpack(t: torch.Tensor, o: int, k: int, op: int, kp: int) -> torch.Tensor:
+def _unpack(t: torch.Tensor, o: int, k: int, op: int, kp: int, lead: tuple = ()) -> torch.Tensor:
+    """Tiles back to ``[*lead, o, k]`` rows (``lead``: leading dims, e.g. a range of experts)."""
     if t.dtype in _PAIRED:
-        w = t.reshape(op // _TILE, kp // 2, _TILE, 2).permute(0, 2, 1, 3).reshape(op, kp)
+        w = t.reshape(*lead, op // _TILE, kp // 2, _TILE, 2).transpose(-3, -2)
     else:
-        w = t.reshape(op // _TILE, kp, _TILE).permute(0, 2, 1).reshape(op, kp)
-    return w[:o, :k]
+        w = t.reshape(*lead, op // _TILE, kp, _TILE).transpose(-2, -1)
+    return w.reshape(*lead, op, kp)[..., :o, :k]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -794,12 +795,21 @@ class CpuExperts:
         this object's ``gate_up`` / ``down`` tensors on any device (the GPU prefill path). FP8
         experts need copies of ``(gate_up_scale, down_scale)`` on that device too, and come out
         in bfloat16 as bf16(q * scale)."""
+        gu, dn = self.unpack_experts(gate_up, down, e, e + 1, scales)
+        return gu[0], dn[0]
+
+    def unpack_experts(self, gate_up: torch.Tensor, down: torch.Tensor, a: int, b: int,
+                       scales: tuple[torch.Tensor, torch.Tensor] | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Experts ``a..b-1`` as :meth:`unpack_expert` gives each, stacked: ``gate_up [b-a, 2I,
+        H]``, ``down [b-a, H, I]`` (a few kernels for the range, whatever its length)."""
         H, I = self.hidden, self.inter
         if self.backend != "cpp":
-            return gate_up[e], down[e]
-        gate = _unpack(gate_up[e, :, 0], I, H, self.ip, self.hp)
-        up = _unpack(gate_up[e, :, 1], I, H, self.ip, self.hp)
-        dn = _unpack(down[e], H, I, self.hp, self.ip)
+            return gate_up[a:b], down[a:b]
+        n = (b - a,)
+        gate = _unpack(gate_up[a:b, :, 0], I, H, self.ip, self.hp, n)
+        up = _unpack(gate_up[a:b, :, 1], I, H, self.ip, self.hp, n)
+        dn = _unpack(down[a:b], H, I, self.hp, self.ip, n)
         if self.fp8 is not None:
             if scales is None:
                 raise ValueError("FP8 experts are unpacked with their scales")
@@ -809,8 +819,9 @@ class CpuExperts:
                 return self.fp8.dequantize(q.contiguous().view(torch.float8_e4m3fn),
                                            sc).to(self.dtype)
 
-            return torch.cat([deq(gate, gs[e, 0]), deq(up, gs[e, 1])]), deq(dn, ds[e])
-        return torch.cat([gate, up]), dn
+            return (torch.cat([deq(gate, gs[a:b, 0]), deq(up, gs[a:b, 1])], dim=1),
+                    deq(dn, ds[a:b]))
+        return torch.cat([gate, up], dim=1), dn
 
     @property
     def nbytes(self) -> int:

@@ -9,8 +9,9 @@ batch >= 32), KTransformers' prefill likewise leans on the GPU for long prompts.
 
 :class:`ExpertUploader` (one per model, shared by its CPU-expert layers) holds one device buffer
 the size of the largest layer's packed weights, copies a layer's packed tensors into it (one
-copy each, from page-locked memory when pinning worked), unpacks one expert at a time on the GPU
-(:meth:`CpuExperts.unpack_expert`) and computes with the same routing as the GPU experts
+copy each, from page-locked memory when pinning worked), unpacks a range of experts at a time
+on the GPU (:meth:`CpuExperts.unpack_experts`, :func:`~writescope.layers.moe.grouped_weights`;
+FP8 ones dequantized) and computes with the same routing as the GPU experts
 (:func:`writescope.layers.moe.run_experts`). The host weights are only read; nothing moves.
 The buffer is allocated on first use, i.e. during the engine's warm-up forward, so the activation
 measurement counts it against the VRAM budget.
@@ -29,7 +30,7 @@ import torch
 from ..hostmem import pin_tensor  # noqa: F401 (re-exported)
 from ..units import env_int
 from .cpu_experts import CpuExperts
-from .moe import run_experts
+from .moe import grouped_weights, run_experts
 
 #: tokens in one step from which CPU-placed experts run on the GPU
 DEFAULT_UPLOAD_TOKENS = 1024
@@ -114,5 +115,7 @@ class ExpertUploader:
         if experts.fp8 is not None:  # (the scale grids: ~1/4000 of the FP8 bytes)
             scales = (experts.gate_up_scale.to(self.device), experts.down_scale.to(self.device))
         xw = x.to(experts.dtype)
-        out = run_experts(xw, idx, w, lambda e: experts.unpack_expert(gu, dn, e, scales))
+        weights = grouped_weights(lambda a, b: experts.unpack_experts(gu, dn, a, b, scales),
+                                  experts.num_experts, 3 * experts.hidden * experts.inter)
+        out = run_experts(xw, idx, w, weights)
         return out.to(x.dtype)

@@ -88,9 +88,31 @@ class Router(nn.Module):
         return c
 
 
-#: weights of FP8 experts dequantized at once in prefill-sized steps (StackedExperts
-#: ._weights_for): 32 M, ~200 MB of transient bf16 and float32 copies
-FP8_GROUP_WEIGHTS = 32 * 2 ** 20
+#: weights of experts materialized at once for the expert-by-expert GEMMs of prefill-sized
+#: steps (FP8 experts dequantized, CPU experts' uploads unpacked: :func:`grouped_weights`):
+#: 32 M, ~200 MB of transient bf16 and float32 copies
+GROUP_WEIGHTS = 32 * 2 ** 20
+
+
+def grouped_weights(fetch, num_experts: int, expert_weights: int):
+    """``run_experts``' ``weights(e)`` over ranges of experts materialized together:
+    ``fetch(a, b)`` gives experts ``a..b-1`` as stacks ``(gate_up [n, 2I, H], down [n, H, I])``,
+    ``expert_weights`` is one expert's weight count, a range holds up to :data:`GROUP_WEIGHTS`
+    of them. ``run_experts`` asks for the active experts in increasing order, so each range is
+    fetched once (and freed before the next) -- a few kernels a range instead of a few an
+    expert: prefill chunks, where most experts are active, launch fewer and larger kernels."""
+    group = max(1, GROUP_WEIGHTS // max(1, expert_weights))
+    held: list = [None, None]
+
+    def weights(e: int):
+        g0 = e - e % group
+        if held[0] != g0:
+            held[0], held[1] = g0, None
+            held[1] = fetch(g0, min(num_experts, g0 + group))
+        gu, dn = held[1]
+        return gu[e - g0], dn[e - g0]
+
+    return weights
 
 
 class StackedExperts(nn.Module):
@@ -182,25 +204,13 @@ class StackedExperts(nn.Module):
 
     def _weights_for(self, slots: int):
         """``run_experts``' weights for a step of ``slots`` (token, expert) pairs: bf16 experts
-        as they are; FP8 ones dequantized one at a time in small steps, and in groups of up to
-        :data:`FP8_GROUP_WEIGHTS` weights in steps with more pairs than experts (prefill
-        chunks, where most experts are active: fewer, larger kernels). ``run_experts`` asks for
-        the active experts in increasing order, so each group is dequantized once."""
+        as they are; FP8 ones dequantized one at a time in small steps, and in groups
+        (:func:`grouped_weights`) in steps with more pairs than experts."""
         E = self.gate_up.shape[0]
         if self.fp8 is None or slots < E:
             return self.weights
-        group = max(1, FP8_GROUP_WEIGHTS // (self.gate_up[0].numel() + self.down[0].numel()))
-        held: list = [None, None]
-
-        def weights(e: int):
-            g0 = e - e % group
-            if held[0] != g0:
-                held[0], held[1] = g0, None  # the previous group freed before the next
-                held[1] = self.dequantized(g0, min(E, g0 + group))
-            gu, dn = held[1]
-            return gu[e - g0], dn[e - g0]
-
-        return weights
+        return grouped_weights(self.dequantized, E,
+                               self.gate_up[0].numel() + self.down[0].numel())
 
     @property
     def weight_format(self) -> str:
