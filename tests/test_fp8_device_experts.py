@@ -208,3 +208,17 @@ def test_fp8_device_experts_on_cuda_follow_the_dequantized_checkpoint(tiny_qwen3
     (x,), (y,) = a.generate([ids], GREEDY), b.generate([ids], GREEDY)
     assert x.token_ids == y.token_ids
     assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs)) < 0.05
+
+
+def test_the_peer_gets_the_device_experts_dequantized(tiny_qwen3_moe_fp8, fp8_on_any_device):
+    """``writescope bench --peer transformers`` hands transformers the engine's weights: FP8
+    device experts as their bf16(q * scale) stacks, no scale tensors."""
+    from writescope.bench.peers import engine_state_dict
+    llm = engine(tiny_qwen3_moe_fp8, experts="gpu", dtype="bfloat16")
+    sd = engine_state_dict(llm.engine.model)
+    assert not any(n.endswith("_scale") for n in sd)
+    for i, moe in llm.engine.model.moe_blocks():
+        gu = sd[f"model.layers.{i}.mlp.experts.gate_up_proj"]
+        dn = sd[f"model.layers.{i}.mlp.experts.down_proj"]
+        want = moe.experts.dequantized(0, moe.experts.gate_up.shape[0])
+        assert gu.dtype == torch.bfloat16 and torch.equal(gu, want[0]) and torch.equal(dn, want[1])
