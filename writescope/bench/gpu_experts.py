@@ -72,7 +72,7 @@ def case(name: str, n: int, layers: int, reps: int, dev, configs: list[dict], to
         stacks = [_fp8_layer(E, H, I, dev) for _ in range(layers)]
         gu, dn = [s.gate_up for s in stacks], [s.down for s in stacks]
         scales = [(s.gate_up_scale, s.down_scale, s.fp8) for s in stacks]
-        per_weight = 1 + 4 / (128 * 128)
+        per_weight = stacks[0].fp8.bytes_per_weight
         expert = stacks[0].weights
     else:
         gu = [torch.randn(E, 2 * I, H, device=dev, dtype=dt) * 0.02 for _ in range(layers)]

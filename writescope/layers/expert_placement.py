@@ -112,26 +112,26 @@ def _check_fits(cfg, flags, budget, kv, dtype, margin_bytes, mode, device=None) 
             f"{_gb(margin)} = {_gb(need)} exceed the VRAM budget of {_gb(budget)} ({hint})")
 
 
-def _cpu_expert_itemsize(cfg: ModelConfig, dtype: torch.dtype) -> float:
-    """Host bytes a routed-expert weight takes on the CPU: the run's dtype, or one byte and its
-    block's share of a scale where an FP8 checkpoint's experts stay FP8 (``cpu_experts.py``)."""
+def _expert_itemsize(cfg: ModelConfig, dtype: torch.dtype, fp8_unsupported) -> float:
+    """Bytes a routed-expert weight takes: the run's dtype, or the FP8 scheme's bytes a weight
+    where ``fp8_unsupported(scheme)`` says an FP8 checkpoint's experts stay FP8 there."""
     q = cfg.quantization
-    if q is not None:
-        from .cpu_experts import CpuExperts
-        if CpuExperts.fp8_unsupported(q, dtype) is None:
-            return 1.0 + 4.0 / (q.block[0] * q.block[1])
+    if q is not None and fp8_unsupported(q) is None:
+        return q.bytes_per_weight
     return torch.empty(0, dtype=dtype).element_size()
+
+
+def _cpu_expert_itemsize(cfg: ModelConfig, dtype: torch.dtype) -> float:
+    """Host bytes a routed-expert weight takes on the CPU (``cpu_experts.py``)."""
+    from .cpu_experts import CpuExperts
+    return _expert_itemsize(cfg, dtype, lambda q: CpuExperts.fp8_unsupported(q, dtype))
 
 
 def _device_expert_itemsize(cfg: ModelConfig, dtype: torch.dtype, device=None) -> float:
-    """Device bytes a routed-expert weight takes on the GPU: the run's dtype, or one byte and its
-    block's share of a scale where an FP8 checkpoint's experts stay FP8 there (``moe.py``)."""
-    q = cfg.quantization
-    if q is not None:
-        from .moe import StackedExperts
-        if StackedExperts.fp8_unsupported(q, dtype, device) is None:
-            return 1.0 + 4.0 / (q.block[0] * q.block[1])
-    return torch.empty(0, dtype=dtype).element_size()
+    """Device bytes a routed-expert weight takes on the GPU (``moe.py``)."""
+    from .moe import StackedExperts
+    return _expert_itemsize(cfg, dtype,
+                            lambda q: StackedExperts.fp8_unsupported(q, dtype, device))
 
 
 def expert_placement_summary(cfg: ModelConfig, flags: list[bool], dtype: torch.dtype,

@@ -13,6 +13,8 @@ layer's experts were placed on the CPU. The router follows each family's referen
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -154,7 +156,6 @@ class StackedExperts(nn.Module):
         device); ``=1`` on any device (on the CPU device every call then dequantizes its
         experts with torch, ~40x slower than computing with bf16 ones: for tests of the same
         code paths); ``=0`` never."""
-        import os
         if dtype != torch.bfloat16:
             return f"FP8 experts compute in bfloat16; this run's dtype is {dtype}"
         how = os.environ.get("WRITESCOPE_FP8_DEVICE_EXPERTS", "auto").lower()

@@ -104,6 +104,11 @@ class Fp8Blocks:
         q = (blocks / scale[..., :, None, :, None]).to(FP8_DTYPE)
         return q.view(*lead, so * bo, si * bi)[..., :o, :i].contiguous(), scale
 
+    @property
+    def bytes_per_weight(self) -> float:
+        """Bytes a weight takes stored this way: one, and its block's share of a float32 scale."""
+        return 1.0 + 4.0 / (self.block[0] * self.block[1])
+
     @staticmethod
     def random_scale(std: float) -> float:
         """The one scale of every block of seeded random FP8 weights drawn from N(0, std) (the

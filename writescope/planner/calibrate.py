@@ -320,7 +320,7 @@ def _fp8_expert_rate(cls, h: int, i: int, e: int, x, ids, w, reps: int, out: dic
     except Exception as err:  # noqa: BLE001 - the bf16 rate stands in (profile.cpu_expert_rate)
         log(f"  cpu experts {key}: FP8 experts failed ({type(err).__name__}: {err})")
         return
-    out[key] = e * 3 * h * i * (1 + 4 / (fp8.block[0] * fp8.block[1])) / dt
+    out[key] = e * 3 * h * i * fp8.bytes_per_weight / dt
     log(f"  cpu experts {key:14s} ({e} experts): {out[key] / 1e9:6.1f} GB/s of weights, "
         f"{dt / e * 1e6:7.1f} us per expert")
 

@@ -72,7 +72,7 @@ def expert_weight_bytes(cfg: "ModelConfig", experts_on_cpu: bool = False) -> flo
     ``layers/cpu_experts.py`` in host memory, ``layers/moe.py`` on the GPU)."""
     q = getattr(cfg, "quantization", None)
     if q is not None:
-        return 1.0 + 4.0 / (q.block[0] * q.block[1])
+        return q.bytes_per_weight
     return WEIGHT_BYTES
 KV_ITEMSIZE = 2   # bf16 KV
 #: torch kernels launched per layer outside attention (projections, norms, rotary, router, ...):
