@@ -14,7 +14,8 @@ timed and the fastest (``--sweep-kernel`` picks the kernel). The committed defau
 its sweep at Qwen3-30B-A3B's 2 and DeepSeek-V2-Lite's 4 tokens, confirmed in the engine's steps
 (``step_profile``), bench/results/2026-12-04b-h200 calls 1 and 2. ``--weights bf16,fp8`` also
 times block-wise FP8 experts (128 x 128 blocks, one byte a weight and a float32 scale a block,
-converted in the kernels: ``StackedExperts(fp8=...)``), their bytes counted as stored.
+converted in the kernels: ``StackedExperts(fp8=...)``), their bytes counted as stored;
+``--fp8-variants`` times their conversions and a few launch settings too.
 """
 from __future__ import annotations
 
@@ -44,6 +45,20 @@ def sweep_configs(which: str = "all") -> list[dict]:
     if which in ("all", "down"):
         for dr, di, dw in itertools.product((4, 8, 16), (128, 256, 512), (4, 8)):
             out.append({"down_rows": dr, "down_block_i": di, "down_warps": dw})
+    return out
+
+
+def fp8_variant_configs() -> list[dict]:
+    """FP8 experts' variants: each conversion of ``moe_triton.FP8_CONVERT_MODES`` (the
+    unrounded ones for what the rounding to bf16 costs), and with the hardware's and the
+    float-bits conversion more rows or other warps a gate/up program, more outputs or warps a
+    down program (one kernel at a time)."""
+    out = [{"fp8_convert": m} for m in moe_triton.FP8_CONVERT_MODES]
+    for m in (1, 3):
+        out += [{"fp8_convert": m, "gate_up_rows": r, "gate_up_warps": w}
+                for r, w in itertools.product((16, 32), (4, 8))]
+        out += [{"fp8_convert": m, "down_rows": r, "down_warps": w}
+                for r, w in itertools.product((8, 16), (4, 8))]
     return out
 
 
@@ -142,6 +157,9 @@ def main(argv=None) -> int:
                     help="comma list of bf16 and fp8 (block-wise FP8 experts, 128 x 128 blocks)")
     ap.add_argument("--sweep-kernel", choices=("all", "gate_up", "down"), default="all",
                     help="with --sweep: whose launch settings to vary")
+    ap.add_argument("--fp8-variants", action="store_true",
+                    help="FP8 rows: also time each conversion and a few launch settings "
+                         "(fp8_variant_configs), printing each")
     args = ap.parse_args(argv)
     kinds = args.weights.split(",")
     if not kinds or any(w not in ("bf16", "fp8") for w in kinds):
@@ -159,13 +177,16 @@ def main(argv=None) -> int:
           f"{'of HBM':>6} {'best us':>7} {'best GB/s':>9} {'torch GB/s':>10}")
     for name, wt, n in itertools.product(args.models.split(","), kinds,
                                          (int(t) for t in args.tokens.split(","))):
-        r = case(name, n, args.layers, args.reps, dev, configs, not args.no_torch, gen, wt)
+        variants = fp8_variant_configs() if args.fp8_variants and wt == "fp8" else []
+        r = case(name, n, args.layers, args.reps, dev, configs + variants, not args.no_torch,
+                 gen, wt)
         results.append(r)
         d, b = r["default"], r["best"]
         print(f"{name:<18} {wt:>4} {n:>3} {r['distinct_experts']:>7.1f} {r['layer_bytes'] / 1e6:>8.1f} "
               f"{d.get('us', float('nan')):>7.1f} {d.get('gbps', float('nan')):>6.0f} "
               f"{d.get('gbps', 0) / hbm:>6.0%} {b['us']:>7.1f} {b['gbps']:>9.0f} "
-              f"{r.get('torch_gbps', float('nan')):>10.0f}" + (f"  best: {b['config']}" if args.sweep else ""))
+              f"{r.get('torch_gbps', float('nan')):>10.0f}"
+              + (f"  best: {b['config']}" if args.sweep or variants else ""))
     if args.json:
         write_json(args.json, "writescope.bench.gpu_experts", argv, dev, hbm, results)
     return 0

@@ -68,19 +68,31 @@ def _kernels():
     def fp8_weights(q, scale, MODE: tl.constexpr):
         # float8_e4m3fn bytes (uint8) times their blocks' scales (broadcast to q's shape), as the
         # bf16 values bf16(q * scale) that the checkpoint dequantized at load gives, in float32.
-        # MODE 1: the hardware's conversion (sm_89 and later); MODE 2: integer operations -- the
-        # byte's sign, exponent and mantissa moved into a half's (exact, subnormals too), times
-        # 2^8 for the bias (7 against 15); the product q * scale is rounded once either way.
-        # NaN codes (0x7f, 0xff) come out as 480 by MODE 2 (no checkpoint holds them).
-        # MODE + 4: the rounding to bf16 by integer operations, to nearest even (Triton's CPU
-        # interpreter truncates in its casts; the GPU's cvt.rn rounds as torch does)
+        # MODE % 4 -- 1: the hardware's conversion (sm_89 and later, via half); 2: integer
+        # operations -- the byte's sign, exponent and mantissa moved into a half's (exact,
+        # subnormals too), times 2^8 for the bias (7 against 15); 3: integer operations into a
+        # float's bits -- the byte sign-extended, shifted up by 20 and masked to the sign and the
+        # 7 magnitude bits, a value 2^-120 times the byte's (exact, e4m3 subnormals on fp32
+        # subnormals), the scale times 2^120 (the CPU kernel's conversion, csrc/cpu_experts.cpp:
+        # two integer operations, no conversion instruction; scales below 2^7). The product
+        # q * scale is rounded once either way. NaN codes (0x7f, 0xff) come out as 480 by MODES
+        # 2 and 3 (no checkpoint holds them).
+        # MODE & 4: the rounding to bf16 by integer operations, to nearest even (Triton's CPU
+        # interpreter truncates in its casts; the GPU's cvt.rn rounds as torch does).
+        # MODE & 8: no rounding to bf16 -- q * scale in float32 (not the dequantized
+        # checkpoint's values: a measurement of what the rounding costs, bench.gpu_experts)
         if MODE % 4 == 1:
             f = q.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale
-        else:
+        elif MODE % 4 == 2:
             b = q.to(tl.uint16)
             b = ((b & 0x80) << 8) | ((b & 0x7F) << 7)
             f = b.to(tl.float16, bitcast=True).to(tl.float32) * (scale * 256.0)
-        if MODE >= 4:
+        else:
+            b = (q.to(tl.int8, bitcast=True).to(tl.int32) << 20) & -2014314496  # 0x87F00000
+            f = b.to(tl.float32, bitcast=True) * (scale * 1.329227995784916e36)  # 2^120
+        if (MODE // 8) % 2 == 1:
+            return f
+        if (MODE // 4) % 2 == 1:
             r = f.to(tl.uint32, bitcast=True)
             r = (r + 0x7FFF + ((r >> 16) & 1)) & 0xFFFF0000
             return r.to(tl.float32, bitcast=True)
@@ -264,6 +276,12 @@ def _width(tile_rows: int, n: int, itemsize: int) -> int:
     return max(32, min(512, w, _pow2(n, 512, 32)))
 
 
+#: ``config["fp8_convert"]`` (``fp8_weights``): 1 the hardware's conversion, 2 and 3 integer
+#: ones (through a half's bits, through a float's), 9 and 11 the same as 1 and 3 without the
+#: rounding to bf16 (not the dequantized checkpoint's values: for timing what it costs)
+FP8_CONVERT_MODES = (1, 2, 3, 9, 11)
+
+
 def fp8_convert_mode(device: torch.device) -> int:
     """How the fused kernels turn FP8 bytes into floats on ``device``: 1, the hardware's
     conversion (CUDA compute capability 8.9 and later, and Triton's CPU interpreter); 2, integer
@@ -306,8 +324,8 @@ def fused_experts(x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, gate_up: 
     the scale blocks' largest power-of-two divisor, so that a tile never straddles two blocks.
     ``config`` (benchmarks): ``gate_up_rows``, ``gate_up_block_h``, ``down_rows``,
     ``down_block_i``, ``gate_up_warps``, ``down_warps`` instead of the defaults (and of
-    ``WRITESCOPE_MOE_LAUNCH``'s, :func:`launch_overrides`); ``fp8_convert`` (1 or 2) instead of
-    :func:`fp8_convert_mode`'s."""
+    ``WRITESCOPE_MOE_LAUNCH``'s, :func:`launch_overrides`); ``fp8_convert`` instead of
+    :func:`fp8_convert_mode`'s (:data:`FP8_CONVERT_MODES`)."""
     n, k = idx.shape
     E, two_i, hid = gate_up.shape
     inter = two_i // 2
@@ -341,8 +359,10 @@ def fused_experts(x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, gate_up: 
     else:
         gs, ds, scheme = fp8
         mode = c.get("fp8_convert") or fp8_convert_mode(x.device)
-        if x.device.type != "cuda":  # the interpreter: bf16 rounding by integer operations
-            mode += 4
+        if mode not in FP8_CONVERT_MODES:
+            raise ValueError(f"fp8_convert must be one of {FP8_CONVERT_MODES}, got {mode!r}")
+        if x.device.type != "cuda" and mode < 8:  # the interpreter: bf16 rounding by integers
+            mode |= 4
         sbo, sbi = scheme.block
         bh = min(bh, sbi & -sbi)  # a tile's columns within one scale block
         gstr, dstr = (gs.stride(0), gs.stride(1), gs.stride(2)), (ds.stride(0), ds.stride(1))
