@@ -51,14 +51,16 @@ def sweep_configs(which: str = "all") -> list[dict]:
 def fp8_variant_configs() -> list[dict]:
     """FP8 experts' variants: each conversion of ``moe_triton.FP8_CONVERT_MODES`` (the
     unrounded ones for what the rounding to bf16 costs), and with the hardware's and the
-    float-bits conversion more rows or other warps a gate/up program, more outputs or warps a
-    down program (one kernel at a time)."""
+    float-bits conversion more rows or other warps a gate/up program, wider tiles (more bytes a
+    load: the default widths are bf16's, so FP8 tiles hold half the bytes) or more warps or
+    outputs a down program (one kernel at a time)."""
     out = [{"fp8_convert": m} for m in moe_triton.FP8_CONVERT_MODES]
     for m in (1, 3):
         out += [{"fp8_convert": m, "gate_up_rows": r, "gate_up_warps": w}
                 for r, w in itertools.product((16, 32), (4, 8))]
-        out += [{"fp8_convert": m, "down_rows": r, "down_warps": w}
-                for r, w in itertools.product((8, 16), (4, 8))]
+        out += [{"fp8_convert": m, "down_block_i": 128},
+                {"fp8_convert": m, "down_block_i": 128, "down_warps": 8},
+                {"fp8_convert": m, "down_block_i": 128, "down_rows": 16}]
     return out
 
 
