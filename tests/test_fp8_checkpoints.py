@@ -207,6 +207,41 @@ def test_broken_fp8_checkpoints_are_named(tiny_qwen3_moe_fp8, tmp_path):
                 engine(path, experts=experts, dtype="bfloat16")
 
 
+def test_fp8_experts_kept_as_bytes_refuse_what_their_conversions_cannot_carry(
+        tiny_qwen3_moe_fp8, tmp_path, monkeypatch):
+    """NaN codes and scales of 2^8 or more: an error naming the tensor where the experts stay
+    FP8 (the CPU kernel's and the GPU's integer conversions give finite values for NaN codes and
+    scale by scale * 2^120); where they are dequantized at load, transformers' values (NaN)."""
+    from writescope.models.quantization import has_nan_codes
+
+    name = "model.layers.1.mlp.experts.3.down_proj.weight"
+
+    def nan_code(sd):
+        q = sd[name].clone()
+        q.view(torch.uint8)[2, 5] = 0xFF
+        sd[name] = q
+
+    def huge_scale(sd):
+        sd[name + "_scale_inv"] = sd[name + "_scale_inv"] * 0 + 300.0
+
+    for i, (edit, match) in enumerate([(nan_code, rf"{name}.*holds NaN codes"),
+                                       (huge_scale, rf"{name}_scale_inv.*of 256 or more "
+                                                    r"\(largest 300\)")]):
+        path = _edited(tiny_qwen3_moe_fp8, tmp_path / f"bad{i}", edit)
+        with pytest.raises(CheckpointError, match=match):
+            engine(path, experts="cpu", dtype="bfloat16")
+        with monkeypatch.context() as m:
+            m.setenv("WRITESCOPE_FP8_DEVICE_EXPERTS", "1")
+            with pytest.raises(CheckpointError, match=match):
+                engine(path, experts="gpu", dtype="bfloat16")
+    # dequantized at load (the CPU device's default): NaN weights, as transformers loads them
+    llm = engine(_edited(tiny_qwen3_moe_fp8, tmp_path / "nan", nan_code), experts="gpu",
+                 dtype="bfloat16")
+    down = llm.engine.model.model.layers[1].mlp.experts.weights(3)[1]
+    assert torch.isnan(down).sum() == 1
+    assert not has_nan_codes(torch.full((7,), 0x7E, dtype=torch.uint8).view(torch.float8_e4m3fn))
+
+
 def test_unsupported_quantized_checkpoint_is_refused(tiny_qwen3_moe, tmp_path):
     dst = tmp_path / "gptq"
     shutil.copytree(tiny_qwen3_moe, dst)

@@ -74,9 +74,10 @@ def _kernels():
         # float's bits -- the byte sign-extended, shifted up by 20 and masked to the sign and the
         # 7 magnitude bits, a value 2^-120 times the byte's (exact, e4m3 subnormals on fp32
         # subnormals), the scale times 2^120 (the CPU kernel's conversion, csrc/cpu_experts.cpp:
-        # two integer operations, no conversion instruction; scales below 2^7). The product
-        # q * scale is rounded once either way. NaN codes (0x7f, 0xff) come out as 480 by MODES
-        # 2 and 3 (no checkpoint holds them).
+        # two integer operations, no conversion instruction). The product q * scale is rounded
+        # once either way. NaN codes (0x7f, 0xff) come out as 480 by MODES 2 and 3, and MODE 3
+        # needs scales below 2^8: the loader refuses checkpoints otherwise
+        # (QuantizedCheckpoint.get_fp8).
         # MODE & 4: the rounding to bf16 by integer operations, to nearest even (Triton's CPU
         # interpreter truncates in its casts; the GPU's cvt.rn rounds as torch does).
         # MODE & 8: no rounding to bf16 -- q * scale in float32 (not the dequantized

@@ -20,7 +20,8 @@ Where the weights go:
   ``StackedExperts(fp8=...)``, converted in registers by the fused decode kernels of
   ``layers/moe_triton.py``, an expert at a time for larger steps) -- every path computes with
   the bfloat16 values the load-time path gives (``WRITESCOPE_FP8_DEVICE_EXPERTS=0``
-  dequantizes the GPU's at load);
+  dequantizes the GPU's at load); experts kept so that hold NaN codes or scales of 2^8 or more,
+  which the kernels' integer conversions would not carry, are refused with the tensor's name;
 * everything else, and every weight of a float32 run, is dequantized at load
   (:meth:`Fp8Blocks.dequantize`, in float32, then cast to the run's dtype).
 
@@ -151,6 +152,25 @@ def quantization_from_hf(qc: Any) -> Fp8Blocks | None:
     return Fp8Blocks((int(block[0]), int(block[1])))
 
 
+#: the kept FP8 experts' scales stay below this (``scale * 2^120`` finite in float32)
+MAX_KEPT_SCALE = 256.0
+
+
+def has_nan_codes(q: torch.Tensor) -> bool:
+    """Does the float8_e4m3fn tensor ``q`` hold a NaN code (0x7f or 0xff)? Four bytes a word:
+    a byte whose low 7 bits are all ones carries into its top bit (~7 GB/s a core)."""
+    b = q.reshape(-1).view(torch.uint8)
+    head = b.numel() - b.numel() % 4
+    if head and b.data_ptr() % 4 == 0:
+        t = b[:head].view(torch.int32) & 0x7F7F7F7F
+        t += 0x01010101
+        t &= -0x7F7F7F80  # 0x80808080
+        if bool(t.any()):
+            return True
+        b = b[head:]
+    return bool(((b & 0x7F) == 0x7F).any())
+
+
 class QuantizedCheckpoint:
     """A :class:`~writescope.models.loader.Checkpoint` seen through an FP8 scheme: scale tensors
     are not model tensors, ``get`` returns every FP8 weight dequantized (float32), ``get_fp8``
@@ -176,7 +196,25 @@ class QuantizedCheckpoint:
         return name in self._scaled
 
     def get_fp8(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """The stored ``(q, scale)`` of an FP8 weight, checked."""
+        """The stored ``(q, scale)`` of an FP8 weight kept as bytes (the routed experts),
+        checked: also for what the kernels' conversions would not carry -- NaN codes (the CPU
+        kernel's and the GPU's integer conversions give finite values for them) and scales that
+        are not finite or of 2^8 or more (the conversions scale by ``scale * 2^120``)."""
+        from .loader import CheckpointError
+
+        q, s = self._pair(name)
+        if has_nan_codes(q):
+            raise CheckpointError(f"tensor {name!r} in {self.where(name)} ({self.path}) holds "
+                                  f"NaN codes (0x7f / 0xff): a broken FP8 checkpoint")
+        if not bool(torch.isfinite(s).all()) or bool((s.abs() >= MAX_KEPT_SCALE).any()):
+            sn = self.scheme.scale_name(name)
+            raise CheckpointError(f"tensor {sn!r} in {self.where(sn)} ({self.path}) holds "
+                                  f"scales that are not finite or of {MAX_KEPT_SCALE:g} or more "
+                                  f"(largest {s.abs().max().item():g})")
+        return q, s
+
+    def _pair(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The stored ``(q, scale)`` of an FP8 weight, its dtype and scale shape checked."""
         from .loader import CheckpointError
 
         q = self.ckpt.get(name)
@@ -196,7 +234,7 @@ class QuantizedCheckpoint:
         from .loader import CheckpointError
 
         if name in self._scaled:
-            return self.scheme.dequantize(*self.get_fp8(name))
+            return self.scheme.dequantize(*self._pair(name))
         t = self.ckpt.get(name)
         if t.dtype == FP8_DTYPE:
             raise CheckpointError(f"tensor {name!r} in {self.where(name)} ({self.path}) is "

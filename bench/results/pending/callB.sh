@@ -13,29 +13,29 @@
 #    (bench/profiles/h100.json, calibrated in call 1).
 # 4. The CPU expert kernel, bf16 against FP8 weights, on this AMX host.
 source bench/results/run-helper.sh
-call_begin 575
+call_begin ${CALL_S:-400}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $R/gpu.txt
-run gpu-tests-rest 200 env WRITESCOPE_PROFILE=$PWD/bench/profiles/h200.json python -m pytest -m gpu \
+run gpu-tests-rest 150 env WRITESCOPE_PROFILE=$PWD/bench/profiles/h200.json python -m pytest -m gpu \
   -q -p no:cacheprovider --tb=short -rf -o faulthandler_timeout=60 \
   tests/test_grammar.py::test_cuda_constrained_rows_in_overlapped_batches \
   tests/test_fp8_device_experts.py tests/test_mla_absorb.py tests/test_moe_triton.py \
   tests/test_pdl.py tests/test_prefill.py tests/test_resident_merge.py tests/test_resident_write.py \
   tests/test_router_logits.py tests/test_selfmerge.py
 grep -E "passed|failed|^FAILED|^E " $R/gpu-tests-rest.log | head -20
-run fp8-interp 100 python -m pytest -q -p no:cacheprovider --tb=short -rf \
-  tests/test_fp8_device_experts.py::test_fused_fp8_experts_under_the_interpreter
-grep -E "passed|failed|Error|error" $R/fp8-interp.log | head -8
-run moe-fp8 110 python -m writescope.bench.gpu_experts --models qwen3-30b-a3b,deepseek-v2-lite \
+run moe-fp8 90 python -m writescope.bench.gpu_experts --models qwen3-30b-a3b,deepseek-v2-lite \
   --tokens 1,4 --weights bf16,fp8 --fp8-variants --no-torch --json $R/gpu_experts_fp8.json
 P=bench/profiles/h100.json
 Q='quantization_config={"quant_method":"fp8","fmt":"e4m3","activation_scheme":"dynamic","weight_block_size":[128,128]}'
-for W in bf16 fp8; do
+for W in fp8 bf16; do
   O=(--experts cpu); [ $W = fp8 ] && O=(--experts auto --config-override "$Q")
-  run q1-1k-$W 95 python -m writescope bench --model qwen3-30b-a3b --random-weights --profile $P \
+  run q1-1k-$W 90 python -m writescope bench --model qwen3-30b-a3b --random-weights --profile $P \
     --vram-budget 32GiB --max-num-batched-tokens 16384 --warmup-length 1k \
     --decode-steps 24 --prefill synthetic --no-progress --batch 1 --context-lengths 1k \
     --policies writescope "${O[@]}" --out $R/q1-1k-$W
 done
+run fp8-interp 100 python -m pytest -q -p no:cacheprovider --tb=short -rf \
+  tests/test_fp8_device_experts.py::test_fused_fp8_experts_under_the_interpreter
+grep -E "passed|failed|Error|error" $R/fp8-interp.log | head -8
 run experts-fp8 60 python -m writescope.bench.cpu_experts --models qwen3-30b-a3b --tokens 1 4 32 \
   --backends cpp --weights bf16 fp8 --min-seconds 0.2 --json $R/cpu_experts_fp8.json
 call_end

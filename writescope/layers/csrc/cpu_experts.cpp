@@ -260,7 +260,8 @@ static void fp8_tile_generic(const uint8_t* W, int Kp, const float* srow, int bk
 // e4m3 subnormals land on fp32 subnormals, exactly); the scale times 2^120 undoes the 2^-120
 // (both powers of two: the product's rounding is that of q * s) and VCVTNE2PS2BF16 rounds to
 // nearest even, as torch's cast does. Two integer ops a 16 values (VCVTPH2PS through fp16 took
-// 35% longer a line on the Zen 4 dev VM). The NaN codes (0x7f, 0xff) are not NaN here.
+// 35% longer a line on the Zen 4 dev VM). The NaN codes (0x7f, 0xff) are not NaN here and a scale
+// of 2^8 or more overflows: the loader refuses both (quantization.py QuantizedCheckpoint.get_fp8).
 __attribute__((target("avx512f,avx512bw,avx512bf16"))) static inline __m512bh fp8_line(
     const uint8_t* p, __m512 sv) {  // one 32-byte line (16 rows x 2 inputs), sv = scale * 2^120
   const __m512i keep = _mm512_set1_epi32((int)0x87F00000u);
