@@ -110,7 +110,12 @@ static void k_generic_f32(const void* Wv, int Kp, const void* Xv, long ldx, floa
 }
 
 #ifdef WS_X86
-#define WS_PREFETCH_AHEAD 1024  // bytes ahead in the weight stream (16 lines)
+// bytes ahead in the weight stream (64 lines of bf16): 4096 since the fifty-third session, where
+// on the 2-core AMX dev VM the DRAM waits and the kernel's work added up at 1024 (the first
+// value, never tuned): 1024 -> 4096 took Qwen3-30B-A3B's one-token calls from 23.5-23.9 to
+// 26.3-26.9 GB/s over bf16 experts and from 14.5-14.9 to 17.2-17.4 over FP8 ones, and the AMX
+// path's 4 and 32 tokens up or level (bench/results/2026-12-05d-devvm-xeon/README.md)
+#define WS_PREFETCH_AHEAD 4096
 
 template <int MB>
 __attribute__((target("avx2,fma"))) static void k_avx2_bf16(const void* Wv, int Kp, const void* Xv,
