@@ -114,7 +114,8 @@ static void k_generic_f32(const void* Wv, int Kp, const void* Xv, long ldx, floa
 // on the 2-core AMX dev VM the DRAM waits and the kernel's work added up at 1024 (the first
 // value, never tuned): 1024 -> 4096 took Qwen3-30B-A3B's one-token calls from 23.5-23.9 to
 // 26.3-26.9 GB/s over bf16 experts and from 14.5-14.9 to 17.2-17.4 over FP8 ones, and the AMX
-// path's 4 and 32 tokens up or level (bench/results/2026-12-05d-devvm-xeon/README.md)
+// path's 4 and 32 tokens up in six of eight pairs, level in one, 6% down in one
+// (bench/results/2026-12-05d-devvm-xeon/README.md)
 #define WS_PREFETCH_AHEAD 4096
 
 template <int MB>
