@@ -5,7 +5,9 @@
 #    against an -FP8 release's experts kept FP8 on the GPU (experts="auto"; random weights with
 #    its quantization_config).
 # 2. The CPU expert kernel, bf16 against FP8 weights, on the 16-core AMX host.
-# 3. Issue 6's five-policy rows, experts on the CPU, Qwen3 4 x 32K (not re-run since the
+# 3. The AMX attention kernel's WS_PF_SPREAD=1 (the next pass prefetched over all of this one)
+#    against the default at distance 1, on the 16-core host (1.02-1.08x on the 2-core dev VM).
+# 4. Issue 6's five-policy rows, experts on the CPU, Qwen3 4 x 32K (not re-run since the
 #    thirty-ninth session).
 source bench/results/run-helper.sh
 call_begin 580
@@ -21,6 +23,9 @@ done
 run experts-fp8 80 python -m writescope.bench.cpu_experts --models qwen3-30b-a3b \
   deepseek-v2-lite mixtral-8x7b --tokens 1 4 32 --backends cpp --weights bf16 fp8 \
   --min-seconds 0.2 --json $R/cpu_experts_fp8.json
+run ab-spread 60 python -m writescope.bench.cpu_ab --defines "WS_PF_SPREAD=1" \
+  --shapes gqa-32/4/128,mla-16/1/576 --sizes 1x256K,8x32K --reps 7 --prefetch-blocks 1 \
+  --json $R/ab_spread.json
 run q4-32k 150 python -m writescope bench --model qwen3-30b-a3b --random-weights --profile $P \
   --vram-budget 32GiB --experts cpu --max-num-batched-tokens 16384 --warmup-length 4k \
   --decode-steps 16 --prefill synthetic --no-progress --batch 4 --context-lengths 32k \

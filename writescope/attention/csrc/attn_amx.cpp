@@ -63,6 +63,10 @@
 //  * Software prefetch into L2 (ws_pf_*): a cursor over the item's blocks from its second one,
 //    a few lines per tile step; during a pass's Q.K it runs one block ahead of the blocks being
 //    read, during P.V it covers the next pass (an item of one pass is prefetched too).
+//    -DWS_PF_SPREAD=1: the next pass's lines spread over the whole of this pass, Q.K and P.V
+//    (no one-block limit during Q.K): on the 2-core AMX dev VM (fifty-third session), where a
+//    core's DRAM waits add to its tile work, bench.cpu_ab at distance 1 read 1.07-1.08x for
+//    MLA and 1.02-1.03x for GQA; not yet timed on a 16-core host, so off by default.
 // Intel's AMX programming reference / SDM (TILECFG, TDPBF16PS operand format) and oneDNN's
 // brgemm kernels (VNNI B operands, several C tiles sharing A/B loads) were read for the tile
 // configuration and blocking; the kernel is our own. Building with -DWS_AMX_EMULATE (tests only)
@@ -176,6 +180,9 @@ struct ItemPf {
     int64_t k;  // 0 when the distance is 0: no software prefetch at all
 };
 
+#ifndef WS_PF_SPREAD
+#define WS_PF_SPREAD 0
+#endif
 static inline void ipf_step(ItemPf& p) {
     int64_t k = p.k;
     while (k > 0) {
@@ -457,6 +464,8 @@ static void amx_item_t(const WsArgs* a, const WsItem* it) {
         const int e2 = pass_end(it, b1, cap, gpu);  // end of the next pass (prefetch target)
         const int64_t qk_steps = (int64_t)(gpu ? (nt + 3) / 4 : (nt + 1) / 2) * (tmqk && M > 8 ? nKt : nK);  // per row chunk
         const int64_t pv_steps = (int64_t)((nDv + 3) / 4) * (pvpar ? nt : ng);
+        // WS_PF_SPREAD: the next pass's lines spread over this whole pass (Q.K and P.V)
+        if (WS_PF_SPREAD) ipf_retarget(pf, e2 + ahead - 1, nmc * (pv_steps + qk_steps), ahead);
         for (int mc = 0; mc < nmc; ++mc) {
             const int mp = M - 16 * mc < 16 ? M - 16 * mc : 16;
             const uint16_t* bq = Bq + mc * bqsz;
@@ -465,7 +474,7 @@ static void amx_item_t(const WsArgs* a, const WsItem* it) {
             if (gpu) {
                 for (int i0 = 0; i0 < nt; i0 += 4) {
                     const int nb = nt - i0 < 4 ? nt - i0 : 4;
-                    if (mc == 0) ipf_retarget(pf, gblk[i0 + nb - 1] + 1 + ahead, nK, ahead);
+                    if (mc == 0 && !WS_PF_SPREAD) ipf_retarget(pf, gblk[i0 + nb - 1] + 1 + ahead, nK, ahead);
                     const uint16_t* s0 = gsrc[i0] + a->k_off;
                     const uint16_t* s1 = nb > 1 ? gsrc[i0 + 1] + a->k_off : s0;
                     const uint16_t* s2 = nb > 2 ? gsrc[i0 + 2] + a->k_off : s0;
@@ -522,7 +531,7 @@ static void amx_item_t(const WsArgs* a, const WsItem* it) {
             } else if (tmqk && mp > 8) {  // token-major copies, four 16-token tiles per step
                 for (int g0 = 0; g0 < nt; g0 += 2) {
                     const int two = nt - g0 > 1;
-                    if (mc == 0) ipf_retarget(pf, gblk[g0 + two] + 1 + ahead, nKt, ahead);
+                    if (mc == 0 && !WS_PF_SPREAD) ipf_retarget(pf, gblk[g0 + two] + 1 + ahead, nKt, ahead);
                     const uint16_t* s0 = gsrc[g0] + 2 * a->k_off;
                     const uint16_t* s1 = two ? gsrc[g0 + 1] + 2 * a->k_off : s0;
                     T_ZERO(0); T_ZERO(1); T_ZERO(2); T_ZERO(3);
@@ -570,7 +579,7 @@ static void amx_item_t(const WsArgs* a, const WsItem* it) {
             } else if (mp > 8) {  // two 8-row B tiles, two groups per step
                 for (int g0 = 0; g0 < nt; g0 += 2) {
                     const int two = nt - g0 > 1;
-                    if (mc == 0) ipf_retarget(pf, gblk[g0 + two] + 1 + ahead, nK, ahead);
+                    if (mc == 0 && !WS_PF_SPREAD) ipf_retarget(pf, gblk[g0 + two] + 1 + ahead, nK, ahead);
                     const uint16_t* s0 = gsrc[g0] + 2 * a->k_off;
                     const uint16_t* s1 = two ? gsrc[g0 + 1] + 2 * a->k_off : s0;
                     T_ZERO(0); T_ZERO(1); T_ZERO(2); T_ZERO(3);
@@ -601,7 +610,7 @@ static void amx_item_t(const WsArgs* a, const WsItem* it) {
             } else {  // one 8-row B tile, four groups per step
                 for (int g0 = 0; g0 < nt; g0 += 4) {
                     const int nb = nt - g0 < 4 ? nt - g0 : 4;
-                    if (mc == 0) ipf_retarget(pf, gblk[g0 + nb - 1] + 1 + ahead, nK, ahead);
+                    if (mc == 0 && !WS_PF_SPREAD) ipf_retarget(pf, gblk[g0 + nb - 1] + 1 + ahead, nK, ahead);
                     const uint16_t* s0 = gsrc[g0] + 2 * a->k_off;
                     const uint16_t* s1 = nb > 1 ? gsrc[g0 + 1] + 2 * a->k_off : s0;
                     const uint16_t* s2 = nb > 2 ? gsrc[g0 + 2] + 2 * a->k_off : s0;
