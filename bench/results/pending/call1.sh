@@ -2,6 +2,11 @@
 # Planned first call of the next session lent a device (rewritten in the fifty-third session;
 # carry .whl: llguidance 1.9.1 -- 1.6.1 failed the grammar test -- and jsonschema with its
 # dependencies; accelerate is in the image). Works on an H100 or an H200 machine.
+# .whl is not in git (.git/info/exclude); on a fresh dev machine rebuild it first:
+#   P="--no-deps --only-binary=:all: --python-version 3.12 --implementation cp"
+#   python3 -m pip download $P --platform manylinux_2_31_x86_64 -d .whl llguidance==1.9.1
+#   python3 -m pip download $P --platform manylinux_2_17_x86_64 -d .whl jsonschema==4.26.0 \
+#     jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==0.30.0
 # 1. The whole GPU suite, one line a test. The fifty-third session's H100 run was cut at 300 s
 #    after 201 of 230 tests (200 passed; the failure was the old llguidance wheel), so its cap is
 #    larger; the fiftieth session's 16 tiny_mixtral failures passed there with the float64 oracle.
