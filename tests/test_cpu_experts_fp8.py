@@ -1,6 +1,7 @@
 """Block-wise FP8 routed experts on the CPU (``CpuExperts(fp8=...)``): the kernel's FP8 -> bf16
 conversion value by value on every code path, and whole expert calls against a float64 oracle
-over the weights the checkpoint dequantized at load would hold (bf16(q * scale))."""
+over the weights the checkpoint dequantized at load would hold (bf16(q * scale)) or, for the
+exact-products decode kernel (``fp8_exact``, the default), over q * scale itself."""
 from __future__ import annotations
 
 import ctypes
@@ -61,6 +62,17 @@ def _dequantized(sch, pairs):
     return [torch.stack([sch.dequantize(q, s).to(torch.bfloat16) for q, s in m]) for m in pairs]
 
 
+def _exact(sch, pairs):
+    """q * scale in float64 (no rounding at all): [E, O, K] per matrix."""
+    return [torch.stack([q.double() * sch.expand_scale(s, tuple(q.shape)).double()
+                         for q, s in m]) for m in pairs]
+
+
+def _decode_isas():
+    """The instruction sets whose decode calls take the fused FP8 kernels (AVX-512 BF16 up)."""
+    return [i for i in ISAS if ce.ISA_NAMES.index(i) >= ce.ISA_NAMES.index("avx512bf16")]
+
+
 # padding in both dims (80, 100: not multiples of 32; 100 rows: a partial row block), blocks
 # smaller than the matrices (several scales a tile row) and larger (one scale), one token and
 # register blocks of many tokens
@@ -72,10 +84,13 @@ CASES = [(8, 80, 100, 2, 1, (16, 32)), (8, 80, 100, 2, 37, (32, 16)),
 @pytest.mark.parametrize("E,H,I,k,N,block", CASES)
 def test_fp8_experts_match_float64_over_dequantized_weights(monkeypatch, isa, E, H, I, k, N,
                                                            block):
+    """The converted tiles' products (``fp8_exact`` off; with it on, the calls of more than 16
+    tokens an expert and every AMX call take them too)."""
     monkeypatch.setenv("WRITESCOPE_CPU_EXPERT_ISA", isa)
     monkeypatch.setenv("WRITESCOPE_CPU_EXPERT_AMX_MIN", "1")
     sch, pairs = _fp8_weights(E, H, I, block)
     layer = CpuExperts.from_fp8(*pairs, fp8=sch)
+    layer.fp8_exact = False
     assert layer.gate_up.dtype == torch.uint8 and layer.fp8 == sch
     gate, up, down = _dequantized(sch, pairs)
     ids, w = _routing(N, E, k)
@@ -91,6 +106,97 @@ def test_fp8_experts_match_float64_over_dequantized_weights(monkeypatch, isa, E,
     plain = CpuExperts.from_weights(gate, up, down, dtype=torch.bfloat16)
     torch.testing.assert_close(y, plain.forward(x, ids, w, out_dtype=torch.float32),
                                rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("isa", _decode_isas() or ["none"])
+@pytest.mark.parametrize("E,H,I,k,N,block", [c for c in CASES if c[3] * c[4] <= 16 * c[0]]
+                         + [(3, 96, 64, 3, 16, (16, 32))])  # (16 tokens: two passes of 8)
+def test_exact_fp8_products_match_float64_over_q_times_scale(monkeypatch, isa, E, H, I, k, N,
+                                                             block):
+    """Decode calls (at most 16 tokens an expert, no AMX) on the codes as they are: every product
+    q * x is exact in fp32, so the only differences from float64 over q * scale are fp32 sums
+    (and a bf16 rounding tie of h now and then) -- far inside the 2^-9 that rounding each weight
+    to bf16 costs, which the converted tiles' products (previous test) show."""
+    if isa == "none":
+        pytest.skip("no AVX-512 BF16 here")
+    monkeypatch.setenv("WRITESCOPE_CPU_EXPERT_ISA", isa)
+    monkeypatch.setenv("WRITESCOPE_CPU_EXPERT_AMX_MIN", "1000")
+    sch, pairs = _fp8_weights(E, H, I, block)
+    layer = CpuExperts.from_fp8(*pairs, fp8=sch)
+    assert layer.fp8_exact
+    ids, w = _routing(N, E, k)
+    x = torch.randn(N, H, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    y = layer.forward(x, ids, w, out_dtype=torch.float32)
+    assert torch.equal(layer.wait(layer.submit(x, ids, w, out_dtype=torch.float32)), y)
+    ref = ref64(x, ids, w, *_exact(sch, pairs), round_h_to=torch.bfloat16)
+    scale = ref.abs().max().item()
+    torch.testing.assert_close(y.double(), ref, rtol=2e-5, atol=2e-5 * scale)
+    rounded = ref64(x, ids, w, *_dequantized(sch, pairs), round_h_to=torch.bfloat16)
+    assert (rounded - ref).abs().max().item() > 20 * (y.double() - ref).abs().max().item()
+
+
+@pytest.mark.parametrize("isa", _decode_isas() or ["none"])
+def test_exact_fp8_products_with_subnormal_codes_and_extreme_activations(monkeypatch, isa):
+    """Codes drawn from every finite e4m3 value (1 in 8 a subnormal: the lines that hold one take
+    the kernel's second product), scales of several magnitudes and activation rows from 2^-40
+    to 2^30 (h = silu(g) * u from ~2^-80 to 2^100; each row scaled to just under 2^127 and back), against float64 over q * scale."""
+    if isa == "none":
+        pytest.skip("no AVX-512 BF16 here")
+    monkeypatch.setenv("WRITESCOPE_CPU_EXPERT_ISA", isa)
+    monkeypatch.setenv("WRITESCOPE_CPU_EXPERT_AMX_MIN", "1000")
+    E, H, I, block = 3, 160, 96, (32, 32)
+    sch = Fp8Blocks(block)
+    g = torch.Generator().manual_seed(5)
+    codes = _all_codes()
+
+    def mat(o, i):
+        q = codes[torch.randint(0, len(codes), (o, i), generator=g)].view(FP8)
+        sc = 2.0 ** torch.randint(-12, 1, sch.scale_shape((o, i)), generator=g).float()
+        return q, sc * (1 + torch.rand(sc.shape, generator=g))
+
+    pairs = [[mat(I, H) for _ in range(E)], [mat(I, H) for _ in range(E)],
+             [mat(H, I) for _ in range(E)]]
+    layer = CpuExperts.from_fp8(*pairs, fp8=sch)
+    # every line flagged holds a subnormal code, and some lines are flagged
+    flagged = int(layer._mark_subnormal_lines(0, E))
+    assert flagged > 0
+    N, k = 6, 2
+    ids, w = _routing(N, E, k)
+    x = torch.randn(N, H, generator=g)
+    x *= (2.0 ** torch.tensor([-40.0, -15.0, 0.0, 5.0, 15.0, 30.0]))[:, None]
+    x = x.to(torch.bfloat16)
+    y = layer.forward(x, ids, w, out_dtype=torch.float32)
+    ref = ref64(x, ids, w, *_exact(sch, pairs), round_h_to=torch.bfloat16)
+    for t in range(N):  # each row against its own magnitude
+        sc = ref[t].abs().max().item()
+        assert sc > 0
+        torch.testing.assert_close(y[t].double(), ref[t], rtol=2e-5, atol=2e-5 * sc)
+
+
+def test_line_masks_flag_the_lines_with_subnormal_codes():
+    """ws_fp8_line_masks against a torch reading of the same bytes: a line (32 bytes of a tile)
+    is flagged when a byte has exponent field 0 and a mantissa that is not (zeros are not)."""
+    lib = ce._get_lib()
+    g = torch.Generator().manual_seed(3)
+    ntiles, kp = 5, 200  # 100 lines a tile: two mask words, the second partial
+    b = torch.randint(0, 256, (ntiles, kp // 2, 32), generator=g, dtype=torch.int64)
+    b[b.bitwise_and(0x78) == 0] |= 0x08  # no subnormals nor zeros ...
+    b[0, 3, 7] = 0x05                    # ... but these: subnormals
+    b[1, 99, 31] = 0x81
+    b[2, 64, 0] = 0x00                   # and zeros, which are not flagged
+    b[2, 65, 5] = 0x80
+    b[3, 10:80:7, 9] = 0x87
+    b = b.to(torch.uint8).contiguous()
+    out = torch.full((ntiles, 2), -1, dtype=torch.int64)
+    n = lib.ws_fp8_line_masks(b.data_ptr(), ntiles, kp, out.data_ptr(), 2)
+    sub = ((b.long() & 0x78) == 0) & ((b.long() & 0x07) != 0)
+    lines = sub.any(-1)                            # [tiles, lines]
+    assert n == int(lines.sum()) == 2 + len(range(10, 80, 7))
+    want = torch.zeros(ntiles, 2, dtype=torch.int64)
+    for t, l in lines.nonzero().tolist():
+        want[t, l // 64] |= 1 << (l % 64) if l % 64 < 63 else -(1 << 63)
+    assert torch.equal(out, want)
+    assert lib.ws_fp8_line_masks(b.data_ptr(), 1, 3, out.data_ptr(), 1) == -2
 
 
 def test_layout_bytes_and_unpacking():

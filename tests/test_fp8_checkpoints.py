@@ -118,11 +118,14 @@ def assert_same_greedy(a: LLM, b: LLM) -> None:
     assert x.logprobs == y.logprobs
 
 
-def test_bf16_cpu_experts_stay_fp8_and_equal_the_dequantized_checkpoint(all_fp8, tmp_path):
+def test_bf16_cpu_experts_stay_fp8_and_equal_the_dequantized_checkpoint(all_fp8, tmp_path,
+                                                                         monkeypatch):
     """bfloat16 with the experts on the CPU: the experts stay FP8 in host memory (half the
-    bytes), and every token and log-probability equals those of the checkpoint dequantized
-    offline -- the kernel computes from bf16(q * scale), the values a dequantized load holds."""
+    bytes), and with the rounded products every token and log-probability equals those of the
+    checkpoint dequantized offline -- the kernel then computes from bf16(q * scale), the values a
+    dequantized load holds."""
     from writescope.layers.cpu_experts import CpuExperts
+    monkeypatch.setenv("WRITESCOPE_CPU_FP8_PRODUCTS", "rounded")
     a, b = fp8_and_dequantized(all_fp8, tmp_path, "cpu")
     held = a.engine.model.host_experts()
     assert held and all(isinstance(x, CpuExperts) and x.fp8 is not None for x in held)
@@ -132,6 +135,33 @@ def test_bf16_cpu_experts_stay_fp8_and_equal_the_dequantized_checkpoint(all_fp8,
     assert sum(x.nbytes for x in held) < 0.55 * sum(r.nbytes for r in ref)
     assert_same_greedy(a, b)
     assert a.stats()["engine.cpu_expert_format"] == "fp8 (e4m3, 16x16 blocks)"
+
+
+def test_bf16_cpu_experts_exact_products_follow_the_dequantized_checkpoint(all_fp8, tmp_path):
+    """The default exact products (q * x, each block's sum times its scale: no bf16 rounding of
+    q * scale) against the dequantized checkpoint (bf16(q * scale)): two roundings of the same
+    weights, neither the reference, so they agree to what rounding each weight to bf16 moves --
+    which these tiny random models amplify until a near tie flips a greedy token (the fifth, in
+    one of the three). The first four tokens are the same, their log-probabilities within 0.05
+    (measured 0.03 at most) and not equal (the exact products did run)."""
+    from writescope.layers.cpu_experts import _fp8_products
+    assert _fp8_products() == "exact"
+    a, b = fp8_and_dequantized(all_fp8, tmp_path, "cpu")
+    assert all(x.fp8_exact for x in a.engine.model.host_experts())
+    ids = prompt_ids(a.engine.config.vocab_size)
+    (x,), (y,) = a.generate([ids], GREEDY), b.generate([ids], GREEDY)
+    assert x.token_ids[:4] == y.token_ids[:4]
+    diff = max(abs(p - q) for p, q in zip(x.logprobs[:4], y.logprobs[:4]))
+    assert 0 < diff < 5e-2
+
+
+def test_fp8_products_setting_is_checked(monkeypatch):
+    from writescope.layers.cpu_experts import _fp8_products
+    monkeypatch.setenv("WRITESCOPE_CPU_FP8_PRODUCTS", "Rounded ")
+    assert _fp8_products() == "rounded"
+    monkeypatch.setenv("WRITESCOPE_CPU_FP8_PRODUCTS", "fast")
+    with pytest.raises(ValueError, match="expected 'exact' or 'rounded'"):
+        _fp8_products()
 
 
 def test_float32_runs_dequantize_cpu_experts_too(tiny_qwen3_moe_fp8):

@@ -90,11 +90,12 @@ def _dram_ref(dram: dict) -> float:
 
 
 def _reference(layer: ce.CpuExperts, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor):
-    """float32 torch computation from the layer's own (unpacked) weights."""
+    """float32 torch computation from the layer's own (unpacked) weights (FP8: q * scale in
+    float32, the values both FP8 product forms approximate)."""
     out = torch.zeros(x.shape[0], layer.hidden, dtype=torch.float32)
     for e in ids.unique().tolist():
         tok, slot = (ids == e).nonzero(as_tuple=True)
-        g, u, d = (t.float() for t in layer.expert_weights(e))
+        g, u, d = (t.float() for t in layer.expert_weights(e, fp8_dtype=torch.float32))
         xe = x[tok].float()
         h = (F.silu(xe @ g.T) * (xe @ u.T)).to(layer.dtype).float()
         out.index_add_(0, tok, (h @ d.T) * w[tok, slot, None])
@@ -168,7 +169,7 @@ def bench_model(name: str, args, variants: list[dict], log) -> list[dict]:
     # compiled kernel only
     runs = [(b, wf) for wf in args.weights for b in backends if wf == "bf16" or b == "cpp"]
     for backend, wf in runs:
-        fp8 = Fp8Blocks() if wf == "fp8" else None
+        fp8 = Fp8Blocks() if wf.startswith("fp8") else None
         expert_bytes = 3 * H * I * 2 if fp8 is None else None
         t0 = time.perf_counter()
         layers = []
@@ -176,6 +177,7 @@ def bench_model(name: str, args, variants: list[dict], log) -> list[dict]:
         while len(layers) < n_layers:
             layers.append(ce.CpuExperts.random(E, H, I, dtype, seed=len(layers), unique_experts=2,
                                                backend=backend, fp8=fp8))
+            layers[-1].fp8_exact = wf == "fp8"  # (fp8-rounded: bf16(q * scale) products)
             expert_bytes = layers[0].expert_bytes  # (FP8: one byte a weight, and the scales)
             n_layers = max(args.min_layers,
                            math.ceil(args.footprint_gb * 1e9 / (E * expert_bytes)))
@@ -195,7 +197,7 @@ def bench_model(name: str, args, variants: list[dict], log) -> list[dict]:
             for v in variants:
                 if v["backend"] != backend:
                     continue
-                v = dict(v, name=v["name"] + ("-fp8" if fp8 is not None else ""))
+                v = dict(v, name=v["name"] + {"fp8": "-fp8", "fp8-rounded": "-fp8r"}.get(wf, ""))
                 _apply(v, args.default_threads)
                 if v["mode"] == "inline":  # forward() on host tensors: the calling thread
                     def call(layer, ids, w):
@@ -296,10 +298,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-seconds", type=float, default=0.4, help="timed seconds per row")
     ap.add_argument("--dram-gib", type=float, default=4.0, help="buffer for the DRAM probe")
     ap.add_argument("--backends", nargs="+", default=["cpp", "torch"], choices=["cpp", "torch"])
-    ap.add_argument("--weights", nargs="+", default=["bf16"], choices=["bf16", "fp8"],
+    ap.add_argument("--weights", nargs="+", default=["bf16"],
+                    choices=["bf16", "fp8", "fp8-rounded"],
                     help="expert weight formats: bf16, and block-wise FP8 (128x128 scales, as "
-                         "the -FP8 checkpoints; the C++ kernel only). GB/s counts the bytes "
-                         "stored: one a weight for FP8")
+                         "the -FP8 checkpoints; the C++ kernel only) with the decode calls' "
+                         "exact products (fp8, the default) or bf16(q * scale) ones "
+                         "(fp8-rounded: WRITESCOPE_CPU_FP8_PRODUCTS=rounded). GB/s counts the "
+                         "bytes stored: one a weight for FP8")
     ap.add_argument("--isas", nargs="+", default=None, choices=list(ce.ISA_NAMES),
                     help="C++ code paths to time (default: every one this CPU has)")
     ap.add_argument("--amx-min", nargs="+", type=int, default=[ce.AMX_MIN_TOKENS],

@@ -24,8 +24,10 @@ Backends
 
 Environment: ``WRITESCOPE_CPU_EXPERT_THREADS`` (default: the CPUs this process may run on),
 ``WRITESCOPE_CPU_EXPERT_BACKEND`` (``auto``/``cpp``/``torch``), ``WRITESCOPE_CPU_EXPERT_ISA``
-(cap: ``generic``/``avx2``/``avx512``/``avx512bf16``/``amx``), ``WRITESCOPE_KERNEL_CACHE`` (build
-folder, default ``~/.cache/writescope/kernels``), ``CXX`` (compiler).
+(cap: ``generic``/``avx2``/``avx512``/``avx512bf16``/``amx``), ``WRITESCOPE_CPU_FP8_PRODUCTS``
+(FP8 experts' decode calls: ``exact``, the default, or ``rounded``; :attr:`CpuExperts.fp8_exact`),
+``WRITESCOPE_KERNEL_CACHE`` (build folder, default ``~/.cache/writescope/kernels``), ``CXX``
+(compiler).
 
 References (ideas, not code): KTransformers kt-kernel's AMX/AVX-512 MoE operators (packed
 per-expert tiles, tokens grouped by expert, gate/up then down phases over a CPU thread pool while
@@ -141,10 +143,12 @@ def _build() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(so))  # CDLL (not PyDLL): the GIL is released during calls
     vp, i32, f32p = ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_float)
     lib.ws_moe_forward.argtypes = [vp, vp, i32, i32, i32, i32, i32, i32, vp, i32, vp, vp, i32, vp,
-                                   i32, i32, i32, vp, vp, i32, i32]
+                                   i32, i32, i32, vp, vp, i32, i32, vp, vp]
     lib.ws_moe_forward.restype = i32
     lib.ws_fp8_tile_to_bf16.argtypes = [vp, i32, vp, i32, i32, vp, i32]
     lib.ws_fp8_tile_to_bf16.restype = i32
+    lib.ws_fp8_line_masks.argtypes = [vp, ctypes.c_long, i32, vp, i32]
+    lib.ws_fp8_line_masks.restype = ctypes.c_long
     lib.ws_detect_isa.argtypes = []
     lib.ws_detect_isa.restype = i32
     lib.ws_read_sum.argtypes = [vp, ctypes.c_long, i32]
@@ -196,6 +200,15 @@ def _isa_cap() -> int:
 #: Measured on the H200 host (bench/results/cpu_experts-h200.json): AMX for every expert loses up
 #: to 25 % at 1-2 tokens per expert, ties at ~8 and wins at >= 12 (3x at 32 tokens per expert).
 AMX_MIN_TOKENS = 8
+
+
+def _fp8_products() -> str:
+    """``WRITESCOPE_CPU_FP8_PRODUCTS``: ``exact`` (default) or ``rounded`` (see
+    :attr:`CpuExperts.fp8_exact`)."""
+    env = os.environ.get("WRITESCOPE_CPU_FP8_PRODUCTS", "exact").strip().lower()
+    if env not in ("exact", "rounded"):
+        raise ValueError(f"WRITESCOPE_CPU_FP8_PRODUCTS={env!r}: expected 'exact' or 'rounded'")
+    return env
 
 
 def _amx_min() -> int:
@@ -324,7 +337,7 @@ class _WsMoeJob(ctypes.Structure):
                 ("res_dtype", ctypes.c_int32), ("isa", ctypes.c_int32),
                 ("amx_min", ctypes.c_int32), ("nthreads", ctypes.c_int32),
                 ("gus", ctypes.c_void_p), ("dns", ctypes.c_void_p), ("bo", ctypes.c_int32),
-                ("bi", ctypes.c_int32)]
+                ("bi", ctypes.c_int32), ("gum", ctypes.c_void_p), ("dnm", ctypes.c_void_p)]
 
 
 # The device-waited calls run on a native job queue (attention/cpu.py's CpuJobQueue, a C++
@@ -567,6 +580,12 @@ class CpuExperts:
         from ..hostmem import pageable_empty
         self.fp8 = fp8
         self.gate_up_scale = self.down_scale = None
+        self.gate_up_masks = self.down_masks = None
+        #: FP8 decode calls (up to 16 tokens an expert) on the codes as they are, each scale block's
+        #: sum of q * x in fp32 times its scale (True, the default), or on the bf16(q * scale)
+        #: weights a checkpoint dequantized at load holds (False: bit for bit the bf16 kernel's
+        #: results over those weights, ~0.8x the speed). See csrc/cpu_experts.cpp, k_fp8x.
+        self.fp8_exact = _fp8_products() == "exact"
         if backend == "cpp":
             # [E][I_p/16][gate|up][tile of 16 x H_p], [E][H_p/16][tile of 16 x I_p]
             store = torch.uint8 if fp8 is not None else dtype
@@ -575,6 +594,11 @@ class CpuExperts:
             if fp8 is not None:
                 self.gate_up_scale = torch.ones((E, 2, *fp8.scale_shape((inter, hidden))))
                 self.down_scale = torch.ones((E, *fp8.scale_shape((hidden, inter))))
+                # which lines of each tile hold e4m3 subnormal codes (ws_fp8_line_masks)
+                self.gate_up_masks = torch.zeros((E, self.ip // _TILE, 2, _ceil(self.hp // 2, 64)
+                                                  // 64), dtype=torch.int64)
+                self.down_masks = torch.zeros((E, self.hp // _TILE, _ceil(self.ip // 2, 64) // 64),
+                                              dtype=torch.int64)
         else:
             self.gate_up = pageable_empty((E, 2 * inter, hidden), dtype)
             self.down = pageable_empty((E, hidden, inter), dtype)
@@ -618,6 +642,22 @@ class CpuExperts:
         self.gate_up_scale[e, 0] = sg
         self.gate_up_scale[e, 1] = su
         self.down_scale[e] = sd
+        self._mark_subnormal_lines(e, e + 1)
+
+    def _mark_subnormal_lines(self, a: int, b: int) -> int:
+        """The line masks of experts ``a..b-1`` from their FP8 codes (after every write of them);
+        returns the lines flagged."""
+        lib = _get_lib()
+        n = 0
+        for w, m, kp in ((self.gate_up, self.gate_up_masks, self.hp),
+                         (self.down, self.down_masks, self.ip)):
+            tiles = w[a:b].numel() // (_TILE * kp)
+            r = lib.ws_fp8_line_masks(w[a:b].data_ptr(), tiles, kp, m[a:b].data_ptr(),
+                                      get_num_threads())
+            if r < 0:
+                raise RuntimeError(f"ws_fp8_line_masks failed (code {r})")
+            n += r
+        return n
 
     @classmethod
     def from_fp8(cls, gate: Sequence[tuple], up: Sequence[tuple], down: Sequence[tuple],
@@ -704,6 +744,8 @@ class CpuExperts:
             if fp8 is not None:
                 self.gate_up_scale[e].copy_(self.gate_up_scale[e % n])
                 self.down_scale[e].copy_(self.down_scale[e % n])
+        if fp8 is not None:
+            self._mark_subnormal_lines(0, num_experts)
         return self
 
     @staticmethod
@@ -773,12 +815,14 @@ class CpuExperts:
         else:
             self.down[e, r0:r1] = w
 
-    def expert_weights(self, e: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Expert ``e``'s (gate [I, H], up [I, H], down [H, I]) in the HF layout (copies)."""
+    def expert_weights(self, e: int, fp8_dtype: torch.dtype | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Expert ``e``'s (gate [I, H], up [I, H], down [H, I]) in the HF layout (copies). FP8
+        experts come out as q * scale in ``fp8_dtype`` (default: the layer's dtype)."""
         H, I = self.hidden, self.inter
         if self.fp8 is not None:
             gate_up, down = self.unpack_expert(self.gate_up, self.down, e,
-                                               (self.gate_up_scale, self.down_scale))
+                                               (self.gate_up_scale, self.down_scale), fp8_dtype)
             return gate_up[:I].contiguous(), gate_up[I:].contiguous(), down.contiguous()
         if self.backend == "cpp":
             gate = _unpack(self.gate_up[e, :, 0], I, H, self.ip, self.hp)
@@ -789,18 +833,18 @@ class CpuExperts:
 
     # ------------------------------------------------------------------ facts
     def unpack_expert(self, gate_up: torch.Tensor, down: torch.Tensor, e: int,
-                      scales: tuple[torch.Tensor, torch.Tensor] | None = None
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+                      scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+                      fp8_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Expert ``e`` as HF-layout ``gate_up [2I, H]`` and ``down [H, I]``, read from copies of
         this object's ``gate_up`` / ``down`` tensors on any device (the GPU prefill path). FP8
         experts need copies of ``(gate_up_scale, down_scale)`` on that device too, and come out
-        in bfloat16 as bf16(q * scale)."""
-        gu, dn = self.unpack_experts(gate_up, down, e, e + 1, scales)
+        in bfloat16 as bf16(q * scale) (or q * scale in ``fp8_dtype``)."""
+        gu, dn = self.unpack_experts(gate_up, down, e, e + 1, scales, fp8_dtype)
         return gu[0], dn[0]
 
     def unpack_experts(self, gate_up: torch.Tensor, down: torch.Tensor, a: int, b: int,
-                       scales: tuple[torch.Tensor, torch.Tensor] | None = None
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+                       scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+                       fp8_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Experts ``a..b-1`` as :meth:`unpack_expert` gives each, stacked: ``gate_up [b-a, 2I,
         H]``, ``down [b-a, H, I]`` (a few kernels for the range, whatever its length)."""
         H, I = self.hidden, self.inter
@@ -817,7 +861,7 @@ class CpuExperts:
 
             def deq(q, sc):
                 return self.fp8.dequantize(q.contiguous().view(torch.float8_e4m3fn),
-                                           sc).to(self.dtype)
+                                           sc).to(fp8_dtype or self.dtype)
 
             return (torch.cat([deq(gate, gs[a:b, 0]), deq(up, gs[a:b, 1])], dim=1),
                     deq(dn, ds[a:b]))
@@ -1079,12 +1123,16 @@ class CpuExperts:
             return 2
         return 0 if self.dtype == torch.bfloat16 else 1
 
-    def _fp8_args(self) -> tuple[int, int, int, int]:
-        """The kernel's FP8 arguments: the scale grids' addresses and the block (zeros
+    def _fp8_args(self) -> tuple[int, int, int, int, int, int]:
+        """The kernel's FP8 arguments: the scale grids' addresses, the block and the line masks'
+        addresses (null: the bf16(q * scale) products, :attr:`fp8_exact` False; zeros
         otherwise)."""
         if self.fp8 is None:
-            return 0, 0, 0, 0
-        return (self.gate_up_scale.data_ptr(), self.down_scale.data_ptr(), *self.fp8.block)
+            return 0, 0, 0, 0, 0, 0
+        masks = ((self.gate_up_masks.data_ptr(), self.down_masks.data_ptr()) if self.fp8_exact
+                 else (0, 0))
+        return (self.gate_up_scale.data_ptr(), self.down_scale.data_ptr(), *self.fp8.block,
+                *masks)
 
     def _compute_torch(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         n, k = ids.shape

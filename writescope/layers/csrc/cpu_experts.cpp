@@ -23,7 +23,9 @@
 //    format: writescope/models/quantization.py) are stored one byte each in the bf16 tile order
 //    and turned, one 16-row tile at a time, into a per-thread bf16 tile of bf16(q * s) -- the
 //    values a checkpoint dequantized at load holds -- which the bf16 micro-kernels then read.
-//    The CPU reads half the bytes from DRAM; the bf16 tile stays in L2.
+//    The CPU reads half the bytes from DRAM; the bf16 tile stays in L2. Decode calls (up to 16
+//    tokens an expert, AVX-512 BF16) compute on the codes as they are instead: each scale
+//    block's sum of q * x, times its scale (k_fp8x_avx512bf16, "exact products").
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -320,6 +322,134 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void k_fp8_avx512b
   for (int t = 0; t < MB; ++t) _mm512_storeu_ps(out + t * 16, acc[t]);
 }
 
+// FP8 decode on the codes as they are ("exact products", the default; ws_moe_forward's line
+// masks select it): sum_k q_k x_k per scale block in fp32, times the block's scale s, with no
+// bf16 rounding of q * s -- the block-scaled FP8 GEMM's arithmetic (DeepSeek's and the GPU
+// block-FP8 kernels'); the converted tiles above round each weight to bf16 first, as a
+// checkpoint dequantized at load holds it. The conversion is three integer ops a 32 codes:
+// sign-extended to 16 bits, shifted up by 4 and masked to the sign and the 7 magnitude bits,
+// each code is the bf16 of q * 2^-120 (exponent bias 7 against 127), where the converted tiles
+// take ten ops a 32 codes (two fp32 halves, a multiply each, a rounding pack): 1.8x the lines a
+// second per core from L2 and 1.2-1.3x from DRAM at one token on the AMX dev VM
+// (fifty-fourth session, bench/microbench/fp8_decode.cpp).
+//  * e4m3 subnormal codes (exponent field 0, q = m * 2^-9) come out as bf16 subnormals, which
+//    VDPBF16PS reads as zero (it treats denormal inputs as zero whatever MXCSR says). The lines
+//    that hold one (~1 in 300 for normal-looking weights: the checkpoints' amax / 448 scales put
+//    ~1e-4 of the codes there) are flagged at load (ws_fp8_line_masks); for them a second,
+//    rarely taken product adds those lanes as bf16 of m * 2^-121 (q * 2^-112) into an accumulator
+//    of its own, scaled by 2^-8 at the block's end.
+//  * Products of bf16 of q * 2^-120 with the activations would flush to zero (VDPBF16PS flushes
+//    denormal results too), so each activation row is scaled first by 2^K (exactly: its normal
+//    values' exponent fields raised by K; fp8x_scale_row), K putting its largest value just
+//    under 2^127, and the row's outputs are multiplied back by 2^(120 - K): every product and
+//    sum stays in fp32's normal range.
+static inline bool lm_any(const uint64_t* lm, int a, int b) {  // any bit of [a, b) set
+  for (int w = a >> 6; w <= (b - 1) >> 6; ++w) {
+    uint64_t m = lm[w];
+    const int lo = w * 64;
+    if (a > lo) m &= ~0ull << (a - lo);
+    if (b < lo + 64) m &= (1ull << (b - lo)) - 1;
+    if (m) return true;
+  }
+  return false;
+}
+
+// Scales one bf16 activation row in place by 2^K (see above) and returns 2^(120 - K). Zeros and
+// subnormals (read as zero by VDPBF16PS, as in the bf16 kernel) stay; a row holding inf or NaN,
+// or nothing but zeros, is left as it is (K = 0).
+static float fp8x_scale_row(bf16_t* x, int n) {
+  int emax = 0;
+  for (int i = 0; i < n; ++i) emax = std::max(emax, (int)((x[i] >> 7) & 0xff));
+  const int K = (emax == 0 || emax == 255) ? 0 : std::min(std::max(253 - emax, 0), 240);
+  if (K)
+    for (int i = 0; i < n; ++i)
+      if ((x[i] >> 7) & 0xff) x[i] = (bf16_t)(x[i] + (K << 7));
+  return std::ldexp(1.0f, 120 - K);
+}
+
+// one line (kp) of the exact-products kernel: acc[t * stride] += codes . x_t's pair kp; returns
+// the codes, sign-extended to 16 bits
+template <int MB>
+__attribute__((target("avx512f,avx512bw,avx512bf16"), always_inline)) static inline __m512i fp8x_line(
+    const uint8_t* W, int kp, const bf16_t* X, long ldx, __m512* acc, int stride, __m512i keep) {
+  const uint8_t* p = W + (long)kp * 32;
+  if (!(kp & 1)) _mm_prefetch((const char*)p + WS_PREFETCH_AHEAD, _MM_HINT_T0);
+  const __m512i w = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)p));
+  const __m512bh wv = (__m512bh)_mm512_and_si512(_mm512_slli_epi16(w, 4), keep);
+  for (int t = 0; t < MB; ++t) {
+    int32_t pair;
+    std::memcpy(&pair, X + t * ldx + 2 * kp, 4);
+    acc[t * stride] = _mm512_dpbf16_ps(acc[t * stride], wv, (__m512bh)_mm512_set1_epi32(pair));
+  }
+  return w;
+}
+
+template <int MB, int NA>
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) static void k_fp8x_avx512bf16(
+    const uint8_t* W, int Kp, const bf16_t* X, long ldx, const float* srow, int bk, int nb,
+    const uint64_t* lm, const float* tf, float* out) {
+  const __m512i keep = _mm512_set1_epi16((short)0x87F0);
+  // bf16 of m * 2^-121, m = 0..7 (index = the code's low 5 bits: m, its exponent bits 0)
+  alignas(64) static const uint16_t sub_a[32] = {0, 0x0300, 0x0380, 0x03C0, 0x0400, 0x0420,
+                                                 0x0440, 0x0460};
+  const __m512i sub_t = _mm512_load_si512((const void*)sub_a);
+  __m512 acc[MB];
+  for (int t = 0; t < MB; ++t) acc[t] = _mm512_setzero_ps();
+  for (int k0 = 0, b = 0; k0 < Kp / 2; k0 += bk / 2, ++b) {
+    const int k1 = std::min(Kp / 2, k0 + bk / 2);
+    __m512 blk[MB][NA];
+    for (int t = 0; t < MB; ++t)
+      for (int j = 0; j < NA; ++j) blk[t][j] = _mm512_setzero_ps();
+    if (!lm_any(lm, k0, k1)) {
+      int kp = k0;
+      for (; kp + NA <= k1; kp += NA)
+        for (int j = 0; j < NA; ++j) fp8x_line<MB>(W, kp + j, X, ldx, &blk[0][j], NA, keep);
+      for (; kp < k1; ++kp) fp8x_line<MB>(W, kp, X, ldx, &blk[0][0], NA, keep);
+    } else {  // (rare) a line with subnormal codes: their lanes again, at q * 2^-112
+      __m512 cor[MB];
+      for (int t = 0; t < MB; ++t) cor[t] = _mm512_setzero_ps();
+      for (int kp = k0; kp < k1; ++kp) {
+        const __m512i w = fp8x_line<MB>(W, kp, X, ldx, &blk[0][0], NA, keep);
+        if (!((lm[kp >> 6] >> (kp & 63)) & 1)) continue;
+        const __mmask32 sub = _mm512_testn_epi16_mask(w, _mm512_set1_epi16(0x78)) &
+                              _mm512_test_epi16_mask(w, _mm512_set1_epi16(0x07));
+        const __m512i mag = _mm512_maskz_permutexvar_epi16(sub, w, sub_t);
+        const __m512i sgn = _mm512_and_si512(_mm512_slli_epi16(w, 8), _mm512_set1_epi16((short)0x8000));
+        const __m512bh cv = (__m512bh)_mm512_maskz_mov_epi16(sub, _mm512_or_si512(mag, sgn));
+        for (int t = 0; t < MB; ++t) {
+          int32_t pair;
+          std::memcpy(&pair, X + t * ldx + 2 * kp, 4);
+          cor[t] = _mm512_dpbf16_ps(cor[t], cv, (__m512bh)_mm512_set1_epi32(pair));
+        }
+      }
+      for (int t = 0; t < MB; ++t)
+        blk[t][0] = _mm512_fmadd_ps(cor[t], _mm512_set1_ps(1.0f / 256.0f), blk[t][0]);
+    }
+    const __m512 sv = _mm512_set1_ps(srow[std::min(b, nb - 1)]);
+    for (int t = 0; t < MB; ++t) {
+      __m512 s = blk[t][0];
+      for (int j = 1; j < NA; ++j) s = _mm512_add_ps(s, blk[t][j]);
+      acc[t] = _mm512_fmadd_ps(s, sv, acc[t]);
+    }
+  }
+  for (int t = 0; t < MB; ++t) _mm512_storeu_ps(out + t * 16, _mm512_mul_ps(acc[t], _mm512_set1_ps(tf[t])));
+}
+
+typedef void (*fp8x_kern_t)(const uint8_t*, int, const bf16_t*, long, const float*, int, int,
+                            const uint64_t*, const float*, float*);
+static const fp8x_kern_t T_FP8X[9] = {
+    nullptr, k_fp8x_avx512bf16<1, 4>, k_fp8x_avx512bf16<2, 2>, k_fp8x_avx512bf16<3, 1>,
+    k_fp8x_avx512bf16<4, 1>, k_fp8x_avx512bf16<5, 1>, k_fp8x_avx512bf16<6, 1>,
+    k_fp8x_avx512bf16<7, 1>, k_fp8x_avx512bf16<8, 1>};
+
+// up to 16 tokens: at most 8 a pass over the tile (two accumulators a token must fit the registers)
+static void fp8x_tokens(int mt, const uint8_t* W, int Kp, const bf16_t* X, long ldx,
+                        const float* srow, int bk, int nb, const uint64_t* lm, const float* tf,
+                        float* out) {
+  for (int t0 = 0; t0 < mt; t0 += 8)
+    T_FP8X[std::min(8, mt - t0)](W, Kp, X + t0 * ldx, ldx, srow, bk, nb, lm, tf + t0, out + t0 * 16);
+}
+
 typedef void (*fp8_kern_t)(const uint8_t*, int, const bf16_t*, long, const float*, int, int,
                            float*);
 static const fp8_kern_t T_FP8_512BF[17] = {
@@ -490,7 +620,7 @@ extern "C" int ws_detect_isa(void) {
 // --------------------------------------------------------------------------------------------
 struct Scratch {
   std::vector<int32_t> count, active, row_off, tok_of;
-  std::vector<float> wt_of;
+  std::vector<float> wt_of, xf1, xf2;  // (xf*: exact-products FP8, per row: 2^(120 - K), or 0)
   std::vector<char> xg, h;
   void* grow(std::vector<char>& v, size_t bytes) {
     if (v.size() < bytes + 64) v.resize(bytes + 64);
@@ -507,13 +637,17 @@ static thread_local Scratch g_scratch;
 //         int32 (-1: a slot left out, read elsewhere); tw [N][k] fp32; out [N][Hp] fp32 (written)
 //   FP8 weights (wdtype W_FP8): gu and down hold one byte a weight in the bf16 tile order;
 //         gus [E][2][ceil(I/bo)][ceil(H/bi)] and dns [E][ceil(H/bo)][ceil(I/bi)] fp32 scales,
-//         bo a multiple of 16 and bi of 2 (unused otherwise)
+//         bo a multiple of 16 and bi of 2 (unused otherwise); gum [E][Ip/16][2][ceil(Hp/128)]
+//         and dnm [E][Hp/16][ceil(Ip/128)] their tiles' line masks (ws_fp8_line_masks): given,
+//         decode calls take the exact-products kernel (k_fp8x_avx512bf16); null, the converted
+//         bf16(q * s) tiles' products (k_fp8_avx512bf16)
 // returns 0, or -1 when an expert id is out of range, -2 on a bad argument
 // --------------------------------------------------------------------------------------------
 extern "C" int ws_moe_forward(const void* gu, const void* down, int wdtype, int E, int H, int I,
                               int Hp, int Ip, const void* x, int N, const int32_t* ids,
                               const float* tw, int k, float* out, int isa, int amx_min,
-                              int nthreads, const float* gus, const float* dns, int bo, int bi) {
+                              int nthreads, const float* gus, const float* dns, int bo, int bi,
+                              const uint64_t* gum, const uint64_t* dnm) {
   if (Hp % 32 || Ip % 32 || H > Hp || I > Ip || N < 0 || k <= 0 || E <= 0) return -2;
   if (wdtype != W_BF16 && wdtype != W_F32 && wdtype != W_FP8) return -2;
   const bool fp8 = wdtype == W_FP8;
@@ -536,6 +670,8 @@ extern "C" int ws_moe_forward(const void* gu, const void* down, int wdtype, int 
 #else
   const bool fp8_fused = false;
 #endif
+  const bool fp8x = fp8_fused && gum && dnm;  // the exact-products kernel
+  const int gu_nw = (Hp / 2 + 63) / 64, dn_nw = (Ip / 2 + 63) / 64;  // mask words per tile
   if (nthreads < 1) nthreads = 1;
 
   Scratch& S = g_scratch;
@@ -573,6 +709,17 @@ extern "C" int ws_moe_forward(const void* gu, const void* down, int wdtype, int 
       S.wt_of[r] = tw[i];
     }
   }
+  // exact-products FP8: the rows of experts that take the fused kernel, scaled (fp8x_scale_row)
+  S.xf1.assign(fp8x ? rows : 0, 0.f);
+  S.xf2.assign(fp8x ? rows : 0, 0.f);
+  if (fp8x)
+    for (int j = 0; j < nact; ++j) {
+      const int m = S.count[S.active[j]];
+      if (!(amx && m >= amx_min) && m <= 16)
+        for (int r = S.row_off[j]; r < S.row_off[j + 1]; ++r) S.xf1[r] = 1.f;
+    }
+  float* xf1 = S.xf1.data();
+  float* xf2 = S.xf2.data();
   char* xg = (char*)S.grow(S.xg, (size_t)rows * Hp * esz);
   char* hb = (char*)S.grow(S.h, (size_t)rows * Ip * esz);
 
@@ -611,6 +758,7 @@ extern "C" int ws_moe_forward(const void* gu, const void* down, int wdtype, int 
         for (int c = 0; c < H; ++c) d[c] = bf16_to_f32(s[c]);
       }
       std::memset(dst + (long)H * esz, 0, (size_t)(Hp - H) * esz);
+      if (fp8x && xf1[r] != 0.f) xf1[r] = fp8x_scale_row((bf16_t*)dst, H);
     }
 #pragma omp for schedule(static)
     for (int n = 0; n < N; ++n) std::memset(out + (long)n * Hp, 0, sizeof(float) * Hp);
@@ -647,7 +795,13 @@ extern "C" int ws_moe_forward(const void* gu, const void* down, int wdtype, int 
         for (int t0 = 0; t0 < mp; t0 += 16) {
           const int mt = std::min(16, mp - t0);
 #ifdef WS_X86
-          if (fused) {
+          if (fused && fp8x) {
+            const uint64_t* mg = gum + ((long)(e * it + tile) * 2) * gu_nw;
+            fp8x_tokens(mt, (const uint8_t*)wg, Hp, (const bf16_t*)X, Hp, sg, bi, gu_cb, mg,
+                        xf1 + r0, G.data());
+            fp8x_tokens(mt, (const uint8_t*)wu, Hp, (const bf16_t*)X, Hp, su, bi, gu_cb,
+                        mg + gu_nw, xf1 + r0, U.data());
+          } else if (fused) {
             T_FP8_512BF[mt]((const uint8_t*)wg, Hp, (const bf16_t*)X, Hp, sg, bi, gu_cb, G.data());
             T_FP8_512BF[mt]((const uint8_t*)wu, Hp, (const bf16_t*)X, Hp, su, bi, gu_cb, U.data());
           } else if (ea) {
@@ -677,6 +831,11 @@ extern "C" int ws_moe_forward(const void* gu, const void* down, int wdtype, int 
         }
       }
       // (implicit barrier: phase 2 needs every h row)
+      if (fp8x) {  // the down projection's rows of the fused kernel, scaled as x's were
+#pragma omp for schedule(static)
+        for (int r = 0; r < rows; ++r)
+          if (xf1[r] != 0.f) xf2[r] = fp8x_scale_row((bf16_t*)(hb + (long)r * Ip * esz), Ip);
+      }
 
       // ---- phase 2: out[tok] += w * (h Wd^T), items = 16-column tiles of the output
 #pragma omp for schedule(dynamic, 1)
@@ -698,7 +857,10 @@ extern "C" int ws_moe_forward(const void* gu, const void* down, int wdtype, int 
           for (int t0 = 0; t0 < mp; t0 += 16) {
             const int mt = std::min(16, mp - t0);
 #ifdef WS_X86
-            if (fused)
+            if (fused && fp8x)
+              fp8x_tokens(mt, (const uint8_t*)wd, Ip, (const bf16_t*)X, Ip, sd, bi, dn_cb,
+                          dnm + ((long)e * ht + c) * dn_nw, xf2 + r0, G.data());
+            else if (fused)
               T_FP8_512BF[mt]((const uint8_t*)wd, Ip, (const bf16_t*)X, Ip, sd, bi, dn_cb, G.data());
             else if (ea)
               amx_tile((const bf16_t*)wd, Ip, (const bf16_t*)(X + (long)t0 * Ip * esz), Ip, G.data());
@@ -742,6 +904,8 @@ struct WsMoeJob {
   const float* gus;  // FP8 scales (W_FP8 only)
   const float* dns;
   int32_t bo, bi;
+  const uint64_t* gum;  // FP8 line masks (null: the converted tiles' products)
+  const uint64_t* dnm;
 };
 
 extern "C" int ws_moe_job(void* arg) {
@@ -749,7 +913,7 @@ extern "C" int ws_moe_job(void* arg) {
   if (j.res_dtype != 0 && j.res_dtype != 1) return -2;
   const int rc = ws_moe_forward(j.gu, j.down, j.wdtype, j.E, j.H, j.I, j.Hp, j.Ip, j.x, j.N,
                                 j.ids, j.tw, j.k, j.out, j.isa, j.amx_min, j.nthreads, j.gus,
-                                j.dns, j.bo, j.bi);
+                                j.dns, j.bo, j.bi, j.gum, j.dnm);
   if (rc != 0) return rc;
   for (long n = 0; n < j.N; ++n) {
     const float* o = j.out + n * j.Hp;
@@ -771,6 +935,35 @@ extern "C" int ws_fp8_tile_to_bf16(const uint8_t* W, int Kp, const float* srow, 
   const int detected = ws_detect_isa();
   fp8_tile(W, Kp, srow, bk, nb, dst, std::min(isa, detected));
   return 0;
+}
+
+// The exact-products FP8 kernel's line masks (k_fp8x_avx512bf16): for each of `ntiles` packed
+// tiles ([Kp/2 lines][32 bytes]), ceil(Kp / 128) words; bit l of word c is set when line
+// 64c + l holds a nonzero e4m3 subnormal code (exponent field 0, mantissa not 0). Eight bytes at
+// a time: per byte, (b & 0x78) + 0x78 has bit 7 clear only for exponent 0, and (b & 0x07) + 0x7F
+// has it set only for a nonzero mantissa (no carry leaves a byte). Returns the lines flagged.
+extern "C" long ws_fp8_line_masks(const uint8_t* W, long ntiles, int Kp, uint64_t* out,
+                                  int nthreads) {
+  if (Kp <= 0 || Kp % 2 || ntiles < 0) return -2;
+  const int lines = Kp / 2, nw = (lines + 63) / 64;
+  const uint64_t e = 0x7878787878787878ull, m = 0x0707070707070707ull, h = 0x8080808080808080ull;
+  long flagged = 0;
+#pragma omp parallel for num_threads(std::max(1, nthreads)) schedule(static) reduction(+ : flagged)
+  for (long t = 0; t < ntiles; ++t) {
+    const uint8_t* tile = W + t * 32L * lines;
+    uint64_t* o = out + t * nw;
+    for (int c = 0; c < nw; ++c) o[c] = 0;
+    for (int l = 0; l < lines; ++l) {
+      uint64_t any = 0;
+      for (int q = 0; q < 4; ++q) {
+        uint64_t v;
+        std::memcpy(&v, tile + 32L * l + 8 * q, 8);
+        any |= ~((v & e) + e) & ((v & m) + 0x7F7F7F7F7F7F7F7Full) & h;
+      }
+      if (any) { o[l >> 6] |= 1ull << (l & 63); ++flagged; }
+    }
+  }
+  return flagged;
 }
 
 // Multi-threaded read of a buffer (DRAM read-bandwidth probe for the benchmark).
