@@ -1,30 +1,35 @@
 #!/bin/bash
-# Planned first call of the next session lent a device (rewritten in the fifty-third session;
-# carry .whl: llguidance 1.9.1 -- 1.6.1 failed the grammar test -- and jsonschema with its
-# dependencies; accelerate is in the image). Works on an H100 or an H200 machine.
-# .whl is not in git (.git/info/exclude); on a fresh dev machine rebuild it first:
-#   P="--no-deps --only-binary=:all: --python-version 3.12 --implementation cp"
-#   python3 -m pip download $P --platform manylinux_2_31_x86_64 -d .whl llguidance==1.9.1
-#   python3 -m pip download $P --platform manylinux_2_17_x86_64 -d .whl jsonschema==4.26.0 \
-#     jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==0.30.0
-# 1. The whole GPU suite, one line a test. The fifty-third session's H100 run was cut at 300 s
-#    after 201 of 230 tests (200 passed; the failure was the old llguidance wheel), so its cap is
-#    larger; the fiftieth session's 16 tiny_mixtral failures passed there with the float64 oracle.
-# 2. The FP8 decode MoE kernels' variants (bench.gpu_experts --fp8-variants): that run found them
-#    at 38-57% of the HBM copy rate (bytes stored) where bf16 reaches 78-99% -- bf16's time, not
-#    half of it. Which of the conversions (hardware via half, integer via half, integer via a
-#    float's bits; unrounded forms) and launch settings (more rows a gate/up program, wider or
-#    more down tiles: FP8 tiles hold half of bf16's bytes at the default widths) gets nearer?
-# 3. The FP8 kernels' interpreter test on this host, with its reason (it failed there; it passes
-#    on the dev VM with Triton 3.6 and 3.9).
+# Planned first call of the fifty-fourth session (carry .whl: llguidance 1.9.1 and jsonschema
+# with its dependencies; see call1-full-suite.sh's header to rebuild it). Works on an H100 or an
+# H200 machine. Three refused starts had left ~1,400 s of device time, so one call takes what
+# the fifty-third's two planned calls asked first:
+# 1. The GPU tests the fifty-third session's H100 run did not reach (it stopped after 201 of
+#    230: test_mla_absorb, test_moe_triton, test_pdl, test_prefill, test_resident_*,
+#    test_router_logits, test_selfmerge) and test_grammar with llguidance 1.9.1 (1.6.1 failed).
+# 2. The FP8 decode MoE kernels' variants on the GPU (bench.gpu_experts --fp8-variants): which
+#    conversion and launch settings get nearer to bf16's 78-99% of the HBM copy rate.
+# 3. The CPU expert kernel over FP8 experts on the 16-core AMX host: the exact-products decode
+#    kernel (new, the default) against the bf16(q * s) one (fp8-rounded) and bf16 weights, at
+#    the 4096-byte prefetch distance (1.15-1.25x at 1 and 4 tokens on the 2-core dev VM).
+# 4. The AMX attention kernel's WS_PF_SPREAD=1 against the default (1.02-1.08x on the dev VM).
+# 5. The FP8 kernels' interpreter test on this host, with its reason (it failed there once).
 source bench/results/run-helper.sh
-call_begin 580
+call_begin 585
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee $R/gpu.txt
-gpu_tests 420
+run gpu-tests 170 env WRITESCOPE_PROFILE=$PWD/bench/profiles/h200.json python -m pytest -m gpu -v \
+  -p no:cacheprovider --tb=short -rf -o faulthandler_timeout=60 tests/test_mla_absorb.py \
+  tests/test_moe_triton.py tests/test_pdl.py tests/test_prefill.py tests/test_resident_merge.py \
+  tests/test_resident_write.py tests/test_router_logits.py tests/test_selfmerge.py tests/test_grammar.py
 grep -E "passed|failed|^FAILED" $R/gpu-tests.log | tail -6
 run moe-fp8 100 python -m writescope.bench.gpu_experts --models qwen3-30b-a3b,deepseek-v2-lite,mixtral-8x7b \
   --tokens 1,4 --weights bf16,fp8 --fp8-variants --no-torch --json $R/gpu_experts_fp8.json
-run fp8-interp 50 python -m pytest -q -p no:cacheprovider --tb=short -rf \
+run experts-fp8 100 python -m writescope.bench.cpu_experts --models qwen3-30b-a3b \
+  deepseek-v2-lite mixtral-8x7b --tokens 1 4 --backends cpp --weights fp8 fp8-rounded bf16 \
+  --isas avx512bf16 --min-seconds 0.2 --json $R/cpu_experts_fp8.json
+run ab-spread 70 python -m writescope.bench.cpu_ab --defines "WS_PF_SPREAD=1" \
+  --shapes gqa-32/4/128,mla-16/1/576 --sizes 1x256K,8x32K --reps 7 --prefetch-blocks 1 \
+  --json $R/ab_spread.json
+run fp8-interp 40 python -m pytest -q -p no:cacheprovider --tb=short -rf \
   tests/test_fp8_device_experts.py::test_fused_fp8_experts_under_the_interpreter
 grep -E "passed|failed|Error|error" $R/fp8-interp.log | head -8
 call_end
