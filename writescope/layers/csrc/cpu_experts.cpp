@@ -435,6 +435,61 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void k_fp8x_avx512
   for (int t = 0; t < MB; ++t) _mm512_storeu_ps(out + t * 16, _mm512_mul_ps(acc[t], _mm512_set1_ps(tf[t])));
 }
 
+// The exact products on CPUs without AVX-512 BF16 (AVX2 + FMA, and AVX-512F machines, which run
+// it too): the activations are fp32 there, so each code becomes fp32(q * s) -- the 32-bit trick
+// above (q * 2^-120) times s * 2^120, one rounding in fp32, not bf16's -- and one FMA a token.
+// Until the fifty-fourth session those CPUs converted the tiles with the generic code's table,
+// one value at a time: 3 GB/s of FP8 bytes on the dev VM's two cores, a quarter of the bf16
+// weights' rate. (An e4m3 subnormal code is an fp32 subnormal before the multiply: a microcode
+// assist on Intel, ~1e-4 of the codes of normal-looking weights.)
+template <int MB>
+__attribute__((target("avx2,fma"))) static void k_fp8f_avx2(const uint8_t* W, int Kp,
+                                                            const float* X, long ldx,
+                                                            const float* srow, int bk, int nb,
+                                                            float* out) {
+  const __m256i keep = _mm256_set1_epi32((int)0x87F00000u);
+  __m256 a0[MB], a1[MB];
+  for (int t = 0; t < MB; ++t) a0[t] = a1[t] = _mm256_setzero_ps();
+  for (int k0 = 0, b = 0; k0 < Kp / 2; k0 += bk / 2, ++b) {
+    const __m256 sv = _mm256_set1_ps(std::ldexp(srow[std::min(b, nb - 1)], 120));
+    const int k1 = std::min(Kp / 2, k0 + bk / 2);
+    for (int kp = k0; kp < k1; ++kp) {
+      const uint8_t* p = W + (long)kp * 32;
+      if (!(kp & 1)) _mm_prefetch((const char*)p + WS_PREFETCH_AHEAD, _MM_HINT_T0);
+      // rows 0-7 and 8-15: dword r = (even code, odd code) of row r, each sign-extended to 16 bits
+      const __m256i v0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)p));
+      const __m256i v1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(p + 16)));
+      const __m256 e0 = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(v0, 20), keep)), sv);
+      const __m256 o0 = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(v0, 4), keep)), sv);
+      const __m256 e1 = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(v1, 20), keep)), sv);
+      const __m256 o1 = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(v1, 4), keep)), sv);
+      for (int t = 0; t < MB; ++t) {
+        const __m256 xe = _mm256_broadcast_ss(X + t * ldx + 2 * kp);
+        const __m256 xo = _mm256_broadcast_ss(X + t * ldx + 2 * kp + 1);
+        a0[t] = _mm256_fmadd_ps(e0, xe, a0[t]);
+        a1[t] = _mm256_fmadd_ps(e1, xe, a1[t]);
+        a0[t] = _mm256_fmadd_ps(o0, xo, a0[t]);
+        a1[t] = _mm256_fmadd_ps(o1, xo, a1[t]);
+      }
+    }
+  }
+  for (int t = 0; t < MB; ++t) {
+    _mm256_storeu_ps(out + t * 16, a0[t]);
+    _mm256_storeu_ps(out + t * 16 + 8, a1[t]);
+  }
+}
+
+typedef void (*fp8f_kern_t)(const uint8_t*, int, const float*, long, const float*, int, int,
+                            float*);
+static const fp8f_kern_t T_FP8F[5] = {nullptr, k_fp8f_avx2<1>, k_fp8f_avx2<2>, k_fp8f_avx2<3>,
+                                      k_fp8f_avx2<4>};
+
+static void fp8f_tokens(int mt, const uint8_t* W, int Kp, const float* X, long ldx,
+                        const float* srow, int bk, int nb, float* out) {
+  for (int t0 = 0; t0 < mt; t0 += 4)
+    T_FP8F[std::min(4, mt - t0)](W, Kp, X + t0 * ldx, ldx, srow, bk, nb, out + t0 * 16);
+}
+
 typedef void (*fp8x_kern_t)(const uint8_t*, int, const bf16_t*, long, const float*, int, int,
                             const uint64_t*, const float*, float*);
 static const fp8x_kern_t T_FP8X[9] = {
@@ -671,6 +726,11 @@ extern "C" int ws_moe_forward(const void* gu, const void* down, int wdtype, int 
   const bool fp8_fused = false;
 #endif
   const bool fp8x = fp8_fused && gum && dnm;  // the exact-products kernel
+#ifdef WS_X86
+  const bool fp8f = fp8 && !fp8_fused && isa >= ISA_AVX2 && gum && dnm;  // its fp32 form
+#else
+  const bool fp8f = false;
+#endif
   const int gu_nw = (Hp / 2 + 63) / 64, dn_nw = (Ip / 2 + 63) / 64;  // mask words per tile
   if (nthreads < 1) nthreads = 1;
 
@@ -779,7 +839,7 @@ extern "C" int ws_moe_forward(const void* gu, const void* down, int wdtype, int 
         const char* X = xg + (long)r0 * Hp * esz;
         const int mp = ea ? (m + 15) / 16 * 16 : m;
         // FP8 tiles of one token block go through the fused kernel, others are converted
-        const bool fused = fp8 && fp8_fused && !ea && mp <= 16;
+        const bool fused = fp8 && (fp8_fused || fp8f) && !ea && mp <= 16;
         const float *sg = nullptr, *su = nullptr;
         if (fp8) {
           const int rb = std::min(tile * 16 / bo, gu_rb - 1);  // (padding rows: zeros)
@@ -795,7 +855,10 @@ extern "C" int ws_moe_forward(const void* gu, const void* down, int wdtype, int 
         for (int t0 = 0; t0 < mp; t0 += 16) {
           const int mt = std::min(16, mp - t0);
 #ifdef WS_X86
-          if (fused && fp8x) {
+          if (fused && fp8f) {
+            fp8f_tokens(mt, (const uint8_t*)wg, Hp, (const float*)X, Hp, sg, bi, gu_cb, G.data());
+            fp8f_tokens(mt, (const uint8_t*)wu, Hp, (const float*)X, Hp, su, bi, gu_cb, U.data());
+          } else if (fused && fp8x) {
             const uint64_t* mg = gum + ((long)(e * it + tile) * 2) * gu_nw;
             fp8x_tokens(mt, (const uint8_t*)wg, Hp, (const bf16_t*)X, Hp, sg, bi, gu_cb, mg,
                         xf1 + r0, G.data());
@@ -847,7 +910,7 @@ extern "C" int ws_moe_forward(const void* gu, const void* down, int wdtype, int 
           const char* wd = DN + (e * dn_expert + (long)c * dn_tile) * wsz;
           const char* X = hb + (long)r0 * Ip * esz;
           const int mp = ea ? (m + 15) / 16 * 16 : m;
-          const bool fused = fp8 && fp8_fused && !ea && mp <= 16;
+          const bool fused = fp8 && (fp8_fused || fp8f) && !ea && mp <= 16;
           const float* sd =
               fp8 ? dns + ((long)e * dn_rb + std::min(c * 16 / bo, dn_rb - 1)) * dn_cb : nullptr;
           if (fp8 && !fused) {
@@ -857,7 +920,9 @@ extern "C" int ws_moe_forward(const void* gu, const void* down, int wdtype, int 
           for (int t0 = 0; t0 < mp; t0 += 16) {
             const int mt = std::min(16, mp - t0);
 #ifdef WS_X86
-            if (fused && fp8x)
+            if (fused && fp8f)
+              fp8f_tokens(mt, (const uint8_t*)wd, Ip, (const float*)X, Ip, sd, bi, dn_cb, G.data());
+            else if (fused && fp8x)
               fp8x_tokens(mt, (const uint8_t*)wd, Ip, (const bf16_t*)X, Ip, sd, bi, dn_cb,
                           dnm + ((long)e * ht + c) * dn_nw, xf2 + r0, G.data());
             else if (fused)
