@@ -295,6 +295,38 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void fp8_tile_avx5
   }
 }
 
+// The same conversion with AVX2 (CPUs without AVX-512 BF16: the tiles of calls of more than 16
+// tokens an expert, and every call with WRITESCOPE_CPU_FP8_PRODUCTS=rounded): 8 codes at a time,
+// fp32(q * s) rounded to nearest even by integer ops (q * s is finite: the loader refuses NaN
+// codes and scales of 2^8 or more), 16 results packed to bf16 at once.
+// 8 codes -> 8 dwords holding bf16(q * s) in bits 0-15 (sv = s * 2^120)
+__attribute__((target("avx2,fma"), always_inline)) static inline __m256i fp8_cvt8_avx2(
+    const uint8_t* p, __m256 sv) {
+  const __m256i c = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p));
+  const __m256i u = _mm256_castps_si256(_mm256_mul_ps(
+      _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(c, 20), _mm256_set1_epi32((int)0x87F00000u))), sv));
+  const __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
+                                                         _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1))));
+  return _mm256_srli_epi32(r, 16);
+}
+
+__attribute__((target("avx2,fma"))) static void fp8_tile_avx2(const uint8_t* W, int Kp,
+                                                              const float* srow, int bk, int nb,
+                                                              bf16_t* dst) {
+  for (int k0 = 0, b = 0; k0 < Kp / 2; k0 += bk / 2, ++b) {
+    const __m256 sv = _mm256_set1_ps(std::ldexp(srow[std::min(b, nb - 1)], 120));
+    const int k1 = std::min(Kp / 2, k0 + bk / 2);
+    for (int kp = k0; kp < k1; ++kp) {
+      const uint8_t* p = W + kp * 32;
+      if (!(kp & 1)) _mm_prefetch((const char*)p + WS_PREFETCH_AHEAD, _MM_HINT_T0);
+      for (int h = 0; h < 2; ++h) {  // (packus interleaves 128-bit lanes: permute them back)
+        const __m256i v = _mm256_packus_epi32(fp8_cvt8_avx2(p + 16 * h, sv), fp8_cvt8_avx2(p + 16 * h + 8, sv));
+        _mm256_storeu_si256((__m256i*)(dst + kp * 32 + 16 * h), _mm256_permute4x64_epi64(v, 0xD8));
+      }
+    }
+  }
+}
+
 // The same conversion fused into the VDPBF16PS micro-kernel (k_avx512bf16_bf16) for up to 16
 // tokens: each line is converted once, in registers, and used by every token; the same
 // products and sums as the converted tile through the bf16 kernel, without its store and
@@ -518,6 +550,7 @@ static inline void fp8_tile(const uint8_t* W, int Kp, const float* srow, int bk,
                             bf16_t* dst, int isa) {
 #ifdef WS_X86
   if (isa >= ISA_AVX512BF16) return fp8_tile_avx512bf16(W, Kp, srow, bk, nb, dst);
+  if (isa >= ISA_AVX2) return fp8_tile_avx2(W, Kp, srow, bk, nb, dst);
 #endif
   (void)isa;
   fp8_tile_generic(W, Kp, srow, bk, nb, dst);
