@@ -120,6 +120,31 @@ static void k_generic_f32(const void* Wv, int Kp, const void* Xv, long ldx, floa
 // (bench/results/2026-12-05d-devvm-xeon/README.md)
 #define WS_PREFETCH_AHEAD 4096
 
+// One 64-byte line's 16 rows x one k-pair (e: the even input's weights of rows 0-7 / 8-15, o:
+// the odd's) times each token's pair kp of X (fp32): a0 / a1 accumulate rows 0-7 / 8-15.
+template <int MB>
+__attribute__((target("avx2,fma"), always_inline)) static inline void avx2_line_tokens(
+    __m256* a0, __m256* a1, __m256 e0, __m256 o0, __m256 e1, __m256 o1, const float* X, long ldx,
+    int kp) {
+  for (int t = 0; t < MB; ++t) {
+    const __m256 xe = _mm256_broadcast_ss(X + t * ldx + 2 * kp);
+    const __m256 xo = _mm256_broadcast_ss(X + t * ldx + 2 * kp + 1);
+    a0[t] = _mm256_fmadd_ps(e0, xe, a0[t]);
+    a1[t] = _mm256_fmadd_ps(e1, xe, a1[t]);
+    a0[t] = _mm256_fmadd_ps(o0, xo, a0[t]);
+    a1[t] = _mm256_fmadd_ps(o1, xo, a1[t]);
+  }
+}
+
+template <int MB>
+__attribute__((target("avx2,fma"), always_inline)) static inline void avx2_store(
+    const __m256* a0, const __m256* a1, float* out) {
+  for (int t = 0; t < MB; ++t) {
+    _mm256_storeu_ps(out + t * 16, a0[t]);
+    _mm256_storeu_ps(out + t * 16 + 8, a1[t]);
+  }
+}
+
 template <int MB>
 __attribute__((target("avx2,fma"))) static void k_avx2_bf16(const void* Wv, int Kp, const void* Xv,
                                                           long ldx, float* out) {
@@ -137,19 +162,9 @@ __attribute__((target("avx2,fma"))) static void k_avx2_bf16(const void* Wv, int 
     const __m256 o0 = _mm256_castsi256_ps(_mm256_and_si256(v0, hi));
     const __m256 e1 = _mm256_castsi256_ps(_mm256_slli_epi32(v1, 16));
     const __m256 o1 = _mm256_castsi256_ps(_mm256_and_si256(v1, hi));
-    for (int t = 0; t < MB; ++t) {
-      const __m256 xe = _mm256_broadcast_ss(X + t * ldx + 2 * kp);
-      const __m256 xo = _mm256_broadcast_ss(X + t * ldx + 2 * kp + 1);
-      a0[t] = _mm256_fmadd_ps(e0, xe, a0[t]);
-      a1[t] = _mm256_fmadd_ps(e1, xe, a1[t]);
-      a0[t] = _mm256_fmadd_ps(o0, xo, a0[t]);
-      a1[t] = _mm256_fmadd_ps(o1, xo, a1[t]);
-    }
+    avx2_line_tokens<MB>(a0, a1, e0, o0, e1, o1, X, ldx, kp);
   }
-  for (int t = 0; t < MB; ++t) {
-    _mm256_storeu_ps(out + t * 16, a0[t]);
-    _mm256_storeu_ps(out + t * 16 + 8, a1[t]);
-  }
+  avx2_store<MB>(a0, a1, out);
 }
 
 template <int MB>
@@ -495,20 +510,10 @@ __attribute__((target("avx2,fma"))) static void k_fp8f_avx2(const uint8_t* W, in
       const __m256 o0 = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(v0, 4), keep)), sv);
       const __m256 e1 = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(v1, 20), keep)), sv);
       const __m256 o1 = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(v1, 4), keep)), sv);
-      for (int t = 0; t < MB; ++t) {
-        const __m256 xe = _mm256_broadcast_ss(X + t * ldx + 2 * kp);
-        const __m256 xo = _mm256_broadcast_ss(X + t * ldx + 2 * kp + 1);
-        a0[t] = _mm256_fmadd_ps(e0, xe, a0[t]);
-        a1[t] = _mm256_fmadd_ps(e1, xe, a1[t]);
-        a0[t] = _mm256_fmadd_ps(o0, xo, a0[t]);
-        a1[t] = _mm256_fmadd_ps(o1, xo, a1[t]);
-      }
+      avx2_line_tokens<MB>(a0, a1, e0, o0, e1, o1, X, ldx, kp);
     }
   }
-  for (int t = 0; t < MB; ++t) {
-    _mm256_storeu_ps(out + t * 16, a0[t]);
-    _mm256_storeu_ps(out + t * 16 + 8, a1[t]);
-  }
+  avx2_store<MB>(a0, a1, out);
 }
 
 typedef void (*fp8f_kern_t)(const uint8_t*, int, const float*, long, const float*, int, int,
