@@ -869,10 +869,11 @@ class CpuExperts:
 
     @property
     def nbytes(self) -> int:
-        """Host bytes held by the weights (including tile padding and FP8 scales)."""
+        """Host bytes held by the weights (including tile padding, FP8 scales and line masks)."""
         n = (self.gate_up.numel() + self.down.numel()) * self.gate_up.element_size()
         if self.fp8 is not None:
             n += (self.gate_up_scale.numel() + self.down_scale.numel()) * 4
+            n += (self.gate_up_masks.numel() + self.down_masks.numel()) * 8
         return n
 
     @property
