@@ -316,3 +316,24 @@ def test_conversion_entry_point_refuses_bad_arguments():
                                    ctypes.addressof(dst), 0) == -2
     assert lib.ws_fp8_tile_to_bf16(ctypes.addressof(buf), 2, ctypes.addressof(sc), 0, 1,
                                    ctypes.addressof(dst), 0) == -2
+
+
+def test_bench_times_both_fp8_product_forms(tmp_path):
+    """``bench.cpu_experts --weights fp8 fp8-rounded``: the two forms on the same seeded experts,
+    each row checked against float32 over q * scale before it is timed; the exact products err
+    less (the rounded ones add each weight's bf16 rounding)."""
+    import json
+
+    from writescope.bench import cpu_experts as bench
+    isa = ISAS[-1]
+    out = tmp_path / "r.json"
+    assert bench.main(["--models", "deepseek-v2-lite", "--tokens", "1", "--backends", "cpp",
+                       "--weights", "fp8", "fp8-rounded", "--isas", isa, "--footprint-gb", "0.01",
+                       "--min-layers", "1", "--routings", "1", "--min-seconds", "0.01",
+                       "--dram-gib", "0.0625", "--json", str(out)]) == 0
+    rows = {r["weights"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"fp8", "fp8-rounded"}
+    assert rows["fp8"]["variant"].endswith("-fp8") and rows["fp8-rounded"]["variant"].endswith("-fp8r")
+    assert all(r["correct"] for r in rows.values())
+    if isa != "generic":  # (the generic code has only the converted tiles: the same numbers)
+        assert rows["fp8"]["rel_err_vs_fp32_torch"] < rows["fp8-rounded"]["rel_err_vs_fp32_torch"]
