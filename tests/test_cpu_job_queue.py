@@ -149,17 +149,21 @@ def test_queue_refuses_a_torch_path_plan():
         queue.close()
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_queued_expert_jobs_wait_compute_and_raise_their_flags(dtype):
+@pytest.mark.parametrize("dtype,fp8", [(torch.bfloat16, False), (torch.float32, False),
+                                       (torch.bfloat16, True)])
+def test_queued_expert_jobs_wait_compute_and_raise_their_flags(dtype, fp8):
     """CPU routed experts on the queue (``CpuJobQueue.submit_fn`` with the experts library's
     ``ws_moe_job``): each job waits for its ready word, writes the same result as the experts'
     own forward into the pinned-style buffer, then raises its done word; a failing job (an
-    expert id out of range) still raises its word and the drain reports it."""
+    expert id out of range) still raises its word and the drain reports it. FP8 experts too
+    (the job carries their scales and line masks)."""
     from writescope.layers.cpu_experts import CpuExperts, _get_lib
+    from writescope.models.quantization import Fp8Blocks
     if _get_lib() is None:
         pytest.skip("CPU expert kernel unavailable")
     gen = torch.Generator().manual_seed(3)
-    ex = CpuExperts.random(8, 64, 96, torch.bfloat16, seed=5)
+    ex = CpuExperts.random(8, 64, 96, torch.bfloat16, seed=5,
+                           fp8=Fp8Blocks((16, 16)) if fp8 else None)
     words = np.zeros(8, dtype=np.int64)
     base = words.ctypes.data
     queue = cpu.CpuJobQueue()
