@@ -1,8 +1,8 @@
 #!/bin/bash
 # Planned first call of the fifty-fourth session (carry .whl: llguidance 1.9.1 and jsonschema
 # with its dependencies; see call1-full-suite.sh's header to rebuild it). Works on an H100 or an
-# H200 machine. Three refused starts had left ~1,400 s of device time, so one call takes what
-# the fifty-third's two planned calls asked first:
+# H200 machine. Refused starts left ~900 s of device time (a start takes ~200 s), so one call of
+# 470 s takes what the fifty-third's two planned calls asked first:
 # 1. The GPU tests the fifty-third session's H100 run did not reach (it stopped after 201 of
 #    230: test_mla_absorb, test_moe_triton, test_pdl, test_prefill, test_resident_*,
 #    test_router_logits, test_selfmerge) and test_grammar with llguidance 1.9.1 (1.6.1 failed).
@@ -14,19 +14,19 @@
 # 4. The AMX attention kernel's WS_PF_SPREAD=1 against the default (1.02-1.08x on the dev VM).
 # 5. The FP8 kernels' interpreter test on this host, with its reason (it failed there once).
 source bench/results/run-helper.sh
-call_begin 585
+call_begin 470
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee $R/gpu.txt
-run gpu-tests 170 env WRITESCOPE_PROFILE=$PWD/bench/profiles/h200.json python -m pytest -m gpu -v \
+run gpu-tests 150 env WRITESCOPE_PROFILE=$PWD/bench/profiles/h200.json python -m pytest -m gpu -v \
   -p no:cacheprovider --tb=short -rf -o faulthandler_timeout=60 tests/test_mla_absorb.py \
   tests/test_moe_triton.py tests/test_pdl.py tests/test_prefill.py tests/test_resident_merge.py \
   tests/test_resident_write.py tests/test_router_logits.py tests/test_selfmerge.py tests/test_grammar.py
 grep -E "passed|failed|^FAILED" $R/gpu-tests.log | tail -6
-run moe-fp8 100 python -m writescope.bench.gpu_experts --models qwen3-30b-a3b,deepseek-v2-lite,mixtral-8x7b \
+run moe-fp8 90 python -m writescope.bench.gpu_experts --models qwen3-30b-a3b,deepseek-v2-lite,mixtral-8x7b \
   --tokens 1,4 --weights bf16,fp8 --fp8-variants --no-torch --json $R/gpu_experts_fp8.json
-run experts-fp8 100 python -m writescope.bench.cpu_experts --models qwen3-30b-a3b \
+run experts-fp8 90 python -m writescope.bench.cpu_experts --models qwen3-30b-a3b \
   deepseek-v2-lite mixtral-8x7b --tokens 1 4 --backends cpp --weights fp8 fp8-rounded bf16 \
   --isas avx512bf16 --min-seconds 0.2 --json $R/cpu_experts_fp8.json
-run ab-spread 70 python -m writescope.bench.cpu_ab --defines "WS_PF_SPREAD=1" \
+run ab-spread 60 python -m writescope.bench.cpu_ab --defines "WS_PF_SPREAD=1" \
   --shapes gqa-32/4/128,mla-16/1/576 --sizes 1x256K,8x32K --reps 7 --prefetch-blocks 1 \
   --json $R/ab_spread.json
 run fp8-interp 40 python -m pytest -q -p no:cacheprovider --tb=short -rf \
