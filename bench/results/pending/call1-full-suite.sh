@@ -1,7 +1,9 @@
 #!/bin/bash
-# Planned first call of the next session lent a device (rewritten in the fifty-third session;
-# carry .whl: llguidance 1.9.1 -- 1.6.1 failed the grammar test -- and jsonschema with its
-# dependencies; accelerate is in the image). Works on an H100 or an H200 machine.
+# The whole GPU suite with the FP8 variants (the fifty-third session's plan for its next call;
+# the fifty-fourth ran the tests it had not reached in call1.sh instead): the call to make before
+# an issue touching GPU code is resolved. Carry .whl: llguidance 1.9.1 -- 1.6.1 failed the
+# grammar test -- and jsonschema with its dependencies; accelerate is in the image. Works on an
+# H100 or an H200 machine.
 # .whl is not in git (.git/info/exclude); on a fresh dev machine rebuild it first:
 #   P="--no-deps --only-binary=:all: --python-version 3.12 --implementation cp"
 #   python3 -m pip download $P --platform manylinux_2_31_x86_64 -d .whl llguidance==1.9.1
