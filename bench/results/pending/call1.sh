@@ -19,9 +19,9 @@
 source bench/results/run-helper.sh
 call_begin ${CALL_S:-470}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee $R/gpu.txt
-run experts-fp8 90 python -m writescope.bench.cpu_experts --models qwen3-30b-a3b \
+run experts-fp8 100 python -m writescope.bench.cpu_experts --models qwen3-30b-a3b \
   deepseek-v2-lite mixtral-8x7b --tokens 1 4 --backends cpp --weights fp8 fp8-rounded bf16 \
-  --isas avx512bf16 --min-seconds 0.2 --json $R/cpu_experts_fp8.json
+  --isas avx512bf16 --footprint-gb 2 --min-seconds 0.15 --json $R/cpu_experts_fp8.json
 run moe-fp8 90 python -m writescope.bench.gpu_experts --models qwen3-30b-a3b,deepseek-v2-lite,mixtral-8x7b \
   --tokens 1,4 --weights bf16,fp8 --fp8-variants --no-torch --json $R/gpu_experts_fp8.json
 run ab-spread 55 python -m writescope.bench.cpu_ab --defines "WS_PF_SPREAD=1" \
