@@ -1,6 +1,6 @@
 #!/bin/bash
 # Planned second call of a session lent a device (rewritten in the fifty-fourth session, whose
-# five starts were all refused; carry .whl as in call1.sh). Against the machine's own profile
+# eleven starts were all refused; carry .whl as in call1.sh). Against the machine's own profile
 # (calibrated here: the CPU expert kernel's FP8 rates are the exact products' since then):
 # 1. Qwen3-30B-A3B under 32 GiB, 1 x 1K and 4 x 8K: bf16 experts on the CPU (issue 6's rows)
 #    against an -FP8 release's experts (experts="auto" with its quantization_config: FP8 on
