@@ -152,7 +152,11 @@ def test_bf16_cpu_experts_exact_products_follow_the_dequantized_checkpoint(all_f
     (x,), (y,) = a.generate([ids], GREEDY), b.generate([ids], GREEDY)
     assert x.token_ids[:4] == y.token_ids[:4]
     diff = max(abs(p - q) for p, q in zip(x.logprobs[:4], y.logprobs[:4]))
-    assert 0 < diff < 5e-2
+    from writescope.layers import cpu_experts as ce
+    if min(ce._detected(), ce._isa_cap()) >= ce.ISA_NAMES.index("avx2"):  # (the kernel's ISA)
+        assert 0 < diff < 5e-2
+    else:  # (the generic code has only the converted tiles: the rounded products)
+        assert diff == 0
 
 
 def test_fp8_products_setting_is_checked(monkeypatch):
