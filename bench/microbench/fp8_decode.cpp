@@ -12,7 +12,7 @@
 // One 16-row tile of K = 2048 (Qwen3's hidden size) at a time, 1 to 8 tokens; in L2 (8 tiles,
 // 256 KB, again and again) and from DRAM (1 GiB, each thread its own part). Prints GB/s of
 // FP8 bytes. Build: g++ -O2 -march=native -std=c++17 -pthread fp8_decode.cpp -o fp8_decode
-// On the AMX dev VM (2-core Xeon, 2026-12-05), one token: old 13.5, new (4 chains) 24.3-25.5
+// On the AMX dev VM (2-core Xeon, 2026-12-05), one token: old 13.5-13.6, new (4 chains) 23.1-25.9
 // GB/s a core in L2; from DRAM one core 9.0 -> 10.5-10.9, two cores 17.6-17.9 -> 22.3-22.5.
 // Four tokens: 6.2-6.5 -> 7.0-8.1 in L2 (the per-token VDPBF16PS and broadcast dominate).
 #include <immintrin.h>

@@ -744,8 +744,8 @@ class CpuExperts:
             if fp8 is not None:
                 self.gate_up_scale[e].copy_(self.gate_up_scale[e % n])
                 self.down_scale[e].copy_(self.down_scale[e % n])
-        if fp8 is not None:
-            self._mark_subnormal_lines(0, num_experts)
+        if fp8 is not None:  # (_set_expert marked the generator's n experts already)
+            self._mark_subnormal_lines(0 if generator is None else n, num_experts)
         return self
 
     @staticmethod
