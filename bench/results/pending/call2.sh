@@ -9,7 +9,7 @@
 #    thirty-ninth session).
 # (The CPU expert kernel over FP8 experts and WS_PF_SPREAD moved to call1.sh.)
 source bench/results/run-helper.sh
-call_begin 580
+call_begin ${CALL_S:-580}
 calibrate_profile 50
 Q='quantization_config={"quant_method":"fp8","fmt":"e4m3","activation_scheme":"dynamic","weight_block_size":[128,128]}'
 for W in fp8 fp8cpu bf16; do
