@@ -143,6 +143,69 @@ def test_experts_on_cpu_closed_form():
     assert pred.step_s == pytest.approx(2 * per_layer, rel=1e-6)
 
 
+def test_experts_split_between_cpu_and_gpu_layer_by_layer():
+    """experts="auto" can put some MoE layers' experts on the CPU and keep the others on the GPU:
+    each layer is timed where its own experts run, and the step, the bound and the GPU's weight
+    bytes lie between the all-GPU and all-CPU placements."""
+    cfg = tiny_cfg(layers=4, dense_first=True)  # layer 0 dense, 1-3 MoE
+    prof = simple_profile(rc=5 * GB, rp=10 * GB, rt=5e-5)
+    prof.cpu_expert = {"h64-i32": 2 * GB}
+    prof.hbm_Bps = 1000 * GB  # the GPU's expert reads cost something, ten times less
+    load = rl.StepLoad(2, 1000, 0, 0)
+    flags = [False, True, False, True]  # two of three MoE layers' experts on the CPU
+    assert rl.cpu_expert_layers(cfg, flags) == frozenset({1, 3})
+    assert rl.cpu_expert_layers(cfg, True) == frozenset({1, 2, 3})
+    assert rl.cpu_expert_layers(cfg, [True] * 4) == frozenset({1, 2, 3})  # the dense layer has none
+    assert rl.cpu_expert_layers(cfg, False) == frozenset()
+    with pytest.raises(ValueError, match="3 flags, the model has 4 layers"):
+        rl.cpu_expert_layers(cfg, [True] * 3)
+    gpu, cpu = (rl.predict_step(prof, cfg, load, x) for x in (False, True))
+    mixed = rl.predict_step(prof, cfg, load, flags)
+    per_cpu = cpu.layers[1].expert_s
+    per_gpu = gpu.layers[1].expert_s
+    assert per_cpu > per_gpu > 0
+    assert [lt.expert_s for lt in mixed.layers] == pytest.approx([0.0, per_cpu, per_gpu, per_cpu])
+    assert mixed.cpu_expert_s == pytest.approx(2 * per_cpu)
+    assert cpu.cpu_expert_s == pytest.approx(cpu.expert_s) and gpu.cpu_expert_s == 0.0
+    assert gpu.step_s < mixed.step_s < cpu.step_s
+    # the same placement given as a set of layers or as flags; all flags = True
+    assert rl.predict_step(prof, cfg, load, frozenset({1, 3})).step_s == mixed.step_s
+    assert rl.predict_step(prof, cfg, load, [i > 0 for i in range(4)]).step_s == cpu.step_s
+    # the GPU holds the routed experts of its own layers only
+    all_gpu, none = rl.gpu_weight_bytes(cfg, False), rl.gpu_weight_bytes(cfg, True)
+    assert rl.gpu_weight_bytes(cfg, flags) == pytest.approx(none + (all_gpu - none) / 3, abs=1)
+    # the bound charges each layer's experts where they run
+    b_gpu, b_cpu, b_mix = (rl.roofline_bound_s(prof, cfg, [500, 500], 1e9, x)
+                           for x in (False, True, flags))
+    assert b_gpu < b_mix < b_cpu
+    # and a measured CPU expert figure scales the CPU layers' bytes only
+    act = rl.active_experts(4, 2, 2) * 3 * 64 * 32 * 2
+    assert rl.roofline_bound_s(prof, cfg, [500, 500], 1e9, flags, cpu_expert_bytes=2 * act) \
+        == pytest.approx(b_mix)
+    assert rl.roofline_bound_s(prof, cfg, [500, 500], 1e9, flags, cpu_expert_bytes=act) < b_mix
+
+
+def test_split_placement_feeds_back_the_cpu_layers_expert_time():
+    """With only some layers' experts on the CPU, the measured CPU expert seconds are compared
+    with the predicted seconds of those layers, not with every layer's expert time."""
+    cfg = tiny_cfg(layers=4, dense_first=True)
+    prof = simple_profile(rc=5 * GB, rp=10 * GB, rt=5e-5)
+    prof.cpu_expert = {"h64-i32": 2 * GB}
+    prof.hbm_Bps = 100 * GB
+    flags = (False, True, False, True)
+    pol = make_policy("writescope", profile=prof, model_config=cfg, experts_on_cpu=flags,
+                      block_size=16)
+    assert pol.experts_on_cpu == frozenset({1, 3})
+    load = rl.StepLoad(1, 64, 0, 0)
+    predicted = rl.predict_step(prof, cfg, load, flags).cpu_expert_s
+    pol._feedback({"cpu_expert_s": 2 * predicted, "step_s": 1e-3}, [64])
+    assert pol.feedback.corrections_at(64.0).expert > 1.0
+    pol2 = make_policy("writescope", profile=prof, model_config=cfg, experts_on_cpu=flags,
+                       block_size=16)
+    pol2._feedback({"cpu_expert_s": predicted, "step_s": 1e-3}, [64])
+    assert pol2.feedback.corrections_at(64.0).expert == pytest.approx(1.0, rel=1e-6)
+
+
 def test_t_blocks_read_by_cpu_at_t_rate():
     cfg = tiny_cfg(layers=1)
     prof = simple_profile(rc=8 * GB, rp=10 * GB, rt=0.0, rc_t=4 * GB)

@@ -8,6 +8,7 @@ from writescope import cli
 from writescope.models.config import ModelConfig
 from writescope.planner import calibrate as cal
 from writescope.planner import profile as prof_mod
+from writescope.planner import roofline as rl
 from writescope.planner.profile import HardwareProfile, load_or_calibrate
 
 from test_planner import h200_like, tiny_cfg
@@ -82,6 +83,19 @@ def test_plan_auto_experts(profile_file, tmp_path):
     assert json.loads(out.read_text())["meta"]["experts"] == "gpu"
     assert cli.main(["plan", "--model", "mixtral-8x7b", "--profile", str(profile_file),
                      "--vram-budget", "32GiB", "--json", str(out), "--context-lengths", "4k"]) == 0
+    # the engine's choice for the budget: as many MoE layers' experts on the GPU as fit
+    import torch
+    from writescope.layers.expert_placement import choose_expert_layers
+    cfg = ModelConfig.from_hf("mixtral-8x7b")
+    flags = choose_expert_layers(cfg, "auto", 32 * 2**30, cfg.kv_bytes_per_token(torch.bfloat16)
+                                 * 4096, torch.bfloat16)
+    n_cpu = sum(flags)
+    assert 0 < n_cpu < cfg.num_layers
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["experts"] == f"cpu in {n_cpu} of {cfg.num_layers} MoE layers"
+    assert doc["meta"]["gpu_weight_bytes"] == rl.gpu_weight_bytes(cfg, flags)
+    assert cli.main(["plan", "--model", "mixtral-8x7b", "--profile", str(profile_file),
+                     "--vram-budget", "6GiB", "--json", str(out), "--context-lengths", "4k"]) == 0
     assert json.loads(out.read_text())["meta"]["experts"] == "cpu"
 
 
@@ -266,7 +280,7 @@ def test_load_or_calibrate_caches_and_extends(tmp_path, tiny_sizes, monkeypatch)
 def test_plan_with_an_fp8_config_override(profile_file, tmp_path):
     """``--config-override`` as in ``writescope bench``: an -FP8 release's experts take one byte
     a weight, so under 32 GiB Qwen3-30B-A3B's experts fit on the GPU with ``--experts auto``,
-    where its bf16 ones go to the CPU; a misspelt key is an error."""
+    where half of its bf16 ones go to the CPU; a misspelt key is an error."""
     q = 'quantization_config={"quant_method":"fp8","weight_block_size":[128,128]}'
     docs = []
     for extra in ([], ["--config-override", q]):
@@ -276,7 +290,9 @@ def test_plan_with_an_fp8_config_override(profile_file, tmp_path):
                          "--json", str(out), *extra]) == 0
         docs.append(json.loads(out.read_text()))
     bf, fp = docs
-    assert bf["meta"]["experts"] == "cpu" and fp["meta"]["experts"] == "gpu"
+    # (bf16: half the MoE layers' experts fit beside the rest of the weights, as the engine
+    # places them)
+    assert bf["meta"]["experts"] == "cpu in 24 of 48 MoE layers" and fp["meta"]["experts"] == "gpu"
     assert fp["meta"]["gpu_weight_bytes"] < 32 * 2 ** 30
     assert fp["writescope"][0]["predicted_step_s"] < 0.2 * bf["writescope"][0]["predicted_step_s"]
     assert cli.main(["plan", "--model", "qwen3-30b-a3b", "--profile", str(profile_file),

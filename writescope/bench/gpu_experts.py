@@ -116,7 +116,8 @@ def case(name: str, n: int, layers: int, reps: int, dev, configs: list[dict], to
 
     res = {"model": name, "weights": weights, "tokens": n, "experts_per_token": k, "hidden": H,
            "inter": I, "distinct_experts": distinct, "layer_bytes": layer_bytes,
-           "default_rows": {"gate_up": moe_triton.gate_up_rows(n * k, I),
+           "default_rows": {"gate_up": (moe_triton.FP8_GATE_UP_ROWS if weights == "fp8"
+                                        else moe_triton.gate_up_rows(n * k, I)),
                             "down": moe_triton.down_rows(n, H, 1 << (k - 1).bit_length())}}
     want = run_experts(x.float(), routes[0][0], routes[0][1].float(),
                        lambda e: tuple(t.float() for t in expert(e)))

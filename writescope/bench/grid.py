@@ -389,7 +389,7 @@ def static_share_from_profile(profile, cfg, engine, ref_length: int, batch: int 
     total = float(ref_length) * batch
     resident = min(total, float(g_tokens))
     plan = rl.target_share(profile, cfg, batch, resident, total - resident,
-                           any(engine.cpu_expert_layers))
+                           tuple(engine.cpu_expert_layers))
     return (float(plan.cpu_share),
             f"roofline target share at {ref_length} tokens, batch {batch}")
 
@@ -409,7 +409,7 @@ def model_terms(profile, cfg, engine, policy: str, batch: int, ctx: int, decode_
     from ..planner import roofline as rl
     lengths = [ctx + decode_steps // 2] * batch
     g_tokens = float(engine.cache.layout.num_blocks[_region("G")] * engine.cache.bs)
-    on_cpu = any(engine.cpu_expert_layers)
+    on_cpu = tuple(engine.cpu_expert_layers)  # per layer: experts="auto" may split them
     spilled = sum(lengths) - sum(rl.resident_tokens(lengths, g_tokens))
     expert_params = rl.layer_param_counts(cfg, min(cfg.moe_layers))["expert"] \
         if cfg.moe_layers else 0
@@ -427,11 +427,6 @@ def model_terms(profile, cfg, engine, policy: str, batch: int, ctx: int, decode_
         out["model_step_s"], out["model_cpu_share"] = sp.prediction.step_s, sp.cpu_share
     except ValueError:
         out["model_step_s"] = None
-    if cpu_expert_bytes is not None and on_cpu:
-        # the bound puts every MoE layer's experts on the CPU: a measured figure of only some
-        # layers (experts="auto" splits them) stands for all at its per-layer rate
-        n_cpu = sum(bool(engine.cpu_expert_layers[i]) for i in cfg.moe_layers)
-        cpu_expert_bytes = cpu_expert_bytes * len(cfg.moe_layers) / max(1, n_cpu)
     out["roofline_bound_s"] = rl.roofline_bound_s(profile, cfg, lengths, g_tokens, on_cpu,
                                                   cpu_expert_bytes)
     return out

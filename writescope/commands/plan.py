@@ -65,12 +65,13 @@ def _static_share(text: str) -> float | str:
     return x
 
 
-def make_plan(cfg, profile, batch: int, lengths: list[int], experts_on_cpu: bool,
+def make_plan(cfg, profile, batch: int, lengths: list[int], experts_on_cpu,
               vram_budget: int | None, static_share: float | str | None = None) -> dict:
     """The plan as the JSON document ``writescope plan --json`` writes. ``static_share``
     ``"longest"``: writescope's target share for ``batch`` sequences of the longest length, the
     share ``writescope bench`` fixes for its ``static`` rows (``static_share_from`` in the
-    document says which)."""
+    document says which). ``experts_on_cpu``: every MoE layer's routed experts on the CPU, none,
+    or a flag per layer (``--experts auto``: the engine's choice for the budget)."""
     from ..planner import roofline as rl
     if batch < 1:
         raise ValueError(f"--batch must be >= 1, got {batch}")
@@ -107,7 +108,7 @@ def make_plan(cfg, profile, batch: int, lengths: list[int], experts_on_cpu: bool
     kvb = rl.kv_bytes_per_token_layer(cfg) * cfg.num_layers
     doc["meta"] = {
         "model": cfg.raw.get("_name_or_path") or cfg.model_type, "model_type": cfg.model_type,
-        "batch": batch, "experts": "cpu" if experts_on_cpu else "gpu", "vram_budget": vram_budget,
+        "batch": batch, "experts": _experts_where(cfg, experts_on_cpu), "vram_budget": vram_budget,
         "gpu_weight_bytes": rl.gpu_weight_bytes(cfg, experts_on_cpu),
         "g_region_tokens": None if g_tokens == float("inf") else int(g_tokens),
         "kv_bytes_per_token": kvb, "static_share": static_share, "static_share_from": static_from,
@@ -115,6 +116,15 @@ def make_plan(cfg, profile, batch: int, lengths: list[int], experts_on_cpu: bool
         "cpu_attn_family": rl.attn_family(cfg),
     }
     return doc
+
+
+def _experts_where(cfg, experts_on_cpu) -> str:
+    """``cpu``, ``gpu``, or ``cpu in N of M MoE layers`` (``experts="auto"``'s split)."""
+    from ..planner import roofline as rl
+    n_cpu, n_moe = len(rl.cpu_expert_layers(cfg, experts_on_cpu)), len(cfg.moe_layers)
+    if n_cpu == 0:
+        return "gpu"
+    return "cpu" if n_cpu == n_moe else f"cpu in {n_cpu} of {n_moe} MoE layers"
 
 
 def format_table(doc: dict) -> str:
@@ -204,10 +214,15 @@ def run(args: argparse.Namespace) -> int:
     budget = parse_bytes(args.vram_budget) if args.vram_budget not in (None, "", "none") else None
     all_gpu = rl.gpu_weight_bytes(cfg, experts_on_cpu=False)
     if args.experts == "auto":
-        experts_on_cpu = budget is not None and all_gpu + 2 * 2 ** 30 > budget
+        # the engine's choice (layers/expert_placement.py): the KV of one sequence of the
+        # longest length first, then as many MoE layers' experts on the GPU as fit
+        import torch
+        from ..layers.expert_placement import choose_expert_layers
+        kv_need = int(cfg.kv_bytes_per_token(torch.bfloat16) * max(lengths, default=0))
+        experts_on_cpu = tuple(choose_expert_layers(cfg, "auto", budget, kv_need, torch.bfloat16))
     else:
         experts_on_cpu = args.experts == "cpu"
-    if not experts_on_cpu and budget is not None and all_gpu > budget:
+    if not rl.cpu_expert_layers(cfg, experts_on_cpu) and budget is not None and all_gpu > budget:
         raise ValueError(f"the model's weights ({format_bytes(all_gpu)}) do not fit the VRAM budget "
                          f"({format_bytes(budget)}); use --experts cpu")
     doc = make_plan(cfg, profile, args.batch, lengths, experts_on_cpu, budget, args.static_share)

@@ -367,7 +367,8 @@ class LLMEngine:
                 torch.cuda.empty_cache()
         a = self._kv_args
         policy = make_policy(kv_policy, cpu_share=cpu_share, profile=self.profile,
-                             model_config=self.config, experts_on_cpu=any(self.cpu_expert_layers),
+                             model_config=self.config,
+                             experts_on_cpu=tuple(self.cpu_expert_layers),
                              block_size=a["layout"].block_size)
         self.kv_policy = kv_policy
         self.cache = InplaceKVCache(a["spec"], a["layout"], policy, self.device,

@@ -59,7 +59,7 @@ def wanted_c_blocks(n_spilled: int, target: float) -> int:
 class MigratePolicy(PlacementPolicy):
     name = "migrate"
 
-    def __init__(self, profile: Any = None, model_config: Any = None, experts_on_cpu: bool = False,
+    def __init__(self, profile: Any = None, model_config: Any = None, experts_on_cpu: Any = False,
                  cpu_share: float = 0.5, block_size: int | None = None, min_move_blocks: int = 1,
                  **_ignored: Any):
         if not 0.0 <= float(cpu_share) <= 1.0:
@@ -68,7 +68,10 @@ class MigratePolicy(PlacementPolicy):
             raise ValueError(f"min_move_blocks must be >= 1, got {min_move_blocks}")
         self.fixed_share = float(cpu_share)
         self.cfg = model_config
-        self.experts_on_cpu = bool(experts_on_cpu)
+        # all MoE layers' routed experts on the CPU (True), none, or a flag per layer
+        self.experts_on_cpu = (bool(experts_on_cpu) if isinstance(experts_on_cpu, (bool, int))
+                               else experts_on_cpu if isinstance(experts_on_cpu, frozenset)
+                               else tuple(bool(f) for f in experts_on_cpu))
         self.block_size = int(block_size) if block_size else None
         self.min_move_blocks = int(min_move_blocks)
         self.profile = None

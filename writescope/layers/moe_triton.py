@@ -240,6 +240,14 @@ TILE_BYTES = 16384
 #: 16 KB tiles over 4 warps instead of 8: a layer's experts in 44.5 / 95.4 us against 46.1 /
 #: 99.1 at Qwen3's 2 and DeepSeek's 4 tokens, the same sweep)
 GATE_UP_ROWS = 8
+#: FP8 experts' gate/up rows a program: their tiles hold half the bytes of bf16's at the same
+#: width, and more rows a program put more of them in flight. On the H200
+#: (bench/results/2026-12-05f-h200/call1, ``bench.gpu_experts --fp8-variants``, CUDA-graph
+#: replays) 32 rows over 8 warps read a layer's FP8 experts in 63.2 / 94.4 / 527.6 us at
+#: Qwen3-30B-A3B's / DeepSeek-V2-Lite's / Mixtral-8x7B's 4 tokens against 76.1 / 112.5 / 632.2
+#: with bf16's 8 rows, 203.5 against 222.8 at Mixtral's one token, and within 1% at Qwen3's and
+#: DeepSeek's one token (30.3 / 38.8 against 30.1 / 38.4)
+FP8_GATE_UP_ROWS = 32
 GATE_UP_WARPS = 8
 DOWN_WARPS = 4
 
@@ -352,7 +360,8 @@ def fused_experts(x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, gate_up: 
     pdl = pdl_args(h)
     # the tiles' widths by the values they hold once loaded (registers), FP8 ones as bf16
     isz = 2 if fp8 is not None else gate_up.element_size()
-    bi = c.get("gate_up_rows") or gate_up_rows(slots, inter)
+    bi = c.get("gate_up_rows") or (FP8_GATE_UP_ROWS if fp8 is not None
+                                   else gate_up_rows(slots, inter))
     bh = c.get("gate_up_block_h") or _pow2(hid, GATE_UP_BLOCK_H)
     if fp8 is None:
         mode, sbo, sbi, gs, ds = 0, 1, 1, gate_up, down  # (the scale pointers are not read)

@@ -181,7 +181,8 @@ class WriteScopePolicy(PlacementPolicy):
     name = "writescope"
 
     def __init__(self, profile: HardwareProfile | str | os.PathLike | None = None,
-                 model_config=None, experts_on_cpu: bool = False, batch_hint: int | None = None,
+                 model_config=None, experts_on_cpu: "rl.ExpertsOnCpu" = False,
+                 batch_hint: int | None = None,
                  feedback_alpha: float = 0.3, block_size: int | None = None,
                  verify_steps: int = 2, pipelined: bool = False, **_ignored: Any):
         if model_config is None:
@@ -191,7 +192,9 @@ class WriteScopePolicy(PlacementPolicy):
                                         model_config=model_config)
         self.profile = profile
         self.cfg = model_config
-        self.experts_on_cpu = bool(experts_on_cpu)
+        #: the MoE layers whose routed experts run on the CPU (empty: none; the engine passes
+        #: its per-layer placement, ``experts="auto"`` may put only some layers' there)
+        self.experts_on_cpu = rl.cpu_expert_layers(model_config, experts_on_cpu)
         self.placement_cpu_margin = placement_cpu_margin()
         #: decode steps with CPU attention run as two interleaved sub-batches (set by the
         #: engine from its runner): the model overlaps CPU attention with the GPU's dense work
@@ -478,7 +481,7 @@ class WriteScopePolicy(PlacementPolicy):
             r = uncorrected()
             self.feedback.update(
                 paths, {"cpu": r.cpu_attn_s, "gpu": r.gpu_attn_s, "pcie": r.pcie_s,
-                        "expert": r.expert_s if self.experts_on_cpu else 0.0},
+                        "expert": r.cpu_expert_s},
                 cpu_split=(fixed, r.cpu_attn_s - fixed) if fixed else None, scale=scale)
             corrected = None  # the rates moved
         # (a step that measured no path -- all its KV on the GPU, in a CUDA graph -- keeps

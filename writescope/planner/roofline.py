@@ -45,6 +45,12 @@ sequences the round trip outweighs what the CPU could take off the PCIe link and
 for long ones the optimum balances ``x*S/B_cpu`` against ``(1-x)*S/B_pcie`` and tends to the
 bandwidth ratio ``B_cpu / (B_cpu + B_pcie)``.
 
+Where the routed experts run (``experts_on_cpu`` below) is ``True`` (every MoE layer's on the
+CPU), ``False`` (all on the GPU) or one flag per layer (``experts="auto"`` puts some layers'
+experts on the CPU and keeps the others on the GPU: :func:`cpu_expert_layers`); each MoE layer
+is then timed where its own experts run, and the step as a whole is the engine's step with CPU
+experts (eager launches, the CPU's plain round trip, no pipelined sub-batches).
+
 Online feedback (:mod:`writescope.planner.feedback`) multiplies the CPU attention, PCIe, GPU
 attention and CPU expert terms by :class:`Corrections` (measured over predicted, smoothed); the
 CPU attention's per-layer round trip and its per-byte term may get separate factors.
@@ -57,13 +63,32 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Sequence, Union
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..models.config import ModelConfig
     from .profile import HardwareProfile
 
 WEIGHT_BYTES = 2  # bf16 weights
+
+#: where the routed experts run: every MoE layer's on the CPU (True), none (False), or a flag
+#: per layer (the engine's ``cpu_expert_layers``; a frozenset of layer indices is taken too)
+ExpertsOnCpu = Union[bool, Sequence[bool], frozenset]
+
+
+def cpu_expert_layers(cfg: "ModelConfig", experts_on_cpu: ExpertsOnCpu) -> frozenset:
+    """The MoE layers whose routed experts run on the CPU, from a bool (all or none), one flag
+    per layer, or a frozenset of layer indices (returned as it is)."""
+    if isinstance(experts_on_cpu, frozenset):
+        return experts_on_cpu
+    moe = _facts(cfg)["moe_layers"]
+    if isinstance(experts_on_cpu, (bool, int)):
+        return moe if experts_on_cpu else frozenset()
+    flags = tuple(experts_on_cpu)
+    if len(flags) != cfg.num_layers:
+        raise ValueError(f"experts_on_cpu has {len(flags)} flags, the model has "
+                         f"{cfg.num_layers} layers")
+    return frozenset(i for i, f in enumerate(flags) if f and i in moe)
 
 
 def expert_weight_bytes(cfg: "ModelConfig", experts_on_cpu: bool = False) -> float:
@@ -152,6 +177,9 @@ class StepPrediction:
     dense_s: float
     cpu_share: float
     layers: tuple[LayerTime, ...] = field(repr=False, default=())
+    #: the routed experts' seconds of the layers whose experts run on the CPU (``expert_s``
+    #: less the GPU layers' HBM reads), like the engine's measured ``cpu_expert_s``
+    cpu_expert_s: float = 0.0
 
 
 # ----------------------------------------------------------------------------- model facts
@@ -216,10 +244,13 @@ def _facts(cfg: "ModelConfig") -> dict:
     return facts
 
 
-def gpu_weight_bytes(cfg: "ModelConfig", experts_on_cpu: bool) -> int:
-    """Weight bytes resident on the GPU (everything, less the routed experts when on the CPU)."""
+def gpu_weight_bytes(cfg: "ModelConfig", experts_on_cpu: ExpertsOnCpu) -> int:
+    """Weight bytes resident on the GPU (everything, less the routed experts of the layers
+    whose experts are on the CPU)."""
     pc = cfg.param_counts()
-    experts = 0 if experts_on_cpu else pc["routed_experts"] * expert_weight_bytes(cfg)
+    n_moe = len(_facts(cfg)["moe_layers"])
+    on_gpu = n_moe - len(cpu_expert_layers(cfg, experts_on_cpu))
+    experts = pc["routed_experts"] * expert_weight_bytes(cfg) * on_gpu / n_moe if n_moe else 0
     return int(WEIGHT_BYTES * pc["other"] + experts)
 
 
@@ -260,7 +291,11 @@ def _beside_the_link(nbytes: float, rate: float, cap: float, link_s: float) -> f
 
 def graphed(profile: "HardwareProfile", load: StepLoad, experts_on_cpu: bool) -> bool:
     """Whether the engine runs a step of this load as CUDA graphs: on a GPU, every KV token in
-    HBM (resident), the routed experts on the GPU."""
+    HBM (resident), every layer's routed experts on the GPU (``experts_on_cpu``: whether any
+    layer's are on the CPU)."""
+    if not isinstance(experts_on_cpu, bool):  # a set of layers, or a flag per layer
+        experts_on_cpu = (bool(experts_on_cpu) if isinstance(experts_on_cpu, frozenset)
+                          else any(bool(f) for f in experts_on_cpu))
     return (profile.has_gpu and not experts_on_cpu and load.streamed_tokens <= 0
             and load.cpu_tokens <= 0)
 
@@ -274,7 +309,7 @@ def launch_cost_s(profile: "HardwareProfile", load: StepLoad, experts_on_cpu: bo
 
 
 def layer_time(profile: "HardwareProfile", cfg: "ModelConfig", layer: int, load: StepLoad,
-               experts_on_cpu: bool, corr: Corrections = Corrections(),
+               experts_on_cpu: ExpertsOnCpu, corr: Corrections = Corrections(),
                regime: tuple[bool, bool] | None = None, pipelined: bool = False) -> LayerTime:
     """One layer's times. ``regime`` = (cpu attends, pcie streams) overrides the contention
     regime (the optimiser uses it for the open interval between the ends). ``pipelined``: the
@@ -282,7 +317,12 @@ def layer_time(profile: "HardwareProfile", cfg: "ModelConfig", layer: int, load:
     two sequences and the experts on the GPU); the CPU's attention then overlaps the GPU's
     dense work instead of following it: ``compute = max(PIPE_GPU_FACTOR x (dense + experts) +
     gpu_attn, cpu_attn)``. The round trip stays one per layer: two calls, but each one's latency
-    (query copy, flag, result) hides behind the other sub-batch's GPU work."""
+    (query copy, flag, result) hides behind the other sub-batch's GPU work. ``experts_on_cpu``
+    (see :func:`cpu_expert_layers`): this layer's experts run on the CPU when it is among those
+    layers; the step's launches, round trip and pipelining follow whether any layer's do."""
+    cpu_layers = cpu_expert_layers(cfg, experts_on_cpu)
+    any_cpu = bool(cpu_layers)
+    experts_on_cpu = layer in cpu_layers  # this layer's
     kvb = kv_bytes_per_token_layer(cfg)
     fam = attn_family(cfg)
     p = layer_param_counts(cfg, layer)
@@ -296,7 +336,7 @@ def layer_time(profile: "HardwareProfile", cfg: "ModelConfig", layer: int, load:
 
     # GPU: dense weights from HBM + a fixed number of launches; attention over resident + staged
     dense_s = ((p["attn"] + p["mlp"]) * WEIGHT_BYTES / profile.weight_read_Bps
-               + KERNELS_PER_LAYER * launch_cost_s(profile, load, experts_on_cpu))
+               + KERNELS_PER_LAYER * launch_cost_s(profile, load, any_cpu))
     gpu_attn_s = corr.gpu * (load.resident_tokens + load.streamed_tokens) * kvb / profile.device_attn_rate(fam)
     # CPU attention: a fixed round trip whenever it attends anything, then its bytes
     cpu_attn_s = 0.0
@@ -304,7 +344,7 @@ def layer_time(profile: "HardwareProfile", cfg: "ModelConfig", layer: int, load:
         rate_c = min(profile.cpu_attn_rate(fam, "C"), cpu_cap)
         rate_t = min(profile.cpu_attn_rate(fam, "T"), cpu_cap)
         fixed = corr.cpu if corr.cpu_fixed is None else corr.cpu_fixed
-        cpu_attn_s = (fixed * profile.attn_roundtrip_s(experts_on_cpu)
+        cpu_attn_s = (fixed * profile.attn_roundtrip_s(any_cpu)
                       + corr.cpu * (load.cpu_c_tokens * kvb / rate_c
                           + load.cpu_t_tokens * kvb / rate_t))
     pcie_s = corr.pcie * load.streamed_tokens * kvb / h2d if streams else 0.0
@@ -340,7 +380,7 @@ def layer_time(profile: "HardwareProfile", cfg: "ModelConfig", layer: int, load:
         expert_s = expert_bytes / profile.weight_read_Bps
 
     pipelined = (pipelined and cpu_attends and profile.has_gpu and load.batch_size >= 2
-                 and not experts_on_cpu)
+                 and not any_cpu)
     if pipelined:
         compute_s = max(PIPE_GPU_FACTOR * (dense_s + expert_s) + gpu_attn_s, cpu_attn_s)
     elif profile.has_gpu:
@@ -352,19 +392,21 @@ def layer_time(profile: "HardwareProfile", cfg: "ModelConfig", layer: int, load:
 
 
 def predict_step(profile: "HardwareProfile", cfg: "ModelConfig", load: StepLoad,
-                 experts_on_cpu: bool, corr: Corrections = Corrections(),
+                 experts_on_cpu: ExpertsOnCpu, corr: Corrections = Corrections(),
                  regime: tuple[bool, bool] | None = None, pipelined: bool = False
                  ) -> StepPrediction:
     """Predicted time of one decode step with ``load`` (see the module docstring)."""
-    # layers of one kind (dense MLP or MoE) take the same time: compute each kind once
-    kinds: dict[bool, LayerTime] = {}
+    # layers of one kind (dense MLP, MoE with its experts on the GPU, MoE with them on the CPU)
+    # take the same time: compute each kind once
+    kinds: dict[tuple[bool, bool], LayerTime] = {}
     layers = []
     moe_layers = _facts(cfg)["moe_layers"]
+    cpu_layers = cpu_expert_layers(cfg, experts_on_cpu)
     for i in range(cfg.num_layers):
-        moe = i in moe_layers
-        if moe not in kinds:
-            kinds[moe] = layer_time(profile, cfg, i, load, experts_on_cpu, corr, regime, pipelined)
-        layers.append(kinds[moe])
+        kind = (i in moe_layers, i in cpu_layers)
+        if kind not in kinds:
+            kinds[kind] = layer_time(profile, cfg, i, load, cpu_layers, corr, regime, pipelined)
+        layers.append(kinds[kind])
     head_s = cfg.vocab_size * cfg.hidden_size * WEIGHT_BYTES / profile.weight_read_Bps
     step = sum(lt.total_s for lt in layers) + layers[0].pcie_s + head_s
     return StepPrediction(
@@ -375,7 +417,8 @@ def predict_step(profile: "HardwareProfile", cfg: "ModelConfig", load: StepLoad,
         expert_s=sum(lt.expert_s for lt in layers),
         dense_s=sum(lt.dense_s for lt in layers) + head_s,
         cpu_share=load.cpu_share,
-        layers=tuple(layers))
+        layers=tuple(layers),
+        cpu_expert_s=sum(layers[i].expert_s for i in cpu_layers))
 
 
 def load_at_share(batch_size: int, resident: float, c_tokens: float, t_tokens: float, x: float,
@@ -401,7 +444,8 @@ class SharePlan:
 
 
 def optimal_cpu_share(profile: "HardwareProfile", cfg: "ModelConfig", batch_size: int,
-                      resident: float, c_tokens: float, t_tokens: float, experts_on_cpu: bool,
+                      resident: float, c_tokens: float, t_tokens: float,
+                      experts_on_cpu: ExpertsOnCpu,
                       corr: Corrections = Corrections(), free: bool = False,
                       min_gain: float = MIN_GAIN, pipelined: bool = False) -> SharePlan:
     """The CPU share of spilled tokens that minimises predicted step time.
@@ -417,6 +461,7 @@ def optimal_cpu_share(profile: "HardwareProfile", cfg: "ModelConfig", batch_size
     dip as sequences grow.
     """
     spilled = c_tokens + t_tokens
+    experts_on_cpu = cpu_expert_layers(cfg, experts_on_cpu)  # once, not at every candidate
     if spilled <= 0:
         load = StepLoad(batch_size, resident, 0.0, 0.0, 0.0)
         return SharePlan(0.0, predict_step(profile, cfg, load, experts_on_cpu, corr,
@@ -474,19 +519,19 @@ def _lines(lt: LayerTime, has_gpu: bool) -> tuple[float, ...]:
 
 
 def _kinds(cfg: "ModelConfig", pred: StepPrediction) -> list[LayerTime]:
-    """One LayerTime per distinct layer kind (dense first, then MoE), in a fixed order."""
-    moe = _facts(cfg)["moe_layers"]
-    out = []
-    for want in (False, True):
-        for i, lt in enumerate(pred.layers):
-            if (i in moe) == want:
-                out.append(lt)
-                break
+    """One LayerTime per distinct layer kind (:func:`predict_step` shares one object among a
+    kind's layers), in the order of their first layers: the same order for any two predictions
+    of one model and placement."""
+    out, seen = [], set()
+    for lt in pred.layers:
+        if id(lt) not in seen:
+            seen.add(id(lt))
+            out.append(lt)
     return out
 
 
 def target_share(profile: "HardwareProfile", cfg: "ModelConfig", batch_size: int,
-                 resident: float, spilled: float, experts_on_cpu: bool,
+                 resident: float, spilled: float, experts_on_cpu: ExpertsOnCpu,
                  corr: Corrections = Corrections(), pipelined: bool = False,
                  min_gain: float = PLACEMENT_MIN_GAIN) -> SharePlan:
     """The share the write scope aims at: the best split if every CPU token sat in C (the
@@ -520,7 +565,8 @@ def resident_tokens(lengths: Sequence[int], gpu_kv_tokens: float) -> list[float]
     return out
 
 
-def gpu_kv_capacity_tokens(cfg: "ModelConfig", vram_budget: int | None, experts_on_cpu: bool,
+def gpu_kv_capacity_tokens(cfg: "ModelConfig", vram_budget: int | None,
+                           experts_on_cpu: ExpertsOnCpu,
                            reserve_bytes: int = 2 ** 30) -> float:
     """KV tokens the G region can hold in a VRAM budget: budget - GPU weights - a reserve for
     activations, W tails and the staging ring (1 GiB by default). ``None``: unlimited."""
@@ -530,7 +576,8 @@ def gpu_kv_capacity_tokens(cfg: "ModelConfig", vram_budget: int | None, experts_
     return max(0.0, free / (kv_bytes_per_token_layer(cfg) * cfg.num_layers))
 
 
-def _cpu_read_ceiling(profile: "HardwareProfile", cfg: "ModelConfig", experts_on_cpu: bool) -> float:
+def _cpu_read_ceiling(profile: "HardwareProfile", cfg: "ModelConfig", experts_on_cpu: ExpertsOnCpu
+                      ) -> float:
     """The CPU's solo read ceiling for the bound: the read probe's rate, or that of one of this
     model's CPU kernels where it measured faster. A kernel that reads faster than the probe shows
     the probe is not the ceiling; bounding with the probe would put the bound above the model's
@@ -540,7 +587,7 @@ def _cpu_read_ceiling(profile: "HardwareProfile", cfg: "ModelConfig", experts_on
     if profile.cpu_attn:
         fam = attn_family(cfg)
         rates += [profile.cpu_attn_rate(fam, "C"), profile.cpu_attn_rate(fam, "T")]
-    if experts_on_cpu and profile.cpu_expert and cfg.num_experts:
+    if cpu_expert_layers(cfg, experts_on_cpu) and profile.cpu_expert and cfg.num_experts:
         rates.append(profile.cpu_expert_rate(cfg.hidden_size, cfg.moe_intermediate_size))
     return max(rates)
 
@@ -593,7 +640,7 @@ def _host_io_link_experts_s(profile: "HardwareProfile", kv: float, cpu_expert: f
 
 
 def roofline_bound_s(profile: "HardwareProfile", cfg: "ModelConfig", lengths: Sequence[int],
-                     gpu_kv_tokens: float, experts_on_cpu: bool,
+                     gpu_kv_tokens: float, experts_on_cpu: ExpertsOnCpu,
                      cpu_expert_bytes: float | None = None) -> float:
     """A lower bound on step time, per layer the larger of two resources' times, each at its
     measured ceiling with no kernel inefficiency, fixed cost or dependency between them:
@@ -611,22 +658,27 @@ def roofline_bound_s(profile: "HardwareProfile", cfg: "ModelConfig", lengths: Se
     The routed experts' bytes are those of uniform routing, unless ``cpu_expert_bytes`` gives the
     bytes a step's CPU expert calls actually read (``cpu_expert_bytes`` of the step timing; a
     router activates fewer distinct experts than uniform routing when it concentrates): then the
-    experts' bytes of every layer are scaled so that their sum is that figure."""
+    experts' bytes of every CPU layer are scaled so that their sum is that figure.
+
+    ``experts_on_cpu``: all MoE layers, none, or a flag per layer (:func:`cpu_expert_layers`);
+    each layer's experts are charged where they run."""
     res = sum(resident_tokens(lengths, gpu_kv_tokens))
     spilled = sum(lengths) - res
     kvb = kv_bytes_per_token_layer(cfg)
     b = len(lengths)
     act = active_experts(cfg.num_experts, cfg.num_experts_per_tok, b)
+    cpu_layers = cpu_expert_layers(cfg, experts_on_cpu)
     scale = 1.0
-    if cpu_expert_bytes is not None and experts_on_cpu:
+    if cpu_expert_bytes is not None and cpu_layers:
         uniform = sum(act * layer_param_counts(cfg, i)["expert"]
-                      * expert_weight_bytes(cfg, experts_on_cpu) for i in range(cfg.num_layers))
+                      * expert_weight_bytes(cfg, True) for i in cpu_layers)
         scale = float(cpu_expert_bytes) / uniform if uniform > 0 else 1.0
-    c_solo = _cpu_read_ceiling(profile, cfg, experts_on_cpu)
+    c_solo = _cpu_read_ceiling(profile, cfg, cpu_layers)
     total = 0.0
     for i in range(cfg.num_layers):
         p = layer_param_counts(cfg, i)
-        exp = scale * act * p["expert"] * expert_weight_bytes(cfg, experts_on_cpu)
+        experts_on_cpu = i in cpu_layers  # this layer's
+        exp = (scale if experts_on_cpu else 1.0) * act * p["expert"] * expert_weight_bytes(cfg)
         weights = (p["attn"] + p["mlp"]) * WEIGHT_BYTES / profile.weight_read_Bps
         if not profile.has_gpu:
             total += weights + (exp + (spilled + res) * kvb) / profile.cpu_read_Bps
@@ -641,7 +693,7 @@ def roofline_bound_s(profile: "HardwareProfile", cfg: "ModelConfig", lengths: Se
 
 
 def plan_for_lengths(profile: "HardwareProfile", cfg: "ModelConfig", lengths: Sequence[int],
-                     gpu_kv_tokens: float, experts_on_cpu: bool, policy: str,
+                     gpu_kv_tokens: float, experts_on_cpu: ExpertsOnCpu, policy: str,
                      static_share: float = 0.5, corr: Corrections = Corrections()) -> SharePlan:
     """Predicted share and step for one batch under a policy, in the steady state where the
     placement has reached its target (``writescope`` puts its share in C; ``transfer`` all in T;
@@ -662,7 +714,7 @@ def plan_for_lengths(profile: "HardwareProfile", cfg: "ModelConfig", lengths: Se
 __all__ = [
     "StepLoad", "Corrections", "LayerTime", "StepPrediction", "SharePlan",
     "kv_bytes_per_token_layer", "attn_family", "active_experts", "layer_param_counts",
-    "expert_weight_bytes", "WEIGHT_BYTES",
+    "expert_weight_bytes", "WEIGHT_BYTES", "ExpertsOnCpu", "cpu_expert_layers",
     "gpu_weight_bytes", "layer_time", "predict_step", "load_at_share", "optimal_cpu_share",
     "target_share", "resident_tokens", "gpu_kv_capacity_tokens", "roofline_bound_s",
     "plan_for_lengths", "bandwidth_ratio",
