@@ -1143,20 +1143,24 @@ def test_an_overlapped_step_is_predicted_by_the_model_alone():
     assert pol.stats()["planner.predicted_step_s"] == pytest.approx(want, rel=1e-9)  # kept
 
 
-def test_a_step_all_in_hbm_is_charged_graph_launches():
-    """With the experts and every KV token on the GPU the engine replays CUDA graphs: the
-    model charges the profile's graph kernel cost, else (spilled KV, CPU experts, or an older
-    profile without the figure) eager launches."""
+def test_a_step_all_in_hbm_is_charged_graph_launches(monkeypatch):
+    """With every KV token on the GPU the engine replays CUDA graphs, CPU experts' calls
+    included (``cpu_experts_graph``, unless ``WRITESCOPE_CPU_EXPERTS_GRAPHED=0``): the model
+    charges the profile's graph kernel cost, else (spilled KV, CPU experts' calls not graphed,
+    or an older profile without the figure) eager launches."""
     cfg = ModelConfig.from_hf("qwen3-30b-a3b")
     eager = h200_like()
     graph = h200_like(graph_launch_s=1.5e-6)
     res = rl.StepLoad(2, 65536, 0, 0, 0)
     spilled = rl.StepLoad(2, 32768, 32768, 0, 0)
     n = cfg.num_layers * rl.KERNELS_PER_LAYER
-    d = (rl.predict_step(eager, cfg, res, False).step_s
-         - rl.predict_step(graph, cfg, res, False).step_s)
-    assert d == pytest.approx(n * (eager.launch_s - 1.5e-6), rel=1e-6)
-    for load, on_cpu in ((spilled, False), (res, True)):
+    monkeypatch.delenv("WRITESCOPE_CPU_EXPERTS_GRAPHED", raising=False)
+    for on_cpu in (False, True, [i == 3 for i in range(cfg.num_layers)]):
+        d = (rl.predict_step(eager, cfg, res, on_cpu).step_s
+             - rl.predict_step(graph, cfg, res, on_cpu).step_s)
+        assert d == pytest.approx(n * (eager.launch_s - 1.5e-6), rel=1e-6)
+    for load, on_cpu, setting in ((spilled, False, "auto"), (res, True, "0"), (res, True, "bad")):
+        monkeypatch.setenv("WRITESCOPE_CPU_EXPERTS_GRAPHED", setting)
         assert rl.predict_step(graph, cfg, load, on_cpu).step_s == \
             pytest.approx(rl.predict_step(eager, cfg, load, on_cpu).step_s, rel=1e-12)
     with pytest.raises(ValueError, match="graph_launch_s"):

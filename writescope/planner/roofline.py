@@ -21,8 +21,9 @@ One decode layer, for a batch of ``B`` sequences (one new token each)::
   so streaming costs nothing until it is the slower of the two;
 * ``step      = sum(layer) + pcie of the first layer`` (nothing hides the first copy) ``+ lm head``.
 * ``dense`` holds ``KERNELS_PER_LAYER`` launches: eager ones (``launch_s``), or, in a step whose
-  KV is all on the GPU and whose experts are too (the engine replays such steps as CUDA graphs,
-  ``engine/graphs.py``), a graph's kernels (``graph_launch_s``, where the profile has it).
+  KV is all on the GPU (the engine replays such steps as CUDA graphs, ``engine/graphs.py``, CPU
+  experts' calls included unless they are not graphed: ``layers/cpu_experts_graph.py``), a
+  graph's kernels (``graph_launch_s``, where the profile has it).
 
 Contention: the CPU's reads and the H2D DMA share host DRAM. When the CPU is busy (attention or
 experts) while T streams, the H2D rate is the profile's *concurrent* H2D rate, and the CPU
@@ -291,13 +292,21 @@ def _beside_the_link(nbytes: float, rate: float, cap: float, link_s: float) -> f
 
 def graphed(profile: "HardwareProfile", load: StepLoad, experts_on_cpu: bool) -> bool:
     """Whether the engine runs a step of this load as CUDA graphs: on a GPU, every KV token in
-    HBM (resident), every layer's routed experts on the GPU (``experts_on_cpu``: whether any
-    layer's are on the CPU)."""
+    HBM (resident); with CPU experts in any layer (``experts_on_cpu``: whether any layer's are
+    on the CPU) only where their calls are graphed too (``layers/cpu_experts_graph.py``: in
+    resident steps unless ``WRITESCOPE_CPU_EXPERTS_GRAPHED=0``)."""
     if not isinstance(experts_on_cpu, bool):  # a set of layers, or a flag per layer
         experts_on_cpu = (bool(experts_on_cpu) if isinstance(experts_on_cpu, frozenset)
                           else any(bool(f) for f in experts_on_cpu))
-    return (profile.has_gpu and not experts_on_cpu and load.streamed_tokens <= 0
-            and load.cpu_tokens <= 0)
+    if not profile.has_gpu or load.streamed_tokens > 0 or load.cpu_tokens > 0:
+        return False
+    if experts_on_cpu:
+        from ..layers import cpu_experts_graph
+        try:
+            return cpu_experts_graph.enabled(resident=True)
+        except ValueError:  # a misspelt setting: the engine refuses it at start
+            return False
+    return True
 
 
 def launch_cost_s(profile: "HardwareProfile", load: StepLoad, experts_on_cpu: bool) -> float:
