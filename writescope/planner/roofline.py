@@ -50,7 +50,8 @@ Where the routed experts run (``experts_on_cpu`` below) is ``True`` (every MoE l
 CPU), ``False`` (all on the GPU) or one flag per layer (``experts="auto"`` puts some layers'
 experts on the CPU and keeps the others on the GPU: :func:`cpu_expert_layers`); each MoE layer
 is then timed where its own experts run, and the step as a whole is the engine's step with CPU
-experts (eager launches, the CPU's plain round trip, no pipelined sub-batches).
+experts (the CPU's plain round trip, no pipelined sub-batches, graph launches only in resident
+steps whose CPU expert calls are graphed).
 
 Online feedback (:mod:`writescope.planner.feedback`) multiplies the CPU attention, PCIe, GPU
 attention and CPU expert terms by :class:`Corrections` (measured over predicted, smoothed); the
@@ -83,8 +84,8 @@ def cpu_expert_layers(cfg: "ModelConfig", experts_on_cpu: ExpertsOnCpu) -> froze
     if isinstance(experts_on_cpu, frozenset):
         return experts_on_cpu
     moe = _facts(cfg)["moe_layers"]
-    if isinstance(experts_on_cpu, (bool, int)):
-        return moe if experts_on_cpu else frozenset()
+    if isinstance(experts_on_cpu, (bool, int)) or not hasattr(experts_on_cpu, "__iter__"):
+        return moe if experts_on_cpu else frozenset()  # (numpy's bools too)
     flags = tuple(experts_on_cpu)
     if len(flags) != cfg.num_layers:
         raise ValueError(f"experts_on_cpu has {len(flags)} flags, the model has "
