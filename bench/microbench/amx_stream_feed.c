@@ -21,7 +21,7 @@
 //     32.6 -> 26.6). The engine's C pool and the benches' arrays are advised 2 MiB pages
 //     (hostmem.pageable_empty), and get them on this VM.
 // The kernel's own pattern (1 KB pair rows read 64 bytes a row at a time, K and V halves in two
-// sweeps) read as fast in a variant of this program, 14.5-15.6 a core; the AMX attention kernel
+// sweeps) reads about as fast (amx_pair_rows.c: 12.3-15.6 a core); the AMX attention kernel
 // reads ~10 a core from DRAM (bench.cpu_phases), so its loss is in its phases' order (the
 // softmax and the score stores issue no reads), not in its loads' pattern.
 #include "mb_common.h"
