@@ -296,9 +296,6 @@ def graphed(profile: "HardwareProfile", load: StepLoad, experts_on_cpu: bool) ->
     HBM (resident); with CPU experts in any layer (``experts_on_cpu``: whether any layer's are
     on the CPU) only where their calls are graphed too (``layers/cpu_experts_graph.py``: in
     resident steps unless ``WRITESCOPE_CPU_EXPERTS_GRAPHED=0``)."""
-    if not isinstance(experts_on_cpu, bool):  # a set of layers, or a flag per layer
-        experts_on_cpu = (bool(experts_on_cpu) if isinstance(experts_on_cpu, frozenset)
-                          else any(bool(f) for f in experts_on_cpu))
     if not profile.has_gpu or load.streamed_tokens > 0 or load.cpu_tokens > 0:
         return False
     if experts_on_cpu:
