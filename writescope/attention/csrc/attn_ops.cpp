@@ -7,7 +7,9 @@
 // barrier but the region's final join, and no thread owns a fixed share of the work. A call is a
 // list of items (one KV head of one sequence over a run of its blocks, >= 8 per thread so the
 // tail is short); every team member takes items from one atomic counter until none are left, so
-// a member that loses its core delays only the item it holds.
+// a member that loses its core delays only the item it holds. A sequence's items come chunk by
+// chunk, each chunk's heads together (WS_ITEM_ORDER), so that the members working at once read
+// whole blocks of the head-major C layout rather than one head's slice of many blocks.
 //   * The queries of a (sequence, head) group are packed (scaled, row-interleaved, widened from
 //     bf16 if need be) by the first member that needs them; a member that finds them being
 //     packed packs a private copy rather than wait.
@@ -27,6 +29,21 @@
 // Per-call buffers (item list, partial results, packed queries) belong to the calling thread
 // and are reused by its next call.
 #include "attn_common.h"
+
+// Items a team member gets at least (their size then follows from the call's blocks): more make
+// the tail -- members out of items while the last ones run -- shorter, and add partials to merge.
+#ifndef WS_ITEMS_PER_THREAD
+#define WS_ITEMS_PER_THREAD 8
+#endif
+// Item order within a sequence: 1 (default), chunk by chunk, each chunk's heads in a row; 0,
+// head by head, each head's chunks in a row (the order until 2026-12-05). On the 2-core AMX
+// dev VM GQA 32/4/128 at 1 x 256K reads 1.027-1.04x with 1 (two runs, 13 of 15 rounds faster),
+// 8 x 32K level; two 16-core hosts were too noisy to tell (1.035x and 0.95x by paired rounds,
+// each round's rate moving 2-3x: bench/results/2026-12-05g-h100, calls 5 and 6). With one KV
+// head (MLA) both orders are the same.
+#ifndef WS_ITEM_ORDER
+#define WS_ITEM_ORDER 1
+#endif
 
 #include <math.h>
 #include <sched.h>
@@ -404,8 +421,8 @@ int plan_call(const CallArgs& a, Plan& plan, Job& J, int& nitems, int& nunits, i
         if (a.q_indptr[s + 1] > a.q_indptr[s])
             for (int x = 0; x < nsrc; ++x) total += (int64_t)(indptr[x][s + 1] - indptr[x][s]) * H;
     int chunk = a.chunk_blocks;
-    if (chunk <= 0) {  // >= 8 items per thread (a short tail), >= 4 blocks per item
-        const int64_t per = 8 * (int64_t)threads;
+    if (chunk <= 0) {  // >= WS_ITEMS_PER_THREAD items per thread (a short tail), >= 4 blocks each
+        const int64_t per = WS_ITEMS_PER_THREAD * (int64_t)threads;
         chunk = (int)std::max<int64_t>(4, (total + per - 1) / per);
     }
     std::vector<Item>& items = plan.items;
@@ -423,6 +440,27 @@ int plan_call(const CallArgs& a, Plan& plan, Job& J, int& nitems, int& nunits, i
         for (int r = std::max(q0, 0); r < std::min(q0 + nr, a.nq); ++r) plan.covered[r] = 1;
         const int M = nr * G;
         const int64_t stride = (int64_t)M * (Dv + 2);
+#if WS_ITEM_ORDER
+        // chunk by chunk, each chunk's heads together: the items taken at once read whole blocks
+        int nc = 0;
+        for (int x = 0; x < nsrc; ++x) nc += (indptr[x][s + 1] - indptr[x][s] + chunk - 1) / chunk;
+        const int g0 = (int)groups.size();
+        const int64_t p0 = ptot;
+        for (int h = 0; h < H; ++h) {
+            groups.push_back(Group{s, h, M, nc, qtot, ptot});
+            qtot += (int64_t)M * Dk;
+            ptot += nc * stride;
+            rows += M;
+        }
+        int c = 0;
+        for (int x = 0; x < nsrc; ++x) {
+            const int k0 = indptr[x][s], k1 = indptr[x][s + 1];
+            for (int b = k0; b < k1; b += chunk, ++c)
+                for (int h = 0; h < H; ++h)
+                    items.push_back(Item{g0 + h, b, std::min(k1, b + chunk), x,
+                                         p0 + (h * (int64_t)nc + c) * stride});
+        }
+#else
         for (int h = 0; h < H; ++h) {
             const int gi = (int)groups.size();
             int nc = 0;
@@ -436,6 +474,7 @@ int plan_call(const CallArgs& a, Plan& plan, Job& J, int& nitems, int& nunits, i
             ptot += nc * stride;
             rows += M;
         }
+#endif
     }
     nitems = (int)items.size();
     team = std::max(1, std::min(threads, nitems));
