@@ -1,19 +1,18 @@
 #!/bin/bash
 # The whole GPU suite on one tree: the call to make before an issue touching GPU code is
-# resolved (the fifty-fifth session ran the test files the fifty-third's H100 run had not
-# reached -- 30 passed -- and the fused MoE kernels' -- 10 passed --, but no run has held every
-# GPU test of one tree since the fiftieth session). Carry .whl: llguidance 1.9.1 -- 1.6.1 failed
-# the grammar test -- and jsonschema with its dependencies; accelerate is in the image. Works on
-# an H100 or an H200 machine.
+# resolved. Last run in the fifty-sixth session on 115dc54 (H100): 230 passed, 5 skipped (the
+# server test modules, which the device cannot import), 313 s; the FP8 interpreter test 78 s
+# (bench/results/2026-12-05g-h100). Carry .whl: llguidance 1.9.1 -- 1.6.1 failed the grammar
+# test -- and jsonschema with its dependencies; accelerate is in the image. Works on an H100 or
+# an H200 machine.
 # .whl is not in git (.git/info/exclude); on a fresh dev machine rebuild it first:
 #   P="--no-deps --only-binary=:all: --python-version 3.12 --implementation cp"
 #   python3 -m pip download $P --platform manylinux_2_31_x86_64 -d .whl llguidance==1.9.1
 #   python3 -m pip download $P --platform manylinux_2_17_x86_64 -d .whl jsonschema==4.26.0 \
 #     jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==0.30.0
-# 1. The whole GPU suite, one line a test (the H100 took more than 300 s for 201 of 230 tests).
-# 2. The FP8 kernels' interpreter test with room to finish: it takes 69 s on the dev VM and ran
-#    past a 40 s cap on the H200 host (fifty-fifth session).
-# (Issue 6's spilled rows are call2.sh's.)
+# 1. The whole GPU suite, one line a test.
+# 2. The FP8 kernels' interpreter test with room to finish (69 s on the dev VM, 78 s on the H100
+#    host; a 40 s cap killed it on an H200 host).
 source bench/results/run-helper.sh
 call_begin ${CALL_S:-580}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee $R/gpu.txt
