@@ -65,6 +65,9 @@ class GridSpec:
     pinned_budget: str | int | None = None
     host_budget: str | int | None = None
     num_gpu_blocks: int | None = None
+    #: device memory for the KV cache (``LLMEngine(kv_cache_memory=)``): ``--experts auto``
+    #: places the routed experts around it
+    kv_cache_memory: str | int | None = None
     block_size: int | None = None
     experts: str = "auto"
     cpu_threads: int | None = None
@@ -125,7 +128,8 @@ class GridSpec:
                              "have the published shapes)")
         from ..units import parse_bytes
         for flag, v in (("--vram-budget", self.vram_budget), ("--pinned-budget", self.pinned_budget),
-                        ("--host-budget", self.host_budget)):
+                        ("--host-budget", self.host_budget),
+                        ("--kv-cache-memory", self.kv_cache_memory)):
             if v is not None:  # a typo is the command's error, not every row's
                 try:
                     parse_bytes(v)
@@ -321,8 +325,10 @@ def host_weight_bytes(cfg, spec: GridSpec, max_model_len: int) -> int:
         return cfg.param_counts()["total"] * torch.empty(0, dtype=dtype).element_size()
     vram = parse_bytes(spec.vram_budget) if spec.vram_budget is not None else None
     try:
+        kv_floor = parse_bytes(spec.kv_cache_memory) if spec.kv_cache_memory is not None else 0
         flags = choose_expert_layers(cfg, spec.experts, vram,
-                                     cfg.kv_bytes_per_token(dtype) * max_model_len, dtype)
+                                     max(cfg.kv_bytes_per_token(dtype) * max_model_len, kv_floor),
+                                     dtype)
     except ValueError:  # the engine will say why; nothing to plan for
         return 0
     return expert_placement_summary(cfg, flags, dtype)["cpu_expert_bytes"]
@@ -541,6 +547,7 @@ class Grid:
                   max_num_batched_tokens=s.max_num_batched_tokens, vram_budget=s.vram_budget,
                   pinned_budget=pinned, host_budget=host,
                   num_gpu_blocks=s.num_gpu_blocks, kv_policy="transfer", experts=s.experts,
+                  kv_cache_memory=s.kv_cache_memory,
                   cpu_threads=s.cpu_threads, profile=s.profile,
                   config_overrides=s.config_overrides or None,
                   # rows of one model share the engine and their prompts' prefixes: each row

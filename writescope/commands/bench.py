@@ -54,6 +54,9 @@ def register(subparsers) -> None:
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
     p.add_argument("--seed", type=int, default=0, help="weights and prompts seed")
     p.add_argument("--num-gpu-blocks", type=int, default=None, help="cap on G-region blocks")
+    p.add_argument("--kv-cache-memory", default=None,
+                   help="device memory for the KV cache, e.g. 12GiB; with --experts auto the "
+                        "routed experts are placed around it (default: what the weights leave)")
     p.add_argument("--block-size", type=int, default=None, help="tokens per KV block")
     p.add_argument("--experts", default="auto", choices=("auto", "gpu", "cpu"))
     p.add_argument("--cpu-threads", type=int, default=None, help="threads for CPU attention")
@@ -95,6 +98,7 @@ def spec_from_args(args: argparse.Namespace):
         random_weights=args.random_weights, dtype=args.dtype, device=args.device, seed=args.seed,
         vram_budget=args.vram_budget, pinned_budget=args.pinned_budget, host_budget=args.host_budget,
         num_gpu_blocks=args.num_gpu_blocks, block_size=args.block_size, experts=args.experts,
+        kv_cache_memory=args.kv_cache_memory,
         cpu_threads=args.cpu_threads, profile=args.profile,
         max_num_batched_tokens=args.max_num_batched_tokens, static_share=args.static_share,
         static_ref_length=(parse_count(args.static_ref_length) if args.static_ref_length

@@ -17,6 +17,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--pinned-budget", default=None, help="pinned host memory for the T region")
     g.add_argument("--host-budget", default=None, help="pageable host memory for the C region")
     g.add_argument("--num-gpu-blocks", type=int, default=None, help="cap on G-region blocks")
+    g.add_argument("--kv-cache-memory", default=None,
+                   help="device memory for the KV cache, e.g. 12GiB; with --experts auto the "
+                        "routed experts are placed around it (default: what the weights leave)")
     g.add_argument("--block-size", type=int, default=None, help="tokens per KV block")
     g.add_argument("--kv-policy", default="writescope",
                    help="writescope (default), static, transfer, cpu, migrate")
@@ -41,7 +44,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
               kv_policy=args.kv_policy, cpu_share=args.cpu_share, experts=args.experts,
               max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
               max_num_batched_tokens=args.max_num_batched_tokens, cpu_threads=args.cpu_threads,
-              profile=args.profile,
+              profile=args.profile, kv_cache_memory=getattr(args, "kv_cache_memory", None),
               enable_prefix_caching=getattr(args, "enable_prefix_caching", True))
     if args.block_size is not None:
         kw["block_size"] = args.block_size

@@ -44,6 +44,9 @@ def register(subparsers) -> None:
     p.add_argument("--experts", choices=("auto", "cpu", "gpu"), default="auto",
                    help="where routed experts run (auto: the GPU if all weights fit the budget)")
     p.add_argument("--vram-budget", default="32GiB", help="GPU memory the engine may use (default 32GiB)")
+    p.add_argument("--kv-cache-memory", default=None, metavar="SIZE",
+                   help="device memory for the KV cache, as the engine's option: --experts auto "
+                        "places the routed experts around it, and the G region holds no more")
     p.add_argument("--static-share", type=_static_share, default=None, metavar="X|longest",
                    help="the static policy's CPU share: a number in [0, 1], or 'longest' for "
                         "writescope's target at the longest context given, as `writescope "
@@ -66,18 +69,23 @@ def _static_share(text: str) -> float | str:
 
 
 def make_plan(cfg, profile, batch: int, lengths: list[int], experts_on_cpu,
-              vram_budget: int | None, static_share: float | str | None = None) -> dict:
+              vram_budget: int | None, static_share: float | str | None = None,
+              kv_cache_memory: int | None = None) -> dict:
     """The plan as the JSON document ``writescope plan --json`` writes. ``static_share``
     ``"longest"``: writescope's target share for ``batch`` sequences of the longest length, the
     share ``writescope bench`` fixes for its ``static`` rows (``static_share_from`` in the
     document says which). ``experts_on_cpu``: every MoE layer's routed experts on the CPU, none,
-    or a flag per layer (``--experts auto``: the engine's choice for the budget)."""
+    or a flag per layer (``--experts auto``: the engine's choice for the budget).
+    ``kv_cache_memory``: the G region holds at most that many bytes of KV."""
     from ..planner import roofline as rl
     if batch < 1:
         raise ValueError(f"--batch must be >= 1, got {batch}")
     if not lengths or any(n < 1 for n in lengths):
         raise ValueError("context lengths must be positive")
     g_tokens = rl.gpu_kv_capacity_tokens(cfg, vram_budget, experts_on_cpu)
+    if kv_cache_memory is not None:
+        g_tokens = min(g_tokens, kv_cache_memory / (rl.kv_bytes_per_token_layer(cfg)
+                                                    * cfg.num_layers))
     if static_share is None:
         static_share = rl.bandwidth_ratio(profile, cfg)
         static_from = "the CPU/PCIe bandwidth ratio"
@@ -109,6 +117,7 @@ def make_plan(cfg, profile, batch: int, lengths: list[int], experts_on_cpu,
     doc["meta"] = {
         "model": cfg.raw.get("_name_or_path") or cfg.model_type, "model_type": cfg.model_type,
         "batch": batch, "experts": _experts_where(cfg, experts_on_cpu), "vram_budget": vram_budget,
+        "kv_cache_memory": kv_cache_memory,
         "gpu_weight_bytes": rl.gpu_weight_bytes(cfg, experts_on_cpu),
         "g_region_tokens": None if g_tokens == float("inf") else int(g_tokens),
         "kv_bytes_per_token": kvb, "static_share": static_share, "static_share_from": static_from,
@@ -212,20 +221,26 @@ def run(args: argparse.Namespace) -> int:
     profile = HardwareProfile.load(args.profile) if args.profile else load_or_calibrate(model_config=cfg)
     lengths = [parse_count(x) for x in args.context_lengths.split(",") if x.strip()]
     budget = parse_bytes(args.vram_budget) if args.vram_budget not in (None, "", "none") else None
+    kv_memory = parse_bytes(args.kv_cache_memory) if args.kv_cache_memory else None
+    if kv_memory is not None and kv_memory <= 0:
+        raise ValueError(f"--kv-cache-memory must be positive, got {args.kv_cache_memory!r}")
     all_gpu = rl.gpu_weight_bytes(cfg, experts_on_cpu=False)
     if args.experts == "auto":
         # the engine's choice (layers/expert_placement.py): the KV of one sequence of the
-        # longest length first, then as many MoE layers' experts on the GPU as fit
+        # longest length (or --kv-cache-memory, if more) first, then as many MoE layers' experts
+        # on the GPU as fit
         import torch
         from ..layers.expert_placement import choose_expert_layers
-        kv_need = int(cfg.kv_bytes_per_token(torch.bfloat16) * max(lengths, default=0))
+        kv_need = max(int(cfg.kv_bytes_per_token(torch.bfloat16) * max(lengths, default=0)),
+                      kv_memory or 0)
         experts_on_cpu = tuple(choose_expert_layers(cfg, "auto", budget, kv_need, torch.bfloat16))
     else:
         experts_on_cpu = args.experts == "cpu"
     if not rl.cpu_expert_layers(cfg, experts_on_cpu) and budget is not None and all_gpu > budget:
         raise ValueError(f"the model's weights ({format_bytes(all_gpu)}) do not fit the VRAM budget "
                          f"({format_bytes(budget)}); use --experts cpu")
-    doc = make_plan(cfg, profile, args.batch, lengths, experts_on_cpu, budget, args.static_share)
+    doc = make_plan(cfg, profile, args.batch, lengths, experts_on_cpu, budget, args.static_share,
+                    kv_memory)
     doc["meta"]["command"] = "writescope " + " ".join(sys.argv[1:])
     doc["meta"]["git_commit"] = _git_commit()
     m = doc["meta"]

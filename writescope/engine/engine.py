@@ -10,6 +10,7 @@ import os
 import sys
 import time
 import weakref
+import warnings
 from pathlib import Path
 
 import torch
@@ -185,7 +186,7 @@ class LLMEngine:
                  kv_policy: str = "writescope", cpu_share: float = 0.5, experts: str = "auto",
                  cpu_threads: int | None = None, profile: str | os.PathLike | None = None,
                  show_progress: bool = False, config_overrides: dict | None = None,
-                 enable_prefix_caching: bool = True):
+                 enable_prefix_caching: bool = True, kv_cache_memory: int | str | None = None):
         self.dtype = parse_dtype(dtype)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if self.device.type == "cuda" and not torch.cuda.is_available():
@@ -223,7 +224,12 @@ class LLMEngine:
         self.vram_budget = vram
         spec = cfg.kv_spec(self.dtype)
         from ..layers.expert_placement import choose_expert_layers
-        kv_need = spec.token_bytes() * self.max_model_len
+        #: device bytes asked for the KV cache's G and W regions (vLLM's kv_cache_memory_bytes):
+        #: experts='auto' places the routed experts around it, and the regions take no more
+        self.kv_cache_memory = _bytes(kv_cache_memory)
+        if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
+            raise ValueError(f"kv_cache_memory must be positive, got {kv_cache_memory!r}")
+        kv_need = max(spec.token_bytes() * self.max_model_len, self.kv_cache_memory or 0)
         self.cpu_expert_layers = choose_expert_layers(cfg, experts, vram, kv_need, self.dtype,
                                                       device=self.device)
 
@@ -258,8 +264,21 @@ class LLMEngine:
                 f"{self.device.type} take {weights_on_device / 2**30:.2f} GiB, activations "
                 f"{act / 2**30:.2f} GiB and the staging buffers {(staging + gather) / 2**30:.2f} GiB "
                 "(try experts='cpu' or a larger budget)")
+        if self.kv_cache_memory is not None:
+            if kv_device < self.kv_cache_memory:
+                warnings.warn(
+                    f"kv_cache_memory asks for {self.kv_cache_memory / 2**30:.2f} GiB of device "
+                    f"memory for the KV cache; the budget leaves {kv_device / 2**30:.2f} GiB (weights "
+                    f"{weights_on_device / 2**30:.2f}, activations {act / 2**30:.2f}, staging "
+                    f"{(staging + gather) / 2**30:.2f} GiB): the cache takes that",
+                    RuntimeWarning, stacklevel=2)
+            kv_device = min(kv_device, self.kv_cache_memory)
         max_total = max_num_seqs * self.max_model_len
         bb = spec.block_bytes(block_size)
+        if self.kv_cache_memory is not None and self.kv_cache_memory < max_num_seqs * bb:
+            raise ValueError(f"kv_cache_memory {self.kv_cache_memory} bytes cannot hold one write "
+                             f"tail per sequence ({max_num_seqs} x {bb} bytes): raise it or lower "
+                             "max_num_seqs")
         host_default = min(max_total // block_size + 1, _ram_bytes() // 2 // bb) * bb
         pinned = _bytes(pinned_budget)
         host = _bytes(host_budget)

@@ -10,7 +10,9 @@ routed expert (attention, norms, router, shared experts, embeddings) always stay
 * ``cpu``  — every MoE layer's routed experts on the CPU (as llama.cpp ``--cpu-moe``);
 * ``auto`` — everything on the GPU when all weights + the KV the workload needs + an
   activation/staging margin fit the budget; otherwise as many MoE layers as fit keep their experts
-  on the GPU and the others go to the CPU. The *first* MoE layers go to the CPU (the convention of
+  on the GPU and the others go to the CPU. The KV the workload needs is the engine's: one sequence
+  of ``max_model_len`` tokens, or ``kv_cache_memory`` when that asks for more (the engine's
+  option: experts placed around the KV asked for). The *first* MoE layers go to the CPU (the convention of
   llama.cpp's ``--n-cpu-moe N``); which layers move does not change the step time, only how many.
   No budget (``None``: no GPU limit, e.g. a CPU-only machine where "GPU" is the in-process device)
   means everything stays on the "GPU" path.

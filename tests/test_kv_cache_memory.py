@@ -1,0 +1,126 @@
+"""``kv_cache_memory``: device memory set aside for the KV cache (vLLM's kv_cache_memory_bytes).
+
+With ``experts="auto"`` the routed experts are placed around it (more MoE layers' experts go to
+the CPU), the G and W regions never take more, and a budget that leaves less is warned about.
+On the CPU the "device" regions live in ordinary memory, so the same sizing runs here."""
+import warnings
+
+import pytest
+import torch
+
+from writescope import LLM, SamplingParams
+from writescope.kvcache.regions import DEVICE_REGIONS
+from writescope.layers.expert_placement import choose_expert_layers, default_margin_bytes
+from writescope.models.config import ModelConfig, load_config_dict
+
+MAX_LEN = 256
+
+
+def _setup(ckpt):
+    cfg = ModelConfig.from_hf(load_config_dict(str(ckpt)))
+    pc, f32 = cfg.param_counts(), torch.float32
+    per_layer = cfg.num_experts * pc["expert"] * 4
+    one_seq = cfg.kv_spec(f32).token_bytes() * MAX_LEN
+    # every expert fits beside one sequence's KV, with two layers' worth to spare
+    budget = pc["other"] * 4 + pc["routed_experts"] * 4 + one_seq + default_margin_bytes(2 ** 30) \
+        + 2 * per_layer
+    return cfg, per_layer, one_seq, budget
+
+
+def _device_kv_bytes(llm) -> int:
+    eng = llm.engine
+    by = eng.cache.layout.bytes(eng.cache.spec)
+    return sum(by[r] for r in DEVICE_REGIONS)
+
+
+def _engine(ckpt, **kw):
+    return LLM(str(ckpt), dtype="float32", device="cpu", max_model_len=MAX_LEN, max_num_seqs=4,
+               **kw)
+
+
+def test_auto_places_the_experts_around_the_kv_asked_for(tiny_qwen3_moe):
+    cfg, per_layer, one_seq, budget = _setup(tiny_qwen3_moe)
+    assert not any(choose_expert_layers(cfg, "auto", budget, one_seq, torch.float32, device="cpu"))
+    plain = _engine(tiny_qwen3_moe, vram_budget=budget, experts="auto")
+    assert sum(plain.engine.cpu_expert_layers) == 0
+    ask = one_seq + 4 * per_layer  # two layers' worth more than the budget spares
+    want = choose_expert_layers(cfg, "auto", budget, ask, torch.float32, device="cpu")
+    assert sum(want) == 2
+    llm = _engine(tiny_qwen3_moe, vram_budget=budget, experts="auto", kv_cache_memory=ask)
+    assert list(llm.engine.cpu_expert_layers) == want
+    assert llm.engine.kv_cache_memory == ask
+    assert _device_kv_bytes(llm) <= ask
+    out = llm.generate(["Tell me a story"], SamplingParams(max_tokens=8, temperature=0))
+    assert len(out[0].outputs[0].token_ids) == 8
+
+
+def test_the_regions_take_no_more_than_asked(tiny_qwen3_moe):
+    _, _, one_seq, budget = _setup(tiny_qwen3_moe)
+    plain = _engine(tiny_qwen3_moe, vram_budget=budget, experts="gpu")
+    small = 3 * one_seq  # four write tails and eight G blocks
+    llm = _engine(tiny_qwen3_moe, vram_budget=budget, experts="gpu", kv_cache_memory=small)
+    assert _device_kv_bytes(llm) <= small < _device_kv_bytes(plain)
+
+
+def test_a_budget_that_leaves_less_warns(tiny_qwen3_moe):
+    _, per_layer, one_seq, budget = _setup(tiny_qwen3_moe)
+    ask = budget  # more than the budget can leave beside the weights
+    with pytest.warns(RuntimeWarning, match="kv_cache_memory asks for"):
+        llm = _engine(tiny_qwen3_moe, vram_budget=budget + 8 * per_layer, experts="gpu",
+                      kv_cache_memory=ask)
+    assert 0 < _device_kv_bytes(llm) < ask
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        _engine(tiny_qwen3_moe, vram_budget=budget, experts="gpu", kv_cache_memory=3 * one_seq)
+
+
+@pytest.mark.parametrize("bad", [0, -1, "-1GiB", "lots"])
+def test_bad_values_are_refused(tiny_qwen3_moe, bad):
+    with pytest.raises(ValueError):
+        _engine(tiny_qwen3_moe, kv_cache_memory=bad)
+
+
+def test_less_than_the_write_tails_is_refused(tiny_qwen3_moe):
+    _, _, one_seq, _ = _setup(tiny_qwen3_moe)
+    with pytest.raises(ValueError, match="cannot hold one write tail per sequence"):
+        _engine(tiny_qwen3_moe, kv_cache_memory=one_seq // 2)  # 2 blocks for 4 tails
+
+
+def test_the_cli_and_the_plan_take_it(tiny_qwen3_moe, capsys):
+    from writescope.cli import main
+    from writescope.commands.common import engine_kwargs
+    import argparse
+    from writescope.commands.common import add_engine_args
+    p = argparse.ArgumentParser()
+    add_engine_args(p)
+    assert engine_kwargs(p.parse_args(["--kv-cache-memory", "12GiB"]))["kv_cache_memory"] == "12GiB"
+    args = ["plan", "--model", "qwen3-30b-a3b", "--vram-budget", "32GiB", "--batch", "4",
+            "--context-lengths", "8k,128k", "--profile", "bench/profiles/h200.json"]
+    assert main(args) == 0
+    plain = capsys.readouterr().out
+    assert main(args + ["--kv-cache-memory", "24GiB"]) == 0
+    more = capsys.readouterr().out
+    assert "35 of 48 MoE layers" in plain and "45 of 48 MoE layers" in more
+    assert "G region 262144 tokens" in more
+
+
+def test_the_bench_plans_its_host_experts_around_it():
+    """``writescope bench --kv-cache-memory``: the grid's host budgets count the experts the
+    engine will then put on the CPU (Qwen3-30B-A3B, 32 GiB, experts auto)."""
+    from writescope.bench import grid as g
+    from writescope.commands.bench import register
+    import argparse
+    cfg = ModelConfig.from_hf("qwen3-30b-a3b")
+    spec = g.GridSpec(models=["qwen3-30b-a3b"], batches=[4], context_lengths=[8192],
+                      random_weights=True, device="cuda", vram_budget="32GiB")
+    plain = g.host_weight_bytes(cfg, spec, 8300)
+    spec.kv_cache_memory = "24GiB"
+    assert g.host_weight_bytes(cfg, spec, 8300) > plain
+    spec.kv_cache_memory = "lots"
+    with pytest.raises(ValueError, match="--kv-cache-memory"):
+        spec.validate()
+    p = argparse.ArgumentParser()
+    register(p.add_subparsers())
+    from writescope.commands.bench import spec_from_args
+    args = p.parse_args(["bench", "--model", "qwen3-30b-a3b", "--kv-cache-memory", "12GiB"])
+    assert spec_from_args(args).kv_cache_memory == "12GiB"
