@@ -102,6 +102,7 @@ def test_the_cli_and_the_plan_take_it(tiny_qwen3_moe, capsys):
     more = capsys.readouterr().out
     assert "35 of 48 MoE layers" in plain and "45 of 48 MoE layers" in more
     assert "G region 262144 tokens" in more
+    assert "routed experts against KV in HBM" in plain and "--experts cpu" in plain
 
 
 def test_the_bench_plans_its_host_experts_around_it():
@@ -124,3 +125,48 @@ def test_the_bench_plans_its_host_experts_around_it():
     from writescope.commands.bench import spec_from_args
     args = p.parse_args(["bench", "--model", "qwen3-30b-a3b", "--kv-cache-memory", "12GiB"])
     assert spec_from_args(args).kv_cache_memory == "12GiB"
+
+
+def test_kv_memory_for_split_gives_exactly_that_split():
+    from writescope.commands.plan import kv_memory_for_split
+    cfg = ModelConfig.from_hf("qwen3-30b-a3b")
+    budget = 32 * 2**30
+    got = 0
+    for k in range(len(cfg.moe_layers)):
+        x = kv_memory_for_split(cfg, budget, k)
+        if x is None:  # fewer CPU layers than the budget allows, whatever the KV
+            continue
+        got += 1
+        assert x % 2**20 == 0
+        assert sum(choose_expert_layers(cfg, "auto", budget, x, torch.bfloat16)) == k
+    assert got >= 20
+    assert kv_memory_for_split(cfg, budget, 0) is None  # the experts alone exceed 32 GiB
+
+
+def test_the_plan_weighs_expert_layers_against_kv_in_hbm():
+    """Qwen3-30B-A3B, 32 GiB, batch 4: at 8K the fastest split keeps more experts on the GPU
+    than the plan's (one 128K sequence's KV set aside), at 128K every layer's go to the CPU,
+    and the option the table gives reproduces its prediction."""
+    from writescope.commands.plan import expert_splits, format_splits, make_plan
+    from writescope.planner.profile import HardwareProfile
+    cfg = ModelConfig.from_hf("qwen3-30b-a3b")
+    profile = HardwareProfile.load("bench/profiles/h200.json")
+    budget = 32 * 2**30
+    kv_128k = cfg.kv_bytes_per_token(torch.bfloat16) * 131072
+    planned = tuple(choose_expert_layers(cfg, "auto", budget, kv_128k, torch.bfloat16))
+    rows = {r["context_length"]: r for r in
+            expert_splits(cfg, profile, 4, [8192, 131072], budget, planned)}
+    r8, r128 = rows[8192], rows[131072]
+    assert r8["cpu_layers"] == r128["cpu_layers"] == sum(planned)
+    assert r8["best_cpu_layers"] < sum(planned) and r8["speedup"] > 1.1
+    assert r128["best_cpu_layers"] == 48 and r128["speedup"] > 1.1
+    for r in rows.values():
+        assert r["best_step_s"] <= r["step_s"]
+    table = format_splits(list(rows.values()))
+    assert "--experts cpu" in table and f"--kv-cache-memory {r8['kv_cache_memory'] // 2**20}MiB" in table
+    # the engine's split and G region under the option the table gives: the same prediction
+    x = r8["kv_cache_memory"]
+    flags = tuple(choose_expert_layers(cfg, "auto", budget, max(x, kv_128k // 16), torch.bfloat16))
+    assert sum(flags) == r8["best_cpu_layers"]
+    doc = make_plan(cfg, profile, 4, [8192], flags, budget, kv_cache_memory=x)
+    assert doc["writescope"][0]["predicted_step_s"] == pytest.approx(r8["best_step_s"])

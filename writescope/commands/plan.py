@@ -12,9 +12,16 @@ best share for that length. The roofline bound is the step with spilled KV read 
 the concurrent H2D and CPU read ceilings. ``--model`` takes a checkpoint folder or a reference
 name (its config ships with the package: no checkpoint needed).
 
+With ``--experts auto`` and a budget it then weighs the routed experts against KV in HBM: per
+length, writescope's step with the split planned and with the fastest split of any count of
+MoE layers' experts on the CPU, and the engine option that gives it (``--experts cpu``, or the
+``--kv-cache-memory`` with which ``auto`` chooses that split). A layer's experts in HBM are
+read a few at a time; its bytes as G blocks hold KV that every step reads whole.
+
 JSON: ``{"transfer": [{"context_length", "cpu_share", "predicted_step_s", ...}, ...], "cpu": [...],
 "static": [...], "writescope": [...], "roofline_bound": [{"context_length", "step_s"}, ...],
-"meta": {...}}``.
+"expert_splits": [{"context_length", "cpu_layers", "step_s", "best_cpu_layers", "best_step_s",
+"speedup", "kv_cache_memory", "moe_layers"}, ...] (``--experts auto``), "meta": {...}}``.
 """
 from __future__ import annotations
 
@@ -125,6 +132,97 @@ def make_plan(cfg, profile, batch: int, lengths: list[int], experts_on_cpu,
         "cpu_attn_family": rl.attn_family(cfg),
     }
     return doc
+
+
+def kv_memory_for_split(cfg, vram_budget: int, n_cpu: int, dtype=None) -> int | None:
+    """The ``kv_cache_memory`` with which ``experts="auto"`` puts the routed experts of exactly
+    ``n_cpu`` MoE layers on the CPU under ``vram_budget`` (the most KV that split leaves room
+    for, rounded down to a MiB), or None where no value gives that split."""
+    import torch
+    from ..layers.expert_placement import (_device_expert_itemsize, choose_expert_layers,
+                                           default_margin_bytes)
+    dtype = dtype or torch.bfloat16
+    n_moe = len(cfg.moe_layers)
+    if not 0 <= n_cpu <= n_moe:
+        return None
+    pc = cfg.param_counts()
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    per_layer = int(cfg.num_experts * pc["expert"] * _device_expert_itemsize(cfg, dtype))
+    x = vram_budget - pc["other"] * itemsize - default_margin_bytes(vram_budget) \
+        - (n_moe - n_cpu) * per_layer
+    x = (x // 2**20) * 2**20
+    if x <= 0:
+        return None
+    try:
+        got = sum(choose_expert_layers(cfg, "auto", vram_budget, x, dtype))
+    except ValueError:
+        return None
+    return x if got == n_cpu else None
+
+
+def expert_splits(cfg, profile, batch: int, lengths: list[int], vram_budget: int,
+                  experts_on_cpu, kv_cache_memory: int | None = None) -> list[dict]:
+    """Routed experts against KV in HBM, per context length: writescope's predicted step with
+    ``experts_on_cpu`` (the split planned, its G region capped by ``kv_cache_memory``), and the
+    fastest prediction among every count of MoE layers whose experts go to the CPU (the first
+    ones, as ``experts="auto"`` moves them), each as the engine would run it: all of them with
+    ``experts="cpu"``, fewer with the ``kv_cache_memory`` that makes ``auto`` choose that count
+    (its G region is then that many bytes). A layer's experts on the GPU make its expert work a
+    few microseconds of HBM reads; its bytes in the G region spare a long context's KV the
+    host's slower path every step."""
+    from ..planner import roofline as rl
+    moe = list(cfg.moe_layers)
+    kvb = rl.kv_bytes_per_token_layer(cfg) * cfg.num_layers
+    now = len(rl.cpu_expert_layers(cfg, experts_on_cpu))
+
+    def g_tokens(k: int, cap: int | None) -> float:
+        g = rl.gpu_kv_capacity_tokens(cfg, vram_budget, frozenset(moe[:k]))
+        return g if cap is None else min(g, cap / kvb)
+
+    def step(k: int, n: int, cap: int | None) -> float | None:
+        flags = frozenset(moe[:k])
+        g = g_tokens(k, cap)
+        if rl.gpu_weight_bytes(cfg, flags) > vram_budget or g <= 0:
+            return None
+        return rl.plan_for_lengths(profile, cfg, [n] * batch, g, flags,
+                                   "writescope").prediction.step_s
+    # how the engine gets each count: every layer with experts="cpu", fewer through
+    # kv_cache_memory (None: no value gives that count)
+    caps = {k: kv_memory_for_split(cfg, vram_budget, k) for k in range(len(moe))}
+    rows = []
+    for n in lengths:
+        steps = {len(moe): step(len(moe), n, None)}
+        steps.update({k: step(k, n, c) for k, c in caps.items() if c is not None})
+        steps = {k: v for k, v in steps.items() if v is not None}
+        if not steps:
+            continue
+        best = min(steps, key=lambda k: (steps[k], k))
+        cur = step(now, n, kv_cache_memory)
+        rows.append({"context_length": n, "cpu_layers": now, "step_s": cur,
+                     "best_cpu_layers": best, "best_step_s": steps[best],
+                     "speedup": (cur / steps[best]) if cur else None,
+                     "kv_cache_memory": caps.get(best), "moe_layers": len(moe)})
+    return rows
+
+
+def format_splits(rows: list[dict]) -> str:
+    from ..units import format_count
+    lines = ["routed experts against KV in HBM (writescope's predicted step; --experts auto "
+             "places the experts around --kv-cache-memory):",
+             f"{'context':>8} {'planned split':>22} {'best split':>22} {'speedup':>8}  engine option"]
+    for r in rows:
+        m = r["moe_layers"]
+        cur = (f"{r['cpu_layers']:>2} of {m} {r['step_s'] * 1e3:>9.2f} ms" if r["step_s"]
+               else f"{r['cpu_layers']:>2} of {m} {'-':>12}")
+        best = f"{r['best_cpu_layers']:>2} of {m} {r['best_step_s'] * 1e3:>9.2f} ms"
+        sp = f"{r['speedup']:.3f}x" if r["speedup"] else "-"
+        opt = ("--experts cpu" if r["best_cpu_layers"] == m else
+               f"--kv-cache-memory {r['kv_cache_memory'] // 2**20}MiB"
+               if r["kv_cache_memory"] else "-")
+        lines.append(f"{format_count(r['context_length']):>8} {cur:>22} {best:>22} {sp:>8}  {opt}")
+    lines.append("(the engine sets aside at least one --max-model-len sequence's KV: keep it at "
+                 "the longest context for these splits)")
+    return "\n".join(lines)
 
 
 def _experts_where(cfg, experts_on_cpu) -> str:
@@ -249,6 +347,11 @@ def run(args: argparse.Namespace) -> int:
           f"{m['g_region_tokens'] if m['g_region_tokens'] is not None else 'unlimited'} tokens | "
           f"static share {m['static_share']:.2f} ({m['static_share_from']})")
     print(format_table(doc))
+    if args.experts == "auto" and budget is not None and cfg.moe_layers:
+        doc["expert_splits"] = expert_splits(cfg, profile, args.batch, lengths, budget,
+                                             experts_on_cpu, kv_memory)
+        print()
+        print(format_splits(doc["expert_splits"]))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
