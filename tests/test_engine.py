@@ -186,6 +186,16 @@ def test_cli_errors_are_clear(tmp_path):
     r = subprocess.run(base[:-1] + ["--chat-template-kwargs", "{}"], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 1 and "needs --chat" in r.stderr and "Traceback" not in r.stderr
+    # refused before the weights load (no "loading" progress bar)
+    for extra, msg in ((["--kv-policy", "bogus"], "unknown kv_policy 'bogus'"),
+                       (["--kv-cache-memory", "lots"], "--kv-cache-memory: cannot read 'lots'"),
+                       (["--vram-budget", "12XB"], "--vram-budget: cannot read")):
+        r = subprocess.run(base[:-1] + extra, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 1 and msg in r.stderr, r.stderr
+        assert "loading" not in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run(base[:-2] + ["", "--device", "cpu"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 1 and "the prompt is empty" in r.stderr and "loading" not in r.stderr
 
 
 def test_cli_generate_default_model_fresh_cache(tmp_path):

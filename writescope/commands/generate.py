@@ -130,6 +130,8 @@ def run(args: argparse.Namespace) -> int:
     from ..llm import LLM
 
     prompts = [args.prompt] if args.prompt is not None else _read_prompts(args.prompts_file)
+    if args.prompt == "" and not args.chat:
+        raise ValueError("the prompt is empty")
     # checked before the model loads: a bad flag is an error at once, not after the weights
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             min_p=args.min_p, stop=args.stop, ignore_eos=args.ignore_eos,

@@ -179,7 +179,8 @@ for _cls in (StaticPolicy, TransferPolicy, CpuPolicy):
     register_policy(_cls)
 
 
-def make_policy(name: str, **options: Any) -> PlacementPolicy:
+def check_policy_name(name: str) -> None:
+    """Raise ``ValueError`` unless ``name`` is a registered KV policy."""
     if name not in POLICIES:
         # policies that live elsewhere (the planner) register themselves on import
         try:
@@ -188,6 +189,10 @@ def make_policy(name: str, **options: Any) -> PlacementPolicy:
             pass
     if name not in POLICIES:
         raise ValueError(f"unknown kv_policy {name!r}; choose one of {sorted(POLICIES)}")
+
+
+def make_policy(name: str, **options: Any) -> PlacementPolicy:
+    check_policy_name(name)
     return POLICIES[name](**options)
 
 
