@@ -229,6 +229,11 @@ class LLMEngine:
         self.kv_cache_memory = _bytes(kv_cache_memory)
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             raise ValueError(f"kv_cache_memory must be positive, got {kv_cache_memory!r}")
+        if self.kv_cache_memory is not None and \
+                self.kv_cache_memory < max_num_seqs * spec.block_bytes(block_size):
+            raise ValueError(f"kv_cache_memory {self.kv_cache_memory} bytes cannot hold one write "
+                             f"tail per sequence ({max_num_seqs} x {spec.block_bytes(block_size)} "
+                             "bytes): raise it or lower max_num_seqs")
         kv_need = max(spec.token_bytes() * self.max_model_len, self.kv_cache_memory or 0)
         self.cpu_expert_layers = choose_expert_layers(cfg, experts, vram, kv_need, self.dtype,
                                                       device=self.device)
@@ -275,10 +280,6 @@ class LLMEngine:
             kv_device = min(kv_device, self.kv_cache_memory)
         max_total = max_num_seqs * self.max_model_len
         bb = spec.block_bytes(block_size)
-        if self.kv_cache_memory is not None and self.kv_cache_memory < max_num_seqs * bb:
-            raise ValueError(f"kv_cache_memory {self.kv_cache_memory} bytes cannot hold one write "
-                             f"tail per sequence ({max_num_seqs} x {bb} bytes): raise it or lower "
-                             "max_num_seqs")
         host_default = min(max_total // block_size + 1, _ram_bytes() // 2 // bb) * bb
         pinned = _bytes(pinned_budget)
         host = _bytes(host_budget)
