@@ -206,6 +206,7 @@ def test_cli_generate_default_model_fresh_cache(tmp_path):
                        timeout=600, env=env)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() and "tokens/s" in r.stderr
+    assert "| KV: G " in r.stderr  # where the experts and the KV regions were placed
 
 
 def test_weights_larger_than_host_memory_are_refused_before_loading(tiny_qwen3_moe, monkeypatch):

@@ -50,6 +50,11 @@ def test_auto_places_the_experts_around_the_kv_asked_for(tiny_qwen3_moe):
     assert list(llm.engine.cpu_expert_layers) == want
     assert llm.engine.kv_cache_memory == ask
     assert _device_kv_bytes(llm) <= ask
+    from writescope.commands.common import placement_summary
+    line = placement_summary(llm.engine)
+    assert f"routed experts on the CPU in 2 of {len(cfg.moe_layers)} MoE layers" in line
+    assert "KV: G " in line and " host" in line
+    assert "routed experts on the device (cpu)" in placement_summary(plain.engine)
     out = llm.generate(["Tell me a story"], SamplingParams(max_tokens=8, temperature=0))
     assert len(out[0].outputs[0].token_ids) == 8
 

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 
-from .common import add_engine_args, engine_kwargs
+from .common import add_engine_args, engine_kwargs, placement_summary
 from .generate import _template_kwargs
 
 HELP = """commands:
@@ -164,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
     if llm.tokenizer is None:
         raise ValueError("this model has no tokenizer, so no chat template")
     chat = Chat(llm, params, args.system, args.chat_template_kwargs)
+    print(placement_summary(llm.engine), file=sys.stderr)
     print(f"chatting with {llm.engine.model_name} (/help for commands, Ctrl-D to end)",
           file=sys.stderr, flush=True)
     while True:

@@ -64,6 +64,27 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
     return kw
 
 
+def placement_summary(engine) -> str:
+    """One line, once the engine is built: where the routed experts run and what each KV region
+    may hold (what --experts, --vram-budget and --kv-cache-memory decided)."""
+    from ..kvcache.regions import Region
+    from ..units import format_bytes
+    n_moe = len(engine.config.moe_layers)
+    n_cpu = sum(engine.cpu_expert_layers)
+    # on a machine without a GPU the "device" regions and weights live in ordinary memory
+    dev = "GPU" if engine.device.type == "cuda" else f"device ({engine.device.type})"
+    experts = ("no routed experts" if not n_moe else f"routed experts on the {dev}" if not n_cpu
+               else "routed experts on the CPU" if n_cpu == n_moe
+               else f"routed experts on the CPU in {n_cpu} of {n_moe} MoE layers")
+    by = engine.cache.layout.bytes(engine.cache.spec)
+    n = engine.cache.layout.num_blocks
+    return (f"{experts} | weights on the {dev} {format_bytes(engine.weights_bytes)} of "
+            f"{format_bytes(engine.vram_budget)} | KV: G {n[Region.G]} blk/"
+            f"{format_bytes(by[Region.G])}, W {n[Region.W]} tails/{format_bytes(by[Region.W])}, "
+            f"T {n[Region.T]} blk/{format_bytes(by[Region.T])} pinned, C {n[Region.C]} blk/"
+            f"{format_bytes(by[Region.C])} host")
+
+
 def kv_summary(stats: dict) -> str:
     """One line: where the KV lived, the CPU share of attention, bytes moved after placement."""
     from ..units import format_bytes

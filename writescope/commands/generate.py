@@ -7,7 +7,7 @@ import os
 import sys
 import time
 
-from .common import add_engine_args, engine_kwargs, kv_summary
+from .common import add_engine_args, engine_kwargs, kv_summary, placement_summary
 
 
 def register(sub) -> None:
@@ -146,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
     if args.chat_template_kwargs is not None and not args.chat:
         raise ValueError("--chat-template-kwargs needs --chat")
     llm = LLM(**engine_kwargs(args), show_progress=True)
+    print(placement_summary(llm.engine), file=sys.stderr)
     if args.chat:
         prompts = [llm.tokenizer.apply_chat_template([{"role": "user", "content": p}],
                                                      **(args.chat_template_kwargs or {}))

@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     from ..engine.engine import LLMEngine
     from ..server.api import GracefulServer, create_app
     from ..server.owner import EngineThread
-    from .common import engine_kwargs
+    from .common import engine_kwargs, placement_summary
 
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
 
     def ready() -> None:
         print(f"writescope serve: {engine.model_name} ready on http://{url_host}:{port} "
-              f"(max_model_len {engine.max_model_len})", flush=True)
+              f"(max_model_len {engine.max_model_len}); {placement_summary(engine)}", flush=True)
 
     app = create_app(engine, served_model_names=args.served_model_name, api_key=args.api_key,
                      on_ready=ready, engine_thread=owner, tool_call_parser=args.tool_call_parser,
