@@ -133,7 +133,7 @@ def test_the_bench_plans_its_host_experts_around_it():
 
 
 def test_kv_memory_for_split_gives_exactly_that_split():
-    from writescope.commands.plan import kv_memory_for_split
+    from writescope.planner.expert_split import kv_memory_for_split
     cfg = ModelConfig.from_hf("qwen3-30b-a3b")
     budget = 32 * 2**30
     got = 0
@@ -175,3 +175,44 @@ def test_the_plan_weighs_expert_layers_against_kv_in_hbm():
     assert sum(flags) == r8["best_cpu_layers"]
     doc = make_plan(cfg, profile, 4, [8192], flags, budget, kv_cache_memory=x)
     assert doc["writescope"][0]["predicted_step_s"] == pytest.approx(r8["best_step_s"])
+
+
+def test_best_split_for_the_reference_model():
+    """Qwen3-30B-A3B, 32 GiB, the committed H200 profile: 4 x 128K puts every layer's experts on
+    the CPU; 4 x 8K keeps 21 on the GPU (the plan's table, above)."""
+    from writescope.planner.expert_split import best_split
+    from writescope.planner.profile import HardwareProfile
+    cfg = ModelConfig.from_hf("qwen3-30b-a3b")
+    profile = HardwareProfile.load("bench/profiles/h200.json")
+    kvb = cfg.kv_bytes_per_token(torch.bfloat16)
+    long = best_split(profile, cfg, [131072] * 4, 32 * 2**30, min_kv_bytes=kvb * 131072)
+    assert long["cpu_layers"] == 48 and long["kv_cache_memory"] is None
+    short = best_split(profile, cfg, [8192] * 4, 32 * 2**30, min_kv_bytes=kvb * 8192)
+    assert short["cpu_layers"] == 27 and short["kv_cache_memory"] == 3998 * 2**20
+    assert short["step_s"] < long["step_s"]
+
+
+def test_kv_cache_memory_auto_takes_the_planners_split(tiny_qwen3_moe, tmp_path):
+    from writescope.planner.expert_split import best_split, split_options
+    from writescope.planner.profile import HardwareProfile
+    from test_planner import GB, simple_profile
+    prof = tmp_path / "profile.json"
+    simple_profile(rc=5 * GB, rp=10 * GB, rt=0.0).save(prof)
+    cfg, per_layer, one_seq, budget = _setup(tiny_qwen3_moe)
+    want = best_split(HardwareProfile.load(prof), cfg, [MAX_LEN] * 4, budget,
+                      min_kv_bytes=one_seq, dtype=torch.float32, device="cpu")
+    assert want is not None
+    # the tiny model's layers are KiB: the options are 1 MiB for one CPU layer, or all three
+    assert split_options(cfg, budget, one_seq, torch.float32, "cpu") == {3: None, 1: 2**20}
+    llm = _engine(tiny_qwen3_moe, vram_budget=budget, experts="auto", kv_cache_memory="auto",
+                  profile=str(prof))
+    eng = llm.engine
+    assert eng.kv_split == want
+    assert sum(eng.cpu_expert_layers) == want["cpu_layers"]
+    assert eng.kv_cache_memory == want["kv_cache_memory"]
+    assert eng.stats()["engine.kv_split_predicted_step_s"] == want["step_s"]
+    out = llm.generate(["Tell me a story"], SamplingParams(max_tokens=4, temperature=0))
+    assert len(out[0].outputs[0].token_ids) == 4
+    with pytest.raises(ValueError, match="needs experts='auto'"):
+        _engine(tiny_qwen3_moe, vram_budget=budget, experts="gpu", kv_cache_memory="auto",
+                profile=str(prof))

@@ -130,7 +130,8 @@ class GridSpec:
         for flag, v in (("--vram-budget", self.vram_budget), ("--pinned-budget", self.pinned_budget),
                         ("--host-budget", self.host_budget),
                         ("--kv-cache-memory", self.kv_cache_memory)):
-            if v is not None:  # a typo is the command's error, not every row's
+            if v is not None and not (flag == "--kv-cache-memory" and str(v).lower() == "auto"):
+                # a typo is the command's error, not every row's
                 try:
                     parse_bytes(v)
                 except ValueError as e:
@@ -325,8 +326,11 @@ def host_weight_bytes(cfg, spec: GridSpec, max_model_len: int) -> int:
         return cfg.param_counts()["total"] * torch.empty(0, dtype=dtype).element_size()
     vram = parse_bytes(spec.vram_budget) if spec.vram_budget is not None else None
     try:
-        kv_floor = parse_bytes(spec.kv_cache_memory) if spec.kv_cache_memory is not None else 0
-        flags = choose_expert_layers(cfg, spec.experts, vram,
+        auto_kv = str(spec.kv_cache_memory).lower() == "auto"
+        kv_floor = (parse_bytes(spec.kv_cache_memory)
+                    if spec.kv_cache_memory is not None and not auto_kv else 0)
+        # --kv-cache-memory auto may put every layer's experts on the CPU: plan host memory so
+        flags = choose_expert_layers(cfg, "cpu" if auto_kv else spec.experts, vram,
                                      max(cfg.kv_bytes_per_token(dtype) * max_model_len, kv_floor),
                                      dtype)
     except ValueError:  # the engine will say why; nothing to plan for

@@ -56,7 +56,9 @@ def register(subparsers) -> None:
     p.add_argument("--num-gpu-blocks", type=int, default=None, help="cap on G-region blocks")
     p.add_argument("--kv-cache-memory", default=None,
                    help="device memory for the KV cache, e.g. 12GiB; with --experts auto the "
-                        "routed experts are placed around it (default: what the weights leave)")
+                        "routed experts are placed around it (default: what the weights leave); "
+                        "auto: the split the planner predicts fastest for the largest batch of "
+                        "the longest context")
     p.add_argument("--block-size", type=int, default=None, help="tokens per KV block")
     p.add_argument("--experts", default="auto", choices=("auto", "gpu", "cpu"))
     p.add_argument("--cpu-threads", type=int, default=None, help="threads for CPU attention")

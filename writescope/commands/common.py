@@ -19,7 +19,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--num-gpu-blocks", type=int, default=None, help="cap on G-region blocks")
     g.add_argument("--kv-cache-memory", default=None,
                    help="device memory for the KV cache, e.g. 12GiB; with --experts auto the "
-                        "routed experts are placed around it (default: what the weights leave)")
+                        "routed experts are placed around it (default: what the weights leave); "
+                        "auto: the split the planner predicts fastest for --max-num-seqs "
+                        "sequences of --max-model-len tokens")
     g.add_argument("--block-size", type=int, default=None, help="tokens per KV block")
     g.add_argument("--kv-policy", default="writescope",
                    help="writescope (default), static, transfer, cpu, migrate")
@@ -45,7 +47,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
     for flag, v in (("--vram-budget", args.vram_budget), ("--pinned-budget", args.pinned_budget),
                     ("--host-budget", args.host_budget),
                     ("--kv-cache-memory", getattr(args, "kv_cache_memory", None))):
-        if v is not None:
+        if v is not None and not (flag == "--kv-cache-memory" and str(v).lower() == "auto"):
             try:
                 parse_bytes(v)
             except ValueError as e:
@@ -78,6 +80,10 @@ def placement_summary(engine) -> str:
                else f"routed experts on the CPU in {n_cpu} of {n_moe} MoE layers")
     by = engine.cache.layout.bytes(engine.cache.spec)
     n = engine.cache.layout.num_blocks
+    if engine.kv_split is not None:
+        experts += (f" (--kv-cache-memory auto: chosen for {engine.scheduler.max_num_seqs} x "
+                    f"{engine.max_model_len} tokens, {engine.kv_split['step_s'] * 1e3:.1f} ms a "
+                    "step predicted)")
     return (f"{experts} | weights on the {dev} {format_bytes(engine.weights_bytes)} of "
             f"{format_bytes(engine.vram_budget)} | KV: G {n[Region.G]} blk/"
             f"{format_bytes(by[Region.G])}, W {n[Region.W]} tails/{format_bytes(by[Region.W])}, "

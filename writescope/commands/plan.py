@@ -134,74 +134,27 @@ def make_plan(cfg, profile, batch: int, lengths: list[int], experts_on_cpu,
     return doc
 
 
-def kv_memory_for_split(cfg, vram_budget: int, n_cpu: int, dtype=None) -> int | None:
-    """The ``kv_cache_memory`` with which ``experts="auto"`` puts the routed experts of exactly
-    ``n_cpu`` MoE layers on the CPU under ``vram_budget`` (the most KV that split leaves room
-    for, rounded down to a MiB), or None where no value gives that split."""
-    import torch
-    from ..layers.expert_placement import (_device_expert_itemsize, choose_expert_layers,
-                                           default_margin_bytes)
-    dtype = dtype or torch.bfloat16
-    n_moe = len(cfg.moe_layers)
-    if not 0 <= n_cpu <= n_moe:
-        return None
-    pc = cfg.param_counts()
-    itemsize = torch.empty(0, dtype=dtype).element_size()
-    per_layer = int(cfg.num_experts * pc["expert"] * _device_expert_itemsize(cfg, dtype))
-    x = vram_budget - pc["other"] * itemsize - default_margin_bytes(vram_budget) \
-        - (n_moe - n_cpu) * per_layer
-    x = (x // 2**20) * 2**20
-    if x <= 0:
-        return None
-    try:
-        got = sum(choose_expert_layers(cfg, "auto", vram_budget, x, dtype))
-    except ValueError:
-        return None
-    return x if got == n_cpu else None
-
-
 def expert_splits(cfg, profile, batch: int, lengths: list[int], vram_budget: int,
                   experts_on_cpu, kv_cache_memory: int | None = None) -> list[dict]:
-    """Routed experts against KV in HBM, per context length: writescope's predicted step with
-    ``experts_on_cpu`` (the split planned, its G region capped by ``kv_cache_memory``), and the
-    fastest prediction among every count of MoE layers whose experts go to the CPU (the first
-    ones, as ``experts="auto"`` moves them), each as the engine would run it: all of them with
-    ``experts="cpu"``, fewer with the ``kv_cache_memory`` that makes ``auto`` choose that count
-    (its G region is then that many bytes). A layer's experts on the GPU make its expert work a
-    few microseconds of HBM reads; its bytes in the G region spare a long context's KV the
-    host's slower path every step."""
+    """Routed experts against KV in HBM (:mod:`writescope.planner.expert_split`), per length:
+    writescope's predicted step with ``experts_on_cpu`` (the split planned, its G region capped
+    by ``kv_cache_memory``) and with the fastest split the engine can be given for a
+    ``max_model_len`` of that length, and the option that gives it."""
+    from ..planner import expert_split as es
     from ..planner import roofline as rl
-    moe = list(cfg.moe_layers)
     kvb = rl.kv_bytes_per_token_layer(cfg) * cfg.num_layers
     now = len(rl.cpu_expert_layers(cfg, experts_on_cpu))
-
-    def g_tokens(k: int, cap: int | None) -> float:
-        g = rl.gpu_kv_capacity_tokens(cfg, vram_budget, frozenset(moe[:k]))
-        return g if cap is None else min(g, cap / kvb)
-
-    def step(k: int, n: int, cap: int | None) -> float | None:
-        flags = frozenset(moe[:k])
-        g = g_tokens(k, cap)
-        if rl.gpu_weight_bytes(cfg, flags) > vram_budget or g <= 0:
-            return None
-        return rl.plan_for_lengths(profile, cfg, [n] * batch, g, flags,
-                                   "writescope").prediction.step_s
-    # how the engine gets each count: every layer with experts="cpu", fewer through
-    # kv_cache_memory (None: no value gives that count)
-    caps = {k: kv_memory_for_split(cfg, vram_budget, k) for k in range(len(moe))}
     rows = []
     for n in lengths:
-        steps = {len(moe): step(len(moe), n, None)}
-        steps.update({k: step(k, n, c) for k, c in caps.items() if c is not None})
-        steps = {k: v for k, v in steps.items() if v is not None}
-        if not steps:
+        best = es.best_split(profile, cfg, [n] * batch, vram_budget, min_kv_bytes=kvb * n)
+        if best is None:
             continue
-        best = min(steps, key=lambda k: (steps[k], k))
-        cur = step(now, n, kv_cache_memory)
+        cur = es.split_step(profile, cfg, [n] * batch, vram_budget, now, kv_cache_memory)
         rows.append({"context_length": n, "cpu_layers": now, "step_s": cur,
-                     "best_cpu_layers": best, "best_step_s": steps[best],
-                     "speedup": (cur / steps[best]) if cur else None,
-                     "kv_cache_memory": caps.get(best), "moe_layers": len(moe)})
+                     "best_cpu_layers": best["cpu_layers"], "best_step_s": best["step_s"],
+                     "speedup": (cur / best["step_s"]) if cur else None,
+                     "kv_cache_memory": best["kv_cache_memory"],
+                     "moe_layers": len(cfg.moe_layers)})
     return rows
 
 
@@ -220,8 +173,8 @@ def format_splits(rows: list[dict]) -> str:
                f"--kv-cache-memory {r['kv_cache_memory'] // 2**20}MiB"
                if r["kv_cache_memory"] else "-")
         lines.append(f"{format_count(r['context_length']):>8} {cur:>22} {best:>22} {sp:>8}  {opt}")
-    lines.append("(the engine sets aside at least one --max-model-len sequence's KV: keep it at "
-                 "the longest context for these splits)")
+    lines.append("(each split as the engine gives it with --max-model-len at that length: it "
+                 "always sets aside one such sequence's KV; --kv-cache-memory auto chooses it)")
     return "\n".join(lines)
 
 

@@ -224,6 +224,25 @@ class LLMEngine:
         self.vram_budget = vram
         spec = cfg.kv_spec(self.dtype)
         from ..layers.expert_placement import choose_expert_layers
+        #: kv_cache_memory="auto": the split of routed experts against KV in HBM the roofline
+        #: predicts fastest for max_num_seqs sequences of max_model_len tokens
+        #: (planner/expert_split.py): {"cpu_layers", "kv_cache_memory", "step_s"}
+        self.kv_split = None
+        early_profile = None
+        if isinstance(kv_cache_memory, str) and kv_cache_memory.strip().lower() == "auto":
+            if not isinstance(experts, str) or experts.lower() != "auto":
+                raise ValueError("kv_cache_memory='auto' chooses where the routed experts run: "
+                                 f"it needs experts='auto', got experts={experts!r}")
+            from ..planner.expert_split import best_split
+            early_profile = self._load_profile(profile, cfg)
+            self.kv_split = best_split(early_profile, cfg, [self.max_model_len] * max_num_seqs,
+                                       vram, min_kv_bytes=spec.token_bytes() * self.max_model_len,
+                                       dtype=self.dtype, device=self.device)
+            kv_cache_memory = None  # no split fits: choose_expert_layers says why
+            if self.kv_split is not None and self.kv_split["kv_cache_memory"] is None:
+                experts = "cpu"
+            elif self.kv_split is not None:
+                kv_cache_memory = self.kv_split["kv_cache_memory"]
         #: device bytes asked for the KV cache's G and W regions (vLLM's kv_cache_memory_bytes):
         #: experts='auto' places the routed experts around it, and the regions take no more
         self.kv_cache_memory = _bytes(kv_cache_memory)
@@ -288,7 +307,7 @@ class LLMEngine:
                              host_bytes=host if host is not None else host_default,
                              max_tokens_total=max_total, max_num_seqs=max_num_seqs,
                              num_gpu_blocks=num_gpu_blocks)
-        self.profile = self._load_profile(profile, cfg)
+        self.profile = early_profile or self._load_profile(profile, cfg)
         self.expert_link = self._attach_expert_link()
         self.cpu_attn_isa = self._use_calibrated_cpu_variant()
         self._kv_args = dict(spec=spec, layout=layout, cpu_threads=cpu_threads,
@@ -774,6 +793,10 @@ class LLMEngine:
         s["engine.weights_device_bytes"] = self.weights_bytes
         s["engine.vram_budget"] = self.vram_budget
         s["engine.experts_on_cpu_layers"] = sum(self.cpu_expert_layers)
+        if self.kv_cache_memory is not None:
+            s["engine.kv_cache_memory"] = self.kv_cache_memory
+        if self.kv_split is not None:  # kv_cache_memory="auto": the split's predicted step
+            s["engine.kv_split_predicted_step_s"] = self.kv_split["step_s"]
         held = self.model.host_experts()
         if held:  # how the CPU experts' weights are stored, and their host bytes
             s["engine.cpu_expert_format"] = held[0].weight_format

@@ -1,0 +1,95 @@
+"""Routed experts against KV in HBM: how many MoE layers' experts go to the CPU.
+
+Under a VRAM budget every MoE layer whose routed experts stay on the GPU takes HBM that the G
+region could give to KV. A step reads only the few experts its tokens route to, but every
+cached token's KV, so once a workload's KV spills, a layer's bytes as G blocks can be worth
+more than its experts on the GPU; while the KV fits, each layer kept on the GPU saves CPU
+time. This module weighs the two with the roofline model (:mod:`.roofline`): for each count
+``k`` of MoE layers whose experts go to the CPU (the first ``k``, as ``experts="auto"`` moves
+them), writescope's predicted step for a batch, and the engine option that gives that split:
+``experts="cpu"`` for all of them, else the ``kv_cache_memory`` with which ``experts="auto"``
+chooses exactly ``k`` (:func:`kv_memory_for_split`) -- the G region then holds that many bytes.
+
+Used by ``writescope plan --experts auto`` (its table) and by ``kv_cache_memory="auto"`` (the
+engine sizes its KV for ``max_num_seqs`` sequences of ``max_model_len`` tokens).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from . import roofline as rl
+
+if TYPE_CHECKING:
+    from ..models.config import ModelConfig
+    from .profile import HardwareProfile
+
+__all__ = ["kv_memory_for_split", "split_options", "split_step", "best_split"]
+
+
+def kv_memory_for_split(cfg: "ModelConfig", vram_budget: int, n_cpu: int,
+                        dtype: torch.dtype = torch.bfloat16, device=None) -> int | None:
+    """The ``kv_cache_memory`` with which ``experts="auto"`` puts the routed experts of exactly
+    ``n_cpu`` MoE layers on the CPU under ``vram_budget`` (the most KV that split leaves room
+    for, rounded down to a MiB), or None where no value gives that split."""
+    from ..layers.expert_placement import (_device_expert_itemsize, choose_expert_layers,
+                                           default_margin_bytes)
+    n_moe = len(cfg.moe_layers)
+    if not 0 <= n_cpu <= n_moe:
+        return None
+    pc = cfg.param_counts()
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    per_layer = int(cfg.num_experts * pc["expert"] * _device_expert_itemsize(cfg, dtype, device))
+    x = vram_budget - pc["other"] * itemsize - default_margin_bytes(vram_budget) \
+        - (n_moe - n_cpu) * per_layer
+    x = (x // 2**20) * 2**20
+    if x <= 0:
+        return None
+    try:
+        got = sum(choose_expert_layers(cfg, "auto", vram_budget, x, dtype, device=device))
+    except ValueError:
+        return None
+    return x if got == n_cpu else None
+
+
+def split_options(cfg: "ModelConfig", vram_budget: int, min_kv_bytes: int = 0,
+                  dtype: torch.dtype = torch.bfloat16, device=None) -> dict[int, int | None]:
+    """Every split the engine can be given: CPU layer count -> its ``kv_cache_memory`` (None:
+    all of them, ``experts="cpu"``). A count whose value is below ``min_kv_bytes`` (the KV of
+    one ``max_model_len`` sequence, which ``auto`` always sets aside) cannot be had."""
+    n_moe = len(cfg.moe_layers)
+    out: dict[int, int | None] = {n_moe: None}
+    for k in range(n_moe):
+        x = kv_memory_for_split(cfg, vram_budget, k, dtype, device)
+        if x is not None and x >= min_kv_bytes:
+            out[k] = x
+    return out
+
+
+def split_step(profile: "HardwareProfile", cfg: "ModelConfig", lengths: list[int],
+               vram_budget: int, n_cpu: int, kv_cache_memory: int | None = None) -> float | None:
+    """writescope's predicted step for ``lengths`` with the first ``n_cpu`` MoE layers' experts
+    on the CPU and the G region capped at ``kv_cache_memory`` (None: what the weights leave);
+    None where the weights alone exceed the budget or no KV fits beside them."""
+    flags = frozenset(list(cfg.moe_layers)[:n_cpu])
+    g = rl.gpu_kv_capacity_tokens(cfg, vram_budget, flags)
+    if kv_cache_memory is not None:
+        g = min(g, kv_cache_memory / (rl.kv_bytes_per_token_layer(cfg) * cfg.num_layers))
+    if rl.gpu_weight_bytes(cfg, flags) > vram_budget or g <= 0:
+        return None
+    return rl.plan_for_lengths(profile, cfg, lengths, g, flags, "writescope").prediction.step_s
+
+
+def best_split(profile: "HardwareProfile", cfg: "ModelConfig", lengths: list[int],
+               vram_budget: int, min_kv_bytes: int = 0, dtype: torch.dtype = torch.bfloat16,
+               device=None) -> dict | None:
+    """The split of the fastest predicted step for a batch of ``lengths``, as the engine would
+    run it: ``{"cpu_layers", "kv_cache_memory" (None: experts="cpu"), "step_s"}``, the fewest
+    CPU layers among equal predictions; None where no split fits."""
+    best = None
+    for k, x in sorted(split_options(cfg, vram_budget, min_kv_bytes, dtype, device).items()):
+        s = split_step(profile, cfg, lengths, vram_budget, k, x)
+        if s is not None and (best is None or s < best["step_s"]):
+            best = {"cpu_layers": k, "kv_cache_memory": x, "step_s": s}
+    return best
