@@ -289,7 +289,8 @@ class LLMEngine:
                 f"{act / 2**30:.2f} GiB and the staging buffers {(staging + gather) / 2**30:.2f} GiB "
                 "(try experts='cpu' or a larger budget)")
         if self.kv_cache_memory is not None:
-            if kv_device < self.kv_cache_memory:
+            # (kv_cache_memory="auto" asked for no number: its split's G region is what is left)
+            if kv_device < self.kv_cache_memory and self.kv_split is None:
                 warnings.warn(
                     f"kv_cache_memory asks for {self.kv_cache_memory / 2**30:.2f} GiB of device "
                     f"memory for the KV cache; the budget leaves {kv_device / 2**30:.2f} GiB (weights "
