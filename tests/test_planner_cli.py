@@ -297,3 +297,17 @@ def test_plan_with_an_fp8_config_override(profile_file, tmp_path):
     assert fp["writescope"][0]["predicted_step_s"] < 0.2 * bf["writescope"][0]["predicted_step_s"]
     assert cli.main(["plan", "--model", "qwen3-30b-a3b", "--profile", str(profile_file),
                      "--config-override", "num_hiden_layers=2"]) != 0
+
+
+def test_plan_says_when_the_profile_lacks_fp8_expert_rates(capsys):
+    """An FP8 model's experts on the CPU, against a profile calibrated before FP8 rates were
+    measured (the committed H200 profile): the plan says its FP8 expert times are optimistic;
+    with a profile that has them (the fifty-fifth session's calibration) it says nothing."""
+    q = ('quantization_config={"quant_method":"fp8","fmt":"e4m3","activation_scheme":"dynamic",'
+         '"weight_block_size":[128,128]}')
+    args = ["plan", "--model", "qwen3-30b-a3b", "--vram-budget", "32GiB", "--batch", "4",
+            "--context-lengths", "8k", "--config-override", q]
+    assert cli.main(args + ["--profile", "bench/profiles/h200.json"]) == 0
+    assert "no FP8 CPU expert rates" in capsys.readouterr().err
+    assert cli.main(args + ["--profile", "bench/results/2026-12-05f-h200/call2/h200-profile.json"]) == 0
+    assert "no FP8 CPU expert rates" not in capsys.readouterr().err

@@ -235,6 +235,11 @@ class LLMEngine:
                                  f"it needs experts='auto', got experts={experts!r}")
             from ..planner.expert_split import best_split
             early_profile = self._load_profile(profile, cfg)
+            if cfg.quantization is not None and early_profile.lacks_fp8_expert_rates:
+                warnings.warn("kv_cache_memory='auto': the profile has no FP8 CPU expert rates, "
+                              "so the split is chosen with FP8 experts charged bf16's bytes/s "
+                              "(optimistic); run `writescope calibrate`", RuntimeWarning,
+                              stacklevel=2)
             self.kv_split = best_split(early_profile, cfg, [self.max_model_len] * max_num_seqs,
                                        vram, min_kv_bytes=spec.token_bytes() * self.max_model_len,
                                        dtype=self.dtype, device=self.device)

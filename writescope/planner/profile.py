@@ -124,6 +124,13 @@ class HardwareProfile:
             return min(self.device_attn.values())
         return self.weight_read_Bps
 
+    @property
+    def lacks_fp8_expert_rates(self) -> bool:
+        """Whether the profile measured bf16 CPU experts but no FP8 ones (calibrated before
+        they were measured): FP8 experts are then charged bf16's bytes/s, about 1.2-1.5x faster
+        than the kernel ran on 16-core hosts (2026-12-05f-h200)."""
+        return bool(self.cpu_expert) and not any(k.endswith(FP8_SUFFIX) for k in self.cpu_expert)
+
     def cpu_expert_rate(self, hidden: int, inter: int, fp8: bool = False) -> float:
         """Expert weight bytes/s for a shape: measured, else the measured shape nearest in size.
         ``fp8``: of block-wise FP8 experts (bytes as stored), where the profile measured them
