@@ -216,3 +216,15 @@ def test_kv_cache_memory_auto_takes_the_planners_split(tiny_qwen3_moe, tmp_path)
     with pytest.raises(ValueError, match="needs experts='auto'"):
         _engine(tiny_qwen3_moe, vram_budget=budget, experts="gpu", kv_cache_memory="auto",
                 profile=str(prof))
+
+
+def test_the_plan_takes_kv_cache_memory_auto(capsys):
+    from writescope.cli import main
+    args = ["plan", "--model", "qwen3-30b-a3b", "--vram-budget", "32GiB", "--batch", "4",
+            "--profile", "bench/profiles/h200.json", "--kv-cache-memory", "auto"]
+    assert main(args + ["--context-lengths", "8k"]) == 0
+    assert "experts on cpu in 27 of 48 MoE layers" in capsys.readouterr().out
+    assert main(args + ["--context-lengths", "128k"]) == 0
+    assert "experts on cpu |" in capsys.readouterr().out
+    assert main(args + ["--context-lengths", "8k", "--experts", "gpu"]) == 1
+    assert "needs --experts auto" in capsys.readouterr().err

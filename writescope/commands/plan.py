@@ -53,7 +53,8 @@ def register(subparsers) -> None:
     p.add_argument("--vram-budget", default="32GiB", help="GPU memory the engine may use (default 32GiB)")
     p.add_argument("--kv-cache-memory", default=None, metavar="SIZE",
                    help="device memory for the KV cache, as the engine's option: --experts auto "
-                        "places the routed experts around it, and the G region holds no more")
+                        "places the routed experts around it, and the G region holds no more; "
+                        "auto: the split predicted fastest for the batch at the longest length")
     p.add_argument("--static-share", type=_static_share, default=None, metavar="X|longest",
                    help="the static policy's CPU share: a number in [0, 1], or 'longest' for "
                         "writescope's target at the longest context given, as `writescope "
@@ -277,11 +278,27 @@ def run(args: argparse.Namespace) -> int:
               "for this machine's", file=sys.stderr)
     lengths = [parse_count(x) for x in args.context_lengths.split(",") if x.strip()]
     budget = parse_bytes(args.vram_budget) if args.vram_budget not in (None, "", "none") else None
-    kv_memory = parse_bytes(args.kv_cache_memory) if args.kv_cache_memory else None
+    auto_kv = str(args.kv_cache_memory).lower() == "auto"
+    kv_memory = parse_bytes(args.kv_cache_memory) if args.kv_cache_memory and not auto_kv else None
     if kv_memory is not None and kv_memory <= 0:
         raise ValueError(f"--kv-cache-memory must be positive, got {args.kv_cache_memory!r}")
     all_gpu = rl.gpu_weight_bytes(cfg, experts_on_cpu=False)
-    if args.experts == "auto":
+    if auto_kv:
+        # as the engine's kv_cache_memory="auto": the fastest split for the batch at the
+        # longest length (planner/expert_split.py)
+        from ..planner.expert_split import best_split
+        if args.experts != "auto" or budget is None:
+            raise ValueError("--kv-cache-memory auto chooses where the routed experts run: it "
+                             "needs --experts auto and a --vram-budget")
+        n = max(lengths)
+        best = best_split(profile, cfg, [n] * args.batch, budget,
+                          min_kv_bytes=int(rl.kv_bytes_per_token_layer(cfg) * cfg.num_layers * n))
+        if best is None:
+            raise ValueError(f"no split of the routed experts fits the VRAM budget "
+                             f"({format_bytes(budget)})")
+        kv_memory = best["kv_cache_memory"]
+        experts_on_cpu = frozenset(list(cfg.moe_layers)[:best["cpu_layers"]])
+    elif args.experts == "auto":
         # the engine's choice (layers/expert_placement.py): the KV of one sequence of the
         # longest length (or --kv-cache-memory, if more) first, then as many MoE layers' experts
         # on the GPU as fit
