@@ -228,3 +228,20 @@ def test_the_plan_takes_kv_cache_memory_auto(capsys):
     assert "experts on cpu |" in capsys.readouterr().out
     assert main(args + ["--context-lengths", "8k", "--experts", "gpu"]) == 1
     assert "needs --experts auto" in capsys.readouterr().err
+
+
+def test_the_bench_records_the_split(tiny_qwen3_moe, tmp_path):
+    """``writescope bench --kv-cache-memory auto`` on the tiny Qwen3 MoE: the model's meta says
+    what the engine chose (the split and its predicted step) and what it set aside."""
+    import json
+    from test_bench import bench_cli
+    _, _, _, budget = _setup(tiny_qwen3_moe)
+    assert bench_cli(tiny_qwen3_moe, tmp_path, "--batch", "1", "--context-lengths", "24",
+                     "--decode-steps", "2", "--policies", "writescope", "--vram-budget",
+                     str(budget), "--kv-cache-memory", "auto") == 0
+    doc = json.loads((tmp_path / "results.json").read_text())
+    meta = doc["models"][0] if isinstance(doc["models"], list) else next(iter(doc["models"].values()))
+    split = meta["kv_split"]
+    assert split is not None and meta["experts_on_cpu_layers"] == split["cpu_layers"]
+    assert meta["kv_cache_memory"] == split["kv_cache_memory"]
+    assert not doc["rows"][0].get("error")

@@ -584,6 +584,9 @@ class Grid:
             "engine_build_times": dict(getattr(engine, "build_times", {})),
             "vram_budget": vram_budget, "weights_device_bytes": engine.weights_bytes,
             "experts_on_cpu_layers": sum(engine.cpu_expert_layers),
+            # --kv-cache-memory (auto: the planner's split and its predicted step)
+            "kv_cache_memory": getattr(engine, "kv_cache_memory", None),
+            "kv_split": getattr(engine, "kv_split", None),
             "block_size": engine.cache.bs, "block_bytes": engine.cache.block_bytes,
             "kv_capacity_blocks": {str(r): n for r, n in layout.num_blocks.items()},
             "kv_bytes_per_token": cfg.kv_bytes_per_token(engine.dtype),
