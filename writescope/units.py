@@ -54,6 +54,24 @@ def parse_bytes(value: str | int | float) -> int:
     return int(round(num * factor))  # "1.01KiB": to the nearest byte
 
 
+def is_auto(value) -> bool:
+    """Whether a size option says ``auto`` (``kv_cache_memory="auto"``)."""
+    return isinstance(value, str) and value.strip().lower() == "auto"
+
+
+def check_byte_flags(flags) -> None:
+    """Raise ``ValueError`` naming the flag for the first ``(flag, value)`` whose value is not a
+    byte size (None passes; so does ``auto`` for ``--kv-cache-memory``): a typo is an error
+    before anything is built."""
+    for flag, v in flags:
+        if v is None or (flag == "--kv-cache-memory" and is_auto(v)):
+            continue
+        try:
+            parse_bytes(v)
+        except ValueError as e:
+            raise ValueError(f"{flag}: {e}") from None
+
+
 def format_bytes(n: int | float) -> str:
     """``34359738368`` -> ``"32 GiB"``; ``1610612736`` -> ``"1.5 GiB"``; ``512`` -> ``"512 B"``.
 

@@ -126,16 +126,11 @@ class GridSpec:
         if self.config_overrides and not self.random_weights:
             raise ValueError("--config-override needs --random-weights (a checkpoint's tensors "
                              "have the published shapes)")
-        from ..units import parse_bytes
-        for flag, v in (("--vram-budget", self.vram_budget), ("--pinned-budget", self.pinned_budget),
-                        ("--host-budget", self.host_budget),
-                        ("--kv-cache-memory", self.kv_cache_memory)):
-            if v is not None and not (flag == "--kv-cache-memory" and str(v).lower() == "auto"):
-                # a typo is the command's error, not every row's
-                try:
-                    parse_bytes(v)
-                except ValueError as e:
-                    raise ValueError(f"{flag}: {e}") from None
+        from ..units import check_byte_flags  # a typo is the command's error, not every row's
+        check_byte_flags((("--vram-budget", self.vram_budget),
+                          ("--pinned-budget", self.pinned_budget),
+                          ("--host-budget", self.host_budget),
+                          ("--kv-cache-memory", self.kv_cache_memory)))
 
 
 # ---------------------------------------------------------------------------------- helpers
@@ -319,14 +314,14 @@ def host_weight_bytes(cfg, spec: GridSpec, max_model_len: int) -> int:
     device is the CPU."""
     from ..engine.engine import parse_dtype
     from ..layers.expert_placement import choose_expert_layers, expert_placement_summary
-    from ..units import parse_bytes
+    from ..units import is_auto, parse_bytes
     dtype = parse_dtype(spec.dtype)
     cuda = (spec.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
     if not cuda:
         return cfg.param_counts()["total"] * torch.empty(0, dtype=dtype).element_size()
     vram = parse_bytes(spec.vram_budget) if spec.vram_budget is not None else None
     try:
-        auto_kv = str(spec.kv_cache_memory).lower() == "auto"
+        auto_kv = is_auto(spec.kv_cache_memory)
         kv_floor = (parse_bytes(spec.kv_cache_memory)
                     if spec.kv_cache_memory is not None and not auto_kv else 0)
         # --kv-cache-memory auto may put every layer's experts on the CPU: plan host memory so

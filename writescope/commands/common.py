@@ -42,16 +42,11 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
     """The engine's keyword arguments from the flags, the cheap ones checked here: a bad policy
     name or byte size is an error at once, not after the weights have loaded."""
     from ..kvcache.placement import check_policy_name
-    from ..units import parse_bytes
+    from ..units import check_byte_flags
     check_policy_name(args.kv_policy)
-    for flag, v in (("--vram-budget", args.vram_budget), ("--pinned-budget", args.pinned_budget),
-                    ("--host-budget", args.host_budget),
-                    ("--kv-cache-memory", getattr(args, "kv_cache_memory", None))):
-        if v is not None and not (flag == "--kv-cache-memory" and str(v).lower() == "auto"):
-            try:
-                parse_bytes(v)
-            except ValueError as e:
-                raise ValueError(f"{flag}: {e}") from None
+    check_byte_flags((("--vram-budget", args.vram_budget), ("--pinned-budget", args.pinned_budget),
+                      ("--host-budget", args.host_budget),
+                      ("--kv-cache-memory", getattr(args, "kv_cache_memory", None))))
     kw = dict(model=args.model, dtype=args.dtype, device=args.device,
               random_weights=args.random_weights, seed=args.seed,
               vram_budget=args.vram_budget, pinned_budget=args.pinned_budget,

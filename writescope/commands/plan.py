@@ -257,7 +257,7 @@ def run(args: argparse.Namespace) -> int:
     from ..models.config import ModelConfig
     from ..planner import roofline as rl
     from ..planner.profile import HardwareProfile, load_or_calibrate
-    from ..units import format_bytes, parse_bytes, parse_count
+    from ..units import format_bytes, is_auto, parse_bytes, parse_count
     if args.batch < 1:  # before a calibration may run
         raise ValueError(f"--batch must be >= 1, got {args.batch}")
     if args.config_override:
@@ -278,7 +278,7 @@ def run(args: argparse.Namespace) -> int:
               "for this machine's", file=sys.stderr)
     lengths = [parse_count(x) for x in args.context_lengths.split(",") if x.strip()]
     budget = parse_bytes(args.vram_budget) if args.vram_budget not in (None, "", "none") else None
-    auto_kv = str(args.kv_cache_memory).lower() == "auto"
+    auto_kv = is_auto(args.kv_cache_memory)
     kv_memory = parse_bytes(args.kv_cache_memory) if args.kv_cache_memory and not auto_kv else None
     if kv_memory is not None and kv_memory <= 0:
         raise ValueError(f"--kv-cache-memory must be positive, got {args.kv_cache_memory!r}")

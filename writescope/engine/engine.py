@@ -229,7 +229,8 @@ class LLMEngine:
         #: (planner/expert_split.py): {"cpu_layers", "kv_cache_memory", "step_s"}
         self.kv_split = None
         early_profile = None
-        if isinstance(kv_cache_memory, str) and kv_cache_memory.strip().lower() == "auto":
+        from ..units import is_auto
+        if is_auto(kv_cache_memory):
             if not isinstance(experts, str) or experts.lower() != "auto":
                 raise ValueError("kv_cache_memory='auto' chooses where the routed experts run: "
                                  f"it needs experts='auto', got experts={experts!r}")

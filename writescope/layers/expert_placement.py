@@ -85,14 +85,12 @@ def choose_expert_layers(cfg: ModelConfig, experts: str, vram_budget_bytes: int 
         _check_fits(cfg, all_gpu, vram_budget_bytes, 0, dtype, margin_bytes, mode, device)
         return all_gpu
     # auto
-    itemsize = torch.empty(0, dtype=dtype).element_size()
     pc = cfg.param_counts()
-    margin = default_margin_bytes(vram_budget_bytes) if margin_bytes is None else margin_bytes
-    fixed = pc["other"] * itemsize + kv_bytes_needed + margin
-    dev_item = _device_expert_itemsize(cfg, dtype, device)
-    if fixed + pc["routed_experts"] * dev_item <= vram_budget_bytes:
+    base, per_layer = _auto_sizes(cfg, vram_budget_bytes, dtype, margin_bytes, device)
+    fixed = base + kv_bytes_needed
+    if fixed + pc["routed_experts"] * _device_expert_itemsize(cfg, dtype, device) \
+            <= vram_budget_bytes:
         return all_gpu
-    per_layer = int(cfg.num_experts * pc["expert"] * dev_item)
     free = vram_budget_bytes - fixed
     if free < 0:
         _check_fits(cfg, [i in set(moe) for i in range(n)], vram_budget_bytes, kv_bytes_needed,
@@ -100,6 +98,36 @@ def choose_expert_layers(cfg: ModelConfig, experts: str, vram_budget_bytes: int 
     keep = min(len(moe), max(0, free) // per_layer) if per_layer else len(moe)
     on_cpu = set(moe[: len(moe) - keep])
     return [i in on_cpu for i in range(n)]
+
+
+def _auto_sizes(cfg, budget, dtype, margin_bytes=None, device=None) -> tuple[int, int]:
+    """``auto``'s arithmetic: (the bytes that stay on the GPU whatever the split -- the weights
+    that are not routed experts and the margin --, one MoE layer's routed experts on the GPU)."""
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    pc = cfg.param_counts()
+    margin = default_margin_bytes(budget) if margin_bytes is None else margin_bytes
+    per_layer = int(cfg.num_experts * pc["expert"] * _device_expert_itemsize(cfg, dtype, device))
+    return pc["other"] * itemsize + margin, per_layer
+
+
+def kv_bytes_for_split(cfg: ModelConfig, vram_budget_bytes: int, n_cpu: int,
+                       dtype: torch.dtype = torch.bfloat16, device=None) -> int | None:
+    """The inverse of ``auto``: the KV need (``kv_cache_memory``) with which
+    :func:`choose_expert_layers` puts exactly ``n_cpu`` MoE layers' routed experts on the CPU
+    under ``vram_budget_bytes`` -- the most KV that split leaves room for, rounded down to a
+    MiB --, or None where no value gives that split."""
+    n_moe = len(cfg.moe_layers)
+    if not 0 <= n_cpu <= n_moe:
+        return None
+    base, per_layer = _auto_sizes(cfg, vram_budget_bytes, dtype, None, device)
+    x = (vram_budget_bytes - base - (n_moe - n_cpu) * per_layer) // 2**20 * 2**20
+    if x <= 0:
+        return None
+    try:  # the rounding, and "everything fits" past the top, can give another split
+        got = sum(choose_expert_layers(cfg, "auto", vram_budget_bytes, x, dtype, device=device))
+    except ValueError:
+        return None
+    return x if got == n_cpu else None
 
 
 def _check_fits(cfg, flags, budget, kv, dtype, margin_bytes, mode, device=None) -> None:

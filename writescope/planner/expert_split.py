@@ -31,26 +31,9 @@ __all__ = ["kv_memory_for_split", "split_options", "split_step", "best_split"]
 def kv_memory_for_split(cfg: "ModelConfig", vram_budget: int, n_cpu: int,
                         dtype: torch.dtype = torch.bfloat16, device=None) -> int | None:
     """The ``kv_cache_memory`` with which ``experts="auto"`` puts the routed experts of exactly
-    ``n_cpu`` MoE layers on the CPU under ``vram_budget`` (the most KV that split leaves room
-    for, rounded down to a MiB), or None where no value gives that split."""
-    from ..layers.expert_placement import (_device_expert_itemsize, choose_expert_layers,
-                                           default_margin_bytes)
-    n_moe = len(cfg.moe_layers)
-    if not 0 <= n_cpu <= n_moe:
-        return None
-    pc = cfg.param_counts()
-    itemsize = torch.empty(0, dtype=dtype).element_size()
-    per_layer = int(cfg.num_experts * pc["expert"] * _device_expert_itemsize(cfg, dtype, device))
-    x = vram_budget - pc["other"] * itemsize - default_margin_bytes(vram_budget) \
-        - (n_moe - n_cpu) * per_layer
-    x = (x // 2**20) * 2**20
-    if x <= 0:
-        return None
-    try:
-        got = sum(choose_expert_layers(cfg, "auto", vram_budget, x, dtype, device=device))
-    except ValueError:
-        return None
-    return x if got == n_cpu else None
+    ``n_cpu`` MoE layers on the CPU (``layers/expert_placement.kv_bytes_for_split``)."""
+    from ..layers.expert_placement import kv_bytes_for_split
+    return kv_bytes_for_split(cfg, vram_budget, n_cpu, dtype, device)
 
 
 def split_options(cfg: "ModelConfig", vram_budget: int, min_kv_bytes: int = 0,
