@@ -75,6 +75,9 @@ def placement_summary(engine) -> str:
                else f"routed experts on the CPU in {n_cpu} of {n_moe} MoE layers")
     by = engine.cache.layout.bytes(engine.cache.spec)
     n = engine.cache.layout.num_blocks
+    if engine.experts_moved_layers:
+        experts += (f" ({engine.experts_moved_layers} of them moved there once the activations "
+                    "were measured)")
     if engine.kv_split is not None:
         experts += (f" (--kv-cache-memory auto: chosen for {engine.scheduler.max_num_seqs} x "
                     f"{engine.max_model_len} tokens, {engine.kv_split['step_s'] * 1e3:.1f} ms a "

@@ -277,16 +277,26 @@ class LLMEngine:
         t2 = time.perf_counter()
         # a prefill chunk's whole context, gathered for the dense prefill kernel: one layer of
         # up to max_model_len tokens, held twice (gathered, then joined with the chunk's records)
-        act = self._activation_bytes(max_num_batched_tokens) + 2 * spec.token_bytes(1) * \
-            self.max_model_len + self._mla_prefill_bytes()
+        act = self._step_activation_bytes(max_num_batched_tokens, spec)
         #: where start-up time went (seconds): weights, page-locking CPU experts, activations
         self.build_times = {"weights_s": t1 - t0, "pin_experts_s": t2 - t1,
                             "activations_s": time.perf_counter() - t2}
-        self.weights_bytes = weights_on_device
         # the T staging ring and the C gather buffers live in HBM too (only on CUDA; elsewhere
         # T and C are read in place)
         staging = DEFAULT_STAGING_BYTES if self.device.type == "cuda" else 0
         gather = DEFAULT_GATHER_BYTES if self.device.type == "cuda" else 0
+        #: MoE layers whose routed experts were moved to the CPU once the activations were known
+        #: (:meth:`_fit_experts_around_kv`)
+        self.experts_moved_layers = 0
+        if self.kv_cache_memory is not None and isinstance(experts, str) \
+                and experts.lower() == "auto":
+            t3 = time.perf_counter()
+            weights_on_device, act = self._fit_experts_around_kv(
+                vram, weights_on_device, act, staging + gather, spec, max_num_seqs,
+                max_num_batched_tokens, early_profile)
+            if self.experts_moved_layers:
+                self.build_times["move_experts_s"] = time.perf_counter() - t3
+        self.weights_bytes = weights_on_device
         kv_device = vram - weights_on_device - act - staging - gather
         if kv_device <= 0:
             raise ValueError(
@@ -342,6 +352,77 @@ class LLMEngine:
                          "engine.overlapped_steps": 0}
         freeze_gc()
 
+
+    def _step_activation_bytes(self, max_tokens: int, spec) -> int:
+        """Device bytes kept for the largest step: its activations (:meth:`_activation_bytes`)
+        and a prefill chunk's whole context, gathered for the dense prefill kernel -- one layer
+        of up to max_model_len tokens, held twice (gathered, then joined with the chunk's
+        records)."""
+        return self._activation_bytes(max_tokens) + 2 * spec.token_bytes(1) * \
+            self.max_model_len + self._mla_prefill_bytes()
+
+    def _fit_experts_around_kv(self, vram: int, weights: int, act: int, buffers: int, spec,
+                               max_num_seqs: int, max_tokens: int, profile) -> tuple[int, int]:
+        """With ``experts="auto"`` and ``kv_cache_memory``: the experts were placed before the
+        model was built, around a default margin for the activations. Where the activations
+        measured since leave the KV less than asked, move the next MoE layers' routed experts
+        to the CPU (the layers ``auto`` moves first; ``layers/expert_move.py``) until it fits.
+        Under ``kv_cache_memory="auto"`` the split is chosen again with the measured
+        activations, among the splits with at least the layers already on the CPU. Returns the
+        device weight bytes and activation bytes after the moves."""
+        from ..layers.expert_move import experts_to_cpu
+
+        def left() -> int:
+            return vram - weights - act - buffers
+
+        if self.kv_cache_memory is None or left() >= self.kv_cache_memory:
+            return weights, act
+        want = None  # under "auto": how many MoE layers' experts the new split puts on the CPU
+        if self.kv_split is not None:
+            from ..planner.expert_split import best_split
+            new = best_split(profile, self.config, [self.max_model_len] * max_num_seqs, vram,
+                             min_kv_bytes=spec.token_bytes() * self.max_model_len,
+                             dtype=self.dtype, device=self.device, margin_bytes=act + buffers,
+                             min_cpu_layers=sum(self.cpu_expert_layers))
+            if new is not None:
+                want = new["cpu_layers"]
+                self.kv_split = new
+                self.kv_cache_memory = new["kv_cache_memory"]  # None: every layer's experts
+        for _ in range(2):  # a second pass when the first CPU layers' upload buffer was measured
+            moved = []
+            for i, m in self.model.moe_blocks():
+                if m.cpu_experts is not None:
+                    continue
+                if (sum(self.cpu_expert_layers) >= want if want is not None
+                        else self.kv_cache_memory is None or left() >= self.kv_cache_memory):
+                    break
+                avail = _available_ram_bytes()
+                if avail is not None and m.experts.nbytes > avail:
+                    warnings.warn(f"kv_cache_memory: MoE layer {i}'s routed experts "
+                                  f"({m.experts.nbytes / 2**30:.2f} GiB) do not fit in the host "
+                                  f"memory available ({avail / 2**30:.2f} GiB); they stay on "
+                                  f"the {self.device.type}", RuntimeWarning, stacklevel=3)
+                    break
+                weights -= experts_to_cpu(m, self.dtype)
+                self.cpu_expert_layers[i] = True
+                moved.append(m)
+            if not moved:
+                break
+            self.experts_moved_layers += len(moved)
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            if self.expert_uploader is not None:
+                for m in moved:
+                    self.expert_uploader.register(m.cpu_experts)
+                    m.uploader = self.expert_uploader
+                break
+            self.expert_uploader = self._attach_expert_uploader()
+            if self.expert_uploader is None:
+                break
+            # the first CPU layers: prefill chunks now run them through the upload buffer,
+            # which the measured activations did not hold yet
+            act = self._step_activation_bytes(max_tokens, spec)
+        return weights, act
 
     def _attach_expert_uploader(self):
         """On CUDA, let prefill-sized steps run the CPU-placed experts on the GPU
@@ -804,6 +885,8 @@ class LLMEngine:
             s["engine.kv_cache_memory"] = self.kv_cache_memory
         if self.kv_split is not None:  # kv_cache_memory="auto": the split's predicted step
             s["engine.kv_split_predicted_step_s"] = self.kv_split["step_s"]
+        if self.experts_moved_layers:
+            s["engine.experts_moved_layers"] = self.experts_moved_layers
         held = self.model.host_experts()
         if held:  # how the CPU experts' weights are stored, and their host bytes
             s["engine.cpu_expert_format"] = held[0].weight_format

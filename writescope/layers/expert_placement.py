@@ -111,20 +111,23 @@ def _auto_sizes(cfg, budget, dtype, margin_bytes=None, device=None) -> tuple[int
 
 
 def kv_bytes_for_split(cfg: ModelConfig, vram_budget_bytes: int, n_cpu: int,
-                       dtype: torch.dtype = torch.bfloat16, device=None) -> int | None:
+                       dtype: torch.dtype = torch.bfloat16, device=None,
+                       margin_bytes: int | None = None) -> int | None:
     """The inverse of ``auto``: the KV need (``kv_cache_memory``) with which
     :func:`choose_expert_layers` puts exactly ``n_cpu`` MoE layers' routed experts on the CPU
     under ``vram_budget_bytes`` -- the most KV that split leaves room for, rounded down to a
-    MiB --, or None where no value gives that split."""
+    MiB --, or None where no value gives that split. ``margin_bytes`` as in
+    :func:`choose_expert_layers` (the engine passes the activations it measured)."""
     n_moe = len(cfg.moe_layers)
     if not 0 <= n_cpu <= n_moe:
         return None
-    base, per_layer = _auto_sizes(cfg, vram_budget_bytes, dtype, None, device)
+    base, per_layer = _auto_sizes(cfg, vram_budget_bytes, dtype, margin_bytes, device)
     x = (vram_budget_bytes - base - (n_moe - n_cpu) * per_layer) // 2**20 * 2**20
     if x <= 0:
         return None
     try:  # the rounding, and "everything fits" past the top, can give another split
-        got = sum(choose_expert_layers(cfg, "auto", vram_budget_bytes, x, dtype, device=device))
+        got = sum(choose_expert_layers(cfg, "auto", vram_budget_bytes, x, dtype,
+                                       margin_bytes=margin_bytes, device=device))
     except ValueError:
         return None
     return x if got == n_cpu else None

@@ -29,22 +29,26 @@ __all__ = ["kv_memory_for_split", "split_options", "split_step", "best_split"]
 
 
 def kv_memory_for_split(cfg: "ModelConfig", vram_budget: int, n_cpu: int,
-                        dtype: torch.dtype = torch.bfloat16, device=None) -> int | None:
+                        dtype: torch.dtype = torch.bfloat16, device=None,
+                        margin_bytes: int | None = None) -> int | None:
     """The ``kv_cache_memory`` with which ``experts="auto"`` puts the routed experts of exactly
-    ``n_cpu`` MoE layers on the CPU (``layers/expert_placement.kv_bytes_for_split``)."""
+    ``n_cpu`` MoE layers on the CPU (``layers/expert_placement.kv_bytes_for_split``), with
+    ``margin_bytes`` of the budget kept for activations and staging (None: ``auto``'s default
+    margin)."""
     from ..layers.expert_placement import kv_bytes_for_split
-    return kv_bytes_for_split(cfg, vram_budget, n_cpu, dtype, device)
+    return kv_bytes_for_split(cfg, vram_budget, n_cpu, dtype, device, margin_bytes)
 
 
 def split_options(cfg: "ModelConfig", vram_budget: int, min_kv_bytes: int = 0,
-                  dtype: torch.dtype = torch.bfloat16, device=None) -> dict[int, int | None]:
+                  dtype: torch.dtype = torch.bfloat16, device=None,
+                  margin_bytes: int | None = None) -> dict[int, int | None]:
     """Every split the engine can be given: CPU layer count -> its ``kv_cache_memory`` (None:
     all of them, ``experts="cpu"``). A count whose value is below ``min_kv_bytes`` (the KV of
     one ``max_model_len`` sequence, which ``auto`` always sets aside) cannot be had."""
     n_moe = len(cfg.moe_layers)
     out: dict[int, int | None] = {n_moe: None}
     for k in range(n_moe):
-        x = kv_memory_for_split(cfg, vram_budget, k, dtype, device)
+        x = kv_memory_for_split(cfg, vram_budget, k, dtype, device, margin_bytes)
         if x is not None and x >= min_kv_bytes:
             out[k] = x
     return out
@@ -66,12 +70,19 @@ def split_step(profile: "HardwareProfile", cfg: "ModelConfig", lengths: list[int
 
 def best_split(profile: "HardwareProfile", cfg: "ModelConfig", lengths: list[int],
                vram_budget: int, min_kv_bytes: int = 0, dtype: torch.dtype = torch.bfloat16,
-               device=None) -> dict | None:
+               device=None, margin_bytes: int | None = None, min_cpu_layers: int = 0
+               ) -> dict | None:
     """The split of the fastest predicted step for a batch of ``lengths``, as the engine would
     run it: ``{"cpu_layers", "kv_cache_memory" (None: experts="cpu"), "step_s"}``, the fewest
-    CPU layers among equal predictions; None where no split fits."""
+    CPU layers among equal predictions; None where no split fits. ``margin_bytes``: the budget
+    kept for activations and staging (None: ``auto``'s default margin; the engine passes what
+    it measured once the model is built); ``min_cpu_layers``: the fewest CPU layers to
+    consider (a built engine can move experts to the CPU, not back)."""
     best = None
-    for k, x in sorted(split_options(cfg, vram_budget, min_kv_bytes, dtype, device).items()):
+    for k, x in sorted(split_options(cfg, vram_budget, min_kv_bytes, dtype, device,
+                                     margin_bytes).items()):
+        if k < min_cpu_layers:
+            continue
         s = split_step(profile, cfg, lengths, vram_budget, k, x)
         if s is not None and (best is None or s < best["step_s"]):
             best = {"cpu_layers": k, "kv_cache_memory": x, "step_s": s}
