@@ -90,6 +90,22 @@ def test_experts_move_until_the_kv_asked_for_fits(tiny_qwen3_moe):
     assert _greedy(llm) == _greedy(placed)
 
 
+def test_auto_alone_keeps_one_sequence_of_kv(tiny_qwen3_moe):
+    """Without ``kv_cache_memory``, ``auto`` sets aside one ``max_model_len`` sequence's KV; the
+    measured activations do not take it away either."""
+    cfg, pc, item, per_layer, one_seq = _sizes(tiny_qwen3_moe)
+    probe = _engine(tiny_qwen3_moe, experts="gpu", max_num_batched_tokens=BIG_STEP)
+    act = _reserve(probe, BIG_STEP)
+    budget = pc["other"] * item + pc["routed_experts"] * item + one_seq + act - per_layer
+    assert not any(choose_expert_layers(cfg, "auto", budget, one_seq, torch.float32, device="cpu"))
+    llm = _engine(tiny_qwen3_moe, vram_budget=budget, experts="auto",
+                  max_num_batched_tokens=BIG_STEP)
+    assert llm.engine.experts_moved_layers == 1
+    assert _device_kv_bytes(llm) >= one_seq
+    out = llm.generate(["Tell me a story"], SamplingParams(max_tokens=4, temperature=0))
+    assert len(out[0].outputs[0].token_ids) == 4
+
+
 def test_no_move_when_the_kv_fits_or_the_placement_was_asked_for(tiny_qwen3_moe):
     cfg, pc, item, per_layer, one_seq = _sizes(tiny_qwen3_moe)
     ask = one_seq * 2

@@ -288,11 +288,10 @@ class LLMEngine:
         #: MoE layers whose routed experts were moved to the CPU once the activations were known
         #: (:meth:`_fit_experts_around_kv`)
         self.experts_moved_layers = 0
-        if self.kv_cache_memory is not None and isinstance(experts, str) \
-                and experts.lower() == "auto":
+        if isinstance(experts, str) and experts.lower() == "auto":
             t3 = time.perf_counter()
             weights_on_device, act = self._fit_experts_around_kv(
-                vram, weights_on_device, act, staging + gather, spec, max_num_seqs,
+                vram, weights_on_device, act, staging + gather, kv_need, spec, max_num_seqs,
                 max_num_batched_tokens, early_profile)
             if self.experts_moved_layers:
                 self.build_times["move_experts_s"] = time.perf_counter() - t3
@@ -361,21 +360,23 @@ class LLMEngine:
         return self._activation_bytes(max_tokens) + 2 * spec.token_bytes(1) * \
             self.max_model_len + self._mla_prefill_bytes()
 
-    def _fit_experts_around_kv(self, vram: int, weights: int, act: int, buffers: int, spec,
-                               max_num_seqs: int, max_tokens: int, profile) -> tuple[int, int]:
-        """With ``experts="auto"`` and ``kv_cache_memory``: the experts were placed before the
-        model was built, around a default margin for the activations. Where the activations
-        measured since leave the KV less than asked, move the next MoE layers' routed experts
-        to the CPU (the layers ``auto`` moves first; ``layers/expert_move.py``) until it fits.
-        Under ``kv_cache_memory="auto"`` the split is chosen again with the measured
-        activations, among the splits with at least the layers already on the CPU. Returns the
-        device weight bytes and activation bytes after the moves."""
+    def _fit_experts_around_kv(self, vram: int, weights: int, act: int, buffers: int,
+                               kv_need: int, spec, max_num_seqs: int, max_tokens: int,
+                               profile) -> tuple[int, int]:
+        """With ``experts="auto"`` the experts were placed before the model was built, around
+        ``kv_need`` (``kv_cache_memory``, else one ``max_model_len`` sequence's KV) and a default
+        margin for the activations. Where the activations measured since leave the KV less than
+        that, move the next MoE layers' routed experts to the CPU (the layers ``auto`` moves
+        first; ``layers/expert_move.py``) until it fits. Under ``kv_cache_memory="auto"`` the
+        split is chosen again with the measured activations, among the splits with at least the
+        layers already on the CPU. Returns the device weight bytes and activation bytes after
+        the moves."""
         from ..layers.expert_move import experts_to_cpu
 
         def left() -> int:
             return vram - weights - act - buffers
 
-        if self.kv_cache_memory is None or left() >= self.kv_cache_memory:
+        if left() >= kv_need:
             return weights, act
         want = None  # under "auto": how many MoE layers' experts the new split puts on the CPU
         if self.kv_split is not None:
@@ -394,7 +395,7 @@ class LLMEngine:
                 if m.cpu_experts is not None:
                     continue
                 if (sum(self.cpu_expert_layers) >= want if want is not None
-                        else self.kv_cache_memory is None or left() >= self.kv_cache_memory):
+                        else left() >= kv_need):
                     break
                 avail = _available_ram_bytes()
                 if avail is not None and m.experts.nbytes > avail:

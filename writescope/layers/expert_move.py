@@ -1,10 +1,11 @@
 """Moving a built MoE layer's routed experts from the compute device to host memory.
 
-``experts="auto"`` places the routed experts before the model is built, with a margin for the
-activations (:func:`~writescope.layers.expert_placement.default_margin_bytes`). On CUDA the
-engine then measures the activations of its largest step, which can exceed that margin (Qwen3-
-30B-A3B at 8K-16K batched tokens: 1.7-2.8 GiB against 1.6 GiB under a 32 GiB budget), so the KV
-asked for (``kv_cache_memory``) would not fit. Rather than load the checkpoint again, the engine
+``experts="auto"`` places the routed experts before the model is built, around the KV asked for
+(``kv_cache_memory``, else one ``max_model_len`` sequence's) and a margin for the activations
+(:func:`~writescope.layers.expert_placement.default_margin_bytes`). On CUDA the engine then
+measures the activations of its largest step, which can exceed that margin (Qwen3-30B-A3B at
+8K-16K batched tokens: 1.7-2.8 GiB against 1.6 GiB under a 32 GiB budget), so that KV would not
+fit. Rather than load the checkpoint again, the engine
 moves the next layers' experts to the CPU (:meth:`Engine._fit_experts_around_kv`) -- the
 same layers ``auto`` moves first, the same values: bf16/fp32 experts as they are, FP8 ones
 kept FP8 where the CPU kernel computes with them (else dequantized, as the loader does).
