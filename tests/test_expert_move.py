@@ -75,8 +75,12 @@ def test_experts_move_until_the_kv_asked_for_fits(tiny_qwen3_moe):
     assert _device_kv_bytes(llm) == ask  # the regions got what was asked, and no more
     assert eng.weights_bytes + act + ask <= budget
     assert eng.stats()["engine.experts_moved_layers"] == 2
+    assert eng.stats()["engine.activation_bytes"] == act == eng.activation_bytes
     from writescope.commands.common import placement_summary
-    assert "2 of them moved there once the activations were measured" in placement_summary(eng)
+    line = placement_summary(eng)
+    assert "2 of them moved there once the activations were measured" in line
+    from writescope.units import format_bytes
+    assert f"activations {format_bytes(act)} |" in line
     assert "move_experts_s" in eng.build_times
     # the same engine with the same split chosen before the build (a small step, whose
     # activations fit the margin, and a kv_cache_memory that gives two CPU layers) computes

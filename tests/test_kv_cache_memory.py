@@ -244,4 +244,6 @@ def test_the_bench_records_the_split(tiny_qwen3_moe, tmp_path):
     split = meta["kv_split"]
     assert split is not None and meta["experts_on_cpu_layers"] == split["cpu_layers"]
     assert meta["kv_cache_memory"] == split["kv_cache_memory"]
+    assert meta["activation_bytes"] > 0 and meta["buffer_bytes"] == 0  # (no staging on the CPU)
+    assert meta["experts_moved_layers"] == 0
     assert not doc["rows"][0].get("error")

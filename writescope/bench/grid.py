@@ -579,6 +579,10 @@ class Grid:
             "engine_build_times": dict(getattr(engine, "build_times", {})),
             "vram_budget": vram_budget, "weights_device_bytes": engine.weights_bytes,
             "experts_on_cpu_layers": sum(engine.cpu_expert_layers),
+            # the engine's reserve for its largest step, and the layers whose experts it moved
+            # to the CPU once that was measured (LLMEngine._fit_experts_around_kv)
+            "activation_bytes": engine.activation_bytes, "buffer_bytes": engine.buffer_bytes,
+            "experts_moved_layers": engine.experts_moved_layers,
             # --kv-cache-memory (auto: the planner's split and its predicted step)
             "kv_cache_memory": getattr(engine, "kv_cache_memory", None),
             "kv_split": getattr(engine, "kv_split", None),

@@ -83,7 +83,8 @@ def placement_summary(engine) -> str:
                     f"{engine.max_model_len} tokens, {engine.kv_split['step_s'] * 1e3:.1f} ms a "
                     "step predicted)")
     return (f"{experts} | weights on the {dev} {format_bytes(engine.weights_bytes)} of "
-            f"{format_bytes(engine.vram_budget)} | KV: G {n[Region.G]} blk/"
+            f"{format_bytes(engine.vram_budget)}, activations "
+            f"{format_bytes(engine.activation_bytes + engine.buffer_bytes)} | KV: G {n[Region.G]} blk/"
             f"{format_bytes(by[Region.G])}, W {n[Region.W]} tails/{format_bytes(by[Region.W])}, "
             f"T {n[Region.T]} blk/{format_bytes(by[Region.T])} pinned, C {n[Region.C]} blk/"
             f"{format_bytes(by[Region.C])} host")

@@ -296,6 +296,9 @@ class LLMEngine:
             if self.experts_moved_layers:
                 self.build_times["move_experts_s"] = time.perf_counter() - t3
         self.weights_bytes = weights_on_device
+        #: device bytes kept for the largest step's activations (measured on CUDA, with 10%
+        #: headroom; planned elsewhere) and for the staging and gather buffers
+        self.activation_bytes, self.buffer_bytes = act, staging + gather
         kv_device = vram - weights_on_device - act - staging - gather
         if kv_device <= 0:
             raise ValueError(
@@ -880,6 +883,7 @@ class LLMEngine:
         t = self.counters["engine.step_time_s"]
         s["engine.tokens_per_s"] = self.counters["engine.generated_tokens"] / t if t else 0.0
         s["engine.weights_device_bytes"] = self.weights_bytes
+        s["engine.activation_bytes"] = self.activation_bytes
         s["engine.vram_budget"] = self.vram_budget
         s["engine.experts_on_cpu_layers"] = sum(self.cpu_expert_layers)
         if self.kv_cache_memory is not None:
