@@ -175,7 +175,9 @@ def format_splits(rows: list[dict]) -> str:
                if r["kv_cache_memory"] else "-")
         lines.append(f"{format_count(r['context_length']):>8} {cur:>22} {best:>22} {sp:>8}  {opt}")
     lines.append("(each split as the engine gives it with --max-model-len at that length: it "
-                 "always sets aside one such sequence's KV; --kv-cache-memory auto chooses it)")
+                 "always sets aside one such sequence's KV; --kv-cache-memory auto chooses it. "
+                 "The splits assume auto's margin for the activations; where the engine "
+                 "measures more, it moves more layers' experts to the CPU at start-up)")
     return "\n".join(lines)
 
 
