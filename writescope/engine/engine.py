@@ -402,7 +402,7 @@ class LLMEngine:
                     break
                 avail = _available_ram_bytes()
                 if avail is not None and m.experts.nbytes > avail:
-                    warnings.warn(f"kv_cache_memory: MoE layer {i}'s routed experts "
+                    warnings.warn(f"experts='auto': MoE layer {i}'s routed experts "
                                   f"({m.experts.nbytes / 2**30:.2f} GiB) do not fit in the host "
                                   f"memory available ({avail / 2**30:.2f} GiB); they stay on "
                                   f"the {self.device.type}", RuntimeWarning, stacklevel=3)
