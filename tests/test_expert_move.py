@@ -15,6 +15,7 @@ import torch
 
 from writescope import LLM, SamplingParams
 from writescope.layers.expert_placement import choose_expert_layers, default_margin_bytes
+from writescope.kvcache.regions import Region
 from writescope.models.config import ModelConfig, load_config_dict
 
 MAX_LEN = 256
@@ -108,6 +109,25 @@ def test_auto_alone_keeps_one_sequence_of_kv(tiny_qwen3_moe):
     assert _device_kv_bytes(llm) >= one_seq
     out = llm.generate(["Tell me a story"], SamplingParams(max_tokens=4, temperature=0))
     assert len(out[0].outputs[0].token_ids) == 4
+
+
+def test_no_room_is_made_beyond_num_gpu_blocks(tiny_qwen3_moe):
+    """``num_gpu_blocks`` caps G: the fit makes room for that many blocks (and the write
+    tails), not for the sequence ``auto`` would otherwise keep."""
+    cfg, pc, item, per_layer, _ = _sizes(tiny_qwen3_moe)
+    kw = dict(dtype="float32", device="cpu", max_model_len=1024, max_num_seqs=4,
+              max_num_batched_tokens=BIG_STEP)
+    probe = LLM(str(tiny_qwen3_moe), experts="gpu", **kw)
+    act = _reserve(probe, BIG_STEP)
+    bb = probe.engine.cache.block_bytes
+    one_seq = cfg.kv_spec(torch.float32).token_bytes() * 1024
+    assert one_seq == 16 * bb
+    budget = pc["other"] * item + pc["routed_experts"] * item + act + 8 * bb  # 8 blocks left
+    free = LLM(str(tiny_qwen3_moe), experts="auto", vram_budget=budget, **kw)
+    assert free.engine.experts_moved_layers > 0  # to keep one 16-block sequence
+    capped = LLM(str(tiny_qwen3_moe), experts="auto", vram_budget=budget, num_gpu_blocks=2, **kw)
+    assert capped.engine.experts_moved_layers == 0  # 2 G blocks and 4 tails fit in 8
+    assert capped.engine.cache.layout.num_blocks[Region.G] == 2
 
 
 def test_no_move_when_the_kv_fits_or_the_placement_was_asked_for(tiny_qwen3_moe):

@@ -290,6 +290,8 @@ class LLMEngine:
         self.experts_moved_layers = 0
         if isinstance(experts, str) and experts.lower() == "auto":
             t3 = time.perf_counter()
+            if num_gpu_blocks is not None:  # G holds no more than that: room for more is wasted
+                kv_need = min(kv_need, (num_gpu_blocks + max_num_seqs) * spec.block_bytes(block_size))
             weights_on_device, act = self._fit_experts_around_kv(
                 vram, weights_on_device, act, staging + gather, kv_need, spec, max_num_seqs,
                 max_num_batched_tokens, early_profile)
