@@ -1,8 +1,8 @@
 #!/bin/bash
 # The whole GPU suite on one tree: the call to make before an issue touching GPU code is
-# resolved. Last run in the fifty-sixth session on 115dc54 (H100): 230 passed, 5 skipped (the
-# server test modules, which the device cannot import), 313 s; the FP8 interpreter test 78 s
-# (bench/results/2026-12-05g-h100). Carry .whl: llguidance 1.9.1 -- 1.6.1 failed the grammar
+# resolved. Last run in the fifty-seventh session on 3d02455 (H100): 232 passed, 5 skipped (the
+# server test modules, which the device cannot import), 367 s; its 120 s cap cut the FP8
+# interpreter test, 78 s the session before (bench/results/2026-12-05h-h100/call3). Carry .whl: llguidance 1.9.1 -- 1.6.1 failed the grammar
 # test -- and jsonschema with its dependencies; accelerate is in the image. Works on an H100 or
 # an H200 machine.
 # .whl is not in git (.git/info/exclude); on a fresh dev machine rebuild it first:
