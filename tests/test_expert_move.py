@@ -36,10 +36,9 @@ def _sizes(ckpt, dtype=torch.float32):
     return cfg, pc, item, per_layer, one_seq
 
 
-def _reserve(llm, tokens):
+def _reserve(llm):
     """The device bytes the engine keeps for its largest step (on the CPU: planned)."""
-    eng = llm.engine
-    return eng._step_activation_bytes(tokens, eng.config.kv_spec(eng.dtype))
+    return llm.engine.activation_bytes + llm.engine.buffer_bytes
 
 
 def _device_kv_bytes(llm) -> int:
@@ -58,7 +57,7 @@ def test_experts_move_until_the_kv_asked_for_fits(tiny_qwen3_moe):
     cfg, pc, item, per_layer, one_seq = _sizes(tiny_qwen3_moe)
     ask = one_seq * 2
     probe = _engine(tiny_qwen3_moe, experts="gpu", max_num_batched_tokens=BIG_STEP)
-    act = _reserve(probe, BIG_STEP)
+    act = _reserve(probe)
     assert act > default_margin_bytes(2 ** 30)  # above the margin auto placed the experts with
     # every expert fits beside the KV asked for with the default margin, but with the planned
     # activations two layers' experts must go (a quarter layer to spare)
@@ -100,7 +99,7 @@ def test_auto_alone_keeps_one_sequence_of_kv(tiny_qwen3_moe):
     measured activations do not take it away either."""
     cfg, pc, item, per_layer, one_seq = _sizes(tiny_qwen3_moe)
     probe = _engine(tiny_qwen3_moe, experts="gpu", max_num_batched_tokens=BIG_STEP)
-    act = _reserve(probe, BIG_STEP)
+    act = _reserve(probe)
     budget = pc["other"] * item + pc["routed_experts"] * item + one_seq + act - per_layer
     assert not any(choose_expert_layers(cfg, "auto", budget, one_seq, torch.float32, device="cpu"))
     llm = _engine(tiny_qwen3_moe, vram_budget=budget, experts="auto",
@@ -118,7 +117,7 @@ def test_no_room_is_made_beyond_num_gpu_blocks(tiny_qwen3_moe):
     kw = dict(dtype="float32", device="cpu", max_model_len=1024, max_num_seqs=4,
               max_num_batched_tokens=BIG_STEP)
     probe = LLM(str(tiny_qwen3_moe), experts="gpu", **kw)
-    act = _reserve(probe, BIG_STEP)
+    act = _reserve(probe)
     bb = probe.engine.cache.block_bytes
     one_seq = cfg.kv_spec(torch.float32).token_bytes() * 1024
     assert one_seq == 16 * bb
@@ -139,7 +138,7 @@ def test_no_move_when_the_kv_fits_or_the_placement_was_asked_for(tiny_qwen3_moe)
     assert "engine.experts_moved_layers" not in llm.engine.stats()
     # experts="gpu" is a request, not a default: the KV gets less, with the warning
     probe = _engine(tiny_qwen3_moe, experts="gpu", max_num_batched_tokens=BIG_STEP)
-    act = _reserve(probe, BIG_STEP)
+    act = _reserve(probe)
     tight = pc["other"] * item + pc["routed_experts"] * item + ask + act - per_layer
     with pytest.warns(RuntimeWarning, match="kv_cache_memory asks for"):
         llm = _engine(tiny_qwen3_moe, vram_budget=tight, experts="gpu", kv_cache_memory=ask,
@@ -161,7 +160,7 @@ def test_fp8_device_experts_move_as_fp8(tiny_qwen3_moe_fp8, monkeypatch):
     dev = probe.engine.model.device_experts()
     assert dev and dev[0].fp8 is not None
     per_layer = dev[0].nbytes
-    act = _reserve(probe, BIG_STEP)
+    act = _reserve(probe)
     ask = one_seq * 2
     budget = probe.engine.weights_bytes + ask + act - per_layer + per_layer // 4
     llm = _engine(tiny_qwen3_moe_fp8, dtype="bfloat16", vram_budget=budget, experts="auto",
@@ -191,7 +190,7 @@ def test_kv_cache_memory_auto_chooses_again_with_the_activations(tiny_qwen3_moe,
     profile = HardwareProfile.load(prof)
     cfg, pc, item, per_layer, one_seq = _sizes(tiny_qwen3_moe)
     probe = _engine(tiny_qwen3_moe, experts="gpu", max_num_batched_tokens=BIG_STEP)
-    act = _reserve(probe, BIG_STEP)
+    act = _reserve(probe)
     lengths = [MAX_LEN] * 4
     budget = pc["other"] * item + pc["routed_experts"] * item + one_seq * 2 + act - per_layer
     before = best_split(profile, cfg, lengths, budget, min_kv_bytes=one_seq,
@@ -226,7 +225,7 @@ def test_moves_on_cuda(tiny_qwen3_moe, tiny_qwen3_moe_fp8, fp8, monkeypatch):
     probe = LLM(str(ckpt), experts="gpu", **kw)
     eng = probe.engine
     spec = eng.config.kv_spec(eng.dtype)
-    act = eng._step_activation_bytes(2048, spec) + 640 * 2 ** 20  # + staging and gather
+    act = _reserve(probe)  # measured, with the staging and gather buffers
     dev = eng.model.device_experts()
     assert (dev[0].fp8 is not None) == fp8
     per_layer = dev[0].nbytes
