@@ -189,7 +189,10 @@ def test_cli_errors_are_clear(tmp_path):
     # refused before the weights load (no "loading" progress bar)
     for extra, msg in ((["--kv-policy", "bogus"], "unknown kv_policy 'bogus'"),
                        (["--kv-cache-memory", "lots"], "--kv-cache-memory: cannot read 'lots'"),
-                       (["--vram-budget", "12XB"], "--vram-budget: cannot read")):
+                       (["--vram-budget", "12XB"], "--vram-budget: cannot read"),
+                       (["--gpu-memory-utilization", "1.5"], "must be a fraction in (0, 1]"),
+                       (["--gpu-memory-utilization", "0.5", "--vram-budget", "2GiB"],
+                        "not both")):
         r = subprocess.run(base[:-1] + extra, capture_output=True, text=True, timeout=120)
         assert r.returncode == 1 and msg in r.stderr, r.stderr
         assert "loading" not in r.stderr and "Traceback" not in r.stderr
@@ -207,6 +210,41 @@ def test_cli_generate_default_model_fresh_cache(tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() and "tokens/s" in r.stderr
     assert "| KV: G " in r.stderr  # where the experts and the KV regions were placed
+
+
+def test_vllm_memory_and_eager_options(tiny_qwen3_moe, monkeypatch):
+    """vLLM's ``gpu_memory_utilization`` (the budget as a fraction of the device's memory; on
+    the CPU device, of host memory) and ``enforce_eager`` (no CUDA graphs), in the API and the
+    CLI; a bad fraction, or one given with ``vram_budget``, is refused."""
+    import argparse
+    from writescope import LLM, SamplingParams
+    from writescope.commands.common import add_engine_args, engine_kwargs
+    from writescope.engine.engine import _ram_bytes
+    kw = dict(dtype="float32", device="cpu", max_model_len=256, max_num_seqs=2)
+    llm = LLM(str(tiny_qwen3_moe), gpu_memory_utilization=0.05, **kw)
+    assert llm.engine.vram_budget == int(_ram_bytes() * 0.05)
+    for bad in (0, 1.5, -0.1, True, "0.5"):
+        with pytest.raises(ValueError, match="must be a fraction"):
+            LLM(str(tiny_qwen3_moe), gpu_memory_utilization=bad, **kw)
+    with pytest.raises(ValueError, match="not both"):
+        LLM(str(tiny_qwen3_moe), gpu_memory_utilization=0.5, vram_budget="1GiB", **kw)
+    # the piecewise decode runs on the CPU with WRITESCOPE_CUDA_GRAPHS=pieces; enforce_eager
+    # turns it off for this engine alone, with the same tokens
+    monkeypatch.setenv("WRITESCOPE_CUDA_GRAPHS", "pieces")
+    greedy = SamplingParams(max_tokens=6, temperature=0)
+    pieces = LLM(str(tiny_qwen3_moe), **kw)
+    eager = LLM(str(tiny_qwen3_moe), enforce_eager=True, **kw)
+    assert pieces.engine.runner.graphs.mode == "pieces"
+    assert eager.engine.runner.graphs.mode == "off" and eager.engine.stats()["graphs.mode"] == "off"
+    a = pieces.generate(["Tell me a story"], greedy)[0].outputs[0].token_ids
+    b = eager.generate(["Tell me a story"], greedy)[0].outputs[0].token_ids
+    assert a == b
+    assert pieces.engine.runner.graphs.wants(1) and not eager.engine.runner.graphs.wants(1)
+    p = argparse.ArgumentParser()
+    add_engine_args(p)
+    got = engine_kwargs(p.parse_args(["--gpu-memory-utilization", "0.8", "--enforce-eager"]))
+    assert got["gpu_memory_utilization"] == 0.8 and got["enforce_eager"] is True
+    assert engine_kwargs(p.parse_args([]))["enforce_eager"] is False
 
 
 def test_weights_larger_than_host_memory_are_refused_before_loading(tiny_qwen3_moe, monkeypatch):

@@ -14,6 +14,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--vram-budget", default=None, help="everything the engine puts on the GPU, e.g. 32GiB")
+    g.add_argument("--gpu-memory-utilization", type=float, default=None,
+                   help="the budget as a fraction of the device's memory, as vLLM's (default "
+                        "0.9 on CUDA; not with --vram-budget)")
     g.add_argument("--pinned-budget", default=None, help="pinned host memory for the T region")
     g.add_argument("--host-budget", default=None, help="pageable host memory for the C region")
     g.add_argument("--num-gpu-blocks", type=int, default=None, help="cap on G-region blocks")
@@ -32,6 +35,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-model-len", type=int, default=None)
     g.add_argument("--max-num-batched-tokens", type=int, default=2048)
     g.add_argument("--cpu-threads", type=int, default=None, help="threads for CPU attention")
+    g.add_argument("--enforce-eager", action="store_true",
+                   help="launch every decode step eagerly, never as CUDA graphs (as vLLM's)")
     g.add_argument("--profile", default=None, help="hardware profile JSON (writescope calibrate)")
     g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                    help="reuse the KV of prompt prefixes seen before (default: on; never with "
@@ -55,7 +60,9 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
               max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
               max_num_batched_tokens=args.max_num_batched_tokens, cpu_threads=args.cpu_threads,
               profile=args.profile, kv_cache_memory=getattr(args, "kv_cache_memory", None),
-              enable_prefix_caching=getattr(args, "enable_prefix_caching", True))
+              enable_prefix_caching=getattr(args, "enable_prefix_caching", True),
+              gpu_memory_utilization=getattr(args, "gpu_memory_utilization", None),
+              enforce_eager=getattr(args, "enforce_eager", False))
     if args.block_size is not None:
         kw["block_size"] = args.block_size
     return kw

@@ -186,7 +186,8 @@ class LLMEngine:
                  kv_policy: str = "writescope", cpu_share: float = 0.5, experts: str = "auto",
                  cpu_threads: int | None = None, profile: str | os.PathLike | None = None,
                  show_progress: bool = False, config_overrides: dict | None = None,
-                 enable_prefix_caching: bool = True, kv_cache_memory: int | str | None = None):
+                 enable_prefix_caching: bool = True, kv_cache_memory: int | str | None = None,
+                 gpu_memory_utilization: float | None = None, enforce_eager: bool = False):
         self.dtype = parse_dtype(dtype)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if self.device.type == "cuda" and not torch.cuda.is_available():
@@ -195,6 +196,13 @@ class LLMEngine:
                         ("block_size", block_size)):
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if gpu_memory_utilization is not None:
+            if isinstance(gpu_memory_utilization, bool) or not isinstance(
+                    gpu_memory_utilization, (int, float)) or not 0 < gpu_memory_utilization <= 1:
+                raise ValueError("gpu_memory_utilization must be a fraction in (0, 1], got "
+                                 f"{gpu_memory_utilization!r}")
+            if vram_budget is not None:
+                raise ValueError("give vram_budget or gpu_memory_utilization, not both")
         self.config, ckpt, self.model_name = resolve_model(model, random_weights, config_overrides)
         self.config_overrides = dict(config_overrides or {})
         if self.device.type == "cuda":
@@ -218,9 +226,11 @@ class LLMEngine:
 
         vram = _bytes(vram_budget)
         if vram is None and self.device.type == "cuda":
-            vram = int(torch.cuda.get_device_properties(self.device).total_memory * 0.9)
+            vram = int(torch.cuda.get_device_properties(self.device).total_memory
+                       * (0.9 if gpu_memory_utilization is None else gpu_memory_utilization))
         if vram is None:  # CPU-only: "device" memory is host memory
-            vram = _ram_bytes() // 4
+            vram = _ram_bytes() // 4 if gpu_memory_utilization is None else \
+                int(_ram_bytes() * gpu_memory_utilization)
         self.vram_budget = vram
         spec = cfg.kv_spec(self.dtype)
         from ..layers.expert_placement import choose_expert_layers
@@ -338,6 +348,9 @@ class LLMEngine:
         #: automatic prefix caching (kvcache/prefix.py): on unless asked off, and never under
         #: the migrate baseline (it moves blocks that sequences would share)
         self.enable_prefix_caching = bool(enable_prefix_caching)
+        #: decode steps never replayed as CUDA graphs (vLLM's enforce_eager;
+        #: WRITESCOPE_CUDA_GRAPHS=0 does the same for every engine)
+        self.enforce_eager = bool(enforce_eager)
         self.eos_ids = set(self.tokenizer.eos_token_ids if self.tokenizer is not None
                            else self.config.eos_token_id)
         #: the constrained requests' matchers (structured outputs; layers/grammar.py)
@@ -516,7 +529,7 @@ class LLMEngine:
         # switch interval (5 ms by default). WRITESCOPE_SWITCH_INTERVAL (seconds) shortens it.
         if os.environ.get("WRITESCOPE_SWITCH_INTERVAL"):
             sys.setswitchinterval(float(os.environ["WRITESCOPE_SWITCH_INTERVAL"]))
-        self.runner = ModelRunner(self.model, self.cache, self.device)
+        self.runner = ModelRunner(self.model, self.cache, self.device, eager=self.enforce_eager)
         self.runner.sampler.processors.eos_ids = self.eos_ids  # what min_tokens holds back
         self.runner.sampler.grammars = self.grammars
         self.runner.expert_link = self.expert_link

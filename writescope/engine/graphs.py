@@ -313,11 +313,13 @@ def supported(model) -> bool:
 class DecodeGraphs:
     """Per step size: the segments, captured after the first eager step of that size."""
 
-    def __init__(self, model, device: torch.device, cache):
+    def __init__(self, model, device: torch.device, cache, mode_: str | None = None):
         self.model = model
         self.cache = cache
         self.device = torch.device(device)
-        self.mode = mode()
+        #: "on", "off" or "pieces": ``mode_`` where given (the engine's enforce_eager), else
+        #: WRITESCOPE_CUDA_GRAPHS (:func:`mode`)
+        self.mode = mode_ or mode()
         cpu_experts_graph.mode()  # a bad WRITESCOPE_CPU_EXPERTS_GRAPHED fails here, not mid-step
         self.plans: dict[int, list[Segment]] = {}
         self._pending: tuple[int, list[Segment]] | None = None

@@ -43,7 +43,8 @@ def step_form_key(batch: StepBatch) -> str:
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, cache: InplaceKVCache, device: torch.device):
+    def __init__(self, model: CausalLM, cache: InplaceKVCache, device: torch.device,
+                 eager: bool = False):
         self.model = model
         self.cache = cache
         self.device = device
@@ -53,8 +54,10 @@ class ModelRunner:
         #: step's work is done). A tail near 0 means the step waits on the host (launch-bound).
         self.last_times: dict[str, float] = {}
         from . import graphs
-        #: decode steps as piecewise CUDA graphs (None where the model cannot be split)
-        self.graphs = graphs.DecodeGraphs(model, device, cache) if graphs.supported(model) else None
+        #: decode steps as piecewise CUDA graphs (None where the model cannot be split);
+        #: ``eager``: never (the engine's enforce_eager)
+        self.graphs = graphs.DecodeGraphs(model, device, cache, "off" if eager else None) \
+            if graphs.supported(model) else None
         #: decode steps with CPU attention may run as two interleaved sub-batches (the cache
         #: decides per step; graphs.pipelined_pieces). The engine turns it off when routed
         #: experts run on the CPU: both sub-batches' experts would then queue on the same cores.
