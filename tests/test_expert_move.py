@@ -17,6 +17,7 @@ from writescope import LLM, SamplingParams
 from writescope.layers.expert_placement import choose_expert_layers, default_margin_bytes
 from writescope.kvcache.regions import Region
 from writescope.models.config import ModelConfig, load_config_dict
+from test_kv_cache_memory import _device_kv_bytes
 
 MAX_LEN = 256
 BIG_STEP = 1 << 18  # batched tokens whose planned activations exceed the 1 GiB margin
@@ -39,12 +40,6 @@ def _sizes(ckpt, dtype=torch.float32):
 def _reserve(llm):
     """The device bytes the engine keeps for its largest step (on the CPU: planned)."""
     return llm.engine.activation_bytes + llm.engine.buffer_bytes
-
-
-def _device_kv_bytes(llm) -> int:
-    from writescope.kvcache.regions import DEVICE_REGIONS
-    by = llm.engine.cache.layout.bytes(llm.engine.cache.spec)
-    return sum(by[r] for r in DEVICE_REGIONS)
 
 
 def _greedy(llm, n=8):

@@ -244,16 +244,13 @@ class LLMEngine:
             if not isinstance(experts, str) or experts.lower() != "auto":
                 raise ValueError("kv_cache_memory='auto' chooses where the routed experts run: "
                                  f"it needs experts='auto', got experts={experts!r}")
-            from ..planner.expert_split import best_split
             early_profile = self._load_profile(profile, cfg)
             if cfg.quantization is not None and early_profile.lacks_fp8_expert_rates:
                 warnings.warn("kv_cache_memory='auto': the profile has no FP8 CPU expert rates, "
                               "so the split is chosen with FP8 experts charged bf16's bytes/s "
                               "(optimistic); run `writescope calibrate`", RuntimeWarning,
                               stacklevel=2)
-            self.kv_split = best_split(early_profile, cfg, [self.max_model_len] * max_num_seqs,
-                                       vram, min_kv_bytes=spec.token_bytes() * self.max_model_len,
-                                       dtype=self.dtype, device=self.device)
+            self.kv_split = self._best_split(early_profile, vram, spec, max_num_seqs)
             kv_cache_memory = None  # no split fits: choose_expert_layers says why
             if self.kv_split is not None and self.kv_split["kv_cache_memory"] is None:
                 experts = "cpu"
@@ -378,6 +375,15 @@ class LLMEngine:
         return self._activation_bytes(max_tokens) + 2 * spec.token_bytes(1) * \
             self.max_model_len + self._mla_prefill_bytes()
 
+    def _best_split(self, profile, vram: int, spec, max_num_seqs: int, **kw) -> dict | None:
+        """kv_cache_memory="auto": the split the roofline predicts fastest for ``max_num_seqs``
+        sequences of ``max_model_len`` tokens, keeping at least one such sequence's KV
+        (``planner.expert_split.best_split``; ``kw``: its margin and fewest CPU layers)."""
+        from ..planner.expert_split import best_split
+        return best_split(profile, self.config, [self.max_model_len] * max_num_seqs, vram,
+                          min_kv_bytes=spec.token_bytes() * self.max_model_len, dtype=self.dtype,
+                          device=self.device, **kw)
+
     def _fit_experts_around_kv(self, vram: int, weights: int, act: int, buffers: int,
                                kv_need: int, spec, max_num_seqs: int, max_tokens: int,
                                profile) -> tuple[int, int]:
@@ -389,7 +395,7 @@ class LLMEngine:
         split is chosen again with the measured activations, among the splits with at least the
         layers already on the CPU. Returns the device weight bytes and activation bytes after
         the moves."""
-        from ..layers.expert_move import experts_to_cpu
+        from ..layers.expert_move import experts_to_cpu, host_bytes
 
         def left() -> int:
             return vram - weights - act - buffers
@@ -398,11 +404,8 @@ class LLMEngine:
             return weights, act
         want = None  # under "auto": how many MoE layers' experts the new split puts on the CPU
         if self.kv_split is not None:
-            from ..planner.expert_split import best_split
-            new = best_split(profile, self.config, [self.max_model_len] * max_num_seqs, vram,
-                             min_kv_bytes=spec.token_bytes() * self.max_model_len,
-                             dtype=self.dtype, device=self.device, margin_bytes=act + buffers,
-                             min_cpu_layers=sum(self.cpu_expert_layers))
+            new = self._best_split(profile, vram, spec, max_num_seqs, margin_bytes=act + buffers,
+                                   min_cpu_layers=sum(self.cpu_expert_layers))
             if new is not None:
                 want = new["cpu_layers"]
                 self.kv_split = new
@@ -415,10 +418,10 @@ class LLMEngine:
                 if (sum(self.cpu_expert_layers) >= want if want is not None
                         else left() >= kv_need):
                     break
-                avail = _available_ram_bytes()
-                if avail is not None and m.experts.nbytes > avail:
+                avail, need = _available_ram_bytes(), host_bytes(m, self.dtype)
+                if avail is not None and need > avail:
                     warnings.warn(f"experts='auto': MoE layer {i}'s routed experts "
-                                  f"({m.experts.nbytes / 2**30:.2f} GiB) do not fit in the host "
+                                  f"({need / 2**30:.2f} GiB) do not fit in the host "
                                   f"memory available ({avail / 2**30:.2f} GiB); they stay on "
                                   f"the {self.device.type}", RuntimeWarning, stacklevel=3)
                     break

@@ -6,7 +6,7 @@
 measures the activations of its largest step, which can exceed that margin (Qwen3-30B-A3B at
 8K-16K batched tokens: 1.7-2.8 GiB against 1.6 GiB under a 32 GiB budget), so that KV would not
 fit. Rather than load the checkpoint again, the engine
-moves the next layers' experts to the CPU (:meth:`Engine._fit_experts_around_kv`) -- the
+moves the next layers' experts to the CPU (:meth:`LLMEngine._fit_experts_around_kv`) -- the
 same layers ``auto`` moves first, the same values: bf16/fp32 experts as they are, FP8 ones
 kept FP8 where the CPU kernel computes with them (else dequantized, as the loader does).
 """
@@ -17,7 +17,7 @@ import torch
 from .cpu_experts import CpuExperts
 from .moe import MoE
 
-__all__ = ["experts_to_cpu"]
+__all__ = ["experts_to_cpu", "host_bytes"]
 
 
 class _Dequantized:
@@ -38,6 +38,20 @@ class _Dequantized:
         return gu[0, :self.inter] if self.which == 0 else gu[0, self.inter:]
 
 
+def _stays_fp8(ex, dtype: torch.dtype) -> bool:
+    return ex.fp8 is not None and CpuExperts.fp8_unsupported(ex.fp8, dtype) is None
+
+
+def host_bytes(moe: MoE, dtype: torch.dtype) -> int:
+    """About the host bytes :func:`experts_to_cpu` would give ``moe``'s device experts: theirs
+    where they stay as they are (bf16, fp32, FP8 with its scales), ``dtype``'s where FP8 ones
+    are dequantized (tile padding aside)."""
+    ex = moe.experts
+    if ex.fp8 is None or _stays_fp8(ex, dtype):
+        return ex.nbytes
+    return (ex.gate_up.numel() + ex.down.numel()) * torch.empty(0, dtype=dtype).element_size()
+
+
 def experts_to_cpu(moe: MoE, dtype: torch.dtype) -> int:
     """Replace ``moe``'s device experts (``StackedExperts``) by host-memory ``CpuExperts`` with
     the same weights; returns the device bytes they held (freed once nothing else refers to
@@ -51,7 +65,7 @@ def experts_to_cpu(moe: MoE, dtype: torch.dtype) -> int:
         if ex.fp8 is None:
             cpu = CpuExperts.from_weights(ex.gate_up[:, :inter], ex.gate_up[:, inter:], ex.down,
                                           dtype=dtype)
-        elif CpuExperts.fp8_unsupported(ex.fp8, dtype) is None:
+        elif _stays_fp8(ex, dtype):
             f8 = torch.float8_e4m3fn
             E = ex.gate_up.shape[0]
             gate = [(ex.gate_up[e, :inter].view(f8), ex.gate_up_scale[e, 0].cpu()) for e in range(E)]
