@@ -412,6 +412,24 @@ def test_step_profile_counts_a_decode_steps_ops(tiny_deepseek_v2, tmp_path, caps
     assert "cprofile" not in res
 
 
+def test_step_profile_takes_config_overrides_and_kv_cache_memory(tiny_deepseek_v2, tmp_path):
+    """The rows `writescope bench` runs with --config-override and --kv-cache-memory (the FP8
+    release's config, the split of experts against KV) can be profiled in the same form."""
+    from writescope.bench import step_profile
+    out = tmp_path / "p.json"
+    assert step_profile.main(["--model", str(tiny_deepseek_v2), "--random-weights", "--batch", "2",
+                              "--context", "40", "--warmup", "1", "--steps", "1", "--top", "3",
+                              "--config-override", "num_hidden_layers=2",
+                              "--kv-cache-memory", "1MiB", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["layers"] == 2
+    with pytest.raises(SystemExit):  # a checkpoint's tensors fix its config
+        step_profile.main(["--model", str(tiny_deepseek_v2), "--config-override",
+                           "num_hidden_layers=2"])
+    with pytest.raises(SystemExit):
+        step_profile.main(["--model", str(tiny_deepseek_v2), "--random-weights",
+                           "--config-override", "num_hidden_layers"])
+
+
 def test_step_profile_splits_a_step_along_its_expert_chain(capsys):
     """--timeline: the chain's device times (ms) split into the device's work between calls,
     the calls' spans, their CPU kernels (the queue's seconds) and the hand-off left over."""

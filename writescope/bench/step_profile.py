@@ -48,6 +48,13 @@ def main(argv=None) -> int:
     ap.add_argument("--vram-budget")
     ap.add_argument("--experts", default="auto")
     ap.add_argument("--num-gpu-blocks", type=int)
+    ap.add_argument("--kv-cache-memory",
+                    help="device memory for the KV cache (LLMEngine(kv_cache_memory=)): a size, "
+                         "or auto for the split of the routed experts the roofline predicts "
+                         "fastest")
+    ap.add_argument("--config-override", action="append", metavar="KEY=VALUE",
+                    help="with --random-weights: override config.json fields, as in "
+                         "`writescope bench` (e.g. an FP8 quantization_config)")
     ap.add_argument("--max-num-batched-tokens", type=int, default=4096)
     ap.add_argument("--profile")
     ap.add_argument("--prefill", default="real", choices=("real", "synthetic"),
@@ -59,6 +66,13 @@ def main(argv=None) -> int:
                     help="split each unprofiled step along its CPU expert calls (CUDA)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
+    from .grid import parse_overrides
+    try:
+        overrides = parse_overrides(args.config_override)
+    except ValueError as e:
+        ap.error(str(e))
+    if overrides and not args.random_weights:
+        ap.error("--config-override needs --random-weights")
     if args.timeline:
         os.environ["WRITESCOPE_EXPERT_TIMELINE"] = "1"
 
@@ -73,7 +87,8 @@ def main(argv=None) -> int:
                     num_gpu_blocks=args.num_gpu_blocks, max_num_seqs=args.batch,
                     max_model_len=args.context + total + 16,
                     max_num_batched_tokens=args.max_num_batched_tokens, profile=args.profile,
-                    enable_prefix_caching=False)
+                    enable_prefix_caching=False, kv_cache_memory=args.kv_cache_memory,
+                    config_overrides=overrides or None)
     prompts = make_prompts(eng.config.vocab_size, args.batch, args.context, 0)
     sp = SamplingParams(max_tokens=total + 8, temperature=0.0, ignore_eos=True)
     for i, p in enumerate(prompts):
