@@ -247,6 +247,25 @@ def test_vllm_memory_and_eager_options(tiny_qwen3_moe, monkeypatch):
     assert engine_kwargs(p.parse_args([]))["enforce_eager"] is False
 
 
+def test_an_eager_engine_plans_with_eager_launches(tiny_qwen3_moe, monkeypatch):
+    """enforce_eager (or WRITESCOPE_CUDA_GRAPHS off or pieces) replays no decode step as a CUDA
+    graph, so the engine's roofline charges an all-resident step's kernels eager launches, not
+    the profile's graph kernel cost."""
+    from pathlib import Path
+    from writescope.planner.roofline import StepLoad, predict_step
+    h200 = str(Path(__file__).resolve().parents[1] / "bench" / "profiles" / "h200.json")
+    kw = dict(dtype="float32", device="cpu", max_model_len=256, max_num_seqs=2, profile=h200)
+    graphed = LLM(str(tiny_qwen3_moe), **kw).engine
+    eager = LLM(str(tiny_qwen3_moe), enforce_eager=True, **kw).engine
+    assert graphed.profile.graph_launch_s is not None and eager.profile.graph_launch_s is None
+    assert eager.profile.launch_s == graphed.profile.launch_s
+    load = StepLoad(2, 2048.0, 0.0, 0.0, 0.0)  # every token resident: a graphed step on a GPU
+    step = {e: predict_step(e.profile, e.config, load, False).step_s for e in (graphed, eager)}
+    assert step[eager] > step[graphed]
+    monkeypatch.setenv("WRITESCOPE_CUDA_GRAPHS", "pieces")
+    assert LLM(str(tiny_qwen3_moe), **kw).engine.profile.graph_launch_s is None
+
+
 def test_weights_larger_than_host_memory_are_refused_before_loading(tiny_qwen3_moe, monkeypatch):
     from writescope.engine import engine as engine_mod
     monkeypatch.setattr(engine_mod, "_available_ram_bytes", lambda: 1024)

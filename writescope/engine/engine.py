@@ -6,6 +6,7 @@ their KV blocks back at once. Not thread-safe: the server runs it on one thread.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -244,7 +245,7 @@ class LLMEngine:
             if not isinstance(experts, str) or experts.lower() != "auto":
                 raise ValueError("kv_cache_memory='auto' chooses where the routed experts run: "
                                  f"it needs experts='auto', got experts={experts!r}")
-            early_profile = self._load_profile(profile, cfg)
+            early_profile = self._load_profile(profile, cfg, enforce_eager)
             if cfg.quantization is not None and early_profile.lacks_fp8_expert_rates:
                 warnings.warn("kv_cache_memory='auto': the profile has no FP8 CPU expert rates, "
                               "so the split is chosen with FP8 experts charged bf16's bytes/s "
@@ -335,7 +336,7 @@ class LLMEngine:
                              host_bytes=host if host is not None else host_default,
                              max_tokens_total=max_total, max_num_seqs=max_num_seqs,
                              num_gpu_blocks=num_gpu_blocks)
-        self.profile = early_profile or self._load_profile(profile, cfg)
+        self.profile = early_profile or self._load_profile(profile, cfg, enforce_eager)
         self.expert_link = self._attach_expert_link()
         self.cpu_attn_isa = self._use_calibrated_cpu_variant()
         self._kv_args = dict(spec=spec, layout=layout, cpu_threads=cpu_threads,
@@ -625,11 +626,18 @@ class LLMEngine:
         return isa
 
     @staticmethod
-    def _load_profile(profile, cfg):
+    def _load_profile(profile, cfg, eager: bool = False):
         """The hardware profile the planner plans with: the given file, ``$WRITESCOPE_PROFILE``,
-        this machine's cached profile, or a quick calibration (cached)."""
+        this machine's cached profile, or a quick calibration (cached). Where this engine
+        replays no decode step as a CUDA graph (``eager``: enforce_eager, or
+        ``WRITESCOPE_CUDA_GRAPHS`` other than on), the profile's graph kernel cost is dropped,
+        so the roofline charges every kernel an eager launch (``planner.roofline.launch_cost_s``)."""
         from ..planner.profile import load_or_default
-        return load_or_default(profile, model_config=cfg)
+        from . import graphs
+        prof = load_or_default(profile, model_config=cfg)
+        if (eager or graphs.mode() != "on") and prof.graph_launch_s is not None:
+            prof = dataclasses.replace(prof, graph_launch_s=None)
+        return prof
 
     # ------------------------------------------------------------------ requests
     @property
