@@ -310,8 +310,9 @@ HOST_RESERVE_BYTES = 10 * 2**30
 
 def host_weight_bytes(cfg, spec: GridSpec, max_model_len: int) -> int:
     """Weight bytes the engine will keep in host memory: the routed experts it places on the CPU
-    (the same choice as the engine's, ``layers/expert_placement.py``), every weight when the
-    device is the CPU."""
+    (the same choice as the engine's, ``layers/expert_placement.py``, with the activations it
+    will measure, estimated: ``planner/activations.py``), every weight when the device is the
+    CPU."""
     from ..engine.engine import parse_dtype
     from ..layers.expert_placement import choose_expert_layers, expert_placement_summary
     from ..units import is_auto, parse_bytes
@@ -325,9 +326,14 @@ def host_weight_bytes(cfg, spec: GridSpec, max_model_len: int) -> int:
         kv_floor = (parse_bytes(spec.kv_cache_memory)
                     if spec.kv_cache_memory is not None and not auto_kv else 0)
         # --kv-cache-memory auto may put every layer's experts on the CPU: plan host memory so
+        margin = None  # auto's split: the margin with CPU experts (the upload buffer's too)
+        if vram is not None and not auto_kv and str(spec.experts).lower() == "auto":
+            from ..planner.expert_split import estimated_margin
+            margin = estimated_margin(cfg, vram, spec.max_num_batched_tokens, max_model_len,
+                                      dtype)(1)
         flags = choose_expert_layers(cfg, "cpu" if auto_kv else spec.experts, vram,
                                      max(cfg.kv_bytes_per_token(dtype) * max_model_len, kv_floor),
-                                     dtype)
+                                     dtype, margin_bytes=margin)
     except ValueError:  # the engine will say why; nothing to plan for
         return 0
     return expert_placement_summary(cfg, flags, dtype)["cpu_expert_bytes"]
@@ -581,6 +587,8 @@ class Grid:
             "experts_on_cpu_layers": sum(engine.cpu_expert_layers),
             # the engine's reserve for its largest step, and the layers whose experts it moved
             # to the CPU once that was measured (LLMEngine._fit_experts_around_kv)
+            "max_model_len": engine.max_model_len,
+            "max_num_batched_tokens": s.max_num_batched_tokens,
             "activation_bytes": engine.activation_bytes, "buffer_bytes": engine.buffer_bytes,
             "experts_moved_layers": engine.experts_moved_layers,
             # --kv-cache-memory (auto: the planner's split and its predicted step)

@@ -32,6 +32,8 @@ from pathlib import Path
 
 POLICIES = ("transfer", "cpu", "static", "writescope")
 DEFAULT_LENGTHS = "1k,2k,4k,8k,16k,32k,64k,128k"
+#: ``LLMEngine``'s default ``max_num_batched_tokens``
+DEFAULT_BATCHED_TOKENS = 2048
 
 
 def register(subparsers) -> None:
@@ -55,6 +57,12 @@ def register(subparsers) -> None:
                    help="device memory for the KV cache, as the engine's option: --experts auto "
                         "places the routed experts around it, and the G region holds no more; "
                         "auto: the split predicted fastest for the batch at the longest length")
+    p.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_BATCHED_TOKENS,
+                   metavar="N",
+                   help="the engine's option (default %(default)s, the engine's): the activations "
+                        "an engine on a GPU keeps for its largest step, estimated "
+                        "(planner/activations.py), are the margin the splits leave beside the "
+                        "weights and the KV")
     p.add_argument("--static-share", type=_static_share, default=None, metavar="X|longest",
                    help="the static policy's CPU share: a number in [0, 1], or 'longest' for "
                         "writescope's target at the longest context given, as `writescope "
@@ -78,19 +86,22 @@ def _static_share(text: str) -> float | str:
 
 def make_plan(cfg, profile, batch: int, lengths: list[int], experts_on_cpu,
               vram_budget: int | None, static_share: float | str | None = None,
-              kv_cache_memory: int | None = None) -> dict:
+              kv_cache_memory: int | None = None, reserve_bytes: int | None = None) -> dict:
     """The plan as the JSON document ``writescope plan --json`` writes. ``static_share``
     ``"longest"``: writescope's target share for ``batch`` sequences of the longest length, the
     share ``writescope bench`` fixes for its ``static`` rows (``static_share_from`` in the
     document says which). ``experts_on_cpu``: every MoE layer's routed experts on the CPU, none,
     or a flag per layer (``--experts auto``: the engine's choice for the budget).
-    ``kv_cache_memory``: the G region holds at most that many bytes of KV."""
+    ``kv_cache_memory``: the G region holds at most that many bytes of KV; ``reserve_bytes``:
+    the device bytes kept beside the weights and the KV (None: the roofline's 1 GiB)."""
     from ..planner import roofline as rl
     if batch < 1:
         raise ValueError(f"--batch must be >= 1, got {batch}")
     if not lengths or any(n < 1 for n in lengths):
         raise ValueError("context lengths must be positive")
-    g_tokens = rl.gpu_kv_capacity_tokens(cfg, vram_budget, experts_on_cpu)
+    g_tokens = rl.gpu_kv_capacity_tokens(cfg, vram_budget, experts_on_cpu) \
+        if reserve_bytes is None else \
+        rl.gpu_kv_capacity_tokens(cfg, vram_budget, experts_on_cpu, reserve_bytes)
     if kv_cache_memory is not None:
         g_tokens = min(g_tokens, kv_cache_memory / (rl.kv_bytes_per_token_layer(cfg)
                                                     * cfg.num_layers))
@@ -125,7 +136,7 @@ def make_plan(cfg, profile, batch: int, lengths: list[int], experts_on_cpu,
     doc["meta"] = {
         "model": cfg.raw.get("_name_or_path") or cfg.model_type, "model_type": cfg.model_type,
         "batch": batch, "experts": _experts_where(cfg, experts_on_cpu), "vram_budget": vram_budget,
-        "kv_cache_memory": kv_cache_memory,
+        "kv_cache_memory": kv_cache_memory, "reserve_bytes": reserve_bytes,
         "gpu_weight_bytes": rl.gpu_weight_bytes(cfg, experts_on_cpu),
         "g_region_tokens": None if g_tokens == float("inf") else int(g_tokens),
         "kv_bytes_per_token": kvb, "static_share": static_share, "static_share_from": static_from,
@@ -136,21 +147,27 @@ def make_plan(cfg, profile, batch: int, lengths: list[int], experts_on_cpu,
 
 
 def expert_splits(cfg, profile, batch: int, lengths: list[int], vram_budget: int,
-                  experts_on_cpu, kv_cache_memory: int | None = None) -> list[dict]:
+                  experts_on_cpu, kv_cache_memory: int | None = None,
+                  margin=lambda n: None) -> list[dict]:
     """Routed experts against KV in HBM (:mod:`writescope.planner.expert_split`), per length:
     writescope's predicted step with ``experts_on_cpu`` (the split planned, its G region capped
     by ``kv_cache_memory``) and with the fastest split the engine can be given for a
-    ``max_model_len`` of that length, and the option that gives it."""
+    ``max_model_len`` of that length, and the option that gives it. ``margin(n)``: the device
+    bytes an engine with ``max_model_len`` ``n`` keeps beside weights and KV
+    (``expert_split.Margin``; None: ``auto``'s default margin)."""
     from ..planner import expert_split as es
     from ..planner import roofline as rl
     kvb = rl.kv_bytes_per_token_layer(cfg) * cfg.num_layers
     now = len(rl.cpu_expert_layers(cfg, experts_on_cpu))
     rows = []
     for n in lengths:
-        best = es.best_split(profile, cfg, [n] * batch, vram_budget, min_kv_bytes=kvb * n)
+        m = margin(n)
+        best = es.best_split(profile, cfg, [n] * batch, vram_budget, min_kv_bytes=kvb * n,
+                             margin_bytes=m)
         if best is None:
             continue
-        cur = es.split_step(profile, cfg, [n] * batch, vram_budget, now, kv_cache_memory)
+        cur = es.split_step(profile, cfg, [n] * batch, vram_budget, now, kv_cache_memory,
+                            m(now) if callable(m) else m)
         rows.append({"context_length": n, "cpu_layers": now, "step_s": cur,
                      "best_cpu_layers": best["cpu_layers"], "best_step_s": best["step_s"],
                      "speedup": (cur / best["step_s"]) if cur else None,
@@ -176,8 +193,9 @@ def format_splits(rows: list[dict]) -> str:
         lines.append(f"{format_count(r['context_length']):>8} {cur:>22} {best:>22} {sp:>8}  {opt}")
     lines.append("(each split as the engine gives it with --max-model-len at that length: it "
                  "always sets aside one such sequence's KV; --kv-cache-memory auto chooses it. "
-                 "The splits assume auto's margin for the activations; where the engine "
-                 "measures more, it moves more layers' experts to the CPU at start-up)")
+                 "The splits keep the activations an engine on the GPU measures, estimated for "
+                 "--max-num-batched-tokens (planner/activations.py); where it measures more, it "
+                 "moves more layers' experts to the CPU at start-up)")
     return "\n".join(lines)
 
 
@@ -262,6 +280,8 @@ def run(args: argparse.Namespace) -> int:
     from ..units import format_bytes, is_auto, parse_bytes, parse_count
     if args.batch < 1:  # before a calibration may run
         raise ValueError(f"--batch must be >= 1, got {args.batch}")
+    if args.max_num_batched_tokens < 1:
+        raise ValueError(f"--max-num-batched-tokens must be >= 1, got {args.max_num_batched_tokens}")
     if args.config_override:
         from ..bench.grid import parse_overrides
         from ..engine.engine import apply_config_overrides
@@ -285,6 +305,15 @@ def run(args: argparse.Namespace) -> int:
     if kv_memory is not None and kv_memory <= 0:
         raise ValueError(f"--kv-cache-memory must be positive, got {args.kv_cache_memory!r}")
     all_gpu = rl.gpu_weight_bytes(cfg, experts_on_cpu=False)
+
+    def margin(n: int):
+        """What an engine with max_model_len n keeps beside weights and KV, per CPU layer
+        count: estimated on a GPU machine (planner/activations.py), auto's default elsewhere."""
+        if budget is None or not profile.has_gpu:
+            return None
+        from ..planner.expert_split import estimated_margin
+        return estimated_margin(cfg, budget, args.max_num_batched_tokens, n)
+
     if auto_kv:
         # as the engine's kv_cache_memory="auto": the fastest split for the batch at the
         # longest length (planner/expert_split.py)
@@ -294,7 +323,8 @@ def run(args: argparse.Namespace) -> int:
                              "needs --experts auto and a --vram-budget")
         n = max(lengths)
         best = best_split(profile, cfg, [n] * args.batch, budget,
-                          min_kv_bytes=int(rl.kv_bytes_per_token_layer(cfg) * cfg.num_layers * n))
+                          min_kv_bytes=int(rl.kv_bytes_per_token_layer(cfg) * cfg.num_layers * n),
+                          margin_bytes=margin(n))
         if best is None:
             raise ValueError(f"no split of the routed experts fits the VRAM budget "
                              f"({format_bytes(budget)})")
@@ -308,14 +338,29 @@ def run(args: argparse.Namespace) -> int:
         from ..layers.expert_placement import choose_expert_layers
         kv_need = max(int(cfg.kv_bytes_per_token(torch.bfloat16) * max(lengths, default=0)),
                       kv_memory or 0)
-        experts_on_cpu = tuple(choose_expert_layers(cfg, "auto", budget, kv_need, torch.bfloat16))
+        m = margin(max(lengths))
+        experts_on_cpu = None
+        if m is not None:
+            try:  # the upload buffer takes its room too once any layer's experts are on the CPU
+                experts_on_cpu = tuple(choose_expert_layers(cfg, "auto", budget, kv_need,
+                                                            torch.bfloat16, margin_bytes=m(0)))
+                if any(experts_on_cpu):
+                    experts_on_cpu = tuple(choose_expert_layers(
+                        cfg, "auto", budget, kv_need, torch.bfloat16, margin_bytes=m(1)))
+            except ValueError:  # not even with every expert on the CPU: as the engine places
+                experts_on_cpu = None  # them before it measures, with auto's margin
+        if experts_on_cpu is None:
+            experts_on_cpu = tuple(choose_expert_layers(cfg, "auto", budget, kv_need,
+                                                        torch.bfloat16))
     else:
         experts_on_cpu = args.experts == "cpu"
     if not rl.cpu_expert_layers(cfg, experts_on_cpu) and budget is not None and all_gpu > budget:
         raise ValueError(f"the model's weights ({format_bytes(all_gpu)}) do not fit the VRAM budget "
                          f"({format_bytes(budget)}); use --experts cpu")
+    m = margin(max(lengths))
+    n_cpu = len(rl.cpu_expert_layers(cfg, experts_on_cpu))
     doc = make_plan(cfg, profile, args.batch, lengths, experts_on_cpu, budget, args.static_share,
-                    kv_memory)
+                    kv_memory, m(n_cpu) if m is not None else None)
     doc["meta"]["command"] = "writescope " + " ".join(sys.argv[1:])
     doc["meta"]["git_commit"] = _git_commit()
     m = doc["meta"]
@@ -326,7 +371,7 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(doc))
     if args.experts == "auto" and budget is not None and cfg.moe_layers:
         doc["expert_splits"] = expert_splits(cfg, profile, args.batch, lengths, budget,
-                                             experts_on_cpu, kv_memory)
+                                             experts_on_cpu, kv_memory, margin)
         print()
         print(format_splits(doc["expert_splits"]))
     if args.json:

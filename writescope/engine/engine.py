@@ -285,7 +285,7 @@ class LLMEngine:
         t2 = time.perf_counter()
         # a prefill chunk's whole context, gathered for the dense prefill kernel: one layer of
         # up to max_model_len tokens, held twice (gathered, then joined with the chunk's records)
-        act = self._step_activation_bytes(max_num_batched_tokens, spec)
+        act = self._step_activation_bytes(max_num_batched_tokens)
         #: where start-up time went (seconds): weights, page-locking CPU experts, activations
         self.build_times = {"weights_s": t1 - t0, "pin_experts_s": t2 - t1,
                             "activations_s": time.perf_counter() - t2}
@@ -368,13 +368,14 @@ class LLMEngine:
         freeze_gc()
 
 
-    def _step_activation_bytes(self, max_tokens: int, spec) -> int:
+    def _step_activation_bytes(self, max_tokens: int) -> int:
         """Device bytes kept for the largest step: its activations (:meth:`_activation_bytes`)
-        and a prefill chunk's whole context, gathered for the dense prefill kernel -- one layer
-        of up to max_model_len tokens, held twice (gathered, then joined with the chunk's
-        records)."""
-        return self._activation_bytes(max_tokens) + 2 * spec.token_bytes(1) * \
-            self.max_model_len + self._mla_prefill_bytes()
+        and a prefill chunk's whole context, gathered for the dense prefill kernel
+        (``planner.activations.context_gather_bytes``: one layer of up to max_model_len tokens,
+        held twice, and MLA's decompressed keys and values)."""
+        from ..planner.activations import context_gather_bytes
+        return self._activation_bytes(max_tokens) + \
+            context_gather_bytes(self.config, self.dtype, self.max_model_len)
 
     def _best_split(self, profile, vram: int, spec, max_num_seqs: int, **kw) -> dict | None:
         """kv_cache_memory="auto": the split the roofline predicts fastest for ``max_num_seqs``
@@ -444,7 +445,7 @@ class LLMEngine:
                 break
             # the first CPU layers: prefill chunks now run them through the upload buffer,
             # which the measured activations did not hold yet
-            act = self._step_activation_bytes(max_tokens, spec)
+            act = self._step_activation_bytes(max_tokens)
         return weights, act
 
     def _attach_expert_uploader(self):
@@ -550,18 +551,6 @@ class LLMEngine:
             self.cache.policy.pipelined = self.runner.pipelines and self.runner.step_forms is None
 
     # ------------------------------------------------------------------ sizing helpers
-    def _mla_prefill_bytes(self) -> int:
-        """MLA prefill attends its context per head (``models/mla.py``): the decompressed keys,
-        values (padded to the keys' width) and ``kv_b_proj``'s output of up to max_model_len
-        tokens exist at once, for one layer."""
-        from ..models.mla import decompressed_prefill
-        cfg = self.config
-        if not cfg.is_mla or not decompressed_prefill():
-            return 0
-        dk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
-        per_token = cfg.num_heads * (cfg.qk_nope_head_dim + cfg.v_head_dim + 2 * dk)
-        return per_token * torch.empty(0, dtype=self.dtype).element_size() * self.max_model_len
-
     def _activation_bytes(self, max_tokens: int) -> int:
         """Activation memory of the largest step. On CUDA it is measured, as vLLM does: one
         warm-up forward of ``max_tokens`` prompt tokens (attention over themselves only), peak
