@@ -189,6 +189,22 @@ def test_cuda_graphs_match_eager(all_tiny, experts, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_enforce_eager_on_cuda(all_tiny):
+    """vLLM's enforce_eager: this engine replays no decode step as a CUDA graph (another engine
+    in the same process still does), plans with eager launches, and generates transformers'
+    tokens."""
+    kw = dict(device="cuda", **PLACEMENTS["all-G"])
+    eager = generate_checked(all_tiny, enforce_eager=True, **kw)
+    graphed = generate_checked(all_tiny, **kw)
+    s, g = eager.stats(), graphed.stats()
+    assert s["graphs.mode"] == "off" and s["graphs.replayed_steps"] == 0, s
+    assert s["graphs.captured_sizes"] == 0, s
+    assert g["graphs.replayed_steps"] > 0, g
+    assert eager.engine.profile.graph_launch_s is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_auto_step_form_with_cuda_graphs(tiny_qwen3_moe, monkeypatch):
     """WRITESCOPE_PIPELINE=auto on CUDA: both forms' decode steps are captured and replayed,
     the chooser times both, and the tokens are the eager one-batch run's."""

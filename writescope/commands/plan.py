@@ -338,15 +338,15 @@ def run(args: argparse.Namespace) -> int:
         from ..layers.expert_placement import choose_expert_layers
         kv_need = max(int(cfg.kv_bytes_per_token(torch.bfloat16) * max(lengths, default=0)),
                       kv_memory or 0)
-        m = margin(max(lengths))
+        reserve = margin(max(lengths))
         experts_on_cpu = None
-        if m is not None:
+        if reserve is not None:
             try:  # the upload buffer takes its room too once any layer's experts are on the CPU
-                experts_on_cpu = tuple(choose_expert_layers(cfg, "auto", budget, kv_need,
-                                                            torch.bfloat16, margin_bytes=m(0)))
+                experts_on_cpu = tuple(choose_expert_layers(
+                    cfg, "auto", budget, kv_need, torch.bfloat16, margin_bytes=reserve(0)))
                 if any(experts_on_cpu):
                     experts_on_cpu = tuple(choose_expert_layers(
-                        cfg, "auto", budget, kv_need, torch.bfloat16, margin_bytes=m(1)))
+                        cfg, "auto", budget, kv_need, torch.bfloat16, margin_bytes=reserve(1)))
             except ValueError:  # not even with every expert on the CPU: as the engine places
                 experts_on_cpu = None  # them before it measures, with auto's margin
         if experts_on_cpu is None:
@@ -357,10 +357,10 @@ def run(args: argparse.Namespace) -> int:
     if not rl.cpu_expert_layers(cfg, experts_on_cpu) and budget is not None and all_gpu > budget:
         raise ValueError(f"the model's weights ({format_bytes(all_gpu)}) do not fit the VRAM budget "
                          f"({format_bytes(budget)}); use --experts cpu")
-    m = margin(max(lengths))
+    reserve = margin(max(lengths))
     n_cpu = len(rl.cpu_expert_layers(cfg, experts_on_cpu))
     doc = make_plan(cfg, profile, args.batch, lengths, experts_on_cpu, budget, args.static_share,
-                    kv_memory, m(n_cpu) if m is not None else None)
+                    kv_memory, reserve(n_cpu) if reserve is not None else None)
     doc["meta"]["command"] = "writescope " + " ".join(sys.argv[1:])
     doc["meta"]["git_commit"] = _git_commit()
     m = doc["meta"]
