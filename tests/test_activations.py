@@ -79,7 +79,9 @@ def test_the_plan_shows_the_split_the_h100_engines_ended_with(tmp_path, capsys):
     for ctx, layers in (("64k", 32), ("128k", 37)):
         out = tmp_path / f"{ctx}.json"
         assert main(base + ["--context-lengths", ctx, "--json", str(out)]) == 0
-        assert f"experts on cpu in {layers} of 48 MoE layers" in capsys.readouterr().out
+        text = capsys.readouterr().out
+        assert f"experts on cpu in {layers} of 48 MoE layers" in text
+        assert "(activations estimated for 16384 batched tokens)" in text
         split = json.loads(out.read_text())["expert_splits"][0]
         for form, n_cpu, step in (("auto", layers, split["step_s"]),
                                   ("kvauto", 48, split["best_step_s"])):

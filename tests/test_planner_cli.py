@@ -315,3 +315,17 @@ def test_plan_says_when_the_profile_lacks_fp8_expert_rates(capsys):
     assert "no FP8 CPU expert rates" in capsys.readouterr().err
     assert cli.main(args + ["--profile", "bench/results/2026-12-05f-h200/call2/h200-profile.json"]) == 0
     assert "no FP8 CPU expert rates" not in capsys.readouterr().err
+
+
+def test_a_closed_pipe_ends_the_command_quietly(profile_file, monkeypatch):
+    """`writescope plan ... | head -1`: once the reader has gone, the command stops with the
+    shell's status for a closed pipe (141) instead of a traceback."""
+    import io
+
+    class Closed(io.StringIO):
+        def write(self, s):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr("sys.stdout", Closed())
+    assert cli.main(["plan", "--model", "qwen3-30b-a3b", "--profile", str(profile_file),
+                     "--context-lengths", "1k"]) == 141

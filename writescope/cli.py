@@ -56,6 +56,12 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `writescope plan ... | head`: the reader left; no traceback
+        try:  # and none from the interpreter's own flush of stdout at exit either
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 141  # 128 + SIGPIPE, as a shell reports a command its pipe closed on
     except (ValueError, FileNotFoundError, MemoryError) as e:
         print(f"writescope {args.command}: error: {e}", file=sys.stderr)
         return 1

@@ -367,7 +367,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"{m['model']} | batch {args.batch} | experts on {m['experts']} | VRAM budget "
           f"{format_bytes(budget) if budget else 'unlimited'} | G region "
           f"{m['g_region_tokens'] if m['g_region_tokens'] is not None else 'unlimited'} tokens | "
-          f"static share {m['static_share']:.2f} ({m['static_share_from']})")
+          + (f"reserve {format_bytes(m['reserve_bytes'])} (activations estimated for "
+             f"{args.max_num_batched_tokens} batched tokens) | " if m["reserve_bytes"] else "")
+          + f"static share {m['static_share']:.2f} ({m['static_share_from']})")
     print(format_table(doc))
     if args.experts == "auto" and budget is not None and cfg.moe_layers:
         doc["expert_splits"] = expert_splits(cfg, profile, args.batch, lengths, budget,
