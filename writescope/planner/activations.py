@@ -21,7 +21,7 @@ The warm-up's peak on CUDA (:func:`warmup_peak_bytes`) is dominated by three ten
   upload buffer: one layer's experts in their host format;
 * the logits of the sampled rows (fp32) and the hidden states.
 
-with 10% for the allocator's rounding and the smaller tensors. Measured on an H100 host
+It adds 10% for the allocator's rounding and the smaller tensors. Measured on an H100 host
 (Qwen3-30B-A3B bf16, 16384 batched tokens, four engines of 2026-12-05,
 ``bench/results/2026-12-05i-h100/call2``): 3.50 GB against 3.49 GB estimated.
 """

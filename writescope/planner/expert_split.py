@@ -102,10 +102,11 @@ def best_split(profile: "HardwareProfile", cfg: "ModelConfig", lengths: list[int
     """The split of the fastest predicted step for a batch of ``lengths``, as the engine would
     run it: ``{"cpu_layers", "kv_cache_memory" (None: experts="cpu"), "step_s"}``, the fewest
     CPU layers among equal predictions; None where no split fits. ``margin_bytes``: the budget
-    kept for activations and staging (None: ``auto``'s default margin; the engine passes what
-    it measured once the model is built; ``writescope plan``, :func:`estimated_margin`);
-    ``min_cpu_layers``: the fewest CPU layers to
-    consider (a built engine can move experts to the CPU, not back)."""
+    kept for activations and staging, beside each split's experts and beside its G region
+    (None: ``auto``'s default margin, and the roofline's 1 GiB reserve for G; the engine
+    passes what it measured once the model is built; ``writescope plan``,
+    :func:`estimated_margin`); ``min_cpu_layers``: the fewest CPU layers to consider (a built
+    engine can move experts to the CPU, not back)."""
     best = None
     for k, x in sorted(split_options(cfg, vram_budget, min_kv_bytes, dtype, device,
                                      margin_bytes).items()):
