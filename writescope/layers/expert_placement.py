@@ -23,7 +23,8 @@ import torch
 
 from ..models.config import ModelConfig
 
-__all__ = ["choose_expert_layers", "default_margin_bytes", "expert_placement_summary", "EXPERT_MODES"]
+__all__ = ["choose_expert_layers", "default_margin_bytes", "expert_placement_summary",
+           "cpu_layer_expert_bytes", "EXPERT_MODES"]
 
 EXPERT_MODES = ("gpu", "cpu", "auto")
 GiB = 2**30
@@ -167,6 +168,12 @@ def _device_expert_itemsize(cfg: ModelConfig, dtype: torch.dtype, device=None) -
                             lambda q: StackedExperts.fp8_unsupported(q, dtype, device))
 
 
+def cpu_layer_expert_bytes(cfg: ModelConfig, dtype: torch.dtype) -> float:
+    """Host bytes one MoE layer's routed experts take on the CPU (``cpu_experts.py``'s format:
+    ``dtype``, or FP8 codes and scales where the CPU keeps them)."""
+    return cfg.num_experts * cfg.param_counts()["expert"] * _cpu_expert_itemsize(cfg, dtype)
+
+
 def expert_placement_summary(cfg: ModelConfig, flags: list[bool], dtype: torch.dtype,
                              device=None) -> dict:
     """Bytes on each side for a placement (for logs, the planner and the CLI) on the compute
@@ -175,7 +182,7 @@ def expert_placement_summary(cfg: ModelConfig, flags: list[bool], dtype: torch.d
         raise ValueError(f"flags has {len(flags)} entries, the model has {cfg.num_layers} layers")
     itemsize = torch.empty(0, dtype=dtype).element_size()
     pc = cfg.param_counts()
-    per_layer = cfg.num_experts * pc["expert"] * _cpu_expert_itemsize(cfg, dtype)
+    per_layer = cpu_layer_expert_bytes(cfg, dtype)
     moe = set(cfg.moe_layers)
     cpu_layers = [i for i, f in enumerate(flags) if f]
     bad = [i for i in cpu_layers if i not in moe]

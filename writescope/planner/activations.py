@@ -51,7 +51,7 @@ def warmup_peak_bytes(cfg: "ModelConfig", dtype: torch.dtype, n_tokens: int,
     """The estimated peak of the engine's warm-up forward of ``n_tokens`` prompt tokens on CUDA
     (module docstring); ``cpu_experts``: whether any MoE layer's routed experts are on the
     CPU (the uploader's buffer then exists)."""
-    from ..layers.expert_placement import _cpu_expert_itemsize
+    from ..layers.expert_placement import cpu_layer_expert_bytes
     from ..layers.expert_upload import DEFAULT_UPLOAD_TOKENS
     from ..units import env_int
     n, h, item = int(n_tokens), cfg.hidden_size, _itemsize(dtype)
@@ -65,8 +65,7 @@ def warmup_peak_bytes(cfg: "ModelConfig", dtype: torch.dtype, n_tokens: int,
     upload = 0
     min_upload = env_int("WRITESCOPE_EXPERT_UPLOAD_TOKENS", DEFAULT_UPLOAD_TOKENS)
     if cpu_experts and cfg.moe_layers and 0 < min_upload <= n:
-        upload = int(cfg.num_experts * cfg.param_counts()["expert"]
-                     * _cpu_expert_itemsize(cfg, dtype))
+        upload = int(cpu_layer_expert_bytes(cfg, dtype))
     return int(ALLOCATOR_SLACK * (acts + logits + upload))
 
 
