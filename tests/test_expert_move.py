@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from writescope import LLM, SamplingParams
-from writescope.layers.expert_placement import choose_expert_layers, default_margin_bytes
+from writescope.layers.expert_placement import (choose_expert_layers, cpu_layer_order,
+                                                 default_margin_bytes)
 from writescope.kvcache.regions import Region
 from writescope.models.config import ModelConfig, load_config_dict
 from test_kv_cache_memory import _device_kv_bytes
@@ -66,7 +67,8 @@ def test_experts_move_until_the_kv_asked_for_fits(tiny_qwen3_moe):
     eng = llm.engine
     moe = list(cfg.moe_layers)
     assert eng.experts_moved_layers == 2
-    assert [i for i in range(cfg.num_layers) if eng.cpu_expert_layers[i]] == moe[:2]
+    assert [i for i in range(cfg.num_layers) if eng.cpu_expert_layers[i]] == \
+        sorted(cpu_layer_order(moe)[:2])  # the two that auto places first
     assert _device_kv_bytes(llm) == ask  # the regions got what was asked, and no more
     assert eng.weights_bytes + act + ask <= budget
     assert eng.stats()["engine.experts_moved_layers"] == 2
@@ -164,7 +166,8 @@ def test_fp8_device_experts_move_as_fp8(tiny_qwen3_moe_fp8, monkeypatch):
     assert eng.experts_moved_layers == 1
     held = eng.model.host_experts()
     assert len(held) == 1 and held[0].fp8 is not None
-    two = [i == cfg.moe_layers[0] for i in range(cfg.num_layers)]
+    first = cpu_layer_order(cfg.moe_layers)[0]  # the layer auto moves first
+    two = [i == first for i in range(cfg.num_layers)]
     placed = _engine(tiny_qwen3_moe_fp8, dtype="bfloat16", vram_budget=budget, experts="auto",
                      kv_cache_memory=ask + act - default_margin_bytes(budget))
     assert placed.engine.cpu_expert_layers == two == eng.cpu_expert_layers

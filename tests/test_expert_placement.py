@@ -5,8 +5,9 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from writescope.layers.expert_placement import (choose_expert_layers, default_margin_bytes,
-                                                expert_placement_summary)
+from writescope.layers.expert_placement import (choose_expert_layers, cpu_layer_order,
+                                                 default_margin_bytes,
+                                                 expert_placement_summary)
 from writescope.models.config import ModelConfig
 
 GB = 10**9
@@ -51,9 +52,30 @@ def test_auto_at_32gb_moves_experts_and_fits(cfg):
     per_layer = cfg.num_experts * _bytes(cfg, "expert")
     if s["cpu_expert_layers"] < s["moe_layers"]:
         assert s["gpu_weight_bytes"] + per_layer + kv + default_margin_bytes(budget) > budget
-    # the first MoE layers go to the CPU (llama.cpp --n-cpu-moe convention)
+    # the CPU layers are spread over the model (a pipelined step overlaps one sub-batch's CPU
+    # experts with the other's GPU layers up to the next CPU layer): the first of
+    # cpu_layer_order, no two of them adjacent while there are few
     cpu_layers = [i for i, f in enumerate(flags) if f]
-    assert cpu_layers == list(cfg.moe_layers[: len(cpu_layers)])
+    assert cpu_layers == sorted(cpu_layer_order(cfg.moe_layers)[: len(cpu_layers)])
+    if 2 * len(cpu_layers) <= s["moe_layers"]:
+        assert all(b - a >= 2 for a, b in zip(cpu_layers, cpu_layers[1:]))
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 26, 27, 47, 48, 94])
+def test_cpu_layer_order_spreads_every_prefix(m):
+    moe = list(range(3, 3 + m))  # (a model whose first layers are dense)
+    order = cpu_layer_order(moe)
+    assert sorted(order) == moe  # every layer once
+    for k in range(1, m + 1):
+        pos = sorted(order[:k])
+        # the largest gap (an end's counting double) at most about twice the even spacing m/k
+        # (farthest-first insertion; the integer layers add a few: at most 3.55 for m < 100)
+        gaps = [b - a for a, b in zip(pos, pos[1:])] + [2 * (pos[0] - 3) + 1,
+                                                        2 * (3 + m - 1 - pos[-1]) + 1]
+        assert max(gaps) <= 2 * m / k + 4, (k, pos)
+    # the engine's later moves continue from what is on the CPU: the same layers as the order's
+    for k in range(m + 1):
+        assert order[:k] + cpu_layer_order(moe, order[:k]) == order
 
 
 def test_auto_everything_fits(cfg):

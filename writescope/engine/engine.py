@@ -392,8 +392,8 @@ class LLMEngine:
         """With ``experts="auto"`` the experts were placed before the model was built, around
         ``kv_need`` (``kv_cache_memory``, else one ``max_model_len`` sequence's KV) and a default
         margin for the activations. Where the activations measured since leave the KV less than
-        that, move the next MoE layers' routed experts to the CPU (the layers ``auto`` moves
-        first; ``layers/expert_move.py``) until it fits. Under ``kv_cache_memory="auto"`` the
+        that, move more MoE layers' routed experts to the CPU (spread among those already
+        there, ``expert_placement.cpu_layer_order``; ``layers/expert_move.py``) until it fits. Under ``kv_cache_memory="auto"`` the
         split is chosen again with the measured activations, among the splits with at least the
         layers already on the CPU. Returns the device weight bytes and activation bytes after
         the moves."""
@@ -412,11 +412,13 @@ class LLMEngine:
                 want = new["cpu_layers"]
                 self.kv_split = new
                 self.kv_cache_memory = new["kv_cache_memory"]  # None: every layer's experts
+        from ..layers.expert_placement import cpu_layer_order
         for _ in range(2):  # a second pass when the first CPU layers' upload buffer was measured
             moved = []
-            for i, m in self.model.moe_blocks():
-                if m.cpu_experts is not None:
-                    continue
+            blocks = dict(self.model.moe_blocks())
+            on_cpu = [i for i, m in blocks.items() if m.cpu_experts is not None]
+            for i in cpu_layer_order(blocks, on_cpu):  # the next ones spread among them
+                m = blocks[i]
                 if (sum(self.cpu_expert_layers) >= want if want is not None
                         else left() >= kv_need):
                     break

@@ -30,6 +30,7 @@ device (how the CPU tests check the decomposition against the model's own forwar
 """
 from __future__ import annotations
 
+import collections
 import functools
 import os
 import warnings
@@ -81,6 +82,12 @@ class Piece:
     writes: tuple[str, ...]
     graphable: bool
     group: int = 0  # the sub-batch of a pipelined step it works on
+    #: it waits for the CPU (an attention or expert call's second half): in a pipelined step the
+    #: other sub-batch's work is enqueued before it (:func:`interleave`)
+    waits: bool = False
+    #: a CPU-expert launch piece's calls, taken by its finish piece (first in, first out: a
+    #: capture's warm-up and the capture itself each launch once before either finishes)
+    pending: collections.deque | None = None
 
 
 @dataclass
@@ -133,21 +140,24 @@ class Segment:
 
 
 def _layer_pieces(i: int, layer, n: int, cache, group: int | None = None,
-                  resident: bool = False) -> list[Piece]:
-    """Layer ``i``'s pieces. ``group`` None: the whole step, one attention piece. Else one
-    sub-batch of a pipelined step (keys prefixed ``"{group}:"``): attention is two pieces,
-    ``launch`` (GPU side enqueued, CPU side handed to its worker) and ``finish`` (the merge),
-    so that the other sub-batch's work can be enqueued between them. ``resident``: the step's
-    cached KV is all on the GPU and loaded into fixed buffers (``cache.attend_resident``):
+                  resident: bool = False, split_experts: bool = False) -> list[Piece]:
+    """Layer ``i``'s pieces. ``group`` None: the whole step. Else one sub-batch of a pipelined
+    step (keys prefixed ``"{group}:"``). ``resident``: the step's cached KV is all on the GPU and
+    loaded into fixed buffers (``cache.attend_resident``, per sub-batch in a pipelined step):
     the attention piece is graph-safe too, and (unless ``WRITESCOPE_FUSED_SELF_MERGE=0``) it
-    merges the new tokens over themselves in its own launch, handing ``post`` the output."""
+    merges the new tokens over themselves in its own launch, handing ``post`` the output.
+    Otherwise a sub-batch's attention is two pieces, ``launch`` (GPU side enqueued, CPU side
+    handed to its worker) and ``finish`` (the merge), so that the other sub-batch's work can be
+    enqueued between them. ``split_experts``: likewise a CPU-expert layer's MoE block is two
+    pieces, ``ffn`` (router, the CPU's call queued, shared experts: ``MoE.launch``) and
+    ``moe`` (the device waits for the CPU and adds: ``MoE.finish``)."""
     attn, ffn = layer.self_attn, layer.ffn
     g = 0 if group is None else group
     pre_ = "" if group is None else f"{group}:"
     x, cos, sin, q, rec = (pre_ + k for k in ("x", "cos", "sin", "q", "rec"))
     o_kv, l_kv, h, dx, o_ = (pre_ + k for k in ("o_kv", "l_kv", "h", "dx", "o"))
     first = i == 0  # no MLP output to add before this layer
-    merged = group is None and resident and fused_enabled()
+    merged = resident and fused_enabled()
 
     def pre(env, ctx):
         # the previous layer's MLP output is added as this layer's norm runs (one kernel)
@@ -158,10 +168,10 @@ def _layer_pieces(i: int, layer, n: int, cache, group: int | None = None,
         env[o_kv], env[l_kv] = ctx.attend_cached(i, env[q], env[rec])
 
     def attend_resident(env, ctx):  # the plan is in fixed buffers (no ctx: also in a capture)
-        env[o_kv], env[l_kv] = cache.attend_resident(i, env[q], env[rec])
+        env[o_kv], env[l_kv] = cache.attend_resident(i, env[q], env[rec], group)
 
     def attend_merged(env, ctx):  # the same, the self merge in the reduce's launch
-        env[o_] = cache.attend_resident_merged(i, env[q], env[rec])
+        env[o_] = cache.attend_resident_merged(i, env[q], env[rec], group)
 
     def launch(env, ctx):
         ctx.attend_launch(i, env[q], env[rec], g)
@@ -180,23 +190,34 @@ def _layer_pieces(i: int, layer, n: int, cache, group: int | None = None,
     def mlp(env, ctx):
         env[dx] = ffn(env[h])  # added by the next layer's pre (or the final norm)
 
+    calls: collections.deque = collections.deque()
+
+    def mlp_launch(env, ctx):
+        calls.append(ffn.launch(env[h]))
+
+    def mlp_finish(env, ctx):
+        env[dx] = ffn.finish(calls.popleft())
+
     safe = getattr(ffn, "graph_safe", None)
+    ffn_safe = True if safe is None else safe(n, resident)
     out = [Piece(f"{pre_}pre{i}", pre, (x, cos, sin) if first else (x, dx, cos, sin),
                  (x, q, rec), True, g)]
     post_piece = Piece(f"{pre_}post{i}", post, (x, o_kv, l_kv, q, rec), (x, h), True, g)
     if merged:
-        out.append(Piece(f"attn{i}", attend_merged, (q, rec), (o_,), True))
-        post_piece = Piece(f"post{i}", post_merged, (x, o_), (x, h), True)
-    elif group is None and resident:
-        out.append(Piece(f"attn{i}", attend_resident, (q, rec), (o_kv, l_kv), True))
+        out.append(Piece(f"{pre_}attn{i}", attend_merged, (q, rec), (o_,), True, g))
+        post_piece = Piece(f"{pre_}post{i}", post_merged, (x, o_), (x, h), True, g)
+    elif resident:
+        out.append(Piece(f"{pre_}attn{i}", attend_resident, (q, rec), (o_kv, l_kv), True, g))
     elif group is None:
         out.append(Piece(f"attn{i}", attend, (q, rec), (o_kv, l_kv), False))
     else:
         out += [Piece(f"{pre_}launch{i}", launch, (q, rec), (), False, g),
-                Piece(f"{pre_}finish{i}", finish, (), (o_kv, l_kv), False, g)]
-    return out + [post_piece,
-                  Piece(f"{pre_}ffn{i}", mlp, (h,), (dx,),
-                        True if safe is None else safe(n, group is None and resident), g)]
+                Piece(f"{pre_}finish{i}", finish, (), (o_kv, l_kv), False, g, waits=True)]
+    if split_experts and getattr(ffn, "cpu_experts", None) is not None:
+        return out + [post_piece,
+                      Piece(f"{pre_}ffn{i}", mlp_launch, (h,), (), ffn_safe, g, pending=calls),
+                      Piece(f"{pre_}moe{i}", mlp_finish, (), (dx,), ffn_safe, g, waits=True)]
+    return out + [post_piece, Piece(f"{pre_}ffn{i}", mlp, (h,), (dx,), ffn_safe, g)]
 
 
 def _ends(model, group: int | None = None) -> tuple[Piece, Piece]:
@@ -230,31 +251,49 @@ def decode_pieces(model, n: int, cache, resident: bool = False) -> list[Piece]:
     return pieces
 
 
-def pipelined_pieces(model, sizes: list[int], cache) -> list[Piece]:
+def pipelined_pieces(model, sizes: list[int], cache, resident: bool = False,
+                     split_experts: bool = False) -> list[Piece]:
     """The forward pass of a decode step split into two sub-batches of ``sizes`` tokens, in the
-    order that overlaps one sub-batch's CPU attention with the other's GPU work (NEO's
-    asymmetric pipelining, arXiv 2411.01142; the schedule here is ours)::
+    order that overlaps one sub-batch's CPU work with the other's GPU work (NEO's asymmetric
+    pipelining, arXiv 2411.01142; the schedule here is ours): each sub-batch's pieces run up to
+    the next piece that waits for the CPU, then the other's (:func:`interleave`). With CPU
+    attention::
 
         A.pre0 A.launch0 | B.pre0 B.launch0 | A.finish0 A.post0 A.ffn0 A.pre1 A.launch1 |
         B.finish0 B.post0 B.ffn0 B.pre1 B.launch1 | A.finish1 ...
 
     While the CPU attends A's layer ``i`` the device runs B's dense work from layer ``i-1`` to
     ``i`` (and the device's wait for A's CPU result comes after it); then the CPU attends B's
-    layer ``i`` while the device runs A's."""
+    layer ``i`` while the device runs A's. ``split_experts``: routed experts on the CPU are
+    waited for in the same way (``ffn``/``moe`` pieces): while the CPU computes A's experts of
+    one CPU layer, the device runs B's layers up to that layer's router, then A's up to the next
+    CPU layer's while the CPU computes B's. ``resident``: attention through each sub-batch's
+    fixed buffers (``cache.attend_resident``), so that every piece may be captured."""
     if len(sizes) != 2:
         raise ValueError(f"a pipelined step has two sub-batches, got {sizes}")
     layers = list(model.model.layers)
-    per = [[_layer_pieces(i, l, sizes[g], cache, g) for i, l in enumerate(layers)]
-           for g in (0, 1)]
-    ends = [_ends(model, g) for g in (0, 1)]
-    pieces = []
-    for g in (0, 1):  # embed, pre and launch of layer 0
-        pieces += [ends[g][0]] + per[g][0][:2]
-    for i in range(len(layers)):
-        for g in (0, 1):
-            pieces += per[g][i][2:]  # finish, post, ffn of layer i
-            pieces += per[g][i + 1][:2] if i + 1 < len(layers) else [ends[g][1]]
-    return pieces
+    lists = []
+    for g in (0, 1):
+        embed, norm = _ends(model, g)
+        body = [p for i, l in enumerate(layers)
+                for p in _layer_pieces(i, l, sizes[g], cache, g, resident, split_experts)]
+        lists.append([embed] + body + [norm])
+    return interleave(lists)
+
+
+def interleave(lists: list[list[Piece]]) -> list[Piece]:
+    """The sub-batches' piece lists in turns: each turn runs one list from where it stopped up
+    to (not including) its next piece that waits for the CPU (:attr:`Piece.waits`)."""
+    out: list[Piece] = []
+    at = [0] * len(lists)
+    while any(a < len(l) for a, l in zip(at, lists)):
+        for g, l in enumerate(lists):
+            a = at[g]
+            while a < len(l) and (a == at[g] or not l[a].waits):
+                out.append(l[a])
+                a += 1
+            at[g] = a
+    return out
 
 
 #: a run of graph-safe pieces is cut into graphs of at most this many layers (0: no limit), so
@@ -321,7 +360,7 @@ class DecodeGraphs:
         #: WRITESCOPE_CUDA_GRAPHS (:func:`mode`)
         self.mode = mode_ or mode()
         cpu_experts_graph.mode()  # a bad WRITESCOPE_CPU_EXPERTS_GRAPHED fails here, not mid-step
-        self.plans: dict[int, list[Segment]] = {}
+        self.plans: dict[tuple, list[Segment]] = {}  # (sizes, split experts, resident key)
         self._pending: tuple[int, list[Segment]] | None = None
         self._pool = None
         self.disabled_reason: str | None = None
@@ -360,14 +399,18 @@ class DecodeGraphs:
         return self.mode == "pieces" or self.device.type == "cuda"
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx,
-            groups: list[int] | None = None, resident: tuple | None = None) -> torch.Tensor:
+            groups: list[int] | None = None, resident: tuple | None = None,
+            split_experts: bool = False) -> torch.Tensor:
         """The forward pass of a decode step of ``n = len(input_ids)`` tokens: final-normed
         hidden states as ``model.forward`` returns them, in the first ``n`` of ``bucket(n)``
         rows. ``groups``: tokens per sub-batch of a pipelined step (two, in batch order; the
         step's attention was planned in the same groups); the result then has ``n`` rows.
         ``resident``: the step's key in the cache's resident buffers (``cache.step_resident``,
-        loaded for ``bucket(n)`` rows): its attention is captured with the rest, and the graphs
-        are captured anew whenever the key changes (the buffers grew)."""
+        loaded for ``bucket(n)`` rows; in a pipelined step one key per sub-batch, loaded for
+        ``bucket`` of its tokens): its attention is captured with the rest, and the graphs are
+        captured anew whenever the key changes (the buffers grew). ``split_experts``: in a
+        pipelined step, the other sub-batch's work also runs while the CPU computes a
+        sub-batch's routed experts (:func:`pipelined_pieces`)."""
         n = input_ids.shape[0]
         if groups is not None and len(groups) > 1:
             counts = [int(c) for c in groups]
@@ -379,18 +422,22 @@ class DecodeGraphs:
             counts = [n]
             env = {"ids": input_ids, "pos": positions}
         sizes = [bucket(c) for c in counts]
-        key = tuple(sizes)
+        split_experts = bool(split_experts) and len(sizes) > 1
         if resident is not None:
-            if len(sizes) != 1 or resident[0] != sizes[0]:
-                raise ValueError(f"a resident step of {counts} tokens loaded for {resident[0]} rows")
-            key = key + (resident,)
-            for k in [k for k in self.plans
-                      if k[0] == key[0] and isinstance(k[-1], tuple) and k != key]:
+            keys = [resident] if len(sizes) == 1 else list(resident)
+            if len(keys) != len(sizes) or any(k[0] != s for k, s in zip(keys, sizes)):
+                raise ValueError(f"a resident step of {counts} tokens loaded for "
+                                 f"{[k[0] for k in keys]} rows")
+            for k in [k for k in self.plans if k[:2] == (tuple(sizes), split_experts)
+                      and k[2] is not None and k[2] != resident]:
                 del self.plans[k]  # captured over buffers that have since been replaced
+        key = (tuple(sizes), split_experts, resident)
         segs = self.plans.get(key)
         if segs is None:  # eagerly, padded to the size (and kept as the capture's inputs)
             pieces = (decode_pieces(self.model, sizes[0], self.cache, resident is not None)
-                      if len(sizes) == 1 else pipelined_pieces(self.model, sizes, self.cache))
+                      if len(sizes) == 1 else
+                      pipelined_pieces(self.model, sizes, self.cache, resident is not None,
+                                       split_experts))
             segs = segments(pieces)
             for seg in segs:
                 if not seg.graphable:
@@ -436,8 +483,17 @@ class DecodeGraphs:
         return self._pending is not None
 
     def drop_pending(self) -> None:
-        """The step failed: do not capture from its inputs."""
+        """The step failed: do not capture from its inputs, and forget the CPU-expert calls it
+        launched and never finished."""
         self._pending = None
+        self._clear_calls()
+
+    def _clear_calls(self) -> None:
+        for segs in self.plans.values():
+            for seg in segs:
+                for p in seg.pieces:
+                    if p.pending is not None:
+                        p.pending.clear()
 
     def stats(self) -> dict:
         out = dict(self.counters, **{"graphs.mode": self.mode if not self.disabled_reason
@@ -463,6 +519,10 @@ class DecodeGraphs:
         try:
             self._capture(segs)
         except Exception as e:  # noqa: BLE001 - any failure: eager from now on
+            for seg in segs:
+                for p in seg.pieces:
+                    if p.pending is not None:
+                        p.pending.clear()
             if self._graphed_experts(segs):
                 # graphed CPU expert calls in it: those go back to eager calls (the graphs of
                 # the rest are captured anew, around them, after the next step of this size)

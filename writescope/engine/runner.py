@@ -1,6 +1,7 @@
 """Runs a scheduled step: inputs, the forward pass over the KV cache, logits, sampling."""
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
@@ -14,6 +15,22 @@ from ..layers.sampler import PendingTokens, Sampler
 from ..models.base import CausalLM
 from . import prompt_logprobs
 from .stepform import StepForms
+
+
+def expert_pipeline_mode() -> str:
+    """``WRITESCOPE_PIPELINE_EXPERTS``: with routed experts on the CPU, ``off`` (the default;
+    also 0), ``on`` (1: every graphed decode step of two or more sequences runs as two
+    interleaved sub-batches, each one's CPU expert calls overlapping the other's GPU work,
+    ``graphs.pipelined_pieces``) or ``auto`` (each batch's form chosen from measured step
+    times, ``stepform.py``). Off by default until it is measured on a GPU machine."""
+    v = os.environ.get("WRITESCOPE_PIPELINE_EXPERTS", "0").strip().lower()
+    if v in ("1", "on", "true", "yes"):
+        return "on"
+    if v == "auto":
+        return "auto"
+    if v in ("", "0", "off", "false", "no"):
+        return "off"
+    raise ValueError(f"WRITESCOPE_PIPELINE_EXPERTS must be 0/off, 1/on or auto, got {v!r}")
 
 
 @dataclass
@@ -64,10 +81,15 @@ class ModelRunner:
         from ..kvcache.cache import pipeline_mode
         mode = pipeline_mode()
         self.pipeline = mode != "off"
-        #: with WRITESCOPE_PIPELINE=auto, which form each decode step runs in is chosen from
-        #: measured step times, per batch size and context (stepform.py); None: always split
-        #: when it can
-        self.step_forms = StepForms() if mode == "auto" else None
+        #: with routed experts on the CPU, decode steps of two or more sequences may run as two
+        #: sub-batches whose CPU expert calls overlap the other's GPU work
+        #: (WRITESCOPE_PIPELINE_EXPERTS, :func:`expert_pipeline_mode`)
+        self.expert_pipeline = expert_pipeline_mode()
+        #: with WRITESCOPE_PIPELINE=auto (or WRITESCOPE_PIPELINE_EXPERTS=auto), which form each
+        #: decode step runs in is chosen from measured step times, per batch size and context
+        #: (stepform.py); None: always split when it can
+        self.step_forms = StepForms() if "auto" in (mode, self.expert_pipeline) else None
+        self._pipeline_auto = mode == "auto"
         #: routed experts run on the CPU in some layer: their calls keep every step synchronous
         #: (the engine sets it)
         self.experts_on_cpu = False
@@ -118,20 +140,29 @@ class ModelRunner:
         t0 = time.perf_counter()
         decode = all(s.num_new == 1 for s in batch.seqs)
         graphed = decode and self.graphs is not None and self.graphs.wants(row)
-        split = graphed and self.pipeline
-        forms = self.step_forms if split else None
         policy = self.cache.policy
+        split_experts = (graphed and self.experts_on_cpu and self.expert_pipeline != "off"
+                         and len(batch.seqs) >= 2)
+        if split_experts:
+            split, auto = True, self.expert_pipeline == "auto"
+        else:
+            split, auto = graphed and self.pipeline, self._pipeline_auto
+        forms = self.step_forms if split and auto else None
         if forms is not None:
             form_key = step_form_key(batch)
             split = forms.choose(form_key)
+        if split_experts or forms is not None:
             if hasattr(policy, "pipelined"):  # the planner models the form the step runs in
                 policy.pipelined = split
-        # a graphed one-batch step may attend through the cache's fixed buffers, when all its
-        # cached KV is on the GPU (the cache decides; cache.step_resident) and the rest of the
-        # step is graph-safe (graphs.resident_rows)
+        # a graphed step may attend through the cache's fixed buffers, when all its cached KV
+        # is on the GPU (the cache decides; cache.step_resident) and the rest of the step is
+        # graph-safe (graphs.resident_rows); a pipelined step's sub-batches each through their
+        # own
         rows = self.graphs.resident_rows(row) if graphed and not split else None
+        group_rows = self.graphs.resident_rows if graphed and split_experts and split else None
         self.cache.begin_step([(s.request.seq_id, s.start, s.num_new) for s in batch.seqs],
-                              pipeline=split, resident_rows=rows)
+                              pipeline=split, resident_rows=rows,
+                              split_experts=split_experts, group_rows=group_rows)
         if forms is not None and not self.cache.step_splittable:
             forms = None  # nothing to overlap: both forms are the same step, nothing to learn
             split = False
@@ -146,7 +177,8 @@ class ModelRunner:
                 if graphed:
                     hidden = self.graphs.run(input_ids, positions, self.cache,
                                              groups=self.cache.step_groups,
-                                             resident=self.cache.step_resident)
+                                             resident=self.cache.step_resident,
+                                             split_experts=split_experts)
                 else:
                     hidden = self.model(input_ids, positions, self.cache)
             finally:

@@ -29,12 +29,13 @@ import os
 import time
 from collections import Counter
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
 
 from ..attention.batch import BlockBatch
-from ..attention.hybrid import AttentionStepPlan, HybridAttention
+from ..attention.hybrid import AttentionStepPlan, HybridAttention, slice_batch
 from ..attention.merge import merge
 from ..attention.prefill import causal_prefix_attention
 from ..attention.resident import ResidentAttention
@@ -139,6 +140,18 @@ def _pipeline_groups(work, plan: AttentionStepPlan) -> list[int] | None:
     return [cut, n - cut]
 
 
+def _step_groups(work, plan: AttentionStepPlan, split_experts: bool) -> list[int] | None:
+    """The sub-batches of a pipelined decode step: balanced by CPU attention tokens
+    (:func:`_pipeline_groups`), or, where attention has no CPU side but routed experts run on
+    the CPU (``split_experts``), by sequences (the first sub-batch takes the odd one)."""
+    groups = _pipeline_groups(work, plan)
+    n = len(work)
+    if groups is None and split_experts and n >= PIPELINE_MIN_SEQS and \
+            all(k == 1 for _, _, k in work):
+        groups = [n - n // 2, n // 2]
+    return groups
+
+
 def _self_segments(seg_lens: list[int], prefill: list) -> list[int]:
     """The self partial's segments: dense-prefill chunks become single-token segments."""
     if not prefill:
@@ -187,6 +200,8 @@ class InplaceKVCache:
         #: decode steps whose cached KV is all on the GPU, through fixed buffers that a CUDA
         #: graph holds (attention/resident.py); made with the first such step
         self.resident: ResidentAttention | None = None
+        #: the same per sub-batch of a pipelined step (:meth:`attend_resident` with a group)
+        self.resident_groups: list[ResidentAttention] = []
         self.prefill_gpu_rows = prefill_gpu_rows  # None: the policy assigns prefill rows too
         #: prefill chunks (more than ``prefill_gpu_rows`` new tokens) attend their whole context
         #: in one fused causal kernel instead of the paged path
@@ -389,17 +404,24 @@ class InplaceKVCache:
 
     # ------------------------------------------------------------------ the step
     def begin_step(self, work: list[tuple[int, int, int]], pipeline: bool = False,
-                   resident_rows: int | None = None) -> None:
+                   resident_rows: int | None = None, split_experts: bool = False,
+                   group_rows: Callable[[int], int | None] | None = None) -> None:
         """``work``: per scheduled sequence ``(seq_id, start, num_new)``, in batch order.
 
         ``pipeline``: the caller can run a decode step as two interleaved sub-batches
-        (``engine/pipeline.py``); the step is then planned in two groups when that pays
-        (:attr:`step_groups`), attended with :meth:`attend_launch` / :meth:`attend_finish`.
+        (``engine/graphs.pipelined_pieces``); the step is then planned in two groups when that
+        pays (:attr:`step_groups`), attended with :meth:`attend_launch` / :meth:`attend_finish`.
+        ``split_experts``: the caller's routed experts run on the CPU in some layer, which is
+        CPU work to overlap too: a pipelined decode step of two or more sequences is then split
+        (evenly) even where its attention has no CPU side (and :attr:`step_splittable` says so
+        of a step that was not asked to split).
 
         ``resident_rows``: the caller runs a decode step as ``resident_rows`` padded rows in a
         CUDA graph (``engine/graphs.py``). A step that attends GPU-resident blocks only and
         completes no block is then loaded into fixed buffers (:attr:`step_resident`), and its
-        layers are attended with :meth:`attend_resident`."""
+        layers are attended with :meth:`attend_resident`. ``group_rows``: the same for the
+        sub-batches of a pipelined step, the padded rows of a sub-batch of so many tokens (None:
+        it cannot run so); each is then loaded into buffers of its own."""
         if self._step is not None:
             raise KVCacheError("begin_step called twice without end_step")
         step = self._place(work)
@@ -416,16 +438,19 @@ class InplaceKVCache:
             # the self partial then treats its rows as single tokens (they are overwritten)
             prefill=prefill, self_seg_lens=self_segs,
             self_single=all(n == 1 for n in self_segs),  # every layer's attention asks
-            plan=plan, groups=_pipeline_groups(work, plan) if pipeline else None,
-            group_records={})
+            plan=plan, groups=_step_groups(work, plan, split_experts) if pipeline else None,
+            split_experts=split_experts, group_records={})
         step["resident"] = None
         if resident_rows is not None and not step["groups"]:
             step["resident"] = self._load_resident(step, plan, resident_rows)
+        elif group_rows is not None and step["groups"]:
+            step["resident"] = self._load_resident_groups(step, plan, group_rows)
         self._step = step
         if step["resident"] is not None:  # the hybrid side only closes the step (end_step)
             plan = AttentionStepPlan(self.spec, self.scale, plan.num_q_rows,
                                      q_indptr=plan.q_indptr)
-        self.hybrid.begin_step(plan, groups=step["groups"])
+        self.hybrid.begin_step(plan, groups=None if step["resident"] is not None
+                               else step["groups"])
         if step["groups"]:
             self.counters["kv.pipelined_steps"] += 1
 
@@ -554,8 +579,8 @@ class InplaceKVCache:
         """Whether the open step could run as two sub-batches (a decode step of two or more
         sequences with CPU work to overlap), whether or not it was asked to."""
         step = self._step
-        return step is not None and (step["groups"] is not None or
-                                     _pipeline_groups(step["work"], step["plan"]) is not None)
+        return step is not None and (step["groups"] is not None or _step_groups(
+            step["work"], step["plan"], step["split_experts"]) is not None)
 
     @property
     def step_deferrable(self) -> bool:
@@ -592,34 +617,67 @@ class InplaceKVCache:
                                               self.hybrid.chunk_blocks)
         return self.resident.load(plan, rows, *step["w_host"])
 
+    def _load_resident_groups(self, step: dict, plan: AttentionStepPlan,
+                              group_rows: Callable[[int], int | None]) -> tuple | None:
+        """:meth:`_load_resident` for each sub-batch of a pipelined step, into buffers of its
+        own (:attr:`resident_groups`): the tuple of their keys, or None when the step (or a
+        sub-batch's size) cannot run there."""
+        mode = resident_mode()
+        if mode == "off" or (mode == "on" and self.hybrid.backend != "triton"):
+            return None
+        if step["new_blocks"] or not ResidentAttention.eligible(
+                plan, [n for _, _, n in step["work"]]):
+            return None
+        counts = step["groups"]
+        rows = [group_rows(c) for c in counts]
+        if any(r is None for r in rows):
+            return None
+        while len(self.resident_groups) < len(counts):
+            self.resident_groups.append(ResidentAttention(self.pools, self.spec, self.scale,
+                                                          self.device, self.hybrid.chunk_blocks))
+        w_src, w_dst = step["w_host"]
+        keys, s0 = [], 0
+        for g, (c, r) in enumerate(zip(counts, rows)):
+            s1 = s0 + c  # one row per sequence (eligible): rows s0:s1 are the group's
+            sub = AttentionStepPlan(
+                self.spec, self.scale, c, q_indptr=torch.arange(c + 1, dtype=torch.int32),
+                gpu=[(reg, slice_batch(b, s0, s1)) for reg, b in plan.gpu if b.num_blocks])
+            sel = (w_src >= s0) & (w_src < s1)
+            keys.append(self.resident_groups[g].load(sub, r, w_src[sel] - s0, w_dst[sel]))
+            s0 = s1
+        return tuple(keys)
+
     @property
     def step_resident(self) -> tuple | None:
         """The open step's key in the resident buffers (part of its graph's key), or None when
-        its attention runs through the hybrid side."""
+        its attention runs through the hybrid side. A pipelined step's: one key per sub-batch."""
         return None if self._step is None else self._step["resident"]
 
-    def attend_resident(self, layer: int, q: torch.Tensor, records: torch.Tensor
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`attend_cached` for a resident step, over its padded rows: reads and writes
-        only fixed buffers, so a CUDA graph may hold it (also between steps, when the graph is
-        captured from the step that just ran)."""
-        r = self.resident
+    def _resident_for(self, group: int | None) -> ResidentAttention:
+        r = self.resident if group is None else (
+            self.resident_groups[group] if group < len(self.resident_groups) else None)
         if r is None or r.key is None:
             raise KVCacheError("attend_resident without a resident step loaded")
+        return r
+
+    def attend_resident(self, layer: int, q: torch.Tensor, records: torch.Tensor,
+                        group: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`attend_cached` for a resident step, over its padded rows (``group``: one
+        sub-batch's, of a pipelined step): reads and writes only fixed buffers, so a CUDA graph
+        may hold it (also between steps, when the graph is captured from the step that just
+        ran)."""
+        r = self._resident_for(group)
         out, lse = r.attend(layer, q)
         r.write(layer, records)
         return out, lse
 
-    def attend_resident_merged(self, layer: int, q: torch.Tensor, records: torch.Tensor
-                               ) -> torch.Tensor:
+    def attend_resident_merged(self, layer: int, q: torch.Tensor, records: torch.Tensor,
+                               group: int | None = None) -> torch.Tensor:
         """:meth:`attend_resident` and the self merge (``decode_self_merge``) in one: the
         layer's attention output in ``q``'s dtype, the new tokens over themselves merged (and
         their records written) in the launch that merges the cached partials
         (``ResidentAttention.attend_merged``)."""
-        r = self.resident
-        if r is None or r.key is None:
-            raise KVCacheError("attend_resident without a resident step loaded")
-        return r.attend_merged(layer, q, records)
+        return self._resident_for(group).attend_merged(layer, q, records)
 
     @property
     def step_groups(self) -> list[int] | None:

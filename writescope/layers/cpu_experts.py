@@ -1000,6 +1000,14 @@ class CpuExperts:
         from . import cpu_experts_graph
         return cpu_experts_graph.capture(self, hidden, topk_ids, topk_weights)
 
+    def captured_launch(self, hidden: torch.Tensor, topk_ids: torch.Tensor,
+                        topk_weights: torch.Tensor):
+        """:meth:`captured`'s first half (inputs out, ready word); the result comes from
+        ``cpu_experts_graph.capture_finish``, which may be captured in a later graph."""
+        self._check(hidden, topk_ids, topk_weights)
+        from . import cpu_experts_graph
+        return cpu_experts_graph.capture_launch(self, hidden, topk_ids, topk_weights)
+
     def submit_graphed(self, x, ids, w, out: torch.Tensor, res: torch.Tensor,
                        ready: tuple[int, int], done: tuple[int, int]) -> None:
         """A graphed call's host half: the kernel over the pinned ``x, ids, w`` (filled by the

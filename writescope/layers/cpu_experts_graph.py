@@ -195,6 +195,15 @@ def capture(experts, hidden: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -
     """Record the device's half of a call on the capturing stream; returns the result. Every
     capture gets buffers and words of its own (a pipelined step calls a layer's experts once per
     sub-batch: those calls must not share them), set aside by the warm-up (:func:`reserve`)."""
+    return capture_finish(capture_launch(experts, hidden, ids, w), hidden.device)
+
+
+def capture_launch(experts, hidden: torch.Tensor, ids: torch.Tensor, w: torch.Tensor
+                   ) -> "GraphedCall":
+    """The first half of :func:`capture`: the inputs' copies and the ready word. The call is
+    queued at the replay of the graph that holds this half (the capturing segment's
+    ``host_calls``); :func:`capture_finish` may be captured in a later graph (a pipelined step
+    runs the other sub-batch's work between them, ``engine/graphs.py``)."""
     from ..attention.hostflag import _store_kernel
     rows, k = ids.shape
     dev = hidden.device
@@ -211,6 +220,12 @@ def capture(experts, hidden: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -
     call.ids.copy_(ids.detach().to(torch.int32), non_blocking=True)
     call.w.copy_(w.detach().to(torch.float32), non_blocking=True)
     _store_kernel()[(1,)](flags.flags[word:], 1, num_warps=1)
-    flags.wait(word + 1, 1)
     _captured.append(call)
-    return call.res.to(dev, non_blocking=True)
+    return call
+
+
+def capture_finish(call: "GraphedCall", device: torch.device) -> torch.Tensor:
+    """The second half of :func:`capture`: the device waits for the call's done word, then
+    copies its result back."""
+    call.flags.wait(call.word + 1, 1)
+    return call.res.to(device, non_blocking=True)

@@ -12,8 +12,12 @@ routed expert (attention, norms, router, shared experts, embeddings) always stay
   activation/staging margin fit the budget; otherwise as many MoE layers as fit keep their experts
   on the GPU and the others go to the CPU. The KV the workload needs is the engine's: one sequence
   of ``max_model_len`` tokens, or ``kv_cache_memory`` when that asks for more (the engine's
-  option: experts placed around the KV asked for). The *first* MoE layers go to the CPU (the convention of
-  llama.cpp's ``--n-cpu-moe N``); which layers move does not change the step time, only how many.
+  option: experts placed around the KV asked for). The layers that go to the CPU are spread
+  over the model (:func:`cpu_layer_order`), not the first ones as llama.cpp's ``--n-cpu-moe N``
+  takes: in a one-batch step which layers move does not change the step time, only how many,
+  but a pipelined step (``WRITESCOPE_PIPELINE_EXPERTS``) overlaps one sub-batch's CPU experts
+  with the other's GPU layers up to the next CPU layer, which contiguous CPU layers leave
+  nearly empty.
   No budget (``None``: no GPU limit, e.g. a CPU-only machine where "GPU" is the in-process device)
   means everything stays on the "GPU" path.
 """
@@ -23,8 +27,8 @@ import torch
 
 from ..models.config import ModelConfig
 
-__all__ = ["choose_expert_layers", "default_margin_bytes", "expert_placement_summary",
-           "cpu_layer_expert_bytes", "EXPERT_MODES"]
+__all__ = ["choose_expert_layers", "cpu_layer_order", "default_margin_bytes",
+           "expert_placement_summary", "cpu_layer_expert_bytes", "EXPERT_MODES"]
 
 EXPERT_MODES = ("gpu", "cpu", "auto")
 GiB = 2**30
@@ -97,8 +101,34 @@ def choose_expert_layers(cfg: ModelConfig, experts: str, vram_budget_bytes: int 
         _check_fits(cfg, [i in set(moe) for i in range(n)], vram_budget_bytes, kv_bytes_needed,
                     dtype, margin_bytes, mode, device)
     keep = min(len(moe), max(0, free) // per_layer) if per_layer else len(moe)
-    on_cpu = set(moe[: len(moe) - keep])
+    on_cpu = set(cpu_layer_order(moe)[: len(moe) - keep])
     return [i in on_cpu for i in range(n)]
+
+
+def cpu_layer_order(moe_layers, on_cpu=()) -> list[int]:
+    """The MoE layers not in ``on_cpu``, in the order their routed experts go to the CPU: each
+    next one the farthest from the CPU layers before it, the model's ends counting as mirror
+    images (a half gap there is as good as a whole one between two CPU layers), the lower of
+    two equally far. Any first ``k`` of them are spread over the model; ``auto`` places the
+    first ``k``, and the engine's later moves (``LLMEngine._fit_experts_around_kv``) take the
+    next ones, so the layers stay spread and a moved placement equals the one placed at
+    once."""
+    moe = sorted(int(i) for i in moe_layers)
+    m = len(moe)
+    pos = {layer: p for p, layer in enumerate(moe)}
+    placed = [pos[i] for i in on_cpu if i in pos]
+    free = [p for p in range(m) if p not in set(placed)]
+    out: list[int] = []
+
+    def gap(p: int) -> float:
+        return min([2 * p + 1, 2 * (m - p) - 1] + [abs(p - q) for q in placed])
+
+    while free:
+        best = max(free, key=lambda p: (gap(p), -p))
+        free.remove(best)
+        placed.append(best)
+        out.append(moe[best])
+    return out
 
 
 def _auto_sizes(cfg, budget, dtype, margin_bytes=None, device=None) -> tuple[int, int]:

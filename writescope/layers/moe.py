@@ -14,6 +14,7 @@ layer's experts were placed on the CPU. The router follows each family's referen
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -315,29 +316,60 @@ class MoE(nn.Module):
         self.experts = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self._dtype = x.dtype  # the hidden states' (graph_safe asks whether a call could be captured)
-        fused = (self.cpu_experts is None and self.uploader is None and self.experts is not None
+        if self.cpu_experts is not None:
+            return self.finish(self.launch(x))
+        self._dtype = x.dtype
+        fused = (self.uploader is None and self.experts is not None
                  and self.experts.fused_for(x.shape[0] * self.cfg.num_experts_per_tok))
         w, idx = self.gate(x, compact=fused)
-        uploaded = self.uploader is not None and self.uploader.wants(x.shape[0])
-        if self.cpu_experts is not None and not uploaded and x.is_cuda and \
-                torch.cuda.is_current_stream_capturing():
-            out = self.cpu_experts.captured(x, idx, w)  # the host's half comes at each replay
-            shared = self.shared_experts(x) if self.shared_experts is not None else None
-        elif self.cpu_experts is not None and not uploaded:
-            cpu_experts_graph.reserve(self.cpu_experts, x, idx)  # a capture's warm-up: set aside
-            # the CPU works while the GPU does the rest; in small decode steps the GPU reads
-            # some of the experts over the link meanwhile (expert_link.py)
-            share = self.link.share_for(x.shape[0]) if self.link is not None else 0.0
-            call = expert_link.submit(self.cpu_experts, x, idx, w, share,
-                                      None if self.link is None else self.link.buffer)
-            shared = self.shared_experts(x) if self.shared_experts is not None else None
-            out = expert_link.finish(self.cpu_experts, call, x.dtype)
-        elif fused:  # the shared output added in the down kernel, rounded as `out + shared` is
-            shared = self.shared_experts(x) if self.shared_experts is not None else None
+        shared = self.shared_experts(x) if self.shared_experts is not None else None
+        if fused:  # the shared output added in the down kernel, rounded as `out + shared` is
             return self.experts.fused(x, idx, w, add=shared)
-        else:
-            out = (self.uploader.forward(self.cpu_experts, x, idx, w) if uploaded
-                   else self.experts(x, idx, w))
-            shared = self.shared_experts(x) if self.shared_experts is not None else None
+        out = self.experts(x, idx, w)
         return out if shared is None else out + shared
+
+    # -------------------------------------------------- experts on the CPU: a call in two halves
+    def launch(self, x: torch.Tensor) -> "_ExpertCall":
+        """A CPU-expert layer's first half: the router, the CPU's call queued (or, captured, its
+        device half up to the ready word) and the shared experts. :meth:`finish` waits for the
+        CPU and adds. Between the two the device may run other work -- the other sub-batch's,
+        in a pipelined step (``engine/graphs.pipelined_pieces``)."""
+        self._dtype = x.dtype  # the hidden states' (graph_safe asks whether a call could be captured)
+        w, idx = self.gate(x, compact=False)
+        if self.uploader is not None and self.uploader.wants(x.shape[0]):
+            out = self.uploader.forward(self.cpu_experts, x, idx, w)
+            return _ExpertCall("done", out, self._shared(x), x.dtype, x.device)
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+            call = self.cpu_experts.captured_launch(x, idx, w)  # the host's half at each replay
+            return _ExpertCall("graphed", call, self._shared(x), x.dtype, x.device)
+        cpu_experts_graph.reserve(self.cpu_experts, x, idx)  # a capture's warm-up: set aside
+        # the CPU works while the GPU does the rest; in small decode steps the GPU reads
+        # some of the experts over the link meanwhile (expert_link.py)
+        share = self.link.share_for(x.shape[0]) if self.link is not None else 0.0
+        call = expert_link.submit(self.cpu_experts, x, idx, w, share,
+                                  None if self.link is None else self.link.buffer)
+        return _ExpertCall("eager", call, self._shared(x), x.dtype, x.device)
+
+    def finish(self, call: "_ExpertCall") -> torch.Tensor:
+        """The layer's output of a :meth:`launch`: the routed experts' result plus the shared
+        experts'."""
+        if call.kind == "graphed":
+            out = cpu_experts_graph.capture_finish(call.call, call.device)
+        elif call.kind == "eager":
+            out = expert_link.finish(self.cpu_experts, call.call, call.dtype)
+        else:
+            out = call.call
+        return out if call.shared is None else out + call.shared
+
+    def _shared(self, x: torch.Tensor) -> torch.Tensor | None:
+        return self.shared_experts(x) if self.shared_experts is not None else None
+
+
+@dataclass
+class _ExpertCall:
+    """A launched CPU-expert layer call (:meth:`MoE.launch`)."""
+    kind: str                     # "eager", "graphed" (captured halves) or "done" (uploaded)
+    call: object                  # expert_link's call, the GraphedCall, or the output
+    shared: torch.Tensor | None   # the shared experts' output
+    dtype: torch.dtype
+    device: torch.device

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Callable, Union
 
 import torch
 
+from ..layers.expert_placement import cpu_layer_order
 from . import roofline as rl
 
 if TYPE_CHECKING:
@@ -85,7 +86,7 @@ def split_step(profile: "HardwareProfile", cfg: "ModelConfig", lengths: list[int
     on the CPU and the G region capped at ``kv_cache_memory`` (None: what the weights and
     ``reserve_bytes`` leave -- by default the roofline's 1 GiB reserve); None where the weights
     alone exceed the budget or no KV fits beside them."""
-    flags = frozenset(list(cfg.moe_layers)[:n_cpu])
+    flags = frozenset(cpu_layer_order(cfg.moe_layers)[:n_cpu])
     g = rl.gpu_kv_capacity_tokens(cfg, vram_budget, flags) if reserve_bytes is None else \
         rl.gpu_kv_capacity_tokens(cfg, vram_budget, flags, reserve_bytes)
     if kv_cache_memory is not None:
