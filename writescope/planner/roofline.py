@@ -50,8 +50,12 @@ Where the routed experts run (``experts_on_cpu`` below) is ``True`` (every MoE l
 CPU), ``False`` (all on the GPU) or one flag per layer (``experts="auto"`` puts some layers'
 experts on the CPU and keeps the others on the GPU: :func:`cpu_expert_layers`); each MoE layer
 is then timed where its own experts run, and the step as a whole is the engine's step with CPU
-experts (the CPU's plain round trip, no pipelined sub-batches, graph launches only in resident
-steps whose CPU expert calls are graphed).
+experts (the CPU's plain round trip, graph launches only in resident steps whose CPU expert
+calls are graphed). A step with CPU experts split into two sub-batches
+(``WRITESCOPE_PIPELINE_EXPERTS``, ``pipelined=True``) is timed as a whole instead
+(:func:`_split_experts_step`): each sub-batch's layers at its own load, the GPU's work and the
+CPU's summed over both, the step the longer of the two plus the lead and tail the other side
+cannot hide.
 
 Online feedback (:mod:`writescope.planner.feedback`) multiplies the CPU attention, PCIe, GPU
 attention and CPU expert terms by :class:`Corrections` (measured over predicted, smoothed); the
@@ -182,6 +186,10 @@ class StepPrediction:
     #: the routed experts' seconds of the layers whose experts run on the CPU (``expert_s``
     #: less the GPU layers' HBM reads), like the engine's measured ``cpu_expert_s``
     cpu_expert_s: float = 0.0
+    #: a step timed as a whole (:func:`_split_experts_step`): the pieces, linear in the CPU
+    #: share within a contention regime, whose max (plus fixed terms) is the step; the
+    #: optimiser also visits their crossings. Empty: the step is the sum of its layers.
+    lines: tuple[float, ...] = ()
 
 
 # ----------------------------------------------------------------------------- model facts
@@ -403,6 +411,9 @@ def predict_step(profile: "HardwareProfile", cfg: "ModelConfig", load: StepLoad,
                  regime: tuple[bool, bool] | None = None, pipelined: bool = False
                  ) -> StepPrediction:
     """Predicted time of one decode step with ``load`` (see the module docstring)."""
+    if pipelined and profile.has_gpu and load.batch_size >= 2 and \
+            cpu_expert_layers(cfg, experts_on_cpu):
+        return _split_experts_step(profile, cfg, load, experts_on_cpu, corr, regime)
     # layers of one kind (dense MLP, MoE with its experts on the GPU, MoE with them on the CPU)
     # take the same time: compute each kind once
     kinds: dict[tuple[bool, bool], LayerTime] = {}
@@ -426,6 +437,58 @@ def predict_step(profile: "HardwareProfile", cfg: "ModelConfig", load: StepLoad,
         cpu_share=load.cpu_share,
         layers=tuple(layers),
         cpu_expert_s=sum(layers[i].expert_s for i in cpu_layers))
+
+
+def _split_experts_step(profile: "HardwareProfile", cfg: "ModelConfig", load: StepLoad,
+                        experts_on_cpu: ExpertsOnCpu, corr: Corrections,
+                        regime: tuple[bool, bool] | None) -> StepPrediction:
+    """A decode step with routed experts on the CPU run as two interleaved sub-batches
+    (``engine/graphs.pipelined_pieces``, the sequences halved, the first taking the odd one):
+    while the CPU computes one sub-batch's experts of a CPU layer, the GPU runs the other's
+    layers up to that layer. Each sub-batch's layers are timed at its own load (so the dense
+    weights are read twice and each half routes to its own experts); the GPU's work ``G`` (dense,
+    attention, experts on the GPU) and the CPU's ``C`` (attention, experts) are summed over
+    both. With ``k`` CPU layers each sub-batch's chain is ``k + 1`` GPU segments around ``k`` CPU
+    calls; two such chains take ``G`` where the GPU is the longer side, and ``C`` plus one
+    segment of each sub-batch (``G / (k + 1)``: before the CPU's first call, after its last)
+    where the CPU is. The link's copies take ``P``; the step is the longest of the three."""
+    cpu_layers = cpu_expert_layers(cfg, experts_on_cpu)
+    moe_layers = _facts(cfg)["moe_layers"]
+    n = load.batch_size
+    halves = []
+    for b in ((n + 1) // 2, n // 2):
+        f = b / n
+        halves.append(StepLoad(b, load.resident_tokens * f, load.streamed_tokens * f,
+                               load.cpu_c_tokens * f, load.cpu_t_tokens * f))
+    g_s = c_s = p_s = 0.0
+    sums = dict(gpu_attn_s=0.0, cpu_attn_s=0.0, pcie_s=0.0, expert_s=0.0, dense_s=0.0,
+                cpu_expert_s=0.0)
+    first_layers: tuple[LayerTime, ...] = ()
+    for h in halves:
+        kinds: dict[tuple[bool, bool], LayerTime] = {}
+        layers = []
+        for i in range(cfg.num_layers):
+            kind = (i in moe_layers, i in cpu_layers)
+            if kind not in kinds:
+                kinds[kind] = layer_time(profile, cfg, i, h, cpu_layers, corr, regime)
+            layers.append(kinds[kind])
+        on_cpu = [i in cpu_layers for i in range(cfg.num_layers)]
+        g_s += sum(lt.dense_s + lt.gpu_attn_s + (0.0 if c else lt.expert_s)
+                   for lt, c in zip(layers, on_cpu))
+        c_s += sum(lt.cpu_attn_s + (lt.expert_s if c else 0.0) for lt, c in zip(layers, on_cpu))
+        p_s += sum(lt.pcie_s for lt in layers)
+        for k in ("gpu_attn_s", "cpu_attn_s", "pcie_s", "expert_s", "dense_s"):
+            sums[k] += sum(getattr(lt, k) for lt in layers)
+        sums["cpu_expert_s"] += sum(layers[i].expert_s for i in cpu_layers)
+        first_layers = first_layers or tuple(layers)
+    lines = (g_s, c_s + g_s / (len(cpu_layers) + 1), p_s)
+    head_s = cfg.vocab_size * cfg.hidden_size * WEIGHT_BYTES / profile.weight_read_Bps
+    step = max(lines) + first_layers[0].pcie_s + head_s
+    return StepPrediction(step_s=step, gpu_attn_s=sums["gpu_attn_s"],
+                          cpu_attn_s=sums["cpu_attn_s"], pcie_s=sums["pcie_s"],
+                          expert_s=sums["expert_s"], dense_s=sums["dense_s"] + head_s,
+                          cpu_share=load.cpu_share, layers=first_layers,
+                          cpu_expert_s=sums["cpu_expert_s"], lines=lines)
 
 
 def load_at_share(batch_size: int, resident: float, c_tokens: float, t_tokens: float, x: float,
@@ -498,9 +561,11 @@ def optimal_cpu_share(profile: "HardwareProfile", cfg: "ModelConfig", batch_size
         for x in edges[1:-1]:
             candidates[x] = ends[x]
         for a, b in zip(edges, edges[1:]):  # on each piece every line is straight
-            for la, lb in zip(_kinds(cfg, ends[a]), _kinds(cfg, ends[b])):
-                fa = _lines(la, profile.has_gpu)
-                fb = _lines(lb, profile.has_gpu)
+            pairs = [(_lines(la, profile.has_gpu), _lines(lb, profile.has_gpu))
+                     for la, lb in zip(_kinds(cfg, ends[a]), _kinds(cfg, ends[b]))]
+            if ends[a].lines:  # a step timed as a whole: its own lines cross too
+                pairs.append((ends[a].lines, ends[b].lines))
+            for fa, fb in pairs:
                 for i in range(len(fa)):
                     for j in range(i + 1, len(fa)):
                         d0, d1 = fa[i] - fa[j], fb[i] - fb[j]

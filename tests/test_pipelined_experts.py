@@ -1,0 +1,197 @@
+"""Decode steps whose routed experts run on the CPU, split into two interleaved sub-batches
+(``WRITESCOPE_PIPELINE_EXPERTS``, ``engine/graphs.pipelined_pieces``): the pieces' order, and on
+the CPU (``WRITESCOPE_CUDA_GRAPHS=pieces``) the same tokens and log-probabilities as one batch.
+The graphed form on CUDA is checked by the GPU tests at the end."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from test_parity import GREEDY, PLACEMENTS, check, engine, prompt_ids, reference
+from writescope.engine import graphs
+from writescope.engine.runner import expert_pipeline_mode
+
+
+def _runs(model, prompts, mode: str, monkeypatch, **opts):
+    """Greedy runs of ``prompts`` with the experts on the CPU and decode steps as pieces, one
+    batch and then ``WRITESCOPE_PIPELINE_EXPERTS=mode``: the second's tokens and
+    log-probabilities equal the first's. Returns the second's outputs and stats."""
+    monkeypatch.setenv("WRITESCOPE_CUDA_GRAPHS", "pieces")
+    monkeypatch.setenv("WRITESCOPE_PIPELINE_EXPERTS", "0")
+    want = engine(model, experts="cpu", **opts).generate(prompts, GREEDY)
+    monkeypatch.setenv("WRITESCOPE_PIPELINE_EXPERTS", mode)
+    llm = engine(model, experts="cpu", **opts)
+    got = llm.generate(prompts, GREEDY)
+    for a, b in zip(got, want):
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
+    return got, llm.stats()
+
+
+@pytest.mark.parametrize("placement", ["all-G", "mixed"])
+@pytest.mark.parametrize("n", [2, 3])
+def test_split_expert_steps_match_one_batch(all_tiny, placement, n, monkeypatch):
+    """With the experts on the CPU, decode steps of two or more sequences run split -- with no
+    CPU attention ("all-G", split by sequences) and with it ("mixed") -- and every token and
+    log-probability is the one-batch run's and transformers'."""
+    prompts = [prompt_ids(320, 40 + 37 * i, seed=30 + i) for i in range(n)]
+    got, s = _runs(all_tiny, prompts, "1", monkeypatch, **PLACEMENTS[placement])
+    # the decode steps of all n sequences (not those beside another's prefill chunk)
+    assert s["kv.pipelined_steps"] >= GREEDY.max_tokens * 3 // 4, s["kv.pipelined_steps"]
+    check(got[0], *reference(str(all_tiny), tuple(prompts[0])))
+
+
+def test_split_experts_off_and_on_one_sequence(tiny_qwen3_moe, monkeypatch):
+    """Off (the default) nothing is split; one sequence is never split."""
+    monkeypatch.delenv("WRITESCOPE_PIPELINE_EXPERTS", raising=False)
+    monkeypatch.setenv("WRITESCOPE_CUDA_GRAPHS", "pieces")
+    llm = engine(tiny_qwen3_moe, experts="cpu", **PLACEMENTS["all-G"])
+    llm.generate([prompt_ids(320, 40, seed=1), prompt_ids(320, 50, seed=2)], GREEDY)
+    assert llm.stats()["kv.pipelined_steps"] == 0
+    monkeypatch.setenv("WRITESCOPE_PIPELINE_EXPERTS", "1")
+    llm = engine(tiny_qwen3_moe, experts="cpu", **PLACEMENTS["all-G"])
+    llm.generate([prompt_ids(320, 40, seed=1)], GREEDY)
+    assert llm.stats()["kv.pipelined_steps"] == 0
+
+
+def test_auto_form_with_cpu_experts(tiny_qwen3_moe, monkeypatch):
+    """WRITESCOPE_PIPELINE_EXPERTS=auto: both forms run while the chooser probes them, with the
+    one-batch run's tokens."""
+    prompts = [prompt_ids(320, 40 + 37 * i, seed=40 + i) for i in range(3)]
+    _, s = _runs(tiny_qwen3_moe, prompts, "auto", monkeypatch, **PLACEMENTS["all-G"])
+    forms = s["engine.step_forms"]["3 seqs, 256+ tokens"]
+    assert forms["single_ms"] is not None and forms["pipelined_ms"] is not None, forms
+    assert 0 < s["kv.pipelined_steps"] < GREEDY.max_tokens
+
+
+def test_split_expert_piece_order(tiny_deepseek_v2, monkeypatch):
+    """Each sub-batch runs up to its next wait for the CPU: in a resident step (no CPU
+    attention) the other sub-batch's layers run between a CPU layer's launch (``ffn``) and its
+    wait (``moe``); layer 0 of the tiny DeepSeek is dense, so it is one ``ffn`` piece."""
+    llm = engine(tiny_deepseek_v2, experts="cpu")
+    model, cache = llm.engine.model, llm.engine.cache
+    names = [p.name for p in graphs.pipelined_pieces(model, [2, 1], cache, resident=True,
+                                                     split_experts=True)]
+    a = ["0:embed", "0:pre0", "0:attn0", "0:post0", "0:ffn0", "0:pre1", "0:attn1", "0:post1",
+         "0:ffn1"]
+    assert names[:len(a)] == a
+    assert names[len(a):2 * len(a)] == [k.replace("0:", "1:") for k in a]
+    assert names[2 * len(a):2 * len(a) + 5] == ["0:moe1", "0:pre2", "0:attn2", "0:post2",
+                                                "0:ffn2"]
+    last = len(model.model.layers) - 1
+    assert names[-4:] == [f"0:moe{last}", "0:norm", f"1:moe{last}", "1:norm"]
+    assert sorted(names) == sorted(
+        [p.name for g, c in ((0, 2), (1, 1)) for p in _one_group(model, cache, g, c)])
+    waits = [p.name for p in graphs.pipelined_pieces(model, [2, 1], cache, split_experts=True)
+             if p.waits]
+    assert "0:finish0" in waits and "0:moe1" in waits and "0:moe0" not in waits
+    # without split_experts the MoE block is one piece, as in one batch
+    plain = [p.name for p in graphs.pipelined_pieces(model, [2, 1], cache)]
+    assert "0:moe1" not in plain and "0:ffn1" in plain
+
+
+def _one_group(model, cache, g, n):
+    embed, norm = graphs._ends(model, g)
+    body = [p for i, l in enumerate(model.model.layers)
+            for p in graphs._layer_pieces(i, l, n, cache, g, True, True)]
+    return [embed] + body + [norm]
+
+
+def test_interleave_runs_each_list_up_to_its_next_wait():
+    P = graphs.Piece
+    mk = lambda g, names: [P(f"{g}:{k.strip('*')}", None, (), (), True, g, waits=k.endswith("*"))
+                           for k in names]
+    a = mk(0, ["a", "b*", "c", "d*", "e"])
+    b = mk(1, ["x*", "y", "z*"])
+    got = [p.name for p in graphs.interleave([a, b])]
+    # a turn may begin with a waiting piece (the wait its list stopped before)
+    assert got == ["0:a", "1:x", "1:y", "0:b", "0:c", "1:z", "0:d", "0:e"]
+    assert [p.name for p in graphs.interleave([a])] == [p.name for p in a]
+
+
+def test_expert_pipeline_mode(monkeypatch):
+    for v, want in (("0", "off"), ("", "off"), ("off", "off"), ("1", "on"), ("ON", "on"),
+                    ("auto", "auto")):
+        monkeypatch.setenv("WRITESCOPE_PIPELINE_EXPERTS", v)
+        assert expert_pipeline_mode() == want
+    monkeypatch.delenv("WRITESCOPE_PIPELINE_EXPERTS")
+    assert expert_pipeline_mode() == "off"
+    monkeypatch.setenv("WRITESCOPE_PIPELINE_EXPERTS", "sometimes")
+    with pytest.raises(ValueError, match="WRITESCOPE_PIPELINE_EXPERTS"):
+        expert_pipeline_mode()
+
+
+RESIDENT_SPLIT_CODE = r"""
+import json, os, sys
+sys.path.insert(0, os.path.join(os.getcwd(), "tests"))
+from test_parity import GREEDY, PLACEMENTS, engine, prompt_ids
+path = sys.argv[1]
+prompts = [prompt_ids(320, n, seed=n) for n in (5, 40, 90)]
+out = {}
+for split in ("0", "1"):
+    os.environ["WRITESCOPE_PIPELINE_EXPERTS"] = split
+    llm = engine(path, experts="cpu", **PLACEMENTS["all-G"])
+    got = llm.generate(prompts, GREEDY)
+    s = llm.stats()
+    out[split] = {"tokens": [o.token_ids for o in got], "logprobs": [o.logprobs for o in got],
+                  "resident_steps": s["kv.resident_steps"], "split": s["kv.pipelined_steps"],
+                  "W": s["kv.bytes_written.W"]}
+print(json.dumps(out))
+"""
+
+
+def test_split_resident_steps_match_one_batch(tiny_qwen3_moe):
+    """Each sub-batch of a split step attends through resident buffers of its own
+    (``cache.attend_resident`` with a group, the form a CUDA graph captures): run as pieces
+    with Triton's CPU interpreter, the split resident steps give the one-batch resident run's
+    tokens and log-probabilities, and write the same W bytes."""
+    pytest.importorskip("triton")
+    from test_hybrid import interpreter_runs_loaded_loops
+    why = interpreter_runs_loaded_loops()
+    if why is not None:
+        pytest.skip(f"Triton's interpreter cannot run data-bounded loops here: {why}")
+    import json
+
+    from triton_interp import run_interpreted
+    r = run_interpreted(RESIDENT_SPLIT_CODE, str(tiny_qwen3_moe),
+                        env={"WRITESCOPE_CUDA_GRAPHS": "pieces",
+                             "WRITESCOPE_RESIDENT_ATTENTION": "force"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    one, split = res["0"], res["1"]
+    assert one["split"] == 0 and one["resident_steps"] > 0, one
+    assert split["split"] > 0 and split["resident_steps"] >= split["split"] // 2, split
+    assert split["tokens"] == one["tokens"]
+    for a, b in zip(split["logprobs"], one["logprobs"]):
+        assert max(abs(x - y) for x, y in zip(a, b)) < 1e-5
+    assert split["W"] == one["W"]
+
+
+def _eager_then_graphed(model, prompts, kw, monkeypatch):
+    monkeypatch.setenv("WRITESCOPE_CUDA_GRAPHS", "0")
+    want = engine(model, **kw).generate(prompts, GREEDY)
+    monkeypatch.setenv("WRITESCOPE_CUDA_GRAPHS", "1")
+    llm = engine(model, **kw)
+    got = llm.generate(prompts, GREEDY)
+    for a, b in zip(got, want):
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+    return llm.stats()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("placement", ["all-G", "mixed"])
+def test_split_expert_steps_graphed_on_cuda(all_tiny, placement, monkeypatch):
+    """On CUDA, split steps with CPU experts are captured and replayed: resident ones ("all-G",
+    each sub-batch through its own buffers, the CPU expert calls graphed) and hybrid ones
+    ("mixed", attention eager); the tokens are eager one-batch decoding's."""
+    monkeypatch.setenv("WRITESCOPE_PIPELINE_EXPERTS", "1")
+    prompts = [prompt_ids(320, n, seed=n) for n in (5, 20, 30)]
+    s = _eager_then_graphed(all_tiny, prompts,
+                            dict(device="cuda", experts="cpu", **PLACEMENTS[placement]),
+                            monkeypatch)
+    assert s["graphs.pipelined_steps"] > 0 and s["kv.pipelined_steps"] > 0, s
+    if placement == "all-G":
+        assert s["kv.resident_steps"] > 0, s
+        assert s["graphs.cpu_expert_calls"] > 0, s

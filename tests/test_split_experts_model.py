@@ -1,0 +1,80 @@
+"""The roofline's model of a decode step with CPU experts split into two sub-batches
+(``planner/roofline._split_experts_step``, ``WRITESCOPE_PIPELINE_EXPERTS``)."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from test_planner import GB, brute_force, h200_like
+from writescope.layers.expert_placement import cpu_layer_order
+from writescope.models.config import ModelConfig
+from writescope.planner import roofline as rl
+
+QWEN = ModelConfig.from_hf("qwen3-30b-a3b")
+
+
+def _flags(k: int) -> frozenset:
+    return frozenset(cpu_layer_order(QWEN.moe_layers)[:k])
+
+
+def test_the_split_step_is_the_longest_of_its_lines():
+    """The GPU's work and the CPU's, each summed over both sub-batches timed at their own
+    loads; the CPU's side adds one GPU segment of each sub-batch; plus the LM head."""
+    prof = h200_like()
+    flags = _flags(6)
+    load = rl.StepLoad(5, 5 * 8192, 0.0, 0.0, 0.0)
+    p = rl.predict_step(prof, QWEN, load, flags, pipelined=True)
+    g = c = 0.0
+    for b in (3, 2):  # the first sub-batch takes the odd sequence
+        half = rl.StepLoad(b, b * 8192, 0.0, 0.0, 0.0)
+        for i in range(QWEN.num_layers):
+            lt = rl.layer_time(prof, QWEN, i, half, flags)
+            g += lt.dense_s + lt.gpu_attn_s + (0.0 if i in flags else lt.expert_s)
+            c += lt.cpu_attn_s + (lt.expert_s if i in flags else 0.0)
+    assert p.lines == pytest.approx((g, c + g / 7, 0.0))
+    head = QWEN.vocab_size * QWEN.hidden_size * rl.WEIGHT_BYTES / prof.weight_read_Bps
+    assert p.step_s == pytest.approx(max(p.lines) + head)
+    assert p.cpu_expert_s == pytest.approx(c)  # no CPU attention here: all of it experts
+    # a one-batch step has no lines (the sum of its layers), nor does a split one of one
+    # sequence, or one with every expert on the GPU
+    assert rl.predict_step(prof, QWEN, load, flags).lines == ()
+    assert rl.predict_step(prof, QWEN, rl.StepLoad(1, 8192, 0, 0, 0), flags,
+                           pipelined=True).lines == ()
+    assert rl.predict_step(prof, QWEN, load, frozenset(), pipelined=True).lines == ()
+
+
+def test_splitting_pays_where_the_gpu_has_work_to_overlap():
+    """A few CPU layers and long contexts: the GPU's work hides most of the CPU's, and the
+    split step is predicted shorter. Every layer's experts on the CPU and short contexts: the
+    GPU has almost nothing to overlap, and the halves read more distinct experts and pay two
+    round trips: the split step is predicted longer."""
+    prof = h200_like()
+    long = rl.StepLoad(4, 4 * 65536, 0.0, 0.0, 0.0)
+    few = _flags(6)
+    one = rl.predict_step(prof, QWEN, long, few)
+    split = rl.predict_step(prof, QWEN, long, few, pipelined=True)
+    assert split.step_s < 0.85 * one.step_s, (split.step_s, one.step_s)
+    short = rl.StepLoad(4, 4 * 1024, 0.0, 0.0, 0.0)
+    every = _flags(len(QWEN.moe_layers))
+    assert rl.predict_step(prof, QWEN, short, every, pipelined=True).step_s > \
+        rl.predict_step(prof, QWEN, short, every).step_s
+    # the halves' routed experts: more distinct experts in all than the whole batch's
+    assert split.cpu_expert_s > one.cpu_expert_s
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rc=st.floats(5, 100), rp=st.floats(5, 100), c=st.integers(0, 10 ** 6),
+       t=st.integers(0, 10 ** 6), res=st.integers(0, 10 ** 5), b=st.integers(2, 16),
+       k=st.integers(1, 48), free=st.booleans())
+def test_the_optimum_of_a_split_step_matches_brute_force(rc, rp, c, t, res, b, k, free):
+    """The optimiser visits the crossings of the split step's own lines too: its share is as
+    good as the best of a fine grid."""
+    if c + t == 0:
+        return
+    prof = h200_like(cpu_attn={"gqa-g8-d128": {"C": rc * GB, "T": 0.8 * rc * GB}},
+                     h2d_pinned_Bps=rp * GB, concurrent_h2d_Bps=0.9 * rp * GB)
+    flags = _flags(k)
+    plan = rl.optimal_cpu_share(prof, QWEN, b, res, c, t, flags, free=free, min_gain=0.0,
+                                pipelined=True)
+    grid = brute_force(prof, QWEN, b, res, c, t, flags, free, pipelined=True)
+    assert plan.prediction.step_s <= grid * (1 + 1e-9)
