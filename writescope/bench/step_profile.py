@@ -151,8 +151,11 @@ def main(argv=None) -> int:
         "cpu_expert_s": sorted(expert_s)[len(expert_s) // 2],
         # the host's time until the step's forward was enqueued, unprofiled steps' median
         "forward_host_s_unprofiled": sorted(host_s)[len(host_s) // 2],
+        # WRITESCOPE_PIPELINE_EXPERTS: steps with CPU experts split into two sub-batches
+        "expert_pipeline": eng.runner.expert_pipeline,
         "engine": {k: v for k, v in eng.stats().items()
-                   if k.startswith("graphs.") or k in ("kv.resident_steps", "kv.steps")},
+                   if k.startswith("graphs.") or k in ("kv.resident_steps", "kv.pipelined_steps",
+                                                        "kv.steps")},
         "aten_ops_per_step": sum(e.count for e in ops) / n,
         "kernel_launches_per_step": launches / n,
         "layers": eng.config.num_layers,

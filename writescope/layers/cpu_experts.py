@@ -992,18 +992,12 @@ class CpuExperts:
             return False
         return _get_native_queue() is not None
 
-    def captured(self, hidden: torch.Tensor, topk_ids: torch.Tensor,
-                 topk_weights: torch.Tensor) -> torch.Tensor:
-        """The device's half of a call, recorded while the stream is being captured; the host's
-        half is queued before each replay (see ``cpu_experts_graph``)."""
-        self._check(hidden, topk_ids, topk_weights)
-        from . import cpu_experts_graph
-        return cpu_experts_graph.capture(self, hidden, topk_ids, topk_weights)
-
     def captured_launch(self, hidden: torch.Tensor, topk_ids: torch.Tensor,
                         topk_weights: torch.Tensor):
-        """:meth:`captured`'s first half (inputs out, ready word); the result comes from
-        ``cpu_experts_graph.capture_finish``, which may be captured in a later graph."""
+        """The first half of a call's device side, recorded while the stream is being captured
+        (inputs out, ready word); the result comes from ``cpu_experts_graph.capture_finish``,
+        which may be captured in a later graph; the host's half is queued before each replay
+        (see ``cpu_experts_graph``)."""
         self._check(hidden, topk_ids, topk_weights)
         from . import cpu_experts_graph
         return cpu_experts_graph.capture_launch(self, hidden, topk_ids, topk_weights)

@@ -9,11 +9,12 @@ and it breaks the step's graph at every layer.
 
 A graphed call splits the work:
 
-* **Captured** (:func:`capture`, while the stream is being captured): the routing's
-  casts and the copies of the hidden rows, ids and weights into fixed pinned buffers, a one-thread
-  kernel raising the call's *ready* word to 1, the device's wait until its *done* word is 1, and
-  the result's copy from a fixed pinned buffer back to the device. Every value is fixed, so the
-  graph replays it as it is.
+* **Captured** (while the stream is being captured): :func:`capture_launch` records the
+  routing's casts and the copies of the hidden rows, ids and weights into fixed pinned buffers
+  and a one-thread kernel raising the call's *ready* word to 1; :func:`capture_finish`, right
+  after it or in a later graph (a pipelined step), the device's wait until its *done* word is 1
+  and the result's copy from a fixed pinned buffer back to the device. Every value is fixed, so
+  the graph replays it as it is.
 * **Per replay** (:meth:`GraphedCall.submit`, by the thread that replays the graph, before the
   replay): both words back to 0 (the step before has been synchronised, so nothing reads them)
   and the native job queued: wait for ready, run the kernel over the step's real rows, write the
@@ -191,19 +192,15 @@ def reserve(experts, hidden: torch.Tensor, ids: torch.Tensor) -> None:
                                    hidden.device))
 
 
-def capture(experts, hidden: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """Record the device's half of a call on the capturing stream; returns the result. Every
-    capture gets buffers and words of its own (a pipelined step calls a layer's experts once per
-    sub-batch: those calls must not share them), set aside by the warm-up (:func:`reserve`)."""
-    return capture_finish(capture_launch(experts, hidden, ids, w), hidden.device)
-
-
 def capture_launch(experts, hidden: torch.Tensor, ids: torch.Tensor, w: torch.Tensor
                    ) -> "GraphedCall":
-    """The first half of :func:`capture`: the inputs' copies and the ready word. The call is
-    queued at the replay of the graph that holds this half (the capturing segment's
-    ``host_calls``); :func:`capture_finish` may be captured in a later graph (a pipelined step
-    runs the other sub-batch's work between them, ``engine/graphs.py``)."""
+    """Record the first half of a call's device side on the capturing stream: the inputs'
+    copies and the ready word. The call is queued at each replay of the graph that holds this
+    half (the capturing segment's ``host_calls``); :func:`capture_finish`, the second half, may
+    be captured in a later graph (a pipelined step runs the other sub-batch's work between
+    them, ``engine/graphs.py``). Every capture gets buffers and words of its own (a pipelined
+    step calls a layer's experts once per sub-batch: those calls must not share them), set
+    aside by the warm-up (:func:`reserve`)."""
     from ..attention.hostflag import _store_kernel
     rows, k = ids.shape
     dev = hidden.device
@@ -225,7 +222,7 @@ def capture_launch(experts, hidden: torch.Tensor, ids: torch.Tensor, w: torch.Te
 
 
 def capture_finish(call: "GraphedCall", device: torch.device) -> torch.Tensor:
-    """The second half of :func:`capture`: the device waits for the call's done word, then
-    copies its result back."""
+    """The second half of a captured call: the device waits for its done word, then copies its
+    result back; returns the result."""
     call.flags.wait(call.word + 1, 1)
     return call.res.to(device, non_blocking=True)

@@ -82,7 +82,8 @@ def split_options(cfg: "ModelConfig", vram_budget: int, min_kv_bytes: int = 0,
 def split_step(profile: "HardwareProfile", cfg: "ModelConfig", lengths: list[int],
                vram_budget: int, n_cpu: int, kv_cache_memory: int | None = None,
                reserve_bytes: int | None = None) -> float | None:
-    """writescope's predicted step for ``lengths`` with the first ``n_cpu`` MoE layers' experts
+    """writescope's predicted step for ``lengths`` with ``n_cpu`` MoE layers' experts (those
+    ``auto`` places first, ``expert_placement.cpu_layer_order``)
     on the CPU and the G region capped at ``kv_cache_memory`` (None: what the weights and
     ``reserve_bytes`` leave -- by default the roofline's 1 GiB reserve); None where the weights
     alone exceed the budget or no KV fits beside them."""
