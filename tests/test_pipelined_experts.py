@@ -196,3 +196,42 @@ def test_split_expert_steps_graphed_on_cuda(all_tiny, placement, monkeypatch):
     if placement == "all-G":
         assert s["kv.resident_steps"] > 0, s
         assert s["graphs.cpu_expert_calls"] > 0, s
+
+
+def test_a_split_step_whose_experts_fail_is_rolled_back(tiny_qwen3_moe, monkeypatch):
+    """A CPU expert call that fails in one sub-batch of a split step (the other sub-batch's
+    call of that layer already launched): the engine raises, the cache is as before the step,
+    and the next steps finish the requests with the one-batch run's tokens."""
+    monkeypatch.setenv("WRITESCOPE_CUDA_GRAPHS", "pieces")
+    monkeypatch.setenv("WRITESCOPE_PIPELINE_EXPERTS", "0")
+    prompts = [prompt_ids(320, n, seed=n) for n in (20, 70)]
+    want = engine(tiny_qwen3_moe, experts="cpu", **PLACEMENTS["mixed"]).generate(prompts, GREEDY)
+    monkeypatch.setenv("WRITESCOPE_PIPELINE_EXPERTS", "1")
+    eng = engine(tiny_qwen3_moe, experts="cpu", **PLACEMENTS["mixed"]).engine
+    for i, p in enumerate(prompts):
+        eng.add_request(f"r{i}", p, GREEDY)
+    while eng.cache.counters["kv.pipelined_steps"] < 3:
+        eng.step()
+    live = eng.cache.live_blocks()
+    from writescope.layers.moe import MoE
+    real = MoE.finish
+    calls = []
+
+    def failing(self, call):
+        calls.append(1)
+        if len(calls) == 1:  # sub-batch 0's first wait; sub-batch 1's call is launched by now
+            raise RuntimeError("injected: a CPU expert job failed")
+        return real(self, call)
+    monkeypatch.setattr(MoE, "finish", failing)
+    with pytest.raises(RuntimeError, match="injected"):
+        eng.step()
+    assert eng.cache.live_blocks() == live
+    outs = {}
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            if o.finished:
+                outs[o.request_id] = o
+    for i, w in enumerate(want):
+        assert outs[f"r{i}"].token_ids == w.token_ids
+        assert max(abs(x - y) for x, y in zip(outs[f"r{i}"].logprobs, w.logprobs)) < 1e-5
+    assert all(n == 0 for n in eng.cache.live_blocks().values())
