@@ -230,12 +230,12 @@ def test_self_attention_query_tiles_equal_dense(monkeypatch, score_elems):
 
 
 def test_pipeline_groups_even_the_cpu_tokens():
-    """The cut of a decode step into two sub-batches (cache._pipeline_groups): as even in CPU
-    tokens as a cut between sequences allows, ties to the even cut; no split for prefill steps,
-    one sequence, or no CPU work."""
+    """The cut of a decode step into two sub-batches (subbatches.cpu_balanced_groups): as even
+    in CPU tokens as a cut between sequences allows, ties to the even cut; no split for prefill
+    steps, one sequence, or no CPU work."""
     from writescope.attention.batch import BlockBatch
     from writescope.attention.hybrid import AttentionStepPlan
-    from writescope.kvcache.cache import _pipeline_groups
+    from writescope.kvcache.subbatches import cpu_balanced_groups
 
     def plan(cpu_blocks):
         b = BlockBatch.build([1] * len(cpu_blocks), [list(range(n)) for n in cpu_blocks],
@@ -246,13 +246,13 @@ def test_pipeline_groups_even_the_cpu_tokens():
         return p
 
     dec = lambda n: [(i, 100, 1) for i in range(n)]
-    assert _pipeline_groups(dec(4), plan([5, 5, 5, 5])) == [2, 2]
-    assert _pipeline_groups(dec(4), plan([12, 1, 1, 10])) == [1, 3]
-    assert _pipeline_groups(dec(3), plan([1, 1, 9])) == [2, 1]
-    assert _pipeline_groups(dec(2), plan([0, 7])) == [1, 1]
-    assert _pipeline_groups(dec(1), plan([5])) is None
-    assert _pipeline_groups(dec(3), plan([0, 0, 0])) is None
-    assert _pipeline_groups([(0, 100, 1), (1, 100, 40)], plan([5, 5])) is None
+    assert cpu_balanced_groups(dec(4), plan([5, 5, 5, 5])) == [2, 2]
+    assert cpu_balanced_groups(dec(4), plan([12, 1, 1, 10])) == [1, 3]
+    assert cpu_balanced_groups(dec(3), plan([1, 1, 9])) == [2, 1]
+    assert cpu_balanced_groups(dec(2), plan([0, 7])) == [1, 1]
+    assert cpu_balanced_groups(dec(1), plan([5])) is None
+    assert cpu_balanced_groups(dec(3), plan([0, 0, 0])) is None
+    assert cpu_balanced_groups([(0, 100, 1), (1, 100, 40)], plan([5, 5])) is None
 
 
 class RandomHomes(RandomPolicy):

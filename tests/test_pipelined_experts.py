@@ -9,7 +9,7 @@ import torch
 
 from test_parity import GREEDY, PLACEMENTS, check, engine, prompt_ids, reference
 from writescope.engine import graphs
-from writescope.engine.runner import expert_pipeline_mode
+from writescope.kvcache.subbatches import expert_pipeline_mode
 
 
 def _runs(model, prompts, mode: str, monkeypatch, **opts):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from writescope.engine.stepform import StepForms
-from writescope.kvcache.cache import pipeline_mode
+from writescope.kvcache.subbatches import pipeline_mode
 
 
 def drive(forms: StepForms, steps: int, seconds, n: int = 4) -> list[bool]:

@@ -1,7 +1,6 @@
 """Runs a scheduled step: inputs, the forward pass over the KV cache, logits, sampling."""
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 
@@ -10,27 +9,12 @@ import torch
 from ..core import StepBatch
 from ..hostmem import h2d
 from ..kvcache.cache import InplaceKVCache
+from ..kvcache.subbatches import expert_pipeline_mode, pipeline_mode
 from ..layers.cpu_experts import raise_pending_errors, take_routed_bytes
 from ..layers.sampler import PendingTokens, Sampler
 from ..models.base import CausalLM
 from . import prompt_logprobs
 from .stepform import StepForms
-
-
-def expert_pipeline_mode() -> str:
-    """``WRITESCOPE_PIPELINE_EXPERTS``: with routed experts on the CPU, ``off`` (the default;
-    also 0), ``on`` (1: every graphed decode step of two or more sequences runs as two
-    interleaved sub-batches, each one's CPU expert calls overlapping the other's GPU work,
-    ``graphs.pipelined_pieces``) or ``auto`` (each batch's form chosen from measured step
-    times, ``stepform.py``). Off by default until it is measured on a GPU machine."""
-    v = os.environ.get("WRITESCOPE_PIPELINE_EXPERTS", "0").strip().lower()
-    if v in ("1", "on", "true", "yes"):
-        return "on"
-    if v == "auto":
-        return "auto"
-    if v in ("", "0", "off", "false", "no"):
-        return "off"
-    raise ValueError(f"WRITESCOPE_PIPELINE_EXPERTS must be 0/off, 1/on or auto, got {v!r}")
 
 
 @dataclass
@@ -78,7 +62,6 @@ class ModelRunner:
         #: decode steps with CPU attention may run as two interleaved sub-batches (the cache
         #: decides per step; graphs.pipelined_pieces). The engine turns it off when routed
         #: experts run on the CPU: both sub-batches' experts would then queue on the same cores.
-        from ..kvcache.cache import pipeline_mode
         mode = pipeline_mode()
         self.pipeline = mode != "off"
         #: with routed experts on the CPU, decode steps of two or more sequences may run as two

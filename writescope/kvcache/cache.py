@@ -47,6 +47,7 @@ from .context import ContextPlan, gather_context
 from .placement import CacheCapacity, PlacementPolicy, SeqKV
 from .pools import BlockAllocator, ExtentAllocator, KVCacheError, allocate_pool
 from .prefix import PrefixCache, PrefixMatch, block_hashes
+from .subbatches import step_groups
 from .regions import DEVICE_REGIONS, KVSpec, Region, block_records, to_cpu_layout
 from .table import CODE_REGIONS, REGION_CODES, SeqTable
 
@@ -87,69 +88,6 @@ def resident_mode() -> str:
     if v in ("0", "off", "false", "no"):
         return "off"
     return "force" if v == "force" else "on"
-
-
-#: a decode step is split into sub-batches only with at least this many sequences
-PIPELINE_MIN_SEQS = 2
-
-
-def pipeline_mode() -> str:
-    """``WRITESCOPE_PIPELINE``: ``off`` (the default; also 0), ``on`` (1: every decode step with
-    CPU work split into two interleaved sub-batches) or ``auto`` (each batch's form chosen from
-    measured step times, ``engine/stepform.py``).
-
-    Off by default: on the H200 (DeepSeek-V2-Lite, 4 x 32K) the split step was slower than the
-    plain one (53.5-55.5 against 45.8 ms): the CPU kernel read 36 GB/s over twice the calls of
-    half the size, against 56 GB/s (bench/results/2026-11-30d-h200). At 4 x 128K it was no
-    faster either: 137-147 ms against 126-133 (bench/results/2026-12-02h-h200, call 1; the
-    CPU's wait for its queries was hidden in one round of four). With the staged T pieces
-    attended at each sub-batch's finish (2026-12-02i-h200): DeepSeek 4 x 128K still slower
-    (124-130 ms p50 against 122-123, call 3); Qwen3-30B-A3B 2 x 128K 138.7 against 150.6 ms on
-    one host (call 3, the CPU's wait 2 ms a step instead of 16) but 164.8-177.5 against 158.1 on
-    the next (call 4). ``auto`` on Qwen3 2 x 128K chose the split form, within the host's drift
-    of the plain rows (2026-12-03-h200, call 1)."""
-    v = os.environ.get("WRITESCOPE_PIPELINE", "0").strip().lower()
-    if v in ("1", "on", "true", "yes"):
-        return "on"
-    if v == "auto":
-        return "auto"
-    if v in ("", "0", "off", "false", "no"):
-        return "off"
-    raise ValueError(f"WRITESCOPE_PIPELINE must be 0/off, 1/on or auto, got {v!r}")
-
-
-def _pipeline_groups(work, plan: AttentionStepPlan) -> list[int] | None:
-    """Two sub-batches of a decode step (sequences in batch order) whose CPU tokens are as
-    even as a cut allows, or None when the step is not worth splitting: not a pure decode step,
-    fewer than ``PIPELINE_MIN_SEQS`` sequences, or no CPU work to overlap."""
-    n = len(work)
-    if n < PIPELINE_MIN_SEQS or any(k != 1 for _, _, k in work) or not plan.cpu:
-        return None
-    cpu = np.zeros(n)
-    for _, b in plan.cpu:
-        ki = b.kv_indptr.to("cpu").numpy().astype(np.int64)
-        cs = np.concatenate(([0], np.cumsum(b.kv_lens.to("cpu").numpy().astype(np.int64))))
-        cpu += cs[ki[1:]] - cs[ki[:-1]]
-    total = cpu.sum()
-    if total <= 0:
-        return None
-    a = np.cumsum(cpu)[:-1]  # CPU tokens of the first sub-batch, cut after 1 .. n-1 sequences
-    k = np.arange(1, n)
-    cost = np.abs(2 * a - total) + 1e-6 * total * np.abs(2 * k - n)  # ties: the even cut
-    cut = int(k[int(np.argmin(cost))])
-    return [cut, n - cut]
-
-
-def _step_groups(work, plan: AttentionStepPlan, split_experts: bool) -> list[int] | None:
-    """The sub-batches of a pipelined decode step: balanced by CPU attention tokens
-    (:func:`_pipeline_groups`), or, where attention has no CPU side but routed experts run on
-    the CPU (``split_experts``), by sequences (the first sub-batch takes the odd one)."""
-    groups = _pipeline_groups(work, plan)
-    n = len(work)
-    if groups is None and split_experts and n >= PIPELINE_MIN_SEQS and \
-            all(k == 1 for _, _, k in work):
-        groups = [n - n // 2, n // 2]
-    return groups
 
 
 def _self_segments(seg_lens: list[int], prefill: list) -> list[int]:
@@ -438,7 +376,7 @@ class InplaceKVCache:
             # the self partial then treats its rows as single tokens (they are overwritten)
             prefill=prefill, self_seg_lens=self_segs,
             self_single=all(n == 1 for n in self_segs),  # every layer's attention asks
-            plan=plan, groups=_step_groups(work, plan, split_experts) if pipeline else None,
+            plan=plan, groups=step_groups(work, plan, split_experts) if pipeline else None,
             split_experts=split_experts, group_records={})
         step["resident"] = None
         if resident_rows is not None and not step["groups"]:
@@ -579,7 +517,7 @@ class InplaceKVCache:
         """Whether the open step could run as two sub-batches (a decode step of two or more
         sequences with CPU work to overlap), whether or not it was asked to."""
         step = self._step
-        return step is not None and (step["groups"] is not None or _step_groups(
+        return step is not None and (step["groups"] is not None or step_groups(
             step["work"], step["plan"], step["split_experts"]) is not None)
 
     @property
