@@ -19,7 +19,8 @@ def _flags(k: int) -> frozenset:
 
 def test_the_split_step_is_the_longest_of_its_lines():
     """The GPU's work and the CPU's, each summed over both sub-batches timed at their own
-    loads; the CPU's side adds one GPU segment of each sub-batch; plus the LM head."""
+    loads, each CPU layer's round trip once; the CPU's side adds one GPU segment of each
+    sub-batch; plus the LM head."""
     prof = h200_like()
     flags = _flags(6)
     load = rl.StepLoad(5, 5 * 8192, 0.0, 0.0, 0.0)
@@ -31,6 +32,7 @@ def test_the_split_step_is_the_longest_of_its_lines():
             lt = rl.layer_time(prof, QWEN, i, half, flags)
             g += lt.dense_s + lt.gpu_attn_s + (0.0 if i in flags else lt.expert_s)
             c += lt.cpu_attn_s + (lt.expert_s if i in flags else 0.0)
+    c -= 6 * prof.cpu_roundtrip_s  # the second call's latency hides behind the other's work
     assert p.lines == pytest.approx((g, c + g / 7, 0.0))
     head = QWEN.vocab_size * QWEN.hidden_size * rl.WEIGHT_BYTES / prof.weight_read_Bps
     assert p.step_s == pytest.approx(max(p.lines) + head)
@@ -78,3 +80,40 @@ def test_the_optimum_of_a_split_step_matches_brute_force(rc, rp, c, t, res, b, k
                                 pipelined=True)
     grid = brute_force(prof, QWEN, b, res, c, t, flags, free, pipelined=True)
     assert plan.prediction.step_s <= grid * (1 + 1e-9)
+
+
+def test_plan_times_split_steps_when_asked(tmp_path, capsys, monkeypatch):
+    """``writescope plan --pipeline-experts on`` (by default WRITESCOPE_PIPELINE_EXPERTS's
+    setting) plans every policy's steps and the splits of experts against KV with the split
+    model; it says so in its header and JSON."""
+    import json
+
+    from writescope import cli
+    prof = tmp_path / "p.json"
+    h200_like().save(prof)
+    out = {}
+    base = ["plan", "--model", "qwen3-30b-a3b", "--profile", str(prof), "--batch", "4",
+            "--context-lengths", "8k,64k", "--experts", "auto"]
+    monkeypatch.delenv("WRITESCOPE_PIPELINE_EXPERTS", raising=False)
+    for name, extra in (("one", []), ("split", ["--pipeline-experts", "on"])):
+        assert cli.main(base + extra + ["--json", str(tmp_path / f"{name}.json")]) == 0
+        out[name] = (capsys.readouterr().out, json.loads((tmp_path / f"{name}.json").read_text()))
+    monkeypatch.setenv("WRITESCOPE_PIPELINE_EXPERTS", "1")
+    assert cli.main(base + ["--json", str(tmp_path / "env.json")]) == 0
+    capsys.readouterr()
+    env = json.loads((tmp_path / "env.json").read_text())
+    assert "two sub-batches" in out["split"][0] and "two sub-batches" not in out["one"][0]
+    assert out["split"][1]["meta"]["pipeline_experts"] and env["meta"]["pipeline_experts"]
+    assert not out["one"][1]["meta"]["pipeline_experts"]
+    # the same placement, each step timed in its own form
+    assert out["split"][1]["meta"]["experts"] == out["one"][1]["meta"]["experts"]
+    flags = frozenset(cpu_layer_order(QWEN.moe_layers)[:int(
+        out["one"][1]["meta"]["experts"].split()[2])])
+    g = out["one"][1]["meta"]["g_region_tokens"]
+    res = sum(rl.resident_tokens([8192] * 4, g))
+    want = rl.target_share(h200_like(), QWEN, 4, res, 4 * 8192 - res, flags,
+                           pipelined=True).prediction.step_s
+    got = out["split"][1]["writescope"][0]["predicted_step_s"]
+    assert got == pytest.approx(want, rel=1e-9)
+    assert env["writescope"] == out["split"][1]["writescope"]
+    assert out["split"][1]["expert_splits"] != out["one"][1]["expert_splits"]

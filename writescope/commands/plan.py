@@ -67,6 +67,10 @@ def register(subparsers) -> None:
                    help="the static policy's CPU share: a number in [0, 1], or 'longest' for "
                         "writescope's target at the longest context given, as `writescope "
                         "bench` chooses it (default: the CPU/PCIe bandwidth ratio)")
+    p.add_argument("--pipeline-experts", choices=("on", "off"), default=None,
+                   help="time decode steps with routed experts on the CPU as two interleaved "
+                        "sub-batches, as the engine runs them with WRITESCOPE_PIPELINE_EXPERTS=1 "
+                        "(default: that variable's setting)")
     p.add_argument("--json", metavar="F", help="write the predictions as JSON")
     p.add_argument("--plot", metavar="F.png", help="plot share and step time against length")
     p.set_defaults(func=run)
@@ -86,14 +90,16 @@ def _static_share(text: str) -> float | str:
 
 def make_plan(cfg, profile, batch: int, lengths: list[int], experts_on_cpu,
               vram_budget: int | None, static_share: float | str | None = None,
-              kv_cache_memory: int | None = None, reserve_bytes: int | None = None) -> dict:
+              kv_cache_memory: int | None = None, reserve_bytes: int | None = None,
+              pipelined: bool = False) -> dict:
     """The plan as the JSON document ``writescope plan --json`` writes. ``static_share``
     ``"longest"``: writescope's target share for ``batch`` sequences of the longest length, the
     share ``writescope bench`` fixes for its ``static`` rows (``static_share_from`` in the
     document says which). ``experts_on_cpu``: every MoE layer's routed experts on the CPU, none,
     or a flag per layer (``--experts auto``: the engine's choice for the budget).
     ``kv_cache_memory``: the G region holds at most that many bytes of KV; ``reserve_bytes``:
-    the device bytes kept beside the weights and the KV (None: the roofline's 1 GiB)."""
+    the device bytes kept beside the weights and the KV (None: the roofline's 1 GiB);
+    ``pipelined``: decode steps with CPU experts split into two sub-batches."""
     from ..planner import roofline as rl
     if batch < 1:
         raise ValueError(f"--batch must be >= 1, got {batch}")
@@ -112,7 +118,7 @@ def make_plan(cfg, profile, batch: int, lengths: list[int], experts_on_cpu,
         ref = max(lengths)
         res = sum(rl.resident_tokens([ref] * batch, g_tokens))
         static_share = rl.target_share(profile, cfg, batch, res, batch * ref - res,
-                                       experts_on_cpu).cpu_share
+                                       experts_on_cpu, pipelined=pipelined).cpu_share
         static_from = f"writescope's target share at {ref} tokens, batch {batch}"
     else:
         static_from = "given"
@@ -121,7 +127,7 @@ def make_plan(cfg, profile, batch: int, lengths: list[int], experts_on_cpu,
         rows = []
         for n in lengths:
             sp = rl.plan_for_lengths(profile, cfg, [n] * batch, g_tokens, experts_on_cpu, policy,
-                                     static_share=static_share)
+                                     static_share=static_share, pipelined=pipelined)
             p = sp.prediction
             rows.append({"context_length": n, "cpu_share": round(sp.cpu_share, 6),
                          "predicted_step_s": p.step_s, "tokens_per_s": batch / p.step_s,
@@ -142,19 +148,22 @@ def make_plan(cfg, profile, batch: int, lengths: list[int], experts_on_cpu,
         "kv_bytes_per_token": kvb, "static_share": static_share, "static_share_from": static_from,
         "profile_machine": profile.machine, "profile_created": profile.created,
         "cpu_attn_family": rl.attn_family(cfg),
+        "pipeline_experts": bool(pipelined and batch >= 2 and
+                                 rl.cpu_expert_layers(cfg, experts_on_cpu)),
     }
     return doc
 
 
 def expert_splits(cfg, profile, batch: int, lengths: list[int], vram_budget: int,
                   experts_on_cpu, kv_cache_memory: int | None = None,
-                  margin=lambda n: None) -> list[dict]:
+                  margin=lambda n: None, pipelined: bool = False) -> list[dict]:
     """Routed experts against KV in HBM (:mod:`writescope.planner.expert_split`), per length:
     writescope's predicted step with ``experts_on_cpu`` (the split planned, its G region capped
     by ``kv_cache_memory``) and with the fastest split the engine can be given for a
     ``max_model_len`` of that length, and the option that gives it. ``margin(n)``: the device
     bytes an engine with ``max_model_len`` ``n`` keeps beside weights and KV
-    (``expert_split.Margin``; None: ``auto``'s default margin)."""
+    (``expert_split.Margin``; None: ``auto``'s default margin); ``pipelined``: as
+    :func:`make_plan`."""
     from ..planner import expert_split as es
     from ..planner import roofline as rl
     kvb = rl.kv_bytes_per_token_layer(cfg) * cfg.num_layers
@@ -163,11 +172,11 @@ def expert_splits(cfg, profile, batch: int, lengths: list[int], vram_budget: int
     for n in lengths:
         m = margin(n)
         best = es.best_split(profile, cfg, [n] * batch, vram_budget, min_kv_bytes=kvb * n,
-                             margin_bytes=m)
+                             margin_bytes=m, pipelined=pipelined)
         if best is None:
             continue
         cur = es.split_step(profile, cfg, [n] * batch, vram_budget, now, kv_cache_memory,
-                            m(now) if callable(m) else m)
+                            m(now) if callable(m) else m, pipelined)
         rows.append({"context_length": n, "cpu_layers": now, "step_s": cur,
                      "best_cpu_layers": best["cpu_layers"], "best_step_s": best["step_s"],
                      "speedup": (cur / best["step_s"]) if cur else None,
@@ -299,6 +308,11 @@ def run(args: argparse.Namespace) -> int:
               "faster than the kernel measured on 16-core hosts; run `writescope calibrate` "
               "for this machine's", file=sys.stderr)
     lengths = [parse_count(x) for x in args.context_lengths.split(",") if x.strip()]
+    if args.pipeline_experts is None:  # as the engine would run: WRITESCOPE_PIPELINE_EXPERTS
+        from ..kvcache.subbatches import expert_pipeline_mode
+        pipelined = expert_pipeline_mode() == "on"
+    else:
+        pipelined = args.pipeline_experts == "on"
     budget = parse_bytes(args.vram_budget) if args.vram_budget not in (None, "", "none") else None
     auto_kv = is_auto(args.kv_cache_memory)
     kv_memory = parse_bytes(args.kv_cache_memory) if args.kv_cache_memory and not auto_kv else None
@@ -324,12 +338,13 @@ def run(args: argparse.Namespace) -> int:
         n = max(lengths)
         best = best_split(profile, cfg, [n] * args.batch, budget,
                           min_kv_bytes=int(rl.kv_bytes_per_token_layer(cfg) * cfg.num_layers * n),
-                          margin_bytes=margin(n))
+                          margin_bytes=margin(n), pipelined=pipelined)
         if best is None:
             raise ValueError(f"no split of the routed experts fits the VRAM budget "
                              f"({format_bytes(budget)})")
         kv_memory = best["kv_cache_memory"]
-        experts_on_cpu = frozenset(list(cfg.moe_layers)[:best["cpu_layers"]])
+        from ..layers.expert_placement import cpu_layer_order
+        experts_on_cpu = frozenset(cpu_layer_order(cfg.moe_layers)[:best["cpu_layers"]])
     elif args.experts == "auto":
         # the engine's choice (layers/expert_placement.py): the KV of one sequence of the
         # longest length (or --kv-cache-memory, if more) first, then as many MoE layers' experts
@@ -360,7 +375,7 @@ def run(args: argparse.Namespace) -> int:
     reserve = margin(max(lengths))
     n_cpu = len(rl.cpu_expert_layers(cfg, experts_on_cpu))
     doc = make_plan(cfg, profile, args.batch, lengths, experts_on_cpu, budget, args.static_share,
-                    kv_memory, reserve(n_cpu) if reserve is not None else None)
+                    kv_memory, reserve(n_cpu) if reserve is not None else None, pipelined)
     doc["meta"]["command"] = "writescope " + " ".join(sys.argv[1:])
     doc["meta"]["git_commit"] = _git_commit()
     m = doc["meta"]
@@ -369,11 +384,12 @@ def run(args: argparse.Namespace) -> int:
           f"{m['g_region_tokens'] if m['g_region_tokens'] is not None else 'unlimited'} tokens | "
           + (f"reserve {format_bytes(m['reserve_bytes'])} (activations estimated for "
              f"{args.max_num_batched_tokens} batched tokens) | " if m["reserve_bytes"] else "")
-          + f"static share {m['static_share']:.2f} ({m['static_share_from']})")
+          + f"static share {m['static_share']:.2f} ({m['static_share_from']})"
+          + (" | steps with CPU experts in two sub-batches" if m["pipeline_experts"] else ""))
     print(format_table(doc))
     if args.experts == "auto" and budget is not None and cfg.moe_layers:
         doc["expert_splits"] = expert_splits(cfg, profile, args.batch, lengths, budget,
-                                             experts_on_cpu, kv_memory, margin)
+                                             experts_on_cpu, kv_memory, margin, pipelined)
         print()
         print(format_splits(doc["expert_splits"]))
     if args.json:

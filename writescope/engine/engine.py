@@ -380,11 +380,14 @@ class LLMEngine:
     def _best_split(self, profile, vram: int, spec, max_num_seqs: int, **kw) -> dict | None:
         """kv_cache_memory="auto": the split the roofline predicts fastest for ``max_num_seqs``
         sequences of ``max_model_len`` tokens, keeping at least one such sequence's KV
-        (``planner.expert_split.best_split``; ``kw``: its margin and fewest CPU layers)."""
+        (``planner.expert_split.best_split``; ``kw``: its margin and fewest CPU layers), with
+        decode steps in the form the runner gives them (``WRITESCOPE_PIPELINE_EXPERTS=1``: two
+        sub-batches)."""
+        from ..kvcache.subbatches import expert_pipeline_mode
         from ..planner.expert_split import best_split
         return best_split(profile, self.config, [self.max_model_len] * max_num_seqs, vram,
                           min_kv_bytes=spec.token_bytes() * self.max_model_len, dtype=self.dtype,
-                          device=self.device, **kw)
+                          device=self.device, pipelined=expert_pipeline_mode() == "on", **kw)
 
     def _fit_experts_around_kv(self, vram: int, weights: int, act: int, buffers: int,
                                kv_need: int, spec, max_num_seqs: int, max_tokens: int,
@@ -393,10 +396,10 @@ class LLMEngine:
         ``kv_need`` (``kv_cache_memory``, else one ``max_model_len`` sequence's KV) and a default
         margin for the activations. Where the activations measured since leave the KV less than
         that, move more MoE layers' routed experts to the CPU (spread among those already
-        there, ``expert_placement.cpu_layer_order``; ``layers/expert_move.py``) until it fits. Under ``kv_cache_memory="auto"`` the
-        split is chosen again with the measured activations, among the splits with at least the
-        layers already on the CPU. Returns the device weight bytes and activation bytes after
-        the moves."""
+        there, ``expert_placement.cpu_layer_order``; ``layers/expert_move.py``) until it fits.
+        Under ``kv_cache_memory="auto"`` the split is chosen again with the measured
+        activations, among the splits with at least the layers already on the CPU. Returns the
+        device weight bytes and activation bytes after the moves."""
         from ..layers.expert_move import experts_to_cpu, host_bytes
 
         def left() -> int:

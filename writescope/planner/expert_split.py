@@ -81,12 +81,13 @@ def split_options(cfg: "ModelConfig", vram_budget: int, min_kv_bytes: int = 0,
 
 def split_step(profile: "HardwareProfile", cfg: "ModelConfig", lengths: list[int],
                vram_budget: int, n_cpu: int, kv_cache_memory: int | None = None,
-               reserve_bytes: int | None = None) -> float | None:
+               reserve_bytes: int | None = None, pipelined: bool = False) -> float | None:
     """writescope's predicted step for ``lengths`` with ``n_cpu`` MoE layers' experts (those
     ``auto`` places first, ``expert_placement.cpu_layer_order``)
     on the CPU and the G region capped at ``kv_cache_memory`` (None: what the weights and
     ``reserve_bytes`` leave -- by default the roofline's 1 GiB reserve); None where the weights
-    alone exceed the budget or no KV fits beside them."""
+    alone exceed the budget or no KV fits beside them. ``pipelined``: decode steps with CPU
+    experts run as two sub-batches (``WRITESCOPE_PIPELINE_EXPERTS=1``)."""
     flags = frozenset(cpu_layer_order(cfg.moe_layers)[:n_cpu])
     g = rl.gpu_kv_capacity_tokens(cfg, vram_budget, flags) if reserve_bytes is None else \
         rl.gpu_kv_capacity_tokens(cfg, vram_budget, flags, reserve_bytes)
@@ -94,13 +95,14 @@ def split_step(profile: "HardwareProfile", cfg: "ModelConfig", lengths: list[int
         g = min(g, kv_cache_memory / (rl.kv_bytes_per_token_layer(cfg) * cfg.num_layers))
     if rl.gpu_weight_bytes(cfg, flags) > vram_budget or g <= 0:
         return None
-    return rl.plan_for_lengths(profile, cfg, lengths, g, flags, "writescope").prediction.step_s
+    return rl.plan_for_lengths(profile, cfg, lengths, g, flags, "writescope",
+                               pipelined=pipelined).prediction.step_s
 
 
 def best_split(profile: "HardwareProfile", cfg: "ModelConfig", lengths: list[int],
                vram_budget: int, min_kv_bytes: int = 0, dtype: torch.dtype = torch.bfloat16,
-               device=None, margin_bytes: Margin = None, min_cpu_layers: int = 0
-               ) -> dict | None:
+               device=None, margin_bytes: Margin = None, min_cpu_layers: int = 0,
+               pipelined: bool = False) -> dict | None:
     """The split of the fastest predicted step for a batch of ``lengths``, as the engine would
     run it: ``{"cpu_layers", "kv_cache_memory" (None: experts="cpu"), "step_s"}``, the fewest
     CPU layers among equal predictions; None where no split fits. ``margin_bytes``: the budget
@@ -108,13 +110,14 @@ def best_split(profile: "HardwareProfile", cfg: "ModelConfig", lengths: list[int
     (None: ``auto``'s default margin, and the roofline's 1 GiB reserve for G; the engine
     passes what it measured once the model is built; ``writescope plan``,
     :func:`estimated_margin`); ``min_cpu_layers``: the fewest CPU layers to consider (a built
-    engine can move experts to the CPU, not back)."""
+    engine can move experts to the CPU, not back); ``pipelined``: as :func:`split_step`."""
     best = None
     for k, x in sorted(split_options(cfg, vram_budget, min_kv_bytes, dtype, device,
                                      margin_bytes).items()):
         if k < min_cpu_layers:
             continue
-        s = split_step(profile, cfg, lengths, vram_budget, k, x, _margin_at(margin_bytes, k))
+        s = split_step(profile, cfg, lengths, vram_budget, k, x, _margin_at(margin_bytes, k),
+                       pipelined)
         if s is not None and (best is None or s < best["step_s"]):
             best = {"cpu_layers": k, "kv_cache_memory": x, "step_s": s}
     return best

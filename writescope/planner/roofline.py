@@ -448,10 +448,13 @@ def _split_experts_step(profile: "HardwareProfile", cfg: "ModelConfig", load: St
     layers up to that layer. Each sub-batch's layers are timed at its own load (so the dense
     weights are read twice and each half routes to its own experts); the GPU's work ``G`` (dense,
     attention, experts on the GPU) and the CPU's ``C`` (attention, experts) are summed over
-    both. With ``k`` CPU layers each sub-batch's chain is ``k + 1`` GPU segments around ``k`` CPU
-    calls; two such chains take ``G`` where the GPU is the longer side, and ``C`` plus one
-    segment of each sub-batch (``G / (k + 1)``: before the CPU's first call, after its last)
-    where the CPU is. The link's copies take ``P``; the step is the longest of the three."""
+    both, each layer's CPU round trips (its attention's, its experts') counted once: the
+    second call's latency hides behind the other sub-batch's work, as in the split step of
+    :func:`layer_time`. With ``k`` CPU layers each sub-batch's chain is ``k + 1`` GPU segments
+    around ``k`` CPU calls; two such chains take ``G`` where the GPU is the longer side, and
+    ``C`` plus one segment of each sub-batch (``G / (k + 1)``: before the CPU's first call,
+    after its last) where the CPU is. The link's copies take ``P``; the step is the longest of
+    the three."""
     cpu_layers = cpu_expert_layers(cfg, experts_on_cpu)
     moe_layers = _facts(cfg)["moe_layers"]
     n = load.batch_size
@@ -460,35 +463,39 @@ def _split_experts_step(profile: "HardwareProfile", cfg: "ModelConfig", load: St
         f = b / n
         halves.append(StepLoad(b, load.resident_tokens * f, load.streamed_tokens * f,
                                load.cpu_c_tokens * f, load.cpu_t_tokens * f))
-    g_s = c_s = p_s = 0.0
-    sums = dict(gpu_attn_s=0.0, cpu_attn_s=0.0, pcie_s=0.0, expert_s=0.0, dense_s=0.0,
-                cpu_expert_s=0.0)
-    first_layers: tuple[LayerTime, ...] = ()
+    timed = []  # per sub-batch, per layer
     for h in halves:
         kinds: dict[tuple[bool, bool], LayerTime] = {}
-        layers = []
         for i in range(cfg.num_layers):
             kind = (i in moe_layers, i in cpu_layers)
             if kind not in kinds:
                 kinds[kind] = layer_time(profile, cfg, i, h, cpu_layers, corr, regime)
-            layers.append(kinds[kind])
-        on_cpu = [i in cpu_layers for i in range(cfg.num_layers)]
-        g_s += sum(lt.dense_s + lt.gpu_attn_s + (0.0 if c else lt.expert_s)
-                   for lt, c in zip(layers, on_cpu))
-        c_s += sum(lt.cpu_attn_s + (lt.expert_s if c else 0.0) for lt, c in zip(layers, on_cpu))
-        p_s += sum(lt.pcie_s for lt in layers)
-        for k in ("gpu_attn_s", "cpu_attn_s", "pcie_s", "expert_s", "dense_s"):
-            sums[k] += sum(getattr(lt, k) for lt in layers)
-        sums["cpu_expert_s"] += sum(layers[i].expert_s for i in cpu_layers)
-        first_layers = first_layers or tuple(layers)
+        timed.append([kinds[(i in moe_layers, i in cpu_layers)] for i in range(cfg.num_layers)])
+    attn_fixed = (corr.cpu if corr.cpu_fixed is None else corr.cpu_fixed) * \
+        profile.attn_roundtrip_s(True)
+    expert_fixed = corr.expert * profile.cpu_roundtrip_s
+    g_s = c_s = p_s = cpu_expert_s = 0.0
+    for i in range(cfg.num_layers):
+        a, b = timed[0][i], timed[1][i]
+        on_cpu = i in cpu_layers
+        g_s += sum(lt.dense_s + lt.gpu_attn_s + (0.0 if on_cpu else lt.expert_s) for lt in (a, b))
+        attn = a.cpu_attn_s + b.cpu_attn_s - (attn_fixed if a.cpu_attn_s and b.cpu_attn_s else 0.0)
+        experts = (a.expert_s + b.expert_s - expert_fixed) if on_cpu else 0.0
+        c_s += attn + experts
+        cpu_expert_s += experts
+        p_s += a.pcie_s + b.pcie_s
     lines = (g_s, c_s + g_s / (len(cpu_layers) + 1), p_s)
     head_s = cfg.vocab_size * cfg.hidden_size * WEIGHT_BYTES / profile.weight_read_Bps
-    step = max(lines) + first_layers[0].pcie_s + head_s
-    return StepPrediction(step_s=step, gpu_attn_s=sums["gpu_attn_s"],
-                          cpu_attn_s=sums["cpu_attn_s"], pcie_s=sums["pcie_s"],
-                          expert_s=sums["expert_s"], dense_s=sums["dense_s"] + head_s,
-                          cpu_share=load.cpu_share, layers=first_layers,
-                          cpu_expert_s=sums["cpu_expert_s"], lines=lines)
+    both = [lt for half in timed for lt in half]
+    return StepPrediction(
+        step_s=max(lines) + timed[0][0].pcie_s + head_s,
+        gpu_attn_s=sum(lt.gpu_attn_s for lt in both),
+        cpu_attn_s=c_s - cpu_expert_s, pcie_s=p_s,
+        expert_s=cpu_expert_s + sum(lt.expert_s for half in timed
+                                    for i, lt in enumerate(half) if i not in cpu_layers),
+        dense_s=sum(lt.dense_s for lt in both) + head_s,
+        cpu_share=load.cpu_share, layers=tuple(timed[0]), cpu_expert_s=cpu_expert_s,
+        lines=lines)
 
 
 def load_at_share(batch_size: int, resident: float, c_tokens: float, t_tokens: float, x: float,
@@ -766,21 +773,24 @@ def roofline_bound_s(profile: "HardwareProfile", cfg: "ModelConfig", lengths: Se
 
 def plan_for_lengths(profile: "HardwareProfile", cfg: "ModelConfig", lengths: Sequence[int],
                      gpu_kv_tokens: float, experts_on_cpu: ExpertsOnCpu, policy: str,
-                     static_share: float = 0.5, corr: Corrections = Corrections()) -> SharePlan:
+                     static_share: float = 0.5, corr: Corrections = Corrections(),
+                     pipelined: bool = False) -> SharePlan:
     """Predicted share and step for one batch under a policy, in the steady state where the
     placement has reached its target (``writescope`` puts its share in C; ``transfer`` all in T;
-    ``cpu`` all in C; ``static`` a fixed share in C)."""
+    ``cpu`` all in C; ``static`` a fixed share in C). ``pipelined``: the engine splits decode
+    steps into two sub-batches (:func:`predict_step`)."""
     res = sum(resident_tokens(lengths, gpu_kv_tokens))
     spilled = float(sum(lengths)) - res
     b = len(lengths)
     if policy == "writescope":
-        return target_share(profile, cfg, b, res, spilled, experts_on_cpu, corr)
+        return target_share(profile, cfg, b, res, spilled, experts_on_cpu, corr, pipelined)
     shares = {"transfer": 0.0, "cpu": 1.0, "static": static_share}
     if policy not in shares:
         raise ValueError(f"unknown policy {policy!r}")
     x = shares[policy] if spilled > 0 else 0.0
     load = StepLoad(b, res, (1 - x) * spilled, x * spilled, 0.0)
-    return SharePlan(x, predict_step(profile, cfg, load, experts_on_cpu, corr))
+    return SharePlan(x, predict_step(profile, cfg, load, experts_on_cpu, corr,
+                                     pipelined=pipelined))
 
 
 __all__ = [
