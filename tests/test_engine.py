@@ -277,7 +277,7 @@ def test_a_step_whose_attention_fails_at_its_end_is_rolled_back(tiny_deepseek_v2
     """A CPU-side failure reported when the step ends (how the GPU's device-side wait surfaces
     it) leaves the cache as before the step: the engine raises, and the next steps finish the
     requests with the same tokens and every block given back."""
-    from test_parity import GREEDY, PLACEMENTS, engine, prompt_ids
+    from test_parity import GREEDY, PLACEMENTS, engine, finish_like, prompt_ids
     prompts = [prompt_ids(320, n, seed=n) for n in (20, 90)]
     want = engine(tiny_deepseek_v2, **PLACEMENTS["mixed"]).generate(prompts, GREEDY)
     llm = engine(tiny_deepseek_v2, **PLACEMENTS["mixed"])
@@ -298,14 +298,7 @@ def test_a_step_whose_attention_fails_at_its_end_is_rolled_back(tiny_deepseek_v2
         eng.step()
     hybrid.end_step = real_end
     assert eng.cache.live_blocks() == live
-    outs = {}
-    while eng.has_unfinished_requests():
-        for o in eng.step():
-            if o.finished:
-                outs[o.request_id] = o
-    for i, w in enumerate(want):
-        assert outs[f"r{i}"].token_ids == w.token_ids
-    assert all(n == 0 for n in eng.cache.live_blocks().values())
+    finish_like(eng, want)
 
 
 @pytest.mark.parametrize("policy", ["static", "writescope", "migrate"])

@@ -28,6 +28,22 @@ def prompt_ids(vocab: int, n: int = PROMPT_LEN, seed: int = 1) -> list[int]:
     return torch.randint(3, vocab, (n,), generator=g).tolist()
 
 
+def finish_like(eng, want, logprob_tol: float | None = None) -> None:
+    """Step ``eng`` until its requests ``r0, r1, ...`` finish: each gives ``want[i]``'s tokens
+    (and log-probabilities within ``logprob_tol``), and every block is given back."""
+    outs = {}
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            if o.finished:
+                outs[o.request_id] = o
+    for i, w in enumerate(want):
+        assert outs[f"r{i}"].token_ids == w.token_ids
+        if logprob_tol is not None:
+            assert max(abs(x - y) for x, y in zip(outs[f"r{i}"].logprobs, w.logprobs)) \
+                < logprob_tol
+    assert all(n == 0 for n in eng.cache.live_blocks().values())
+
+
 @functools.lru_cache(maxsize=None)
 def reference(path: str, ids: tuple[int, ...], new: int = NEW
               ) -> tuple[list[int], list[float], list[torch.Tensor]]:

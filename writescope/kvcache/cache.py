@@ -544,35 +544,38 @@ class InplaceKVCache:
         """The step's key in :attr:`resident`'s buffers, or None when it cannot run there (see
         :meth:`begin_step`; ``WRITESCOPE_RESIDENT_ATTENTION=0`` never, ``=force`` also off CUDA,
         where Triton's interpreter runs the kernels)."""
-        mode = resident_mode()
-        if mode == "off" or (mode == "on" and self.hybrid.backend != "triton"):
-            return None
-        if step["new_blocks"] or not ResidentAttention.eligible(
-                plan, [n for _, _, n in step["work"]]):
+        if not self._resident_possible(step, plan):
             return None
         if self.resident is None:
-            self.resident = ResidentAttention(self.pools, self.spec, self.scale, self.device,
-                                              self.hybrid.chunk_blocks)
+            self.resident = self._new_resident()
         return self.resident.load(plan, rows, *step["w_host"])
+
+    def _resident_possible(self, step: dict, plan: AttentionStepPlan) -> bool:
+        """Whether the step may attend through resident buffers: the mode allows it and the
+        step reads G and W blocks only, one new token a sequence, and completes no block."""
+        mode = resident_mode()
+        if mode == "off" or (mode == "on" and self.hybrid.backend != "triton"):
+            return False
+        return not step["new_blocks"] and ResidentAttention.eligible(
+            plan, [n for _, _, n in step["work"]])
+
+    def _new_resident(self) -> ResidentAttention:
+        return ResidentAttention(self.pools, self.spec, self.scale, self.device,
+                                 self.hybrid.chunk_blocks)
 
     def _load_resident_groups(self, step: dict, plan: AttentionStepPlan,
                               group_rows: Callable[[int], int | None]) -> tuple | None:
         """:meth:`_load_resident` for each sub-batch of a pipelined step, into buffers of its
         own (:attr:`resident_groups`): the tuple of their keys, or None when the step (or a
         sub-batch's size) cannot run there."""
-        mode = resident_mode()
-        if mode == "off" or (mode == "on" and self.hybrid.backend != "triton"):
-            return None
-        if step["new_blocks"] or not ResidentAttention.eligible(
-                plan, [n for _, _, n in step["work"]]):
+        if not self._resident_possible(step, plan):
             return None
         counts = step["groups"]
         rows = [group_rows(c) for c in counts]
         if any(r is None for r in rows):
             return None
         while len(self.resident_groups) < len(counts):
-            self.resident_groups.append(ResidentAttention(self.pools, self.spec, self.scale,
-                                                          self.device, self.hybrid.chunk_blocks))
+            self.resident_groups.append(self._new_resident())
         w_src, w_dst = step["w_host"]
         keys, s0 = [], 0
         for g, (c, r) in enumerate(zip(counts, rows)):

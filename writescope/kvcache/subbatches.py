@@ -38,14 +38,7 @@ def pipeline_mode() -> str:
     one host (call 3, the CPU's wait 2 ms a step instead of 16) but 164.8-177.5 against 158.1 on
     the next (call 4). ``auto`` on Qwen3 2 x 128K chose the split form, within the host's drift
     of the plain rows (2026-12-03-h200, call 1)."""
-    v = os.environ.get("WRITESCOPE_PIPELINE", "0").strip().lower()
-    if v in ("1", "on", "true", "yes"):
-        return "on"
-    if v == "auto":
-        return "auto"
-    if v in ("", "0", "off", "false", "no"):
-        return "off"
-    raise ValueError(f"WRITESCOPE_PIPELINE must be 0/off, 1/on or auto, got {v!r}")
+    return _mode("WRITESCOPE_PIPELINE")
 
 
 def expert_pipeline_mode() -> str:
@@ -54,14 +47,18 @@ def expert_pipeline_mode() -> str:
     interleaved sub-batches, each one's CPU expert calls overlapping the other's GPU work,
     ``graphs.pipelined_pieces``) or ``auto`` (each batch's form chosen from measured step
     times, ``stepform.py``). Off by default until it is measured on a GPU machine."""
-    v = os.environ.get("WRITESCOPE_PIPELINE_EXPERTS", "0").strip().lower()
+    return _mode("WRITESCOPE_PIPELINE_EXPERTS")
+
+
+def _mode(var: str) -> str:
+    v = os.environ.get(var, "0").strip().lower()
     if v in ("1", "on", "true", "yes"):
         return "on"
     if v == "auto":
         return "auto"
     if v in ("", "0", "off", "false", "no"):
         return "off"
-    raise ValueError(f"WRITESCOPE_PIPELINE_EXPERTS must be 0/off, 1/on or auto, got {v!r}")
+    raise ValueError(f"{var} must be 0/off, 1/on or auto, got {v!r}")
 
 
 def cpu_balanced_groups(work, plan: AttentionStepPlan) -> list[int] | None:
