@@ -257,18 +257,9 @@ def test_resident_steps_match_the_hybrid_path(tiny_qwen3_moe, placement):
     (attention/resident.py, the form a CUDA graph captures): run as pieces with Triton's CPU
     interpreter, every token and log-probability equals the hybrid path's, the same W bytes
     are written, and such steps ran (in "G-then-T" only until G is full)."""
-    pytest.importorskip("triton")
-    from test_hybrid import interpreter_runs_loaded_loops
-    why = interpreter_runs_loaded_loops()
-    if why is not None:
-        pytest.skip(f"Triton's interpreter cannot run data-bounded loops here: {why}")
-    import json
-
-    from triton_interp import run_interpreted
-    r = run_interpreted(RESIDENT_CODE, str(tiny_qwen3_moe), placement,
-                        env={"WRITESCOPE_CUDA_GRAPHS": "pieces"})
-    assert r.returncode == 0, r.stderr[-3000:]
-    res = json.loads(r.stdout.strip().splitlines()[-1])
+    from triton_interp import interpreted_json
+    res = interpreted_json(RESIDENT_CODE, str(tiny_qwen3_moe), placement,
+                           env={"WRITESCOPE_CUDA_GRAPHS": "pieces"})
     off, on = res["0"], res["force"]
     assert off["resident_steps"] == 0
     assert on["resident_steps"] > 0
