@@ -31,37 +31,31 @@ def _runs(model, prompts, mode: str, monkeypatch, **opts):
 
 @pytest.mark.parametrize("placement, n", [("all-G", 2), ("mixed", 3)])
 def test_split_expert_steps_match_one_batch(all_tiny, placement, n, monkeypatch):
-    """With the experts on the CPU, decode steps of two or more sequences run split -- with no
-    CPU attention ("all-G", split by sequences) and with it ("mixed") -- and every token and
-    log-probability is the one-batch run's and transformers'."""
+    """With the experts on the CPU and WRITESCOPE_PIPELINE_EXPERTS=all, decode steps of two or
+    more sequences run split, also where attention runs through the hybrid side (on the CPU
+    every step does) -- with no CPU attention ("all-G", split by sequences) and with it
+    ("mixed") -- and every token and log-probability is the one-batch run's and
+    transformers'."""
     prompts = [prompt_ids(320, 40 + 37 * i, seed=30 + i) for i in range(n)]
-    got, s = _runs(all_tiny, prompts, "1", monkeypatch, **PLACEMENTS[placement])
+    got, s = _runs(all_tiny, prompts, "all", monkeypatch, **PLACEMENTS[placement])
     # the decode steps of all n sequences (not those beside another's prefill chunk)
     assert s["kv.pipelined_steps"] >= GREEDY.max_tokens * 3 // 4, s["kv.pipelined_steps"]
     check(got[0], *reference(str(all_tiny), tuple(prompts[0])))
 
 
-def test_split_experts_off_and_on_one_sequence(tiny_qwen3_moe, monkeypatch):
-    """Off (the default) nothing is split; one sequence is never split."""
+def test_what_is_not_split(tiny_qwen3_moe, monkeypatch):
+    """Off (the default) nothing is split; one sequence is never split; ``on`` splits only
+    steps whose sub-batches attend through resident buffers, none here (the CPU's hybrid
+    side)."""
     monkeypatch.delenv("WRITESCOPE_PIPELINE_EXPERTS", raising=False)
     monkeypatch.setenv("WRITESCOPE_CUDA_GRAPHS", "pieces")
-    llm = engine(tiny_qwen3_moe, experts="cpu", **PLACEMENTS["all-G"])
-    llm.generate([prompt_ids(320, 40, seed=1), prompt_ids(320, 50, seed=2)], GREEDY)
-    assert llm.stats()["kv.pipelined_steps"] == 0
-    monkeypatch.setenv("WRITESCOPE_PIPELINE_EXPERTS", "1")
-    llm = engine(tiny_qwen3_moe, experts="cpu", **PLACEMENTS["all-G"])
-    llm.generate([prompt_ids(320, 40, seed=1)], GREEDY)
-    assert llm.stats()["kv.pipelined_steps"] == 0
-
-
-def test_auto_form_with_cpu_experts(tiny_qwen3_moe, monkeypatch):
-    """WRITESCOPE_PIPELINE_EXPERTS=auto: both forms run while the chooser probes them, with the
-    one-batch run's tokens."""
-    prompts = [prompt_ids(320, 40 + 37 * i, seed=40 + i) for i in range(3)]
-    _, s = _runs(tiny_qwen3_moe, prompts, "auto", monkeypatch, **PLACEMENTS["all-G"])
-    forms = s["engine.step_forms"]["3 seqs, 256+ tokens"]
-    assert forms["single_ms"] is not None and forms["pipelined_ms"] is not None, forms
-    assert 0 < s["kv.pipelined_steps"] < GREEDY.max_tokens
+    two = [prompt_ids(320, 40, seed=1), prompt_ids(320, 50, seed=2)]
+    for mode, prompts in ((None, two), ("all", two[:1]), ("1", two)):
+        if mode is not None:
+            monkeypatch.setenv("WRITESCOPE_PIPELINE_EXPERTS", mode)
+        llm = engine(tiny_qwen3_moe, experts="cpu", **PLACEMENTS["all-G"])
+        llm.generate(prompts, GREEDY)
+        assert llm.stats()["kv.pipelined_steps"] == 0, mode
 
 
 def test_split_expert_piece_order(tiny_deepseek_v2, monkeypatch):
@@ -111,7 +105,7 @@ def test_interleave_runs_each_list_up_to_its_next_wait():
 
 def test_expert_pipeline_mode(monkeypatch):
     for v, want in (("0", "off"), ("", "off"), ("off", "off"), ("1", "on"), ("ON", "on"),
-                    ("auto", "auto")):
+                    ("auto", "auto"), ("all", "all")):
         monkeypatch.setenv("WRITESCOPE_PIPELINE_EXPERTS", v)
         assert expert_pipeline_mode() == want
     monkeypatch.delenv("WRITESCOPE_PIPELINE_EXPERTS")
@@ -130,14 +124,14 @@ path = sys.argv[1]
 prompts = [prompt_ids(320, n, seed=n) for n in (5, 40)]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=GREEDY.logprobs)
 out = {}
-for split in ("0", "1"):
+for split in ("0", "1", "auto"):
     os.environ["WRITESCOPE_PIPELINE_EXPERTS"] = split
     llm = engine(path, experts="cpu", **PLACEMENTS["all-G"])
     got = llm.generate(prompts, GREEDY)
     s = llm.stats()
     out[split] = {"tokens": [o.token_ids for o in got], "logprobs": [o.logprobs for o in got],
                   "resident_steps": s["kv.resident_steps"], "split": s["kv.pipelined_steps"],
-                  "W": s["kv.bytes_written.W"]}
+                  "W": s["kv.bytes_written.W"], "forms": s.get("engine.step_forms")}
 print(json.dumps(out))
 """
 
@@ -146,7 +140,8 @@ def test_split_resident_steps_match_one_batch(tiny_qwen3_moe):
     """Each sub-batch of a split step attends through resident buffers of its own
     (``cache.attend_resident`` with a group, the form a CUDA graph captures): run as pieces
     with Triton's CPU interpreter, the split resident steps give the one-batch resident run's
-    tokens and log-probabilities, and write the same W bytes."""
+    tokens and log-probabilities, and write the same W bytes. ``auto`` probes both forms (the
+    chooser, ``stepform.py``), with the same tokens."""
     from triton_interp import interpreted_json
     res = interpreted_json(RESIDENT_SPLIT_CODE, str(tiny_qwen3_moe),
                            env={"WRITESCOPE_CUDA_GRAPHS": "pieces",
@@ -158,6 +153,11 @@ def test_split_resident_steps_match_one_batch(tiny_qwen3_moe):
     for a, b in zip(split["logprobs"], one["logprobs"]):
         assert max(abs(x - y) for x, y in zip(a, b)) < 1e-5
     assert split["W"] == one["W"]
+    auto = res["auto"]
+    assert auto["tokens"] == one["tokens"]
+    assert any(f["single_ms"] is not None and f["pipelined_ms"] is not None
+               for f in auto["forms"].values()), auto["forms"]
+    assert 0 < auto["split"] < split["split"], auto
 
 
 def _eager_then_graphed(model, prompts, kw, monkeypatch):
@@ -177,9 +177,10 @@ def _eager_then_graphed(model, prompts, kw, monkeypatch):
 @pytest.mark.parametrize("placement", ["all-G", "mixed"])
 def test_split_expert_steps_graphed_on_cuda(all_tiny, placement, monkeypatch):
     """On CUDA, split steps with CPU experts are captured and replayed: resident ones ("all-G",
-    each sub-batch through its own buffers, the CPU expert calls graphed) and hybrid ones
-    ("mixed", attention eager); the tokens are eager one-batch decoding's."""
-    monkeypatch.setenv("WRITESCOPE_PIPELINE_EXPERTS", "1")
+    each sub-batch through its own buffers, the CPU expert calls graphed) and, with
+    WRITESCOPE_PIPELINE_EXPERTS=all, hybrid ones ("mixed", attention eager); the tokens are
+    eager one-batch decoding's."""
+    monkeypatch.setenv("WRITESCOPE_PIPELINE_EXPERTS", "1" if placement == "all-G" else "all")
     prompts = [prompt_ids(320, n, seed=n) for n in (5, 20, 30)]
     s = _eager_then_graphed(all_tiny, prompts,
                             dict(device="cuda", experts="cpu", **PLACEMENTS[placement]),
@@ -198,7 +199,7 @@ def test_a_split_step_whose_experts_fail_is_rolled_back(tiny_qwen3_moe, monkeypa
     monkeypatch.setenv("WRITESCOPE_PIPELINE_EXPERTS", "0")
     prompts = [prompt_ids(320, n, seed=n) for n in (20, 70)]
     want = engine(tiny_qwen3_moe, experts="cpu", **PLACEMENTS["mixed"]).generate(prompts, GREEDY)
-    monkeypatch.setenv("WRITESCOPE_PIPELINE_EXPERTS", "1")
+    monkeypatch.setenv("WRITESCOPE_PIPELINE_EXPERTS", "all")
     eng = engine(tiny_qwen3_moe, experts="cpu", **PLACEMENTS["mixed"]).engine
     for i, p in enumerate(prompts):
         eng.add_request(f"r{i}", p, GREEDY)

@@ -1298,8 +1298,9 @@ def test_pipelined_model(rc, c, t, res, b):
         if load.cpu_tokens == 0 or b == 1:
             assert two.step_s == one.step_s
         split = rl.predict_step(prof, cfg, load, True, pipelined=True)
-        assert bool(split.lines) == (b >= 2)
-        if b == 1:
+        # split only where the KV is all in HBM (the step stays graphs)
+        assert bool(split.lines) == (b >= 2 and load.spilled_tokens == 0)
+        if not split.lines:
             assert split.step_s == rl.predict_step(prof, cfg, load, True).step_s
 
 

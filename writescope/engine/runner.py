@@ -141,11 +141,15 @@ class ModelRunner:
         # is on the GPU (the cache decides; cache.step_resident) and the rest of the step is
         # graph-safe (graphs.resident_rows); a pipelined step's sub-batches each through their
         # own
-        rows = self.graphs.resident_rows(row) if graphed and not split else None
-        group_rows = self.graphs.resident_rows if graphed and split_experts and split else None
+        rows = self.graphs.resident_rows(row) if graphed and (split_experts or not split) \
+            else None
+        group_rows = self.graphs.resident_rows if split_experts else None
         self.cache.begin_step([(s.request.seq_id, s.start, s.num_new) for s in batch.seqs],
                               pipeline=split, resident_rows=rows,
-                              split_experts=split_experts, group_rows=group_rows)
+                              split_experts=split_experts, group_rows=group_rows,
+                              split_spilled=self.expert_pipeline == "all")
+        if split_experts and split and hasattr(policy, "pipelined"):
+            policy.pipelined = self.cache.step_groups is not None  # the cache may keep it whole
         if forms is not None and not self.cache.step_splittable:
             forms = None  # nothing to overlap: both forms are the same step, nothing to learn
             split = False

@@ -343,7 +343,8 @@ class InplaceKVCache:
     # ------------------------------------------------------------------ the step
     def begin_step(self, work: list[tuple[int, int, int]], pipeline: bool = False,
                    resident_rows: int | None = None, split_experts: bool = False,
-                   group_rows: Callable[[int], int | None] | None = None) -> None:
+                   group_rows: Callable[[int], int | None] | None = None,
+                   split_spilled: bool = False) -> None:
         """``work``: per scheduled sequence ``(seq_id, start, num_new)``, in batch order.
 
         ``pipeline``: the caller can run a decode step as two interleaved sub-batches
@@ -351,8 +352,13 @@ class InplaceKVCache:
         pays (:attr:`step_groups`), attended with :meth:`attend_launch` / :meth:`attend_finish`.
         ``split_experts``: the caller's routed experts run on the CPU in some layer, which is
         CPU work to overlap too: a pipelined decode step of two or more sequences is then split
-        (evenly) even where its attention has no CPU side (and :attr:`step_splittable` says so
-        of a step that was not asked to split).
+        (evenly) even where its attention has no CPU side -- but only where each sub-batch can
+        attend through resident buffers (``group_rows``), so that the split step runs as CUDA
+        graphs, unless ``split_spilled``; otherwise it runs as one batch
+        (:attr:`step_splittable` says whether a step that was not asked to split could have).
+        Split steps that attend eagerly were slower: on an H100 host, FP8 Qwen3-30B-A3B 4 x 32K
+        with some KV streamed, 52.0 ms against 42.3 one batch, the launching thread busy 43 ms
+        (bench/results/2026-12-05j-h100, call 1).
 
         ``resident_rows``: the caller runs a decode step as ``resident_rows`` padded rows in a
         CUDA graph (``engine/graphs.py``). A step that attends GPU-resident blocks only and
@@ -377,12 +383,15 @@ class InplaceKVCache:
             prefill=prefill, self_seg_lens=self_segs,
             self_single=all(n == 1 for n in self_segs),  # every layer's attention asks
             plan=plan, groups=step_groups(work, plan, split_experts) if pipeline else None,
-            split_experts=split_experts, group_records={})
+            split_experts=split_experts, split_spilled=split_spilled, group_rows=group_rows,
+            group_records={})
         step["resident"] = None
+        if step["groups"] and group_rows is not None:
+            step["resident"] = self._load_resident_groups(step, plan, group_rows)
+        if step["groups"] and split_experts and step["resident"] is None and not split_spilled:
+            step["groups"] = None  # (see above: a split step with CPU experts wants its graphs)
         if resident_rows is not None and not step["groups"]:
             step["resident"] = self._load_resident(step, plan, resident_rows)
-        elif group_rows is not None and step["groups"]:
-            step["resident"] = self._load_resident_groups(step, plan, group_rows)
         self._step = step
         if step["resident"] is not None:  # the hybrid side only closes the step (end_step)
             plan = AttentionStepPlan(self.spec, self.scale, plan.num_q_rows,
@@ -517,8 +526,16 @@ class InplaceKVCache:
         """Whether the open step could run as two sub-batches (a decode step of two or more
         sequences with CPU work to overlap), whether or not it was asked to."""
         step = self._step
-        return step is not None and (step["groups"] is not None or step_groups(
-            step["work"], step["plan"], step["split_experts"]) is not None)
+        if step is None:
+            return False
+        if step["groups"] is not None:
+            return True
+        groups = step_groups(step["work"], step["plan"], step["split_experts"])
+        if groups is None or not step["split_experts"] or step["split_spilled"]:
+            return groups is not None
+        rows = step["group_rows"]  # split only where each sub-batch would be resident
+        return (rows is not None and self._resident_possible(step, step["plan"])
+                and all(rows(c) is not None for c in groups))
 
     @property
     def step_deferrable(self) -> bool:

@@ -43,11 +43,14 @@ def pipeline_mode() -> str:
 
 def expert_pipeline_mode() -> str:
     """``WRITESCOPE_PIPELINE_EXPERTS``: with routed experts on the CPU, ``off`` (the default;
-    also 0), ``on`` (1: every graphed decode step of two or more sequences runs as two
-    interleaved sub-batches, each one's CPU expert calls overlapping the other's GPU work,
-    ``graphs.pipelined_pieces``) or ``auto`` (each batch's form chosen from measured step
-    times, ``stepform.py``). Off by default until it is measured on a GPU machine."""
-    return _mode("WRITESCOPE_PIPELINE_EXPERTS")
+    also 0), ``on`` (1: every decode step of two or more sequences whose KV is all in HBM runs
+    as two interleaved sub-batches, each one's CPU expert calls overlapping the other's GPU
+    work, ``graphs.pipelined_pieces``, each sub-batch attending through resident buffers so
+    that the step stays CUDA graphs), ``all`` (every graphed decode step of two or more
+    sequences, also those whose attention runs eagerly: measured slower) or ``auto`` (as
+    ``on``, each batch's form chosen from measured step times, ``stepform.py``)."""
+    v = os.environ.get("WRITESCOPE_PIPELINE_EXPERTS", "0").strip().lower()
+    return "all" if v == "all" else _mode("WRITESCOPE_PIPELINE_EXPERTS")
 
 
 def _mode(var: str) -> str:
@@ -58,7 +61,8 @@ def _mode(var: str) -> str:
         return "auto"
     if v in ("", "0", "off", "false", "no"):
         return "off"
-    raise ValueError(f"{var} must be 0/off, 1/on or auto, got {v!r}")
+    also = ", all" if var == "WRITESCOPE_PIPELINE_EXPERTS" else ""
+    raise ValueError(f"{var} must be 0/off, 1/on{also} or auto, got {v!r}")
 
 
 def cpu_balanced_groups(work, plan: AttentionStepPlan) -> list[int] | None:

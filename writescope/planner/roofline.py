@@ -52,10 +52,10 @@ experts on the CPU and keeps the others on the GPU: :func:`cpu_expert_layers`); 
 is then timed where its own experts run, and the step as a whole is the engine's step with CPU
 experts (the CPU's plain round trip, graph launches only in resident steps whose CPU expert
 calls are graphed). A step with CPU experts split into two sub-batches
-(``WRITESCOPE_PIPELINE_EXPERTS``, ``pipelined=True``) is timed as a whole instead
-(:func:`_split_experts_step`): each sub-batch's layers at its own load, the GPU's work and the
-CPU's summed over both, the step the longer of the two plus the lead and tail the other side
-cannot hide.
+(``WRITESCOPE_PIPELINE_EXPERTS``, ``pipelined=True``; the engine splits only steps whose KV is
+all in HBM, so that they stay graphs) is timed as a whole instead (:func:`_split_experts_step`):
+each sub-batch's layers at its own load, the GPU's work and the CPU's summed over both, the step
+the longer of the two plus the lead and tail the other side cannot hide.
 
 Online feedback (:mod:`writescope.planner.feedback`) multiplies the CPU attention, PCIe, GPU
 attention and CPU expert terms by :class:`Corrections` (measured over predicted, smoothed); the
@@ -411,8 +411,8 @@ def predict_step(profile: "HardwareProfile", cfg: "ModelConfig", load: StepLoad,
                  regime: tuple[bool, bool] | None = None, pipelined: bool = False
                  ) -> StepPrediction:
     """Predicted time of one decode step with ``load`` (see the module docstring)."""
-    if pipelined and profile.has_gpu and load.batch_size >= 2 and \
-            cpu_expert_layers(cfg, experts_on_cpu):
+    if pipelined and load.batch_size >= 2 and cpu_expert_layers(cfg, experts_on_cpu) and \
+            graphed(profile, load, True):
         return _split_experts_step(profile, cfg, load, experts_on_cpu, corr, regime)
     # layers of one kind (dense MLP, MoE with its experts on the GPU, MoE with them on the CPU)
     # take the same time: compute each kind once
