@@ -44,13 +44,13 @@ def test_split_expert_steps_match_one_batch(all_tiny, placement, n, monkeypatch)
 
 
 def test_what_is_not_split(tiny_qwen3_moe, monkeypatch):
-    """Off (the default) nothing is split; one sequence is never split; ``on`` splits only
-    steps whose sub-batches attend through resident buffers, none here (the CPU's hybrid
-    side)."""
+    """``auto`` (the default) and ``on`` split only steps whose sub-batches attend through
+    resident buffers, none here (the CPU's hybrid side); one sequence is never split, even with
+    ``all``; ``off`` splits nothing."""
     monkeypatch.delenv("WRITESCOPE_PIPELINE_EXPERTS", raising=False)
     monkeypatch.setenv("WRITESCOPE_CUDA_GRAPHS", "pieces")
     two = [prompt_ids(320, 40, seed=1), prompt_ids(320, 50, seed=2)]
-    for mode, prompts in ((None, two), ("all", two[:1]), ("1", two)):
+    for mode, prompts in ((None, two), ("all", two[:1]), ("1", two), ("0", two)):
         if mode is not None:
             monkeypatch.setenv("WRITESCOPE_PIPELINE_EXPERTS", mode)
         llm = engine(tiny_qwen3_moe, experts="cpu", **PLACEMENTS["all-G"])
@@ -104,12 +104,12 @@ def test_interleave_runs_each_list_up_to_its_next_wait():
 
 
 def test_expert_pipeline_mode(monkeypatch):
-    for v, want in (("0", "off"), ("", "off"), ("off", "off"), ("1", "on"), ("ON", "on"),
+    for v, want in (("0", "off"), ("", "auto"), ("off", "off"), ("1", "on"), ("ON", "on"),
                     ("auto", "auto"), ("all", "all")):
         monkeypatch.setenv("WRITESCOPE_PIPELINE_EXPERTS", v)
         assert expert_pipeline_mode() == want
     monkeypatch.delenv("WRITESCOPE_PIPELINE_EXPERTS")
-    assert expert_pipeline_mode() == "off"
+    assert expert_pipeline_mode() == "auto"  # the default
     monkeypatch.setenv("WRITESCOPE_PIPELINE_EXPERTS", "sometimes")
     with pytest.raises(ValueError, match="WRITESCOPE_PIPELINE_EXPERTS"):
         expert_pipeline_mode()

@@ -70,7 +70,8 @@ def register(subparsers) -> None:
     p.add_argument("--pipeline-experts", choices=("on", "off"), default=None,
                    help="time decode steps with routed experts on the CPU as two interleaved "
                         "sub-batches, as the engine runs them with WRITESCOPE_PIPELINE_EXPERTS=1 "
-                        "(default: that variable's setting)")
+                        "(default: on only when that variable is 1; with auto, its default, the "
+                        "engine measures both forms)")
     p.add_argument("--json", metavar="F", help="write the predictions as JSON")
     p.add_argument("--plot", metavar="F.png", help="plot share and step time against length")
     p.set_defaults(func=run)

@@ -550,10 +550,12 @@ class LLMEngine:
             # team computes this layer's experts on the same cores
             if not os.environ.get("WRITESCOPE_CPU_SPIN_US"):
                 self.cache.hybrid.cpu_spin_s = 0.0
+        elif not self.runner.pipeline_auto:
+            self.runner.step_forms = None  # (made for WRITESCOPE_PIPELINE_EXPERTS=auto)
         if hasattr(self.cache.policy, "pipelined"):  # the planner models what the runner does
-            # (with WRITESCOPE_PIPELINE=auto the runner sets it step by step; one batch until a
-            # decode step has run split)
-            self.cache.policy.pipelined = self.runner.pipelines and self.runner.step_forms is None
+            # (with WRITESCOPE_PIPELINE=auto, or experts split, the runner sets it step by step;
+            # one batch until a decode step has run split)
+            self.cache.policy.pipelined = self.runner.pipelines and not self.runner.pipeline_auto
 
     # ------------------------------------------------------------------ sizing helpers
     def _activation_bytes(self, max_tokens: int) -> int:

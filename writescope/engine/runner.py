@@ -72,7 +72,8 @@ class ModelRunner:
         #: decode step runs in is chosen from measured step times, per batch size and context
         #: (stepform.py); None: always split when it can
         self.step_forms = StepForms() if "auto" in (mode, self.expert_pipeline) else None
-        self._pipeline_auto = mode == "auto"
+        #: WRITESCOPE_PIPELINE=auto: steps with CPU attention split where measured faster
+        self.pipeline_auto = mode == "auto"
         #: routed experts run on the CPU in some layer: their calls keep every step synchronous
         #: (the engine sets it)
         self.experts_on_cpu = False
@@ -129,7 +130,7 @@ class ModelRunner:
         if split_experts:
             split, auto = True, self.expert_pipeline == "auto"
         else:
-            split, auto = graphed and self.pipeline, self._pipeline_auto
+            split, auto = graphed and self.pipeline, self.pipeline_auto
         forms = self.step_forms if split and auto else None
         if forms is not None:
             form_key = step_form_key(batch)

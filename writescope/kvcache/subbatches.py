@@ -42,24 +42,30 @@ def pipeline_mode() -> str:
 
 
 def expert_pipeline_mode() -> str:
-    """``WRITESCOPE_PIPELINE_EXPERTS``: with routed experts on the CPU, ``off`` (the default;
-    also 0), ``on`` (1: every decode step of two or more sequences whose KV is all in HBM runs
-    as two interleaved sub-batches, each one's CPU expert calls overlapping the other's GPU
-    work, ``graphs.pipelined_pieces``, each sub-batch attending through resident buffers so
-    that the step stays CUDA graphs), ``all`` (every graphed decode step of two or more
-    sequences, also those whose attention runs eagerly: measured slower) or ``auto`` (as
-    ``on``, each batch's form chosen from measured step times, ``stepform.py``)."""
-    v = os.environ.get("WRITESCOPE_PIPELINE_EXPERTS", "0").strip().lower()
-    return "all" if v == "all" else _mode("WRITESCOPE_PIPELINE_EXPERTS")
+    """``WRITESCOPE_PIPELINE_EXPERTS``: with routed experts on the CPU, ``auto`` (the default:
+    as ``on``, each batch's form chosen from measured step times, ``stepform.py``), ``on`` (1:
+    every decode step of two or more sequences whose KV is all in HBM runs as two interleaved
+    sub-batches, each one's CPU expert calls overlapping the other's GPU work,
+    ``graphs.pipelined_pieces``, each sub-batch attending through resident buffers so that the
+    step stays CUDA graphs), ``all`` (every graphed decode step of two or more sequences, also
+    those whose attention runs eagerly: measured slower) or ``off`` (0).
+
+    On an H100 host (bench/results/2026-12-05j-h100, call 2; Qwen3-30B-A3B, 32 GiB, batch 4,
+    kv auto): FP8 4 x 8K 16.1 ms one batch against 12.6 split (``auto``: 11.8, split chosen),
+    FP8 4 x 32K 41.4 against 31.9, bf16 4 x 8K 60.4 against 58.4. The planner predicts the
+    split slower where the CPU's work dwarfs the GPU's (every expert on the CPU, short
+    contexts), hence ``auto``."""
+    v = os.environ.get("WRITESCOPE_PIPELINE_EXPERTS", "auto").strip().lower()
+    return "all" if v == "all" else _mode("WRITESCOPE_PIPELINE_EXPERTS", "auto")
 
 
-def _mode(var: str) -> str:
-    v = os.environ.get(var, "0").strip().lower()
+def _mode(var: str, default: str = "0") -> str:
+    v = os.environ.get(var, default).strip().lower() or default
     if v in ("1", "on", "true", "yes"):
         return "on"
     if v == "auto":
         return "auto"
-    if v in ("", "0", "off", "false", "no"):
+    if v in ("0", "off", "false", "no"):
         return "off"
     also = ", all" if var == "WRITESCOPE_PIPELINE_EXPERTS" else ""
     raise ValueError(f"{var} must be 0/off, 1/on{also} or auto, got {v!r}")
