@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from test_planner import GB, brute_force, h200_like
+from test_planner import h200_like
 from writescope.layers.expert_placement import cpu_layer_order
 from writescope.models.config import ModelConfig
 from writescope.planner import roofline as rl
@@ -18,8 +18,8 @@ def _flags(k: int) -> frozenset:
 
 
 def test_the_split_step_is_the_longest_of_its_lines():
-    """The GPU's work and the CPU's, each summed over both sub-batches timed at their own
-    loads, each CPU layer's round trip once; the CPU's side adds one GPU segment of each
+    """The GPU's work and the CPU's experts, each summed over both sub-batches timed at their
+    own loads, each CPU layer's round trip once; the CPU's side adds one GPU segment of each
     sub-batch; plus the LM head."""
     prof = h200_like()
     flags = _flags(6)
@@ -33,7 +33,7 @@ def test_the_split_step_is_the_longest_of_its_lines():
             g += lt.dense_s + lt.gpu_attn_s + (0.0 if i in flags else lt.expert_s)
             c += lt.cpu_attn_s + (lt.expert_s if i in flags else 0.0)
     c -= 6 * prof.cpu_roundtrip_s  # the second call's latency hides behind the other's work
-    assert p.lines == pytest.approx((g, c + g / 7, 0.0))
+    assert p.lines == pytest.approx((g, c + g / 7))
     head = QWEN.vocab_size * QWEN.hidden_size * rl.WEIGHT_BYTES / prof.weight_read_Bps
     assert p.step_s == pytest.approx(max(p.lines) + head)
     assert p.cpu_expert_s == pytest.approx(c)  # no CPU attention here: all of it experts
@@ -65,21 +65,19 @@ def test_splitting_pays_where_the_gpu_has_work_to_overlap():
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(rc=st.floats(5, 100), rp=st.floats(5, 100), c=st.integers(0, 10 ** 6),
-       t=st.integers(0, 10 ** 6), res=st.integers(0, 10 ** 5), b=st.integers(2, 16),
-       k=st.integers(1, 48), free=st.booleans())
-def test_the_optimum_of_a_split_step_matches_brute_force(rc, rp, c, t, res, b, k, free):
-    """The optimiser visits the crossings of the split step's own lines too: its share is as
-    good as the best of a fine grid."""
+@given(c=st.integers(0, 10 ** 6), t=st.integers(0, 10 ** 6), res=st.integers(0, 10 ** 5),
+       b=st.integers(2, 16), k=st.integers(1, 48), free=st.booleans())
+def test_a_step_with_spilled_kv_is_planned_whole(c, t, res, b, k, free):
+    """The engine splits only steps whose KV is all in HBM: with any KV spilled, the share and
+    the step planned for a pipelined engine are the one-batch plan's."""
     if c + t == 0:
         return
-    prof = h200_like(cpu_attn={"gqa-g8-d128": {"C": rc * GB, "T": 0.8 * rc * GB}},
-                     h2d_pinned_Bps=rp * GB, concurrent_h2d_Bps=0.9 * rp * GB)
+    prof = h200_like()
     flags = _flags(k)
-    plan = rl.optimal_cpu_share(prof, QWEN, b, res, c, t, flags, free=free, min_gain=0.0,
-                                pipelined=True)
-    grid = brute_force(prof, QWEN, b, res, c, t, flags, free, pipelined=True)
-    assert plan.prediction.step_s <= grid * (1 + 1e-9)
+    split = rl.optimal_cpu_share(prof, QWEN, b, res, c, t, flags, free=free, pipelined=True)
+    one = rl.optimal_cpu_share(prof, QWEN, b, res, c, t, flags, free=free)
+    assert split.cpu_share == one.cpu_share
+    assert split.prediction.step_s == one.prediction.step_s and not split.prediction.lines
 
 
 def test_plan_times_split_steps_when_asked(tmp_path, capsys, monkeypatch):

@@ -186,9 +186,9 @@ class StepPrediction:
     #: the routed experts' seconds of the layers whose experts run on the CPU (``expert_s``
     #: less the GPU layers' HBM reads), like the engine's measured ``cpu_expert_s``
     cpu_expert_s: float = 0.0
-    #: a step timed as a whole (:func:`_split_experts_step`): the pieces, linear in the CPU
-    #: share within a contention regime, whose max (plus fixed terms) is the step; the
-    #: optimiser also visits their crossings. Empty: the step is the sum of its layers.
+    #: a step timed as a whole (:func:`_split_experts_step`, whose KV is all in HBM, so no
+    #: CPU share to optimise): the pieces whose max (plus the LM head) is the step. Empty: the
+    #: step is the sum of its layers.
     lines: tuple[float, ...] = ()
 
 
@@ -445,52 +445,42 @@ def _split_experts_step(profile: "HardwareProfile", cfg: "ModelConfig", load: St
     """A decode step with routed experts on the CPU run as two interleaved sub-batches
     (``engine/graphs.pipelined_pieces``, the sequences halved, the first taking the odd one):
     while the CPU computes one sub-batch's experts of a CPU layer, the GPU runs the other's
-    layers up to that layer. Each sub-batch's layers are timed at its own load (so the dense
-    weights are read twice and each half routes to its own experts); the GPU's work ``G`` (dense,
-    attention, experts on the GPU) and the CPU's ``C`` (attention, experts) are summed over
-    both, each layer's CPU round trips (its attention's, its experts') counted once: the
-    second call's latency hides behind the other sub-batch's work, as in the split step of
-    :func:`layer_time`. With ``k`` CPU layers each sub-batch's chain is ``k + 1`` GPU segments
-    around ``k`` CPU calls; two such chains take ``G`` where the GPU is the longer side, and
-    ``C`` plus one segment of each sub-batch (``G / (k + 1)``: before the CPU's first call,
-    after its last) where the CPU is. The link's copies take ``P``; the step is the longest of
-    the three."""
+    layers up to that layer. The engine splits only steps whose KV is all in HBM (no CPU
+    attention, nothing streamed: :func:`predict_step` calls this for those alone). Each
+    sub-batch's layers are timed at its own load (so the dense weights are read twice and each
+    half routes to its own experts); the GPU's work ``G`` (dense, attention, experts on the
+    GPU) and the CPU's experts ``C`` are summed over both, each CPU layer's round trip counted
+    once: the second call's latency hides behind the other sub-batch's work. With ``k`` CPU
+    layers each sub-batch's chain is ``k + 1`` GPU segments around ``k`` CPU calls; two such
+    chains take ``G`` where the GPU is the longer side, and ``C`` plus one segment of each
+    sub-batch (``G / (k + 1)``: before the CPU's first call, after its last) where the CPU
+    is."""
     cpu_layers = cpu_expert_layers(cfg, experts_on_cpu)
     moe_layers = _facts(cfg)["moe_layers"]
     n = load.batch_size
-    halves = []
-    for b in ((n + 1) // 2, n // 2):
-        f = b / n
-        halves.append(StepLoad(b, load.resident_tokens * f, load.streamed_tokens * f,
-                               load.cpu_c_tokens * f, load.cpu_t_tokens * f))
     timed = []  # per sub-batch, per layer
-    for h in halves:
+    for b in ((n + 1) // 2, n // 2):
+        half = StepLoad(b, load.resident_tokens * b / n, 0.0, 0.0, 0.0)
         kinds: dict[tuple[bool, bool], LayerTime] = {}
         for i in range(cfg.num_layers):
             kind = (i in moe_layers, i in cpu_layers)
             if kind not in kinds:
-                kinds[kind] = layer_time(profile, cfg, i, h, cpu_layers, corr, regime)
+                kinds[kind] = layer_time(profile, cfg, i, half, cpu_layers, corr, regime)
         timed.append([kinds[(i in moe_layers, i in cpu_layers)] for i in range(cfg.num_layers)])
-    attn_fixed = (corr.cpu if corr.cpu_fixed is None else corr.cpu_fixed) * \
-        profile.attn_roundtrip_s(True)
     expert_fixed = corr.expert * profile.cpu_roundtrip_s
-    g_s = c_s = p_s = cpu_expert_s = 0.0
+    g_s = cpu_expert_s = 0.0
     for i in range(cfg.num_layers):
         a, b = timed[0][i], timed[1][i]
         on_cpu = i in cpu_layers
         g_s += sum(lt.dense_s + lt.gpu_attn_s + (0.0 if on_cpu else lt.expert_s) for lt in (a, b))
-        attn = a.cpu_attn_s + b.cpu_attn_s - (attn_fixed if a.cpu_attn_s and b.cpu_attn_s else 0.0)
-        experts = (a.expert_s + b.expert_s - expert_fixed) if on_cpu else 0.0
-        c_s += attn + experts
-        cpu_expert_s += experts
-        p_s += a.pcie_s + b.pcie_s
-    lines = (g_s, c_s + g_s / (len(cpu_layers) + 1), p_s)
+        if on_cpu:
+            cpu_expert_s += a.expert_s + b.expert_s - expert_fixed
+    lines = (g_s, cpu_expert_s + g_s / (len(cpu_layers) + 1))
     head_s = cfg.vocab_size * cfg.hidden_size * WEIGHT_BYTES / profile.weight_read_Bps
     both = [lt for half in timed for lt in half]
     return StepPrediction(
-        step_s=max(lines) + timed[0][0].pcie_s + head_s,
-        gpu_attn_s=sum(lt.gpu_attn_s for lt in both),
-        cpu_attn_s=c_s - cpu_expert_s, pcie_s=p_s,
+        step_s=max(lines) + head_s,
+        gpu_attn_s=sum(lt.gpu_attn_s for lt in both), cpu_attn_s=0.0, pcie_s=0.0,
         expert_s=cpu_expert_s + sum(lt.expert_s for half in timed
                                     for i, lt in enumerate(half) if i not in cpu_layers),
         dense_s=sum(lt.dense_s for lt in both) + head_s,
@@ -568,11 +558,9 @@ def optimal_cpu_share(profile: "HardwareProfile", cfg: "ModelConfig", batch_size
         for x in edges[1:-1]:
             candidates[x] = ends[x]
         for a, b in zip(edges, edges[1:]):  # on each piece every line is straight
-            pairs = [(_lines(la, profile.has_gpu), _lines(lb, profile.has_gpu))
-                     for la, lb in zip(_kinds(cfg, ends[a]), _kinds(cfg, ends[b]))]
-            if ends[a].lines:  # a step timed as a whole: its own lines cross too
-                pairs.append((ends[a].lines, ends[b].lines))
-            for fa, fb in pairs:
+            for la, lb in zip(_kinds(cfg, ends[a]), _kinds(cfg, ends[b])):
+                fa = _lines(la, profile.has_gpu)
+                fb = _lines(lb, profile.has_gpu)
                 for i in range(len(fa)):
                     for j in range(i + 1, len(fa)):
                         d0, d1 = fa[i] - fa[j], fb[i] - fb[j]
