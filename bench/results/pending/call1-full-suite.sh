@@ -1,8 +1,8 @@
 #!/bin/bash
 # The whole GPU suite on one tree: the call to make before an issue touching GPU code is
-# resolved. Last run in the fifty-eighth session on f332350 (H100): 232 passed, 5 skipped (the
-# server test modules, which the device cannot import), 349 s; the FP8 interpreter test 107 s
-# (bench/results/2026-12-05i-h100/call1). Carry .whl: llguidance 1.9.1 -- 1.6.1 failed the grammar
+# resolved. Last run in the sixtieth session on 96d5276 (H100): 244 passed, 5 skipped (the
+# server test modules, which the device cannot import), 195 s; the FP8 interpreter test 67 s
+# (bench/results/2026-12-05k-h100/call1). Carry .whl: llguidance 1.9.1 -- 1.6.1 failed the grammar
 # test -- and jsonschema with its dependencies; accelerate is in the image. Works on an H100 or
 # an H200 machine.
 # .whl is not in git (.git/info/exclude); on a fresh dev machine rebuild it first:
