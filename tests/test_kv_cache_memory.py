@@ -194,15 +194,27 @@ def test_best_split_for_the_reference_model():
     assert short["step_s"] < long["step_s"]
 
 
-def test_kv_cache_memory_auto_takes_the_planners_split(tiny_qwen3_moe, tmp_path):
+@pytest.mark.parametrize("mode", ["0", "1", None])
+def test_kv_cache_memory_auto_takes_the_planners_split(tiny_qwen3_moe, tmp_path, monkeypatch,
+                                                       mode):
+    """The split the planner predicts fastest with decode steps in the form the runner gives
+    them (``WRITESCOPE_PIPELINE_EXPERTS``: one batch, two sub-batches, or by default the faster
+    of the two)."""
     from writescope.planner.expert_split import best_split, split_options
     from writescope.planner.profile import HardwareProfile
+    from writescope.planner.roofline import expert_form
     from test_planner import GB, simple_profile
+    if mode is None:
+        monkeypatch.delenv("WRITESCOPE_PIPELINE_EXPERTS", raising=False)
+    else:
+        monkeypatch.setenv("WRITESCOPE_PIPELINE_EXPERTS", mode)
     prof = tmp_path / "profile.json"
     simple_profile(rc=5 * GB, rp=10 * GB, rt=0.0).save(prof)
     cfg, per_layer, one_seq, budget = _setup(tiny_qwen3_moe)
+    form = {"0": False, "1": "on", None: "auto"}[mode]
+    assert expert_form({"0": "off", "1": "on", None: "auto"}[mode]) == form
     want = best_split(HardwareProfile.load(prof), cfg, [MAX_LEN] * 4, budget,
-                      min_kv_bytes=one_seq, dtype=torch.float32, device="cpu")
+                      min_kv_bytes=one_seq, dtype=torch.float32, device="cpu", pipelined=form)
     assert want is not None
     # the tiny model's layers are KiB: the options are 1 MiB for one CPU layer, or all three
     assert split_options(cfg, budget, one_seq, torch.float32, "cpu") == {3: None, 1: 2**20}

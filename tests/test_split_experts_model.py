@@ -64,26 +64,79 @@ def test_splitting_pays_where_the_gpu_has_work_to_overlap():
     assert split.cpu_expert_s > one.cpu_expert_s
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(b=st.integers(1, 16), ctx=st.integers(1, 1 << 17), k=st.integers(0, 48))
+def test_auto_times_each_resident_step_in_its_faster_form(b, ctx, k):
+    """``pipelined="auto"`` (``WRITESCOPE_PIPELINE_EXPERTS``'s default: the runner measures both
+    forms and keeps the faster) predicts a step with all KV in HBM as the faster of one batch and
+    two sub-batches; ``"on"`` as two sub-batches wherever the engine splits, like ``True``."""
+    prof = h200_like()
+    flags = _flags(k)
+    load = rl.StepLoad(b, b * ctx, 0.0, 0.0, 0.0)
+    one = rl.predict_step(prof, QWEN, load, flags)
+    split = rl.predict_step(prof, QWEN, load, flags, pipelined=True)
+    auto = rl.predict_step(prof, QWEN, load, flags, pipelined="auto")
+    assert auto.step_s == min(one.step_s, split.step_s)
+    assert auto.lines == (split.lines if split.step_s < one.step_s else ())
+    assert rl.predict_step(prof, QWEN, load, flags, pipelined="on") == split
+    if b < 2 or k == 0:  # nothing to split: one batch in every form
+        assert split == one == auto
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(c=st.integers(0, 10 ** 6), t=st.integers(0, 10 ** 6), res=st.integers(0, 10 ** 5),
-       b=st.integers(2, 16), k=st.integers(1, 48), free=st.booleans())
-def test_a_step_with_spilled_kv_is_planned_whole(c, t, res, b, k, free):
+       b=st.integers(2, 16), k=st.integers(1, 48), free=st.booleans(),
+       form=st.sampled_from([True, "on", "auto"]))
+def test_a_step_with_spilled_kv_is_planned_whole(c, t, res, b, k, free, form):
     """The engine splits only steps whose KV is all in HBM: with any KV spilled, the share and
     the step planned for a pipelined engine are the one-batch plan's."""
     if c + t == 0:
         return
     prof = h200_like()
     flags = _flags(k)
-    split = rl.optimal_cpu_share(prof, QWEN, b, res, c, t, flags, free=free, pipelined=True)
+    split = rl.optimal_cpu_share(prof, QWEN, b, res, c, t, flags, free=free, pipelined=form)
     one = rl.optimal_cpu_share(prof, QWEN, b, res, c, t, flags, free=free)
     assert split.cpu_share == one.cpu_share
     assert split.prediction.step_s == one.prediction.step_s and not split.prediction.lines
 
 
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(c=st.integers(1, 10 ** 6), res=st.integers(0, 10 ** 5), b=st.integers(2, 16),
+       form=st.sampled_from(["on", "auto"]))
+def test_expert_forms_leave_cpu_attention_whole(c, res, b, form):
+    """``"on"`` and ``"auto"`` describe the expert split alone: with every expert on the GPU a
+    step whose CPU attends spilled KV is planned whole (the attention's split is
+    ``WRITESCOPE_PIPELINE``'s, ``pipelined=True``)."""
+    prof = h200_like()
+    got = rl.optimal_cpu_share(prof, QWEN, b, res, 0, c, False, free=True, pipelined=form)
+    one = rl.optimal_cpu_share(prof, QWEN, b, res, 0, c, False, free=True)
+    assert got.cpu_share == one.cpu_share and got.prediction.step_s == one.prediction.step_s
+    assert not any(lt.pipelined for lt in got.prediction.layers)
+
+
+def test_expert_form_of_each_mode():
+    assert [rl.expert_form(m) for m in ("on", "all", "auto", "off")] == ["on", "on", "auto", False]
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(b=st.integers(2, 8), ctx=st.sampled_from([4096, 8192, 16384, 32768, 65536]))
+def test_the_auto_split_of_experts_is_no_slower_than_either_form(b, ctx):
+    """``kv_cache_memory="auto"`` under ``WRITESCOPE_PIPELINE_EXPERTS=auto``: the split of the
+    routed experts against KV is chosen with each step in its faster form, so its predicted step
+    is at most the best of planning every step whole or every step split."""
+    from writescope.planner.expert_split import best_split
+    prof = h200_like()
+    budget = 32 << 30
+    kw = dict(min_kv_bytes=int(rl.kv_bytes_per_token_layer(QWEN) * QWEN.num_layers * ctx))
+    got = {f: best_split(prof, QWEN, [ctx] * b, budget, pipelined=f, **kw)
+           for f in (False, "on", "auto")}
+    assert got["auto"]["step_s"] <= min(got[False]["step_s"], got["on"]["step_s"]) * (1 + 1e-12)
+
+
 def test_plan_times_split_steps_when_asked(tmp_path, capsys, monkeypatch):
     """``writescope plan --pipeline-experts on`` (by default WRITESCOPE_PIPELINE_EXPERTS's
-    setting) plans every policy's steps and the splits of experts against KV with the split
-    model; it says so in its header and JSON."""
+    setting, ``auto``: each step in its faster form) plans every policy's steps and the splits
+    of experts against KV with the split model; it says so in its header and JSON."""
     import json
 
     from writescope import cli
@@ -93,7 +146,8 @@ def test_plan_times_split_steps_when_asked(tmp_path, capsys, monkeypatch):
     base = ["plan", "--model", "qwen3-30b-a3b", "--profile", str(prof), "--batch", "4",
             "--context-lengths", "8k,64k", "--experts", "auto"]
     monkeypatch.delenv("WRITESCOPE_PIPELINE_EXPERTS", raising=False)
-    for name, extra in (("one", []), ("split", ["--pipeline-experts", "on"])):
+    for name, extra in (("one", ["--pipeline-experts", "off"]),
+                        ("split", ["--pipeline-experts", "on"]), ("default", [])):
         assert cli.main(base + extra + ["--json", str(tmp_path / f"{name}.json")]) == 0
         out[name] = (capsys.readouterr().out, json.loads((tmp_path / f"{name}.json").read_text()))
     monkeypatch.setenv("WRITESCOPE_PIPELINE_EXPERTS", "1")
@@ -101,8 +155,15 @@ def test_plan_times_split_steps_when_asked(tmp_path, capsys, monkeypatch):
     capsys.readouterr()
     env = json.loads((tmp_path / "env.json").read_text())
     assert "two sub-batches" in out["split"][0] and "two sub-batches" not in out["one"][0]
-    assert out["split"][1]["meta"]["pipeline_experts"] and env["meta"]["pipeline_experts"]
-    assert not out["one"][1]["meta"]["pipeline_experts"]
+    assert "the faster of one batch and two sub-batches" in out["default"][0]
+    assert out["split"][1]["meta"]["pipeline_experts"] == env["meta"]["pipeline_experts"] == "on"
+    assert out["one"][1]["meta"]["pipeline_experts"] == "off"
+    assert out["default"][1]["meta"]["pipeline_experts"] == "auto"
+    # the default's step at each length is the faster of the two forms' (the same split here)
+    for a, o, sp in zip(out["default"][1]["writescope"], out["one"][1]["writescope"],
+                        out["split"][1]["writescope"]):
+        assert a["predicted_step_s"] == pytest.approx(min(o["predicted_step_s"],
+                                                          sp["predicted_step_s"]), rel=1e-9)
     # the same placement, each step timed in its own form
     assert out["split"][1]["meta"]["experts"] == out["one"][1]["meta"]["experts"]
     flags = frozenset(cpu_layer_order(QWEN.moe_layers)[:int(

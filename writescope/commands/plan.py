@@ -29,6 +29,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..planner.roofline import Pipelined
 
 POLICIES = ("transfer", "cpu", "static", "writescope")
 DEFAULT_LENGTHS = "1k,2k,4k,8k,16k,32k,64k,128k"
@@ -67,11 +71,11 @@ def register(subparsers) -> None:
                    help="the static policy's CPU share: a number in [0, 1], or 'longest' for "
                         "writescope's target at the longest context given, as `writescope "
                         "bench` chooses it (default: the CPU/PCIe bandwidth ratio)")
-    p.add_argument("--pipeline-experts", choices=("on", "off"), default=None,
-                   help="time decode steps with routed experts on the CPU as two interleaved "
-                        "sub-batches, as the engine runs them with WRITESCOPE_PIPELINE_EXPERTS=1 "
-                        "(default: on only when that variable is 1; with auto, its default, the "
-                        "engine measures both forms)")
+    p.add_argument("--pipeline-experts", choices=("on", "off", "auto"), default=None,
+                   help="the form of decode steps with routed experts on the CPU and all KV in "
+                        "HBM, as WRITESCOPE_PIPELINE_EXPERTS gives it: on, two interleaved "
+                        "sub-batches; off, one batch; auto, the faster of the two (the engine "
+                        "measures both). Default: as that variable says (auto unless set)")
     p.add_argument("--json", metavar="F", help="write the predictions as JSON")
     p.add_argument("--plot", metavar="F.png", help="plot share and step time against length")
     p.set_defaults(func=run)
@@ -92,7 +96,7 @@ def _static_share(text: str) -> float | str:
 def make_plan(cfg, profile, batch: int, lengths: list[int], experts_on_cpu,
               vram_budget: int | None, static_share: float | str | None = None,
               kv_cache_memory: int | None = None, reserve_bytes: int | None = None,
-              pipelined: bool = False) -> dict:
+              pipelined: "Pipelined" = False) -> dict:
     """The plan as the JSON document ``writescope plan --json`` writes. ``static_share``
     ``"longest"``: writescope's target share for ``batch`` sequences of the longest length, the
     share ``writescope bench`` fixes for its ``static`` rows (``static_share_from`` in the
@@ -100,7 +104,8 @@ def make_plan(cfg, profile, batch: int, lengths: list[int], experts_on_cpu,
     or a flag per layer (``--experts auto``: the engine's choice for the budget).
     ``kv_cache_memory``: the G region holds at most that many bytes of KV; ``reserve_bytes``:
     the device bytes kept beside the weights and the KV (None: the roofline's 1 GiB);
-    ``pipelined``: decode steps with CPU experts split into two sub-batches."""
+    ``pipelined``: the form of decode steps with CPU experts (``roofline.Pipelined``: ``"on"``,
+    two sub-batches where the engine splits them; ``"auto"``, the faster form there)."""
     from ..planner import roofline as rl
     if batch < 1:
         raise ValueError(f"--batch must be >= 1, got {batch}")
@@ -149,15 +154,16 @@ def make_plan(cfg, profile, batch: int, lengths: list[int], experts_on_cpu,
         "kv_bytes_per_token": kvb, "static_share": static_share, "static_share_from": static_from,
         "profile_machine": profile.machine, "profile_created": profile.created,
         "cpu_attn_family": rl.attn_family(cfg),
-        "pipeline_experts": bool(pipelined and batch >= 2 and
-                                 rl.cpu_expert_layers(cfg, experts_on_cpu)),
+        "pipeline_experts": ((pipelined if isinstance(pipelined, str) else "on")
+                             if pipelined and batch >= 2 and
+                             rl.cpu_expert_layers(cfg, experts_on_cpu) else "off"),
     }
     return doc
 
 
 def expert_splits(cfg, profile, batch: int, lengths: list[int], vram_budget: int,
                   experts_on_cpu, kv_cache_memory: int | None = None,
-                  margin=lambda n: None, pipelined: bool = False) -> list[dict]:
+                  margin=lambda n: None, pipelined: "Pipelined" = False) -> list[dict]:
     """Routed experts against KV in HBM (:mod:`writescope.planner.expert_split`), per length:
     writescope's predicted step with ``experts_on_cpu`` (the split planned, its G region capped
     by ``kv_cache_memory``) and with the fastest split the engine can be given for a
@@ -309,11 +315,9 @@ def run(args: argparse.Namespace) -> int:
               "faster than the kernel measured on 16-core hosts; run `writescope calibrate` "
               "for this machine's", file=sys.stderr)
     lengths = [parse_count(x) for x in args.context_lengths.split(",") if x.strip()]
-    if args.pipeline_experts is None:  # as the engine would run: WRITESCOPE_PIPELINE_EXPERTS
-        from ..kvcache.subbatches import expert_pipeline_mode
-        pipelined = expert_pipeline_mode() == "on"
-    else:
-        pipelined = args.pipeline_experts == "on"
+    from ..kvcache.subbatches import expert_pipeline_mode
+    # as the engine would run it: WRITESCOPE_PIPELINE_EXPERTS, unless given
+    pipelined = rl.expert_form(args.pipeline_experts or expert_pipeline_mode())
     budget = parse_bytes(args.vram_budget) if args.vram_budget not in (None, "", "none") else None
     auto_kv = is_auto(args.kv_cache_memory)
     kv_memory = parse_bytes(args.kv_cache_memory) if args.kv_cache_memory and not auto_kv else None
@@ -386,7 +390,9 @@ def run(args: argparse.Namespace) -> int:
           + (f"reserve {format_bytes(m['reserve_bytes'])} (activations estimated for "
              f"{args.max_num_batched_tokens} batched tokens) | " if m["reserve_bytes"] else "")
           + f"static share {m['static_share']:.2f} ({m['static_share_from']})"
-          + (" | steps with CPU experts in two sub-batches" if m["pipeline_experts"] else ""))
+          + {"on": " | steps with CPU experts in two sub-batches",
+             "auto": " | steps with CPU experts in the faster of one batch and two sub-batches"}
+          .get(m["pipeline_experts"], ""))
     print(format_table(doc))
     if args.experts == "auto" and budget is not None and cfg.moe_layers:
         doc["expert_splits"] = expert_splits(cfg, profile, args.batch, lengths, budget,

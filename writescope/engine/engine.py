@@ -381,13 +381,15 @@ class LLMEngine:
         """kv_cache_memory="auto": the split the roofline predicts fastest for ``max_num_seqs``
         sequences of ``max_model_len`` tokens, keeping at least one such sequence's KV
         (``planner.expert_split.best_split``; ``kw``: its margin and fewest CPU layers), with
-        decode steps in the form the runner gives them (``WRITESCOPE_PIPELINE_EXPERTS=1``: two
-        sub-batches)."""
+        decode steps in the form the runner gives them (``WRITESCOPE_PIPELINE_EXPERTS``: with
+        ``1`` the steps with CPU experts and all KV in HBM as two sub-batches, with ``auto``,
+        the default, in the faster form, ``roofline.expert_form``)."""
         from ..kvcache.subbatches import expert_pipeline_mode
         from ..planner.expert_split import best_split
+        from ..planner.roofline import expert_form
         return best_split(profile, self.config, [self.max_model_len] * max_num_seqs, vram,
                           min_kv_bytes=spec.token_bytes() * self.max_model_len, dtype=self.dtype,
-                          device=self.device, pipelined=expert_pipeline_mode() == "on", **kw)
+                          device=self.device, pipelined=expert_form(expert_pipeline_mode()), **kw)
 
     def _fit_experts_around_kv(self, vram: int, weights: int, act: int, buffers: int,
                                kv_need: int, spec, max_num_seqs: int, max_tokens: int,

@@ -81,13 +81,14 @@ def split_options(cfg: "ModelConfig", vram_budget: int, min_kv_bytes: int = 0,
 
 def split_step(profile: "HardwareProfile", cfg: "ModelConfig", lengths: list[int],
                vram_budget: int, n_cpu: int, kv_cache_memory: int | None = None,
-               reserve_bytes: int | None = None, pipelined: bool = False) -> float | None:
+               reserve_bytes: int | None = None, pipelined: rl.Pipelined = False) -> float | None:
     """writescope's predicted step for ``lengths`` with ``n_cpu`` MoE layers' experts (those
     ``auto`` places first, ``expert_placement.cpu_layer_order``)
     on the CPU and the G region capped at ``kv_cache_memory`` (None: what the weights and
     ``reserve_bytes`` leave -- by default the roofline's 1 GiB reserve); None where the weights
-    alone exceed the budget or no KV fits beside them. ``pipelined``: decode steps with CPU
-    experts run as two sub-batches (``WRITESCOPE_PIPELINE_EXPERTS=1``)."""
+    alone exceed the budget or no KV fits beside them. ``pipelined``: the form of the decode
+    steps (``roofline.Pipelined``: ``"on"``, steps with CPU experts and all KV in HBM as two
+    sub-batches, ``WRITESCOPE_PIPELINE_EXPERTS=1``; ``"auto"``, those in the faster form)."""
     flags = frozenset(cpu_layer_order(cfg.moe_layers)[:n_cpu])
     g = rl.gpu_kv_capacity_tokens(cfg, vram_budget, flags) if reserve_bytes is None else \
         rl.gpu_kv_capacity_tokens(cfg, vram_budget, flags, reserve_bytes)
@@ -102,7 +103,7 @@ def split_step(profile: "HardwareProfile", cfg: "ModelConfig", lengths: list[int
 def best_split(profile: "HardwareProfile", cfg: "ModelConfig", lengths: list[int],
                vram_budget: int, min_kv_bytes: int = 0, dtype: torch.dtype = torch.bfloat16,
                device=None, margin_bytes: Margin = None, min_cpu_layers: int = 0,
-               pipelined: bool = False) -> dict | None:
+               pipelined: rl.Pipelined = False) -> dict | None:
     """The split of the fastest predicted step for a batch of ``lengths``, as the engine would
     run it: ``{"cpu_layers", "kv_cache_memory" (None: experts="cpu"), "step_s"}``, the fewest
     CPU layers among equal predictions; None where no split fits. ``margin_bytes``: the budget

@@ -122,6 +122,25 @@ PLACEMENT_MIN_GAIN = 0.03
 PIPE_GPU_FACTOR = 1.5
 
 
+#: The form of a decode step (``pipelined`` below). ``False``: one batch. ``True``: two
+#: interleaved sub-batches, whatever the step (the form the runner gave a step; with
+#: ``WRITESCOPE_PIPELINE=1`` those with CPU attention). ``"on"``: what
+#: ``WRITESCOPE_PIPELINE_EXPERTS=1`` splits -- steps of two or more sequences with routed
+#: experts on the CPU and all KV in HBM -- and every other step whole. ``"auto"`` (that
+#: variable's default): those steps in the faster of the two forms, as the runner measures
+#: them (``engine/stepform.py``).
+Pipelined = Union[bool, str]
+EXPERT_FORMS = ("on", "auto")
+
+
+def expert_form(mode: str) -> Pipelined:
+    """The :data:`Pipelined` form that ``WRITESCOPE_PIPELINE_EXPERTS``'s ``mode``
+    (``kvcache.subbatches.expert_pipeline_mode``) gives the planner: ``all`` also splits steps
+    with spilled KV, which the model times whole anyway (their CPU attention and experts share
+    the cores)."""
+    return {"on": "on", "all": "on", "auto": "auto"}.get(mode, False)
+
+
 # ----------------------------------------------------------------------------- inputs
 @dataclass(frozen=True)
 class StepLoad:
@@ -167,7 +186,7 @@ class LayerTime:
     pcie_s: float
     compute_s: float
     total_s: float       # max(compute, pcie)
-    pipelined: bool = False  # two sub-batches: CPU attention overlaps the other's GPU work
+    pipelined: Pipelined = False  # two sub-batches: CPU attention overlaps the other's GPU work
     #: the link time from which the CPU experts read at the capped rate throughout (their term
     #: is linear in the link time below it and constant above: a kink the optimiser visits)
     expert_knee_s: float = math.inf
@@ -325,7 +344,7 @@ def launch_cost_s(profile: "HardwareProfile", load: StepLoad, experts_on_cpu: bo
 
 def layer_time(profile: "HardwareProfile", cfg: "ModelConfig", layer: int, load: StepLoad,
                experts_on_cpu: ExpertsOnCpu, corr: Corrections = Corrections(),
-               regime: tuple[bool, bool] | None = None, pipelined: bool = False) -> LayerTime:
+               regime: tuple[bool, bool] | None = None, pipelined: Pipelined = False) -> LayerTime:
     """One layer's times. ``regime`` = (cpu attends, pcie streams) overrides the contention
     regime (the optimiser uses it for the open interval between the ends). ``pipelined``: the
     engine runs decode steps with CPU attention as two interleaved sub-batches (with at least
@@ -408,12 +427,19 @@ def layer_time(profile: "HardwareProfile", cfg: "ModelConfig", layer: int, load:
 
 def predict_step(profile: "HardwareProfile", cfg: "ModelConfig", load: StepLoad,
                  experts_on_cpu: ExpertsOnCpu, corr: Corrections = Corrections(),
-                 regime: tuple[bool, bool] | None = None, pipelined: bool = False
+                 regime: tuple[bool, bool] | None = None, pipelined: Pipelined = False
                  ) -> StepPrediction:
-    """Predicted time of one decode step with ``load`` (see the module docstring)."""
+    """Predicted time of one decode step with ``load`` (see the module docstring).
+    ``pipelined``: the form the engine gives the step (:data:`Pipelined`)."""
     if pipelined and load.batch_size >= 2 and cpu_expert_layers(cfg, experts_on_cpu) and \
             graphed(profile, load, True):
-        return _split_experts_step(profile, cfg, load, experts_on_cpu, corr, regime)
+        split = _split_experts_step(profile, cfg, load, experts_on_cpu, corr, regime)
+        if pipelined != "auto":
+            return split
+        whole = predict_step(profile, cfg, load, experts_on_cpu, corr, regime, False)
+        return split if split.step_s < whole.step_s else whole
+    if pipelined in EXPERT_FORMS:  # they split only the steps above
+        pipelined = False
     # layers of one kind (dense MLP, MoE with its experts on the GPU, MoE with them on the CPU)
     # take the same time: compute each kind once
     kinds: dict[tuple[bool, bool], LayerTime] = {}
@@ -514,7 +540,7 @@ def optimal_cpu_share(profile: "HardwareProfile", cfg: "ModelConfig", batch_size
                       resident: float, c_tokens: float, t_tokens: float,
                       experts_on_cpu: ExpertsOnCpu,
                       corr: Corrections = Corrections(), free: bool = False,
-                      min_gain: float = MIN_GAIN, pipelined: bool = False) -> SharePlan:
+                      min_gain: float = MIN_GAIN, pipelined: Pipelined = False) -> SharePlan:
     """The CPU share of spilled tokens that minimises predicted step time.
 
     ``c_tokens`` must go to the CPU (their layout is the CPU's); ``t_tokens`` may go either way
@@ -599,7 +625,7 @@ def _kinds(cfg: "ModelConfig", pred: StepPrediction) -> list[LayerTime]:
 
 def target_share(profile: "HardwareProfile", cfg: "ModelConfig", batch_size: int,
                  resident: float, spilled: float, experts_on_cpu: ExpertsOnCpu,
-                 corr: Corrections = Corrections(), pipelined: bool = False,
+                 corr: Corrections = Corrections(), pipelined: Pipelined = False,
                  min_gain: float = PLACEMENT_MIN_GAIN) -> SharePlan:
     """The share the write scope aims at: the best split if every CPU token sat in C (the
     CPU's layout) and every GPU token in T, i.e. with no placement constraint. Blocks placed
@@ -762,7 +788,7 @@ def roofline_bound_s(profile: "HardwareProfile", cfg: "ModelConfig", lengths: Se
 def plan_for_lengths(profile: "HardwareProfile", cfg: "ModelConfig", lengths: Sequence[int],
                      gpu_kv_tokens: float, experts_on_cpu: ExpertsOnCpu, policy: str,
                      static_share: float = 0.5, corr: Corrections = Corrections(),
-                     pipelined: bool = False) -> SharePlan:
+                     pipelined: Pipelined = False) -> SharePlan:
     """Predicted share and step for one batch under a policy, in the steady state where the
     placement has reached its target (``writescope`` puts its share in C; ``transfer`` all in T;
     ``cpu`` all in C; ``static`` a fixed share in C). ``pipelined``: the engine splits decode
