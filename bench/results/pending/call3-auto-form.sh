@@ -9,7 +9,10 @@
 # 3. DeepSeek-V2-Lite bf16 4 x 16K kv auto, one batch against split (plan with call 2's profile:
 #    17.6 against 15.3 ms, 4 of 26 layers' experts on the CPU).
 # 4. The plan's lines for those rows with this call's calibration.
-# Carry .whl as in call1-full-suite.sh. CALL_S=420.
+# 5. A sweep of the FP8 down kernel's launch settings at Qwen3's 2 and 4 tokens (the split
+#    step's sub-batches and the whole batch): in call 2 of the fifty-ninth session the FP8 down
+#    kernel read half gate/up's bytes in 0.9x its time (1.75 against 1.94 ms a step at 4 x 8K).
+# Carry .whl as in call1-full-suite.sh. CALL_S=450.
 source bench/results/run-helper.sh
 call_begin ${CALL_S:-420}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $R/gpu.txt
@@ -17,6 +20,9 @@ run gpu-tests 150 env WRITESCOPE_PROFILE=$PWD/bench/profiles/h200.json python -m
   -p no:cacheprovider --tb=short -rf -o faulthandler_timeout=60 tests/test_expert_move.py \
   tests/test_kv_cache_memory.py tests/test_pipelined_experts.py tests/test_split_experts_model.py
 grep -E "passed|failed|^FAILED" $R/gpu-tests.log | tail -4
+run down-sweep 120 python -m writescope.bench.gpu_experts --models qwen3-30b-a3b --tokens 2,4 \
+  --weights fp8 --sweep --sweep-kernel down --no-torch --json $R/down-sweep.json
+grep -E "default|best" $R/down-sweep.log | tail -6
 calibrate_profile 45
 Q='quantization_config={"quant_method":"fp8","fmt":"e4m3","activation_scheme":"dynamic","weight_block_size":[128,128]}'
 bench_row() {  # NAME CAP MODEL CONTEXT [bench args...]
