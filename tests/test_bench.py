@@ -777,6 +777,9 @@ def test_cpu_expert_rows_carry_the_bytes_their_experts_read(tiny_qwen3_moe, tmp_
     assert "CPU experts ms" in table and "CPU read GB/s" in table
     read = "-".join(f"{v:.0f}" if v >= 10 else f"{v:.1f}" for v in (before, after))
     assert f"| {row['cpu_expert_s_mean'] * 1e3:.4g} | {read} |" in table
+    # and how many of the timed steps ran as two sub-batches
+    assert 0 <= row["pipelined_steps"] <= len(row["step_times_s"]) == 3
+    assert f" | {row['pipelined_steps']} of 3 |  |" in table
     # and which threads burnt CPU during the decode steps: the launching thread among them
     th = row["threads_decode"]
     assert th["threads"] >= 1 and 0 < th["wall_s"] <= sum(row["step_times_s"]) * 1.5 + 1

@@ -288,8 +288,8 @@ def markdown(doc: dict[str, Any]) -> str:
     lines += ["## Rows", "",
               "| model | batch | context | policy | tok/s | mean ms | p50 ms | p99 ms | TTFT s | "
               "peak VRAM | pinned used | host used | moved | CPU share | model ms | "
-              "bound ms | CPU experts ms | CPU read GB/s | host-bound | error |",
-              "|" + "---|" * 20]
+              "bound ms | CPU experts ms | CPU read GB/s | host-bound | split steps | error |",
+              "|" + "---|" * 21]
     rounds = _several_rounds(doc.get("rows", []))
     for r in doc.get("rows", []):
         moved = r.get("bytes_moved")
@@ -304,7 +304,7 @@ def markdown(doc: dict[str, Any]) -> str:
             f"{_num(r.get('cpu_share_mean'), '{:.2f}')} | {_ms(r.get('model_step_s'))} | "
             f"{_ms(r.get('roofline_bound_s'))} | {_ms(r.get('cpu_expert_s_mean'))} | "
             f"{_read(r.get('cpu_read_gbps'))} | "
-            f"{_num(r.get('host_bound_fraction'), '{:.2f}')} | "
+            f"{_num(r.get('host_bound_fraction'), '{:.2f}')} | {_split_steps(r)} | "
             f"{(r.get('error') or '').replace('|', '/')} |")
     lines.append("")
     lines += planner_table(doc.get("rows", []))
@@ -321,6 +321,16 @@ def markdown(doc: dict[str, Any]) -> str:
                          f"{d['peer_top2_margin_nats']:.4f})")
         lines.append("")
     return "\n".join(lines)
+
+
+def _split_steps(r: dict[str, Any]) -> str:
+    """The timed decode steps that ran as two interleaved sub-batches, of all of them
+    (``engine/graphs.pipelined_pieces``: CPU experts or attention overlapping the other
+    sub-batch's GPU work); empty for a row without timed steps."""
+    steps = r.get("step_times_s") or []
+    if not steps or r.get("pipelined_steps") is None:
+        return ""
+    return f"{int(r['pipelined_steps'])} of {len(steps)}"
 
 
 def _several_rounds(rows: list[dict[str, Any]]) -> bool:
