@@ -161,6 +161,37 @@ def test_auto_with_the_hermes_parser(client):
                             "tool_calls": [], "reasoning_content": None} and r["finish_reason"] == "stop"
 
 
+OTHER_FORMATS = {
+    "qwen3_coder": ("Let me look.<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n"
+                    "</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>",
+                    "Let me look."),
+    "mistral": ('Let me look.[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Rome", '
+                '"days": 2}}]', "Let me look."),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OTHER_FORMATS))
+def test_auto_with_the_other_parsers(engine, name):
+    """``--tool-call-parser qwen3_coder`` and ``mistral``: the same call read out of each
+    format (forced by a regex), whole and streamed; the parameters' texts typed by the
+    tool's schema (qwen3_coder)."""
+    import re
+    text, content = OTHER_FORMATS[name]
+    with _client(engine, name) as c:
+        body = dict(tools=TOOLS, guided_regex=re.escape(text))
+        r = _chat(c, **body)["choices"][0]
+        assert r["finish_reason"] == "tool_calls" and r["message"]["content"] == content
+        (call,) = r["message"]["tool_calls"]
+        assert call["function"]["name"] == "get_weather"
+        assert json.loads(call["function"]["arguments"]) == {"city": "Rome", "days": 2}
+        deltas = [ch["choices"][0]["delta"] for ch in _stream(c, **body)]
+        assert "".join(d.get("content") or "" for d in deltas) == content
+        streamed = [t for d in deltas for t in d.get("tool_calls", [])]
+        assert streamed[0]["function"]["name"] == "get_weather"
+        assert "".join(t["function"]["arguments"] for t in streamed) == \
+            call["function"]["arguments"]
+
+
 def test_auto_without_a_parser_and_bad_tool_requests_are_400(engine):
     with _client(engine) as c:
         for body, needle in (
@@ -270,4 +301,5 @@ def test_required_calls_stream_as_the_text_grows():
 
 def test_serve_knows_the_parsers_the_server_has():
     from writescope.commands.serve import TOOL_PARSERS
-    assert TOOL_PARSERS == tools.PARSERS
+    from writescope.server import tool_parsers
+    assert TOOL_PARSERS == tuple(tool_parsers.PARSERS)

@@ -13,8 +13,8 @@ import signal
 import socket
 import sys
 
-#: server/tools.py's PARSERS (not imported here: the CLI starts without pydantic)
-TOOL_PARSERS = ("hermes",)
+#: server/tool_parsers.py's PARSERS (not imported here: the CLI starts without pydantic)
+TOOL_PARSERS = ("hermes", "mistral", "qwen3_coder")
 #: server/reasoning.py's PARSERS
 REASONING_PARSERS = ("deepseek_r1", "qwen3")
 
@@ -45,8 +45,11 @@ def register(subparsers) -> None:
     g.add_argument("--no-access-log", action="store_true", help="do not log every HTTP request")
     g.add_argument("--tool-call-parser", choices=list(TOOL_PARSERS), default=None,
                    help="read tool calls out of the model's text for tool_choice 'auto' "
-                        "(hermes: <tool_call>{...}</tool_call> blocks, Hermes / Qwen2.5 / Qwen3); "
-                        "without it only 'none', 'required' and named functions are served")
+                        "(hermes: <tool_call>{...}</tool_call> blocks, Hermes / Qwen2.5 / Qwen3; "
+                        "qwen3_coder: <tool_call><function=...><parameter=...> blocks, "
+                        "Qwen3-Coder; mistral: [TOOL_CALLS] [{...}], Mistral / Mixtral instruct "
+                        "models with tool use); without it only 'none', 'required' and named "
+                        "functions are served")
     g.add_argument("--enable-auto-tool-choice", action="store_true",
                    help="vLLM's flag, accepted for compatibility: --tool-call-parser enables it")
     g.add_argument("--reasoning-parser", choices=list(REASONING_PARSERS), default=None,

@@ -47,7 +47,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..core import InvalidRequestError, SamplingParams
 from . import protocol as P
-from . import conversation, reasoning, tokenize, tools
+from . import conversation, reasoning, tokenize, tool_parsers, tools
 from .chat_output import ChatOutput
 from .engine_loop import EngineFailure, EngineLoop
 from .metrics import CONTENT_TYPE, ServerMetrics
@@ -244,11 +244,9 @@ class OpenAIServer:
                  max_body_bytes: int = MAX_BODY_BYTES, engine_thread: Any = None,
                  tool_call_parser: str | None = None, reasoning_parser: str | None = None
                  ) -> None:
-        if tool_call_parser is not None and tool_call_parser not in tools.PARSERS:
-            raise ValueError(f"unknown tool-call parser {tool_call_parser!r}: "
-                             f"known: {', '.join(tools.PARSERS)}")
-        #: reads tool calls out of the model's text for tool_choice 'auto' (server/tools.py)
-        self.tool_call_parser = tool_call_parser
+        #: reads tool calls out of the model's text for tool_choice 'auto'
+        #: (server/tool_parsers.py)
+        self.tool_call_parser = tool_parsers.get(tool_call_parser)
         #: splits a thinking model's reasoning from its answer (server/reasoning.py)
         self.reasoning_parser = reasoning.get(reasoning_parser)
         self.engine = engine
@@ -584,10 +582,12 @@ class OpenAIServer:
         parser, whether the prompt opened the model's thinking or closed it (the template's
         last characters)."""
         parser = self.reasoning_parser
+        tool_parser = self.tool_call_parser if mode == "auto" else None
         if parser is None:
-            return ChatOutput(req, mode)
+            return ChatOutput(req, mode, tool_parser=tool_parser)
         return ChatOutput(req, mode, parser,
-                          self.tokenizer.decode(ids[-16:], skip_special_tokens=False))
+                          self.tokenizer.decode(ids[-16:], skip_special_tokens=False),
+                          tool_parser=tool_parser)
 
     def _tool_mode(self, req: P.ChatCompletionRequest) -> str | None:
         """How the chat's output relates to tools (server/tools.py): ``"forced"`` (a named
@@ -599,8 +599,9 @@ class OpenAIServer:
                 raise P.APIError(
                     "tool_choice 'auto' (the default when tools are given) needs a tool-call "
                     "parser: start the server with --tool-call-parser "
-                    f"{'|'.join(tools.PARSERS)}, or ask for tool_choice 'required', a named "
-                    "function or 'none'", param="tool_choice")
+                    f"{'|'.join(tool_parsers.PARSERS)}, or ask for tool_choice 'required', a "
+                    "named function or 'none'", param="tool_choice")
+            self.tool_call_parser.adjust_request(req)
             return "auto"
         return None
 

@@ -10,18 +10,23 @@ from typing import Any
 from . import protocol as P
 from . import tools
 from .reasoning import ReasoningParser
+from .tool_parsers import ToolParser
 
 
 class ChatOutput:
     """One chat request's choices, from text to messages or deltas. ``mode``: how the output
     relates to tools -- None (plain text), ``"forced"`` (a named function or 'required') or
-    ``"auto"`` (the hermes parser reads the text); ``parser``: the reasoning parser, and
-    ``prompt_tail`` the prompt's last characters (where a template opens or closes the model's
-    thinking)."""
+    ``"auto"`` (``tool_parser`` reads the text, ``server/tool_parsers.py``); ``parser``: the
+    reasoning parser, and ``prompt_tail`` the prompt's last characters (where a template opens
+    or closes the model's thinking)."""
 
     def __init__(self, req: P.ChatCompletionRequest, mode: str | None,
-                 parser: ReasoningParser | None = None, prompt_tail: str = "") -> None:
+                 parser: ReasoningParser | None = None, prompt_tail: str = "",
+                 tool_parser: ToolParser | None = None) -> None:
+        if mode == "auto" and tool_parser is None:
+            raise ValueError("tool_choice 'auto' needs a tool-call parser")
         self.req, self.mode, self.parser = req, mode, parser
+        self.tool_parser = tool_parser
         #: whether the output starts inside the reasoning
         self.opened = parser is not None and parser.opened(prompt_tail)
         #: whether the output may hold reasoning (a constraint on it then starts after it)
@@ -34,7 +39,7 @@ class ChatOutput:
         #: 'auto': per choice, the calls streamed so far: [id, arguments sent], and the
         #: scanner reading them out of the growing content
         self.calls_sent: dict[int, list[list[str]]] = {}
-        self.call_scans: dict[int, tools.HermesCallStream | tools.RequiredCallStream] = {}
+        self.call_scans: dict[int, Any] = {}  # tool_parsers.CallStream
 
     def parts(self, text: str, finished: bool) -> tuple[str | None, str]:
         """(reasoning or None, content) of a choice's text."""
@@ -68,7 +73,7 @@ class ChatOutput:
             reason = finish_reason if named or finish_reason != "stop" else "tool_calls"
             return P.ChatResponseMessage(content=None, tool_calls=calls), reason
         if self.mode == "auto":
-            content, calls = tools.parse_hermes(text)
+            content, calls = self.tool_parser.parse(text, self.req)
             if calls:
                 reason = "tool_calls" if finish_reason == "stop" else finish_reason
                 return P.ChatResponseMessage(content=content, tool_calls=calls), reason
@@ -116,15 +121,16 @@ class ChatOutput:
         streamed = self.calls_sent.setdefault(c.index, [])
         calls: list[P.DeltaToolCall] = []
         if self.mode == "auto":  # content before the first tool-call tag, as it comes
-            end = tools.hermes_content_end(content, c.finished)
+            end = self.tool_parser.content_end(content, c.finished)
             out = content[sent:end] if end > sent else ""
             self.content_sent[c.index] = sent = max(sent, end)
         if not c.finished:
-            # each call's name once written, its arguments as they come ('auto': out of the
-            # hermes blocks; 'required': out of the array of calls)
+            # each call's name once written, its arguments as they come ('auto': as the tool
+            # parser reads them; 'required': out of the array of calls)
             scan = self.call_scans.get(c.index)
             if scan is None:
-                scan = self.call_scans[c.index] = (tools.HermesCallStream() if self.mode == "auto"
+                scan = self.call_scans[c.index] = (self.tool_parser.stream(self.req)
+                                                   if self.mode == "auto"
                                                    else tools.RequiredCallStream())
             for k, (name, args, _) in enumerate(scan.update(content)):
                 calls += self._call_delta(streamed, k, name, args)

@@ -15,12 +15,13 @@ makes them:
   cut short by ``max_tokens`` then ends as content, after the calls it had begun: not a
   complete array, it is content in the whole response too);
 - ``"auto"`` (OpenAI's default when tools are given): the model decides, and a tool-call parser
-  reads its text. The one parser here, ``hermes`` (``writescope serve --tool-call-parser
-  hermes``), reads ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks, the
-  format of Hermes, Qwen2.5 and Qwen3; streamed, each call's name goes out once it is written
-  and its arguments as they come (their JSON text as the model writes it, which is also what
-  the whole response returns). Without a parser, ``"auto"`` with tools is refused, as
-  vLLM refuses it without ``--enable-auto-tool-choice``.
+  reads its text (``writescope serve --tool-call-parser hermes|mistral|qwen3_coder``,
+  ``server/tool_parsers.py``). ``hermes``, whose functions are here, reads
+  ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks, the format of Hermes,
+  Qwen2.5 and Qwen3; streamed, each call's name goes out once it is written and its arguments
+  as they come (their JSON text as the model writes it, which is also what the whole response
+  returns). Without a parser, ``"auto"`` with tools is refused, as vLLM refuses it without
+  ``--enable-auto-tool-choice``.
 """
 from __future__ import annotations
 
@@ -31,9 +32,6 @@ from typing import Any
 
 from ..core import StructuredOutputsParams
 from . import protocol as P
-
-#: tool-call parsers ``writescope serve --tool-call-parser`` knows
-PARSERS = ("hermes",)
 
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 _HERMES = re.compile(re.escape(HERMES_OPEN) + r"\s*(.*?)\s*(?:" + re.escape(HERMES_CLOSE) + r"|$)",
@@ -183,7 +181,11 @@ class RequiredCallStream:
     parameters' JSON text so far, complete): an object is listed once its name is read and its
     parameters have started, whatever the order of its keys (parameters written before the
     name are listed whole). As the text grows (each :meth:`update` must extend the last one's),
-    each value is scanned once; text that is not such an array ends the list where it starts."""
+    each value is scanned once; text that is not such an array ends the list where it starts.
+    (``args_key``: the key of the arguments; the ``mistral`` parser's subclass reads
+    ``arguments``, ``server/tool_parsers.py``.)"""
+
+    args_key = "parameters"
 
     def __init__(self) -> None:
         self.done: list[tuple[str, str, bool]] = []
@@ -239,7 +241,7 @@ class RequiredCallStream:
         if st == "value":
             if self.scan is None:
                 self.scan = JsonValueScan(self.i)
-                if self.key == "parameters":
+                if self.key == self.args_key:
                     self.params = (self.i, None)
             end = self.scan.end(text)
             if end is None:
@@ -251,7 +253,7 @@ class RequiredCallStream:
                 except json.JSONDecodeError:
                     return False
                 self.name = name if isinstance(name, str) else None
-            elif self.key == "parameters":
+            elif self.key == self.args_key:
                 self.params = (self.params[0], end)
             self.i, self.state = end, "after_value"
             return True
@@ -319,15 +321,20 @@ def parse_hermes(text: str) -> tuple[str | None, list[P.ToolCall]]:
     return (content if content.strip() else None), calls
 
 
-def hermes_content_end(text: str, finished: bool) -> int:
-    """How much of a streamed text is content that can be sent: all before ``<tool_call>``, less
-    a tail that may be the start of one (until the output finishes)."""
-    i = text.find(HERMES_OPEN)
+def tag_content_end(text: str, tag: str, finished: bool) -> int:
+    """How much of a streamed text is content that can be sent: all before ``tag``, less a tail
+    that may be the start of one (until the output finishes)."""
+    i = text.find(tag)
     if i >= 0:
         return i
     if finished:
         return len(text)
-    for k in range(min(len(HERMES_OPEN) - 1, len(text)), 0, -1):
-        if HERMES_OPEN.startswith(text[-k:]):
+    for k in range(min(len(tag) - 1, len(text)), 0, -1):
+        if tag.startswith(text[-k:]):
             return len(text) - k
     return len(text)
+
+
+def hermes_content_end(text: str, finished: bool) -> int:
+    """:func:`tag_content_end` before ``<tool_call>``."""
+    return tag_content_end(text, HERMES_OPEN, finished)

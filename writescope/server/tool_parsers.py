@@ -1,0 +1,249 @@
+"""Tool-call parsers for ``tool_choice: "auto"`` (``writescope serve --tool-call-parser NAME``):
+how a model writes the calls it decides to make, read out of its text as vLLM's parsers of the
+same names read them.
+
+- ``hermes``: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks (Hermes,
+  Qwen2.5, Qwen3 and Qwen3-30B-A3B-Instruct);
+- ``qwen3_coder``: ``<tool_call><function=NAME><parameter=KEY>value</parameter>...</function>
+  </tool_call>`` blocks, each value text converted by its parameter's type in the tool's schema
+  (Qwen3-Coder, Qwen3-Coder-30B-A3B among them);
+- ``mistral``: ``[TOOL_CALLS]`` and a JSON array of ``{"name", "arguments"}`` objects (Mistral's
+  and Mixtral's instruct models with tool use, e.g. Mixtral-8x22B-Instruct-v0.1). The marker is a
+  special token, so a request this parser reads keeps special tokens in its text
+  (:meth:`ToolParser.adjust_request`, as vLLM's parser does).
+
+Each parser gives the same calls two ways: whole (:meth:`ToolParser.parse`, a finished
+choice's message) and as the text grows (:meth:`ToolParser.stream`, a streamed choice's deltas:
+each call's name once written, its arguments' JSON text as it grows), so a stream and a whole
+response of the same tokens say the same (``server/chat_output.py``).
+"""
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from typing import Any, Protocol
+
+from . import protocol as P
+from . import tools
+
+
+class CallStream(Protocol):
+    """The calls a growing text holds so far: (name, the arguments' JSON text so far, complete);
+    each :meth:`update` must extend the text of the last one."""
+
+    def update(self, text: str) -> list[tuple[str, str, bool]]: ...
+
+
+class ToolParser(ABC):
+    """How a model writes tool calls; subclasses registered by ``name`` (:data:`PARSERS`)."""
+
+    name: str
+    #: where the calls start: the content is the text before it
+    opening: str
+
+    def adjust_request(self, req: P.ChatCompletionRequest) -> None:
+        """Changes a request whose text this parser will read (nothing by default)."""
+
+    @abstractmethod
+    def parse(self, text: str, req: P.ChatCompletionRequest) -> tuple[str | None, list[P.ToolCall]]:
+        """(content, calls) of a finished text: no calls and all of it content where it holds
+        none, or none of the parser's shape."""
+
+    @abstractmethod
+    def stream(self, req: P.ChatCompletionRequest) -> CallStream:
+        """A reader of the calls of a text that grows."""
+
+    def content_end(self, text: str, finished: bool) -> int:
+        """How much of a streamed text is content that can be sent now."""
+        return tools.tag_content_end(text, self.opening, finished)
+
+    @staticmethod
+    def _calls(found: list[tuple[str, str, bool]]) -> list[P.ToolCall]:
+        return [P.ToolCall(id=tools.new_call_id(), function=P.FunctionCall(name=n, arguments=a))
+                for n, a, _ in found]
+
+
+class Hermes(ToolParser):
+    name = "hermes"
+    opening = tools.HERMES_OPEN
+
+    def parse(self, text, req):
+        return tools.parse_hermes(text)
+
+    def stream(self, req):
+        return tools.HermesCallStream()
+
+
+class Mistral(ToolParser):
+    name = "mistral"
+    opening = "[TOOL_CALLS]"
+
+    def adjust_request(self, req):
+        req.skip_special_tokens = False  # the marker is a special token
+
+    def parse(self, text, req):
+        start = text.find(self.opening)
+        if start < 0:
+            return text, []
+        body = text[start + len(self.opening):]
+        try:
+            obj = json.loads(body)
+        except json.JSONDecodeError:
+            return text, []
+        objs = [obj] if isinstance(obj, dict) else obj
+        if not isinstance(objs, list) or not objs or not all(
+                isinstance(c, dict) and isinstance(c.get("name"), str) for c in objs):
+            return text, []
+        raw = MistralCallStream().update(body)  # the arguments as the model wrote them
+        want = [(c["name"], c.get("arguments", {})) for c in objs]
+        if [(n, json.loads(a)) for n, a, done in raw if done] != want:
+            raw = [(n, a if isinstance(a, str) else json.dumps(a, ensure_ascii=False), True)
+                   for n, a in want]
+        content = text[:start]
+        return (content if content.strip() else None), self._calls(raw)
+
+    def stream(self, req):
+        return _After(self.opening, MistralCallStream())
+
+
+class MistralCallStream(tools.RequiredCallStream):
+    """:class:`tools.RequiredCallStream` over ``{"name", "arguments"}`` objects."""
+    args_key = "arguments"
+
+
+class _After:
+    """A call stream over the text after the first ``tag`` (none before it)."""
+
+    def __init__(self, tag: str, inner: CallStream) -> None:
+        self.tag, self.inner, self.start = tag, inner, -1
+
+    def update(self, text: str) -> list[tuple[str, str, bool]]:
+        if self.start < 0:
+            i = text.find(self.tag)
+            if i < 0:
+                return []
+            self.start = i + len(self.tag)
+        return self.inner.update(text[self.start:])
+
+
+class Qwen3Coder(ToolParser):
+    name = "qwen3_coder"
+    opening = "<tool_call>"
+
+    def parse(self, text, req):
+        start = text.find(self.opening)
+        if start < 0:
+            return text, []
+        found = Qwen3CoderCallStream(req).update(text, finished=True)
+        if not found:
+            return text, []
+        content = text[:start]
+        return (content if content.strip() else None), self._calls(found)
+
+    def stream(self, req):
+        return Qwen3CoderCallStream(req)
+
+
+FUNCTION, FUNCTION_END = "<function=", "</function>"
+PARAMETER, PARAMETER_END = "<parameter=", "</parameter>"
+
+
+class Qwen3CoderCallStream:
+    """The calls of ``<tool_call><function=NAME><parameter=KEY>value</parameter>...</function>``
+    blocks so far: a call once its name is written, its arguments the JSON object of the
+    parameters read so far (``{"k": v, ...``, closed by ``}`` at ``</function>``), each value
+    converted by :func:`convert_parameter`. A parameter counts once its ``</parameter>`` (or
+    the next ``<parameter=``, or ``</function>``) is written; a value without a closing tag at
+    the end of a finished text counts too, as vLLM's parser takes it."""
+
+    def __init__(self, req: P.ChatCompletionRequest | None) -> None:
+        self.schemas = {t.function.name: (t.function.parameters or {})
+                        for t in ((req.tools if req is not None else None) or [])}
+
+    def update(self, text: str, finished: bool = False) -> list[tuple[str, str, bool]]:
+        out: list[tuple[str, str, bool]] = []
+        pos = text.find("<tool_call>")
+        while pos >= 0:
+            f = text.find(FUNCTION, pos)
+            if f < 0:
+                break
+            name_end = text.find(">", f + len(FUNCTION))
+            if name_end < 0:
+                break
+            name = text[f + len(FUNCTION):name_end].strip()
+            end = text.find(FUNCTION_END, name_end)
+            body = text[name_end + 1:end if end >= 0 else len(text)]
+            params = self._parameters(name, body, closed=end >= 0 or finished)
+            args = "{" + ", ".join(f"{json.dumps(k, ensure_ascii=False)}: "
+                                   f"{json.dumps(v, ensure_ascii=False)}" for k, v in params)
+            done = end >= 0 or finished
+            out.append((name, args + ("}" if done else ""), done))
+            if end < 0:
+                break
+            pos = text.find("<tool_call>", end)
+        return out
+
+    def _parameters(self, name: str, body: str, closed: bool) -> list[tuple[str, Any]]:
+        """The parameters of a function's body whose values are complete."""
+        props = (self.schemas.get(name) or {}).get("properties") or {}
+        out = []
+        i = body.find(PARAMETER)
+        while i >= 0:
+            key_end = body.find(">", i + len(PARAMETER))
+            if key_end < 0:
+                break
+            key = body[i + len(PARAMETER):key_end].strip()
+            ends = [j for j in (body.find(PARAMETER_END, key_end), body.find(PARAMETER, key_end))
+                    if j >= 0]
+            if not ends and not closed:
+                break  # the value is still being written
+            stop = min(ends) if ends else len(body)
+            value = body[key_end + 1:stop]
+            value = value[1:] if value.startswith("\n") else value
+            value = value[:-1] if value.endswith("\n") else value
+            out.append((key, convert_parameter(value, props.get(key))))
+            i = body.find(PARAMETER, stop)
+        return out
+
+
+def convert_parameter(value: str, schema: dict | None) -> Any:
+    """A ``qwen3_coder`` parameter's text as its schema's type says (vLLM's conversions): a
+    string stays text; integers, numbers and booleans are read as such; ``null`` is None; any
+    other type (object, array, no type) is read as JSON. Text that does not read as its type
+    stays text, and so does a parameter the tool does not declare."""
+    if schema is None:
+        return value
+    t = schema.get("type")
+    if isinstance(t, list):
+        t = next((x for x in t if x != "null"), None)
+    if value.strip().lower() == "null" and t != "string":
+        return None
+    if t == "string":
+        return value
+    try:
+        if t == "integer":
+            return int(value.strip())
+        if t == "number":
+            f = float(value.strip())
+            return int(f) if f.is_integer() and "." not in value and "e" not in value.lower() else f
+    except ValueError:
+        return value
+    if t == "boolean":
+        v = value.strip().lower()
+        return True if v == "true" else False if v == "false" else value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        return value
+
+
+#: ``--tool-call-parser`` choices
+PARSERS: dict[str, type[ToolParser]] = {p.name: p for p in (Hermes, Mistral, Qwen3Coder)}
+
+
+def get(name: str | None) -> ToolParser | None:
+    if name is None:
+        return None
+    if name not in PARSERS:
+        raise ValueError(f"unknown tool-call parser {name!r}: known: {', '.join(PARSERS)}")
+    return PARSERS[name]()
