@@ -290,6 +290,12 @@ def test_include_stop_str_and_allowed_token_ids(client, oracle):
                   allowed_token_ids=[2], skip_special_tokens=skip)["choices"][0]["text"]
             for skip in (True, False)]
     assert both == ["", special * 2]
+    # a token that stops the output is not in its text (vLLM), unless include_stop_str_in_output
+    stopped = [_post(client, "/v1/completions", prompt=ids, max_tokens=2, stop_token_ids=[2],
+                     allowed_token_ids=[2], skip_special_tokens=False,
+                     include_stop_str_in_output=keep)["choices"][0] for keep in (False, True)]
+    assert [c["text"] for c in stopped] == ["", special]
+    assert [c["finish_reason"] for c in stopped] == ["stop", "stop"]
     for bad in ([-1], [10 ** 7], []):
         r = client.post("/v1/completions", json={"prompt": "a", "max_tokens": 2,
                                                   "allowed_token_ids": bad})

@@ -862,10 +862,14 @@ class LLMEngine:
         p = req.params
         detok = self._detok.get(req.request_id)
         new = detok.add(tok) if detok is not None else ""
+        early = len(req.output_token_ids) < p.min_tokens  # no stop before min_tokens (vLLM)
+        stop_tok = not early and ((not p.ignore_eos and tok in self.eos_ids)
+                                  or tok in p.stop_token_ids)
+        if stop_tok and not p.include_stop_str_in_output:
+            new = ""  # the stop token's own text (kept special tokens: "</s>") is not output
         req.text += new
         if p.structured_outputs is not None and new:
             self.grammars.text_grew(req.seq_id, req.text, len(new))
-        early = len(req.output_token_ids) < p.min_tokens  # no stop before min_tokens (vLLM)
         if p.stop and new and not early:
             for s in p.stop:  # only where this token's text can have completed a stop string
                 i = req.text.find(s, max(0, len(req.text) - len(new) - len(s) + 1))
@@ -873,7 +877,7 @@ class LLMEngine:
                     req.text = req.text[:i + (len(s) if p.include_stop_str_in_output else 0)]
                     return FinishReason.STOP
         reason = None
-        if not early and ((not p.ignore_eos and tok in self.eos_ids) or tok in p.stop_token_ids):
+        if stop_tok:
             reason = FinishReason.STOP
         elif p.structured_outputs is not None and self.grammars.done(req.seq_id):
             reason = FinishReason.STOP  # the text matches and nothing more can follow
