@@ -1,5 +1,6 @@
 #!/bin/bash
-# Sixtieth session, third call. The planner now times decode steps with CPU experts and all KV
+# Sixtieth session, third call: not run (seven starts refused in that session; its device
+# time ran out). For the next session, as it stands. The planner now times decode steps with CPU experts and all KV
 # in HBM in the faster of one batch and two sub-batches (`roofline.Pipelined` "auto", the form
 # WRITESCOPE_PIPELINE_EXPERTS's default gives them), and `kv_cache_memory="auto"` chooses the
 # experts' split with it. Rows:
