@@ -55,7 +55,9 @@ calls are graphed). A step with CPU experts split into two sub-batches
 (``WRITESCOPE_PIPELINE_EXPERTS``, ``pipelined=True``; the engine splits only steps whose KV is
 all in HBM, so that they stay graphs) is timed as a whole instead (:func:`_split_experts_step`):
 each sub-batch's layers at its own load, the GPU's work and the CPU's summed over both, the step
-the longer of the two plus the lead and tail the other side cannot hide.
+the longer of the two plus the lead and tail the other side cannot hide; under
+``pipelined="auto"`` (that variable's default: the runner measures both forms and keeps the
+faster) as the faster of its two forms (:data:`Pipelined`).
 
 Online feedback (:mod:`writescope.planner.feedback`) multiplies the CPU attention, PCIe, GPU
 attention and CPU expert terms by :class:`Corrections` (measured over predicted, smoothed); the
@@ -186,7 +188,7 @@ class LayerTime:
     pcie_s: float
     compute_s: float
     total_s: float       # max(compute, pcie)
-    pipelined: Pipelined = False  # two sub-batches: CPU attention overlaps the other's GPU work
+    pipelined: bool = False  # two sub-batches: CPU attention overlaps the other's GPU work
     #: the link time from which the CPU experts read at the capped rate throughout (their term
     #: is linear in the link time below it and constant above: a kink the optimiser visits)
     expert_knee_s: float = math.inf
@@ -344,7 +346,7 @@ def launch_cost_s(profile: "HardwareProfile", load: StepLoad, experts_on_cpu: bo
 
 def layer_time(profile: "HardwareProfile", cfg: "ModelConfig", layer: int, load: StepLoad,
                experts_on_cpu: ExpertsOnCpu, corr: Corrections = Corrections(),
-               regime: tuple[bool, bool] | None = None, pipelined: Pipelined = False) -> LayerTime:
+               regime: tuple[bool, bool] | None = None, pipelined: bool = False) -> LayerTime:
     """One layer's times. ``regime`` = (cpu attends, pcie streams) overrides the contention
     regime (the optimiser uses it for the open interval between the ends). ``pipelined``: the
     engine runs decode steps with CPU attention as two interleaved sub-batches (with at least
