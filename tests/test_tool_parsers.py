@@ -78,6 +78,21 @@ def test_qwen3_coder_reads_parameters_by_their_types():
                                                                          '{"days": 5}')]
 
 
+def test_qwen3_coder_streams_a_text_value_as_it_is_written():
+    """A string parameter (a file's text, say) goes out as it comes, its JSON string open,
+    less its last newline and a tail that may begin the closing tag; typed values wait for
+    their end."""
+    head = "<tool_call>\n<function=get_weather>\n<parameter=city>\n"
+    stream = tp.Qwen3Coder().stream(_req())
+    seen = [stream.update(head + t)[0][1] for t in
+            ("", "\n", "a < b\n", "a < b\nline\n", "a < b\nline\n</par",
+             "a < b\nline\n</parameter>\n<parameter=days>\n1", "a < b\nline\n</parameter>\n"
+             "<parameter=days>\n12\n</parameter>\n</function>")]
+    assert seen == ['{"city": "', '{"city": "', '{"city": "a < b', '{"city": "a < b\\nline',
+                    '{"city": "a < b\\nline', '{"city": "a < b\\nline"',
+                    '{"city": "a < b\\nline", "days": 12}']
+
+
 def test_mistral_reads_the_array_after_its_marker():
     p = tp.Mistral()
     text = ('Sure. [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Oslo", '
@@ -107,7 +122,7 @@ def test_hermes_through_the_registry():
 
 
 _value = st.one_of(st.integers(-10 ** 6, 10 ** 6), st.booleans(),
-                   st.text(alphabet="abc xyz,.\"{}", min_size=1, max_size=12).filter(
+                   st.text(alphabet="abc xyz,.\"{}<\n\\", min_size=1, max_size=12).filter(
                        lambda s: s.strip() == s and s.lower() != "null"))
 
 

@@ -154,7 +154,11 @@ class Qwen3CoderCallStream:
     parameters read so far (``{"k": v, ...``, closed by ``}`` at ``</function>``), each value
     converted by :func:`convert_parameter`. A parameter counts once its ``</parameter>`` (or
     the next ``<parameter=``, or ``</function>``) is written; a value without a closing tag at
-    the end of a finished text counts too, as vLLM's parser takes it."""
+    the end of a finished text counts too, as vLLM's parser takes it. A text value (a string
+    parameter, or one the tool does not declare: Qwen3-Coder writes whole files in them) goes
+    out as it is written, its JSON string left open, less a tail that may be its last newline
+    or the start of a closing tag. Each update reads the text from its start (a call's text is
+    short next to the step that writes it)."""
 
     def __init__(self, req: P.ChatCompletionRequest | None) -> None:
         self.schemas = {t.function.name: (t.function.parameters or {})
@@ -173,18 +177,24 @@ class Qwen3CoderCallStream:
             name = text[f + len(FUNCTION):name_end].strip()
             end = text.find(FUNCTION_END, name_end)
             body = text[name_end + 1:end if end >= 0 else len(text)]
-            params = self._parameters(name, body, closed=end >= 0 or finished)
-            args = "{" + ", ".join(f"{json.dumps(k, ensure_ascii=False)}: "
-                                   f"{json.dumps(v, ensure_ascii=False)}" for k, v in params)
             done = end >= 0 or finished
-            out.append((name, args + ("}" if done else ""), done))
+            params, open_text = self._parameters(name, body, closed=done)
+            pieces = [f"{json.dumps(k, ensure_ascii=False)}: {json.dumps(v, ensure_ascii=False)}"
+                      for k, v in params]
+            if open_text is not None:  # a text value being written: its string left open
+                k, v = open_text
+                pieces.append(f"{json.dumps(k, ensure_ascii=False)}: "
+                              f"{json.dumps(v, ensure_ascii=False)[:-1]}")
+            out.append((name, "{" + ", ".join(pieces) + ("}" if done else ""), done))
             if end < 0:
                 break
             pos = text.find("<tool_call>", end)
         return out
 
-    def _parameters(self, name: str, body: str, closed: bool) -> list[tuple[str, Any]]:
-        """The parameters of a function's body whose values are complete."""
+    def _parameters(self, name: str, body: str, closed: bool
+                    ) -> tuple[list[tuple[str, Any]], tuple[str, str] | None]:
+        """The parameters of a function's body whose values are complete, and the text value
+        being written (key, its text so far) or None."""
         props = (self.schemas.get(name) or {}).get("properties") or {}
         out = []
         i = body.find(PARAMETER)
@@ -195,15 +205,29 @@ class Qwen3CoderCallStream:
             key = body[i + len(PARAMETER):key_end].strip()
             ends = [j for j in (body.find(PARAMETER_END, key_end), body.find(PARAMETER, key_end))
                     if j >= 0]
-            if not ends and not closed:
-                break  # the value is still being written
+            if not ends and not closed:  # the value is still being written
+                return out, self._open_text(key, body[key_end + 1:], props.get(key))
             stop = min(ends) if ends else len(body)
             value = body[key_end + 1:stop]
             value = value[1:] if value.startswith("\n") else value
             value = value[:-1] if value.endswith("\n") else value
             out.append((key, convert_parameter(value, props.get(key))))
             i = body.find(PARAMETER, stop)
-        return out
+        return out, None
+
+    @staticmethod
+    def _open_text(key: str, value: str, schema: dict | None) -> tuple[str, str] | None:
+        """A value being written, if it stays text (:func:`convert_parameter`): without its
+        first newline, a last newline (it may be the one the closing tag takes) and a tail
+        that may begin a closing tag."""
+        if schema is not None and _schema_type(schema) != "string":
+            return None
+        value = value[1:] if value.startswith("\n") else value
+        lt = value.rfind("<")
+        if lt >= 0 and any(t.startswith(value[lt:]) for t in (PARAMETER_END, PARAMETER,
+                                                                 FUNCTION_END)):
+            value = value[:lt]
+        return key, value[:-1] if value.endswith("\n") else value
 
 
 def convert_parameter(value: str, schema: dict | None) -> Any:
@@ -213,9 +237,7 @@ def convert_parameter(value: str, schema: dict | None) -> Any:
     stays text, and so does a parameter the tool does not declare."""
     if schema is None:
         return value
-    t = schema.get("type")
-    if isinstance(t, list):
-        t = next((x for x in t if x != "null"), None)
+    t = _schema_type(schema)
     if value.strip().lower() == "null" and t != "string":
         return None
     if t == "string":
@@ -235,6 +257,14 @@ def convert_parameter(value: str, schema: dict | None) -> Any:
         return json.loads(value)
     except json.JSONDecodeError:
         return value
+
+
+def _schema_type(schema: dict) -> str | None:
+    """A parameter schema's type (the first besides ``null`` of a list of them)."""
+    t = schema.get("type")
+    if isinstance(t, list):
+        t = next((x for x in t if x != "null"), None)
+    return t
 
 
 #: ``--tool-call-parser`` choices
