@@ -105,6 +105,10 @@ def test_mistral_reads_the_array_after_its_marker():
     assert [(c.function.name, c.function.arguments) for c in calls] == [
         ("get_time", '{"zone": "UTC"}')]
     assert p.parse("[TOOL_CALLS] [{oops", _req()) == ("[TOOL_CALLS] [{oops", [])
+    # arguments written as a JSON string: that string is the call's arguments
+    _, calls = p.parse('[TOOL_CALLS] [{"name": "get_time", "arguments": "{\\"zone\\": 1}"}]',
+                       _req())
+    assert calls[0].function.arguments == '{"zone": 1}'
     # the marker is a special token: a request this parser reads keeps them in its text
     req = _req()
     p.adjust_request(req)

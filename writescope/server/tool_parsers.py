@@ -96,7 +96,8 @@ class Mistral(ToolParser):
             return text, []
         raw = MistralCallStream().update(body)  # the arguments as the model wrote them
         want = [(c["name"], c.get("arguments", {})) for c in objs]
-        if [(n, json.loads(a)) for n, a, done in raw if done] != want:
+        if any(not isinstance(a, dict) for _, a in want) or \
+                [(n, json.loads(a)) for n, a, done in raw if done] != want:
             raw = [(n, a if isinstance(a, str) else json.dumps(a, ensure_ascii=False), True)
                    for n, a in want]
         content = text[:start]
