@@ -233,9 +233,10 @@ def test_hermes_parsing_edge_cases():
     assert [c.function.arguments for c in calls] == ["{}", "{}"]
     bad = 'x<tool_call>{"name": oops}</tool_call>'
     assert tools.parse_hermes(bad) == (bad, [])  # not JSON: all of it is content
-    assert tools.hermes_content_end("abc<tool", False) == 3
-    assert tools.hermes_content_end("abc<tool", True) == 8
-    assert tools.hermes_content_end("ab<tool_call>{", False) == 2
+    from writescope.server.tool_parsers import Hermes
+    assert Hermes().content_end("abc<tool", False) == 3
+    assert Hermes().content_end("abc<tool", True) == 8
+    assert Hermes().content_end("ab<tool_call>{", False) == 2
 
 
 def test_hermes_calls_stream_as_the_text_grows():

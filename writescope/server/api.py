@@ -591,7 +591,9 @@ class OpenAIServer:
 
     def _tool_mode(self, req: P.ChatCompletionRequest) -> str | None:
         """How the chat's output relates to tools (server/tools.py): ``"forced"`` (a named
-        function or 'required'), ``"auto"`` (the parser reads the text) or None (plain text)."""
+        function or 'required'), ``"auto"`` (the parser reads the text; it may first change
+        the request, ``ToolParser.adjust_request``: ``mistral`` keeps special tokens) or None
+        (plain text)."""
         if req.calls_tools:
             return "forced"
         if req.tools and req.tool_choice in (None, "auto"):

@@ -333,8 +333,3 @@ def tag_content_end(text: str, tag: str, finished: bool) -> int:
         if tag.startswith(text[-k:]):
             return len(text) - k
     return len(text)
-
-
-def hermes_content_end(text: str, finished: bool) -> int:
-    """:func:`tag_content_end` before ``<tool_call>``."""
-    return tag_content_end(text, HERMES_OPEN, finished)
