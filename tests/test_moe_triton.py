@@ -107,14 +107,17 @@ def test_programs_fill_the_gpu():
 
 def test_launch_settings_from_the_environment(monkeypatch):
     """WRITESCOPE_MOE_LAUNCH sets the kernels' launch settings (the engine's steps with others);
-    what is not a JSON object of those settings, powers of two, is refused by name."""
+    what is not a JSON object of those settings, powers of two (and an FP8 conversion mode), is
+    refused by name."""
     from writescope.layers import moe_triton
     monkeypatch.delenv("WRITESCOPE_MOE_LAUNCH", raising=False)
     assert moe_triton.launch_overrides() == {}
     monkeypatch.setenv("WRITESCOPE_MOE_LAUNCH", '{"gate_up_rows": 16, "down_warps": 8}')
     assert moe_triton.launch_overrides() == {"gate_up_rows": 16, "down_warps": 8}
+    monkeypatch.setenv("WRITESCOPE_MOE_LAUNCH", '{"fp8_convert": 19, "down_warps": 8}')
+    assert moe_triton.launch_overrides() == {"fp8_convert": 19, "down_warps": 8}
     for bad in ('{"gate_up_rows": 12}', '{"rows": 8}', '[8]', 'rows=8', '{"down_warps": "8"}',
-                '{"down_warps": true}'):
+                '{"down_warps": true}', '{"fp8_convert": 4}', '{"fp8_convert": "19"}'):
         monkeypatch.setenv("WRITESCOPE_MOE_LAUNCH", bad)
         with pytest.raises(ValueError, match="WRITESCOPE_MOE_LAUNCH"):
             moe_triton.launch_overrides()
