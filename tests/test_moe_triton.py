@@ -114,10 +114,10 @@ def test_launch_settings_from_the_environment(monkeypatch):
     assert moe_triton.launch_overrides() == {}
     monkeypatch.setenv("WRITESCOPE_MOE_LAUNCH", '{"gate_up_rows": 16, "down_warps": 8}')
     assert moe_triton.launch_overrides() == {"gate_up_rows": 16, "down_warps": 8}
-    monkeypatch.setenv("WRITESCOPE_MOE_LAUNCH", '{"fp8_convert": 19, "down_warps": 8}')
-    assert moe_triton.launch_overrides() == {"fp8_convert": 19, "down_warps": 8}
+    monkeypatch.setenv("WRITESCOPE_MOE_LAUNCH", '{"fp8_convert": 9, "down_warps": 8}')
+    assert moe_triton.launch_overrides() == {"fp8_convert": 9, "down_warps": 8}
     for bad in ('{"gate_up_rows": 12}', '{"rows": 8}', '[8]', 'rows=8', '{"down_warps": "8"}',
-                '{"down_warps": true}', '{"fp8_convert": 4}', '{"fp8_convert": "19"}'):
+                '{"down_warps": true}', '{"fp8_convert": 4}', '{"fp8_convert": "9"}'):
         monkeypatch.setenv("WRITESCOPE_MOE_LAUNCH", bad)
         with pytest.raises(ValueError, match="WRITESCOPE_MOE_LAUNCH"):
             moe_triton.launch_overrides()

@@ -53,8 +53,7 @@ def fp8_variant_configs() -> list[dict]:
     unrounded ones for what the rounding to bf16 costs), and with the hardware's and the
     float-bits conversion more rows or other warps a gate/up program, wider tiles (more bytes a
     load: the default widths are bf16's, so FP8 tiles hold half the bytes) or more warps or
-    outputs a down program (one kernel at a time); the packed conversion (19) with more or fewer
-    rows and other warps in either kernel."""
+    outputs a down program (one kernel at a time)."""
     out = [{"fp8_convert": m} for m in moe_triton.FP8_CONVERT_MODES]
     for m in (1, 3):
         out += [{"fp8_convert": m, "gate_up_rows": r, "gate_up_warps": w}
@@ -62,12 +61,6 @@ def fp8_variant_configs() -> list[dict]:
         out += [{"fp8_convert": m, "down_block_i": 128},
                 {"fp8_convert": m, "down_block_i": 128, "down_warps": 8},
                 {"fp8_convert": m, "down_block_i": 128, "down_rows": 16}]
-    # the packed conversion (four weights a word): its tiles are 128 columns at most (a scale
-    # block), so more rows or warps a program are what put more bytes in flight
-    out += [{"fp8_convert": 19, "gate_up_rows": r, "gate_up_warps": w}
-            for r, w in itertools.product((16, 64), (4, 8))]
-    out += [{"fp8_convert": 19, "down_rows": r, "down_warps": w}
-            for r, w in itertools.product((8, 32), (4, 8))]
     return out
 
 

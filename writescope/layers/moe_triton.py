@@ -62,7 +62,7 @@ def _kernels():
     import triton
     import triton.language as tl
 
-    global fp8_weights, round_bf16, fp8_byte  # where Triton's CPU interpreter looks callees up
+    global fp8_weights  # where Triton's CPU interpreter looks a kernel's callees up
 
     @triton.jit
     def fp8_weights(q, scale, MODE: tl.constexpr):
@@ -91,12 +91,6 @@ def _kernels():
         else:
             b = (q.to(tl.int8, bitcast=True).to(tl.int32) << 20) & -2014314496  # 0x87F00000
             f = b.to(tl.float32, bitcast=True) * (scale * 1.329227995784916e36)  # 2^120
-        return round_bf16(f, MODE)
-
-    @triton.jit
-    def round_bf16(f, MODE: tl.constexpr):
-        # float32 products q * scale as the bf16 values of the dequantized checkpoint (MODE
-        # bits 4 and 8 as in fp8_weights)
         if (MODE // 8) % 2 == 1:
             return f
         if (MODE // 4) % 2 == 1:
@@ -104,20 +98,6 @@ def _kernels():
             r = (r + 0x7FFF + ((r >> 16) & 1)) & 0xFFFF0000
             return r.to(tl.float32, bitcast=True)
         return f.to(tl.bfloat16).to(tl.float32)
-
-    @triton.jit
-    def fp8_byte(w, B: tl.constexpr, scale, MODE: tl.constexpr):
-        # MODE & 16 (packed): byte B of each int32 word w -- four FP8 weights read as one
-        # (little-endian: byte B is column 4c + B) -- as MODE 3 turns a byte into a float: its
-        # sign to bit 31 and its 7 magnitude bits to bits 26-20, a value 2^-120 times the
-        # byte's, by two shifts and a mask on the word (no byte unpacking, no conversion
-        # instruction: the conversions' pipe is what the other modes wait for), then times
-        # scale * 2^120 and rounded to bf16 as the other modes
-        if B < 3:
-            w = w << (24 - 8 * B)
-        b = (w >> 4) & -2014314496  # 0x87F00000; an arithmetic shift: bit 31 stays the sign
-        f = b.to(tl.float32, bitcast=True) * (scale * 1.329227995784916e36)  # 2^120
-        return round_bf16(f, MODE)
 
     @triton.jit
     def gate_up_kernel(X, IDX, W, HOUT, S, stride_we, stride_wr, stride_se, stride_sm, stride_sr,
@@ -139,37 +119,20 @@ def _kernels():
             su = sg + stride_sm
         # products accumulate per (row, column) and each row is reduced once, after the loop:
         # no cross-lane reduction between the loads of one block and the next
-        if FP8 >= 16:  # packed: W is the int32 view of the bytes, four columns a word
-            c4 = tl.arange(0, BLOCK_H // 4)
-            acc_g = tl.zeros([BLOCK_I, BLOCK_H // 4], dtype=tl.float32)
-            acc_u = tl.zeros([BLOCK_I, BLOCK_H // 4], dtype=tl.float32)
-            for h0 in range(0, HID, BLOCK_H):
-                c = h0 // 4 + c4
-                cmask = c < HID // 4
-                m = imask[:, None] & cmask[None, :]
-                g = tl.load(wg + c[None, :], mask=m, other=0)
-                u = tl.load(wu + c[None, :], mask=m, other=0)
-                scg = tl.load(sg + h0 // SBI, mask=imask, other=0.0)[:, None]
-                scu = tl.load(su + h0 // SBI, mask=imask, other=0.0)[:, None]
-                for b in tl.static_range(4):
-                    x = tl.load(X + t * HID + 4 * c + b, mask=cmask, other=0.0).to(tl.float32)
-                    acc_g += fp8_byte(g, b, scg, FP8) * x[None, :]
-                    acc_u += fp8_byte(u, b, scu, FP8) * x[None, :]
-        else:
-            acc_g = tl.zeros([BLOCK_I, BLOCK_H], dtype=tl.float32)
-            acc_u = tl.zeros([BLOCK_I, BLOCK_H], dtype=tl.float32)
-            for h0 in range(0, HID, BLOCK_H):
-                h = h0 + tl.arange(0, BLOCK_H)
-                hmask = h < HID
-                x = tl.load(X + t * HID + h, mask=hmask, other=0.0).to(tl.float32)
-                m = imask[:, None] & hmask[None, :]
-                g = tl.load(wg + h[None, :], mask=m, other=0)
-                u = tl.load(wu + h[None, :], mask=m, other=0)
-                if FP8:
-                    g = fp8_weights(g, tl.load(sg + h0 // SBI, mask=imask, other=0.0)[:, None], FP8)
-                    u = fp8_weights(u, tl.load(su + h0 // SBI, mask=imask, other=0.0)[:, None], FP8)
-                acc_g += g.to(tl.float32) * x[None, :]
-                acc_u += u.to(tl.float32) * x[None, :]
+        acc_g = tl.zeros([BLOCK_I, BLOCK_H], dtype=tl.float32)
+        acc_u = tl.zeros([BLOCK_I, BLOCK_H], dtype=tl.float32)
+        for h0 in range(0, HID, BLOCK_H):
+            h = h0 + tl.arange(0, BLOCK_H)
+            hmask = h < HID
+            x = tl.load(X + t * HID + h, mask=hmask, other=0.0).to(tl.float32)
+            m = imask[:, None] & hmask[None, :]
+            g = tl.load(wg + h[None, :], mask=m, other=0)
+            u = tl.load(wu + h[None, :], mask=m, other=0)
+            if FP8:
+                g = fp8_weights(g, tl.load(sg + h0 // SBI, mask=imask, other=0.0)[:, None], FP8)
+                u = fp8_weights(u, tl.load(su + h0 // SBI, mask=imask, other=0.0)[:, None], FP8)
+            acc_g += g.to(tl.float32) * x[None, :]
+            acc_u += u.to(tl.float32) * x[None, :]
         sg = tl.sum(acc_g, axis=1)
         su = tl.sum(acc_u, axis=1)
         act = sg / (1.0 + tl.exp(-sg)) * su
@@ -202,49 +165,27 @@ def _kernels():
         wrow = W + e[:, None, None] * stride_we + o.to(tl.int64)[None, :, None] * stride_wr
         hrow = HIN + s[:, None] * INTER
         rmask = jmask[:, None, None] & omask[None, :, None]
-        if FP8 >= 16:  # packed: W is the int32 view of the bytes, four columns a word
-            c4 = tl.arange(0, BLOCK_I // 4)
-            cmask = c4 < INTER // 4
-            d = tl.load(wrow + c4[None, None, :], mask=rmask & cmask[None, None, :], other=0)
+        i = tl.arange(0, BLOCK_I)
+        imask = i < INTER
+        d = tl.load(wrow + i[None, None, :], mask=rmask & imask[None, None, :], other=0)
+        if FP8:  # the scales of each expert's BLOCK_O rows, [KP, BLOCK_O] a column block
             srow = S + e[:, None] * stride_se + (o // SBO).to(tl.int64)[None, :] * stride_sr
             smask = jmask[:, None] & omask[None, :]
-            sc = tl.load(srow, mask=smask, other=0.0)[:, :, None]
-            if PDL and EARLY:
-                tl.extra.cuda.gdc_wait()
-                tl.extra.cuda.gdc_launch_dependents()
-            acc = tl.zeros([KP, BLOCK_O, BLOCK_I // 4], dtype=tl.float32)
-            for i0 in range(0, INTER, BLOCK_I):
-                c = i0 // 4 + c4
-                cmask = c < INTER // 4
-                if i0 > 0:
-                    d = tl.load(wrow + c[None, None, :], mask=rmask & cmask[None, None, :], other=0)
-                    sc = tl.load(srow + i0 // SBI, mask=smask, other=0.0)[:, :, None]
-                for b in tl.static_range(4):
-                    h = tl.load(hrow + 4 * c[None, :] + b, mask=jmask[:, None] & cmask[None, :],
-                                other=0.0)
-                    acc += fp8_byte(d, b, sc, FP8) * h[:, None, :]
-        else:
-            i = tl.arange(0, BLOCK_I)
+            d = fp8_weights(d, tl.load(srow, mask=smask, other=0.0)[:, :, None], FP8)
+        if PDL and EARLY:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        h = tl.load(hrow + i[None, :], mask=jmask[:, None] & imask[None, :], other=0.0)
+        acc = d.to(tl.float32) * h[:, None, :]  # the first block's products, then the rest's
+        for i0 in range(BLOCK_I, INTER, BLOCK_I):
+            i = i0 + tl.arange(0, BLOCK_I)
             imask = i < INTER
-            d = tl.load(wrow + i[None, None, :], mask=rmask & imask[None, None, :], other=0)
-            if FP8:  # the scales of each expert's BLOCK_O rows, [KP, BLOCK_O] a column block
-                srow = S + e[:, None] * stride_se + (o // SBO).to(tl.int64)[None, :] * stride_sr
-                smask = jmask[:, None] & omask[None, :]
-                d = fp8_weights(d, tl.load(srow, mask=smask, other=0.0)[:, :, None], FP8)
-            if PDL and EARLY:
-                tl.extra.cuda.gdc_wait()
-                tl.extra.cuda.gdc_launch_dependents()
             h = tl.load(hrow + i[None, :], mask=jmask[:, None] & imask[None, :], other=0.0)
-            acc = d.to(tl.float32) * h[:, None, :]  # the first block's products, then the rest's
-            for i0 in range(BLOCK_I, INTER, BLOCK_I):
-                i = i0 + tl.arange(0, BLOCK_I)
-                imask = i < INTER
-                h = tl.load(hrow + i[None, :], mask=jmask[:, None] & imask[None, :], other=0.0)
-                d = tl.load(wrow + i[None, None, :], mask=rmask & imask[None, None, :], other=0)
-                if FP8:
-                    sc = tl.load(srow + i0 // SBI, mask=smask, other=0.0)
-                    d = fp8_weights(d, sc[:, :, None], FP8)
-                acc += d.to(tl.float32) * h[:, None, :]
+            d = tl.load(wrow + i[None, None, :], mask=rmask & imask[None, None, :], other=0)
+            if FP8:
+                sc = tl.load(srow + i0 // SBI, mask=smask, other=0.0)
+                d = fp8_weights(d, sc[:, :, None], FP8)
+            acc += d.to(tl.float32) * h[:, None, :]
         y = tl.sum(tl.sum(acc, axis=2) * wt[:, None], axis=0).to(OUT.dtype.element_ty)
         if HAS_ADD:  # `y + add` as torch adds two tensors of the output's dtype
             a = tl.load(ADD + t * HID + o, mask=omask, other=0.0)
@@ -352,16 +293,8 @@ def _width(tile_rows: int, n: int, itemsize: int) -> int:
 
 #: ``config["fp8_convert"]`` (``fp8_weights``): 1 the hardware's conversion, 2 and 3 integer
 #: ones (through a half's bits, through a float's), 9 and 11 the same as 1 and 3 without the
-#: rounding to bf16 (not the dequantized checkpoint's values: for timing what it costs); 19 and
-#: 27, 3 and 11 on four weights a 32-bit word (``fp8_byte``; experts whose sizes are not whole
-#: words take 3 and 11)
-FP8_CONVERT_MODES = (1, 2, 3, 9, 11, 19, 27)
-
-
-def _packs(hid: int, inter: int, sbi: int) -> bool:
-    """Whether the packed conversion (``fp8_convert`` & 16, four weights a 32-bit word) takes
-    these experts: rows of whole words, and scale blocks of whole words along them."""
-    return hid % 4 == 0 and inter % 4 == 0 and sbi % 4 == 0
+#: rounding to bf16 (not the dequantized checkpoint's values: for timing what it costs)
+FP8_CONVERT_MODES = (1, 2, 3, 9, 11)
 
 
 def fp8_convert_mode(device: torch.device) -> int:
@@ -444,16 +377,11 @@ def fused_experts(x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, gate_up: 
         mode = c.get("fp8_convert") or fp8_convert_mode(x.device)
         if mode not in FP8_CONVERT_MODES:
             raise ValueError(f"fp8_convert must be one of {FP8_CONVERT_MODES}, got {mode!r}")
-        if x.device.type != "cuda" and mode % 16 < 8:  # the interpreter: bf16 rounding by integers
+        if x.device.type != "cuda" and mode < 8:  # the interpreter: bf16 rounding by integers
             mode |= 4
         sbo, sbi = scheme.block
         bh = min(bh, sbi & -sbi)  # a tile's columns within one scale block
         gstr, dstr = (gs.stride(0), gs.stride(1), gs.stride(2)), (ds.stride(0), ds.stride(1))
-        if mode & 16 and not _packs(hid, inter, sbi):
-            mode &= ~16  # the same conversion a byte at a time
-    if mode & 16:  # four FP8 weights a word (fp8_byte)
-        gate_up, down = gate_up.view(torch.int32), down.view(torch.int32)
-        bh = max(bh, 4)
     gate_up_kernel[(slots, -(-inter // bi))](xc, ids, gate_up, h, gs, gate_up.stride(0),
                                              gate_up.stride(1), *gstr, K=k, HID=hid, INTER=inter,
                                              BLOCK_I=bi, BLOCK_H=bh, FP8=mode, SBO=sbo, SBI=sbi,
@@ -464,8 +392,6 @@ def fused_experts(x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, gate_up: 
     bi2 = c.get("down_block_i") or _width(kp * bo, inter, isz)
     if fp8 is not None:
         bi2 = min(bi2, sbi & -sbi)
-        if mode & 16:
-            bi2 = max(bi2, 4)
     extra = out if add is None else add.contiguous()  # (not read without HAS_ADD)
     down_kernel[(n, -(-hid // bo))](h, ids, wts, down, out, extra, ds, down.stride(0),
                                     down.stride(1), *dstr, K=k, KP=kp, HID=hid, INTER=inter,
