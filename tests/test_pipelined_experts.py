@@ -58,6 +58,14 @@ def test_what_is_not_split(tiny_qwen3_moe, monkeypatch):
         assert llm.stats()["kv.pipelined_steps"] == 0, mode
 
 
+def test_the_engine_gives_the_step_form_chooser_its_prior(tiny_qwen3_moe, tiny_mixtral):
+    """With routed experts on the CPU the runner asks the engine which form the planner predicts
+    faster (the chooser's first incumbent, stepform.py); without CPU experts it has no prior."""
+    llm = engine(tiny_qwen3_moe, experts="cpu")
+    assert llm.engine.runner.form_prior == llm.engine._split_experts_predicted_faster
+    assert engine(tiny_mixtral).engine.runner.form_prior is None
+
+
 def test_split_expert_piece_order(tiny_deepseek_v2, monkeypatch):
     """Each sub-batch runs up to its next wait for the CPU: in a resident step (no CPU
     attention) the other sub-batch's layers run between a CPU layer's launch (``ffn``) and its

@@ -176,3 +176,32 @@ def test_plan_times_split_steps_when_asked(tmp_path, capsys, monkeypatch):
     assert got == pytest.approx(want, rel=1e-9)
     assert env["writescope"] == out["split"][1]["writescope"]
     assert out["split"][1]["expert_splits"] != out["one"][1]["expert_splits"]
+
+
+def test_the_step_form_choosers_prior_is_the_faster_predicted_form():
+    """The engine's prior for the step-form chooser (``LLMEngine._split_experts_predicted_faster``):
+    the split form where the roofline predicts it faster at the batch's context, all in HBM --
+    DeepSeek-V2-Lite 4 x 32K with six layers' experts on the CPU (measured 27.0 against 28.6 ms
+    on an H200 host, bench/results/2026-12-06-h200) -- one batch where it predicts that faster
+    (Qwen3-30B-A3B 4 x 8K with every expert on the CPU: its GPU has little to overlap), and no
+    prior without a GPU in the profile."""
+    from types import SimpleNamespace as NS
+
+    from writescope.engine.engine import LLMEngine
+    import dataclasses
+    prof = h200_like(graph_launch_s=1e-6)  # decode steps replayed as CUDA graphs, as split ones are
+    ds = ModelConfig.from_hf("deepseek-v2-lite")
+    cases = ((ds, 32768, frozenset(cpu_layer_order(ds.moe_layers)[:6]), True),
+             (QWEN, 8192, frozenset(QWEN.moe_layers), False))
+    for cfg, ctx, layers, want in cases:
+        flags = [i in layers for i in range(cfg.num_layers)]
+        batch = NS(seqs=[NS(start=ctx - 1, num_new=1)] * 4)
+        got = LLMEngine._split_experts_predicted_faster(
+            NS(profile=prof, config=cfg, cpu_expert_layers=flags), batch)
+        load = rl.StepLoad(4, 4.0 * ctx, 0.0, 0.0, 0.0)
+        split, whole = (rl.predict_step(prof, cfg, load, layers, pipelined=p).step_s
+                        for p in (True, False))
+        assert got is want and (split < whole) is want, (cfg.model_type, split, whole)
+    cpu_only = dataclasses.replace(prof, h2d_pinned_Bps=None, hbm_Bps=None)
+    assert LLMEngine._split_experts_predicted_faster(
+        NS(profile=cpu_only, config=QWEN, cpu_expert_layers=[True] * 48), batch) is None

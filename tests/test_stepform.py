@@ -24,7 +24,7 @@ def test_probes_both_forms_not_counting_each_ones_first_step_then_holds_the_fast
     # one batch first (its first step uncounted), then the split form (idem), then one each
     assert seq == [False, False, True, True, False, True]
     assert f.stats()["4"] == {"choice": "pipelined", "single_ms": 1000.0,
-                              "pipelined_ms": 900.0, "switches": 0}
+                              "pipelined_ms": 900.0, "switches": 0, "prior": None}
     assert drive(f, 5, lambda split, i: 0.9 if split else 1.0) == [True] * 5
     # after the hold, the other form twice, then the choice anew (unchanged here)
     assert drive(f, 3, lambda split, i: 0.9 if split else 1.0) == [False, False, True]
@@ -35,6 +35,34 @@ def test_the_split_form_must_win_by_the_margin():
     drive(f, 6, lambda split, i: 0.97 if split else 1.0)  # 3% faster: not enough
     assert f.stats()["4"]["choice"] == "single"
     assert drive(f, 10, lambda split, i: 0.97 if split else 1.0) == [False] * 10
+
+
+def test_the_predicted_form_is_the_first_choices_incumbent():
+    """With a prior (the planner's faster form), the first choice keeps it unless the other form
+    is faster by the margin; the prior is asked for once, at the key's first step."""
+    asked = []
+
+    def prior(v):
+        return lambda: asked.append(v) or v
+
+    for want_split, split_s, single_s in ((True, 0.99, 1.0), (False, 1.0, 0.99)):
+        f = StepForms(probe=2, hold=50, margin=0.02)
+        for _ in range(8):  # 1% apart: within the margin, the prior stands
+            split = f.choose(4, prior(want_split))
+            f.observe(4, split, split_s if split else single_s)
+        assert f.stats()["4"]["choice"] == ("pipelined" if want_split else "single")
+        assert f.stats()["4"]["prior"] == ("pipelined" if want_split else "single")
+    assert asked == [True, False]
+    # without one, one batch is the incumbent: 1% faster split is not enough
+    f = StepForms(probe=2, hold=50, margin=0.02)
+    drive(f, 8, lambda split, i: 0.99 if split else 1.0)
+    assert f.stats()["4"]["choice"] == "single"
+    # a prior loses to a form faster by more than the margin
+    f = StepForms(probe=2, hold=50, margin=0.02)
+    for _ in range(8):
+        split = f.choose(4, lambda: True)
+        f.observe(4, split, 1.1 if split else 1.0)
+    assert f.stats()["4"]["choice"] == "single"
 
 
 def test_a_host_that_changes_is_followed_at_the_next_probe():
@@ -60,7 +88,7 @@ def test_each_batch_size_has_its_own_choice_and_a_declined_split_counts_as_one_b
         assert g.choose(3) in (False, True)
         g.observe(3, False, 1.0)
     assert g.stats()["3"] == {"choice": None, "single_ms": 1000.0, "pipelined_ms": None,
-                              "switches": 0}
+                              "switches": 0, "prior": None}
     assert g.choose(3) is True  # still probing: asks for the form it has not seen
 
 

@@ -548,6 +548,7 @@ class LLMEngine:
         if any(self.cpu_expert_layers):
             self.runner.experts_on_cpu = True
             self.runner.pipeline = False
+            self.runner.form_prior = self._split_experts_predicted_faster
             # the attention team must not spin on the next layer's queries while the experts'
             # team computes this layer's experts on the same cores
             if not os.environ.get("WRITESCOPE_CPU_SPIN_US"):
@@ -558,6 +559,22 @@ class LLMEngine:
             # (with WRITESCOPE_PIPELINE=auto, or experts split, the runner sets it step by step;
             # one batch until a decode step has run split)
             self.cache.policy.pipelined = self.runner.pipelines and not self.runner.pipeline_auto
+
+    def _split_experts_predicted_faster(self, batch) -> bool | None:
+        """Whether the planner predicts a decode step of ``batch`` faster with its CPU experts
+        split into two sub-batches than as one batch (the step-form chooser's prior): the
+        roofline model of both forms (``roofline.predict_step``, uncorrected) at the batch's
+        context, all of it in HBM -- the only steps the runner splits. None without a profile
+        of a GPU machine."""
+        from ..planner import roofline as rl
+        if self.profile is None or not self.profile.has_gpu:
+            return None
+        lengths = [s.start + s.num_new for s in batch.seqs]
+        load = rl.StepLoad(len(lengths), float(sum(lengths)), 0.0, 0.0, 0.0)
+        layers = tuple(self.cpu_expert_layers)
+        split, whole = (rl.predict_step(self.profile, self.config, load, layers, pipelined=p).step_s
+                        for p in (True, False))
+        return split < whole
 
     # ------------------------------------------------------------------ sizing helpers
     def _activation_bytes(self, max_tokens: int) -> int:

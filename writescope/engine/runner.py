@@ -80,6 +80,10 @@ class ModelRunner:
         #: the link's share of those experts in small decode steps (layers/expert_link.py; the
         #: engine sets it), told per step whether the step streams KV
         self.expert_link = None
+        #: ``form_prior(batch)``: whether the planner predicts a decode step of ``batch`` with
+        #: its experts split faster than as one batch (the engine sets it): the incumbent of the
+        #: step-form chooser's first choice for such steps (stepform.py)
+        self.form_prior = None
 
     @property
     def pipelines(self) -> bool:
@@ -134,7 +138,8 @@ class ModelRunner:
         forms = self.step_forms if split and auto else None
         if forms is not None:
             form_key = step_form_key(batch)
-            split = forms.choose(form_key)
+            prior = self.form_prior if split_experts else None
+            split = forms.choose(form_key, None if prior is None else (lambda: prior(batch)))
         if split_experts or forms is not None:
             if hasattr(policy, "pipelined"):  # the planner models the form the step runs in
                 policy.pipelined = split

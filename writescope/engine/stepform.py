@@ -11,16 +11,23 @@ the power of two below it, ``runner.step_form_key``):
 * **probe**: the two forms alternate until each has ``probe`` timed steps. A form's first step
   at a key is not counted (at a new batch size it runs eagerly, before its CUDA graphs are
   captured);
-* **hold**: the faster by median runs ``hold`` steps (the split form only when it is faster by
-  more than ``margin``; from then on, the other form only when it is);
+* **hold**: the faster by median runs ``hold`` steps (the other form only when it is faster by
+  more than ``margin`` than the incumbent: at the first choice the form the planner predicts
+  faster where the runner gives a prior -- split expert steps, ``WRITESCOPE_PIPELINE_EXPERTS``
+  -- else one batch; from then on, the form chosen);
 * **re-probe**: then the other form runs ``probe`` steps again and the choice is made anew from
   each form's latest ``keep`` steps, so a host that changes under the run is followed.
+
+With two timed steps a form the first choice sees a few percent of noise: DeepSeek-V2-Lite
+4 x 32K with six layers' experts on the CPU kept one batch at 28.6 ms against the split form's
+27.0 (bench/results/2026-12-06-h200), when one batch was the incumbent whatever the planner
+predicted.
 """
 from __future__ import annotations
 
 import statistics
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 #: timed steps of each form before a choice (and of the other form at each re-probe)
@@ -42,6 +49,7 @@ class _State:
     held: int = 0               # steps of the chosen form since the last choice
     reprobe: int = 0            # steps of the other form still to run
     switches: int = 0
+    prior: bool | None = None   # the form predicted faster (the first choice's incumbent)
 
 
 class StepForms:
@@ -63,8 +71,12 @@ class StepForms:
             s = self._states[key] = _State({f: deque(maxlen=self.keep) for f in (False, True)})
         return s
 
-    def choose(self, key: Hashable) -> bool:
-        """Whether the next decode step of this key should run as two sub-batches."""
+    def choose(self, key: Hashable, prior: Callable[[], bool | None] | None = None) -> bool:
+        """Whether the next decode step of this key should run as two sub-batches. ``prior``:
+        called once, at the key's first step, for the form predicted faster (True: split),
+        the incumbent of the first choice (None: one batch)."""
+        if prior is not None and key not in self._states:
+            self._state(key).prior = prior()
         s = self._states.get(key)
         if s is None:  # nothing seen yet (the state is made by the first step observed)
             return False
@@ -95,7 +107,7 @@ class StepForms:
 
     def _decide(self, s: _State) -> None:
         med = {f: statistics.median(s.times[f]) for f in (False, True)}
-        cur = False if s.choice is None else s.choice
+        cur = bool(s.prior) if s.choice is None else s.choice
         new = (not cur) if med[not cur] < med[cur] * (1.0 - self.margin) else cur
         if s.choice is not None and new != s.choice:
             s.switches += 1
@@ -103,7 +115,8 @@ class StepForms:
 
     def stats(self) -> dict:
         """Per key: the form chosen (``None`` while first probing), the median ms of each
-        form's latest steps, and how often the choice switched."""
+        form's latest steps, how often the choice switched, and the form predicted faster
+        (``None`` where no prior was given)."""
         out = {}
         for key, s in self._states.items():
             ms = {f: (round(1e3 * statistics.median(s.times[f]), 2) if s.times[f] else None)
@@ -111,5 +124,7 @@ class StepForms:
             out[str(key)] = {"choice": None if s.choice is None else
                            ("pipelined" if s.choice else "single"),
                            "single_ms": ms[False], "pipelined_ms": ms[True],
-                           "switches": s.switches}
+                           "switches": s.switches,
+                           "prior": None if s.prior is None else
+                           ("pipelined" if s.prior else "single")}
         return out
