@@ -6,6 +6,7 @@
 # 2. `writescope bench` under the defaults: DeepSeek-V2-Lite bf16 4 x 32K kv auto (call 1 kept
 #    one batch in 21 of 24 steps: 30.1 ms p50 against split's 27.0) and Qwen3-30B-A3B FP8
 #    4 x 8K kv auto (sixtieth call 2 on an H100: 293.0 tok/s, p50 13.3 ms).
+# 3. Issue 8's table on this host (`python -m writescope.bench.cpu_attention`, 16 threads).
 # Rows run in the order written; those past the deadline are skipped. CALL_S=520.
 source bench/results/run-helper.sh
 call_begin ${CALL_S:-520}
@@ -30,4 +31,6 @@ r = json.load(open(sys.argv[1]))["rows"][0]
 print(r.get("model"), r.get("context"), "split steps", r.get("pipelined_steps"), json.dumps(r.get("step_forms")))
 PY
 done
+run cpu-attn 100 python -m writescope.bench.cpu_attention --json $R/cpu_attention.json
+grep -A8 "^shape" $R/cpu-attn.log | head -9; grep "best read of any method" $R/cpu-attn.log
 call_end
