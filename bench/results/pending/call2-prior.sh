@@ -7,11 +7,17 @@
 #    one batch in 21 of 24 steps: 30.1 ms p50 against split's 27.0) and Qwen3-30B-A3B FP8
 #    4 x 8K kv auto (sixtieth call 2 on an H100: 293.0 tok/s, p50 13.3 ms).
 # 3. Issue 8's table on this host (`python -m writescope.bench.cpu_attention`, 16 threads).
+# GPU_TESTS="tests/a.py tests/b.py" runs those GPU tests instead of the whole suite.
 # Rows run in the order written; those past the deadline are skipped. CALL_S=520.
 source bench/results/run-helper.sh
 call_begin ${CALL_S:-520}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $R/gpu.txt
-gpu_tests 300
+if [ -n "$GPU_TESTS" ]; then  # a subset (a short call): the modules that build engines with CPU experts
+  run gpu-tests 200 env WRITESCOPE_PROFILE=$PWD/bench/profiles/h200.json python -m pytest -m gpu -v \
+    -p no:cacheprovider --tb=short -rf -o faulthandler_timeout=60 $GPU_TESTS
+else
+  gpu_tests 300
+fi
 grep -E "passed|failed|^FAILED" $R/gpu-tests.log | tail -6
 calibrate_profile 45
 Q='quantization_config={"quant_method":"fp8","fmt":"e4m3","activation_scheme":"dynamic","weight_block_size":[128,128]}'
