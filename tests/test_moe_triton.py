@@ -117,7 +117,8 @@ def test_launch_settings_from_the_environment(monkeypatch):
     monkeypatch.setenv("WRITESCOPE_MOE_LAUNCH", '{"fp8_convert": 9, "down_warps": 8}')
     assert moe_triton.launch_overrides() == {"fp8_convert": 9, "down_warps": 8}
     for bad in ('{"gate_up_rows": 12}', '{"rows": 8}', '[8]', 'rows=8', '{"down_warps": "8"}',
-                '{"down_warps": true}', '{"fp8_convert": 4}', '{"fp8_convert": "9"}'):
+                '{"down_warps": true}', '{"fp8_convert": 4}', '{"fp8_convert": "9"}',
+                '{"fp8_convert": true}', '{"fp8_convert": 9.0}'):
         monkeypatch.setenv("WRITESCOPE_MOE_LAUNCH", bad)
         with pytest.raises(ValueError, match="WRITESCOPE_MOE_LAUNCH"):
             moe_triton.launch_overrides()

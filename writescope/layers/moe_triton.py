@@ -273,7 +273,8 @@ def _overrides(raw: str) -> dict:
     if bad or not all(type(v) is int and v > 0 and v & (v - 1) == 0 for v in vals):
         raise ValueError(f"WRITESCOPE_MOE_LAUNCH takes an object of {', '.join(LAUNCH_KEYS)} "
                          f"with powers of two (and fp8_convert): got {raw!r}")
-    if "fp8_convert" in d and d["fp8_convert"] not in FP8_CONVERT_MODES:
+    if "fp8_convert" in d and (type(d["fp8_convert"]) is not int
+                               or d["fp8_convert"] not in FP8_CONVERT_MODES):
         raise ValueError(f"WRITESCOPE_MOE_LAUNCH: fp8_convert must be one of {FP8_CONVERT_MODES}, "
                          f"got {d['fp8_convert']!r}")
     return dict(d)
