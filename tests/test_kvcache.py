@@ -26,8 +26,10 @@ class RandomPolicy(PlacementPolicy):
 
     name = "random-test"
 
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, int_assign: bool = False):
         self.rng = random.Random(seed)
+        self.int_assign = int_assign
+        self.cpu_blocks = 0  # the blocks its assignments gave the CPU, all steps together
 
     def place(self, seq, num_blocks, capacity):
         free = dict(capacity.free)
@@ -39,7 +41,13 @@ class RandomPolicy(PlacementPolicy):
         return out
 
     def assign(self, seq):
-        return [self.rng.random() < 0.5 for _ in seq.regions]
+        if self.int_assign:  # the C blocks and the n oldest T blocks (n may exceed the T count)
+            n = self.rng.randint(0, seq.regions.count(Region.T) + 1)
+            self.cpu_blocks += seq.regions.count(Region.C) + min(n, seq.regions.count(Region.T))
+            return n
+        mask = [self.rng.random() < 0.5 for _ in seq.regions]
+        self.cpu_blocks += sum(mask)
+        return mask
 
 
 def make_cache(spec, bs, policy, blocks=64, seqs=4, prefill_gpu_rows=None):
@@ -47,17 +55,20 @@ def make_cache(spec, bs, policy, blocks=64, seqs=4, prefill_gpu_rows=None):
     return InplaceKVCache(spec, layout, policy, "cpu", scale=0.3, prefill_gpu_rows=prefill_gpu_rows)
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(kind=st.sampled_from(["gqa", "mla"]), bs=st.sampled_from([2, 4, 8, 16]),
-       lens=st.lists(st.integers(1, 50), min_size=1, max_size=3),
+       lens=st.lists(st.integers(1, 50), min_size=1, max_size=5),
        chunk=st.integers(1, 40), seed=st.integers(0, 10_000),
-       prefill_rows=st.sampled_from([None, 4]))
-def test_any_placement_and_assignment_equals_dense(kind, bs, lens, chunk, seed, prefill_rows):
+       prefill_rows=st.sampled_from([None, 4]), int_assign=st.booleans())
+def test_any_placement_and_assignment_equals_dense(kind, bs, lens, chunk, seed, prefill_rows,
+                                                    int_assign):
     L = 2
     spec = SPECS[kind](L)
     hq = 4
-    cache = make_cache(spec, bs, RandomPolicy(seed), blocks=sum(lens) // bs + 8,
+    policy = RandomPolicy(seed, int_assign)
+    cache = make_cache(spec, bs, policy, blocks=sum(lens) // bs + 8, seqs=len(lens),
                        prefill_gpu_rows=prefill_rows)
+    cpu_blocks = 0  # the blocks the CPU side read: what the policy assigned, where rows allow
     g = torch.Generator().manual_seed(seed)
     recs = {i: torch.randn(L, n, spec.num_kv_heads, spec.rec_dim, generator=g) for i, n in enumerate(lens)}
     for i, n in enumerate(lens):
@@ -69,7 +80,10 @@ def test_any_placement_and_assignment_equals_dense(kind, bs, lens, chunk, seed, 
             if done[i] < n:
                 k = min(chunk if done[i] == 0 else random.Random(seed + done[i]).randint(1, chunk), n - done[i])
                 work.append((i, done[i], k))
+        before = policy.cpu_blocks
         cache.begin_step(work)
+        if prefill_rows is None or all(k <= prefill_rows for _, _, k in work):
+            cpu_blocks += policy.cpu_blocks - before
         nq = sum(k for _, _, k in work)
         for layer in range(L):
             q = torch.randn(nq, hq, spec.k_dim, generator=g)
@@ -88,6 +102,8 @@ def test_any_placement_and_assignment_equals_dense(kind, bs, lens, chunk, seed, 
             done[i] = s + k
     s = cache.stats()
     assert s["kv.bytes_moved_after_placement"] == 0
+    if prefill_rows is None:
+        assert s["kv.bytes_read.cpu"] == cpu_blocks * bs * spec.token_bytes()
     for i in range(len(lens)):
         cache.free_sequence(i)
     assert all(cache.stats()[f"kv.blocks.{r}"] == 0 for r in "GTCW")

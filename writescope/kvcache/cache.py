@@ -692,7 +692,10 @@ class InplaceKVCache:
         tails = np.zeros(n_seqs, np.int64)     # W tokens each attends (0: none, or dense prefill)
         w_slots = np.zeros(n_seqs, np.int32)
         sizes = np.zeros(n_seqs, np.int64)     # sealed blocks each reads through the plan
-        codes_l, ids_l, cpu_l = [], [], []
+        codes_l, ids_l = [], []
+        cpu_t = np.zeros(n_seqs, np.int64)     # the policy's: its oldest T blocks the CPU reads
+        masks: list[tuple[int, np.ndarray]] = []  # (sequence, its blocks the CPU reads)
+        gpu_only = np.zeros(n_seqs, bool)      # rows past prefill_gpu_rows: all on the GPU
         # "spilled": tokens of T and C blocks read by either side (a deferrable step has none)
         read = {"cpu": 0, "gpu": 0, "t_gpu": 0, "spilled": 0}
         prefill = []
@@ -710,22 +713,23 @@ class InplaceKVCache:
                                                                self.device)))
                 read["gpu"] += codes.size * bs + tail
                 continue
-            cpu_mask = codes == c_code
             if custom:
                 a = self.policy.assign(SeqKV(seq_id, start, t.regions()))
                 if isinstance(a, (int, np.integer)):  # the n oldest T blocks too
-                    if a:
-                        cpu_mask[np.flatnonzero(codes == t_code)[:int(a)]] = True
+                    if a < 0:
+                        raise KVCacheError(f"policy {self.policy.name!r} assigned {a} T blocks "
+                                           f"to the CPU")
+                    cpu_t[i] = a
                 else:
-                    cpu_mask = np.asarray(a, dtype=bool)
-                    if cpu_mask.shape != codes.shape:
-                        raise KVCacheError(f"policy {self.policy.name!r} assigned {cpu_mask.size} "
+                    mask = np.asarray(a, dtype=bool)
+                    if mask.shape != codes.shape:
+                        raise KVCacheError(f"policy {self.policy.name!r} assigned {mask.size} "
                                            f"blocks, sequence has {codes.size}")
+                    masks.append((i, mask))
             if self.prefill_gpu_rows is not None and n > self.prefill_gpu_rows:
-                cpu_mask = np.zeros_like(cpu_mask)
+                gpu_only[i] = True
             codes_l.append(codes)
             ids_l.append(ids)
-            cpu_l.append(cpu_mask)
             sizes[i] = codes.size
             tails[i] = tail
             w_slots[i] = t.w_slot
@@ -735,11 +739,24 @@ class InplaceKVCache:
         if codes_l:
             codes = np.concatenate(codes_l)
             ids = np.concatenate(ids_l)
-            on_cpu = np.concatenate(cpu_l)
             owner = np.repeat(np.arange(n_seqs), sizes)  # the sequence of each block
         else:
             codes = ids = owner = np.zeros(0, np.int32)
-            on_cpu = np.zeros(0, bool)
+        # the CPU side reads the C blocks and each sequence's oldest cpu_t T blocks (or the
+        # blocks its policy's mask says), none where its rows are too many (gpu_only)
+        on_cpu = codes == c_code
+        if cpu_t.any():
+            is_t = codes == t_code
+            seen = np.cumsum(is_t)  # T blocks up to and including each block, batch-wide
+            first = np.cumsum(sizes) - sizes  # each sequence's first block
+            before = np.concatenate(([0], seen))[first]  # T blocks of the sequences before
+            on_cpu |= is_t & (seen - before[owner] <= cpu_t[owner])
+        if masks:
+            first = np.cumsum(sizes) - sizes
+            for i, mask in masks:
+                on_cpu[first[i]:first[i] + sizes[i]] = mask
+        if gpu_only.any():
+            on_cpu &= ~gpu_only[owner]
         parts = {"cpu": [], "gpu": []}
         for side, mask in (("cpu", on_cpu), ("gpu", ~on_cpu)):
             for code, r in CODE_REGIONS.items():
