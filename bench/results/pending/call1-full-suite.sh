@@ -16,6 +16,8 @@
 # 2. The FP8 kernels' interpreter test with room to finish (69 s on the dev VM, 78 s on the H100
 #    host; a 40 s cap killed it on an H200 host, a 120 s cap on the fifty-seventh session's
 #    H100 host; 107 s on the fifty-eighth's).
+# 3. The host's time a decode step in the cache's begin_step/end_step (the step plan as array
+#    work over the batch since the sixty-second session), the default model at batch 4 and 64.
 source bench/results/run-helper.sh
 call_begin ${CALL_S:-580}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee $R/gpu.txt
@@ -24,4 +26,9 @@ grep -E "passed|failed|^FAILED" $R/gpu-tests.log | tail -6
 run fp8-interp 200 python -m pytest -q -p no:cacheprovider --tb=short -rf \
   tests/test_fp8_device_experts.py::test_fused_fp8_experts_under_the_interpreter
 grep -E "passed|failed|Error|error" $R/fp8-interp.log | head -8
+for b in 4 64; do
+  run overhead-b$b 60 python -m writescope.bench.policy_overhead --policies transfer,writescope \
+    --batch $b --prompt 1000 --steps 40 --json $R/overhead-b$b.json
+  grep begin_step $R/overhead-b$b.log
+done
 call_end
