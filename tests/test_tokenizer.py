@@ -244,3 +244,36 @@ def test_incremental_sentencepiece_style(llama_style_tok):
         assert not any("\ufffd" in p for p in pieces)
 
     check()
+
+
+@pytest.mark.parametrize("which", ["byte_level", "sentencepiece_style"])
+def test_decode_is_transformers_decode(tok, llama_style_tok, which):
+    """Tokenizer.decode reads the ``tokenizers`` backend directly where transformers' decode
+    only wraps it (both tokenizers here): the same text as transformers' for any ids, special
+    ones kept or skipped."""
+    t = tok if which == "byte_level" else llama_style_tok
+    assert t._backend is not None  # the direct path is the one under test
+
+    @given(ids=st.lists(st.integers(0, t.vocab_size - 1), max_size=30), skip=st.booleans())
+    @HYP
+    def check(ids, skip):
+        assert t.decode(ids, skip_special_tokens=skip) == t.hf.decode(
+            ids, skip_special_tokens=skip, clean_up_tokenization_spaces=False)
+
+    check()
+
+
+def test_a_tokenizer_with_its_own_decode_keeps_it(tok_dir):
+    """A tokenizer class that decodes its own way is asked through transformers, not the
+    backend (whose text could differ)."""
+    t = Tokenizer.from_pretrained(tok_dir)
+
+    class Shouting(type(t.hf)):
+        def _decode(self, token_ids, **kw):
+            return super()._decode(token_ids, **kw).upper()
+
+    t.hf.__class__ = Shouting
+    t2 = Tokenizer(t.hf)
+    assert t2._backend is None
+    ids = t.encode("hello there")
+    assert t2.decode(ids) == "HELLO THERE"
