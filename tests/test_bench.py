@@ -647,6 +647,9 @@ def test_policy_overhead_bench_reports_host_time_and_collections(tmp_path):
     assert [r["policy"] for r in res["rows"]] == ["transfer", "writescope"]
     for r in res["rows"]:
         assert r["begin_step_ms"] > 0 and r["end_step_ms"] > 0 and r["gc_collections"] >= 0
+        assert r["schedule_ms"] > 0 and r["sample_ms"] > 0 and r["apply_ms"] > 0
+        parts = ("begin_step", "end_step", "schedule", "sample", "apply")
+        assert r["host_ms"] == pytest.approx(sum(r[f"{k}_ms"] for k in parts))
     assert (tmp_path / "o.json").exists()
 
 

@@ -5,9 +5,12 @@
 On the embedded default model (any device; the CPU here), a batch of sequences decodes with G
 capped so that most KV spills; for each policy it reports the host milliseconds per decode step
 spent in ``cache.begin_step`` (placement, the policy's assignment, the step plan) and
-``cache.end_step`` (sealing, the policy's feedback), and the number and total time of garbage
-collections during the timed steps (``gc.callbacks``). A decode step at 8K on the H200 is
-host-bound, so these milliseconds are step time there.
+``cache.end_step`` (sealing, the policy's feedback), in the engine's work around the forward
+pass (``scheduler.schedule``, the sampler, ``LLMEngine._apply``: the tokens into the requests,
+their detokenization and stop checks), and the number and total time of garbage collections
+during the timed steps (``gc.callbacks``). A decode step at 8K on the H200 is host-bound, so
+these milliseconds are step time there; where the step cannot overlap the next one's launch
+(routed experts on the CPU) they add to it anyway.
 """
 from __future__ import annotations
 
@@ -33,20 +36,24 @@ def measure(policy: str, batch: int, prompt: int, steps: int, profile: str | Non
     while any(not r.output_token_ids for r in eng.requests.values()):
         eng.step()  # prefill until every sequence decodes
     cache = eng.cache
-    spent = {"begin_step": 0.0, "end_step": 0.0}
+    spent = {"begin_step": 0.0, "end_step": 0.0, "schedule": 0.0, "sample": 0.0, "apply": 0.0}
 
-    def timed(name):
-        fn = getattr(cache, name)
+    def timed(obj, name, key=None):
+        fn = getattr(obj, name)
+        key = key or name
 
         def run(*a, **k):
             t = time.perf_counter()
             try:
                 return fn(*a, **k)
             finally:
-                spent[name] += time.perf_counter() - t
-        setattr(cache, name, run)
-    timed("begin_step")
-    timed("end_step")
+                spent[key] += time.perf_counter() - t
+        setattr(obj, name, run)
+    timed(cache, "begin_step")
+    timed(cache, "end_step")
+    timed(eng.scheduler, "schedule")
+    timed(eng.runner.sampler, "sample")
+    timed(eng, "_apply", "apply")
     collections = {"n": 0, "s": 0.0, "t0": 0.0}
 
     def on_gc(phase, _info):
@@ -61,9 +68,9 @@ def measure(policy: str, batch: int, prompt: int, steps: int, profile: str | Non
             eng.step()
     finally:
         gc.callbacks.remove(on_gc)
-    return {"policy": policy, "steps": steps,
-            "begin_step_ms": spent["begin_step"] / steps * 1e3,
-            "end_step_ms": spent["end_step"] / steps * 1e3,
+    ms = {f"{k}_ms": v / steps * 1e3 for k, v in spent.items()}
+    return {"policy": policy, "batch": batch, "steps": steps, **ms,
+            "host_ms": sum(ms.values()),
             "gc_collections": collections["n"], "gc_ms": collections["s"] * 1e3}
 
 
@@ -84,7 +91,9 @@ def main(argv: list[str] | None = None) -> dict:
         row = measure(pol, args.batch, args.prompt, args.steps, args.profile)
         rows.append(row)
         print(f"{pol:12s} begin_step {row['begin_step_ms']:6.3f} ms  end_step "
-              f"{row['end_step_ms']:6.3f} ms per decode step; {row['gc_collections']} garbage "
+              f"{row['end_step_ms']:6.3f} ms  schedule {row['schedule_ms']:6.3f}  sample "
+              f"{row['sample_ms']:6.3f}  apply {row['apply_ms']:6.3f}; host {row['host_ms']:6.3f} "
+              f"ms per decode step (batch {row['batch']}); {row['gc_collections']} garbage "
               f"collections, {row['gc_ms']:.1f} ms in all", flush=True)
     res = {**result_header("policy_overhead", argv), "rows": rows}
     if args.json:

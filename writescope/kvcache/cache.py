@@ -108,7 +108,9 @@ def _w_positions(runs: list[tuple[int, int, int, int]]) -> tuple[np.ndarray, np.
     its position plus the slot offset and its row its position plus the row offset."""
     if not runs:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    first, count, slot_off, row_off = (np.array(c, np.int64) for c in zip(*runs))
+    first, count, slot_off, row_off = np.array(runs, np.int64).T
+    if (count == 1).all():  # a decode step: one token each
+        return first + row_off, first + slot_off
     run_start = np.cumsum(count) - count  # each run's first index in the flat result
     pos = np.arange(int(count.sum()), dtype=np.int64) + np.repeat(first - run_start, count)
     return pos + np.repeat(row_off, count), pos + np.repeat(slot_off, count)
