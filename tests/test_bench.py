@@ -403,6 +403,9 @@ def test_step_profile_counts_a_decode_steps_ops(tiny_deepseek_v2, tmp_path, caps
     assert res["aten_ops_per_step"] > 100 and res["layers"] == 3
     assert 0 < res["forward_host_s"] <= res["step_s"]
     assert len(res["top_host_ops"]) == 5
+    # the cache's timed step is part of engine.step's; the rest is the host's work around it
+    assert 0 < res["cache_step_s"] < res["step_s_unprofiled"]
+    assert 0 < res["outside_cache_step_s"] < res["step_s_unprofiled"]
     assert step_profile.main(["--model", str(tiny_deepseek_v2), "--batch", "2", "--context", "0.25k",
                               "--warmup", "1", "--steps", "2", "--top", "3", "--prefill",
                               "synthetic", "--num-gpu-blocks", "1", "--json", str(out)]) == 0
