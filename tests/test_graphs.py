@@ -130,8 +130,12 @@ def test_auto_step_form_tries_both_forms_and_keeps_the_tokens(tiny_qwen3_moe, mo
     _, s = split_against_one_batch(tiny_qwen3_moe, prompts, "auto", monkeypatch)
     keys = s["engine.step_forms"]  # decode steps of 1, 2, then 3 sequences, whose context
     assert "3 seqs, 256+ tokens" in keys, keys  # crossed 256 tokens
-    forms = keys["3 seqs, 256+ tokens"]
+    # the first key of three sequences probed both forms; the one past 256 tokens started from
+    # its choice (the related key, at half the context) instead of probing again
+    forms = keys["3 seqs, 128+ tokens"]
     assert forms["single_ms"] is not None and forms["pipelined_ms"] is not None, forms
+    later = keys["3 seqs, 256+ tokens"]
+    assert later["inherited"] and later["choice"] == forms["choice"], keys
     assert not any(k.startswith("1 seqs") for k in keys), keys  # one sequence: never split
     assert 0 < s["kv.pipelined_steps"] < GREEDY.max_tokens
 

@@ -24,7 +24,8 @@ def test_probes_both_forms_not_counting_each_ones_first_step_then_holds_the_fast
     # one batch first (its first step uncounted), then the split form (idem), then one each
     assert seq == [False, False, True, True, False, True]
     assert f.stats()["4"] == {"choice": "pipelined", "single_ms": 1000.0,
-                              "pipelined_ms": 900.0, "switches": 0, "prior": None}
+                              "pipelined_ms": 900.0, "switches": 0, "prior": None,
+                              "inherited": False}
     assert drive(f, 5, lambda split, i: 0.9 if split else 1.0) == [True] * 5
     # after the hold, the other form twice, then the choice anew (unchanged here)
     assert drive(f, 3, lambda split, i: 0.9 if split else 1.0) == [False, False, True]
@@ -88,8 +89,45 @@ def test_each_batch_size_has_its_own_choice_and_a_declined_split_counts_as_one_b
         assert g.choose(3) in (False, True)
         g.observe(3, False, 1.0)
     assert g.stats()["3"] == {"choice": None, "single_ms": 1000.0, "pipelined_ms": None,
-                              "switches": 0, "prior": None}
+                              "switches": 0, "prior": None, "inherited": False}
     assert g.choose(3) is True  # still probing: asks for the form it has not seen
+
+
+def test_a_doubled_context_starts_from_the_related_keys_choice():
+    """A new key whose related key (the batch at half the context) has chosen holds that form at
+    once -- no steps in the slower form -- until its first re-probe, which checks it here."""
+    f = StepForms(probe=2, hold=4, margin=0.02)
+    faster_split = lambda split, i: 0.8 if split else 1.0  # noqa: E731
+
+    def run(key, n, seconds, related=None, prior=None):
+        out = []
+        for i in range(n):
+            split = f.choose(key, prior, related=related)
+            out.append(split)
+            f.observe(key, split, seconds(split, i))
+        return out
+    run("16K", 6, faster_split)
+    assert f.stats()["16K"]["choice"] == "pipelined"
+    # held from the first step, each counted; after the hold the other form is probed (its
+    # first step uncounted), and the choice is made from this key's own times
+    seq = run("32K", 4, faster_split, related="16K")
+    assert seq == [True] * 4 and f.stats()["32K"]["inherited"] is True
+    assert f.stats()["32K"]["pipelined_ms"] == 800.0 and f.stats()["32K"]["single_ms"] is None
+    assert run("32K", 3, faster_split, related="16K") == [False, False, False]
+    st = f.stats()["32K"]
+    assert st["choice"] == "pipelined" and st["inherited"] is False and st["single_ms"] == 1000.0
+    # where the split form lost its edge at the longer context, the re-probe switches
+    run("64K", 4, lambda split, i: 1.2 if split else 1.0, related="32K")
+    run("64K", 3, lambda split, i: 1.2 if split else 1.0, related="32K")
+    assert f.stats()["64K"]["choice"] == "single" and f.stats()["64K"]["switches"] == 1
+    # a related key still probing, or a prior that disagrees, leaves a new key to probe
+    g = StepForms(probe=2, hold=4)
+    g.choose("a")
+    g.observe("a", False, 1.0)
+    assert g.choose("b", related="a") is False and "b" not in g.stats()  # nothing seen yet
+    assert run("128K", 1, faster_split, related="64K", prior=lambda: True) == [False]
+    assert f.stats()["128K"]["choice"] is None and f.stats()["128K"]["prior"] == "pipelined"
+    assert run("128K", 1, faster_split, related="64K") == [False]  # asked once: still probing
 
 
 @pytest.mark.parametrize("bad", [dict(probe=0), dict(hold=0), dict(probe=3, keep=2),

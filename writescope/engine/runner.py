@@ -35,12 +35,14 @@ class Launched:
         return self.pending is not None
 
 
-def step_form_key(batch: StepBatch) -> str:
+def step_form_key(batch: StepBatch, halves: int = 0) -> str:
     """The chooser's key for a decode step (stepform.py): its sequences, and its total context
     to the power of two below it, so that short warm-up steps and a long run's steps are told
-    apart and the choice is made anew each time the batch's context doubles."""
+    apart and the choice is looked at anew each time the batch's context doubles. ``halves``:
+    the key of the same batch at its context halved so many times (the chooser's related key,
+    which a new key starts from)."""
     total = sum(s.start + s.num_new for s in batch.seqs)
-    return f"{len(batch.seqs)} seqs, {1 << max(0, total.bit_length() - 1)}+ tokens"
+    return f"{len(batch.seqs)} seqs, {1 << max(0, total.bit_length() - 1 - halves)}+ tokens"
 
 
 class ModelRunner:
@@ -139,7 +141,8 @@ class ModelRunner:
         if forms is not None:
             form_key = step_form_key(batch)
             prior = self.form_prior if split_experts else None
-            split = forms.choose(form_key, None if prior is None else (lambda: prior(batch)))
+            split = forms.choose(form_key, None if prior is None else (lambda: prior(batch)),
+                                 related=step_form_key(batch, halves=1))
         if split_experts or forms is not None:
             if hasattr(policy, "pipelined"):  # the planner models the form the step runs in
                 policy.pipelined = split

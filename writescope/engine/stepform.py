@@ -16,7 +16,13 @@ the power of two below it, ``runner.step_form_key``):
   faster where the runner gives a prior -- split expert steps, ``WRITESCOPE_PIPELINE_EXPERTS``
   -- else one batch; from then on, the form chosen);
 * **re-probe**: then the other form runs ``probe`` steps again and the choice is made anew from
-  each form's latest ``keep`` steps, so a host that changes under the run is followed.
+  each form's latest ``keep`` steps, so a host that changes under the run is followed;
+* **inherit**: a key whose batch at half its context (``related``: the key the runner gave
+  before the context doubled) has a choice starts holding that form instead of probing, unless
+  the planner's prior says otherwise; its first re-probe checks it. A long decode crossed each
+  doubling with ~3 steps in the slower form: Qwen3-30B-A3B FP8 4 x 8K ran 15-18 ms steps
+  against 13 split for the first 7 of a bench row's 24 steps (bench/results/2026-12-06-h100),
+  the 16K key's choice, split, made again at 32K.
 
 With two timed steps a form the first choice sees a few percent of noise: DeepSeek-V2-Lite
 4 x 32K with six layers' experts on the CPU kept one batch at 28.6 ms against the split form's
@@ -50,6 +56,7 @@ class _State:
     reprobe: int = 0            # steps of the other form still to run
     switches: int = 0
     prior: bool | None = None   # the form predicted faster (the first choice's incumbent)
+    inherited: bool = False     # the choice came from the related key's (not yet re-probed)
 
 
 class StepForms:
@@ -71,12 +78,21 @@ class StepForms:
             s = self._states[key] = _State({f: deque(maxlen=self.keep) for f in (False, True)})
         return s
 
-    def choose(self, key: Hashable, prior: Callable[[], bool | None] | None = None) -> bool:
+    def choose(self, key: Hashable, prior: Callable[[], bool | None] | None = None,
+               related: Hashable | None = None) -> bool:
         """Whether the next decode step of this key should run as two sub-batches. ``prior``:
         called once, at the key's first step, for the form predicted faster (True: split),
-        the incumbent of the first choice (None: one batch)."""
-        if prior is not None and key not in self._states:
-            self._state(key).prior = prior()
+        the incumbent of the first choice (None: one batch). ``related``: the key of the same
+        batch at half the context, whose choice a new key starts from (see the module
+        docstring) where the prior does not contradict it."""
+        if key not in self._states:
+            if prior is not None:
+                self._state(key).prior = prior()
+            near = self._states.get(related) if related is not None else None
+            if near is not None and near.choice is not None:
+                s = self._state(key)
+                if s.prior is None or s.prior == near.choice:
+                    s.choice, s.inherited = near.choice, True
         s = self._states.get(key)
         if s is None:  # nothing seen yet (the state is made by the first step observed)
             return False
@@ -89,8 +105,10 @@ class StepForms:
         that could not have been split, with no CPU work to overlap, is not shown here.)"""
         s = self._state(key)
         s.seen[split] += 1
-        if s.seen[split] == 1:
-            return  # eager, before the form's graphs were captured: not this form's speed
+        if s.seen[split] == 1 and not (s.inherited and split == s.choice):
+            # eager, before the form's graphs were captured: not this form's speed (an inherited
+            # form has run at this batch size already)
+            return
         s.times[split].append(float(seconds))
         if s.choice is None:
             if min(len(s.times[False]), len(s.times[True])) >= self.probe:
@@ -111,12 +129,13 @@ class StepForms:
         new = (not cur) if med[not cur] < med[cur] * (1.0 - self.margin) else cur
         if s.choice is not None and new != s.choice:
             s.switches += 1
-        s.choice, s.held, s.reprobe = new, 0, 0
+        s.choice, s.held, s.reprobe, s.inherited = new, 0, 0, False
 
     def stats(self) -> dict:
         """Per key: the form chosen (``None`` while first probing), the median ms of each
-        form's latest steps, how often the choice switched, and the form predicted faster
-        (``None`` where no prior was given)."""
+        form's latest steps, how often the choice switched, the form predicted faster
+        (``None`` where no prior was given), and whether the choice is still the related key's
+        (``inherited``: not yet re-probed here)."""
         out = {}
         for key, s in self._states.items():
             ms = {f: (round(1e3 * statistics.median(s.times[f]), 2) if s.times[f] else None)
@@ -126,5 +145,6 @@ class StepForms:
                            "single_ms": ms[False], "pipelined_ms": ms[True],
                            "switches": s.switches,
                            "prior": None if s.prior is None else
-                           ("pipelined" if s.prior else "single")}
+                           ("pipelined" if s.prior else "single"),
+                           "inherited": s.inherited}
         return out
