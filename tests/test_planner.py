@@ -904,6 +904,34 @@ def test_assign_reads_t_in_place_when_it_helps():
         assert cpu_t == list(range(4, 4 + len(cpu_t)))  # the oldest T blocks
 
 
+def test_each_step_form_is_planned_for_itself_within_the_memo_tolerance():
+    """The step-form chooser alternates one batch and two sub-batches while it probes: a step
+    of the other form is planned with that form's model, not with the shares the last step's
+    form solved for (the memo of a state within MEMO_TOLERANCE), and so is placement's target."""
+    cfg = tiny_cfg()
+    prof = h200_like()
+    regs = tuple([Region.G] * 4 + [Region.T] * 400)
+    seqs = [SeqKV(i, 64 * 404 + 3, regs) for i in range(4)]
+    want = {pl: rl.optimal_cpu_share(prof, cfg, 4, 4 * (4 * 64 + 3), 0, 4 * 400 * 64, False,
+                                     pipelined=pl).cpu_share for pl in (False, True)}
+    assert abs(want[True] - want[False]) > 0.01  # the two forms' solutions differ here
+    p = policy(cfg, prof)
+    for pl in (False, True, False):
+        p.pipelined = pl
+        for s in seqs:
+            p.assign(s)
+        assert p.stats()["planner.cpu_share"] == pytest.approx(want[pl]), pl
+        p.observe({"batch_lengths": [s.num_tokens for s in seqs]})
+    # placement's target too: the same batch placed under each form
+    cap = CacheCapacity({Region.G: 0, Region.T: 1000, Region.C: 1000}, 64, 1024)
+    targets = {}
+    for pl in (False, True, False):
+        p.pipelined = pl
+        p.place(SeqKV(0, 64 * 405, regs), 1, cap)
+        targets.setdefault(pl, []).append(p.last_placement_target)
+    assert targets[False][0] == targets[False][1] != targets[True][0]
+
+
 # ----------------------------------------------------------------------------- feedback
 def test_feedback_ema():
     fb = RateFeedback(alpha=0.5)

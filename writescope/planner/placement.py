@@ -40,8 +40,9 @@ The cache asks (see :mod:`writescope.kvcache.placement`):
   decode steps one step is planned at the uncorrected model's share, so a CPU factor made
   pessimistic by a slow moment is measured again rather than kept for good
   (``planner.probes``). A step whose lengths and rate factors are within 1% of the last solve
-  (``MEMO_TOLERANCE``) reuses its shares: the optimiser is most of the planner's host time, and
-  a decode step at 8K is host-bound.
+  (``MEMO_TOLERANCE``), in the same form (pipelined or not), reuses its shares, and so does a
+  placement's target: the optimiser is most of the planner's host time, and a decode step at
+  8K is host-bound.
   Only decode steps (every sequence one token longer, seen by comparing ``batch_lengths`` with
   the lengths ``assign`` was shown) correct the rates; ``planner.predicted_step_s`` (made
   before the step ran, from the state after the previous one) and ``planner.measured_step_s``
@@ -152,9 +153,10 @@ MEMO_TOLERANCE = 0.01
 
 
 def _close(a: tuple, b: tuple) -> bool:
-    """Two planning states ``(batch, resident, c_tokens, t_tokens, corrections)`` within
-    :data:`MEMO_TOLERANCE` of each other."""
-    if a[0] != b[0]:
+    """Two planning states ``(batch, resident, c_tokens, t_tokens, corrections, form)`` within
+    :data:`MEMO_TOLERANCE` of each other (the batch and the step's form, pipelined or not,
+    the same)."""
+    if a[0] != b[0] or a[5:] != b[5:]:
         return False
     # token counts: relative to the batch's whole context (a tail growing by one token per step
     # is a large change of a small resident count, not of the step)
@@ -230,6 +232,7 @@ class WriteScopePolicy(PlacementPolicy):
         self._decode_without_cpu = 0  # decode steps since the CPU last attended (was timed)
         self.probes = 0  # steps planned at the uncorrected share to re-measure the CPU
         self._memo = None  # (planning state, (target share, step share, predicted step s))
+        self._place_memo = None  # (placement's planning state, its target share)
         self._first_cpu_skipped = False
         #: id of a sealed-region tuple -> (the tuple, its G/C/T counts): see _counts; observe()
         #: keeps those of the batch's view
@@ -326,9 +329,15 @@ class WriteScopePolicy(PlacementPolicy):
         resident += to_g
         spilled += future - to_g
         b = max(len(ids), self.batch_hint or 1)
-        return rl.target_share(self.profile, self.cfg, b, resident, spilled, self.experts_on_cpu,
-                               self._placement_corrections(resident + spilled),
-                               pipelined=self.pipelined).cpu_share
+        corr = self._placement_corrections(resident + spilled)
+        state = (b, resident, spilled, 0.0, corr, self.pipelined)
+        memo = self._place_memo
+        if memo is not None and _close(memo[0], state):
+            return memo[1]  # the batch within MEMO_TOLERANCE of the last solve (see _make_plan)
+        share = rl.target_share(self.profile, self.cfg, b, resident, spilled, self.experts_on_cpu,
+                                corr, pipelined=self.pipelined).cpu_share
+        self._place_memo = (state, share)
+        return share
 
     def _batch_ids(self, seq_id: int) -> set[int]:
         """The sequences of the batch being placed for that hold blocks (or are ``seq_id``): the
@@ -581,7 +590,9 @@ class WriteScopePolicy(PlacementPolicy):
             t_tok += n_t * bs
         b = max(len(seqs), self.batch_hint or 1)
         corr = self.feedback.corrections_at(resident + c_tok + t_tok)
-        state = (b, resident, c_tok, t_tok, corr)
+        # (the form: the step-form chooser alternates them while it probes, and each has its
+        # own solution)
+        state = (b, resident, c_tok, t_tok, corr, self.pipelined)
         memo = self._memo
         if memo is not None and _close(memo[0], state):
             # a decode step later: lengths and rates within MEMO_TOLERANCE of the last solve,
