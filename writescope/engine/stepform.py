@@ -20,9 +20,9 @@ the power of two below it, ``runner.step_form_key``):
 * **inherit**: a key whose batch at half its context (``related``: the key the runner gave
   before the context doubled) has a choice starts holding that form instead of probing, unless
   the planner's prior says otherwise; its first re-probe checks it. A long decode crossed each
-  doubling with ~3 steps in the slower form: Qwen3-30B-A3B FP8 4 x 8K ran 15-18 ms steps
-  against 13 split for the first 7 of a bench row's 24 steps (bench/results/2026-12-06-h100),
-  the 16K key's choice, split, made again at 32K.
+  doubling with ~3 steps in the slower form: Qwen3-30B-A3B FP8 4 x 8K on an H100 host chose
+  the split form at 16K (11.3 ms against 15.4 one batch) and probed one batch again at 32K
+  (bench/results/2026-12-06-h100).
 
 With two timed steps a form the first choice sees a few percent of noise: DeepSeek-V2-Lite
 4 x 32K with six layers' experts on the CPU kept one batch at 28.6 ms against the split form's

@@ -7,17 +7,13 @@
 #    cache's step and engine.step's time outside it, and 6 steps under cProfile.
 # 2. `writescope bench` under the defaults: that row and DeepSeek-V2-Lite bf16 4 x 32K kv auto
 #    (0.896 on the sixty-first's H100 host), as the sixty-first's call 2 ran them.
-# Rows run in the order written; those past the deadline are skipped. CALL_S=400.
+# Rows run in the order written (the bench row first); those past the deadline are skipped.
+# CALL_S=260 runs the calibration, the Qwen3 row and its profile; CALL_S=380 all.
 source bench/results/run-helper.sh
-call_begin ${CALL_S:-400}
+call_begin ${CALL_S:-380}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $R/gpu.txt
 calibrate_profile 45
 Q='quantization_config={"quant_method":"fp8","fmt":"e4m3","activation_scheme":"dynamic","weight_block_size":[128,128]}'
-run q-fp8-8k-prof 90 python -m writescope.bench.step_profile --model qwen3-30b-a3b --random-weights \
-  --profile $P --vram-budget 32GiB --max-num-batched-tokens 16384 --batch 4 --context 8k \
-  --prefill synthetic --warmup 6 --steps 8 --top 10 --experts auto --kv-cache-memory auto \
-  --cprofile 6 --config-override "$Q" --json $R/q-fp8-8k-prof.json
-grep -h "median of" $R/q-fp8-8k-prof.log | cut -c1-400
 bench_row() {  # NAME CAP MODEL CONTEXT [bench args...]
   local name=$1 cap=$2 model=$3 ctx=$4; shift 4
   run $name $cap python -m writescope bench --model $model --random-weights --profile $P \
@@ -27,6 +23,11 @@ bench_row() {  # NAME CAP MODEL CONTEXT [bench args...]
   grep -h "tok/s\|peak" $R/$name.log | tail -1
 }
 bench_row q-fp8-8k 90 qwen3-30b-a3b 8k --config-override "$Q"
+run q-fp8-8k-prof 90 python -m writescope.bench.step_profile --model qwen3-30b-a3b --random-weights \
+  --profile $P --vram-budget 32GiB --max-num-batched-tokens 16384 --batch 4 --context 8k \
+  --prefill synthetic --warmup 6 --steps 8 --top 10 --experts auto --kv-cache-memory auto \
+  --cprofile 6 --config-override "$Q" --json $R/q-fp8-8k-prof.json
+grep -h "median of" $R/q-fp8-8k-prof.log | cut -c1-400
 bench_row ds-32k 80 deepseek-v2-lite 32k
 for f in q-fp8-8k ds-32k; do [ -f $R/$f/results.json ] && python - $R/$f/results.json <<'PY'
 import json, sys
