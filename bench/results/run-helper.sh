@@ -134,3 +134,15 @@ host_profile() {
     --profile $P --prefill synthetic --cprofile 4 --batch $b --context $ctx --experts $ex \
     --vram-budget $budget --json $R/$name.json "$@"
 }
+
+# bench_row NAME CAP MODEL CONTEXT [bench args...]: one `writescope bench` row under the defaults
+# the issue-6 rows use (random weights, $P's profile, a 32 GiB budget, batch 4, synthetic prefill,
+# 24 timed decode steps, writescope, experts and KV memory auto) into $R/NAME/.
+bench_row() {
+  local name=$1 cap=$2 model=$3 ctx=$4; shift 4
+  run $name $cap python -m writescope bench --model $model --random-weights --profile $P \
+    --vram-budget 32GiB --max-num-batched-tokens 16384 --warmup-length 1k --decode-steps 24 \
+    --prefill synthetic --no-progress --batch 4 --context-lengths $ctx --policies writescope \
+    --experts auto --kv-cache-memory auto "$@" --out $R/$name
+  grep -h "tok/s\|peak" $R/$name.log | tail -1
+}
