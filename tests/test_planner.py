@@ -631,6 +631,30 @@ def test_cpu_tokens_non_decreasing_random_profiles(rc, rp, rt, b, g, exp, rexp):
             assert exp and rexp > 77 and shares[i] == 1.0, (i, shares, cpu_tokens)
 
 
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), b=st.integers(1, 8), spilled=st.booleans())
+def test_a_prediction_is_the_sum_of_its_layers(seed, b, spilled):
+    """predict_step times each kind of layer once and sums kinds times their counts: the same
+    as summing its per-layer times (``layers``), whatever layers' experts are on the CPU."""
+    rng = random.Random(seed)
+    cfg = tiny_cfg(layers=6, dense_first=True)
+    prof = h200_like()
+    flags = tuple(rng.random() < 0.5 for _ in range(cfg.num_layers))
+    load = rl.StepLoad(b, rng.uniform(1e3, 1e6), *(rng.uniform(0, 1e6) * spilled for _ in range(2)),
+                       rng.uniform(0, 1e5) * spilled)
+    p = rl.predict_step(prof, cfg, load, flags)
+    head_s = cfg.vocab_size * cfg.hidden_size * rl.WEIGHT_BYTES / prof.weight_read_Bps
+    assert len(p.layers) == cfg.num_layers
+    assert p.step_s == pytest.approx(sum(lt.total_s for lt in p.layers) + p.layers[0].pcie_s
+                                     + head_s, rel=1e-12)
+    assert p.dense_s == pytest.approx(sum(lt.dense_s for lt in p.layers) + head_s, rel=1e-12)
+    cpu = rl.cpu_expert_layers(cfg, flags)
+    assert p.cpu_expert_s == pytest.approx(sum(p.layers[i].expert_s for i in cpu), rel=1e-12,
+                                           abs=1e-18)
+    for i, lt in enumerate(p.layers):  # each layer timed as its own kind
+        assert lt == rl.layer_time(prof, cfg, i, load, cpu)
+
+
 def test_bound_charges_the_measured_expert_bytes():
     """Given the experts' bytes a step really read, the bound charges those instead of uniform
     routing's: the same figure gives the same bound, fewer bytes a lower one (Mixtral 2 x 128K
