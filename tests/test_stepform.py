@@ -25,10 +25,28 @@ def test_probes_both_forms_not_counting_each_ones_first_step_then_holds_the_fast
     assert seq == [False, False, True, True, False, True]
     assert f.stats()["4"] == {"choice": "pipelined", "single_ms": 1000.0,
                               "pipelined_ms": 900.0, "switches": 0, "prior": None,
-                              "inherited": False}
+                              "inherited": False, "hold": 5}
     assert drive(f, 5, lambda split, i: 0.9 if split else 1.0) == [True] * 5
-    # after the hold, the other form twice, then the choice anew (unchanged here)
+    # after the hold, the other form twice, then the choice anew (unchanged here), which holds
+    # twice as long before the next re-probe
     assert drive(f, 3, lambda split, i: 0.9 if split else 1.0) == [False, False, True]
+    assert f.stats()["4"]["hold"] == 10
+    assert drive(f, 11, lambda split, i: 0.9 if split else 1.0) == [True] * 9 + [False] * 2
+
+
+def test_the_hold_doubles_while_re_probes_agree_and_resets_on_a_switch():
+    f = StepForms(probe=1, hold=2, max_hold=8, keep=2)
+    faster_split = lambda split, i: 0.8 if split else 1.0  # noqa: E731
+    drive(f, 4, faster_split)  # probe: one batch twice (first uncounted), split twice
+    holds = []
+    for _ in range(5):  # hold, then one re-probe step
+        holds.append(f.stats()["4"]["hold"])
+        drive(f, holds[-1] + 1, faster_split)
+    assert holds == [2, 4, 8, 8, 8]
+    # the split form loses its edge: the next re-probe switches and the hold starts again
+    drive(f, 9, lambda split, i: 1.3 if split else 1.0)
+    st = f.stats()["4"]
+    assert st["choice"] == "single" and st["switches"] == 1 and st["hold"] == 2
 
 
 def test_the_split_form_must_win_by_the_margin():
@@ -89,7 +107,7 @@ def test_each_batch_size_has_its_own_choice_and_a_declined_split_counts_as_one_b
         assert g.choose(3) in (False, True)
         g.observe(3, False, 1.0)
     assert g.stats()["3"] == {"choice": None, "single_ms": 1000.0, "pipelined_ms": None,
-                              "switches": 0, "prior": None, "inherited": False}
+                              "switches": 0, "prior": None, "inherited": False, "hold": 0}
     assert g.choose(3) is True  # still probing: asks for the form it has not seen
 
 
@@ -116,10 +134,14 @@ def test_a_doubled_context_starts_from_the_related_keys_choice():
     assert run("32K", 3, faster_split, related="16K") == [False, False, False]
     st = f.stats()["32K"]
     assert st["choice"] == "pipelined" and st["inherited"] is False and st["single_ms"] == 1000.0
-    # where the split form lost its edge at the longer context, the re-probe switches
-    run("64K", 4, lambda split, i: 1.2 if split else 1.0, related="32K")
-    run("64K", 3, lambda split, i: 1.2 if split else 1.0, related="32K")
-    assert f.stats()["64K"]["choice"] == "single" and f.stats()["64K"]["switches"] == 1
+    assert st["hold"] == 8  # the re-probe kept the choice: held twice as long
+    # where the split form lost its edge at the longer context, the re-probe (after the hold
+    # the key inherited) switches
+    slower_split = lambda split, i: 1.2 if split else 1.0  # noqa: E731
+    assert run("64K", 8, slower_split, related="32K") == [True] * 8
+    assert run("64K", 3, slower_split, related="32K") == [False] * 3
+    st = f.stats()["64K"]
+    assert st["choice"] == "single" and st["switches"] == 1 and st["hold"] == 4
     # a related key still probing, or a prior that disagrees, leaves a new key to probe
     g = StepForms(probe=2, hold=4)
     g.choose("a")
@@ -131,6 +153,7 @@ def test_a_doubled_context_starts_from_the_related_keys_choice():
 
 
 @pytest.mark.parametrize("bad", [dict(probe=0), dict(hold=0), dict(probe=3, keep=2),
+                                 dict(hold=10, max_hold=5),
                                  dict(margin=1.0), dict(margin=-0.1)])
 def test_bad_settings_are_refused(bad):
     with pytest.raises(ValueError, match="step forms"):

@@ -16,7 +16,11 @@ the power of two below it, ``runner.step_form_key``):
   faster where the runner gives a prior -- split expert steps, ``WRITESCOPE_PIPELINE_EXPERTS``
   -- else one batch; from then on, the form chosen);
 * **re-probe**: then the other form runs ``probe`` steps again and the choice is made anew from
-  each form's latest ``keep`` steps, so a host that changes under the run is followed;
+  each form's latest ``keep`` steps, so a host that changes under the run is followed. Each
+  re-probe that keeps the choice doubles the hold, up to ``max_hold`` steps; one that switches
+  sets it back to ``hold``. (A re-probe runs ``probe`` steps in the slower form: 2 of every 26
+  at the base hold, 4 ms each for Qwen3-30B-A3B FP8 4 x 8K on an H100 host, 15.3 ms one batch
+  against 11.2 split; 2 of every 194 at the longest.)
 * **inherit**: a key whose batch at half its context (``related``: the key the runner gave
   before the context doubled) has a choice starts holding that form instead of probing, unless
   the planner's prior says otherwise; its first re-probe checks it. A long decode crossed each
@@ -44,6 +48,8 @@ HOLD_STEPS = 24
 MARGIN = 0.02
 #: latest steps of each form the choice looks at
 KEEP_STEPS = 4
+#: the longest hold, after re-probes that kept the choice (each doubles it)
+MAX_HOLD_STEPS = 192
 
 
 @dataclass
@@ -57,6 +63,7 @@ class _State:
     switches: int = 0
     prior: bool | None = None   # the form predicted faster (the first choice's incumbent)
     inherited: bool = False     # the choice came from the related key's (not yet re-probed)
+    hold: int = 0               # steps to hold the choice before the next re-probe
 
 
 class StepForms:
@@ -64,12 +71,14 @@ class StepForms:
     split (:meth:`choose`), and the measured seconds of each step that ran (:meth:`observe`)."""
 
     def __init__(self, probe: int = PROBE_STEPS, hold: int = HOLD_STEPS, margin: float = MARGIN,
-                 keep: int = KEEP_STEPS):
-        if probe < 1 or hold < 1 or keep < probe or not 0.0 <= margin < 1.0:
-            raise ValueError(f"step forms: probe {probe}, hold {hold}, keep {keep} and margin "
-                             f"{margin} must satisfy 1 <= probe <= keep, hold >= 1, "
-                             "0 <= margin < 1")
+                 keep: int = KEEP_STEPS, max_hold: int | None = None):
+        max_hold = max(hold, MAX_HOLD_STEPS) if max_hold is None else max_hold
+        if probe < 1 or hold < 1 or keep < probe or not 0.0 <= margin < 1.0 or max_hold < hold:
+            raise ValueError(f"step forms: probe {probe}, hold {hold}, max_hold {max_hold}, keep "
+                             f"{keep} and margin {margin} must satisfy 1 <= probe <= keep, "
+                             "1 <= hold <= max_hold, 0 <= margin < 1")
         self.probe, self.hold, self.margin, self.keep = probe, hold, margin, keep
+        self.max_hold = max_hold
         self._states: dict[Hashable, _State] = {}
 
     def _state(self, key: Hashable) -> _State:
@@ -92,7 +101,7 @@ class StepForms:
             if near is not None and near.choice is not None:
                 s = self._state(key)
                 if s.prior is None or s.prior == near.choice:
-                    s.choice, s.inherited = near.choice, True
+                    s.choice, s.inherited, s.hold = near.choice, True, near.hold
         s = self._states.get(key)
         if s is None:  # nothing seen yet (the state is made by the first step observed)
             return False
@@ -120,22 +129,25 @@ class StepForms:
                     self._decide(s)
         else:
             s.held += 1
-            if s.held >= self.hold:
+            if s.held >= s.hold:
                 s.held, s.reprobe = 0, self.probe
 
     def _decide(self, s: _State) -> None:
         med = {f: statistics.median(s.times[f]) for f in (False, True)}
         cur = bool(s.prior) if s.choice is None else s.choice
         new = (not cur) if med[not cur] < med[cur] * (1.0 - self.margin) else cur
-        if s.choice is not None and new != s.choice:
-            s.switches += 1
+        if s.choice is None or new != s.choice:
+            s.switches += s.choice is not None
+            s.hold = self.hold
+        else:  # a re-probe kept the choice: the next one comes later
+            s.hold = min(2 * s.hold, self.max_hold)
         s.choice, s.held, s.reprobe, s.inherited = new, 0, 0, False
 
     def stats(self) -> dict:
         """Per key: the form chosen (``None`` while first probing), the median ms of each
         form's latest steps, how often the choice switched, the form predicted faster
-        (``None`` where no prior was given), and whether the choice is still the related key's
-        (``inherited``: not yet re-probed here)."""
+        (``None`` where no prior was given), whether the choice is still the related key's
+        (``inherited``: not yet re-probed here), and the steps it is held between re-probes."""
         out = {}
         for key, s in self._states.items():
             ms = {f: (round(1e3 * statistics.median(s.times[f]), 2) if s.times[f] else None)
@@ -146,5 +158,5 @@ class StepForms:
                            "switches": s.switches,
                            "prior": None if s.prior is None else
                            ("pipelined" if s.prior else "single"),
-                           "inherited": s.inherited}
+                           "inherited": s.inherited, "hold": s.hold}
         return out
