@@ -1,6 +1,8 @@
 #!/bin/bash
-# Sixty-second session, third call: this session's tree against the sixty-first's final one
-# (0184b86) on one host, alternating. Before the call: `mkdir -p _ab/old && git archive 0184b86
+# This session's tree against the sixty-first's final one (0184b86) on one host, alternating.
+# Ran once in the sixty-second session (bench/results/2026-12-06b-h100/call3): the new tree's rows
+# 1.4-2.4x slower with the same CPU seconds in every thread -- unresolved; run it again (on the
+# final tree), with more rounds if the call allows (ROUNDS=3). Before the call: `mkdir -p _ab/old && git archive 0184b86
 # writescope | tar -x -C _ab/old` (untracked, not ignored, so the device gets it; removed after).
 # `writescope bench` of Qwen3-30B-A3B FP8 4 x 8K kv auto under the defaults (the sixty-first's
 # 0.714 row), new / old / new / old, the old tree run from _ab/old (python -m puts the working
@@ -11,11 +13,11 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $R/gpu.txt
 (cd _ab/old && python -m writescope.bench.provenance) > $R/provenance-old.txt 2>&1
 calibrate_profile 45
 Q='quantization_config={"quant_method":"fp8","fmt":"e4m3","activation_scheme":"dynamic","weight_block_size":[128,128]}'
-for round in 1 2; do
+for round in $(seq 1 ${ROUNDS:-2}); do
   bench_row q-new-$round 60 qwen3-30b-a3b 8k --config-override "$Q"
   (cd _ab/old && bench_row q-old-$round 60 qwen3-30b-a3b 8k --config-override "$Q")
 done
-for f in q-new-1 q-old-1 q-new-2 q-old-2; do [ -f $R/$f/results.json ] && python - $f $R/$f/results.json <<'PY'
+for f in $(ls -d $R/q-* | xargs -n1 basename); do [ -f $R/$f/results.json ] && python - $f $R/$f/results.json <<'PY'
 import json, sys
 r = json.load(open(sys.argv[2]))["rows"][0]
 print(sys.argv[1], "tok/s %.1f mean %.2f p50 %.2f ms eff %.3f split %s" % (

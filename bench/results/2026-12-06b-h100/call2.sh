@@ -14,6 +14,14 @@ call_begin ${CALL_S:-380}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $R/gpu.txt
 calibrate_profile 45
 Q='quantization_config={"quant_method":"fp8","fmt":"e4m3","activation_scheme":"dynamic","weight_block_size":[128,128]}'
+bench_row() {  # NAME CAP MODEL CONTEXT [bench args...]
+  local name=$1 cap=$2 model=$3 ctx=$4; shift 4
+  run $name $cap python -m writescope bench --model $model --random-weights --profile $P \
+    --vram-budget 32GiB --max-num-batched-tokens 16384 --warmup-length 1k --decode-steps 24 \
+    --prefill synthetic --no-progress --batch 4 --context-lengths $ctx --policies writescope \
+    --experts auto --kv-cache-memory auto "$@" --out $R/$name
+  grep -h "tok/s\|peak" $R/$name.log | tail -1
+}
 bench_row q-fp8-8k 90 qwen3-30b-a3b 8k --config-override "$Q"
 run q-fp8-8k-prof 90 python -m writescope.bench.step_profile --model qwen3-30b-a3b --random-weights \
   --profile $P --vram-budget 32GiB --max-num-batched-tokens 16384 --batch 4 --context 8k \

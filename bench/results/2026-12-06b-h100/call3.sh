@@ -1,0 +1,26 @@
+#!/bin/bash
+# Sixty-second session, third call: this session's tree against the sixty-first's final one
+# (0184b86) on one host, alternating. Before the call: `mkdir -p _ab/old && git archive 0184b86
+# writescope | tar -x -C _ab/old` (untracked, not ignored, so the device gets it; removed after).
+# `writescope bench` of Qwen3-30B-A3B FP8 4 x 8K kv auto under the defaults (the sixty-first's
+# 0.714 row), new / old / new / old, the old tree run from _ab/old (python -m puts the working
+# directory first on sys.path). CALL_S=200.
+source bench/results/run-helper.sh
+call_begin ${CALL_S:-200}
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $R/gpu.txt
+(cd _ab/old && python -m writescope.bench.provenance) > $R/provenance-old.txt 2>&1
+calibrate_profile 45
+Q='quantization_config={"quant_method":"fp8","fmt":"e4m3","activation_scheme":"dynamic","weight_block_size":[128,128]}'
+for round in 1 2; do
+  bench_row q-new-$round 60 qwen3-30b-a3b 8k --config-override "$Q"
+  (cd _ab/old && bench_row q-old-$round 60 qwen3-30b-a3b 8k --config-override "$Q")
+done
+for f in q-new-1 q-old-1 q-new-2 q-old-2; do [ -f $R/$f/results.json ] && python - $f $R/$f/results.json <<'PY'
+import json, sys
+r = json.load(open(sys.argv[2]))["rows"][0]
+print(sys.argv[1], "tok/s %.1f mean %.2f p50 %.2f ms eff %.3f split %s" % (
+    r["decode_tokens_per_s"], 1e3 * r["mean_step_s"], 1e3 * r["p50_step_s"],
+    r.get("bound_efficiency") or 0, r.get("pipelined_steps")))
+PY
+done
+call_end
