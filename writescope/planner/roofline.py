@@ -477,9 +477,10 @@ def predict_step(profile: "HardwareProfile", cfg: "ModelConfig", load: StepLoad,
 def _layer_kinds(num_layers: int, moe_layers: frozenset, cpu_layers: frozenset
                  ) -> tuple[tuple[tuple[bool, bool], ...], tuple[tuple[tuple[bool, bool], int, int], ...]]:
     """Each layer's kind ``(MoE, experts on the CPU)``, and per kind its first layer and its
-    count: a step's prediction times each kind once and sums kinds times counts (a loop over
-    48 layers, three times a decode step with CPU experts, was ~0.5 ms of the planner's
-    feedback on an H100 host)."""
+    count: a step's prediction times each kind once and sums kinds times counts. (Loops over
+    the layers, three predictions a decode step with CPU experts, made most of the planner's
+    feedback: 1.2 ms a Qwen3-30B-A3B step under cProfile on an H100 host,
+    bench/results/2026-12-06b-h100 call 2.)"""
     order = tuple((i in moe_layers, i in cpu_layers) for i in range(num_layers))
     first: dict = {}
     count: dict = {}
