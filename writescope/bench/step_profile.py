@@ -103,7 +103,7 @@ def main(argv=None) -> int:
     cpu_experts.take_timeline()
     cpu_experts.take_host_timeline()
     plain, expert_s, host_s, chains = [], [], [], []  # the same steps with no profiler attached
-    cache_s = []  # the cache's own step time (begin_step's plan to end_step: step_s)
+    cache_s = []  # the cache's own step time (step_s: from after begin_step's plan to end_step)
     for _ in range(args.steps):
         t0 = time.perf_counter()
         eng.step()
@@ -155,7 +155,9 @@ def main(argv=None) -> int:
         "forward_host_s_unprofiled": sorted(host_s)[len(host_s) // 2],
         # the cache's timed step (what the planner and the step-form chooser see) and the rest
         # of engine.step around it (scheduling, placement and the plan, sampling, the outputs;
-        # where steps cannot overlap, as with CPU experts, step time too): unprofiled medians
+        # where steps cannot overlap, as with CPU experts, step time too): unprofiled medians.
+        # (An overlapped step is closed before its device work is done: its step_s is then
+        # the host's alone, and the rest is mostly the wait for the step before.)
         "cache_step_s": sorted(cache_s)[len(cache_s) // 2],
         "outside_cache_step_s": sorted(w - c for w, c in zip(plain, cache_s))[len(plain) // 2],
         # WRITESCOPE_PIPELINE_EXPERTS: steps with CPU experts split into two sub-batches
