@@ -97,11 +97,11 @@ def cpu_expert_layers(cfg: "ModelConfig", experts_on_cpu: ExpertsOnCpu) -> froze
     if len(flags) != cfg.num_layers:
         raise ValueError(f"experts_on_cpu has {len(flags)} flags, the model has "
                          f"{cfg.num_layers} layers")
-    return _flagged_layers(moe, tuple(bool(f) for f in flags))
+    return _flagged_layers(moe, flags)  # (the flags as given: numpy's bools hash as bools)
 
 
 @functools.lru_cache(maxsize=256)
-def _flagged_layers(moe: frozenset, flags: tuple[bool, ...]) -> frozenset:
+def _flagged_layers(moe: frozenset, flags: tuple) -> frozenset:
     """The MoE layers among ``flags``' set ones (asked several times a prediction, each
     prediction of a step with per-layer flags)."""
     return frozenset(i for i, f in enumerate(flags) if f and i in moe)
