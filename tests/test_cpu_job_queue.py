@@ -316,6 +316,98 @@ def test_graphed_expert_call_host_half_resets_words_and_computes_real_rows():
     assert not call.res[n:].any()
 
 
+def test_drain_up_to_a_mark_leaves_later_calls_running():
+    """``drain(upto=mark)`` waits only for the calls submitted before the mark and reports only
+    their figures and failures; a later call (a graph's next replay, queued while this one ran)
+    keeps waiting for its ready word, and its failure reaches the drain that covers it."""
+    _, pool, q, plan = _case("cpu", 4)
+    o, l = plan(q, pool[0])
+    words = torch.zeros(8, dtype=torch.int64)
+    view, addr = words.numpy(), words.data_ptr()
+    queue = cpu.CpuJobQueue()
+    try:
+        assert queue.mark() == 0
+        queue.submit(plan, q, pool[0], o, l, ready=(addr, 1), done=(addr + 8, 1))
+        first = queue.mark()
+        queue.submit(plan, q, pool[1], o.clone(), l.clone(), ready=(addr + 16, 1),
+                     done=(addr + 24, 1), timeout_s=0.3)
+        assert first == 1 and queue.mark() == 2
+        _raise_later(view, 0, 1, 0.01)
+        t0 = time.perf_counter()
+        calls, _, kernel = queue.drain(timeout_s=10, upto=first)
+        assert calls == 1 and kernel > 0 and time.perf_counter() - t0 < 0.25
+        assert int(view[1]) == 1 and int(view[3]) == 0  # the second still waits
+        assert queue.drain(upto=first) == (0, 0.0, 0.0)  # covered already
+        with pytest.raises(TimeoutError, match="ready"):  # its word never came: its failure
+            queue.drain(timeout_s=10)
+        assert int(view[3]) == 1
+    finally:
+        queue.close()
+
+
+def test_overlapped_replays_of_a_graphed_expert_call():
+    """Two replays of one graphed call in flight at once (an overlapped decode step,
+    engine/inflight.py), the device played by the test: the second submit, made while the
+    first replay is in flight (``overlapping``), does not touch the words; each job takes its
+    ready word back to 0 once it has seen it (so the second cannot start on the first's raise),
+    and the device takes done back to 0 after its wait (the captured store), before it raises
+    ready for the second. ``settle`` at the first step's mark drains the first call only and
+    leaves the second waiting; each replay computes its own inputs."""
+    from writescope.layers import cpu_experts as ce
+    from writescope.layers import cpu_experts_graph as ceg
+    from writescope.layers.cpu_experts_graph import GraphedCall
+    if ce._get_lib() is None or ce._get_native_queue() is None:
+        pytest.skip("CPU expert kernel or native queue unavailable")
+    ce.raise_pending_errors()
+    ce.take_routed_bytes()
+    gen = torch.Generator().manual_seed(12)
+    ex = ce.CpuExperts.random(8, 64, 96, torch.bfloat16, seed=3)
+    rows, k = 4, 2
+    steps = [(torch.randn(rows, 64, generator=gen).to(torch.bfloat16),
+              torch.randint(0, 8, (rows, k), generator=gen, dtype=torch.int32),
+              torch.rand(rows, k, generator=gen)) for _ in range(2)]
+    words = _Words(2)
+    call = GraphedCall(ex, rows, torch.zeros(rows, 64, dtype=torch.bfloat16),
+                       torch.zeros(rows, k, dtype=torch.int32), torch.zeros(rows, k),
+                       torch.zeros(rows, 64, dtype=torch.bfloat16),
+                       torch.empty(rows, ex.hp, dtype=torch.float32), words, 0)
+    assert ceg.overlapping() == 0
+    try:
+        call.submit(rows)                  # step 1, nothing in flight
+        ceg.overlapping(+1)                # step 1 closed without waiting
+        mark1 = ce.mark()
+        words._view[1] = 1                 # a stale done (the words are not touched now) ...
+        call.submit(rows)                  # step 2, launched while step 1 is in flight
+        assert words._view.tolist() == [0, 1]
+        words._view[1] = 0                 # ... which the device took down after its last wait
+        # the device, step 1: its inputs land, ready is raised
+        for dst, src in zip((call.xs, call.ids, call.w), steps[0]):
+            dst.copy_(src)
+        words._view[0] = 1
+        deadline = time.perf_counter() + 10
+        while words._view[1] != 1 and time.perf_counter() < deadline:
+            time.sleep(0.001)
+        assert words._view.tolist() == [0, 1]  # the job took ready down, then raised done
+        want1 = ex.forward(*steps[0])
+        assert torch.equal(call.res, want1)
+        time.sleep(0.02)
+        assert words._view.tolist() == [0, 1]  # step 2's job waits: ready is 0 again
+        t0 = time.perf_counter()
+        assert ce.settle(mark1) > 0 and time.perf_counter() - t0 < 1.0  # step 1's call only
+        # the device, after its wait: done back to 0, step 2's inputs, ready
+        words._view[1] = 0
+        for dst, src in zip((call.xs, call.ids, call.w), steps[1]):
+            dst.copy_(src)
+        words._view[0] = 1
+        ce.raise_pending_errors()
+        assert words._view.tolist() == [0, 1]
+        assert torch.equal(call.res, ex.forward(*steps[1]))
+    finally:
+        ceg.settled()
+        ce.raise_pending_errors()
+        ce.take_routed_bytes()
+
+
 def _thread_slack_ns() -> int:
     import ctypes
     return int(ctypes.CDLL(None).prctl(30, 0, 0, 0, 0))  # PR_GET_TIMERSLACK: the calling thread's

@@ -273,3 +273,36 @@ def test_seeded_sampling_overlaps_on_cuda(tiny_qwen3_moe, monkeypatch):
     for k in got:
         assert got[k][0] == want[k][0] == again[k][0], k
     assert s["engine.overlapped_steps"] > 0, s
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("split", ["on", "auto", "off"])
+def test_overlapped_steps_with_graphed_cpu_experts_on_cuda(all_tiny, split, monkeypatch):
+    """Routed experts on the CPU, all KV in G: decode steps are resident, their CPU expert
+    calls graphed (layers/cpu_experts_graph.py), and now overlapped -- in two sub-batches
+    (WRITESCOPE_PIPELINE_EXPERTS on), as the step-form chooser picks (auto: its probes and the
+    ends of its holds timed, synchronously) or as one batch (off). Each call's next replay is
+    queued while the last is on the device: the tokens and log-probabilities are the
+    synchronous run's and transformers'."""
+    from test_parity import generate_checked
+    monkeypatch.setenv("WRITESCOPE_PIPELINE_EXPERTS", split)
+    opts = dict(PLACEMENTS["all-G"], device="cuda", experts="cpu")
+    lens, news = (5, 20, 30), (17, 40, 33)
+    prompts = [prompt_ids(320, n, seed=n) for n in lens]
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True, logprobs=2)
+              for m in news]
+    want, s0 = _run(all_tiny, monkeypatch, False, prompts, params, opts)
+    got, s = _run(all_tiny, monkeypatch, True, prompts, params, opts)
+    assert got.keys() == want.keys()
+    for k in got:
+        assert got[k][0] == want[k][0], k
+        assert max(abs(x - y) for x, y in zip(got[k][1], want[k][1])) < 1e-4, k
+    assert s0["engine.overlapped_steps"] == 0
+    assert s["graphs.cpu_expert_calls"] > 0 and s["graphs.resident_steps"] > 0, s
+    # (the chooser's probes and the ends of its holds run synchronously: fewer under auto)
+    assert s["engine.overlapped_steps"] >= (1 if split == "auto" else sum(news) // 3 // 4), s
+    if split == "on":
+        assert s["graphs.pipelined_steps"] > 0, s
+    monkeypatch.setenv("WRITESCOPE_ASYNC_DECODE", "auto")
+    generate_checked(all_tiny, **opts)

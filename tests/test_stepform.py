@@ -34,6 +34,34 @@ def test_probes_both_forms_not_counting_each_ones_first_step_then_holds_the_fast
     assert drive(f, 11, lambda split, i: 0.9 if split else 1.0) == [True] * 9 + [False] * 2
 
 
+def test_untimed_steps_count_toward_the_hold_and_the_timed_ones_are_named():
+    """Overlapped steps have no time of their own (engine/inflight.py): the chooser names the
+    steps that must be timed -- a new key, the probe, the last ``probe`` steps of a hold, the
+    re-probe -- and the others, observed with ``seconds=None``, count toward the hold only. The
+    same forms run as when every step is timed."""
+    timed = StepForms(probe=2, hold=6, margin=0.02)
+    mixed = StepForms(probe=2, hold=6, margin=0.02)
+    sec = lambda split, i: 0.9 if split else 1.0  # noqa: E731
+    assert mixed.needs_timing(4)
+    want = drive(timed, 30, sec)
+    got, untimed = [], []
+    for i in range(30):
+        split = mixed.choose(4)
+        got.append(split)
+        if mixed.needs_timing(4):
+            mixed.observe(4, split, sec(split, i))
+        else:
+            untimed.append(i)
+            mixed.observe(4, split, None)
+    assert got == want
+    # the probe (steps 0-5: each form's first step uncounted) is timed; then 4 of the hold's 6
+    # are untimed, its last 2 timed, the re-probe's 2 timed; the next hold, 12 steps, likewise
+    assert untimed == [6, 7, 8, 9] + list(range(14, 24)) + [28, 29]
+    assert mixed.stats()["4"] == timed.stats()["4"] and timed.stats()["4"]["hold"] == 24
+    with pytest.raises(TypeError):
+        mixed.observe(4, True)  # seconds must be given (None for an untimed step)
+
+
 def test_the_hold_doubles_while_re_probes_agree_and_resets_on_a_switch():
     f = StepForms(probe=1, hold=2, max_hold=8, keep=2)
     faster_split = lambda split, i: 0.8 if split else 1.0  # noqa: E731

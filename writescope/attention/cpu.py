@@ -27,6 +27,7 @@ variant its profile's calibration found fastest per attention family.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import hashlib
@@ -146,6 +147,15 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ws_queue_submit_fn.argtypes = [p, p, i64, p, i64, d, d, p, p]
     lib.ws_queue_drain.restype = i
     lib.ws_queue_drain.argtypes = [p, d, p]
+    try:  # (an earlier revision's library, bench.cpu_ab, lacks these)
+        lib.ws_queue_submit_fn_ex.restype = i
+        lib.ws_queue_submit_fn_ex.argtypes = [p, p, i64, p, i64, d, d, p, p, i]
+        lib.ws_queue_drain_to.restype = i
+        lib.ws_queue_drain_to.argtypes = [p, i64, d, p]
+        lib.ws_queue_submitted.restype = i64
+        lib.ws_queue_submitted.argtypes = [p]
+    except AttributeError:
+        pass
     lib.ws_queue_times.restype = i
     lib.ws_queue_times.argtypes = [p, p, i]
     lib.ws_queue_free.restype = None
@@ -547,8 +557,9 @@ class CpuJobQueue:
     on one native thread of its own: between two calls that thread needs no interpreter lock,
     so a launching thread that holds it cannot delay the next layer's CPU side (a Python worker
     waits for it up to the interpreter's switch interval). :meth:`submit` returns at once;
-    :meth:`drain` waits for every submitted call and reports their times and the first failure.
-    The tensors of a submitted call are kept alive here until the drain that covers it."""
+    :meth:`drain` waits for every submitted call (or those before a :meth:`mark`) and reports
+    their times and the first failure among them. The tensors of a submitted call are kept
+    alive here until the drain that covers it."""
 
     def __init__(self):
         self.lib = _load()
@@ -557,7 +568,17 @@ class CpuJobQueue:
         from .hostflag import timer_slack_ns
         timer_slack_ns()  # a bad WRITESCOPE_TIMER_SLACK_NS fails here, not silently in the thread
         self._q = self.lib.ws_queue_new()
-        self._keep: list = []
+        #: (the call's number, what it points into), in submission order
+        self._keep: collections.deque = collections.deque()
+        self._submitted = 0
+
+    def mark(self) -> int:
+        """The calls submitted so far: :meth:`drain` ``(upto=mark)`` covers exactly them."""
+        return self._submitted
+
+    def _kept(self, keep) -> None:
+        self._keep.append((self._submitted, keep))
+        self._submitted += 1
 
     def submit(self, plan: CpuAttentionPlan, q: torch.Tensor, kv: torch.Tensor,
                out: torch.Tensor, lse: torch.Tensor, *, ready: tuple[int, int] | None,
@@ -578,29 +599,35 @@ class CpuJobQueue:
                              "float32 or bfloat16 and contiguous")
         r_addr, r_val = ready if ready is not None else (None, 0)
         d_addr, d_val = done if done is not None else (None, 0)
-        self._keep.append((plan, keep, second))
         rc = self.lib.ws_queue_submit(self._q, r_addr, r_val, d_addr, d_val, float(timeout_s),
                                       float(spin_s), *args, *extra)
         if rc != 0:
             raise RuntimeError(f"ws_queue_submit failed ({rc})")
+        self._kept((plan, keep, second))
 
     def submit_fn(self, fn: int, arg: int, keep, *, ready: tuple[int, int] | None,
                   done: tuple[int, int] | None, timeout_s: float = 60.0,
-                  spin_s: float = 0.0) -> None:
+                  spin_s: float = 0.0, consume_ready: bool = False) -> None:
         """Queue a native job of another library: ``fn`` (the address of an ``int fn(void*)``)
         called with ``arg`` between the same ``ready`` / ``done`` words as an attention call.
         ``keep``: whatever ``arg`` points into (kept alive until the drain that covers it). A
         nonzero return of ``fn`` is reported by :meth:`drain`, as a failed kernel call is.
-        ``spin_s``: how long the queue's thread spins on the ready word before it naps."""
+        ``spin_s``: how long the queue's thread spins on the ready word before it naps.
+        ``consume_ready``: the job stores 0 into the ready word once it has seen it (a graphed
+        call whose next replay raises the same word, ``layers/cpu_experts_graph.py``)."""
         if self._q is None:
             raise RuntimeError("the CPU job queue is closed")
         r_addr, r_val = ready if ready is not None else (None, 0)
         d_addr, d_val = done if done is not None else (None, 0)
-        self._keep.append(keep)
-        rc = self.lib.ws_queue_submit_fn(self._q, r_addr, r_val, d_addr, d_val, float(timeout_s),
-                                         float(spin_s), fn, arg)
+        if consume_ready:
+            rc = self.lib.ws_queue_submit_fn_ex(self._q, r_addr, r_val, d_addr, d_val,
+                                                float(timeout_s), float(spin_s), fn, arg, 1)
+        else:
+            rc = self.lib.ws_queue_submit_fn(self._q, r_addr, r_val, d_addr, d_val,
+                                             float(timeout_s), float(spin_s), fn, arg)
         if rc != 0:
             raise RuntimeError(f"ws_queue_submit_fn failed ({rc})")
+        self._kept(keep)
 
     def submit_merge(self, out: torch.Tensor, lse: torch.Tensor, out2: torch.Tensor,
                      lse2: torch.Tensor, *, done: tuple[int, int] | None) -> None:
@@ -619,16 +646,24 @@ class CpuJobQueue:
         self.submit_fn(fn, ctypes.addressof(job), (job, out, lse, out2, lse2), ready=None,
                        done=done)
 
-    def drain(self, timeout_s: float = 300.0) -> tuple[int, float, float]:
-        """Wait for every submitted call; returns ``(calls, seconds waiting for ready, kernel
-        seconds)`` since the last drain. Raises the first failure among them."""
+    def drain(self, timeout_s: float = 300.0, upto: int | None = None
+              ) -> tuple[int, float, float]:
+        """Wait for every submitted call (``upto``: the calls before that :meth:`mark`; later
+        ones are left running, for a later drain); returns ``(calls, seconds waiting for ready,
+        kernel seconds)`` of the calls covered since the last drain. Raises the first failure
+        among them."""
         if self._q is None:
             return 0, 0.0, 0.0
         st = (ctypes.c_double * 3)()
-        rc = self.lib.ws_queue_drain(self._q, float(timeout_s), st)
+        mark = self._submitted if upto is None else min(int(upto), self._submitted)
+        if upto is None and not hasattr(self.lib, "ws_queue_drain_to"):  # an older library
+            rc = self.lib.ws_queue_drain(self._q, float(timeout_s), st)
+        else:
+            rc = self.lib.ws_queue_drain_to(self._q, mark, float(timeout_s), st)
         if rc == -12:
             raise TimeoutError(f"queued CPU jobs still running after {timeout_s:.0f} s")
-        self._keep = []
+        while self._keep and self._keep[0][0] < mark:
+            self._keep.popleft()
         if rc == -10:
             raise TimeoutError("the device did not raise a layer's ready flag in time")
         if rc != 0:
@@ -650,7 +685,7 @@ class CpuJobQueue:
         if self._q is not None:
             self.lib.ws_queue_free(self._q)
             self._q = None
-            self._keep = []
+            self._keep.clear()
 
     def __del__(self):  # pragma: no cover - best effort
         try:

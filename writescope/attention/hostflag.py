@@ -133,7 +133,7 @@ def _kernel():
         return v
 
     @triton.jit
-    def wait_kernel(FLAG, STATUS, expected, max_spins, MODE: tl.constexpr):
+    def wait_kernel(FLAG, STATUS, expected, max_spins, MODE: tl.constexpr, RESET: tl.constexpr):
         v = _read(FLAG, MODE)
         i = 0
         while (v < expected) & (i < max_spins):
@@ -141,6 +141,8 @@ def _kernel():
             i += 1
         if v < expected:
             tl.store(STATUS, 1)
+        elif RESET:  # seen: back to 0 for the next round (a graphed call's done word)
+            tl.store(FLAG, 0)
 
     del triton
     from .launch import FastLaunch
@@ -301,16 +303,19 @@ class HostFlags:
         """From the CPU thread, after its results are written: flag ``i`` reaches ``value``."""
         np.copyto(self._view[i:i + 1], value)
 
-    def wait(self, i: int, value: int) -> None:
-        """Enqueue on the current stream: nothing after this runs before flag ``i >= value``."""
+    def wait(self, i: int, value: int, reset: bool = False) -> None:
+        """Enqueue on the current stream: nothing after this runs before flag ``i >= value``.
+        ``reset``: the device then stores 0 into the flag (not with the driver's memop)."""
         if self.mode == 3:
+            if reset:
+                raise ValueError("a reset after the wait needs the wait kernel, not the memop")
             stream = raw_stream(self.device)
             rc = _stream_memop("Wait")(stream, self.flags.data_ptr() + 8 * i, int(value), 0)  # GEQ
             if rc != 0:
                 raise RuntimeError(f"cuStreamWaitValue64 failed (CUresult {rc})")
             return
         _kernel()[(1,)](self.flags[i:], self.status, int(value), self.max_spins, MODE=self.mode,
-                        num_warps=1)
+                        RESET=bool(reset), num_warps=1)
 
     def check(self) -> None:
         """After the stream is synchronised: raise if a wait gave up."""

@@ -818,7 +818,7 @@ class LLMEngine:
                 self.counters["engine.steps"] += 1
             if h.deferred:  # in flight: launch the step that follows it before waiting for it
                 nxt = self.scheduler.followup(h.batch)
-                if nxt is not None:
+                if nxt is not None and not self.runner.wants_timing(nxt[0]):
                     try:
                         self._inflight = self.runner.launch(
                             nxt[0], input_ids=next_input_ids(h.pending.tokens, nxt[1]),

@@ -12,10 +12,15 @@ in writescope's terms (on the H200: Qwen3-30B-A3B 2 x 32K 9.28 -> 7.75 ms a step
    (``Sampler.can_defer``: those need their last token on the host first; a seeded row's
    number is drawn from its own host generator as the step is launched), the cache step reads only G and W on the
    GPU and completes no block (``InplaceKVCache.step_deferrable``), no CUDA graph waits to be
-   captured, no routed experts on the CPU -- the runner closes it without waiting for the
-   device, and its tokens, chosen on the device (``Sampler.sample_pending``: greedy rows as
-   before, sampled rows as ``Sampler.sample`` draws them), are copied into page-locked
-   memory behind its work.
+   captured, routed experts on the CPU only in calls its graphs hold
+   (``layers/cpu_experts_graph.py``: their jobs wait on the native queue for words the replay
+   raises, and each call's words come back to 0 by the time its next replay reaches it), and
+   the step-form chooser does not need its time (``StepForms.needs_timing``) -- the runner
+   closes it without waiting for the device, and its tokens, chosen on the device
+   (``Sampler.sample_pending``: greedy rows as before, sampled rows as ``Sampler.sample``
+   draws them), are copied into page-locked memory behind its work. Its CPU expert calls are
+   closed (``cpu_experts.settle``: their failures raised, the queue drained up to them, not
+   past them) when its tokens are read.
 2. Before waiting for those tokens, the engine launches the step that follows
    (``Scheduler.followup``: the same requests, one token further), its input ids taken on the
    device from the first step's tokens. Then it waits for the first step's tokens, which the

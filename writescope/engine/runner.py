@@ -10,6 +10,7 @@ from ..core import StepBatch
 from ..hostmem import h2d
 from ..kvcache.cache import InplaceKVCache
 from ..kvcache.subbatches import expert_pipeline_mode, pipeline_mode
+from ..layers import cpu_experts, cpu_experts_graph
 from ..layers.cpu_experts import raise_pending_errors, take_routed_bytes
 from ..layers.sampler import PendingTokens, Sampler
 from ..models.base import CausalLM
@@ -29,6 +30,9 @@ class Launched:
     pending: PendingTokens | None = None
     #: {seq id: prompt log-probabilities of this step's rows} (requests that ask for them)
     prompt_logprobs: dict | None = None
+    #: a deferred step with graphed CPU expert calls: the calls made by the end of its launch
+    #: (:func:`cpu_experts.settle` closes them once its tokens are back)
+    expert_mark: cpu_experts.ExpertsMark | None = None
 
     @property
     def deferred(self) -> bool:
@@ -76,8 +80,8 @@ class ModelRunner:
         self.step_forms = StepForms() if "auto" in (mode, self.expert_pipeline) else None
         #: WRITESCOPE_PIPELINE=auto: steps with CPU attention split where measured faster
         self.pipeline_auto = mode == "auto"
-        #: routed experts run on the CPU in some layer: their calls keep every step synchronous
-        #: (the engine sets it)
+        #: routed experts run on the CPU in some layer (the engine sets it): a step whose calls
+        #: were all graphed may still be deferred, one with an eager call is not
         self.experts_on_cpu = False
         #: the link's share of those experts in small decode steps (layers/expert_link.py; the
         #: engine sets it), told per step whether the step streams KV
@@ -109,10 +113,11 @@ class ModelRunner:
 
         ``defer``: the caller can take this step's tokens later (:meth:`collect`). Where the
         step allows it -- a decode step with no seeded sampling whose cache step is deferrable
-        (``cache.step_deferrable``), no CUDA graph waiting to be captured, no CPU expert calls --
-        it is then closed without waiting for the device, and its tokens come back through
-        page-locked memory (:attr:`Launched.pending`). Otherwise the step completes here, as
-        :meth:`run`'s does."""
+        (``cache.step_deferrable``), no CUDA graph waiting to be captured, no CPU expert call
+        outside its graphs, and not a step the step-form chooser must time
+        (:meth:`wants_timing`) -- it is then closed without waiting for the device, and its
+        tokens come back through page-locked memory (:attr:`Launched.pending`). Otherwise the
+        step completes here, as :meth:`run`'s does."""
         ids, pos, last_rows = [], [], []
         row = 0
         for s in batch.seqs:
@@ -166,6 +171,12 @@ class ModelRunner:
                 policy.pipelined = False
         sampled = [s for s in batch.seqs if s.sample]
         link = self.expert_link
+        eager0 = cpu_experts._eager_calls
+        linked0 = link.calls if link is not None else 0
+        # a step in flight with graphed CPU expert calls: this step's own figures start after
+        # them (their kernel seconds and routing are not this step's)
+        before = cpu_experts.mark() if self.experts_on_cpu and cpu_experts_graph.overlapping() \
+            else None
         try:
             if link is not None:
                 link.begin_step(decode, self.cache.step_streams)
@@ -190,17 +201,29 @@ class ModelRunner:
                 logits = self.model.compute_logits(hidden)
             t1 = time.perf_counter()
             if (defer and decode and sampled and len(sampled) == len(batch.seqs)
-                    and self.cache.step_deferrable and not self.experts_on_cpu
+                    and self.cache.step_deferrable
+                    and (not self.experts_on_cpu or (cpu_experts._eager_calls == eager0 and
+                                                     (link is None or link.calls == linked0)))
+                    and (forms is None or not forms.needs_timing(form_key))
                     and (self.graphs is None or not self.graphs.has_pending)
                     and self.sampler.can_defer([s.request.params for s in sampled])):
                 pending = self.sampler.sample_pending(logits, [s.request.params for s in sampled],
                                                       [s.request for s in sampled])
                 self.cache.end_step({"host_s": t1 - t0}, wait=False)
+                if forms is not None:
+                    forms.observe(form_key, split, None)
                 self.last_times = {"forward_host_s": t1 - t0, "device_tail_s": 0.0,
                                    "cpu_expert_s": None}
-                return Launched(batch, pending=pending, prompt_logprobs=prompt_lps)
+                mark = None
+                if self.experts_on_cpu:  # its graphed calls: closed when its tokens are back
+                    mark = cpu_experts.mark()
+                    cpu_experts_graph.overlapping(+1)
+                return Launched(batch, pending=pending, prompt_logprobs=prompt_lps,
+                                expert_mark=mark)
             # the CPU expert calls the device waits for (their kernel seconds go to the planner
             # with the step's timing), then the step's end, which waits for the device
+            if before is not None:
+                cpu_experts.settle(before)
             expert_s = raise_pending_errors()
             extra = {"cpu_expert_s": expert_s, "cpu_expert_bytes": take_routed_bytes(),
                      "host_s": t1 - t0,  # the planner tells host-bound steps apart by it
@@ -208,6 +231,8 @@ class ModelRunner:
                      # kernels may have compiled): not a steady step's time
                      "new_shape": self.graphs is not None and self.graphs.has_pending}
             timing = self.cache.end_step({k: v for k, v in extra.items() if v is not None})
+            if self.experts_on_cpu:  # the device is done with every step launched so far
+                cpu_experts_graph.settled()
             if forms is not None:
                 forms.observe(form_key, split, timing["step_s"])
             self.last_times = {"forward_host_s": t1 - t0,
@@ -241,6 +266,21 @@ class ModelRunner:
         if launched.pending is None:
             return launched.tokens, launched.logprobs, launched.top_logprobs
         t = time.perf_counter()
-        out = launched.pending.result()
+        mark, launched.expert_mark = launched.expert_mark, None
+        try:
+            out = launched.pending.result()
+            if mark is not None:  # its CPU expert calls are done: a failed one fails the step
+                cpu_experts.settle(mark)
+        finally:
+            if mark is not None:
+                cpu_experts_graph.overlapping(-1)
         self.last_times["device_tail_s"] = time.perf_counter() - t
         return out
+
+    def wants_timing(self, batch: StepBatch) -> bool:
+        """Whether a decode step of ``batch`` is one the step-form chooser must time (see
+        :meth:`StepForms.needs_timing`): the engine then launches it only once the step in
+        flight is done, so that its time is its own."""
+        forms = self.step_forms
+        return (forms is not None and self.experts_on_cpu and self.expert_pipeline == "auto"
+                and len(batch.seqs) >= 2 and forms.needs_timing(step_form_key(batch)))

@@ -28,6 +28,13 @@ the power of two below it, ``runner.step_form_key``):
   the split form at 16K (11.3 ms against 15.4 one batch) and probed one batch again at 32K
   (bench/results/2026-12-06-h100).
 
+* **untimed steps**: an overlapped decode step (``engine/inflight.py``) is closed before its
+  device work is done, so it has no time of its own. The chooser says which steps must be
+  timed (:meth:`StepForms.needs_timing`: while it probes, and the last ``probe`` steps of a
+  hold, which give the incumbent fresh times for the re-probe's comparison); the runner runs
+  those synchronously, and the others count toward the hold untimed (``observe`` with
+  ``seconds=None``).
+
 With two timed steps a form the first choice sees a few percent of noise: DeepSeek-V2-Lite
 4 x 32K with six layers' experts on the CPU kept one batch at 28.6 ms against the split form's
 27.0 (bench/results/2026-12-06-h200), when one batch was the incumbent whatever the planner
@@ -109,11 +116,25 @@ class StepForms:
             return len(s.times[True]) < len(s.times[False])
         return (not s.choice) if s.reprobe > 0 else s.choice
 
-    def observe(self, key: Hashable, split: bool, seconds: float) -> None:
-        """A decode step of this key ran (``split``: as two sub-batches) in ``seconds``. (A step
-        that could not have been split, with no CPU work to overlap, is not shown here.)"""
+    def needs_timing(self, key: Hashable) -> bool:
+        """Whether the next step of this key must be timed (run synchronously): the key is new
+        or still probing, a re-probe is running, or the hold is in its last ``probe`` steps."""
+        s = self._states.get(key)
+        return (s is None or s.choice is None or s.reprobe > 0
+                or s.held >= s.hold - self.probe)
+
+    def observe(self, key: Hashable, split: bool, seconds: float | None) -> None:
+        """A decode step of this key ran (``split``: as two sub-batches) in ``seconds`` (None:
+        an untimed, overlapped step, which counts toward the hold only). (A step that could not
+        have been split, with no CPU work to overlap, is not shown here.)"""
         s = self._state(key)
         s.seen[split] += 1
+        if seconds is None:
+            if s.choice is not None and split == s.choice and s.reprobe == 0:
+                s.held += 1
+                if s.held >= s.hold:
+                    s.held, s.reprobe = 0, self.probe
+            return
         if s.seen[split] == 1 and not (s.inherited and split == s.choice):
             # eager, before the form's graphs were captured: not this form's speed (an inherited
             # form has run at this batch size already)

@@ -558,9 +558,13 @@ class InplaceKVCache:
         (``end_step(wait=False)``): a step with no prefill rows that completes no block and
         reads no T or C block on either side (only G and W, on the GPU), so that nothing on the
         host or on another stream depends on its work (the engine's overlapped decode steps,
-        ``engine/inflight.py``)."""
+        ``engine/inflight.py``). A step planned in sub-batches qualifies only where they attend
+        through resident buffers (a split step with CPU experts, whose attention is all in its
+        graphs)."""
         step = self._step
-        if step is None or step["new_blocks"] or step["groups"] or step["prefill"]:
+        if step is None or step["new_blocks"] or step["prefill"]:
+            return False
+        if step["groups"] and step["resident"] is None:
             return False
         rt = step["read_tokens"]
         return not rt["cpu"] and not rt["spilled"]

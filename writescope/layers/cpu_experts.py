@@ -410,6 +410,19 @@ _inline_s = 0.0
 _inline_lock = threading.Lock()
 
 
+#: calls appended to :data:`_routed` ever (those taken, or pushed out by its bound, are this
+#: less its length)
+_routed_total = 0
+#: calls that did not go through a CUDA graph (:meth:`CpuExperts.submit`, host ``forward``)
+_eager_calls = 0
+
+
+def _route(ids: torch.Tensor, per_expert: int) -> None:
+    global _routed_total
+    _routed.append((ids, per_expert))
+    _routed_total += 1
+
+
 def take_routed_bytes() -> int | None:
     """Expert weight bytes the calls since the last take read: per call, its distinct experts
     times one expert's bytes (what uniform routing only estimates). Call it once the calls are
@@ -422,6 +435,45 @@ def take_routed_bytes() -> int | None:
         ids, per_expert = _routed.popleft()
         total += len(set(ids.view(-1).tolist()) - {-1}) * per_expert  # ~3 us a decode call
     return total
+
+
+@dataclass(frozen=True)
+class ExpertsMark:
+    """The CPU expert calls made so far (:func:`mark`): a deferred step's calls are those
+    between the marks around its launch; :func:`settle` closes them."""
+    native: int  # calls submitted to the native queue
+    routed: int  # calls whose routing :data:`_routed` holds
+    eager: int   # calls made outside a CUDA graph
+
+
+def mark() -> ExpertsMark:
+    q = _native_queue
+    return ExpertsMark(q.mark() if q is not None else 0, _routed_total, _eager_calls)
+
+
+def settle(upto: ExpertsMark) -> float | None:
+    """A deferred decode step's CPU expert calls (all graphed: ``upto`` is the mark at the end of
+    its launch), once its tokens have come back: wait for the calls before ``upto`` on the
+    native queue and re-raise the first failure among them, leaving the calls of the step
+    launched since (in flight) running. Returns their kernel seconds (None: none ran). Their
+    routing is dropped, not counted: the next step's replay may already have overwritten the
+    pinned ids it points into. The device's own give-up status is not read here (reading it
+    would wait for the step in flight); the next full :func:`raise_pending_errors` reads it."""
+    global _native_pending, last_queue_stats
+    while _routed and _routed_total - len(_routed) < upto.routed:
+        _routed.popleft()
+    q = _native_queue
+    if q is None or _native_pending == 0:
+        return None
+    try:
+        st = q.drain(upto=upto.native)
+    except Exception as e:  # noqa: BLE001 - re-raised as the step's failure
+        _native_pending = 0
+        raise RuntimeError(f"CPU expert call failed: {e} (-1: an expert id out of range, -2: a "
+                           "bad argument, -10: the inputs never came)") from e
+    _native_pending = max(0, _native_pending - st[0])
+    last_queue_stats = st
+    return st[2] if st[0] else None
 
 
 #: ``WRITESCOPE_EXPERT_TIMELINE=1``: each device-waited call records two timing events on the
@@ -914,9 +966,11 @@ class CpuExperts:
         ``topk_ids`` is a slot left out (another reader computes it: ``expert_link.py``); then
         ``routed`` is the step's whole routing, whose distinct experts :func:`take_routed_bytes`
         counts. ``out_dtype``: the result's dtype (default the hidden states')."""
+        global _eager_calls
         timeline = timeline_on()
         entered = time.perf_counter() if timeline else 0.0
         self._check(hidden, topk_ids, topk_weights)
+        _eager_calls += 1
         n = hidden.shape[0]
         dev, dtype = hidden.device, (out_dtype or hidden.dtype)
         if n == 0:
@@ -951,7 +1005,7 @@ class CpuExperts:
                 x = x.clone()
             if routed is not None:
                 routed = routed.detach().to("cpu", torch.int32)
-        _routed.append((ids if routed is None else routed, self.expert_bytes))
+        _route(ids if routed is None else routed, self.expert_bytes)
         pin = dev.type == "cuda"
         if _device_wait_enabled(dev):
             ready = getattr(event, "address", None)
@@ -1010,14 +1064,17 @@ class CpuExperts:
         if queue is None:
             raise RuntimeError(f"graphed CPU expert calls need the native queue "
                                f"({_native_queue_error})")
-        _routed.append((ids, self.expert_bytes))
-        self._submit_native(queue, x, ids, w, res, ready, done, out)
+        _route(ids, self.expert_bytes)
+        self._submit_native(queue, x, ids, w, res, ready, done, out, consume_ready=True)
 
     def _submit_native(self, queue, x, ids, w, res: torch.Tensor, ready: tuple[int, int],
-                       done: tuple[int, int], out: torch.Tensor | None = None) -> None:
+                       done: tuple[int, int], out: torch.Tensor | None = None,
+                       consume_ready: bool = False) -> None:
         """Queue the kernel and the result's conversion into ``res`` between the ``ready`` word
         (the inputs have landed) and the ``done`` word (the device may read ``res``). ``out``:
-        the kernel's float32 accumulator (``[n, H_p]`` or more rows; a new one if None)."""
+        the kernel's float32 accumulator (``[n, H_p]`` or more rows; a new one if None).
+        ``consume_ready``: the job takes the ready word back to 0 once it has seen it (a graphed
+        call, whose graph's next replay raises it again)."""
         global _native_pending
         n, k = ids.shape
         if out is None:
@@ -1030,7 +1087,8 @@ class CpuExperts:
                         _amx_min(), get_num_threads(), *self._fp8_args())
         fn = ctypes.cast(_get_lib().ws_moe_job, ctypes.c_void_p).value
         queue.submit_fn(fn, ctypes.addressof(job), (job, x, ids, w, out, res, self),
-                        ready=ready, done=done, spin_s=_ready_spin_s())
+                        ready=ready, done=done, spin_s=_ready_spin_s(),
+                        consume_ready=consume_ready)
         _native_pending += 1
 
     def _compute_signalled(self, x, ids, w, event, res: torch.Tensor, flags, seq: int) -> None:
@@ -1068,17 +1126,19 @@ class CpuExperts:
         """``wait(submit(...))``. With host tensors there is nothing to overlap, so the kernel runs
         in the calling thread: the hop to the worker thread costs ~0.2 ms a call (H200 host,
         bench/results/cpu_experts-h200-threads.json, async vs inline rows)."""
+        global _eager_calls
         if hidden.device.type != "cpu":
             return self.wait(self.submit(hidden, topk_ids, topk_weights, routed, out_dtype))
         self._check(hidden, topk_ids, topk_weights)
+        _eager_calls += 1
         out_dtype = out_dtype or hidden.dtype
         if hidden.shape[0] == 0:
             return torch.zeros(0, self.hidden, dtype=out_dtype)
         x = hidden.detach().to(self.dtype).contiguous()
         ids = topk_ids.detach().to("cpu", torch.int32).contiguous()
         w = topk_weights.detach().to("cpu", torch.float32).contiguous()
-        _routed.append((ids if routed is None else routed.detach().to("cpu", torch.int32),
-                        self.expert_bytes))
+        _route(ids if routed is None else routed.detach().to("cpu", torch.int32),
+               self.expert_bytes)
         return self._compute(x, ids, w, out_dtype, False, None)
 
     __call__ = forward

@@ -13,12 +13,17 @@ A graphed call splits the work:
   routing's casts and the copies of the hidden rows, ids and weights into fixed pinned buffers
   and a one-thread kernel raising the call's *ready* word to 1; :func:`capture_finish`, right
   after it or in a later graph (a pipelined step), the device's wait until its *done* word is 1
-  and the result's copy from a fixed pinned buffer back to the device. Every value is fixed, so
-  the graph replays it as it is.
+  (the wait kernel then stores 0 there) and the result's copy from a fixed pinned buffer back
+  to the device. Every value is fixed, so the graph replays it as it is.
 * **Per replay** (:meth:`GraphedCall.submit`, by the thread that replays the graph, before the
-  replay): both words back to 0 (the step before has been synchronised, so nothing reads them)
-  and the native job queued: wait for ready, run the kernel over the step's real rows, write the
-  result, raise done.
+  replay): the native job queued: wait for ready and take it back to 0, run the kernel over the
+  step's real rows, write the result, raise done. With the device taking done back to 0 after
+  its wait, a call's words are 0 again by the time its graph's next replay reaches it, so that
+  replay may be queued while this one is still on the device (an overlapped decode step,
+  ``engine/inflight.py``): its job waits behind this one on the queue's thread, and its ready
+  word is raised only after this replay's device wait. Where no replay is in flight
+  (:func:`overlapping`), the submit also sets both words to 0 first, so that a replay that
+  never ran (a step that failed after its submits) leaves nothing behind.
 
 Every captured call has buffers and words of its own, set aside by the capture's warm-up run
 (:func:`reserving`), so that nothing is allocated while capturing. Rows past the step's real
@@ -59,6 +64,8 @@ _next_word = 0
 _reserved: list["GraphedCall"] = []  # set aside by the warm-up run, taken by the capture
 _reserving = False
 _MAX_WORDS = 1 << 14
+#: deferred decode steps with graphed calls whose tokens have not been collected yet
+_in_flight = 0
 
 
 MODES = ("auto", "on", "off")
@@ -82,6 +89,21 @@ def enabled(resident: bool = True) -> bool:
     the GPU, its attention in the graph too) or not."""
     m = mode()
     return m == "on" or (m == "auto" and resident)
+
+
+def overlapping(delta: int = 0) -> int:
+    """Deferred steps with graphed calls still in flight, after adding ``delta`` (the runner:
+    +1 when it closes such a step without waiting, -1 when it has its tokens)."""
+    global _in_flight
+    _in_flight = max(0, _in_flight + delta)
+    return _in_flight
+
+
+def settled() -> None:
+    """The device has finished every step launched so far (a step that was waited for): none
+    is in flight, whatever the count said (an engine dropped with a step in flight)."""
+    global _in_flight
+    _in_flight = 0
 
 
 def take_captured() -> list["GraphedCall"]:
@@ -128,12 +150,14 @@ class GraphedCall:
     word: int                  # ready = word, done = word + 1
 
     def submit(self, n: int) -> None:
-        """Before the replay: reset the words, queue the kernel over the first ``n`` rows."""
+        """Before the replay: queue the kernel over the first ``n`` rows (with no replay in
+        flight, the words set to 0 first; see the module docstring)."""
         if not 0 < n <= self.rows:
             raise ValueError(f"a graphed CPU expert call of {self.rows} rows asked for {n}")
-        view = self.flags._view
-        view[self.word] = 0
-        view[self.word + 1] = 0
+        if _in_flight == 0:
+            view = self.flags._view
+            view[self.word] = 0
+            view[self.word + 1] = 0
         x, ids, w = self.xs[:n], self.ids[:n], self.w[:n]
         self.experts.submit_graphed(x, ids, w, self.out, self.res,
                                     (self.flags.address(self.word), 1),
@@ -147,8 +171,9 @@ def prepare(device: torch.device) -> None:
     flags = _words(device, 0)
     for scratch in (_MAX_WORDS - 2, _MAX_WORDS - 1):  # never handed out; both alignments
         flags._view[scratch] = 0
-        _store_kernel()[(1,)](flags.flags[scratch:], 1, num_warps=1)
-        flags.wait(scratch, 1)
+        for reset in (False, True):  # (captures wait with the reset)
+            _store_kernel()[(1,)](flags.flags[scratch:], 1, num_warps=1)
+            flags.wait(scratch, 1, reset=reset)
     torch.cuda.synchronize(device)
 
 
@@ -222,7 +247,7 @@ def capture_launch(experts, hidden: torch.Tensor, ids: torch.Tensor, w: torch.Te
 
 
 def capture_finish(call: "GraphedCall", device: torch.device) -> torch.Tensor:
-    """The second half of a captured call: the device waits for its done word, then copies its
-    result back; returns the result."""
-    call.flags.wait(call.word + 1, 1)
+    """The second half of a captured call: the device waits for its done word and takes it back
+    to 0, then copies its result back; returns the result."""
+    call.flags.wait(call.word + 1, 1, reset=True)
     return call.res.to(device, non_blocking=True)

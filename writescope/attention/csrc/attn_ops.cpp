@@ -604,6 +604,16 @@ struct QueuedCall {
     double timeout_s, spin_s;
     JobFn fn = nullptr;  // set: run fn(arg) between the flags instead of the attention kernel
     void* arg = nullptr;
+    // set: the job stores 0 into *ready once it has seen ready_value there, before it runs (a
+    // call a CUDA graph replays again while the last replay may still be on the device: the
+    // next replay raises the same word, so the job that saw it takes it back down)
+    bool consume_ready = false;
+};
+
+// One finished call's figures, kept until the drain that covers it (calls finish in order).
+struct CallRecord {
+    double wait_s, kernel_s;
+    int rc;
 };
 
 struct WsQueue {
@@ -613,9 +623,8 @@ struct WsQueue {
     std::thread th;
     std::atomic<int> stop{0};
     int64_t submitted = 0, completed = 0;  // under mu
-    int64_t ncalls = 0;                     // since the last drain, under mu
-    double wait_s = 0.0, kernel_s = 0.0;
-    int first_rc = 0;
+    int64_t drained = 0;                    // calls a drain has covered, under mu
+    std::deque<CallRecord> records;         // calls drained .. completed, under mu
     // per call since the last ws_queue_times: {popped, ready seen, done stored} on
     // CLOCK_MONOTONIC (Python's time.perf_counter on Linux), at most kMaxTimes calls
     std::vector<double> times;
@@ -655,6 +664,8 @@ void queue_main(WsQueue* Q) {
             const double t0 = now_s();
             rc = wait_ready(c.ready, c.ready_value, c.timeout_s, &Q->stop, c.spin_s);
             const double t1 = now_s();
+            if (rc == 0 && c.consume_ready && c.ready)
+                __atomic_store_n((int64_t*)c.ready, (int64_t)0, __ATOMIC_RELAXED);
             if (rc == 0) rc = c.fn(c.arg);
             if (c.done) __atomic_store_n(c.done, c.done_value, __ATOMIC_RELEASE);
             t[0] = t1 - t0;
@@ -666,14 +677,11 @@ void queue_main(WsQueue* Q) {
         {
             std::lock_guard<std::mutex> lk(Q->mu);
             ++Q->completed;
-            ++Q->ncalls;
-            Q->wait_s += t[0];
-            Q->kernel_s += t[1];
+            Q->records.push_back(CallRecord{t[0], t[1], rc});
             if (Q->times.size() < 3 * kMaxTimes) {
                 const double done = now_s();
                 Q->times.insert(Q->times.end(), {popped, done - t[1], done});
             }
-            if (rc != 0 && Q->first_rc == 0) Q->first_rc = rc;
         }
         Q->idle.notify_all();
     }
@@ -816,9 +824,10 @@ int ws_queue_submit(void* queue, const volatile int64_t* ready, int64_t ready_va
 // Queue fn(arg) (see JobFn) between the same two flags as an attention call: wait until
 // *ready >= ready_value (spinning for spin_s before the 20 us naps), run it, store done_value
 // into *done (also when it fails or is not run).
-int ws_queue_submit_fn(void* queue, const volatile int64_t* ready, int64_t ready_value,
-                       int64_t* done, int64_t done_value, double timeout_s, double spin_s,
-                       void* fn, void* arg) {
+// consume_ready: store 0 into *ready once it is seen (see QueuedCall).
+int ws_queue_submit_fn_ex(void* queue, const volatile int64_t* ready, int64_t ready_value,
+                          int64_t* done, int64_t done_value, double timeout_s, double spin_s,
+                          void* fn, void* arg, int consume_ready) {
     WsQueue* Q = (WsQueue*)queue;
     if (!fn) return -2;
     QueuedCall c{};
@@ -830,7 +839,15 @@ int ws_queue_submit_fn(void* queue, const volatile int64_t* ready, int64_t ready
     c.spin_s = spin_s;
     c.fn = (JobFn)fn;
     c.arg = arg;
+    c.consume_ready = consume_ready != 0;
     return queue_push(Q, c);
+}
+
+int ws_queue_submit_fn(void* queue, const volatile int64_t* ready, int64_t ready_value,
+                       int64_t* done, int64_t done_value, double timeout_s, double spin_s,
+                       void* fn, void* arg) {
+    return ws_queue_submit_fn_ex(queue, ready, ready_value, done, done_value, timeout_s, spin_s,
+                                 fn, arg, 0);
 }
 
 // Merge a second partial result (o2, l2) into (o, l) in place, by log-sum-exp (the merge
@@ -869,26 +886,49 @@ int ws_merge_job(void* arg) {
     return 0;
 }
 
-// Wait until every submitted call has finished (or timeout_s: returns -12). stats (if given)
-// receives {calls, seconds waiting for ready, seconds in the kernel} since the last drain.
-// Returns the first nonzero return code of those calls, else 0.
-int ws_queue_drain(void* queue, double timeout_s, double* stats) {
+// Wait until the first `mark` calls ever submitted have finished (or timeout_s: returns -12; a
+// mark past the calls submitted: all of them). stats (if given) receives {calls, seconds
+// waiting for ready, seconds in the kernel} of the calls finished since the last drain up to
+// the mark. Returns the first nonzero return code of those calls, else 0. Calls after the mark
+// (a CUDA graph's next replay, queued while this one ran) are left for a later drain.
+int ws_queue_drain_to(void* queue, int64_t mark, double timeout_s, double* stats) {
     WsQueue* Q = (WsQueue*)queue;
     std::unique_lock<std::mutex> lk(Q->mu);
+    if (mark < 0 || mark > Q->submitted) mark = Q->submitted;
     const bool ok = Q->idle.wait_for(lk, std::chrono::duration<double>(timeout_s),
-                                     [&] { return Q->completed == Q->submitted; });
-    if (stats) {
-        stats[0] = (double)Q->ncalls;
-        stats[1] = Q->wait_s;
-        stats[2] = Q->kernel_s;
+                                     [&] { return Q->completed >= mark; });
+    if (!ok) {
+        if (stats) stats[0] = stats[1] = stats[2] = 0.0;
+        return -12;
     }
-    const int rc = ok ? Q->first_rc : -12;
-    if (ok) {
-        Q->ncalls = 0;
-        Q->wait_s = Q->kernel_s = 0.0;
-        Q->first_rc = 0;
+    double n = 0.0, w = 0.0, k = 0.0;
+    int rc = 0;
+    for (; Q->drained < mark; ++Q->drained) {
+        const CallRecord r = Q->records.front();
+        Q->records.pop_front();
+        n += 1.0;
+        w += r.wait_s;
+        k += r.kernel_s;
+        if (r.rc != 0 && rc == 0) rc = r.rc;
+    }
+    if (stats) {
+        stats[0] = n;
+        stats[1] = w;
+        stats[2] = k;
     }
     return rc;
+}
+
+// Wait until every submitted call has finished: ws_queue_drain_to all of them.
+int ws_queue_drain(void* queue, double timeout_s, double* stats) {
+    return ws_queue_drain_to(queue, -1, timeout_s, stats);
+}
+
+// Calls submitted so far (a mark for ws_queue_drain_to).
+int64_t ws_queue_submitted(void* queue) {
+    WsQueue* Q = (WsQueue*)queue;
+    std::lock_guard<std::mutex> lk(Q->mu);
+    return Q->submitted;
 }
 
 // The calls' host times since the last call of this (oldest first, at most kMaxTimes): up to
