@@ -467,8 +467,8 @@ def settle(upto: ExpertsMark) -> float | None:
         return None
     try:
         st = q.drain(upto=upto.native)
-    except Exception as e:  # noqa: BLE001 - re-raised as the step's failure
-        _native_pending = 0
+    except Exception as e:  # noqa: BLE001 - re-raised as the step's failure (the count is
+        # left as it was: the next full drain covers whatever is still queued)
         raise RuntimeError(f"CPU expert call failed: {e} (-1: an expert id out of range, -2: a "
                            "bad argument, -10: the inputs never came)") from e
     _native_pending = max(0, _native_pending - st[0])
