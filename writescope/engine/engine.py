@@ -548,7 +548,11 @@ class LLMEngine:
         if any(self.cpu_expert_layers):
             self.runner.experts_on_cpu = True
             self.runner.pipeline = False
-            self.runner.form_prior = self._split_experts_predicted_faster
+            # (weakly: a bound method would make engine -> runner -> engine a cycle, which
+            # freeze_gc puts out of the collector's reach, so the engine and its GPU memory
+            # would outlive its last reference)
+            prior = weakref.WeakMethod(self._split_experts_predicted_faster)
+            self.runner.form_prior = lambda batch: prior()(batch)
             # the attention team must not spin on the next layer's queries while the experts'
             # team computes this layer's experts on the same cores
             if not os.environ.get("WRITESCOPE_CPU_SPIN_US"):
