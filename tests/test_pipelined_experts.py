@@ -58,11 +58,20 @@ def test_what_is_not_split(tiny_qwen3_moe, monkeypatch):
         assert llm.stats()["kv.pipelined_steps"] == 0, mode
 
 
-def test_the_engine_gives_the_step_form_chooser_its_prior(tiny_qwen3_moe, tiny_mixtral):
+def test_the_engine_gives_the_step_form_chooser_its_prior(tiny_qwen3_moe, tiny_mixtral,
+                                                          monkeypatch):
     """With routed experts on the CPU the runner asks the engine which form the planner predicts
-    faster (the chooser's first incumbent, stepform.py); without CPU experts it has no prior."""
-    llm = engine(tiny_qwen3_moe, experts="cpu")
-    assert llm.engine.runner.form_prior == llm.engine._split_experts_predicted_faster
+    faster (the chooser's first incumbent, stepform.py), through a weak reference to the engine
+    (test_engine_lifetime.py); without CPU experts it has no prior."""
+    from pathlib import Path
+    from writescope.core import ScheduledSeq, StepBatch
+    h200 = Path(__file__).resolve().parent.parent / "bench" / "profiles" / "h200.json"
+    monkeypatch.setenv("WRITESCOPE_PROFILE", str(h200))
+    eng = engine(tiny_qwen3_moe, experts="cpu").engine
+    for n, ctx in ((2, 100), (4, 400)):
+        batch = StepBatch([ScheduledSeq(None, ctx, 1, True) for _ in range(n)])
+        want = eng._split_experts_predicted_faster(batch)
+        assert isinstance(want, bool) and eng.runner.form_prior(batch) is want
     assert engine(tiny_mixtral).engine.runner.form_prior is None
 
 
