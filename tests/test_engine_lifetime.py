@@ -47,10 +47,16 @@ def test_an_engine_goes_with_its_last_reference(tiny_qwen3_moe, config, monkeypa
 @pytest.mark.parametrize("config", ["experts-gpu", "experts-cpu", "experts-cpu-mixed"])
 def test_an_engine_gives_its_gpu_memory_back(all_tiny, config, monkeypatch):
     """On CUDA (CUDA graphs, resident and overlapped steps, graphed CPU expert calls): the
-    engine goes, and the device memory allocated is what it was before it."""
+    engine goes, and the device memory allocated is what it was before it -- after a first
+    engine, which may leave what the process keeps once (cuBLAS's workspace of each stream it
+    ran on: the captures' warm-up stream is one per device, ``graphs._warmup_stream``; until
+    the sixty-third session each capture made a stream of its own, and each engine left 64-96
+    MiB behind)."""
+    opts = dict(CONFIGS[config], device="cuda")
+    _gone_after_use(all_tiny, opts, "auto", monkeypatch)
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
-    ref = _gone_after_use(all_tiny, dict(CONFIGS[config], device="cuda"), "auto", monkeypatch)
+    ref = _gone_after_use(all_tiny, opts, "auto", monkeypatch)
     assert ref() is None, f"{config}: the engine outlived its last reference"
     torch.cuda.synchronize()
-    assert torch.cuda.memory_allocated() - before < 64 << 20
+    assert torch.cuda.memory_allocated() - before < 16 << 20

@@ -50,6 +50,20 @@ GRAPH_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 MAX_GRAPH_TOKENS = GRAPH_SIZES[-1]
 
 
+def _warmup_stream(device: torch.device) -> "torch.cuda.Stream":
+    """The side stream the captures' warm-up runs on: one per device for the process. cuBLAS
+    keeps a workspace per stream it has run on (32 MiB on Hopper) until the process ends, so a
+    new stream per capture left 64-96 MiB of device memory behind each engine (sixty-third
+    session, ``tests/test_engine_lifetime.py`` on an H100)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _stream_of(index)
+
+
+@functools.lru_cache(maxsize=None)
+def _stream_of(index: int) -> "torch.cuda.Stream":
+    return torch.cuda.Stream(torch.device("cuda", index))
+
+
 def bucket(n: int) -> int:
     """The captured size a decode step of ``n`` tokens runs in."""
     for b in GRAPH_SIZES:
@@ -561,7 +575,7 @@ class DecodeGraphs:
         if self._graphed_experts(segs):
             cpu_experts_graph.prepare(self.device)
         writer: dict[str, torch.Tensor | None] = {}  # key -> static output of its last graph
-        side = torch.cuda.Stream(self.device)
+        side = _warmup_stream(self.device)
         for seg in segs:
             if not seg.graphable:
                 for k in seg.outputs:
