@@ -152,8 +152,6 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         lib.ws_queue_submit_fn_ex.argtypes = [p, p, i64, p, i64, d, d, p, p, i]
         lib.ws_queue_drain_to.restype = i
         lib.ws_queue_drain_to.argtypes = [p, i64, d, p]
-        lib.ws_queue_submitted.restype = i64
-        lib.ws_queue_submitted.argtypes = [p]
     except AttributeError:
         pass
     lib.ws_queue_times.restype = i

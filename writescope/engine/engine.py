@@ -163,6 +163,17 @@ def _reserve_launch_core() -> None:
         cpu_experts.set_num_threads(n - reserved_expert_cores(n))
 
 
+def _weak_prior(engine: "LLMEngine"):
+    """The step-form chooser's prior (``LLMEngine._split_experts_predicted_faster``) through a
+    weak reference to the engine: None once the engine is gone."""
+    method = weakref.WeakMethod(engine._split_experts_predicted_faster)
+
+    def prior(batch):
+        m = method()
+        return None if m is None else m(batch)
+    return prior
+
+
 def freeze_gc() -> None:
     """Move every object alive now (the model, its modules and parameters, the tokenizer: a few
     hundred thousand objects) out of the garbage collector's reach, as vLLM does after start-up.
@@ -551,8 +562,7 @@ class LLMEngine:
             # (weakly: a bound method would make engine -> runner -> engine a cycle, which
             # freeze_gc puts out of the collector's reach, so the engine and its GPU memory
             # would outlive its last reference)
-            prior = weakref.WeakMethod(self._split_experts_predicted_faster)
-            self.runner.form_prior = lambda batch: prior()(batch)
+            self.runner.form_prior = _weak_prior(self)
             # the attention team must not spin on the next layer's queries while the experts'
             # team computes this layer's experts on the same cores
             if not os.environ.get("WRITESCOPE_CPU_SPIN_US"):

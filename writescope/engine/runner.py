@@ -171,7 +171,7 @@ class ModelRunner:
                 policy.pipelined = False
         sampled = [s for s in batch.seqs if s.sample]
         link = self.expert_link
-        eager0 = cpu_experts._eager_calls
+        eager0 = cpu_experts.eager_calls()
         linked0 = link.calls if link is not None else 0
         # a step in flight with graphed CPU expert calls: this step's own figures start after
         # them (their kernel seconds and routing are not this step's)
@@ -202,7 +202,7 @@ class ModelRunner:
             t1 = time.perf_counter()
             if (defer and decode and sampled and len(sampled) == len(batch.seqs)
                     and self.cache.step_deferrable
-                    and (not self.experts_on_cpu or (cpu_experts._eager_calls == eager0 and
+                    and (not self.experts_on_cpu or (cpu_experts.eager_calls() == eager0 and
                                                      (link is None or link.calls == linked0)))
                     and (forms is None or not forms.needs_timing(form_key))
                     and (self.graphs is None or not self.graphs.has_pending)

@@ -443,12 +443,16 @@ class ExpertsMark:
     between the marks around its launch; :func:`settle` closes them."""
     native: int  # calls submitted to the native queue
     routed: int  # calls whose routing :data:`_routed` holds
-    eager: int   # calls made outside a CUDA graph
 
 
 def mark() -> ExpertsMark:
     q = _native_queue
-    return ExpertsMark(q.mark() if q is not None else 0, _routed_total, _eager_calls)
+    return ExpertsMark(q.mark() if q is not None else 0, _routed_total)
+
+
+def eager_calls() -> int:
+    """Calls made outside a CUDA graph so far (a step that made one cannot be deferred)."""
+    return _eager_calls
 
 
 def settle(upto: ExpertsMark) -> float | None:

@@ -924,13 +924,6 @@ int ws_queue_drain(void* queue, double timeout_s, double* stats) {
     return ws_queue_drain_to(queue, -1, timeout_s, stats);
 }
 
-// Calls submitted so far (a mark for ws_queue_drain_to).
-int64_t ws_queue_submitted(void* queue) {
-    WsQueue* Q = (WsQueue*)queue;
-    std::lock_guard<std::mutex> lk(Q->mu);
-    return Q->submitted;
-}
-
 // The calls' host times since the last call of this (oldest first, at most kMaxTimes): up to
 // `max` triples {popped from the queue, inputs ready (the kernel starts), done stored} in
 // seconds on CLOCK_MONOTONIC into out. Returns the number of triples written; the rest are
