@@ -1,12 +1,13 @@
 #!/bin/bash
-# This session's tree against the sixty-first's final one (0184b86) on one host, alternating.
-# Ran once in the sixty-second session (bench/results/2026-12-06b-h100/call3): the new tree's rows
-# 1.4-2.4x slower with the same CPU seconds in every thread -- unresolved; run it again (on the
-# final tree), with more rounds if the call allows (ROUNDS=3). Before the call: `mkdir -p _ab/old && git archive 0184b86
-# writescope | tar -x -C _ab/old` (untracked, not ignored, so the device gets it; removed after).
-# `writescope bench` of Qwen3-30B-A3B FP8 4 x 8K kv auto under the defaults (the sixty-first's
-# 0.714 row), new / old / old / new (odd rounds new first), the old tree run from _ab/old (python -m puts the working
-# directory first on sys.path). CALL_S=200.
+# A tree against an older one (here the sixty-first's final 0184b86) on one host, alternating.
+# Ran in the sixty-second session (bench/results/2026-12-06b-h100/call3: the new tree 1.4-2.4x
+# slower, unresolved) and again in the sixty-third (2026-12-06c-h100/call1: within each other's
+# spread, steal 0.03-0.35 s a row -- settled, no regression). Kept for the next A/B: before the
+# call `mkdir -p _ab/old && git archive REV writescope | tar -x -C _ab/old` (untracked, not
+# ignored, so the device gets it; removed after; never `git add -A` while it exists).
+# `writescope bench` of Qwen3-30B-A3B FP8 4 x 8K kv auto under the defaults, new / old / old /
+# new (odd rounds new first), the old tree run from _ab/old (python -m puts the working
+# directory first on sys.path), each row's /proc/stat cpu line around it. CALL_S=200.
 source bench/results/run-helper.sh
 call_begin ${CALL_S:-200}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $R/gpu.txt
