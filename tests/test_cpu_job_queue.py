@@ -275,7 +275,19 @@ class _Words:
         return self._view.ctypes.data + 8 * i
 
 
-def test_graphed_expert_call_host_half_resets_words_and_computes_real_rows():
+@pytest.fixture
+def native_experts():
+    """``layers.cpu_experts`` with its compiled kernel and native queue (else the test skips),
+    nothing of another test's left on the queue or in the routing."""
+    from writescope.layers import cpu_experts as ce
+    if ce._get_lib() is None or ce._get_native_queue() is None:
+        pytest.skip("CPU expert kernel or native queue unavailable")
+    ce.raise_pending_errors()
+    ce.take_routed_bytes()
+    return ce
+
+
+def test_graphed_expert_call_host_half_resets_words_and_computes_real_rows(native_experts):
     """A graphed CPU expert call's host half (cpu_experts_graph.GraphedCall.submit, what each
     replay queues): both words back to 0 first (stale 1s from the last step must not let the job
     start or the device go on), then the kernel over the step's real rows only, from the fixed
@@ -283,12 +295,8 @@ def test_graphed_expert_call_host_half_resets_words_and_computes_real_rows():
     ids out of range, which would fail the job) are never read, their results stay zero. The
     drain (raise_pending_errors) reports the kernel's seconds, and the routed bytes count the
     real rows' experts."""
-    from writescope.layers import cpu_experts as ce
     from writescope.layers.cpu_experts_graph import GraphedCall
-    if ce._get_lib() is None or ce._get_native_queue() is None:
-        pytest.skip("CPU expert kernel or native queue unavailable")
-    ce.raise_pending_errors()
-    ce.take_routed_bytes()
+    ce = native_experts
     gen = torch.Generator().manual_seed(11)
     ex = ce.CpuExperts.random(8, 64, 96, torch.bfloat16, seed=2)
     rows, n, k = 8, 5, 2
@@ -345,21 +353,17 @@ def test_drain_up_to_a_mark_leaves_later_calls_running():
         queue.close()
 
 
-def test_overlapped_replays_of_a_graphed_expert_call():
+def test_overlapped_replays_of_a_graphed_expert_call(native_experts):
     """Two replays of one graphed call in flight at once (an overlapped decode step,
     engine/inflight.py), the device played by the test: the second submit, made while the
     first replay is in flight (``overlapping``), does not touch the words; each job takes its
     ready word back to 0 once it has seen it (so the second cannot start on the first's raise),
-    and the device takes done back to 0 after its wait (the captured store), before it raises
+    and the device takes done back to 0 after its wait (its wait kernel's reset), before it raises
     ready for the second. ``settle`` at the first step's mark drains the first call only and
     leaves the second waiting; each replay computes its own inputs."""
-    from writescope.layers import cpu_experts as ce
     from writescope.layers import cpu_experts_graph as ceg
     from writescope.layers.cpu_experts_graph import GraphedCall
-    if ce._get_lib() is None or ce._get_native_queue() is None:
-        pytest.skip("CPU expert kernel or native queue unavailable")
-    ce.raise_pending_errors()
-    ce.take_routed_bytes()
+    ce = native_experts
     gen = torch.Generator().manual_seed(12)
     ex = ce.CpuExperts.random(8, 64, 96, torch.bfloat16, seed=3)
     rows, k = 4, 2
