@@ -250,7 +250,9 @@ for mode in ("0", "force"):
     s = llm.stats()
     out[mode] = {"tokens": [o.token_ids for o in got], "logprobs": [o.logprobs for o in got],
                  "resident_steps": s["kv.resident_steps"], "steps": s["kv.steps"],
-                 "W": s["kv.bytes_written.W"]}
+                 "W": s["kv.bytes_written.W"], "G": s["kv.bytes_written.G"],
+                 "T": s["kv.bytes_written.T"], "sealed": s["kv.blocks_sealed_from_w"],
+                 "token_bytes": llm.engine.cache.spec.token_bytes()}
 print(json.dumps(out))
 """
 
@@ -260,21 +262,26 @@ def test_resident_steps_match_the_hybrid_path(tiny_qwen3_moe, placement):
     """Decode steps whose cached KV is all on the GPU attend through fixed buffers
     (attention/resident.py, the form a CUDA graph captures): run as pieces with Triton's CPU
     interpreter, every token and log-probability equals the hybrid path's, the same W bytes
-    are written, and such steps ran (in "G-then-T" only until G is full)."""
+    are written (a resident step writes the token that completes a block to its W slot too,
+    then copies the slot to the block's home in G), and such steps ran: in "all-G" every step
+    but the prompts' three, those completing blocks included; in "G-then-T" only until G is
+    full."""
     from triton_interp import interpreted_json
     res = interpreted_json(RESIDENT_CODE, str(tiny_qwen3_moe), placement,
                            env={"WRITESCOPE_CUDA_GRAPHS": "pieces"})
     off, on = res["0"], res["force"]
     assert off["resident_steps"] == 0
     assert on["resident_steps"] > 0
-    if placement == "all-G":  # every decode step that completes no block
-        assert on["resident_steps"] >= on["steps"] // 2, on
+    assert off["sealed"] == 0 and on["sealed"] > 0, on
+    if placement == "all-G":  # every decode step
+        assert on["steps"] - on["resident_steps"] == 3, on
     else:
         assert on["resident_steps"] < on["steps"] // 2, on
     assert on["tokens"] == off["tokens"]
     for a, b in zip(on["logprobs"], off["logprobs"]):
         assert max(abs(x - y) for x, y in zip(a, b)) < 1e-5
-    assert on["W"] == off["W"]
+    assert on["W"] == off["W"] + on["sealed"] * on["token_bytes"], (on, off)
+    assert (on["G"], on["T"]) == (off["G"], off["T"])
 
 
 @pytest.mark.gpu

@@ -168,6 +168,7 @@ class InplaceKVCache:
         self.counters = {f"kv.bytes_written.{r}": 0 for r in Region}
         self.counters["kv.pipelined_steps"] = 0
         self.counters["kv.resident_steps"] = 0
+        self.counters["kv.blocks_sealed_from_w"] = 0
         self.counters.update({"kv.bytes_read.gpu": 0, "kv.bytes_read.cpu": 0,
                               "kv.bytes_moved_after_placement": 0, "kv.steps": 0,
                               "kv.dense_prefill_rows": 0, "kv.filled_tokens": 0})
@@ -376,8 +377,9 @@ class InplaceKVCache:
 
         ``resident_rows``: the caller runs a decode step as ``resident_rows`` padded rows in a
         CUDA graph (``engine/graphs.py``). A step that attends GPU-resident blocks only and
-        completes no block is then loaded into fixed buffers (:attr:`step_resident`), and its
-        layers are attended with :meth:`attend_resident`. ``group_rows``: the same for the
+        completes blocks in G only (from their W slots at its end) is then loaded into fixed
+        buffers (:attr:`step_resident`), and its layers are attended with
+        :meth:`attend_resident`. ``group_rows``: the same for the
         sub-batches of a pipelined step, the padded rows of a sub-batch of so many tokens (None:
         it cannot run so); each is then loaded into buffers of its own."""
         if self._step is not None:
@@ -457,6 +459,10 @@ class InplaceKVCache:
         new_blocks: list[tuple[int, int, Region, int]] = []  # (row in batch, block index, region, id)
         seg_lens, row0 = [], 0
         tail_src: list[int] = []  # flat W token index of old tail tokens of completing blocks
+        # blocks a one-token row completes in G: (row, its token's flat W slot, the sequence's W
+        # slot, the block's id in G) -- a resident step writes the token to W and copies the
+        # whole W slot to the block at its end (:meth:`_seal_from_w`)
+        seal_w: list[tuple[int, int, int, int]] = []
         block_src: list[np.ndarray] = []  # per new block: source row per token (>=N: tail)
         # per sequence with tokens for W: (first position, count, W slot's first flat token
         # minus the position of its block's start, this step's row minus the position)
@@ -497,6 +503,8 @@ class InplaceKVCache:
                         b = first_new_block + j
                         bid = next(ids[r])
                         new_blocks.append((seq_id, b, r, bid))
+                        if n == 1 and r is Region.G:
+                            seal_w.append((row0, t.w_slot * bs + bs - 1, t.w_slot, bid))
                         pos = np.arange(b * bs, (b + 1) * bs)
                         src = pos - start + row0  # rows of this step's records
                         if j == 0 and tail > 0:
@@ -524,7 +532,7 @@ class InplaceKVCache:
             "work": work, "seg_lens": seg_lens, "new_blocks": new_blocks,
             "tail_src": h2d(tail_src, dev, torch.long),
             "block_src": as_idx(block_src), "w_dst": h2d(w_dst, dev, torch.long),
-            "w_src": h2d(w_src, dev, torch.long), "w_host": (w_src, w_dst),
+            "w_src": h2d(w_src, dev, torch.long), "w_host": (w_src, w_dst), "seal_w": seal_w,
         }
         by_region = {}
         for r in (Region.G, Region.T, Region.C):
@@ -555,14 +563,16 @@ class InplaceKVCache:
     @property
     def step_deferrable(self) -> bool:
         """Whether the open step may be closed before its device work is done
-        (``end_step(wait=False)``): a step with no prefill rows that completes no block and
-        reads no T or C block on either side (only G and W, on the GPU), so that nothing on the
-        host or on another stream depends on its work (the engine's overlapped decode steps,
-        ``engine/inflight.py``). A step planned in sub-batches qualifies only where they attend
+        (``end_step(wait=False)``): a step with no prefill rows that completes blocks in G only
+        (device copies on the step's stream) and reads no T or C block on either side (only G
+        and W, on the GPU), so that nothing on the host or on another stream depends on its
+        work (the engine's overlapped decode steps, ``engine/inflight.py``). A step planned in sub-batches qualifies only where they attend
         through resident buffers (a split step with CPU experts, whose attention is all in its
         graphs)."""
         step = self._step
-        if step is None or step["new_blocks"] or step["prefill"]:
+        if step is None or step["prefill"]:
+            return False
+        if any(r is not Region.G for _, _, r, _ in step["new_blocks"]):
             return False
         if step["groups"] and step["resident"] is None:
             return False
@@ -584,16 +594,41 @@ class InplaceKVCache:
             return None
         if self.resident is None:
             self.resident = self._new_resident()
-        return self.resident.load(plan, rows, *step["w_host"])
+        return self.resident.load(plan, rows, *self._resident_w(step))
 
     def _resident_possible(self, step: dict, plan: AttentionStepPlan) -> bool:
         """Whether the step may attend through resident buffers: the mode allows it and the
-        step reads G and W blocks only, one new token a sequence, and completes no block."""
+        step reads G and W blocks only, one new token a sequence, and completes blocks in G
+        only (each from its W slot, :meth:`_seal_from_w`)."""
         mode = resident_mode()
         if mode == "off" or (mode == "on" and self.hybrid.backend != "triton"):
             return False
-        return not step["new_blocks"] and ResidentAttention.eligible(
+        return len(step["seal_w"]) == len(step["new_blocks"]) and ResidentAttention.eligible(
             plan, [n for _, _, n in step["work"]])
+
+    @staticmethod
+    def _resident_w(step: dict) -> tuple[np.ndarray, np.ndarray]:
+        """The W slots a resident step writes its new tokens to: each row's (``w_host``), and
+        the last slot of a W tail for a row whose token completes its block (``seal_w``)."""
+        w_src, w_dst = step["w_host"]
+        seal = step["seal_w"]
+        if not seal:
+            return w_src, w_dst
+        return (np.concatenate((np.asarray(w_src, np.int64), [s[0] for s in seal])),
+                np.concatenate((np.asarray(w_dst, np.int64), [s[1] for s in seal])))
+
+    def _seal_from_w(self, step: dict) -> None:
+        """A resident step's completed blocks, whole in their W slots once its layers have
+        run, copied to their homes in G for every layer (two launches, queued behind the step's
+        work on its stream)."""
+        seal = step["seal_w"]
+        dev = self.pools[Region.W].device
+        slots = h2d([s[2] for s in seal], dev, torch.long)
+        ids = h2d([s[3] for s in seal], self.pools[Region.G].device, torch.long)
+        g = self.pools[Region.G]
+        g.index_copy_(1, ids, self.pools[Region.W].index_select(1, slots).to(g.device))
+        self.counters["kv.bytes_written.G"] += len(seal) * self.block_bytes
+        self.counters["kv.blocks_sealed_from_w"] += len(seal)
 
     def _new_resident(self) -> ResidentAttention:
         return ResidentAttention(self.pools, self.spec, self.scale, self.device,
@@ -612,7 +647,7 @@ class InplaceKVCache:
             return None
         while len(self.resident_groups) < len(counts):
             self.resident_groups.append(self._new_resident())
-        w_src, w_dst = step["w_host"]
+        w_src, w_dst = self._resident_w(step)
         keys, s0 = [], 0
         for g, (c, r) in enumerate(zip(counts, rows)):
             s1 = s0 + c  # one row per sequence (eligible): rows s0:s1 are the group's
@@ -894,7 +929,9 @@ class InplaceKVCache:
         if step["resident"] is not None:  # no GPU timing events in a resident step
             timing["gpu_s"] = None
             self.counters["kv.resident_steps"] += 1
-            n = step["w_host"][0].size
+            if step["new_blocks"]:
+                self._seal_from_w(step)
+            n = self._resident_w(step)[0].size
             self.counters["kv.bytes_written.W"] += \
                 n * self.spec.num_kv_heads * self.spec.rec_dim * self.spec.itemsize * \
                 self.spec.num_layers
