@@ -15,7 +15,7 @@ run d-ovl-t12 60 env WRITESCOPE_ASYNC_DECODE=auto WRITESCOPE_CPU_EXPERT_THREADS=
 run d-sync-t12 60 env WRITESCOPE_ASYNC_DECODE=0 WRITESCOPE_CPU_EXPERT_THREADS=12 $D --json $R/d-sync-t12.json
 run q-ovl 70 env WRITESCOPE_ASYNC_DECODE=auto $D --model qwen3-30b-a3b --context 1024 --json $R/q-ovl.json
 run q-sync 70 env WRITESCOPE_ASYNC_DECODE=0 $D --model qwen3-30b-a3b --context 1024 --json $R/q-sync.json
-for f in d-sync d-ovl d-ovl-t12 d-sync-t12 q-ovl q-sync; do echo "== $f"; head -c 1500 $R/$f.log | grep '^{' | head -1; done
+for f in d-sync d-ovl d-ovl-t12 d-sync-t12 q-ovl q-sync; do echo "== $f"; grep '^{' $R/$f.log | head -c 2500; echo; done
 run gpu-sel 200 env WRITESCOPE_PROFILE=$PWD/$P python -m pytest -m gpu -q -p no:cacheprovider --tb=short -rf \
   tests/test_graphs.py tests/test_inflight.py tests/test_pipelined_experts.py tests/test_parity.py
 grep -E "passed|failed|^FAILED" $R/gpu-sel.log | tail -6
