@@ -10,11 +10,12 @@ in writescope's terms (on the H200: Qwen3-30B-A3B 2 x 32K 9.28 -> 7.75 ms a step
 1. ``LLMEngine.step`` launches a step (``ModelRunner.launch(defer=True)``). When the step is
    deferrable -- decode tokens only, none of them with penalties, ``min_tokens`` or a grammar
    (``Sampler.can_defer``: those need their last token on the host first; a seeded row's
-   number is drawn from its own host generator as the step is launched), the cache step reads only G and W on the
-   GPU and completes no block (``InplaceKVCache.step_deferrable``), no CUDA graph waits to be
-   captured, routed experts on the CPU only in calls its graphs hold
-   (``layers/cpu_experts_graph.py``: their jobs wait on the native queue for words the replay
-   raises, and each call's words come back to 0 by the time its next replay reaches it), and
+   number is drawn from its own host generator as the step is launched), the cache step
+   reads only G and W on the GPU and completes blocks in G only, copied on the device
+   (``InplaceKVCache.step_deferrable``), no CUDA graph waits to be captured, routed experts
+   on the CPU only in calls its graphs hold (``layers/cpu_experts_graph.py``: their jobs wait
+   on the native queue for words the replay raises, and each call's words come back to 0 by
+   the time its next replay reaches it), and
    the step-form chooser does not need its time (``StepForms.needs_timing``) -- the runner
    closes it without waiting for the device, and its tokens, chosen on the device
    (``Sampler.sample_pending``: greedy rows as before, sampled rows as ``Sampler.sample``
