@@ -354,3 +354,49 @@ def test_a_step_that_cannot_place_gives_its_blocks_back():
     assert {r: cache.alloc[r].num_free for r in free} == free
     cache.fill_step([(0, 0, 12), (1, 0, 4)], torch.zeros(16, 2, 32))  # still usable
     assert cache.seqs[0].num_sealed == 3 and cache.seqs[1].num_sealed == 1
+
+
+class OneHome(PlacementPolicy):
+    """Every block in one region; T blocks attended by the GPU."""
+
+    name = "one-home-test"
+
+    def __init__(self, home: Region):
+        self.home = home
+
+    def place(self, seq, num_blocks, capacity):
+        return [self.home] * num_blocks
+
+    def assign(self, seq):
+        return [r is Region.C for r in seq.regions]
+
+
+@pytest.mark.parametrize("home", [Region.G, Region.T, Region.C])
+def test_a_decode_step_that_completes_a_block_in_g_is_deferrable(home):
+    """A decode step may be closed before its device work is done (``end_step(wait=False)``,
+    overlapped decode steps) when it reads only G and W and the blocks it completes go to G
+    (a copy on the device); a block completed into T or C is written through the host."""
+    L, bs = 2, 4
+    spec = SPECS["gqa"](L)
+    g = torch.Generator().manual_seed(5)
+    c = make_cache(spec, bs, OneHome(home), blocks=8, seqs=1)
+    c.add_sequence(0, 12)
+
+    def step(start, n, wait=True):
+        for layer in range(L):
+            c.attention(layer, torch.randn(n, 4, spec.k_dim, generator=g),
+                        torch.randn(n, spec.num_kv_heads, spec.rec_dim, generator=g))
+        return c.end_step(wait=wait)
+
+    c.begin_step([(0, 0, 3)])  # the prompt
+    step(0, 3)
+    c.begin_step([(0, 3, 1)])  # completes block 0
+    assert c._step["new_blocks"] and c.step_deferrable == (home is Region.G)
+    step(3, 1, wait=home is not Region.G)
+    assert c.seqs[0].regions() == (home,)
+    c.begin_step([(0, 4, 1)])  # reads block 0 where it is
+    assert c.step_deferrable == (home is Region.G)
+    if home is not Region.G:
+        with pytest.raises(KVCacheError, match="not deferrable"):
+            c.end_step(wait=False)
+        c.abort_step()
