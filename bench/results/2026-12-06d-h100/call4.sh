@@ -1,4 +1,5 @@
 #!/bin/bash
+# (recorded copy: diag_overlap.py was in bench/results/pending/ when this ran)
 # Sixty-fourth session: overlapped decode steps at batch 1 with every routed expert on the CPU
 # ran 1.6-1.7x slower than synchronous ones (call 2: DeepSeek-V2-Lite 1 x 8K 54.9 against 35.2 ms,
 # Qwen3-30B-A3B 1 x 1K 143.9 against 84.9). diag_overlap.py splits the steps: the native calls'
@@ -10,7 +11,7 @@ source bench/results/run-helper.sh
 call_begin ${CALL_S:-420}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $R/gpu.txt
 P=bench/profiles/h200.json
-D="env PYTHONPATH=$PWD:${PYTHONPATH:-} python bench/results/pending/diag_overlap.py --profile $P"
+D="env PYTHONPATH=$PWD:${PYTHONPATH:-} python bench/results/2026-12-06d-h100/diag_overlap.py --profile $P"
 run d-sync 60 env WRITESCOPE_ASYNC_DECODE=0 $D --json $R/d-sync.json
 run d-ovl 60 env WRITESCOPE_ASYNC_DECODE=auto $D --json $R/d-ovl.json
 run d-ovl-t12 60 env WRITESCOPE_ASYNC_DECODE=auto WRITESCOPE_CPU_EXPERT_THREADS=12 $D --json $R/d-ovl-t12.json
