@@ -386,3 +386,35 @@ def test_bad_graphed_cpu_expert_calls_setting_fails_at_start(tiny_qwen3_moe, mon
     monkeypatch.setenv("WRITESCOPE_CPU_EXPERTS_GRAPHED", "sometimes")
     with pytest.raises(ValueError, match="must be auto, 1 or 0"):
         engine(tiny_qwen3_moe)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("experts", ["gpu", "cpu"])
+def test_graphs_are_captured_again_after_every_graph_was_dropped(tiny_deepseek_v2, experts,
+                                                                 monkeypatch):
+    """Batch 1 with all KV in G: every decode step is resident, block-completing ones too, so a
+    longer request whose blocks outgrow the resident buffers drops every graph of the size.
+    The next capture starts a memory pool of its own: asked for the released one, the
+    allocator asserted (``use_count > 0``) and the engine ran eagerly from then on (sixty-fourth
+    session, DeepSeek-V2-Lite 1 x 8K after a 1K warm-up). The tokens are the eager engine's."""
+    import warnings
+    prompts = [prompt_ids(320, n, seed=n) for n in (20, 400)]
+    kw = dict(device="cuda", experts=experts, **PLACEMENTS["all-G"])
+    monkeypatch.setenv("WRITESCOPE_CUDA_GRAPHS", "0")
+    want = [engine(tiny_deepseek_v2, **kw).generate([p], GREEDY)[0] for p in prompts]
+    monkeypatch.setenv("WRITESCOPE_CUDA_GRAPHS", "1")
+    llm = engine(tiny_deepseek_v2, **kw)
+    g = llm.engine.runner.graphs
+    replayed = []
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="CUDA graph capture", category=RuntimeWarning)
+        got = []
+        for p in prompts:
+            got.append(llm.generate([p], GREEDY)[0])
+            replayed.append(llm.stats()["graphs.resident_steps"])
+    assert g.disabled_reason is None
+    assert replayed[0] > 0 and replayed[1] > replayed[0], replayed
+    for a, b in zip(got, want):
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4

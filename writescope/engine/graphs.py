@@ -445,6 +445,7 @@ class DecodeGraphs:
             for k in [k for k in self.plans if k[:2] == (tuple(sizes), split_experts)
                       and k[2] is not None and k[2] != resident]:
                 del self.plans[k]  # captured over buffers that have since been replaced
+            self._forget_pool_if_unused()
         key = (tuple(sizes), split_experts, resident)
         segs = self.plans.get(key)
         if segs is None:  # eagerly, padded to the size (and kept as the capture's inputs)
@@ -544,6 +545,7 @@ class DecodeGraphs:
                     if getattr(l.ffn, "cpu_experts", None) is not None:
                         l.ffn.cpu_experts.graph_disabled = f"{type(e).__name__}: {e}"
                 self.plans.clear()
+                self._forget_pool_if_unused()
                 self._resident_ok.clear()
                 warnings.warn(f"CUDA graph capture with graphed CPU expert calls failed "
                               f"({type(e).__name__}: {e}); those calls run eagerly from now on",
@@ -551,6 +553,7 @@ class DecodeGraphs:
                 return
             self.disabled_reason = f"{type(e).__name__}: {e}"
             self.plans.clear()
+            self._forget_pool_if_unused()
             warnings.warn(f"CUDA graph capture failed ({self.disabled_reason}); decode steps run "
                           "eagerly (WRITESCOPE_CUDA_GRAPHS=0 silences this)", RuntimeWarning,
                           stacklevel=2)
@@ -569,6 +572,16 @@ class DecodeGraphs:
                if getattr(l.ffn, "cpu_experts", None) is not None
                and l.ffn.cpu_experts.graph_disabled is None}
         return any(p.name.split(":")[-1] in ffn for s in segs if s.graphable for p in s.pieces)
+
+    def _forget_pool_if_unused(self) -> None:
+        """Once no captured graph is left (all dropped: the resident buffers grew, or a capture
+        failed), the next capture starts a memory pool of its own. The allocator releases a
+        pool when its last graph goes and asserts (``use_count > 0``) when a capture asks for
+        it again: a batch-1 run whose graphs were all resident captured nothing after its
+        buffers first grew (sixty-fourth session, DeepSeek-V2-Lite 1 x 8K after a 1K warm-up,
+        once block-completing steps were resident too; before, their own graphs kept the pool)."""
+        if not any(s.graph is not None for segs in self.plans.values() for s in segs):
+            self._pool = None
 
     def _capture(self, segs: list[Segment]) -> None:
         torch.cuda.synchronize(self.device)
