@@ -1,11 +1,11 @@
 #!/bin/bash
 # The whole GPU suite on one tree: the call to make before an issue touching GPU code is
-# resolved. Last run whole in the sixty-third session on 6528194 (H100): 261 passed, 7 failed
-# (the lifetime test's memory check, fixed after it), 6 skipped (the server test modules, which
-# the device cannot import), 298 s; the FP8 interpreter test 83 s, call wall time 434 s
-# (bench/results/2026-12-06c-h100/call4). Give it CALL_S=560. Carry .whl: llguidance 1.9.1 -- 1.6.1 failed the grammar
-# test -- and jsonschema with its dependencies; accelerate is in the image. Works on an H100 or
-# an H200 machine.
+# resolved. Last run whole in the sixty-fourth session: on 9d56832 (H100, call 1) 268 passed, 6
+# skipped (the server test modules, which the device cannot import) in 206 s, the FP8
+# interpreter test 62 s, call wall time 308 s; on a58ecf0 (H100, call 6, without the FP8 test)
+# 270 passed, 6 skipped in 283 s (bench/results/2026-12-06d-h100). Give it CALL_S=560. Carry
+# .whl: llguidance 1.9.1 -- 1.6.1 failed the grammar test -- and jsonschema with its
+# dependencies; accelerate is in the image. Works on an H100 or an H200 machine.
 # .whl is not in git (.git/info/exclude); on a fresh dev machine rebuild it first:
 #   P="--no-deps --only-binary=:all: --python-version 3.12 --implementation cp"
 #   python3 -m pip download $P --platform manylinux_2_31_x86_64 -d .whl llguidance==1.9.1
