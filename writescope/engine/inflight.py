@@ -26,6 +26,10 @@ in writescope's terms (on the H200: Qwen3-30B-A3B 2 x 32K 9.28 -> 7.75 ms a step
    (``Scheduler.followup``: the same requests, one token further), its input ids taken on the
    device from the first step's tokens. Then it waits for the first step's tokens, which the
    device has copied while the host prepared the second, and applies them to the requests.
+   It waits sleeping (a blocking-sync event, ``attention/hostflag.host_event``): a spinning
+   wait took a core from the CPU experts' team while the step ran them, and made batch-1
+   steps with every routed expert on the CPU 1.6-1.7x slower than synchronous ones
+   (bench/results/2026-12-06d-h100, call 2; 1.05-1.10x faster since, call 6).
 3. The next ``step()`` call does the same with the step in flight. A request that finished on
    a token of the first step (EOS, a stop string) was still in the second: what the second
    produces for it is dropped. One that reaches ``max_tokens`` is not put in the second.
