@@ -20,9 +20,9 @@ The forward pass is a list of :class:`Piece` (``embed``, per layer ``pre``/``att
 to the next size, the eager pieces (attention, CPU experts) on its first ``n`` rows only. The
 first decode step of a size runs every piece eagerly and keeps a copy of each segment's inputs;
 after that step the segments are captured (a warm-up run, then the capture, in a memory pool
-shared by all graphs; a new one once every graph was dropped). Later steps of that size copy eager outputs (the attention result) into
-the first rows of the graph's input buffers and replay; an input that an earlier graph produced
-is read in place. A capture that fails turns graphs off with one warning; the engine then runs
+shared by all graphs; a new one once every graph was dropped). Later steps of that size copy
+eager outputs (the attention result) into the first rows of the graph's input buffers and
+replay; an input that an earlier graph produced is read in place. A capture that fails turns graphs off with one warning; the engine then runs
 eagerly as before.
 
 ``WRITESCOPE_CUDA_GRAPHS=0`` turns graphs off; ``=pieces`` runs the piece list eagerly on any
