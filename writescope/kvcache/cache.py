@@ -503,7 +503,7 @@ class InplaceKVCache:
                         b = first_new_block + j
                         bid = next(ids[r])
                         new_blocks.append((seq_id, b, r, bid))
-                        if n == 1 and r is Region.G:
+                        if n == 1 and k == 1 and r is Region.G:  # the token ends block b
                             seal_w.append((row0, t.w_slot * bs + bs - 1, t.w_slot, bid))
                         pos = np.arange(b * bs, (b + 1) * bs)
                         src = pos - start + row0  # rows of this step's records
