@@ -1,0 +1,41 @@
+#!/bin/bash
+# Sixty-fourth session's open question: does waiting for an overlapped step's tokens sleeping
+# (a blocking-sync event, the default since 2bf2056) cost the batch-4 split steps anything?
+# Qwen3-30B-A3B FP8 4 x 8K kv auto under the defaults (`bench_row`; 278.6 tok/s on the
+# sixty-fourth's call-5 host, 305.0 / 297.7 on the sixty-third's, both recomputed without the
+# first timed call) against WRITESCOPE_BLOCKING_SYNC=0 (every host wait spins), alternating on
+# one host, then DeepSeek-V2-Lite 1 x 8K with every expert on the CPU the same way (where the
+# spinning wait made overlapped steps 1.6x slower in the sixty-fourth's call 2). Carry .whl.
+# CALL_S=420 (timeout 480).
+source bench/results/run-helper.sh
+call_begin ${CALL_S:-420}
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $R/gpu.txt
+calibrate_profile 45
+Q='quantization_config={"quant_method":"fp8","fmt":"e4m3","activation_scheme":"dynamic","weight_block_size":[128,128]}'
+row() { bench_row q-$1 70 qwen3-30b-a3b 8k --config-override "$Q"; }
+WRITESCOPE_BLOCKING_SYNC=1 row sleep-1
+WRITESCOPE_BLOCKING_SYNC=0 row spin-1
+WRITESCOPE_BLOCKING_SYNC=0 row spin-2
+WRITESCOPE_BLOCKING_SYNC=1 row sleep-2
+b1() {  # NAME [env...]: DeepSeek-V2-Lite 1 x 8K, every routed expert on the CPU
+  local name=$1; shift
+  run $name 60 env "$@" python -m writescope bench --model deepseek-v2-lite --random-weights \
+    --profile $P --vram-budget 32GiB --experts cpu --max-num-batched-tokens 16384 \
+    --warmup-length 1k --decode-steps 24 --prefill synthetic --no-progress --policies writescope \
+    --batch 1 --context-lengths 8k --out $R/$name
+}
+b1 d-sleep WRITESCOPE_BLOCKING_SYNC=1
+b1 d-spin WRITESCOPE_BLOCKING_SYNC=0
+for f in q-sleep-1 q-spin-1 q-spin-2 q-sleep-2 d-sleep d-spin; do
+  [ -f $R/$f/results.json ] && python - $f $R/$f/results.json <<'PY'
+import json, sys
+r = json.load(open(sys.argv[2]))["rows"][0]
+t = r.get("threads_decode") or {}
+main = [x for x in t.get("top", []) if x.get("name") == "MainThread"]
+print(sys.argv[1], "tok/s %.1f mean %.2f p50 %.2f ms eff %.3f overlapped %s split %s main_frac %s" % (
+    r["decode_tokens_per_s"], 1e3 * r["mean_step_s"], 1e3 * r["p50_step_s"],
+    r.get("bound_efficiency") or 0, r.get("overlapped_steps"), r.get("pipelined_steps"),
+    main[0]["frac"] if main else None))
+PY
+done
+call_end
