@@ -13,10 +13,11 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $R/gpu.txt
 calibrate_profile 45
 Q='quantization_config={"quant_method":"fp8","fmt":"e4m3","activation_scheme":"dynamic","weight_block_size":[128,128]}'
 row() { bench_row q-$1 70 qwen3-30b-a3b 8k --config-override "$Q"; }
-WRITESCOPE_BLOCKING_SYNC=1 row sleep-1
-WRITESCOPE_BLOCKING_SYNC=0 row spin-1
-WRITESCOPE_BLOCKING_SYNC=0 row spin-2
-WRITESCOPE_BLOCKING_SYNC=1 row sleep-2
+for r in sleep-1 spin-1 spin-2 sleep-2; do
+  export WRITESCOPE_BLOCKING_SYNC=$([ ${r%-*} = sleep ] && echo 1 || echo 0)
+  row $r
+done
+unset WRITESCOPE_BLOCKING_SYNC
 b1() {  # NAME [env...]: DeepSeek-V2-Lite 1 x 8K, every routed expert on the CPU
   local name=$1; shift
   run $name 60 env "$@" python -m writescope bench --model deepseek-v2-lite --random-weights \
