@@ -566,9 +566,9 @@ class InplaceKVCache:
         (``end_step(wait=False)``): a step with no prefill rows that completes blocks in G only
         (device copies on the step's stream) and reads no T or C block on either side (only G
         and W, on the GPU), so that nothing on the host or on another stream depends on its
-        work (the engine's overlapped decode steps, ``engine/inflight.py``). A step planned in sub-batches qualifies only where they attend
-        through resident buffers (a split step with CPU experts, whose attention is all in its
-        graphs)."""
+        work (the engine's overlapped decode steps, ``engine/inflight.py``). A step planned in
+        sub-batches qualifies only where they attend through resident buffers (a split step
+        with CPU experts, whose attention is all in its graphs)."""
         step = self._step
         if step is None or step["prefill"]:
             return False
