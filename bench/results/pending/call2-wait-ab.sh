@@ -5,10 +5,12 @@
 # sixty-fourth's call-5 host, 305.0 / 297.7 on the sixty-third's, both recomputed without the
 # first timed call) against WRITESCOPE_BLOCKING_SYNC=0 (every host wait spins), alternating on
 # one host, then DeepSeek-V2-Lite 1 x 8K with every expert on the CPU the same way (where the
-# spinning wait made overlapped steps 1.6x slower in the sixty-fourth's call 2). Carry .whl.
-# CALL_S=420 (timeout 480).
+# spinning wait made overlapped steps 1.6x slower in the sixty-fourth's call 2), and
+# DeepSeek-V2-Lite bf16 4 x 32K kv auto under the defaults (overlapped 148.1 tok/s against 146.3
+# synchronous in the sixty-third's call 2, recomputed: its overlapped steps waited spinning
+# beside a team that runs most of the step). Carry .whl. CALL_S=540 (timeout 590).
 source bench/results/run-helper.sh
-call_begin ${CALL_S:-420}
+call_begin ${CALL_S:-540}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $R/gpu.txt
 calibrate_profile 45
 Q='quantization_config={"quant_method":"fp8","fmt":"e4m3","activation_scheme":"dynamic","weight_block_size":[128,128]}'
@@ -27,7 +29,12 @@ b1() {  # NAME [env...]: DeepSeek-V2-Lite 1 x 8K, every routed expert on the CPU
 }
 b1 d-sleep WRITESCOPE_BLOCKING_SYNC=1
 b1 d-spin WRITESCOPE_BLOCKING_SYNC=0
-for f in q-sleep-1 q-spin-1 q-spin-2 q-sleep-2 d-sleep d-spin; do
+for r in sleep spin; do
+  export WRITESCOPE_BLOCKING_SYNC=$([ $r = sleep ] && echo 1 || echo 0)
+  bench_row ds-$r 80 deepseek-v2-lite 32k
+done
+unset WRITESCOPE_BLOCKING_SYNC
+for f in q-sleep-1 q-spin-1 q-spin-2 q-sleep-2 d-sleep d-spin ds-sleep ds-spin; do
   [ -f $R/$f/results.json ] && python - $f $R/$f/results.json <<'PY'
 import json, sys
 r = json.load(open(sys.argv[2]))["rows"][0]
