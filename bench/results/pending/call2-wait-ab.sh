@@ -8,9 +8,9 @@
 # spinning wait made overlapped steps 1.6x slower in the sixty-fourth's call 2), and
 # DeepSeek-V2-Lite bf16 4 x 32K kv auto under the defaults (overlapped 148.1 tok/s against 146.3
 # synchronous in the sixty-third's call 2, recomputed: its overlapped steps waited spinning
-# beside a team that runs most of the step). Carry .whl. CALL_S=540 (timeout 590).
+# beside a team that runs most of the step). Carry .whl. CALL_S=570 (timeout 600).
 source bench/results/run-helper.sh
-call_begin ${CALL_S:-540}
+call_begin ${CALL_S:-570}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $R/gpu.txt
 calibrate_profile 45
 Q='quantization_config={"quant_method":"fp8","fmt":"e4m3","activation_scheme":"dynamic","weight_block_size":[128,128]}'
@@ -29,12 +29,15 @@ b1() {  # NAME [env...]: DeepSeek-V2-Lite 1 x 8K, every routed expert on the CPU
 }
 b1 d-sleep WRITESCOPE_BLOCKING_SYNC=1
 b1 d-spin WRITESCOPE_BLOCKING_SYNC=0
+# the native queue's thread spinning 200 us on each call's ready word before its 20 us naps (the
+# default 0: 256 pauses; each batch-1 DeepSeek step waits ~0.1 ms for 26 ready words)
+b1 d-sleep-qspin WRITESCOPE_BLOCKING_SYNC=1 WRITESCOPE_CPU_EXPERT_SPIN_US=200
 for r in sleep spin; do
   export WRITESCOPE_BLOCKING_SYNC=$([ $r = sleep ] && echo 1 || echo 0)
   bench_row ds-$r 80 deepseek-v2-lite 32k
 done
 unset WRITESCOPE_BLOCKING_SYNC
-for f in q-sleep-1 q-spin-1 q-spin-2 q-sleep-2 d-sleep d-spin ds-sleep ds-spin; do
+for f in q-sleep-1 q-spin-1 q-spin-2 q-sleep-2 d-sleep d-spin d-sleep-qspin ds-sleep ds-spin; do
   [ -f $R/$f/results.json ] && python - $f $R/$f/results.json <<'PY'
 import json, sys
 r = json.load(open(sys.argv[2]))["rows"][0]
