@@ -902,8 +902,39 @@ def test_rows_with_overlapped_steps(tiny_qwen3_moe, tmp_path, monkeypatch):
         (rows[mode],) = _strict_json(out / "results.json")["rows"]
         assert not rows[mode].get("error"), rows[mode].get("error")
     assert rows["0"]["overlapped_steps"] == 0
-    assert 3 <= rows["1"]["overlapped_steps"] <= 6  # a step that completes a block does not
+    assert rows["1"]["overlapped_steps"] == 6  # those completing a block in G too
     assert rows["1"]["output_token_ids"] == rows["0"]["output_token_ids"]
+
+
+def test_rows_with_spread_lengths(tiny_qwen3_moe, tmp_path, monkeypatch, capsys):
+    """--length-spread N: prompt i of a batch of B is N*i/B tokens shorter than the context.
+    With a block's worth (8) over 4 sequences, two of them complete a block every 4 steps in
+    turn; with all KV in G those steps overlap too. The tokens are the synchronous row's; bad
+    spreads are the command's error."""
+    rows = {}
+    for mode in ("0", "1"):
+        monkeypatch.setenv("WRITESCOPE_ASYNC_DECODE", mode)
+        out = tmp_path / mode
+        out.mkdir()
+        rc = bench_cli(tiny_qwen3_moe, out, "--batch", "4", "--context-lengths", "150",
+                       "--decode-steps", "8", "--num-gpu-blocks", "128", "--policies", "writescope",
+                       "--max-num-batched-tokens", "64", "--prefill", "synthetic",
+                       "--length-spread", "8")
+        assert rc == 0
+        doc = _strict_json(out / "results.json")
+        (rows[mode],) = doc["rows"]
+        assert not rows[mode].get("error"), rows[mode].get("error")
+        assert doc["meta"]["spec"]["length_spread"] == 8
+        assert "--length-spread" in (out / "results.md").read_text()
+    assert rows["0"]["prompt_lengths"] == [150, 148, 146, 144]
+    assert rows["0"]["overlapped_steps"] == 0 and rows["1"]["overlapped_steps"] == 8
+    assert rows["1"]["output_token_ids"] == rows["0"]["output_token_ids"]
+    capsys.readouterr()
+    for bad in (("--length-spread", "149"), ("--length-spread", "8", "--peer", "transformers"),
+                ("--length-spread", "1GiB")):
+        rc = bench_cli(tiny_qwen3_moe, tmp_path, "--batch", "4", "--context-lengths", "150", *bad)
+        err = capsys.readouterr().err
+        assert rc == 1 and ("--length-spread" in err or "byte size" in err), err
 
 
 def test_rows_say_which_step_form_auto_chose(tiny_qwen3_moe, tmp_path, monkeypatch):

@@ -43,6 +43,7 @@ import torch
 
 from .provenance import git_info
 from .row import (RowFailed, _free_memory, _region, make_prompts, percentile, run_engine_row,
+                  spread_lengths,
                   token_digest, warm_up)
 
 DEFAULT_POLICIES = ("writescope", "transfer", "cpu", "static", "migrate")
@@ -78,6 +79,10 @@ class GridSpec:
     static_ref_length: int | None = None
     #: the warm-up's long request (None: the shortest context of the grid)
     warmup_length: int | None = None
+    #: prompt i of a batch of B is ``length_spread * i // B`` tokens shorter than the row's
+    #: context (0: all of it): with a block's worth, the sequences complete their KV blocks on
+    #: different steps, as a server's mix does, instead of all on the same one
+    length_spread: int = 0
     #: "real": each row prefills its prompts through the model; "synthetic": random KV written
     #: to the homes the placement policy chooses, all but each prompt's last token
     #: (:meth:`LLMEngine.prefill_synthetic`) -- decode rows at long contexts in seconds, no TTFT
@@ -104,6 +109,12 @@ class GridSpec:
             raise ValueError("--decode-steps must be at least 2")
         if self.warmup_length is not None and self.warmup_length < 2:
             raise ValueError("--warmup-length must be at least 2 tokens")
+        if not 0 <= self.length_spread <= min(self.context_lengths) - 2:
+            raise ValueError(f"--length-spread must be 0 to {min(self.context_lengths) - 2} "
+                             "tokens (each prompt keeps at least 2)")
+        if self.length_spread and self.peers:
+            raise ValueError("--length-spread is for writescope's rows: the peers run prompts "
+                             "of one length")
         if not self.policies:
             raise ValueError("give at least one policy")
         for p in self.policies:
@@ -412,13 +423,15 @@ def experts_where(engine) -> str:
 
 
 def model_terms(profile, cfg, engine, policy: str, batch: int, ctx: int, decode_steps: int,
-                static_share: float, cpu_expert_bytes: float | None = None) -> dict[str, Any]:
+                static_share: float, cpu_expert_bytes: float | None = None,
+                prompt_lengths: list[int] | None = None) -> dict[str, Any]:
     """The roofline model's step time for this policy and the roofline bound (mid-decode); and
     the two byte counts issue 6's experts-on-CPU target compares: the KV that spills past G per
     decode step, and the routed-expert weights the CPU reads per step (uniform routing). With
-    ``cpu_expert_bytes`` (the row's measured mean) the bound charges the experts actually read."""
+    ``cpu_expert_bytes`` (the row's measured mean) the bound charges the experts actually read.
+    ``prompt_lengths``: the row's prompts (default: ``batch`` of ``ctx`` tokens)."""
     from ..planner import roofline as rl
-    lengths = [ctx + decode_steps // 2] * batch
+    lengths = [n + decode_steps // 2 for n in (prompt_lengths or [ctx] * batch)]
     g_tokens = float(engine.cache.layout.num_blocks[_region("G")] * engine.cache.bs)
     on_cpu = tuple(engine.cpu_expert_layers)  # per layer: experts="auto" may split them
     spilled = sum(lengths) - sum(rl.resident_tokens(lengths, g_tokens))
@@ -655,12 +668,16 @@ class Grid:
                        # whether the planner had measured its CPU path when the row began
                        "planner_verified": getattr(engine.cache.policy, "cpu_verified",
                                                    None)}
-                prompts = make_prompts(cfg.vocab_size, b, n, s.seed)
+                prompts = spread_lengths(make_prompts(cfg.vocab_size, b, n, s.seed),
+                                         s.length_spread)
+                if s.length_spread:
+                    row["prompt_lengths"] = [len(p) for p in prompts]
                 try:
                     row.update(run_engine_row(engine, prompts, s.decode_steps, vram_budget,
                                               f"{policy}-{b}-{n}", s.prefill, s.seed))
                     row.update(model_terms(profile, cfg, engine, base, b, n, s.decode_steps,
-                                           static_share, row.get("cpu_expert_bytes_measured")))
+                                           static_share, row.get("cpu_expert_bytes_measured"),
+                                           [len(p) for p in prompts]))
                     if row.get("roofline_bound_s") and row.get("mean_step_s"):
                         row["bound_efficiency"] = row["roofline_bound_s"] / row["mean_step_s"]
                     if policy == "writescope":  # the peers' tokens are checked against these

@@ -230,6 +230,10 @@ def markdown(doc: dict[str, Any]) -> str:
     if (meta.get("spec") or {}).get("prefill") == "synthetic":
         lines[-1:-1] = ["- prefill: **synthetic** (random KV written to the homes each policy chose, "
                         "no model prefill: decode rows only, no time to first token)"]
+    spread = (meta.get("spec") or {}).get("length_spread") or 0
+    if spread:
+        lines[-1:-1] = [f"- prompt lengths: prompt i of a batch of B is {spread} * i / B tokens "
+                        "shorter than the row's context (`--length-spread`)"]
     for model, m in doc.get("models", {}).items():
         lines.append(f"- **{model}**: static share {m.get('static_share', float('nan')):.3f} "
                      f"({m.get('static_share_from', '')}); KV blocks {m.get('kv_capacity_blocks')} "

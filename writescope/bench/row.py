@@ -68,6 +68,13 @@ import torch
 from .threads import busy_threads, python_probe_us, snapshot as thread_snapshot
 
 
+def spread_lengths(prompts: list[list[int]], spread: int) -> list[list[int]]:
+    """Prompt ``i`` of ``B`` cut by ``spread * i // B`` tokens (``writescope bench
+    --length-spread``): the first keeps its length, the row's context."""
+    b = len(prompts)
+    return [p[:len(p) - spread * i // b] for i, p in enumerate(prompts)]
+
+
 def make_prompts(vocab_size: int, batch: int, context: int, seed: int) -> list[list[int]]:
     """``batch`` prompts of ``context`` random token ids, the same for every policy and peer."""
     rng = np.random.default_rng([seed, batch, context])

@@ -74,6 +74,10 @@ def register(subparsers) -> None:
     p.add_argument("--warmup-length", default=None, metavar="N",
                    help="tokens of the warm-up's long request (default: the shortest context); "
                         "a grid of 128K contexts need not prefill 128K more per policy to warm up")
+    p.add_argument("--length-spread", default="0", metavar="N",
+                   help="prompt i of a batch of B is N*i/B tokens shorter than the context "
+                        "(default 0); a KV block's worth (--block-size, 64 by default) makes the "
+                        "sequences complete their blocks on different steps, as a server's do")
     p.add_argument("--prefill", default="real", choices=("real", "synthetic"),
                    help="real: prefill each row's prompts through the model (default); synthetic: "
                         "write random KV to the homes the placement policy chooses, all but each "
@@ -106,6 +110,7 @@ def spec_from_args(args: argparse.Namespace):
         static_ref_length=(parse_count(args.static_ref_length) if args.static_ref_length
                            else None),
         warmup_length=parse_count(args.warmup_length) if args.warmup_length else None,
+        length_spread=parse_count(args.length_spread),
         prefill=args.prefill,
         peer_offload_weights=args.peer_offload_weights,
         config_overrides=parse_overrides(args.config_override), rounds=args.rounds,
