@@ -909,11 +909,13 @@ def test_rows_with_overlapped_steps(tiny_qwen3_moe, tmp_path, monkeypatch):
 def test_rows_with_spread_lengths(tiny_qwen3_moe, tmp_path, monkeypatch, capsys):
     """--length-spread N: prompt i of a batch of B is N*i/B tokens shorter than the context.
     With a block's worth (8) over 4 sequences, two of them complete a block every 4 steps in
-    turn; with all KV in G those steps overlap too. The tokens are the synchronous row's; bad
-    spreads are the command's error."""
+    turn; with all KV in G those steps overlap too (half of them did with
+    WRITESCOPE_G_BLOCKS_ON_DEVICE=0, as before the sixty-fourth session). The tokens are the
+    synchronous row's; bad spreads are the command's error."""
     rows = {}
-    for mode in ("0", "1"):
-        monkeypatch.setenv("WRITESCOPE_ASYNC_DECODE", mode)
+    for mode in ("0", "1", "1-off"):
+        monkeypatch.setenv("WRITESCOPE_ASYNC_DECODE", mode[0])
+        monkeypatch.setenv("WRITESCOPE_G_BLOCKS_ON_DEVICE", "0" if mode.endswith("off") else "1")
         out = tmp_path / mode
         out.mkdir()
         rc = bench_cli(tiny_qwen3_moe, out, "--batch", "4", "--context-lengths", "150",
@@ -928,7 +930,9 @@ def test_rows_with_spread_lengths(tiny_qwen3_moe, tmp_path, monkeypatch, capsys)
         assert "--length-spread" in (out / "results.md").read_text()
     assert rows["0"]["prompt_lengths"] == [150, 148, 146, 144]
     assert rows["0"]["overlapped_steps"] == 0 and rows["1"]["overlapped_steps"] == 8
-    assert rows["1"]["output_token_ids"] == rows["0"]["output_token_ids"]
+    assert rows["1-off"]["overlapped_steps"] == 4
+    assert rows["1"]["output_token_ids"] == rows["0"]["output_token_ids"] \
+        == rows["1-off"]["output_token_ids"]
     capsys.readouterr()
     for bad in (("--length-spread", "149"), ("--length-spread", "8", "--peer", "transformers"),
                 ("--length-spread", "1GiB")):

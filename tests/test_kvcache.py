@@ -371,11 +371,17 @@ class OneHome(PlacementPolicy):
         return [r is Region.C for r in seq.regions]
 
 
-@pytest.mark.parametrize("home", [Region.G, Region.T, Region.C])
-def test_a_decode_step_that_completes_a_block_in_g_is_deferrable(home):
+@pytest.mark.parametrize("home", [Region.G, Region.T, Region.C, "G, switched off"])
+def test_a_decode_step_that_completes_a_block_in_g_is_deferrable(home, monkeypatch):
     """A decode step may be closed before its device work is done (``end_step(wait=False)``,
     overlapped decode steps) when it reads only G and W and the blocks it completes go to G
-    (a copy on the device); a block completed into T or C is written through the host."""
+    (a copy on the device); a block completed into T or C is written through the host.
+    WRITESCOPE_G_BLOCKS_ON_DEVICE=0 (A/B runs) defers no step that completes a block."""
+    if home == "G, switched off":
+        monkeypatch.setenv("WRITESCOPE_G_BLOCKS_ON_DEVICE", "0")
+        home, on = Region.G, False
+    else:
+        on = home is Region.G
     L, bs = 2, 4
     spec = SPECS["gqa"](L)
     g = torch.Generator().manual_seed(5)
@@ -391,8 +397,9 @@ def test_a_decode_step_that_completes_a_block_in_g_is_deferrable(home):
     c.begin_step([(0, 0, 3)])  # the prompt
     step(0, 3)
     c.begin_step([(0, 3, 1)])  # completes block 0
-    assert c._step["new_blocks"] and c.step_deferrable == (home is Region.G)
-    step(3, 1, wait=home is not Region.G)
+    assert c._step["new_blocks"] and c.step_deferrable == on
+    assert bool(c._step["seal_w"]) == on
+    step(3, 1, wait=not on)
     assert c.seqs[0].regions() == (home,)
     c.begin_step([(0, 4, 1)])  # reads block 0 where it is
     assert c.step_deferrable == (home is Region.G)

@@ -90,6 +90,15 @@ def resident_mode() -> str:
     return "force" if v == "force" else "on"
 
 
+def g_blocks_on_device() -> bool:
+    """``WRITESCOPE_G_BLOCKS_ON_DEVICE``: ``1`` (the default) -- a decode step whose new blocks
+    all go to G may be resident (the token to its W slot, the slot copied to the block at the
+    step's end) and deferred; ``0`` -- a step that completes any block is neither, as before
+    the sixty-fourth session (for A/B runs)."""
+    return os.environ.get("WRITESCOPE_G_BLOCKS_ON_DEVICE", "1").strip().lower() not in (
+        "0", "off", "false", "no")
+
+
 def _self_segments(seg_lens: list[int], prefill: list) -> list[int]:
     """The self partial's segments: dense-prefill chunks become single-token segments."""
     if not prefill:
@@ -463,6 +472,7 @@ class InplaceKVCache:
         # slot, the block's id in G) -- a resident step writes the token to W and copies the
         # whole W slot to the block at its end (:meth:`_seal_from_w`)
         seal_w: list[tuple[int, int, int, int]] = []
+        seal_ok = g_blocks_on_device()
         block_src: list[np.ndarray] = []  # per new block: source row per token (>=N: tail)
         # per sequence with tokens for W: (first position, count, W slot's first flat token
         # minus the position of its block's start, this step's row minus the position)
@@ -503,7 +513,7 @@ class InplaceKVCache:
                         b = first_new_block + j
                         bid = next(ids[r])
                         new_blocks.append((seq_id, b, r, bid))
-                        if n == 1 and k == 1 and r is Region.G:  # the token ends block b
+                        if seal_ok and n == 1 and k == 1 and r is Region.G:  # token ends b
                             seal_w.append((row0, t.w_slot * bs + bs - 1, t.w_slot, bid))
                         pos = np.arange(b * bs, (b + 1) * bs)
                         src = pos - start + row0  # rows of this step's records
@@ -572,7 +582,8 @@ class InplaceKVCache:
         step = self._step
         if step is None or step["prefill"]:
             return False
-        if any(r is not Region.G for _, _, r, _ in step["new_blocks"]):
+        if step["new_blocks"] and (not g_blocks_on_device() or any(
+                r is not Region.G for _, _, r, _ in step["new_blocks"])):
             return False
         if step["groups"] and step["resident"] is None:
             return False
