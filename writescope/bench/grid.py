@@ -43,8 +43,7 @@ import torch
 
 from .provenance import git_info
 from .row import (RowFailed, _free_memory, _region, make_prompts, percentile, run_engine_row,
-                  spread_lengths,
-                  token_digest, warm_up)
+                  spread_lengths, token_digest, warm_up)
 
 DEFAULT_POLICIES = ("writescope", "transfer", "cpu", "static", "migrate")
 

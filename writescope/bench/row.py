@@ -294,8 +294,9 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
             engine.cache.abort_step()
     # the first timed call opens the window: with overlapped steps it returns the tokens of a
     # step that ran before it (done by the sync before the read probe) in a few ms, which
-    # counted a step's work that was never timed (2.7-3.4% of the overlapped rows' tokens/s until the sixty-fourth
-    # session); every figure below is over the later calls, each of which waits for one step
+    # counted a step's work that was never timed (2.7-3.4% of the overlapped rows' tokens/s
+    # until the sixty-fourth session); every figure below is over the later calls, each of
+    # which waits for one step
     timed = step_times[1:]
     total = sum(timed)
     synthetic = prefill == "synthetic"

@@ -22,8 +22,8 @@ first decode step of a size runs every piece eagerly and keeps a copy of each se
 after that step the segments are captured (a warm-up run, then the capture, in a memory pool
 shared by all graphs; a new one once every graph was dropped). Later steps of that size copy
 eager outputs (the attention result) into the first rows of the graph's input buffers and
-replay; an input that an earlier graph produced is read in place. A capture that fails turns graphs off with one warning; the engine then runs
-eagerly as before.
+replay; an input that an earlier graph produced is read in place. A capture that fails turns
+graphs off with one warning; the engine then runs eagerly as before.
 
 ``WRITESCOPE_CUDA_GRAPHS=0`` turns graphs off; ``=pieces`` runs the piece list eagerly on any
 device (how the CPU tests check the decomposition against the model's own forward).
