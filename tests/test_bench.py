@@ -908,9 +908,9 @@ def test_rows_with_overlapped_steps(tiny_qwen3_moe, tmp_path, monkeypatch):
 
 def test_rows_with_spread_lengths(tiny_qwen3_moe, tmp_path, monkeypatch, capsys):
     """--length-spread N: prompt i of a batch of B is N*i/B tokens shorter than the context.
-    With a block's worth (8) over 4 sequences, two of them complete a block every 4 steps in
-    turn; with all KV in G those steps overlap too (half of them did with
-    WRITESCOPE_G_BLOCKS_ON_DEVICE=0, as before the sixty-fourth session). The tokens are the
+    With a block's worth (8) over 4 sequences, they complete their blocks on four different
+    steps of every eight; with all KV in G those steps overlap too (none of them did with
+    WRITESCOPE_G_BLOCKS_ON_DEVICE=0, as before the sixty-fourth session: 4 of 8). The tokens are the
     synchronous row's; bad spreads are the command's error."""
     rows = {}
     for mode in ("0", "1", "1-off"):
