@@ -146,3 +146,39 @@ bench_row() {
     --experts auto --kv-cache-memory auto "$@" --out $R/$name
   grep -h "tok/s\|peak" $R/$name.log | tail -1
 }
+
+# batch1_row NAME CAP MODEL CONTEXT [VAR=value...]: issue 6's batch-1 row, every routed expert
+# on the CPU (a 32 GiB budget, synthetic prefill, 24 timed decode steps, writescope) with the
+# given environment, into $R/NAME/.
+batch1_row() {
+  local name=$1 cap=$2 model=$3 ctx=$4; shift 4
+  run $name $cap env "$@" python -m writescope bench --model $model --random-weights --profile $P \
+    --vram-budget 32GiB --experts cpu --max-num-batched-tokens 16384 --warmup-length 1k \
+    --decode-steps 24 --prefill synthetic --no-progress --policies writescope --batch 1 \
+    --context-lengths $ctx --out $R/$name
+}
+
+# row_summary NAME...: a line per row of each $R/NAME/results.json (tokens/s, step times, the
+# bound's efficiency, overlapped and split steps, the CPU experts' ms a timed step, how busy the
+# main thread was).
+row_summary() {
+  local f
+  for f in "$@"; do
+    [ -f $R/$f/results.json ] && python - $f $R/$f/results.json <<'PY'
+import json, sys
+for r in json.load(open(sys.argv[2]))["rows"]:
+    if r.get("error"):
+        print(sys.argv[1], "batch", r["batch"], "error:", r["error"])
+        continue
+    t = r.get("threads_decode") or {}
+    main = [x["frac"] for x in t.get("top", []) if x.get("name") == "MainThread"]
+    es = r.get("cpu_expert_s_mean")
+    print(sys.argv[1], "batch %d ctx %d tok/s %.1f mean %.2f p50 %.2f ms eff %.3f overlapped %s "
+          "split %s experts %s ms main %s" % (
+              r["batch"], r["context"], r["decode_tokens_per_s"], 1e3 * r["mean_step_s"],
+              1e3 * r["p50_step_s"], r.get("bound_efficiency") or 0, r.get("overlapped_steps"),
+              r.get("pipelined_steps"), None if es is None else round(1e3 * es, 2),
+              main[0] if main else None))
+PY
+  done
+}

@@ -20,33 +20,16 @@ for r in sleep-1 spin-1 spin-2 sleep-2; do
   row $r
 done
 unset WRITESCOPE_BLOCKING_SYNC
-b1() {  # NAME [env...]: DeepSeek-V2-Lite 1 x 8K, every routed expert on the CPU
-  local name=$1; shift
-  run $name 60 env "$@" python -m writescope bench --model deepseek-v2-lite --random-weights \
-    --profile $P --vram-budget 32GiB --experts cpu --max-num-batched-tokens 16384 \
-    --warmup-length 1k --decode-steps 24 --prefill synthetic --no-progress --policies writescope \
-    --batch 1 --context-lengths 8k --out $R/$name
-}
-b1 d-sleep WRITESCOPE_BLOCKING_SYNC=1
-b1 d-spin WRITESCOPE_BLOCKING_SYNC=0
+batch1_row d-sleep 60 deepseek-v2-lite 8k WRITESCOPE_BLOCKING_SYNC=1
+batch1_row d-spin 60 deepseek-v2-lite 8k WRITESCOPE_BLOCKING_SYNC=0
 # the native queue's thread spinning 200 us on each call's ready word before its 20 us naps (the
 # default 0: 256 pauses; each batch-1 DeepSeek step waits ~0.1 ms for 26 ready words)
-b1 d-sleep-qspin WRITESCOPE_BLOCKING_SYNC=1 WRITESCOPE_CPU_EXPERT_SPIN_US=200
+batch1_row d-sleep-qspin 60 deepseek-v2-lite 8k WRITESCOPE_BLOCKING_SYNC=1 \
+  WRITESCOPE_CPU_EXPERT_SPIN_US=200
 for r in sleep spin; do
   export WRITESCOPE_BLOCKING_SYNC=$([ $r = sleep ] && echo 1 || echo 0)
   bench_row ds-$r 80 deepseek-v2-lite 32k
 done
 unset WRITESCOPE_BLOCKING_SYNC
-for f in q-sleep-1 q-spin-1 q-spin-2 q-sleep-2 d-sleep d-spin d-sleep-qspin ds-sleep ds-spin; do
-  [ -f $R/$f/results.json ] && python - $f $R/$f/results.json <<'PY'
-import json, sys
-r = json.load(open(sys.argv[2]))["rows"][0]
-t = r.get("threads_decode") or {}
-main = [x for x in t.get("top", []) if x.get("name") == "MainThread"]
-print(sys.argv[1], "tok/s %.1f mean %.2f p50 %.2f ms eff %.3f overlapped %s split %s main_frac %s" % (
-    r["decode_tokens_per_s"], 1e3 * r["mean_step_s"], 1e3 * r["p50_step_s"],
-    r.get("bound_efficiency") or 0, r.get("overlapped_steps"), r.get("pipelined_steps"),
-    main[0]["frac"] if main else None))
-PY
-done
+row_summary q-sleep-1 q-spin-1 q-spin-2 q-sleep-2 d-sleep d-spin d-sleep-qspin ds-sleep ds-spin
 call_end

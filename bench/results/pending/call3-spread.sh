@@ -15,15 +15,5 @@ for r in on-1 off-1 off-2 on-2; do
   bench_row s-$r 80 qwen3-30b-a3b 8k --config-override "$Q" --batch 4,16 --length-spread 64
 done
 unset WRITESCOPE_G_BLOCKS_ON_DEVICE
-for f in s-on-1 s-off-1 s-off-2 s-on-2; do
-  [ -f $R/$f/results.json ] && python - $f $R/$f/results.json <<'PY'
-import json, sys
-for r in json.load(open(sys.argv[2]))["rows"]:
-    if r.get("error"):
-        print(sys.argv[1], r["batch"], "error", r["error"]); continue
-    print(sys.argv[1], "batch %d tok/s %.1f mean %.2f p50 %.2f ms eff %.3f overlapped %s split %s" % (
-        r["batch"], r["decode_tokens_per_s"], 1e3 * r["mean_step_s"], 1e3 * r["p50_step_s"],
-        r.get("bound_efficiency") or 0, r.get("overlapped_steps"), r.get("pipelined_steps")))
-PY
-done
+row_summary s-on-1 s-off-1 s-off-2 s-on-2
 call_end
