@@ -633,11 +633,10 @@ class InplaceKVCache:
         run, copied to their homes in G for every layer (two launches, queued behind the step's
         work on its stream)."""
         seal = step["seal_w"]
-        dev = self.pools[Region.W].device
-        slots = h2d([s[2] for s in seal], dev, torch.long)
-        ids = h2d([s[3] for s in seal], self.pools[Region.G].device, torch.long)
-        g = self.pools[Region.G]
-        g.index_copy_(1, ids, self.pools[Region.W].index_select(1, slots).to(g.device))
+        g, w = self.pools[Region.G], self.pools[Region.W]  # both in the GPU layout, on one device
+        slots = h2d([s[2] for s in seal], w.device, torch.long)
+        ids = h2d([s[3] for s in seal], g.device, torch.long)
+        g.index_copy_(1, ids, w.index_select(1, slots))
         self.counters["kv.bytes_written.G"] += len(seal) * self.block_bytes
         self.counters["kv.blocks_sealed_from_w"] += len(seal)
 
@@ -942,7 +941,7 @@ class InplaceKVCache:
             self.counters["kv.resident_steps"] += 1
             if step["new_blocks"]:
                 self._seal_from_w(step)
-            n = self._resident_w(step)[0].size
+            n = step["w_host"][0].size + len(step["seal_w"])  # the rows _resident_w wrote
             self.counters["kv.bytes_written.W"] += \
                 n * self.spec.num_kv_heads * self.spec.rec_dim * self.spec.itemsize * \
                 self.spec.num_layers
