@@ -1216,8 +1216,8 @@ def test_an_expert_threads_variant_sets_the_cpu_experts_team(tiny_qwen3_moe, tmp
     team, and a policy without the setting after it with the engine's own again (the rows
     record both); a count that is not a whole number fails that row."""
     from writescope.bench import grid
-    from writescope.layers import cpu_experts
-    monkeypatch.setattr(cpu_experts, "_num_threads", None)
+    from writescope.layers import cpu_experts, cpu_experts_lib
+    monkeypatch.setattr(cpu_experts_lib, "_num_threads", None)
     seen = []
     real = grid.run_engine_row
 
@@ -1231,7 +1231,7 @@ def test_an_expert_threads_variant_sets_the_cpu_experts_team(tiny_qwen3_moe, tmp
                    "writescope@expert_threads=1,writescope,writescope@expert_threads=0.5")
     assert rc == 0
     rows = _strict_json(tmp_path / "results.json")["rows"]
-    own = cpu_experts._default_threads()
+    own = cpu_experts_lib.default_threads()
     assert seen == [1, own]
     assert [r.get("cpu_expert_threads") for r in rows[:2]] == [1, own]
     assert not rows[0].get("error") and not rows[1].get("error")

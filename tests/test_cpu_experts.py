@@ -363,16 +363,17 @@ def test_pending_device_waited_failures_are_raised_once():
     import concurrent.futures as cf
 
     from writescope.layers import cpu_experts as ce
+    from writescope.layers import cpu_experts_calls as calls
     ok, bad = cf.Future(), cf.Future()
     ok.set_result(None)
     bad.set_exception(IndexError("topk_ids out of range"))
-    ce._pending.extend([ok, bad])
+    calls._pending.extend([ok, bad])
     with pytest.raises(IndexError, match="out of range"):
         ce.raise_pending_errors()
     ce.raise_pending_errors()  # nothing left
-    ce._pending.append(ok)
+    calls._pending.append(ok)
     ce.raise_pending_errors()
-    assert ce._pending == []
+    assert calls._pending == []
 
 
 def test_random_draw_is_chunked_parallel_and_thread_count_free(monkeypatch):

@@ -31,7 +31,7 @@ def test_tile_conversion_is_bf16_of_q_times_scale(isa):
     """One packed tile of every code times scales of several magnitudes, K blocks of 32 (the
     last one partial: its padding takes the last scale), against torch's float32 product
     rounded to bf16."""
-    lib = ce._get_lib()
+    lib = ce.get_lib()
     codes = _all_codes()
     kp, bk = 96, 32                          # 3 K blocks of 32 values
     nb = 3
@@ -178,7 +178,7 @@ def test_exact_fp8_products_with_subnormal_codes_and_extreme_activations(monkeyp
 def test_line_masks_flag_the_lines_with_subnormal_codes():
     """ws_fp8_line_masks against a torch reading of the same bytes: a line (32 bytes of a tile)
     is flagged when a byte has exponent field 0 and a mantissa that is not (zeros are not)."""
-    lib = ce._get_lib()
+    lib = ce.get_lib()
     g = torch.Generator().manual_seed(3)
     ntiles, kp = 5, 200  # 100 lines a tile: two mask words, the second partial
     b = torch.randint(0, 256, (ntiles, kp // 2, 32), generator=g, dtype=torch.int64)
@@ -297,7 +297,7 @@ def test_random_shapes(E, H, I, k, N, seed, exact):
     sch, pairs = _fp8_weights(E, H, I, (16, 16), seed=seed)
     layer = CpuExperts.from_fp8(*pairs, fp8=sch)
     layer.fp8_exact = exact
-    decode = exact and min(ce._detected(), ce._isa_cap()) >= ce.ISA_NAMES.index("avx2")
+    decode = exact and min(ce.detected_isa(), ce.isa_cap()) >= ce.ISA_NAMES.index("avx2")
     gate, up, down = _exact(sch, pairs) if decode else _dequantized(sch, pairs)
     ids, w = _routing(N, E, k, seed=seed + 1)
     x = torch.randn(N, H, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
@@ -308,7 +308,7 @@ def test_random_shapes(E, H, I, k, N, seed, exact):
 
 
 def test_conversion_entry_point_refuses_bad_arguments():
-    lib = ce._get_lib()
+    lib = ce.get_lib()
     buf = (ctypes.c_uint8 * 64)()
     sc = (ctypes.c_float * 1)(1.0)
     dst = (ctypes.c_uint16 * 64)()

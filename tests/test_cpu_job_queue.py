@@ -157,9 +157,9 @@ def test_queued_expert_jobs_wait_compute_and_raise_their_flags(dtype, fp8):
     own forward into the pinned-style buffer, then raises its done word; a failing job (an
     expert id out of range) still raises its word and the drain reports it. FP8 experts too
     (the job carries their scales and line masks)."""
-    from writescope.layers.cpu_experts import CpuExperts, _get_lib
+    from writescope.layers.cpu_experts import CpuExperts, get_lib
     from writescope.models.quantization import Fp8Blocks
-    if _get_lib() is None:
+    if get_lib() is None:
         pytest.skip("CPU expert kernel unavailable")
     gen = torch.Generator().manual_seed(3)
     ex = CpuExperts.random(8, 64, 96, torch.bfloat16, seed=5,
@@ -280,7 +280,8 @@ def native_experts():
     """``layers.cpu_experts`` with its compiled kernel and native queue (else the test skips),
     nothing of another test's left on the queue or in the routing."""
     from writescope.layers import cpu_experts as ce
-    if ce._get_lib() is None or ce._get_native_queue() is None:
+    from writescope.layers import cpu_experts_calls as calls
+    if ce.get_lib() is None or calls.get_native_queue() is None:
         pytest.skip("CPU expert kernel or native queue unavailable")
     ce.raise_pending_errors()
     ce.take_routed_bytes()

@@ -367,7 +367,7 @@ def test_a_gpu_host_s_cpu_teams_leave_the_launching_thread_its_cores(monkeypatch
     from writescope.layers import cpu_experts
     monkeypatch.delenv("WRITESCOPE_CPU_EXPERT_THREADS", raising=False)
     monkeypatch.delenv("WRITESCOPE_CPU_ATTN_THREADS", raising=False)
-    before_experts, before_attn = cpu_experts._num_threads, cpu_attn.num_threads_setting()
+    before_experts, before_attn = cpu_experts.num_threads_setting(), cpu_attn.num_threads_setting()
     cpu_attn.set_num_threads(None)
     try:
         for cores, attn, experts in [(16, 15, 14), (10, 9, 9), (4, 4, None)]:
@@ -376,12 +376,12 @@ def test_a_gpu_host_s_cpu_teams_leave_the_launching_thread_its_cores(monkeypatch
             cpu_experts.set_num_threads(None)
             eng._reserve_launch_core()
             assert cpu_attn.get_num_threads() == attn
-            assert cpu_experts._num_threads == experts
+            assert cpu_experts.num_threads_setting() == experts
         monkeypatch.setattr(cpu_attn, "_usable_cores", lambda: 16)
         monkeypatch.setenv("WRITESCOPE_CPU_EXPERT_THREADS", "3")
         cpu_experts.set_num_threads(None)
         eng._reserve_launch_core()
-        assert cpu_experts._num_threads is None  # the environment's count is read by the kernel
+        assert cpu_experts.num_threads_setting() is None  # the environment's count is read by the kernel
     finally:
         cpu_attn.reserve_cores(0)
         cpu_attn.set_num_threads(before_attn)

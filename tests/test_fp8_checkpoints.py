@@ -147,8 +147,8 @@ def test_bf16_cpu_experts_exact_products_follow_the_dequantized_checkpoint(all_f
     dequantized checkpoint's greedy continuation, as prompt log-probabilities: within 0.05
     (0.003-0.034 measured on the AVX-512 host) and not equal (the exact products did run)."""
     from writescope import SamplingParams
-    from writescope.layers.cpu_experts import _fp8_products
-    assert _fp8_products() == "exact"
+    from writescope.layers.cpu_experts import fp8_products
+    assert fp8_products() == "exact"
     a, b = fp8_and_dequantized(all_fp8, tmp_path, "cpu")
     assert all(x.fp8_exact for x in a.engine.model.host_experts())
     ids = prompt_ids(a.engine.config.vocab_size)
@@ -160,19 +160,19 @@ def test_bf16_cpu_experts_exact_products_follow_the_dequantized_checkpoint(all_f
     assert len(got) == len(ref) == 4
     diff = max(abs(p - q) for p, q in zip(got, ref))
     from writescope.layers import cpu_experts as ce
-    if min(ce._detected(), ce._isa_cap()) >= ce.ISA_NAMES.index("avx2"):  # (the kernel's ISA)
+    if min(ce.detected_isa(), ce.isa_cap()) >= ce.ISA_NAMES.index("avx2"):  # (the kernel's ISA)
         assert 0 < diff < 5e-2
     else:  # (the generic code has only the converted tiles: the rounded products)
         assert diff == 0
 
 
 def test_fp8_products_setting_is_checked(monkeypatch):
-    from writescope.layers.cpu_experts import _fp8_products
+    from writescope.layers.cpu_experts import fp8_products
     monkeypatch.setenv("WRITESCOPE_CPU_FP8_PRODUCTS", "Rounded ")
-    assert _fp8_products() == "rounded"
+    assert fp8_products() == "rounded"
     monkeypatch.setenv("WRITESCOPE_CPU_FP8_PRODUCTS", "fast")
     with pytest.raises(ValueError, match="expected 'exact' or 'rounded'"):
-        _fp8_products()
+        fp8_products()
 
 
 def test_float32_runs_dequantize_cpu_experts_too(tiny_qwen3_moe_fp8):

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from ..layers import cpu_experts as ce
+from ..layers import cpu_experts_lib as ce_lib
 from ..models.config import ModelConfig
 from ..models.quantization import Fp8Blocks
 from .provenance import git_commit, source_digest
@@ -62,11 +63,11 @@ def dram_read_bw(gib: float, threads: int, reps: int = 5) -> dict:
     """GB/s reading a ``gib`` GiB buffer with ``threads`` threads (C++ probe), and torch.sum's."""
     buf = torch.ones(int(gib * 2**30) // 4, dtype=torch.float32)
     nbytes = buf.numel() * 4
-    ce._read_bandwidth_probe(buf, threads)
+    ce_lib.read_bandwidth_probe(buf, threads)
     rates = []
     for _ in range(reps):
         t = time.perf_counter()
-        ce._read_bandwidth_probe(buf, threads)
+        ce_lib.read_bandwidth_probe(buf, threads)
         rates.append(nbytes / (time.perf_counter() - t) / 1e9)
     prev = torch.get_num_threads()
     torch.set_num_threads(threads)

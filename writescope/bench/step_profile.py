@@ -99,7 +99,7 @@ def main(argv=None) -> int:
         eng.step()  # prefill
     for _ in range(args.warmup):
         eng.step()
-    from ..layers import cpu_experts
+    from ..layers import cpu_experts, cpu_experts_calls
     cpu_experts.take_timeline()
     cpu_experts.take_host_timeline()
     plain, expert_s, host_s, chains = [], [], [], []  # the same steps with no profiler attached
@@ -113,7 +113,7 @@ def main(argv=None) -> int:
         host_s.append(eng.runner.last_times.get("forward_host_s", float("nan")))
         if args.timeline:
             chains.append(chain_split(cpu_experts.take_timeline(), plain[-1], expert_s[-1],
-                                      cpu_experts.last_queue_stats,
+                                      cpu_experts_calls.last_queue_stats,
                                       eng.runner.last_times.get("cpu_expert_bytes")))
             chains[-1].update(host_chain(cpu_experts.take_host_timeline()))
     if args.timeline:  # the profiled steps below record no events
