@@ -34,7 +34,6 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..attention.batch import BlockBatch
 from ..attention.hybrid import AttentionStepPlan, HybridAttention, slice_batch
 from ..attention.merge import merge
 from ..attention.prefill import causal_prefix_attention
@@ -43,13 +42,14 @@ from ..attention.selfattn import causal_self_attention
 from ..attention.selfmerge import decode_self_merge
 from ..core import RequestTooLargeError
 from ..hostmem import h2d
-from .context import ContextPlan, gather_context
+from .context import gather_context
 from .placement import CacheCapacity, PlacementPolicy, SeqKV
 from .pools import BlockAllocator, ExtentAllocator, KVCacheError, allocate_pool
 from .prefix import PrefixCache, PrefixMatch, block_hashes
+from .step_plan import build_step_plan
 from .subbatches import step_groups
 from .regions import DEVICE_REGIONS, KVSpec, Region, block_records, to_cpu_layout
-from .table import CODE_REGIONS, REGION_CODES, SeqTable
+from .table import CODE_REGIONS, SeqTable
 
 
 @dataclass
@@ -395,7 +395,9 @@ class InplaceKVCache:
             raise KVCacheError("begin_step called twice without end_step")
         step = self._place(work)
         try:
-            plan, read_tokens, prefill = self._build_plan(work)
+            plan, read_tokens, prefill = build_step_plan(
+                work, self.seqs, self.policy, self.spec, self.scale, self.bs, self.device,
+                self.dense_prefill, self.prefill_gpu_rows)
         except BaseException:
             for _, _, r, bid in step["new_blocks"]:
                 self.alloc[r].free([bid])
@@ -728,114 +730,6 @@ class InplaceKVCache:
             self.alloc[src].free([old])
             t.set_region(idx, dst, new)
             self.counters["kv.bytes_moved_after_placement"] += self.block_bytes
-
-    def _build_plan(self, work) -> tuple[AttentionStepPlan, dict[str, int], list]:
-        """Which cached blocks each side attends, as one BlockBatch per (side, region); and the
-        sequences whose prefill chunk attends its context densely instead (no blocks in the plan).
-
-        One pass over the sequences gathers their tables (and asks a policy with its own
-        ``assign`` which T blocks its CPU side reads); the per-(side, region) selections are then
-        array work over the whole batch (a per-sequence loop of them cost ~45 us a sequence on
-        the dev VM, 2.9 ms a step at batch 64)."""
-        bs = self.bs
-        n_seqs = len(work)
-        q_counts = np.empty(n_seqs, np.int64)
-        tails = np.zeros(n_seqs, np.int64)     # W tokens each attends (0: none, or dense prefill)
-        w_slots = np.zeros(n_seqs, np.int32)
-        sizes = np.zeros(n_seqs, np.int64)     # sealed blocks each reads through the plan
-        codes_l, ids_l = [], []
-        cpu_t = np.zeros(n_seqs, np.int64)     # the policy's: its oldest T blocks the CPU reads
-        masks: list[tuple[int, np.ndarray]] = []  # (sequence, its blocks the CPU reads)
-        gpu_only = np.zeros(n_seqs, bool)      # rows past prefill_gpu_rows: all on the GPU
-        # "spilled": tokens of T and C blocks read by either side (a deferrable step has none)
-        read = {"cpu": 0, "gpu": 0, "t_gpu": 0, "spilled": 0}
-        prefill = []
-        custom = type(self.policy).assign is not PlacementPolicy.assign
-        t_code, c_code = REGION_CODES[Region.T], REGION_CODES[Region.C]
-        row0 = 0
-        for i, (seq_id, start, n) in enumerate(work):
-            t = self.seqs[seq_id]
-            q_counts[i] = n
-            row0 += n
-            codes, ids = t.sealed_codes, t.sealed_ids
-            tail = start - t.num_sealed * bs
-            if self.dense_prefill and n > self.prefill_gpu_rows:
-                prefill.append((row0 - n, n, ContextPlan.build(codes, ids, t.w_slot, tail, bs,
-                                                               self.device)))
-                read["gpu"] += codes.size * bs + tail
-                continue
-            if custom:
-                a = self.policy.assign(SeqKV(seq_id, start, t.regions()))
-                if isinstance(a, (int, np.integer)):  # the n oldest T blocks too
-                    if a < 0:
-                        raise KVCacheError(f"policy {self.policy.name!r} assigned {a} T blocks "
-                                           f"to the CPU")
-                    cpu_t[i] = a
-                else:
-                    mask = np.asarray(a, dtype=bool)
-                    if mask.shape != codes.shape:
-                        raise KVCacheError(f"policy {self.policy.name!r} assigned {mask.size} "
-                                           f"blocks, sequence has {codes.size}")
-                    masks.append((i, mask))
-            if self.prefill_gpu_rows is not None and n > self.prefill_gpu_rows:
-                gpu_only[i] = True
-            codes_l.append(codes)
-            ids_l.append(ids)
-            sizes[i] = codes.size
-            tails[i] = tail
-            w_slots[i] = t.w_slot
-        qi = np.zeros(n_seqs + 1, np.int32)
-        np.cumsum(q_counts, out=qi[1:])
-        plan = AttentionStepPlan(self.spec, self.scale, int(qi[-1]), q_indptr=torch.as_tensor(qi))
-        if codes_l:
-            codes = np.concatenate(codes_l)
-            ids = np.concatenate(ids_l)
-            owner = np.repeat(np.arange(n_seqs), sizes)  # the sequence of each block
-        else:
-            codes = ids = owner = np.zeros(0, np.int32)
-        # the CPU side reads the C blocks and each sequence's oldest cpu_t T blocks (or the
-        # blocks its policy's mask says), none where its rows are too many (gpu_only)
-        on_cpu = codes == c_code
-        if cpu_t.any():
-            is_t = codes == t_code
-            seen = np.cumsum(is_t)  # T blocks up to and including each block, batch-wide
-            first = np.cumsum(sizes) - sizes  # each sequence's first block
-            before = np.concatenate(([0], seen))[first]  # T blocks of the sequences before
-            on_cpu |= is_t & (seen - before[owner] <= cpu_t[owner])
-        if masks:
-            first = np.cumsum(sizes) - sizes
-            for i, mask in masks:
-                on_cpu[first[i]:first[i] + sizes[i]] = mask
-        if gpu_only.any():
-            on_cpu &= ~gpu_only[owner]
-        parts = {"cpu": [], "gpu": []}
-        for side, mask in (("cpu", on_cpu), ("gpu", ~on_cpu)):
-            for code, r in CODE_REGIONS.items():
-                sel = mask & (codes == code)
-                count = int(np.count_nonzero(sel))
-                read[side] += count * bs
-                if side == "gpu" and r is Region.T:
-                    read["t_gpu"] += count * bs
-                if r is Region.T or r is Region.C:
-                    read["spilled"] += count * bs
-                if count:
-                    per_seq = np.bincount(owner[sel], minlength=n_seqs)
-                    parts[side].append((r, per_seq, ids[sel].astype(np.int32, copy=False),
-                                        np.full(count, bs, np.int32)))
-        read["gpu"] += int(tails.sum())
-        has_tail = tails > 0
-        if has_tail.any():  # the GPU side attends each sequence's W tail
-            parts["gpu"].append((Region.W, has_tail.astype(np.int64), w_slots[has_tail],
-                                 tails[has_tail].astype(np.int32)))
-        for side, items in parts.items():
-            for r, per_seq, blocks, lens in items:
-                ki = np.zeros(n_seqs + 1, np.int32)
-                np.cumsum(per_seq, out=ki[1:])
-                batch = BlockBatch(*(torch.from_numpy(a) for a in (qi, ki, blocks, lens)))
-                if side == "gpu":  # (the device batch keeps this host one for the step's planning)
-                    batch = batch.to(self.device)
-                getattr(plan, side).append((r, batch))
-        return plan, read, prefill
 
     def attention(self, layer: int, q: torch.Tensor, records: torch.Tensor,
                   dense=None) -> torch.Tensor:
