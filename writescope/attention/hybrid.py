@@ -712,7 +712,6 @@ class HybridAttention:
 
     # ---- torch backend (any device; the CPU-only path) ----
     def _launch_torch(self, layer: int, q: torch.Tensor, g: _Group) -> None:
-        plan = self.plan
         job = None
         if g.cpu:
             qc = q if g.cpu_rows is None else q.index_select(0, g.cpu_rows_dev)
