@@ -44,7 +44,7 @@ call_end() {
 
 # gpu_tests CAP: the GPU test suite (the command every issue note quotes), as run NAME gpu-tests;
 # one line a test (-v, since 2026-12-05c: a run cut by its cap keeps which tests passed and
-# failed; the H100 machine took more than 300 s for it, the H200 210-260 s).
+# failed; H100 machines took 206-401 s for it, the H200 210-260 s).
 gpu_tests() {
   run gpu-tests $1 env WRITESCOPE_PROFILE=$PWD/bench/profiles/h200.json python -m pytest -m gpu -v \
     -p no:cacheprovider --tb=short -rf -o faulthandler_timeout=60

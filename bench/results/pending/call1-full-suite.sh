@@ -3,7 +3,9 @@
 # resolved. Last run whole in the sixty-fourth session: on 9d56832 (H100, call 1) 268 passed, 6
 # skipped (the server test modules, which the device cannot import) in 206 s, the FP8
 # interpreter test 62 s, call wall time 308 s; on a58ecf0 (H100, call 6, without the FP8 test)
-# 270 passed, 6 skipped in 283 s (bench/results/2026-12-06d-h100). Give it CALL_S=560. Carry
+# 270 passed, 6 skipped in 283 s (bench/results/2026-12-06d-h100); in the sixty-fifth, 294 s on
+# one H100 host and 401 s on another (2026-12-06e-h100, calls 1 and 3: a 400 s cap cut the
+# latter as it printed its summary). Give it CALL_S=560 and the suite 420 s or more. Carry
 # .whl: llguidance 1.9.1 -- 1.6.1 failed the grammar test -- and jsonschema with its
 # dependencies; accelerate is in the image. Works on an H100 or an H200 machine.
 # .whl is not in git (.git/info/exclude); on a fresh dev machine rebuild it first:
