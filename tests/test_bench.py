@@ -756,6 +756,32 @@ def test_a_malformed_budget_is_the_commands_error(tmp_path, capsys):
     assert not (tmp_path / "results.json").exists()
 
 
+def test_a_bad_model_is_the_commands_error_before_any_row(tmp_path, capsys):
+    """An unknown name, a reference name without --random-weights, and config overrides of a
+    checkpoint are the command's error, said once before anything is built: no grid of rows
+    that all fail the same way, and no results.json."""
+    from writescope.cli import main
+    for args, said in ((["--model", "no-such-model", "--random-weights"], "neither a folder nor"),
+                       (["--model", "qwen3-30b-a3b"], "names a reference config without weights"),
+                       (["--model", "qwen3-30b-a3b", "--config-override", "hidden_size=64"],
+                        "--config-override needs --random-weights")):
+        rc = main(["bench", *args, "--out", str(tmp_path), "--no-progress"])
+        err = capsys.readouterr().err
+        assert rc == 1 and said in err and "[bench]" not in err, err
+        assert not (tmp_path / "results.json").exists()
+
+
+def test_a_run_whose_every_row_failed_exits_nonzero(tiny_qwen3_moe, tmp_path, capsys):
+    """Rows that cannot run fail and the run goes on (issue 6); when none of them ran the
+    command says so and exits 1, with the rows and their reasons written."""
+    rc = bench_cli(tiny_qwen3_moe, tmp_path, "--batch", "1", "--context-lengths", "3000",
+                   "--decode-steps", "2", "--policies", "transfer,writescope")
+    err = capsys.readouterr().err
+    assert rc == 1 and "every row failed" in err
+    rows = _strict_json(tmp_path / "results.json")["rows"]
+    assert len(rows) == 2 and all("max_model_len" in r["error"] for r in rows)
+
+
 def test_warmup_length_is_checked(tmp_path, capsys):
     from writescope.cli import main
     rc = main(["bench", "--model", "nonexistent-model", "--warmup-length", "1", "--out",

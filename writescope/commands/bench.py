@@ -126,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.model:
         raise ValueError("give --model (one or more), or --report DIR")
     spec = spec_from_args(args)
+    spec.validate()  # the arguments' own errors first
+    check_models(spec)
     doc = run_grid(spec, progress=not args.no_progress)
     rows = doc["rows"]
     failed = sum(1 for r in rows if r.get("error"))
@@ -134,7 +136,20 @@ def run(args: argparse.Namespace) -> int:
     print(summary.rstrip())
     print(f"\n{len(rows)} rows ({failed} failed) written to {spec.out}/results.json, results.md "
           "and the PNG plots", file=sys.stderr)
+    if rows and failed == len(rows):
+        print("writescope bench: every row failed (the reasons are in the rows above and in "
+              "results.json)", file=sys.stderr)
+        return 1
     return 0
+
+
+def check_models(spec) -> None:
+    """Every ``--model`` names a reference config or a folder with a config.json (and the
+    overrides apply): a bad name is the command's error, before anything is built, not a
+    failed row for every configuration of the grid."""
+    from ..engine.engine import resolve_model
+    for name in spec.models:
+        resolve_model(name, spec.random_weights, spec.config_overrides)
 
 
 def report_only(folders: list[str], out: str) -> int:
