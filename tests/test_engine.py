@@ -219,10 +219,10 @@ def test_vllm_memory_and_eager_options(tiny_qwen3_moe, monkeypatch):
     import argparse
     from writescope import LLM, SamplingParams
     from writescope.commands.common import add_engine_args, engine_kwargs
-    from writescope.engine.engine import _ram_bytes
+    from writescope.hostmem import ram_bytes
     kw = dict(dtype="float32", device="cpu", max_model_len=256, max_num_seqs=2)
     llm = LLM(str(tiny_qwen3_moe), gpu_memory_utilization=0.05, **kw)
-    assert llm.engine.vram_budget == int(_ram_bytes() * 0.05)
+    assert llm.engine.vram_budget == int(ram_bytes() * 0.05)
     for bad in (0, 1.5, -0.1, True, "0.5"):
         with pytest.raises(ValueError, match="must be a fraction"):
             LLM(str(tiny_qwen3_moe), gpu_memory_utilization=bad, **kw)
@@ -363,7 +363,7 @@ def test_a_gpu_host_s_cpu_teams_leave_the_launching_thread_its_cores(monkeypatch
     pairs, bench/results/2026-12-04d-h200) and the experts' team 14; below 8 cores nothing is
     kept back; an explicit experts' thread count in the environment wins."""
     from writescope.attention import cpu as cpu_attn
-    from writescope.engine import engine as eng
+    from writescope.engine import cores as core_rules
     from writescope.layers import cpu_experts
     monkeypatch.delenv("WRITESCOPE_CPU_EXPERT_THREADS", raising=False)
     monkeypatch.delenv("WRITESCOPE_CPU_ATTN_THREADS", raising=False)
@@ -374,13 +374,13 @@ def test_a_gpu_host_s_cpu_teams_leave_the_launching_thread_its_cores(monkeypatch
             monkeypatch.setattr(cpu_attn, "_usable_cores", lambda c=cores: c)
             cpu_attn.reserve_cores(0)
             cpu_experts.set_num_threads(None)
-            eng._reserve_launch_core()
+            core_rules.reserve_launch_core()
             assert cpu_attn.get_num_threads() == attn
             assert cpu_experts.num_threads_setting() == experts
         monkeypatch.setattr(cpu_attn, "_usable_cores", lambda: 16)
         monkeypatch.setenv("WRITESCOPE_CPU_EXPERT_THREADS", "3")
         cpu_experts.set_num_threads(None)
-        eng._reserve_launch_core()
+        core_rules.reserve_launch_core()
         assert cpu_experts.num_threads_setting() is None  # the environment's count is read by the kernel
     finally:
         cpu_attn.reserve_cores(0)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from writescope.bench.grid import DEFAULT_POLICIES, GridSpec, parse_overrides, run_grid
-from writescope.engine.engine import apply_config_overrides, resolve_model
+from writescope.engine.model_source import apply_config_overrides, resolve_model
 
 #: heads, KV heads, head_dim, experts and top-k as published; layers, widths and vocabulary cut
 REDUCED = {
@@ -105,7 +105,7 @@ def test_default_host_budgets_leave_room_beside_host_experts(monkeypatch):
     cfg = ModelConfig.from_hf("mixtral-8x7b")
     spec = GridSpec(models=["mixtral-8x7b"], batches=[4], context_lengths=[32768], decode_steps=16,
                     random_weights=True, device="cuda", vram_budget="32GiB", experts="cpu")
-    monkeypatch.setattr("writescope.engine.engine._available_ram_bytes", lambda: 125 * GiB)
+    monkeypatch.setattr("writescope.hostmem.available_ram_bytes", lambda: 125 * GiB)
     monkeypatch.setattr(g.os, "sysconf", lambda k: {"SC_PAGE_SIZE": 4096,
                                                      "SC_PHYS_PAGES": 126 * GiB // 4096}[k])
     assert g.host_weight_bytes(cfg, spec, 32804) == 84 * GiB

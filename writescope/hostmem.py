@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
 import weakref
 
 import torch
@@ -99,3 +100,20 @@ def h2d(data, device: torch.device | str, dtype: torch.dtype | None = None) -> t
     t = torch.as_tensor(data, dtype=dtype)
     device = torch.device(device)
     return t if device.type == "cpu" else t.to(device, non_blocking=True)
+
+
+def ram_bytes() -> int:
+    """The host's physical memory."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def available_ram_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (None where there is no such file)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None

@@ -760,7 +760,7 @@ def default_cpu_threads() -> int:
     step as the engine takes it (the sixth to ninth sessions ran all 16 cores beside the launching
     thread, and MLA's CPU-only rate came out 50-64 GB/s against the kernel's 68-73 alone)."""
     from ..attention import cpu
-    from ..engine.engine import reserved_launch_cores
+    from ..engine.cores import reserved_launch_cores
     n = cpu._usable_cores()
     return max(1, n - reserved_launch_cores(n))
 

@@ -323,7 +323,7 @@ def host_weight_bytes(cfg, spec: GridSpec, max_model_len: int) -> int:
     (the same choice as the engine's, ``layers/expert_placement.py``, with the activations it
     will measure, estimated: ``planner/activations.py``), every weight when the device is the
     CPU."""
-    from ..engine.engine import parse_dtype
+    from ..engine.model_source import parse_dtype
     from ..layers.expert_placement import choose_expert_layers, expert_placement_summary
     from ..units import is_auto, parse_bytes
     dtype = parse_dtype(spec.dtype)
@@ -358,7 +358,8 @@ def default_host_budgets(cfg, spec: GridSpec, max_model_len: int | None = None) 
     :data:`HOST_RESERVE_BYTES`. A row over a capped budget fails with that reason; without the
     cap, the T pool (page-locked) and the C pages it touches could exhaust host memory and
     take the whole run down."""
-    from ..engine.engine import _available_ram_bytes, parse_dtype
+    from ..engine.model_source import parse_dtype
+    from ..hostmem import available_ram_bytes
     from ..kvcache.regions import DEFAULT_BLOCK_SIZE
     bs = spec.block_size or DEFAULT_BLOCK_SIZE
     bb = cfg.kv_spec(parse_dtype(spec.dtype)).block_bytes(bs)
@@ -369,7 +370,7 @@ def default_host_budgets(cfg, spec: GridSpec, max_model_len: int | None = None) 
         need = max(bb, need - spec.num_gpu_blocks * bb)
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     pinned_cap, host_cap = ram // 4, ram // 2
-    avail = _available_ram_bytes()
+    avail = available_ram_bytes()
     if avail is not None and max_model_len is not None:
         room = max(0, avail - host_weight_bytes(cfg, spec, max_model_len) - HOST_RESERVE_BYTES)
         if spec.pinned_budget is None and spec.host_budget is None:
@@ -389,12 +390,12 @@ def host_memory_summary(engine) -> dict[str, int | None]:
     """Host bytes the engine holds after its build: routed experts kept there, the T pool
     (page-locked on CUDA), the C pool (pageable: resident only where written), and what the
     kernel reports available now."""
-    from ..engine.engine import _available_ram_bytes
+    from ..hostmem import available_ram_bytes
     experts = sum(x.nbytes for x in engine.model.host_experts())
     pools = engine.cache.pools
     nbytes = {r: pools[_region(r)].numel() * pools[_region(r)].element_size() for r in "TC"}
     return {"experts": experts, "T pool": nbytes["T"], "C pool": nbytes["C"],
-            "MemAvailable": _available_ram_bytes()}
+            "MemAvailable": available_ram_bytes()}
 
 
 def static_share_from_profile(profile, cfg, engine, ref_length: int, batch: int = 1
@@ -547,7 +548,8 @@ class Grid:
         return self.doc
 
     def _run_model(self, model: str, bar) -> None:
-        from ..engine.engine import LLMEngine, resolve_model
+        from ..engine.engine import LLMEngine
+        from ..engine.model_source import resolve_model
 
         s = self.spec
         try:

@@ -147,7 +147,7 @@ def check_models(spec) -> None:
     """Every ``--model`` names a reference config or a folder with a config.json (and the
     overrides apply): a bad name is the command's error, before anything is built, not a
     failed row for every configuration of the grid."""
-    from ..engine.engine import resolve_model
+    from ..engine.model_source import resolve_model
     for name in spec.models:
         resolve_model(name, spec.random_weights, spec.config_overrides)
 

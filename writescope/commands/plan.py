@@ -300,7 +300,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-num-batched-tokens must be >= 1, got {args.max_num_batched_tokens}")
     if args.config_override:
         from ..bench.grid import parse_overrides
-        from ..engine.engine import apply_config_overrides
+        from ..engine.model_source import apply_config_overrides
         from ..models.config import load_config_dict
         cfg = ModelConfig.from_hf(apply_config_overrides(load_config_dict(args.model),
                                                          parse_overrides(args.config_override)))

@@ -25,142 +25,19 @@ from ..layers.grammar import Grammars
 from ..attention.hybrid import DEFAULT_STAGING_BYTES
 from ..attention.gather import DEFAULT_GATHER_BYTES
 from ..kvcache.regions import DEFAULT_BLOCK_SIZE, Region
-from ..models.config import REFERENCE_MODELS, ModelConfig
 from ..models.loader import build_model
+from ..hostmem import available_ram_bytes as _available_ram_bytes, ram_bytes as _ram_bytes
+from .cores import reserve_launch_core
 from .inflight import next_input_ids, overlap_enabled
+from .model_source import parse_dtype, resolve_model
 from .runner import Launched, ModelRunner
 from .scheduler import Scheduler
-
-DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
-          "fp16": torch.float16, "half": torch.float16, "float32": torch.float32,
-          "fp32": torch.float32, "float": torch.float32}
-
-
-def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    try:
-        return DTYPES[str(dtype).lower()]
-    except KeyError:
-        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}") from None
-
 
 def _bytes(v) -> int | None:
     if v is None:
         return None
     from ..units import parse_bytes
     return parse_bytes(v)
-
-
-def _ram_bytes() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def _available_ram_bytes() -> int | None:
-    """MemAvailable from /proc/meminfo (None where there is no such file)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
-#: config.json keys an override may add (absent from some families' configs; a
-#: ``quantization_config`` gives random weights the FP8 experts of an -FP8 release)
-OVERRIDE_NEW_KEYS = ("head_dim", "quantization_config")
-
-
-def apply_config_overrides(raw: dict, overrides: dict | None) -> dict:
-    """``raw`` (a config.json dict) with ``overrides`` applied: a model of the same architecture
-    at another size (fewer layers, a smaller hidden size...). Keys must already be in the config
-    (or be one of :data:`OVERRIDE_NEW_KEYS`), so a misspelt key is an error, not a no-op."""
-    if not overrides:
-        return raw
-    unknown = sorted(k for k in overrides if k not in raw and k not in OVERRIDE_NEW_KEYS)
-    if unknown:
-        raise ValueError(f"config override {unknown[0]!r} is not a key of the "
-                         f"{raw.get('model_type', '?')} config")
-    return {**raw, **overrides}
-
-
-def resolve_model(model: str | os.PathLike | None, random_weights: bool,
-                  config_overrides: dict | None = None) -> tuple[ModelConfig, Path | None, str]:
-    """(config, checkpoint folder or None, display name). ``config_overrides`` (random weights
-    only: a checkpoint's tensors have the published shapes) change config.json keys."""
-    if config_overrides and not random_weights:
-        raise ValueError("config overrides change the model's shapes: they need random_weights=True "
-                         "(--random-weights)")
-    if model is None:
-        from ..models.default import default_model_path
-        path = default_model_path()
-        if config_overrides:
-            from ..models.config import load_config_dict
-            return (ModelConfig.from_hf(apply_config_overrides(load_config_dict(path),
-                                                               config_overrides)),
-                    None, "writescope-default")
-        return ModelConfig.from_hf(path), path, "writescope-default"
-    s = str(model)
-    if s in REFERENCE_MODELS and not Path(s).exists():
-        if not random_weights:
-            raise ValueError(f"{s!r} names a reference config without weights; pass "
-                             "random_weights=True (--random-weights) or a checkpoint folder")
-        source: str | Path = s
-        name = s
-    else:
-        source = Path(s).expanduser()
-        if not source.exists():
-            raise FileNotFoundError(f"model {s!r} is neither a folder nor one of the reference "
-                                    f"names {', '.join(REFERENCE_MODELS)}")
-        name = source.name
-    if config_overrides:
-        from ..models.config import load_config_dict
-        cfg = ModelConfig.from_hf(apply_config_overrides(load_config_dict(source), config_overrides))
-    else:
-        cfg = ModelConfig.from_hf(source)
-    return cfg, (None if random_weights or isinstance(source, str) else source), name
-
-
-def reserved_launch_cores(n: int) -> int:
-    """Cores a GPU host with ``n`` usable cores keeps out of the CPU attention team: one from 8
-    up, none below (see :func:`_reserve_launch_core`)."""
-    return 0 if n < 8 else 1
-
-
-def reserved_expert_cores(n: int) -> int:
-    """Cores a GPU host with ``n`` usable cores keeps out of the CPU experts' team: one where
-    there are 8-11, two from 12, none below 8 (the attention team's rule until 2026-12-04). One
-    core out instead of two on the H200 host: the same step (Qwen3-30B-A3B 4 x 128K, experts on
-    the CPU, 310.6 / 314.4 ms at 15 threads against 310.4 / 314.6 at 14,
-    bench/results/2026-12-04f-h200 call 2)."""
-    return 0 if n < 8 else (2 if n >= 12 else 1)
-
-
-def _reserve_launch_core() -> None:
-    """On a GPU host, the CPU kernels (attention, experts) leave cores to the thread that
-    launches GPU work and to the driver's threads: an OpenMP team spread over every core makes
-    that thread, and with it the team's own barrier, wait on a shared core (one descheduled team
-    member stalls the whole parallel region for a scheduler time slice, see
-    ``attention/hostflag.py``). The attention team leaves one core where there are 8 or more
-    (the H200 host has 16: 15 threads), the experts' team one where there are 8-11 and two from
-    12; none below 8. Explicit thread counts (``cpu_threads``, the environment variables) win.
-    (The attention team's size in the hybrid decode steps, bench/results/2026-12-04d-h200 calls
-    1 and 3, DeepSeek-V2-Lite 4 x 128K and Qwen3-30B-A3B 2 x 128K with the experts on the GPU,
-    15 threads against 14 in rounds of alternating order: 0.939-0.973x the step in all four
-    DeepSeek pairs, 0.949-0.986x in three Qwen3 pairs and 1.093x in one; the CPU side attended
-    69-72 GB/s against 62-69 in call 3. All 16 cores: 0.967-0.975x in call 1's two DeepSeek pairs;
-    126.8-129.1 ms against 125.9-132.5 in bench/results/2026-12-02h-h200 call 1.)"""
-    from ..attention import cpu as cpu_attn
-    from ..layers import cpu_experts
-    n = cpu_attn._usable_cores()
-    k = reserved_launch_cores(n)
-    if k == 0:
-        return
-    cpu_attn.reserve_cores(k)
-    if not os.environ.get("WRITESCOPE_CPU_EXPERT_THREADS"):
-        cpu_experts.set_num_threads(n - reserved_expert_cores(n))
 
 
 def _weak_prior(engine: "LLMEngine"):
@@ -225,7 +102,7 @@ class LLMEngine:
             # the suspected cause, not yet measured.
             sys.setswitchinterval(min(sys.getswitchinterval(), 2e-4))
             if cpu_threads is None:
-                _reserve_launch_core()
+                reserve_launch_core()
         cfg = self.config
         self.max_model_len = int(max_model_len or cfg.max_position_embeddings)
         if self.max_model_len < 2:
