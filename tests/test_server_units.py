@@ -10,7 +10,8 @@ import pytest
 pytest.importorskip("fastapi")  # the server's own dependency (absent on the bare GPU machine)
 
 from writescope.server import protocol as P  # noqa: E402
-from writescope.server.api import _Choice, _text_delta
+from writescope.server.api import _text_delta
+from writescope.server.generation import Choice
 from writescope.server.metrics import Registry, Histogram, Counter, ServerMetrics, parse_text
 
 
@@ -93,7 +94,7 @@ def test_chat_delta_has_no_nulls():
 
 
 def test_stream_holds_back_possible_stop_prefix():
-    c = _Choice(0, "r", [1], None, 10)
+    c = Choice(0, "r", [1], None, 10)
     c.text = "hello wo"
     assert _text_delta(c, holdback=2) == "hello "
     c.text = "hello world"

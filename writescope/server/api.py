@@ -36,7 +36,6 @@ import logging
 import time
 import traceback
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Sequence
 
 import uvicorn
@@ -50,156 +49,13 @@ from . import protocol as P
 from . import conversation, reasoning, tokenize, tool_parsers, tools
 from .chat_output import ChatOutput
 from .engine_loop import EngineFailure, EngineLoop
+from .generation import Choice, Generation
 from .metrics import CONTENT_TYPE, ServerMetrics
 
 log = logging.getLogger("writescope.server")
 
 MAX_BODY_BYTES = 64 * 2 ** 20  # 64 MiB of JSON: far above any context this engine serves
 INLINE_TOKENIZE_CHARS = 4096   # shorter prompts are tokenised on the event loop, longer off it
-
-
-# ---------------------------------------------------------------------------------------------
-# one HTTP request's generations (n choices x prompts)
-
-
-@dataclass
-class _Choice:
-    index: int
-    request_id: str
-    prompt_ids: list[int]
-    prompt_text: str | None
-    max_tokens: int
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    top_logprobs: list[dict[int, float]] = field(default_factory=list)
-    # echo with logprobs, prompt_logprobs: once prefilled
-    prompt_logprobs: list[float | None] | None = None
-    prompt_top_logprobs: list[dict[int, float] | None] | None = None
-    prompt_ranks: list[int | None] | None = None
-    cached_tokens: int = 0  # prompt tokens found in the prefix cache
-    text: str = ""
-    finish_reason: str | None = None
-    # streaming cursors
-    sent_text: int = 0
-    sent_tokens: int = 0
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-
-class _Generation:
-    def __init__(self, server: "OpenAIServer", choices: list[_Choice],
-                 params: list[SamplingParams], arrival: float, n: int = 1) -> None:
-        self.server = server
-        self.n = n  # choices per prompt: prompt tokens count once per prompt, as OpenAI does
-        self.choices = choices
-        self.params = params
-        self.arrival = arrival
-        self.queue: asyncio.Queue = asyncio.Queue()
-        self._submitted: list[str] = []
-        self._open = False
-
-    async def submit(self) -> None:
-        loop = self.server.loop
-        await self._compile_constraints()
-        futs = []
-        for c, p in zip(self.choices, self.params):
-            futs.append(loop.add(c.request_id, c.prompt_ids, p, self.queue, c.index, self.arrival))
-            self._submitted.append(c.request_id)
-        try:
-            results = await asyncio.gather(*futs, return_exceptions=True)
-        except BaseException:  # cancelled while waiting for admission: take it all back
-            self.abort_unfinished()
-            raise
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if not errors:
-            self._open = True
-            self.server.active += 1
-            return
-        self.abort_unfinished()  # the admitted siblings of a refused one
-        e = errors[0]
-        if isinstance(e, InvalidRequestError):
-            raise P.invalid_request(e) from None
-        if isinstance(e, P.APIError):
-            raise e
-        raise P.APIError(f"could not start the request: {type(e).__name__}: {e}",
-                         status=500, type="server_error") from None
-
-    async def _compile_constraints(self) -> None:
-        """Compile the request's structured-output constraint on a worker thread (the first one
-        also converts the tokenizer, about a second for a large vocabulary), so that the
-        engine's thread finds it compiled and its steps do not wait for it."""
-        grammars = getattr(self.server.engine, "grammars", None)
-        so = next((p.structured_outputs for p in self.params if p.structured_outputs), None)
-        if grammars is None or so is None:
-            return
-        try:
-            await asyncio.to_thread(grammars.prepare, so)
-        except InvalidRequestError as e:
-            raise P.invalid_request(e) from None
-
-    def close(self) -> None:
-        """The response is over (sent, failed or abandoned): abort what still runs."""
-        self.abort_unfinished()
-        if self._open:
-            self._open = False
-            self.server.active -= 1
-
-    def abort_unfinished(self) -> None:
-        for c in self.choices:
-            if not c.finished and c.request_id in self._submitted:
-                self.server.loop.abort(c.request_id)
-                c.finish_reason = c.finish_reason or "abort"
-
-    def unfinished(self) -> bool:
-        return any(not c.finished for c in self.choices)
-
-    async def next_updates(self) -> set[int]:
-        """Wait for at least one delta, apply every queued one; the indices that changed."""
-        items = [await self.queue.get()]
-        while True:
-            try:
-                items.append(self.queue.get_nowait())
-            except asyncio.QueueEmpty:
-                break
-        changed: set[int] = set()
-        for tag, item in items:
-            c = self.choices[tag]
-            if isinstance(item, BaseException):
-                for other in self.choices:
-                    other.finish_reason = other.finish_reason or "abort"
-                raise item
-            c.token_ids.extend(item.new_token_ids)
-            if item.new_logprobs:
-                c.logprobs.extend(item.new_logprobs)
-            if item.new_top_logprobs:
-                c.top_logprobs.extend(item.new_top_logprobs)
-            if item.prompt is not None:
-                c.prompt_logprobs, c.prompt_top_logprobs, c.prompt_ranks = item.prompt
-            if item.text is not None:
-                c.text = item.text
-            if item.cached_tokens:
-                c.cached_tokens = item.cached_tokens
-            if item.finish_reason is not None:
-                c.finish_reason = str(item.finish_reason)
-            changed.add(tag)
-        return changed
-
-    async def run_to_end(self) -> None:
-        try:
-            while self.unfinished():
-                await self.next_updates()
-        finally:
-            self.abort_unfinished()  # no-op when all finished; frees KV when cancelled
-
-    def usage(self) -> P.UsageInfo:
-        prompt = sum(len(c.prompt_ids) for c in self.choices[::self.n])
-        completion = sum(len(c.token_ids) for c in self.choices)
-        cached = sum(c.cached_tokens for c in self.choices[::self.n])
-        return P.UsageInfo(prompt_tokens=prompt, completion_tokens=completion,
-                           total_tokens=prompt + completion,
-                           prompt_tokens_details=P.PromptTokensDetails(cached_tokens=cached))
 
 
 class _SSEResponse(StreamingResponse):
@@ -377,10 +233,10 @@ class OpenAIServer:
                 text = self.tokenizer.decode(ids)
             for j in range(req.num_choices):
                 idx = pi * req.num_choices + j
-                choices.append(_Choice(idx, f"{base}-{idx}", ids, text, max_tokens))
+                choices.append(Choice(idx, f"{base}-{idx}", ids, text, max_tokens))
                 params.append(self._params(req, max_tokens, lp, j,
                                            first_lp if j == 0 else echo_lp))
-        gen = _Generation(self, choices, params, arrival, req.num_choices)
+        gen = Generation(self, choices, params, arrival, req.num_choices)
         return await self._respond(
             request, gen, req.stream, lambda: self._completion_stream(gen, req, base, model),
             lambda: P.CompletionResponse(
@@ -394,7 +250,7 @@ class OpenAIServer:
                         gen.choices[c.index - c.index % req.num_choices], req.prompt_logprobs)
                     if req.prompt_logprobs is not None else None) for c in gen.choices]))
 
-    async def _respond(self, request, gen: "_Generation", stream: bool, make_stream, make_response):
+    async def _respond(self, request, gen: "Generation", stream: bool, make_stream, make_response):
         """Submit the generation, then stream it (SSE) or wait for the whole answer (499 when the
         client left first)."""
         await gen.submit()
@@ -411,13 +267,13 @@ class OpenAIServer:
         except InvalidRequestError as e:
             raise P.invalid_request(e) from None
 
-    def _completion_logprobs(self, c: _Choice, start: int, end: int, k: int,
+    def _completion_logprobs(self, c: Choice, start: int, end: int, k: int,
                              text_offset: int) -> P.CompletionLogprobs:
         ids = c.token_ids[start:end]
         alts = [dict(self._alternatives(c, i)) for i in range(start, end)]
         return self._logprob_entries(ids, c.logprobs[start:end], alts, k, text_offset)
 
-    def _prompt_logprobs(self, c: _Choice, k: int) -> P.CompletionLogprobs:
+    def _prompt_logprobs(self, c: Choice, k: int) -> P.CompletionLogprobs:
         """Echo with logprobs: the prompt's tokens, each one's log-probability given those
         before it (None for the first, and for all where the request ended before its prefill
         did) and, for k >= 1, the k most likely tokens there and the prompt's own."""
@@ -453,7 +309,7 @@ class OpenAIServer:
         return P.CompletionLogprobs(tokens=toks, token_logprobs=list(lps), text_offset=offsets,
                                     top_logprobs=top)
 
-    def _prompt_logprob_dicts(self, c: _Choice, k: int) -> P.PromptLogprobs:
+    def _prompt_logprob_dicts(self, c: Choice, k: int) -> P.PromptLogprobs:
         """``prompt_logprobs`` (vLLM's shape): per prompt token, None for the first (and for all
         where the request ended before its prefill did), else {token id: log-probability, rank,
         text} for the prompt's own token and the k most likely ones there."""
@@ -474,7 +330,7 @@ class OpenAIServer:
             out.append(d)
         return out + [None] * (n - len(out))
 
-    def _full_logprobs(self, c: _Choice, req: P.CompletionRequest) -> P.CompletionLogprobs:
+    def _full_logprobs(self, c: Choice, req: P.CompletionRequest) -> P.CompletionLogprobs:
         """A whole completion's logprobs: with echo the prompt's first, then the generated
         tokens' (their text offsets after the prompt's)."""
         if not req.echo:
@@ -489,11 +345,11 @@ class OpenAIServer:
             else head.top_logprobs + tail.top_logprobs)
 
     @staticmethod
-    def _alternatives(c: _Choice, i: int) -> list[tuple[int, float]]:
+    def _alternatives(c: Choice, i: int) -> list[tuple[int, float]]:
         """Token ``i``'s most likely alternatives (id, log-probability), most likely first."""
         return list(c.top_logprobs[i].items()) if i < len(c.top_logprobs) else []
 
-    async def _completion_stream(self, gen: _Generation, req: P.CompletionRequest, rid: str,
+    async def _completion_stream(self, gen: Generation, req: P.CompletionRequest, rid: str,
                                  model: str) -> AsyncIterator[str]:
         holdback = max((len(s) for s in req.stop_list), default=1) - 1
         usage_every = bool(req.stream_options and req.stream_options.continuous_usage_stats)
@@ -549,7 +405,7 @@ class OpenAIServer:
         max_tokens = self.resolve_max_tokens(len(ids), req.requested_max_tokens, "messages")
         base = P.new_id("chatcmpl")
         lp = (req.top_logprobs or 0) if req.logprobs else None
-        choices = [_Choice(j, f"{base}-{j}", ids, None, max_tokens) for j in range(req.num_choices)]
+        choices = [Choice(j, f"{base}-{j}", ids, None, max_tokens) for j in range(req.num_choices)]
         # the prompt's log-probabilities are the response's, once: the first choice computes them
         params = [self._params(req, max_tokens, lp, j, req.prompt_logprobs if j == 0 else None)
                   for j in range(req.num_choices)]
@@ -562,7 +418,7 @@ class OpenAIServer:
                 p, structured_outputs=dataclasses.replace(p.structured_outputs,
                                                           starts_after=out.parser.end))
                 for p in params]
-        gen = _Generation(self, choices, params, arrival, req.num_choices)
+        gen = Generation(self, choices, params, arrival, req.num_choices)
         return await self._respond(
             request, gen, req.stream, lambda: self._chat_stream(gen, req, base, model, out),
             lambda: P.ChatCompletionResponse(
@@ -607,7 +463,7 @@ class OpenAIServer:
             return "auto"
         return None
 
-    def _chat_logprobs(self, c: _Choice, start: int, end: int, top: int | None
+    def _chat_logprobs(self, c: Choice, start: int, end: int, top: int | None
                        ) -> P.ChatChoiceLogprobs:
         items = []
         for i, (tid, lp) in enumerate(zip(c.token_ids[start:end], c.logprobs[start:end])):
@@ -622,7 +478,7 @@ class OpenAIServer:
                                        top_logprobs=alts))
         return P.ChatChoiceLogprobs(content=items)
 
-    async def _chat_stream(self, gen: _Generation, req: P.ChatCompletionRequest, rid: str,
+    async def _chat_stream(self, gen: Generation, req: P.ChatCompletionRequest, rid: str,
                            model: str, out: ChatOutput) -> AsyncIterator[str]:
         holdback = max((len(s) for s in req.stop_list), default=1) - 1
         usage_every = bool(req.stream_options and req.stream_options.continuous_usage_stats)
@@ -658,7 +514,7 @@ class OpenAIServer:
             yield _sse(_error_body(e))
             yield _DONE
 
-    async def _until_done_or_disconnect(self, request: Request, gen: _Generation) -> bool:
+    async def _until_done_or_disconnect(self, request: Request, gen: Generation) -> bool:
         """Wait for every choice to finish; False (and all aborted) if the client left first."""
         work = asyncio.ensure_future(gen.run_to_end())
         watch = asyncio.ensure_future(_until_disconnect(request))
@@ -688,7 +544,7 @@ class OpenAIServer:
                                  for n in self.model_names])
 
 
-async def _deltas(gen: "_Generation", holdback: int):
+async def _deltas(gen: "Generation", holdback: int):
     """What each choice has to send as the engine advances: ``(choice, new text, first new
     token, end)``, skipping updates with nothing new; marks what it yields as sent."""
     while gen.unfinished():
@@ -702,7 +558,7 @@ async def _deltas(gen: "_Generation", holdback: int):
             yield c, piece, start, end
 
 
-def _text_delta(c: _Choice, holdback: int) -> str:
+def _text_delta(c: Choice, holdback: int) -> str:
     """New text to send for a choice. Until it finishes, the last ``holdback`` characters (a
     possible stop-string prefix) and a trailing replacement character (an incomplete UTF-8
     sequence) stay back."""
