@@ -658,7 +658,9 @@ class Grid:
                 self.log(f"[bench] {model} {policy}{tag}: warm-up "
                          f"{time.perf_counter() - t_warm:.1f} s"
                          + ("" if not hasattr(engine.cache.policy, "cpu_verified") else
-                            f", planner verified: {engine.cache.policy.cpu_verified}"))
+                            ", the planner's CPU attention rate "
+                            + ("measured" if engine.cache.policy.cpu_verified else
+                               "not measured yet (no timed step with CPU attention)")))
         except Exception as e:  # noqa: BLE001 -- the rows will say what is wrong
             self.log(f"[bench] {model} {policy}{tag}: warm-up failed: {error_text(e)}")
             _free_memory(engine.device)
