@@ -15,9 +15,9 @@ from .regions import KVSpec, Region
 from .table import CODE_REGIONS, REGION_CODES, SeqTable
 
 
-def build_step_plan(work, seqs: dict[int, SeqTable], policy: PlacementPolicy, spec: KVSpec,
-                    scale: float, bs: int, device: torch.device, dense_prefill: bool,
-                    prefill_gpu_rows: int | None
+def build_step_plan(work: list[tuple[int, int, int]], seqs: dict[int, SeqTable],
+                    policy: PlacementPolicy, spec: KVSpec, scale: float, bs: int,
+                    device: torch.device, dense_prefill: bool, prefill_gpu_rows: int | None
                     ) -> tuple[AttentionStepPlan, dict[str, int], list]:
     """Which cached blocks each side attends, as one BlockBatch per (side, region); and the
     sequences whose prefill chunk attends its context densely instead (no blocks in the plan).
