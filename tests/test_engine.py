@@ -267,8 +267,8 @@ def test_an_eager_engine_plans_with_eager_launches(tiny_qwen3_moe, monkeypatch):
 
 
 def test_weights_larger_than_host_memory_are_refused_before_loading(tiny_qwen3_moe, monkeypatch):
-    from writescope.engine import engine as engine_mod
-    monkeypatch.setattr(engine_mod, "_available_ram_bytes", lambda: 1024)
+    from writescope import hostmem
+    monkeypatch.setattr(hostmem, "available_ram_bytes", lambda: 1024)
     with pytest.raises(MemoryError, match="GiB of weights in host memory"):
         LLM(str(tiny_qwen3_moe), dtype="float32", device="cpu", experts="cpu")
 

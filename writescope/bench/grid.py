@@ -359,7 +359,7 @@ def default_host_budgets(cfg, spec: GridSpec, max_model_len: int | None = None) 
     cap, the T pool (page-locked) and the C pages it touches could exhaust host memory and
     take the whole run down."""
     from ..engine.model_source import parse_dtype
-    from ..hostmem import available_ram_bytes
+    from ..hostmem import available_ram_bytes, ram_bytes
     from ..kvcache.regions import DEFAULT_BLOCK_SIZE
     bs = spec.block_size or DEFAULT_BLOCK_SIZE
     bb = cfg.kv_spec(parse_dtype(spec.dtype)).block_bytes(bs)
@@ -368,7 +368,7 @@ def default_host_budgets(cfg, spec: GridSpec, max_model_len: int | None = None) 
                for b in spec.batches for n in spec.context_lengths)
     if spec.num_gpu_blocks is not None:
         need = max(bb, need - spec.num_gpu_blocks * bb)
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    ram = ram_bytes()
     pinned_cap, host_cap = ram // 4, ram // 2
     avail = available_ram_bytes()
     if avail is not None and max_model_len is not None:

@@ -26,7 +26,7 @@ from ..attention.hybrid import DEFAULT_STAGING_BYTES
 from ..attention.gather import DEFAULT_GATHER_BYTES
 from ..kvcache.regions import DEFAULT_BLOCK_SIZE, Region
 from ..models.loader import build_model
-from ..hostmem import available_ram_bytes as _available_ram_bytes, ram_bytes as _ram_bytes
+from .. import hostmem
 from .cores import reserve_launch_core
 from .inflight import next_input_ids, overlap_enabled
 from .model_source import parse_dtype, resolve_model
@@ -118,8 +118,8 @@ class LLMEngine:
             vram = int(torch.cuda.get_device_properties(self.device).total_memory
                        * (0.9 if gpu_memory_utilization is None else gpu_memory_utilization))
         if vram is None:  # CPU-only: "device" memory is host memory
-            vram = _ram_bytes() // 4 if gpu_memory_utilization is None else \
-                int(_ram_bytes() * gpu_memory_utilization)
+            vram = hostmem.ram_bytes() // 4 if gpu_memory_utilization is None else \
+                int(hostmem.ram_bytes() * gpu_memory_utilization)
         self.vram_budget = vram
         spec = cfg.kv_spec(self.dtype)
         from ..layers.expert_placement import choose_expert_layers
@@ -216,7 +216,7 @@ class LLMEngine:
             kv_device = min(kv_device, self.kv_cache_memory)
         max_total = max_num_seqs * self.max_model_len
         bb = spec.block_bytes(block_size)
-        host_default = min(max_total // block_size + 1, _ram_bytes() // 2 // bb) * bb
+        host_default = min(max_total // block_size + 1, hostmem.ram_bytes() // 2 // bb) * bb
         pinned = _bytes(pinned_budget)
         host = _bytes(host_budget)
         layout = plan_layout(spec, block_size, device_bytes=kv_device,
@@ -315,7 +315,7 @@ class LLMEngine:
                 if (sum(self.cpu_expert_layers) >= want if want is not None
                         else left() >= kv_need):
                     break
-                avail, need = _available_ram_bytes(), host_bytes(m, self.dtype)
+                avail, need = hostmem.available_ram_bytes(), host_bytes(m, self.dtype)
                 if avail is not None and need > avail:
                     warnings.warn(f"experts='auto': MoE layer {i}'s routed experts "
                                   f"({need / 2**30:.2f} GiB) do not fit in the host "
@@ -381,7 +381,7 @@ class LLMEngine:
         host = summary["cpu_expert_bytes"]
         if self.device.type == "cpu":
             host += summary["gpu_weight_bytes"]
-        avail = _available_ram_bytes()
+        avail = hostmem.available_ram_bytes()
         if avail is not None and host > avail:
             raise MemoryError(
                 f"{self.model_name} needs {host / 2**30:.1f} GiB of weights in host memory "
