@@ -644,7 +644,7 @@ def test_cpu_side_gets_only_the_rows_of_sequences_with_cpu_blocks(monkeypatch):
     """A step mixing sequences with CPU blocks and one without (5 cached tokens: only a W tail;
     20 query rows, like a prefill chunk): the CPU job gets only the former's rows, and every
     layer matches the float64 reference and the all-rows path."""
-    from writescope.attention.hybrid import compact_cpu_rows
+    from writescope.attention.groups import compact_cpu_rows
     spec = KVSpec.mla(2, 32, 8, torch.float32)
     case = build_case(spec, 4, [90, 5, 70], q_counts=[1, 20, 1], block_size=8,
                       frac={"G": 0.3, "C": 0.7}, seed=11)

@@ -250,7 +250,7 @@ def test_pipeline_groups_even_the_cpu_tokens():
     in CPU tokens as a cut between sequences allows, ties to the even cut; no split for prefill
     steps, one sequence, or no CPU work."""
     from writescope.attention.batch import BlockBatch
-    from writescope.attention.hybrid import AttentionStepPlan
+    from writescope.attention.groups import AttentionStepPlan
     from writescope.kvcache.subbatches import cpu_balanced_groups
 
     def plan(cpu_blocks):

@@ -40,68 +40,22 @@ import math
 import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 
 import torch
 
 from ..kvcache.regions import KVSpec, Region
 from .batch import BlockBatch
 from .gather import DEFAULT_GATHER_BYTES, CGather
-from .hostflag import precise_naps, stream_ready, timer_slack_ns, wait_for_stream
+from .hostflag import stream_ready, wait_for_stream
+from .hybrid_cpu import CpuSide, Signalled, cpu_kernel, region_layout
 from .merge import merge_many
 from .staging import StagingRing
+from .groups import (COMPACT_MIN_ROWS, MAX_GROUPS, AttentionStepPlan, Group, Source,
+                          clone_key, compact_cpu_rows, same_key, split_groups)
 from .torch_paged import attend_torch
 
 #: default size of the T staging ring in device memory
 DEFAULT_STAGING_BYTES = 512 * 2**20
-#: sub-batches a step may be split into (``begin_step(groups=...)``)
-MAX_GROUPS = 2
-#: the CPU side gets only the query rows of sequences with CPU blocks when that leaves out at
-#: least this many rows (a prefill chunk's): a decode step's few rows cost the CPU nothing (the
-#: kernel writes (0, -inf) for them), while compacting costs every layer a gather, two copies
-#: and two scatters on the launching thread (~5 % of a 48-layer decode step's host time)
-COMPACT_MIN_ROWS = 16
-
-
-def pair_calls() -> bool:
-    """``WRITESCOPE_CPU_PAIR_CALLS`` (default on; ``0`` off): a layer whose CPU side reads two
-    regions (C blocks, and T blocks read in place) runs them as one kernel call
-    (``CpuAttentionPlan(second=...)``) rather than two calls and a merge job, so a layer pays
-    one team start, tail and join. On the H200 the two forms measured the same (DeepSeek-V2-Lite
-    4 x 128K, 2026-12-03f call 3). The switch is for A/B runs."""
-    value = os.environ.get("WRITESCOPE_CPU_PAIR_CALLS", "1").strip().lower()
-    return value not in ("0", "off", "false", "no")
-
-
-@dataclass
-class AttentionStepPlan:
-    spec: KVSpec
-    scale: float
-    num_q_rows: int
-    gpu: list[tuple[Region, BlockBatch]] = field(default_factory=list)
-    cpu: list[tuple[Region, BlockBatch]] = field(default_factory=list)
-    #: query rows per sequence (CSR, CPU int tensor): which rows each sequence owns, also when
-    #: no batch has a block (optional: taken from any batch otherwise)
-    q_indptr: torch.Tensor | None = None
-
-
-@dataclass
-class _Signalled:
-    """A CPU job on the Python worker that raises the layer's flag itself (the device waits)."""
-    future: Future
-
-
-def _layout(region: Region) -> str:
-    return "cpu" if region is Region.C else "gpu"
-
-
-def cpu_kernel():
-    """The CPU attention kernel (compiled when possible), or the torch path."""
-    try:
-        from .cpu import attend_cpu
-        return attend_cpu
-    except ImportError:
-        return attend_torch
 
 
 def _empty_result(nq: int, hq: int, dv: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,112 +63,7 @@ def _empty_result(nq: int, hq: int, dv: int, device) -> tuple[torch.Tensor, torc
             torch.full((nq, hq), float("-inf"), dtype=torch.float32, device=device))
 
 
-@dataclass
-class _Source:
-    """One GPU-side launch per layer: a resident pool region, one staged T piece, or one
-    gathered C piece."""
-    region: Region
-    batch: BlockBatch                 # on the device
-    piece: int | None = None          # index into the ring's pieces (staged T), else None
-    gather: object = None             # gather.GatherPiece (C read by the GPU), else None
-    chunks: object = None             # gpu.ChunkPlan on the device (Triton backend)
-    host_batch: BlockBatch | None = None  # ``batch`` as planned, on the CPU (for planning)
-
-
-def slice_batch(b: BlockBatch, s0: int, s1: int) -> BlockBatch:
-    """Sequences ``s0:s1`` of a batch, rebased (CPU tensors): a sub-batch's share of a plan."""
-    b = b.host_view()
-    qi = b.q_indptr.to(torch.int64)
-    ki = b.kv_indptr.to(torch.int64)
-    k0, k1 = int(ki[s0]), int(ki[s1])
-    return BlockBatch((qi[s0:s1 + 1] - qi[s0]).to(torch.int32),
-                      (ki[s0:s1 + 1] - k0).to(torch.int32),
-                      b.kv_blocks[k0:k1].clone(), b.kv_lens[k0:k1].clone())
-
-
-@dataclass
-class _Group:
-    """One sub-batch of a step: its query rows, its share of the plan, its per-step state."""
-    index: int
-    rows: tuple[int, int]                    # [first, end) rows of the step's queries
-    gpu: list[tuple[Region, BlockBatch]]
-    cpu: list[tuple[Region, BlockBatch]]     # CPU tensors
-    sources: list[_Source] = field(default_factory=list)
-    cpu_rows: torch.Tensor | None = None     # compacted CPU rows (group-local), None = all
-    cpu_rows_dev: torch.Tensor | None = None
-    cpu_plans: list | None = None            # compiled-kernel calls, made on the first layer
-    cpu_paired: bool = False                 # its two cpu_plans run as one call (pair_calls)
-    full_extra: tuple | None = None
-    qmax: int = 1
-    num_chunks: int = 0
-    row_ptr: torch.Tensor | None = None
-    row_idx: torch.Tensor | None = None
-    gpu_planned: bool = False                # chunks and merge rows made (Triton backend)
-    pending: tuple | None = None             # between launch() and finish()
-
-    @property
-    def num_rows(self) -> int:
-        return self.rows[1] - self.rows[0]
-
-
-def _clone_key(key):
-    """A plan key (nested tuples of tensors and plain values) with its tensors copied."""
-    if isinstance(key, torch.Tensor):
-        return key.clone()
-    if isinstance(key, tuple):
-        return tuple(_clone_key(k) for k in key)
-    return key
-
-
-def _same_key(a, b) -> bool:
-    """Whether two plan keys hold the same values (tensors compared by shape, dtype and
-    contents)."""
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
-                and a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b))
-    if isinstance(a, tuple) or isinstance(b, tuple):
-        return (isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b)
-                and all(_same_key(x, y) for x, y in zip(a, b)))
-    return a == b
-
-
-def ready_address(ready) -> tuple[int, int] | None:
-    """A ready flag's ``(address, value)`` for a native waiter, or None (e.g. a CUDA event)."""
-    return getattr(ready, "address", None)
-
-
-def compact_cpu_rows(batches: list[tuple[Region, BlockBatch]]
-                     ) -> tuple[list[tuple[Region, BlockBatch]], torch.Tensor | None]:
-    """The CPU side's batches over only the sequences that have a CPU block, and the query rows
-    of those sequences (None when that is every sequence). In a step that mixes decoding
-    sequences (with CPU blocks) and prefill chunks (none: the GPU attends a chunk's context), the
-    chunk's thousands of query rows then never cross PCIe to the CPU and back. All batches of
-    one step share ``q_indptr``; a sequence without CPU blocks has no entries in any of them."""
-    if not batches:
-        return batches, None
-    has = None  # (numpy: this runs on every step, mostly to find that every sequence has one)
-    for _, b in batches:
-        ki = b.kv_indptr.to("cpu").numpy()
-        h = ki[1:] != ki[:-1]
-        has = h if has is None else has | h
-    if has.all():
-        return batches, None
-    has = torch.from_numpy(has)
-    qi = batches[0][1].q_indptr.to("cpu", torch.int64)
-    qn = qi[1:] - qi[:-1]
-    rows = torch.cat([torch.arange(int(qi[i]), int(qi[i + 1])) for i in
-                      torch.nonzero(has).flatten().tolist()] or [torch.zeros(0, dtype=torch.int64)])
-    zero = torch.zeros(1, dtype=torch.int64)
-    new_qi = torch.cat((zero, torch.cumsum(qn[has], 0))).to(torch.int32)
-    out = []
-    for r, b in batches:
-        ki = b.kv_indptr.to("cpu", torch.int64)
-        new_ki = torch.cat((zero, torch.cumsum((ki[1:] - ki[:-1])[has], 0))).to(torch.int32)
-        out.append((r, BlockBatch(new_qi.clone(), new_ki, b.kv_blocks, b.kv_lens)))
-    return out, rows
-
-
-class HybridAttention:
+class HybridAttention(CpuSide):
     """Attention over every cached block of a step, split between the CPU and the GPU.
 
     ``pools``: Region -> pool tensor ``[L, N, ...]`` (G/W on the device, T pinned host in the GPU
@@ -266,7 +115,7 @@ class HybridAttention:
         self._worker: ThreadPoolExecutor | None = None
         self._pinned: dict = {}
         self._retired: list = []  # pinned buffers replaced during this step (see _pinned_bufs)
-        self._groups: list[_Group] = []
+        self._groups: list[Group] = []
         #: the last step's staging plan: [key (copied T batches), StagePlan, device batches]
         self._stage_reuse: list | None = None
         #: steps with T blocks to stream that made a new staging plan / kept the last one
@@ -343,30 +192,6 @@ class HybridAttention:
         except Exception:
             pass
 
-    def _pool_worker(self) -> ThreadPoolExecutor:
-        if self._worker is None:
-            n = int(self.cpu_threads) if self.cpu_threads else 0
-            before = torch.get_num_threads()
-            timer_slack_ns()  # a bad setting fails here, not in the worker's initializer
-
-            def init():
-                precise_naps()
-                if n:
-                    torch.set_num_threads(n)
-                    # a thread takes torch's process default at its first parallel op: take
-                    # it now, while the default is n
-                    torch.ones(1 << 17).sum()
-            self._worker = ThreadPoolExecutor(1, thread_name_prefix="ws-cpu-attn",
-                                              initializer=init)
-            if n and n != before:
-                # torch.set_num_threads sets the calling thread's OpenMP team size and also
-                # the process's default, which every thread that starts parallel work later
-                # takes: start the worker now, then put the default back from this thread.
-                # The worker keeps its own team size.
-                self._worker.submit(int).result()
-                torch.set_num_threads(before)
-        return self._worker
-
     # ------------------------------------------------------------------------------------------
     def begin_step(self, plan: AttentionStepPlan, layers: list[int] | None = None,
                    groups: list[int] | None = None) -> None:
@@ -391,7 +216,7 @@ class HybridAttention:
         if self.ring is not None and hasattr(self.ring.copier, "stream"):
             self.ring.copier.timed = self._timed
         self._ev_start = self._tick() if cuda and self._timed else None
-        self._groups = self._split(plan, groups)
+        self._groups = split_groups(plan, groups)
         dev = self.device
         staged = []  # per group: its T batch (read through the ring), or None
         for g in self._groups:
@@ -405,13 +230,13 @@ class HybridAttention:
                     continue
                 if self.cgather is not None and region is Region.C:
                     for gp in self.cgather.plan(batch):
-                        g.sources.append(_Source(Region.C, gp.batch.to(dev), gather=gp,
+                        g.sources.append(Source(Region.C, gp.batch.to(dev), gather=gp,
                                                  host_batch=gp.batch))
                     continue
                 if pool.device != dev:
                     raise ValueError(f"region {region} pool is on {pool.device}, not {dev}, and "
                                      "is not staged")
-                g.sources.append(_Source(region, batch.to(dev), host_batch=batch.host_view()))
+                g.sources.append(Source(region, batch.to(dev), host_batch=batch.host_view()))
             staged.append(t)
         self._stage_plan = None
         t_plan = time.perf_counter()
@@ -426,7 +251,7 @@ class HybridAttention:
                 self._stage_reuse[2] = dev_batches
             for i, piece in enumerate(sp.pieces):
                 self._groups[piece.part].sources.append(
-                    _Source(Region.T, dev_batches[i], piece=i, host_batch=piece.batch))
+                    Source(Region.T, dev_batches[i], piece=i, host_batch=piece.batch))
         # only the rows of sequences with CPU blocks go to the CPU, when that leaves out at least
         # COMPACT_MIN_ROWS rows (WRITESCOPE_CPU_ROWS=all: never)
         compact = os.environ.get("WRITESCOPE_CPU_ROWS", "cpu") != "all"
@@ -453,45 +278,17 @@ class HybridAttention:
             None if h is None else (h.q_indptr, h.kv_indptr, h.kv_blocks, h.kv_lens)
             for h in hosts))
         cached = self._stage_reuse
-        if cached is not None and cached[2] is not None and _same_key(cached[0], key):
+        if cached is not None and cached[2] is not None and same_key(cached[0], key):
             self.stage_plans["reused"] += 1
             return cached[1], cached[2]
         self.stage_plans["made"] += 1
         sp = self.ring.plan(hosts, self.max_slot_blocks)
         reuse = os.environ.get("WRITESCOPE_STAGE_PLAN_REUSE", "1") != "0"
         # the key's tensors are copied: a caller may refill its batch tensors in place
-        self._stage_reuse = [_clone_key(key), sp, None] if reuse else [None, sp, None]
+        self._stage_reuse = [clone_key(key), sp, None] if reuse else [None, sp, None]
         return sp, None
 
-    @staticmethod
-    def _split(plan: AttentionStepPlan, groups: list[int] | None) -> list[_Group]:
-        qi = plan.q_indptr
-        if qi is None:
-            qi = next((b.q_indptr for _, b in plan.gpu + plan.cpu), None)
-        if qi is None:  # no cached block at all: one row per sequence is all a group needs
-            qi = torch.arange(plan.num_q_rows + 1)
-        qi = qi.to("cpu", torch.int64)
-        nseq = qi.numel() - 1
-        counts = [nseq] if groups is None else [int(c) for c in groups]
-        if sum(counts) != nseq or any(c <= 0 for c in counts) or len(counts) > MAX_GROUPS:
-            raise ValueError(f"groups {groups} do not split {nseq} sequences into at most "
-                             f"{MAX_GROUPS} non-empty sub-batches")
-        out, s0 = [], 0
-        for c in counts:
-            s1 = s0 + c
-            if len(counts) == 1:
-                gpu = [(r, b) for r, b in plan.gpu if b.num_blocks > 0]
-                cpu = [(r, b.to("cpu")) for r, b in plan.cpu if b.num_blocks > 0]
-            else:
-                gpu = [(r, slice_batch(b, s0, s1)) for r, b in plan.gpu]
-                cpu = [(r, slice_batch(b, s0, s1)) for r, b in plan.cpu]
-                gpu = [(r, b) for r, b in gpu if b.num_blocks > 0]
-                cpu = [(r, b) for r, b in cpu if b.num_blocks > 0]
-            out.append(_Group(len(out), (int(qi[s0]), int(qi[s1])), gpu, cpu))
-            s0 = s1
-        return out
-
-    def _plan_triton(self, g: _Group) -> None:
+    def _plan_triton(self, g: Group) -> None:
         from . import gpu as G
         base = 0
         cpu_plans = []
@@ -554,143 +351,6 @@ class HybridAttention:
         self.timings["host_attend_s"] += time.perf_counter() - t
         return out
 
-    # ---- CPU side ----
-    def _cpu_job_signalled(self, step_id: int, layer: int, g: _Group, q_host, ready, out_bufs,
-                           t_submit):
-        """The CPU side of one layer when the device waits for it: the flag is raised whatever
-        happens (a failure is re-raised at :meth:`end_step`, after the device has gone on). With
-        the compiled kernel the ready wait, the kernel and the flag's store are one native call
-        (``CpuAttentionPlan(..., ready=, done=)``): the GIL this thread would otherwise need
-        between them may be held by the launching thread."""
-        slot = layer * MAX_GROUPS + g.index
-        try:
-            return self._cpu_job(layer, g, q_host, ready, out_bufs, t_submit,
-                                 done=(self._flags.address(slot), step_id))
-        finally:
-            self._flags.signal(slot, step_id)
-
-    def _cpu_job(self, layer: int, g: _Group, q_host: torch.Tensor, ready, out_bufs,
-                 t_submit=None, done=None):
-        t_in = time.perf_counter()
-        self._lag["handoff"] += t_in - (t_submit or t_in)
-        plan = self.plan
-        if self._cpu_compiled:
-            self._make_cpu_plans(g, q_host)
-        native = (self._cpu_compiled and len(g.cpu_plans) == 1 and out_bufs is not None
-                  and g.cpu_plans[0][1].flagged)
-        if native and done is not None and (ready is None or ready_address(ready) is not None):
-            # wait for the queries, attend into the pinned buffers, raise the flag: one call
-            r, pl = g.cpu_plans[0]
-            times = [0.0, 0.0]
-            o, l = pl(q_host, self.pools[r][layer], out_bufs[0], out_bufs[1],
-                      ready=ready_address(ready), done=done, times=times)
-            self._lag["q_wait"] += times[0]
-            self._lag["t_done"] = time.perf_counter()
-            return o, l, times[1]
-        if ready is not None:
-            ready.synchronize()
-        t0 = time.perf_counter()
-        self._lag["q_wait"] += t0 - t_in
-        if native:  # straight into pinned
-            r, pl = g.cpu_plans[0]
-            o, l = pl(q_host, self.pools[r][layer], out_bufs[0], out_bufs[1])
-            t1 = time.perf_counter()
-            self._lag["t_done"] = t1
-            return o, l, t1 - t0
-        if self._cpu_compiled and g.cpu_paired:
-            (r, pl), (r2, pl2) = g.cpu_plans
-            parts = [pl(q_host, self.pools[r][layer], second=(pl2, self.pools[r2][layer]))]
-        elif self._cpu_compiled:
-            parts = [pl(q_host, self.pools[r][layer]) for r, pl in g.cpu_plans]
-        else:
-            parts = [self._cpu_attend(q_host, self.pools[r][layer], _layout(r), plan.spec, b,
-                                      plan.scale) for r, b in g.cpu]
-        o, l = parts[0] if len(parts) == 1 else merge_many(parts)
-        if out_bufs is not None:
-            out_bufs[0].copy_(o)
-            out_bufs[1].copy_(l)
-            o, l = out_bufs
-        t1 = time.perf_counter()
-        self._lag["t_done"] = t1
-        return o, l, t1 - t0
-
-    def _make_cpu_plans(self, g: _Group, q_host: torch.Tensor) -> None:
-        """The group's compiled-kernel calls, checked and converted once per step (on whichever
-        thread attends its first layer)."""
-        if g.cpu_plans is None:
-            from .cpu import CpuAttentionPlan
-            plan = self.plan
-            g.cpu_plans = [(r, CpuAttentionPlan(self.pools[r][0], _layout(r), plan.spec, b,
-                                                plan.scale, q_host.shape[0], q_host.shape[1],
-                                                q_host.dtype, threads=self.cpu_threads or None))
-                           for r, b in g.cpu]
-            g.cpu_paired = (len(g.cpu_plans) == 2 and pair_calls()
-                            and g.cpu_plans[0][1].pairs_with(g.cpu_plans[1][1]))
-
-    def _native_submit(self, layer: int, g: _Group, q_host, ready, out_bufs) -> bool:
-        """Hand one layer's CPU side to the native job queue (``cpu.CpuJobQueue``) when it can
-        run there: the device waits for it, the compiled kernel attends one region straight
-        into the pinned buffers, the ready flag is a pinned word. The step's plans are made here,
-        on the launching thread, at the group's first layer."""
-        if not (self._device_wait and self._cpu_compiled and self._use_queue
-                and out_bufs is not None and ready_address(ready) is not None
-                and q_host.dtype in (torch.float32, torch.bfloat16) and q_host.is_contiguous()):
-            return False
-        self._make_cpu_plans(g, q_host)
-        if len(g.cpu_plans) not in (1, 2) or not all(pl.flagged for _, pl in g.cpu_plans):
-            return False
-        if self._queue is None:
-            from .cpu import CpuJobQueue
-            self._queue = CpuJobQueue()
-        slot = layer * MAX_GROUPS + g.index
-        done = (self._flags.address(slot), self._step_id)
-        (r, pl), *second = g.cpu_plans
-        # C blocks and T blocks read in place, paired: one call over both pools
-        paired = (second[0][1], self.pools[second[0][0]][layer]) if g.cpu_paired else None
-        self._queue.submit(pl, q_host, self.pools[r][layer], out_bufs[0], out_bufs[1],
-                           ready=ready_address(ready), done=done if paired or not second else None,
-                           spin_s=self.cpu_spin_s, second=paired)
-        if second and paired is None:
-            # C blocks and T blocks read in place: two calls on the queue's thread, the second
-            # into host scratch, merged into the pinned result before the flag goes up (with a
-            # Python worker instead, this step ran its CPU side at half the rate: 2026-12-01-h200)
-            (r2, pl2), = second
-            o2, l2 = torch.empty_like(out_bufs[0]), torch.empty_like(out_bufs[1])
-            self._queue.submit(pl2, q_host, self.pools[r2][layer], o2, l2, ready=None, done=None)
-            self._queue.submit_merge(out_bufs[0], out_bufs[1], o2, l2, done=done)
-        self._queued += 1
-        return True
-
-    def _submit_cpu(self, layer: int, g: _Group, q_host, ready, out_bufs
-                    ) -> _Signalled | Future | tuple | None:
-        """Start one layer's CPU side: None when it went to the native queue (the device waits
-        for its flag; :meth:`end_step` collects its times), a :class:`_Signalled` job the device
-        also waits for, else a Future or, run inline, its ``(out, lse, seconds)`` -- collected
-        by the launching thread."""
-        if self._native_submit(layer, g, q_host, ready, out_bufs):
-            return None
-        if self._device_wait and self._python_device_wait:
-            return _Signalled(self._pool_worker().submit(
-                self._cpu_job_signalled, self._step_id, layer, g, q_host, ready, out_bufs,
-                time.perf_counter()))
-        # No native path for this layer (no compiled kernel, queries to convert, ...): the
-        # launching thread collects the result itself. A device wait on a Python worker can
-        # deadlock: the worker needs the GIL, which the launching thread may hold inside a
-        # driver call that waits for the device (seen with CPU experts: 2026-12-01-h200).
-        if self.cpu_async or self._device_wait:
-            return self._pool_worker().submit(self._cpu_job, layer, g, q_host, ready, out_bufs,
-                                              time.perf_counter())
-        return self._cpu_job(layer, g, q_host, ready, out_bufs)
-
-    def _collect_cpu(self, job) -> tuple[torch.Tensor, torch.Tensor]:
-        t = time.perf_counter()
-        o, l, dt = job.result() if isinstance(job, Future) else job
-        t1 = time.perf_counter()
-        self.timings["cpu_wait_s"] += t1 - t
-        self._lag["return"] += t1 - self._lag["t_done"]
-        self.timings["cpu_s"] += dt
-        return o, l
-
     def _pinned_bufs(self, key, shapes: list[tuple], dtypes: list, parity: int):
         """Views of page-locked buffers, one per (key, position, parity, dtype), grown (doubled)
         when a step needs more: the row count changes from step to step, and a buffer per shape
@@ -711,7 +371,7 @@ class HybridAttention:
         return out
 
     # ---- torch backend (any device; the CPU-only path) ----
-    def _launch_torch(self, layer: int, q: torch.Tensor, g: _Group) -> None:
+    def _launch_torch(self, layer: int, q: torch.Tensor, g: Group) -> None:
         job = None
         if g.cpu:
             qc = q if g.cpu_rows is None else q.index_select(0, g.cpu_rows_dev)
@@ -723,7 +383,7 @@ class HybridAttention:
         parts = self._torch_partials(layer, q, sources)
         g.pending = (layer, job, parts, tuple(q.shape[:2]), q.device, deferred, q)
 
-    def _now_and_at_finish(self, g: _Group) -> tuple[list, list]:
+    def _now_and_at_finish(self, g: Group) -> tuple[list, list]:
         """The group's GPU-side sources to attend at launch() and those left for finish(). In a
         step of sub-batches the staged T pieces wait for finish(): the stream then waits for
         their copies after the other sub-batch's work enqueued in between (whose queries the CPU
@@ -743,7 +403,7 @@ class HybridAttention:
                 parts.append(attend_torch(q, kv, "gpu", plan.spec, src.batch, plan.scale))
             elif src.piece is None:
                 kv = self.pools[src.region][layer]
-                parts.append(attend_torch(q, kv, _layout(src.region), plan.spec, src.batch,
+                parts.append(attend_torch(q, kv, region_layout(src.region), plan.spec, src.batch,
                                           plan.scale))
             else:
                 kv = self.ring.acquire(layer, src.piece)
@@ -752,7 +412,7 @@ class HybridAttention:
         self.timings["gpu_s"] += time.perf_counter() - t0
         return parts
 
-    def _finish_torch(self, g: _Group, layer: int, job, parts, shape, device, deferred=(),
+    def _finish_torch(self, g: Group, layer: int, job, parts, shape, device, deferred=(),
                       q=None):
         if deferred:
             parts = parts + self._torch_partials(layer, q, deferred)
@@ -766,7 +426,7 @@ class HybridAttention:
             return _empty_result(shape[0], shape[1], self.plan.spec.v_dim, device)
         return merge_many(parts)
 
-    def _scatter_rows(self, g: _Group, o: torch.Tensor, l: torch.Tensor, nq: int, out=None):
+    def _scatter_rows(self, g: Group, o: torch.Tensor, l: torch.Tensor, nq: int, out=None):
         """The CPU side's partial over its compacted rows, as one over all ``nq`` rows."""
         if out is None:
             out = (torch.zeros((nq,) + tuple(o.shape[1:]), dtype=o.dtype, device=o.device),
@@ -777,7 +437,7 @@ class HybridAttention:
         out[1].index_copy_(0, rows, l)
         return out
 
-    def _cpu_extra(self, g: _Group, xo: torch.Tensor, xl: torch.Tensor, nq: int):
+    def _cpu_extra(self, g: Group, xo: torch.Tensor, xl: torch.Tensor, nq: int):
         """The CPU result as the reduce's extra partial: read in place from pinned memory, or,
         when it covers only some rows, copied and scattered into per-step device buffers whose
         other rows stay (0, -inf) for every layer."""
@@ -797,8 +457,7 @@ class HybridAttention:
         ev.record()
         return ev
 
-    def _launch_triton(self, layer: int, q: torch.Tensor, g: _Group) -> None:
-        from . import gpu as G
+    def _launch_triton(self, layer: int, q: torch.Tensor, g: Group) -> None:
         plan = self.plan
         spec = plan.spec
         nq, hq, _ = q.shape
@@ -838,7 +497,7 @@ class HybridAttention:
         self._launch_partials(layer, g, sources, qk, parts)
         g.pending = (layer, job, res, parts, nq, hq, deferred, qk)
 
-    def _launch_partials(self, layer: int, g: _Group, sources: list, qk: torch.Tensor,
+    def _launch_partials(self, layer: int, g: Group, sources: list, qk: torch.Tensor,
                          parts: tuple[torch.Tensor, torch.Tensor]) -> None:
         """The GPU side's partial results over ``sources`` into ``parts``; a staged T piece
         makes the stream wait for its copy (the timing events leave that wait out)."""
@@ -867,7 +526,7 @@ class HybridAttention:
         if open_ev is not None:
             ev.append((open_ev, self._tick()))
 
-    def _finish_triton(self, g: _Group, layer: int, job, res, parts, nq: int, hq: int,
+    def _finish_triton(self, g: Group, layer: int, job, res, parts, nq: int, hq: int,
                        deferred: list = (), qk: torch.Tensor | None = None):
         from . import gpu as G
         if deferred:
@@ -875,7 +534,7 @@ class HybridAttention:
         p_out, p_lse = parts
         dv = self.plan.spec.v_dim
         extra = None
-        if res is not None and self._device_wait and (job is None or isinstance(job, _Signalled)):
+        if res is not None and self._device_wait and (job is None or isinstance(job, Signalled)):
             # the stream waits for the CPU's flag; this thread goes on to the next layer
             if job is not None:
                 self._jobs.append(job.future)

@@ -36,7 +36,8 @@ import numpy as np
 import torch
 
 from ..attention.batch import BlockBatch
-from ..attention.hybrid import AttentionStepPlan, HybridAttention, cpu_kernel
+from ..attention.hybrid import AttentionStepPlan, HybridAttention
+from ..attention.hybrid_cpu import cpu_kernel
 from ..attention.reference import dense_attention
 from ..kvcache.pools import allocate_pool
 from ..kvcache.regions import KVSpec, Region, block_records, pool_shape, to_cpu_layout

@@ -34,7 +34,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..attention.hybrid import AttentionStepPlan, HybridAttention, slice_batch
+from ..attention.hybrid import HybridAttention
+from ..attention.groups import AttentionStepPlan, slice_batch
 from ..attention.merge import merge
 from ..attention.prefill import causal_prefix_attention
 from ..attention.resident import ResidentAttention

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from ..attention.batch import BlockBatch
-from ..attention.hybrid import AttentionStepPlan
+from ..attention.groups import AttentionStepPlan
 from .context import ContextPlan
 from .placement import PlacementPolicy, SeqKV
 from .pools import KVCacheError

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..attention.hybrid import AttentionStepPlan
+    from ..attention.groups import AttentionStepPlan
 
 
 #: a decode step is split into sub-batches only with at least this many sequences

@@ -5,7 +5,7 @@ repetitions after a warm-up, and returns bytes per second. Array sizes are chose
 last-level cache (the lent Xeon's L3 is 300 MB), smaller with ``quick=True`` (the start-up
 calibration: a few seconds). The concurrent H2D + CPU read probe follows shared/hw/probe2.py
 (copies on a side stream while CPU threads sum a DRAM array); the CPU attention rate is timed
-on the kernel the engine will run (``attention.hybrid.cpu_kernel()``: the compiled kernel when it
+on the kernel the engine will run (``attention.hybrid_cpu.cpu_kernel()``: the compiled kernel when it
 is there, else the torch path), on both layouts, per shape family of the models asked for.
 """
 from __future__ import annotations
@@ -100,7 +100,7 @@ def cpu_attention_rates(cfgs: Iterable[ModelConfig], kv_bytes: int, reps: int, l
     Returns (rates, kernel name, {family: variant}, {family: prefetch distance}).
     ``tune_prefetch=False`` (a quick calibration, whose KV may sit in the last-level cache,
     where prefetching hides nothing) leaves the distance at its default."""
-    from ..attention.hybrid import cpu_kernel
+    from ..attention.hybrid_cpu import cpu_kernel
     from ..attention.torch_paged import attend_torch
     kernel = cpu_kernel()
     name = f"{kernel.__module__}.{kernel.__name__}"
@@ -328,7 +328,7 @@ def _fp8_expert_rate(cls, h: int, i: int, e: int, x, ids, w, reps: int, out: dic
 def cpu_roundtrip_s(cfg: ModelConfig, device: str, reps: int) -> float:
     """Fixed cost of one layer's CPU attention round trip on tiny input: queries to the host,
     the CPU kernel on one block per sequence, results back, synchronised."""
-    from ..attention.hybrid import cpu_kernel
+    from ..attention.hybrid_cpu import cpu_kernel
     kernel = cpu_kernel()
     spec, pool, batch, q, _ = _attn_case(cfg, 0, "cpu", "cpu", seqs=8)
     qd = q.to(device)
