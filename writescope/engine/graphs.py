@@ -398,7 +398,7 @@ class DecodeGraphs:
         if not self.wants(n):
             return None
         size = bucket(n)
-        from ..kvcache.cache import resident_mode
+        from ..kvcache.resident_steps import resident_mode
         if resident_mode() == "force":  # the tests' switch: pieces with eager experts too
             return size
         ok = self._resident_ok.get(size)
