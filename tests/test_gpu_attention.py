@@ -5,7 +5,7 @@ import torch
 from writescope.attention.batch import BlockBatch
 from writescope.attention.hybrid import HybridAttention
 from writescope.attention.staging import StagingRing
-from writescope.bench.gpu_attention import Case, build_case, rel_err
+from writescope.bench.attention_case import Case, build_case, rel_err
 from writescope.kvcache.regions import KVSpec, Region
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

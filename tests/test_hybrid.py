@@ -15,7 +15,7 @@ from writescope.attention.batch import BlockBatch
 from writescope.attention.hybrid import AttentionStepPlan, HybridAttention
 from writescope.attention.staging import (StagingRing, SyncCopier, coalesce_runs, split_pieces,
                                          strided_copies)
-from writescope.bench.gpu_attention import build_case, rel_err
+from writescope.bench.attention_case import build_case, rel_err
 from writescope.kvcache.regions import KVSpec, Region, pool_shape
 
 GQA = KVSpec.gqa(3, 2, 16, torch.float32)
@@ -343,7 +343,7 @@ def test_triton_kernels_under_interpreter():
     code = r"""
 import torch
 from writescope.attention.gpu import attend_gpu
-from writescope.bench.gpu_attention import build_case, rel_err
+from writescope.bench.attention_case import build_case, rel_err
 from writescope.kvcache.regions import KVSpec, Region, pool_shape
 for spec, hq in ((KVSpec.gqa(1, 2, 32, torch.float32), 8), (KVSpec.mla(1, 64, 16, torch.float32), 4)):
   for qc in ([1, 2, 3, 1], [1, 20, 3, 1]):  # the second: a prefill-sized chunk of rows
@@ -463,7 +463,7 @@ def test_the_gpu_attention_summary_gives_the_kernels_device_rate_beside_the_queu
     """The resident column: the default's queued GB/s (% of the HBM copy rate), the default
     replayed from a CUDA graph (the engine's form for a resident step), the sweep's best, and
     the default's kernels alone (profiler time), '-' where no graph or profiler ran."""
-    from writescope.bench.gpu_attention import summary_markdown
+    from writescope.bench.gpu_attention_report import summary_markdown
     out = {"ceilings": {"hbm_copy_GBps": 4000.0, "h2d_pinned_GBps": 55.0,
                         "combined": {"combined_GBps": 130.0, "h2d_GBps": 50.0,
                                      "cpu_read_GBps": 80.0, "threads": 14}},
@@ -746,7 +746,7 @@ def test_the_benchs_pipelined_step_form_matches_its_single_form(spec):
 def test_the_gpu_attention_tables_take_the_best_of_both_step_forms():
     """The summary's best hybrid row is the best of either form, the pipelined one marked; the
     breakdown lists each share's rows, the pipelined one with its sub-batches."""
-    from writescope.bench.gpu_attention import breakdown_markdown, summary_markdown
+    from writescope.bench.gpu_attention_report import breakdown_markdown, summary_markdown
     row = lambda gbps: {"s": 2.0 / gbps, "GBps": gbps, "cpu_s": 0.01, "pcie_bytes": 0.0}  # noqa
     out = {"ceilings": {"hbm_copy_GBps": 4000.0, "h2d_pinned_GBps": 55.0,
                         "combined": {"combined_GBps": 125.0, "h2d_GBps": 50.0,

@@ -478,7 +478,7 @@ def reduce_config(nq: int, hq: int, dv: int, target_programs: int = TARGET_PROGR
     narrowest tile (one head x 32 values) 128 partials a step, 4K values (H200, resident sweep,
     bench/results/2026-12-01h-h200 call 3: MLA 1 x 256K 3196 GB/s against 3082 with 32-partial
     steps; GQA 1 x 256K 4020 against 3956; a two-level merge,
-    ``bench.gpu_attention.plan_tree``, was slower, 2970-3060)."""
+    ``bench.merge_tree.plan_tree``, was slower, 2970-3060)."""
     bh, bd = min(4, _next_pow2(hq)), min(64, max(16, _next_pow2(dv)))
 
     def programs(h: int, d: int) -> int:

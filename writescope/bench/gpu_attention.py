@@ -18,8 +18,9 @@ DeepSeek-V2-Lite: 16 heads over the 576-value latent, V = its first 512) and eac
   interleaved, NEO's asymmetric pipelining: the CPU attends one while the other's result, merge
   and next queries make their round trip), the engine's step under ``WRITESCOPE_PIPELINE=1``.
 
-Also importable: :func:`build_case` makes a random multi-region cache with its float64
-reference (the tests use it).
+The tests' random multi-region cases with a float64 reference are in :mod:`.attention_case`,
+the two-level merge the resident sweep times in :mod:`.merge_tree`, the markdown in
+:mod:`.gpu_attention_report`.
 """
 from __future__ import annotations
 
@@ -30,156 +31,19 @@ import os
 import platform
 import sys
 import time
-from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from ..attention.batch import BlockBatch
 from ..attention.hybrid import AttentionStepPlan, HybridAttention
 from ..attention.hybrid_cpu import cpu_kernel
-from ..attention.reference import dense_attention
 from ..kvcache.pools import allocate_pool
-from ..kvcache.regions import KVSpec, Region, block_records, pool_shape, to_cpu_layout
+from ..kvcache.regions import KVSpec, Region, pool_shape, to_cpu_layout
+from .attention_case import rel_err
+from .gpu_attention_report import breakdown_markdown, summary_markdown
 from .graphed import graph_replay
+from .merge_tree import launch_reduce_tree, plan_tree
 from .provenance import git_commit, source_digest
-
-
-# ----------------------------------------------------------------------------------------------
-# random multi-region cases with a float64 reference
-# ----------------------------------------------------------------------------------------------
-
-@dataclass
-class Case:
-    spec: KVSpec
-    hq: int
-    scale: float
-    pools: dict
-    plan: AttentionStepPlan
-    seqs: list  # per sequence: list of (region, block id, valid tokens)
-    q_counts: list
-
-    def random_q(self, device, dtype=None, seed: int = 0) -> torch.Tensor:
-        g = torch.Generator().manual_seed(seed)
-        q = torch.randn(sum(self.q_counts), self.hq, self.spec.k_dim, generator=g)
-        return q.to(device=device, dtype=dtype or self.spec.dtype)
-
-    def reference(self, layer: int, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Float64 dense attention of ``q`` over each sequence's whole cached context."""
-        spec = self.spec
-        outs, lses = [], []
-        r0 = 0
-        for blocks, nq in zip(self.seqs, self.q_counts):
-            qs = q[r0:r0 + nq].cpu().double()
-            r0 += nq
-            recs = [block_records(reg, self.pools[reg], layer, b)[:n].cpu().double()
-                    for reg, b, n in blocks]
-            if recs:
-                rec = torch.cat(recs)
-                o, l = dense_attention(qs, spec.k(rec), spec.v(rec), self.scale)
-            else:
-                o = torch.zeros(nq, self.hq, spec.v_dim, dtype=torch.float64)
-                l = torch.full((nq, self.hq), float("-inf"), dtype=torch.float64)
-            outs.append(o)
-            lses.append(l)
-        return torch.cat(outs), torch.cat(lses)
-
-
-def _alloc_ids(counts: list[int], n_pool: int, gen: torch.Generator, contiguous: bool
-               ) -> list[list[int]]:
-    """Block ids for each sequence: contiguous runs (T, as the extent allocator gives) placed in
-    a shuffled order with gaps, or scattered ids."""
-    if contiguous:
-        order = torch.randperm(len(counts), generator=gen).tolist()
-        ids: list[list[int]] = [[] for _ in counts]
-        nxt = 0
-        for i in order:
-            nxt += int(torch.randint(0, 2, (1,), generator=gen))
-            ids[i] = list(range(nxt, nxt + counts[i]))
-            nxt += counts[i]
-        return ids
-    perm = torch.randperm(n_pool, generator=gen).tolist()
-    out, k = [], 0
-    for c in counts:
-        out.append(perm[k:k + c])
-        k += c
-    return out
-
-
-def build_case(spec: KVSpec, hq: int, seq_lens: list[int], q_counts: list[int] | int = 1,
-               block_size: int = 16, frac: dict | None = None, w_tail: bool = True,
-               cpu_t_frac: float = 0.0, device: str | torch.device = "cpu", seed: int = 0,
-               pin: bool | None = None) -> Case:
-    """Random pools for all four regions and the step plan: each sequence's sealed blocks are
-    split G / T / C by ``frac`` (fractions of its sealed blocks), its last partial block is a W
-    tail; G/W/T go to the GPU side, C (and a ``cpu_t_frac`` of the T blocks) to the CPU side."""
-    device = torch.device(device)
-    if pin is None:
-        pin = device.type == "cuda"
-    frac = frac or {"G": 0.25, "T": 0.5, "C": 0.25}
-    if isinstance(q_counts, int):
-        q_counts = [q_counts] * len(seq_lens)
-    gen = torch.Generator().manual_seed(seed)
-    bs = block_size
-    per_seq = []  # per sequence: {region: [valid lens]}
-    for n in seq_lens:
-        full, rest = divmod(n, bs)
-        tail = rest if (w_tail and rest) else 0
-        if not w_tail and rest:
-            full += 1
-        ng = int(round(frac.get("G", 0) * full))
-        nt = int(round(frac.get("T", 0) * full))
-        nt = min(nt, full - ng)
-        nc = full - ng - nt
-        lens = {Region.G: [bs] * ng, Region.T: [bs] * nt, Region.C: [bs] * nc,
-                Region.W: [tail] if tail else []}
-        if not w_tail and rest:  # the last sealed block is partial
-            last = next(r for r in (Region.C, Region.T, Region.G) if lens[r])
-            lens[last][-1] = rest
-        per_seq.append(lens)
-    ids = {}
-    pools = {}
-    for r in Region:
-        counts = [len(p[r]) for p in per_seq]
-        n_pool = sum(counts) + 2 * len(counts) + 1
-        ids[r] = _alloc_ids(counts, n_pool, gen, contiguous=(r is Region.T))
-        on_dev = r in (Region.G, Region.W)
-        shape = pool_shape(r, spec, n_pool, bs)
-        pool = torch.empty(shape, dtype=spec.dtype, device=device if on_dev else "cpu",
-                           pin_memory=bool(pin and r is Region.T))
-        src = torch.randn(shape, generator=gen, dtype=torch.float32)
-        pool.copy_(src.to(spec.dtype))
-        pools[r] = pool
-    seqs = []
-    side_blocks = {(s, r): ([], []) for s in ("gpu", "cpu") for r in Region}
-    for i, p in enumerate(per_seq):
-        blocks = []
-        for r in Region:
-            ids_r, lens_r = ids[r][i], p[r]
-            blocks += [(r, b, n) for b, n in zip(ids_r, lens_r)]
-            n_cpu_t = int(round(cpu_t_frac * len(ids_r))) if r is Region.T else 0
-            for k, (b, n) in enumerate(zip(ids_r, lens_r)):
-                side = "cpu" if (r is Region.C or (r is Region.T and k >= len(ids_r) - n_cpu_t)) \
-                    else "gpu"
-                side_blocks[(side, r)][0].append((i, b))
-                side_blocks[(side, r)][1].append(n)
-        seqs.append(blocks)
-    plan = AttentionStepPlan(spec, spec.k_dim ** -0.5, sum(q_counts))
-    for (side, r), (bl, ln) in side_blocks.items():
-        if not bl:
-            continue
-        per_b = [[b for s, b in bl if s == i] for i in range(len(seq_lens))]
-        per_l = [[n for (s, _), n in zip(bl, ln) if s == i] for i in range(len(seq_lens))]
-        batch = BlockBatch.build(q_counts, per_b, per_l,
-                                 device=device if side == "gpu" else "cpu")
-        getattr(plan, side).append((r, batch))
-    return Case(spec, hq, plan.scale, pools, plan, seqs, q_counts)
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    a = a.double().cpu()
-    b = b.double().cpu()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -320,61 +184,6 @@ class _Lazy(dict):
 
 
 CONFIGS = _Lazy()
-
-
-@dataclass
-class TreePlan:
-    """The resident sweep's alternative to the engine's one-level merge (measured slower on the
-    H200: 2970-3060 GB/s against 3082 at MLA 1 x 256K, 2026-12-01h call 3). A two-level merge for rows of many partials (one long sequence: hundreds per row). Level 1
-    merges runs of at most ``fanin`` consecutive entries of the row CSR's ``row_idx`` (the
-    groups, ``group_ptr``), level 2 each row's groups (``row_ptr`` over ``row_idx =
-    arange(num_groups)``). Both levels are ``gpu.launch_reduce``; the groups are slices of the
-    same CSR, so planning is a finer index pointer, no new kernel."""
-
-    group_ptr: torch.Tensor
-    row_ptr: torch.Tensor
-    row_idx: torch.Tensor
-    num_groups: int
-
-    def to(self, device) -> "TreePlan":
-        return TreePlan(*(t.to(device, non_blocking=True) for t in
-                          (self.group_ptr, self.row_ptr, self.row_idx)), self.num_groups)
-
-
-def plan_tree(row_ptr: torch.Tensor, fanin: int) -> TreePlan | None:
-    """Groups of at most ``fanin`` partials per row of the CSR ``row_ptr`` (host tensor); None
-    when no row has more than ``fanin`` partials (one level does it)."""
-    if fanin < 2:
-        raise ValueError(f"a merge tree's fan-in must be at least 2, not {fanin}")
-    rp = row_ptr.to("cpu").numpy().astype(np.int64)
-    counts = rp[1:] - rp[:-1]
-    if counts.size == 0 or counts.max() <= fanin:
-        return None
-    ng = (counts + fanin - 1) // fanin
-    total = int(ng.sum())
-    first = np.repeat(np.cumsum(ng) - ng, ng)
-    starts = np.repeat(rp[:-1], ng) + (np.arange(total) - first) * fanin
-    # a row's groups tile its entries and rows follow each other: group g ends where g+1 starts
-    group_ptr = np.append(starts, rp[-1])
-    rows = np.zeros(counts.size + 1, dtype=np.int64)
-    rows[1:] = np.cumsum(ng)
-    t = lambda a, dt=np.int32: torch.from_numpy(np.ascontiguousarray(a, dtype=dt))  # noqa: E731
-    return TreePlan(t(group_ptr), t(rows), t(np.arange(total), np.int64), total)
-
-
-def launch_reduce_tree(part_out: torch.Tensor, part_lse: torch.Tensor, row_idx: torch.Tensor,
-                       tree: TreePlan, out: torch.Tensor, lse: torch.Tensor,
-                       extra: tuple[torch.Tensor, torch.Tensor] | None = None,
-                       mid: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
-    """``gpu.launch_reduce`` in two levels over ``tree`` (device tensors); ``mid`` the level-1
-    results ``([num_groups, Hq, Dv], [num_groups, Hq])`` fp32, allocated when not given."""
-    nq, hq, dv = out.shape
-    if mid is None:
-        mid = (torch.empty(tree.num_groups, hq, dv, dtype=torch.float32, device=out.device),
-               torch.empty(tree.num_groups, hq, dtype=torch.float32, device=out.device))
-    from ..attention.gpu import launch_reduce
-    launch_reduce(part_out, part_lse, tree.group_ptr, row_idx, mid[0], mid[1])
-    launch_reduce(mid[0], mid[1], tree.row_ptr, tree.row_idx, out, lse, extra)
 
 
 #: fan-ins of the two-level merge the resident sweep times (rows of more partials than this)
@@ -904,97 +713,6 @@ def _write(path: str, out: dict) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         json.dump(out, f, indent=1)
-
-
-def hybrid_rows(r: dict) -> list[tuple[str, dict, str]]:
-    """A result's hybrid rows as (share, row, form), share by share, the single form first."""
-    single, piped = r.get("hybrid") or {}, r.get("hybrid_pipelined") or {}
-    return [(x, d[x], form) for x in sorted(set(single) | set(piped), key=float)
-            for form, d in (("single", single), ("pipelined", piped)) if x in d]
-
-
-def summary_markdown(out: dict) -> str:
-    c = out["ceilings"]
-    hbm, h2d, comb = c["hbm_copy_GBps"], c["h2d_pinned_GBps"], c["combined"]["combined_GBps"]
-    lines = [f"Ceilings (same run): HBM copy {hbm:.0f} GB/s (read+write); pinned H2D "
-             f"{h2d:.1f} GB/s; H2D + CPU read together {c['combined']['h2d_GBps']:.1f} + "
-             f"{c['combined']['cpu_read_GBps']:.1f} = {comb:.1f} GB/s "
-             f"({c['combined']['threads']} threads). CPU kernel: {out['machine']['cpu_kernel']}.",
-             "",
-             "| shape/batch | resident GB/s: default (% HBM) / default from a CUDA graph (% HBM) "
-             "/ best / default's kernels alone "
-             "| streamed GB/s (% H2D) | hybrid best GB/s (share) | % combined | x streamed-only "
-             "| CPU-only GB/s |",
-             "|---|---|---|---|---|---|---|"]
-    for key, r in out["results"].items():
-        res = r.get("resident")
-        if res:
-            d = res.get("default_GBps") or 0.0
-            dg = res.get("default_graph_GBps")  # the engine's form: replayed from a CUDA graph
-            dd = res.get("default_device_GBps")
-            rs = (f"{d:.0f} ({100 * d / hbm:.0f}%) / "
-                  + (f"{dg:.0f} ({100 * dg / hbm:.0f}%)" if dg else "-")
-                  + f" / {res['GBps']:.0f} / "
-                  + (f"{dd:.0f} ({100 * dd / hbm:.0f}%)" if dd else "-"))
-        else:
-            rs = "-"
-        st = r.get("streamed")
-        if st:
-            sbest = max(v["GBps"] for v in st.values())
-            ss = f"{sbest:.1f} ({100 * sbest / h2d:.0f}%)"
-        else:
-            sbest, ss = None, "-"
-        hy = r.get("hybrid") or r.get("hybrid_pipelined")
-        if hy:
-            x, v, form = max(hybrid_rows(r), key=lambda t: t[1]["GBps"])
-            base = hy.get("0.00", {}).get("GBps")
-            cpu_only = hy.get("1.00", {}).get("GBps")
-            hs = f"{v['GBps']:.1f} ({x}{', pipelined' if form == 'pipelined' else ''})"
-            pc = f"{100 * v['GBps'] / comb:.0f}%"
-            xs = f"{v['GBps'] / base:.2f}x" if base else "-"
-            co = f"{cpu_only:.1f}" if cpu_only else "-"
-        else:
-            hs = pc = xs = co = "-"
-        lines.append(f"| {key} | {rs} | {ss} | {hs} | {pc} | {xs} | {co} |")
-    return "\n".join(lines)
-
-
-def breakdown_markdown(out: dict) -> str:
-    """Where each hybrid row's time went, share by share: the step's GB/s (% of the combined
-    ceiling), the link's rate over its copies (T bytes / first to last copy on the device), the
-    CPU kernel's rate (C bytes / its seconds after the queries landed), the CPU's wait for the
-    layers' queries, the first copy's start after the step's, and the device's time after the
-    last copy (the merge alone where the link was the longer side; more where the CPU was). The
-    row's timings are those of its median timed step (on CUDA a step with device events, whose
-    wall time is the last column; the GB/s and the step ms are of the steps without them, see
-    :func:`_run_steps`). A side with nothing to do has '-'. A row of the pipelined form has its
-    sub-batches after the share (``0.60 p4+4``)."""
-    comb = out["ceilings"]["combined"]["combined_GBps"]
-    lines = ["| shape/batch | share | GB/s (% combined) | link GB/s | CPU GB/s | CPU wait for "
-             "queries ms | first copy ms | after last copy ms | step ms | timed step ms |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    fmt = lambda x, spec: "-" if x is None else format(x, spec)  # noqa: E731
-    for key, r in out["results"].items():
-        total = r.get("bytes_per_step")
-        for share, h, form in hybrid_rows(r):
-            if form == "pipelined":
-                share = f"{share} p{'+'.join(str(g) for g in r.get('groups', []))}"
-            link_b = h.get("pcie_bytes") or 0.0
-            f0, f1, end = h.get("dev_first_copy_s"), h.get("dev_last_copy_s"), h.get("dev_end_s")
-            link = (link_b / (f1 - f0) / 1e9 if link_b and f0 is not None and f1 is not None
-                    and f1 > f0 else None)
-            cs = h.get("cpu_s")
-            cpu = (total - link_b) / cs / 1e9 if total and cs else None
-            tail = (end - f1) * 1e3 if link_b and end is not None and f1 is not None else None
-            first = f0 * 1e3 if link_b and f0 is not None else None
-            qw = h.get("cpu_q_wait_s")
-            lines.append(
-                f"| {key} | {share} | {h['GBps']:.1f} ({100 * h['GBps'] / comb:.0f}%) | "
-                f"{fmt(link, '.1f')} | {fmt(cpu, '.1f')} | "
-                f"{fmt(qw * 1e3 if cs and qw is not None else None, '.2f')} | "
-                f"{fmt(first, '.2f')} | {fmt(tail, '.2f')} | {h['s'] * 1e3:.2f} | "
-                f"{fmt(ts * 1e3 if (ts := h.get('timed_step_s')) is not None else None, '.2f')} |")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":
