@@ -160,7 +160,7 @@ batch1_row() {
 
 # row_summary NAME...: a line per row of each $R/NAME/results.json (tokens/s, step times, the
 # bound's efficiency, overlapped and split steps, the CPU experts' ms a timed step, how busy the
-# main thread was).
+# main thread was, the host's read probed before and after the decode steps).
 row_summary() {
   local f
   for f in "$@"; do
@@ -173,12 +173,13 @@ for r in json.load(open(sys.argv[2]))["rows"]:
     t = r.get("threads_decode") or {}
     main = [x["frac"] for x in t.get("top", []) if x.get("name") == "MainThread"]
     es = r.get("cpu_expert_s_mean")
-    print(sys.argv[1], "batch %d ctx %d tok/s %.1f mean %.2f p50 %.2f ms eff %.3f overlapped %s "
-          "split %s experts %s ms main %s" % (
+    print(sys.argv[1], r.get("policy"), "round", r.get("round"), "batch %d ctx %d tok/s %.1f mean %.2f p50 %.2f ms eff %.3f overlapped %s "
+          "split %s experts %s ms main %s read %s GB/s" % (
               r["batch"], r["context"], r["decode_tokens_per_s"], 1e3 * r["mean_step_s"],
               1e3 * r["p50_step_s"], r.get("bound_efficiency") or 0, r.get("overlapped_steps"),
               r.get("pipelined_steps"), None if es is None else round(1e3 * es, 2),
-              main[0] if main else None))
+              main[0] if main else None,
+              [round(x, 1) for x in r.get("cpu_read_gbps") or [] if x is not None]))
 PY
   done
 }
