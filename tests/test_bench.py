@@ -1377,3 +1377,19 @@ def test_prefix_cache_bench_finds_the_first_turn(tiny_qwen3_moe, tmp_path):
     (row,) = json.loads(out.read_text())["rows"]
     assert row["cached_tokens_off"] == 0 and row["cached_tokens_on"] == 128  # 2 blocks of 64
     assert row["next_prompt_tokens"] == 162 and row["ttft_on_ms"] > 0 and row["speedup"] > 0
+
+
+def test_the_embedded_model_by_the_name_it_is_served_under(tmp_path, monkeypatch):
+    """``--model writescope-default`` (the name the server lists) is the embedded default model,
+    as no ``--model`` is for ``generate``: the same config and weights; a folder of that name in
+    the working directory wins."""
+    from writescope.engine.model_source import DEFAULT_NAME, resolve_model
+    from writescope.models.default import default_model_path
+    cfg, ckpt, name = resolve_model(DEFAULT_NAME, False)
+    cfg0, ckpt0, name0 = resolve_model(None, False)
+    assert (ckpt, name) == (ckpt0, name0) == (default_model_path(), DEFAULT_NAME)
+    assert cfg == cfg0
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / DEFAULT_NAME).mkdir()
+    with pytest.raises(Exception):  # a folder without a config.json: not the embedded model
+        resolve_model(DEFAULT_NAME, False)

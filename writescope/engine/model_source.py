@@ -42,13 +42,21 @@ def apply_config_overrides(raw: dict, overrides: dict | None) -> dict:
     return {**raw, **overrides}
 
 
+#: the embedded default model's name (what the server lists and what ``--model`` accepts for it)
+DEFAULT_NAME = "writescope-default"
+
+
 def resolve_model(model: str | os.PathLike | None, random_weights: bool,
                   config_overrides: dict | None = None) -> tuple[ModelConfig, Path | None, str]:
-    """(config, checkpoint folder or None, display name). ``config_overrides`` (random weights
+    """(config, checkpoint folder or None, display name). ``model``: a checkpoint folder, a
+    reference name (random weights), or None or :data:`DEFAULT_NAME` for the embedded default
+    model. ``config_overrides`` (random weights
     only: a checkpoint's tensors have the published shapes) change config.json keys."""
     if config_overrides and not random_weights:
         raise ValueError("config overrides change the model's shapes: they need random_weights=True "
                          "(--random-weights)")
+    if model is not None and str(model) == DEFAULT_NAME and not Path(DEFAULT_NAME).exists():
+        model = None  # the embedded default model by the name it is served under
     if model is None:
         from ..models.default import default_model_path
         path = default_model_path()
@@ -56,8 +64,8 @@ def resolve_model(model: str | os.PathLike | None, random_weights: bool,
             from ..models.config import load_config_dict
             return (ModelConfig.from_hf(apply_config_overrides(load_config_dict(path),
                                                                config_overrides)),
-                    None, "writescope-default")
-        return ModelConfig.from_hf(path), path, "writescope-default"
+                    None, DEFAULT_NAME)
+        return ModelConfig.from_hf(path), path, DEFAULT_NAME
     s = str(model)
     if s in REFERENCE_MODELS and not Path(s).exists():
         if not random_weights:
@@ -69,7 +77,8 @@ def resolve_model(model: str | os.PathLike | None, random_weights: bool,
         source = Path(s).expanduser()
         if not source.exists():
             raise FileNotFoundError(f"model {s!r} is neither a folder nor one of the reference "
-                                    f"names {', '.join(REFERENCE_MODELS)}")
+                                    f"names {', '.join(REFERENCE_MODELS)} (or {DEFAULT_NAME}, "
+                                    "the embedded default model)")
         name = source.name
     if config_overrides:
         from ..models.config import load_config_dict
