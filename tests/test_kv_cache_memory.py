@@ -116,14 +116,15 @@ def test_the_bench_plans_its_host_experts_around_it():
     """``writescope bench --kv-cache-memory``: the grid's host budgets count the experts the
     engine will then put on the CPU (Qwen3-30B-A3B, 32 GiB, experts auto)."""
     from writescope.bench import grid as g
+    from writescope.bench.host_budgets import host_weight_bytes
     from writescope.commands.bench import register
     import argparse
     cfg = ModelConfig.from_hf("qwen3-30b-a3b")
     spec = g.GridSpec(models=["qwen3-30b-a3b"], batches=[4], context_lengths=[8192],
                       random_weights=True, device="cuda", vram_budget="32GiB")
-    plain = g.host_weight_bytes(cfg, spec, 8300)
+    plain = host_weight_bytes(cfg, spec, 8300)
     spec.kv_cache_memory = "24GiB"
-    assert g.host_weight_bytes(cfg, spec, 8300) > plain
+    assert host_weight_bytes(cfg, spec, 8300) > plain
     spec.kv_cache_memory = "lots"
     with pytest.raises(ValueError, match="--kv-cache-memory"):
         spec.validate()

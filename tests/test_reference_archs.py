@@ -98,7 +98,7 @@ def test_default_host_budgets_leave_room_beside_host_experts(monkeypatch):
     """Mixtral-8x7B, experts on the CPU (84 GiB), batch 4 x 32K on a 128 GiB host: T and C
     each sized for the spilled KV (the whole KV less the G blocks asked for), and together
     capped at what host memory has left beside the experts and the reserve."""
-    from writescope.bench import grid as g
+    from writescope.bench import host_budgets as g
     from writescope.models.config import ModelConfig
 
     GiB = 2**30
@@ -106,7 +106,7 @@ def test_default_host_budgets_leave_room_beside_host_experts(monkeypatch):
     spec = GridSpec(models=["mixtral-8x7b"], batches=[4], context_lengths=[32768], decode_steps=16,
                     random_weights=True, device="cuda", vram_budget="32GiB", experts="cpu")
     monkeypatch.setattr("writescope.hostmem.available_ram_bytes", lambda: 125 * GiB)
-    monkeypatch.setattr(g.os, "sysconf", lambda k: {"SC_PAGE_SIZE": 4096,
+    monkeypatch.setattr("os.sysconf", lambda k: {"SC_PAGE_SIZE": 4096,
                                                      "SC_PHYS_PAGES": 126 * GiB // 4096}[k])
     assert g.host_weight_bytes(cfg, spec, 32804) == 84 * GiB
     block = 64 * 131072  # 8 MiB

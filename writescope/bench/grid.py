@@ -41,8 +41,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from .host_budgets import default_host_budgets, host_memory_summary
 from .provenance import git_info
-from .row import (RowFailed, _free_memory, _region, make_prompts, percentile, run_engine_row,
+from .row_terms import experts_where, model_terms, static_share_from_profile
+from .row import (RowFailed, _free_memory, make_prompts, percentile, run_engine_row,
                   spread_lengths, token_digest, warm_up)
 
 DEFAULT_POLICIES = ("writescope", "transfer", "cpu", "static", "migrate")
@@ -170,15 +172,6 @@ def parse_overrides(items: list[str] | None) -> dict[str, Any]:
             except json.JSONDecodeError:
                 out[key.strip()] = val.strip()
     return out
-
-
-def _cpu_expert_item(engine) -> float:
-    """Bytes a CPU expert weight takes in ``engine`` (FP8 experts: one, and their scales)."""
-    held = engine.model.host_experts()
-    if held:
-        x = held[0]
-        return x.expert_bytes / (3 * x.hidden * x.inter)
-    return torch.empty(0, dtype=engine.dtype).element_size()
 
 
 def _top_level_split(text: str, sep: str = ",") -> list[str]:
@@ -312,148 +305,6 @@ def release_kv(engine) -> None:
     """Drop the engine's KV cache (before a peer runs in the same VRAM budget)."""
     engine.cache = engine.scheduler = engine.runner = None
     _free_memory(engine.device)
-
-
-#: host memory the grid's default T/C budgets leave to the OS, torch, CUDA and the rest
-HOST_RESERVE_BYTES = 10 * 2**30
-
-
-def host_weight_bytes(cfg, spec: GridSpec, max_model_len: int) -> int:
-    """Weight bytes the engine will keep in host memory: the routed experts it places on the CPU
-    (the same choice as the engine's, ``layers/expert_placement.py``, with the activations it
-    will measure, estimated: ``planner/activations.py``), every weight when the device is the
-    CPU."""
-    from ..engine.model_source import parse_dtype
-    from ..layers.expert_placement import choose_expert_layers, expert_placement_summary
-    from ..units import is_auto, parse_bytes
-    dtype = parse_dtype(spec.dtype)
-    cuda = (spec.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
-    if not cuda:
-        return cfg.param_counts()["total"] * torch.empty(0, dtype=dtype).element_size()
-    vram = parse_bytes(spec.vram_budget) if spec.vram_budget is not None else None
-    try:
-        auto_kv = is_auto(spec.kv_cache_memory)
-        kv_floor = (parse_bytes(spec.kv_cache_memory)
-                    if spec.kv_cache_memory is not None and not auto_kv else 0)
-        # --kv-cache-memory auto may put every layer's experts on the CPU: plan host memory so
-        margin = None  # auto's split: the margin with CPU experts (the upload buffer's too)
-        if vram is not None and not auto_kv and str(spec.experts).lower() == "auto":
-            from ..planner.expert_split import estimated_margin
-            margin = estimated_margin(cfg, vram, spec.max_num_batched_tokens, max_model_len,
-                                      dtype)(1)
-        flags = choose_expert_layers(cfg, "cpu" if auto_kv else spec.experts, vram,
-                                     max(cfg.kv_bytes_per_token(dtype) * max_model_len, kv_floor),
-                                     dtype, margin_bytes=margin)
-    except ValueError:  # the engine will say why; nothing to plan for
-        return 0
-    return expert_placement_summary(cfg, flags, dtype)["cpu_expert_bytes"]
-
-
-def default_host_budgets(cfg, spec: GridSpec, max_model_len: int | None = None) -> tuple[Any, Any]:
-    """Pinned (T) and host (C) budgets: as given, else each large enough for the largest row's
-    spilled KV (its whole KV less the G blocks ``--num-gpu-blocks`` asks for) -- so that
-    ``transfer`` (all spilled KV in T) and ``cpu`` (all in C) can run every row -- capped at a
-    quarter (pinned) and half (host) of this machine's memory, and together at what host memory
-    has left beside the weights kept there (host-resident experts) and
-    :data:`HOST_RESERVE_BYTES`. A row over a capped budget fails with that reason; without the
-    cap, the T pool (page-locked) and the C pages it touches could exhaust host memory and
-    take the whole run down."""
-    from ..engine.model_source import parse_dtype
-    from ..hostmem import available_ram_bytes, ram_bytes
-    from ..kvcache.regions import DEFAULT_BLOCK_SIZE
-    bs = spec.block_size or DEFAULT_BLOCK_SIZE
-    bb = cfg.kv_spec(parse_dtype(spec.dtype)).block_bytes(bs)
-    from .row import UNTIMED_DECODE_STEPS
-    need = max(b * (math.ceil((n + spec.decode_steps + UNTIMED_DECODE_STEPS + 2) / bs) + 1) * bb
-               for b in spec.batches for n in spec.context_lengths)
-    if spec.num_gpu_blocks is not None:
-        need = max(bb, need - spec.num_gpu_blocks * bb)
-    ram = ram_bytes()
-    pinned_cap, host_cap = ram // 4, ram // 2
-    avail = available_ram_bytes()
-    if avail is not None and max_model_len is not None:
-        room = max(0, avail - host_weight_bytes(cfg, spec, max_model_len) - HOST_RESERVE_BYTES)
-        if spec.pinned_budget is None and spec.host_budget is None:
-            pinned_cap, host_cap = min(pinned_cap, room // 2), min(host_cap, room // 2)
-        elif spec.pinned_budget is None:
-            from ..units import parse_bytes
-            pinned_cap = min(pinned_cap, max(0, room - parse_bytes(spec.host_budget)))
-        elif spec.host_budget is None:
-            from ..units import parse_bytes
-            host_cap = min(host_cap, max(0, room - parse_bytes(spec.pinned_budget)))
-    pinned = spec.pinned_budget if spec.pinned_budget is not None else min(need, pinned_cap)
-    host = spec.host_budget if spec.host_budget is not None else min(need, host_cap)
-    return pinned, host
-
-
-def host_memory_summary(engine) -> dict[str, int | None]:
-    """Host bytes the engine holds after its build: routed experts kept there, the T pool
-    (page-locked on CUDA), the C pool (pageable: resident only where written), and what the
-    kernel reports available now."""
-    from ..hostmem import available_ram_bytes
-    experts = sum(x.nbytes for x in engine.model.host_experts())
-    pools = engine.cache.pools
-    nbytes = {r: pools[_region(r)].numel() * pools[_region(r)].element_size() for r in "TC"}
-    return {"experts": experts, "T pool": nbytes["T"], "C pool": nbytes["C"],
-            "MemAvailable": available_ram_bytes()}
-
-
-def static_share_from_profile(profile, cfg, engine, ref_length: int, batch: int = 1
-                              ) -> tuple[float, str]:
-    """The ``static`` policy's CPU share, chosen once: the roofline's best share for ``batch``
-    sequences of ``ref_length`` tokens with this engine's G capacity (the bench passes its
-    largest batch: at batch 1 a 32K sequence spills too little for the CPU to pay off, and a
-    static split chosen there is ``transfer``)."""
-    if profile is None:
-        return 0.5, "no hardware profile: the default 0.5"
-    from ..planner import roofline as rl
-    g_tokens = engine.cache.layout.num_blocks[_region("G")] * engine.cache.bs
-    total = float(ref_length) * batch
-    resident = min(total, float(g_tokens))
-    plan = rl.target_share(profile, cfg, batch, resident, total - resident,
-                           tuple(engine.cpu_expert_layers))
-    return (float(plan.cpu_share),
-            f"roofline target share at {ref_length} tokens, batch {batch}")
-
-
-def experts_where(engine) -> str:
-    """``"cpu"`` when any layer's routed experts run on the CPU (the engine's placement, which
-    the row's peer shares), else ``"gpu"``."""
-    return "cpu" if any(engine.cpu_expert_layers) else "gpu"
-
-
-def model_terms(profile, cfg, engine, policy: str, batch: int, ctx: int, decode_steps: int,
-                static_share: float, cpu_expert_bytes: float | None = None,
-                prompt_lengths: list[int] | None = None) -> dict[str, Any]:
-    """The roofline model's step time for this policy and the roofline bound (mid-decode); and
-    the two byte counts issue 6's experts-on-CPU target compares: the KV that spills past G per
-    decode step, and the routed-expert weights the CPU reads per step (uniform routing). With
-    ``cpu_expert_bytes`` (the row's measured mean) the bound charges the experts actually read.
-    ``prompt_lengths``: the row's prompts (default: ``batch`` of ``ctx`` tokens)."""
-    from ..planner import roofline as rl
-    lengths = [n + decode_steps // 2 for n in (prompt_lengths or [ctx] * batch)]
-    g_tokens = float(engine.cache.layout.num_blocks[_region("G")] * engine.cache.bs)
-    on_cpu = tuple(engine.cpu_expert_layers)  # per layer: experts="auto" may split them
-    spilled = sum(lengths) - sum(rl.resident_tokens(lengths, g_tokens))
-    expert_params = rl.layer_param_counts(cfg, min(cfg.moe_layers))["expert"] \
-        if cfg.moe_layers else 0
-    out: dict[str, Any] = {
-        "spilled_kv_bytes_per_step": spilled * cfg.kv_bytes_per_token(engine.dtype),
-        "cpu_expert_bytes_per_step": (
-            rl.active_experts(cfg.num_experts, cfg.num_experts_per_tok, batch) * expert_params
-            * _cpu_expert_item(engine) * sum(engine.cpu_expert_layers))}
-    if profile is None:
-        out.update(model_step_s=None, roofline_bound_s=None)
-        return out
-    pol = {"migrate": "writescope"}.get(policy, policy)
-    try:
-        sp = rl.plan_for_lengths(profile, cfg, lengths, g_tokens, on_cpu, pol, static_share=static_share)
-        out["model_step_s"], out["model_cpu_share"] = sp.prediction.step_s, sp.cpu_share
-    except ValueError:
-        out["model_step_s"] = None
-    out["roofline_bound_s"] = rl.roofline_bound_s(profile, cfg, lengths, g_tokens, on_cpu,
-                                                  cpu_expert_bytes)
-    return out
 
 
 def _round_tag(rnd: int | None, rounds: int) -> str:

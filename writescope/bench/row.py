@@ -24,7 +24,7 @@ warm-ups that come before a policy's first row. A row carries:
   the row began (if not, the row's prefill put every spilled block in T);
 * ``host_bound_fraction`` -- mean share of a decode step until the host had enqueued the forward
   pass (near 1 on CUDA: the step is bound by Python and kernel launches);
-* ``model_step_s`` (added by :func:`writescope.bench.grid.model_terms`, as are the bound and
+* ``model_step_s`` (added by :func:`writescope.bench.row_terms.model_terms`, as are the bound and
   the uniform-routing expert bytes) -- the roofline model's step time for this policy at the
   row's mid-decode lengths (:func:`writescope.planner.roofline.plan_for_lengths`; ``migrate`` as its target share),
   ``planner_predicted_step_s`` -- the policy's own online prediction when it makes one (mean over
