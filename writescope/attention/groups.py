@@ -26,6 +26,9 @@ COMPACT_MIN_ROWS = 16
 
 @dataclass
 class AttentionStepPlan:
+    """One step's attention work, the same for every layer: per side (``gpu``, ``cpu``) the
+    ``(region, BlockBatch)`` pairs of the blocks that side attends, ``num_q_rows`` query rows
+    scaled by ``scale``."""
     spec: KVSpec
     scale: float
     num_q_rows: int

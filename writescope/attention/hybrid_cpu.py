@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import torch
 
 from ..kvcache.regions import Region
+from .groups import MAX_GROUPS, Group
 from .hostflag import precise_naps, timer_slack_ns
 from .merge import merge_many
-from .groups import MAX_GROUPS, Group
 from .torch_paged import attend_torch
 
 
@@ -39,6 +39,7 @@ class Signalled:
 
 
 def region_layout(region: Region) -> str:
+    """The layout a region's pool is in: ``"cpu"`` (C, token pairs interleaved) or ``"gpu"``."""
     return "cpu" if region is Region.C else "gpu"
 
 
