@@ -12,12 +12,14 @@ def reserved_launch_cores(n: int) -> int:
 
 
 def reserved_expert_cores(n: int) -> int:
-    """Cores a GPU host with ``n`` usable cores keeps out of the CPU experts' team: one where
-    there are 8-11, two from 12, none below 8 (the attention team's rule until 2026-12-04). One
-    core out instead of two on the H200 host: the same step (Qwen3-30B-A3B 4 x 128K, experts on
-    the CPU, 310.6 / 314.4 ms at 15 threads against 310.4 / 314.6 at 14,
+    """Cores a GPU host with ``n`` usable cores keeps out of the CPU experts' team: one from 8
+    up, none below -- the attention team's rule (until the sixty-sixth session two from 12).
+    On a 16-core H100 host, 15 threads against 14 on issue 6's Qwen3-30B-A3B 1 x 1K batch-1 row
+    (every routed expert on the CPU): 35.93 / 34.27 ms a step against 38.28 / 35.35 in two
+    rounds of alternating order, 16 threads in between (bench/results/2026-12-06f-h100 call 2);
+    on the H200 host the same at 4 x 128K (310.6 / 314.4 ms at 15 against 310.4 / 314.6 at 14,
     bench/results/2026-12-04f-h200 call 2)."""
-    return 0 if n < 8 else (2 if n >= 12 else 1)
+    return reserved_launch_cores(n)
 
 
 def reserve_launch_core() -> None:
@@ -26,8 +28,7 @@ def reserve_launch_core() -> None:
     that thread, and with it the team's own barrier, wait on a shared core (one descheduled team
     member stalls the whole parallel region for a scheduler time slice, see
     ``attention/hostflag.py``). The attention team leaves one core where there are 8 or more
-    (the H200 host has 16: 15 threads), the experts' team one where there are 8-11 and two from
-    12; none below 8. Explicit thread counts (``cpu_threads``, the environment variables) win.
+    (the H200 host has 16: 15 threads), and so does the experts' team; none below 8. Explicit thread counts (``cpu_threads``, the environment variables) win.
     (The attention team's size in the hybrid decode steps, bench/results/2026-12-04d-h200 calls
     1 and 3, DeepSeek-V2-Lite 4 x 128K and Qwen3-30B-A3B 2 x 128K with the experts on the GPU,
     15 threads against 14 in rounds of alternating order: 0.939-0.973x the step in all four
