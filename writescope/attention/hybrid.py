@@ -33,6 +33,9 @@ Per layer, with CUDA and Triton (the fast path)::
 Without CUDA the same orchestration runs with the torch path (:func:`attend_torch`) on both
 sides, the CPU side on its worker thread; ``stage_t=True`` runs the staging ring with synchronous
 copies, so the ring logic is tested on CPU-only machines too.
+
+The step plan and its sub-batches are in :mod:`.groups`; the CPU side's jobs (native queue,
+Python worker, inline) in :mod:`.hybrid_cpu`.
 """
 from __future__ import annotations
 
@@ -46,12 +49,12 @@ import torch
 from ..kvcache.regions import KVSpec, Region
 from .batch import BlockBatch
 from .gather import DEFAULT_GATHER_BYTES, CGather
+from .groups import (COMPACT_MIN_ROWS, MAX_GROUPS, AttentionStepPlan, Group, Source, clone_key,
+                     compact_cpu_rows, same_key, split_groups)
 from .hostflag import stream_ready, wait_for_stream
 from .hybrid_cpu import CpuSide, Signalled, cpu_kernel, region_layout
 from .merge import merge_many
 from .staging import StagingRing
-from .groups import (COMPACT_MIN_ROWS, MAX_GROUPS, AttentionStepPlan, Group, Source,
-                          clone_key, compact_cpu_rows, same_key, split_groups)
 from .torch_paged import attend_torch
 
 #: default size of the T staging ring in device memory

@@ -35,7 +35,8 @@ import time
 import torch
 
 from ..attention.batch import BlockBatch
-from ..attention.hybrid import AttentionStepPlan, HybridAttention
+from ..attention.groups import AttentionStepPlan
+from ..attention.hybrid import HybridAttention
 from ..attention.hybrid_cpu import cpu_kernel
 from ..kvcache.pools import allocate_pool
 from ..kvcache.regions import KVSpec, Region, pool_shape, to_cpu_layout

@@ -43,9 +43,9 @@ import torch
 
 from .host_budgets import default_host_budgets, host_memory_summary
 from .provenance import git_info
-from .row_terms import experts_where, model_terms, static_share_from_profile
 from .row import (RowFailed, _free_memory, make_prompts, percentile, run_engine_row,
                   spread_lengths, token_digest, warm_up)
+from .row_terms import experts_where, model_terms, static_share_from_profile
 
 DEFAULT_POLICIES = ("writescope", "transfer", "cpu", "static", "migrate")
 

@@ -34,8 +34,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..attention.hybrid import HybridAttention
 from ..attention.groups import AttentionStepPlan
+from ..attention.hybrid import HybridAttention
 from ..attention.merge import merge
 from ..attention.prefill import causal_prefix_attention
 from ..attention.resident import ResidentAttention
@@ -49,8 +49,8 @@ from .pools import BlockAllocator, ExtentAllocator, KVCacheError, allocate_pool
 from .prefix import PrefixCache, PrefixMatch, block_hashes
 from .step_plan import build_step_plan
 from .subbatches import step_groups
-from .resident_steps import ResidentSteps
 from .regions import DEVICE_REGIONS, KVSpec, Region, block_records, to_cpu_layout
+from .resident_steps import ResidentSteps
 from .table import CODE_REGIONS, SeqTable
 
 
