@@ -1391,5 +1391,5 @@ def test_the_embedded_model_by_the_name_it_is_served_under(tmp_path, monkeypatch
     assert cfg == cfg0
     monkeypatch.chdir(tmp_path)
     (tmp_path / DEFAULT_NAME).mkdir()
-    with pytest.raises(Exception):  # a folder without a config.json: not the embedded model
+    with pytest.raises(ValueError, match="no config.json"):  # the folder, not the embedded model
         resolve_model(DEFAULT_NAME, False)

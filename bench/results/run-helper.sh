@@ -173,7 +173,8 @@ for r in json.load(open(sys.argv[2]))["rows"]:
     t = r.get("threads_decode") or {}
     main = [x["frac"] for x in t.get("top", []) if x.get("name") == "MainThread"]
     es = r.get("cpu_expert_s_mean")
-    print(sys.argv[1], r.get("policy"), "round", r.get("round"), "batch %d ctx %d tok/s %.1f mean %.2f p50 %.2f ms eff %.3f overlapped %s "
+    print(sys.argv[1], r.get("policy"), "round", r.get("round"),
+          "batch %d ctx %d tok/s %.1f mean %.2f p50 %.2f ms eff %.3f overlapped %s "
           "split %s experts %s ms main %s read %s GB/s" % (
               r["batch"], r["context"], r["decode_tokens_per_s"], 1e3 * r["mean_step_s"],
               1e3 * r["p50_step_s"], r.get("bound_efficiency") or 0, r.get("overlapped_steps"),

@@ -28,7 +28,8 @@ def reserve_launch_core() -> None:
     that thread, and with it the team's own barrier, wait on a shared core (one descheduled team
     member stalls the whole parallel region for a scheduler time slice, see
     ``attention/hostflag.py``). The attention team leaves one core where there are 8 or more
-    (the H200 host has 16: 15 threads), and so does the experts' team; none below 8. Explicit thread counts (``cpu_threads``, the environment variables) win.
+    (the H200 host has 16: 15 threads), and so does the experts' team; none below 8. Explicit
+    thread counts (``cpu_threads``, the environment variables) win.
     (The attention team's size in the hybrid decode steps, bench/results/2026-12-04d-h200 calls
     1 and 3, DeepSeek-V2-Lite 4 x 128K and Qwen3-30B-A3B 2 x 128K with the experts on the GPU,
     15 threads against 14 in rounds of alternating order: 0.939-0.973x the step in all four

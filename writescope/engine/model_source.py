@@ -50,8 +50,8 @@ def resolve_model(model: str | os.PathLike | None, random_weights: bool,
                   config_overrides: dict | None = None) -> tuple[ModelConfig, Path | None, str]:
     """(config, checkpoint folder or None, display name). ``model``: a checkpoint folder, a
     reference name (random weights), or None or :data:`DEFAULT_NAME` for the embedded default
-    model. ``config_overrides`` (random weights
-    only: a checkpoint's tensors have the published shapes) change config.json keys."""
+    model (a folder of that name wins). ``config_overrides`` (random weights only: a
+    checkpoint's tensors have the published shapes) change config.json keys."""
     if config_overrides and not random_weights:
         raise ValueError("config overrides change the model's shapes: they need random_weights=True "
                          "(--random-weights)")
