@@ -1379,6 +1379,32 @@ def test_prefix_cache_bench_finds_the_first_turn(tiny_qwen3_moe, tmp_path):
     assert row["next_prompt_tokens"] == 162 and row["ttft_on_ms"] > 0 and row["speedup"] > 0
 
 
+def test_shared_prefix_bench_starts_every_follower_from_the_first_prompts_blocks(
+        tiny_qwen3_moe, tmp_path, monkeypatch):
+    """Both modes on one engine: each follower finds the shared prefix's blocks, the timed steps
+    decode the whole batch, and the switch the bench sets is put back afterwards."""
+    from writescope.bench import shared_prefix
+    monkeypatch.delenv("WRITESCOPE_STAGE_SHARED", raising=False)
+    out = tmp_path / "s.json"
+    assert shared_prefix.main(["--model", str(tiny_qwen3_moe), "--device", "cpu", "--dtype",
+                               "float32", "--prefix", "150", "--suffix", "5", "--batch", "3",
+                               "--num-gpu-blocks", "2", "--decode-steps", "3",
+                               "--kv-policies", "transfer,writescope", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["kv_policy"], r["mode"]) for r in rows] == [
+        ("transfer", "once"), ("transfer", "each"), ("writescope", "once"), ("writescope", "each")]
+    for r in rows:
+        assert r["cached_tokens_min"] == 128  # the prefix's 2 full blocks of 64
+        assert r["shared_blocks"] == 2  # held by all three while timed
+        assert r["stats"]["prefix.shared_blocks"] == 0  # every request aborted and freed
+        assert r["decode_tok_s"] > 0 and r["attended_gb_per_step"] > 0
+        assert r["link_gb_per_step"] == 0  # the CPU's T pool is not staged
+    assert "WRITESCOPE_STAGE_SHARED" not in os.environ
+    for bad in (["--modes", "twice"], ["--kv-policies", "fast"]):
+        with pytest.raises(SystemExit):
+            shared_prefix.main(bad)
+
+
 def test_the_embedded_model_by_the_name_it_is_served_under(tmp_path, monkeypatch):
     """``--model writescope-default`` (the name the server lists) is the embedded default model,
     as no ``--model`` is for ``generate``: the same config and weights; a folder of that name in

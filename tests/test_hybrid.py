@@ -803,3 +803,65 @@ def test_end_step_waits_for_a_launched_group_never_finished():
     assert len(done) == 1 and done[0] <= time.perf_counter()
     check_all_layers(case, ha)
     ha.close()
+
+
+def test_pieces_of_shared_blocks_move_each_block_once():
+    """Sequences listing the same blocks (a prefix found by prefix caching): each piece holds
+    every block once, at most ``piece_blocks`` of them, and every entry reads its own block."""
+    from writescope.attention.staging import piece_bounds, shared_positions
+    prefix = [40, 41, 42, 43]
+    tables = [prefix + [7, 8], prefix + [9], prefix[:2], [30] + prefix]
+    b = BlockBatch.build([1] * 4, tables, [[16] * len(t) for t in tables])
+    for piece_blocks in (1, 3, 4, 6, 64):
+        pieces = split_pieces(b, piece_blocks)
+        assert all(0 < p.num_blocks <= piece_blocks for p in pieces)
+        got = [[] for _ in tables]
+        for p in pieces:
+            src = torch.cat([torch.arange(s, s + n) for s, _, n in p.runs.tolist()])
+            dst = torch.cat([torch.arange(d, d + n) for _, d, n in p.runs.tolist()])
+            assert sorted(dst.tolist()) == list(range(p.num_blocks))  # each position filled once
+            slot_to_src = dict(zip(dst.tolist(), src.tolist()))
+            ki = p.batch.kv_indptr.tolist()
+            for i in range(len(tables)):
+                got[i] += [slot_to_src[int(x)] for x in p.batch.kv_blocks[ki[i]:ki[i + 1]]]
+        assert got == tables
+    # one piece big enough for every distinct block moves 8 blocks for 18 entries
+    (whole,) = split_pieces(b, 8)
+    assert whole.num_blocks == 8 and b.num_blocks == 18
+    # no repeats: positions 0..n-1 and entry-count cuts, as before
+    assert piece_bounds(torch.tensor([5, 6, 9, 1]).numpy(), 3) == ([0, 3, 4], False)
+    ids, pos = shared_positions(torch.tensor([5, 6, 5, 2, 6]))
+    assert ids.tolist() == [5, 6, 2] and pos.tolist() == [0, 1, 0, 2, 1]
+
+
+def test_shared_blocks_move_once_per_listing_when_switched_off(monkeypatch):
+    monkeypatch.setenv("WRITESCOPE_STAGE_SHARED", "0")
+    b = BlockBatch.build([1, 1], [[4, 5, 6], [4, 5, 9]], [[16] * 3] * 2)
+    (piece,) = split_pieces(b, 64)
+    assert piece.num_blocks == 6 and piece.batch.kv_blocks.tolist() == list(range(6))
+    assert piece.runs.tolist() == [[4, 0, 3], [4, 3, 2], [9, 5, 1]]
+
+
+@pytest.mark.parametrize("spec,hq", [(GQA, 4), (MLA, 4)])
+@pytest.mark.parametrize("stage_bytes_blocks", [3, 24, 96])
+def test_shared_t_blocks_stream_once_and_match_reference(spec, hq, stage_bytes_blocks):
+    """Five sequences whose first T blocks are the same blocks: the staging ring moves each of
+    them once a piece, and every sequence's attention still matches the float64 reference."""
+    case = build_case(spec, hq, [200, 180, 129, 40, 150], q_counts=[1, 2, 1, 1, 3], block_size=8,
+                      frac={"G": 0.1, "T": 0.7, "C": 0.2}, cpu_t_frac=0.2, seed=3, shared_t=9)
+    t_gpu = dict(case.plan.gpu)[Region.T]
+    distinct = len(set(t_gpu.kv_blocks.tolist()))
+    assert distinct < t_gpu.num_blocks  # the case does share blocks
+    blk = 8 * spec.num_kv_heads * spec.rec_dim * 4
+    ha = HybridAttention(case.pools, spec, "cpu", cpu_threads=1,
+                         staging_bytes=stage_bytes_blocks * blk, stage_t=True)
+    tm = check_all_layers(case, ha)
+    moved = tm["pcie_bytes"] // (blk * spec.num_layers)
+    assert moved == sum(p.num_blocks for p in ha._stage_reuse[1].pieces)  # the step's plan
+    if stage_bytes_blocks >= 2 * distinct:  # one piece a layer: every block once
+        assert moved == distinct
+    elif stage_bytes_blocks >= 2 * 9:  # pieces of a layer that each hold the shared prefix
+        assert distinct < moved < t_gpu.num_blocks
+    else:  # pieces of a block: nothing to share
+        assert moved == t_gpu.num_blocks
+    ha.close()

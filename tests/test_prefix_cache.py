@@ -178,8 +178,10 @@ def test_concurrent_users_share_blocks_and_reservations_count_them_once():
     assert cache.can_admit(24, m)
     assert cache.add_sequence(1, 24, 21, prefix=m, prompt_names=names) == 20
     assert all(cache.prefix.users[ref] == 2 for ref in m.blocks)
+    assert cache.prefix.shared == 5 and cache.stats()["prefix.shared_blocks"] == 5
     cache.free_sequence(0, a.tokens)
     assert all(cache.prefix.users[ref] == 1 for ref in m.blocks)
+    assert cache.prefix.shared == 0
     cache.free_sequence(1, prompt)
     assert cache.stats()["kv.blocks.G"] + cache.stats()["kv.blocks.T"] + \
         cache.stats()["kv.blocks.C"] == 0
@@ -320,3 +322,40 @@ def test_a_prompt_being_prefilled_is_pending_until_sealed_or_freed():
     assert cache.prefix_pending(names, cache.match_prefix(names, 13), 13)
     cache.fill_step([(1, 0, 4)], torch.randn(4, spec.num_kv_heads, spec.rec_dim))
     assert not cache._pending
+
+
+def test_sequences_sharing_t_blocks_count_them_once_on_the_link():
+    """Two sequences holding the same streamed (T) blocks: the step's attention is each one's
+    own, and the bytes it reports streamed (``t_bytes``, what the planner's link rate learns
+    from) count each shared block once, as the staging ring moves it (attention/staging.py)."""
+    from writescope.kvcache.placement import TransferPolicy
+    spec = SPECS["gqa"](1)
+    bs = 4
+    layout = CacheLayout(bs, {Region.G: 1, Region.T: 16, Region.C: 4, Region.W: 4})
+    cache = InplaceKVCache(spec, layout, TransferPolicy(), "cpu", scale=0.3, prefill_gpu_rows=4,
+                           prefix_caching=True)
+    prompt = list(range(1, 22))  # 21 tokens: 5 full blocks
+    names = cache.prefix_names(prompt)
+    cache.add_sequence(0, 24, 21, prompt_names=names)
+    recs = token_records(prompt + [3], spec, 1)
+    g = torch.Generator().manual_seed(0)
+    cache.begin_step([(0, 0, 21)])
+    cache.attention(0, torch.randn(21, 2, spec.k_dim, generator=g), recs[0, :21])
+    cache.end_step()
+    m = cache.match_prefix(names, 21)
+    assert cache.add_sequence(1, 24, 21, prefix=m, prompt_names=names) == 20
+    homes = [r for r, _ in m.blocks]
+    n_t = homes.count(Region.T)
+    assert n_t >= 3 and cache.prefix.shared == 5
+    cache.begin_step([(0, 21, 1), (1, 20, 1)])  # a decode row and the prompt's last token
+    q = torch.randn(2, 2, spec.k_dim, generator=g)
+    out = cache.attention(0, q, torch.stack([recs[0, 21], recs[0, 20]]))
+    timing = cache.end_step()
+    for row, end in ((0, 22), (1, 21)):
+        r = recs[0, :end]
+        ref, _ = dense_attention(q[row:row + 1], spec.k(r), spec.v(r), 0.3,
+                                 torch.tensor([end - 1]), torch.arange(end))
+        assert (out[row].double() - ref[0]).norm() / ref.norm() < 1e-5
+    tb = spec.token_bytes()
+    assert timing["t_bytes"] == n_t * bs * tb  # each shared T block once
+    assert timing["gpu_bytes"] >= 2 * n_t * bs * tb  # both sequences read it

@@ -31,6 +31,7 @@ import functools
 import os
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from .batch import BlockBatch
@@ -101,22 +102,80 @@ class StagedPiece:
         self.copies = strided_copies([tuple(r) for r in self.runs.tolist()], self.strided)
 
 
+def stage_shared() -> bool:
+    """Whether a block that several sequences list is moved once a piece (default) or once per
+    listing, as before (``WRITESCOPE_STAGE_SHARED=0``, to compare: ``bench.shared_prefix``)."""
+    return os.environ.get("WRITESCOPE_STAGE_SHARED", "1") != "0"
+
+
+def shared_positions(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``ids`` (int64, a piece's pool ids in CSR order) without repeats, in the order each first
+    appears, and each entry's position in that list (int32). Sequences that share blocks (a
+    prefix found by prefix caching, the prompt of a request sampled ``n`` times) list them once
+    each; the piece moves each block once and every sequence reads it from the same position.
+    Without repeats the positions are ``0..n-1`` and the ids unchanged."""
+    n = ids.numel()
+    if n < 2:
+        return ids, torch.arange(n, dtype=torch.int32)
+    uniq, first, inv = np.unique(ids.numpy(), return_index=True, return_inverse=True)
+    if uniq.size == n:
+        return ids, torch.arange(n, dtype=torch.int32)
+    order = np.argsort(first, kind="stable")  # the unique ids in order of first appearance
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    return (torch.from_numpy(uniq[order].astype(np.int64)),
+            torch.from_numpy(rank[inv.reshape(-1)].astype(np.int32)))
+
+
+def piece_bounds(blocks: np.ndarray, piece_blocks: int) -> tuple[list[int], bool]:
+    """Where to cut a flat block list into pieces of at most ``piece_blocks`` distinct ids: the
+    entries' start offsets and the end. Without repeats, every ``piece_blocks`` entries; with
+    them (sequences sharing blocks), greedily, so a piece takes entries until one more new id
+    would not fit -- a shared prefix then costs one slot position however many sequences read
+    it, where cutting by entries would move it again in every piece. Also whether there are
+    repeats (never with :func:`stage_shared` off)."""
+    nnz = int(blocks.size)
+    if nnz <= 1 or not stage_shared() or np.unique(blocks).size == nnz:
+        return list(range(0, nnz, piece_blocks)) + [nnz], False
+    bounds, seen = [0], set()
+    for e, b in enumerate(blocks.tolist()):
+        if b not in seen:
+            if len(seen) == piece_blocks:
+                bounds.append(e)
+                seen = set()
+            seen.add(b)
+    bounds.append(nnz)
+    return bounds, True
+
+
+def distinct_blocks(batch: BlockBatch) -> int:
+    """How many distinct pool ids ``batch`` lists (its entries, without repeats; every entry
+    with :func:`stage_shared` off)."""
+    ids = batch.host_view().kv_blocks
+    if ids.numel() <= 1 or not stage_shared():
+        return int(ids.numel())
+    return int(np.unique(ids.numpy()).size)
+
+
 def split_batch(batch: BlockBatch, piece_blocks: int) -> list[tuple[BlockBatch, torch.Tensor]]:
-    """Cut the flat (CSR-order) block list into pieces of at most ``piece_blocks`` entries: per
-    piece, a BlockBatch over positions ``0..n-1`` and the int64 pool ids those positions hold
-    (CPU tensors). Used for staged T pieces and for gathered C pieces."""
+    """Cut the flat (CSR-order) block list into pieces of at most ``piece_blocks`` distinct
+    blocks (:func:`piece_bounds`): per piece, a BlockBatch over positions ``0..n-1`` and the
+    int64 pool ids those positions hold (CPU tensors), each id once (:func:`shared_positions`:
+    a block several sequences list is moved once a piece). Used for staged T pieces and for
+    gathered C pieces."""
     batch = batch.host_view()
     qi = batch.q_indptr.to(torch.int32)
     ki = batch.kv_indptr.to(torch.int64)
     blocks = batch.kv_blocks.to(torch.int64)
     lens = batch.kv_lens.to(torch.int32)
-    nnz = blocks.numel()
+    bounds, repeats = piece_bounds(blocks.numpy(), piece_blocks)
     pieces = []
-    for lo in range(0, nnz, piece_blocks):
-        hi = min(nnz, lo + piece_blocks)
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
         kip = (ki.clamp(lo, hi) - lo).to(torch.int32)
-        b = BlockBatch(qi.clone(), kip, torch.arange(hi - lo, dtype=torch.int32), lens[lo:hi].clone())
-        pieces.append((b, blocks[lo:hi].clone()))
+        ids = blocks[lo:hi].clone()
+        ids, pos = shared_positions(ids) if repeats else \
+            (ids, torch.arange(hi - lo, dtype=torch.int32))
+        pieces.append((BlockBatch(qi.clone(), kip, pos, lens[lo:hi].clone()), ids))
     return pieces
 
 
@@ -390,7 +449,7 @@ class StagingRing:
         list (a step's sub-batches, None for one without T blocks): no piece then spans two of
         them, each piece's ``part`` says whose it is, and a layer's pieces follow list order."""
         parts = batch if isinstance(batch, (list, tuple)) else [batch]
-        nnz = sum(b.num_blocks for b in parts if b is not None)
+        nnz = sum(distinct_blocks(b) for b in parts if b is not None)  # (a shared block once)
         cap = self.capacity_blocks
         slot = max(1, min(nnz, cap // 2 if cap >= 2 else cap))
         if max_slot_blocks:

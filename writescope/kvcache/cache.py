@@ -41,6 +41,7 @@ from ..attention.prefill import causal_prefix_attention
 from ..attention.resident import ResidentAttention
 from ..attention.selfattn import causal_self_attention
 from ..attention.selfmerge import decode_self_merge
+from ..attention.staging import stage_shared
 from ..core import RequestTooLargeError
 from ..hostmem import h2d
 from .context import gather_context
@@ -386,7 +387,9 @@ class InplaceKVCache(ResidentSteps):
         try:
             plan, read_tokens, prefill = build_step_plan(
                 work, self.seqs, self.policy, self.spec, self.scale, self.bs, self.device,
-                self.dense_prefill, self.prefill_gpu_rows)
+                self.dense_prefill, self.prefill_gpu_rows,
+                shared_blocks=self.prefix is not None and self.prefix.shared > 0 and
+                stage_shared())
         except BaseException:
             for _, _, r, bid in step["new_blocks"]:
                 self.alloc[r].free([bid])

@@ -75,6 +75,9 @@ class PrefixCache:
         self.unused: dict[Region, OrderedDict[int, None]] = {r: OrderedDict() for r in SEALED_REGIONS}
         self.counters = {"prefix.queried_tokens": 0, "prefix.hit_tokens": 0,
                          "prefix.reclaimed_blocks": 0}
+        #: registered blocks two or more sequences hold now (a step's plan then counts what
+        #: crosses the link once a block: ``attention/staging.py`` moves a shared block once)
+        self.shared = 0
 
     # ------------------------------------------------------------------ lookup
     def match(self, names: list[bytes], max_blocks: int) -> PrefixMatch:
@@ -96,6 +99,7 @@ class PrefixCache:
             if self.users[ref] == 0:
                 del self.unused[ref[0]][ref[1]]
             self.users[ref] += 1
+            self.shared += self.users[ref] == 2
 
     # ------------------------------------------------------------------ registration
     def register(self, name: bytes, ref: BlockRef) -> bool:
@@ -120,6 +124,7 @@ class PrefixCache:
         if n <= 0:
             raise RuntimeError(f"prefix cache: block {ref} released more often than used")
         self.users[ref] = n - 1
+        self.shared -= n == 2
         if n == 1:
             self.unused[ref[0]][ref[1]] = None
         return False
@@ -147,5 +152,6 @@ class PrefixCache:
         q = s["prefix.queried_tokens"]
         s["prefix.hit_rate"] = s["prefix.hit_tokens"] / q if q else 0.0
         s["prefix.registered_blocks"] = len(self.name_of)
+        s["prefix.shared_blocks"] = self.shared
         s.update({f"prefix.unused_blocks.{r}": len(p) for r, p in self.unused.items()})
         return s

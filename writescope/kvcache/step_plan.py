@@ -17,7 +17,8 @@ from .table import CODE_REGIONS, REGION_CODES, SeqTable
 
 def build_step_plan(work: list[tuple[int, int, int]], seqs: dict[int, SeqTable],
                     policy: PlacementPolicy, spec: KVSpec, scale: float, bs: int,
-                    device: torch.device, dense_prefill: bool, prefill_gpu_rows: int | None
+                    device: torch.device, dense_prefill: bool, prefill_gpu_rows: int | None,
+                    shared_blocks: bool = False
                     ) -> tuple[AttentionStepPlan, dict[str, int], list]:
     """Which cached blocks each side attends, as one BlockBatch per (side, region); and the
     sequences whose prefill chunk attends its context densely instead (no blocks in the plan).
@@ -25,7 +26,11 @@ def build_step_plan(work: list[tuple[int, int, int]], seqs: dict[int, SeqTable],
     One pass over the sequences gathers their tables (and asks a policy with its own
     ``assign`` which T blocks its CPU side reads); the per-(side, region) selections are then
     array work over the whole batch (a per-sequence loop of them cost ~45 us a sequence on
-    the dev VM, 2.9 ms a step at batch 64)."""
+    the dev VM, 2.9 ms a step at batch 64).
+
+    ``shared_blocks``: sequences may hold the same blocks (prefix caching); the streamed count
+    (``t_gpu``) is then of distinct T blocks, as the staging ring moves a shared block once a
+    piece (``attention/staging.py``), while ``gpu`` counts every sequence's read of it."""
     n_seqs = len(work)
     q_counts = np.empty(n_seqs, np.int64)
     tails = np.zeros(n_seqs, np.int64)     # W tokens each attends (0: none, or dense prefill)
@@ -103,7 +108,7 @@ def build_step_plan(work: list[tuple[int, int, int]], seqs: dict[int, SeqTable],
             count = int(np.count_nonzero(sel))
             read[side] += count * bs
             if side == "gpu" and r is Region.T:
-                read["t_gpu"] += count * bs
+                read["t_gpu"] += (np.unique(ids[sel]).size if shared_blocks else count) * bs
             if r is Region.T or r is Region.C:
                 read["spilled"] += count * bs
             if count:

@@ -1,0 +1,181 @@
+"""``python -m writescope.bench.shared_prefix [--model M] [--prefix 32k] [--batch 8] [--json F]``:
+decode steps of a batch whose prompts share a long prefix (one document, many questions).
+
+Request 0 is prefilled alone; once its prompt's blocks are sealed (its first token is out), the
+other ``--batch - 1`` requests arrive with the same ``--prefix`` tokens and a ``--suffix`` of
+their own, and prefix caching starts them from request 0's blocks. The KV policy places the
+spilled prefix once; every sequence then lists those blocks. Timed over ``--decode-steps`` decode
+steps of the whole batch, in two modes on the same engine (the cache rebuilt between them):
+
+* ``once``: the staging ring moves a T block that several sequences list once a piece
+  (``attention/staging.py``, the default);
+* ``each``: once per listing, as a cache without that does (``WRITESCOPE_STAGE_SHARED=0``).
+
+Prints and writes per mode the mean and median step, decode tokens/s, the KV the step attends
+(every sequence's whole context), the bytes the link moved a step and its rate beside the pinned
+H2D ceiling of ``--profile`` when given. On a machine without CUDA no block is staged (the T
+pool is the device's memory) and both modes do the same work.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+
+from ..units import parse_count
+from .grid import parse_overrides
+from .provenance import result_header, write_json
+
+MODES = {"once": "1", "each": "0"}
+
+
+def measure(engine, policy: str, mode: str, prefix: int, suffix: int, batch: int, steps: int,
+            seed: int) -> dict:
+    from ..core import SamplingParams
+    os.environ["WRITESCOPE_STAGE_SHARED"] = MODES[mode]
+    engine.set_kv_policy(policy)  # a fresh cache: nothing cached from the last row
+    vocab = engine.config.vocab_size
+    gen = torch.Generator().manual_seed(seed)
+    doc = torch.randint(3, vocab, (prefix,), generator=gen).tolist()
+    params = SamplingParams(temperature=0.0, max_tokens=steps + 64, ignore_eos=True)
+    ids = [f"{mode}-{i}" for i in range(batch)]
+
+    def prompt() -> list[int]:
+        return doc + torch.randint(3, vocab, (suffix,), generator=gen).tolist()
+
+    outs: dict[str, object] = {}
+
+    def step() -> None:
+        for o in engine.step():
+            outs[o.request_id] = o
+    engine.add_request(ids[0], prompt(), params)
+    while not getattr(outs.get(ids[0]), "token_ids", None):
+        step()  # request 0's prompt prefilled, its blocks sealed and named
+    for rid in ids[1:]:
+        engine.add_request(rid, prompt(), params)
+    while any(not getattr(outs.get(r), "token_ids", None) for r in ids):
+        step()
+    cached = [outs[r].num_cached_tokens for r in ids[1:]]
+    for _ in range(2):  # untimed: the batch's first decode steps at this shape
+        step()
+    cache = engine.cache
+    times, link, attended = [], [], []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+        tm = cache.last_timing or {}
+        link.append(float(tm.get("pcie_bytes") or 0.0))
+        attended.append(float(tm.get("gpu_bytes", 0)) + float(tm.get("cpu_bytes", 0)))
+    shared = cache.prefix.shared if cache.prefix is not None else 0
+    for rid in ids:
+        engine.abort_request(rid)
+    while engine.has_unfinished_requests():
+        engine.step()
+    mean = statistics.fmean(times)
+    return {"kv_policy": policy, "mode": mode, "batch": batch, "prefix": prefix, "suffix": suffix, "steps": steps,
+            "cached_tokens_min": min(cached) if cached else 0, "shared_blocks": shared,
+            "mean_step_ms": 1e3 * mean, "p50_step_ms": 1e3 * statistics.median(times),
+            "decode_tok_s": batch / mean,
+            "attended_gb_per_step": statistics.fmean(attended) / 1e9,
+            "link_gb_per_step": statistics.fmean(link) / 1e9,
+            "link_gbps": statistics.fmean(link) / mean / 1e9,
+            "stats": {k: v for k, v in cache.stats().items()
+                      if k.startswith(("prefix.", "kv.blocks.", "planner.cpu_share"))}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m writescope.bench.shared_prefix",
+                                 description=__doc__.split("\n\n")[1])
+    ap.add_argument("--model", default=None, help="checkpoint folder or reference name (default: "
+                    "the embedded default model)")
+    ap.add_argument("--random-weights", action="store_true")
+    ap.add_argument("--config-override", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--vram-budget", default=None)
+    ap.add_argument("--num-gpu-blocks", type=int, default=None,
+                    help="cap the G region (so the shared prefix spills at small sizes)")
+    ap.add_argument("--experts", default="auto", choices=("auto", "gpu", "cpu"))
+    ap.add_argument("--kv-policies", default="transfer",
+                    help="comma-separated; each policy's rows in both modes, on one engine")
+    ap.add_argument("--prefix", type=parse_count, default=8192, help="shared prompt tokens")
+    ap.add_argument("--suffix", type=parse_count, default=64, help="each request's own tokens")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--decode-steps", type=int, default=16)
+    ap.add_argument("--modes", default="once,each")
+    ap.add_argument("--profile", default=None, help="a calibration, for the H2D ceiling")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=4096)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", help="write the rows here")
+    args = ap.parse_args(argv)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes or any(m not in MODES for m in modes):
+        ap.error(f"--modes: a comma-separated list of {', '.join(MODES)}")
+    from ..kvcache.placement import check_policy_name
+    policies = [p.strip() for p in args.kv_policies.split(",") if p.strip()]
+    try:
+        if not policies:
+            raise ValueError("no policy named")
+        for p in policies:
+            check_policy_name(p)
+    except ValueError as e:
+        ap.error(f"--kv-policies: {e}")
+    if args.prefix < 1 or args.suffix < 1 or args.batch < 2 or args.decode_steps < 1:
+        ap.error("--prefix, --suffix and --decode-steps must be positive, --batch at least 2")
+    from ..engine.engine import LLMEngine
+    ceiling = None
+    if args.profile:
+        from ..planner.profile import HardwareProfile
+        bps = HardwareProfile.load(args.profile).h2d_pinned_Bps
+        ceiling = bps / 1e9 if bps else None
+    overrides = parse_overrides(args.config_override)
+    engine = LLMEngine(args.model, dtype=args.dtype, device=args.device,
+                       random_weights=args.random_weights, config_overrides=overrides or None,
+                       vram_budget=args.vram_budget, num_gpu_blocks=args.num_gpu_blocks,
+                       experts=args.experts, kv_policy=policies[0], max_num_seqs=args.batch,
+                       max_model_len=args.prefix + args.suffix + args.decode_steps + 80,
+                       max_num_batched_tokens=args.max_num_batched_tokens)
+    print(f"{engine.model_name} on {engine.device}, block size "
+          f"{engine.cache.bs}: {args.batch} prompts of {args.prefix} shared + {args.suffix} own "
+          f"tokens, {args.decode_steps} decode steps")
+    print(f"{'policy':>10} {'mode':>5} {'cached':>8} {'mean ms':>9} {'p50 ms':>8} {'tok/s':>8} "
+          f"{'KV GB':>7} {'link GB':>8} {'link GB/s':>10}" + ("" if ceiling is None else
+                                                             f"  (H2D ceiling {ceiling:.1f})"))
+    rows = []
+    old = os.environ.get("WRITESCOPE_STAGE_SHARED")
+    try:
+        for policy, mode in ((p, m) for p in policies for m in modes):
+            r = measure(engine, policy, mode, args.prefix, args.suffix, args.batch,
+                        args.decode_steps, args.seed)
+            rows.append(r)
+            print(f"{policy:>10} {mode:>5} {r['cached_tokens_min']:>8} {r['mean_step_ms']:>9.2f} "
+                  f"{r['p50_step_ms']:>8.2f} {r['decode_tok_s']:>8.1f} "
+                  f"{r['attended_gb_per_step']:>7.3f} {r['link_gb_per_step']:>8.3f} "
+                  f"{r['link_gbps']:>10.1f}", flush=True)
+    finally:
+        if old is None:
+            os.environ.pop("WRITESCOPE_STAGE_SHARED", None)
+        else:
+            os.environ["WRITESCOPE_STAGE_SHARED"] = old
+    for policy in policies:
+        by = {r["mode"]: r for r in rows if r["kv_policy"] == policy}
+        if "once" in by and "each" in by:
+            once, each = by["once"], by["each"]
+            moved = (f", {once['link_gb_per_step'] / each['link_gb_per_step']:.3f} of the "
+                     f"link's bytes" if each["link_gb_per_step"] else " (nothing staged)")
+            print(f"{policy}: once / each {each['mean_step_ms'] / once['mean_step_ms']:.2f}x "
+                  f"the decode rate{moved}")
+    if args.json:
+        write_json(args.json, {**result_header("shared_prefix", argv),
+                               "device": str(engine.device), "model": engine.model_name,
+                               "h2d_ceiling_gbps": ceiling,
+                               "rows": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
