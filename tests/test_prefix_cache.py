@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from writescope.attention.reference import dense_attention
 from writescope.kvcache.cache import CacheLayout, InplaceKVCache
 from writescope.kvcache.migrate import MigratePolicy
-from writescope.kvcache.placement import PlacementPolicy
+from writescope.kvcache.placement import PlacementPolicy, TransferPolicy
 from writescope.kvcache.prefix import PrefixCache, block_hashes
 from writescope.kvcache.regions import KVSpec, Region
 
@@ -324,20 +324,28 @@ def test_a_prompt_being_prefilled_is_pending_until_sealed_or_freed():
     assert not cache._pending
 
 
-def test_sequences_sharing_t_blocks_count_them_once_on_the_link():
+class ReadTInPlace(TransferPolicy):
+    """Everything spilled in T, and the CPU asked to read every T block in place."""
+
+    def assign(self, seq):
+        return len(seq.regions)
+
+
+@pytest.mark.parametrize("policy", [TransferPolicy, ReadTInPlace])
+def test_sequences_sharing_t_blocks_count_them_once_on_the_link(policy):
     """Two sequences holding the same streamed (T) blocks: the step's attention is each one's
-    own, and the bytes it reports streamed (``t_bytes``, what the planner's link rate learns
-    from) count each shared block once, as the staging ring moves it (attention/staging.py)."""
-    from writescope.kvcache.placement import TransferPolicy
+    own; the bytes it reports streamed (``t_bytes``, what the planner's link rate learns from)
+    count each shared block once, as the staging ring moves it (attention/staging.py); and a
+    policy's oldest T blocks for the CPU leave the shared ones to the link."""
     spec = SPECS["gqa"](1)
     bs = 4
     layout = CacheLayout(bs, {Region.G: 1, Region.T: 16, Region.C: 4, Region.W: 4})
-    cache = InplaceKVCache(spec, layout, TransferPolicy(), "cpu", scale=0.3, prefill_gpu_rows=4,
+    cache = InplaceKVCache(spec, layout, policy(), "cpu", scale=0.3, prefill_gpu_rows=4,
                            prefix_caching=True)
     prompt = list(range(1, 22))  # 21 tokens: 5 full blocks
     names = cache.prefix_names(prompt)
     cache.add_sequence(0, 24, 21, prompt_names=names)
-    recs = token_records(prompt + [3], spec, 1)
+    recs = token_records(prompt + [3, 3], spec, 1)
     g = torch.Generator().manual_seed(0)
     cache.begin_step([(0, 0, 21)])
     cache.attention(0, torch.randn(21, 2, spec.k_dim, generator=g), recs[0, :21])
@@ -359,3 +367,10 @@ def test_sequences_sharing_t_blocks_count_them_once_on_the_link():
     tb = spec.token_bytes()
     assert timing["t_bytes"] == n_t * bs * tb  # each shared T block once
     assert timing["gpu_bytes"] >= 2 * n_t * bs * tb  # both sequences read it
+    assert timing["cpu_bytes"] == 0  # every T block is shared: none for the CPU
+    cache.free_sequence(1, prompt[:21])
+    assert cache.prefix.shared == 0 and cache.prefix.shared_in(Region.T) is None
+    cache.begin_step([(0, 22, 1)])  # alone again: its T blocks are its own
+    cache.attention(0, torch.randn(1, 2, spec.k_dim, generator=g), recs[0, 22:23])
+    timing = cache.end_step()
+    assert timing["cpu_bytes"] == (n_t * bs * tb if policy is ReadTInPlace else 0)

@@ -388,8 +388,8 @@ class InplaceKVCache(ResidentSteps):
             plan, read_tokens, prefill = build_step_plan(
                 work, self.seqs, self.policy, self.spec, self.scale, self.bs, self.device,
                 self.dense_prefill, self.prefill_gpu_rows,
-                shared_blocks=self.prefix is not None and self.prefix.shared > 0 and
-                stage_shared())
+                shared_t=self.prefix.shared_in(Region.T) if self.prefix is not None and
+                stage_shared() else None)
         except BaseException:
             for _, _, r, bid in step["new_blocks"]:
                 self.alloc[r].free([bid])

@@ -50,8 +50,9 @@ class PlacementPolicy(ABC):
     def assign(self, seq: SeqKV) -> int | list[bool]:
         """Which sealed blocks the CPU attends this step. Either an int ``n``: the C blocks and the
         sequence's ``n`` oldest T blocks (read in place) -- the cheap form the cache applies with
-        array operations -- or one bool per sealed block (any assignment at all). Default: 0,
-        exactly the C blocks."""
+        array operations; T blocks other sequences hold too (a prefix found by prefix caching)
+        are left out of those ``n`` and streamed, once for all of them -- or one bool per sealed
+        block (any assignment at all). Default: 0, exactly the C blocks."""
         return 0
 
     def observe(self, timing: dict[str, Any]) -> None:  # feedback hook; rule policies ignore it

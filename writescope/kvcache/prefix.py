@@ -75,9 +75,21 @@ class PrefixCache:
         self.unused: dict[Region, OrderedDict[int, None]] = {r: OrderedDict() for r in SEALED_REGIONS}
         self.counters = {"prefix.queried_tokens": 0, "prefix.hit_tokens": 0,
                          "prefix.reclaimed_blocks": 0}
-        #: registered blocks two or more sequences hold now (a step's plan then counts what
-        #: crosses the link once a block: ``attention/staging.py`` moves a shared block once)
-        self.shared = 0
+        #: per region, the ids of registered blocks two or more sequences hold now: a step's
+        #: plan streams such T blocks (``attention/staging.py`` moves a shared block once) and
+        #: counts them once on the link
+        self.shared_ids: dict[Region, set[int]] = {r: set() for r in SEALED_REGIONS}
+
+    @property
+    def shared(self) -> int:
+        """How many registered blocks two or more sequences hold now."""
+        return sum(len(v) for v in self.shared_ids.values())
+
+    def shared_in(self, region: Region) -> np.ndarray | None:
+        """The ids of ``region``'s blocks two or more sequences hold now (sorted int64), or
+        None when there are none."""
+        ids = self.shared_ids[region]
+        return np.fromiter(sorted(ids), np.int64, len(ids)) if ids else None
 
     # ------------------------------------------------------------------ lookup
     def match(self, names: list[bytes], max_blocks: int) -> PrefixMatch:
@@ -99,7 +111,8 @@ class PrefixCache:
             if self.users[ref] == 0:
                 del self.unused[ref[0]][ref[1]]
             self.users[ref] += 1
-            self.shared += self.users[ref] == 2
+            if self.users[ref] == 2:
+                self.shared_ids[ref[0]].add(ref[1])
 
     # ------------------------------------------------------------------ registration
     def register(self, name: bytes, ref: BlockRef) -> bool:
@@ -124,7 +137,8 @@ class PrefixCache:
         if n <= 0:
             raise RuntimeError(f"prefix cache: block {ref} released more often than used")
         self.users[ref] = n - 1
-        self.shared -= n == 2
+        if n == 2:
+            self.shared_ids[ref[0]].discard(ref[1])
         if n == 1:
             self.unused[ref[0]][ref[1]] = None
         return False

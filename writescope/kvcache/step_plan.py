@@ -18,7 +18,7 @@ from .table import CODE_REGIONS, REGION_CODES, SeqTable
 def build_step_plan(work: list[tuple[int, int, int]], seqs: dict[int, SeqTable],
                     policy: PlacementPolicy, spec: KVSpec, scale: float, bs: int,
                     device: torch.device, dense_prefill: bool, prefill_gpu_rows: int | None,
-                    shared_blocks: bool = False
+                    shared_t: np.ndarray | None = None
                     ) -> tuple[AttentionStepPlan, dict[str, int], list]:
     """Which cached blocks each side attends, as one BlockBatch per (side, region); and the
     sequences whose prefill chunk attends its context densely instead (no blocks in the plan).
@@ -28,9 +28,11 @@ def build_step_plan(work: list[tuple[int, int, int]], seqs: dict[int, SeqTable],
     array work over the whole batch (a per-sequence loop of them cost ~45 us a sequence on
     the dev VM, 2.9 ms a step at batch 64).
 
-    ``shared_blocks``: sequences may hold the same blocks (prefix caching); the streamed count
-    (``t_gpu``) is then of distinct T blocks, as the staging ring moves a shared block once a
-    piece (``attention/staging.py``), while ``gpu`` counts every sequence's read of it."""
+    ``shared_t``: the T blocks two or more sequences hold now (prefix caching), or None. They
+    stay on the GPU side: the staging ring moves a shared block once a piece
+    (``attention/staging.py``), where the CPU would read it once per sequence; so a policy's
+    ``n`` oldest T blocks for the CPU are its oldest *unshared* ones. The streamed count
+    (``t_gpu``) is then of distinct T blocks, while ``gpu`` counts every sequence's read."""
     n_seqs = len(work)
     q_counts = np.empty(n_seqs, np.int64)
     tails = np.zeros(n_seqs, np.int64)     # W tokens each attends (0: none, or dense prefill)
@@ -89,8 +91,11 @@ def build_step_plan(work: list[tuple[int, int, int]], seqs: dict[int, SeqTable],
     # the CPU side reads the C blocks and each sequence's oldest cpu_t T blocks (or the
     # blocks its policy's mask says), none where its rows are too many (gpu_only)
     on_cpu = codes == c_code
+    sharing = shared_t is not None and shared_t.size > 0
     if cpu_t.any():
         is_t = codes == t_code
+        if sharing:  # shared T blocks stream (once), the CPU takes private ones
+            is_t &= ~np.isin(ids, shared_t)
         seen = np.cumsum(is_t)  # T blocks up to and including each block, batch-wide
         first = np.cumsum(sizes) - sizes  # each sequence's first block
         before = np.concatenate(([0], seen))[first]  # T blocks of the sequences before
@@ -108,7 +113,7 @@ def build_step_plan(work: list[tuple[int, int, int]], seqs: dict[int, SeqTable],
             count = int(np.count_nonzero(sel))
             read[side] += count * bs
             if side == "gpu" and r is Region.T:
-                read["t_gpu"] += (np.unique(ids[sel]).size if shared_blocks else count) * bs
+                read["t_gpu"] += (np.unique(ids[sel]).size if sharing else count) * bs
             if r is Region.T or r is Region.C:
                 read["spilled"] += count * bs
             if count:
