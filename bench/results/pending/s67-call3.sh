@@ -1,5 +1,5 @@
 #!/bin/bash
-# Sixty-seventh session, after call 2 (pending/s67-call2.sh): there writescope's decode steps on
+# Sixty-seventh session, after its call 1 (pending/s67-call2.sh, 2026-12-06g-h100): writescope's decode steps on
 # 8 prompts sharing a 32K prefix took 70 ms against transfer's 19 ms, as its CPU read the
 # shared prefix's oldest T blocks in place once per sequence. Now the T blocks two or more
 # sequences hold are left to the link (kvcache/step_plan.py). Both models:
