@@ -63,6 +63,7 @@ def measure(engine, policy: str, mode: str, prefix: int, suffix: int, batch: int
         step()
     cache = engine.cache
     times, link, attended = [], [], []
+    parts: dict[str, list[float]] = {}  # the cache's timing of each step, where numeric
     for _ in range(steps):
         t0 = time.perf_counter()
         step()
@@ -70,6 +71,9 @@ def measure(engine, policy: str, mode: str, prefix: int, suffix: int, batch: int
         tm = cache.last_timing or {}
         link.append(float(tm.get("pcie_bytes") or 0.0))
         attended.append(float(tm.get("gpu_bytes", 0)) + float(tm.get("cpu_bytes", 0)))
+        for k, v in tm.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                parts.setdefault(k, []).append(float(v))
     shared = cache.prefix.shared if cache.prefix is not None else 0
     for rid in ids:
         engine.abort_request(rid)
@@ -83,6 +87,9 @@ def measure(engine, policy: str, mode: str, prefix: int, suffix: int, batch: int
             "attended_gb_per_step": statistics.fmean(attended) / 1e9,
             "link_gb_per_step": statistics.fmean(link) / 1e9,
             "link_gbps": statistics.fmean(link) / mean / 1e9,
+            # the mean of each timing field the cache reported (seconds, bytes, counts: the
+            # CPU side's time, its waits, the link's busy time, the host's planning...)
+            "timing_means": {k: statistics.fmean(v) for k, v in sorted(parts.items())},
             "stats": {k: v for k, v in cache.stats().items()
                       if k.startswith(("prefix.", "kv.blocks.", "planner.cpu_share"))}}
 
