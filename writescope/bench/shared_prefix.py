@@ -34,6 +34,8 @@ MODES = {"once": "1", "each": "0"}
 
 def measure(engine, policy: str, mode: str, prefix: int, suffix: int, batch: int, steps: int,
             seed: int) -> dict:
+    """One row: ``policy``'s cache built afresh, the batch admitted around one shared prefix,
+    ``steps`` decode steps timed with shared blocks staged as ``mode`` says."""
     from ..core import SamplingParams
     os.environ["WRITESCOPE_STAGE_SHARED"] = MODES[mode]
     engine.set_kv_policy(policy)  # a fresh cache: nothing cached from the last row
@@ -41,7 +43,7 @@ def measure(engine, policy: str, mode: str, prefix: int, suffix: int, batch: int
     gen = torch.Generator().manual_seed(seed)
     doc = torch.randint(3, vocab, (prefix,), generator=gen).tolist()
     params = SamplingParams(temperature=0.0, max_tokens=steps + 64, ignore_eos=True)
-    ids = [f"{mode}-{i}" for i in range(batch)]
+    ids = [f"{policy}-{mode}-{i}" for i in range(batch)]
 
     def prompt() -> list[int]:
         return doc + torch.randint(3, vocab, (suffix,), generator=gen).tolist()
@@ -80,7 +82,8 @@ def measure(engine, policy: str, mode: str, prefix: int, suffix: int, batch: int
     while engine.has_unfinished_requests():
         engine.step()
     mean = statistics.fmean(times)
-    return {"kv_policy": policy, "mode": mode, "batch": batch, "prefix": prefix, "suffix": suffix, "steps": steps,
+    return {"kv_policy": policy, "mode": mode, "batch": batch, "prefix": prefix,
+            "suffix": suffix, "steps": steps,
             "cached_tokens_min": min(cached) if cached else 0, "shared_blocks": shared,
             "mean_step_ms": 1e3 * mean, "p50_step_ms": 1e3 * statistics.median(times),
             "decode_tok_s": batch / mean,
