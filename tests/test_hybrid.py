@@ -589,6 +589,24 @@ def test_gpu_side_reads_c_blocks_through_gather(spec, hq, piece_blocks):
     ha.close()
 
 
+@pytest.mark.parametrize("spec,hq", [(GQA, 4), (MLA, 4)])
+def test_gathered_c_blocks_that_sequences_share_are_gathered_once(spec, hq):
+    """Prefill chunks sharing C blocks (a cached prefix): a gather piece fetches each once."""
+    case = build_case(spec, hq, [200, 180, 129, 150], q_counts=[9, 20, 17, 8], block_size=8,
+                      frac={"G": 0.1, "T": 0.2, "C": 0.7}, seed=6, shared_c=10)
+    case.plan = AttentionStepPlan(case.plan.spec, case.plan.scale, case.plan.num_q_rows,
+                                  gpu=case.plan.gpu + case.plan.cpu, cpu=[])
+    c_batch = dict(case.plan.gpu)[Region.C]
+    distinct = len(set(c_batch.kv_blocks.tolist()))
+    assert distinct < c_batch.num_blocks
+    blk = 8 * spec.num_kv_heads * spec.rec_dim * 4
+    ha = HybridAttention(case.pools, spec, "cpu", stage_t=True, staging_bytes=64 * blk,
+                         stage_c=True, gather_bytes=2 * 200 * blk)
+    check_all_layers(case, ha)
+    assert ha.cgather.bytes == distinct * blk * spec.num_layers  # one piece: each block once
+    ha.close()
+
+
 def test_cpu_side_plans_once_and_writes_into_given_buffers():
     """The compiled CPU kernel is planned on a step's first layer and then writes each layer's
     (out, lse) straight into the buffers the GPU side reads (pinned on CUDA)."""

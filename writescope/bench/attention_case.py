@@ -73,12 +73,13 @@ def _alloc_ids(counts: list[int], n_pool: int, gen: torch.Generator, contiguous:
 def build_case(spec: KVSpec, hq: int, seq_lens: list[int], q_counts: list[int] | int = 1,
                block_size: int = 16, frac: dict | None = None, w_tail: bool = True,
                cpu_t_frac: float = 0.0, device: str | torch.device = "cpu", seed: int = 0,
-               pin: bool | None = None, shared_t: int = 0) -> Case:
+               pin: bool | None = None, shared_t: int = 0, shared_c: int = 0) -> Case:
     """Random pools for all four regions and the step plan: each sequence's sealed blocks are
     split G / T / C by ``frac`` (fractions of its sealed blocks), its last partial block is a W
     tail; G/W/T go to the GPU side, C (and a ``cpu_t_frac`` of the T blocks) to the CPU side.
-    ``shared_t``: every sequence's first T blocks, up to that many, are the first sequence's
-    (a prefix that prefix caching found: the same block ids in several block tables)."""
+    ``shared_t`` / ``shared_c``: every sequence's first T / C blocks, up to that many, are the
+    first sequence's (a prefix that prefix caching found: the same block ids in several block
+    tables)."""
     device = torch.device(device)
     if pin is None:
         pin = device.type == "cuda"
@@ -109,11 +110,12 @@ def build_case(spec: KVSpec, hq: int, seq_lens: list[int], q_counts: list[int] |
         counts = [len(p[r]) for p in per_seq]
         n_pool = sum(counts) + 2 * len(counts) + 1
         ids[r] = _alloc_ids(counts, n_pool, gen, contiguous=(r is Region.T))
-        if r is Region.T and shared_t and ids[r]:
+        n_shared = {Region.T: shared_t, Region.C: shared_c}.get(r, 0)
+        if n_shared and ids[r]:
             if not w_tail:
-                raise ValueError("shared_t needs w_tail (shared blocks are full)")
+                raise ValueError("shared blocks need w_tail (shared blocks are full)")
             for own in ids[r][1:]:
-                k = min(shared_t, len(own), len(ids[r][0]))
+                k = min(n_shared, len(own), len(ids[r][0]))
                 own[:k] = ids[r][0][:k]
         on_dev = r in (Region.G, Region.W)
         shape = pool_shape(r, spec, n_pool, bs)
