@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from .grid import parse_overrides
+from .engine_args import add_engine_args, build_engine
 from .provenance import result_header, write_json
 
 
@@ -70,14 +70,7 @@ def measure(engine, contexts: list[int], answer: int, turn: int, reps: int) -> l
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m writescope.bench.prefix_cache",
                                  description=__doc__.split("\n\n")[1])
-    ap.add_argument("--model", default=None, help="checkpoint folder or reference name (default: "
-                    "the embedded default model)")
-    ap.add_argument("--random-weights", action="store_true")
-    ap.add_argument("--config-override", action="append", default=[], metavar="KEY=VALUE")
-    ap.add_argument("--device", default=None)
-    ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--vram-budget", default=None)
-    ap.add_argument("--experts", default="auto", choices=("auto", "gpu", "cpu"))
+    add_engine_args(ap)
     ap.add_argument("--kv-policy", default="writescope")
     ap.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096])
     ap.add_argument("--answer", type=int, default=32, help="tokens the first turn generates")
@@ -88,14 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if min(args.contexts) < 1 or args.answer < 1 or args.turn < 1 or args.reps < 1:
         ap.error("--contexts, --answer, --turn and --reps must be positive")
-    from ..engine.engine import LLMEngine
-    overrides = parse_overrides(args.config_override)
-    engine = LLMEngine(args.model, dtype=args.dtype, device=args.device,
-                       random_weights=args.random_weights, config_overrides=overrides or None,
-                       vram_budget=args.vram_budget, experts=args.experts,
-                       kv_policy=args.kv_policy, max_num_seqs=2,
-                       max_model_len=max(args.contexts) + args.answer + args.turn + 8,
-                       max_num_batched_tokens=args.max_num_batched_tokens)
+    engine = build_engine(args, kv_policy=args.kv_policy, max_num_seqs=2,
+                          max_model_len=max(args.contexts) + args.answer + args.turn + 8,
+                          max_num_batched_tokens=args.max_num_batched_tokens)
     print(f"{engine.model_name} on {engine.device}, kv_policy {args.kv_policy}, block size "
           f"{engine.cache.bs}: the next turn's time to first token, prefix caching off / on")
     print(f"{'context':>8} {'next':>8} {'cached':>8} {'off ms':>10} {'on ms':>10} {'speedup':>8}")

@@ -26,7 +26,7 @@ import time
 import torch
 
 from ..units import parse_count
-from .grid import parse_overrides
+from .engine_args import add_engine_args, build_engine
 from .provenance import result_header, write_json
 
 MODES = {"once": "1", "each": "0"}
@@ -100,16 +100,9 @@ def measure(engine, policy: str, mode: str, prefix: int, suffix: int, batch: int
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m writescope.bench.shared_prefix",
                                  description=__doc__.split("\n\n")[1])
-    ap.add_argument("--model", default=None, help="checkpoint folder or reference name (default: "
-                    "the embedded default model)")
-    ap.add_argument("--random-weights", action="store_true")
-    ap.add_argument("--config-override", action="append", default=[], metavar="KEY=VALUE")
-    ap.add_argument("--device", default=None)
-    ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--vram-budget", default=None)
+    add_engine_args(ap)
     ap.add_argument("--num-gpu-blocks", type=int, default=None,
                     help="cap the G region (so the shared prefix spills at small sizes)")
-    ap.add_argument("--experts", default="auto", choices=("auto", "gpu", "cpu"))
     ap.add_argument("--kv-policies", default="transfer",
                     help="comma-separated; each policy's rows in both modes, on one engine")
     ap.add_argument("--prefix", type=parse_count, default=8192, help="shared prompt tokens")
@@ -136,19 +129,15 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--kv-policies: {e}")
     if args.prefix < 1 or args.suffix < 1 or args.batch < 2 or args.decode_steps < 1:
         ap.error("--prefix, --suffix and --decode-steps must be positive, --batch at least 2")
-    from ..engine.engine import LLMEngine
     ceiling = None
     if args.profile:
         from ..planner.profile import HardwareProfile
         bps = HardwareProfile.load(args.profile).h2d_pinned_Bps
         ceiling = bps / 1e9 if bps else None
-    overrides = parse_overrides(args.config_override)
-    engine = LLMEngine(args.model, dtype=args.dtype, device=args.device,
-                       random_weights=args.random_weights, config_overrides=overrides or None,
-                       vram_budget=args.vram_budget, num_gpu_blocks=args.num_gpu_blocks,
-                       experts=args.experts, kv_policy=policies[0], max_num_seqs=args.batch,
-                       max_model_len=args.prefix + args.suffix + args.decode_steps + 80,
-                       max_num_batched_tokens=args.max_num_batched_tokens)
+    engine = build_engine(args, num_gpu_blocks=args.num_gpu_blocks, kv_policy=policies[0],
+                          max_num_seqs=args.batch,
+                          max_model_len=args.prefix + args.suffix + args.decode_steps + 80,
+                          max_num_batched_tokens=args.max_num_batched_tokens)
     print(f"{engine.model_name} on {engine.device}, block size "
           f"{engine.cache.bs}: {args.batch} prompts of {args.prefix} shared + {args.suffix} own "
           f"tokens, {args.decode_steps} decode steps")
