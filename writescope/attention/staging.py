@@ -104,7 +104,8 @@ class StagedPiece:
 
 def stage_shared() -> bool:
     """Whether a block that several sequences list is moved once a piece (default) or once per
-    listing, as before (``WRITESCOPE_STAGE_SHARED=0``, to compare: ``bench.shared_prefix``)."""
+    listing, as before (``WRITESCOPE_STAGE_SHARED=0``, to compare: ``bench.shared_prefix``; the
+    cache's step plan then also lets a policy give shared T blocks to the CPU, as before)."""
     return os.environ.get("WRITESCOPE_STAGE_SHARED", "1") != "0"
 
 

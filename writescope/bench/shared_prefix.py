@@ -9,7 +9,8 @@ steps of the whole batch, in two modes on the same engine (the cache rebuilt bet
 
 * ``once``: the staging ring moves a T block that several sequences list once a piece
   (``attention/staging.py``, the default);
-* ``each``: once per listing, as a cache without that does (``WRITESCOPE_STAGE_SHARED=0``).
+* ``each``: once per listing, and a policy's oldest T blocks for the CPU may be shared ones,
+  as before (``WRITESCOPE_STAGE_SHARED=0``).
 
 Prints and writes per mode the mean and median step, decode tokens/s, the KV the step attends
 (every sequence's whole context), the bytes the link moved a step and its rate beside the pinned
