@@ -826,7 +826,7 @@ def test_end_step_waits_for_a_launched_group_never_finished():
 def test_pieces_of_shared_blocks_move_each_block_once():
     """Sequences listing the same blocks (a prefix found by prefix caching): each piece holds
     every block once, at most ``piece_blocks`` of them, and every entry reads its own block."""
-    from writescope.attention.staging import piece_bounds, shared_positions
+    from writescope.attention.staging import distinct_count, piece_bounds, shared_positions
     prefix = [40, 41, 42, 43]
     tables = [prefix + [7, 8], prefix + [9], prefix[:2], [30] + prefix]
     b = BlockBatch.build([1] * 4, tables, [[16] * len(t) for t in tables])
@@ -850,6 +850,8 @@ def test_pieces_of_shared_blocks_move_each_block_once():
     assert piece_bounds(torch.tensor([5, 6, 9, 1]).numpy(), 3) == ([0, 3, 4], False)
     ids, pos = shared_positions(torch.tensor([5, 6, 5, 2, 6]))
     assert ids.tolist() == [5, 6, 2] and pos.tolist() == [0, 1, 0, 2, 1]
+    assert [distinct_count(torch.tensor(a, dtype=torch.int64).numpy())
+            for a in ([], [7], [5, 3, 5, 0, 3], [2, 1])] == [0, 1, 3, 2]
 
 
 def test_shared_blocks_move_once_per_listing_when_switched_off(monkeypatch):

@@ -8,6 +8,7 @@ import torch
 
 from ..attention.batch import BlockBatch
 from ..attention.groups import AttentionStepPlan
+from ..attention.staging import distinct_count
 from .context import ContextPlan
 from .placement import PlacementPolicy, SeqKV
 from .pools import KVCacheError
@@ -113,7 +114,7 @@ def build_step_plan(work: list[tuple[int, int, int]], seqs: dict[int, SeqTable],
             count = int(np.count_nonzero(sel))
             read[side] += count * bs
             if side == "gpu" and r is Region.T:
-                read["t_gpu"] += (np.unique(ids[sel]).size if sharing else count) * bs
+                read["t_gpu"] += (distinct_count(ids[sel]) if sharing else count) * bs
             if r is Region.T or r is Region.C:
                 read["spilled"] += count * bs
             if count:
