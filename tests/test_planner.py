@@ -1498,3 +1498,20 @@ def test_steps_that_measure_no_path_keep_the_rates_and_predict_once(monkeypatch)
         pol.assign(SeqKV(i, n, regs))
     pol.observe({"batch_lengths": [n + 1] * 2, "step_s": 0.01})
     assert set(pol._region_counts) == {id(regs)}
+
+
+def test_the_load_learnt_from_splits_the_cpus_bytes_as_the_cache_counted_them():
+    """``cpu_t_bytes`` (the cache's count of T blocks the CPU read in place) splits the CPU's
+    bytes between C and T in the load the rates are corrected from; without it, the split this
+    policy assigned (which the cache may not follow: it withholds T blocks other sequences
+    hold too)."""
+    pol = policy()
+    pol.token_bytes, pol.block_size = 100.0, 64
+    pol._assigned = {"cpu_c": 64, "cpu_t": 192, "streamed": 0}
+    base = {"cpu_bytes": 256 * 100.0, "gpu_bytes": 0.0, "t_bytes": 0.0}
+    load = pol._load(base, [300])
+    assert (load.cpu_c_tokens, load.cpu_t_tokens) == pytest.approx((64, 192))  # as assigned
+    load = pol._load({**base, "cpu_t_bytes": 64 * 100.0}, [300])
+    assert (load.cpu_c_tokens, load.cpu_t_tokens) == pytest.approx((192, 64))  # as read
+    load = pol._load({**base, "cpu_bytes": 0.0, "cpu_t_bytes": 0.0}, [300])
+    assert load.cpu_tokens == 0

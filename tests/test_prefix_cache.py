@@ -367,10 +367,11 @@ def test_sequences_sharing_t_blocks_count_them_once_on_the_link(policy):
     tb = spec.token_bytes()
     assert timing["t_bytes"] == n_t * bs * tb  # each shared T block once
     assert timing["gpu_bytes"] >= 2 * n_t * bs * tb  # both sequences read it
-    assert timing["cpu_bytes"] == 0  # every T block is shared: none for the CPU
+    assert timing["cpu_bytes"] == timing["cpu_t_bytes"] == 0  # every T block is shared
     cache.free_sequence(1, prompt[:21])
     assert cache.prefix.shared == 0 and cache.prefix.shared_in(Region.T) is None
     cache.begin_step([(0, 22, 1)])  # alone again: its T blocks are its own
     cache.attention(0, torch.randn(1, 2, spec.k_dim, generator=g), recs[0, 22:23])
     timing = cache.end_step()
-    assert timing["cpu_bytes"] == (n_t * bs * tb if policy is ReadTInPlace else 0)
+    assert timing["cpu_bytes"] == timing["cpu_t_bytes"] == \
+        (n_t * bs * tb if policy is ReadTInPlace else 0)

@@ -738,6 +738,7 @@ class InplaceKVCache(ResidentSteps):
                       cpu_bytes=step["read_tokens"]["cpu"] * tb,
                       gpu_bytes=step["read_tokens"]["gpu"] * tb,
                       t_bytes=step["read_tokens"]["t_gpu"] * tb,
+                      cpu_t_bytes=step["read_tokens"]["cpu_t"] * tb,
                       batch_lengths=[s + n for _, s, n in step["work"]])
         timing.update(extra_timing or {})
         if not wait:

@@ -44,7 +44,7 @@ def build_step_plan(work: list[tuple[int, int, int]], seqs: dict[int, SeqTable],
     masks: list[tuple[int, np.ndarray]] = []  # (sequence, its blocks the CPU reads)
     gpu_only = np.zeros(n_seqs, bool)      # rows past prefill_gpu_rows: all on the GPU
     # "spilled": tokens of T and C blocks read by either side (a deferrable step has none)
-    read = {"cpu": 0, "gpu": 0, "t_gpu": 0, "spilled": 0}
+    read = {"cpu": 0, "gpu": 0, "t_gpu": 0, "cpu_t": 0, "spilled": 0}
     prefill = []
     custom = type(policy).assign is not PlacementPolicy.assign
     t_code, c_code = REGION_CODES[Region.T], REGION_CODES[Region.C]
@@ -115,6 +115,8 @@ def build_step_plan(work: list[tuple[int, int, int]], seqs: dict[int, SeqTable],
             read[side] += count * bs
             if side == "gpu" and r is Region.T:
                 read["t_gpu"] += (distinct_count(ids[sel]) if sharing else count) * bs
+            elif r is Region.T:  # T blocks the CPU side reads in place
+                read["cpu_t"] += count * bs
             if r is Region.T or r is Region.C:
                 read["spilled"] += count * bs
             if count:

@@ -78,7 +78,8 @@ Timing keys read by :meth:`observe` (per step, summed over layers): ``cpu_s`` (C
 its round trips), ``gpu_s`` (GPU attention), ``pcie_s`` (H2D of T blocks; 0 or missing = not
 measured), ``step_s`` (wall), ``cpu_bytes``/``gpu_bytes`` (KV bytes each side attended, all
 layers), ``t_bytes`` (T bytes streamed; missing: taken from this policy's own assignment),
-``batch_lengths``; optionally ``cpu_expert_s`` (routed experts on the CPU).
+``cpu_t_bytes`` (of ``cpu_bytes``, the T blocks read in place; missing: the split this policy
+assigned), ``batch_lengths``; optionally ``cpu_expert_s`` (routed experts on the CPU).
 """
 from __future__ import annotations
 
@@ -436,8 +437,11 @@ class WriteScopePolicy(PlacementPolicy):
         else:
             streamed = float(a["streamed"])
         streamed = min(streamed, gpu_tok)
-        assigned_cpu = a["cpu_c"] + a["cpu_t"]
-        t_frac = a["cpu_t"] / assigned_cpu if assigned_cpu else 0.0
+        if "cpu_t_bytes" in timing:  # the cache's count of T read in place
+            t_frac = min(1.0, float(timing["cpu_t_bytes"]) / tb / cpu_tok) if cpu_tok else 0.0
+        else:  # what assign() gave (the cache withholds T blocks other sequences hold too)
+            assigned_cpu = a["cpu_c"] + a["cpu_t"]
+            t_frac = a["cpu_t"] / assigned_cpu if assigned_cpu else 0.0
         return rl.StepLoad(max(1, len(lengths)), gpu_tok - streamed, streamed,
                            cpu_tok * (1 - t_frac), cpu_tok * t_frac)
 
