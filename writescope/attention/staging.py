@@ -147,9 +147,12 @@ def piece_bounds(blocks: np.ndarray, piece_blocks: int) -> tuple[list[int], bool
     it, where cutting by entries would move it again in every piece. Also whether there are
     repeats (never with :func:`stage_shared` off)."""
     nnz = int(blocks.size)
-    if nnz <= 1 or not stage_shared() or distinct_count(blocks) == nnz:
+    distinct = distinct_count(blocks) if nnz > 1 and stage_shared() else nnz
+    if distinct == nnz:
         return list(range(0, nnz, piece_blocks)) + [nnz], False
-    bounds, seen = [0], set()
+    if distinct <= piece_blocks:  # one piece (the ring's slot holds a layer's distinct blocks)
+        return [0, nnz], True
+    bounds, seen = [0], set()  # a layer cut into pieces: entry by entry
     for e, b in enumerate(blocks.tolist()):
         if b not in seen:
             if len(seen) == piece_blocks:
