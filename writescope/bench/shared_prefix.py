@@ -94,8 +94,9 @@ def measure(engine, policy: str, mode: str, prefix: int, suffix: int, batch: int
             # the mean of each timing field the cache reported (seconds, bytes, counts: the
             # CPU side's time, its waits, the link's busy time, the host's planning...)
             "timing_means": {k: statistics.fmean(v) for k, v in sorted(parts.items())},
+            "step_ms": [round(1e3 * t, 3) for t in times],
             "stats": {k: v for k, v in cache.stats().items()
-                      if k.startswith(("prefix.", "kv.blocks.", "planner.cpu_share"))}}
+                      if k.startswith(("prefix.", "kv.blocks.", "planner."))}}
 
 
 def main(argv: list[str] | None = None) -> int:
