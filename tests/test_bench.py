@@ -1399,8 +1399,18 @@ def test_shared_prefix_bench_starts_every_follower_from_the_first_prompts_blocks
         assert r["stats"]["prefix.shared_blocks"] == 0  # every request aborted and freed
         assert r["decode_tok_s"] > 0 and r["attended_gb_per_step"] > 0
         assert r["link_gb_per_step"] == 0  # the CPU's T pool is not staged
+        assert len(r["step_ms"]) == len(r["gc_ms"]) == 3 and r["round"] == 0
+        assert max(r["step_ms"]) >= r["p50_step_ms"] and r["slowest_step_timing"]["step_s"] > 0
     assert "WRITESCOPE_STAGE_SHARED" not in os.environ
-    for bad in (["--modes", "twice"], ["--kv-policies", "fast"]):
+    assert shared_prefix.main(["--model", str(tiny_qwen3_moe), "--device", "cpu", "--dtype",
+                               "float32", "--prefix", "150", "--suffix", "5", "--batch", "2",
+                               "--num-gpu-blocks", "2", "--decode-steps", "1", "--modes", "once",
+                               "--rounds", "2", "--kv-policies", "writescope,transfer",
+                               "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["round"], r["kv_policy"]) for r in rows] == [
+        (0, "writescope"), (0, "transfer"), (1, "writescope"), (1, "transfer")]
+    for bad in (["--modes", "twice"], ["--kv-policies", "fast"], ["--rounds", "0"]):
         with pytest.raises(SystemExit):
             shared_prefix.main(bad)
 

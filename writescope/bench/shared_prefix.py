@@ -20,6 +20,8 @@ pool is the device's memory) and both modes do the same work.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import os
 import statistics
 import time
@@ -31,6 +33,25 @@ from .engine_args import add_engine_args, build_engine
 from .provenance import result_header, write_json
 
 MODES = {"once": "1", "each": "0"}
+
+
+@contextlib.contextmanager
+def gc_clock():
+    """Yields a list that gets the seconds of every garbage collection run inside the block
+    (``gc.callbacks``): a step much slower than its neighbours may be one that collected."""
+    spans: list[float] = []
+    t0 = [0.0]
+
+    def cb(phase: str, _info: dict) -> None:
+        if phase == "start":
+            t0[0] = time.perf_counter()
+        else:
+            spans.append(time.perf_counter() - t0[0])
+    gc.callbacks.append(cb)
+    try:
+        yield spans
+    finally:
+        gc.callbacks.remove(cb)
 
 
 def measure(engine, policy: str, mode: str, prefix: int, suffix: int, batch: int, steps: int,
@@ -65,13 +86,19 @@ def measure(engine, policy: str, mode: str, prefix: int, suffix: int, batch: int
     for _ in range(2):  # untimed: the batch's first decode steps at this shape
         step()
     cache = engine.cache
-    times, link, attended = [], [], []
+    times, link, attended, gc_s = [], [], [], []
     parts: dict[str, list[float]] = {}  # the cache's timing of each step, where numeric
+    slowest: dict = {}
     for _ in range(steps):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
+        with gc_clock() as spans:
+            t0 = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - t0)
+        gc_s.append(sum(spans))
         tm = cache.last_timing or {}
+        if times[-1] == max(times):
+            slowest = {k: v for k, v in tm.items()
+                       if isinstance(v, (int, float)) and not isinstance(v, bool)}
         link.append(float(tm.get("pcie_bytes") or 0.0))
         attended.append(float(tm.get("gpu_bytes", 0)) + float(tm.get("cpu_bytes", 0)))
         for k, v in tm.items():
@@ -95,6 +122,9 @@ def measure(engine, policy: str, mode: str, prefix: int, suffix: int, batch: int
             # CPU side's time, its waits, the link's busy time, the host's planning...)
             "timing_means": {k: statistics.fmean(v) for k, v in sorted(parts.items())},
             "step_ms": [round(1e3 * t, 3) for t in times],
+            # each step's time in garbage collections, and the cache's timing of the slowest
+            "gc_ms": [round(1e3 * t, 3) for t in gc_s],
+            "slowest_step_timing": slowest,
             "stats": {k: v for k, v in cache.stats().items()
                       if k.startswith(("prefix.", "kv.blocks.", "planner."))}}
 
@@ -112,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--decode-steps", type=int, default=16)
     ap.add_argument("--modes", default="once,each")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="measure every (policy, mode) row this many times, in turn (default 1)")
     ap.add_argument("--profile", default=None, help="a calibration, for the H2D ceiling")
     ap.add_argument("--max-num-batched-tokens", type=int, default=4096)
     ap.add_argument("--seed", type=int, default=0)
@@ -129,8 +161,10 @@ def main(argv: list[str] | None = None) -> int:
             check_policy_name(p)
     except ValueError as e:
         ap.error(f"--kv-policies: {e}")
-    if args.prefix < 1 or args.suffix < 1 or args.batch < 2 or args.decode_steps < 1:
-        ap.error("--prefix, --suffix and --decode-steps must be positive, --batch at least 2")
+    if args.prefix < 1 or args.suffix < 1 or args.batch < 2 or args.decode_steps < 1 or \
+            args.rounds < 1:
+        ap.error("--prefix, --suffix, --decode-steps and --rounds must be positive, --batch at "
+                 "least 2")
     ceiling = None
     if args.profile:
         from ..planner.profile import HardwareProfile
@@ -149,9 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     old = os.environ.get("WRITESCOPE_STAGE_SHARED")
     try:
-        for policy, mode in ((p, m) for p in policies for m in modes):
+        for rnd, policy, mode in ((k, p, m) for k in range(args.rounds) for p in policies
+                                  for m in modes):
             r = measure(engine, policy, mode, args.prefix, args.suffix, args.batch,
                         args.decode_steps, args.seed)
+            r["round"] = rnd
             rows.append(r)
             print(f"{policy:>10} {mode:>5} {r['cached_tokens_min']:>8} {r['mean_step_ms']:>9.2f} "
                   f"{r['p50_step_ms']:>8.2f} {r['decode_tok_s']:>8.1f} "
@@ -162,14 +198,23 @@ def main(argv: list[str] | None = None) -> int:
             os.environ.pop("WRITESCOPE_STAGE_SHARED", None)
         else:
             os.environ["WRITESCOPE_STAGE_SHARED"] = old
+    def over_rounds(policy: str, mode: str, key: str) -> float | None:
+        vals = [r[key] for r in rows if r["kv_policy"] == policy and r["mode"] == mode]
+        return statistics.fmean(vals) if vals else None
     for policy in policies:
-        by = {r["mode"]: r for r in rows if r["kv_policy"] == policy}
-        if "once" in by and "each" in by:
-            once, each = by["once"], by["each"]
-            moved = (f", {once['link_gb_per_step'] / each['link_gb_per_step']:.3f} of the "
-                     f"link's bytes" if each["link_gb_per_step"] else " (nothing staged)")
-            print(f"{policy}: once / each {each['mean_step_ms'] / once['mean_step_ms']:.2f}x "
-                  f"the decode rate{moved}")
+        once, each = (over_rounds(policy, m, "mean_step_ms") for m in ("once", "each"))
+        if once and each:
+            lo, le = (over_rounds(policy, m, "link_gb_per_step") for m in ("once", "each"))
+            moved = f", {lo / le:.3f} of the link's bytes" if le else " (nothing staged)"
+            print(f"{policy}: once / each {each / once:.2f}x the decode rate{moved}")
+    if len(policies) > 1:  # each policy against the first, mode by mode (means over rounds)
+        for mode in modes:
+            base = policies[0]
+            for policy in policies[1:]:
+                ratios = [f"{k.split('_')[0]} {over_rounds(policy, mode, k) / v:.3f}"
+                          for k in ("mean_step_ms", "p50_step_ms")
+                          if (v := over_rounds(base, mode, k))]
+                print(f"{mode}: {policy} / {base} step time, " + ", ".join(ratios))
     if args.json:
         write_json(args.json, {**result_header("shared_prefix", argv),
                                "device": str(engine.device), "model": engine.model_name,
