@@ -1515,3 +1515,69 @@ def test_the_load_learnt_from_splits_the_cpus_bytes_as_the_cache_counted_them():
     assert (load.cpu_c_tokens, load.cpu_t_tokens) == pytest.approx((192, 64))  # as read
     load = pol._load({**base, "cpu_bytes": 0.0, "cpu_t_bytes": 0.0}, [300])
     assert load.cpu_tokens == 0
+
+
+def test_shared_t_tokens_stream_whatever_the_share():
+    """``fixed_t`` (T blocks several sequences hold, counted once) stream at every share, the
+    CPU's tokens never pass C + T, and the share is of C + T + fixed_t."""
+    for free in (False, True):
+        for x in (0.0, 0.2, 0.5, 1.0):
+            load = rl.load_at_share(4, 1000.0, 300.0, 700.0, x, free, fixed_t=4000.0)
+            assert load.streamed_tokens >= 4000.0 and load.cpu_tokens <= 1000.0
+            assert load.spilled_tokens == pytest.approx(5000.0)
+            assert load.cpu_tokens == pytest.approx(min(max(x * 5000.0, 0.0 if free else 300.0),
+                                                        1000.0))
+        # without shared tokens, the same loads as before
+        assert rl.load_at_share(4, 1000.0, 300.0, 700.0, 0.5, free) == \
+            rl.load_at_share(4, 1000.0, 300.0, 700.0, 0.5, free, fixed_t=0.0)
+    from writescope.models.config import REFERENCE_DIR
+    cfg = ModelConfig.from_hf(REFERENCE_DIR / "deepseek-v2-lite.json")
+    prof = HardwareProfile.load(H200_PROFILE)
+    plan = rl.optimal_cpu_share(prof, cfg, 8, 8 * 4096.0, 448.0, 64.0, False, fixed_t=28224.0)
+    assert plan.cpu_share <= (448.0 + 64.0) / (448.0 + 64.0 + 28224.0) + 1e-12
+    assert plan.prediction.pcie_s > 0  # the shared blocks stream at any share
+
+
+def test_the_plan_counts_a_shared_prefix_once_on_the_link():
+    """Eight sequences holding one prefix's 441 T blocks (prefix caching): the cache tells the
+    planner (``note_shared``, ``SeqKV.shared_t``). The plan's predicted step is that of the
+    load the cache then runs -- the shared blocks streamed once, their other listings read from
+    HBM, the CPU given private T blocks only -- far below the step predicted as if each
+    sequence streamed its own copy."""
+    from writescope.models.config import REFERENCE_DIR
+    cfg = ModelConfig.from_hf(REFERENCE_DIR / "deepseek-v2-lite.json")
+    bs, b, n_shared = 64, 8, 441
+    regs = (Region.G,) * 64 + (Region.C,) * 7 + (Region.T,) * n_shared + (Region.T,) * 2
+    n = len(regs) * bs + 10
+
+    def plan(shared: bool):
+        pol = WriteScopePolicy(profile=H200_PROFILE, model_config=cfg, block_size=bs,
+                               verify_steps=0)
+        pol.note_shared(n_shared if shared else 0)
+        given = [pol.assign(SeqKV(i, n, regs, n_shared if shared else 0)) for i in range(b)]
+        return pol, given
+
+    pol, given = plan(True)
+    assert all(0 <= k <= 2 for k in given)  # at most its own two T blocks
+    stats = pol.stats()
+    share = stats["planner.cpu_share"]
+    assert share <= (b * 9) / (b * 9 + n_shared) + 1e-12
+    c, t, fixed = b * 7 * bs, b * 2 * bs, n_shared * bs
+    load = rl.load_at_share(b, b * (64 * bs + 10) + (b - 1) * n_shared * bs, c, t, share,
+                            fixed_t=fixed)
+    want = rl.predict_step(pol.profile, cfg, load, False, pol.feedback.corrections_at(
+        b * n)).step_s
+    assert stats["planner.planned_step_s"] == pytest.approx(want, rel=1e-9)
+    assert abs(sum(given) * bs - load.cpu_t_tokens) <= b * bs  # the assignment, per sequence
+    naive, _ = plan(False)
+    assert naive.stats()["planner.planned_step_s"] > 2 * want
+    # the placement of a sequence's next spilled block counts a shared block once: of the
+    # batch's 8 x 7 C and 441 + 8 x 2 distinct T blocks, C holds 0.11, below a target share
+    # of 1 (as if the planner wanted every private block on the CPU) -> C
+    pol._batch = set(range(b))
+    cap = CacheCapacity({Region.G: 0, Region.C: 100, Region.T: 100}, bs, int(
+        bs * cfg.kv_bytes_per_token()))
+    pol._place_memo = None
+    out = pol.place(SeqKV(0, n + 60, regs, n_shared), 1, cap)
+    assert out == [choose_spilled_region(b * 7, b * 7 + n_shared + b * 2,
+                                         pol.last_placement_target)]

@@ -375,3 +375,49 @@ def test_sequences_sharing_t_blocks_count_them_once_on_the_link(policy):
     timing = cache.end_step()
     assert timing["cpu_bytes"] == timing["cpu_t_bytes"] == \
         (n_t * bs * tb if policy is ReadTInPlace else 0)
+
+
+class Recording(ReadTInPlace):
+    """ReadTInPlace that keeps what the cache told it of shared blocks."""
+
+    def __init__(self):
+        super().__init__()
+        self.told: list = []
+
+    def note_shared(self, distinct_t_blocks):
+        self.told.append(("distinct", distinct_t_blocks))
+
+    def assign(self, seq):
+        self.told.append((seq.seq_id, seq.shared_t, seq.regions.count(Region.T)))
+        return super().assign(seq)
+
+
+def test_the_policy_is_told_which_t_blocks_are_shared():
+    """Before a step's ``assign`` calls the cache tells a policy how many distinct T blocks
+    two or more of its sequences hold, and each ``SeqKV`` how many of its own T blocks are
+    among them; once a holder leaves, none are."""
+    spec = SPECS["gqa"](1)
+    layout = CacheLayout(4, {Region.G: 1, Region.T: 16, Region.C: 4, Region.W: 4})
+    pol = Recording()
+    cache = InplaceKVCache(spec, layout, pol, "cpu", scale=0.3, prefill_gpu_rows=4,
+                           prefix_caching=True)
+    prompt = list(range(1, 22))  # 21 tokens: 5 full blocks
+    names = cache.prefix_names(prompt)
+    cache.add_sequence(0, 24, 21, prompt_names=names)
+    recs = token_records(prompt + [3, 3], spec, 1)
+    cache.begin_step([(0, 0, 21)])
+    cache.attention(0, torch.randn(21, 2, spec.k_dim), recs[0, :21])
+    cache.end_step()
+    cache.add_sequence(1, 24, 21, prefix=cache.match_prefix(names, 21), prompt_names=names)
+    n_t = cache.seqs[0].regions().count(Region.T)
+    pol.told.clear()
+    cache.begin_step([(0, 21, 1), (1, 20, 1)])
+    cache.attention(0, torch.randn(2, 2, spec.k_dim), torch.stack([recs[0, 21], recs[0, 20]]))
+    cache.end_step()
+    assert pol.told == [("distinct", n_t), (0, n_t, n_t), (1, n_t, n_t)]
+    cache.free_sequence(1, prompt[:21])
+    pol.told.clear()
+    cache.begin_step([(0, 22, 1)])
+    cache.attention(0, torch.randn(1, 2, spec.k_dim), recs[0, 22:23])
+    cache.end_step()
+    assert pol.told == [("distinct", 0), (0, 0, n_t)]

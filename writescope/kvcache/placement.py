@@ -29,6 +29,9 @@ class SeqKV:
     seq_id: int
     num_tokens: int  # tokens in the cache once this step's writes are done
     regions: tuple[Region, ...]  # region of each sealed block so far, in order
+    #: of its T blocks, how many other sequences hold too (prefix caching): they stream, once
+    #: for all their holders (told in ``assign``; 0 elsewhere)
+    shared_t: int = 0
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,12 @@ class PlacementPolicy(ABC):
         return 0
 
     def observe(self, timing: dict[str, Any]) -> None:  # feedback hook; rule policies ignore it
+        return None
+
+    def note_shared(self, distinct_t_blocks: int) -> None:
+        """Told before each step's ``assign`` calls (policies with their own ``assign``): how
+        many distinct T blocks two or more of the step's sequences hold. The link moves each
+        once a step, while every holder's ``SeqKV.shared_t`` counts it."""
         return None
 
     def admit(self, seq_id: int, prompt_tokens: int) -> None:

@@ -49,6 +49,7 @@ def build_step_plan(work: list[tuple[int, int, int]], seqs: dict[int, SeqTable],
     custom = type(policy).assign is not PlacementPolicy.assign
     t_code, c_code = REGION_CODES[Region.T], REGION_CODES[Region.C]
     row0 = 0
+    asks = []  # (batch index, SeqKV without shared_t) of the sequences the policy assigns
     for i, (seq_id, start, n) in enumerate(work):
         t = seqs[seq_id]
         q_counts[i] = n
@@ -61,18 +62,7 @@ def build_step_plan(work: list[tuple[int, int, int]], seqs: dict[int, SeqTable],
             read["gpu"] += codes.size * bs + tail
             continue
         if custom:
-            a = policy.assign(SeqKV(seq_id, start, t.regions()))
-            if isinstance(a, (int, np.integer)):  # the n oldest T blocks too
-                if a < 0:
-                    raise KVCacheError(f"policy {policy.name!r} assigned {a} T blocks "
-                                       f"to the CPU")
-                cpu_t[i] = a
-            else:
-                mask = np.asarray(a, dtype=bool)
-                if mask.shape != codes.shape:
-                    raise KVCacheError(f"policy {policy.name!r} assigned {mask.size} "
-                                       f"blocks, sequence has {codes.size}")
-                masks.append((i, mask))
+            asks.append((i, SeqKV(seq_id, start, t.regions())))
         if prefill_gpu_rows is not None and n > prefill_gpu_rows:
             gpu_only[i] = True
         codes_l.append(codes)
@@ -80,23 +70,45 @@ def build_step_plan(work: list[tuple[int, int, int]], seqs: dict[int, SeqTable],
         sizes[i] = codes.size
         tails[i] = tail
         w_slots[i] = t.w_slot
-    qi = np.zeros(n_seqs + 1, np.int32)
-    np.cumsum(q_counts, out=qi[1:])
-    plan = AttentionStepPlan(spec, scale, int(qi[-1]), q_indptr=torch.as_tensor(qi))
     if codes_l:
         codes = np.concatenate(codes_l)
         ids = np.concatenate(ids_l)
         owner = np.repeat(np.arange(n_seqs), sizes)  # the sequence of each block
     else:
         codes = ids = owner = np.zeros(0, np.int32)
+    sharing = shared_t is not None and shared_t.size > 0
+    # T blocks other sequences hold too: they stream once, the CPU takes private ones
+    shared = (codes == t_code) & np.isin(ids, shared_t) if sharing else None
+    if custom:
+        per_seq = np.zeros(n_seqs, np.int64)
+        if sharing:
+            per_seq = np.bincount(owner[shared], minlength=n_seqs)
+            policy.note_shared(distinct_count(ids[shared]))
+        else:
+            policy.note_shared(0)
+        for i, s in asks:
+            a = policy.assign(SeqKV(s.seq_id, s.num_tokens, s.regions, int(per_seq[i])))
+            if isinstance(a, (int, np.integer)):  # the n oldest T blocks too
+                if a < 0:
+                    raise KVCacheError(f"policy {policy.name!r} assigned {a} T blocks "
+                                       f"to the CPU")
+                cpu_t[i] = a
+            else:
+                mask = np.asarray(a, dtype=bool)
+                if mask.shape != (len(s.regions),):
+                    raise KVCacheError(f"policy {policy.name!r} assigned {mask.size} "
+                                       f"blocks, sequence has {len(s.regions)}")
+                masks.append((i, mask))
+    qi = np.zeros(n_seqs + 1, np.int32)
+    np.cumsum(q_counts, out=qi[1:])
+    plan = AttentionStepPlan(spec, scale, int(qi[-1]), q_indptr=torch.as_tensor(qi))
     # the CPU side reads the C blocks and each sequence's oldest cpu_t T blocks (or the
     # blocks its policy's mask says), none where its rows are too many (gpu_only)
     on_cpu = codes == c_code
-    sharing = shared_t is not None and shared_t.size > 0
     if cpu_t.any():
         is_t = codes == t_code
         if sharing:  # shared T blocks stream (once), the CPU takes private ones
-            is_t &= ~np.isin(ids, shared_t)
+            is_t &= ~shared
         seen = np.cumsum(is_t)  # T blocks up to and including each block, batch-wide
         first = np.cumsum(sizes) - sizes  # each sequence's first block
         before = np.concatenate(([0], seen))[first]  # T blocks of the sequences before

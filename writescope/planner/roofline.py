@@ -536,19 +536,27 @@ def _split_experts_step(profile: "HardwareProfile", cfg: "ModelConfig", load: St
 
 
 def load_at_share(batch_size: int, resident: float, c_tokens: float, t_tokens: float, x: float,
-                  free: bool = False) -> StepLoad:
+                  free: bool = False, fixed_t: float = 0.0) -> StepLoad:
     """The load when the CPU attends a share ``x`` of the spilled tokens.
 
     Placed (``free=False``): the CPU takes all C tokens, then reads T tokens in place; the GPU
-    streams the remaining T tokens (``x`` is clamped to ``[C/S, 1]``). Free (``free=True``, for
-    planning where blocks *should* go): the CPU's share is in C and the rest in T."""
-    spilled = c_tokens + t_tokens
+    streams the remaining T tokens (``x`` is clamped to ``[C/S, (C+T)/S]``). Free
+    (``free=True``, for planning where blocks *should* go): the CPU's share is in C and the rest
+    in T (``x`` clamped to ``[0, (C+T)/S]``).
+
+    ``fixed_t``: T tokens streamed whatever the share -- T blocks that several sequences hold,
+    counted once (the staging ring moves a shared block once; the cache keeps them off the CPU,
+    ``kvcache/step_plan.py``). The caller counts their other listings as resident (the GPU reads
+    the staged copy from HBM once per sequence). The spilled tokens ``S`` the share is of are
+    ``C + T + fixed_t``."""
+    spilled = c_tokens + t_tokens + fixed_t
+    flexible = c_tokens + t_tokens
     if free:
-        x = min(max(x, 0.0), 1.0)
-        return StepLoad(batch_size, resident, (1 - x) * spilled, x * spilled, 0.0)
-    cpu = min(max(x * spilled, c_tokens), spilled)
+        cpu = min(max(x * spilled, 0.0), flexible)
+        return StepLoad(batch_size, resident, flexible - cpu + fixed_t, cpu, 0.0)
+    cpu = min(max(x * spilled, c_tokens), flexible)
     cpu_t = cpu - c_tokens
-    return StepLoad(batch_size, resident, t_tokens - cpu_t, c_tokens, cpu_t)
+    return StepLoad(batch_size, resident, t_tokens - cpu_t + fixed_t, c_tokens, cpu_t)
 
 
 @dataclass(frozen=True)
@@ -561,12 +569,14 @@ def optimal_cpu_share(profile: "HardwareProfile", cfg: "ModelConfig", batch_size
                       resident: float, c_tokens: float, t_tokens: float,
                       experts_on_cpu: ExpertsOnCpu,
                       corr: Corrections = Corrections(), free: bool = False,
-                      min_gain: float = MIN_GAIN, pipelined: Pipelined = False) -> SharePlan:
+                      min_gain: float = MIN_GAIN, pipelined: Pipelined = False,
+                      fixed_t: float = 0.0) -> SharePlan:
     """The CPU share of spilled tokens that minimises predicted step time.
 
     ``c_tokens`` must go to the CPU (their layout is the CPU's); ``t_tokens`` may go either way
-    (the CPU reads them in place at the T rate). With ``free=True`` the split is not constrained
-    by any placement (see :func:`target_share`). Ties go to the smallest share: less CPU work
+    (the CPU reads them in place at the T rate); ``fixed_t`` (shared T blocks, counted once)
+    stream whatever the share (:func:`load_at_share`). With ``free=True`` the split is not
+    constrained by any placement (see :func:`target_share`). Ties go to the smallest share: less CPU work
     for the same predicted time. The CPU starts attending (leaves the smallest share) only for
     a predicted gain of at least ``min_gain`` of the step: below that the model's own error and
     the costs it leaves out (CPU threads woken, caches polluted, C blocks committed for good)
@@ -574,16 +584,18 @@ def optimal_cpu_share(profile: "HardwareProfile", cfg: "ModelConfig", batch_size
     hides inside GPU attention time only to shorten the first layer's copy -- that would make it
     dip as sequences grow.
     """
-    spilled = c_tokens + t_tokens
+    fixed_t = max(0.0, fixed_t)
+    spilled = c_tokens + t_tokens + fixed_t
     experts_on_cpu = cpu_expert_layers(cfg, experts_on_cpu)  # once, not at every candidate
-    if spilled <= 0:
-        load = StepLoad(batch_size, resident, 0.0, 0.0, 0.0)
+    if c_tokens + t_tokens <= 0:
+        load = StepLoad(batch_size, resident, fixed_t, 0.0, 0.0)
         return SharePlan(0.0, predict_step(profile, cfg, load, experts_on_cpu, corr,
                                            pipelined=pipelined))
-    lo, hi = (0.0, 1.0) if free else (c_tokens / spilled, 1.0)
+    hi = (c_tokens + t_tokens) / spilled
+    lo = 0.0 if free else c_tokens / spilled
 
     def at(x: float, regime: tuple[bool, bool] | None = None) -> StepPrediction:
-        load = load_at_share(batch_size, resident, c_tokens, t_tokens, x, free)
+        load = load_at_share(batch_size, resident, c_tokens, t_tokens, x, free, fixed_t)
         return predict_step(profile, cfg, load, experts_on_cpu, corr, regime, pipelined)
 
     # the two ends, each in its own contention regime (no CPU attention / no streaming)
@@ -647,13 +659,16 @@ def _kinds(cfg: "ModelConfig", pred: StepPrediction) -> list[LayerTime]:
 def target_share(profile: "HardwareProfile", cfg: "ModelConfig", batch_size: int,
                  resident: float, spilled: float, experts_on_cpu: ExpertsOnCpu,
                  corr: Corrections = Corrections(), pipelined: Pipelined = False,
-                 min_gain: float = PLACEMENT_MIN_GAIN) -> SharePlan:
+                 min_gain: float = PLACEMENT_MIN_GAIN, fixed_t: float = 0.0) -> SharePlan:
     """The share the write scope aims at: the best split if every CPU token sat in C (the
     CPU's layout) and every GPU token in T, i.e. with no placement constraint. Blocks placed
     in C stay there, so the CPU gets a share only for a predicted gain of ``min_gain`` of the
-    step (:data:`PLACEMENT_MIN_GAIN`), not the step plan's ``MIN_GAIN``."""
+    step (:data:`PLACEMENT_MIN_GAIN`), not the step plan's ``MIN_GAIN``. ``fixed_t``: shared T
+    tokens, counted once, that stream whatever the split (``spilled`` leaves them out; see
+    :func:`load_at_share`)."""
     return optimal_cpu_share(profile, cfg, batch_size, resident, 0.0, spilled, experts_on_cpu,
-                             corr, free=True, pipelined=pipelined, min_gain=min_gain)
+                             corr, free=True, pipelined=pipelined, min_gain=min_gain,
+                             fixed_t=fixed_t)
 
 
 def bandwidth_ratio(profile: "HardwareProfile", cfg: "ModelConfig") -> float:

@@ -7,9 +7,13 @@
 #    rounds in turn, 24 decode steps each: each step's time, its garbage collections (gc_ms)
 #    and the cache's timing of the slowest step.
 # 2. Qwen3-30B-A3B, the same (one round).
-# Carry .whl. CALL_S=300 (timeout 330).
+# 3. The whole GPU suite.
+# Since its first (refused) start the planner's model counts a shared T block once on the link
+# (note_shared / SeqKV.shared_t; roofline fixed_t): planner.planned_step_s should now be near
+# the measured step.
+# Carry .whl. CALL_S=560 (timeout 590).
 source bench/results/run-helper.sh
-call_begin ${CALL_S:-300}
+call_begin ${CALL_S:-560}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $R/gpu.txt
 sp() {  # sp NAME CAP MODEL BUDGET ROUNDS
   run $1 $2 python -m writescope.bench.shared_prefix --model $3 --random-weights \
@@ -21,7 +25,8 @@ import json, sys
 for r in json.load(open(sys.argv[1]))["rows"]:
     s = r["stats"]
     print(r["round"], r["kv_policy"], round(r["mean_step_ms"], 2), round(r["p50_step_ms"], 2),
-          "share", round(s.get("planner.cpu_share", 0), 3), "steps", r["step_ms"])
+          "share", round(s.get("planner.cpu_share", 0), 3), "planned ms",
+          round(1e3 * s.get("planner.planned_step_s", 0), 2), "steps", r["step_ms"])
     print("   gc_ms", r["gc_ms"])
     t = r["slowest_step_timing"]
     print("   slowest:", {k: round(v, 5) for k, v in t.items()})
@@ -32,4 +37,6 @@ PY
 }
 sp sp-dsv2 120 deepseek-v2-lite 48GiB 2
 sp sp-qwen3 150 qwen3-30b-a3b 68GiB 1
+gpu_tests 400
+grep -E "passed|failed|^FAILED" $R/gpu-tests.log | tail -6
 call_end
