@@ -6,14 +6,14 @@
 # 1. The same row on this tree with the default timing (WRITESCOPE_TIMING_EVERY unset), two
 #    rounds in turn, 24 decode steps each: each step's time, its garbage collections (gc_ms)
 #    and the cache's timing of the slowest step.
-# 2. Qwen3-30B-A3B, the same (one round).
-# 3. The whole GPU suite.
+# 2. The whole GPU suite.
+# 3. Qwen3-30B-A3B, the same (one round), with the time left.
 # Since its first (refused) start the planner's model counts a shared T block once on the link
 # (note_shared / SeqKV.shared_t; roofline fixed_t): planner.planned_step_s should now be near
 # the measured step.
-# Carry .whl. CALL_S=560 (timeout 590).
+# Carry .whl. CALL_S=520 (timeout 550).
 source bench/results/run-helper.sh
-call_begin ${CALL_S:-560}
+call_begin ${CALL_S:-520}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $R/gpu.txt
 sp() {  # sp NAME CAP MODEL BUDGET ROUNDS
   run $1 $2 python -m writescope.bench.shared_prefix --model $3 --random-weights \
@@ -36,7 +36,7 @@ for r in json.load(open(sys.argv[1]))["rows"]:
 PY
 }
 sp sp-dsv2 120 deepseek-v2-lite 48GiB 2
-sp sp-qwen3 150 qwen3-30b-a3b 68GiB 1
 gpu_tests 400
 grep -E "passed|failed|^FAILED" $R/gpu-tests.log | tail -6
+sp sp-qwen3 150 qwen3-30b-a3b 68GiB 1
 call_end
