@@ -1401,6 +1401,7 @@ def test_shared_prefix_bench_starts_every_follower_from_the_first_prompts_blocks
         assert r["link_gb_per_step"] == 0  # the CPU's T pool is not staged
         assert len(r["step_ms"]) == len(r["gc_ms"]) == 3 and r["round"] == 0
         assert max(r["step_ms"]) >= r["p50_step_ms"] and r["slowest_step_timing"]["step_s"] > 0
+        assert isinstance(r["jit_compiles"], list) and len(r["host_attend_ms"]) == 3
     assert "WRITESCOPE_STAGE_SHARED" not in os.environ
     assert shared_prefix.main(["--model", str(tiny_qwen3_moe), "--device", "cpu", "--dtype",
                                "float32", "--prefix", "150", "--suffix", "5", "--batch", "2",
@@ -1429,3 +1430,26 @@ def test_the_embedded_model_by_the_name_it_is_served_under(tmp_path, monkeypatch
     (tmp_path / DEFAULT_NAME).mkdir()
     with pytest.raises(ValueError, match="no config.json"):  # the folder, not the embedded model
         resolve_model(DEFAULT_NAME, False)
+
+
+def test_jit_compiles_records_each_compile_and_restores_the_hook():
+    """``bench.jit_log.jit_compiles`` puts a hook on Triton's in-process cache misses for the
+    block's length (a real compile calls it with these keywords), records each, passes the
+    call on to a hook set before, and puts that one back."""
+    from writescope.bench.jit_log import jit_compiles
+    knobs = pytest.importorskip("triton").knobs
+    seen = []
+    before = knobs.runtime.jit_cache_hook
+    knobs.runtime.jit_cache_hook = lambda **kw: seen.append(kw["repr"]) or False
+    try:
+        with jit_compiles() as log:
+            assert log.available
+            assert knobs.runtime.jit_cache_hook(key=1, repr="kern[num_warps=4](x: *fp32)",
+                                                fn=None, compile={}, is_manual_warmup=False,
+                                                already_compiled=False) is False
+        assert [k for _, k in log] == ["kern[num_warps=4](x: *fp32)"] and log[0][0] >= 0
+        assert seen == ["kern[num_warps=4](x: *fp32)"]
+        assert knobs.runtime.jit_cache_hook is not None and \
+            knobs.runtime.jit_cache_hook(repr="y") is False and seen[-1] == "y"
+    finally:
+        knobs.runtime.jit_cache_hook = before

@@ -30,6 +30,7 @@ import torch
 
 from ..units import parse_count
 from .engine_args import add_engine_args, build_engine
+from .jit_log import jit_compiles
 from .provenance import result_header, write_json
 
 MODES = {"once": "1", "each": "0"}
@@ -86,15 +87,16 @@ def measure(engine, policy: str, mode: str, prefix: int, suffix: int, batch: int
     for _ in range(2):  # untimed: the batch's first decode steps at this shape
         step()
     cache = engine.cache
-    times, link, attended, gc_s = [], [], [], []
+    times, link, attended, gc_s, compiles = [], [], [], [], []
     parts: dict[str, list[float]] = {}  # the cache's timing of each step, where numeric
     slowest: dict = {}
-    for _ in range(steps):
-        with gc_clock() as spans:
+    for i in range(steps):
+        with gc_clock() as spans, jit_compiles() as jit:
             t0 = time.perf_counter()
             step()
             times.append(time.perf_counter() - t0)
         gc_s.append(sum(spans))
+        compiles += [{"step": i, "at_ms": round(1e3 * t, 3), "kernel": k} for t, k in jit]
         tm = cache.last_timing or {}
         if times[-1] == max(times):
             slowest = {k: v for k, v in tm.items()
@@ -124,6 +126,9 @@ def measure(engine, policy: str, mode: str, prefix: int, suffix: int, batch: int
             "step_ms": [round(1e3 * t, 3) for t in times],
             # each step's time in garbage collections, and the cache's timing of the slowest
             "gc_ms": [round(1e3 * t, 3) for t in gc_s],
+            # Triton kernels compiled (or loaded from disk) during a timed step (jit_log.py)
+            "jit_compiles": compiles,
+            "host_attend_ms": [round(1e3 * t, 3) for t in parts.get("host_attend_s", [])],
             "slowest_step_timing": slowest,
             "stats": {k: v for k, v in cache.stats().items()
                       if k.startswith(("prefix.", "kv.blocks.", "planner."))}}

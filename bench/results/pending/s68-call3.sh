@@ -1,0 +1,28 @@
+#!/bin/bash
+# Sixty-eighth session, call 3. In calls 1 and 2 (two H100 hosts) the first writescope row of
+# the shared-prefix bench (DeepSeek-V2-Lite, 8 prompts sharing a 32K prefix, after a transfer
+# row) had one step of ~60 ms among steps of ~20, both times its 8th timed step (the 10th of
+# the batch's decode), the host ~56 ms in attention calls (host_attend_s), no garbage
+# collection. A Triton kernel met for the first time? The bench now logs every Triton compile
+# during a timed step (bench/jit_log.py) and each step's host time in attention. Also: call 2's
+# second writescope row was host-bound (25.9 ms p50, host 24.9 ms a step, against 19.8).
+# Two rounds of transfer and writescope, 16 decode steps each. Carry .whl. CALL_S=200
+# (timeout 220).
+source bench/results/run-helper.sh
+call_begin ${CALL_S:-200}
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $R/gpu.txt
+run sp-dsv2 150 python -m writescope.bench.shared_prefix --model deepseek-v2-lite \
+  --random-weights --vram-budget 48GiB --experts gpu --num-gpu-blocks 64 --prefix 32k \
+  --suffix 64 --batch 8 --decode-steps 16 --modes once --rounds 2 \
+  --kv-policies transfer,writescope --max-num-batched-tokens 8192 \
+  --profile bench/profiles/h200.json --json $R/sp-dsv2.json
+python - $R/sp-dsv2.json <<'PY'
+import json, sys
+for r in json.load(open(sys.argv[1]))["rows"]:
+    print(r["round"], r["kv_policy"], round(r["mean_step_ms"], 2), round(r["p50_step_ms"], 2),
+          "steps", r["step_ms"])
+    print("   host_attend_ms", r["host_attend_ms"])
+    for c in r["jit_compiles"]:
+        print("   compile", c["step"], c["at_ms"], c["kernel"][:300])
+PY
+call_end
