@@ -6,17 +6,27 @@
 # collection. A Triton kernel met for the first time? The bench now logs every Triton compile
 # during a timed step (bench/jit_log.py) and each step's host time in attention. Also: call 2's
 # second writescope row was host-bound (25.9 ms p50, host 24.9 ms a step, against 19.8).
-# Two rounds of transfer and writescope, 16 decode steps each. Carry .whl. CALL_S=200
-# (timeout 220).
+# Two rounds of transfer and writescope, 16 decode steps each. Then writescope with the CPU
+# attention team not spinning for the next layer's queries (WRITESCOPE_CPU_SPIN_US=0; default
+# 2000): its work a layer here is the prefix's C blocks, ~10 us, and its 15 threads spin ~2 ms
+# after each job, beside the launching thread, whose time in attention calls was 14-17 ms a
+# step against transfer's 8-14 (the host's own speed moved 1.7x between call 2's rows).
+# Not run in the sixty-eighth session (its device time ran out). Carry .whl. CALL_S=260
+# (timeout 280).
 source bench/results/run-helper.sh
-call_begin ${CALL_S:-200}
+call_begin ${CALL_S:-260}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $R/gpu.txt
-run sp-dsv2 150 python -m writescope.bench.shared_prefix --model deepseek-v2-lite \
-  --random-weights --vram-budget 48GiB --experts gpu --num-gpu-blocks 64 --prefix 32k \
-  --suffix 64 --batch 8 --decode-steps 16 --modes once --rounds 2 \
-  --kv-policies transfer,writescope --max-num-batched-tokens 8192 \
-  --profile bench/profiles/h200.json --json $R/sp-dsv2.json
-python - $R/sp-dsv2.json <<'PY'
+sp() {  # sp NAME CAP ROUNDS POLICIES [ENV...]
+  local name=$1 cap=$2 rounds=$3 pol=$4; shift 4
+  run $name $cap env "$@" python -m writescope.bench.shared_prefix --model deepseek-v2-lite \
+    --random-weights --vram-budget 48GiB --experts gpu --num-gpu-blocks 64 --prefix 32k \
+    --suffix 64 --batch 8 --decode-steps 16 --modes once --rounds $rounds \
+    --kv-policies $pol --max-num-batched-tokens 8192 \
+    --profile bench/profiles/h200.json --json $R/$name.json
+  show $name
+}
+show() {
+python - $R/$1.json <<'PY'
 import json, sys
 for r in json.load(open(sys.argv[1]))["rows"]:
     print(r["round"], r["kv_policy"], round(r["mean_step_ms"], 2), round(r["p50_step_ms"], 2),
@@ -25,4 +35,7 @@ for r in json.load(open(sys.argv[1]))["rows"]:
     for c in r["jit_compiles"]:
         print("   compile", c["step"], c["at_ms"], c["kernel"][:300])
 PY
+}
+sp sp-dsv2 150 2 transfer,writescope
+sp sp-dsv2-nospin 80 2 writescope WRITESCOPE_CPU_SPIN_US=0
 call_end
