@@ -577,12 +577,12 @@ def optimal_cpu_share(profile: "HardwareProfile", cfg: "ModelConfig", batch_size
     (the CPU reads them in place at the T rate); ``fixed_t`` (shared T blocks, counted once)
     stream whatever the share (:func:`load_at_share`). With ``free=True`` the split is not
     constrained by any placement (see :func:`target_share`). Ties go to the smallest share:
-    less CPU work for the same predicted time. The CPU starts attending (leaves the smallest share) only for
-    a predicted gain of at least ``min_gain`` of the step: below that the model's own error and
-    the costs it leaves out (CPU threads woken, caches polluted, C blocks committed for good)
-    outweigh it. This also keeps the share from taking small side gains -- CPU attention that
-    hides inside GPU attention time only to shorten the first layer's copy -- that would make it
-    dip as sequences grow.
+    less CPU work for the same predicted time. The CPU starts attending (leaves the smallest
+    share) only for a predicted gain of at least ``min_gain`` of the step: below that the
+    model's own error and the costs it leaves out (CPU threads woken, caches polluted, C blocks
+    committed for good) outweigh it. This also keeps the share from taking small side gains --
+    CPU attention that hides inside GPU attention time only to shorten the first layer's copy
+    -- that would make it dip as sequences grow.
     """
     fixed_t = max(0.0, fixed_t)
     spilled = c_tokens + t_tokens + fixed_t
