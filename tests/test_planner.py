@@ -1581,3 +1581,36 @@ def test_the_plan_counts_a_shared_prefix_once_on_the_link():
     out = pol.place(SeqKV(0, n + 60, regs, n_shared), 1, cap)
     assert out == [choose_spilled_region(b * 7, b * 7 + n_shared + b * 2,
                                          pol.last_placement_target)]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 6), st.integers(0, 12),
+                          st.integers(0, 12)), min_size=1, max_size=6),
+       st.integers(0, 40), st.booleans())
+def test_shared_t_blocks_are_never_assigned_and_the_plan_stays_in_range(seqs, distinct, experts):
+    """Any batch, any count of shared T blocks: ``assign`` gives the CPU at most a sequence's
+    private T blocks, the plan's CPU share and fraction stay in range, its step is finite and
+    no faster than streaming the shared blocks alone, and placement answers a region."""
+    pol = make_policy("writescope", profile=h200_like(), model_config=tiny_cfg(),
+                      experts_on_cpu=experts, verify_steps=0)
+    bs = pol.block_size or 64
+    views = []
+    for i, (g, c, t, sh) in enumerate(seqs):
+        sh = min(sh, t)
+        regions = (Region.G,) * g + (Region.C,) * c + (Region.T,) * t
+        views.append(SeqKV(i, len(regions) * bs + 5, regions, sh))
+    pol.note_shared(distinct)
+    for v in views:
+        n = pol.assign(v)
+        assert 0 <= n <= v.regions.count(Region.T) - v.shared_t
+    plan = pol._plan
+    assert 0.0 <= plan["cpu_share"] <= 1.0 + 1e-12
+    assert 0.0 <= plan["t_fraction_to_cpu"] <= 1.0
+    assert math.isfinite(plan["predicted_step_s"]) and plan["predicted_step_s"] > 0
+    listed = sum(v.shared_t for v in views)
+    if listed:
+        streamed = min(listed, distinct) * bs * pol.token_bytes
+        assert plan["predicted_step_s"] >= streamed / pol.profile.h2d_pinned_Bps * 0.999
+    pol.observe({"batch_lengths": [v.num_tokens + 1 for v in views], "step_s": 0.01})
+    cap = CacheCapacity({Region.G: 0, Region.C: 4, Region.T: 4}, bs, int(bs * pol.token_bytes))
+    assert pol.place(views[0], 1, cap)[0] in (Region.C, Region.T)
