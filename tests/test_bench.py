@@ -1453,3 +1453,14 @@ def test_jit_compiles_records_each_compile_and_restores_the_hook():
             knobs.runtime.jit_cache_hook(repr="y") is False and seen[-1] == "y"
     finally:
         knobs.runtime.jit_cache_hook = before
+
+
+def test_the_flag_kernels_do_not_specialise_on_their_slot_or_value():
+    """The device-side flag kernels take a step's or a call's number: Triton would compile a new
+    specialisation when it first reaches a multiple of 16 (a ~60 ms decode step, see
+    ``attention/hostflag.py``). Checked where the kernels are defined (no GPU needed); the
+    compile count itself is ``test_gpu_attention``'s."""
+    pytest.importorskip("triton")
+    from writescope.attention.hostflag import _kernel, _store_kernel
+    assert {"FLAG", "expected"} <= set(_kernel().fn.do_not_specialize)
+    assert {"FLAG", "value"} <= set(_store_kernel().fn.do_not_specialize)

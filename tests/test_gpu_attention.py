@@ -168,6 +168,27 @@ def test_host_flag_wait_times_out_instead_of_hanging():
     f.check()  # reported once
 
 
+def test_host_flag_waits_compile_once_for_every_slot_and_value():
+    """The device-side wait is compiled once: a step number or call number that reaches 16, 32
+    (values Triton would specialise on), or a slot at any address, compiles nothing more. It
+    did: the 16th step of every process compiled a second wait kernel, a ~60 ms decode step."""
+    _triton()
+    from writescope.attention.hostflag import HostFlags
+    from writescope.bench.jit_log import jit_compiles
+    f = HostFlags(8, "cuda", max_spins=1000)
+    for i in range(8):
+        f.signal(i, 64)
+    f.wait(0, 3)  # the first call compiles
+    torch.cuda.synchronize()
+    with jit_compiles() as log:
+        for i, value in enumerate((1, 15, 16, 17, 32, 48, 63, 64)):
+            f.wait(i, value)
+        torch.cuda.synchronize()
+    f.check()
+    assert log.available
+    assert [k for _, k in log] == []
+
+
 @pytest.mark.parametrize("memop", [True, False])
 def test_ready_flag_is_raised_in_stream_order(memop):
     """The stream raises a ReadyFlags word only after the work queued before it; a host thread

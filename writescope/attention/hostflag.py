@@ -132,7 +132,12 @@ def _kernel():
             v = tl.load(FLAG, cache_modifier=".cv")
         return v
 
-    @triton.jit
+    # one compilation for every slot and value, as the store kernel: ``expected`` is the step's
+    # number (hybrid.py) or a call's sequence number (cpu_experts.py), and a specialisation on
+    # 16 | value compiled a second kernel at the 16th step of every process -- one decode step
+    # of ~60 ms among steps of ~20 (DeepSeek-V2-Lite shared-prefix rows, 2026-12-06h calls 1
+    # and 2); a flag slot's address is 16-byte aligned for every other slot
+    @triton.jit(do_not_specialize=["FLAG", "expected"])
     def wait_kernel(FLAG, STATUS, expected, max_spins, MODE: tl.constexpr, RESET: tl.constexpr):
         v = _read(FLAG, MODE)
         i = 0
