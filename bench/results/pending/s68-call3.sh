@@ -3,8 +3,11 @@
 # the shared-prefix bench (DeepSeek-V2-Lite, 8 prompts sharing a 32K prefix, after a transfer
 # row) had one step of ~60 ms among steps of ~20, both times its 8th timed step (the 10th of
 # the batch's decode), the host ~56 ms in attention calls (host_attend_s), no garbage
-# collection. A Triton kernel met for the first time? The bench now logs every Triton compile
-# during a timed step (bench/jit_log.py) and each step's host time in attention. Also: call 2's
+# collection. Found by reading the code after call 2: the device-side wait kernel took the
+# step's number as a specialised int, and the 16th hybrid step of a process (the first multiple
+# of 16) compiled a second variant. deae5cd marks it not specialised, as the store kernel was.
+# The bench now logs every Triton compile during a timed step (bench/jit_log.py) and each
+# step's host time in attention: expect no compile in any timed step and no ~60 ms step. Also: call 2's
 # second writescope row was host-bound (25.9 ms p50, host 24.9 ms a step, against 19.8).
 # Two rounds of transfer and writescope, 16 decode steps each. Then writescope with the CPU
 # attention team not spinning for the next layer's queries (WRITESCOPE_CPU_SPIN_US=0; default
