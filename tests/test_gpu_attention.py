@@ -173,8 +173,10 @@ def test_host_flag_waits_compile_once_for_every_slot_and_value():
     (values Triton would specialise on), or a slot at any address, compiles nothing more. It
     did: the 16th step of every process compiled a second wait kernel, a ~60 ms decode step."""
     _triton()
+    from writescope.attention import hostflag
     from writescope.attention.hostflag import HostFlags
     from writescope.bench.jit_log import jit_compiles
+    hostflag._kernel.cache_clear()  # a kernel of its own: earlier tests' variants don't count
     f = HostFlags(8, "cuda", max_spins=1000)
     for i in range(8):
         f.signal(i, 64)
