@@ -78,7 +78,13 @@ def build_step_plan(work: list[tuple[int, int, int]], seqs: dict[int, SeqTable],
         codes = ids = owner = np.zeros(0, np.int32)
     sharing = shared_t is not None and shared_t.size > 0
     # T blocks other sequences hold too: they stream once, the CPU takes private ones
-    shared = (codes == t_code) & np.isin(ids, shared_t) if sharing else None
+    shared = None
+    if sharing and ids.size:  # a flag per id (linear; np.isin sorts)
+        mark = np.zeros(int(max(ids.max(), shared_t.max())) + 1, np.bool_)
+        mark[shared_t] = True
+        shared = (codes == t_code) & mark[ids]
+    elif sharing:
+        shared = np.zeros(0, np.bool_)
     if custom:
         per_seq = np.zeros(n_seqs, np.int64)
         if sharing:
