@@ -33,7 +33,10 @@ def build_step_plan(work: list[tuple[int, int, int]], seqs: dict[int, SeqTable],
     stay on the GPU side: the staging ring moves a shared block once a piece
     (``attention/staging.py``), where the CPU would read it once per sequence; so a policy's
     ``n`` oldest T blocks for the CPU are its oldest *unshared* ones. The streamed count
-    (``t_gpu``) is then of distinct T blocks, while ``gpu`` counts every sequence's read."""
+    (``t_gpu``) is then of distinct T blocks, while ``gpu`` counts every sequence's read. A
+    policy with its own ``assign`` is told, before its calls, how many distinct shared T blocks
+    the step holds (``note_shared``) and each sequence how many of its own are among them
+    (``SeqKV.shared_t``), so that its model can count them once."""
     n_seqs = len(work)
     q_counts = np.empty(n_seqs, np.int64)
     tails = np.zeros(n_seqs, np.int64)     # W tokens each attends (0: none, or dense prefill)
