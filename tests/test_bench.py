@@ -150,6 +150,11 @@ def test_summary_of_the_pairs_whose_spilled_kv_exceeds_the_cpu_experts_bytes():
     assert s["kv_over_experts"]["geomean_vs_best_other_policy"] == pytest.approx(1.5)
     text = markdown({"rows": rows, "summary": summarize(rows)})
     assert "spilled KV per step exceeds the activated experts' bytes at b4 x 128k" in text
+    assert "compiled Triton kernels" not in text
+    rows[0]["jit_compiles"] = [{"step": 3, "at_ms": 1.0, "kernel": "wait_kernel[num_warps=1](x)"},
+                               {"step": 3, "at_ms": 2.0, "kernel": "partial_kernel[...](y)"}]
+    text = markdown({"rows": rows, "summary": summarize(rows)})
+    assert "- m b4 8k writescope: 2 at steps 3 (partial_kernel, wait_kernel)" in text
     for r in rows:  # experts on the GPU: no such pairs
         r["cpu_expert_bytes_per_step"] = 0.0
     assert summarize(rows)["m"]["kv_over_experts"]["pairs"] == []
@@ -264,6 +269,8 @@ def test_failed_rows_do_not_stop_the_run(grid):
     for r in short:
         assert r["decode_tokens_per_s"] > 0 and len(r["step_times_s"]) == 8
         assert r["p50_step_s"] <= r["p99_step_s"] and r["ttft_s"] > 0
+        if not r["peer"]:  # no Triton kernel compiles on the CPU
+            assert r["jit_compiles"] == []
         if not r["peer"]:  # the first timed call opens the window (row.py): not counted
             later = r["step_times_s"][1:]
             assert r["decode_tokens_per_s"] == pytest.approx(r["batch"] * 7 / sum(later))

@@ -311,6 +311,17 @@ def markdown(doc: dict[str, Any]) -> str:
             f"{_num(r.get('host_bound_fraction'), '{:.2f}')} | {_split_steps(r)} | "
             f"{(r.get('error') or '').replace('|', '/')} |")
     lines.append("")
+    jit = [r for r in doc.get("rows", []) if r.get("jit_compiles")]
+    if jit:  # a timed step that compiled a kernel stalled for it (bench/jit_log.py)
+        lines += ["Rows whose timed decode steps compiled Triton kernels (each such step includes "
+                  "the compile):", ""]
+        for r in jit:
+            kernels = sorted({c["kernel"].split("[")[0] for c in r["jit_compiles"]})
+            steps = sorted({c["step"] for c in r["jit_compiles"]})
+            lines.append(f"- {r['model']} b{r['batch']} {_ctx(r['context'])} "
+                         f"{_policy_label(r, rounds)}: {len(r['jit_compiles'])} at steps "
+                         f"{', '.join(map(str, steps))} ({', '.join(kernels)})")
+        lines.append("")
     lines += planner_table(doc.get("rows", []))
     div = [(r, d) for r in doc.get("rows", []) if r.get("peer")
            for d in (r.get("first_divergence") or []) if d]

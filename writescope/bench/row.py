@@ -12,7 +12,9 @@ warm-ups that come before a policy's first row. A row carries:
   ``decode_tokens_per_s = batch * (steps - 1) / sum(step times but the first)``, and the mean,
   p50 and p99 over the same steps (the first call opens the window: overlapped, it returns a
   step computed before it); ``untimed_step_times_s`` -- the :data:`UNTIMED_DECODE_STEPS` decode
-  steps before them (where a new CUDA graph is captured);
+  steps before them (where a new CUDA graph is captured); ``jit_compiles`` -- the Triton
+  kernels compiled (or loaded from Triton's disk cache) during a timed step, each ``{step,
+  at_ms, kernel}`` (``bench/jit_log.py``): a step that compiles stalls for as long;
 * ``peak_vram_bytes`` -- ``torch.cuda.max_memory_allocated`` over the row on CUDA; elsewhere the
   engine's device bytes (weights placed on the device + KV pools in G/W); a row above the VRAM
   budget is a failure (``error``), its measurements kept;
@@ -65,6 +67,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .jit_log import jit_compiles
 from .threads import busy_threads, python_probe_us, snapshot as thread_snapshot
 
 
@@ -242,12 +245,15 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
         piped0 = counters.get("kv.pipelined_steps", 0)
         over0 = engine.counters.get("engine.overlapped_steps", 0)
         plans0 = dict(getattr(cache.hybrid, "stage_plans", {}))
-        for _ in range(decode_steps):
+        compiles = []  # Triton kernels compiled during a timed step (a stall of its own)
+        for i in range(decode_steps):
             c0, g0 = counters["kv.bytes_read.cpu"], counters["kv.bytes_read.gpu"]
-            t0 = time.perf_counter()
-            outs = engine.step()
-            _step_sync(engine, dev)
-            dt = time.perf_counter() - t0
+            with jit_compiles() as jit:
+                t0 = time.perf_counter()
+                outs = engine.step()
+                _step_sync(engine, dev)
+                dt = time.perf_counter() - t0
+            compiles += [{"step": i, "at_ms": round(1e3 * t, 3), "kernel": k} for t, k in jit]
             if len(outs) != batch:
                 raise RowFailed(f"a decode step produced {len(outs)} tokens for a batch of {batch}")
             step_times.append(dt)
@@ -310,6 +316,7 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
         "decode_tokens_per_s": batch * len(timed) / total,
         "mean_step_s": total / len(timed), "p50_step_s": percentile(timed, 50),
         "p99_step_s": percentile(timed, 99), "step_times_s": step_times,
+        "jit_compiles": compiles,
         "untimed_step_times_s": untimed,
         # share of a decode step the host spent enqueuing the forward pass (near 1: the GPU
         # waits on Python and launches, not on bytes)
