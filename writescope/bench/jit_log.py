@@ -1,4 +1,5 @@
-"""Which Triton kernels compile while a block runs: ``with jit_compiles() as log: ...``.
+"""What stalls a timed step besides its own work: the Triton kernels compiled while a block
+runs (``with jit_compiles() as log: ...``) and the garbage collections (``gc_clock``).
 
 A kernel specialisation seen for the first time in a process is compiled (or loaded from
 Triton's disk cache) by the launching thread, tens of milliseconds or more; a decode step that
@@ -11,6 +12,7 @@ and ``log.available`` is False.
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
 
 
@@ -42,3 +44,22 @@ def jit_compiles():
         yield log
     finally:
         runtime.jit_cache_hook = old
+
+
+@contextlib.contextmanager
+def gc_clock():
+    """Yields a list that gets the seconds of every garbage collection run inside the block
+    (``gc.callbacks``): a step much slower than its neighbours may be one that collected."""
+    spans: list[float] = []
+    t0 = [0.0]
+
+    def cb(phase: str, _info: dict) -> None:
+        if phase == "start":
+            t0[0] = time.perf_counter()
+        else:
+            spans.append(time.perf_counter() - t0[0])
+    gc.callbacks.append(cb)
+    try:
+        yield spans
+    finally:
+        gc.callbacks.remove(cb)

@@ -15,11 +15,11 @@ these milliseconds are step time there; where the step cannot overlap the next o
 from __future__ import annotations
 
 import argparse
-import gc
 import time
 
 import torch
 
+from .jit_log import gc_clock
 from .provenance import result_header, write_json
 
 
@@ -54,24 +54,13 @@ def measure(policy: str, batch: int, prompt: int, steps: int, profile: str | Non
     timed(eng.scheduler, "schedule")
     timed(eng.runner.sampler, "sample")
     timed(eng, "_apply", "apply")
-    collections = {"n": 0, "s": 0.0, "t0": 0.0}
-
-    def on_gc(phase, _info):
-        if phase == "start":
-            collections["t0"] = time.perf_counter()
-        else:
-            collections["n"] += 1
-            collections["s"] += time.perf_counter() - collections["t0"]
-    gc.callbacks.append(on_gc)
-    try:
+    with gc_clock() as collections:
         for _ in range(steps):
             eng.step()
-    finally:
-        gc.callbacks.remove(on_gc)
     ms = {f"{k}_ms": v / steps * 1e3 for k, v in spent.items()}
     return {"policy": policy, "batch": batch, "steps": steps, **ms,
             "host_ms": sum(ms.values()),
-            "gc_collections": collections["n"], "gc_ms": collections["s"] * 1e3}
+            "gc_collections": len(collections), "gc_ms": sum(collections) * 1e3}
 
 
 def main(argv: list[str] | None = None) -> dict:

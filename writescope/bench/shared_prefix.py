@@ -20,8 +20,6 @@ pool is the device's memory) and both modes do the same work.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import gc
 import os
 import statistics
 import time
@@ -30,29 +28,10 @@ import torch
 
 from ..units import parse_count
 from .engine_args import add_engine_args, build_engine
-from .jit_log import jit_compiles
+from .jit_log import gc_clock, jit_compiles
 from .provenance import result_header, write_json
 
 MODES = {"once": "1", "each": "0"}
-
-
-@contextlib.contextmanager
-def gc_clock():
-    """Yields a list that gets the seconds of every garbage collection run inside the block
-    (``gc.callbacks``): a step much slower than its neighbours may be one that collected."""
-    spans: list[float] = []
-    t0 = [0.0]
-
-    def cb(phase: str, _info: dict) -> None:
-        if phase == "start":
-            t0[0] = time.perf_counter()
-        else:
-            spans.append(time.perf_counter() - t0[0])
-    gc.callbacks.append(cb)
-    try:
-        yield spans
-    finally:
-        gc.callbacks.remove(cb)
 
 
 def measure(engine, policy: str, mode: str, prefix: int, suffix: int, batch: int, steps: int,

@@ -86,10 +86,10 @@ class PrefixCache:
         return sum(len(v) for v in self.shared_ids.values())
 
     def shared_in(self, region: Region) -> np.ndarray | None:
-        """The ids of ``region``'s blocks two or more sequences hold now (sorted int64), or
-        None when there are none."""
+        """The ids of ``region``'s blocks two or more sequences hold now (int64, in no order:
+        the step plan flags them per id), or None when there are none."""
         ids = self.shared_ids[region]
-        return np.fromiter(sorted(ids), np.int64, len(ids)) if ids else None
+        return np.fromiter(ids, np.int64, len(ids)) if ids else None
 
     # ------------------------------------------------------------------ lookup
     def match(self, names: list[bytes], max_blocks: int) -> PrefixMatch:
