@@ -194,3 +194,26 @@ def test_tile_read_probe_on_this_cpus_tile_unit():
 def test_tile_read_bandwidth_is_none_without_amx(monkeypatch):
     monkeypatch.setattr(cpu, "isas", lambda: ["avx2", "avx512"])
     assert cpu.tile_read_bandwidth(1 << 20) is None
+
+
+@pytest.mark.parametrize("family", ["mla", "gqa"])
+def test_shared_reads(amx_emulated, family):
+    """Blocks several sequences list, read once for all their holders (attention/shared_reads.py):
+    a shared set's group has the rows of every holder (MLA: 5 rows x 16 heads = 80 query
+    vectors), merged into each holder's by the kernel."""
+    from test_cpu_shared_reads import BLOCKS, Q_COUNTS, shared_case
+    spec = KVSpec.mla(1, 512, 64, torch.bfloat16) if family == "mla" else KVSpec.gqa(1, 4, 128, torch.bfloat16)
+    hq = 16 if family == "mla" else 32
+    q, recs, cpool, gpool, lens = shared_case(spec, hq, 64, seed=11)
+    q = q.to(torch.bfloat16)
+    scale = 1.0 / math.sqrt(spec.k_dim)
+    ref_o, ref_l = reference(q.float(), recs, spec, Q_COUNTS, BLOCKS, lens, scale)
+    batch = BlockBatch.build(Q_COUNTS, BLOCKS, lens)
+    for threads, chunk in ((1, 0), (2, 1)):
+        cpu.set_num_threads(threads)
+        for layout, pool in [("cpu", cpool), ("gpu", gpool)]:
+            plan = cpu.CpuAttentionPlan(pool, layout, spec, batch, scale, q.shape[0], hq, q.dtype,
+                                        chunk_blocks=chunk)
+            assert plan.shared is not None
+            out, lse = plan(q, pool)
+            check(out, lse, ref_o, ref_l, 5e-3)

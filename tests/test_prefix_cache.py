@@ -384,7 +384,7 @@ class Recording(ReadTInPlace):
         super().__init__()
         self.told: list = []
 
-    def note_shared(self, distinct_t_blocks):
+    def note_shared(self, distinct_t_blocks, distinct_c_blocks=0):
         self.told.append(("distinct", distinct_t_blocks))
 
     def assign(self, seq):

@@ -12,7 +12,8 @@ module warns once and uses :func:`attend_torch`.
 
 Work is split over (sequence, KV head, chunk of blocks); every query vector of a KV group (all
 query heads, all query rows of the sequence) is computed from each K/V row read once; the
-chunks are merged by log-sum-exp inside the kernel. See ``csrc/attn_impl.h`` (AVX2/AVX-512),
+chunks are merged by log-sum-exp inside the kernel. Blocks that several of a call's sequences
+list (prefix caching) are read once for all of them (:mod:`.shared_reads`). See ``csrc/attn_impl.h`` (AVX2/AVX-512),
 ``csrc/attn_bf16.cpp`` (VDPBF16PS) and ``csrc/attn_amx.cpp`` (AMX tiles, bf16) for the
 arithmetic.
 
@@ -43,6 +44,7 @@ from pathlib import Path
 import torch
 
 from ..kvcache.regions import KVSpec
+from . import shared_reads
 from .batch import BlockBatch
 from .torch_paged import attend_torch
 
@@ -135,7 +137,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
                                  i, f, p, p, i, i, i]
     d = ctypes.c_double
     lib.ws_attend_flagged.restype = i
-    second = [p, i, i, i64, p, p, p, i]  # a call's second pool (Src2; a null kv: none)
+    # a call's second pool (Src2; a null kv: none), then its shared sets (WsShared*; null: none)
+    second = [p, i, i, i64, p, p, p, i, p]
     lib.ws_attend_flagged.argtypes = [p, i64, p, i64, d, d, p, *lib.ws_attend_ex.argtypes,
                                       *second]
     lib.ws_queue_new.restype = p
@@ -402,6 +405,9 @@ class CpuAttentionPlan:
                  chunk_blocks: int = 0, threads: int | None = None):
         self.layout, self.spec, self.batch, self.scale = layout, spec, batch, float(scale)
         self.nq, self.hq = int(nq), int(hq)
+        #: blocks several sequences list, read once for all (``WsShared``; None: none)
+        self.shared: shared_reads.SharedSplit | None = None
+        self._shared_arg = None  # (its ctypes struct, the arrays it points into)
         self._paired: CpuAttentionPlan | None = None  # the last plan pairs_with accepted
         if threads is not None and int(threads) < 1:
             raise ValueError(f"threads must be a positive integer, got {threads!r}")
@@ -429,10 +435,28 @@ class CpuAttentionPlan:
         self.kv_shape, self.kv_stride, self.kv_dtype = tuple(kv.shape), kv.stride(0), kv.dtype
         self._ints = [t.to("cpu", torch.int32).contiguous() for t in
                       (batch.q_indptr, batch.kv_indptr, batch.kv_blocks, batch.kv_lens)]
+        if shared_reads.enabled() and batch.num_seqs > 1:
+            self._share(shared_reads.split_shared(*(t.numpy() for t in self._ints)))
         self._const = (H, bs, R, spec.k_offset, spec.k_dim, spec.v_offset, spec.v_dim,
                        *(_ptr(t) for t in self._ints), batch.num_seqs, self.scale)
         self._isa = _ISA_CODE[get_isa(kv.dtype)]
         self._chunk = int(chunk_blocks)
+
+    def _share(self, split: shared_reads.SharedSplit | None) -> None:
+        """Read ``split``'s sets once for all their holders: the calls' own lists leave them
+        out (``WsShared`` in ``csrc/attn_common.h``)."""
+        if split is None:
+            return
+        arrays = [torch.from_numpy(a) for a in (split.set_indptr, split.set_seqs,
+                                                split.set_kv_indptr, split.set_kv_blocks,
+                                                split.set_kv_lens)]
+        self._ints[1:] = [torch.from_numpy(a) for a in (split.kv_indptr, split.kv_blocks,
+                                                        split.kv_lens)]
+        self._shared_arg = (_WsShared(split.num_sets, *(_ptr(a) for a in arrays)), arrays)
+        self.shared = split
+
+    def _sh_ptr(self) -> int | None:
+        return None if self._shared_arg is None else ctypes.addressof(self._shared_arg[0])
 
     @property
     def flagged(self) -> bool:
@@ -450,7 +474,8 @@ class CpuAttentionPlan:
               and self.hq == other.hq and self.spec == other.spec and self.scale == other.scale
               and self.kv_dtype == other.kv_dtype and self._const[:7] == other._const[:7]
               and self.batch.num_seqs == other.batch.num_seqs
-              and torch.equal(self._ints[0], other._ints[0]))
+              and torch.equal(self._ints[0], other._ints[0])
+              and other.shared is None)  # (a call's shared sets are of its first pool)
         if ok:
             self._paired = other
         return ok
@@ -515,7 +540,7 @@ class CpuAttentionPlan:
         if (ready is not None or done is not None) and not self.flagged:
             raise ValueError("ready/done flags need the compiled kernel")
         native = self._native_args(q, kv, out, lse)
-        extra = self._pair_args(second)
+        extra = (*self._pair_args(second), self._sh_ptr())
         if native is None and second is not None:
             raise ValueError("these two plans cannot share a call (see pairs_with)")
         if native is None:
@@ -526,7 +551,7 @@ class CpuAttentionPlan:
                 return out, lse
             return o, l
         args, (_, _, o, l, _) = native
-        if ready is None and done is None and second is None:
+        if ready is None and done is None and second is None and self.shared is None:
             rc = self.lib.ws_attend_ex(*args)
         else:
             r_addr, r_val = ready if ready is not None else (None, 0)
@@ -542,6 +567,13 @@ class CpuAttentionPlan:
         if rc != 0:
             raise RuntimeError(f"ws_attend_ex failed ({rc})")
         return o, l
+
+
+class _WsShared(ctypes.Structure):
+    """``WsShared`` of ``csrc/attn_common.h``."""
+    _fields_ = [("nsets", ctypes.c_int32), ("set_indptr", ctypes.c_void_p),
+                ("set_seqs", ctypes.c_void_p), ("kv_indptr", ctypes.c_void_p),
+                ("kv_blocks", ctypes.c_void_p), ("kv_lens", ctypes.c_void_p)]
 
 
 class _WsMergeJob(ctypes.Structure):
@@ -587,7 +619,7 @@ class CpuJobQueue:
         ``second``: another pool's blocks of the same sequences in the same call)."""
         if self._q is None:
             raise RuntimeError("the CPU job queue is closed")
-        extra = plan._pair_args(second)
+        extra = (*plan._pair_args(second), plan._sh_ptr())
         native = plan._native_args(q, kv, out, lse) if plan.flagged else None
         if native is None:
             raise ValueError("this call cannot run natively (torch path)")

@@ -389,7 +389,8 @@ class InplaceKVCache(ResidentSteps):
                 work, self.seqs, self.policy, self.spec, self.scale, self.bs, self.device,
                 self.dense_prefill, self.prefill_gpu_rows,
                 shared_t=self.prefix.shared_in(Region.T) if self.prefix is not None and
-                stage_shared() else None)
+                stage_shared() else None,
+                shared_c=self.prefix.shared_in(Region.C) if self.prefix is not None else None)
         except BaseException:
             for _, _, r, bid in step["new_blocks"]:
                 self.alloc[r].free([bid])

@@ -32,6 +32,9 @@ class SeqKV:
     #: of its T blocks, how many other sequences hold too (prefix caching): they stream, once
     #: for all their holders (told in ``assign``; 0 elsewhere)
     shared_t: int = 0
+    #: of its C blocks, how many other sequences hold too: the CPU reads each once for all its
+    #: holders (``attention/shared_reads.py``; told in ``assign``; 0 elsewhere)
+    shared_c: int = 0
 
 
 @dataclass(frozen=True)
@@ -61,10 +64,11 @@ class PlacementPolicy(ABC):
     def observe(self, timing: dict[str, Any]) -> None:  # feedback hook; rule policies ignore it
         return None
 
-    def note_shared(self, distinct_t_blocks: int) -> None:
+    def note_shared(self, distinct_t_blocks: int, distinct_c_blocks: int = 0) -> None:
         """Told before each step's ``assign`` calls (policies with their own ``assign``): how
-        many distinct T blocks two or more of the step's sequences hold. The link moves each
-        once a step, while every holder's ``SeqKV.shared_t`` counts it."""
+        many distinct T blocks, and C blocks, two or more of the step's sequences hold. The link
+        moves each such T block once a step, and the CPU reads each such C block once, while
+        every holder's ``SeqKV.shared_t`` / ``shared_c`` counts it."""
         return None
 
     def admit(self, seq_id: int, prompt_tokens: int) -> None:

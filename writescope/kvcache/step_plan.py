@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..attention import shared_reads
 from ..attention.batch import BlockBatch
 from ..attention.groups import AttentionStepPlan
 from ..attention.staging import distinct_count
@@ -19,7 +20,7 @@ from .table import CODE_REGIONS, REGION_CODES, SeqTable
 def build_step_plan(work: list[tuple[int, int, int]], seqs: dict[int, SeqTable],
                     policy: PlacementPolicy, spec: KVSpec, scale: float, bs: int,
                     device: torch.device, dense_prefill: bool, prefill_gpu_rows: int | None,
-                    shared_t: np.ndarray | None = None
+                    shared_t: np.ndarray | None = None, shared_c: np.ndarray | None = None
                     ) -> tuple[AttentionStepPlan, dict[str, int], list]:
     """Which cached blocks each side attends, as one BlockBatch per (side, region); and the
     sequences whose prefill chunk attends its context densely instead (no blocks in the plan).
@@ -36,7 +37,12 @@ def build_step_plan(work: list[tuple[int, int, int]], seqs: dict[int, SeqTable],
     (``t_gpu``) is then of distinct T blocks, while ``gpu`` counts every sequence's read. A
     policy with its own ``assign`` is told, before its calls, how many distinct shared T blocks
     the step holds (``note_shared``) and each sequence how many of its own are among them
-    (``SeqKV.shared_t``), so that its model can count them once."""
+    (``SeqKV.shared_t``), so that its model can count them once.
+
+    ``shared_c``: the C blocks two or more sequences hold now, or None. The CPU kernel reads
+    such a block once for all the holders in its call (``attention/shared_reads.py``): the
+    policy is told their distinct count and each sequence its own (``SeqKV.shared_c``), and the
+    CPU side's bytes (``read["cpu"]``) count each block it reads once."""
     n_seqs = len(work)
     q_counts = np.empty(n_seqs, np.int64)
     tails = np.zeros(n_seqs, np.int64)     # W tokens each attends (0: none, or dense prefill)
@@ -81,22 +87,22 @@ def build_step_plan(work: list[tuple[int, int, int]], seqs: dict[int, SeqTable],
         codes = ids = owner = np.zeros(0, np.int32)
     sharing = shared_t is not None and shared_t.size > 0
     # T blocks other sequences hold too: they stream once, the CPU takes private ones
-    shared = None
-    if sharing and ids.size:  # a flag per id (linear; np.isin sorts)
-        mark = np.zeros(int(max(ids.max(), shared_t.max())) + 1, np.bool_)
-        mark[shared_t] = True
-        shared = (codes == t_code) & mark[ids]
-    elif sharing:
-        shared = np.zeros(0, np.bool_)
+    shared = _flagged(codes, ids, t_code, shared_t) if sharing else None
+    sharing_c = shared_c is not None and shared_c.size > 0
+    # C blocks other sequences hold too: the CPU reads each once for all of them
+    shared_cm = _flagged(codes, ids, c_code, shared_c) if sharing_c else None
     if custom:
         per_seq = np.zeros(n_seqs, np.int64)
+        per_seq_c = np.zeros(n_seqs, np.int64)
         if sharing:
             per_seq = np.bincount(owner[shared], minlength=n_seqs)
-            policy.note_shared(distinct_count(ids[shared]))
-        else:
-            policy.note_shared(0)
+        if sharing_c:
+            per_seq_c = np.bincount(owner[shared_cm], minlength=n_seqs)
+        policy.note_shared(distinct_count(ids[shared]) if sharing else 0,
+                           distinct_count(ids[shared_cm]) if sharing_c else 0)
         for i, s in asks:
-            a = policy.assign(SeqKV(s.seq_id, s.num_tokens, s.regions, int(per_seq[i])))
+            a = policy.assign(SeqKV(s.seq_id, s.num_tokens, s.regions, int(per_seq[i]),
+                                    int(per_seq_c[i])))
             if isinstance(a, (int, np.integer)):  # the n oldest T blocks too
                 if a < 0:
                     raise KVCacheError(f"policy {policy.name!r} assigned {a} T blocks "
@@ -129,15 +135,21 @@ def build_step_plan(work: list[tuple[int, int, int]], seqs: dict[int, SeqTable],
     if gpu_only.any():
         on_cpu &= ~gpu_only[owner]
     parts = {"cpu": [], "gpu": []}
+    # the CPU kernel reads a block its call's sequences share once (attention/shared_reads.py)
+    cpu_once = (sharing or sharing_c) and shared_reads.enabled()
     for side, mask in (("cpu", on_cpu), ("gpu", ~on_cpu)):
         for code, r in CODE_REGIONS.items():
             sel = mask & (codes == code)
             count = int(np.count_nonzero(sel))
-            read[side] += count * bs
+            if side == "cpu" and cpu_once and count:
+                n_read = distinct_count(ids[sel])
+            else:
+                n_read = count
+            read[side] += n_read * bs
             if side == "gpu" and r is Region.T:
                 read["t_gpu"] += (distinct_count(ids[sel]) if sharing else count) * bs
             elif r is Region.T:  # T blocks the CPU side reads in place
-                read["cpu_t"] += count * bs
+                read["cpu_t"] += n_read * bs
             if r is Region.T or r is Region.C:
                 read["spilled"] += count * bs
             if count:
@@ -158,3 +170,13 @@ def build_step_plan(work: list[tuple[int, int, int]], seqs: dict[int, SeqTable],
                 batch = batch.to(device)
             getattr(plan, side).append((r, batch))
     return plan, read, prefill
+
+
+def _flagged(codes: np.ndarray, ids: np.ndarray, code: int, shared: np.ndarray) -> np.ndarray:
+    """Which of the listed blocks are of region ``code`` and among ``shared``'s ids: a flag per
+    id (linear; np.isin sorts)."""
+    if not ids.size:
+        return np.zeros(0, np.bool_)
+    mark = np.zeros(int(max(ids.max(), shared.max())) + 1, np.bool_)
+    mark[shared] = True
+    return (codes == code) & mark[ids]

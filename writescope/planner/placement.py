@@ -69,7 +69,10 @@ sequences hold (``note_shared``), and each ``SeqKV`` how many of its own T block
 blocks off the CPU, so the model counts them once on the link whatever the share (``fixed_t`` of
 :func:`~.roofline.optimal_cpu_share`), their other listings as HBM reads, and the share as of C +
 private T + the distinct shared T; ``assign`` hands the CPU a fraction of each sequence's private
-T blocks, and placement counts a shared block once. (Counted once per sequence, 8 prompts
+T blocks, and placement counts a shared block once. Shared C blocks (``SeqKV.shared_c``, the
+second count of ``note_shared``) the CPU kernel reads once for all their holders
+(``attention/shared_reads.py``): the model counts each once among the C tokens, and placement
+too. (Counted once per sequence, 8 prompts
 sharing a 32K prefix on DeepSeek-V2-Lite were planned at 29.7 ms a step and ran at 18.7:
 2026-12-06 call 1 of the sixty-eighth session.)
 
@@ -249,6 +252,8 @@ class WriteScopePolicy(PlacementPolicy):
         #: distinct T blocks two or more of the step's sequences hold (``note_shared``): each
         #: holder's view counts them (``SeqKV.shared_t``), the link moves each once
         self._shared_distinct = 0
+        #: the same of C blocks (``SeqKV.shared_c``): the CPU reads each once
+        self._shared_distinct_c = 0
         #: id of a sealed-region tuple -> (the tuple, its G/C/T counts): see _counts; observe()
         #: keeps those of the batch's view
         self._region_counts: dict[int, tuple[tuple, tuple[int, int, int]]] = {}
@@ -280,7 +285,7 @@ class WriteScopePolicy(PlacementPolicy):
         # target (a batch that has changed, an admission the projection did not foresee) is
         # made up for by the blocks placed now
         n_c = n_sp = 0
-        listed = 0  # shared T blocks, as often as sequences list them
+        listed = listed_c = 0  # shared T and C blocks, as often as sequences list them
         for i in self._batch_ids(seq.seq_id):
             regions = seq.regions if i == seq.seq_id else self._view[i].regions
             c = regions.count(Region.C)
@@ -288,8 +293,11 @@ class WriteScopePolicy(PlacementPolicy):
             n_sp += c + regions.count(Region.T)
             if i in self._view:
                 listed += self._view[i].shared_t
+                listed_c += self._view[i].shared_c
         # a shared block counts once, as in the target (_placement_target)
-        n_sp -= listed - min(listed, self._shared_distinct)
+        extra_c = listed_c - min(listed_c, self._shared_distinct_c)
+        n_sp -= listed - min(listed, self._shared_distinct) + extra_c
+        n_c -= extra_c
         out: list[Region] = []
         for _ in range(num_blocks):
             if free.get(Region.G, 0) > 0:
@@ -309,7 +317,8 @@ class WriteScopePolicy(PlacementPolicy):
         # the view holds the sequence as it will be once these blocks are sealed
         old = self._view.get(seq.seq_id)
         self._view[seq.seq_id] = SeqKV(seq.seq_id, seq.num_tokens, tuple(seq.regions) + tuple(out),
-                                       old.shared_t if old is not None else 0)
+                                       old.shared_t if old is not None else 0,
+                                       old.shared_c if old is not None else 0)
         return out
 
     def _placement_target(self, seq: SeqKV, num_blocks: int, capacity: CacheCapacity) -> float:
@@ -351,9 +360,10 @@ class WriteScopePolicy(PlacementPolicy):
         resident += to_g
         spilled += future - to_g
         # shared T blocks stream once whatever the split; their other listings are HBM reads
-        listed, distinct = self._shared_tokens(self._view[i] for i in ids if i in self._view)
+        held = [self._view[i] for i in ids if i in self._view]
+        listed, distinct = self._shared_tokens(held)
         resident += listed - distinct
-        spilled -= listed
+        spilled -= listed + self._shared_c_excess(held)  # the CPU reads a shared C block once
         b = max(len(ids), self.batch_hint or 1)
         corr = self._placement_corrections(resident + spilled + distinct)
         state = (b, resident, spilled, 0.0, corr, self.pipelined, distinct)
@@ -424,10 +434,10 @@ class WriteScopePolicy(PlacementPolicy):
         self.cpu_t_tokens_total += n_cpu_t * bs
         return n_cpu_t
 
-    def note_shared(self, distinct_t_blocks: int) -> None:
-        n = max(0, int(distinct_t_blocks))
-        if n != self._shared_distinct:
-            self._shared_distinct = n
+    def note_shared(self, distinct_t_blocks: int, distinct_c_blocks: int = 0) -> None:
+        n, n_c = max(0, int(distinct_t_blocks)), max(0, int(distinct_c_blocks))
+        if (n, n_c) != (self._shared_distinct, self._shared_distinct_c):
+            self._shared_distinct, self._shared_distinct_c = n, n_c
             self._plan = None  # planned without them (a plan made by place() this step)
 
     def _shared_tokens(self, seqs) -> tuple[float, float]:
@@ -436,6 +446,13 @@ class WriteScopePolicy(PlacementPolicy):
         bs = self.block_size or DEFAULT_BLOCK_SIZE
         listed = float(sum(s.shared_t for s in seqs)) * bs
         return listed, min(listed, float(self._shared_distinct) * bs)
+
+    def _shared_c_excess(self, seqs) -> float:
+        """Tokens of shared C blocks over ``seqs``' views that the CPU does not read: every
+        listing of a shared C block but one (the kernel reads it once for all its holders)."""
+        bs = self.block_size or DEFAULT_BLOCK_SIZE
+        listed = sum(s.shared_c for s in seqs)
+        return float(listed - min(listed, self._shared_distinct_c)) * bs
 
     def observe(self, timing: dict[str, Any]) -> None:
         lengths = list(timing.get("batch_lengths") or [])
@@ -611,8 +628,10 @@ class WriteScopePolicy(PlacementPolicy):
         old = self._view.get(seq.seq_id)  # place() may already have shown this step's blocks
         if old is None or (len(seq.regions), seq.num_tokens) >= (len(old.regions), old.num_tokens):
             self._view[seq.seq_id] = seq
-        elif old.shared_t != seq.shared_t:  # assign() tells how many of its T blocks are shared
-            self._view[seq.seq_id] = dataclasses.replace(old, shared_t=seq.shared_t)
+        elif (old.shared_t, old.shared_c) != (seq.shared_t, seq.shared_c):
+            # assign() tells how many of its T and C blocks are shared
+            self._view[seq.seq_id] = dataclasses.replace(old, shared_t=seq.shared_t,
+                                                         shared_c=seq.shared_c)
         self._this_step.add(seq.seq_id)
 
     def _current_plan(self, seq_id: int) -> dict[str, Any]:
@@ -640,6 +659,7 @@ class WriteScopePolicy(PlacementPolicy):
         listed, fixed = self._shared_tokens(seqs)
         resident += listed - fixed
         t_tok -= listed  # the T tokens either side may read: the private ones
+        c_tok -= self._shared_c_excess(seqs)  # the CPU reads a shared C block once
         # (the form: the step-form chooser alternates them while it probes, and each has its
         # own solution)
         state = (b, resident, c_tok, t_tok, corr, self.pipelined, fixed)

@@ -35,6 +35,20 @@ struct WsItem {
     float* l;  // [M] out: sum of 2^(s - m)
 };
 
+// Blocks of a call's first pool that several of its sequences list (prefix caching: one
+// document, many questions), in sets by holders: read once for all of a set's holders, whose
+// own lists (the call's kv_indptr / kv_blocks) leave them out. Set k's holders are
+// set_seqs[set_indptr[k] .. set_indptr[k + 1]) (sequence indices), its blocks
+// kv_blocks[kv_indptr[k] .. kv_indptr[k + 1]) with kv_lens valid tokens each.
+struct WsShared {
+    int32_t nsets;
+    const int32_t* set_indptr;
+    const int32_t* set_seqs;
+    const int32_t* kv_indptr;
+    const int32_t* kv_blocks;
+    const int32_t* kv_lens;
+};
+
 typedef void (*ws_item_fn)(const WsArgs*, const WsItem*);
 
 void ws_item_avx2(const WsArgs*, const WsItem*);

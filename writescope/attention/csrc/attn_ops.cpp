@@ -16,6 +16,9 @@
 //   * Out of items, members take merge units (a few rows of one group) from a second counter,
 //     each waiting for its group's last item (an atomic countdown per group), so the merge of a
 //     long sequence's chunks is spread over the team instead of being one member's tail.
+//   * Blocks several of the call's sequences list (WsShared: prefix caching, one document and
+//     many questions) are read once for all of them: a shared set's group packs the queries of
+//     all its holders, and each holder's merge takes that group's chunks at its own rows too.
 //   * With a ready word and spin_s > 0 (flagged_call) the team starts before the queries land
 //     and spins on the word, so that the work starts on awake cores.
 //   * The final join still needs every member to have run once. A member out of items goes
@@ -53,6 +56,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -119,14 +123,24 @@ int detect() {
 
 struct Item {
     int group, b0, b1;  // block range [b0, b1) in its source's kv_blocks
-    int src;            // 0: the call's pool, 1: its second pool (CallArgs::b)
+    int src;            // 0: the call's pool, 1: its second pool (CallArgs::b), 2: the first
+                        // pool's blocks that several sequences list (CallArgs::sh)
     int64_t poff;       // offset of this item's partial result (m[M], l[M], o[M][Dv])
 };
 
-struct Group {  // one (sequence, kv head): its query vectors and its chunks
+// One (sequence, kv head), or one (shared set, kv head): its query vectors and its chunks.
+// A shared set's group holds the rows of every holder, in holder order; it has no merge of its
+// own: each holder's group merges that group's chunks at the holder's rows with its own.
+struct Group {
     int seq, head, M, nchunks;
     int64_t qoff;  // offset of its packed queries
     int64_t poff;  // offset of its first chunk's partial; chunk c at poff + c * M * (Dv + 2)
+    int set;       // -1: a sequence's group; k >= 0: shared set k's (seq is then -1)
+    int link0, nlinks;  // a sequence's group: its Links, plan.links[link0 .. link0 + nlinks)
+};
+
+struct Link {  // a sequence's rows in a shared set's group (same kv head): rows row0 .. + M
+    int group, row0;
 };
 
 struct Unit {  // merge work: rows [m0, m1) of one group
@@ -138,12 +152,14 @@ struct Job {
     int q_bf16, Hq, G, Dk, Dv;
     float qs;  // scale * log2(e)
     const int32_t* q_indptr;
-    const int32_t* kv_blocks[2];  // per source
-    const int32_t* kv_lens[2];
-    ws_item_fn fn[2];
-    WsArgs args[2];
+    const int32_t* kv_blocks[3];  // per source (Item::src)
+    const int32_t* kv_lens[3];
+    ws_item_fn fn[3];
+    WsArgs args[3];
+    const WsShared* sh;  // null: no shared sets
     const Item* items;
     const Group* groups;
+    const Link* links;
     const Unit* units;
     std::atomic<int>* pending;  // per group: items not finished
     std::atomic<int>* qstate;   // per group: 0 queries not packed, 1 being packed, 2 packed
@@ -184,6 +200,7 @@ struct Buf {
 struct Plan {
     std::vector<Item> items;
     std::vector<Group> groups;
+    std::vector<Link> links;
     std::vector<Unit> units;
     std::vector<unsigned char> covered;
     std::vector<std::atomic<int>> pending, qstate;
@@ -199,11 +216,12 @@ inline void cpu_pause() {
 // ---------------------------------------------------------------------------------------------
 // Items.
 
-void pack_q(const Job& J, const Group& g, float* dst) {  // row m = r * G + j
-    const int q0 = J.q_indptr[g.seq], nr = g.M / J.G, G = J.G, Dk = J.Dk;
+// Query rows q0 .. q0 + nr of kv head `head`, packed: row m = r * G + j.
+void pack_rows(const Job& J, int q0, int nr, int head, float* dst) {
+    const int G = J.G, Dk = J.Dk;
     for (int r = 0; r < nr; ++r)
         for (int j = 0; j < G; ++j) {
-            const int64_t off = ((int64_t)(q0 + r) * J.Hq + g.head * G + j) * Dk;
+            const int64_t off = ((int64_t)(q0 + r) * J.Hq + head * G + j) * Dk;
             float* d = dst + (int64_t)(r * G + j) * Dk;
             if (J.q_bf16) {  // bf16 -> fp32 is exact: the high half of the float
                 const uint16_t* src = (const uint16_t*)J.q + off;
@@ -218,6 +236,42 @@ void pack_q(const Job& J, const Group& g, float* dst) {  // row m = r * G + j
                 for (int x = 0; x < Dk; ++x) d[x] = src[x] * J.qs;
             }
         }
+}
+
+// A group's queries: its sequence's rows, or a shared set's holders' rows one after another.
+void pack_q(const Job& J, const Group& g, float* dst) {
+    if (g.set < 0) {
+        pack_rows(J, J.q_indptr[g.seq], g.M / J.G, g.head, dst);
+        return;
+    }
+    const WsShared& S = *J.sh;
+    for (int i = S.set_indptr[g.set]; i < S.set_indptr[g.set + 1]; ++i) {
+        const int s = S.set_seqs[i], q0 = J.q_indptr[s], nr = J.q_indptr[s + 1] - q0;
+        if (nr <= 0) continue;
+        pack_rows(J, q0, nr, g.head, dst);
+        dst += (int64_t)nr * J.G * J.Dk;
+    }
+}
+
+// Calls f(partials, M, row offset, chunks) for the partial results a sequence's group merges:
+// its own chunks, then those of each shared set it holds, at its rows there.
+template <class F>
+void each_partial(const Job& J, const Group& g, F f) {
+    f(J.part + g.poff, g.M, 0, g.nchunks);
+    for (int k = g.link0; k < g.link0 + g.nlinks; ++k) {
+        const Link& L = J.links[k];
+        const Group& s = J.groups[L.group];
+        f(J.part + s.poff, s.M, L.row0, s.nchunks);
+    }
+}
+
+// Whether a sequence's group, or a shared set's group it merges, has items still running.
+bool group_busy(const Job& J, int gi) {
+    if (J.pending[gi].load(std::memory_order_acquire) > 0) return true;
+    const Group& g = J.groups[gi];
+    for (int k = g.link0; k < g.link0 + g.nlinks; ++k)
+        if (J.pending[J.links[k].group].load(std::memory_order_acquire) > 0) return true;
+    return false;
 }
 
 const float* packed_q(const Job& J, int gi) {
@@ -244,37 +298,42 @@ const float* packed_q(const Job& J, int gi) {
     return d;
 }
 
-// Log-sum-exp merge of a group's chunks into out / lse (natural log), rows [m0, m1) of its M;
-// rows without any valid score get (0, -inf).
+// Log-sum-exp merge of a sequence's group's chunks (and of the shared sets' chunks at its
+// rows) into out / lse (natural log), rows [m0, m1) of its M; rows without any valid score get
+// (0, -inf).
 void merge(const Job& J, int gi, int m0, int m1) {
     const Group& g = J.groups[gi];
-    const int M = g.M, G = J.G, Dv = J.Dv, nc = g.nchunks, q0 = J.q_indptr[g.seq];
-    const int64_t stride = (int64_t)M * (Dv + 2);
-    const float* base = J.part + g.poff;
+    const int G = J.G, Dv = J.Dv, q0 = J.q_indptr[g.seq];
     for (int m = m0; m < m1; ++m) {
         const int r = m / G, j = m % G;
         const int64_t row = (int64_t)(q0 + r) * J.Hq + g.head * G + j;
         float* o = J.out + row * Dv;
         memset(o, 0, sizeof(float) * (size_t)Dv);
         float mx = -INFINITY;
-        for (int c = 0; c < nc; ++c) {
-            const float* p = base + c * stride;
-            if (p[M + m] > 0.0f) mx = std::max(mx, p[m]);
-        }
+        each_partial(J, g, [&](const float* base, int M, int off, int nc) {
+            const int64_t stride = (int64_t)M * (Dv + 2);
+            for (int c = 0; c < nc; ++c) {
+                const float* p = base + c * stride;
+                if (p[M + off + m] > 0.0f) mx = std::max(mx, p[off + m]);
+            }
+        });
         if (mx == -INFINITY) {  // nothing valid: (0, -inf)
             J.lse[row] = -INFINITY;
             continue;
         }
         float L = 0.0f;
-        for (int c = 0; c < nc; ++c) {
-            const float* p = base + c * stride;
-            const float l = p[M + m];
-            if (!(l > 0.0f)) continue;
-            const float w = exp2f(p[m] - mx);
-            L += l * w;
-            const float* po = p + 2 * M + (int64_t)m * Dv;
-            for (int d = 0; d < Dv; ++d) o[d] += w * po[d];
-        }
+        each_partial(J, g, [&](const float* base, int M, int off, int nc) {
+            const int64_t stride = (int64_t)M * (Dv + 2);
+            for (int c = 0; c < nc; ++c) {
+                const float* p = base + c * stride;
+                const float l = p[M + off + m];
+                if (!(l > 0.0f)) continue;
+                const float w = exp2f(p[off + m] - mx);
+                L += l * w;
+                const float* po = p + 2 * M + (int64_t)(off + m) * Dv;
+                for (int d = 0; d < Dv; ++d) o[d] += w * po[d];
+            }
+        });
         const float inv = 1.0f / L;
         for (int d = 0; d < Dv; ++d) o[d] *= inv;
         J.lse[row] = (mx + log2f(L)) * 0.6931471805599453f;
@@ -304,7 +363,7 @@ void run_share(const Job& J, int nitems, std::atomic<int>& next, int nunits,
         // the group's last items are being computed: spin, then yield the core (on a machine
         // with more runnable threads than cores, the holder of such an item may be waiting
         // for one)
-        for (int spins = 0; J.pending[x.group].load(std::memory_order_acquire) > 0; ++spins) {
+        for (int spins = 0; group_busy(J, x.group); ++spins) {
             if (spins < 4096) cpu_pause();
             else sched_yield();
         }
@@ -388,6 +447,7 @@ struct CallArgs {
     float* lse;
     int isa, threads, chunk_blocks;
     Src2 b;  // zero: none
+    const WsShared* sh = nullptr;  // null (or no sets): no block is read for several sequences
 };
 
 ws_item_fn isa_fn(int isa) {
@@ -416,10 +476,14 @@ int plan_call(const CallArgs& a, Plan& plan, Job& J, int& nitems, int& nunits, i
     const int procs = default_threads();
     const int threads = a.threads <= 0 ? procs : std::min(a.threads, procs);
 
+    const WsShared* sh = a.sh && a.sh->nsets > 0 ? a.sh : nullptr;
+    auto rows_of = [&](int s) { return std::max(0, a.q_indptr[s + 1] - a.q_indptr[s]); };
     int64_t total = 0;  // (block, head) pairs to read
     for (int s = 0; s < a.nseq; ++s)
-        if (a.q_indptr[s + 1] > a.q_indptr[s])
+        if (rows_of(s) > 0)
             for (int x = 0; x < nsrc; ++x) total += (int64_t)(indptr[x][s + 1] - indptr[x][s]) * H;
+    for (int k = 0; sh && k < sh->nsets; ++k)
+        total += (int64_t)(sh->kv_indptr[k + 1] - sh->kv_indptr[k]) * H;
     int chunk = a.chunk_blocks;
     if (chunk <= 0) {  // >= WS_ITEMS_PER_THREAD items per thread (a short tail), >= 4 blocks each
         const int64_t per = WS_ITEMS_PER_THREAD * (int64_t)threads;
@@ -427,61 +491,92 @@ int plan_call(const CallArgs& a, Plan& plan, Job& J, int& nitems, int& nunits, i
     }
     std::vector<Item>& items = plan.items;
     std::vector<Group>& groups = plan.groups;
+    std::vector<Link>& links = plan.links;
     items.clear();
     groups.clear();
+    links.clear();
     plan.units.clear();
     plan.covered.assign((size_t)std::max(a.nq, 0), 0);
     int64_t qtot = 0, ptot = 0, rows = 0;
-    for (int s = 0; s < a.nseq; ++s) {
-        const int q0 = a.q_indptr[s], nr = a.q_indptr[s + 1] - q0;
-        int nblocks = 0;
-        for (int x = 0; x < nsrc; ++x) nblocks += indptr[x][s + 1] - indptr[x][s];
-        if (nr <= 0 || nblocks <= 0) continue;
-        for (int r = std::max(q0, 0); r < std::min(q0 + nr, a.nq); ++r) plan.covered[r] = 1;
-        const int M = nr * G;
+    // The H groups of one sequence or shared set (seq or set -1) of M query vectors each, over
+    // block ranges [k0, k1) of sources src; returns the first group's index.
+    struct Range { int src, k0, k1; };
+    auto add = [&](int seq, int set, int M, const Range* rg, int nrg) {
+        int nc = 0;
+        for (int x = 0; x < nrg; ++x) nc += (rg[x].k1 - rg[x].k0 + chunk - 1) / chunk;
         const int64_t stride = (int64_t)M * (Dv + 2);
+        const int g0 = (int)groups.size();
+        for (int h = 0; h < H; ++h) {
+            groups.push_back(Group{seq, h, M, nc, qtot, ptot + h * (int64_t)nc * stride, set, 0, 0});
+            qtot += (int64_t)M * Dk;
+        }
 #if WS_ITEM_ORDER
         // chunk by chunk, each chunk's heads together: the items taken at once read whole blocks
-        int nc = 0;
-        for (int x = 0; x < nsrc; ++x) nc += (indptr[x][s + 1] - indptr[x][s] + chunk - 1) / chunk;
-        const int g0 = (int)groups.size();
-        const int64_t p0 = ptot;
-        for (int h = 0; h < H; ++h) {
-            groups.push_back(Group{s, h, M, nc, qtot, ptot});
-            qtot += (int64_t)M * Dk;
-            ptot += nc * stride;
-            rows += M;
-        }
         int c = 0;
-        for (int x = 0; x < nsrc; ++x) {
-            const int k0 = indptr[x][s], k1 = indptr[x][s + 1];
-            for (int b = k0; b < k1; b += chunk, ++c)
+        for (int x = 0; x < nrg; ++x)
+            for (int b = rg[x].k0; b < rg[x].k1; b += chunk, ++c)
                 for (int h = 0; h < H; ++h)
-                    items.push_back(Item{g0 + h, b, std::min(k1, b + chunk), x,
-                                         p0 + (h * (int64_t)nc + c) * stride});
-        }
+                    items.push_back(Item{g0 + h, b, std::min(rg[x].k1, b + chunk), rg[x].src,
+                                         ptot + (h * (int64_t)nc + c) * stride});
 #else
         for (int h = 0; h < H; ++h) {
-            const int gi = (int)groups.size();
-            int nc = 0;
-            for (int x = 0; x < nsrc; ++x) {
-                const int k0 = indptr[x][s], k1 = indptr[x][s + 1];
-                for (int b = k0; b < k1; b += chunk, ++nc)
-                    items.push_back(Item{gi, b, std::min(k1, b + chunk), x, ptot + nc * stride});
-            }
-            groups.push_back(Group{s, h, M, nc, qtot, ptot});
-            qtot += (int64_t)M * Dk;
-            ptot += nc * stride;
-            rows += M;
+            int c = 0;
+            for (int x = 0; x < nrg; ++x)
+                for (int b = rg[x].k0; b < rg[x].k1; b += chunk, ++c)
+                    items.push_back(Item{g0 + h, b, std::min(rg[x].k1, b + chunk), rg[x].src,
+                                         ptot + (h * (int64_t)nc + c) * stride});
         }
 #endif
+        ptot += H * (int64_t)nc * stride;
+        return g0;
+    };
+    // shared sets first; each holder's (set's first group, its first row there)
+    std::vector<std::array<int, 3>> held;  // {holder, set's first group, row0}
+    for (int k = 0; sh && k < sh->nsets; ++k) {
+        const int k0 = sh->kv_indptr[k], k1 = sh->kv_indptr[k + 1];
+        int M = 0;
+        for (int i = sh->set_indptr[k]; i < sh->set_indptr[k + 1]; ++i) M += rows_of(sh->set_seqs[i]) * G;
+        if (M <= 0 || k1 <= k0) continue;
+        const Range rg{2, k0, k1};
+        const int g0 = add(-1, k, M, &rg, 1);
+        for (int i = sh->set_indptr[k], row0 = 0; i < sh->set_indptr[k + 1]; ++i) {
+            const int s = sh->set_seqs[i], m = rows_of(s) * G;
+            if (m > 0) held.push_back({s, g0, row0});
+            row0 += m;
+        }
+    }
+    std::sort(held.begin(), held.end());
+    size_t hx = 0;
+    for (int s = 0; s < a.nseq; ++s) {
+        const int q0 = a.q_indptr[s], nr = rows_of(s);
+        while (hx < held.size() && held[hx][0] < s) ++hx;  // (guard: holders are visited in order)
+        const size_t l0 = hx;
+        while (hx < held.size() && held[hx][0] == s) ++hx;
+        const int nl = (int)(hx - l0);
+        Range rg[2];
+        int nblocks = 0;
+        for (int x = 0; x < nsrc; ++x) {
+            rg[x] = Range{x, indptr[x][s], indptr[x][s + 1]};
+            nblocks += rg[x].k1 - rg[x].k0;
+        }
+        if (nr <= 0 || (nblocks <= 0 && nl == 0)) continue;
+        for (int r = std::max(q0, 0); r < std::min(q0 + nr, a.nq); ++r) plan.covered[r] = 1;
+        const int M = nr * G;
+        const int g0 = add(s, -1, M, rg, nsrc);
+        for (int h = 0; h < H; ++h) {
+            Group& g = groups[g0 + h];
+            g.link0 = (int)links.size();
+            g.nlinks = nl;
+            for (size_t i = l0; i < l0 + nl; ++i) links.push_back(Link{held[i][1] + h, held[i][2]});
+            rows += M;
+        }
     }
     nitems = (int)items.size();
     team = std::max(1, std::min(threads, nitems));
     // merge units: ~2 per member, never across groups
     const int per_unit = (int)std::max<int64_t>(1, (rows + 2 * team - 1) / (2 * team));
     for (int gi = 0; gi < (int)groups.size(); ++gi)
-        for (int m = 0; m < groups[gi].M; m += per_unit)
+        for (int m = 0; groups[gi].set < 0 && m < groups[gi].M; m += per_unit)
             plan.units.push_back(Unit{gi, m, std::min(groups[gi].M, m + per_unit)});
     nunits = (int)plan.units.size();
     const int ngroups = (int)groups.size();
@@ -497,14 +592,17 @@ int plan_call(const CallArgs& a, Plan& plan, Job& J, int& nitems, int& nunits, i
     float* part = plan.part.get((size_t)std::max<int64_t>(ptot, 1));
     if (!qpack || !part) return -2;
     const float qs = a.scale * 1.4426950408889634f;  // base-2 scores
+    const WsArgs first{a.kv, a.dtype, a.layout, a.block_stride, H, a.bs, a.R, a.k_off, Dk,
+                       a.v_off, Dv, qs};
     J = Job{a.q, a.q_dtype, a.Hq, G, Dk, Dv, qs, a.q_indptr,
-            {a.kv_blocks, a.b.kv_blocks}, {a.kv_lens, a.b.kv_lens},
-            {isa_fn(a.isa), isa_fn(a.b.isa)},
-            {WsArgs{a.kv, a.dtype, a.layout, a.block_stride, H, a.bs, a.R, a.k_off, Dk, a.v_off,
-                    Dv, qs},
+            {a.kv_blocks, a.b.kv_blocks, sh ? sh->kv_blocks : nullptr},
+            {a.kv_lens, a.b.kv_lens, sh ? sh->kv_lens : nullptr},
+            {isa_fn(a.isa), isa_fn(a.b.isa), isa_fn(a.isa)},
+            {first,
              WsArgs{a.b.kv, a.b.dtype, a.b.layout, a.b.block_stride, H, a.bs, a.R, a.k_off, Dk,
-                    a.v_off, Dv, qs}},
-            items.data(), groups.data(), plan.units.data(), plan.pending.data(),
+                    a.v_off, Dv, qs},
+             first},
+            sh, items.data(), groups.data(), links.data(), plan.units.data(), plan.pending.data(),
             plan.qstate.data(), qpack, part, a.out, a.lse};
     return 0;
 }
@@ -745,6 +843,8 @@ void ws_set_prefetch_blocks(int n) { g_prefetch_blocks = n < 0 ? 0 : n > 64 ? 64
 // kv2 (not null): a second pool of the same sequences (see Src2), whose blocks for sequence s
 // are kv_blocks2[kv_indptr2[s] .. kv_indptr2[s+1]) (its own layout, block stride and ISA; the
 // spec and block size are the first pool's): one result, as if the blocks were one pool's.
+// sh (not null): blocks of the first pool that several sequences list, read once for all of
+// them (see WsShared); the sequences' own lists leave them out.
 int ws_attend_flagged(const volatile int64_t* ready, int64_t ready_value, int64_t* done,
                       int64_t done_value, double timeout_s, double spin_s, double* times,
                       const void* q, int q_dtype, int nq, int Hq, const void* kv, int dtype,
@@ -754,11 +854,12 @@ int ws_attend_flagged(const volatile int64_t* ready, int64_t ready_value, int64_
                       float* out, float* lse, int isa, int threads, int chunk_blocks,
                       const void* kv2, int dtype2, int layout2, int64_t block_stride2,
                       const int32_t* kv_indptr2, const int32_t* kv_blocks2,
-                      const int32_t* kv_lens2, int isa2) {
+                      const int32_t* kv_lens2, int isa2, const WsShared* sh) {
     const CallArgs a{q, q_dtype, nq, Hq, kv, dtype, layout, block_stride, H, bs, R, k_off, Dk,
                      v_off, Dv, q_indptr, kv_indptr, kv_blocks, kv_lens, nseq, scale, out, lse,
                      isa, threads, chunk_blocks,
-                     Src2{kv2, dtype2, layout2, block_stride2, kv_indptr2, kv_blocks2, kv_lens2, isa2}};
+                     Src2{kv2, dtype2, layout2, block_stride2, kv_indptr2, kv_blocks2, kv_lens2, isa2},
+                     sh};
     return flagged_call(a, ready, ready_value, done, done_value, timeout_s, spin_s, nullptr, times);
 }
 
@@ -775,7 +876,8 @@ int ws_attend_ex(const void* q, int q_dtype, int nq, int Hq, const void* kv, int
     return ws_attend_flagged(nullptr, 0, nullptr, 0, 0.0, 0.0, nullptr, q, q_dtype, nq, Hq, kv,
                              dtype, layout, block_stride, H, bs, R, k_off, Dk, v_off, Dv,
                              q_indptr, kv_indptr, kv_blocks, kv_lens, nseq, scale, out, lse, isa,
-                             threads, chunk_blocks, nullptr, 0, 0, 0, nullptr, nullptr, nullptr, 0);
+                             threads, chunk_blocks, nullptr, 0, 0, 0, nullptr, nullptr, nullptr, 0,
+                             nullptr);
 }
 
 // float32 queries. isa: 0 avx2, 1 avx512, 2 amx, 3 avx512bf16, 4 avx512bf16-l2. Returns 0, or a
@@ -800,7 +902,8 @@ void* ws_queue_new() {
     return Q;
 }
 
-// Queue a call with ws_attend_flagged's arguments (kv2 null: one pool).
+// Queue a call with ws_attend_flagged's arguments (kv2 null: one pool; sh: as there, kept alive
+// by the submitter until the drain that covers the call).
 int ws_queue_submit(void* queue, const volatile int64_t* ready, int64_t ready_value,
                     int64_t* done, int64_t done_value, double timeout_s, double spin_s,
                     const void* q, int q_dtype, int nq, int Hq, const void* kv, int dtype,
@@ -810,13 +913,14 @@ int ws_queue_submit(void* queue, const volatile int64_t* ready, int64_t ready_va
                     float* out, float* lse, int isa, int threads, int chunk_blocks,
                     const void* kv2, int dtype2, int layout2, int64_t block_stride2,
                     const int32_t* kv_indptr2, const int32_t* kv_blocks2,
-                    const int32_t* kv_lens2, int isa2) {
+                    const int32_t* kv_lens2, int isa2, const WsShared* sh) {
     WsQueue* Q = (WsQueue*)queue;
     QueuedCall c{CallArgs{q, q_dtype, nq, Hq, kv, dtype, layout, block_stride, H, bs, R, k_off,
                           Dk, v_off, Dv, q_indptr, kv_indptr, kv_blocks, kv_lens, nseq, scale,
                           out, lse, isa, threads, chunk_blocks,
                           Src2{kv2, dtype2, layout2, block_stride2, kv_indptr2, kv_blocks2,
-                               kv_lens2, isa2}},
+                               kv_lens2, isa2},
+                          sh},
                  ready, ready_value, done, done_value, timeout_s, spin_s};
     return queue_push(Q, c);
 }
