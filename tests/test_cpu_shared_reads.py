@@ -160,8 +160,8 @@ def test_switch_off_reads_every_listing(monkeypatch):
 @needs_kernel
 def test_flagged_queued_and_paired_calls_with_shared_sets():
     """The forms the hybrid step uses: a flagged call, a queued call, and a call whose first
-    pool (C) has shared sets paired with T blocks read in place; a second pool with shared sets
-    of its own does not pair (its sets would be lost) and runs as a call of its own."""
+    pool (C) has shared sets paired with T blocks read in place, without shared sets and with
+    its own; and the two pools as two calls merged."""
     spec_fn, hq = SPECS["qwen3"]
     spec = spec_fn(torch.float32)
     bs = 64
@@ -178,20 +178,20 @@ def test_flagged_queued_and_paired_calls_with_shared_sets():
     c_plan = cpu.CpuAttentionPlan(cpool, "cpu", spec, c_batch, scale, q.shape[0], hq)
     flag = torch.zeros(2, dtype=torch.int64)
     nq = q.shape[0]
-    for tb, pairs in [(t_blocks, True), (t_shared, False)]:
+    for tb, shares in [(t_blocks, False), (t_shared, True)]:
         t_lens = [[bs] * len(b) for b in tb]
         t_batch = BlockBatch.build(Q_COUNTS, tb, t_lens)
         t_plan = cpu.CpuAttentionPlan(t_pool, "gpu", spec, t_batch, scale, nq, hq)
-        assert c_plan.pairs_with(t_plan) is pairs
+        assert c_plan.pairs_with(t_plan)
+        assert (t_plan.shared is not None) is shares
         # the oracle over both pools' blocks
         both = torch.cat([recs.float(), t_recs])
         n_c = recs.shape[0]
         merged = [c + [n_c + b for b in t] for c, t in zip(BLOCKS, tb)]
         m_lens = [[bs] * len(b) for b in merged]
         ref_o, ref_l = reference(q, both, spec, Q_COUNTS, merged, m_lens, scale)
-        if pairs:
-            out, lse = c_plan(q, cpool, second=(t_plan, t_pool))
-            check(out, lse, ref_o, ref_l, TOL[torch.float32])
+        out, lse = c_plan(q, cpool, second=(t_plan, t_pool))
+        check(out, lse, ref_o, ref_l, TOL[torch.float32])
         o1, l1 = c_plan(q, cpool, ready=(flag.data_ptr(), 0), done=(flag.data_ptr() + 8, 7))
         assert int(flag[1]) == 7
         o2, l2 = t_plan(q, t_pool)
@@ -202,11 +202,47 @@ def test_flagged_queued_and_paired_calls_with_shared_sets():
             out = torch.empty(nq, hq, spec.v_dim)
             lse = torch.empty(nq, hq)
             queue.submit(c_plan, q, cpool, out, lse, ready=None, done=None,
-                         second=(t_plan, t_pool) if pairs else None)
+                         second=(t_plan, t_pool))
             queue.drain()
-            if pairs:
-                check(out, lse, ref_o, ref_l, TOL[torch.float32])
-            else:
-                torch.testing.assert_close(out, o1)
+            check(out, lse, ref_o, ref_l, TOL[torch.float32])
         finally:
             queue.close()
+
+
+@needs_kernel
+@pytest.mark.parametrize("policy", ["static", "writescope"])
+def test_an_engine_decoding_prompts_that_share_a_prefix(tiny_qwen3_moe, monkeypatch, policy):
+    """Three prompts that start from a fourth's cached blocks (prefix caching), spilled to T
+    and C: greedy tokens and log-probabilities are those of the same engine reading every
+    listing (``WRITESCOPE_CPU_SHARED_READS=0``) and of one without prefix caching. Under
+    ``static`` (half the spilled blocks in C, the CPU reading them) the CPU reads fewer bytes;
+    ``writescope`` plans differently with and without shared reads (it may give the CPU shared
+    T blocks only with them)."""
+    from writescope import LLM, SamplingParams
+    doc = [(7 * i) % 90 + 3 for i in range(72)]  # 9 blocks of 8
+    prompts = [doc + [100 + i, 101 + i] for i in range(4)]
+    sp = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=0)
+
+    def run(shared: str, caching: bool = True):
+        monkeypatch.setenv("WRITESCOPE_CPU_SHARED_READS", shared)
+        llm = LLM(str(tiny_qwen3_moe), dtype="float32", device="cpu", block_size=8,
+                  max_model_len=256, max_num_seqs=8, num_gpu_blocks=4, kv_policy=policy,
+                  cpu_share=0.5, enable_prefix_caching=caching)
+        first = llm.generate([prompts[0]], sp)
+        s0 = llm.stats()
+        rest = llm.generate(prompts[1:], sp)
+        s1 = llm.stats()
+        outs = first + rest
+        if caching:
+            assert [o.num_cached_tokens for o in rest] == [72] * 3
+        return outs, s1["kv.bytes_read.cpu"] - s0["kv.bytes_read.cpu"]
+
+    once, read_once = run("1")
+    each, read_each = run("0")
+    plain, _ = run("1", caching=False)
+    for a, b, c in zip(once, each, plain):
+        assert a.token_ids == b.token_ids == c.token_ids
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+        assert a.logprobs == pytest.approx(c.logprobs, abs=1e-4)
+    if policy == "static":
+        assert 0 < read_once < read_each

@@ -1,6 +1,7 @@
 """The WriteScope planner: roofline closed forms, the share's shape, placement, feedback."""
 import dataclasses
 import math
+import os
 import random
 from pathlib import Path
 
@@ -1538,12 +1539,14 @@ def test_shared_t_tokens_stream_whatever_the_share():
     assert plan.prediction.pcie_s > 0  # the shared blocks stream at any share
 
 
-def test_the_plan_counts_a_shared_prefix_once_on_the_link():
+def test_the_plan_counts_a_shared_prefix_once_on_the_link(monkeypatch):
     """Eight sequences holding one prefix's 441 T blocks (prefix caching): the cache tells the
-    planner (``note_shared``, ``SeqKV.shared_t``). The plan's predicted step is that of the
+    planner (``note_shared``, ``SeqKV.shared_t``). Where the CPU would read a shared block once
+    per holder (``WRITESCOPE_CPU_SHARED_READS=0``), the plan's predicted step is that of the
     load the cache then runs -- the shared blocks streamed once, their other listings read from
     HBM, the CPU given private T blocks only -- far below the step predicted as if each
     sequence streamed its own copy."""
+    monkeypatch.setenv("WRITESCOPE_CPU_SHARED_READS", "0")
     from writescope.models.config import REFERENCE_DIR
     cfg = ModelConfig.from_hf(REFERENCE_DIR / "deepseek-v2-lite.json")
     bs, b, n_shared = 64, 8, 441
@@ -1583,14 +1586,85 @@ def test_the_plan_counts_a_shared_prefix_once_on_the_link():
                                          pol.last_placement_target)]
 
 
+def test_where_the_cpu_reads_a_shared_block_once_it_may_take_shared_t_and_c_counts_once():
+    """The same eight sequences where the CPU kernel reads a block several of them list once
+    for all (``attention/shared_reads.py``, the default): the distinct shared T blocks join the
+    T tokens either side may read, the CPU's T share takes them first (``shared_t_to_cpu``, for
+    every holder), and the plan's predicted step is that of the load the cache then runs -- no
+    slower than the plan that streams them all. A shared C block counts once too
+    (``SeqKV.shared_c``, ``note_shared``'s second count): seven such blocks held by all eight
+    sequences plan as seven, not 56."""
+    from writescope.attention import shared_reads
+    from writescope.models.config import REFERENCE_DIR
+    if not shared_reads.active():
+        pytest.skip("the compiled CPU kernel is not available")
+    cfg = ModelConfig.from_hf(REFERENCE_DIR / "deepseek-v2-lite.json")
+    bs, b, n_shared = 64, 8, 441
+    regs = (Region.G,) * 64 + (Region.C,) * 7 + (Region.T,) * n_shared + (Region.T,) * 2
+    n = len(regs) * bs + 10
+
+    def policy(shared_c: int = 0):
+        pol = WriteScopePolicy(profile=H200_PROFILE, model_config=cfg, block_size=bs,
+                               verify_steps=0)
+        pol.note_shared(n_shared, shared_c)
+        given = [pol.assign(SeqKV(i, n, regs, n_shared, shared_c)) for i in range(b)]
+        return pol, given
+
+    pol, given = policy()
+    to_cpu = pol.shared_t_to_cpu()
+    assert 0 < to_cpu <= n_shared  # the model wants the CPU reading part of the prefix
+    share = pol.stats()["planner.cpu_share"]
+    assert share > (b * 9) / (b * 9 + n_shared)  # more than C and every private T block
+    c, t = b * 7 * bs, b * 2 * bs + n_shared * bs
+    load = rl.load_at_share(b, b * (64 * bs + 10) + (b - 1) * n_shared * bs, c, t, share)
+    want = rl.predict_step(pol.profile, cfg, load, False, pol.feedback.corrections_at(
+        b * n)).step_s
+    assert pol.stats()["planner.planned_step_s"] == pytest.approx(want, rel=1e-9)
+    # the CPU's T tokens: the shared blocks given, then the private ones assign() gave
+    assert abs((to_cpu + sum(given)) * bs - load.cpu_t_tokens) <= (b + 1) * bs
+    os.environ["WRITESCOPE_CPU_SHARED_READS"] = "0"
+    try:
+        streamed, _ = policy()
+        assert streamed.shared_t_to_cpu() == 0
+        assert pol.stats()["planner.planned_step_s"] <= \
+            streamed.stats()["planner.planned_step_s"] * (1 + 1e-9)
+    finally:
+        del os.environ["WRITESCOPE_CPU_SHARED_READS"]
+    # seven shared C blocks: the plan's C tokens are seven blocks' (the minimum share's)
+    pol_c, _ = policy(shared_c=7)
+    spilled = 7 * bs + b * 2 * bs + n_shared * bs
+    assert pol_c._make_plan(commit=False)["cpu_share"] >= 7 * bs / spilled - 1e-12
+    plan = rl.optimal_cpu_share(pol_c.profile, cfg, b, b * (64 * bs + 10) + (b - 1) * n_shared * bs,
+                                7.0 * bs, float(b * 2 * bs + n_shared * bs), False,
+                                pol_c.feedback.corrections_at(b * n),
+                                min_gain=pol_c.step_min_gain)
+    assert pol_c.stats()["planner.planned_step_s"] == pytest.approx(
+        plan.prediction.step_s + max(0.0, pol_c.step_overhead_s), rel=1e-9)
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 6), st.integers(0, 12),
                           st.integers(0, 12)), min_size=1, max_size=6),
        st.integers(0, 40), st.booleans())
 def test_shared_t_blocks_are_never_assigned_and_the_plan_stays_in_range(seqs, distinct, experts):
     """Any batch, any count of shared T blocks: ``assign`` gives the CPU at most a sequence's
-    private T blocks, the plan's CPU share and fraction stay in range, its step is finite and
-    no faster than streaming the shared blocks alone, and placement answers a region."""
+    private T blocks, the plan's CPU share and fraction stay in range, and placement answers a
+    region. Where the CPU would read a shared block once per holder, none goes to the CPU and
+    the step is no faster than streaming the shared blocks alone; where it reads one once for
+    all holders, the CPU takes at most the distinct shared blocks."""
+    reads_once = bool(distinct % 2)  # (an environment fixture would not reset between examples)
+    old = os.environ.get("WRITESCOPE_CPU_SHARED_READS")
+    os.environ["WRITESCOPE_CPU_SHARED_READS"] = "1" if reads_once else "0"
+    try:
+        _check_shared_t_plan(seqs, distinct, experts, reads_once)
+    finally:
+        if old is None:
+            os.environ.pop("WRITESCOPE_CPU_SHARED_READS", None)
+        else:
+            os.environ["WRITESCOPE_CPU_SHARED_READS"] = old
+
+
+def _check_shared_t_plan(seqs, distinct, experts, reads_once):
     pol = make_policy("writescope", profile=h200_like(), model_config=tiny_cfg(),
                       experts_on_cpu=experts, verify_steps=0)
     bs = pol.block_size or 64
@@ -1608,9 +1682,14 @@ def test_shared_t_blocks_are_never_assigned_and_the_plan_stays_in_range(seqs, di
     assert 0.0 <= plan["t_fraction_to_cpu"] <= 1.0
     assert math.isfinite(plan["predicted_step_s"]) and plan["predicted_step_s"] > 0
     listed = sum(v.shared_t for v in views)
-    if listed:
-        streamed = min(listed, distinct) * bs * pol.token_bytes
-        assert plan["predicted_step_s"] >= streamed / pol.profile.h2d_pinned_Bps * 0.999
+    to_cpu = pol.shared_t_to_cpu()
+    if reads_once and listed:
+        assert 0 <= to_cpu <= distinct
+    else:
+        assert to_cpu == 0
+        if listed:
+            streamed = min(listed, distinct) * bs * pol.token_bytes
+            assert plan["predicted_step_s"] >= streamed / pol.profile.h2d_pinned_Bps * 0.999
     pol.observe({"batch_lengths": [v.num_tokens + 1 for v in views], "step_s": 0.01})
     cap = CacheCapacity({Region.G: 0, Region.C: 4, Region.T: 4}, bs, int(bs * pol.token_bytes))
     assert pol.place(views[0], 1, cap)[0] in (Region.C, Region.T)

@@ -421,3 +421,85 @@ def test_the_policy_is_told_which_t_blocks_are_shared():
     cache.attention(0, torch.randn(1, 2, spec.k_dim), recs[0, 22:23])
     cache.end_step()
     assert pol.told == [("distinct", 0), (0, 0, n_t)]
+
+
+class SharedTToCpu(TransferPolicy):
+    """Everything spilled in T (or, with ``region=C``, in C); the CPU reads the ``k`` oldest
+    shared T blocks in place, and no private ones."""
+
+    def __init__(self, k: int, region: Region = Region.T):
+        super().__init__()
+        self.k, self.region = k, region
+
+    def place(self, seq, num_blocks, capacity):
+        if self.region is Region.T:
+            return super().place(seq, num_blocks, capacity)
+        out = []
+        free = dict(capacity.free)
+        for _ in range(num_blocks):
+            r = Region.G if free.get(Region.G, 0) > 0 else Region.C
+            free[r] -= 1
+            out.append(r)
+        return out
+
+    def assign(self, seq):
+        return 0
+
+    def shared_t_to_cpu(self):
+        return self.k
+
+
+@pytest.mark.parametrize("region,k", [(Region.T, 2), (Region.T, 99), (Region.C, 0)])
+def test_the_cpu_reads_a_shared_block_once_for_all_holders(monkeypatch, region, k):
+    """Two sequences holding the same prefix blocks. Where the CPU kernel reads a block its
+    sequences share once (``attention/shared_reads.py``): a policy's ``shared_t_to_cpu`` gives
+    the CPU the oldest shared T blocks for both holders, the link streams the rest, and the CPU
+    bytes the step reports count each block it reads once; shared C blocks likewise. The
+    results match the oracle, and with ``WRITESCOPE_CPU_SHARED_READS=0`` the CPU reads every
+    listing and takes no shared T block."""
+    from writescope.attention import shared_reads
+    if not shared_reads.active():
+        pytest.skip("the compiled CPU kernel is not available")
+    spec = SPECS["gqa"](1)
+    bs = 4
+    tb = spec.token_bytes()
+    for once in (True, False):
+        monkeypatch.setenv("WRITESCOPE_CPU_SHARED_READS", "1" if once else "0")
+        layout = CacheLayout(bs, {Region.G: 1, Region.T: 16, Region.C: 16, Region.W: 4})
+        cache = InplaceKVCache(spec, layout, SharedTToCpu(k, region), "cpu", scale=0.3,
+                               prefill_gpu_rows=4, prefix_caching=True)
+        prompt = list(range(1, 22))  # 21 tokens: 5 full blocks
+        names = cache.prefix_names(prompt)
+        cache.add_sequence(0, 24, 21, prompt_names=names)
+        recs = token_records(prompt + [3, 3], spec, 1)
+        g = torch.Generator().manual_seed(0)
+        cache.begin_step([(0, 0, 21)])
+        cache.attention(0, torch.randn(21, 2, spec.k_dim, generator=g), recs[0, :21])
+        cache.end_step()
+        m = cache.match_prefix(names, 21)
+        assert cache.add_sequence(1, 24, 21, prefix=m, prompt_names=names) == 20
+        homes = [r for r, _ in m.blocks]
+        n_sp = homes.count(region)
+        assert n_sp >= 3 and homes.count(Region.G) + n_sp == 5
+        cache.begin_step([(0, 21, 1), (1, 20, 1)])
+        cpu_side = cache._step["plan"].cpu
+        q = torch.randn(2, 2, spec.k_dim, generator=g)
+        out = cache.attention(0, q, torch.stack([recs[0, 21], recs[0, 20]]))
+        timing = cache.end_step()
+        for row, end in ((0, 22), (1, 21)):
+            r = recs[0, :end]
+            ref, _ = dense_attention(q[row:row + 1], spec.k(r), spec.v(r), 0.3,
+                                     torch.tensor([end - 1]), torch.arange(end))
+            assert (out[row].double() - ref[0]).norm() / ref.norm() < 1e-5
+        if region is Region.T:
+            n_cpu = min(k, n_sp) if once else 0
+            assert timing["cpu_t_bytes"] == timing["cpu_bytes"] == n_cpu * bs * tb
+            assert timing["t_bytes"] == (n_sp - n_cpu) * bs * tb
+            if n_cpu:  # the same oldest blocks for both holders
+                (r, b), = cpu_side
+                assert r is Region.T
+                ids = [m.blocks[i][1] for i in range(5) if homes[i] is Region.T][:n_cpu]
+                assert b.kv_blocks.tolist() == ids + ids
+        else:
+            assert timing["cpu_bytes"] == (1 if once else 2) * n_sp * bs * tb
+            assert timing["t_bytes"] == 0

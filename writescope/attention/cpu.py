@@ -137,8 +137,9 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
                                  i, f, p, p, i, i, i]
     d = ctypes.c_double
     lib.ws_attend_flagged.restype = i
-    # a call's second pool (Src2; a null kv: none), then its shared sets (WsShared*; null: none)
-    second = [p, i, i, i64, p, p, p, i, p]
+    # a call's second pool (Src2; a null kv: none), then each pool's shared sets (WsShared*;
+    # null: none)
+    second = [p, i, i, i64, p, p, p, i, p, p]
     lib.ws_attend_flagged.argtypes = [p, i64, p, i64, d, d, p, *lib.ws_attend_ex.argtypes,
                                       *second]
     lib.ws_queue_new.restype = p
@@ -474,17 +475,16 @@ class CpuAttentionPlan:
               and self.hq == other.hq and self.spec == other.spec and self.scale == other.scale
               and self.kv_dtype == other.kv_dtype and self._const[:7] == other._const[:7]
               and self.batch.num_seqs == other.batch.num_seqs
-              and torch.equal(self._ints[0], other._ints[0])
-              and other.shared is None)  # (a call's shared sets are of its first pool)
+              and torch.equal(self._ints[0], other._ints[0]))
         if ok:
             self._paired = other
         return ok
 
     def _pair_args(self, second: tuple[CpuAttentionPlan, torch.Tensor] | None) -> tuple:
         """A call's second pool (``Src2`` in csrc/attn_ops.cpp): ``second``'s plan and layer,
-        or none (a null pool)."""
+        or none (a null pool); then both pools' shared sets (``WsShared*``, None: none)."""
         if second is None:
-            return (None, 0, 0, 0, None, None, None, 0)
+            return (None, 0, 0, 0, None, None, None, 0, self._sh_ptr(), None)
         other, kv = second
         if not self.pairs_with(other):
             raise ValueError("these two plans cannot share a call (see pairs_with)")
@@ -493,7 +493,7 @@ class CpuAttentionPlan:
             raise ValueError("pool layer differs from the one the plan was made for")
         return (_ptr(kv), 1 if kv.dtype == torch.bfloat16 else 0,
                 0 if other.layout == "cpu" else 1, other.kv_stride,
-                *(_ptr(t) for t in other._ints[1:]), other._isa)
+                *(_ptr(t) for t in other._ints[1:]), other._isa, self._sh_ptr(), other._sh_ptr())
 
     def _native_args(self, q: torch.Tensor, kv: torch.Tensor, out: torch.Tensor | None,
                      lse: torch.Tensor | None) -> tuple | None:
@@ -540,7 +540,7 @@ class CpuAttentionPlan:
         if (ready is not None or done is not None) and not self.flagged:
             raise ValueError("ready/done flags need the compiled kernel")
         native = self._native_args(q, kv, out, lse)
-        extra = (*self._pair_args(second), self._sh_ptr())
+        extra = self._pair_args(second)
         if native is None and second is not None:
             raise ValueError("these two plans cannot share a call (see pairs_with)")
         if native is None:
@@ -619,7 +619,7 @@ class CpuJobQueue:
         ``second``: another pool's blocks of the same sequences in the same call)."""
         if self._q is None:
             raise RuntimeError("the CPU job queue is closed")
-        extra = (*plan._pair_args(second), plan._sh_ptr())
+        extra = plan._pair_args(second)
         native = plan._native_args(q, kv, out, lse) if plan.flagged else None
         if native is None:
             raise ValueError("this call cannot run natively (torch path)")

@@ -11,8 +11,10 @@ same. (FlashInfer's cascade attention does the like on the GPU: a shared prefix'
 for the whole batch, merged with each request's own.)
 
 ``WRITESCOPE_CPU_SHARED_READS`` (default on; ``0`` off, for A/B runs) is read when a step's
-calls are planned (:class:`~writescope.attention.cpu.CpuAttentionPlan`), and by the step plan,
-which counts the CPU side's bytes as the kernel reads them.
+calls are planned (:class:`~writescope.attention.cpu.CpuAttentionPlan`), by the step plan, which
+counts the CPU side's bytes as the kernel reads them and may give the CPU T blocks several
+sequences hold (read in place, once), and by the planner, which then counts such blocks once on
+whichever side reads them (:func:`active`).
 """
 from __future__ import annotations
 
@@ -26,6 +28,16 @@ def enabled() -> bool:
     """``WRITESCOPE_CPU_SHARED_READS`` (default on)."""
     value = os.environ.get("WRITESCOPE_CPU_SHARED_READS", "1").strip().lower()
     return value not in ("0", "off", "false", "no")
+
+
+def active() -> bool:
+    """Whether a step's CPU side reads a shared block once: :func:`enabled` and the compiled
+    kernel loaded (the torch path reads every listing). What the step plan and the planner
+    count by."""
+    if not enabled():
+        return False
+    from . import cpu
+    return cpu.available()
 
 
 @dataclass

@@ -71,6 +71,13 @@ class PlacementPolicy(ABC):
         every holder's ``SeqKV.shared_t`` / ``shared_c`` counts it."""
         return None
 
+    def shared_t_to_cpu(self) -> int:
+        """Asked after a step's ``assign`` calls where the CPU kernel reads a block several
+        sequences hold once for all of them (``attention/shared_reads.py``): how many of the
+        distinct T blocks two or more of the step's sequences hold (``note_shared``) the CPU
+        reads in place, the oldest first, for every holder. Default 0: they stream."""
+        return 0
+
     def admit(self, seq_id: int, prompt_tokens: int) -> None:
         """A sequence joined the cache, its prompt ``prompt_tokens`` long (0: not said); none of
         its blocks is placed yet. A planner may place the blocks of a prefill against the batch

@@ -39,6 +39,12 @@ def build_step_plan(work: list[tuple[int, int, int]], seqs: dict[int, SeqTable],
     the step holds (``note_shared``) and each sequence how many of its own are among them
     (``SeqKV.shared_t``), so that its model can count them once.
 
+    Where the CPU kernel reads a shared block once for all its holders
+    (``attention/shared_reads.py``, :func:`~writescope.attention.shared_reads.active`), a
+    policy may also give the CPU the oldest of the step's distinct shared T blocks, for every
+    holder (``PlacementPolicy.shared_t_to_cpu``, asked after the ``assign`` calls); the rest
+    stream.
+
     ``shared_c``: the C blocks two or more sequences hold now, or None. The CPU kernel reads
     such a block once for all the holders in its call (``attention/shared_reads.py``): the
     policy is told their distinct count and each sequence its own (``SeqKV.shared_c``), and the
@@ -114,6 +120,9 @@ def build_step_plan(work: list[tuple[int, int, int]], seqs: dict[int, SeqTable],
                     raise KVCacheError(f"policy {policy.name!r} assigned {mask.size} "
                                        f"blocks, sequence has {len(s.regions)}")
                 masks.append((i, mask))
+    # the CPU reads shared T blocks in place too, once for all holders, where the policy says
+    n_shared_cpu = policy.shared_t_to_cpu() if custom and sharing and shared.any() and \
+        shared_reads.active() else 0
     qi = np.zeros(n_seqs + 1, np.int32)
     np.cumsum(q_counts, out=qi[1:])
     plan = AttentionStepPlan(spec, scale, int(qi[-1]), q_indptr=torch.as_tensor(qi))
@@ -128,6 +137,12 @@ def build_step_plan(work: list[tuple[int, int, int]], seqs: dict[int, SeqTable],
         first = np.cumsum(sizes) - sizes  # each sequence's first block
         before = np.concatenate(([0], seen))[first]  # T blocks of the sequences before
         on_cpu |= is_t & (seen - before[owner] <= cpu_t[owner])
+    if n_shared_cpu > 0:  # the oldest distinct shared T blocks (first listed), for all holders
+        at = np.flatnonzero(shared)
+        uid, first = np.unique(ids[at], return_index=True)
+        take = np.zeros(int(ids.max()) + 1, np.bool_)
+        take[uid[np.argsort(first, kind="stable")][:int(n_shared_cpu)]] = True
+        on_cpu |= shared & take[ids]
     if masks:
         first = np.cumsum(sizes) - sizes
         for i, mask in masks:

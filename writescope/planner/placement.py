@@ -72,7 +72,10 @@ private T + the distinct shared T; ``assign`` hands the CPU a fraction of each s
 T blocks, and placement counts a shared block once. Shared C blocks (``SeqKV.shared_c``, the
 second count of ``note_shared``) the CPU kernel reads once for all their holders
 (``attention/shared_reads.py``): the model counts each once among the C tokens, and placement
-too. (Counted once per sequence, 8 prompts
+too. Where it does so (:func:`~writescope.attention.shared_reads.active`), a shared T block is
+read once on either side: the distinct shared T tokens join the T tokens either side may read
+(no ``fixed_t``), the CPU's T share takes them first, oldest first, for every holder
+(:meth:`WriteScopePolicy.shared_t_to_cpu`), and then a fraction of each sequence's private ones. (Counted once per sequence, 8 prompts
 sharing a 32K prefix on DeepSeek-V2-Lite were planned at 29.7 ms a step and ran at 18.7:
 2026-12-06 call 1 of the sixty-eighth session.)
 
@@ -103,6 +106,7 @@ import math
 import os
 from typing import Any
 
+from ..attention import shared_reads
 from ..kvcache.placement import CacheCapacity, PlacementPolicy, SeqKV, register_policy
 from ..kvcache.regions import DEFAULT_BLOCK_SIZE, Region
 from . import roofline as rl
@@ -364,6 +368,9 @@ class WriteScopePolicy(PlacementPolicy):
         listed, distinct = self._shared_tokens(held)
         resident += listed - distinct
         spilled -= listed + self._shared_c_excess(held)  # the CPU reads a shared C block once
+        if shared_reads.active():  # ... and a shared T block once too: either side may read it
+            spilled += distinct
+            distinct = 0.0
         b = max(len(ids), self.batch_hint or 1)
         corr = self._placement_corrections(resident + spilled + distinct)
         state = (b, resident, spilled, 0.0, corr, self.pipelined, distinct)
@@ -446,6 +453,15 @@ class WriteScopePolicy(PlacementPolicy):
         bs = self.block_size or DEFAULT_BLOCK_SIZE
         listed = float(sum(s.shared_t for s in seqs)) * bs
         return listed, min(listed, float(self._shared_distinct) * bs)
+
+    def shared_t_to_cpu(self) -> int:
+        """The step plan's count of distinct shared T blocks for the CPU (see the module
+        docstring); asked after the step's ``assign`` calls, which made the plan."""
+        if not self._shared_distinct or self._plan is None:
+            return 0
+        n = self._plan.get("shared_t_cpu_blocks", 0)
+        self.cpu_t_tokens_total += n * (self.block_size or DEFAULT_BLOCK_SIZE)
+        return n
 
     def _shared_c_excess(self, seqs) -> float:
         """Tokens of shared C blocks over ``seqs``' views that the CPU does not read: every
@@ -601,6 +617,8 @@ class WriteScopePolicy(PlacementPolicy):
             "planner.prefill_steps": self.skipped_steps,
             "planner.host_bound_steps": self.host_bound_steps,
             "planner.cpu_read_t_tokens": self.cpu_t_tokens_total,
+            # distinct shared T blocks the plan gives the CPU (read once for all holders)
+            "planner.shared_t_cpu_blocks": plan.get("shared_t_cpu_blocks", 0),
             "planner.probes": self.probes,
             "planner.cpu_verified": self.cpu_verified,
             "planner.step_overhead_s": max(0.0, self.step_overhead_s),
@@ -660,6 +678,11 @@ class WriteScopePolicy(PlacementPolicy):
         resident += listed - fixed
         t_tok -= listed  # the T tokens either side may read: the private ones
         c_tok -= self._shared_c_excess(seqs)  # the CPU reads a shared C block once
+        shared_t = 0.0  # distinct shared T tokens either side may read (each once)
+        if shared_reads.active():
+            shared_t, fixed = fixed, 0.0
+        private_t = t_tok
+        t_tok += shared_t
         # (the form: the step-form chooser alternates them while it probes, and each has its
         # own solution)
         state = (b, resident, c_tok, t_tok, corr, self.pipelined, fixed)
@@ -704,10 +727,14 @@ class WriteScopePolicy(PlacementPolicy):
                 share = fresh.cpu_share
                 self.probes += 1
         extra_t = max(0.0, share * spilled - c_tok)
+        # the CPU's T: the shared blocks first (each once for all holders), then private ones
+        shared_cpu = min(shared_t, extra_t)
+        extra_t -= shared_cpu
         return {
             "members": ids,
             "target_share": target_share,
             "cpu_share": share,
             "predicted_step_s": predicted + max(0.0, self.step_overhead_s),
-            "t_fraction_to_cpu": min(1.0, extra_t / t_tok) if t_tok else 0.0,
+            "t_fraction_to_cpu": min(1.0, extra_t / private_t) if private_t else 0.0,
+            "shared_t_cpu_blocks": int(math.floor(shared_cpu / bs + 0.5)),
         }

@@ -123,8 +123,8 @@ int detect() {
 
 struct Item {
     int group, b0, b1;  // block range [b0, b1) in its source's kv_blocks
-    int src;            // 0: the call's pool, 1: its second pool (CallArgs::b), 2: the first
-                        // pool's blocks that several sequences list (CallArgs::sh)
+    int src;            // 0: the call's pool, 1: its second pool (CallArgs::b), 2 and 3: the
+                        // first's and the second's blocks that several sequences list (sh, sh2)
     int64_t poff;       // offset of this item's partial result (m[M], l[M], o[M][Dv])
 };
 
@@ -135,7 +135,8 @@ struct Group {
     int seq, head, M, nchunks;
     int64_t qoff;  // offset of its packed queries
     int64_t poff;  // offset of its first chunk's partial; chunk c at poff + c * M * (Dv + 2)
-    int set;       // -1: a sequence's group; k >= 0: shared set k's (seq is then -1)
+    int set;       // -1: a sequence's group; k >= 0: shared set k's (seq is then -1) ...
+    int pool;      // ... of the first pool's sets (0, CallArgs::sh) or the second's (1, sh2)
     int link0, nlinks;  // a sequence's group: its Links, plan.links[link0 .. link0 + nlinks)
 };
 
@@ -152,11 +153,11 @@ struct Job {
     int q_bf16, Hq, G, Dk, Dv;
     float qs;  // scale * log2(e)
     const int32_t* q_indptr;
-    const int32_t* kv_blocks[3];  // per source (Item::src)
-    const int32_t* kv_lens[3];
-    ws_item_fn fn[3];
-    WsArgs args[3];
-    const WsShared* sh;  // null: no shared sets
+    const int32_t* kv_blocks[4];  // per source (Item::src)
+    const int32_t* kv_lens[4];
+    ws_item_fn fn[4];
+    WsArgs args[4];
+    const WsShared* sh[2];  // per pool; null: no shared sets
     const Item* items;
     const Group* groups;
     const Link* links;
@@ -244,7 +245,7 @@ void pack_q(const Job& J, const Group& g, float* dst) {
         pack_rows(J, J.q_indptr[g.seq], g.M / J.G, g.head, dst);
         return;
     }
-    const WsShared& S = *J.sh;
+    const WsShared& S = *J.sh[g.pool];
     for (int i = S.set_indptr[g.set]; i < S.set_indptr[g.set + 1]; ++i) {
         const int s = S.set_seqs[i], q0 = J.q_indptr[s], nr = J.q_indptr[s + 1] - q0;
         if (nr <= 0) continue;
@@ -448,6 +449,7 @@ struct CallArgs {
     int isa, threads, chunk_blocks;
     Src2 b;  // zero: none
     const WsShared* sh = nullptr;  // null (or no sets): no block is read for several sequences
+    const WsShared* sh2 = nullptr;  // the same of the second pool
 };
 
 ws_item_fn isa_fn(int isa) {
@@ -476,14 +478,16 @@ int plan_call(const CallArgs& a, Plan& plan, Job& J, int& nitems, int& nunits, i
     const int procs = default_threads();
     const int threads = a.threads <= 0 ? procs : std::min(a.threads, procs);
 
-    const WsShared* sh = a.sh && a.sh->nsets > 0 ? a.sh : nullptr;
+    const WsShared* shs[2] = {a.sh && a.sh->nsets > 0 ? a.sh : nullptr,
+                              nsrc == 2 && a.sh2 && a.sh2->nsets > 0 ? a.sh2 : nullptr};
     auto rows_of = [&](int s) { return std::max(0, a.q_indptr[s + 1] - a.q_indptr[s]); };
     int64_t total = 0;  // (block, head) pairs to read
     for (int s = 0; s < a.nseq; ++s)
         if (rows_of(s) > 0)
             for (int x = 0; x < nsrc; ++x) total += (int64_t)(indptr[x][s + 1] - indptr[x][s]) * H;
-    for (int k = 0; sh && k < sh->nsets; ++k)
-        total += (int64_t)(sh->kv_indptr[k + 1] - sh->kv_indptr[k]) * H;
+    for (const WsShared* sh : shs)
+        for (int k = 0; sh && k < sh->nsets; ++k)
+            total += (int64_t)(sh->kv_indptr[k + 1] - sh->kv_indptr[k]) * H;
     int chunk = a.chunk_blocks;
     if (chunk <= 0) {  // >= WS_ITEMS_PER_THREAD items per thread (a short tail), >= 4 blocks each
         const int64_t per = WS_ITEMS_PER_THREAD * (int64_t)threads;
@@ -501,13 +505,14 @@ int plan_call(const CallArgs& a, Plan& plan, Job& J, int& nitems, int& nunits, i
     // The H groups of one sequence or shared set (seq or set -1) of M query vectors each, over
     // block ranges [k0, k1) of sources src; returns the first group's index.
     struct Range { int src, k0, k1; };
-    auto add = [&](int seq, int set, int M, const Range* rg, int nrg) {
+    auto add = [&](int seq, int set, int pool, int M, const Range* rg, int nrg) {
         int nc = 0;
         for (int x = 0; x < nrg; ++x) nc += (rg[x].k1 - rg[x].k0 + chunk - 1) / chunk;
         const int64_t stride = (int64_t)M * (Dv + 2);
         const int g0 = (int)groups.size();
         for (int h = 0; h < H; ++h) {
-            groups.push_back(Group{seq, h, M, nc, qtot, ptot + h * (int64_t)nc * stride, set, 0, 0});
+            groups.push_back(Group{seq, h, M, nc, qtot, ptot + h * (int64_t)nc * stride, set,
+                                   pool, 0, 0});
             qtot += (int64_t)M * Dk;
         }
 #if WS_ITEM_ORDER
@@ -532,17 +537,21 @@ int plan_call(const CallArgs& a, Plan& plan, Job& J, int& nitems, int& nunits, i
     };
     // shared sets first; each holder's (set's first group, its first row there)
     std::vector<std::array<int, 3>> held;  // {holder, set's first group, row0}
-    for (int k = 0; sh && k < sh->nsets; ++k) {
-        const int k0 = sh->kv_indptr[k], k1 = sh->kv_indptr[k + 1];
-        int M = 0;
-        for (int i = sh->set_indptr[k]; i < sh->set_indptr[k + 1]; ++i) M += rows_of(sh->set_seqs[i]) * G;
-        if (M <= 0 || k1 <= k0) continue;
-        const Range rg{2, k0, k1};
-        const int g0 = add(-1, k, M, &rg, 1);
-        for (int i = sh->set_indptr[k], row0 = 0; i < sh->set_indptr[k + 1]; ++i) {
-            const int s = sh->set_seqs[i], m = rows_of(s) * G;
-            if (m > 0) held.push_back({s, g0, row0});
-            row0 += m;
+    for (int pool = 0; pool < 2; ++pool) {
+        const WsShared* sh = shs[pool];
+        for (int k = 0; sh && k < sh->nsets; ++k) {
+            const int k0 = sh->kv_indptr[k], k1 = sh->kv_indptr[k + 1];
+            int M = 0;
+            for (int i = sh->set_indptr[k]; i < sh->set_indptr[k + 1]; ++i)
+                M += rows_of(sh->set_seqs[i]) * G;
+            if (M <= 0 || k1 <= k0) continue;
+            const Range rg{2 + pool, k0, k1};
+            const int g0 = add(-1, k, pool, M, &rg, 1);
+            for (int i = sh->set_indptr[k], row0 = 0; i < sh->set_indptr[k + 1]; ++i) {
+                const int s = sh->set_seqs[i], m = rows_of(s) * G;
+                if (m > 0) held.push_back({s, g0, row0});
+                row0 += m;
+            }
         }
     }
     std::sort(held.begin(), held.end());
@@ -562,7 +571,7 @@ int plan_call(const CallArgs& a, Plan& plan, Job& J, int& nitems, int& nunits, i
         if (nr <= 0 || (nblocks <= 0 && nl == 0)) continue;
         for (int r = std::max(q0, 0); r < std::min(q0 + nr, a.nq); ++r) plan.covered[r] = 1;
         const int M = nr * G;
-        const int g0 = add(s, -1, M, rg, nsrc);
+        const int g0 = add(s, -1, 0, M, rg, nsrc);
         for (int h = 0; h < H; ++h) {
             Group& g = groups[g0 + h];
             g.link0 = (int)links.size();
@@ -594,15 +603,16 @@ int plan_call(const CallArgs& a, Plan& plan, Job& J, int& nitems, int& nunits, i
     const float qs = a.scale * 1.4426950408889634f;  // base-2 scores
     const WsArgs first{a.kv, a.dtype, a.layout, a.block_stride, H, a.bs, a.R, a.k_off, Dk,
                        a.v_off, Dv, qs};
+    const WsArgs second{a.b.kv, a.b.dtype, a.b.layout, a.b.block_stride, H, a.bs, a.R, a.k_off,
+                        Dk, a.v_off, Dv, qs};
     J = Job{a.q, a.q_dtype, a.Hq, G, Dk, Dv, qs, a.q_indptr,
-            {a.kv_blocks, a.b.kv_blocks, sh ? sh->kv_blocks : nullptr},
-            {a.kv_lens, a.b.kv_lens, sh ? sh->kv_lens : nullptr},
-            {isa_fn(a.isa), isa_fn(a.b.isa), isa_fn(a.isa)},
-            {first,
-             WsArgs{a.b.kv, a.b.dtype, a.b.layout, a.b.block_stride, H, a.bs, a.R, a.k_off, Dk,
-                    a.v_off, Dv, qs},
-             first},
-            sh, items.data(), groups.data(), links.data(), plan.units.data(), plan.pending.data(),
+            {a.kv_blocks, a.b.kv_blocks, shs[0] ? shs[0]->kv_blocks : nullptr,
+             shs[1] ? shs[1]->kv_blocks : nullptr},
+            {a.kv_lens, a.b.kv_lens, shs[0] ? shs[0]->kv_lens : nullptr,
+             shs[1] ? shs[1]->kv_lens : nullptr},
+            {isa_fn(a.isa), isa_fn(a.b.isa), isa_fn(a.isa), isa_fn(a.b.isa)},
+            {first, second, first, second},
+            {shs[0], shs[1]}, items.data(), groups.data(), links.data(), plan.units.data(), plan.pending.data(),
             plan.qstate.data(), qpack, part, a.out, a.lse};
     return 0;
 }
@@ -843,8 +853,8 @@ void ws_set_prefetch_blocks(int n) { g_prefetch_blocks = n < 0 ? 0 : n > 64 ? 64
 // kv2 (not null): a second pool of the same sequences (see Src2), whose blocks for sequence s
 // are kv_blocks2[kv_indptr2[s] .. kv_indptr2[s+1]) (its own layout, block stride and ISA; the
 // spec and block size are the first pool's): one result, as if the blocks were one pool's.
-// sh (not null): blocks of the first pool that several sequences list, read once for all of
-// them (see WsShared); the sequences' own lists leave them out.
+// sh, sh2 (not null): blocks of the first pool, and of the second, that several sequences list,
+// read once for all of them (see WsShared); the sequences' own lists leave them out.
 int ws_attend_flagged(const volatile int64_t* ready, int64_t ready_value, int64_t* done,
                       int64_t done_value, double timeout_s, double spin_s, double* times,
                       const void* q, int q_dtype, int nq, int Hq, const void* kv, int dtype,
@@ -854,12 +864,13 @@ int ws_attend_flagged(const volatile int64_t* ready, int64_t ready_value, int64_
                       float* out, float* lse, int isa, int threads, int chunk_blocks,
                       const void* kv2, int dtype2, int layout2, int64_t block_stride2,
                       const int32_t* kv_indptr2, const int32_t* kv_blocks2,
-                      const int32_t* kv_lens2, int isa2, const WsShared* sh) {
+                      const int32_t* kv_lens2, int isa2, const WsShared* sh,
+                      const WsShared* sh2) {
     const CallArgs a{q, q_dtype, nq, Hq, kv, dtype, layout, block_stride, H, bs, R, k_off, Dk,
                      v_off, Dv, q_indptr, kv_indptr, kv_blocks, kv_lens, nseq, scale, out, lse,
                      isa, threads, chunk_blocks,
                      Src2{kv2, dtype2, layout2, block_stride2, kv_indptr2, kv_blocks2, kv_lens2, isa2},
-                     sh};
+                     sh, sh2};
     return flagged_call(a, ready, ready_value, done, done_value, timeout_s, spin_s, nullptr, times);
 }
 
@@ -877,7 +888,7 @@ int ws_attend_ex(const void* q, int q_dtype, int nq, int Hq, const void* kv, int
                              dtype, layout, block_stride, H, bs, R, k_off, Dk, v_off, Dv,
                              q_indptr, kv_indptr, kv_blocks, kv_lens, nseq, scale, out, lse, isa,
                              threads, chunk_blocks, nullptr, 0, 0, 0, nullptr, nullptr, nullptr, 0,
-                             nullptr);
+                             nullptr, nullptr);
 }
 
 // float32 queries. isa: 0 avx2, 1 avx512, 2 amx, 3 avx512bf16, 4 avx512bf16-l2. Returns 0, or a
@@ -902,8 +913,8 @@ void* ws_queue_new() {
     return Q;
 }
 
-// Queue a call with ws_attend_flagged's arguments (kv2 null: one pool; sh: as there, kept alive
-// by the submitter until the drain that covers the call).
+// Queue a call with ws_attend_flagged's arguments (kv2 null: one pool; sh, sh2: as there, kept
+// alive by the submitter until the drain that covers the call).
 int ws_queue_submit(void* queue, const volatile int64_t* ready, int64_t ready_value,
                     int64_t* done, int64_t done_value, double timeout_s, double spin_s,
                     const void* q, int q_dtype, int nq, int Hq, const void* kv, int dtype,
@@ -913,14 +924,15 @@ int ws_queue_submit(void* queue, const volatile int64_t* ready, int64_t ready_va
                     float* out, float* lse, int isa, int threads, int chunk_blocks,
                     const void* kv2, int dtype2, int layout2, int64_t block_stride2,
                     const int32_t* kv_indptr2, const int32_t* kv_blocks2,
-                    const int32_t* kv_lens2, int isa2, const WsShared* sh) {
+                    const int32_t* kv_lens2, int isa2, const WsShared* sh,
+                    const WsShared* sh2) {
     WsQueue* Q = (WsQueue*)queue;
     QueuedCall c{CallArgs{q, q_dtype, nq, Hq, kv, dtype, layout, block_stride, H, bs, R, k_off,
                           Dk, v_off, Dv, q_indptr, kv_indptr, kv_blocks, kv_lens, nseq, scale,
                           out, lse, isa, threads, chunk_blocks,
                           Src2{kv2, dtype2, layout2, block_stride2, kv_indptr2, kv_blocks2,
                                kv_lens2, isa2},
-                          sh},
+                          sh, sh2},
                  ready, ready_value, done, done_value, timeout_s, spin_s};
     return queue_push(Q, c);
 }
