@@ -197,11 +197,12 @@ def test_tile_read_bandwidth_is_none_without_amx(monkeypatch):
 
 
 @pytest.mark.parametrize("family", ["mla", "gqa"])
-def test_shared_reads(amx_emulated, family):
+def test_shared_reads(amx_emulated, family, monkeypatch):
     """Blocks several sequences list, read once for all their holders (attention/shared_reads.py):
     a shared set's group has the rows of every holder (MLA: 5 rows x 16 heads = 80 query
     vectors), merged into each holder's by the kernel."""
     from test_cpu_shared_reads import BLOCKS, Q_COUNTS, shared_case
+    monkeypatch.setenv("WRITESCOPE_CPU_SHARED_READS", "all")  # (MLA reads every listing by default)
     spec = KVSpec.mla(1, 512, 64, torch.bfloat16) if family == "mla" else KVSpec.gqa(1, 4, 128, torch.bfloat16)
     hq = 16 if family == "mla" else 32
     q, recs, cpool, gpool, lens = shared_case(spec, hq, 64, seed=11)

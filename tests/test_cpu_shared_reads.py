@@ -114,9 +114,11 @@ def shared_case(spec, hq, bs, seed, blocks=BLOCKS, q_counts=Q_COUNTS):
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("name", ["qwen3", "g3d64", "mla"])
-def test_shared_reads_match_float64_reference(isa, dtype, name):
-    """Sequences that share blocks: the kernel reads each shared block once (the plan says so)
-    and every row matches the oracle, both layouts, 1 and 4 threads, every chunking."""
+def test_shared_reads_match_float64_reference(isa, dtype, name, monkeypatch):
+    """Sequences that share blocks: the kernel reads each shared block once (the plan says so;
+    MLA with ``all``) and every row matches the oracle, both layouts, 1 and 4 threads, every
+    chunking."""
+    monkeypatch.setenv("WRITESCOPE_CPU_SHARED_READS", "all")
     spec_fn, hq = SPECS[name]
     spec = spec_fn(dtype)
     bs = 64
@@ -142,19 +144,26 @@ def test_shared_reads_match_float64_reference(isa, dtype, name):
 
 @needs_kernel
 def test_switch_off_reads_every_listing(monkeypatch):
-    """``WRITESCOPE_CPU_SHARED_READS=0``: no sets, the same results."""
+    """``WRITESCOPE_CPU_SHARED_READS=0``: no sets, the same results; MLA calls read every
+    listing unless it says ``all``; a bad value is refused."""
     spec_fn, hq = SPECS["qwen3"]
     spec = spec_fn(torch.float32)
     q, recs, cpool, gpool, lens = shared_case(spec, hq, 64, seed=5)
     batch = BlockBatch.build(Q_COUNTS, BLOCKS, lens)
     on = cpu.CpuAttentionPlan(cpool, "cpu", spec, batch, 0.1, q.shape[0], hq)
     monkeypatch.setenv("WRITESCOPE_CPU_SHARED_READS", "0")
-    assert not shared_reads.enabled()
+    assert shared_reads.setting() == "off" and not shared_reads.applies(False)
     off = cpu.CpuAttentionPlan(cpool, "cpu", spec, batch, 0.1, q.shape[0], hq)
     assert on.shared is not None and off.shared is None
     (o1, l1), (o2, l2) = on(q, cpool), off(q, cpool)
     torch.testing.assert_close(o1, o2, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(l1, l2, rtol=1e-5, atol=1e-6)
+    for value, gqa, mla in (("auto", True, False), ("1", True, False), ("all", True, True)):
+        monkeypatch.setenv("WRITESCOPE_CPU_SHARED_READS", value)
+        assert (shared_reads.applies(False), shared_reads.applies(True)) == (gqa, mla)
+    monkeypatch.setenv("WRITESCOPE_CPU_SHARED_READS", "sometimes")
+    with pytest.raises(ValueError, match="auto, all or 0"):
+        shared_reads.setting()
 
 
 @needs_kernel

@@ -458,7 +458,7 @@ def test_the_cpu_reads_a_shared_block_once_for_all_holders(monkeypatch, region, 
     results match the oracle, and with ``WRITESCOPE_CPU_SHARED_READS=0`` the CPU reads every
     listing and takes no shared T block."""
     from writescope.attention import shared_reads
-    if not shared_reads.active():
+    if not shared_reads.active(False):
         pytest.skip("the compiled CPU kernel is not available")
     spec = SPECS["gqa"](1)
     bs = 4

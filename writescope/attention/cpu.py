@@ -436,7 +436,7 @@ class CpuAttentionPlan:
         self.kv_shape, self.kv_stride, self.kv_dtype = tuple(kv.shape), kv.stride(0), kv.dtype
         self._ints = [t.to("cpu", torch.int32).contiguous() for t in
                       (batch.q_indptr, batch.kv_indptr, batch.kv_blocks, batch.kv_lens)]
-        if shared_reads.enabled() and batch.num_seqs > 1:
+        if batch.num_seqs > 1 and shared_reads.applies(spec.is_mla):
             self._share(shared_reads.split_shared(*(t.numpy() for t in self._ints)))
         self._const = (H, bs, R, spec.k_offset, spec.k_dim, spec.v_offset, spec.v_dim,
                        *(_ptr(t) for t in self._ints), batch.num_seqs, self.scale)

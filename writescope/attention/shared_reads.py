@@ -10,8 +10,17 @@ in ``csrc/attn_common.h``). The bytes read fall by the number of holders; the pr
 same. (FlashInfer's cascade attention does the like on the GPU: a shared prefix's KV attended
 for the whole batch, merged with each request's own.)
 
-``WRITESCOPE_CPU_SHARED_READS`` (default on; ``0`` off, for A/B runs) is read when a step's
-calls are planned (:class:`~writescope.attention.cpu.CpuAttentionPlan`), by the step plan, which
+Where it pays: a GQA block's K/V rows serve a few query heads each (Qwen3: 8), so the kernel is
+bound by reading them, and 8 sequences sharing 32K tokens of 1K each ran 2.43x faster on an
+H100 host's 16 AMX cores (bench/results/2026-12-06i-h100, call 2: 1.68 against 4.10 ms a
+layer; ``python -m writescope.bench.cpu_shared``). An MLA record serves 16 query heads over 576
+values (~30 FLOP a byte): the kernel is bound by its products, which are per listing, and the
+same batch ran 1.00x (3.02 against 3.03 ms), while a decode step with a few shared blocks ran
+its larger groups on fewer cores (DeepSeek-V2-Lite, 8 prompts sharing 32K: the CPU's time 8.7
+ms a step against 1.3). So by default only GQA calls read shared blocks once.
+
+``WRITESCOPE_CPU_SHARED_READS``: ``auto`` (default: GQA calls), ``all`` (MLA too), ``0`` (none;
+for A/B runs). It is read when a step's calls are planned (:class:`~writescope.attention.cpu.CpuAttentionPlan`), by the step plan, which
 counts the CPU side's bytes as the kernel reads them and may give the CPU T blocks several
 sequences hold (read in place, once), and by the planner, which then counts such blocks once on
 whichever side reads them (:func:`active`).
@@ -24,17 +33,31 @@ from dataclasses import dataclass
 import numpy as np
 
 
-def enabled() -> bool:
-    """``WRITESCOPE_CPU_SHARED_READS`` (default on)."""
-    value = os.environ.get("WRITESCOPE_CPU_SHARED_READS", "1").strip().lower()
-    return value not in ("0", "off", "false", "no")
+def setting() -> str:
+    """``WRITESCOPE_CPU_SHARED_READS``: ``auto`` (the default; ``1``, ``on`` too), ``all`` or
+    ``off`` (``0``, ``false``, ``no``)."""
+    value = os.environ.get("WRITESCOPE_CPU_SHARED_READS", "auto").strip().lower()
+    if value in ("0", "off", "false", "no"):
+        return "off"
+    if value in ("auto", "1", "on", "true", "yes", ""):
+        return "auto"
+    if value == "all":
+        return "all"
+    raise ValueError(f"WRITESCOPE_CPU_SHARED_READS={value!r}: auto, all or 0")
 
 
-def active() -> bool:
-    """Whether a step's CPU side reads a shared block once: :func:`enabled` and the compiled
-    kernel loaded (the torch path reads every listing). What the step plan and the planner
-    count by."""
-    if not enabled():
+def applies(mla: bool) -> bool:
+    """Whether a CPU call over KV of this family reads a shared block once: GQA by default, MLA
+    with ``all`` (see the module docstring)."""
+    s = setting()
+    return s == "all" or (s == "auto" and not mla)
+
+
+def active(mla: bool) -> bool:
+    """Whether a step's CPU side reads a shared block of this family once: :func:`applies` and
+    the compiled kernel loaded (the torch path reads every listing). What the step plan and the
+    planner count by."""
+    if not applies(mla):
         return False
     from . import cpu
     return cpu.available()

@@ -1,7 +1,8 @@
 """``python -m writescope.bench.cpu_shared [--batch 8] [--prefix 32k] [--own 1k] [--json F]``:
 the CPU attention kernel over a batch whose sequences share a prefix of blocks (prefix caching:
 one document, many questions), with shared reads (``attention/shared_reads.py``: a shared block
-read once for all its holders) and without (``WRITESCOPE_CPU_SHARED_READS=0``: once per holder).
+read once for all its holders; ``WRITESCOPE_CPU_SHARED_READS=all``, so that MLA shapes, which the
+engine reads once per holder, are measured too) and without (``=0``: once per holder).
 
 Per shape (GQA 32/4/128, Qwen3's; MLA 16/1/576, DeepSeek-V2-Lite's), one layer of a C-layout
 bf16 pool, decode (one query row per sequence), the kernel variant the engine would run
@@ -53,7 +54,7 @@ def bench_shape(name: str, batch: int, prefix: int, own: int, bs: int, reps: int
     block_bytes = bs * spec.token_bytes()
     listed = bb.num_blocks * block_bytes
     plans, times = {}, {"shared": [], "each": []}
-    for form, env in (("shared", "1"), ("each", "0")):
+    for form, env in (("shared", "all"), ("each", "0")):  # (all: MLA too)
         os.environ["WRITESCOPE_CPU_SHARED_READS"] = env
         plans[form] = cpu.CpuAttentionPlan(pool, "cpu", spec, bb, 0.1, batch, hq, q.dtype)
         plans[form](q, pool)  # warm-up

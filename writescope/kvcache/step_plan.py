@@ -40,7 +40,8 @@ def build_step_plan(work: list[tuple[int, int, int]], seqs: dict[int, SeqTable],
     (``SeqKV.shared_t``), so that its model can count them once.
 
     Where the CPU kernel reads a shared block once for all its holders
-    (``attention/shared_reads.py``, :func:`~writescope.attention.shared_reads.active`), a
+    (``attention/shared_reads.py``, :func:`~writescope.attention.shared_reads.active`: GQA by
+    default), a
     policy may also give the CPU the oldest of the step's distinct shared T blocks, for every
     holder (``PlacementPolicy.shared_t_to_cpu``, asked after the ``assign`` calls); the rest
     stream.
@@ -122,7 +123,7 @@ def build_step_plan(work: list[tuple[int, int, int]], seqs: dict[int, SeqTable],
                 masks.append((i, mask))
     # the CPU reads shared T blocks in place too, once for all holders, where the policy says
     n_shared_cpu = policy.shared_t_to_cpu() if custom and sharing and shared.any() and \
-        shared_reads.active() else 0
+        shared_reads.active(spec.is_mla) else 0
     qi = np.zeros(n_seqs + 1, np.int32)
     np.cumsum(q_counts, out=qi[1:])
     plan = AttentionStepPlan(spec, scale, int(qi[-1]), q_indptr=torch.as_tensor(qi))
@@ -151,7 +152,7 @@ def build_step_plan(work: list[tuple[int, int, int]], seqs: dict[int, SeqTable],
         on_cpu &= ~gpu_only[owner]
     parts = {"cpu": [], "gpu": []}
     # the CPU kernel reads a block its call's sequences share once (attention/shared_reads.py)
-    cpu_once = (sharing or sharing_c) and shared_reads.enabled()
+    cpu_once = (sharing or sharing_c) and shared_reads.active(spec.is_mla)
     for side, mask in (("cpu", on_cpu), ("gpu", ~on_cpu)):
         for code, r in CODE_REGIONS.items():
             sel = mask & (codes == code)

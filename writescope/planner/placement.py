@@ -63,21 +63,26 @@ Two shares come out of the roofline (:mod:`.roofline`), both over the batch of t
   ``assign``.
 
 Blocks several sequences hold (prefix caching: one document, many questions): before a step's
-``assign`` calls the cache tells the policy how many distinct T blocks two or more of its
-sequences hold (``note_shared``), and each ``SeqKV`` how many of its own T blocks are among them
-(``shared_t``). The staging ring moves a shared block once a step and the cache keeps such
-blocks off the CPU, so the model counts them once on the link whatever the share (``fixed_t`` of
-:func:`~.roofline.optimal_cpu_share`), their other listings as HBM reads, and the share as of C +
-private T + the distinct shared T; ``assign`` hands the CPU a fraction of each sequence's private
-T blocks, and placement counts a shared block once. Shared C blocks (``SeqKV.shared_c``, the
-second count of ``note_shared``) the CPU kernel reads once for all their holders
-(``attention/shared_reads.py``): the model counts each once among the C tokens, and placement
-too. Where it does so (:func:`~writescope.attention.shared_reads.active`), a shared T block is
-read once on either side: the distinct shared T tokens join the T tokens either side may read
-(no ``fixed_t``), the CPU's T share takes them first, oldest first, for every holder
-(:meth:`WriteScopePolicy.shared_t_to_cpu`), and then a fraction of each sequence's private ones. (Counted once per sequence, 8 prompts
-sharing a 32K prefix on DeepSeek-V2-Lite were planned at 29.7 ms a step and ran at 18.7:
-2026-12-06 call 1 of the sixty-eighth session.)
+``assign`` calls the cache tells the policy how many distinct T and C blocks two or more of its
+sequences hold (``note_shared``), and each ``SeqKV`` how many of its own are among them
+(``shared_t``, ``shared_c``). The staging ring moves a shared T block once a step, and its other
+listings are HBM reads. Two models, by whether the CPU kernel reads a block several sequences
+list once for all of them (:func:`~writescope.attention.shared_reads.active`: GQA by default;
+not MLA, whose kernel is bound by its products, which are per listing):
+
+* it does: a shared block counts once on either side. The distinct shared T tokens join the T
+  tokens either side may read, the CPU's T share takes them first, oldest first, for every
+  holder (:meth:`WriteScopePolicy.shared_t_to_cpu`), then a fraction of each sequence's private
+  ones; a shared C block counts once among the C tokens, and placement counts both once;
+* it does not: the cache keeps shared T blocks off the CPU, so the model streams them once
+  whatever the share (``fixed_t`` of :func:`~.roofline.optimal_cpu_share`), the share is of C +
+  private T + the distinct shared T, ``assign`` hands the CPU a fraction of each sequence's
+  private T blocks, and placement counts a shared T block once.
+
+(Counted once per sequence, 8 prompts sharing a 32K prefix on DeepSeek-V2-Lite were planned at
+29.7 ms a step and ran at 18.7: 2026-12-06 call 1 of the sixty-eighth session. Qwen3-30B-A3B's 8
+prompts sharing 32K, with the CPU reading 100 shared T blocks in place: 47.1 ms against
+transfer's 56.6, 57.2 without: 2026-12-06i call 2.)
 
 Constructor (as the cache calls it through ``make_policy("writescope", ...)``)::
 
@@ -299,7 +304,7 @@ class WriteScopePolicy(PlacementPolicy):
                 listed += self._view[i].shared_t
                 listed_c += self._view[i].shared_c
         # a shared block counts once, as in the target (_placement_target)
-        extra_c = listed_c - min(listed_c, self._shared_distinct_c)
+        extra_c = listed_c - min(listed_c, self._shared_distinct_c) if self._reads_once else 0
         n_sp -= listed - min(listed, self._shared_distinct) + extra_c
         n_c -= extra_c
         out: list[Region] = []
@@ -368,7 +373,7 @@ class WriteScopePolicy(PlacementPolicy):
         listed, distinct = self._shared_tokens(held)
         resident += listed - distinct
         spilled -= listed + self._shared_c_excess(held)  # the CPU reads a shared C block once
-        if shared_reads.active():  # ... and a shared T block once too: either side may read it
+        if self._reads_once:  # ... and a shared T block once: either side may read it
             spilled += distinct
             distinct = 0.0
         b = max(len(ids), self.batch_hint or 1)
@@ -466,9 +471,17 @@ class WriteScopePolicy(PlacementPolicy):
     def _shared_c_excess(self, seqs) -> float:
         """Tokens of shared C blocks over ``seqs``' views that the CPU does not read: every
         listing of a shared C block but one (the kernel reads it once for all its holders)."""
+        if not self._reads_once:
+            return 0.0
         bs = self.block_size or DEFAULT_BLOCK_SIZE
         listed = sum(s.shared_c for s in seqs)
         return float(listed - min(listed, self._shared_distinct_c)) * bs
+
+    @property
+    def _reads_once(self) -> bool:
+        """Whether the CPU kernel reads a block several sequences list once for all of them,
+        for this model's attention (``attention/shared_reads.py``: GQA by default)."""
+        return shared_reads.active(self.cfg.is_mla)
 
     def observe(self, timing: dict[str, Any]) -> None:
         lengths = list(timing.get("batch_lengths") or [])
@@ -679,7 +692,7 @@ class WriteScopePolicy(PlacementPolicy):
         t_tok -= listed  # the T tokens either side may read: the private ones
         c_tok -= self._shared_c_excess(seqs)  # the CPU reads a shared C block once
         shared_t = 0.0  # distinct shared T tokens either side may read (each once)
-        if shared_reads.active():
+        if self._reads_once:
             shared_t, fixed = fixed, 0.0
         private_t = t_tok
         t_tok += shared_t
