@@ -331,16 +331,12 @@ class ReadTInPlace(TransferPolicy):
         return len(seq.regions)
 
 
-@pytest.mark.parametrize("policy", [TransferPolicy, ReadTInPlace])
-def test_sequences_sharing_t_blocks_count_them_once_on_the_link(policy):
-    """Two sequences holding the same streamed (T) blocks: the step's attention is each one's
-    own; the bytes it reports streamed (``t_bytes``, what the planner's link rate learns from)
-    count each shared block once, as the staging ring moves it (attention/staging.py); and a
-    policy's oldest T blocks for the CPU leave the shared ones to the link."""
-    spec = SPECS["gqa"](1)
-    bs = 4
-    layout = CacheLayout(bs, {Region.G: 1, Region.T: 16, Region.C: 4, Region.W: 4})
-    cache = InplaceKVCache(spec, layout, policy(), "cpu", scale=0.3, prefill_gpu_rows=4,
+def two_holders(spec, policy, c_blocks: int = 4):
+    """A cache (block size 4, 1 G block, 16 T, ``c_blocks`` C) whose sequence 0 prefilled a
+    21-token prompt (5 full blocks) and sequence 1 started from its blocks (prefix caching):
+    ``(cache, its match, the records of the prompt and two more tokens, a generator)``."""
+    layout = CacheLayout(4, {Region.G: 1, Region.T: 16, Region.C: c_blocks, Region.W: 4})
+    cache = InplaceKVCache(spec, layout, policy, "cpu", scale=0.3, prefill_gpu_rows=4,
                            prefix_caching=True)
     prompt = list(range(1, 22))  # 21 tokens: 5 full blocks
     names = cache.prefix_names(prompt)
@@ -352,6 +348,19 @@ def test_sequences_sharing_t_blocks_count_them_once_on_the_link(policy):
     cache.end_step()
     m = cache.match_prefix(names, 21)
     assert cache.add_sequence(1, 24, 21, prefix=m, prompt_names=names) == 20
+    return cache, m, recs, g
+
+
+@pytest.mark.parametrize("policy", [TransferPolicy, ReadTInPlace])
+def test_sequences_sharing_t_blocks_count_them_once_on_the_link(policy):
+    """Two sequences holding the same streamed (T) blocks: the step's attention is each one's
+    own; the bytes it reports streamed (``t_bytes``, what the planner's link rate learns from)
+    count each shared block once, as the staging ring moves it (attention/staging.py); and a
+    policy's oldest T blocks for the CPU leave the shared ones to the link."""
+    spec = SPECS["gqa"](1)
+    bs = 4
+    prompt = list(range(1, 22))
+    cache, m, recs, g = two_holders(spec, policy())
     homes = [r for r, _ in m.blocks]
     n_t = homes.count(Region.T)
     assert n_t >= 3 and cache.prefix.shared == 5
@@ -397,18 +406,9 @@ def test_the_policy_is_told_which_t_blocks_are_shared():
     two or more of its sequences hold, and each ``SeqKV`` how many of its own T blocks are
     among them; once a holder leaves, none are."""
     spec = SPECS["gqa"](1)
-    layout = CacheLayout(4, {Region.G: 1, Region.T: 16, Region.C: 4, Region.W: 4})
     pol = Recording()
-    cache = InplaceKVCache(spec, layout, pol, "cpu", scale=0.3, prefill_gpu_rows=4,
-                           prefix_caching=True)
-    prompt = list(range(1, 22))  # 21 tokens: 5 full blocks
-    names = cache.prefix_names(prompt)
-    cache.add_sequence(0, 24, 21, prompt_names=names)
-    recs = token_records(prompt + [3, 3], spec, 1)
-    cache.begin_step([(0, 0, 21)])
-    cache.attention(0, torch.randn(21, 2, spec.k_dim), recs[0, :21])
-    cache.end_step()
-    cache.add_sequence(1, 24, 21, prefix=cache.match_prefix(names, 21), prompt_names=names)
+    cache, _, recs, _ = two_holders(spec, pol)
+    prompt = list(range(1, 22))
     n_t = cache.seqs[0].regions().count(Region.T)
     pol.told.clear()
     cache.begin_step([(0, 21, 1), (1, 20, 1)])
@@ -465,19 +465,7 @@ def test_the_cpu_reads_a_shared_block_once_for_all_holders(monkeypatch, region, 
     tb = spec.token_bytes()
     for once in (True, False):
         monkeypatch.setenv("WRITESCOPE_CPU_SHARED_READS", "1" if once else "0")
-        layout = CacheLayout(bs, {Region.G: 1, Region.T: 16, Region.C: 16, Region.W: 4})
-        cache = InplaceKVCache(spec, layout, SharedTToCpu(k, region), "cpu", scale=0.3,
-                               prefill_gpu_rows=4, prefix_caching=True)
-        prompt = list(range(1, 22))  # 21 tokens: 5 full blocks
-        names = cache.prefix_names(prompt)
-        cache.add_sequence(0, 24, 21, prompt_names=names)
-        recs = token_records(prompt + [3, 3], spec, 1)
-        g = torch.Generator().manual_seed(0)
-        cache.begin_step([(0, 0, 21)])
-        cache.attention(0, torch.randn(21, 2, spec.k_dim, generator=g), recs[0, :21])
-        cache.end_step()
-        m = cache.match_prefix(names, 21)
-        assert cache.add_sequence(1, 24, 21, prefix=m, prompt_names=names) == 20
+        cache, m, recs, g = two_holders(spec, SharedTToCpu(k, region), c_blocks=16)
         homes = [r for r, _ in m.blocks]
         n_sp = homes.count(region)
         assert n_sp >= 3 and homes.count(Region.G) + n_sp == 5
