@@ -351,6 +351,22 @@ def two_holders(spec, policy, c_blocks: int = 4):
     return cache, m, recs, g
 
 
+def decode_both(cache, spec, recs, g):
+    """One step of :func:`two_holders`' sequences (a decode row and the prompt's last token),
+    checked against the oracle: ``(its timing, the step plan's CPU side)``."""
+    cache.begin_step([(0, 21, 1), (1, 20, 1)])
+    cpu_side = cache._step["plan"].cpu
+    q = torch.randn(2, 2, spec.k_dim, generator=g)
+    out = cache.attention(0, q, torch.stack([recs[0, 21], recs[0, 20]]))
+    timing = cache.end_step()
+    for row, end in ((0, 22), (1, 21)):
+        r = recs[0, :end]
+        ref, _ = dense_attention(q[row:row + 1], spec.k(r), spec.v(r), 0.3,
+                                 torch.tensor([end - 1]), torch.arange(end))
+        assert (out[row].double() - ref[0]).norm() / ref.norm() < 1e-5
+    return timing, cpu_side
+
+
 @pytest.mark.parametrize("policy", [TransferPolicy, ReadTInPlace])
 def test_sequences_sharing_t_blocks_count_them_once_on_the_link(policy):
     """Two sequences holding the same streamed (T) blocks: the step's attention is each one's
@@ -364,15 +380,7 @@ def test_sequences_sharing_t_blocks_count_them_once_on_the_link(policy):
     homes = [r for r, _ in m.blocks]
     n_t = homes.count(Region.T)
     assert n_t >= 3 and cache.prefix.shared == 5
-    cache.begin_step([(0, 21, 1), (1, 20, 1)])  # a decode row and the prompt's last token
-    q = torch.randn(2, 2, spec.k_dim, generator=g)
-    out = cache.attention(0, q, torch.stack([recs[0, 21], recs[0, 20]]))
-    timing = cache.end_step()
-    for row, end in ((0, 22), (1, 21)):
-        r = recs[0, :end]
-        ref, _ = dense_attention(q[row:row + 1], spec.k(r), spec.v(r), 0.3,
-                                 torch.tensor([end - 1]), torch.arange(end))
-        assert (out[row].double() - ref[0]).norm() / ref.norm() < 1e-5
+    timing, _ = decode_both(cache, spec, recs, g)
     tb = spec.token_bytes()
     assert timing["t_bytes"] == n_t * bs * tb  # each shared T block once
     assert timing["gpu_bytes"] >= 2 * n_t * bs * tb  # both sequences read it
@@ -469,16 +477,7 @@ def test_the_cpu_reads_a_shared_block_once_for_all_holders(monkeypatch, region, 
         homes = [r for r, _ in m.blocks]
         n_sp = homes.count(region)
         assert n_sp >= 3 and homes.count(Region.G) + n_sp == 5
-        cache.begin_step([(0, 21, 1), (1, 20, 1)])
-        cpu_side = cache._step["plan"].cpu
-        q = torch.randn(2, 2, spec.k_dim, generator=g)
-        out = cache.attention(0, q, torch.stack([recs[0, 21], recs[0, 20]]))
-        timing = cache.end_step()
-        for row, end in ((0, 22), (1, 21)):
-            r = recs[0, :end]
-            ref, _ = dense_attention(q[row:row + 1], spec.k(r), spec.v(r), 0.3,
-                                     torch.tensor([end - 1]), torch.arange(end))
-            assert (out[row].double() - ref[0]).norm() / ref.norm() < 1e-5
+        timing, cpu_side = decode_both(cache, spec, recs, g)
         if region is Region.T:
             n_cpu = min(k, n_sp) if once else 0
             assert timing["cpu_t_bytes"] == timing["cpu_bytes"] == n_cpu * bs * tb
