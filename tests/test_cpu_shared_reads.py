@@ -255,3 +255,29 @@ def test_an_engine_decoding_prompts_that_share_a_prefix(tiny_qwen3_moe, monkeypa
         assert a.logprobs == pytest.approx(c.logprobs, abs=1e-4)
     if policy == "static":
         assert 0 < read_once < read_each
+
+
+@needs_kernel
+def test_the_bench_times_both_forms_and_refuses_bad_input(tmp_path, monkeypatch):
+    """``python -m writescope.bench.cpu_shared``: per shape both forms, the bytes each reads
+    (the shared form the distinct blocks, the other every listing), JSON, the switch put back
+    as it was; bad input exits."""
+    import json
+    import os
+    from writescope.bench import cpu_shared
+    monkeypatch.setenv("WRITESCOPE_CPU_SHARED_READS", "auto")
+    out = tmp_path / "s.json"
+    res = cpu_shared.main(["--batch", "3", "--prefix", "256", "--own", "64", "--reps", "1",
+                           "--json", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["shape"] for r in rows] == [r["shape"] for r in res["rows"]] == \
+        ["gqa-32/4/128", "mla-16/1/576"]
+    for r in rows:
+        shared, each = r["shared"], r["each"]
+        assert shared["read_gb"] == pytest.approx(each["read_gb"] * (4 + 3) / (3 * 5))
+        assert each["read_gb"] == pytest.approx(r["listed_gb"])
+        assert shared["median_ms"] > 0 and r["speedup"] > 0
+    assert os.environ["WRITESCOPE_CPU_SHARED_READS"] == "auto"
+    for bad in (["--batch", "1"], ["--shapes", "gqa-1/2/3x"]):
+        with pytest.raises(SystemExit):
+            cpu_shared.main(bad)

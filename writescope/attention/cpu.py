@@ -12,10 +12,10 @@ module warns once and uses :func:`attend_torch`.
 
 Work is split over (sequence, KV head, chunk of blocks); every query vector of a KV group (all
 query heads, all query rows of the sequence) is computed from each K/V row read once; the
-chunks are merged by log-sum-exp inside the kernel. Blocks that several of a call's sequences
-list (prefix caching) are read once for all of them (:mod:`.shared_reads`). See ``csrc/attn_impl.h`` (AVX2/AVX-512),
-``csrc/attn_bf16.cpp`` (VDPBF16PS) and ``csrc/attn_amx.cpp`` (AMX tiles, bf16) for the
-arithmetic.
+chunks are merged by log-sum-exp inside the kernel. A GQA block that several of a call's
+sequences list (prefix caching) is read once for all of them (:mod:`.shared_reads`). See
+``csrc/attn_impl.h`` (AVX2/AVX-512), ``csrc/attn_bf16.cpp`` (VDPBF16PS) and
+``csrc/attn_amx.cpp`` (AMX tiles, bf16) for the arithmetic.
 
 Threads: ``WRITESCOPE_CPU_ATTN_THREADS`` or :func:`set_num_threads`; by default every usable
 core minus :func:`reserve_cores` (cores the engine keeps for its other CPU work).

@@ -20,10 +20,12 @@ its larger groups on fewer cores (DeepSeek-V2-Lite, 8 prompts sharing 32K: the C
 ms a step against 1.3). So by default only GQA calls read shared blocks once.
 
 ``WRITESCOPE_CPU_SHARED_READS``: ``auto`` (default: GQA calls), ``all`` (MLA too), ``0`` (none;
-for A/B runs). It is read when a step's calls are planned (:class:`~writescope.attention.cpu.CpuAttentionPlan`), by the step plan, which
-counts the CPU side's bytes as the kernel reads them and may give the CPU T blocks several
-sequences hold (read in place, once), and by the planner, which then counts such blocks once on
-whichever side reads them (:func:`active`).
+for A/B runs). It is read when a step's calls are planned
+(:class:`~writescope.attention.cpu.CpuAttentionPlan`), by the step plan, which counts the CPU
+side's bytes as the kernel reads them and may give the CPU T blocks several sequences hold
+(read in place, once), and by the planner, which then counts such blocks once on whichever side
+reads them (:func:`active`). A step split into sub-batches (``attention/groups.py``) reads a
+shared block once per sub-batch that lists it; the step plan and the planner count it once.
 """
 from __future__ import annotations
 
@@ -133,10 +135,10 @@ def _split(q_indptr: np.ndarray, kv_indptr: np.ndarray, kv_blocks: np.ndarray,
     if np.count_nonzero(seen) == ids.size:
         return None
     owner = np.repeat(np.arange(nseq), np.diff(ki))
-    active = (np.diff(qi) > 0)[owner]
+    asks = (np.diff(qi) > 0)[owner]  # a listing of a sequence with query rows
     # a block listed with another valid length is another block to the kernel
     key = ids * (int(lens.max()) + 1) + lens
-    pos = np.flatnonzero(active)
+    pos = np.flatnonzero(asks)
     if pos.size < 2:
         return None
     order = pos[np.lexsort((owner[pos], key[pos]))]  # by key, then holder

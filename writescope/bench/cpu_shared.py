@@ -54,11 +54,17 @@ def bench_shape(name: str, batch: int, prefix: int, own: int, bs: int, reps: int
     block_bytes = bs * spec.token_bytes()
     listed = bb.num_blocks * block_bytes
     plans, times = {}, {"shared": [], "each": []}
-    for form, env in (("shared", "all"), ("each", "0")):  # (all: MLA too)
-        os.environ["WRITESCOPE_CPU_SHARED_READS"] = env
-        plans[form] = cpu.CpuAttentionPlan(pool, "cpu", spec, bb, 0.1, batch, hq, q.dtype)
-        plans[form](q, pool)  # warm-up
-    os.environ.pop("WRITESCOPE_CPU_SHARED_READS", None)
+    before = os.environ.get("WRITESCOPE_CPU_SHARED_READS")
+    try:
+        for form, env in (("shared", "all"), ("each", "0")):  # (all: MLA too)
+            os.environ["WRITESCOPE_CPU_SHARED_READS"] = env
+            plans[form] = cpu.CpuAttentionPlan(pool, "cpu", spec, bb, 0.1, batch, hq, q.dtype)
+            plans[form](q, pool)  # warm-up
+    finally:  # (the plans are made: the setting is read when a plan is)
+        if before is None:
+            os.environ.pop("WRITESCOPE_CPU_SHARED_READS", None)
+        else:
+            os.environ["WRITESCOPE_CPU_SHARED_READS"] = before
     if plans["shared"].shared is None:
         raise SystemExit("the kernel found nothing to share (is the compiled kernel loaded?)")
     for _ in range(reps):  # alternating: both forms see the same moments of the machine
@@ -106,9 +112,10 @@ def main(argv: list[str] | None = None) -> dict:
     read_bw = cpu.read_bandwidth(probe.numel() * 4, buffer=probe)
     del probe
     rows = []
-    print(f"{args.batch} sequences sharing {prefix} tokens, {own} own each; "
-          f"DRAM read probe {read_bw:.1f} GB/s; kernel {cpu.get_isa()}, {cpu.get_num_threads()} threads")
-    print(f"{'shape':>14} {'form':>7} {'ms':>8} {'read GB':>8} {'read GB/s':>10} {'listed GB/s':>12}")
+    print(f"{args.batch} sequences sharing {prefix} tokens, {own} own each; DRAM read probe "
+          f"{read_bw:.1f} GB/s; kernel {cpu.get_isa()}, {cpu.get_num_threads()} threads")
+    print(f"{'shape':>14} {'form':>7} {'ms':>8} {'read GB':>8} {'read GB/s':>10} "
+          f"{'listed GB/s':>12}")
     for s in shapes:
         r = bench_shape(s, args.batch, prefix, own, args.block_size, args.reps)
         rows.append(r)

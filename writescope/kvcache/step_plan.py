@@ -41,15 +41,14 @@ def build_step_plan(work: list[tuple[int, int, int]], seqs: dict[int, SeqTable],
 
     Where the CPU kernel reads a shared block once for all its holders
     (``attention/shared_reads.py``, :func:`~writescope.attention.shared_reads.active`: GQA by
-    default), a
-    policy may also give the CPU the oldest of the step's distinct shared T blocks, for every
-    holder (``PlacementPolicy.shared_t_to_cpu``, asked after the ``assign`` calls); the rest
-    stream.
+    default), a policy may also give the CPU the oldest of the step's distinct shared T blocks,
+    for every holder (``PlacementPolicy.shared_t_to_cpu``, asked after the ``assign`` calls);
+    the rest stream. The CPU side's bytes (``read["cpu"]``, ``read["cpu_t"]``) then count each
+    block it reads once.
 
-    ``shared_c``: the C blocks two or more sequences hold now, or None. The CPU kernel reads
-    such a block once for all the holders in its call (``attention/shared_reads.py``): the
-    policy is told their distinct count and each sequence its own (``SeqKV.shared_c``), and the
-    CPU side's bytes (``read["cpu"]``) count each block it reads once."""
+    ``shared_c``: the C blocks two or more sequences hold now, or None. The policy is told their
+    distinct count and each sequence its own (``SeqKV.shared_c``): where the kernel reads them
+    once, its model counts them once."""
     n_seqs = len(work)
     q_counts = np.empty(n_seqs, np.int64)
     tails = np.zeros(n_seqs, np.int64)     # W tokens each attends (0: none, or dense prefill)
