@@ -278,6 +278,8 @@ def test_the_bench_times_both_forms_and_refuses_bad_input(tmp_path, monkeypatch)
         assert each["read_gb"] == pytest.approx(r["listed_gb"])
         assert shared["median_ms"] > 0 and r["speedup"] > 0
     assert os.environ["WRITESCOPE_CPU_SHARED_READS"] == "auto"
+    assert cpu_shared.main(["--batch", "2", "--prefix", "128", "--own", "64", "--reps", "1",
+                            "--shapes", "gqa-8/2/64"])["rows"][0]["shape"] == "gqa-8/2/64"
     for bad in (["--batch", "1"], ["--shapes", "gqa-1/2/3x"]):
         with pytest.raises(SystemExit):
             cpu_shared.main(bad)

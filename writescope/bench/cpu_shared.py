@@ -4,9 +4,9 @@ one document, many questions), with shared reads (``attention/shared_reads.py``:
 read once for all its holders; ``WRITESCOPE_CPU_SHARED_READS=all``, so that MLA shapes, which the
 engine reads once per holder, are measured too) and without (``=0``: once per holder).
 
-Per shape (GQA 32/4/128, Qwen3's; MLA 16/1/576, DeepSeek-V2-Lite's), one layer of a C-layout
-bf16 pool, decode (one query row per sequence), the kernel variant the engine would run
-(``--isa``, default ``auto``), alternating the two forms ``--reps`` times each: the median call
+Per shape (GQA 32/4/128, Qwen3's; MLA 16/1/576, DeepSeek-V2-Lite's; any ``gqa-HQ/H/D``, e.g.
+Mixtral's ``gqa-32/8/128``), one layer of a C-layout bf16 pool, decode (one query row per
+sequence), the kernel variant the engine would run (``--isa``, default ``auto``), alternating the two forms ``--reps`` times each: the median call
 time, the KV bytes the sequences list (``listed_gb``: the work as the step plan used to count
 it) and those each form reads (``read_gb``), ``listed_gbps`` (listed bytes / time: the rate at
 which the batch's attention is served) and ``read_gbps`` (read bytes / time), beside the
@@ -27,14 +27,14 @@ from ..attention.batch import BlockBatch
 from ..hostmem import pageable_empty
 from ..kvcache.regions import cpu_pool_shape
 from ..units import parse_count
-from .cpu_attention import SHAPES, _machine, fill_random, probe_bytes
+from .cpu_attention import SHAPES, _machine, fill_random, probe_bytes, shape_case
 from .provenance import result_header, write_json
 
 
 def case(name: str, batch: int, prefix: int, own: int, bs: int, gen: torch.Generator):
     """(spec, query heads, pool, batch, queries): ``batch`` sequences listing the same
     ``prefix`` tokens' blocks, then ``own`` tokens of their own each."""
-    spec_fn, hq = SHAPES[name]
+    spec_fn, hq = shape_case(name)
     spec = spec_fn()
     n_pre, n_own = -(-prefix // bs), -(-own // bs)
     n = n_pre + batch * n_own
@@ -86,7 +86,8 @@ def bench_shape(name: str, batch: int, prefix: int, own: int, bs: int, reps: int
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m writescope.bench.cpu_shared",
                                  description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shapes", default=",".join(SHAPES), help="of: " + ", ".join(SHAPES))
+    ap.add_argument("--shapes", default=",".join(SHAPES),
+                    help="of: " + ", ".join(SHAPES) + ", or gqa-HQ/H/D (e.g. gqa-32/8/128)")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--prefix", default="32k", help="shared tokens (e.g. 32k)")
     ap.add_argument("--own", default="1k", help="each sequence's own tokens")
@@ -100,8 +101,10 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(f"the compiled CPU kernel is not available: {cpu.load_error()}")
     shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
     for s in shapes:
-        if s not in SHAPES:
-            raise SystemExit(f"unknown shape {s!r}: one of {', '.join(SHAPES)}")
+        try:
+            shape_case(s)
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
     if args.batch < 2:
         raise SystemExit("--batch must be at least 2 (one sequence shares nothing)")
     prefix, own = parse_count(args.prefix), parse_count(args.own)
