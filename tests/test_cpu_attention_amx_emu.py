@@ -202,9 +202,11 @@ def test_shared_reads(amx_emulated, family, monkeypatch):
     a shared set's group has the rows of every holder (MLA: 5 rows x 16 heads = 80 query
     vectors), merged into each holder's by the kernel."""
     from test_cpu_shared_reads import BLOCKS, Q_COUNTS, shared_case
-    monkeypatch.setenv("WRITESCOPE_CPU_SHARED_READS", "all")  # (MLA reads every listing by default)
-    spec = KVSpec.mla(1, 512, 64, torch.bfloat16) if family == "mla" else KVSpec.gqa(1, 4, 128, torch.bfloat16)
-    hq = 16 if family == "mla" else 32
+    monkeypatch.setenv("WRITESCOPE_CPU_SHARED_READS", "all")  # (MLA reads each listing else)
+    if family == "mla":
+        spec, hq = KVSpec.mla(1, 512, 64, torch.bfloat16), 16
+    else:
+        spec, hq = KVSpec.gqa(1, 4, 128, torch.bfloat16), 32
     q, recs, cpool, gpool, lens = shared_case(spec, hq, 64, seed=11)
     q = q.to(torch.bfloat16)
     scale = 1.0 / math.sqrt(spec.k_dim)
