@@ -71,12 +71,17 @@ def test_split_finds_nothing_to_share():
     assert split_shared(*csr([1, 1], [[0], [0]], [[64], [17]])) is None
 
 
-def test_split_reuses_the_last_result_for_the_same_batch():
+def test_split_reuses_recent_results_for_the_same_batches():
+    """A step's calls (C and T read in place, per sub-batch) alternate: each finds its split
+    of the last step again; a changed batch is split anew."""
     arrays = csr(Q_COUNTS, BLOCKS)
     first = split_shared(*arrays)
     assert split_shared(*(a.copy() for a in arrays)) is first
     other = csr(Q_COUNTS, BLOCKS[:-1] + [PRE + [15]])
-    assert split_shared(*other) is not first
+    second = split_shared(*other)
+    assert second is not first and second.num_sets == 2
+    for _ in range(2):  # alternating, as one step's two calls do
+        assert split_shared(*arrays) is first and split_shared(*other) is second
 
 
 @settings(max_examples=60, deadline=None)

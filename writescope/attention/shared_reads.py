@@ -93,24 +93,28 @@ class SharedSplit:
         return int(((holders - 1) * blocks).sum())
 
 
-#: the last split and the arrays it was made from: a decode step's batch is the last one's
-#: until a block seals (63 of 64 steps at 64 tokens a block), and the split costs ~0.2-0.4 ms
-#: of the launching thread's time with 8 sequences sharing 500 blocks (dev VM)
-_last: tuple[tuple[np.ndarray, ...], SharedSplit | None] | None = None
+#: the last splits and the arrays each was made from, newest first: a decode step's batches are
+#: the last step's until a block seals (63 of 64 steps at 64 tokens a block), and a split costs
+#: ~0.2-0.4 ms of the launching thread's time with 8 sequences sharing 500 blocks (dev VM). A
+#: step plans up to four calls (C, and T read in place, for each of two sub-batches), so one
+#: kept split would be replaced by the next call's every step.
+_recent: tuple[tuple[tuple[np.ndarray, ...], SharedSplit | None], ...] = ()
+_KEEP = 4
 
 
 def split_shared(q_indptr: np.ndarray, kv_indptr: np.ndarray, kv_blocks: np.ndarray,
                  kv_lens: np.ndarray) -> SharedSplit | None:
-    """:func:`_split`, or the last call's result when the arrays are the same (the result is
-    shared: not to be modified)."""
-    global _last
+    """:func:`_split`, or an earlier call's result for the same arrays (:data:`_recent`; the
+    result is shared: not to be modified)."""
+    global _recent
     arrays = tuple(np.asarray(a) for a in (q_indptr, kv_indptr, kv_blocks, kv_lens))
-    last = _last  # (one read: another thread may replace it)
-    if last is not None and all(a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b)
-                                for a, b in zip(arrays, last[0])):
-        return last[1]
+    recent = _recent  # (one read: another thread may replace it)
+    for key, out in recent:
+        if all(a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b)
+               for a, b in zip(arrays, key)):
+            return out
     out = _split(*arrays)
-    _last = (tuple(a.copy() for a in arrays), out)
+    _recent = ((tuple(a.copy() for a in arrays), out),) + recent[:_KEEP - 1]
     return out
 
 
