@@ -93,9 +93,66 @@ def test_stop_token_and_stop_string(llm):
 
 def test_bad_parameters_are_rejected():
     for kw in (dict(temperature=-1), dict(top_p=0), dict(top_p=1.5), dict(max_tokens=0),
-               dict(max_tokens=-3), dict(top_k=-2), dict(temperature=float("nan"))):
+               dict(max_tokens=-3), dict(top_k=-2), dict(temperature=float("nan")),
+               dict(seed=2 ** 64), dict(seed=-2 ** 63 - 1)):
         with pytest.raises(InvalidRequestError):
             SamplingParams(**kw)
+
+
+def test_a_temperature_below_the_epsilon_samples_greedily(llm):
+    greedy = llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=6))[0].token_ids
+    for t in (1e-6, 1e-38, 1e-45):  # dividing by these overflowed the logits to NaN rows
+        assert SamplingParams(temperature=t).greedy
+        for seed in (None, 3):
+            o = llm.generate([[5, 6, 7]], SamplingParams(temperature=t, seed=seed, max_tokens=6))
+            assert o[0].token_ids == greedy
+    assert not SamplingParams(temperature=1e-4).greedy
+
+
+def test_sampling_params_of_the_wrong_type_are_refused(llm):
+    with pytest.raises(TypeError, match="SamplingParams"):
+        llm.generate("hi", {"temperature": 0})
+    assert not llm.engine.has_unfinished_requests()
+
+
+@pytest.mark.parametrize("failure", [KeyboardInterrupt, RuntimeError])
+def test_an_interrupted_or_failed_generate_leaves_none_of_its_requests(llm, monkeypatch, failure):
+    """Ctrl-C (or a failed step) in generate ends that call's requests: the next call neither
+    runs them to no one nor starts from the broken step's state."""
+    prompts = [[5, 6, 7], [9, 10, 11, 12]]
+    greedy = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    want = [o.token_ids for o in llm.generate(prompts, greedy)]
+    step, calls = llm.engine.step, []
+
+    def failing_step():
+        calls.append(1)
+        if len(calls) == 3:
+            raise failure("stop")
+        return step()
+    monkeypatch.setattr(llm.engine, "step", failing_step)
+    with pytest.raises(failure):
+        llm.generate(prompts, SamplingParams(temperature=0, max_tokens=50, ignore_eos=True))
+    monkeypatch.undo()
+    assert not llm.engine.has_unfinished_requests()
+    assert [o.token_ids for o in llm.generate(prompts, greedy)] == want
+
+
+def test_engine_options_out_of_range_are_refused_before_the_weights_load(tiny_qwen3_moe,
+                                                                         monkeypatch):
+    from writescope.engine.engine import LLMEngine
+    for kw, msg in ((dict(device="tpu"), "device must be 'cuda' or 'cpu'"),
+                    (dict(num_gpu_blocks=-3), "num_gpu_blocks must be an integer of at least 0"),
+                    (dict(cpu_threads=-2), "cpu_threads must be an integer of at least 1")):
+        with pytest.raises(ValueError, match=msg):
+            LLMEngine(str(tiny_qwen3_moe), **kw)
+    # past the model's positions: refused for a checkpoint, as vLLM does, unless asked for
+    from conftest import TINY_MAX_POS
+    with pytest.raises(ValueError, match=f"more than the model's {TINY_MAX_POS} positions"):
+        LLMEngine(str(tiny_qwen3_moe), device="cpu", max_model_len=2 * TINY_MAX_POS)
+    monkeypatch.setenv("WRITESCOPE_ALLOW_LONG_MAX_MODEL_LEN", "1")
+    e = LLMEngine(str(tiny_qwen3_moe), device="cpu", dtype="float32",
+                  max_model_len=2 * TINY_MAX_POS)
+    assert e.max_model_len == 2 * TINY_MAX_POS
 
 
 def test_limits(llm):
@@ -159,6 +216,24 @@ def test_cli_generate(tmp_path, tiny_qwen3_moe):
             assert len(top) == 2 and top[0][0] == t and abs(top[0][1] - lp) < 1e-6
 
 
+def test_cli_generate_samples_each_prompt_from_its_own_seed(tmp_path, tiny_qwen3_moe):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps("the") + "\n" for _ in range(3)))
+
+    def gen(seed):
+        out = tmp_path / f"o{seed}.jsonl"
+        r = subprocess.run([sys.executable, "-m", "writescope.cli", "generate", "--model",
+                            str(tiny_qwen3_moe), "--prompts-file", str(prompts), "--temperature",
+                            "1", "--max-tokens", "8", "--ignore-eos", "--dtype", "float32",
+                            "--device", "cpu", "--seed", str(seed), "--output", str(out)],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        return [json.loads(line)["token_ids"] for line in out.read_text().splitlines()]
+    a = gen(7)
+    assert len({tuple(t) for t in a}) == 3  # equal prompts, different samples
+    assert gen(7) == a  # and the same ones again from the same seed
+
+
 def test_cli_generate_stop_and_ignore_eos(tmp_path, tiny_qwen3_moe):
     def gen(*extra):
         out = tmp_path / "o.jsonl"
@@ -199,6 +274,16 @@ def test_cli_errors_are_clear(tmp_path):
     r = subprocess.run(base[:-2] + ["", "--device", "cpu"], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 1 and "the prompt is empty" in r.stderr and "loading" not in r.stderr
+    # a folder where a file goes, an unknown device: one line, and --output before the weights
+    for extra, msg in ((["--output", str(tmp_path)], "is a folder"),
+                       (["--output", str(tmp_path / "no" / "o.jsonl")], "no folder"),
+                       (["--device", "tpu"], "device must be 'cuda' or 'cpu', got 'tpu'")):
+        r = subprocess.run(base[:-1] + extra, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 1 and msg in r.stderr, r.stderr
+        assert "loading" not in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run(base[:-3] + ["--prompts-file", str(tmp_path)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 1 and "Is a directory" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_cli_generate_default_model_fresh_cache(tmp_path):

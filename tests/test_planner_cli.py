@@ -69,6 +69,16 @@ def test_plan_static_share_at_the_longest_context_and_the_best_other_column(prof
     assert "a CPU share is in [0, 1]" in capsys.readouterr().err
 
 
+def test_plan_takes_the_default_model_by_its_served_name(profile_file, default_model_dir,
+                                                         monkeypatch, capsys):
+    from writescope.models import default
+    monkeypatch.setattr(default, "default_model_path", lambda: default_model_dir)
+    rc = cli.main(["plan", "--model", "writescope-default", "--profile", str(profile_file),
+                   "--context-lengths", "1k"])
+    assert rc == 0, capsys.readouterr().err
+    assert "writescope-default" in capsys.readouterr().out
+
+
 def test_plan_rejects_weights_that_do_not_fit(profile_file, capsys):
     rc = cli.main(["plan", "--model", "mixtral-8x7b", "--profile", str(profile_file),
                    "--experts", "gpu", "--vram-budget", "32GiB"])

@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError):
             pass
         return 141  # 128 + SIGPIPE, as a shell reports a command its pipe closed on
-    except (ValueError, FileNotFoundError, MemoryError) as e:
+    except (ValueError, OSError, MemoryError) as e:  # OSError: a file or folder given
         print(f"writescope {args.command}: error: {e}", file=sys.stderr)
         return 1
 

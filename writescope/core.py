@@ -22,6 +22,13 @@ class RequestTooLargeError(InvalidRequestError):
 #: ``max_logprobs``)
 MAX_LOGPROBS = 20
 
+#: the seeds ``torch.Generator.manual_seed`` accepts
+SEED_RANGE = (-(2 ** 63), 2 ** 64 - 1)
+
+#: a temperature below this samples greedily (vLLM's ``_SAMPLING_EPS``): dividing the logits by
+#: a smaller one overflows them to infinities, whose softmax is NaN
+SAMPLING_EPS = 1e-5
+
 
 @dataclass
 class StructuredOutputsParams:
@@ -86,7 +93,7 @@ GuidedDecodingParams = StructuredOutputsParams
 class SamplingParams:
     """Sampling options, named and defaulted as in vLLM."""
 
-    temperature: float = 1.0
+    temperature: float = 1.0  # below SAMPLING_EPS (0 included): greedy
     top_p: float = 1.0
     top_k: int = -1  # -1 or 0: off
     #: tokens less likely than min_p times the most likely one are not sampled (0: off)
@@ -170,8 +177,10 @@ class SamplingParams:
             raise bad(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
         if not isinstance(self.n, int) or isinstance(self.n, bool) or not 1 <= self.n <= 128:
             raise bad(f"n must be an integer from 1 to 128, got {self.n!r}")
-        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
-            raise bad(f"seed must be an integer, got {self.seed!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)
+                                      or not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]):
+            raise bad(f"seed must be an integer from {SEED_RANGE[0]} to {SEED_RANGE[1]}, "
+                      f"got {self.seed!r}")
         for name in ("logprobs", "prompt_logprobs"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool)
@@ -226,7 +235,9 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        """Whether the row takes the argmax: temperature below :data:`SAMPLING_EPS`, or
+        ``top_k`` 1."""
+        return self.temperature < SAMPLING_EPS or self.top_k == 1
 
     @property
     def reads_history(self) -> bool:

@@ -70,6 +70,10 @@ class LLM:
         params = sampling_params or SamplingParams()
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
+        if not isinstance(params, (list, tuple)) or not all(
+                isinstance(sp, SamplingParams) for sp in params):
+            raise TypeError("sampling_params must be a SamplingParams or a list of them, got "
+                            f"{type(sampling_params).__name__}")
         if len(params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
         groups: list[list[str]] = []  # per prompt, its n engine requests
@@ -87,13 +91,22 @@ class LLM:
         results: dict[str, RequestOutput] = {}
         total = sum(len(g) for g in groups)
         bar = tqdm(total=total, desc="generating", unit="req", disable=not use_tqdm)
-        with bar:
-            while self.engine.has_unfinished_requests():
-                for out in self.engine.step():
-                    if out.finished:
-                        results[out.request_id] = out
-                        bar.update(1)
-                        bar.set_postfix(tok_s=f"{self.engine.stats()['engine.tokens_per_s']:.1f}")
+        try:
+            with bar:
+                while self.engine.has_unfinished_requests():
+                    for out in self.engine.step():
+                        if out.finished:
+                            results[out.request_id] = out
+                            bar.update(1)
+                            bar.set_postfix(
+                                tok_s=f"{self.engine.stats()['engine.tokens_per_s']:.1f}")
+        except BaseException:
+            # interrupted (Ctrl-C) or a failed step: this call's requests end here, so that the
+            # next call neither runs them to no one nor starts from the failed step's state
+            for rid in (r for g in groups for r in g):
+                if rid not in results:
+                    self.engine.abort_request(rid)
+            raise
         return [merge_completions([results[r] for r in g]) for g in groups]
 
     def chat(self, messages: list[dict] | list[list[dict]],

@@ -12,7 +12,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--random-weights", action="store_true", help="seeded random weights at full size")
     g.add_argument("--dtype", default="bfloat16", help="bfloat16 (default), float16 or float32")
     g.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=int, default=0,
+                   help="random weights' seed; generate and chat also seed sampling with it "
+                        "(generate: prompt i's samples from SEED + i * n)")
     g.add_argument("--vram-budget", default=None, help="everything the engine puts on the GPU, e.g. 32GiB")
     g.add_argument("--gpu-memory-utilization", type=float, default=None,
                    help="the budget as a fraction of the device's memory, as vLLM's (default "

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
 import time
+from pathlib import Path
 
 from .common import add_engine_args, engine_kwargs, kv_summary, placement_summary
 
@@ -145,6 +147,16 @@ def run(args: argparse.Namespace) -> int:
         check(params.structured_outputs)
     if args.chat_template_kwargs is not None and not args.chat:
         raise ValueError("--chat-template-kwargs needs --chat")
+    if args.output:  # a path that cannot be written fails now, not after the generation
+        out_path = Path(args.output)
+        if out_path.is_dir():
+            raise ValueError(f"--output {args.output} is a folder")
+        if not out_path.parent.is_dir():
+            raise ValueError(f"--output {args.output}: no folder {out_path.parent}")
+    # each prompt its own seed (vLLM's --seed seeds one generator that every request draws
+    # from): the same seed for all would sample the same text for equal prompts
+    params = [dataclasses.replace(params, seed=(args.seed + i * params.n) % 2 ** 63)
+              for i in range(len(prompts))]
     llm = LLM(**engine_kwargs(args), show_progress=True)
     print(placement_summary(llm.engine), file=sys.stderr)
     if args.chat:

@@ -44,7 +44,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("plan", help="predicted CPU share and step time per policy",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, metavar="PATH|NAME",
-                   help="checkpoint folder or deepseek-v2-lite | qwen3-30b-a3b | mixtral-8x7b")
+                   help="checkpoint folder, deepseek-v2-lite | qwen3-30b-a3b | mixtral-8x7b, or "
+                        "writescope-default (the embedded default model)")
     p.add_argument("--profile", metavar="P", help="hardware profile JSON (default: this machine's)")
     p.add_argument("--batch", type=int, default=1, help="sequences per step (default 1)")
     p.add_argument("--context-lengths", default=DEFAULT_LENGTHS, metavar="L1,L2,...",
@@ -298,14 +299,19 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--batch must be >= 1, got {args.batch}")
     if args.max_num_batched_tokens < 1:
         raise ValueError(f"--max-num-batched-tokens must be >= 1, got {args.max_num_batched_tokens}")
+    from ..engine.model_source import DEFAULT_NAME
+    source = args.model
+    if source == DEFAULT_NAME and not Path(source).exists():
+        from ..models.default import default_model_path
+        source = str(default_model_path())  # the embedded default model, by its served name
     if args.config_override:
         from ..bench.grid import parse_overrides
         from ..engine.model_source import apply_config_overrides
         from ..models.config import load_config_dict
-        cfg = ModelConfig.from_hf(apply_config_overrides(load_config_dict(args.model),
+        cfg = ModelConfig.from_hf(apply_config_overrides(load_config_dict(source),
                                                          parse_overrides(args.config_override)))
     else:
-        cfg = ModelConfig.from_hf(args.model)
+        cfg = ModelConfig.from_hf(source)
     if "_name_or_path" not in cfg.raw:
         cfg.raw["_name_or_path"] = Path(args.model).name or args.model
     profile = HardwareProfile.load(args.profile) if args.profile else load_or_calibrate(model_config=cfg)

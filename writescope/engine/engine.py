@@ -78,13 +78,21 @@ class LLMEngine(EngineSizing):
                  enable_prefix_caching: bool = True, kv_cache_memory: int | str | None = None,
                  gpu_memory_utilization: float | None = None, enforce_eager: bool = False):
         self.dtype = parse_dtype(dtype)
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        try:
+            self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        except RuntimeError:  # torch's message lists every device type it knows
+            raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}") from None
+        if self.device.type not in ("cuda", "cpu"):
+            raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("device='cuda' was asked for but CUDA is not available")
         for name, v in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens),
                         ("block_size", block_size)):
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        for name, v, least in (("num_gpu_blocks", num_gpu_blocks, 0), ("cpu_threads", cpu_threads, 1)):
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < least):
+                raise ValueError(f"{name} must be an integer of at least {least}, got {v!r}")
         if gpu_memory_utilization is not None:
             if isinstance(gpu_memory_utilization, bool) or not isinstance(
                     gpu_memory_utilization, (int, float)) or not 0 < gpu_memory_utilization <= 1:
@@ -107,6 +115,13 @@ class LLMEngine(EngineSizing):
         self.max_model_len = int(max_model_len or cfg.max_position_embeddings)
         if self.max_model_len < 2:
             raise ValueError(f"max_model_len must be at least 2, got {self.max_model_len}")
+        if (self.max_model_len > cfg.max_positions and not random_weights
+                and os.environ.get("WRITESCOPE_ALLOW_LONG_MAX_MODEL_LEN", "0") != "1"):
+            # as vLLM: past its trained positions a checkpoint's outputs are not to be trusted
+            # (random weights run at any length: benchmarks measure speed, not text)
+            raise ValueError(f"max_model_len {self.max_model_len} is more than the model's "
+                             f"{cfg.max_positions} positions; set "
+                             "WRITESCOPE_ALLOW_LONG_MAX_MODEL_LEN=1 to run it anyway")
         self.tokenizer = None
         tok_dir = Path(model) if (model is not None and ckpt is None and Path(str(model)).exists()) else ckpt
         if tok_dir is not None and (tok_dir / "tokenizer_config.json").exists():

@@ -218,6 +218,17 @@ class ModelConfig:
         return scale
 
     @property
+    def max_positions(self) -> int:
+        """The longest sequence the model was made for: ``max_position_embeddings``, or a
+        scaled rotation's original length times its factor where that is more (vLLM's
+        derived ``max_model_len``)."""
+        rs = self.rope_scaling or {}
+        scaled = 0
+        if rs.get("factor") and rs.get("original_max_position_embeddings"):
+            scaled = int(rs["original_max_position_embeddings"] * rs["factor"])
+        return max(self.max_position_embeddings, scaled)
+
+    @property
     def rope_dim(self) -> int:
         return self.qk_rope_head_dim if self.is_mla else self.head_dim
 

@@ -23,13 +23,13 @@ from typing import Any, Literal, Optional, Union
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
                       model_serializer, model_validator)
 
-from ..core import MAX_LOGPROBS, InvalidRequestError, SamplingParams, StructuredOutputsParams
+from ..core import (MAX_LOGPROBS, SEED_RANGE, InvalidRequestError, SamplingParams,
+                    StructuredOutputsParams)
 from ..models.tokenizer import RESERVED_TEMPLATE_KWARGS
 
 MAX_CHOICES = 16       # n
 MAX_SUBREQUESTS = 128  # prompts x n in one completions call
 MAX_STOP = 16
-SEED_RANGE = (-(2 ** 63), 2 ** 64 - 1)  # what torch.Generator.manual_seed accepts
 
 
 class APIError(Exception):
