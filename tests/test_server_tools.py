@@ -300,6 +300,51 @@ def test_required_calls_stream_as_the_text_grows():
     assert tools.RequiredCallStream().update('[1, {"name": "a", "parameters": {}}]') == []
 
 
+CUT = {"required": ('[{"name": "get_weather", "parameters": {"city": "Ro', "required"),
+       "hermes": ('Let me look.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Ro',
+                  "auto")}
+
+
+@pytest.mark.parametrize("form", sorted(CUT))
+@pytest.mark.parametrize("finish", ["length", "stop"])
+def test_a_call_cut_short_streams_as_its_whole_message_says(form, finish):
+    """An output that ends inside a call (``max_tokens``, a stop string): the whole message
+    holds the call as far as it was written (OpenAI's, cut), and its stream -- the same text
+    as it grew -- says the same: the content before the call, the call once, never the
+    call's text again as content."""
+    from types import SimpleNamespace
+
+    from writescope.server import protocol as P
+    from writescope.server.chat_output import ChatOutput
+    from writescope.server import tool_parsers
+    text, choice = CUT[form]
+    req = P.parse_request(P.ChatCompletionRequest, json.dumps(
+        {"messages": MESSAGES, "tools": TOOLS, "tool_choice": choice}).encode())
+    mode = "auto" if choice == "auto" else "forced"
+    parser = tool_parsers.get("hermes") if mode == "auto" else None
+    msg, reason = ChatOutput(req, mode, tool_parser=parser).message(
+        SimpleNamespace(index=0, text=text, finish_reason=finish))
+    assert reason == finish
+    assert [(t.function.name, t.function.arguments) for t in msg.tool_calls] == [
+        ("get_weather", '{"city": "Ro')]
+    assert msg.content == ("Let me look." if mode == "auto" else None)
+    out = ChatOutput(req, mode, tool_parser=parser)
+    content, args, names = "", {}, []
+    for k in range(1, len(text) + 1):
+        last = k == len(text)
+        d, r = out.delta(SimpleNamespace(index=0, text=text[:k], sent_text=k, finished=last,
+                                         finish_reason=finish if last else None))
+        if d is None:
+            continue
+        content += d.content or ""
+        for t in d.tool_calls or []:
+            if t.function.name:
+                names.append(t.function.name)
+            args[t.index] = args.get(t.index, "") + (t.function.arguments or "")
+    assert r == finish and names == ["get_weather"] and args == {0: '{"city": "Ro'}
+    assert content == (msg.content or "")
+
+
 def test_serve_knows_the_parsers_the_server_has():
     from writescope.commands.serve import TOOL_PARSERS
     from writescope.server import tool_parsers

@@ -67,8 +67,11 @@ class ChatOutput:
             if not text.strip():  # nothing after the reasoning (cut short): no call
                 return P.ChatResponseMessage(content=text), finish_reason
             calls = tools.forced_calls(self.req, text)
-            if calls is None:
-                return P.ChatResponseMessage(content=text), finish_reason
+            if calls is None:  # cut short: the calls as far as they were written, if any
+                calls = self._calls_begun(text)
+                if not calls:
+                    return P.ChatResponseMessage(content=text), finish_reason
+                return P.ChatResponseMessage(content=None, tool_calls=calls), finish_reason
             named = isinstance(self.req.tool_choice, P.NamedToolChoice)
             reason = finish_reason if named or finish_reason != "stop" else "tool_calls"
             return P.ChatResponseMessage(content=None, tool_calls=calls), reason
@@ -77,7 +80,22 @@ class ChatOutput:
             if calls:
                 reason = "tool_calls" if finish_reason == "stop" else finish_reason
                 return P.ChatResponseMessage(content=content, tool_calls=calls), reason
+            calls = self._calls_begun(text)
+            if calls:  # a call cut short: the content before it, and the call as written
+                content = text[:self.tool_parser.content_end(text, True)]
+                return P.ChatResponseMessage(content=content if content.strip() else None,
+                                             tool_calls=calls), finish_reason
         return P.ChatResponseMessage(content=text), finish_reason
+
+    def _calls_begun(self, text: str) -> list[P.ToolCall]:
+        """The calls an output that ended before they were complete (``max_tokens``, a stop
+        string) had begun: each whose name was written, with its arguments as far as they
+        got -- what its stream sent. (OpenAI's message keeps such a call, cut, with finish
+        reason ``length``.)"""
+        scan = (self.tool_parser.stream(self.req) if self.mode == "auto"
+                else tools.RequiredCallStream())
+        return [P.ToolCall(id=tools.new_call_id(), function=P.FunctionCall(name=n, arguments=a))
+                for n, a, _ in scan.update(text)]
 
     # -- a stream --------------------------------------------------------------------------------
     def delta(self, c: Any) -> tuple[P.ChatDelta | None, str | None]:
@@ -138,7 +156,7 @@ class ChatOutput:
                 return None, None
             return P.ChatDelta(content=out or None, tool_calls=calls or None), None
         message, reason = self.message(c, echo=False)
-        if not message.tool_calls:  # no calls after all: the rest is content
+        if not message.tool_calls:  # no call was begun: the rest is content
             rest = content[sent:] if self.mode == "auto" else content
             return (P.ChatDelta(content=out + rest) if out + rest else None), reason
         for k, t in enumerate(message.tool_calls):
