@@ -71,3 +71,18 @@ def test_missing_field_is_named():
 def test_missing_path(tmp_path):
     with pytest.raises(ConfigError, match="no config.json"):
         ModelConfig.from_hf(tmp_path / "nope")
+
+
+@pytest.mark.parametrize("override, msg", [
+    ({"num_experts_per_tok": 9}, "num_experts_per_tok must be from 1 to the 8 experts"),
+    ({"num_hidden_layers": -2}, "num_layers must be a positive integer"),
+    ({"num_key_value_heads": 5}, "must be a multiple of num_key_value_heads"),
+    ({"hidden_size": 0}, "hidden_size must be a positive integer")])
+def test_sizes_a_model_cannot_have_are_named(override, msg):
+    """A config override (``--config-override``) may set any number: one that cannot build a
+    model is a ConfigError naming it, not a failure deep in the build."""
+    from writescope.engine.model_source import apply_config_overrides
+    from writescope.models.config import load_config_dict
+    d = apply_config_overrides(load_config_dict("mixtral-8x7b"), override)
+    with pytest.raises(ConfigError, match=msg):
+        ModelConfig.from_hf(d)

@@ -507,6 +507,8 @@ def test_chat_renders_the_template(default_model_dir):
     (got,) = llm.chat(conv, sp)
     (want,) = llm.generate([llm.tokenizer.apply_chat_template(conv)], sp)
     assert got.token_ids == want.token_ids and got.prompt_token_ids == want.prompt_token_ids
+    assert got.prompt == llm.tokenizer.render_chat(conv)  # the rendered text, as vLLM's
+    assert "What is the capital of France?" in got.prompt
     assert len(llm.chat([conv, conv], sp)) == 2
 
 

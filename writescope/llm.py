@@ -123,11 +123,16 @@ class LLM:
         if self.tokenizer is None:
             raise ValueError("this model has no tokenizer, so no chat template")
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [list(self.tokenizer.apply_chat_template(
+        texts = [self.tokenizer.render_chat(
             c, add_generation_prompt=add_generation_prompt, tools=tools,
-            continue_final_message=continue_final_message, **(chat_template_kwargs or {})))
+            continue_final_message=continue_final_message, **(chat_template_kwargs or {}))
             for c in convs]
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        # the rendered text carries any BOS the template wants: encoded without adding one
+        prompts = [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
+        outs = self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        for o, t in zip(outs, texts):
+            o.prompt = t  # the rendered conversation, as vLLM's LLM.chat gives it
+        return outs
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prompt block (vLLM's ``LLM.reset_prefix_cache``); True when done

@@ -96,7 +96,27 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, source: str | Path | dict) -> "ModelConfig":
         """From a checkpoint folder, a config.json path, a reference name or a dict."""
-        d = load_config_dict(source)
+        cfg = cls._from_dict(load_config_dict(source))
+        cfg._check_sizes()
+        return cfg
+
+    def _check_sizes(self) -> None:
+        """Sizes a model can be built with (a config override may set any number)."""
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                     "head_dim", "intermediate_size", "max_position_embeddings"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {v!r}")
+        if self.num_experts and not 1 <= self.num_experts_per_tok <= self.num_experts:
+            raise ConfigError(f"num_experts_per_tok must be from 1 to the {self.num_experts} "
+                              f"experts, got {self.num_experts_per_tok!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(f"num_attention_heads ({self.num_heads}) must be a multiple of "
+                              f"num_key_value_heads ({self.num_kv_heads})")
+
+    @classmethod
+    def _from_dict(cls, d: dict) -> "ModelConfig":
+        """:meth:`from_hf` on a loaded config.json."""
         mt = d.get("model_type")
         if mt not in SUPPORTED:
             raise ConfigError(f"unsupported model_type {mt!r}; writescope runs {', '.join(SUPPORTED)}")
