@@ -176,6 +176,24 @@ def test_request_that_can_never_fit_the_budgets(tiny_qwen3_moe):
     assert len(small.generate([[5] * 9], SamplingParams(max_tokens=5, ignore_eos=True))[0].token_ids) == 5
 
 
+@pytest.mark.parametrize("overlapped", ["0", "1"])
+def test_a_request_that_fills_the_budgets_exactly_runs(tiny_qwen3_moe, monkeypatch, overlapped):
+    """The last sampled token is never written: prompt 8 + 8 new tokens store 15, one sealed
+    block of 8 and 7 in the W tail -- it fits one block, also with overlapped decode steps;
+    a token more does not."""
+    monkeypatch.setenv("WRITESCOPE_ASYNC_DECODE", overlapped)
+    kw = dict(dtype="float32", device="cpu", block_size=8, max_model_len=64, max_num_seqs=1,
+              kv_policy="transfer")
+    one = LLM(str(tiny_qwen3_moe), num_gpu_blocks=1, pinned_budget=0, host_budget=0, **kw)
+    wide = LLM(str(tiny_qwen3_moe), num_gpu_blocks=16, **kw)
+    prompt = list(range(10, 18))
+    sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    assert one.generate([prompt], sp)[0].token_ids == wide.generate([prompt], sp)[0].token_ids
+    assert one.stats()["kv.peak_blocks.G"] == 1 and not one.engine.has_unfinished_requests()
+    with pytest.raises(RequestTooLargeError, match="never fit"):
+        one.generate([prompt], SamplingParams(max_tokens=9))
+
+
 def test_abort_frees_kv_at_once(llm):
     eng = llm.engine
     eng.add_request("x", [3] * 40, SamplingParams(max_tokens=50, ignore_eos=True))

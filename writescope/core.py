@@ -275,6 +275,11 @@ class RequestStatus(enum.Enum):
 _req_counter = itertools.count()
 
 
+def kv_tokens(prompt_tokens: int, max_tokens: int) -> int:
+    """:attr:`Request.kv_tokens` of a prompt and its output limit."""
+    return prompt_tokens + max_tokens - 1
+
+
 @dataclass(eq=False)
 class Request:
     """One generation request as the scheduler and runner see it."""
@@ -316,6 +321,13 @@ class Request:
     @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def kv_tokens(self) -> int:
+        """The most tokens whose KV this request writes: prompt and output, less the last
+        output token, which is sampled and never fed back (what its cache blocks are reserved
+        for)."""
+        return kv_tokens(len(self.prompt_token_ids), self.max_tokens)
 
     def token_ids_at(self, start: int, n: int) -> list[int]:
         """Tokens ``[start, start + n)`` of prompt + output, without copying either list whole."""

@@ -17,7 +17,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..core import (FinishReason, InvalidRequestError, Request, RequestOutput, RequestStatus,
-                    RequestTooLargeError, SamplingParams)
+                    RequestTooLargeError, SamplingParams, kv_tokens)
 from ..kvcache.cache import InplaceKVCache, plan_layout
 from ..kvcache.placement import make_policy
 from ..layers.grammar import Grammars
@@ -399,7 +399,7 @@ class LLMEngine(EngineSizing):
                                        f"(max_model_len) is {self.max_model_len}")
         room = self.max_model_len - len(ids)
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
-        if not self.cache.can_ever_fit(len(ids) + max_tokens):
+        if not self.cache.can_ever_fit(kv_tokens(len(ids), max_tokens)):
             raise RequestTooLargeError(
                 f"{len(ids)} prompt + {max_tokens} new tokens can never fit the KV budgets "
                 f"({self.cache.sealed_capacity} blocks of {self.cache.bs} tokens)")

@@ -95,7 +95,7 @@ class Scheduler:
         for req in self.waiting:
             if len(head) >= min(room, slots):
                 break
-            need = self.cache.blocks_for(len(req.prompt_token_ids) + req.max_tokens)
+            need = self.cache.blocks_for(req.kv_tokens)
             prefix = self._cached_prefix(req)
             if prefix is not None:  # as can_admit counts it
                 need += prefix.unused - len(prefix)
@@ -112,7 +112,7 @@ class Scheduler:
             return None
         req = self.waiting[0]
         n_prompt = len(req.prompt_token_ids)
-        total = n_prompt + req.max_tokens
+        total = req.kv_tokens
         prefix = self._cached_prefix(req)
         if prefix is not None and self.cache.prefix_pending(req.block_names, prefix, n_prompt):
             return None  # a running request is prefilling more of this prompt: start from it
