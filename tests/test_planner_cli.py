@@ -79,6 +79,21 @@ def test_plan_takes_the_default_model_by_its_served_name(profile_file, default_m
     assert "writescope-default" in capsys.readouterr().out
 
 
+def test_calibrate_takes_the_default_model_by_its_served_name(tmp_path, monkeypatch):
+    from writescope.models import default
+    monkeypatch.setattr(default, "default_model_path", lambda: tmp_path / "default-moe")
+    asked = []
+
+    def fake(quick, models, threads, command):  # the wiring only: no probes
+        asked.append(models)
+        return h200_like()
+    monkeypatch.setattr(cal, "calibrate", fake)
+    out = tmp_path / "p.json"
+    assert cli.main(["calibrate", "--quick", "--out", str(out), "--model", "writescope-default",
+                     "--model", "qwen3-30b-a3b"]) == 0
+    assert asked == [[str(tmp_path / "default-moe"), "qwen3-30b-a3b"]] and out.exists()
+
+
 def test_plan_rejects_weights_that_do_not_fit(profile_file, capsys):
     rc = cli.main(["plan", "--model", "mixtral-8x7b", "--profile", str(profile_file),
                    "--experts", "gpu", "--vram-budget", "32GiB"])

@@ -17,8 +17,9 @@ def register(subparsers) -> None:
     p.add_argument("--quick", action="store_true", help="smaller probes (seconds, less exact)")
     p.add_argument("--out", metavar="PATH", help="profile JSON to write (default: this machine's cache)")
     p.add_argument("--model", action="append", metavar="PATH|NAME",
-                   help="time this model's attention family and expert shape (repeatable; "
-                        "default: the three reference models)")
+                   help="time this model's attention family and expert shape (a folder, a "
+                        "reference name or writescope-default; repeatable; default: the three "
+                        "reference models)")
     p.add_argument("--threads", type=int, help="torch CPU threads for the probes")
     p.set_defaults(func=run)
 
@@ -27,7 +28,9 @@ def run(args: argparse.Namespace) -> int:
     from ..planner.calibrate import calibrate
     from ..planner.profile import default_cache_path
     cmd = "writescope " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else ""
-    prof = calibrate(quick=args.quick, models=args.model, threads=args.threads, command=cmd)
+    from ..engine.model_source import config_source
+    models = [config_source(m) for m in args.model] if args.model else None
+    prof = calibrate(quick=args.quick, models=models, threads=args.threads, command=cmd)
     out = args.out or default_cache_path()
     prof.save(out)
     print(f"profile written to {out}")

@@ -299,11 +299,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--batch must be >= 1, got {args.batch}")
     if args.max_num_batched_tokens < 1:
         raise ValueError(f"--max-num-batched-tokens must be >= 1, got {args.max_num_batched_tokens}")
-    from ..engine.model_source import DEFAULT_NAME
-    source = args.model
-    if source == DEFAULT_NAME and not Path(source).exists():
-        from ..models.default import default_model_path
-        source = str(default_model_path())  # the embedded default model, by its served name
+    from ..engine.model_source import config_source
+    source = config_source(args.model)
     if args.config_override:
         from ..bench.grid import parse_overrides
         from ..engine.model_source import apply_config_overrides

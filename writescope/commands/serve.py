@@ -25,9 +25,9 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "serve", help="serve an OpenAI-compatible HTTP API with continuous batching",
         description="Serve /v1/completions, /v1/chat/completions (streaming and not), /v1/models, "
-                    "/tokenize, /detokenize, /health and /metrics (Prometheus text). With no "
-                    "--model, serves the "
-                    "embedded default model (it ships a chat template).")
+                    "/tokenize, /detokenize, /health, /version, /metrics (Prometheus text) and "
+                    "POST /reset_prefix_cache. With no --model, serves the embedded default "
+                    "model (it ships a chat template).")
     add_engine_args(p)
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")

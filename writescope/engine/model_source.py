@@ -46,6 +46,16 @@ def apply_config_overrides(raw: dict, overrides: dict | None) -> dict:
 DEFAULT_NAME = "writescope-default"
 
 
+def config_source(model: str) -> str:
+    """Where a command that reads only a model's config (``plan``, ``calibrate``) finds it:
+    :data:`DEFAULT_NAME` is the embedded default model's folder (built on first use), unless
+    a folder has that name; anything else is a folder or a reference name as given."""
+    if model == DEFAULT_NAME and not Path(model).exists():
+        from ..models.default import default_model_path
+        return str(default_model_path())
+    return model
+
+
 def resolve_model(model: str | os.PathLike | None, random_weights: bool,
                   config_overrides: dict | None = None) -> tuple[ModelConfig, Path | None, str]:
     """(config, checkpoint folder or None, display name). ``model``: a checkpoint folder, a
