@@ -67,7 +67,8 @@ def constraint(req: P.ChatCompletionRequest) -> StructuredOutputsParams | None:
 
 def forced_calls(req: P.ChatCompletionRequest, text: str) -> list[P.ToolCall] | None:
     """The calls a forced output holds; None when a ``"required"`` output is not the complete
-    array (cut short by ``max_tokens`` or a stop string: it is returned as content). A
+    array (cut short by ``max_tokens`` or a stop string: the message then holds the calls it
+    had begun, as far as they were written, ``ChatOutput._calls_begun``, else its text). A
     ``"required"`` call's arguments are its ``parameters`` as the model wrote them (what
     streaming sends, :class:`RequiredCallStream`)."""
     if isinstance(req.tool_choice, P.NamedToolChoice):
