@@ -42,6 +42,26 @@ def test_new_and_old_rope_keys_agree():
     assert a.rope_theta == b.rope_theta and a.rope_scaling == b.rope_scaling
 
 
+def test_max_positions_is_vllms_derived_max_model_len():
+    # no scaling: max_position_embeddings; DeepSeek-V2-Lite's YaRN: 4096 x 40
+    assert ModelConfig.from_hf("qwen3-30b-a3b").max_positions == 40960
+    assert ModelConfig.from_hf("mixtral-8x7b").max_positions == 32768
+    assert ModelConfig.from_hf("deepseek-v2-lite").max_positions == 163840
+    raw = ModelConfig.from_hf("qwen3-30b-a3b").raw
+    # Qwen's YaRN block for Qwen3 (max_position_embeddings stays 40960): 32768 x 4
+    yarn = dict(raw, rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                   "original_max_position_embeddings": 32768})
+    assert ModelConfig.from_hf(yarn).max_positions == 131072
+    lin = dict(raw, rope_scaling={"type": "linear", "factor": 2.0})
+    assert ModelConfig.from_hf(lin).max_positions == 81920
+    # a YaRN block without the original length or the factor gets transformers' defaults
+    c = ModelConfig.from_hf(dict(raw, rope_scaling={"rope_type": "yarn", "factor": 2.0}))
+    assert c.rope_scaling["original_max_position_embeddings"] == 40960 and c.max_positions == 81920
+    c = ModelConfig.from_hf(dict(raw, rope_scaling={"rope_type": "yarn", "factor": None,
+                                                    "original_max_position_embeddings": 10240}))
+    assert c.rope_scaling["factor"] == 4.0 and c.max_positions == 40960
+
+
 def test_qwen3_expert_key_variants():
     raw = ModelConfig.from_hf("qwen3-30b-a3b").raw
     alt = dict(raw)

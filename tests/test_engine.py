@@ -155,6 +155,20 @@ def test_engine_options_out_of_range_are_refused_before_the_weights_load(tiny_qw
     assert e.max_model_len == 2 * TINY_MAX_POS
 
 
+def test_default_max_model_len_is_the_derived_length(tmp_path):
+    """As vLLM: without max_model_len a YaRN checkpoint runs its scaled length (here a Qwen3
+    config given Qwen's YaRN block over 512 positions, factor 4: 2048 while
+    max_position_embeddings says 1024), and a plain one its max_position_embeddings."""
+    from conftest import build_tiny_checkpoint
+    from writescope.engine.engine import LLMEngine
+    yarn = build_tiny_checkpoint("qwen3_moe", tmp_path / "yarn", max_position_embeddings=1024,
+                     rope_parameters={"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0,
+                                      "original_max_position_embeddings": 512})
+    assert LLMEngine(str(yarn), device="cpu", dtype="float32").max_model_len == 2048
+    plain = build_tiny_checkpoint("qwen3_moe", tmp_path / "plain", max_position_embeddings=1024)
+    assert LLMEngine(str(plain), device="cpu", dtype="float32").max_model_len == 1024
+
+
 def test_limits(llm):
     with pytest.raises(RequestTooLargeError, match="max_model_len"):
         llm.generate([[5] * 300])

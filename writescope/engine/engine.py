@@ -112,7 +112,7 @@ class LLMEngine(EngineSizing):
             if cpu_threads is None:
                 reserve_launch_core()
         cfg = self.config
-        self.max_model_len = int(max_model_len or cfg.max_position_embeddings)
+        self.max_model_len = int(max_model_len or cfg.max_positions)  # vLLM's derived default
         if self.max_model_len < 2:
             raise ValueError(f"max_model_len must be at least 2, got {self.max_model_len}")
         if (self.max_model_len > cfg.max_positions and not random_weights

@@ -239,14 +239,20 @@ class ModelConfig:
 
     @property
     def max_positions(self) -> int:
-        """The longest sequence the model was made for: ``max_position_embeddings``, or a
-        scaled rotation's original length times its factor where that is more (vLLM's
-        derived ``max_model_len``)."""
+        """The longest sequence the model was made for, derived as vLLM derives its default
+        ``max_model_len``: ``max_position_embeddings``; with YaRN, the rotation's
+        ``original_max_position_embeddings`` times its ``factor``; with linear scaling,
+        ``max_position_embeddings`` times the factor. (A Qwen3 checkpoint whose config gains
+        Qwen's YaRN block, factor 4 over 32,768, runs 131,072 tokens, as under vLLM.)"""
         rs = self.rope_scaling or {}
-        scaled = 0
-        if rs.get("factor") and rs.get("original_max_position_embeddings"):
-            scaled = int(rs["original_max_position_embeddings"] * rs["factor"])
-        return max(self.max_position_embeddings, scaled)
+        rtype = rs.get("rope_type", rs.get("type", "default"))
+        factor = rs.get("factor")
+        if rtype == "yarn" and factor:
+            orig = rs.get("original_max_position_embeddings") or self.max_position_embeddings
+            return int(orig * float(factor))
+        if rtype == "linear" and factor:
+            return int(self.max_position_embeddings * float(factor))
+        return int(self.max_position_embeddings)
 
     @property
     def rope_dim(self) -> int:
@@ -280,7 +286,20 @@ class ModelConfig:
 
 
 def _rope(d: dict) -> tuple[float, dict | None]:
-    """(theta, scaling dict or None) from either the old keys or ``rope_parameters``."""
+    """(theta, scaling dict or None) from either the old keys or ``rope_parameters``; a YaRN
+    dict gets transformers' defaults for what it leaves out (``original_max_position_embeddings``:
+    ``max_position_embeddings``; ``factor``: the ratio of the two)."""
+    theta, rs = _rope_keys(d)
+    if rs is not None and rs.get("rope_type") == "yarn":
+        mpe = d.get("max_position_embeddings") or 4096
+        if not rs.get("original_max_position_embeddings"):
+            rs["original_max_position_embeddings"] = mpe
+        if rs.get("factor") is None:
+            rs["factor"] = mpe / rs["original_max_position_embeddings"]
+    return theta, rs
+
+
+def _rope_keys(d: dict) -> tuple[float, dict | None]:
     rp = d.get("rope_parameters")
     if isinstance(rp, dict) and rp:
         # per-layer-type dicts ({"full_attention": {...}}) are not used by these families
