@@ -134,6 +134,8 @@ def reinit_weights(model: torch.nn.Module, seed: int) -> None:
     """
     g = torch.Generator().manual_seed(seed)
     for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+        if p.numel() == 0:  # (a DeepSeek-V2 with no shared experts: empty projections)
+            continue
         r = torch.randn(p.shape, generator=g, dtype=torch.float32)
         if p.dim() == 1:
             val = 1.0 + 0.1 * r if "norm" in name else 0.02 * r

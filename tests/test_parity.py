@@ -59,8 +59,11 @@ def greedy_reference(model, ids: tuple[int, ...], new: int = NEW
     step's whole log-probability row (float64)."""
     x = torch.tensor([list(ids)])
     with torch.no_grad():
-        g = model.generate(x, max_new_tokens=new, do_sample=False, output_scores=True,
-                           return_dict_in_generate=True, eos_token_id=None, pad_token_id=0)
+        # the mask says every prompt token is real: without it transformers masks each prompt
+        # token equal to pad_token_id
+        g = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new,
+                           do_sample=False, output_scores=True, return_dict_in_generate=True,
+                           eos_token_id=None, pad_token_id=0)
     toks = g.sequences[0, x.shape[1]:].tolist()
     rows = [torch.log_softmax(s[0].double(), -1) for s in g.scores]
     return toks, [r[t].item() for r, t in zip(rows, toks)], rows

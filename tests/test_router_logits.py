@@ -62,8 +62,7 @@ def check(r, x, got, want):
 
 for name, hid, over in (("qwen3-30b-a3b", 512, {}), ("mixtral-8x7b", 1024, {}),
                         ("deepseek-v2-lite", 256, {"routed_scaling_factor": 2.5}),
-                        ("deepseek-v2-lite", 320, {"norm_topk_prob": True,
-                                                   "routed_scaling_factor": 16.0})):
+                        ("deepseek-v2-lite", 320, {"routed_scaling_factor": 16.0})):
     d = json.loads((REFERENCE_DIR / f"{name}.json").read_text())
     d.update(hidden_size=hid, **over)
     r = Router(ModelConfig.from_hf(d))
@@ -73,8 +72,8 @@ for name, hid, over in (("qwen3-30b-a3b", 512, {}), ("mixtral-8x7b", 1024, {}),
     cfg, k = r.cfg, r.cfg.num_experts_per_tok
     deepseek = cfg.model_type == "deepseek_v2"
     # what Router.forward passes on CUDA (where the tests below go through it)
-    how = dict(k=k, renorm=cfg.norm_topk_prob and (not deepseek or k > 1),
-               eps=1e-20 if deepseek else 0.0, scale=cfg.routed_scaling_factor if deepseek else 1.0,
+    how = dict(k=k, renorm=cfg.norm_topk_prob, eps=0.0,
+               scale=cfg.routed_scaling_factor if deepseek else 1.0,
                out_dtype=torch.bfloat16 if cfg.model_type == "qwen3_moe" else torch.float32,
                logits_dtype=r.weight.dtype)
     counter = torch.zeros(1, dtype=torch.int32, device=dev)

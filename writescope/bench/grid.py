@@ -410,7 +410,8 @@ class Grid:
             return
         max_len = max(s.context_lengths) + s.decode_steps + math.ceil(
             max(s.batches) * max(s.context_lengths) / s.max_num_batched_tokens) + max(s.batches) + 8
-        max_len = min(max_len, cfg.max_positions) if not s.random_weights else max_len
+        if not s.random_weights:  # the longest a checkpoint runs (engine.py)
+            max_len = min(max_len, cfg.max_positions, cfg.sliding_window or max_len)
         pinned, host = default_host_budgets(cfg, s, max_len)
         kw = dict(dtype=s.dtype, device=s.device, random_weights=s.random_weights, seed=s.seed,
                   max_num_seqs=max(s.batches), max_model_len=max_len,

@@ -162,7 +162,8 @@ def run_engine_row(engine, prompts: list[list[int]], decode_steps: int, vram_bud
     if ctx + decode_steps + UNTIMED_DECODE_STEPS + 1 > engine.max_model_len:
         raise RowFailed(f"{ctx} + {UNTIMED_DECODE_STEPS} + {decode_steps} tokens exceed "
                         f"max_model_len {engine.max_model_len} "
-                        "(the model's positions, ModelConfig.max_positions; --random-weights lifts it)")
+                        "(the model's positions, ModelConfig.max_positions, or its sliding "
+                        "window; --random-weights lifts it)")
     if batch > engine.scheduler.max_num_seqs:
         raise RowFailed(f"batch {batch} > max_num_seqs {engine.scheduler.max_num_seqs}")
     # all sequences must be in the cache at once, or the "batch" would not be one; and the

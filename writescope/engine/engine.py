@@ -113,6 +113,17 @@ class LLMEngine(EngineSizing):
                 reserve_launch_core()
         cfg = self.config
         self.max_model_len = int(max_model_len or cfg.max_positions)  # vLLM's derived default
+        win = cfg.sliding_window
+        if win is not None and self.max_model_len > win and not random_weights:
+            # full attention is sliding-window attention up to the window, and only there
+            if max_model_len:
+                raise ValueError(f"max_model_len {self.max_model_len} is longer than the model's "
+                                 f"sliding window ({win} tokens), which writescope does not "
+                                 f"implement: set max_model_len to at most {win}")
+            warnings.warn(f"this model attends over a sliding window of {win} tokens, which "
+                          f"writescope does not implement: max_model_len is {win}, where full "
+                          "attention is the same", RuntimeWarning, stacklevel=2)
+            self.max_model_len = win
         if self.max_model_len < 2:
             raise ValueError(f"max_model_len must be at least 2, got {self.max_model_len}")
         if (self.max_model_len > cfg.max_positions and not random_weights

@@ -7,9 +7,10 @@ layer's experts were placed on the CPU. The router follows each family's referen
 * mixtral: softmax over experts, top-k, renormalise;
 * qwen3_moe: softmax, top-k, renormalise if ``norm_topk_prob``;
 * deepseek_v2: float32 router, softmax, top-k (``greedy`` or ``group_limited_greedy`` over
-  ``n_group`` groups keeping ``topk_group``), times ``routed_scaling_factor``; renormalised only when
-  ``norm_topk_prob`` is set (as DeepSeek's own code does; transformers ignores the flag and the
-  released checkpoints set it false, so both agree on them).
+  ``n_group`` groups keeping ``topk_group``), times ``routed_scaling_factor``, never renormalised:
+  transformers does not read ``norm_topk_prob`` there (``ModelConfig`` sets it false; DeepSeek's
+  own V2 code renormalises instead of scaling when it is set, and the released checkpoints set it
+  false, where all agree).
 """
 from __future__ import annotations
 
@@ -47,8 +48,7 @@ class Router(nn.Module):
         ldt = torch.float32 if self.fp32 else x.dtype  # the logits' dtype, as F.linear gives it
         if x.is_cuda and not grouped and routing.fused_enabled():  # one kernel (routing.py)
             wdt = ldt if cfg.model_type == "qwen3_moe" else torch.float32
-            how = dict(k=k, renorm=cfg.norm_topk_prob and (not deepseek or k > 1),
-                       eps=1e-20 if deepseek else 0.0,
+            how = dict(k=k, renorm=cfg.norm_topk_prob, eps=0.0,
                        scale=cfg.routed_scaling_factor if deepseek else 1.0,
                        out_dtype=torch.float32 if compact else wdt,
                        ids_dtype=torch.int32 if compact else torch.long,
@@ -69,8 +69,8 @@ class Router(nn.Module):
             scores = scores.masked_fill(~mask.bool(), 0.0)
         sorted_ = cfg.model_type != "deepseek_v2"
         w, idx = torch.topk(scores, k=k, dim=-1, sorted=sorted_)
-        if cfg.norm_topk_prob and (cfg.model_type != "deepseek_v2" or k > 1):
-            w = w / (w.sum(dim=-1, keepdim=True) + (1e-20 if cfg.model_type == "deepseek_v2" else 0.0))
+        if cfg.norm_topk_prob:  # mixtral, qwen3_moe (never deepseek_v2: ModelConfig)
+            w = w / w.sum(dim=-1, keepdim=True)
         if cfg.model_type == "deepseek_v2":
             w = w * cfg.routed_scaling_factor
         elif cfg.model_type == "qwen3_moe":

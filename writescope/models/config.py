@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,10 @@ class ModelConfig:
     rope_theta: float
     rope_scaling: dict[str, Any] | None = None
     max_position_embeddings: int = 4096
+    #: sliding-window attention's window (Mixtral's ``sliding_window``; Qwen3's when
+    #: ``use_sliding_window``), or None: the engine runs full attention, so it runs a windowed
+    #: model only up to the window, where the two are the same
+    sliding_window: int | None = None
     tie_word_embeddings: bool = False
     norm_topk_prob: bool = False
     # MoE details
@@ -120,6 +125,9 @@ class ModelConfig:
         mt = d.get("model_type")
         if mt not in SUPPORTED:
             raise ConfigError(f"unsupported model_type {mt!r}; writescope runs {', '.join(SUPPORTED)}")
+        act = d.get("hidden_act", "silu")
+        if act != "silu":  # every MLP and expert kernel here computes silu(gate) * up
+            raise ConfigError(f"hidden_act {act!r} is not supported (silu only)")
         rope_theta, rope_scaling = _rope(d)
         eos = d.get("eos_token_id")
         eos = [] if eos is None else (list(eos) if isinstance(eos, (list, tuple)) else [eos])
@@ -142,7 +150,7 @@ class ModelConfig:
         num_layers = common["num_layers"]
         if mt == "mixtral":
             num_heads = common["num_heads"]
-            return cls(**common,
+            return cls(**common, sliding_window=_window(d.get("sliding_window")),
                        num_kv_heads=_opt(d, "num_key_value_heads", num_heads),
                        head_dim=_opt(d, "head_dim", common["hidden_size"] // num_heads),
                        intermediate_size=_req(d, "intermediate_size"),
@@ -157,7 +165,8 @@ class ModelConfig:
             n_exp = _req(d, "num_experts", "num_local_experts", what="num_experts")
             dense = tuple(i for i in range(num_layers)
                           if i in mlp_only or not (n_exp > 0 and (i + 1) % step == 0))
-            return cls(**common,
+            window = d.get("sliding_window") if d.get("use_sliding_window") else None
+            return cls(**common, sliding_window=_window(window),
                        num_kv_heads=_opt(d, "num_key_value_heads", num_heads),
                        head_dim=_opt(d, "head_dim", common["hidden_size"] // num_heads),
                        intermediate_size=_req(d, "intermediate_size"),
@@ -169,10 +178,19 @@ class ModelConfig:
                        qk_norm=True,
                        dense_layers=dense)
         # deepseek_v2
+        # as transformers' deepseek_v2: every layer from first_k_dense_replace on is MoE
+        # (``moe_layer_freq`` is not read there; the released checkpoints set it to 1)
         first_dense = _opt(d, "first_k_dense_replace", 0)
-        freq = _opt(d, "moe_layer_freq", 1)
+        if _opt(d, "moe_layer_freq", 1) != 1:
+            warnings.warn(f"deepseek_v2 moe_layer_freq {d['moe_layer_freq']!r} is not read, as in "
+                          "transformers: every layer from first_k_dense_replace on is MoE",
+                          stacklevel=3)
+        if _opt(d, "norm_topk_prob", False):
+            warnings.warn("deepseek_v2 norm_topk_prob is not read, as in transformers: the top-k "
+                          "weights are scaled by routed_scaling_factor, not normalised",
+                          stacklevel=3)
         n_exp = _req(d, "n_routed_experts")
-        dense = tuple(i for i in range(num_layers) if not (i >= first_dense and i % freq == 0))
+        dense = tuple(range(min(first_dense, num_layers)))
         n_shared = _opt(d, "n_shared_experts", 0)
         moe_inter = _req(d, "moe_intermediate_size")
         scoring = _opt(d, "scoring_func", "softmax")
@@ -189,9 +207,11 @@ class ModelConfig:
                    moe_intermediate_size=moe_inter,
                    num_experts=n_exp,
                    num_experts_per_tok=_req(d, "num_experts_per_tok"),
-                   # transformers' deepseek_v2 never normalises top-k weights; the released
-                   # checkpoints set norm_topk_prob false, so following the flag changes nothing there
-                   norm_topk_prob=bool(_opt(d, "norm_topk_prob", False)),
+                   # transformers' deepseek_v2 never normalises the top-k weights (it scales
+                   # them by routed_scaling_factor) whatever norm_topk_prob says; DeepSeek's own
+                   # V2 code normalises *instead of* scaling when it is set. The released
+                   # checkpoints set it false, where all agree; writescope follows transformers.
+                   norm_topk_prob=False,
                    num_shared_experts=n_shared,
                    shared_expert_intermediate_size=moe_inter * n_shared,
                    routed_scaling_factor=float(_opt(d, "routed_scaling_factor", 1.0)),
@@ -283,6 +303,14 @@ class ModelConfig:
         other = embed + h + self.num_layers * per_layer_other + shared + dense
         return {"routed_experts": routed, "other": other, "total": routed + other,
                 "expert": expert}
+
+
+def _window(w) -> int | None:
+    if w is None:
+        return None
+    if not isinstance(w, int) or isinstance(w, bool) or w < 1:
+        raise ConfigError(f"sliding_window must be a positive integer or null, got {w!r}")
+    return w
 
 
 def _rope(d: dict) -> tuple[float, dict | None]:

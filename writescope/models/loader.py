@@ -12,6 +12,7 @@ except CPU experts of a bfloat16 run, which stay FP8 in host memory.
 from __future__ import annotations
 
 import json
+import math
 import warnings
 import zlib
 from collections.abc import Iterator
@@ -177,7 +178,9 @@ def _load_checkpoint(model: CausalLM, cfg: ModelConfig, ckpt: Checkpoint, dtype:
     if missing:
         raise CheckpointError(f"checkpoint {ckpt.path} is missing tensor {missing[0]!r}"
                               + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
-    unexpected = sorted(present - set(expected))
+    # zero-size tensors hold no weights (transformers saves a DeepSeek-V2 with no shared
+    # experts with empty shared_experts projections)
+    unexpected = sorted(n for n in present - set(expected) if math.prod(ckpt.shape(n)) > 0)
     if unexpected:
         n = unexpected[0]
         raise CheckpointError(f"unexpected tensor {n!r} in {ckpt.where(n)} ({ckpt.path}) "
