@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from writescope import LLM, SamplingParams
 from writescope.core import InvalidRequestError, RequestTooLargeError
@@ -167,6 +168,60 @@ def test_default_max_model_len_is_the_derived_length(tmp_path):
     assert LLMEngine(str(yarn), device="cpu", dtype="float32").max_model_len == 2048
     plain = build_tiny_checkpoint("qwen3_moe", tmp_path / "plain", max_position_embeddings=1024)
     assert LLMEngine(str(plain), device="cpu", dtype="float32").max_model_len == 1024
+
+
+def test_max_model_len_zero_is_refused_not_the_default(tiny_qwen3_moe):
+    from writescope.engine.engine import LLMEngine
+    for bad, msg in ((0, "at least 2, got 0"), (2.5, "must be an integer, got 2.5"),
+                     (True, "must be an integer, got True")):
+        with pytest.raises(ValueError, match=msg):
+            LLMEngine(str(tiny_qwen3_moe), device="cpu", max_model_len=bad)
+
+
+def test_the_default_max_model_len_comes_down_to_what_the_budgets_hold(tiny_qwen3_moe):
+    """As vLLM's --max-model-len auto: budgets of 4 blocks of 8 hold 5 x 8 tokens of one
+    sequence (the last block in the W tail); a request without max_tokens then gets that room.
+    A length asked for stays, with a warning, and longer requests are refused by name."""
+    kw = dict(dtype="float32", device="cpu", block_size=8, num_gpu_blocks=4, pinned_budget=0,
+              host_budget=0, kv_policy="static")
+    with pytest.warns(RuntimeWarning, match="hold at most 40 tokens of one sequence: "
+                                            "max_model_len is 40"):
+        small = LLM(str(tiny_qwen3_moe), **kw)
+    assert small.engine.max_model_len == 40
+    out = small.generate([[5] * 10], SamplingParams(max_tokens=None, ignore_eos=True))[0]
+    assert len(out.token_ids) == 30 and out.finish_reason == "length"
+    with pytest.warns(RuntimeWarning, match="fewer than max_model_len 512"):
+        asked = LLM(str(tiny_qwen3_moe), max_model_len=512, **kw)
+    assert asked.engine.max_model_len == 512
+    with pytest.raises(RequestTooLargeError, match="never fit"):
+        asked.generate([[5] * 10], SamplingParams(max_tokens=None))
+
+
+def test_token_ids_as_numpy_and_torch_integers(llm):
+    import numpy as np
+    p = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    want = llm.generate([[5, 6, 7]], p)[0].token_ids
+    for ids in (np.array([5, 6, 7]), torch.tensor([5, 6, 7]), [np.int64(5), 6, np.int32(7)],
+                {"prompt_token_ids": np.array([5, 6, 7])}):
+        assert llm.generate([ids], p)[0].token_ids == want
+    for bad, msg in (([None], "got NoneType"), ([[1.5]], "token ids must be integers"),
+                     ([torch.tensor([1.5])], "token ids must be integers")):
+        with pytest.raises(InvalidRequestError, match=msg):
+            llm.generate(bad, p)
+
+
+def test_sampling_params_take_numpy_integers_and_name_bad_lists():
+    import numpy as np
+    p = SamplingParams(max_tokens=np.int64(5), n=np.int32(2), seed=torch.tensor(3),
+                       stop_token_ids=[np.int64(4)])
+    assert (p.max_tokens, p.n, p.seed, p.stop_token_ids) == (5, 2, 3, [4])
+    assert all(type(v) is int for v in (p.max_tokens, p.n, p.seed, p.stop_token_ids[0]))
+    for kw, msg in ((dict(stop=5), "stop must be a list of strings, got 5"),
+                    (dict(stop_token_ids=5), "stop_token_ids must be a list of token ids"),
+                    (dict(stop_token_ids=[True]), "non-negative integers"),
+                    (dict(max_tokens=torch.tensor(3.5)), "max_tokens must be a positive integer")):
+        with pytest.raises(InvalidRequestError, match=msg):
+            SamplingParams(**kw)
 
 
 def test_limits(llm):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import enum
 import itertools
 import math
+import operator
 from dataclasses import dataclass, field
 
 
@@ -89,6 +90,22 @@ class StructuredOutputsParams:
 GuidedDecodingParams = StructuredOutputsParams
 
 
+#: SamplingParams' integer fields (numpy and torch integers are taken as ints)
+_INT_PARAMS = ("top_k", "max_tokens", "seed", "n", "logprobs", "prompt_logprobs", "min_tokens",
+               "truncate_prompt_tokens")
+
+
+def as_int(v):
+    """An integer-like value (numpy, torch) as an int; anything else as it is, for validation
+    to refuse."""
+    if v is None or isinstance(v, (int, float, str)) or not hasattr(type(v), "__index__"):
+        return v
+    try:
+        return operator.index(v)
+    except TypeError:  # (a float tensor has __index__, and refuses)
+        return v
+
+
 @dataclass
 class SamplingParams:
     """Sampling options, named and defaulted as in vLLM."""
@@ -143,10 +160,18 @@ class SamplingParams:
     truncate_prompt_tokens: int | None = None
 
     def __post_init__(self) -> None:
+        # numpy / torch integers as Python ints (a bool stays a bool, and is refused below)
+        for name in _INT_PARAMS:
+            setattr(self, name, as_int(getattr(self, name)))
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        for name in ("stop", "stop_token_ids"):
+            v = getattr(self, name)
+            if v is not None and not isinstance(v, (list, tuple)):
+                what = "strings" if name == "stop" else "token ids"
+                raise InvalidRequestError(f"{name} must be a list of {what}, got {v!r}")
         self.stop = list(self.stop or [])
-        self.stop_token_ids = list(self.stop_token_ids or [])
+        self.stop_token_ids = [as_int(t) for t in self.stop_token_ids or []]
         if isinstance(self.logit_bias, dict):
             self.logit_bias = dict(self.logit_bias) or None
         if isinstance(self.allowed_token_ids, (list, tuple)):
@@ -230,7 +255,8 @@ class SamplingParams:
                                 or self.allowed_token_ids is not None)
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise bad("stop must be a list of non-empty strings")
-        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+        if any(not isinstance(t, int) or isinstance(t, bool) or t < 0
+               for t in self.stop_token_ids):
             raise bad("stop_token_ids must be non-negative integers")
 
     @property

@@ -118,8 +118,9 @@ class GridSpec:
                              "of one length")
         if not self.policies:
             raise ValueError("give at least one policy")
-        for p in self.policies:
-            split_variant(p)  # a malformed variant is refused before anything is built
+        from ..kvcache.placement import check_policy_name
+        for p in self.policies:  # a malformed variant or unknown name: before anything is built
+            check_policy_name(split_variant(p)[0])
         if self.rounds < 1:
             raise ValueError("--rounds must be at least 1")
         if self.prefill not in ("real", "synthetic"):

@@ -101,8 +101,13 @@ def structured_outputs(args: argparse.Namespace):
         try:
             schema = json.loads(text)
         except json.JSONDecodeError as e:
-            where = "the file" if os.path.isfile(args.json_schema) else "it"
-            raise InvalidRequestError(f"--json-schema: {where} is not valid JSON ({e})") from None
+            v = args.json_schema
+            if os.path.isfile(v):
+                raise InvalidRequestError(f"--json-schema: the file is not valid JSON ({e})") from None
+            if not v.lstrip().startswith(("{", "[", '"')):  # a path, most likely
+                raise InvalidRequestError(f"--json-schema: no file {v!r}, and the text is not "
+                                          "a JSON schema") from None
+            raise InvalidRequestError(f"--json-schema: it is not valid JSON ({e})") from None
         return StructuredOutputsParams(json=schema)
     if args.json_object:
         return StructuredOutputsParams(json_object=True)
@@ -153,6 +158,11 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--output {args.output} is a folder")
         if not out_path.parent.is_dir():
             raise ValueError(f"--output {args.output}: no folder {out_path.parent}")
+    if args.chat:  # refused before the weights load; a template renders text only
+        for i, p in enumerate(prompts):
+            if not isinstance(p, str):
+                raise ValueError(f"--chat renders text prompts with the chat template; prompt "
+                                 f"{i + 1} is token ids (drop --chat to send them as they are)")
     # each prompt its own seed (vLLM's --seed seeds one generator that every request draws
     # from): the same seed for all would sample the same text for equal prompts
     params = [dataclasses.replace(params, seed=(args.seed + i * params.n) % 2 ** 63)
@@ -162,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
     if args.chat:
         prompts = [llm.tokenizer.apply_chat_template([{"role": "user", "content": p}],
                                                      **(args.chat_template_kwargs or {}))
-                   if isinstance(p, str) else p for p in prompts]
+                   for p in prompts]
     t0 = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=True)
     dt = time.perf_counter() - t0

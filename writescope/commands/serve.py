@@ -19,6 +19,17 @@ TOOL_PARSERS = ("hermes", "mistral", "qwen3_coder")
 REASONING_PARSERS = ("deepseek_r1", "qwen3")
 
 
+def _port(text: str) -> int:
+    """A TCP port, 0 to 65535 (the resolver would take 99999 modulo 65536)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid port {text!r}") from None
+    if not 0 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be from 0 to 65535, got {n}")
+    return n
+
+
 def register(subparsers) -> None:
     from .common import add_engine_args
 
@@ -31,7 +42,7 @@ def register(subparsers) -> None:
     add_engine_args(p)
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    g.add_argument("--port", type=int, default=8000,
+    g.add_argument("--port", type=_port, default=8000,
                    help="port to bind (default 8000; 0 picks a free one, printed when ready)")
     g.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on the /v1 routes")

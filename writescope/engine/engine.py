@@ -6,6 +6,7 @@ their KV blocks back at once. Not thread-safe: the server runs it on one thread.
 """
 from __future__ import annotations
 
+import operator
 import os
 import sys
 import time
@@ -17,7 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..core import (FinishReason, InvalidRequestError, Request, RequestOutput, RequestStatus,
-                    RequestTooLargeError, SamplingParams, kv_tokens)
+                    RequestTooLargeError, SamplingParams, as_int, kv_tokens)
 from ..kvcache.cache import InplaceKVCache, plan_layout
 from ..kvcache.placement import make_policy
 from ..layers.grammar import Grammars
@@ -112,11 +113,19 @@ class LLMEngine(EngineSizing):
             if cpu_threads is None:
                 reserve_launch_core()
         cfg = self.config
-        self.max_model_len = int(max_model_len or cfg.max_positions)  # vLLM's derived default
+        if max_model_len is not None:  # (0 is refused below, not taken for "the default")
+            try:
+                if isinstance(max_model_len, bool):
+                    raise TypeError
+                max_model_len = operator.index(max_model_len)
+            except TypeError:
+                raise ValueError(f"max_model_len must be an integer, got {max_model_len!r}") from None
+        # vLLM's derived default when not given
+        self.max_model_len = cfg.max_positions if max_model_len is None else max_model_len
         win = cfg.sliding_window
         if win is not None and self.max_model_len > win and not random_weights:
             # full attention is sliding-window attention up to the window, and only there
-            if max_model_len:
+            if max_model_len is not None:
                 raise ValueError(f"max_model_len {self.max_model_len} is longer than the model's "
                                  f"sliding window ({win} tokens), which writescope does not "
                                  f"implement: set max_model_len to at most {win}")
@@ -268,6 +277,7 @@ class LLMEngine(EngineSizing):
         #: the constrained requests' matchers (structured outputs; layers/grammar.py)
         self.grammars = Grammars(self.tokenizer, cfg.vocab_size)
         self.set_kv_policy(kv_policy, cpu_share=cpu_share)
+        self._fit_max_model_len(given=max_model_len is not None)
         self.requests: dict[str, Request] = {}
         self._detok: dict[str, object] = {}
         #: overlapped decode steps (engine/inflight.py): whether they run, the step in flight,
@@ -281,6 +291,26 @@ class LLMEngine(EngineSizing):
                          "engine.overlapped_steps": 0}
         freeze_gc()
 
+
+    def _fit_max_model_len(self, given: bool) -> None:
+        """Where the KV budgets cannot hold one sequence of ``max_model_len`` tokens: the
+        derived default comes down to what they hold, as vLLM's ``--max-model-len auto`` does (a
+        request without ``max_tokens`` then gets the room they leave, instead of being refused);
+        a length that was asked for stays, with a warning (vLLM refuses to start): the budgets
+        are the user's, and a request that can never fit is refused by name."""
+        cache = self.cache
+        fit = (cache.sealed_capacity + 1) * cache.bs  # its last block stays in the W tail
+        if self.max_model_len <= fit or cache.layout.num_blocks[Region.W] == 0:
+            return
+        if given:
+            warnings.warn(f"the KV budgets hold at most {fit} tokens of one sequence, fewer than "
+                          f"max_model_len {self.max_model_len}: longer requests are refused",
+                          RuntimeWarning, stacklevel=3)
+            return
+        warnings.warn(f"the KV budgets hold at most {fit} tokens of one sequence: max_model_len "
+                      f"is {fit} (not the model's {self.max_model_len})", RuntimeWarning,
+                      stacklevel=3)
+        self.max_model_len = fit
 
     def set_kv_policy(self, kv_policy: str, cpu_share: float = 0.5,
                       cpu_threads: int | None = None) -> None:
@@ -394,7 +424,12 @@ class LLMEngine(EngineSizing):
                 raise InvalidRequestError(f"model {self.model_name} has no tokenizer: pass token ids")
             ids, text = self.tokenizer.encode(prompt), prompt
         else:
-            ids, text = list(prompt), None
+            if hasattr(prompt, "tolist") and not isinstance(prompt, (list, tuple)):
+                prompt = prompt.tolist()  # a torch tensor or numpy array of ids
+            if not isinstance(prompt, (list, tuple)):
+                raise InvalidRequestError("a prompt is a string, a list of token ids or a prompt "
+                                          f"dict, got {type(prompt).__name__}")
+            ids, text = [as_int(t) for t in prompt], None
             if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.config.vocab_size
                    for t in ids):
                 raise InvalidRequestError(f"token ids must be integers in [0, {self.config.vocab_size})")

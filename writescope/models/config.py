@@ -40,6 +40,33 @@ def _req(d: dict, *names: str, what: str | None = None) -> Any:
                       f"{what or names[0]!r}")
 
 
+#: integer fields and the least value each may have, checked before any is used (a config
+#: override may set any value: ``--config-override decoder_sparse_step=0``)
+_INT_FIELDS = {
+    "vocab_size": 1, "hidden_size": 1, "num_hidden_layers": 1, "num_attention_heads": 1,
+    "num_key_value_heads": 1, "head_dim": 1, "intermediate_size": 1,
+    "moe_intermediate_size": 1, "max_position_embeddings": 1, "num_experts_per_tok": 1,
+    "num_experts": 0, "num_local_experts": 0, "n_routed_experts": 1, "decoder_sparse_step": 1,
+    "first_k_dense_replace": 0, "moe_layer_freq": 1, "n_shared_experts": 0, "n_group": 1,
+    "topk_group": 1, "q_lora_rank": 1, "kv_lora_rank": 1, "qk_nope_head_dim": 1,
+    "qk_rope_head_dim": 1, "v_head_dim": 1,
+}
+
+
+def _check_ints(d: dict) -> None:
+    for name, least in _INT_FIELDS.items():
+        v = d.get(name)
+        if v is None:
+            continue
+        if not isinstance(v, int) or isinstance(v, bool) or v < least:
+            kind = "a positive integer" if least else "an integer of at least 0"
+            raise ConfigError(f"{name} must be {kind}, got {v!r}")
+    layers = d.get("mlp_only_layers")
+    if layers is not None and not (isinstance(layers, list) and all(
+            isinstance(i, int) and not isinstance(i, bool) for i in layers)):
+        raise ConfigError(f"mlp_only_layers must be a list of layer indices, got {layers!r}")
+
+
 def _opt(d: dict, name: str, default: Any) -> Any:
     v = d.get(name)
     return default if v is None else v
@@ -125,6 +152,7 @@ class ModelConfig:
         mt = d.get("model_type")
         if mt not in SUPPORTED:
             raise ConfigError(f"unsupported model_type {mt!r}; writescope runs {', '.join(SUPPORTED)}")
+        _check_ints(d)
         act = d.get("hidden_act", "silu")
         if act != "silu":  # every MLP and expert kernel here computes silu(gate) * up
             raise ConfigError(f"hidden_act {act!r} is not supported (silu only)")

@@ -1,0 +1,58 @@
+"""Bad command lines get one line naming what is wrong, before any weights load: no
+traceback, exit code 1 (argparse's own errors: 2)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from writescope.cli import main
+
+
+def _err(capsys, argv) -> tuple[int, str]:
+    try:
+        rc = main(argv)
+    except SystemExit as e:  # argparse
+        rc = e.code
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "loading" not in err, err
+    return rc, err
+
+
+@pytest.mark.parametrize("port,said", [("99999", "port must be from 0 to 65535, got 99999"),
+                                       ("-1", "got -1"), ("http", "invalid port 'http'")])
+def test_a_port_out_of_range_is_refused(capsys, port, said):
+    rc, err = _err(capsys, ["serve", "--port", port])
+    assert rc == 2 and said in err
+
+
+def test_chat_with_token_id_prompts_is_refused(capsys, tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"prompt": "hi"}) + "\n" + json.dumps({"prompt": [42, 75]}) + "\n")
+    rc, err = _err(capsys, ["generate", "--prompts-file", str(f), "--chat"])
+    assert rc == 1 and "prompt 2 is token ids" in err
+
+
+def test_a_schema_path_that_is_not_there_is_named(capsys):
+    rc, err = _err(capsys, ["generate", "--prompt", "hi", "--json-schema", "/no/such/s.json"])
+    assert rc == 1 and "no file '/no/such/s.json'" in err
+
+
+def test_bench_refuses_an_unknown_policy_before_any_row(capsys, tmp_path):
+    rc, err = _err(capsys, ["bench", "--model", "qwen3-30b-a3b", "--random-weights",
+                            "--policies", "writescope,bogus", "--out", str(tmp_path),
+                            "--no-progress"])
+    assert rc == 1 and "unknown kv_policy 'bogus'" in err and "[bench]" not in err
+    assert not (tmp_path / "results.json").exists()
+
+
+@pytest.mark.parametrize("override,said", [
+    ("num_hidden_layers=abc", "num_hidden_layers must be a positive integer, got 'abc'"),
+    ("num_hidden_layers=2.5", "got 2.5"),
+    ("decoder_sparse_step=0", "decoder_sparse_step must be a positive integer, got 0"),
+    ("num_attention_heads=0", "num_attention_heads must be a positive integer"),
+    ("mlp_only_layers=3", "mlp_only_layers must be a list of layer indices")])
+def test_config_overrides_of_the_wrong_type_are_named(capsys, override, said):
+    rc, err = _err(capsys, ["plan", "--model", "qwen3-30b-a3b", "--context-lengths", "1k",
+                            "--config-override", override])
+    assert rc == 1 and said in err
