@@ -1,5 +1,6 @@
 #!/bin/bash
-# Seventy-first session, call 1, on 708dde9 (max_model_len defaults to vLLM's derived length).
+# Seventy-first session, call 1, on the tree after the QA fixes to the config, engine and CLI
+# (max_model_len defaults to vLLM's derived length, capped by the KV budgets and a sliding window).
 # 1. The whole GPU suite (cap 400 s).
 # 2. Where a spilled eager step's host time goes on the current code: the fifty-sixth session's
 #    step_profile --cprofile row (Qwen3-30B-A3B 4 x 8K, experts on the GPU, 128 GPU blocks,
