@@ -95,7 +95,7 @@ def test_missing_path(tmp_path):
 
 @pytest.mark.parametrize("override, msg", [
     ({"num_experts_per_tok": 9}, "num_experts_per_tok must be from 1 to the 8 experts"),
-    ({"num_hidden_layers": -2}, "num_layers must be a positive integer"),
+    ({"num_hidden_layers": -2}, "num_hidden_layers must be a positive integer"),
     ({"num_key_value_heads": 5}, "must be a multiple of num_key_value_heads"),
     ({"hidden_size": 0}, "hidden_size must be a positive integer")])
 def test_sizes_a_model_cannot_have_are_named(override, msg):
