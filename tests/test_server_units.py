@@ -44,6 +44,10 @@ def test_completion_request_errors(body, param, code):
 
 @pytest.mark.parametrize("body,needle", [
     ({"prompt": "x", "logit_bias": {"a": 1.0}}, "token ids"),
+    # digits that are not ASCII: str.isdigit() takes them, int() does not (or reads "１" as 1)
+    ({"prompt": "x", "logit_bias": {"\u00b2": 1.0}}, "token ids"),
+    ({"prompt": "x", "logit_bias": {"\uff11": 1.0}}, "token ids"),
+    ({"prompt": "x", "logit_bias": {"-5": 1.0}}, "token ids"),
     ({"prompt": "x", "logit_bias": {"5": 101}}, "-100 to 100"),
     ({"prompt": "x", "presence_penalty": 2.5}, "presence_penalty"),
     ({"prompt": "x", "repetition_penalty": 0}, "repetition_penalty"),

@@ -161,7 +161,8 @@ class _SamplingFields(_Strict):
     @classmethod
     def _check_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
         for k, b in (v or {}).items():
-            if not k.isdigit():
+            # ASCII digits only: str.isdigit() also takes "²" (int() then fails) and "１"
+            if not (k.isascii() and k.isdigit()):
                 raise ValueError(f"logit_bias keys must be token ids, got {k!r}")
             if not -100 <= b <= 100:
                 raise ValueError(f"logit_bias values must be from -100 to 100, got {b}")
