@@ -296,9 +296,11 @@ class TextPart(BaseModel):
 
     @model_validator(mode="after")
     def _text_only(self):
-        if self.type != "text" or self.text is None:
+        if self.type != "text":
             raise ValueError(f"content part of type {self.type!r} is not supported "
                              "(only text parts)")
+        if self.text is None:
+            raise ValueError("a content part of type 'text' needs its text field (a string)")
         return self
 
 
@@ -442,7 +444,9 @@ class ChatCompletionRequest(ChatTemplateFields, _SamplingFields):
 
 
 def parse_request(model: type[BaseModel], body: bytes):
-    """Validate a raw JSON body; malformed JSON or a bad field becomes a 400 :class:`APIError`."""
+    """Validate a raw JSON body; malformed JSON or a bad field becomes a 400 :class:`APIError`.
+    A field of the wrong type is described by the model's ``union_hints`` (default
+    :data:`_UNION_HINTS`, the sampling endpoints' fields) where it names the field."""
     if not body.strip():
         raise APIError("request body is empty; expected a JSON object")
     try:
@@ -466,8 +470,9 @@ def parse_request(model: type[BaseModel], body: bytes):
         msg = err.get("msg", "invalid value")
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, "):]
-        if param and param in _UNION_HINTS and etype != "value_error":
-            msg = _UNION_HINTS[param]
+        hints = getattr(model, "union_hints", _UNION_HINTS)
+        if param and param in hints and etype != "value_error":
+            msg = hints[param]
         if param:
             msg = f"{param}: {msg} (got {_short(err.get('input'))})"
         raise APIError(msg, param=param, code="invalid_value") from None
