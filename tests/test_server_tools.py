@@ -345,6 +345,43 @@ def test_a_call_cut_short_streams_as_its_whole_message_says(form, finish):
     assert content == (msg.content or "")
 
 
+def _message_and_stream(text: str, parser: str, finish: str = "stop", choice: str = "auto"):
+    """A ChatOutput's (message, finish reason) for ``text``, and what its stream of the same
+    text, a character at a time, sends: (content, {call index: (name, arguments)}, finish
+    reason)."""
+    from types import SimpleNamespace
+
+    from writescope.server import protocol as P
+    from writescope.server.chat_output import ChatOutput
+    from writescope.server import tool_parsers
+    req = P.parse_request(P.ChatCompletionRequest, json.dumps(
+        {"messages": MESSAGES, "tools": TOOLS, "tool_choice": choice}).encode())
+    tp = tool_parsers.get(parser)
+    msg, reason = ChatOutput(req, "auto", tool_parser=tp).message(
+        SimpleNamespace(index=0, text=text, finish_reason=finish))
+    out = ChatOutput(req, "auto", tool_parser=tp)
+    content, calls, r = "", {}, None
+    for k in range(1, len(text) + 1):
+        last = k == len(text)
+        d, r = out.delta(SimpleNamespace(index=0, text=text[:k], sent_text=k, finished=last,
+                                         finish_reason=finish if last else None))
+        content += (d.content or "") if d else ""
+        for t in (d.tool_calls or []) if d else []:
+            name, args = calls.get(t.index, ("", ""))
+            calls[t.index] = (name + (t.function.name or ""), args + (t.function.arguments or ""))
+    return (msg, reason), (content, calls, r)
+
+
+def test_mistral_arguments_written_as_a_string_stream_as_returned():
+    """``"arguments": "{\\"a\\": 1}"`` (a JSON string holding the object): the message's
+    arguments are the string's text, and the stream sends the same, not the literal."""
+    text = '[TOOL_CALLS] [{"name": "get_time", "arguments": "{\\"zone\\": \\"UTC\\"}"}]'
+    (msg, reason), (content, calls, r) = _message_and_stream(text, "mistral")
+    assert [(t.function.name, t.function.arguments) for t in msg.tool_calls] == [
+        ("get_time", '{"zone": "UTC"}')] and reason == r == "tool_calls"
+    assert calls == {0: ("get_time", '{"zone": "UTC"}')} and content == ""
+
+
 def test_serve_knows_the_parsers_the_server_has():
     from writescope.commands.serve import TOOL_PARSERS
     from writescope.server import tool_parsers
