@@ -44,7 +44,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..core import InvalidRequestError, SamplingParams
+from ..core import InvalidRequestError, SamplingParams, StructuredOutputsParams
+from ..layers.grammar import MayThinkFirst
 from . import protocol as P
 from . import conversation, reasoning, tokenize, tool_parsers, tools
 from .chat_output import ChatOutput
@@ -413,10 +414,9 @@ class OpenAIServer:
         if forced is not None:
             params = [dataclasses.replace(p, structured_outputs=forced) for p in params]
         out = self._chat_output(req, mode, ids)
-        if out.may_reason:  # the model thinks first, then the format holds
+        if out.may_reason:  # the model may think first: the format holds after its thinking
             params = [p if p.structured_outputs is None else dataclasses.replace(
-                p, structured_outputs=dataclasses.replace(p.structured_outputs,
-                                                          starts_after=out.parser.end))
+                p, structured_outputs=self._after_reasoning(p.structured_outputs, out))
                 for p in params]
         gen = Generation(self, choices, params, arrival, req.num_choices)
         return await self._respond(
@@ -431,6 +431,18 @@ class OpenAIServer:
                     for message, reason in [out.message(c)]],
                 prompt_logprobs=self._prompt_logprob_dicts(gen.choices[0], req.prompt_logprobs)
                 if req.prompt_logprobs is not None else None))
+
+    @staticmethod
+    def _after_reasoning(so, out: ChatOutput):
+        """A constraint on an output that may hold reasoning: after the reasoning's end where
+        the output is reasoning from its start (the prompt opened it; ``deepseek_r1``); else
+        (``qwen3``, whose output is reasoning only where it opens ``<think>``, all content
+        otherwise) the output's first text decides, ``MayThinkFirst``."""
+        fields = {f.name: getattr(so, f.name) for f in dataclasses.fields(so)}
+        fields["starts_after"] = out.parser.end
+        if out.opened:
+            return StructuredOutputsParams(**fields)
+        return MayThinkFirst(**fields, opens_with=out.parser.start)
 
     def _chat_output(self, req: P.ChatCompletionRequest, mode: str | None,
                      ids: list[int]) -> ChatOutput:
