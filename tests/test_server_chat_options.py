@@ -321,3 +321,34 @@ def test_truncate_prompt_tokens_keeps_the_prompts_end(client, oracle):
     # the API: the same through SamplingParams
     out = _solo(oracle, ids, SamplingParams(truncate_prompt_tokens=10, **body))
     assert out.text == tail["choices"][0]["text"] and len(out.prompt_token_ids) == 10
+
+
+def test_openai_fields_that_do_not_change_decoding_are_accepted_and_ignored(client, caplog):
+    """``store``, ``metadata``, ``service_tier``, ``reasoning_effort``, ``modalities`` (OpenAI's
+    documented chat fields): the same answer as without them, and one warning naming them;
+    a name that is no field at all stays a 400."""
+    import logging
+    body = dict(messages=CONV[:1], temperature=0, max_tokens=4)
+    plain = _post(client, "/v1/chat/completions", **body)["choices"][0]["message"]
+    extra = dict(store=False, metadata={"a": "b"}, service_tier="auto", reasoning_effort="low",
+                 modalities=["text"])
+    with caplog.at_level(logging.WARNING, logger="writescope.server"):
+        got = _post(client, "/v1/chat/completions", **body, **extra)["choices"][0]["message"]
+    assert got == plain
+    (warning,) = [r.getMessage() for r in caplog.records if "ignored" in r.getMessage()]
+    assert all(name in warning for name in extra)
+    r = client.post("/v1/chat/completions", json={**body, "bogus_field": 1})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "unknown_parameter"
+
+
+def test_retrieve_a_model(client):
+    """``GET /v1/models/{id}`` (OpenAI's models.retrieve): the served name's model object, and
+    OpenAI's 404 for another id."""
+    (card,) = client.get("/v1/models").json()["data"]
+    r = client.get(f"/v1/models/{card['id']}")
+    got = r.json()
+    assert r.status_code == 200 and got.pop("created") >= card.pop("created") and got == card
+    r = client.get("/v1/models/no-such-model")
+    assert r.status_code == 404
+    err = r.json()["error"]
+    assert err["code"] == "model_not_found" and err["type"] == "invalid_request_error"

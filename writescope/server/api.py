@@ -399,6 +399,9 @@ class OpenAIServer:
         self.check_auth(request)
         req = P.parse_request(P.ChatCompletionRequest, await self.read_body(request))
         model = self.check_model(req.model)
+        ignored = req.ignored_fields()
+        if ignored:
+            log.warning("the request's fields %s are accepted and ignored", ", ".join(ignored))
         mode = self._tool_mode(req)
         heavy = conversation.text_size(req) > INLINE_TOKENIZE_CHARS
         ids = await self.off_loop(lambda: conversation.prompt_ids(self.tokenizer, req), heavy)
@@ -709,6 +712,14 @@ def create_app(engine: Any, *, served_model_names: Sequence[str] | None = None,
     async def models(request: Request):
         server.check_auth(request)
         return JSONResponse(server.models().model_dump())
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(request: Request, model_id: str):
+        server.check_auth(request)
+        card = next((c for c in server.models().data if c.id == model_id), None)
+        if card is None:
+            server.check_model(model_id)  # OpenAI's 404 model_not_found
+        return JSONResponse(card.model_dump())
 
     @app.get("/health")
     async def health():

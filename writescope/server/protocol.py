@@ -9,7 +9,9 @@ older ``guided_*``; on the chat endpoint ``echo``, ``include_reasoning``,
 ``add_generation_prompt``, ``continue_final_message`` and ``chat_template_kwargs``) follow vLLM's
 server. Requests are validated
 strictly, as OpenAI does: an unknown field, a field of the wrong type (``"max_tokens": "16"``) or
-a value out of range is a 400 naming the parameter. Parameters this engine cannot honour
+a value out of range is a 400 naming the parameter; OpenAI's chat fields that do not change the
+decoding (``store``, ``metadata``, ``service_tier``, ``reasoning_effort``, ``modalities``,
+``prompt_cache_key``, ``safety_identifier``) are accepted and ignored, with a warning. Parameters this engine cannot honour
 (``suffix``, ``best_of`` other than ``n``) are refused with a clear message rather than silently
 ignored.
 """
@@ -385,6 +387,11 @@ class ChatTemplateFields(_Strict):
                 **(self.chat_template_kwargs or {})}
 
 
+#: OpenAI's chat fields accepted and ignored (``ChatCompletionRequest.ignored_fields``)
+IGNORED_CHAT_FIELDS = ("store", "metadata", "service_tier", "reasoning_effort", "modalities",
+                       "prompt_cache_key", "safety_identifier")
+
+
 class ChatCompletionRequest(ChatTemplateFields, _SamplingFields):
     max_tokens: Optional[int] = Field(None, ge=1)
     max_completion_tokens: Optional[int] = Field(None, ge=1)
@@ -399,6 +406,19 @@ class ChatCompletionRequest(ChatTemplateFields, _SamplingFields):
     # extension (vLLM): false leaves the reasoning out of the answer (with a reasoning parser,
     # the model still thinks; its thoughts are split off and dropped)
     include_reasoning: Optional[bool] = True
+    # OpenAI's fields that do not change what this server decodes: accepted, and ignored
+    # with a warning naming them (as vLLM does), so that clients that send them work
+    store: Optional[bool] = None
+    metadata: Optional[dict[str, str]] = None
+    service_tier: Optional[str] = None
+    reasoning_effort: Optional[str] = None
+    modalities: Optional[list[str]] = None
+    prompt_cache_key: Optional[str] = None
+    safety_identifier: Optional[str] = None
+
+    def ignored_fields(self) -> list[str]:
+        """The fields given that this server ignores (:data:`IGNORED_CHAT_FIELDS`)."""
+        return [f for f in IGNORED_CHAT_FIELDS if f in self.model_fields_set]
 
     def echoed(self) -> str:
         """The text ``echo`` puts before each choice's content ('' when none)."""
