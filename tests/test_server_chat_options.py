@@ -352,3 +352,43 @@ def test_retrieve_a_model(client):
     assert r.status_code == 404
     err = r.json()["error"]
     assert err["code"] == "model_not_found" and err["type"] == "invalid_request_error"
+
+
+def test_logprobs_give_each_tokens_own_bytes(client):
+    """A character split over byte-level tokens ('🐱é': six one-byte tokens in the tiny
+    vocabulary): chat ``bytes`` are each token's own (joined, the content's UTF-8; they were
+    U+FFFD's for each), ``token`` its text with such bytes as \\xNN (OpenAI's form); the
+    completions endpoint's ``text_offset`` counts characters (a split one's tokens each at
+    its offset), streamed as not."""
+    body = dict(guided_choice=["🐱é"], max_tokens=10, temperature=0)
+    ch = _post(client, "/v1/chat/completions", messages=CONV[:1], logprobs=True, top_logprobs=1,
+               **body)["choices"][0]
+    lp = ch["logprobs"]["content"]
+    assert b"".join(bytes(t["bytes"]) for t in lp) == ch["message"]["content"].encode()
+    assert ch["message"]["content"] == "🐱é" and lp[0]["token"] == "\\xf0"
+    assert all(bytes(a["bytes"]).decode("utf-8", "backslashreplace") == a["token"]
+               for t in lp for a in t["top_logprobs"])
+    ch = _post(client, "/v1/completions", prompt="x", logprobs=0, **body)["choices"][0]
+    assert ch["text"] == "🐱é" and len(ch["logprobs"]["tokens"]) == 6
+    assert ch["logprobs"]["text_offset"] == [0, 0, 0, 0, 1, 1]
+    offsets = []
+    with client.stream("POST", "/v1/completions", json=dict(prompt="x", logprobs=0, stream=True,
+                                                            **body)) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                for c in json.loads(line[6:])["choices"]:
+                    offsets += (c["logprobs"] or {}).get("text_offset") or []
+    assert offsets == [0, 0, 0, 0, 1, 1]
+
+
+def test_token_bytes_of_sentencepiece_byte_fallback():
+    """Mixtral's kind of vocabulary: ``<0xNN>`` tokens are that byte, ``▁`` a space."""
+    from types import SimpleNamespace
+    from writescope.server.token_bytes import CharOffsets, TokenBytes
+    pieces = {0: "<0xF0>", 1: "<0x9F>", 2: "<0x90>", 3: "<0xB1>", 4: "▁cat"}
+    hf = SimpleNamespace(convert_ids_to_tokens=pieces.get, added_tokens_decoder={})
+    tb = TokenBytes(SimpleNamespace(hf=hf, decode=lambda ids: "?"))
+    assert b"".join(tb.bytes(i) for i in range(5)) == "🐱 cat".encode()
+    assert [tb.text(i) for i in (0, 4)] == ["\\xf0", " cat"]
+    at = CharOffsets(3)
+    assert [at.add(tb.bytes(i)) for i in range(5)] == [3, 3, 3, 3, 4] and at.chars == 8
