@@ -321,3 +321,74 @@ def test_truncate_prompt_tokens_keeps_the_prompts_end(client, oracle):
     # the API: the same through SamplingParams
     out = _solo(oracle, ids, SamplingParams(truncate_prompt_tokens=10, **body))
     assert out.text == tail["choices"][0]["text"] and len(out.prompt_token_ids) == 10
+
+
+def test_openai_fields_that_do_not_change_decoding_are_accepted_and_ignored(client, caplog):
+    """``store``, ``metadata``, ``service_tier``, ``reasoning_effort``, ``modalities`` (OpenAI's
+    documented chat fields): the same answer as without them, and one warning naming them;
+    a name that is no field at all stays a 400."""
+    import logging
+    body = dict(messages=CONV[:1], temperature=0, max_tokens=4)
+    plain = _post(client, "/v1/chat/completions", **body)["choices"][0]["message"]
+    extra = dict(store=False, metadata={"a": "b"}, service_tier="auto", reasoning_effort="low",
+                 modalities=["text"])
+    with caplog.at_level(logging.WARNING, logger="writescope.server"):
+        got = _post(client, "/v1/chat/completions", **body, **extra)["choices"][0]["message"]
+    assert got == plain
+    (warning,) = [r.getMessage() for r in caplog.records if "ignored" in r.getMessage()]
+    assert all(name in warning for name in extra)
+    r = client.post("/v1/chat/completions", json={**body, "bogus_field": 1})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "unknown_parameter"
+
+
+def test_retrieve_a_model(client):
+    """``GET /v1/models/{id}`` (OpenAI's models.retrieve): the served name's model object, and
+    OpenAI's 404 for another id."""
+    (card,) = client.get("/v1/models").json()["data"]
+    r = client.get(f"/v1/models/{card['id']}")
+    got = r.json()
+    assert r.status_code == 200 and got.pop("created") >= card.pop("created") and got == card
+    r = client.get("/v1/models/no-such-model")
+    assert r.status_code == 404
+    err = r.json()["error"]
+    assert err["code"] == "model_not_found" and err["type"] == "invalid_request_error"
+
+
+def test_logprobs_give_each_tokens_own_bytes(client):
+    """A character split over byte-level tokens ('🐱é': six one-byte tokens in the tiny
+    vocabulary): chat ``bytes`` are each token's own (joined, the content's UTF-8; they were
+    U+FFFD's for each), ``token`` its text with such bytes as \\xNN (OpenAI's form); the
+    completions endpoint's ``text_offset`` counts characters (a split one's tokens each at
+    its offset), streamed as not."""
+    body = dict(guided_choice=["🐱é"], max_tokens=10, temperature=0)
+    ch = _post(client, "/v1/chat/completions", messages=CONV[:1], logprobs=True, top_logprobs=1,
+               **body)["choices"][0]
+    lp = ch["logprobs"]["content"]
+    assert b"".join(bytes(t["bytes"]) for t in lp) == ch["message"]["content"].encode()
+    assert ch["message"]["content"] == "🐱é" and lp[0]["token"] == "\\xf0"
+    assert all(bytes(a["bytes"]).decode("utf-8", "backslashreplace") == a["token"]
+               for t in lp for a in t["top_logprobs"])
+    ch = _post(client, "/v1/completions", prompt="x", logprobs=0, **body)["choices"][0]
+    assert ch["text"] == "🐱é" and len(ch["logprobs"]["tokens"]) == 6
+    assert ch["logprobs"]["text_offset"] == [0, 0, 0, 0, 1, 1]
+    offsets = []
+    with client.stream("POST", "/v1/completions", json=dict(prompt="x", logprobs=0, stream=True,
+                                                            **body)) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                for c in json.loads(line[6:])["choices"]:
+                    offsets += (c["logprobs"] or {}).get("text_offset") or []
+    assert offsets == [0, 0, 0, 0, 1, 1]
+
+
+def test_token_bytes_of_sentencepiece_byte_fallback():
+    """Mixtral's kind of vocabulary: ``<0xNN>`` tokens are that byte, ``▁`` a space."""
+    from types import SimpleNamespace
+    from writescope.server.token_bytes import CharOffsets, TokenBytes
+    pieces = {0: "<0xF0>", 1: "<0x9F>", 2: "<0x90>", 3: "<0xB1>", 4: "▁cat"}
+    hf = SimpleNamespace(convert_ids_to_tokens=pieces.get, added_tokens_decoder={})
+    tb = TokenBytes(SimpleNamespace(hf=hf, decode=lambda ids: "?"))
+    assert b"".join(tb.bytes(i) for i in range(5)) == "🐱 cat".encode()
+    assert [tb.text(i) for i in (0, 4)] == ["\\xf0", " cat"]
+    at = CharOffsets(3)
+    assert [at.add(tb.bytes(i)) for i in range(5)] == [3, 3, 3, 3, 4] and at.chars == 8

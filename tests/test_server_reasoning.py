@@ -139,6 +139,38 @@ def test_opened_thinking_is_reasoning_and_a_format_waits_for_its_end(client):
     assert streamed["tool_calls"] == [] and streamed["content"] == ""
 
 
+def test_output_that_does_not_think_is_constrained_from_its_first_token(client, engine):
+    """qwen3, thinking neither opened nor closed by the prompt: an output that does not open
+    <think> is all content (the parser's split), so response_format, guided_* and a forced
+    tool call hold from its first token (they used to wait for a </think> that never came);
+    one that opens <think> (pushed here by logit_bias on its tokens) thinks freely, the
+    constraint waiting for </think>."""
+    held, streamed = _both(client, guided_regex="[0-9]{3}")
+    assert re.fullmatch("[0-9]{3}", held["message"]["content"]) and \
+        held["message"]["reasoning_content"] is None
+    assert held["finish_reason"] == "stop" and streamed["content"] == held["message"]["content"]
+    obj, _ = _both(client, max_tokens=40, response_format={"type": "json_object"})
+    if obj["finish_reason"] == "stop":
+        assert isinstance(json.loads(obj["message"]["content"]), dict)
+    else:  # cut short: still the start of an object, not free text
+        assert obj["message"]["content"].startswith("{")
+    named, _ = _both(client, tools=TOOLS, max_tokens=40,
+                     tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    (call,) = named["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    assert call["function"]["arguments"].startswith("{")
+    # the first non-space text is <think>: the thinking is free, the regex waits for its end
+    tag = engine.tokenizer.encode("<think>", add_special_tokens=False)
+    bias = {str(t): 100 for t in tag}
+    think, streamed = _both(client, guided_regex="[0-9]{3}", max_tokens=30, logit_bias=bias)
+    assert think["finish_reason"] == "length" and think["message"]["content"] is None
+    assert think["message"]["reasoning_content"]  # free text after <think>, no </think>
+    assert streamed["reasoning_content"] == think["message"]["reasoning_content"]
+    # the template opened the thinking: the regex waits for </think>, whatever comes first
+    opened, _ = _both(client, chat_template_kwargs=OPEN, guided_regex="[0-9]{3}", max_tokens=30)
+    assert opened["message"]["content"] is None and opened["finish_reason"] == "length"
+
+
 def test_thinking_written_by_the_model_is_split_off(client):
     """Thinking off closes it in the prompt, so a constraint holds from the first token (here
     the regex writes the thinking, as a Qwen3 model would): reasoning and content apart,

@@ -305,13 +305,13 @@ CUT = {"required": ('[{"name": "get_weather", "parameters": {"city": "Ro', "requ
                   "auto")}
 
 
-@pytest.mark.parametrize("form", sorted(CUT))
-@pytest.mark.parametrize("finish", ["length", "stop"])
+@pytest.mark.parametrize("form,finish", [("required", "length"), ("required", "stop"),
+                                         ("hermes", "length"), ("hermes", "abort")])
 def test_a_call_cut_short_streams_as_its_whole_message_says(form, finish):
-    """An output that ends inside a call (``max_tokens``, a stop string): the whole message
-    holds the call as far as it was written (OpenAI's, cut), and its stream -- the same text
-    as it grew -- says the same: the content before the call, the call once, never the
-    call's text again as content."""
+    """An output that ends inside a call (``max_tokens``; with 'required' a stop string): the
+    whole message holds the call as far as it was written (OpenAI's, cut), and its stream --
+    the same text as it grew -- says the same: the content before the call, the call once,
+    never the call's text again as content."""
     from types import SimpleNamespace
 
     from writescope.server import protocol as P
@@ -343,6 +343,63 @@ def test_a_call_cut_short_streams_as_its_whole_message_says(form, finish):
             args[t.index] = args.get(t.index, "") + (t.function.arguments or "")
     assert r == finish and names == ["get_weather"] and args == {0: '{"city": "Ro'}
     assert content == (msg.content or "")
+
+
+def _message_and_stream(text: str, parser: str, finish: str = "stop", choice: str = "auto"):
+    """A ChatOutput's (message, finish reason) for ``text``, and what its stream of the same
+    text, a character at a time, sends: (content, {call index: (name, arguments)}, finish
+    reason)."""
+    from types import SimpleNamespace
+
+    from writescope.server import protocol as P
+    from writescope.server.chat_output import ChatOutput
+    from writescope.server import tool_parsers
+    req = P.parse_request(P.ChatCompletionRequest, json.dumps(
+        {"messages": MESSAGES, "tools": TOOLS, "tool_choice": choice}).encode())
+    tp = tool_parsers.get(parser)
+    msg, reason = ChatOutput(req, "auto", tool_parser=tp).message(
+        SimpleNamespace(index=0, text=text, finish_reason=finish))
+    out = ChatOutput(req, "auto", tool_parser=tp)
+    content, calls, r = "", {}, None
+    for k in range(1, len(text) + 1):
+        last = k == len(text)
+        d, r = out.delta(SimpleNamespace(index=0, text=text[:k], sent_text=k, finished=last,
+                                         finish_reason=finish if last else None))
+        content += (d.content or "") if d else ""
+        for t in (d.tool_calls or []) if d else []:
+            name, args = calls.get(t.index, ("", ""))
+            calls[t.index] = (name + (t.function.name or ""), args + (t.function.arguments or ""))
+    return (msg, reason), (content, calls, r)
+
+
+INVALID = {"hermes": 'Here.<tool_call>\n{"name": "get_weather", "arguments": {"city": Paris}}'
+                     '\n</tool_call>',
+           "mistral": 'Here.[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": Paris}}]'}
+
+
+@pytest.mark.parametrize("parser", sorted(INVALID))
+def test_auto_call_that_is_not_json_is_content_when_the_output_ended_by_itself(parser):
+    """'auto', the model ended (finish reason "stop") after a call block whose JSON does not
+    parse: no tool call, the whole text is the content, as vLLM's parsers return it. The
+    stream ends the same way: its content is the message's (what it already sent as the
+    call's deltas cannot be taken back), its finish reason "stop". Cut short by max_tokens,
+    the same text stays a call (the test above)."""
+    text = INVALID[parser]
+    (msg, reason), (content, calls, r) = _message_and_stream(text, parser)
+    assert msg.tool_calls == [] and msg.content == text and reason == r == "stop"
+    assert content == text
+    (msg, reason), _ = _message_and_stream(text, parser, finish="length")
+    assert [t.function.name for t in msg.tool_calls] == ["get_weather"] and reason == "length"
+
+
+def test_mistral_arguments_written_as_a_string_stream_as_returned():
+    """``"arguments": "{\\"a\\": 1}"`` (a JSON string holding the object): the message's
+    arguments are the string's text, and the stream sends the same, not the literal."""
+    text = '[TOOL_CALLS] [{"name": "get_time", "arguments": "{\\"zone\\": \\"UTC\\"}"}]'
+    (msg, reason), (content, calls, r) = _message_and_stream(text, "mistral")
+    assert [(t.function.name, t.function.arguments) for t in msg.tool_calls] == [
+        ("get_time", '{"zone": "UTC"}')] and reason == r == "tool_calls"
+    assert calls == {0: ("get_time", '{"zone": "UTC"}')} and content == ""
 
 
 def test_serve_knows_the_parsers_the_server_has():

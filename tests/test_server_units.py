@@ -44,6 +44,10 @@ def test_completion_request_errors(body, param, code):
 
 @pytest.mark.parametrize("body,needle", [
     ({"prompt": "x", "logit_bias": {"a": 1.0}}, "token ids"),
+    # digits that are not ASCII: str.isdigit() takes them, int() does not (or reads "１" as 1)
+    ({"prompt": "x", "logit_bias": {"\u00b2": 1.0}}, "token ids"),
+    ({"prompt": "x", "logit_bias": {"\uff11": 1.0}}, "token ids"),
+    ({"prompt": "x", "logit_bias": {"-5": 1.0}}, "token ids"),
     ({"prompt": "x", "logit_bias": {"5": 101}}, "-100 to 100"),
     ({"prompt": "x", "presence_penalty": 2.5}, "presence_penalty"),
     ({"prompt": "x", "repetition_penalty": 0}, "repetition_penalty"),
@@ -65,8 +69,20 @@ def test_chat_request_parsing():
     e = _err(P.ChatCompletionRequest,
              {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})
     assert "only text" in e.message and e.param.startswith("messages.0.content")
+    # a text part without its text: the missing field is named, not the part's type
+    e = _err(P.ChatCompletionRequest,
+             {"messages": [{"role": "user", "content": [{"type": "text"}]}]})
+    assert "needs its text field" in e.message and "not supported" not in e.message
     assert _err(P.ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}],
                                           "tools": [{"type": "function"}]}).status == 400
+
+
+def test_tokenize_prompt_of_a_wrong_type_says_what_tokenize_takes():
+    from writescope.server.tokenize import TokenizeCompletionRequest
+    e = _err(TokenizeCompletionRequest, {"prompt": 5})
+    assert e.param == "prompt" and "prompt string, or messages" in e.message
+    assert "token ids" not in e.message  # the completions endpoint's prompt types
+    assert "list of token ids" in _err(P.CompletionRequest, {"prompt": 5}).message
 
 
 def test_sampling_params_mapping():

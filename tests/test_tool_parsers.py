@@ -105,10 +105,15 @@ def test_mistral_reads_the_array_after_its_marker():
     assert [(c.function.name, c.function.arguments) for c in calls] == [
         ("get_time", '{"zone": "UTC"}')]
     assert p.parse("[TOOL_CALLS] [{oops", _req()) == ("[TOOL_CALLS] [{oops", [])
-    # arguments written as a JSON string: that string is the call's arguments
-    _, calls = p.parse('[TOOL_CALLS] [{"name": "get_time", "arguments": "{\\"zone\\": 1}"}]',
-                       _req())
-    assert calls[0].function.arguments == '{"zone": 1}'
+    # arguments written as a JSON string: that string is the call's arguments, streamed too
+    # (once the string is complete, not its literal with quotes and escapes)
+    _, calls = _agree(p, '[TOOL_CALLS] [{"name": "get_time", "arguments": "{\\"zone\\": 1}"}, '
+                         '{"name": "get_weather", "arguments": {"city":"Oslo"}}]')
+    assert calls == [("get_time", '{"zone": 1}'), ("get_weather", '{"city":"Oslo"}')]
+    # other values than an object: their JSON, streamed and not
+    _, calls = _agree(p, '[TOOL_CALLS] [{"name": "get_time", "arguments": [1,2]}, '
+                         '{"name": "get_weather", "arguments": {"city":"Oslo"}}]')
+    assert calls == [("get_time", "[1, 2]"), ("get_weather", '{"city":"Oslo"}')]
     # the marker is a special token: a request this parser reads keeps them in its text
     req = _req()
     p.adjust_request(req)

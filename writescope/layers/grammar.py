@@ -25,6 +25,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -35,6 +36,29 @@ log = logging.getLogger(__name__)
 
 #: compiled constraints kept (a matcher in its start state each)
 CACHE_SIZE = 64
+
+
+@dataclass
+class MayThinkFirst(StructuredOutputsParams):
+    """A constraint on a model that may think before it answers, or not (Qwen3 with thinking
+    on: the output opens ``<think>`` or is all answer, as the ``qwen3`` reasoning parser reads
+    it): the output's first text that is not whitespace decides. Where it is ``opens_with``
+    (``"<think>"``), the constraint waits for ``starts_after`` (``"</think>"``); otherwise it
+    holds from the first token. The first token may be one of the grammar's or one that
+    begins ``opens_with`` (whitespace before it within the token); once the tag is begun,
+    only its next tokens follow (a token that is both, a ``<`` where the grammar allows one,
+    begins the tag). Whitespace tokens alone do not wait: where the grammar allows them
+    they start it, as a tiny or confused model could otherwise write whitespace forever."""
+
+    opens_with: str | None = None
+
+    def validate(self) -> None:
+        super().validate()
+        for name in ("opens_with", "starts_after"):
+            v = getattr(self, name)
+            if not isinstance(v, str) or not v:
+                raise InvalidRequestError(f"structured outputs: {name} must be a non-empty "
+                                          "string")
 
 
 def _llguidance():
@@ -116,6 +140,12 @@ class Grammars:
         self._matchers: dict[int, Any] = {}
         #: requests whose constraint has not started: {seq id: the string that starts it}
         self._waiting: dict[int, str] = {}
+        #: :class:`MayThinkFirst` requests whose first text is not decided yet: {seq id:
+        #: [its constraint, the part of the opening tag sampled so far]}
+        self._opening: dict[int, list] = {}
+        #: per opening tag (:class:`MayThinkFirst`), read once from the vocabulary: the
+        #: tokens that may write a piece of the tag, with their text
+        self._tag_tokens: dict[str, list[tuple[int, str]]] = {}
         #: :meth:`prepare` may run on another thread (the server compiles off the engine's)
         self._lock = threading.Lock()
         #: host seconds spent on masks (computing the bitmasks, applying them) and rows masked
@@ -165,12 +195,43 @@ class Grammars:
         """Give ``seq_id`` a matcher of ``so`` in its start state (:meth:`prepare`), waiting
         for ``so.starts_after`` where it has one."""
         self._matchers[seq_id] = self.prepare(so).deep_copy()
-        if so.starts_after:
+        if isinstance(so, MayThinkFirst):
+            self._candidates(so.opens_with)
+            self._opening[seq_id] = [so, ""]
+        elif so.starts_after:
             self._waiting[seq_id] = so.starts_after
 
     def forget(self, seq_id: int) -> None:
         self._matchers.pop(seq_id, None)
         self._waiting.pop(seq_id, None)
+        self._opening.pop(seq_id, None)
+
+    def _candidates(self, tag: str) -> list[tuple[int, str]]:
+        """The tokens (id, text with special tokens kept) that may write a piece of ``tag`` (a
+        decode of the vocabulary, once per tag)."""
+        with self._lock:
+            out = self._tag_tokens.get(tag)
+            if out is None:
+                out = []
+                for i in range(min(self.vocab_size, self.tokenizer.vocab_size)):
+                    t = self.tokenizer.decode([i], skip_special_tokens=False)
+                    if t.strip() and any(tag[k:].startswith(x) or x.startswith(tag[k:])
+                                         for k in range(len(tag)) for x in {t, t.lstrip()}):
+                        out.append((i, t))
+                self._tag_tokens[tag] = out
+            return out
+
+    def _opening_tokens(self, seq_id: int) -> tuple[bool, dict[int, str]]:
+        """An undecided :class:`MayThinkFirst` row: (whether the grammar's tokens are still
+        allowed, i.e. the tag is not begun; the tokens, with their text, that write its opening
+        tag on from the text so far)."""
+        so, begun = self._opening[seq_id]
+        tag, out = so.opens_with, {}
+        for i, t in self._candidates(tag):
+            s = begun + t if begun else t.lstrip()
+            if tag.startswith(s) or s.startswith(tag):
+                out[i] = t
+        return not begun, out
 
     def active(self, seq_id: int) -> bool:
         """Whether ``seq_id``'s next token is masked (its constraint has started)."""
@@ -209,6 +270,12 @@ class Grammars:
         t0 = time.perf_counter()
         dev = scores.device
         allowed = unpack(self.bitmasks(seq_ids).to(dev), scores.shape[-1])
+        for k, s in enumerate(seq_ids):
+            if s in self._opening:  # the opening tag and whitespace too (MayThinkFirst)
+                grammar_too, extra = self._opening_tokens(s)
+                if not grammar_too:
+                    allowed[k] = False
+                allowed[k, torch.tensor(list(extra), dtype=torch.long, device=dev)] = True
         idx = torch.tensor(rows, device=dev)
         sub = scores[idx].masked_fill(~allowed, float("-inf"))
         dead = torch.isneginf(sub).all(dim=-1)
@@ -223,6 +290,17 @@ class Grammars:
 
     def accept(self, seq_id: int, token: int) -> None:
         """``token`` was sampled for ``seq_id``: advance its matcher (if it has started)."""
+        opening = self._opening.get(seq_id)
+        if opening is not None:  # MayThinkFirst: the opening tag waits, any other token starts
+            grammar_too, extra = self._opening_tokens(seq_id)
+            if token in extra:
+                opening[1] = (opening[1] + extra[token]).lstrip()
+                so = opening[0]
+                if opening[1].startswith(so.opens_with):  # thinking: wait for its end
+                    del self._opening[seq_id]
+                    self._waiting[seq_id] = so.starts_after
+                return
+            del self._opening[seq_id]
         m = self._matchers.get(seq_id) if seq_id not in self._waiting else None
         if m is not None and not m.consume_token(token):
             log.warning("structured outputs: sequence %d's token %d was not accepted: %s",

@@ -44,13 +44,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..core import InvalidRequestError, SamplingParams
+from ..core import InvalidRequestError, SamplingParams, StructuredOutputsParams
+from ..layers.grammar import MayThinkFirst
 from . import protocol as P
 from . import conversation, reasoning, tokenize, tool_parsers, tools
 from .chat_output import ChatOutput
 from .engine_loop import EngineFailure, EngineLoop
 from .generation import Choice, Generation
 from .metrics import CONTENT_TYPE, ServerMetrics
+from .token_bytes import CharOffsets, TokenBytes
 
 log = logging.getLogger("writescope.server")
 
@@ -107,6 +109,8 @@ class OpenAIServer:
         self.reasoning_parser = reasoning.get(reasoning_parser)
         self.engine = engine
         self.tokenizer = engine.tokenizer
+        #: each token's own bytes and text, for log-probabilities (server/token_bytes.py)
+        self.token_bytes = TokenBytes(self.tokenizer)
         self.model_names = list(served_model_names or [engine.model_name])
         self.max_model_len = int(engine.max_model_len)
         self.api_key = api_key or None
@@ -268,32 +272,31 @@ class OpenAIServer:
             raise P.invalid_request(e) from None
 
     def _completion_logprobs(self, c: Choice, start: int, end: int, k: int,
-                             text_offset: int) -> P.CompletionLogprobs:
+                             at: CharOffsets) -> P.CompletionLogprobs:
         ids = c.token_ids[start:end]
         alts = [dict(self._alternatives(c, i)) for i in range(start, end)]
-        return self._logprob_entries(ids, c.logprobs[start:end], alts, k, text_offset)
+        return self._logprob_entries(ids, c.logprobs[start:end], alts, k, at)
 
-    def _prompt_logprobs(self, c: Choice, k: int) -> P.CompletionLogprobs:
+    def _prompt_logprobs(self, c: Choice, k: int, at: CharOffsets) -> P.CompletionLogprobs:
         """Echo with logprobs: the prompt's tokens, each one's log-probability given those
         before it (None for the first, and for all where the request ended before its prefill
         did) and, for k >= 1, the k most likely tokens there and the prompt's own."""
         n = len(c.prompt_ids)
         lps = list(c.prompt_logprobs) if c.prompt_logprobs is not None else [None] * n
         return self._logprob_entries(c.prompt_ids, lps, c.prompt_top_logprobs or [None] * n,
-                                     k, 0)
+                                     k, at)
 
     def _logprob_entries(self, ids: list[int], lps: list[float | None],
                          alts: list[dict[int, float] | None], k: int,
-                         text_offset: int) -> P.CompletionLogprobs:
-        """The completions endpoint's logprobs for tokens ``ids``: their text, offsets and
-        log-probabilities and, for k >= 1, per token the k most likely tokens' text and the
-        token's own (where it is not among them; None where the token has no
+                         at: CharOffsets) -> P.CompletionLogprobs:
+        """The completions endpoint's logprobs for tokens ``ids``: their text (a token's own
+        bytes, server/token_bytes.py), character offsets (``at`` counts on from the tokens
+        before) and log-probabilities and, for k >= 1, per token the k most likely tokens'
+        text and the token's own (where it is not among them; None where the token has no
         log-probability). Two ids of one text keep the likelier value."""
-        toks = [self.token_str(t) for t in ids]
-        offsets, off = [], text_offset
-        for t in toks:
-            offsets.append(off)
-            off += len(t)
+        tb = self.token_bytes
+        toks = [tb.text(t) for t in ids]
+        offsets = [at.add(tb.bytes(t)) for t in ids]
         top = None
         if k >= 1:
             top = []
@@ -303,7 +306,7 @@ class OpenAIServer:
                     continue
                 d: dict[str, float] = {}
                 for tid, alt in list((a or {}).items())[:k]:
-                    d.setdefault(self.token_str(tid), alt)
+                    d.setdefault(tb.text(tid), alt)
                 d.setdefault(t, v)
                 top.append(d)
         return P.CompletionLogprobs(tokens=toks, token_logprobs=list(lps), text_offset=offsets,
@@ -333,11 +336,11 @@ class OpenAIServer:
     def _full_logprobs(self, c: Choice, req: P.CompletionRequest) -> P.CompletionLogprobs:
         """A whole completion's logprobs: with echo the prompt's first, then the generated
         tokens' (their text offsets after the prompt's)."""
+        at = CharOffsets()
         if not req.echo:
-            return self._completion_logprobs(c, 0, len(c.token_ids), req.logprobs, 0)
-        head = self._prompt_logprobs(c, req.logprobs)
-        tail = self._completion_logprobs(c, 0, len(c.token_ids), req.logprobs,
-                                         sum(len(t) for t in head.tokens))
+            return self._completion_logprobs(c, 0, len(c.token_ids), req.logprobs, at)
+        head = self._prompt_logprobs(c, req.logprobs, at)
+        tail = self._completion_logprobs(c, 0, len(c.token_ids), req.logprobs, at)
         return P.CompletionLogprobs(
             tokens=head.tokens + tail.tokens, token_logprobs=head.token_logprobs + tail.token_logprobs,
             text_offset=head.text_offset + tail.text_offset,
@@ -354,7 +357,7 @@ class OpenAIServer:
         holdback = max((len(s) for s in req.stop_list), default=1) - 1
         usage_every = bool(req.stream_options and req.stream_options.continuous_usage_stats)
         created = P.now_s()
-        text_offsets = {c.index: 0 for c in gen.choices}
+        text_offsets = {c.index: CharOffsets() for c in gen.choices}
         try:
             echo_later: set[int] = set()  # echo with logprobs: sent once the prompt's are known
             if req.echo:
@@ -367,8 +370,7 @@ class OpenAIServer:
             async for c, piece, start, end in _deltas(gen, holdback):
                 if c.index in echo_later:
                     echo_later.discard(c.index)
-                    head = self._prompt_logprobs(c, req.logprobs)
-                    text_offsets[c.index] = sum(len(t) for t in head.tokens)
+                    head = self._prompt_logprobs(c, req.logprobs, text_offsets[c.index])
                     yield _sse(P.CompletionResponse(id=rid, created=created, model=model, choices=[
                         P.CompletionChoice(index=c.index, text=c.prompt_text or "",
                                            logprobs=head)]))
@@ -376,7 +378,6 @@ class OpenAIServer:
                 if req.logprobs is not None:
                     logprobs = self._completion_logprobs(c, start, end, req.logprobs,
                                                          text_offsets[c.index])
-                    text_offsets[c.index] += sum(len(t) for t in logprobs.tokens)
                 chunk = P.CompletionResponse(
                     id=rid, created=created, model=model,
                     choices=[P.CompletionChoice(index=c.index, text=piece, logprobs=logprobs,
@@ -398,6 +399,9 @@ class OpenAIServer:
         self.check_auth(request)
         req = P.parse_request(P.ChatCompletionRequest, await self.read_body(request))
         model = self.check_model(req.model)
+        ignored = req.ignored_fields()
+        if ignored:
+            log.warning("the request's fields %s are accepted and ignored", ", ".join(ignored))
         mode = self._tool_mode(req)
         heavy = conversation.text_size(req) > INLINE_TOKENIZE_CHARS
         ids = await self.off_loop(lambda: conversation.prompt_ids(self.tokenizer, req), heavy)
@@ -413,10 +417,9 @@ class OpenAIServer:
         if forced is not None:
             params = [dataclasses.replace(p, structured_outputs=forced) for p in params]
         out = self._chat_output(req, mode, ids)
-        if out.may_reason:  # the model thinks first, then the format holds
+        if out.may_reason:  # the model may think first: the format holds after its thinking
             params = [p if p.structured_outputs is None else dataclasses.replace(
-                p, structured_outputs=dataclasses.replace(p.structured_outputs,
-                                                          starts_after=out.parser.end))
+                p, structured_outputs=self._after_reasoning(p.structured_outputs, out))
                 for p in params]
         gen = Generation(self, choices, params, arrival, req.num_choices)
         return await self._respond(
@@ -431,6 +434,18 @@ class OpenAIServer:
                     for message, reason in [out.message(c)]],
                 prompt_logprobs=self._prompt_logprob_dicts(gen.choices[0], req.prompt_logprobs)
                 if req.prompt_logprobs is not None else None))
+
+    @staticmethod
+    def _after_reasoning(so, out: ChatOutput):
+        """A constraint on an output that may hold reasoning: after the reasoning's end where
+        the output is reasoning from its start (the prompt opened it; ``deepseek_r1``); else
+        (``qwen3``, whose output is reasoning only where it opens ``<think>``, all content
+        otherwise) the output's first text decides, ``MayThinkFirst``."""
+        fields = {f.name: getattr(so, f.name) for f in dataclasses.fields(so)}
+        fields["starts_after"] = out.parser.end
+        if out.opened:
+            return StructuredOutputsParams(**fields)
+        return MayThinkFirst(**fields, opens_with=out.parser.start)
 
     def _chat_output(self, req: P.ChatCompletionRequest, mode: str | None,
                      ids: list[int]) -> ChatOutput:
@@ -467,14 +482,15 @@ class OpenAIServer:
                        ) -> P.ChatChoiceLogprobs:
         items = []
         for i, (tid, lp) in enumerate(zip(c.token_ids[start:end], c.logprobs[start:end])):
-            tok = self.token_str(tid)
+            # each token's own bytes (joined, the content's UTF-8), and its text with the
+            # bytes that are no character alone as \xNN, as OpenAI's (server/token_bytes.py)
+            tb = self.token_bytes
             alts = []
             if top:
                 for alt_id, alt in self._alternatives(c, start + i):
-                    t = self.token_str(alt_id)
-                    alts.append(P.ChatTopLogprob(token=t, logprob=alt,
-                                                 bytes=list(t.encode("utf-8"))))
-            items.append(P.ChatLogprob(token=tok, logprob=lp, bytes=list(tok.encode("utf-8")),
+                    alts.append(P.ChatTopLogprob(token=tb.text(alt_id), logprob=alt,
+                                                 bytes=list(tb.bytes(alt_id))))
+            items.append(P.ChatLogprob(token=tb.text(tid), logprob=lp, bytes=list(tb.bytes(tid)),
                                        top_logprobs=alts))
         return P.ChatChoiceLogprobs(content=items)
 
@@ -697,6 +713,14 @@ def create_app(engine: Any, *, served_model_names: Sequence[str] | None = None,
     async def models(request: Request):
         server.check_auth(request)
         return JSONResponse(server.models().model_dump())
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(request: Request, model_id: str):
+        server.check_auth(request)
+        card = next((c for c in server.models().data if c.id == model_id), None)
+        if card is None:
+            server.check_model(model_id)  # OpenAI's 404 model_not_found
+        return JSONResponse(card.model_dump())
 
     @app.get("/health")
     async def health():

@@ -80,18 +80,24 @@ class ChatOutput:
             if calls:
                 reason = "tool_calls" if finish_reason == "stop" else finish_reason
                 return P.ChatResponseMessage(content=content, tool_calls=calls), reason
-            calls = self._calls_begun(text)
-            if calls:  # a call cut short: the content before it, and the call as written
+            # a call cut short (max_tokens; abort): the content before it, and the call as
+            # written. An output that ended by itself (EOS, a stop string) with a call that
+            # does not parse is all content, as vLLM's parsers return it. (Streamed, the
+            # call's name and arguments may have gone out already as tool_calls deltas,
+            # which cannot be taken back; the stream then ends with the call's text as
+            # content and finish reason "stop", not "tool_calls", as the message does.)
+            calls = self._calls_begun(text) if finish_reason in ("length", "abort") else []
+            if calls:
                 content = text[:self.tool_parser.content_end(text, True)]
                 return P.ChatResponseMessage(content=content if content.strip() else None,
                                              tool_calls=calls), finish_reason
         return P.ChatResponseMessage(content=text), finish_reason
 
     def _calls_begun(self, text: str) -> list[P.ToolCall]:
-        """The calls an output that ended before they were complete (``max_tokens``, a stop
-        string) had begun: each whose name was written, with its arguments as far as they
-        got -- what its stream sent. (OpenAI's message keeps such a call, cut, with finish
-        reason ``length``.)"""
+        """The calls an output that ended before they were complete (``max_tokens``; with
+        'required', a stop string too) had begun: each whose name was written, with its
+        arguments as far as they got -- what its stream sent. (OpenAI's message keeps such a
+        call, cut, with finish reason ``length``.)"""
         scan = (self.tool_parser.stream(self.req) if self.mode == "auto"
                 else tools.RequiredCallStream())
         return [P.ToolCall(id=tools.new_call_id(), function=P.FunctionCall(name=n, arguments=a))

@@ -9,7 +9,9 @@ older ``guided_*``; on the chat endpoint ``echo``, ``include_reasoning``,
 ``add_generation_prompt``, ``continue_final_message`` and ``chat_template_kwargs``) follow vLLM's
 server. Requests are validated
 strictly, as OpenAI does: an unknown field, a field of the wrong type (``"max_tokens": "16"``) or
-a value out of range is a 400 naming the parameter. Parameters this engine cannot honour
+a value out of range is a 400 naming the parameter; OpenAI's chat fields that do not change the
+decoding (``store``, ``metadata``, ``service_tier``, ``reasoning_effort``, ``modalities``,
+``prompt_cache_key``, ``safety_identifier``) are accepted and ignored, with a warning. Parameters this engine cannot honour
 (``suffix``, ``best_of`` other than ``n``) are refused with a clear message rather than silently
 ignored.
 """
@@ -161,7 +163,8 @@ class _SamplingFields(_Strict):
     @classmethod
     def _check_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
         for k, b in (v or {}).items():
-            if not k.isdigit():
+            # ASCII digits only: str.isdigit() also takes "²" (int() then fails) and "１"
+            if not (k.isascii() and k.isdigit()):
                 raise ValueError(f"logit_bias keys must be token ids, got {k!r}")
             if not -100 <= b <= 100:
                 raise ValueError(f"logit_bias values must be from -100 to 100, got {b}")
@@ -295,9 +298,11 @@ class TextPart(BaseModel):
 
     @model_validator(mode="after")
     def _text_only(self):
-        if self.type != "text" or self.text is None:
+        if self.type != "text":
             raise ValueError(f"content part of type {self.type!r} is not supported "
                              "(only text parts)")
+        if self.text is None:
+            raise ValueError("a content part of type 'text' needs its text field (a string)")
         return self
 
 
@@ -382,6 +387,11 @@ class ChatTemplateFields(_Strict):
                 **(self.chat_template_kwargs or {})}
 
 
+#: OpenAI's chat fields accepted and ignored (``ChatCompletionRequest.ignored_fields``)
+IGNORED_CHAT_FIELDS = ("store", "metadata", "service_tier", "reasoning_effort", "modalities",
+                       "prompt_cache_key", "safety_identifier")
+
+
 class ChatCompletionRequest(ChatTemplateFields, _SamplingFields):
     max_tokens: Optional[int] = Field(None, ge=1)
     max_completion_tokens: Optional[int] = Field(None, ge=1)
@@ -396,6 +406,19 @@ class ChatCompletionRequest(ChatTemplateFields, _SamplingFields):
     # extension (vLLM): false leaves the reasoning out of the answer (with a reasoning parser,
     # the model still thinks; its thoughts are split off and dropped)
     include_reasoning: Optional[bool] = True
+    # OpenAI's fields that do not change what this server decodes: accepted, and ignored
+    # with a warning naming them (as vLLM does), so that clients that send them work
+    store: Optional[bool] = None
+    metadata: Optional[dict[str, str]] = None
+    service_tier: Optional[str] = None
+    reasoning_effort: Optional[str] = None
+    modalities: Optional[list[str]] = None
+    prompt_cache_key: Optional[str] = None
+    safety_identifier: Optional[str] = None
+
+    def ignored_fields(self) -> list[str]:
+        """The fields given that this server ignores (:data:`IGNORED_CHAT_FIELDS`)."""
+        return [f for f in IGNORED_CHAT_FIELDS if f in self.model_fields_set]
 
     def echoed(self) -> str:
         """The text ``echo`` puts before each choice's content ('' when none)."""
@@ -441,7 +464,9 @@ class ChatCompletionRequest(ChatTemplateFields, _SamplingFields):
 
 
 def parse_request(model: type[BaseModel], body: bytes):
-    """Validate a raw JSON body; malformed JSON or a bad field becomes a 400 :class:`APIError`."""
+    """Validate a raw JSON body; malformed JSON or a bad field becomes a 400 :class:`APIError`.
+    A field of the wrong type is described by the model's ``union_hints`` (default
+    :data:`_UNION_HINTS`, the sampling endpoints' fields) where it names the field."""
     if not body.strip():
         raise APIError("request body is empty; expected a JSON object")
     try:
@@ -465,8 +490,9 @@ def parse_request(model: type[BaseModel], body: bytes):
         msg = err.get("msg", "invalid value")
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, "):]
-        if param and param in _UNION_HINTS and etype != "value_error":
-            msg = _UNION_HINTS[param]
+        hints = getattr(model, "union_hints", _UNION_HINTS)
+        if param and param in hints and etype != "value_error":
+            msg = hints[param]
         if param:
             msg = f"{param}: {msg} (got {_short(err.get('input'))})"
         raise APIError(msg, param=param, code="invalid_value") from None

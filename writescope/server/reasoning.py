@@ -2,8 +2,10 @@
 model writes its reasoning between ``<think>`` and ``</think>`` before the answer; the chat
 endpoint returns the reasoning as the message's ``reasoning_content`` (DeepSeek's and vLLM's
 field) and the answer after it as ``content`` -- where tool calls are looked for, and where a
-``response_format`` or a forced tool call applies (the constraint starts after ``</think>``,
-``StructuredOutputsParams.starts_after``).
+``response_format`` or a forced tool call applies: after ``</think>``
+(``StructuredOutputsParams.starts_after``) where the output is reasoning from its start
+(``deepseek_r1``, or a prompt that opened it); with ``qwen3`` otherwise from the first token,
+unless the output opens ``<think>`` (``layers.grammar.MayThinkFirst``).
 
 - ``deepseek_r1``: the output is reasoning until ``</think>`` (a leading ``<think>`` dropped: the
   model may write it or the template may have); without ``</think>`` it is all reasoning.

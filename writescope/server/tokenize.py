@@ -11,7 +11,7 @@ default true, ``continue_final_message``, ``chat_template_kwargs``, ``tools``) a
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 from pydantic import Field
 
@@ -20,6 +20,10 @@ from . import protocol as P
 
 
 class TokenizeCompletionRequest(P._Strict):
+    #: what a wrong type is told (not the completions endpoint's prompt types)
+    union_hints: ClassVar[dict[str, str]] = {
+        "prompt": "must be a string (/tokenize takes a prompt string, or messages)"}
+
     model: Optional[str] = None
     prompt: str
     add_special_tokens: Optional[bool] = True

@@ -94,12 +94,13 @@ class Mistral(ToolParser):
         if not isinstance(objs, list) or not objs or not all(
                 isinstance(c, dict) and isinstance(c.get("name"), str) for c in objs):
             return text, []
-        raw = MistralCallStream().update(body)  # the arguments as the model wrote them
+        # the arguments as streaming sends them (an object as the model wrote it), unless the
+        # stream reads them otherwise (a call without arguments)
+        raw = [(n, a, done) for n, a, done in MistralCallStream().update(body) if done]
         want = [(c["name"], c.get("arguments", {})) for c in objs]
-        if any(not isinstance(a, dict) for _, a in want) or \
-                [(n, json.loads(a)) for n, a, done in raw if done] != want:
-            raw = [(n, a if isinstance(a, str) else json.dumps(a, ensure_ascii=False), True)
-                   for n, a in want]
+        if len(raw) != len(want) or any(
+                n != wn or not _same_arguments(a, wa) for (n, a, _), (wn, wa) in zip(raw, want)):
+            raw = [(n, _arguments_text(a), True) for n, a in want]
         content = text[:start]
         return (content if content.strip() else None), self._calls(raw)
 
@@ -108,8 +109,40 @@ class Mistral(ToolParser):
 
 
 class MistralCallStream(tools.RequiredCallStream):
-    """:class:`tools.RequiredCallStream` over ``{"name", "arguments"}`` objects."""
+    """:class:`tools.RequiredCallStream` over ``{"name", "arguments"}`` objects. Arguments
+    that are not an object (a model may write them as a JSON string holding the object) go
+    out once complete, as :func:`_arguments_text` gives them -- what the whole parse returns,
+    so a stream does not send a string literal's quotes that the message does not have."""
     args_key = "arguments"
+
+    def update(self, text: str) -> list[tuple[str, str, bool]]:
+        out = []
+        for name, args, done in super().update(text):
+            if not args.startswith("{"):
+                if not done:
+                    break  # the last call, its value still being written
+                try:
+                    args = _arguments_text(json.loads(args))
+                except json.JSONDecodeError:
+                    break  # not JSON (nor is the whole text: no calls)
+            out.append((name, args, done))
+        return out
+
+
+def _arguments_text(value: Any) -> str:
+    """A call's arguments as a message gives them: a JSON string is taken as their text (as
+    vLLM's parsers take it), any other value as its JSON."""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def _same_arguments(text: str, value: Any) -> bool:
+    """Whether streamed arguments ``text`` are the parsed ``value``'s."""
+    if not isinstance(value, dict):
+        return text == _arguments_text(value)
+    try:
+        return json.loads(text) == value
+    except json.JSONDecodeError:
+        return False
 
 
 class _After:
