@@ -333,6 +333,34 @@ def test_echo_with_logprobs_scores_the_prompt(client, llm):
     assert streamed == lp.token_logprobs
 
 
+def test_echo_without_generation(client, llm):
+    """max_tokens 0 with echo (vLLM's echo without generation, lm-evaluation-harness's form
+    for scoring a whole text): the prompt back with its logprobs, no token generated,
+    finish_reason "length", 0 completion tokens; streamed the same. Without echo it is a 400."""
+    prompt = "The sea was calm and the ship sailed on"
+    ref = _ref(llm, prompt, max_tokens=1, ignore_eos=True, prompt_logprobs=1)
+    n = len(ref.prompt_token_ids)
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=0, echo=True,
+                                  logprobs=1, **GREEDY)
+    c = r.choices[0]
+    assert c.text == prompt and c.finish_reason == "length"
+    assert r.usage.completion_tokens == 0 and r.usage.prompt_tokens == n
+    lp = c.logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == n and lp.token_logprobs[0] is None
+    for got, want in zip(lp.token_logprobs[1:], ref.prompt_logprobs[1:]):
+        assert got == pytest.approx(want, abs=1e-5)
+    with client.completions.create(model=MODEL, prompt=prompt, max_tokens=0, echo=True,
+                                   logprobs=1, stream=True, **GREEDY) as s:
+        chunks = [c for chunk in s for c in chunk.choices]
+    assert "".join(c.text for c in chunks) == prompt and chunks[-1].finish_reason == "length"
+    assert [v for c in chunks if c.logprobs for v in c.logprobs.token_logprobs] == \
+        lp.token_logprobs
+    plain = client.completions.create(model=MODEL, prompt=prompt, max_tokens=0, echo=True)
+    assert plain.choices[0].text == prompt and plain.usage.completion_tokens == 0
+    with pytest.raises(openai.BadRequestError, match="0 only with echo"):
+        client.completions.create(model=MODEL, prompt=prompt, max_tokens=0)
+
+
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
           "properties": {"name": {"type": "string", "maxLength": 12},
                          "age": {"type": "integer", "minimum": 0, "maximum": 120}}}

@@ -232,12 +232,16 @@ class OpenAIServer:
             short = self.truncated(ids, req.truncate_prompt_tokens)
             if len(short) < len(ids):
                 ids, text = short, None
-            max_tokens = self.resolve_max_tokens(len(ids), req.max_tokens, "prompt")
+            # echo without generation (vLLM's): the engine generates one token, never shown
+            echo_only = bool(req.echo) and req.max_tokens == 0
+            max_tokens = self.resolve_max_tokens(len(ids), 1 if echo_only else req.max_tokens,
+                                                 "prompt")
             if req.echo and text is None:
                 text = self.tokenizer.decode(ids)
             for j in range(req.num_choices):
                 idx = pi * req.num_choices + j
-                choices.append(Choice(idx, f"{base}-{idx}", ids, text, max_tokens))
+                choices.append(Choice(idx, f"{base}-{idx}", ids, text, max_tokens,
+                                      echo_only=echo_only))
                 params.append(self._params(req, max_tokens, lp, j,
                                            first_lp if j == 0 else echo_lp))
         gen = Generation(self, choices, params, arrival, req.num_choices)

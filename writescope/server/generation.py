@@ -32,6 +32,10 @@ class Choice:
     cached_tokens: int = 0  # prompt tokens found in the prefix cache
     text: str = ""
     finish_reason: str | None = None
+    #: echo without generation (completions, ``max_tokens`` 0): the engine's one token (its
+    #: prefill computes the prompt's log-probabilities) is dropped, and the choice ends
+    #: "length" with none
+    echo_only: bool = False
     # streaming cursors
     sent_text: int = 0
     sent_tokens: int = 0
@@ -123,6 +127,16 @@ class Generation:
                 for other in self.choices:
                     other.finish_reason = other.finish_reason or "abort"
                 raise item
+            if c.echo_only:
+                if item.prompt is not None:
+                    c.prompt_logprobs, c.prompt_top_logprobs, c.prompt_ranks = item.prompt
+                if item.cached_tokens:
+                    c.cached_tokens = item.cached_tokens
+                if item.finish_reason is not None:
+                    reason = str(item.finish_reason)
+                    c.finish_reason = reason if reason == "abort" else "length"
+                changed.add(tag)
+                continue
             c.token_ids.extend(item.new_token_ids)
             if item.new_logprobs:
                 c.logprobs.extend(item.new_logprobs)

@@ -261,7 +261,9 @@ Prompt = Union[str, list[str], list[int], list[list[int]]]
 
 class CompletionRequest(_SamplingFields):
     prompt: Prompt
-    max_tokens: Optional[int] = Field(16, ge=1)
+    # 0 with echo: the prompt back with its log-probabilities, nothing generated (vLLM's echo
+    # without generation, how lm-evaluation-harness scores a text)
+    max_tokens: Optional[int] = Field(16, ge=0)
     echo: Optional[bool] = False
     logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)  # vLLM's limit (OpenAI's: 5)
     best_of: Optional[int] = Field(None, ge=1)
@@ -273,6 +275,9 @@ class CompletionRequest(_SamplingFields):
             raise ValueError("best_of different from n is not supported")
         if self.suffix:
             raise ValueError("suffix is not supported by this server")
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens must be at least 1 (0 only with echo: the prompt "
+                             "back, with its logprobs, nothing generated)")
         if isinstance(self.prompt, list):
             if not self.prompt:
                 raise ValueError("prompt must not be empty")
