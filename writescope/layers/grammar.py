@@ -174,6 +174,8 @@ class Grammars:
         can compile on a worker thread (and convert the tokenizer, on the first constraint)
         while the engine's thread runs steps; a constraint that does not compile is an
         :class:`InvalidRequestError`."""
+        if isinstance(so, MayThinkFirst):  # its tag's tokens too (a decode of the vocabulary,
+            self._candidates(so.opens_with)  # once: here, off the engine's thread)
         key = _key(so)
         with self._lock:
             start = self._compiled.get(key)
