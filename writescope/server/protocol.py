@@ -22,8 +22,8 @@ import time
 import uuid
 from typing import Any, Literal, Optional, Union
 
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
-                      model_serializer, model_validator)
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo,
+                      field_validator, model_serializer, model_validator)
 
 from ..core import (MAX_LOGPROBS, SEED_RANGE, InvalidRequestError, SamplingParams,
                     StructuredOutputsParams)
@@ -261,13 +261,21 @@ Prompt = Union[str, list[str], list[int], list[list[int]]]
 
 class CompletionRequest(_SamplingFields):
     prompt: Prompt
+    echo: Optional[bool] = False  # (before max_tokens: its check reads it)
     # 0 with echo: the prompt back with its log-probabilities, nothing generated (vLLM's echo
     # without generation, how lm-evaluation-harness scores a text)
     max_tokens: Optional[int] = Field(16, ge=0)
-    echo: Optional[bool] = False
     logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)  # vLLM's limit (OpenAI's: 5)
     best_of: Optional[int] = Field(None, ge=1)
     suffix: Optional[str] = None
+
+    @field_validator("max_tokens")
+    @classmethod
+    def _zero_with_echo_only(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v == 0 and not info.data.get("echo"):
+            raise ValueError("max_tokens must be at least 1 (0 only with echo: the prompt "
+                             "back, with its logprobs, nothing generated)")
+        return v
 
     @model_validator(mode="after")
     def _completion_checks(self):
@@ -275,9 +283,6 @@ class CompletionRequest(_SamplingFields):
             raise ValueError("best_of different from n is not supported")
         if self.suffix:
             raise ValueError("suffix is not supported by this server")
-        if self.max_tokens == 0 and not self.echo:
-            raise ValueError("max_tokens must be at least 1 (0 only with echo: the prompt "
-                             "back, with its logprobs, nothing generated)")
         if isinstance(self.prompt, list):
             if not self.prompt:
                 raise ValueError("prompt must not be empty")
