@@ -159,6 +159,10 @@ def test_output_that_does_not_think_is_constrained_from_its_first_token(client, 
     (call,) = named["message"]["tool_calls"]
     assert call["function"]["name"] == "get_weather"
     assert call["function"]["arguments"].startswith("{")
+    # an answer that starts as the tag does ('<'): both stay open until the text leaves one
+    lt, streamed = _both(client, structured_outputs={"choice": ["<b>yes</b>", "<b>no</b>"]})
+    assert lt["message"]["content"] in ("<b>yes</b>", "<b>no</b>") and lt["finish_reason"] == "stop"
+    assert lt["message"]["reasoning_content"] is None and streamed["content"] == lt["message"]["content"]
     # the first non-space text is <think>: the thinking is free, the regex waits for its end
     tag = engine.tokenizer.encode("<think>", add_special_tokens=False)
     bias = {str(t): 100 for t in tag}

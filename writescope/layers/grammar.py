@@ -44,10 +44,11 @@ class MayThinkFirst(StructuredOutputsParams):
     on: the output opens ``<think>`` or is all answer, as the ``qwen3`` reasoning parser reads
     it): the output's first text that is not whitespace decides. Where it is ``opens_with``
     (``"<think>"``), the constraint waits for ``starts_after`` (``"</think>"``); otherwise it
-    holds from the first token. The first token may be one of the grammar's or one that
-    begins ``opens_with`` (whitespace before it within the token); once the tag is begun,
-    only its next tokens follow (a token that is both, a ``<`` where the grammar allows one,
-    begins the tag). Whitespace tokens alone do not wait: where the grammar allows them
+    holds from the first token. The first tokens may be the grammar's or ones that write
+    ``opens_with`` (whitespace before it within the token); while they write a part of the
+    tag that the grammar also takes (a ``<`` where an answer may start with one), both stay
+    open -- the tag's next tokens and the grammar's -- and the first token that leaves one
+    decides for the other. Whitespace tokens alone do not wait: where the grammar allows them
     they start it, as a tiny or confused model could otherwise write whitespace forever."""
 
     opens_with: str | None = None
@@ -141,7 +142,8 @@ class Grammars:
         #: requests whose constraint has not started: {seq id: the string that starts it}
         self._waiting: dict[int, str] = {}
         #: :class:`MayThinkFirst` requests whose first text is not decided yet: {seq id:
-        #: [its constraint, the part of the opening tag sampled so far]}
+        #: [its constraint, the part of the opening tag sampled so far, whether the grammar
+        #: also accepts the tokens so far (its matcher advanced on them)]}
         self._opening: dict[int, list] = {}
         #: per opening tag (:class:`MayThinkFirst`), read once from the vocabulary: the
         #: tokens that may write a piece of the tag, with their text
@@ -199,7 +201,7 @@ class Grammars:
         self._matchers[seq_id] = self.prepare(so).deep_copy()
         if isinstance(so, MayThinkFirst):
             self._candidates(so.opens_with)
-            self._opening[seq_id] = [so, ""]
+            self._opening[seq_id] = [so, "", True]
         elif so.starts_after:
             self._waiting[seq_id] = so.starts_after
 
@@ -225,15 +227,16 @@ class Grammars:
 
     def _opening_tokens(self, seq_id: int) -> tuple[bool, dict[int, str]]:
         """An undecided :class:`MayThinkFirst` row: (whether the grammar's tokens are still
-        allowed, i.e. the tag is not begun; the tokens, with their text, that write its opening
-        tag on from the text so far)."""
-        so, begun = self._opening[seq_id]
+        allowed -- it accepts the text so far, a begun tag included: a ``<`` may begin the tag
+        or the answer; the tokens, with their text, that write the opening tag on from the
+        text so far)."""
+        so, begun, alive = self._opening[seq_id]
         tag, out = so.opens_with, {}
         for i, t in self._candidates(tag):
             s = begun + t if begun else t.lstrip()
             if tag.startswith(s) or s.startswith(tag):
                 out[i] = t
-        return not begun, out
+        return alive, out
 
     def active(self, seq_id: int) -> bool:
         """Whether ``seq_id``'s next token is masked (its constraint has started)."""
@@ -294,15 +297,18 @@ class Grammars:
         """``token`` was sampled for ``seq_id``: advance its matcher (if it has started)."""
         opening = self._opening.get(seq_id)
         if opening is not None:  # MayThinkFirst: the opening tag waits, any other token starts
-            grammar_too, extra = self._opening_tokens(seq_id)
-            if token in extra:
-                opening[1] = (opening[1] + extra[token]).lstrip()
+            _, extra = self._opening_tokens(seq_id)
+            if token in extra:  # the tag goes on; the answer too while the grammar takes it
                 so = opening[0]
-                if opening[1].startswith(so.opens_with):  # thinking: wait for its end
+                opening[1] = (opening[1] + extra[token]).lstrip()
+                if opening[2]:
+                    opening[2] = bool(self._matchers[seq_id].consume_token(token))
+                if opening[1].startswith(so.opens_with):  # thinking: the answer comes after
                     del self._opening[seq_id]
+                    self._matchers[seq_id] = self.prepare(so).deep_copy()
                     self._waiting[seq_id] = so.starts_after
                 return
-            del self._opening[seq_id]
+            del self._opening[seq_id]  # the answer, its matcher advanced on the tokens so far
         m = self._matchers.get(seq_id) if seq_id not in self._waiting else None
         if m is not None and not m.consume_token(token):
             log.warning("structured outputs: sequence %d's token %d was not accepted: %s",
@@ -311,4 +317,7 @@ class Grammars:
     def done(self, seq_id: int) -> bool:
         """Whether ``seq_id``'s text is complete (its matcher accepts nothing more, or failed)."""
         m = self._matchers.get(seq_id)
+        opening = self._opening.get(seq_id)
+        if opening is not None and not opening[2]:  # only the tag goes on (its matcher failed)
+            return False
         return m is not None and seq_id not in self._waiting and m.is_stopped()
