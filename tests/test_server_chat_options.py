@@ -381,13 +381,31 @@ def test_logprobs_give_each_tokens_own_bytes(client):
     assert offsets == [0, 0, 0, 0, 1, 1]
 
 
+def test_logprobs_of_special_tokens_follow_the_text(client):
+    """A special token's logprob entry has the bytes the text gives it: none where the text
+    leaves it out (skip_special_tokens, the default), its text where the text keeps it; an
+    echoed prompt keeps it (the prompt's own text), and the offsets after it count it."""
+    im_start = 1  # <|im_start|> in the tiny tokenizer (special)
+    for skip, want in ((False, "<|im_start|>" * 2), (True, "")):
+        ch = _post(client, "/v1/chat/completions", messages=CONV[:1], temperature=0,
+                   max_tokens=2, logprobs=True, skip_special_tokens=skip,
+                   logit_bias={str(im_start): 100})["choices"][0]
+        lp = ch["logprobs"]["content"]
+        assert ch["message"]["content"] == want
+        assert b"".join(bytes(t["bytes"]) for t in lp) == want.encode()
+    ch = _post(client, "/v1/completions", prompt="A<|im_start|>B", max_tokens=0, echo=True,
+               logprobs=0)["choices"][0]
+    assert ch["text"] == "A<|im_start|>B" and ch["logprobs"]["tokens"] == ["A", "<|im_start|>", "B"]
+    assert ch["logprobs"]["text_offset"] == [0, 1, 13]
+
+
 def test_token_bytes_of_sentencepiece_byte_fallback():
     """Mixtral's kind of vocabulary: ``<0xNN>`` tokens are that byte, ``▁`` a space."""
     from types import SimpleNamespace
     from writescope.server.token_bytes import CharOffsets, TokenBytes
     pieces = {0: "<0xF0>", 1: "<0x9F>", 2: "<0x90>", 3: "<0xB1>", 4: "▁cat"}
     hf = SimpleNamespace(convert_ids_to_tokens=pieces.get, added_tokens_decoder={})
-    tb = TokenBytes(SimpleNamespace(hf=hf, decode=lambda ids: "?"))
+    tb = TokenBytes(SimpleNamespace(hf=hf, decode=lambda ids, skip_special_tokens=True: "?"))
     assert b"".join(tb.bytes(i) for i in range(5)) == "🐱 cat".encode()
     assert [tb.text(i) for i in (0, 4)] == ["\\xf0", " cat"]
     at = CharOffsets(3)

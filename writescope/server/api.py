@@ -237,7 +237,9 @@ class OpenAIServer:
             max_tokens = self.resolve_max_tokens(len(ids), 1 if echo_only else req.max_tokens,
                                                  "prompt")
             if req.echo and text is None:
-                text = self.tokenizer.decode(ids)
+                # the prompt as it is, special tokens' text included (the prompt's logprobs
+                # count them)
+                text = self.tokenizer.decode(ids, skip_special_tokens=False)
             for j in range(req.num_choices):
                 idx = pi * req.num_choices + j
                 choices.append(Choice(idx, f"{base}-{idx}", ids, text, max_tokens,
@@ -276,10 +278,10 @@ class OpenAIServer:
             raise P.invalid_request(e) from None
 
     def _completion_logprobs(self, c: Choice, start: int, end: int, k: int,
-                             at: CharOffsets) -> P.CompletionLogprobs:
+                             at: CharOffsets, skip: bool) -> P.CompletionLogprobs:
         ids = c.token_ids[start:end]
         alts = [dict(self._alternatives(c, i)) for i in range(start, end)]
-        return self._logprob_entries(ids, c.logprobs[start:end], alts, k, at)
+        return self._logprob_entries(ids, c.logprobs[start:end], alts, k, at, skip)
 
     def _prompt_logprobs(self, c: Choice, k: int, at: CharOffsets) -> P.CompletionLogprobs:
         """Echo with logprobs: the prompt's tokens, each one's log-probability given those
@@ -288,19 +290,19 @@ class OpenAIServer:
         n = len(c.prompt_ids)
         lps = list(c.prompt_logprobs) if c.prompt_logprobs is not None else [None] * n
         return self._logprob_entries(c.prompt_ids, lps, c.prompt_top_logprobs or [None] * n,
-                                     k, at)
+                                     k, at, False)
 
     def _logprob_entries(self, ids: list[int], lps: list[float | None],
                          alts: list[dict[int, float] | None], k: int,
-                         at: CharOffsets) -> P.CompletionLogprobs:
+                         at: CharOffsets, skip: bool) -> P.CompletionLogprobs:
         """The completions endpoint's logprobs for tokens ``ids``: their text (a token's own
-        bytes, server/token_bytes.py), character offsets (``at`` counts on from the tokens
-        before) and log-probabilities and, for k >= 1, per token the k most likely tokens'
+        bytes, server/token_bytes.py; a special token's none with ``skip``, as the text leaves
+        it out), character offsets (``at`` counts on from the tokens before) and log-probabilities and, for k >= 1, per token the k most likely tokens'
         text and the token's own (where it is not among them; None where the token has no
         log-probability). Two ids of one text keep the likelier value."""
         tb = self.token_bytes
-        toks = [tb.text(t) for t in ids]
-        offsets = [at.add(tb.bytes(t)) for t in ids]
+        toks = [tb.text(t, skip) for t in ids]
+        offsets = [at.add(tb.bytes(t, skip)) for t in ids]
         top = None
         if k >= 1:
             top = []
@@ -310,7 +312,7 @@ class OpenAIServer:
                     continue
                 d: dict[str, float] = {}
                 for tid, alt in list((a or {}).items())[:k]:
-                    d.setdefault(tb.text(tid), alt)
+                    d.setdefault(tb.text(tid, skip), alt)
                 d.setdefault(t, v)
                 top.append(d)
         return P.CompletionLogprobs(tokens=toks, token_logprobs=list(lps), text_offset=offsets,
@@ -342,9 +344,10 @@ class OpenAIServer:
         tokens' (their text offsets after the prompt's)."""
         at = CharOffsets()
         if not req.echo:
-            return self._completion_logprobs(c, 0, len(c.token_ids), req.logprobs, at)
+            return self._completion_logprobs(c, 0, len(c.token_ids), req.logprobs, at,
+                                             _skips(req))
         head = self._prompt_logprobs(c, req.logprobs, at)
-        tail = self._completion_logprobs(c, 0, len(c.token_ids), req.logprobs, at)
+        tail = self._completion_logprobs(c, 0, len(c.token_ids), req.logprobs, at, _skips(req))
         return P.CompletionLogprobs(
             tokens=head.tokens + tail.tokens, token_logprobs=head.token_logprobs + tail.token_logprobs,
             text_offset=head.text_offset + tail.text_offset,
@@ -381,7 +384,7 @@ class OpenAIServer:
                 logprobs = None
                 if req.logprobs is not None:
                     logprobs = self._completion_logprobs(c, start, end, req.logprobs,
-                                                         text_offsets[c.index])
+                                                         text_offsets[c.index], _skips(req))
                 chunk = P.CompletionResponse(
                     id=rid, created=created, model=model,
                     choices=[P.CompletionChoice(index=c.index, text=piece, logprobs=logprobs,
@@ -432,7 +435,8 @@ class OpenAIServer:
                 id=base, model=model, usage=gen.usage(),
                 choices=[P.ChatChoice(
                     index=c.index, message=message, finish_reason=reason,
-                    logprobs=self._chat_logprobs(c, 0, len(c.token_ids), req.top_logprobs)
+                    logprobs=self._chat_logprobs(c, 0, len(c.token_ids), req.top_logprobs,
+                                                 _skips(req))
                     if req.logprobs else None)
                     for c in gen.choices
                     for message, reason in [out.message(c)]],
@@ -482,7 +486,7 @@ class OpenAIServer:
             return "auto"
         return None
 
-    def _chat_logprobs(self, c: Choice, start: int, end: int, top: int | None
+    def _chat_logprobs(self, c: Choice, start: int, end: int, top: int | None, skip: bool
                        ) -> P.ChatChoiceLogprobs:
         items = []
         for i, (tid, lp) in enumerate(zip(c.token_ids[start:end], c.logprobs[start:end])):
@@ -492,9 +496,10 @@ class OpenAIServer:
             alts = []
             if top:
                 for alt_id, alt in self._alternatives(c, start + i):
-                    alts.append(P.ChatTopLogprob(token=tb.text(alt_id), logprob=alt,
-                                                 bytes=list(tb.bytes(alt_id))))
-            items.append(P.ChatLogprob(token=tb.text(tid), logprob=lp, bytes=list(tb.bytes(tid)),
+                    alts.append(P.ChatTopLogprob(token=tb.text(alt_id, skip), logprob=alt,
+                                                 bytes=list(tb.bytes(alt_id, skip))))
+            items.append(P.ChatLogprob(token=tb.text(tid, skip), logprob=lp,
+                                       bytes=list(tb.bytes(tid, skip)),
                                        top_logprobs=alts))
         return P.ChatChoiceLogprobs(content=items)
 
@@ -519,7 +524,7 @@ class OpenAIServer:
                     yield chunk([P.ChatStreamChoice(index=c.index,
                                                     delta=P.ChatDelta(content=echoed))])
             async for c, _piece, start, end in _deltas(gen, holdback):
-                logprobs = (self._chat_logprobs(c, start, end, req.top_logprobs)
+                logprobs = (self._chat_logprobs(c, start, end, req.top_logprobs, _skips(req))
                             if req.logprobs else None)
                 delta, reason = out.delta(c)
                 if delta is None and logprobs is None and reason is None:
@@ -593,6 +598,11 @@ def _text_delta(c: Choice, holdback: int) -> str:
     piece = text[c.sent_text:end]
     c.sent_text = end
     return piece
+
+
+def _skips(req) -> bool:
+    """Whether the request's text leaves special tokens out (its ``skip_special_tokens``)."""
+    return req.skip_special_tokens is not False
 
 
 def _error_body(e: Exception) -> dict:

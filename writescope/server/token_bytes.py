@@ -42,7 +42,7 @@ class TokenBytes:
         #: added tokens (specials, <think>...): their text, as decode gives it
         self._added = set(getattr(self._hf, "added_tokens_decoder", None) or ())
         self._byte_level = self._is_byte_level()
-        self._cache: dict[int, bytes] = {}
+        self._cache: dict[tuple[int, bool], bytes] = {}
 
     def _is_byte_level(self) -> bool:
         backend = getattr(self._hf, "backend_tokenizer", None)
@@ -52,18 +52,21 @@ class TokenBytes:
             return False
         return isinstance(getattr(backend, "decoder", None), decoders.ByteLevel)
 
-    def bytes(self, tid: int) -> bytes:
-        b = self._cache.get(tid)
+    def bytes(self, tid: int, skip_special: bool = True) -> bytes:
+        """The token's bytes; a special token's are none with ``skip_special`` (as the text
+        it is part of leaves it out: the request's ``skip_special_tokens``), else its text's."""
+        key = (tid, bool(skip_special))
+        b = self._cache.get(key)
         if b is None:
-            b = self._cache[tid] = self._bytes(tid)
+            b = self._cache[key] = self._bytes(tid, bool(skip_special))
         return b
 
-    def _bytes(self, tid: int) -> bytes:
+    def _bytes(self, tid: int, skip_special: bool) -> bytes:
         piece = None
         if self._hf is not None and tid not in self._added:
             piece = self._hf.convert_ids_to_tokens(tid)
         if not isinstance(piece, str):  # an added token, or no vocabulary to read
-            return self.tokenizer.decode([tid]).encode("utf-8")
+            return self.tokenizer.decode([tid], skip_special_tokens=skip_special).encode("utf-8")
         if self._byte_level:
             table = _byte_decoder()
             if all(ch in table for ch in piece):
@@ -74,10 +77,10 @@ class TokenBytes:
             return bytes([int(m.group(1), 16)])
         return piece.replace("\u2581", " ").encode("utf-8")  # metaspace: a space
 
-    def text(self, tid: int) -> str:
+    def text(self, tid: int, skip_special: bool = True) -> str:
         """The token's text: its bytes as UTF-8, bytes that are no character alone as
         ``\\xNN`` (OpenAI's form)."""
-        return self.bytes(tid).decode("utf-8", errors="backslashreplace")
+        return self.bytes(tid, skip_special).decode("utf-8", errors="backslashreplace")
 
 
 class CharOffsets:
