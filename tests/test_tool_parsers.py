@@ -114,6 +114,10 @@ def test_mistral_reads_the_array_after_its_marker():
     _, calls = _agree(p, '[TOOL_CALLS] [{"name": "get_time", "arguments": [1,2]}, '
                          '{"name": "get_weather", "arguments": {"city":"Oslo"}}]')
     assert calls == [("get_time", "[1, 2]"), ("get_weather", '{"city":"Oslo"}')]
+    # a call without arguments has none ({}), streamed and not, and the calls keep their order
+    _, calls = _agree(p, '[TOOL_CALLS] [{"name": "get_time"}, '
+                         '{"name": "get_weather", "arguments": {"city":"Oslo"}}]')
+    assert calls == [("get_time", "{}"), ("get_weather", '{"city":"Oslo"}')]
     # the marker is a special token: a request this parser reads keeps them in its text
     req = _req()
     p.adjust_request(req)

@@ -115,6 +115,15 @@ class MistralCallStream(tools.RequiredCallStream):
     so a stream does not send a string literal's quotes that the message does not have."""
     args_key = "arguments"
 
+    def _close_object(self, text: str) -> bool:
+        # a call without "arguments" has none: {} (what the whole parse gives it)
+        if self.name is not None and self.params is None:
+            self.done.append((self.name, "{}", True))
+            self._new_object()
+            self.i, self.state = self.i + 1, "after_object"
+            return True
+        return super()._close_object(text)
+
     def update(self, text: str) -> list[tuple[str, str, bool]]:
         out = []
         for name, args, done in super().update(text):
