@@ -234,6 +234,11 @@ def test_limits(llm):
     # max_tokens is clipped to the context
     o = llm.generate([[5] * 250], SamplingParams(temperature=0, max_tokens=100, ignore_eos=True))[0]
     assert len(o.token_ids) == 6 and o.finish_reason == "length"
+    # a prompt of the whole context gets its one token, never written (as vLLM)
+    o = llm.generate([[5] * 256], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True,
+                                                 prompt_logprobs=0))[0]
+    assert len(o.token_ids) == 1 and o.finish_reason == "length"
+    assert len(o.prompt_logprobs) == 256
 
 
 def test_request_that_can_never_fit_the_budgets(tiny_qwen3_moe):

@@ -357,6 +357,11 @@ def test_echo_without_generation(client, llm):
         lp.token_logprobs
     plain = client.completions.create(model=MODEL, prompt=prompt, max_tokens=0, echo=True)
     assert plain.choices[0].text == prompt and plain.usage.completion_tokens == 0
+    # past the context: refused as any prompt is (the whole context is scored: its one token
+    # is never written, test_engine.test_limits; this server's KV budgets hold less)
+    with pytest.raises(openai.BadRequestError, match="maximum context length"):
+        client.completions.create(model=MODEL, prompt=[5] * (MAX_LEN + 1), max_tokens=0,
+                                  echo=True)
     with pytest.raises(openai.BadRequestError, match="0 only with echo"):
         client.completions.create(model=MODEL, prompt=prompt, max_tokens=0)
 

@@ -440,10 +440,12 @@ class LLMEngine(EngineSizing):
             keep = self.max_model_len - 1 if keep == -1 else keep
             if len(ids) > keep:
                 ids, text = ids[-keep:], None
-        if len(ids) >= self.max_model_len:
+        if len(ids) > self.max_model_len:
             raise RequestTooLargeError(f"the prompt has {len(ids)} tokens; this model's context "
                                        f"(max_model_len) is {self.max_model_len}")
-        room = self.max_model_len - len(ids)
+        # a prompt of the whole context still gets its one token, as under vLLM: it is sampled
+        # and never written (the server's echo without generation scores such a prompt)
+        room = max(1, self.max_model_len - len(ids))
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         if not self.cache.can_ever_fit(kv_tokens(len(ids), max_tokens)):
             raise RequestTooLargeError(

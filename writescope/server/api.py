@@ -234,8 +234,10 @@ class OpenAIServer:
                 ids, text = short, None
             # echo without generation (vLLM's): the engine generates one token, never shown
             echo_only = bool(req.echo) and req.max_tokens == 0
-            max_tokens = self.resolve_max_tokens(len(ids), 1 if echo_only else req.max_tokens,
-                                                 "prompt")
+            if echo_only and 0 < len(ids) <= self.max_model_len:  # the whole context may be scored
+                max_tokens = 1
+            else:
+                max_tokens = self.resolve_max_tokens(len(ids), req.max_tokens, "prompt")
             if req.echo and text is None:
                 # the prompt as it is, special tokens' text included (the prompt's logprobs
                 # count them)
