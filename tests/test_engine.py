@@ -216,10 +216,17 @@ def test_sampling_params_take_numpy_integers_and_name_bad_lists():
                        stop_token_ids=[np.int64(4)])
     assert (p.max_tokens, p.n, p.seed, p.stop_token_ids) == (5, 2, 3, [4])
     assert all(type(v) is int for v in (p.max_tokens, p.n, p.seed, p.stop_token_ids[0]))
+    q = SamplingParams(temperature=np.float32(0.5), top_p=torch.tensor(0.9),
+                       allowed_token_ids=[np.int64(3)], logit_bias={np.int64(3): np.float32(1)})
+    assert (q.temperature, q.allowed_token_ids, q.logit_bias) == (0.5, [3], {3: 1.0})
+    assert type(q.temperature) is float and type(q.top_p) is float
     for kw, msg in ((dict(stop=5), "stop must be a list of strings, got 5"),
                     (dict(stop_token_ids=5), "stop_token_ids must be a list of token ids"),
                     (dict(stop_token_ids=[True]), "non-negative integers"),
-                    (dict(max_tokens=torch.tensor(3.5)), "max_tokens must be a positive integer")):
+                    (dict(max_tokens=torch.tensor(3.5)), "max_tokens must be a positive integer"),
+                    (dict(max_tokens=np.True_), "max_tokens must be a positive integer"),
+                    (dict(max_tokens=torch.tensor(True)), "max_tokens must be a positive integer"),
+                    (dict(max_tokens=torch.tensor([5])), "max_tokens must be a positive integer")):
         with pytest.raises(InvalidRequestError, match=msg):
             SamplingParams(**kw)
 

@@ -95,14 +95,37 @@ _INT_PARAMS = ("top_k", "max_tokens", "seed", "n", "logprobs", "prompt_logprobs"
                "truncate_prompt_tokens")
 
 
+#: SamplingParams' real-valued fields (numpy and torch scalars are taken as floats)
+_FLOAT_PARAMS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                 "repetition_penalty")
+
+
+def _scalar(v) -> bool:
+    """Whether ``v`` is a numpy or torch scalar that is not a bool (a 0-dim array or tensor,
+    or numpy's scalar types; not a one-element array, not a bool of any kind)."""
+    if isinstance(v, (bool, int, float, str)) or v is None:
+        return False
+    return getattr(v, "ndim", 0) == 0 and "bool" not in str(getattr(v, "dtype", ""))
+
+
 def as_int(v):
-    """An integer-like value (numpy, torch) as an int; anything else as it is, for validation
+    """An integer scalar of numpy or torch as an int; anything else as it is, for validation
     to refuse."""
-    if v is None or isinstance(v, (int, float, str)) or not hasattr(type(v), "__index__"):
+    if not _scalar(v) or not hasattr(type(v), "__index__"):
         return v
     try:
         return operator.index(v)
     except TypeError:  # (a float tensor has __index__, and refuses)
+        return v
+
+
+def as_float(v):
+    """A real scalar of numpy or torch (not a bool) as a float; anything else as it is."""
+    if not _scalar(v):
+        return v
+    try:
+        return float(v)
+    except (TypeError, ValueError):
         return v
 
 
@@ -160,9 +183,11 @@ class SamplingParams:
     truncate_prompt_tokens: int | None = None
 
     def __post_init__(self) -> None:
-        # numpy / torch integers as Python ints (a bool stays a bool, and is refused below)
+        # numpy / torch scalars as Python ints and floats (a bool stays, and is refused below)
         for name in _INT_PARAMS:
             setattr(self, name, as_int(getattr(self, name)))
+        for name in _FLOAT_PARAMS:
+            setattr(self, name, as_float(getattr(self, name)))
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         for name in ("stop", "stop_token_ids"):
@@ -173,9 +198,9 @@ class SamplingParams:
         self.stop = list(self.stop or [])
         self.stop_token_ids = [as_int(t) for t in self.stop_token_ids or []]
         if isinstance(self.logit_bias, dict):
-            self.logit_bias = dict(self.logit_bias) or None
+            self.logit_bias = {as_int(t): as_float(b) for t, b in self.logit_bias.items()} or None
         if isinstance(self.allowed_token_ids, (list, tuple)):
-            self.allowed_token_ids = list(self.allowed_token_ids)
+            self.allowed_token_ids = [as_int(t) for t in self.allowed_token_ids]
         if isinstance(self.bad_words, (list, tuple)):
             self.bad_words = list(self.bad_words) or None
         self.validate()
@@ -183,8 +208,7 @@ class SamplingParams:
     def validate(self) -> None:
         def bad(msg: str) -> InvalidRequestError:
             return InvalidRequestError(msg)
-        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
-                     "repetition_penalty"):
+        for name in _FLOAT_PARAMS:
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
                 raise bad(f"{name} must be a finite number, got {v!r}")
