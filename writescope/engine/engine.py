@@ -291,7 +291,6 @@ class LLMEngine(EngineSizing):
                          "engine.overlapped_steps": 0}
         freeze_gc()
 
-
     def _fit_max_model_len(self, given: bool) -> None:
         """Where the KV budgets cannot hold one sequence of ``max_model_len`` tokens: the
         derived default comes down to what they hold, as vLLM's ``--max-model-len auto`` does (a
