@@ -6,7 +6,6 @@ their KV blocks back at once. Not thread-safe: the server runs it on one thread.
 """
 from __future__ import annotations
 
-import operator
 import os
 import sys
 import time
@@ -114,12 +113,9 @@ class LLMEngine(EngineSizing):
                 reserve_launch_core()
         cfg = self.config
         if max_model_len is not None:  # (0 is refused below, not taken for "the default")
-            try:
-                if isinstance(max_model_len, bool):
-                    raise TypeError
-                max_model_len = operator.index(max_model_len)
-            except TypeError:
-                raise ValueError(f"max_model_len must be an integer, got {max_model_len!r}") from None
+            max_model_len = as_int(max_model_len)
+            if not isinstance(max_model_len, int) or isinstance(max_model_len, bool):
+                raise ValueError(f"max_model_len must be an integer, got {max_model_len!r}")
         # vLLM's derived default when not given
         self.max_model_len = cfg.max_positions if max_model_len is None else max_model_len
         win = cfg.sliding_window

@@ -198,9 +198,8 @@ class Grammars:
     def admit(self, seq_id: int, so: StructuredOutputsParams) -> None:
         """Give ``seq_id`` a matcher of ``so`` in its start state (:meth:`prepare`), waiting
         for ``so.starts_after`` where it has one."""
-        self._matchers[seq_id] = self.prepare(so).deep_copy()
+        self._matchers[seq_id] = self.prepare(so).deep_copy()  # (and a tag's tokens: prepare)
         if isinstance(so, MayThinkFirst):
-            self._candidates(so.opens_with)
             self._opening[seq_id] = [so, "", True]
         elif so.starts_after:
             self._waiting[seq_id] = so.starts_after
