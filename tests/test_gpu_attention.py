@@ -343,6 +343,35 @@ def test_fast_launch_off_goes_through_the_jit(monkeypatch):
             assert row["dependent"] is False
 
 
+def test_a_bound_launch_runs_the_kernel_the_unbound_one_keeps():
+    """``FastLaunch.bind`` (the attention launches' named arguments fixed once): the same
+    results, the kept kernel reused, a misaligned tensor compiled for separately."""
+    _triton()
+    import triton
+    import triton.language as tl
+
+    from writescope.attention.launch import FastLaunch
+
+    @triton.jit
+    def axpy2(X, Y, a, N, BLOCK: tl.constexpr):
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = i < N
+        tl.store(Y + i, tl.load(X + i, mask=m) * a + tl.load(Y + i, mask=m), mask=m)
+
+    x = torch.arange(101, dtype=torch.float32, device="cuda")
+    k = FastLaunch(axpy2)
+    b = k.bind(BLOCK=32, num_warps=2)
+    y = torch.zeros_like(x)
+    k[(4,)](x, y, 2.0, 100, BLOCK=32, num_warps=2)
+    for _ in range(2):
+        b[(4,)](x, y, 2.0, 100)
+    assert torch.equal(y[:100], 6 * x[:100]) and (k.direct, k.jit) == (2, 1)
+    z = torch.zeros_like(x)
+    for _ in range(2):
+        b[(4,)](x[1:], z, 1.0, 100)  # 4 bytes off alignment: its own compiled form
+    assert torch.equal(z[:100], 2 * x[1:]) and (k.direct, k.jit) == (3, 2)
+
+
 @pytest.mark.parametrize("shape", ["gqa", "mla"])
 def test_the_spilled_bench_runs_both_step_forms_and_checks_each(monkeypatch, shape):
     """bench_spilled on a small batch (4 x 2K): streamed, then the hybrid shares in the single

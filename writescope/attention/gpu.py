@@ -39,7 +39,7 @@ import torch
 
 from ..kvcache.regions import KVSpec
 from .batch import BlockBatch
-from .launch import pdl_args
+from .launch import launch_flags
 
 LOG2E = 1.4426950408889634
 
@@ -432,15 +432,17 @@ def launch_partials(q: torch.Tensor, kv: torch.Tensor, spec: KVSpec, plan: Chunk
                     kv_blocks: torch.Tensor, kv_lens: torch.Tensor, scale: float,
                     part_out: torch.Tensor, part_lse: torch.Tensor, qmax: int,
                     config: KernelConfig | None = None,
-                    second: tuple[torch.Tensor, int] | None = None) -> None:
+                    second: tuple[torch.Tensor, int] | None = None,
+                    flags: tuple[bool, bool] | None = None) -> None:
     """Write the partials of ``plan``'s chunks. ``q [nq, Hq, Dk]`` in the pool's dtype;
     ``kv`` one layer of a GPU-layout pool ``[N, bs, H, R]`` (contiguous); ``part_out
     [P, Hq, Dv]`` / ``part_lse [P, Hq]`` fp32 with ``P >= (plan.base + chunks) * qmax``.
     ``second = (kv2, c)``: chunks ``c`` and later read ``kv2`` (another pool's layer of the same
-    record layout) instead, in the same launch; ``kv_blocks`` then holds both pools' ids."""
+    record layout) instead, in the same launch; ``kv_blocks`` then holds both pools' ids.
+    ``flags``: :func:`~.launch.launch_flags` of the device, read once per step by the caller
+    (default: read now)."""
     if plan.num_chunks == 0:
         return
-    partial_kernel, _ = _kernels()
     nq, hq, dk = q.shape
     n, bs, hkv, rec = kv.shape
     assert kv.is_contiguous() and q.stride(-1) == 1 and dk == spec.k_dim
@@ -448,19 +450,32 @@ def launch_partials(q: torch.Tensor, kv: torch.Tensor, spec: KVSpec, plan: Chunk
     assert kv2.is_contiguous() and kv2.shape[1:] == kv.shape[1:] and kv2.dtype == kv.dtype
     group = hq // hkv
     cfg = config or default_config(spec, group, qmax)
-    da, db, share = _split_k(spec)
+    on, early = flags if flags is not None else launch_flags(part_out.device)
+    launch = _partials_launch(spec, bs, hkv, rec, hq, group, qmax, kv.dtype == torch.float32,
+                              second is not None, cfg, on, early)
     grid = (plan.num_chunks, hkv, triton_cdiv(qmax * group, cfg.block_m))
-    partial_kernel[grid](
-        q, kv, kv2, kv_blocks, kv_lens, plan.kv0, plan.kv1, plan.q0, plan.qn, part_out,
-        part_lse, plan.base, second_from, q.stride(0), q.stride(1), scale * LOG2E,
+    launch.launch(grid, (q, kv, kv2, kv_blocks, kv_lens, plan.kv0, plan.kv1, plan.q0, plan.qn,
+                         part_out, part_lse, plan.base, second_from, q.stride(0), q.stride(1),
+                         scale * LOG2E))
+
+
+@functools.lru_cache(maxsize=256)  # a step's few shapes, for every layer
+def _partials_launch(spec: KVSpec, bs: int, hkv: int, rec: int, hq: int, group: int, qmax: int,
+                     fp32: bool, two_pools: bool, cfg: KernelConfig, pdl: bool, early: bool):
+    """The partials kernel with its named arguments bound (``launch.Bound``)."""
+    partial_kernel, _ = _kernels()
+    da, db, share = _split_k(spec)
+    extra = {"PDL": True, "launch_pdl": True, "EARLY": early} if pdl else \
+        {"PDL": False, "EARLY": False}
+    return partial_kernel.bind(
         BS=bs, TOK_STRIDE=hkv * rec, REC=rec, HQ=hq, GROUP=group, QMAX=qmax,
         K_OFF=spec.k_offset, DA=da, BLOCK_DA=max(16, _next_pow2(da)),
         DB=db, BLOCK_DB=max(16, _next_pow2(db)) if db else 16,
         V_OFF=spec.v_offset, DV=spec.v_dim, BLOCK_DV=max(16, _next_pow2(spec.v_dim)),
         SHARE_V=share, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         # fp32 KV (the exact-parity runs) must not be rounded to TF32 inside tl.dot
-        PREC="ieee" if kv.dtype == torch.float32 else "tf32", TWO_POOLS=second is not None,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(part_out, early=True))
+        PREC="ieee" if fp32 else "tf32", TWO_POOLS=two_pools,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra)
 
 
 @dataclass(frozen=True)
@@ -499,7 +514,8 @@ def launch_reduce(part_out: torch.Tensor, part_lse: torch.Tensor, row_indptr: to
                   extra: tuple[torch.Tensor, torch.Tensor] | None = None,
                   config: ReduceConfig | None = None,
                   self_terms: tuple[torch.Tensor, torch.Tensor, KVSpec, float] | None = None,
-                  write: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
+                  write: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                  flags: tuple[bool, bool] | None = None) -> None:
     """Merge every row's partials (and ``extra``, a merged partial per row) into ``out``/``lse``.
 
     ``self_terms = (q, records, spec, scale)`` (a decode step: one new token a row): each row's
@@ -508,42 +524,60 @@ def launch_reduce(part_out: torch.Tensor, part_lse: torch.Tensor, row_indptr: to
     dtype (``q``'s); no LSE is written (``lse`` may be None). With them, ``write = (rows,
     src, dst)`` also copies ``records[src[i]]`` to ``rows[dst[i]]`` for every row ``i``
     (``rows [slots, Hkv, R]``, ``src``/``dst`` int64): the W tails' new records, as
-    :func:`~.resident.write_rows` does, in the same launch."""
-    _, reduce_kernel = _kernels()
+    :func:`~.resident.write_rows` does, in the same launch. ``flags`` as for
+    :func:`launch_partials`."""
     nq, hq, dv = out.shape
     if nq == 0:
         return
     c = config or reduce_config(nq, hq, dv)
+    sspec = wr = None
     if self_terms is not None:
         sq, srec, sspec, sscale = self_terms
         if sq.stride(-1) != 1 or srec.stride(-1) != 1 or hq % sspec.num_kv_heads:
             raise ValueError("self terms need rows of contiguous heads and whole KV groups")
         sargs = (sq, srec, sq.stride(0), sq.stride(1), srec.stride(0), srec.stride(1),
                  float(sscale))
-        skw = dict(SELF=True, GROUP=hq // sspec.num_kv_heads, K_OFF=sspec.k_offset,
-                   DK=sspec.k_dim, BLOCK_DK=max(16, _next_pow2(sspec.k_dim)),
-                   V_OFF=sspec.v_offset)
         lse = out if lse is None else lse  # never written
         if write is not None:
             wrows, wsrc, wdst = write
             if wrows.stride(-1) != 1 or wrows.shape[1:] != srec.shape[1:]:
                 raise ValueError("records go to rows of the records' layout")
             sargs += (wrows, wsrc, wdst, wrows.stride(0), wrows.stride(1))
-            skw.update(WRITE=True, R=srec.shape[-1], BLOCK_R=max(16, _next_pow2(srec.shape[-1])))
+            wr = srec.shape[-1]
         else:
             sargs += (out, out, out, 0, 0)
-            skw.update(WRITE=False, R=1, BLOCK_R=16)
     elif write is not None:
         raise ValueError("records are written with the self terms only")
     else:
         sargs = (out, out, 0, 0, 0, 0, 1.0, out, out, out, 0, 0)
+    xo, xl = extra if extra is not None else (out, lse)
+    on, early = flags if flags is not None else launch_flags(out.device)
+    launch = _reduce_launch(hq, dv, c, extra is not None, sspec, wr, on, early)
+    launch.launch((nq, triton_cdiv(hq, c.block_h), triton_cdiv(dv, c.block_dv)),
+                  (part_out, part_lse, row_indptr, row_idx, xo, xl, out, lse, *sargs))
+
+
+@functools.lru_cache(maxsize=256)  # a step's few shapes, for every layer
+def _reduce_launch(hq: int, dv: int, c: ReduceConfig, has_x: bool, sspec: KVSpec | None,
+                   write_r: int | None, pdl: bool, early: bool):
+    """The merge kernel with its named arguments bound (``launch.Bound``): ``sspec`` the self
+    terms' cache (None: none), ``write_r`` the written records' width (None: none written)."""
+    _, reduce_kernel = _kernels()
+    if sspec is not None:
+        skw = dict(SELF=True, GROUP=hq // sspec.num_kv_heads, K_OFF=sspec.k_offset,
+                   DK=sspec.k_dim, BLOCK_DK=max(16, _next_pow2(sspec.k_dim)),
+                   V_OFF=sspec.v_offset)
+        if write_r is not None:
+            skw.update(WRITE=True, R=write_r, BLOCK_R=max(16, _next_pow2(write_r)))
+        else:
+            skw.update(WRITE=False, R=1, BLOCK_R=16)
+    else:
         skw = dict(SELF=False, GROUP=1, K_OFF=0, DK=1, BLOCK_DK=16, V_OFF=0, WRITE=False, R=1,
                    BLOCK_R=16)
-    xo, xl = extra if extra is not None else (out, lse)
-    reduce_kernel[(nq, triton_cdiv(hq, c.block_h), triton_cdiv(dv, c.block_dv))](
-        part_out, part_lse, row_indptr, row_idx, xo, xl, out, lse, *sargs,
-        HQ=hq, DV=dv, BLOCK_H=c.block_h, BLOCK_DV=c.block_dv, BLOCK_E=c.block_e,
-        HAS_X=extra is not None, num_warps=4, **skw, **pdl_args(out, early=True))
+    extra = {"PDL": True, "launch_pdl": True, "EARLY": early} if pdl else \
+        {"PDL": False, "EARLY": False}
+    return reduce_kernel.bind(HQ=hq, DV=dv, BLOCK_H=c.block_h, BLOCK_DV=c.block_dv,
+                              BLOCK_E=c.block_e, HAS_X=has_x, num_warps=4, **skw, **extra)
 
 
 def triton_cdiv(a: int, b: int) -> int:

@@ -52,6 +52,7 @@ from .gather import DEFAULT_GATHER_BYTES, CGather
 from .groups import (COMPACT_MIN_ROWS, MAX_GROUPS, AttentionStepPlan, Group, Source, clone_key,
                      compact_cpu_rows, same_key, split_groups)
 from .hostflag import stream_ready, wait_for_stream
+from .launch import launch_flags
 from .hybrid_cpu import CpuSide, Signalled, cpu_kernel, region_layout
 from .merge import merge_many
 from .staging import StagingRing
@@ -143,6 +144,7 @@ class HybridAttention(CpuSide):
             raise ValueError("cpu_wait='device' needs the Triton backend and cpu_async=True")
         self._device_wait = cpu_wait == "device"
         self._flags = None
+        self._launch_flags = (False, False)  # set per step (begin_step)
         if self._device_wait:
             from .hostflag import HostFlags
             self._flags = HostFlags(spec.num_layers * MAX_GROUPS, self.device)
@@ -219,6 +221,7 @@ class HybridAttention(CpuSide):
         if self.ring is not None and hasattr(self.ring.copier, "stream"):
             self.ring.copier.timed = self._timed
         self._ev_start = self._tick() if cuda and self._timed else None
+        self._launch_flags = launch_flags(self.device)  # the Triton launches' flags, for the step
         self._groups = split_groups(plan, groups)
         dev = self.device
         staged = []  # per group: its T batch (read through the ring), or None
@@ -523,7 +526,8 @@ class HybridAttention(CpuSide):
             if open_ev is None and timed:
                 open_ev = self._tick()
             G.launch_partials(qk, kv, plan.spec, src.chunks, src.batch.kv_blocks,
-                              src.batch.kv_lens, plan.scale, p_out, p_lse, g.qmax)
+                              src.batch.kv_lens, plan.scale, p_out, p_lse, g.qmax,
+                              flags=self._launch_flags)
             if src.piece is not None:
                 self.ring.release(layer, src.piece)
         if open_ev is not None:
@@ -548,14 +552,16 @@ class HybridAttention(CpuSide):
         out = torch.empty(nq, hq, dv, dtype=torch.float32, device=self.device)
         lse = torch.empty(nq, hq, dtype=torch.float32, device=self.device)
         try:
-            G.launch_reduce(p_out, p_lse, g.row_ptr, g.row_idx, out, lse, extra)
+            G.launch_reduce(p_out, p_lse, g.row_ptr, g.row_idx, out, lse, extra,
+                            flags=self._launch_flags)
         except ValueError:  # this Triton/driver cannot read pinned host memory in place
             if extra is None or extra[0].device.type == "cuda":
                 raise
             self.cpu_result = "copy"
             extra = (extra[0].to(self.device, non_blocking=True),
                      extra[1].to(self.device, non_blocking=True))
-            G.launch_reduce(p_out, p_lse, g.row_ptr, g.row_idx, out, lse, extra)
+            G.launch_reduce(p_out, p_lse, g.row_ptr, g.row_idx, out, lse, extra,
+                            flags=self._launch_flags)
         return out, lse
 
     # ------------------------------------------------------------------------------------------

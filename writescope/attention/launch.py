@@ -123,9 +123,11 @@ class FastLaunch:
     def __getitem__(self, grid):
         return lambda *args, **kwargs: self.launch(grid, args, kwargs)
 
-    def _key(self, form: _Form, args: tuple, kwargs: dict) -> tuple:
+    @staticmethod
+    def _pos_key(pos_constexpr, args: tuple) -> list:
+        """The positional arguments' part of the key."""
         key = []
-        for a, c in zip(args, form.pos_constexpr):
+        for a, c in zip(args, pos_constexpr):
             if c:
                 key.append(a)
             elif isinstance(a, torch.Tensor):
@@ -134,12 +136,23 @@ class FastLaunch:
                 key.append((a == 1, not a & 15, _I32[0] <= a < _I32[1], a >= 2**63))
             else:  # float, bool, None: Triton does not specialise on their values
                 key.append(type(a))
+        return key
+
+    def _key(self, form: _Form, args: tuple, kwargs: dict) -> tuple:
+        key = self._pos_key(form.pos_constexpr, args)
         if form.exact_names:
             key.append(tuple(kwargs.items()))
         else:
             key.append(tuple((k, arg_key(v, self._is_constexpr.get(k, True)))
                              for k, v in kwargs.items()))
         return tuple(key)
+
+    def bind(self, **kwargs) -> "Bound":
+        """This kernel with its keyword arguments fixed (:class:`Bound`): constexprs, scalars and
+        compile options, no tensors (a bound launch does not key them)."""
+        if any(isinstance(v, torch.Tensor) for v in kwargs.values()):
+            raise TypeError("bind() takes no tensors: pass them by position")
+        return Bound(self, kwargs)
 
     def launch(self, grid, args: tuple, kwargs: dict):
         if not self.fast or callable(grid):  # a grid function needs the JIT's bound arguments
@@ -163,7 +176,14 @@ class FastLaunch:
         full = list(args)
         for n, given, default in form.pull:
             full.append(kwargs[n] if given else default)
-        dev = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+        return self._run(kernel, grid, full, args, kwargs)
+
+    def _run(self, kernel, grid, full: list, args: tuple, kwargs: dict):
+        """Launch the kept ``kernel`` with every parameter's value ``full`` (positional
+        arguments, then the named ones in parameter order)."""
+        a0 = args[0] if args else None
+        dev = a0.device if isinstance(a0, torch.Tensor) else \
+            next((a.device for a in args if isinstance(a, torch.Tensor)), None)
         stream = raw_stream(dev if dev is not None else torch.device("cuda"))
         g0 = int(grid[0])
         g1 = int(grid[1]) if len(grid) > 1 else 1
@@ -173,12 +193,54 @@ class FastLaunch:
                        None, None, None, *full)
         except TypeError as e:  # this Triton's launcher wants its arguments otherwise
             warnings.warn(f"direct Triton launch of {getattr(self.fn, '__name__', self.fn)} failed "
-                          f"({e}); using the JIT's launch path", RuntimeWarning, stacklevel=3)
+                          f"({e}); using the JIT's launch path", RuntimeWarning, stacklevel=4)
             self.fast = False
             self.jit += 1
             return self.fn[grid](*args, **kwargs)
         self.direct += 1
         return kernel
+
+
+class Bound:
+    """A :class:`FastLaunch` with its keyword arguments fixed: ``fl.bind(**kw)[grid](*args)``
+    launches like ``fl[grid](*args, **kw)``. Made once per distinct keyword set and kept by the
+    caller (a decode step's attention launches use a few such sets for all its layers), so a
+    launch keys only its positional arguments and passes the named ones from a list built once:
+    ~9 of a partials launch's ~40 us of Python on the dev VM (``_kernels``' tests time both)."""
+
+    __slots__ = ("fl", "kwargs", "nargs", "pos_constexpr", "tail", "kernels")
+
+    def __init__(self, fl: FastLaunch, kwargs: dict):
+        self.fl = fl
+        self.kwargs = kwargs
+        #: the positional count the tail was built for (set by the first launch)
+        self.nargs = None
+        self.pos_constexpr = ()
+        self.tail: list = []
+        self.kernels: dict = {}
+
+    def __getitem__(self, grid):
+        return lambda *args: self.launch(grid, args)
+
+    def launch(self, grid, args: tuple):
+        fl = self.fl
+        if not fl.fast or callable(grid):
+            return fl.launch(grid, args, self.kwargs)
+        if self.nargs != len(args):  # the first launch, or another positional count
+            self.nargs = len(args)
+            self.pos_constexpr = fl.constexpr[:len(args)]
+            given = self.kwargs
+            self.tail = [given[n] if n in given else fl.defaults.get(n)
+                         for n in fl.names[len(args):]]
+            self.kernels = {}
+        key = tuple(fl._pos_key(self.pos_constexpr, args))
+        kernel = self.kernels.get(key)
+        if kernel is None:  # through the FastLaunch: compiled (or found) and launched
+            kernel = fl.launch(grid, args, self.kwargs)
+            if kernel is not None and fl.fast:
+                self.kernels[key] = kernel
+            return kernel
+        return fl._run(kernel, grid, [*args, *self.tail], args, self.kwargs)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -241,6 +303,15 @@ def early_reads() -> bool:
     """Whether kernels launched dependent read what the kernel before them cannot have written
     before their wait (``WRITESCOPE_PDL_EARLY``, on unless 0)."""
     return os.environ.get("WRITESCOPE_PDL_EARLY", "1") not in ("0", "", "false", "no")
+
+
+def launch_flags(device: torch.device) -> tuple[bool, bool]:
+    """``(dependent, early)``: whether kernels on ``device`` are launched dependent on the one
+    before (:func:`pdl_enabled`) and read early before their wait (:func:`early_reads`). The
+    hybrid step reads them once per step (three environment lookups a launch otherwise:
+    ~0.7 ms of a 4 x 8K Qwen3 step's host time)."""
+    on = pdl_enabled(device)
+    return on, on and early_reads()
 
 
 def pdl_args(x: torch.Tensor, early: bool = False) -> dict:
