@@ -118,6 +118,7 @@ class HybridAttention(CpuSide):
                                                     gather_bytes, DEFAULT_GATHER_BYTES)
         self._worker: ThreadPoolExecutor | None = None
         self._pinned: dict = {}
+        self._pinned_step: dict = {}  # this step's views of them, by what was asked
         self._retired: list = []  # pinned buffers replaced during this step (see _pinned_bufs)
         self._groups: list[Group] = []
         #: the last step's staging plan: [key (copied T batches), StagePlan, device batches]
@@ -222,6 +223,7 @@ class HybridAttention(CpuSide):
             self.ring.copier.timed = self._timed
         self._ev_start = self._tick() if cuda and self._timed else None
         self._launch_flags = launch_flags(self.device)  # the Triton launches' flags, for the step
+        self._pinned_step = {}
         self._groups = split_groups(plan, groups)
         dev = self.device
         staged = []  # per group: its T batch (read through the ring), or None
@@ -362,8 +364,12 @@ class HybridAttention(CpuSide):
         when a step needs more: the row count changes from step to step, and a buffer per shape
         would pile up. A replaced buffer is kept until the step ends (the device may still
         read it)."""
+        memo = (key, parity, *shapes, *dtypes)
+        out = self._pinned_step.get(memo)
+        if out is not None:  # an earlier layer of this step asked for the same views
+            return out
         pin = self.device.type == "cuda"
-        out = []
+        out = self._pinned_step[memo] = []
         for j, (shape, dt) in enumerate(zip(shapes, dtypes)):
             k = (key, j, parity, dt)
             n = math.prod(shape)
