@@ -299,6 +299,8 @@ class HostFlags:
         self._view = self.flags.numpy()  # writes from the CPU thread go straight to the page
         self.status = torch.zeros(1, dtype=torch.int32, device=self.device)
         self.max_spins = int(max_spins)
+        self._views: dict = {}  # flag i's view, made once: a wait a layer slices no tensor
+        self._bound: dict = {}  # the wait kernel bound per reset (launch.FastLaunch.bind)
 
     def address(self, i: int) -> int:
         """Host address of flag ``i`` (a native caller may store into it, see ``signal``)."""
@@ -319,8 +321,14 @@ class HostFlags:
             if rc != 0:
                 raise RuntimeError(f"cuStreamWaitValue64 failed (CUresult {rc})")
             return
-        _kernel()[(1,)](self.flags[i:], self.status, int(value), self.max_spins, MODE=self.mode,
-                        RESET=bool(reset), num_warps=1)
+        view = self._views.get(i)
+        if view is None:
+            view = self._views[i] = self.flags[i:]
+        bound = self._bound.get(bool(reset))
+        if bound is None:
+            bound = self._bound[bool(reset)] = _kernel().bind(MODE=self.mode, RESET=bool(reset),
+                                                              num_warps=1)
+        bound[(1,)](view, self.status, int(value), self.max_spins)
 
     def check(self) -> None:
         """After the stream is synchronised: raise if a wait gave up."""
