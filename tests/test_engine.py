@@ -92,6 +92,64 @@ def test_stop_token_and_stop_string(llm):
     assert kept.finish_reason == "stop" and kept.text == text[:text.find(stop) + len(stop)]
 
 
+def test_stop_reasons(llm):
+    """``stop_reason`` (vLLM's): the stop string or the stop_token_ids token that ended the
+    output; None for a length limit."""
+    g = dict(temperature=0, max_tokens=12, ignore_eos=True)
+    base = llm.generate(["the"], SamplingParams(**g))[0]
+    assert base.stop_reason is None and base.outputs[0].stop_reason is None
+    tok = base.token_ids[3]
+    o = llm.generate(["the"], SamplingParams(**g, stop_token_ids=[tok]))[0]
+    assert o.finish_reason == "stop" and o.stop_reason == tok == o.outputs[0].stop_reason
+    stop = base.text[2:4]
+    o = llm.generate(["the"], SamplingParams(**g, stop=["never there", stop]))[0]
+    assert o.finish_reason == "stop" and o.stop_reason == stop
+
+
+def test_unfinished_outputs_keep_back_what_a_stop_string_may_cut(llm):
+    """Every text ``LLMEngine.step`` shows for an unfinished request is a prefix of its final
+    text (vLLM's stop buffer): the last len(longest stop) - 1 characters wait until the stop
+    string is ruled out; with include_stop_str_in_output nothing waits."""
+    g = dict(temperature=0, max_tokens=12, ignore_eos=True)
+    text = llm.generate(["the"], SamplingParams(**g))[0].text
+    eng = llm.engine
+    for k in range(len(text) - 3):
+        for keep in (False, True):
+            stop = text[k:k + 3]
+            eng.add_request(f"hold-{k}-{keep}", "the", SamplingParams(
+                **g, stop=[stop], include_stop_str_in_output=keep))
+            seen = []
+            while eng.has_unfinished_requests():
+                seen += [o for o in eng.step()]
+            final = seen[-1]
+            assert final.finished and final.stop_reason == stop
+            assert final.text == text[:text.find(stop) + (3 if keep else 0)]
+            for o in seen[:-1]:
+                assert final.text.startswith(o.text), (stop, o.text, final.text)
+
+
+def test_best_of_returns_the_n_likeliest_of_its_samples(llm):
+    """``best_of`` (vLLM 0.6's): that many completions sampled, the n of highest cumulative
+    log-probability returned, highest first; their log-probabilities only when asked for."""
+    g = dict(temperature=1.0, max_tokens=6, ignore_eos=True, seed=5)
+    every = llm.generate(["the"], SamplingParams(**g, n=4, logprobs=0))[0].outputs
+    best = llm.generate(["the"], SamplingParams(**g, n=2, best_of=4, logprobs=0))[0].outputs
+    ranked = sorted(every, key=lambda c: c.cumulative_logprob, reverse=True)[:2]
+    assert [c.token_ids for c in best] == [c.token_ids for c in ranked]
+    assert [c.index for c in best] == [0, 1]
+    quiet = llm.generate(["the"], SamplingParams(**g, n=1, best_of=4))[0]
+    assert quiet.token_ids == ranked[0].token_ids and quiet.logprobs is None
+    same = llm.generate(["the"], SamplingParams(**g, n=2, best_of=2))[0].outputs
+    assert [c.token_ids for c in same] == [c.token_ids for c in every[:2]]
+    for bad in (dict(n=3, best_of=2), dict(best_of=0), dict(best_of=True)):
+        with pytest.raises(InvalidRequestError, match="best_of"):
+            SamplingParams(**bad)
+    assert SamplingParams(spaces_between_special_tokens=False).spaces_between_special_tokens \
+        is False  # vLLM's field: accepted (it changes only slow tokenizers' text)
+    with pytest.raises(InvalidRequestError, match="spaces_between_special_tokens"):
+        SamplingParams(spaces_between_special_tokens="no")
+
+
 def test_bad_parameters_are_rejected():
     for kw in (dict(temperature=-1), dict(top_p=0), dict(top_p=1.5), dict(max_tokens=0),
                dict(max_tokens=-3), dict(top_k=-2), dict(temperature=float("nan")),

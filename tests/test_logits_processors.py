@@ -26,11 +26,11 @@ def reference_row(row: list[float], req: Request, eos: set[int]) -> list[float]:
     out = list(row)
     seen = set(req.prompt_token_ids) | set(req.output_token_ids)
     for t in range(len(out)):
+        out[t] += (p.logit_bias or {}).get(t, 0.0)  # before the penalties, as vLLM's sampler
         if p.repetition_penalty != 1.0 and t in seen:
             out[t] = out[t] / p.repetition_penalty if out[t] > 0 else out[t] * p.repetition_penalty
         n = req.output_token_ids.count(t)
         out[t] -= p.frequency_penalty * n + p.presence_penalty * (n > 0)
-        out[t] += (p.logit_bias or {}).get(t, 0.0)
         if p.allowed_token_ids is not None and t not in p.allowed_token_ids:
             out[t] = -math.inf
         if len(req.output_token_ids) < p.min_tokens and (t in eos or t in p.stop_token_ids):
@@ -40,14 +40,17 @@ def reference_row(row: list[float], req: Request, eos: set[int]) -> list[float]:
 
 def test_each_processor_against_its_definition():
     g = torch.Generator().manual_seed(0)
-    logits = torch.randn(7, 50, generator=g) * 3
+    logits = torch.randn(8, 50, generator=g) * 3
     reqs = [request([1, 2, 3, 2], [4, 4, 9], repetition_penalty=1.3),
             request([5], [7, 7, 7, 8], frequency_penalty=0.5, presence_penalty=0.3),
             request([5], [], logit_bias={3: 5.0, 49: -100}),
             request([5], [6], min_tokens=3, stop_token_ids=[11]),
             request([5], [6, 7, 8], min_tokens=3, stop_token_ids=[11]),  # reached: no mask
             request([1, 2], [3], temperature=0.0),                         # asks for nothing
-            request([5], [6], allowed_token_ids=[2, 7, 49, 400], logit_bias={7: 2.0})]
+            request([5], [6], allowed_token_ids=[2, 7, 49, 400], logit_bias={7: 2.0}),
+            # a biased token already seen: (logit + bias) / penalty, then the frequency term
+            request([1, 2, 3], [4, 4], repetition_penalty=2.0, frequency_penalty=0.5,
+                    logit_bias={2: 6.0, 4: -3.0, 8: 1.0})]
     proc = LogitsProcessors()
     proc.eos_ids = {0}
     got = proc.apply(logits, reqs)

@@ -84,13 +84,29 @@ def _filtered(logits_row: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     if p.top_k and p.top_k > 0:
         kth = torch.topk(row, min(p.top_k, row.numel())).values[-1]
         row = row.masked_fill(row < kth, float("-inf"))
-    if p.top_p < 1.0:
-        sorted_logits, order = torch.sort(row, descending=True)
+    if p.top_p < 1.0:  # vLLM's rule: ascending, drop where the mass so far <= 1 - top_p
+        sorted_logits, order = torch.sort(row)
         probs = torch.softmax(sorted_logits, dim=-1)
-        drop = torch.cumsum(probs, dim=-1) - probs > p.top_p  # keep the prefix reaching top_p
+        drop = torch.cumsum(probs, dim=-1) <= 1 - torch.tensor(p.top_p)
+        drop[-1] = False
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         row = torch.full_like(row, float("-inf")).scatter(0, order, sorted_logits)
     return row
+
+
+@pytest.mark.parametrize("probs,top_p,kept", [([0.5, 0.5], 0.5, 1),
+                                              ([0.5, 0.25, 0.25], 0.75, 2),
+                                              ([0.6, 0.3, 0.1], 0.9, 2),
+                                              ([0.6, 0.3, 0.1], 0.95, 3),
+                                              ([0.7, 0.2, 0.1], 0.01, 1)])
+def test_top_p_drops_a_token_once_the_likelier_ones_reach_it(probs, top_p, kept):
+    """At the boundary, as vLLM's and transformers' top-p: a token whose likelier tokens
+    already hold top_p of the mass is never drawn (it was, when they held exactly top_p)."""
+    logits = torch.log(torch.tensor(probs)).repeat(4000, 1)
+    p = SamplingParams(temperature=1.0, top_p=top_p)
+    for uniforms in (None, torch.rand(4000, generator=torch.Generator().manual_seed(1))):
+        got = Sampler.draw(logits, [p] * 4000, list(range(4000)), uniforms)
+        assert set(got.tolist()) == set(range(kept))
 
 
 def _target(logits_row: torch.Tensor, p: SamplingParams) -> torch.Tensor:

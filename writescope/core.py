@@ -91,8 +91,8 @@ GuidedDecodingParams = StructuredOutputsParams
 
 
 #: SamplingParams' integer fields (numpy and torch integers are taken as ints)
-_INT_PARAMS = ("top_k", "max_tokens", "seed", "n", "logprobs", "prompt_logprobs", "min_tokens",
-               "truncate_prompt_tokens")
+_INT_PARAMS = ("top_k", "max_tokens", "seed", "n", "best_of", "logprobs", "prompt_logprobs",
+               "min_tokens", "truncate_prompt_tokens")
 
 
 #: SamplingParams' real-valued fields (numpy and torch scalars are taken as floats)
@@ -146,6 +146,9 @@ class SamplingParams:
     #: completions per prompt (``LLM.generate``: ``RequestOutput.outputs``; seeded rows draw
     #: with seeds ``seed, seed + 1, ...``); the engine itself runs one per request
     n: int = 1
+    #: completions sampled per prompt, of which the ``n`` with the highest cumulative
+    #: log-probability are returned (vLLM 0.6's; ``LLM.generate``); None: ``n``
+    best_of: int | None = None
     #: None: no log-probabilities; 0: the sampled token's log-probability per step
     #: (``RequestOutput.logprobs``); k >= 1: also the k most likely tokens' per step
     #: (``RequestOutput.top_logprobs``), at most :data:`MAX_LOGPROBS`
@@ -173,6 +176,9 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     #: special tokens (EOS, chat markers) are left out of the text (vLLM's default)
     skip_special_tokens: bool = True
+    #: vLLM's; it changes only a slow tokenizer's text, and writescope's are fast (tokenizers):
+    #: accepted and checked, no effect, as under vLLM with a fast tokenizer
+    spaces_between_special_tokens: bool = True
     #: only these token ids can be sampled (vLLM's; every other token's logit is -inf)
     allowed_token_ids: list[int] | None = None
     #: words the output may not contain (vLLM's): the last token of each word's tokens
@@ -269,9 +275,14 @@ class SamplingParams:
         if t is not None and (not isinstance(t, int) or isinstance(t, bool)
                               or (t < 1 and t != -1)):
             raise bad(f"truncate_prompt_tokens must be -1 or a positive integer, got {t!r}")
-        for name in ("include_stop_str_in_output", "skip_special_tokens"):
+        for name in ("include_stop_str_in_output", "skip_special_tokens",
+                     "spaces_between_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise bad(f"{name} must be true or false")
+        b = self.best_of
+        if b is not None and (not isinstance(b, int) or isinstance(b, bool)
+                              or not self.n <= b <= 128):
+            raise bad(f"best_of must be an integer from n ({self.n}) to 128, got {b!r}")
         self._reads_history = bool(self.presence_penalty or self.frequency_penalty
                                    or self.repetition_penalty != 1.0 or self.min_tokens
                                    or self.bad_words)
@@ -279,6 +290,11 @@ class SamplingParams:
                                 or self.allowed_token_ids is not None)
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise bad("stop must be a list of non-empty strings")
+        #: characters an unfinished output's text keeps back: a stop string may be starting
+        #: there, and is cut off when it completes (vLLM's ``stop_buffer_length``), so that
+        #: every text an unfinished output shows is a prefix of the final one
+        self._stop_holdback = (max(len(s) for s in self.stop) - 1
+                               if self.stop and not self.include_stop_str_in_output else 0)
         if any(not isinstance(t, int) or isinstance(t, bool) or t < 0
                for t in self.stop_token_ids):
             raise bad("stop_token_ids must be non-negative integers")
@@ -300,6 +316,10 @@ class SamplingParams:
     @property
     def changes_logits(self) -> bool:
         return self._changes_logits
+
+    @property
+    def stop_holdback(self) -> int:
+        return self._stop_holdback
 
     @property
     def constrained(self) -> bool:
@@ -352,6 +372,9 @@ class Request:
     prompt_ranks: list[int | None] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
+    #: what stopped it (vLLM's): the stop string, or the ``stop_token_ids`` token; None for
+    #: EOS, a length limit, a grammar's end or an abort
+    stop_reason: int | str | None = None
     num_computed: int = 0  # tokens whose KV is in the cache
     #: prompt tokens found in the prefix cache at admission (not computed by this request)
     num_cached_tokens: int = 0
@@ -407,6 +430,8 @@ class CompletionOutput:
     logprobs: list[float] | None
     top_logprobs: list[dict[int, float]] | None
     finish_reason: str | None
+    #: the stop string or stop token id that ended it; None for EOS and other ends (vLLM's)
+    stop_reason: int | str | None = None
 
     @property
     def finished(self) -> bool:
@@ -443,6 +468,8 @@ class RequestOutput:
     completions: list[CompletionOutput] | None = None
     #: prompt tokens whose KV came from the prefix cache (not computed for this request)
     num_cached_tokens: int = 0
+    #: the stop string or stop token id that ended it; None for EOS and other ends (vLLM's)
+    stop_reason: int | str | None = None
 
     @property
     def finished(self) -> bool:
@@ -459,7 +486,7 @@ class RequestOutput:
     def as_completion(self, index: int) -> CompletionOutput:
         cum = sum(self.logprobs) if self.logprobs is not None else None
         return CompletionOutput(index, self.text, self.token_ids, cum, self.logprobs,
-                                self.top_logprobs, self.finish_reason)
+                                self.top_logprobs, self.finish_reason, self.stop_reason)
 
 
 @dataclass

@@ -12,17 +12,31 @@ from .core import RequestOutput, SamplingParams
 from .engine.engine import LLMEngine
 
 
+def _ranked(params: SamplingParams) -> bool:
+    """Whether more completions are sampled than returned (``best_of`` > ``n``)."""
+    return params.best_of is not None and params.best_of > params.n
+
+
 def one_completion(params: SamplingParams, j: int) -> SamplingParams:
-    """The engine request for completion ``j`` of ``params.n``: n = 1, a seed of its own."""
-    if params.n == 1:
-        return params
+    """The engine request for completion ``j`` of ``params.best_of`` (or ``n``): n = 1, a seed
+    of its own; ranked completions (``best_of`` > ``n``) carry their log-probabilities."""
+    ranked = _ranked(params)
+    if params.n == 1 and not ranked:
+        return params if params.best_of is None else dataclasses.replace(params, best_of=None)
     seed = None if params.seed is None else (params.seed + j) % (2 ** 63)
-    return dataclasses.replace(params, n=1, seed=seed)
+    logprobs = 0 if ranked and params.logprobs is None else params.logprobs
+    return dataclasses.replace(params, n=1, best_of=None, seed=seed, logprobs=logprobs)
 
 
-def merge_completions(outs: list[RequestOutput]) -> RequestOutput:
-    """One prompt's n finished requests as one :class:`RequestOutput`: the first's fields, all
-    of them in ``outputs``."""
+def merge_completions(outs: list[RequestOutput], params: SamplingParams) -> RequestOutput:
+    """One prompt's finished requests as one :class:`RequestOutput`: the first's fields, all
+    of them in ``outputs``; with ``best_of`` > ``n``, the ``n`` of highest cumulative
+    log-probability, highest first (vLLM 0.6's), their log-probabilities dropped again where
+    none were asked for."""
+    if _ranked(params):
+        outs = sorted(outs, key=lambda o: sum(o.logprobs), reverse=True)[:params.n]
+        if params.logprobs is None:
+            outs = [dataclasses.replace(o, logprobs=None, top_logprobs=None) for o in outs]
     if len(outs) == 1:
         return outs[0]
     first = dataclasses.replace(outs[0])
@@ -80,7 +94,7 @@ class LLM:
         try:
             for p, sp in zip(prompts, params):
                 groups.append([])
-                for j in range(sp.n):
+                for j in range(sp.best_of or sp.n):
                     rid = f"gen-{next(self._ids)}"
                     self.engine.add_request(rid, p, one_completion(sp, j))
                     groups[-1].append(rid)
@@ -107,7 +121,7 @@ class LLM:
                 if rid not in results:
                     self.engine.abort_request(rid)
             raise
-        return [merge_completions([results[r] for r in g]) for g in groups]
+        return [merge_completions([results[r] for r in g], sp) for g, sp in zip(groups, params)]
 
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | list[SamplingParams] | None = None,

@@ -630,10 +630,13 @@ class LLMEngine(EngineSizing):
                 i = req.text.find(s, max(0, len(req.text) - len(new) - len(s) + 1))
                 if i >= 0:
                     req.text = req.text[:i + (len(s) if p.include_stop_str_in_output else 0)]
+                    req.stop_reason = s
                     return FinishReason.STOP
         reason = None
         if stop_tok:
             reason = FinishReason.STOP
+            # EOS first, as vLLM: its stop reason is None, a stop_token_ids token's is the id
+            req.stop_reason = None if not p.ignore_eos and tok in self.eos_ids else tok
         elif p.structured_outputs is not None and self.grammars.done(req.seq_id):
             reason = FinishReason.STOP  # the text matches and nothing more can follow
         elif len(req.output_token_ids) >= req.max_tokens:
@@ -644,8 +647,12 @@ class LLMEngine(EngineSizing):
 
 
     def _output(self, req: Request) -> RequestOutput:
+        text = req.text
+        hold = req.params.stop_holdback
+        if hold and req.finish_reason is None:  # a stop string may be starting (vLLM's)
+            text = text[:max(0, len(text) - hold)]
         return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids,
-                             list(req.output_token_ids), req.text,
+                             list(req.output_token_ids), text,
                              None if req.finish_reason is None else str(req.finish_reason),
                              list(req.logprobs) if req.params.logprobs is not None else None,
                              list(req.top_logprobs) if req.params.logprobs else None,
@@ -655,7 +662,8 @@ class LLMEngine(EngineSizing):
                              req.prompt_top_logprobs if req.params.prompt_logprobs else None,
                              prompt_ranks=req.prompt_ranks
                              if req.params.prompt_logprobs is not None else None,
-                             num_cached_tokens=req.num_cached_tokens)
+                             num_cached_tokens=req.num_cached_tokens,
+                             stop_reason=req.stop_reason)
 
     # ------------------------------------------------------------------ statistics
     def stats(self) -> dict:

@@ -1,6 +1,9 @@
 """What changes a row's logits before it is sampled: ``allowed_token_ids``, ``logit_bias``,
 ``bad_words``, ``min_tokens`` and the repetition, frequency and presence penalties
-(``SamplingParams``; vLLM's and OpenAI's meanings).
+(``SamplingParams``; vLLM's and OpenAI's meanings), in vLLM's order: the allowed ids, the bias,
+then the penalties (a biased token already seen gets ``(logit + bias) / penalty``, as vLLM's
+sampler and transformers' ``SequenceBiasLogitsProcessor`` before its repetition penalty give),
+then the masks.
 
 The sampler picks tokens from the processed logits; log-probabilities stay those of the model's
 own distribution (vLLM's default ``raw_logprobs``). Rows that ask for none of these are not
@@ -55,6 +58,12 @@ class LogitsProcessors:
                 kept = row[keep]
                 row.fill_(float("-inf"))
                 row[keep] = kept
+            # the bias before the penalties, as vLLM's sampler and transformers' processors
+            if p.logit_bias:
+                ids = [t for t in p.logit_bias if t < vocab]
+                if ids:
+                    row[torch.tensor(ids, device=dev)] += torch.tensor(
+                        [float(p.logit_bias[t]) for t in ids], device=dev, dtype=row.dtype)
             if p.repetition_penalty != 1.0:
                 seen = self._prompt(req, dev)
                 if generated:
@@ -65,11 +74,6 @@ class LogitsProcessors:
                 counts = torch.bincount(torch.tensor(generated, device=dev), minlength=vocab)
                 counts = counts[:vocab].to(row.dtype)
                 row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
-            if p.logit_bias:
-                ids = [t for t in p.logit_bias if t < vocab]
-                if ids:
-                    row[torch.tensor(ids, device=dev)] += torch.tensor(
-                        [float(p.logit_bias[t]) for t in ids], device=dev, dtype=row.dtype)
             if req.bad_words_ids:  # a word's last token, where the output ends with the rest
                 n = len(generated)
                 banned = [w[-1] for w in req.bad_words_ids if w[-1] < vocab and (

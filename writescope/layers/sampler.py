@@ -171,10 +171,16 @@ class Sampler:
                     torch.tensor(mins, device=dev, dtype=x.dtype)).unsqueeze(1)
                 x = x.masked_fill(x < floor, float("-inf"))
             if any(ps[j] < 1.0 for j in js):  # keep the smallest prefix whose mass reaches top_p
+                # vLLM's rule, summed in its order (from the least likely up): a token goes
+                # where it and every less likely token hold at most 1 - top_p, the most likely
+                # never; so a token is dropped once the more likely ones already reach top_p
                 probs = torch.softmax(x, dim=-1)
-                top_p = torch.tensor([ps[j] if ps[j] < 1.0 else float("inf") for j in js],
-                                     device=dev).unsqueeze(1)
-                x = x.masked_fill(torch.cumsum(probs, dim=-1) - probs > top_p, float("-inf"))
+                tail = torch.cumsum(probs.flip(-1), dim=-1).flip(-1)
+                rest = 1 - torch.tensor([ps[j] for j in js], device=dev,
+                                        dtype=tail.dtype).unsqueeze(1)
+                drop = tail <= rest
+                drop[:, 0] = False
+                x = x.masked_fill(drop, float("-inf"))
             probs = torch.softmax(x, dim=-1)
             if uniforms is None:
                 race = torch.empty_like(probs).exponential_().clamp_min_(1e-30)

@@ -257,7 +257,7 @@ class OpenAIServer:
                     index=c.index,
                     text=(c.prompt_text or "") + c.text if req.echo else c.text,
                     logprobs=self._full_logprobs(c, req) if req.logprobs is not None else None,
-                    finish_reason=c.finish_reason,
+                    finish_reason=c.finish_reason, stop_reason=c.stop_reason,
                     prompt_logprobs=self._prompt_logprob_dicts(
                         gen.choices[c.index - c.index % req.num_choices], req.prompt_logprobs)
                     if req.prompt_logprobs is not None else None) for c in gen.choices]))
@@ -363,7 +363,6 @@ class OpenAIServer:
 
     async def _completion_stream(self, gen: Generation, req: P.CompletionRequest, rid: str,
                                  model: str) -> AsyncIterator[str]:
-        holdback = max((len(s) for s in req.stop_list), default=1) - 1
         usage_every = bool(req.stream_options and req.stream_options.continuous_usage_stats)
         created = P.now_s()
         text_offsets = {c.index: CharOffsets() for c in gen.choices}
@@ -376,7 +375,7 @@ class OpenAIServer:
                         continue
                     yield _sse(P.CompletionResponse(id=rid, created=created, model=model, choices=[
                         P.CompletionChoice(index=c.index, text=c.prompt_text or "")]))
-            async for c, piece, start, end in _deltas(gen, holdback):
+            async for c, piece, start, end in _deltas(gen):
                 if c.index in echo_later:
                     echo_later.discard(c.index)
                     head = self._prompt_logprobs(c, req.logprobs, text_offsets[c.index])
@@ -390,7 +389,8 @@ class OpenAIServer:
                 chunk = P.CompletionResponse(
                     id=rid, created=created, model=model,
                     choices=[P.CompletionChoice(index=c.index, text=piece, logprobs=logprobs,
-                                                finish_reason=c.finish_reason)])
+                                                finish_reason=c.finish_reason,
+                                                stop_reason=c.stop_reason)])
                 if usage_every:
                     chunk.usage = gen.usage()
                 yield _sse(chunk)
@@ -437,6 +437,7 @@ class OpenAIServer:
                 id=base, model=model, usage=gen.usage(),
                 choices=[P.ChatChoice(
                     index=c.index, message=message, finish_reason=reason,
+                    stop_reason=c.stop_reason,
                     logprobs=self._chat_logprobs(c, 0, len(c.token_ids), req.top_logprobs,
                                                  _skips(req))
                     if req.logprobs else None)
@@ -507,7 +508,6 @@ class OpenAIServer:
 
     async def _chat_stream(self, gen: Generation, req: P.ChatCompletionRequest, rid: str,
                            model: str, out: ChatOutput) -> AsyncIterator[str]:
-        holdback = max((len(s) for s in req.stop_list), default=1) - 1
         usage_every = bool(req.stream_options and req.stream_options.continuous_usage_stats)
         created = P.now_s()
 
@@ -525,14 +525,15 @@ class OpenAIServer:
                 if echoed:
                     yield chunk([P.ChatStreamChoice(index=c.index,
                                                     delta=P.ChatDelta(content=echoed))])
-            async for c, _piece, start, end in _deltas(gen, holdback):
+            async for c, _piece, start, end in _deltas(gen):
                 logprobs = (self._chat_logprobs(c, start, end, req.top_logprobs, _skips(req))
                             if req.logprobs else None)
                 delta, reason = out.delta(c)
                 if delta is None and logprobs is None and reason is None:
                     continue
                 yield chunk([P.ChatStreamChoice(index=c.index, delta=delta or P.ChatDelta(),
-                                                logprobs=logprobs, finish_reason=reason)])
+                                                logprobs=logprobs, finish_reason=reason,
+                                                stop_reason=c.stop_reason if reason else None)])
             if req.stream_options and req.stream_options.include_usage:
                 yield _sse(P.ChatCompletionChunk(id=rid, created=created, model=model, choices=[],
                                                  usage=gen.usage()))
@@ -571,13 +572,14 @@ class OpenAIServer:
                                  for n in self.model_names])
 
 
-async def _deltas(gen: "Generation", holdback: int):
+async def _deltas(gen: "Generation"):
     """What each choice has to send as the engine advances: ``(choice, new text, first new
-    token, end)``, skipping updates with nothing new; marks what it yields as sent."""
+    token, end)``, skipping updates with nothing new; marks what it yields as sent. (The
+    engine's text of an unfinished output already keeps back what a stop string may cut.)"""
     while gen.unfinished():
         for idx in sorted(await gen.next_updates()):
             c = gen.choices[idx]
-            piece = _text_delta(c, holdback)
+            piece = _text_delta(c, 0)
             start, end = c.sent_tokens, len(c.token_ids)
             if not piece and not c.finished and end == start:
                 continue

@@ -41,6 +41,8 @@ class Delta:
     prompt: tuple | None = None
     #: prompt tokens found in the prefix cache
     cached_tokens: int = 0
+    #: the stop string or stop token id that ended it (with ``finish_reason``)
+    stop_reason: int | str | None = None
 
 
 class EngineFailure(Exception):
@@ -244,7 +246,7 @@ class EngineLoop:
             sink.n_tokens = n
             deliveries.append((sink.queue, sink.tag,
                                Delta(new_ids, new_lp, new_top, out.text, out.finish_reason,
-                                     prompt, out.num_cached_tokens)))
+                                     prompt, out.num_cached_tokens, out.stop_reason)))
             if out.finish_reason is not None:
                 del self._sinks[out.request_id]
                 self.metrics.requests_total.inc(labels={"finished_reason": str(out.finish_reason)})

@@ -32,6 +32,7 @@ class Choice:
     cached_tokens: int = 0  # prompt tokens found in the prefix cache
     text: str = ""
     finish_reason: str | None = None
+    stop_reason: int | str | None = None  # the stop string or token id that ended it
     #: echo without generation (completions, ``max_tokens`` 0): the engine's one token (its
     #: prefill computes the prompt's log-probabilities) is dropped, and the choice ends
     #: "length" with none
@@ -150,6 +151,7 @@ class Generation:
                 c.cached_tokens = item.cached_tokens
             if item.finish_reason is not None:
                 c.finish_reason = str(item.finish_reason)
+                c.stop_reason = item.stop_reason
             changed.add(tag)
         return changed
 

@@ -576,6 +576,8 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: Optional[CompletionLogprobs] = None
     finish_reason: Optional[Literal["stop", "length", "abort"]] = None
+    #: extension (vLLM): the stop string or stop token id that ended the choice, else null
+    stop_reason: Optional[Union[int, str]] = None
     prompt_logprobs: Optional[PromptLogprobs] = None  # extension (vLLM)
 
 
@@ -644,6 +646,7 @@ class ChatChoice(BaseModel):
     message: ChatResponseMessage
     logprobs: Optional[ChatChoiceLogprobs] = None
     finish_reason: Optional[Literal["stop", "length", "abort", "tool_calls"]] = None
+    stop_reason: Optional[Union[int, str]] = None  # extension (vLLM), as in CompletionChoice
 
 
 class ChatCompletionResponse(BaseModel):
@@ -669,6 +672,7 @@ class ChatStreamChoice(BaseModel):
     delta: ChatDelta
     logprobs: Optional[ChatChoiceLogprobs] = None
     finish_reason: Optional[Literal["stop", "length", "abort", "tool_calls"]] = None
+    stop_reason: Optional[Union[int, str]] = None  # extension (vLLM), as in CompletionChoice
 
 
 class ChatCompletionChunk(BaseModel):
