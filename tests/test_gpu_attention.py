@@ -314,19 +314,23 @@ def test_fast_launch_keeps_one_kernel_per_specialisation_and_matches_the_jit():
     assert reduce.direct > 0
 
 
-def test_fast_launch_off_goes_through_the_jit(monkeypatch):
-    _triton()
+def _axpy():
+    """A small Triton kernel of its own (a new JIT function each call): ``Y += a * X``."""
     import triton
     import triton.language as tl
-
-    from writescope.attention.launch import FastLaunch
 
     @triton.jit
     def axpy(X, Y, a, N, BLOCK: tl.constexpr):
         i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         m = i < N
         tl.store(Y + i, tl.load(X + i, mask=m) * a + tl.load(Y + i, mask=m), mask=m)
+    return axpy
 
+
+def test_fast_launch_off_goes_through_the_jit(monkeypatch):
+    _triton()
+    from writescope.attention.launch import FastLaunch
+    axpy = _axpy()
     x = torch.arange(100, dtype=torch.float32, device="cuda")
     for fast in ("1", "0"):
         monkeypatch.setenv("WRITESCOPE_FAST_LAUNCH", fast)
@@ -347,19 +351,9 @@ def test_a_bound_launch_runs_the_kernel_the_unbound_one_keeps():
     """``FastLaunch.bind`` (the attention launches' named arguments fixed once): the same
     results, the kept kernel reused, a misaligned tensor compiled for separately."""
     _triton()
-    import triton
-    import triton.language as tl
-
     from writescope.attention.launch import FastLaunch
-
-    @triton.jit
-    def axpy2(X, Y, a, N, BLOCK: tl.constexpr):
-        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        m = i < N
-        tl.store(Y + i, tl.load(X + i, mask=m) * a + tl.load(Y + i, mask=m), mask=m)
-
     x = torch.arange(101, dtype=torch.float32, device="cuda")
-    k = FastLaunch(axpy2)
+    k = FastLaunch(_axpy())
     b = k.bind(BLOCK=32, num_warps=2)
     y = torch.zeros_like(x)
     k[(4,)](x, y, 2.0, 100, BLOCK=32, num_warps=2)
