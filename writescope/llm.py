@@ -71,6 +71,13 @@ class LLM:
     def tokenizer(self):
         return self.engine.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """The sampling parameters a request gets when it gives none: the model's
+        ``generation_config.json`` defaults (temperature, top_p, top_k, min_p,
+        repetition_penalty, max_new_tokens), as vLLM's (``LLM(..., generation_config="vllm")``
+        for plain SamplingParams())."""
+        return self.engine.default_sampling_params()
+
     def generate(self, prompts: str | dict | list[str] | list[int] | list[list[int]] | list[dict],
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
@@ -81,7 +88,7 @@ class LLM:
                                                 and isinstance(prompts[0], int)):
             prompts = [prompts]
         prompts = [_prompt_of(p) for p in prompts]
-        params = sampling_params or SamplingParams()
+        params = sampling_params or self.get_default_sampling_params()
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
         if not isinstance(params, (list, tuple)) or not all(

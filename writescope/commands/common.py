@@ -40,6 +40,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--enforce-eager", action="store_true",
                    help="launch every decode step eagerly, never as CUDA graphs (as vLLM's)")
     g.add_argument("--profile", default=None, help="hardware profile JSON (writescope calibrate)")
+    g.add_argument("--generation-config", default="auto",
+                   help="the sampling defaults of requests that leave them out: auto (the "
+                        "model's generation_config.json, as vLLM), vllm (none), or a folder")
     g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                    help="reuse the KV of prompt prefixes seen before (default: on; never with "
                         "--kv-policy migrate)")
@@ -64,7 +67,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
               profile=args.profile, kv_cache_memory=getattr(args, "kv_cache_memory", None),
               enable_prefix_caching=getattr(args, "enable_prefix_caching", True),
               gpu_memory_utilization=getattr(args, "gpu_memory_utilization", None),
-              enforce_eager=getattr(args, "enforce_eager", False))
+              enforce_eager=getattr(args, "enforce_eager", False),
+              generation_config=getattr(args, "generation_config", "auto"))
     if args.block_size is not None:
         kw["block_size"] = args.block_size
     return kw

@@ -27,6 +27,7 @@ from ..kvcache.regions import DEFAULT_BLOCK_SIZE, Region
 from ..models.loader import build_model
 from .. import hostmem
 from .cores import reserve_launch_core
+from .generation_config import sampling_defaults
 from .inflight import next_input_ids, overlap_enabled
 from .model_source import parse_dtype, resolve_model
 from .runner import Launched, ModelRunner
@@ -76,7 +77,8 @@ class LLMEngine(EngineSizing):
                  cpu_threads: int | None = None, profile: str | os.PathLike | None = None,
                  show_progress: bool = False, config_overrides: dict | None = None,
                  enable_prefix_caching: bool = True, kv_cache_memory: int | str | None = None,
-                 gpu_memory_utilization: float | None = None, enforce_eager: bool = False):
+                 gpu_memory_utilization: float | None = None, enforce_eager: bool = False,
+                 generation_config: str | os.PathLike | None = "auto"):
         self.dtype = parse_dtype(dtype)
         try:
             self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -140,9 +142,20 @@ class LLMEngine(EngineSizing):
                              "WRITESCOPE_ALLOW_LONG_MAX_MODEL_LEN=1 to run it anyway")
         self.tokenizer = None
         tok_dir = Path(model) if (model is not None and ckpt is None and Path(str(model)).exists()) else ckpt
-        if tok_dir is not None and (tok_dir / "tokenizer_config.json").exists():
+        if tok_dir is not None and any((tok_dir / f).exists() for f in (
+                "tokenizer_config.json", "tokenizer.json", "tokenizer.model")):
             from ..models.tokenizer import Tokenizer
             self.tokenizer = Tokenizer.from_pretrained(tok_dir)
+        #: the model's sampling defaults (vLLM's generation_config="auto": its
+        #: generation_config.json's temperature, top_p, ...; engine/generation_config.py), for
+        #: requests that leave them out: ``default_sampling_params()``, the server
+        self.default_sampling = sampling_defaults(generation_config, tok_dir)
+        if self.default_sampling:
+            try:
+                SamplingParams(**self.default_sampling)
+            except InvalidRequestError as e:
+                raise ValueError(f"the generation config's sampling defaults "
+                                 f"{self.default_sampling} are invalid: {e}") from None
 
         vram = _bytes(vram_budget)
         if vram is None and self.device.type == "cuda":
@@ -270,6 +283,11 @@ class LLMEngine(EngineSizing):
         self.enforce_eager = bool(enforce_eager)
         self.eos_ids = set(self.tokenizer.eos_token_ids if self.tokenizer is not None
                            else self.config.eos_token_id)
+        #: the tokenizer's own EOS (else config.json's first): an output it ends has no
+        #: ``stop_reason``; the other EOS ids (generation_config.json's) end outputs as vLLM's
+        #: stop_token_ids, named by ``stop_reason``
+        self.model_eos_id = (self.tokenizer.hf.eos_token_id if self.tokenizer is not None
+                             else next(iter(self.config.eos_token_id), None))
         #: the constrained requests' matchers (structured outputs; layers/grammar.py)
         self.grammars = Grammars(self.tokenizer, cfg.vocab_size)
         self.set_kv_policy(kv_policy, cpu_share=cpu_share)
@@ -635,8 +653,9 @@ class LLMEngine(EngineSizing):
         reason = None
         if stop_tok:
             reason = FinishReason.STOP
-            # EOS first, as vLLM: its stop reason is None, a stop_token_ids token's is the id
-            req.stop_reason = None if not p.ignore_eos and tok in self.eos_ids else tok
+            # as vLLM: the model's EOS has no stop reason; a stop_token_ids token, or another
+            # EOS id of generation_config.json (which vLLM adds to stop_token_ids), is named
+            req.stop_reason = None if not p.ignore_eos and tok == self.model_eos_id else tok
         elif p.structured_outputs is not None and self.grammars.done(req.seq_id):
             reason = FinishReason.STOP  # the text matches and nothing more can follow
         elif len(req.output_token_ids) >= req.max_tokens:
@@ -664,6 +683,11 @@ class LLMEngine(EngineSizing):
                              if req.params.prompt_logprobs is not None else None,
                              num_cached_tokens=req.num_cached_tokens,
                              stop_reason=req.stop_reason)
+
+    def default_sampling_params(self) -> SamplingParams:
+        """SamplingParams with the model's generation-config defaults (vLLM's
+        ``get_default_sampling_params``); plain SamplingParams() where it sets none."""
+        return SamplingParams(**self.default_sampling)
 
     # ------------------------------------------------------------------ statistics
     def stats(self) -> dict:

@@ -6,6 +6,7 @@ Everything downstream reads this dataclass only.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import warnings
@@ -51,6 +52,42 @@ _INT_FIELDS = {
     "topk_group": 1, "q_lora_rank": 1, "kv_lora_rank": 1, "qk_nope_head_dim": 1,
     "qk_rope_head_dim": 1, "v_head_dim": 1,
 }
+
+
+#: optional fields a config.json may leave out, which then take transformers' defaults for its
+#: model type (``MixtralConfig``'s ``rope_theta`` 1e6 and 8 KV heads, ``DeepseekV2Config``'s
+#: ``q_lora_rank`` 1536 and 2 shared experts, ...): the model transformers and vLLM build
+_DEFAULTED = ("max_position_embeddings", "num_key_value_heads", "head_dim", "rms_norm_eps",
+              "tie_word_embeddings", "attention_bias", "norm_topk_prob", "decoder_sparse_step",
+              "mlp_only_layers", "use_sliding_window", "sliding_window", "first_k_dense_replace",
+              "n_shared_experts", "routed_scaling_factor", "n_group", "topk_group",
+              "topk_method", "scoring_func", "q_lora_rank", "hidden_act")
+
+
+@functools.lru_cache(maxsize=None)
+def _hf_defaults(model_type: str) -> dict:
+    """transformers' defaults for :data:`_DEFAULTED` and ``rope_theta`` ({} where its config
+    class cannot be made)."""
+    try:
+        from transformers import AutoConfig
+        c = AutoConfig.for_model(model_type).to_dict()
+    except Exception:  # noqa: BLE001 - an older transformers: writescope's own defaults
+        return {}
+    out = {k: c[k] for k in _DEFAULTED if c.get(k) is not None}
+    theta = c.get("rope_theta") or (c.get("rope_parameters") or {}).get("rope_theta")
+    if theta is not None:
+        out["rope_theta"] = theta
+    return out
+
+
+def _with_hf_defaults(d: dict) -> dict:
+    """``d`` with transformers' defaults for the optional fields it leaves out."""
+    out = dict(d)
+    for k, v in _hf_defaults(d["model_type"]).items():
+        if k == "rope_theta" and "rope_parameters" in d:
+            continue  # the rotation's own dict says (and defaults) its theta
+        out.setdefault(k, v)
+    return out
 
 
 def _check_ints(d: dict) -> None:
@@ -152,6 +189,7 @@ class ModelConfig:
         mt = d.get("model_type")
         if mt not in SUPPORTED:
             raise ConfigError(f"unsupported model_type {mt!r}; writescope runs {', '.join(SUPPORTED)}")
+        d = _with_hf_defaults(d)
         _check_ints(d)
         act = d.get("hidden_act", "silu")
         if act != "silu":  # every MLP and expert kernel here computes silu(gate) * up

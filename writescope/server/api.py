@@ -113,6 +113,9 @@ class OpenAIServer:
         self.token_bytes = TokenBytes(self.tokenizer)
         self.model_names = list(served_model_names or [engine.model_name])
         self.max_model_len = int(engine.max_model_len)
+        #: the model's sampling defaults for what a request leaves out (vLLM's
+        #: generation_config="auto"; LLMEngine.default_sampling)
+        self.sampling_defaults = dict(getattr(engine, "default_sampling", None) or {})
         self.api_key = api_key or None
         self.max_body_bytes = max_body_bytes
         self.metrics = metrics or ServerMetrics(self.model_names[0])
@@ -186,8 +189,8 @@ class OpenAIServer:
                 f"This model's maximum context length is {L} tokens. However, your {noun} "
                 f"has {prompt_len} tokens, which leaves no room for the completion. Please "
                 f"reduce the length of the {noun}.", code="context_length_exceeded")
-        if requested is None:
-            return L - prompt_len
+        if requested is None:  # the room left, or less where the model's defaults say
+            return min(L - prompt_len, self.sampling_defaults.get("max_tokens") or L)
         if prompt_len + requested > L:
             raise P.APIError(
                 f"This model's maximum context length is {L} tokens. However, you requested "
@@ -275,7 +278,8 @@ class OpenAIServer:
     def _params(self, req, max_tokens: int, lp: int | None, j: int,
                 prompt_lp: int | None = None) -> SamplingParams:
         try:
-            return req.sampling_params(max_tokens, lp, seed_offset=j, prompt_logprobs=prompt_lp)
+            return req.sampling_params(max_tokens, lp, seed_offset=j, prompt_logprobs=prompt_lp,
+                                       defaults=self.sampling_defaults)
         except InvalidRequestError as e:
             raise P.invalid_request(e) from None
 

@@ -109,8 +109,9 @@ class _SamplingFields(_Strict):
     n: Optional[int] = Field(1, ge=1, le=MAX_CHOICES)
     stream: Optional[bool] = False
     stream_options: Optional[StreamOptions] = None
-    temperature: Optional[float] = Field(1.0, ge=0.0, le=2.0)
-    top_p: Optional[float] = Field(1.0, gt=0.0, le=1.0)
+    # None: the model's generation-config default, else OpenAI's 1.0 (sampling_params)
+    temperature: Optional[float] = Field(None, ge=0.0, le=2.0)
+    top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
     stop: Stop = None
     seed: Optional[int] = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
     presence_penalty: Optional[float] = Field(0.0, ge=-2.0, le=2.0)
@@ -224,15 +225,24 @@ class _SamplingFields(_Strict):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
     def sampling_params(self, max_tokens: int, logprobs: int | None, seed_offset: int = 0,
-                        prompt_logprobs: int | None = None) -> SamplingParams:
+                        prompt_logprobs: int | None = None,
+                        defaults: dict | None = None) -> SamplingParams:
+        """The engine's parameters for one choice. ``defaults``: the model's sampling defaults
+        (``LLMEngine.default_sampling``, its generation_config.json's) for the fields the
+        request leaves out, as vLLM's server; OpenAI's / vLLM's own defaults after them."""
         seed = self.seed
         if seed is not None and seed_offset:
             seed = (seed + seed_offset) % (2 ** 63)
+        defaults = defaults or {}
+
+        def pick(name: str, fallback):
+            v = getattr(self, name)
+            return defaults.get(name, fallback) if v is None else v
         return SamplingParams(
-            temperature=1.0 if self.temperature is None else float(self.temperature),
-            top_p=1.0 if self.top_p is None else float(self.top_p),
-            top_k=-1 if self.top_k is None else self.top_k,
-            min_p=0.0 if self.min_p is None else float(self.min_p),
+            temperature=float(pick("temperature", 1.0)),
+            top_p=float(pick("top_p", 1.0)),
+            top_k=pick("top_k", -1),
+            min_p=float(pick("min_p", 0.0)),
             max_tokens=max_tokens,
             seed=seed,
             stop=self.stop_list,
@@ -240,8 +250,7 @@ class _SamplingFields(_Strict):
             ignore_eos=bool(self.ignore_eos),
             presence_penalty=float(self.presence_penalty or 0.0),
             frequency_penalty=float(self.frequency_penalty or 0.0),
-            repetition_penalty=1.0 if self.repetition_penalty is None
-            else float(self.repetition_penalty),
+            repetition_penalty=float(pick("repetition_penalty", 1.0)),
             min_tokens=self.min_tokens or 0,
             logit_bias={int(k): float(b) for k, b in self.logit_bias.items()}
             if self.logit_bias else None,
