@@ -10,7 +10,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="checkpoint folder, or deepseek-v2-lite | qwen3-30b-a3b | mixtral-8x7b with "
                         "--random-weights (default: the embedded default model)")
     g.add_argument("--random-weights", action="store_true", help="seeded random weights at full size")
-    g.add_argument("--dtype", default="bfloat16", help="bfloat16 (default), float16 or float32")
+    g.add_argument("--dtype", default="bfloat16",
+                   help="bfloat16 (default), float16, float32, or auto (the checkpoint's own "
+                        "16-bit dtype, else bfloat16: vLLM's auto)")
     g.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
     g.add_argument("--seed", type=int, default=0,
                    help="random weights' seed; generate and chat also seed sampling with it "
@@ -40,6 +42,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--enforce-eager", action="store_true",
                    help="launch every decode step eagerly, never as CUDA graphs (as vLLM's)")
     g.add_argument("--profile", default=None, help="hardware profile JSON (writescope calibrate)")
+    g.add_argument("--tokenizer", default=None,
+                   help="a folder whose tokenizer to use (default: the model's)")
     g.add_argument("--generation-config", default="auto",
                    help="the sampling defaults of requests that leave them out: auto (the "
                         "model's generation_config.json, as vLLM), vllm (none), or a folder")
@@ -68,7 +72,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
               enable_prefix_caching=getattr(args, "enable_prefix_caching", True),
               gpu_memory_utilization=getattr(args, "gpu_memory_utilization", None),
               enforce_eager=getattr(args, "enforce_eager", False),
-              generation_config=getattr(args, "generation_config", "auto"))
+              generation_config=getattr(args, "generation_config", "auto"),
+              tokenizer=getattr(args, "tokenizer", None))
     if args.block_size is not None:
         kw["block_size"] = args.block_size
     return kw

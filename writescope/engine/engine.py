@@ -78,8 +78,9 @@ class LLMEngine(EngineSizing):
                  show_progress: bool = False, config_overrides: dict | None = None,
                  enable_prefix_caching: bool = True, kv_cache_memory: int | str | None = None,
                  gpu_memory_utilization: float | None = None, enforce_eager: bool = False,
-                 generation_config: str | os.PathLike | None = "auto"):
-        self.dtype = parse_dtype(dtype)
+                 generation_config: str | os.PathLike | None = "auto",
+                 tokenizer: str | os.PathLike | None = None):
+        self.dtype = parse_dtype(dtype, {})  # checked now; "auto" is resolved with the config
         try:
             self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         except RuntimeError:  # torch's message lists every device type it knows
@@ -103,6 +104,7 @@ class LLMEngine(EngineSizing):
             if vram_budget is not None:
                 raise ValueError("give vram_budget or gpu_memory_utilization, not both")
         self.config, ckpt, self.model_name = resolve_model(model, random_weights, config_overrides)
+        self.dtype = parse_dtype(dtype, self.config.raw)
         self.config_overrides = dict(config_overrides or {})
         if self.device.type == "cuda":
             # the CPU kernels' worker threads need the GIL around each call while this thread
@@ -142,14 +144,22 @@ class LLMEngine(EngineSizing):
                              "WRITESCOPE_ALLOW_LONG_MAX_MODEL_LEN=1 to run it anyway")
         self.tokenizer = None
         tok_dir = Path(model) if (model is not None and ckpt is None and Path(str(model)).exists()) else ckpt
+        model_dir = tok_dir
+        if tokenizer is not None:  # vLLM's tokenizer=: another folder's tokenizer
+            tok_dir = Path(tokenizer)
+            if not tok_dir.is_dir():
+                raise ValueError(f"tokenizer must be a folder holding a tokenizer, got {tokenizer!r}")
         if tok_dir is not None and any((tok_dir / f).exists() for f in (
                 "tokenizer_config.json", "tokenizer.json", "tokenizer.model")):
             from ..models.tokenizer import Tokenizer
             self.tokenizer = Tokenizer.from_pretrained(tok_dir)
+        elif tokenizer is not None:
+            raise ValueError(f"no tokenizer in {tok_dir} (tokenizer_config.json, tokenizer.json "
+                             "or tokenizer.model)")
         #: the model's sampling defaults (vLLM's generation_config="auto": its
         #: generation_config.json's temperature, top_p, ...; engine/generation_config.py), for
         #: requests that leave them out: ``default_sampling_params()``, the server
-        self.default_sampling = sampling_defaults(generation_config, tok_dir)
+        self.default_sampling = sampling_defaults(generation_config, model_dir)
         if self.default_sampling:
             try:
                 SamplingParams(**self.default_sampling)

@@ -15,13 +15,21 @@ DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.f
           "fp32": torch.float32, "float": torch.float32}
 
 
-def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+def parse_dtype(dtype: str | torch.dtype, config: dict | None = None) -> torch.dtype:
+    """A dtype name; ``"auto"`` (vLLM's): the checkpoint's own (config.json's ``dtype`` or
+    ``torch_dtype``) when it is 16-bit, else bfloat16 -- float32 and unsaid included, as vLLM
+    does not run a float32 checkpoint in float32 unless asked."""
     if isinstance(dtype, torch.dtype):
         return dtype
+    if str(dtype).lower() == "auto":
+        saved = (config or {}).get("dtype") or (config or {}).get("torch_dtype")
+        got = DTYPES.get(str(saved).lower().replace("torch.", ""))
+        return got if got in (torch.bfloat16, torch.float16) else torch.bfloat16
     try:
         return DTYPES[str(dtype).lower()]
     except KeyError:
-        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}") from None
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)} or "
+                         "auto") from None
 
 
 #: config.json keys an override may add (absent from some families' configs; a

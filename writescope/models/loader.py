@@ -33,33 +33,64 @@ class CheckpointError(ValueError):
 
 
 # --------------------------------------------------------------------------- checkpoint files
+class _BinFile:
+    """A PyTorch ``.bin`` state dict, as safetensors' handle is read (loaded once, memory-mapped
+    where the file allows)."""
+
+    def __init__(self, path: Path):
+        try:
+            sd = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError:  # the legacy (not zip) format cannot be memory-mapped
+            sd = torch.load(str(path), map_location="cpu", weights_only=True)
+        if not isinstance(sd, dict):
+            raise CheckpointError(f"{path.name} does not hold a state dict")
+        self._sd = sd
+
+    def keys(self):
+        return self._sd.keys()
+
+    def get_tensor(self, name: str) -> torch.Tensor:
+        return self._sd[name]
+
+    def get_slice(self, name: str):
+        t = self._sd[name]
+        return type("_Slice", (), {"get_shape": lambda _s: list(t.shape)})()
+
+
 class Checkpoint:
-    """The tensors of a safetensors checkpoint (single file or sharded), opened lazily (mmap)."""
+    """The tensors of a checkpoint folder, opened lazily: safetensors (an index's shards,
+    ``model.safetensors``, or whatever ``*.safetensors`` files it holds), else PyTorch ``.bin``
+    files the same ways -- the order vLLM's default loader tries them in."""
 
     def __init__(self, path: Path):
         from safetensors import safe_open
 
         self.path = Path(path)
-        index = self.path / "model.safetensors.index.json"
-        single = self.path / "model.safetensors"
-        if index.exists():
-            weight_map = json.loads(index.read_text())["weight_map"]
-            self.file_of = {name: self.path / f for name, f in weight_map.items()}
-        elif single.exists():
-            self.file_of = None
-        else:
-            raise CheckpointError(f"no model.safetensors or model.safetensors.index.json in {self.path}")
         self._open: dict[Path, object] = {}
         self._safe_open = safe_open
+        self.file_of = None
+        for ext in ("safetensors", "bin"):
+            stem = "model" if ext == "safetensors" else "pytorch_model"
+            index = self.path / f"{stem}.{ext}.index.json"
+            if index.exists():
+                weight_map = json.loads(index.read_text())["weight_map"]
+                self.file_of = {name: self.path / f for name, f in weight_map.items()}
+                break
+            files = sorted(self.path.glob(f"*.{ext}"))
+            if files:
+                self.file_of = {n: f for f in files for n in self._handle(f).keys()}
+                break
         if self.file_of is None:
-            self.file_of = {n: single for n in self._handle(single).keys()}
+            raise CheckpointError(f"no weights in {self.path}: no model.safetensors(.index.json), "
+                                  "*.safetensors, pytorch_model.bin(.index.json) or *.bin")
 
     def _handle(self, f: Path):
         h = self._open.get(f)
         if h is None:
             if not f.exists():
                 raise CheckpointError(f"shard {f.name} listed in the index is missing from {self.path}")
-            h = self._safe_open(str(f), framework="pt", device="cpu")
+            h = _BinFile(f) if f.suffix == ".bin" else \
+                self._safe_open(str(f), framework="pt", device="cpu")
             self._open[f] = h
         return h
 

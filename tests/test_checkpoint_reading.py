@@ -105,3 +105,82 @@ def test_an_extra_eos_id_is_named_as_the_stop_reason(generated):
                                                   logit_bias={tok: 100.0}))[0]
         assert o.token_ids == [tok] and o.finish_reason == "stop"
         assert o.stop_reason == (None if tok == own else tok)
+
+
+@pytest.mark.parametrize("form", ["bin", "bin-sharded", "unindexed"])
+def test_bin_and_unindexed_weights_load_as_vllm_loads_them(tmp_path, tiny_qwen3_moe, form):
+    """PyTorch .bin state dicts (one file, or shards with pytorch_model.bin.index.json) and
+    safetensors files without an index give the safetensors checkpoint's tokens."""
+    import torch
+    from safetensors.torch import load_file
+    d = tmp_path / form
+    shutil.copytree(tiny_qwen3_moe, d)
+    sd = load_file(str(d / "model.safetensors"))
+    (d / "model.safetensors").unlink()
+    if form == "bin":
+        torch.save(sd, d / "pytorch_model.bin")
+    elif form == "bin-sharded":
+        names = sorted(sd)
+        halves = {"pytorch_model-00001-of-00002.bin": names[::2],
+                  "pytorch_model-00002-of-00002.bin": names[1::2]}
+        for f, ns in halves.items():
+            torch.save({n: sd[n] for n in ns}, d / f)
+        (d / "pytorch_model.bin.index.json").write_text(json.dumps(
+            {"weight_map": {n: f for f, ns in halves.items() for n in ns}}))
+    else:
+        from safetensors.torch import save_file
+        save_file(sd, str(d / "model-00001-of-00001.safetensors"))
+    g = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    want = _llm(tiny_qwen3_moe).generate([PROMPT], g)[0].token_ids
+    assert _llm(d).generate([PROMPT], g)[0].token_ids == want
+
+
+def test_a_folder_without_weights_is_named(tmp_path, tiny_qwen3_moe):
+    d = tmp_path / "empty"
+    d.mkdir()
+    shutil.copy(tiny_qwen3_moe / "config.json", d / "config.json")
+    with pytest.raises(ValueError, match="no weights in"):
+        _llm(d)
+
+
+def test_dtype_auto_and_a_tokenizer_folder(tmp_path, tiny_qwen3_moe, tiny_tokenizer_dir):
+    """vLLM's ``dtype="auto"`` (the checkpoint's own 16-bit dtype, else bfloat16) and
+    ``tokenizer=`` (another folder's tokenizer)."""
+    import torch
+    from writescope.engine.model_source import parse_dtype
+    assert parse_dtype("auto", {"torch_dtype": "float16"}) == torch.float16
+    assert parse_dtype("auto", {"dtype": "bfloat16"}) == torch.bfloat16
+    assert parse_dtype("auto", {"torch_dtype": "float32"}) == torch.bfloat16
+    assert parse_dtype("auto", {}) == torch.bfloat16
+    with pytest.raises(ValueError, match="or auto"):
+        parse_dtype("float8")
+    d = tmp_path / "bare"
+    shutil.copytree(tiny_qwen3_moe, d)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (d / f).unlink()
+    llm = LLM(str(d), dtype="auto", device="cpu", max_model_len=256, kv_policy="cpu",
+              tokenizer=str(tiny_tokenizer_dir))
+    assert llm.engine.dtype == torch.bfloat16  # saved float32
+    assert llm.tokenizer.encode("once upon") == _llm(tiny_qwen3_moe).tokenizer.encode("once upon")
+    with pytest.raises(ValueError, match="no tokenizer in"):
+        LLM(str(d), device="cpu", max_model_len=256, tokenizer=str(tmp_path))
+
+
+def test_the_server_takes_the_models_defaults(generated):
+    """A completion request that sets no temperature or max_tokens samples with the model's
+    defaults: generation_config.json's max_new_tokens (5) bounds it, and its stop_reason is
+    null unless a stop token or string ended it."""
+    pytest.importorskip("fastapi")
+    from starlette.testclient import TestClient
+    from writescope.engine.engine import LLMEngine
+    from writescope.server.api import create_app
+    eng = LLMEngine(str(generated), dtype="float32", device="cpu", max_model_len=256)
+    with TestClient(create_app(eng)) as c:
+        r = c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": None, "seed": 3})
+        assert r.status_code == 200, r.text
+        ch = r.json()["choices"][0]
+        assert r.json()["usage"]["completion_tokens"] <= 5 and "stop_reason" in ch
+        r = c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 4, "stop": ["a"],
+                                            "temperature": 0, "ignore_eos": True})
+        ch = r.json()["choices"][0]
+        assert ch["stop_reason"] == ("a" if ch["finish_reason"] == "stop" else None)
