@@ -88,8 +88,10 @@ def test_the_server_fills_what_a_request_leaves_out():
     req = P.CompletionRequest(prompt="x", top_p=0.5)
     sp = req.sampling_params(16, None, defaults=defaults)
     assert (sp.temperature, sp.top_p, sp.top_k, sp.repetition_penalty) == (0.3, 0.5, 7, 1.05)
-    sp = P.CompletionRequest(prompt="x").sampling_params(16, None)
+    sp = P.CompletionRequest(prompt="x", spaces_between_special_tokens=False).sampling_params(
+        16, None)
     assert (sp.temperature, sp.top_p, sp.top_k) == (1.0, 1.0, -1)
+    assert sp.spaces_between_special_tokens is False  # vLLM's field, accepted
 
 
 def test_an_extra_eos_id_is_named_as_the_stop_reason(generated):

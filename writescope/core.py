@@ -147,7 +147,9 @@ class SamplingParams:
     #: with seeds ``seed, seed + 1, ...``); the engine itself runs one per request
     n: int = 1
     #: completions sampled per prompt, of which the ``n`` with the highest cumulative
-    #: log-probability are returned (vLLM 0.6's; ``LLM.generate``); None: ``n``
+    #: log-probability are returned (vLLM 0.6's; ``LLM.generate``); None: ``n``. Ranked by
+    #: the model's own log-probabilities (those writescope reports, vLLM V1's raw ones; vLLM
+    #: 0.6 ranked by those after temperature and the filters)
     best_of: int | None = None
     #: None: no log-probabilities; 0: the sampled token's log-probability per step
     #: (``RequestOutput.logprobs``); k >= 1: also the k most likely tokens' per step

@@ -130,6 +130,7 @@ class _SamplingFields(_Strict):
     truncate_prompt_tokens: Optional[int] = Field(None, ge=-1)
     bad_words: Optional[list[str]] = None
     skip_special_tokens: Optional[bool] = True
+    spaces_between_special_tokens: Optional[bool] = True  # vLLM's: no effect (fast tokenizers)
     # structured outputs: OpenAI's response_format, vLLM's structured_outputs and its former
     # guided_* fields
     response_format: Optional[ResponseFormat] = None
@@ -262,6 +263,7 @@ class _SamplingFields(_Strict):
             truncate_prompt_tokens=self.truncate_prompt_tokens,
             bad_words=list(self.bad_words) if self.bad_words else None,
             skip_special_tokens=self.skip_special_tokens is not False,
+            spaces_between_special_tokens=self.spaces_between_special_tokens is not False,
         )
 
 
