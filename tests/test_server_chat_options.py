@@ -410,3 +410,32 @@ def test_token_bytes_of_sentencepiece_byte_fallback():
     assert [tb.text(i) for i in (0, 4)] == ["\\xf0", " cat"]
     at = CharOffsets(3)
     assert [at.add(tb.bytes(i)) for i in range(5)] == [3, 3, 3, 3, 4] and at.chars == 8
+
+
+def test_a_client_gone_during_its_body_is_a_400_not_a_server_error(client, caplog):
+    """A client that disconnects while sending its body (a proxy timing out an upload) gets a
+    400 and no error is logged (it was an unhandled ClientDisconnect: a 500 and two
+    tracebacks); the server goes on serving."""
+    import asyncio
+    import logging
+    msgs = [{"type": "http.request", "body": b'{"prompt": "hel', "more_body": True},
+            {"type": "http.disconnect"}]
+    sent = []
+
+    async def receive():
+        return msgs.pop(0) if msgs else {"type": "http.disconnect"}
+
+    async def send(m):
+        sent.append(m)
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+             "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions",
+             "query_string": b"", "root_path": "", "server": ("testserver", 80),
+             "client": ("testclient", 5000),
+             "headers": [(b"content-type", b"application/json"), (b"content-length", b"1000")]}
+    with caplog.at_level(logging.ERROR):
+        asyncio.run(client.app(scope, receive, send))
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    assert start["status"] == 400
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    r = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+    assert r.status_code == 200

@@ -43,6 +43,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from ..core import InvalidRequestError, SamplingParams, StructuredOutputsParams
 from ..layers.grammar import MayThinkFirst
@@ -147,12 +148,15 @@ class OpenAIServer:
             raise P.APIError(f"request body larger than {self.max_body_bytes} bytes",
                              status=413, code="request_too_large")
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > self.max_body_bytes:
-                raise P.APIError(f"request body larger than {self.max_body_bytes} bytes",
-                                 status=413, code="request_too_large")
-            chunks.append(chunk)
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > self.max_body_bytes:
+                    raise P.APIError(f"request body larger than {self.max_body_bytes} bytes",
+                                     status=413, code="request_too_large")
+                chunks.append(chunk)
+        except ClientDisconnect:  # gone before its body arrived: an answer no one reads
+            raise P.APIError("the client disconnected while sending the request body") from None
         return b"".join(chunks)
 
     async def off_loop(self, fn: Callable[[], Any], heavy: bool) -> Any:
