@@ -1,48 +1,11 @@
 """``FastLaunch.bind``: a launch with its named arguments fixed passes the kernel exactly what
 the unbound launch passes, and keys its positional arguments as finely (a stand-in for Triton's
 JIT, so this runs without a GPU; tests/test_gpu_attention.py launches a real kernel bound)."""
-import inspect
-
 import pytest
 import torch
 
 from writescope.attention import launch as L
-
-
-class _Param:
-    def __init__(self, name, constexpr):
-        self.name, self.is_constexpr = name, constexpr
-
-
-class _Kernel:
-    """A compiled form: records what its launcher is given."""
-
-    function = "fn"
-    packed_metadata = "md"
-
-    def __init__(self, key, calls):
-        self.key, self.calls = key, calls
-
-    def run(self, *args):
-        self.calls.append((self.key, args))
-
-
-class _Jit:
-    """Triton's JIT as FastLaunch sees it: parameters, and ``fn[grid](...)`` compiling and
-    launching once per call (the compile is what a kept kernel saves)."""
-
-    def __init__(self, fn, constexprs):
-        self.fn = fn
-        self.__name__ = fn.__name__
-        self.params = [_Param(n, n in constexprs) for n in inspect.signature(fn).parameters]
-        self.compiled, self.calls = [], []
-
-    def __getitem__(self, grid):
-        def jit(*args, **kwargs):
-            k = _Kernel(len(self.compiled), self.calls)
-            self.compiled.append((grid, args, kwargs))
-            return k
-        return jit
+from writescope.bench.launch_host import StandInJit, measure
 
 
 def kern(X, Y, n, scale, BLOCK, MODE, FLAG=False):
@@ -53,7 +16,7 @@ def kern(X, Y, n, scale, BLOCK, MODE, FLAG=False):
 def jit(monkeypatch):
     monkeypatch.setattr(L, "raw_stream", lambda device: 7)
     monkeypatch.setenv("WRITESCOPE_FAST_LAUNCH", "1")
-    return _Jit(kern, {"BLOCK", "MODE", "FLAG"})
+    return StandInJit(kern, {"BLOCK", "MODE", "FLAG"})
 
 
 def test_a_bound_launch_passes_what_the_unbound_one_passes(jit):
@@ -108,3 +71,14 @@ def test_fast_launch_off_binds_through_the_jit(jit, monkeypatch):
     for _ in range(3):
         b[(2,)](x, x, 8, 1.0)
     assert len(jit.compiled) == 3 and (fl.direct, fl.jit) == (0, 3)
+
+
+def test_the_host_time_bench_times_every_way():
+    """``python -m writescope.bench.launch_host``: each launch form of both shapes timed (a few
+    calls here), the stand-in kernels put back afterwards."""
+    from writescope.attention import gpu as G
+    before = G._kernels
+    rows = measure(calls=50, rounds=1)
+    assert [r["shape"] for r in rows] == ["gqa", "mla"]
+    assert all(v > 0 for r in rows for k, v in r.items() if k.endswith("_us"))
+    assert G._kernels is before
