@@ -6,6 +6,7 @@
 #    4 x 8K, experts on the GPU, 128 GPU blocks (the seventy-first's row: 48.0 ms, the launching
 #    thread 46.6 ms), 9 unprofiled steps each; the new row with --cprofile 4.
 # 2. The whole GPU suite on the new tree (cap 400 s, or what the call has left).
+# 0. The attention launches' Python a call on this host (bench.launch_host, no GPU needed).
 # 3. Time allowing: old then new again, and DeepSeek-V2-Lite 4 x 8K (MLA), new / old.
 # Carry .whl. CALL_S=560 (timeout 590).
 source bench/results/run-helper.sh
@@ -20,6 +21,7 @@ prof() {  # prof NAME TREE MODEL [ARGS...]
     --vram-budget 68GiB --num-gpu-blocks 128 --warmup 3 --steps 9 --json $R/$name.json "$@")
   grep "^decode step" $R/$name.log | head -1
 }
+run launch-host 40 python -m writescope.bench.launch_host --json $R/launch_host.json
 prof q-new-1 . qwen3-30b-a3b --cprofile 4
 prof q-old-1 _ab/old qwen3-30b-a3b
 left=$((DEADLINE - $(date +%s)))
