@@ -1,12 +1,14 @@
 #!/bin/bash
-# Seventy-second session, call 1: the attention launches with their named arguments bound once
-# (FastLaunch.bind) and the launch flags and pinned views read once per step, against the
-# seventy-first's final tree (6b8dcb5, in _ab/old: untracked, carried, removed after).
+# Prepared in the seventy-second session (twelve starts refused; it never ran): the attention
+# launches with their named arguments bound once (FastLaunch.bind) and the launch flags and
+# pinned views read once per step, against the seventy-first's final tree 6b8dcb5. Before the
+# call: `mkdir -p _ab/old && git archive 6b8dcb5 writescope | tar -x -C _ab/old` (untracked, not
+# ignored, so the device gets it; removed after; never `git add -A` while it exists).
+# 0. The attention launches' Python a call on this host (bench.launch_host, no GPU needed).
 # 1. A spilled eager step's host time, new then old on one host: step_profile of Qwen3-30B-A3B
 #    4 x 8K, experts on the GPU, 128 GPU blocks (the seventy-first's row: 48.0 ms, the launching
 #    thread 46.6 ms), 9 unprofiled steps each; the new row with --cprofile 4.
 # 2. The whole GPU suite on the new tree (cap 400 s, or what the call has left).
-# 0. The attention launches' Python a call on this host (bench.launch_host, no GPU needed).
 # 3. Time allowing: old then new again, and DeepSeek-V2-Lite 4 x 8K (MLA), new / old.
 # Carry .whl. CALL_S=560 (timeout 590).
 source bench/results/run-helper.sh
