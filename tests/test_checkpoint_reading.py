@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from conftest import build_tiny_checkpoint, tiny_config
+from conftest import ENDOFTEXT_ID, IM_END_ID, build_tiny_checkpoint, tiny_config
 from writescope import LLM, SamplingParams
 from writescope.models.config import ModelConfig
 
@@ -164,6 +164,9 @@ def test_dtype_auto_and_a_tokenizer_folder(tmp_path, tiny_qwen3_moe, tiny_tokeni
               tokenizer=str(tiny_tokenizer_dir))
     assert llm.engine.dtype == torch.bfloat16  # saved float32
     assert llm.tokenizer.encode("once upon") == _llm(tiny_qwen3_moe).tokenizer.encode("once upon")
+    # the model folder's generation_config.json names the EOS ids, not the tokenizer's folder
+    assert not (tiny_tokenizer_dir / "generation_config.json").exists()
+    assert llm.engine.eos_ids == _llm(tiny_qwen3_moe).engine.eos_ids == {IM_END_ID, ENDOFTEXT_ID}
     with pytest.raises(ValueError, match="no tokenizer in"):
         LLM(str(d), device="cpu", max_model_len=256, tokenizer=str(tmp_path))
 

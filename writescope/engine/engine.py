@@ -152,7 +152,7 @@ class LLMEngine(EngineSizing):
         if tok_dir is not None and any((tok_dir / f).exists() for f in (
                 "tokenizer_config.json", "tokenizer.json", "tokenizer.model")):
             from ..models.tokenizer import Tokenizer
-            self.tokenizer = Tokenizer.from_pretrained(tok_dir)
+            self.tokenizer = Tokenizer.from_pretrained(tok_dir, checkpoint=model_dir)
         elif tokenizer is not None:
             raise ValueError(f"no tokenizer in {tok_dir} (tokenizer_config.json, tokenizer.json "
                              "or tokenizer.model)")

@@ -47,8 +47,10 @@ class Tokenizer:
         self._backend = _plain_backend(hf_tokenizer)
 
     @classmethod
-    def from_pretrained(cls, path: str | Path) -> "Tokenizer":
-        """Load from a local checkpoint folder (no network access)."""
+    def from_pretrained(cls, path: str | Path, checkpoint: str | Path | None = None) -> "Tokenizer":
+        """Load from a local checkpoint folder (no network access). ``checkpoint``: the model's
+        folder, whose generation_config.json (or config.json) names the extra EOS ids, where the
+        tokenizer comes from another folder (vLLM's ``tokenizer=``); ``path`` by default."""
         from transformers import AutoTokenizer
 
         p = Path(path)
@@ -58,7 +60,8 @@ class Tokenizer:
             hf = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
         except Exception as e:  # transformers raises several types (OSError, ValueError, ...)
             raise TokenizerError(f"cannot load the tokenizer of {p}: {type(e).__name__}: {e}") from e
-        return cls(hf, extra_eos_ids=_checkpoint_eos_ids(p), path=p)
+        eos_dir = Path(checkpoint) if checkpoint is not None else p
+        return cls(hf, extra_eos_ids=_checkpoint_eos_ids(eos_dir), path=p)
 
     # ------------------------------------------------------------------ facts
     @property
