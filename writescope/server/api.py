@@ -77,9 +77,11 @@ class _SSEResponse(StreamingResponse):
             self._on_close()
 
 
-def _sse(obj: Any) -> str:
+def _sse(obj: Any, usage: bool = True) -> str:
+    """One server-sent event. ``usage=False`` leaves a chunk's ``usage`` key out: OpenAI's
+    chunks have it (null but on the last) only when ``stream_options.include_usage`` asks."""
     if hasattr(obj, "model_dump_json"):
-        return f"data: {obj.model_dump_json(exclude_unset=False)}\n\n"
+        return f"data: {obj.model_dump_json(exclude=None if usage else {'usage'})}\n\n"
     return f"data: {json.dumps(obj)}\n\n"
 
 
@@ -372,6 +374,7 @@ class OpenAIServer:
     async def _completion_stream(self, gen: Generation, req: P.CompletionRequest, rid: str,
                                  model: str) -> AsyncIterator[str]:
         usage_every = bool(req.stream_options and req.stream_options.continuous_usage_stats)
+        with_usage = _streams_usage(req)
         created = P.now_s()
         text_offsets = {c.index: CharOffsets() for c in gen.choices}
         try:
@@ -382,14 +385,14 @@ class OpenAIServer:
                         echo_later.add(c.index)
                         continue
                     yield _sse(P.CompletionResponse(id=rid, created=created, model=model, choices=[
-                        P.CompletionChoice(index=c.index, text=c.prompt_text or "")]))
+                        P.CompletionChoice(index=c.index, text=c.prompt_text or "")]), with_usage)
             async for c, piece, start, end in _deltas(gen):
                 if c.index in echo_later:
                     echo_later.discard(c.index)
                     head = self._prompt_logprobs(c, req.logprobs, text_offsets[c.index])
                     yield _sse(P.CompletionResponse(id=rid, created=created, model=model, choices=[
                         P.CompletionChoice(index=c.index, text=c.prompt_text or "",
-                                           logprobs=head)]))
+                                           logprobs=head)]), with_usage)
                 logprobs = None
                 if req.logprobs is not None:
                     logprobs = self._completion_logprobs(c, start, end, req.logprobs,
@@ -401,7 +404,7 @@ class OpenAIServer:
                                                 stop_reason=c.stop_reason)])
                 if usage_every:
                     chunk.usage = gen.usage()
-                yield _sse(chunk)
+                yield _sse(chunk, with_usage)
             if req.stream_options and req.stream_options.include_usage:
                 yield _sse(P.CompletionResponse(id=rid, created=created, model=model, choices=[],
                                                 usage=gen.usage()))
@@ -517,13 +520,14 @@ class OpenAIServer:
     async def _chat_stream(self, gen: Generation, req: P.ChatCompletionRequest, rid: str,
                            model: str, out: ChatOutput) -> AsyncIterator[str]:
         usage_every = bool(req.stream_options and req.stream_options.continuous_usage_stats)
+        with_usage = _streams_usage(req)
         created = P.now_s()
 
         def chunk(choices: list[P.ChatStreamChoice]) -> str:
             c = P.ChatCompletionChunk(id=rid, created=created, model=model, choices=choices)
             if usage_every:
                 c.usage = gen.usage()
-            return _sse(c)
+            return _sse(c, with_usage)
 
         try:
             echoed = req.echoed()
@@ -615,6 +619,12 @@ def _text_delta(c: Choice, holdback: int) -> str:
 def _skips(req) -> bool:
     """Whether the request's text leaves special tokens out (its ``skip_special_tokens``)."""
     return req.skip_special_tokens is not False
+
+
+def _streams_usage(req) -> bool:
+    """Whether the request's stream chunks carry a ``usage`` key (``stream_options``)."""
+    so = req.stream_options
+    return bool(so and (so.include_usage or so.continuous_usage_stats))
 
 
 def _error_body(e: Exception) -> dict:
