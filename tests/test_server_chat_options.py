@@ -464,3 +464,13 @@ def test_stream_chunks_carry_usage_only_when_include_usage_asks(client, path, ex
     *rest, last = asked
     assert rest and all("usage" in c and c["usage"] is None for c in rest)
     assert last["choices"] == [] and last["usage"]["completion_tokens"] == 3 * extra.get("n", 1)
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_context_length_error_names_the_field_the_request_used(client, field):
+    """A chat request whose budget does not fit the context: the 400's ``param`` is the field
+    the client sent (OpenAI's ``max_completion_tokens``, or the older ``max_tokens``)."""
+    r = client.post("/v1/chat/completions", json={"messages": CONV[:1], field: 100000})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["code"] == "context_length_exceeded" and err["param"] == field

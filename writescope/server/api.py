@@ -186,7 +186,10 @@ class OpenAIServer:
         keep = self.max_model_len - 1 if keep == -1 else keep
         return ids[-keep:] if len(ids) > keep else ids
 
-    def resolve_max_tokens(self, prompt_len: int, requested: int | None, noun: str) -> int:
+    def resolve_max_tokens(self, prompt_len: int, requested: int | None, noun: str,
+                           param: str = "max_tokens") -> int:
+        """The completion's token budget; ``param`` names the field that asked for it in the
+        error of a request that does not fit."""
         L = self.max_model_len
         if prompt_len == 0:
             raise P.APIError("the prompt is empty", param="prompt")
@@ -202,7 +205,7 @@ class OpenAIServer:
                 f"This model's maximum context length is {L} tokens. However, you requested "
                 f"{prompt_len + requested} tokens ({prompt_len} in the {noun}, {requested} in "
                 f"the completion). Please reduce the length of the {noun} or completion.",
-                param="max_tokens", code="context_length_exceeded")
+                param=param, code="context_length_exceeded")
         return requested
 
     def token_str(self, tid: int) -> str:
@@ -426,7 +429,9 @@ class OpenAIServer:
         heavy = conversation.text_size(req) > INLINE_TOKENIZE_CHARS
         ids = await self.off_loop(lambda: conversation.prompt_ids(self.tokenizer, req), heavy)
         ids = self.truncated(ids, req.truncate_prompt_tokens)
-        max_tokens = self.resolve_max_tokens(len(ids), req.requested_max_tokens, "messages")
+        max_tokens = self.resolve_max_tokens(
+            len(ids), req.requested_max_tokens, "messages",
+            "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens")
         base = P.new_id("chatcmpl")
         lp = (req.top_logprobs or 0) if req.logprobs else None
         choices = [Choice(j, f"{base}-{j}", ids, None, max_tokens) for j in range(req.num_choices)]
