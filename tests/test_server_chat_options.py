@@ -439,3 +439,38 @@ def test_a_client_gone_during_its_body_is_a_400_not_a_server_error(client, caplo
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
     r = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
     assert r.status_code == 200
+
+
+def _sse_chunks(client, path, body):
+    chunks = []
+    with client.stream("POST", path, json=body) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunks.append(json.loads(line[6:]))
+    return chunks
+
+
+@pytest.mark.parametrize("path,extra", [("/v1/chat/completions", {"messages": CONV[:1]}),
+                                        ("/v1/completions", {"prompt": "Rivers are", "n": 2})])
+def test_stream_chunks_carry_usage_only_when_include_usage_asks(client, path, extra):
+    """OpenAI's chunks: the ``usage`` key is there only with ``stream_options.include_usage``
+    -- then null on every chunk but the last, whose choices are empty -- and absent without
+    it (a client that tells the usage chunk by the key's presence must not see it early)."""
+    body = dict(extra, max_tokens=3, temperature=0, stream=True)
+    plain = _sse_chunks(client, path, body)
+    assert plain and all("usage" not in c for c in plain)
+    asked = _sse_chunks(client, path, {**body, "stream_options": {"include_usage": True}})
+    *rest, last = asked
+    assert rest and all("usage" in c and c["usage"] is None for c in rest)
+    assert last["choices"] == [] and last["usage"]["completion_tokens"] == 3 * extra.get("n", 1)
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_context_length_error_names_the_field_the_request_used(client, field):
+    """A chat request whose budget does not fit the context: the 400's ``param`` is the field
+    the client sent (OpenAI's ``max_completion_tokens``, or the older ``max_tokens``)."""
+    r = client.post("/v1/chat/completions", json={"messages": CONV[:1], field: 100000})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["code"] == "context_length_exceeded" and err["param"] == field

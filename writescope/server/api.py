@@ -77,9 +77,11 @@ class _SSEResponse(StreamingResponse):
             self._on_close()
 
 
-def _sse(obj: Any) -> str:
+def _sse(obj: Any, usage: bool = True) -> str:
+    """One server-sent event. ``usage=False`` leaves a chunk's ``usage`` key out: OpenAI's
+    chunks have it (null but on the last) only when ``stream_options.include_usage`` asks."""
     if hasattr(obj, "model_dump_json"):
-        return f"data: {obj.model_dump_json(exclude_unset=False)}\n\n"
+        return f"data: {obj.model_dump_json(exclude=None if usage else {'usage'})}\n\n"
     return f"data: {json.dumps(obj)}\n\n"
 
 
@@ -184,7 +186,10 @@ class OpenAIServer:
         keep = self.max_model_len - 1 if keep == -1 else keep
         return ids[-keep:] if len(ids) > keep else ids
 
-    def resolve_max_tokens(self, prompt_len: int, requested: int | None, noun: str) -> int:
+    def resolve_max_tokens(self, prompt_len: int, requested: int | None, noun: str,
+                           param: str = "max_tokens") -> int:
+        """The completion's token budget; ``param`` names the field that asked for it in the
+        error of a request that does not fit."""
         L = self.max_model_len
         if prompt_len == 0:
             raise P.APIError("the prompt is empty", param="prompt")
@@ -200,7 +205,7 @@ class OpenAIServer:
                 f"This model's maximum context length is {L} tokens. However, you requested "
                 f"{prompt_len + requested} tokens ({prompt_len} in the {noun}, {requested} in "
                 f"the completion). Please reduce the length of the {noun} or completion.",
-                param="max_tokens", code="context_length_exceeded")
+                param=param, code="context_length_exceeded")
         return requested
 
     def token_str(self, tid: int) -> str:
@@ -372,6 +377,7 @@ class OpenAIServer:
     async def _completion_stream(self, gen: Generation, req: P.CompletionRequest, rid: str,
                                  model: str) -> AsyncIterator[str]:
         usage_every = bool(req.stream_options and req.stream_options.continuous_usage_stats)
+        with_usage = _streams_usage(req)
         created = P.now_s()
         text_offsets = {c.index: CharOffsets() for c in gen.choices}
         try:
@@ -382,14 +388,14 @@ class OpenAIServer:
                         echo_later.add(c.index)
                         continue
                     yield _sse(P.CompletionResponse(id=rid, created=created, model=model, choices=[
-                        P.CompletionChoice(index=c.index, text=c.prompt_text or "")]))
+                        P.CompletionChoice(index=c.index, text=c.prompt_text or "")]), with_usage)
             async for c, piece, start, end in _deltas(gen):
                 if c.index in echo_later:
                     echo_later.discard(c.index)
                     head = self._prompt_logprobs(c, req.logprobs, text_offsets[c.index])
                     yield _sse(P.CompletionResponse(id=rid, created=created, model=model, choices=[
                         P.CompletionChoice(index=c.index, text=c.prompt_text or "",
-                                           logprobs=head)]))
+                                           logprobs=head)]), with_usage)
                 logprobs = None
                 if req.logprobs is not None:
                     logprobs = self._completion_logprobs(c, start, end, req.logprobs,
@@ -401,7 +407,7 @@ class OpenAIServer:
                                                 stop_reason=c.stop_reason)])
                 if usage_every:
                     chunk.usage = gen.usage()
-                yield _sse(chunk)
+                yield _sse(chunk, with_usage)
             if req.stream_options and req.stream_options.include_usage:
                 yield _sse(P.CompletionResponse(id=rid, created=created, model=model, choices=[],
                                                 usage=gen.usage()))
@@ -423,7 +429,9 @@ class OpenAIServer:
         heavy = conversation.text_size(req) > INLINE_TOKENIZE_CHARS
         ids = await self.off_loop(lambda: conversation.prompt_ids(self.tokenizer, req), heavy)
         ids = self.truncated(ids, req.truncate_prompt_tokens)
-        max_tokens = self.resolve_max_tokens(len(ids), req.requested_max_tokens, "messages")
+        max_tokens = self.resolve_max_tokens(
+            len(ids), req.requested_max_tokens, "messages",
+            "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens")
         base = P.new_id("chatcmpl")
         lp = (req.top_logprobs or 0) if req.logprobs else None
         choices = [Choice(j, f"{base}-{j}", ids, None, max_tokens) for j in range(req.num_choices)]
@@ -517,13 +525,14 @@ class OpenAIServer:
     async def _chat_stream(self, gen: Generation, req: P.ChatCompletionRequest, rid: str,
                            model: str, out: ChatOutput) -> AsyncIterator[str]:
         usage_every = bool(req.stream_options and req.stream_options.continuous_usage_stats)
+        with_usage = _streams_usage(req)
         created = P.now_s()
 
         def chunk(choices: list[P.ChatStreamChoice]) -> str:
             c = P.ChatCompletionChunk(id=rid, created=created, model=model, choices=choices)
             if usage_every:
                 c.usage = gen.usage()
-            return _sse(c)
+            return _sse(c, with_usage)
 
         try:
             echoed = req.echoed()
@@ -615,6 +624,12 @@ def _text_delta(c: Choice, holdback: int) -> str:
 def _skips(req) -> bool:
     """Whether the request's text leaves special tokens out (its ``skip_special_tokens``)."""
     return req.skip_special_tokens is not False
+
+
+def _streams_usage(req) -> bool:
+    """Whether the request's stream chunks carry a ``usage`` key (``stream_options``)."""
+    so = req.stream_options
+    return bool(so and (so.include_usage or so.continuous_usage_stats))
 
 
 def _error_body(e: Exception) -> dict:
