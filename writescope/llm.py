@@ -71,6 +71,17 @@ class LLM:
     def tokenizer(self):
         return self.engine.tokenizer
 
+    @property
+    def llm_engine(self) -> LLMEngine:
+        """The engine (vLLM's ``LLM.llm_engine``)."""
+        return self.engine
+
+    def get_tokenizer(self):
+        """The model's Hugging Face tokenizer (vLLM's ``LLM.get_tokenizer``: ``encode``,
+        ``decode``, ``apply_chat_template(..., tokenize=False)``); None for a model without
+        one. ``llm.tokenizer`` is writescope's wrapper of it."""
+        return None if self.engine.tokenizer is None else self.engine.tokenizer.hf
+
     def get_default_sampling_params(self) -> SamplingParams:
         """The sampling parameters a request gets when it gives none: the model's
         ``generation_config.json`` defaults (temperature, top_p, top_k, min_p,
@@ -134,19 +145,26 @@ class LLM:
              sampling_params: SamplingParams | list[SamplingParams] | None = None,
              use_tqdm: bool = False, add_generation_prompt: bool = True,
              tools: list[dict] | None = None, continue_final_message: bool = False,
-             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+             chat_template_kwargs: dict | None = None,
+             chat_template: str | None = None) -> list[RequestOutput]:
         """:meth:`generate` on one conversation (a list of ``{"role", "content"}`` messages) or
         several, each rendered with the model's chat template (vLLM's ``LLM.chat``); ``tools``
         (OpenAI's function definitions) go to templates that render them;
         ``continue_final_message`` leaves the last message open for the output to continue
         (with ``add_generation_prompt=False``); ``chat_template_kwargs`` are variables the
-        template reads (Qwen3's ``enable_thinking``)."""
+        template reads (Qwen3's ``enable_thinking``); ``chat_template`` (Jinja text) replaces the
+        model's template."""
         if self.tokenizer is None:
             raise ValueError("this model has no tokenizer, so no chat template")
+        from .models.tokenizer import RESERVED_TEMPLATE_KWARGS
+        bad = sorted(set(chat_template_kwargs or {}) & RESERVED_TEMPLATE_KWARGS)
+        if bad:  # (chat_template, add_generation_prompt, ...: LLM.chat's own arguments)
+            raise ValueError(f"chat template variables cannot be named {', '.join(bad)}")
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
         texts = [self.tokenizer.render_chat(
             c, add_generation_prompt=add_generation_prompt, tools=tools,
-            continue_final_message=continue_final_message, **(chat_template_kwargs or {}))
+            continue_final_message=continue_final_message, chat_template=chat_template,
+            **(chat_template_kwargs or {}))
             for c in convs]
         # the rendered text carries any BOS the template wants: encoded without adding one
         prompts = [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]

@@ -1,0 +1,44 @@
+"""Code written for vLLM's offline API (``LLM``, ``SamplingParams``, ``RequestOutput``) runs
+unchanged on writescope and reads the same shapes."""
+from __future__ import annotations
+
+import pytest
+
+from writescope import LLM, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_qwen3_moe):
+    return LLM(str(tiny_qwen3_moe), dtype="float32", device="cpu", block_size=8, max_model_len=256,
+               max_num_seqs=8, num_gpu_blocks=4, kv_policy="static", cpu_share=0.5)
+
+
+GREEDY = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+
+
+def test_llm_engine_and_get_tokenizer(llm):
+    assert llm.llm_engine is llm.engine
+    tok = llm.get_tokenizer()
+    # vLLM hands out the Hugging Face tokenizer: its own apply_chat_template(tokenize=False)
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                   add_generation_prompt=True)
+    assert text == llm.tokenizer.render_chat([{"role": "user", "content": "hi"}])
+    assert tok.encode("hello there", add_special_tokens=False) == \
+        llm.tokenizer.encode("hello there", add_special_tokens=False)
+    assert llm.llm_engine.has_unfinished_requests() is False
+
+
+def test_chat_takes_a_chat_template(llm):
+    msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "hello"}]
+    template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+    out = llm.chat(msgs, GREEDY, chat_template=template)[0]
+    assert out.prompt == "[system] S\n[user] hello\n"
+    assert out.prompt_token_ids == llm.tokenizer.encode(out.prompt, add_special_tokens=False)
+    same = llm.generate({"prompt_token_ids": out.prompt_token_ids}, GREEDY)[0]
+    assert same.outputs[0].token_ids == out.outputs[0].token_ids
+    # the model's own template otherwise; several conversations at once
+    two = llm.chat([msgs, msgs[1:]], GREEDY)
+    assert [o.prompt for o in two] == [llm.tokenizer.render_chat(msgs),
+                                       llm.tokenizer.render_chat(msgs[1:])]
+    with pytest.raises(ValueError, match="chat_template"):
+        llm.chat(msgs, GREEDY, chat_template_kwargs={"chat_template": template})
