@@ -42,3 +42,21 @@ def test_chat_takes_a_chat_template(llm):
                                        llm.tokenizer.render_chat(msgs[1:])]
     with pytest.raises(ValueError, match="chat_template"):
         llm.chat(msgs, GREEDY, chat_template_kwargs={"chat_template": template})
+
+
+def test_detokenize_false_and_clone(llm):
+    sp = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    plain = llm.generate("hello there", sp)[0].outputs[0]
+    bare = llm.generate("hello there", SamplingParams(temperature=0, max_tokens=5,
+                                                       ignore_eos=True, detokenize=False))[0]
+    assert bare.outputs[0].text == "" and bare.outputs[0].token_ids == plain.token_ids
+    assert plain.text and bare.outputs[0].finish_reason == "length"
+    with pytest.raises(ValueError, match="detokenize"):
+        SamplingParams(stop=["x"], detokenize=False)
+    with pytest.raises(ValueError, match="detokenize"):
+        SamplingParams(detokenize="no")
+    a = SamplingParams(stop=["x"], stop_token_ids=[3], temperature=0.5)
+    b = a.clone()
+    assert b == a and b is not a
+    b.stop.append("y")
+    assert a.stop == ["x"]

@@ -189,6 +189,9 @@ class SamplingParams:
     #: keep only the prompt's last k tokens (vLLM's; -1: as many as the model's context takes,
     #: leaving room for one new token)
     truncate_prompt_tokens: int | None = None
+    #: False: no output text (vLLM's; ``text`` is "", ``token_ids`` as always); stop strings
+    #: need the text, and are refused
+    detokenize: bool = True
 
     def __post_init__(self) -> None:
         # numpy / torch scalars as Python ints and floats (a bool stays, and is refused below)
@@ -278,7 +281,7 @@ class SamplingParams:
                               or (t < 1 and t != -1)):
             raise bad(f"truncate_prompt_tokens must be -1 or a positive integer, got {t!r}")
         for name in ("include_stop_str_in_output", "skip_special_tokens",
-                     "spaces_between_special_tokens"):
+                     "spaces_between_special_tokens", "detokenize"):
             if not isinstance(getattr(self, name), bool):
                 raise bad(f"{name} must be true or false")
         b = self.best_of
@@ -292,6 +295,9 @@ class SamplingParams:
                                 or self.allowed_token_ids is not None)
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise bad("stop must be a list of non-empty strings")
+        if self.stop and not self.detokenize:
+            raise bad("stop strings need the output text: they cannot be used with "
+                      "detokenize=False")
         #: characters an unfinished output's text keeps back: a stop string may be starting
         #: there, and is cut off when it completes (vLLM's ``stop_buffer_length``), so that
         #: every text an unfinished output shows is a prefix of the final one
@@ -300,6 +306,11 @@ class SamplingParams:
         if any(not isinstance(t, int) or isinstance(t, bool) or t < 0
                for t in self.stop_token_ids):
             raise bad("stop_token_ids must be non-negative integers")
+
+    def clone(self) -> "SamplingParams":
+        """A deep copy (vLLM's ``SamplingParams.clone``)."""
+        import copy
+        return copy.deepcopy(self)
 
     @property
     def greedy(self) -> bool:

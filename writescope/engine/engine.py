@@ -486,7 +486,7 @@ class LLMEngine(EngineSizing):
             if params.prompt_logprobs:
                 req.prompt_top_logprobs.append(None)
         self.requests[request_id] = req
-        if self.tokenizer is not None:
+        if self.tokenizer is not None and (params.detokenize or params.structured_outputs):
             from ..models.tokenizer import IncrementalDetokenizer
             self._detok[request_id] = IncrementalDetokenizer(
                 self.tokenizer, ids, skip_special_tokens=params.skip_special_tokens)
@@ -676,7 +676,7 @@ class LLMEngine(EngineSizing):
 
 
     def _output(self, req: Request) -> RequestOutput:
-        text = req.text
+        text = req.text if req.params.detokenize else ""
         hold = req.params.stop_holdback
         if hold and req.finish_reason is None:  # a stop string may be starting (vLLM's)
             text = text[:max(0, len(text) - hold)]
