@@ -60,3 +60,39 @@ def test_detokenize_false_and_clone(llm):
     assert b == a and b is not a
     b.stop.append("y")
     assert a.stop == ["x"]
+
+
+def test_completion_logprobs_are_vllm_dicts(llm):
+    """``outputs[i].logprobs``: per token ``{token id: Logprob(logprob, rank, decoded_token)}``,
+    the sampled token's entry among them; vLLM code indexes it by the sampled id."""
+    from writescope import Logprob
+    tok = llm.tokenizer
+    o = llm.generate("hello there", SamplingParams(temperature=0, max_tokens=4, ignore_eos=True,
+                                                   logprobs=3))[0]
+    c = o.outputs[0]
+    assert len(c.logprobs) == len(c.token_ids) == 4
+    for t, lp, step, top in zip(c.token_ids, o.logprobs, c.logprobs, o.top_logprobs):
+        assert isinstance(step, dict) and all(isinstance(v, Logprob) for v in step.values())
+        assert step[t].logprob == lp and step[t].rank == 1  # greedy: the likeliest
+        assert step[t].decoded_token == tok.decode([t], skip_special_tokens=False)
+        assert set(step) == set(top) and len(step) == 3
+        assert sorted(v.rank for v in step.values()) == [1, 2, 3]
+        assert all(step[k].logprob == v for k, v in top.items())
+    assert c.cumulative_logprob == pytest.approx(sum(v[t].logprob
+                                                     for t, v in zip(c.token_ids, c.logprobs)))
+    # logprobs=0: the sampled token's only; n > 1: every completion's
+    zero = llm.generate("hello", SamplingParams(temperature=0.9, seed=1, n=2, max_tokens=3,
+                                                ignore_eos=True, logprobs=0))[0]
+    for comp in zero.outputs:
+        assert [list(d) for d in comp.logprobs] == [[t] for t in comp.token_ids]
+    none = llm.generate("hello", SamplingParams(max_tokens=2))[0].outputs[0]
+    assert none.logprobs is None and none.cumulative_logprob is None
+    # the same through the engine's step outputs
+    eng = llm.llm_engine
+    eng.add_request("lp-step", "hello there", SamplingParams(temperature=0, max_tokens=4,
+                                                             ignore_eos=True, logprobs=3))
+    last = None
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            last = out
+    assert last.finished and last.outputs[0].logprobs == c.logprobs

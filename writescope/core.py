@@ -9,6 +9,7 @@ import itertools
 import math
 import operator
 from dataclasses import dataclass, field
+from typing import Callable
 
 
 class InvalidRequestError(ValueError):
@@ -433,14 +434,45 @@ class Request:
 
 
 @dataclass
+class Logprob:
+    """A token's log-probability at one position (vLLM's ``Logprob``): its ``rank`` in the
+    vocabulary there (1: the most likely; None where writescope did not compute it: a sampled
+    token outside the alternatives asked for) and its text."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+def logprob_dicts(token_ids: list[int], logprobs: list[float],
+                  top_logprobs: list[dict[int, float]] | None,
+                  decode: Callable[[list[int]], str] | None) -> list[dict[int, Logprob]]:
+    """Per generated token, vLLM's ``{token id: Logprob}``: the sampled token first, then the
+    alternatives asked for (``SamplingParams.logprobs``), most likely first, ranked 1, 2, ..."""
+    out = []
+    tops = top_logprobs or [None] * len(logprobs)
+    for tok, lp, top in zip(token_ids, logprobs, tops):
+        ranked = list(top or ())
+        d = {tok: Logprob(lp, ranked.index(tok) + 1 if tok in ranked else None,
+                          decode([tok]) if decode else None)}
+        for r, t in enumerate(ranked, 1):
+            if t != tok:
+                d[t] = Logprob(top[t], r, decode([t]) if decode else None)
+        out.append(d)
+    return out
+
+
+@dataclass
 class CompletionOutput:
-    """One completion of a prompt (vLLM's ``RequestOutput.outputs[i]``)."""
+    """One completion of a prompt (vLLM's ``RequestOutput.outputs[i]``). ``logprobs`` is
+    vLLM's: per generated token ``{token id: Logprob}`` (see :func:`logprob_dicts`);
+    ``top_logprobs`` writescope's ``{token id: log-probability}`` of the alternatives."""
 
     index: int
     text: str
     token_ids: list[int]
     cumulative_logprob: float | None
-    logprobs: list[float] | None
+    logprobs: list[dict[int, Logprob]] | None
     top_logprobs: list[dict[int, float]] | None
     finish_reason: str | None
     #: the stop string or stop token id that ended it; None for EOS and other ends (vLLM's)
@@ -483,6 +515,9 @@ class RequestOutput:
     num_cached_tokens: int = 0
     #: the stop string or stop token id that ended it; None for EOS and other ends (vLLM's)
     stop_reason: int | str | None = None
+    #: token ids -> text, for :attr:`outputs`' ``Logprob.decoded_token`` (the engine's
+    #: tokenizer; None: no text)
+    decode: Callable[[list[int]], str] | None = field(default=None, repr=False, compare=False)
 
     @property
     def finished(self) -> bool:
@@ -498,7 +533,9 @@ class RequestOutput:
 
     def as_completion(self, index: int) -> CompletionOutput:
         cum = sum(self.logprobs) if self.logprobs is not None else None
-        return CompletionOutput(index, self.text, self.token_ids, cum, self.logprobs,
+        lps = None if self.logprobs is None else logprob_dicts(
+            self.token_ids, self.logprobs, self.top_logprobs, self.decode)
+        return CompletionOutput(index, self.text, self.token_ids, cum, lps,
                                 self.top_logprobs, self.finish_reason, self.stop_reason)
 
 

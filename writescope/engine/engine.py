@@ -6,6 +6,7 @@ their KV blocks back at once. Not thread-safe: the server runs it on one thread.
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
@@ -156,6 +157,10 @@ class LLMEngine(EngineSizing):
         elif tokenizer is not None:
             raise ValueError(f"no tokenizer in {tok_dir} (tokenizer_config.json, tokenizer.json "
                              "or tokenizer.model)")
+        #: token ids -> text for the outputs' Logprob.decoded_token (the tokenizer's own method:
+        #: an output kept after the engine is gone holds the tokenizer, not the engine)
+        self._decode_tokens = None if self.tokenizer is None else functools.partial(
+            self.tokenizer.decode, skip_special_tokens=False)
         #: the model's sampling defaults (vLLM's generation_config="auto": its
         #: generation_config.json's temperature, top_p, ...; engine/generation_config.py), for
         #: requests that leave them out: ``default_sampling_params()``, the server
@@ -692,7 +697,7 @@ class LLMEngine(EngineSizing):
                              prompt_ranks=req.prompt_ranks
                              if req.params.prompt_logprobs is not None else None,
                              num_cached_tokens=req.num_cached_tokens,
-                             stop_reason=req.stop_reason)
+                             stop_reason=req.stop_reason, decode=self._decode_tokens)
 
     def default_sampling_params(self) -> SamplingParams:
         """SamplingParams with the model's generation-config defaults (vLLM's
