@@ -96,3 +96,28 @@ def test_completion_logprobs_are_vllm_dicts(llm):
         for out in eng.step():
             last = out
     assert last.finished and last.outputs[0].logprobs == c.logprobs
+
+
+def test_engine_takes_prompt_dicts_and_aborts_a_list(llm):
+    """vLLM's ``LLMEngine.add_request(id, TokensPrompt/TextPrompt, params)`` and
+    ``abort_request([ids])``."""
+    eng = llm.llm_engine
+    ids = llm.tokenizer.encode("hello there")
+    eng.add_request("d-text", {"prompt": "hello there"}, GREEDY)
+    eng.add_request("d-ids", {"prompt_token_ids": ids}, GREEDY)
+    eng.add_request("d-gone", {"prompt_token_ids": ids}, GREEDY)
+    eng.add_request("d-gone2", "hello", GREEDY)
+    with pytest.raises(ValueError, match="prompt"):
+        eng.add_request("d-bad", {"text": "x"}, GREEDY)
+    eng.step()
+    eng.abort_request(["d-gone", "d-gone2", "never-added"])
+    done = {}
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            assert out.request_id not in ("d-gone", "d-gone2")
+            if out.finished:
+                done[out.request_id] = out
+    assert set(done) == {"d-text", "d-ids"}
+    assert done["d-text"].prompt == "hello there" and done["d-ids"].prompt is None
+    assert done["d-text"].prompt_token_ids == done["d-ids"].prompt_token_ids == ids
+    assert done["d-text"].token_ids == done["d-ids"].token_ids

@@ -447,6 +447,12 @@ class LLMEngine(EngineSizing):
                                           f"(vocabulary size {self.config.vocab_size})")
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        if isinstance(prompt, dict):  # vLLM's TextPrompt / TokensPrompt
+            from ..llm import _prompt_of
+            try:
+                prompt = _prompt_of(prompt)
+            except ValueError as e:
+                raise InvalidRequestError(str(e)) from None
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise InvalidRequestError(f"model {self.model_name} has no tokenizer: pass token ids")
@@ -522,7 +528,13 @@ class LLMEngine(EngineSizing):
             return False
         return self.cache.reset_prefix_cache()
 
-    def abort_request(self, request_id: str) -> None:
+    def abort_request(self, request_id: str | list[str]) -> None:
+        """End a request (or several: vLLM's takes a list of ids); unknown or finished ids are
+        ignored."""
+        if isinstance(request_id, (list, tuple, set, frozenset)):
+            for rid in list(request_id):
+                self.abort_request(rid)
+            return
         req = self.requests.get(request_id)
         if req is None or req.finished:
             return
