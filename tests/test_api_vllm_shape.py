@@ -121,3 +121,13 @@ def test_engine_takes_prompt_dicts_and_aborts_a_list(llm):
     assert done["d-text"].prompt == "hello there" and done["d-ids"].prompt is None
     assert done["d-text"].prompt_token_ids == done["d-ids"].prompt_token_ids == ids
     assert done["d-text"].token_ids == done["d-ids"].token_ids
+
+
+def test_llm_takes_vllm_constructor_options(tiny_qwen3_moe):
+    """``LLM(model, trust_remote_code=True, tensor_parallel_size=1)``, common in vLLM scripts."""
+    opts = dict(dtype="float32", device="cpu", block_size=8, max_model_len=64, max_num_seqs=2,
+                num_gpu_blocks=4, kv_policy="static")
+    llm = LLM(str(tiny_qwen3_moe), trust_remote_code=True, tensor_parallel_size=1, **opts)
+    assert llm.generate("hello", GREEDY)[0].outputs[0].finish_reason == "length"
+    with pytest.raises(ValueError, match="tensor_parallel_size"):
+        LLM(str(tiny_qwen3_moe), tensor_parallel_size=2, **opts)

@@ -62,7 +62,13 @@ class LLM:
 
     def __init__(self, model: str | os.PathLike | None = None, dtype: str | torch.dtype = "bfloat16",
                  device: str | torch.device | None = None, random_weights: bool = False,
-                 seed: int = 0, **engine_options):
+                 seed: int = 0, trust_remote_code: bool = False,
+                 tensor_parallel_size: int = 1, **engine_options):
+        # vLLM's: writescope runs its architectures natively and never imports a checkpoint's
+        # code, so trust_remote_code changes nothing; it runs on one GPU
+        if tensor_parallel_size != 1:
+            raise ValueError(f"writescope runs on one GPU: tensor_parallel_size must be 1, got "
+                             f"{tensor_parallel_size!r}")
         self.engine = LLMEngine(model, dtype=dtype, device=device, random_weights=random_weights,
                                 seed=seed, **engine_options)
         self._ids = itertools.count()
