@@ -131,3 +131,38 @@ def test_llm_takes_vllm_constructor_options(tiny_qwen3_moe):
     assert llm.generate("hello", GREEDY)[0].outputs[0].finish_reason == "length"
     with pytest.raises(ValueError, match="tensor_parallel_size"):
         LLM(str(tiny_qwen3_moe), tensor_parallel_size=2, **opts)
+
+
+def test_output_kind_delta_and_final_only(llm):
+    """vLLM's ``SamplingParams.output_kind`` as ``LLMEngine.step`` applies it."""
+    from writescope import RequestOutputKind
+    eng = llm.llm_engine
+    kw = dict(temperature=0, max_tokens=6, ignore_eos=True, logprobs=0, prompt_logprobs=0,
+              stop=["zzz"])
+    for kind in RequestOutputKind:
+        eng.add_request(f"k-{kind.name}", "hello there", SamplingParams(**kw, output_kind=kind))
+    seen = {k.name: [] for k in RequestOutputKind}
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            seen[out.request_id[2:]].append(out)
+    whole = seen["CUMULATIVE"][-1]
+    assert len(seen["CUMULATIVE"]) == 6 and whole.finished and len(whole.token_ids) == 6
+    final = seen["FINAL_ONLY"]
+    assert len(final) == 1 and final[0].finished
+    assert (final[0].token_ids, final[0].text) == (whole.token_ids, whole.text)
+    # (rows of one batch: log-probabilities equal to float32 rounding)
+    assert final[0].logprobs == pytest.approx(whole.logprobs, abs=1e-5)
+    delta = seen["DELTA"]
+    assert delta[-1].finished and not any(d.finished for d in delta[:-1])
+    assert [t for d in delta for t in d.token_ids] == whole.token_ids
+    assert [x for d in delta for x in d.logprobs] == pytest.approx(whole.logprobs, abs=1e-5)
+    assert "".join(d.text for d in delta) == whole.text
+    assert delta[0].prompt_logprobs[0] is None and len(delta[0].prompt_logprobs) == \
+        len(whole.prompt_token_ids)
+    assert all(d.prompt_logprobs is None for d in delta[1:])
+    # LLM.generate returns whole outputs whatever the kind
+    for kind in RequestOutputKind:
+        got = llm.generate("hello there", SamplingParams(**kw, output_kind=kind))[0]
+        assert (got.token_ids, got.text) == (whole.token_ids, whole.text)
+    with pytest.raises(ValueError, match="output_kind"):
+        SamplingParams(output_kind="delta")

@@ -91,6 +91,16 @@ class StructuredOutputsParams:
 GuidedDecodingParams = StructuredOutputsParams
 
 
+class RequestOutputKind(enum.IntEnum):
+    """What ``LLMEngine.step`` returns of a request (vLLM's): everything so far each step
+    (CUMULATIVE), only what is new since the last output (DELTA), or one output once it ends
+    (FINAL_ONLY). ``LLM.generate`` returns whole outputs whichever is asked for."""
+
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
+
+
 #: SamplingParams' integer fields (numpy and torch integers are taken as ints)
 _INT_PARAMS = ("top_k", "max_tokens", "seed", "n", "best_of", "logprobs", "prompt_logprobs",
                "min_tokens", "truncate_prompt_tokens")
@@ -193,6 +203,8 @@ class SamplingParams:
     #: False: no output text (vLLM's; ``text`` is "", ``token_ids`` as always); stop strings
     #: need the text, and are refused
     detokenize: bool = True
+    #: what ``LLMEngine.step`` returns of the request (:class:`RequestOutputKind`, vLLM's)
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self) -> None:
         # numpy / torch scalars as Python ints and floats (a bool stays, and is refused below)
@@ -285,6 +297,8 @@ class SamplingParams:
                      "spaces_between_special_tokens", "detokenize"):
             if not isinstance(getattr(self, name), bool):
                 raise bad(f"{name} must be true or false")
+        if not isinstance(self.output_kind, RequestOutputKind):
+            raise bad(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}")
         b = self.best_of
         if b is not None and (not isinstance(b, int) or isinstance(b, bool)
                               or not self.n <= b <= 128):
@@ -399,6 +413,9 @@ class Request:
     bad_words_ids: list[list[int]] | None = None
     first_token_time: float | None = None
     text: str = ""  # detokenised output (stop strings trimmed)
+    #: output tokens and characters of text already returned (``RequestOutputKind.DELTA``)
+    sent_tokens: int = 0
+    sent_chars: int = 0
     max_tokens: int = 0  # resolved from params and the context limit
 
     @property

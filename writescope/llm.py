@@ -8,7 +8,7 @@ import os
 import torch
 from tqdm.auto import tqdm
 
-from .core import RequestOutput, SamplingParams
+from .core import RequestOutput, RequestOutputKind, SamplingParams
 from .engine.engine import LLMEngine
 
 
@@ -120,7 +120,10 @@ class LLM:
                 groups.append([])
                 for j in range(sp.best_of or sp.n):
                     rid = f"gen-{next(self._ids)}"
-                    self.engine.add_request(rid, p, one_completion(sp, j))
+                    one = one_completion(sp, j)
+                    if one.output_kind is RequestOutputKind.DELTA:  # whole outputs here
+                        one = dataclasses.replace(one, output_kind=RequestOutputKind.CUMULATIVE)
+                    self.engine.add_request(rid, p, one)
                     groups[-1].append(rid)
         except BaseException:  # a bad prompt: none of this call's requests stay queued
             for rid in (r for g in groups for r in g):

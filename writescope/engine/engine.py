@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..core import (FinishReason, InvalidRequestError, Request, RequestOutput, RequestStatus,
-                    RequestTooLargeError, SamplingParams, as_int, kv_tokens)
+from ..core import (FinishReason, InvalidRequestError, Request, RequestOutput,
+                    RequestOutputKind, RequestStatus, RequestTooLargeError, SamplingParams, as_int, kv_tokens)
 from ..kvcache.cache import InplaceKVCache, plan_layout
 from ..kvcache.placement import make_policy
 from ..layers.grammar import Grammars
@@ -655,7 +655,8 @@ class LLMEngine(EngineSizing):
             if reason is not None:
                 self._finish(req, reason)
                 self.counters["engine.requests_finished"] += 1
-            outputs.append(self._output(req))
+            if req.finished or req.params.output_kind is not RequestOutputKind.FINAL_ONLY:
+                outputs.append(self._output(req))
         return outputs
 
     def _check_stop(self, req: Request, tok: int) -> FinishReason | None:
@@ -697,17 +698,21 @@ class LLMEngine(EngineSizing):
         hold = req.params.stop_holdback
         if hold and req.finish_reason is None:  # a stop string may be starting (vLLM's)
             text = text[:max(0, len(text) - hold)]
+        first, prompt = 0, req.params.prompt_logprobs is not None
+        if req.params.output_kind is RequestOutputKind.DELTA:  # what is new since the last
+            first, prompt = req.sent_tokens, prompt and req.sent_tokens == 0
+            req.sent_tokens = len(req.output_token_ids)
+            text, req.sent_chars = text[req.sent_chars:], len(text)
         return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids,
-                             list(req.output_token_ids), text,
+                             req.output_token_ids[first:], text,
                              None if req.finish_reason is None else str(req.finish_reason),
-                             list(req.logprobs) if req.params.logprobs is not None else None,
-                             list(req.top_logprobs) if req.params.logprobs else None,
+                             req.logprobs[first:] if req.params.logprobs is not None else None,
+                             req.top_logprobs[first:] if req.params.logprobs else None,
                              # complete once the request samples; the same lists each step
-                             req.prompt_logprobs if req.params.prompt_logprobs is not None
+                             req.prompt_logprobs if prompt else None,
+                             req.prompt_top_logprobs if prompt and req.params.prompt_logprobs
                              else None,
-                             req.prompt_top_logprobs if req.params.prompt_logprobs else None,
-                             prompt_ranks=req.prompt_ranks
-                             if req.params.prompt_logprobs is not None else None,
+                             prompt_ranks=req.prompt_ranks if prompt else None,
                              num_cached_tokens=req.num_cached_tokens,
                              stop_reason=req.stop_reason, decode=self._decode_tokens)
 
