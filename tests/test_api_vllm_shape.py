@@ -166,3 +166,13 @@ def test_output_kind_delta_and_final_only(llm):
         assert (got.token_ids, got.text) == (whole.token_ids, whole.text)
     with pytest.raises(ValueError, match="output_kind"):
         SamplingParams(output_kind="delta")
+
+
+def test_outputs_is_built_once(llm):
+    """``out.outputs`` is the same list on every read (vLLM's is an attribute): code that
+    indexes ``out.outputs[0].logprobs[i]`` in a loop does not rebuild every token's dicts."""
+    o = llm.generate("hello", SamplingParams(temperature=0, max_tokens=3, ignore_eos=True,
+                                             logprobs=2))[0]
+    assert o.outputs is o.outputs and o.outputs[0].logprobs is o.outputs[0].logprobs
+    o.outputs[0].text = "edited"
+    assert o.outputs[0].text == "edited"

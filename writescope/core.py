@@ -535,6 +535,9 @@ class RequestOutput:
     #: token ids -> text, for :attr:`outputs`' ``Logprob.decoded_token`` (the engine's
     #: tokenizer; None: no text)
     decode: Callable[[list[int]], str] | None = field(default=None, repr=False, compare=False)
+    #: :attr:`outputs` once built (not copied by ``dataclasses.replace``)
+    _outputs: list[CompletionOutput] | None = field(default=None, init=False, repr=False,
+                                                    compare=False)
 
     @property
     def finished(self) -> bool:
@@ -546,7 +549,9 @@ class RequestOutput:
     def outputs(self) -> list[CompletionOutput]:
         if self.completions is not None:
             return self.completions
-        return [self.as_completion(0)]
+        if self._outputs is None:  # built once: its log-probabilities decode every token
+            self._outputs = [self.as_completion(0)]
+        return self._outputs
 
     def as_completion(self, index: int) -> CompletionOutput:
         cum = sum(self.logprobs) if self.logprobs is not None else None
