@@ -48,8 +48,11 @@ def test_detokenize_false_and_clone(llm):
     sp = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
     plain = llm.generate("hello there", sp)[0].outputs[0]
     bare = llm.generate("hello there", SamplingParams(temperature=0, max_tokens=5,
-                                                       ignore_eos=True, detokenize=False))[0]
+                                                       ignore_eos=True, detokenize=False,
+                                                       logprobs=1))[0]
     assert bare.outputs[0].text == "" and bare.outputs[0].token_ids == plain.token_ids
+    # no text anywhere: log-probabilities' decoded_token is None too (vLLM's)
+    assert all(lp.decoded_token is None for d in bare.outputs[0].logprobs for lp in d.values())
     assert plain.text and bare.outputs[0].finish_reason == "length"
     with pytest.raises(ValueError, match="detokenize"):
         SamplingParams(stop=["x"], detokenize=False)

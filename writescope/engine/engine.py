@@ -714,7 +714,8 @@ class LLMEngine(EngineSizing):
                              else None,
                              prompt_ranks=req.prompt_ranks if prompt else None,
                              num_cached_tokens=req.num_cached_tokens,
-                             stop_reason=req.stop_reason, decode=self._decode_tokens)
+                             stop_reason=req.stop_reason,
+                             decode=self._decode_tokens if req.params.detokenize else None)
 
     def default_sampling_params(self) -> SamplingParams:
         """SamplingParams with the model's generation-config defaults (vLLM's
