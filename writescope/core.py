@@ -9,6 +9,7 @@ import itertools
 import math
 import operator
 from dataclasses import dataclass, field
+from typing import Callable
 
 
 class InvalidRequestError(ValueError):
@@ -88,6 +89,16 @@ class StructuredOutputsParams:
 
 #: vLLM's former name
 GuidedDecodingParams = StructuredOutputsParams
+
+
+class RequestOutputKind(enum.IntEnum):
+    """What ``LLMEngine.step`` returns of a request (vLLM's): everything so far each step
+    (CUMULATIVE), only what is new since the last output (DELTA), or one output once it ends
+    (FINAL_ONLY). ``LLM.generate`` returns whole outputs whichever is asked for."""
+
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
 
 
 #: SamplingParams' integer fields (numpy and torch integers are taken as ints)
@@ -189,6 +200,11 @@ class SamplingParams:
     #: keep only the prompt's last k tokens (vLLM's; -1: as many as the model's context takes,
     #: leaving room for one new token)
     truncate_prompt_tokens: int | None = None
+    #: False: no output text (vLLM's; ``text`` is "", ``token_ids`` as always); stop strings
+    #: need the text, and are refused
+    detokenize: bool = True
+    #: what ``LLMEngine.step`` returns of the request (:class:`RequestOutputKind`, vLLM's)
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self) -> None:
         # numpy / torch scalars as Python ints and floats (a bool stays, and is refused below)
@@ -278,9 +294,11 @@ class SamplingParams:
                               or (t < 1 and t != -1)):
             raise bad(f"truncate_prompt_tokens must be -1 or a positive integer, got {t!r}")
         for name in ("include_stop_str_in_output", "skip_special_tokens",
-                     "spaces_between_special_tokens"):
+                     "spaces_between_special_tokens", "detokenize"):
             if not isinstance(getattr(self, name), bool):
                 raise bad(f"{name} must be true or false")
+        if not isinstance(self.output_kind, RequestOutputKind):
+            raise bad(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}")
         b = self.best_of
         if b is not None and (not isinstance(b, int) or isinstance(b, bool)
                               or not self.n <= b <= 128):
@@ -292,6 +310,9 @@ class SamplingParams:
                                 or self.allowed_token_ids is not None)
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise bad("stop must be a list of non-empty strings")
+        if self.stop and not self.detokenize:
+            raise bad("stop strings need the output text: they cannot be used with "
+                      "detokenize=False")
         #: characters an unfinished output's text keeps back: a stop string may be starting
         #: there, and is cut off when it completes (vLLM's ``stop_buffer_length``), so that
         #: every text an unfinished output shows is a prefix of the final one
@@ -300,6 +321,11 @@ class SamplingParams:
         if any(not isinstance(t, int) or isinstance(t, bool) or t < 0
                for t in self.stop_token_ids):
             raise bad("stop_token_ids must be non-negative integers")
+
+    def clone(self) -> "SamplingParams":
+        """A deep copy (vLLM's ``SamplingParams.clone``)."""
+        import copy
+        return copy.deepcopy(self)
 
     @property
     def greedy(self) -> bool:
@@ -387,6 +413,9 @@ class Request:
     bad_words_ids: list[list[int]] | None = None
     first_token_time: float | None = None
     text: str = ""  # detokenised output (stop strings trimmed)
+    #: output tokens and characters of text already returned (``RequestOutputKind.DELTA``)
+    sent_tokens: int = 0
+    sent_chars: int = 0
     max_tokens: int = 0  # resolved from params and the context limit
 
     @property
@@ -422,14 +451,45 @@ class Request:
 
 
 @dataclass
+class Logprob:
+    """A token's log-probability at one position (vLLM's ``Logprob``): its ``rank`` in the
+    vocabulary there (1: the most likely; None where writescope did not compute it: a sampled
+    token outside the alternatives asked for) and its text."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+def logprob_dicts(token_ids: list[int], logprobs: list[float],
+                  top_logprobs: list[dict[int, float]] | None,
+                  decode: Callable[[list[int]], str] | None) -> list[dict[int, Logprob]]:
+    """Per generated token, vLLM's ``{token id: Logprob}``: the sampled token first, then the
+    alternatives asked for (``SamplingParams.logprobs``), most likely first, ranked 1, 2, ..."""
+    out = []
+    tops = top_logprobs or [None] * len(logprobs)
+    for tok, lp, top in zip(token_ids, logprobs, tops):
+        ranked = list(top or ())
+        d = {tok: Logprob(lp, ranked.index(tok) + 1 if tok in ranked else None,
+                          decode([tok]) if decode else None)}
+        for r, t in enumerate(ranked, 1):
+            if t != tok:
+                d[t] = Logprob(top[t], r, decode([t]) if decode else None)
+        out.append(d)
+    return out
+
+
+@dataclass
 class CompletionOutput:
-    """One completion of a prompt (vLLM's ``RequestOutput.outputs[i]``)."""
+    """One completion of a prompt (vLLM's ``RequestOutput.outputs[i]``). ``logprobs`` is
+    vLLM's: per generated token ``{token id: Logprob}`` (see :func:`logprob_dicts`);
+    ``top_logprobs`` writescope's ``{token id: log-probability}`` of the alternatives."""
 
     index: int
     text: str
     token_ids: list[int]
     cumulative_logprob: float | None
-    logprobs: list[float] | None
+    logprobs: list[dict[int, Logprob]] | None
     top_logprobs: list[dict[int, float]] | None
     finish_reason: str | None
     #: the stop string or stop token id that ended it; None for EOS and other ends (vLLM's)
@@ -472,6 +532,12 @@ class RequestOutput:
     num_cached_tokens: int = 0
     #: the stop string or stop token id that ended it; None for EOS and other ends (vLLM's)
     stop_reason: int | str | None = None
+    #: token ids -> text, for :attr:`outputs`' ``Logprob.decoded_token`` (the engine's
+    #: tokenizer; None: no text)
+    decode: Callable[[list[int]], str] | None = field(default=None, repr=False, compare=False)
+    #: :attr:`outputs` once built (not copied by ``dataclasses.replace``)
+    _outputs: list[CompletionOutput] | None = field(default=None, init=False, repr=False,
+                                                    compare=False)
 
     @property
     def finished(self) -> bool:
@@ -483,11 +549,15 @@ class RequestOutput:
     def outputs(self) -> list[CompletionOutput]:
         if self.completions is not None:
             return self.completions
-        return [self.as_completion(0)]
+        if self._outputs is None:  # built once: its log-probabilities decode every token
+            self._outputs = [self.as_completion(0)]
+        return self._outputs
 
     def as_completion(self, index: int) -> CompletionOutput:
         cum = sum(self.logprobs) if self.logprobs is not None else None
-        return CompletionOutput(index, self.text, self.token_ids, cum, self.logprobs,
+        lps = None if self.logprobs is None else logprob_dicts(
+            self.token_ids, self.logprobs, self.top_logprobs, self.decode)
+        return CompletionOutput(index, self.text, self.token_ids, cum, lps,
                                 self.top_logprobs, self.finish_reason, self.stop_reason)
 
 

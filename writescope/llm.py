@@ -8,7 +8,7 @@ import os
 import torch
 from tqdm.auto import tqdm
 
-from .core import RequestOutput, SamplingParams
+from .core import RequestOutput, RequestOutputKind, SamplingParams
 from .engine.engine import LLMEngine
 
 
@@ -62,7 +62,13 @@ class LLM:
 
     def __init__(self, model: str | os.PathLike | None = None, dtype: str | torch.dtype = "bfloat16",
                  device: str | torch.device | None = None, random_weights: bool = False,
-                 seed: int = 0, **engine_options):
+                 seed: int = 0, trust_remote_code: bool = False,
+                 tensor_parallel_size: int = 1, **engine_options):
+        # vLLM's: writescope runs its architectures natively and never imports a checkpoint's
+        # code, so trust_remote_code changes nothing; it runs on one GPU
+        if tensor_parallel_size != 1:
+            raise ValueError(f"writescope runs on one GPU: tensor_parallel_size must be 1, got "
+                             f"{tensor_parallel_size!r}")
         self.engine = LLMEngine(model, dtype=dtype, device=device, random_weights=random_weights,
                                 seed=seed, **engine_options)
         self._ids = itertools.count()
@@ -70,6 +76,17 @@ class LLM:
     @property
     def tokenizer(self):
         return self.engine.tokenizer
+
+    @property
+    def llm_engine(self) -> LLMEngine:
+        """The engine (vLLM's ``LLM.llm_engine``)."""
+        return self.engine
+
+    def get_tokenizer(self):
+        """The model's Hugging Face tokenizer (vLLM's ``LLM.get_tokenizer``: ``encode``,
+        ``decode``, ``apply_chat_template(..., tokenize=False)``); None for a model without
+        one. ``llm.tokenizer`` is writescope's wrapper of it."""
+        return None if self.engine.tokenizer is None else self.engine.tokenizer.hf
 
     def get_default_sampling_params(self) -> SamplingParams:
         """The sampling parameters a request gets when it gives none: the model's
@@ -103,7 +120,10 @@ class LLM:
                 groups.append([])
                 for j in range(sp.best_of or sp.n):
                     rid = f"gen-{next(self._ids)}"
-                    self.engine.add_request(rid, p, one_completion(sp, j))
+                    one = one_completion(sp, j)
+                    if one.output_kind is RequestOutputKind.DELTA:  # whole outputs here
+                        one = dataclasses.replace(one, output_kind=RequestOutputKind.CUMULATIVE)
+                    self.engine.add_request(rid, p, one)
                     groups[-1].append(rid)
         except BaseException:  # a bad prompt: none of this call's requests stay queued
             for rid in (r for g in groups for r in g):
@@ -134,19 +154,26 @@ class LLM:
              sampling_params: SamplingParams | list[SamplingParams] | None = None,
              use_tqdm: bool = False, add_generation_prompt: bool = True,
              tools: list[dict] | None = None, continue_final_message: bool = False,
-             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+             chat_template_kwargs: dict | None = None,
+             chat_template: str | None = None) -> list[RequestOutput]:
         """:meth:`generate` on one conversation (a list of ``{"role", "content"}`` messages) or
         several, each rendered with the model's chat template (vLLM's ``LLM.chat``); ``tools``
         (OpenAI's function definitions) go to templates that render them;
         ``continue_final_message`` leaves the last message open for the output to continue
         (with ``add_generation_prompt=False``); ``chat_template_kwargs`` are variables the
-        template reads (Qwen3's ``enable_thinking``)."""
+        template reads (Qwen3's ``enable_thinking``); ``chat_template`` (Jinja text) replaces the
+        model's template."""
         if self.tokenizer is None:
             raise ValueError("this model has no tokenizer, so no chat template")
+        from .models.tokenizer import RESERVED_TEMPLATE_KWARGS
+        bad = sorted(set(chat_template_kwargs or {}) & RESERVED_TEMPLATE_KWARGS)
+        if bad:  # (chat_template, add_generation_prompt, ...: LLM.chat's own arguments)
+            raise ValueError(f"chat template variables cannot be named {', '.join(bad)}")
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
         texts = [self.tokenizer.render_chat(
             c, add_generation_prompt=add_generation_prompt, tools=tools,
-            continue_final_message=continue_final_message, **(chat_template_kwargs or {}))
+            continue_final_message=continue_final_message, chat_template=chat_template,
+            **(chat_template_kwargs or {}))
             for c in convs]
         # the rendered text carries any BOS the template wants: encoded without adding one
         prompts = [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]

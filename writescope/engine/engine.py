@@ -6,6 +6,7 @@ their KV blocks back at once. Not thread-safe: the server runs it on one thread.
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
@@ -16,8 +17,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..core import (FinishReason, InvalidRequestError, Request, RequestOutput, RequestStatus,
-                    RequestTooLargeError, SamplingParams, as_int, kv_tokens)
+from ..core import (FinishReason, InvalidRequestError, Request, RequestOutput,
+                    RequestOutputKind, RequestStatus, RequestTooLargeError, SamplingParams, as_int, kv_tokens)
 from ..kvcache.cache import InplaceKVCache, plan_layout
 from ..kvcache.placement import make_policy
 from ..layers.grammar import Grammars
@@ -156,6 +157,10 @@ class LLMEngine(EngineSizing):
         elif tokenizer is not None:
             raise ValueError(f"no tokenizer in {tok_dir} (tokenizer_config.json, tokenizer.json "
                              "or tokenizer.model)")
+        #: token ids -> text for the outputs' Logprob.decoded_token (the tokenizer's own method:
+        #: an output kept after the engine is gone holds the tokenizer, not the engine)
+        self._decode_tokens = None if self.tokenizer is None else functools.partial(
+            self.tokenizer.decode, skip_special_tokens=False)
         #: the model's sampling defaults (vLLM's generation_config="auto": its
         #: generation_config.json's temperature, top_p, ...; engine/generation_config.py), for
         #: requests that leave them out: ``default_sampling_params()``, the server
@@ -442,6 +447,12 @@ class LLMEngine(EngineSizing):
                                           f"(vocabulary size {self.config.vocab_size})")
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        if isinstance(prompt, dict):  # vLLM's TextPrompt / TokensPrompt
+            from ..llm import _prompt_of
+            try:
+                prompt = _prompt_of(prompt)
+            except ValueError as e:
+                raise InvalidRequestError(str(e)) from None
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise InvalidRequestError(f"model {self.model_name} has no tokenizer: pass token ids")
@@ -486,7 +497,7 @@ class LLMEngine(EngineSizing):
             if params.prompt_logprobs:
                 req.prompt_top_logprobs.append(None)
         self.requests[request_id] = req
-        if self.tokenizer is not None:
+        if self.tokenizer is not None and (params.detokenize or params.structured_outputs):
             from ..models.tokenizer import IncrementalDetokenizer
             self._detok[request_id] = IncrementalDetokenizer(
                 self.tokenizer, ids, skip_special_tokens=params.skip_special_tokens)
@@ -517,7 +528,13 @@ class LLMEngine(EngineSizing):
             return False
         return self.cache.reset_prefix_cache()
 
-    def abort_request(self, request_id: str) -> None:
+    def abort_request(self, request_id: str | list[str]) -> None:
+        """End a request (or several: vLLM's takes a list of ids); unknown or finished ids are
+        ignored."""
+        if isinstance(request_id, (list, tuple, set, frozenset)):
+            for rid in list(request_id):
+                self.abort_request(rid)
+            return
         req = self.requests.get(request_id)
         if req is None or req.finished:
             return
@@ -638,7 +655,8 @@ class LLMEngine(EngineSizing):
             if reason is not None:
                 self._finish(req, reason)
                 self.counters["engine.requests_finished"] += 1
-            outputs.append(self._output(req))
+            if req.finished or req.params.output_kind is not RequestOutputKind.FINAL_ONLY:
+                outputs.append(self._output(req))
         return outputs
 
     def _check_stop(self, req: Request, tok: int) -> FinishReason | None:
@@ -676,23 +694,28 @@ class LLMEngine(EngineSizing):
 
 
     def _output(self, req: Request) -> RequestOutput:
-        text = req.text
+        text = req.text if req.params.detokenize else ""
         hold = req.params.stop_holdback
         if hold and req.finish_reason is None:  # a stop string may be starting (vLLM's)
             text = text[:max(0, len(text) - hold)]
+        first, prompt = 0, req.params.prompt_logprobs is not None
+        if req.params.output_kind is RequestOutputKind.DELTA:  # what is new since the last
+            first, prompt = req.sent_tokens, prompt and req.sent_tokens == 0
+            req.sent_tokens = len(req.output_token_ids)
+            text, req.sent_chars = text[req.sent_chars:], len(text)
         return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids,
-                             list(req.output_token_ids), text,
+                             req.output_token_ids[first:], text,
                              None if req.finish_reason is None else str(req.finish_reason),
-                             list(req.logprobs) if req.params.logprobs is not None else None,
-                             list(req.top_logprobs) if req.params.logprobs else None,
+                             req.logprobs[first:] if req.params.logprobs is not None else None,
+                             req.top_logprobs[first:] if req.params.logprobs else None,
                              # complete once the request samples; the same lists each step
-                             req.prompt_logprobs if req.params.prompt_logprobs is not None
+                             req.prompt_logprobs if prompt else None,
+                             req.prompt_top_logprobs if prompt and req.params.prompt_logprobs
                              else None,
-                             req.prompt_top_logprobs if req.params.prompt_logprobs else None,
-                             prompt_ranks=req.prompt_ranks
-                             if req.params.prompt_logprobs is not None else None,
+                             prompt_ranks=req.prompt_ranks if prompt else None,
                              num_cached_tokens=req.num_cached_tokens,
-                             stop_reason=req.stop_reason)
+                             stop_reason=req.stop_reason,
+                             decode=self._decode_tokens if req.params.detokenize else None)
 
     def default_sampling_params(self) -> SamplingParams:
         """SamplingParams with the model's generation-config defaults (vLLM's

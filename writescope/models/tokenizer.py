@@ -100,13 +100,17 @@ class Tokenizer:
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True,
                     tools: list[dict] | None = None, continue_final_message: bool = False,
-                    **template_kwargs: Any) -> str:
+                    chat_template: str | None = None, **template_kwargs: Any) -> str:
         """The chat template applied to ``messages`` (OpenAI-style role/content dicts) and, for
         templates that render them, ``tools`` (OpenAI's function definitions), as text.
         ``continue_final_message``: the last message is left open (no end-of-turn after it), so
         that the output continues it; ``template_kwargs``: variables the template reads (Qwen3's
-        ``enable_thinking``)."""
-        if not self.has_chat_template:
+        ``enable_thinking``); ``chat_template``: Jinja text used instead of the checkpoint's
+        template (vLLM's ``chat_template``)."""
+        if chat_template is not None and (not isinstance(chat_template, str)
+                                          or not chat_template.strip()):
+            raise TokenizerError("chat_template must be the template's (non-empty) Jinja text")
+        if chat_template is None and not self.has_chat_template:
             where = f" at {self.path}" if self.path else ""
             raise TokenizerError(
                 f"the checkpoint{where} has no chat template (tokenizer_config.json 'chat_template' "
@@ -120,7 +124,7 @@ class Tokenizer:
         return self.hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
                                            tokenize=False, tools=tools,
                                            continue_final_message=continue_final_message,
-                                           **template_kwargs)
+                                           chat_template=chat_template, **template_kwargs)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             tools: list[dict] | None = None, continue_final_message: bool = False,
