@@ -303,7 +303,7 @@ def test_limits(llm):
     o = llm.generate([[5] * 256], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True,
                                                  prompt_logprobs=0))[0]
     assert len(o.token_ids) == 1 and o.finish_reason == "length"
-    assert len(o.prompt_logprobs) == 256
+    assert len(o.prompt_token_logprobs) == 256
 
 
 def test_request_that_can_never_fit_the_budgets(tiny_qwen3_moe):

@@ -156,7 +156,7 @@ def test_bf16_cpu_experts_exact_products_follow_the_dequantized_checkpoint(all_f
     scored = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0)
     seq = ids + list(y.token_ids[:4])
     (pa,), (pb,) = a.generate([seq], scored), b.generate([seq], scored)
-    got, ref = pa.prompt_logprobs[len(ids):], pb.prompt_logprobs[len(ids):]
+    got, ref = pa.prompt_token_logprobs[len(ids):], pb.prompt_token_logprobs[len(ids):]
     assert len(got) == len(ref) == 4
     diff = max(abs(p - q) for p, q in zip(got, ref))
     from writescope.layers import cpu_experts as ce

@@ -169,11 +169,11 @@ def test_prompt_logprobs_match_transformers(all_tiny, placement):
     params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True, prompt_logprobs=3)
     (out,) = llm.generate([ids], params)
     ref = prompt_reference(str(all_tiny), tuple(ids))
-    assert len(out.prompt_logprobs) == len(out.prompt_top_logprobs) == len(ids)
-    assert out.prompt_logprobs[0] is None and out.prompt_top_logprobs[0] is None
+    assert len(out.prompt_token_logprobs) == len(out.prompt_top_logprobs) == len(ids)
+    assert out.prompt_token_logprobs[0] is None and out.prompt_top_logprobs[0] is None
     for i in range(1, len(ids)):
         row = ref[i - 1]
-        assert abs(out.prompt_logprobs[i] - row[ids[i]].item()) < 1e-4, f"token {i}"
+        assert abs(out.prompt_token_logprobs[i] - row[ids[i]].item()) < 1e-4, f"token {i}"
         top = out.prompt_top_logprobs[i]
         want = torch.topk(row, 3).values.tolist()
         assert max(abs(a - b) for a, b in zip(top.values(), want)) < 1e-4, f"token {i}"
@@ -184,6 +184,20 @@ def test_prompt_logprobs_match_transformers(all_tiny, placement):
         assert lo <= out.prompt_ranks[i] <= hi, f"token {i}"
     assert out.prompt_ranks[0] is None and len(out.prompt_ranks) == len(ids)
     assert out.logprobs is None and out.top_logprobs is None
+    # vLLM's form: per position {token id: Logprob}, the prompt token first with its rank,
+    # then the three likeliest ranked 1, 2, 3, each with its text
+    vl = out.prompt_logprobs
+    assert vl[0] is None and len(vl) == len(ids)
+    tok = llm.get_tokenizer()
+    for i in range(1, len(ids)):
+        d = vl[i]
+        assert next(iter(d)) == ids[i]
+        assert d[ids[i]].logprob == out.prompt_token_logprobs[i]
+        assert d[ids[i]].rank == out.prompt_ranks[i]
+        assert d[ids[i]].decoded_token == tok.decode([ids[i]])
+        for r, (t, v) in enumerate(out.prompt_top_logprobs[i].items(), 1):
+            assert d[t].logprob == v and (d[t].rank == r or t == ids[i])
+        assert set(d) == {ids[i], *out.prompt_top_logprobs[i]}
 
 
 def test_prompt_logprobs_zero_and_long_prompts_in_pieces(all_tiny, monkeypatch):
@@ -195,11 +209,11 @@ def test_prompt_logprobs_zero_and_long_prompts_in_pieces(all_tiny, monkeypatch):
     (a,) = engine(all_tiny).generate([ids], params)
     monkeypatch.setattr(plp, "BLOCK_BYTES", 4 * 320 * 7)  # 7 rows a pass
     (b,) = engine(all_tiny).generate([ids], params)
-    assert a.prompt_top_logprobs is None and len(a.prompt_logprobs) == 150
+    assert a.prompt_top_logprobs is None and len(a.prompt_token_logprobs) == 150
     assert a.prompt_ranks == b.prompt_ranks and min(a.prompt_ranks[1:]) >= 1
-    assert max(abs(x - y) for x, y in zip(a.prompt_logprobs[1:], b.prompt_logprobs[1:])) < 1e-5
+    assert max(abs(x - y) for x, y in zip(a.prompt_token_logprobs[1:], b.prompt_token_logprobs[1:])) < 1e-5
     ref = prompt_reference(str(all_tiny), tuple(ids))
-    assert max(abs(a.prompt_logprobs[i] - ref[i - 1, ids[i]].item())
+    assert max(abs(a.prompt_token_logprobs[i] - ref[i - 1, ids[i]].item())
                for i in range(1, 150)) < 1e-4
 
 

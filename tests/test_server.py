@@ -319,7 +319,7 @@ def test_echo_with_logprobs_scores_the_prompt(client, llm):
     assert r.choices[0].text.startswith(prompt)
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == n + 1
     assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
-    for got, want in zip(lp.token_logprobs[1:n], ref.prompt_logprobs[1:]):
+    for got, want in zip(lp.token_logprobs[1:n], ref.prompt_token_logprobs[1:]):
         assert got == pytest.approx(want, abs=1e-5)
     assert lp.token_logprobs[n] == pytest.approx(ref.logprobs[0], abs=1e-5)
     assert all(lp.tokens[i] in lp.top_logprobs[i] for i in range(1, n + 1))
@@ -347,7 +347,7 @@ def test_echo_without_generation(client, llm):
     assert r.usage.completion_tokens == 0 and r.usage.prompt_tokens == n
     lp = c.logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == n and lp.token_logprobs[0] is None
-    for got, want in zip(lp.token_logprobs[1:], ref.prompt_logprobs[1:]):
+    for got, want in zip(lp.token_logprobs[1:], ref.prompt_token_logprobs[1:]):
         assert got == pytest.approx(want, abs=1e-5)
     with client.completions.create(model=MODEL, prompt=prompt, max_tokens=0, echo=True,
                                    logprobs=1, stream=True, **GREEDY) as s:

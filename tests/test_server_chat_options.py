@@ -70,7 +70,7 @@ def _check_dicts(entries, ids, out, k):
     for i in range(1, len(ids)):
         d = {int(t): v for t, v in entries[i].items()}
         own = d[ids[i]]
-        assert own["logprob"] == pytest.approx(out.prompt_logprobs[i], abs=1e-5)
+        assert own["logprob"] == pytest.approx(out.prompt_token_logprobs[i], abs=1e-5)
         assert own["rank"] == out.prompt_ranks[i]
         top = list(out.prompt_top_logprobs[i].items())[:k] if k else []
         assert set(d) == {ids[i]} | {t for t, _ in top}
@@ -101,7 +101,7 @@ def test_completions_prompt_logprobs(client, oracle):
     assert ch["logprobs"]["top_logprobs"][0] is None
     assert all(len(d) <= 3 for d in ch["logprobs"]["top_logprobs"][1:])
     assert ch["logprobs"]["token_logprobs"][1:len(ids)] == pytest.approx(
-        want.prompt_logprobs[1:], abs=1e-5)
+        want.prompt_token_logprobs[1:], abs=1e-5)
     # not asked: null
     body = _post(client, "/v1/completions", prompt=ids, max_tokens=1)
     assert body["choices"][0]["prompt_logprobs"] is None

@@ -167,7 +167,8 @@ class SamplingParams:
     #: (``RequestOutput.top_logprobs``), at most :data:`MAX_LOGPROBS`
     logprobs: int | None = None
     #: None: none; 0: each prompt token's log-probability given the tokens before it
-    #: (``RequestOutput.prompt_logprobs``, None for the first) and its rank
+    #: (``RequestOutput.prompt_logprobs``, vLLM's, or ``prompt_token_logprobs``, floats; None
+    #: for the first) and its rank
     #: (``RequestOutput.prompt_ranks``, 1: the most likely); k >= 1: also the k most likely
     #: tokens' at each prompt position (``RequestOutput.prompt_top_logprobs``)
     prompt_logprobs: int | None = None
@@ -479,6 +480,28 @@ def logprob_dicts(token_ids: list[int], logprobs: list[float],
     return out
 
 
+def prompt_logprob_dicts(token_ids: list[int], logprobs: list[float | None],
+                         ranks: list[int | None] | None,
+                         top_logprobs: list[dict[int, float] | None] | None,
+                         decode: Callable[[list[int]], str] | None
+                         ) -> list[dict[int, Logprob] | None]:
+    """Per prompt token, vLLM's ``{token id: Logprob}`` (None where it has no log-probability,
+    the first token): the prompt token with its rank, then the most likely tokens there."""
+    out: list[dict[int, Logprob] | None] = []
+    ranks = ranks or [None] * len(logprobs)
+    tops = top_logprobs or [None] * len(logprobs)
+    for tok, lp, rank, top in zip(token_ids, logprobs, ranks, tops):
+        if lp is None:
+            out.append(None)
+            continue
+        d = {tok: Logprob(lp, rank, decode([tok]) if decode else None)}
+        for r, t in enumerate(top or (), 1):
+            if t != tok:
+                d[t] = Logprob(top[t], r, decode([t]) if decode else None)
+        out.append(d)
+    return out
+
+
 @dataclass
 class CompletionOutput:
     """One completion of a prompt (vLLM's ``RequestOutput.outputs[i]``). ``logprobs`` is
@@ -518,8 +541,8 @@ class RequestOutput:
     #: first (``SamplingParams.logprobs`` = k >= 1); the sampled token may not be among them
     top_logprobs: list[dict[int, float]] | None = None
     #: per prompt token, its log-probability given the tokens before it, None for the first
-    #: (``SamplingParams.prompt_logprobs`` not None)
-    prompt_logprobs: list[float | None] | None = None
+    #: (``SamplingParams.prompt_logprobs`` not None); :attr:`prompt_logprobs` is vLLM's form
+    prompt_token_logprobs: list[float | None] | None = None
     #: per prompt token, the k most likely tokens there, None for the first
     #: (``SamplingParams.prompt_logprobs`` = k >= 1)
     prompt_top_logprobs: list[dict[int, float] | None] | None = None
@@ -538,6 +561,8 @@ class RequestOutput:
     #: :attr:`outputs` once built (not copied by ``dataclasses.replace``)
     _outputs: list[CompletionOutput] | None = field(default=None, init=False, repr=False,
                                                     compare=False)
+    _prompt_lps: list[dict[int, Logprob] | None] | None = field(default=None, init=False,
+                                                                repr=False, compare=False)
 
     @property
     def finished(self) -> bool:
@@ -552,6 +577,20 @@ class RequestOutput:
         if self._outputs is None:  # built once: its log-probabilities decode every token
             self._outputs = [self.as_completion(0)]
         return self._outputs
+
+    @property
+    def prompt_logprobs(self) -> list[dict[int, Logprob] | None] | None:
+        """vLLM's ``prompt_logprobs``: per prompt token None for the first, then ``{token id:
+        Logprob}`` with the prompt token first (its rank among the vocabulary there) and the
+        ``SamplingParams.prompt_logprobs`` most likely tokens (ranks 1, 2, ...); None when not
+        asked for. The plain floats are :attr:`prompt_token_logprobs`."""
+        if self.prompt_token_logprobs is None:
+            return None
+        if self._prompt_lps is None or len(self._prompt_lps) != len(self.prompt_token_logprobs):
+            self._prompt_lps = prompt_logprob_dicts(
+                self.prompt_token_ids, self.prompt_token_logprobs, self.prompt_ranks,
+                self.prompt_top_logprobs, self.decode)
+        return self._prompt_lps
 
     def as_completion(self, index: int) -> CompletionOutput:
         cum = sum(self.logprobs) if self.logprobs is not None else None

@@ -234,9 +234,9 @@ class EngineLoop:
                 new_top = list(out.top_logprobs[sink.n_top_logprobs:])
                 sink.n_top_logprobs = len(out.top_logprobs)
             prompt = None
-            if out.prompt_logprobs is not None and not sink.sent_prompt:
+            if out.prompt_token_logprobs is not None and not sink.sent_prompt:
                 # complete: prefilled
-                prompt = (out.prompt_logprobs, out.prompt_top_logprobs, out.prompt_ranks)
+                prompt = (out.prompt_token_logprobs, out.prompt_top_logprobs, out.prompt_ranks)
                 sink.sent_prompt = True
             if new_ids:
                 new_total += len(new_ids)
