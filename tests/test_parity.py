@@ -80,9 +80,14 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True, logpro
 
 
 def check(out, ref_toks, ref_lps, ref_rows):
+    """``out``: a RequestOutput (log-probabilities as floats) or one of its ``outputs``
+    (vLLM's ``{token id: Logprob}`` per token)."""
     assert out.token_ids == ref_toks
-    assert len(out.logprobs) == len(ref_lps) == len(out.top_logprobs)
-    for step, (a, b) in enumerate(zip(out.logprobs, ref_lps)):
+    lps = out.logprobs
+    if lps and isinstance(lps[0], dict):
+        lps = [d[t].logprob for d, t in zip(lps, out.token_ids)]
+    assert len(lps) == len(ref_lps) == len(out.top_logprobs)
+    for step, (a, b) in enumerate(zip(lps, ref_lps)):
         assert abs(a - b) < 1e-4, f"step {step}: logprob {a} vs transformers {b}"
     for step, (top, row) in enumerate(zip(out.top_logprobs, ref_rows)):
         # the same values as transformers' five largest (ids compared by value: near-ties may

@@ -3,6 +3,6 @@ from .core import (CompletionOutput, GuidedDecodingParams, Logprob, RequestOutpu
                    RequestOutputKind, SamplingParams, StructuredOutputsParams)
 from .llm import LLM
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob", "RequestOutputKind",
-           "StructuredOutputsParams", "GuidedDecodingParams"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob",
+           "RequestOutputKind", "StructuredOutputsParams", "GuidedDecodingParams"]
 __version__ = "0.1.0"

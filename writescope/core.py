@@ -140,6 +140,18 @@ def as_float(v):
         return v
 
 
+def prompt_of(p):
+    """A prompt as the engine takes it: vLLM's ``TextPrompt`` / ``TokensPrompt`` dicts become
+    their text or token ids; strings and id lists stay."""
+    if not isinstance(p, dict):
+        return p
+    if "prompt_token_ids" in p:
+        return list(p["prompt_token_ids"])
+    if "prompt" in p:
+        return p["prompt"]
+    raise ValueError(f"a prompt dict needs 'prompt' or 'prompt_token_ids', got keys {sorted(p)}")
+
+
 @dataclass
 class SamplingParams:
     """Sampling options, named and defaulted as in vLLM."""
@@ -462,22 +474,28 @@ class Logprob:
     decoded_token: str | None = None
 
 
+def _position_dict(tok: int, lp: float, rank: int | None, top: dict[int, float] | None,
+                   decode: Callable[[list[int]], str] | None) -> dict[int, Logprob]:
+    """One position's ``{token id: Logprob}``: ``tok`` first (its rank given, or its place
+    among ``top``), then ``top``'s tokens, most likely first, ranked 1, 2, ..."""
+    ranked = list(top or ())
+    if rank is None and tok in ranked:
+        rank = ranked.index(tok) + 1
+    d = {tok: Logprob(lp, rank, decode([tok]) if decode else None)}
+    for r, t in enumerate(ranked, 1):
+        if t != tok:
+            d[t] = Logprob(top[t], r, decode([t]) if decode else None)
+    return d
+
+
 def logprob_dicts(token_ids: list[int], logprobs: list[float],
                   top_logprobs: list[dict[int, float]] | None,
                   decode: Callable[[list[int]], str] | None) -> list[dict[int, Logprob]]:
     """Per generated token, vLLM's ``{token id: Logprob}``: the sampled token first, then the
     alternatives asked for (``SamplingParams.logprobs``), most likely first, ranked 1, 2, ..."""
-    out = []
     tops = top_logprobs or [None] * len(logprobs)
-    for tok, lp, top in zip(token_ids, logprobs, tops):
-        ranked = list(top or ())
-        d = {tok: Logprob(lp, ranked.index(tok) + 1 if tok in ranked else None,
-                          decode([tok]) if decode else None)}
-        for r, t in enumerate(ranked, 1):
-            if t != tok:
-                d[t] = Logprob(top[t], r, decode([t]) if decode else None)
-        out.append(d)
-    return out
+    return [_position_dict(tok, lp, None, top, decode)
+            for tok, lp, top in zip(token_ids, logprobs, tops)]
 
 
 def prompt_logprob_dicts(token_ids: list[int], logprobs: list[float | None],
@@ -487,19 +505,10 @@ def prompt_logprob_dicts(token_ids: list[int], logprobs: list[float | None],
                          ) -> list[dict[int, Logprob] | None]:
     """Per prompt token, vLLM's ``{token id: Logprob}`` (None where it has no log-probability,
     the first token): the prompt token with its rank, then the most likely tokens there."""
-    out: list[dict[int, Logprob] | None] = []
     ranks = ranks or [None] * len(logprobs)
     tops = top_logprobs or [None] * len(logprobs)
-    for tok, lp, rank, top in zip(token_ids, logprobs, ranks, tops):
-        if lp is None:
-            out.append(None)
-            continue
-        d = {tok: Logprob(lp, rank, decode([tok]) if decode else None)}
-        for r, t in enumerate(top or (), 1):
-            if t != tok:
-                d[t] = Logprob(top[t], r, decode([t]) if decode else None)
-        out.append(d)
-    return out
+    return [None if lp is None else _position_dict(tok, lp, rank, top, decode)
+            for tok, lp, rank, top in zip(token_ids, logprobs, ranks, tops)]
 
 
 @dataclass

@@ -8,7 +8,7 @@ import os
 import torch
 from tqdm.auto import tqdm
 
-from .core import RequestOutput, RequestOutputKind, SamplingParams
+from .core import RequestOutput, RequestOutputKind, SamplingParams, prompt_of
 from .engine.engine import LLMEngine
 
 
@@ -42,18 +42,6 @@ def merge_completions(outs: list[RequestOutput], params: SamplingParams) -> Requ
     first = dataclasses.replace(outs[0])
     first.completions = [o.as_completion(i) for i, o in enumerate(outs)]
     return first
-
-
-def _prompt_of(p):
-    """A prompt as the engine takes it: vLLM's ``TextPrompt`` / ``TokensPrompt`` dicts become
-    their text or token ids; strings and id lists stay."""
-    if not isinstance(p, dict):
-        return p
-    if "prompt_token_ids" in p:
-        return list(p["prompt_token_ids"])
-    if "prompt" in p:
-        return p["prompt"]
-    raise ValueError(f"a prompt dict needs 'prompt' or 'prompt_token_ids', got keys {sorted(p)}")
 
 
 class LLM:
@@ -104,7 +92,7 @@ class LLM:
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts
                                                 and isinstance(prompts[0], int)):
             prompts = [prompts]
-        prompts = [_prompt_of(p) for p in prompts]
+        prompts = [prompt_of(p) for p in prompts]
         params = sampling_params or self.get_default_sampling_params()
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)

@@ -18,7 +18,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ..core import (FinishReason, InvalidRequestError, Request, RequestOutput,
-                    RequestOutputKind, RequestStatus, RequestTooLargeError, SamplingParams, as_int, kv_tokens)
+                    RequestOutputKind, RequestStatus, RequestTooLargeError, SamplingParams, as_int,
+                    kv_tokens, prompt_of)
 from ..kvcache.cache import InplaceKVCache, plan_layout
 from ..kvcache.placement import make_policy
 from ..layers.grammar import Grammars
@@ -448,9 +449,8 @@ class LLMEngine(EngineSizing):
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         if isinstance(prompt, dict):  # vLLM's TextPrompt / TokensPrompt
-            from ..llm import _prompt_of
             try:
-                prompt = _prompt_of(prompt)
+                prompt = prompt_of(prompt)
             except ValueError as e:
                 raise InvalidRequestError(str(e)) from None
         if isinstance(prompt, str):
