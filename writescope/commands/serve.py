@@ -69,6 +69,12 @@ def register(subparsers) -> None:
                         "when the output or the prompt opens <think>; deepseek_r1: reasoning "
                         "until </think>); a response_format or forced tool call then holds "
                         "after the reasoning")
+    g.add_argument("--trust-request-chat-template", action="store_true",
+                   help="render a chat request's own chat_template (vLLM's flag; a template is "
+                        "code the server runs: without it such requests get a 400)")
+    g.add_argument("--return-tokens-as-token-ids", action="store_true",
+                   help="name log-probabilities' tokens 'token_id:N' unless a request says "
+                        "otherwise (vLLM's flag)")
     p.set_defaults(func=run)
 
 
@@ -123,7 +129,9 @@ def run(args: argparse.Namespace) -> int:
 
     app = create_app(engine, served_model_names=args.served_model_name, api_key=args.api_key,
                      on_ready=ready, engine_thread=owner, tool_call_parser=args.tool_call_parser,
-                     reasoning_parser=args.reasoning_parser)
+                     reasoning_parser=args.reasoning_parser,
+                     trust_request_chat_template=args.trust_request_chat_template,
+                     return_tokens_as_token_ids=args.return_tokens_as_token_ids)
     config = uvicorn.Config(app, host=host, port=port, log_level=args.log_level,
                             access_log=not args.no_access_log, lifespan="on",
                             timeout_graceful_shutdown=10.0)  # backstop after our own grace
