@@ -192,6 +192,10 @@ def test_serve_command_arguments():
     kw = engine_kwargs(args)
     assert kw["model"] is None and kw["vram_budget"] == "2GiB" and kw["max_model_len"] == 8192
     assert kw["kv_policy"] == "cpu" and kw["max_num_seqs"] == 4
+    # vLLM's CORS defaults: any origin, method and header, no credentials
+    from writescope.commands.serve import cors_options
+    from writescope.server.api import CORS
+    assert cors_options(args) == CORS(("*",), False, ("*",), ("*",))
     assert not args.trust_request_chat_template and not args.return_tokens_as_token_ids
 
 

@@ -1,7 +1,8 @@
 """What vLLM's OpenAI server accepts, accepted here too, in process against a tiny checkpoint:
 unknown fields ignored with vLLM's warning, vLLM's request fields (``add_special_tokens``,
 ``request_id``, ``priority``, ``return_tokens_as_token_ids``, ``chat_template`` behind
-``--trust-request-chat-template``, ``documents``; the ones refused or ignored as vLLM does)."""
+``--trust-request-chat-template``, ``documents``; the ones refused or ignored as vLLM does), and
+CORS preflights (vLLM's ``--allowed-origins`` & co.)."""
 from __future__ import annotations
 
 import json
@@ -248,3 +249,47 @@ def test_vllm_fields_this_server_cannot_honour_are_refused(client, path, field, 
     body = dict(prompt="Rivers") if path == "/v1/completions" else dict(messages=CHAT)
     err = _error(client, path, **body, max_tokens=1, **{field: value})
     assert err["param"] == field and "not supported" in err["message"]
+
+
+# ------------------------------------------------------------------------ CORS
+
+def test_cors_preflight_with_vllms_defaults(client):
+    """vLLM's defaults (any origin, method and header, no credentials): a browser's preflight
+    is answered, and the answer to the request itself names the origin allowed."""
+    r = client.options("/v1/chat/completions", headers={
+        "Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type"})
+    assert r.status_code == 200
+    assert r.headers["access-control-allow-origin"] == "*"
+    assert "POST" in r.headers["access-control-allow-methods"]
+    assert "authorization" in r.headers["access-control-allow-headers"].lower()
+    assert "access-control-allow-credentials" not in r.headers
+    r = client.get("/v1/models", headers={"Origin": "http://localhost:3000"})
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "*"
+
+
+def test_cors_flags_restrict_origins_and_allow_credentials(engine):
+    """``--allowed-origins`` (words or vLLM's JSON list) and ``--allow-credentials``: another
+    origin's preflight is refused, the allowed one's answered with credentials."""
+    from starlette.testclient import TestClient
+    from writescope.cli import build_parser
+    from writescope.commands.serve import cors_options
+    from writescope.server.api import create_app
+    args = build_parser().parse_args(["serve", "--allowed-origins", '["http://app.example"]',
+                                      "--allow-credentials", "--allowed-methods", "GET", "POST"])
+    cors = cors_options(args)
+    assert cors.allowed_origins == ("http://app.example",) and cors.allow_credentials
+    c = TestClient(create_app(engine, cors=cors))  # no lifespan: the preflight needs no engine
+    pre = {"Access-Control-Request-Method": "POST"}
+    r = c.options("/v1/completions", headers={"Origin": "http://app.example", **pre})
+    assert r.status_code == 200
+    assert r.headers["access-control-allow-origin"] == "http://app.example"
+    assert r.headers["access-control-allow-credentials"] == "true"
+    r = c.options("/v1/completions", headers={"Origin": "http://evil.example", **pre})
+    assert r.status_code == 400 and "access-control-allow-origin" not in r.headers
+    r = c.options("/v1/completions", headers={"Origin": "http://app.example",
+                                               "Access-Control-Request-Method": "DELETE"})
+    assert r.status_code == 400
+    bad = build_parser().parse_args(["serve", "--allowed-origins", "[1, 2]"])
+    with pytest.raises(ValueError):
+        cors_options(bad)

@@ -41,6 +41,7 @@ from typing import Any, AsyncIterator, Callable, Sequence
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
@@ -701,6 +702,18 @@ def _vocab_size(engine: Any) -> int | None:
         return None
 
 
+@dataclasses.dataclass(frozen=True)
+class CORS:
+    """Cross-origin resource sharing for browsers (Starlette's CORSMiddleware), with vLLM's
+    flags and defaults: ``--allowed-origins``, ``--allow-credentials``, ``--allowed-methods``,
+    ``--allowed-headers``."""
+
+    allowed_origins: tuple[str, ...] = ("*",)
+    allow_credentials: bool = False
+    allowed_methods: tuple[str, ...] = ("*",)
+    allowed_headers: tuple[str, ...] = ("*",)
+
+
 class GracefulServer(uvicorn.Server):
     """uvicorn's server with a shutdown that suits a generation server: stop accepting and close
     idle connections, give running requests ``grace_s`` to finish, then cancel the rest through
@@ -738,11 +751,13 @@ def create_app(engine: Any, *, served_model_names: Sequence[str] | None = None,
                tool_call_parser: str | None = None,
                reasoning_parser: str | None = None,
                trust_request_chat_template: bool = False,
-               return_tokens_as_token_ids: bool = False) -> FastAPI:
+               return_tokens_as_token_ids: bool = False,
+               cors: CORS | None = None) -> FastAPI:
     """The FastAPI app serving ``engine`` (an :class:`~writescope.engine.engine.LLMEngine` or
     anything with its interface). The engine loop starts and stops with the app's lifespan.
     ``engine_thread``: the :class:`~writescope.server.owner.EngineThread` that built the engine,
-    which then steps it (else the loop starts a thread of its own)."""
+    which then steps it (else the loop starts a thread of its own). ``cors``: the browsers'
+    cross-origin rules (vLLM's defaults: any origin, method and header, no credentials)."""
     server = OpenAIServer(engine, served_model_names, api_key, max_body_bytes=max_body_bytes,
                           engine_thread=engine_thread, tool_call_parser=tool_call_parser,
                           reasoning_parser=reasoning_parser,
@@ -763,6 +778,11 @@ def create_app(engine: Any, *, served_model_names: Sequence[str] | None = None,
     app = FastAPI(title="writescope", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
     app.state.server = server
+    cors = cors or CORS()
+    app.add_middleware(CORSMiddleware, allow_origins=list(cors.allowed_origins),
+                       allow_credentials=cors.allow_credentials,
+                       allow_methods=list(cors.allowed_methods),
+                       allow_headers=list(cors.allowed_headers))
 
     @app.exception_handler(P.APIError)
     async def _api_error(request: Request, e: P.APIError):
