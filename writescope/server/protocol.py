@@ -615,9 +615,6 @@ def parse_request(model: type[BaseModel], body: bytes):
             raise APIError(f"malformed JSON: {err.get('msg')}", code="invalid_json") from None
         if etype == "model_type" and not loc:
             raise APIError("request body must be a JSON object", code="invalid_json") from None
-        if etype == "extra_forbidden":
-            raise APIError(f"Unrecognized request argument supplied: {param}", param=param,
-                           code="unknown_parameter") from None
         if etype == "missing":
             raise APIError(f"Missing required parameter: {param}", param=param,
                            code="missing_required_parameter") from None
