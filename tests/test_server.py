@@ -473,7 +473,7 @@ BAD = [
     ("/v1/completions", {"prompt": "hi", "temperature": 7}, 400, None),
     ("/v1/completions", {"prompt": "hi", "top_p": 0}, 400, None),
     ("/v1/completions", {"prompt": "hi", "top_p": 1.5}, 400, None),
-    ("/v1/completions", {"prompt": "hi", "frobnicate": True}, 400, "unknown_parameter"),
+    ("/v1/completions", {"prompt": "hi", "priority": 1}, 400, "invalid_value"),
     ("/v1/completions", {"prompt": "hi", "stream": "yes"}, 400, None),
     ("/v1/completions", {"prompt": "hi", "stop": 5}, 400, None),
     ("/v1/completions", {"prompt": "hi", "n": 1.5}, 400, None),

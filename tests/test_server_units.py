@@ -32,7 +32,8 @@ def _err(model, body) -> P.APIError:
     ({"prompt": "x", "seed": 2 ** 70}, "seed", "invalid_value"),
     ({"prompt": "x", "n": 100}, "n", "invalid_value"),
     ({"prompt": "x", "logprobs": 21}, "logprobs", "invalid_value"),
-    ({"prompt": "x", "bogus": 1}, "bogus", "unknown_parameter"),
+    # a known field keeps its strict checks (unknown ones are ignored: test_server_vllm_fields)
+    ({"prompt": "x", "priority": "1"}, "priority", "invalid_value"),
     ({"prompt": {"a": 1}}, "prompt", "invalid_value"),
     ({}, "prompt", "missing_required_parameter"),
 ])
@@ -191,6 +192,11 @@ def test_serve_command_arguments():
     kw = engine_kwargs(args)
     assert kw["model"] is None and kw["vram_budget"] == "2GiB" and kw["max_model_len"] == 8192
     assert kw["kv_policy"] == "cpu" and kw["max_num_seqs"] == 4
+    # vLLM's CORS defaults: any origin, method and header, no credentials
+    from writescope.commands.serve import cors_options
+    from writescope.server.api import CORS
+    assert cors_options(args) == CORS(("*",), False, ("*",), ("*",))
+    assert not args.trust_request_chat_template and not args.return_tokens_as_token_ids
 
 
 def test_engine_thread_runs_jobs_in_order_on_one_thread_and_ends_on_close():

@@ -8,6 +8,7 @@ the process exits 0 (130 for Ctrl-C).
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import signal
 import socket
@@ -28,6 +29,29 @@ def _port(text: str) -> int:
     if not 0 <= n <= 65535:
         raise argparse.ArgumentTypeError(f"port must be from 0 to 65535, got {n}")
     return n
+
+
+def _names(values: list[str]) -> list[str]:
+    """A list flag's values: given as words (``--allowed-origins a b``) or, as older vLLM takes
+    them, one JSON list (``--allowed-origins '["a", "b"]'``)."""
+    if len(values) == 1 and values[0].lstrip().startswith("["):
+        try:
+            parsed = json.loads(values[0])
+        except json.JSONDecodeError as e:
+            raise ValueError(f"not a JSON list of strings: {values[0]!r} ({e})") from None
+        if not isinstance(parsed, list) or not all(isinstance(v, str) for v in parsed):
+            raise ValueError(f"not a JSON list of strings: {values[0]!r}")
+        return parsed
+    return list(values)
+
+
+def cors_options(args: argparse.Namespace):
+    """The CORS rules the flags give (server/api.py's :class:`CORS`)."""
+    from ..server.api import CORS
+    return CORS(allowed_origins=tuple(_names(args.allowed_origins)),
+                allow_credentials=bool(args.allow_credentials),
+                allowed_methods=tuple(_names(args.allowed_methods)),
+                allowed_headers=tuple(_names(args.allowed_headers)))
 
 
 def register(subparsers) -> None:
@@ -69,6 +93,21 @@ def register(subparsers) -> None:
                         "when the output or the prompt opens <think>; deepseek_r1: reasoning "
                         "until </think>); a response_format or forced tool call then holds "
                         "after the reasoning")
+    g.add_argument("--trust-request-chat-template", action="store_true",
+                   help="render a chat request's own chat_template (vLLM's flag; a template is "
+                        "code the server runs: without it such requests get a 400)")
+    g.add_argument("--return-tokens-as-token-ids", action="store_true",
+                   help="name log-probabilities' tokens 'token_id:N' unless a request says "
+                        "otherwise (vLLM's flag)")
+    c = p.add_argument_group("CORS (browsers' cross-origin requests; vLLM's flags)")
+    c.add_argument("--allowed-origins", nargs="+", default=["*"], metavar="ORIGIN",
+                   help="origins allowed (default *; words or one JSON list)")
+    c.add_argument("--allow-credentials", action="store_true",
+                   help="allow credentials (cookies, Authorization) in cross-origin requests")
+    c.add_argument("--allowed-methods", nargs="+", default=["*"], metavar="METHOD",
+                   help="HTTP methods allowed (default *)")
+    c.add_argument("--allowed-headers", nargs="+", default=["*"], metavar="HEADER",
+                   help="request headers allowed (default *)")
     p.set_defaults(func=run)
 
 
@@ -101,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         raise ValueError("--enable-auto-tool-choice needs --tool-call-parser "
                          f"({'|'.join(TOOL_PARSERS)})")
+    cors = cors_options(args)  # a bad flag fails before anything loads
     sock = bind_socket(args.host, args.port)  # bind first: a busy port fails before loading
     host, port = sock.getsockname()[:2]
     # built on the thread that will step it: one OpenMP team behind the engine (owner.py)
@@ -123,7 +163,9 @@ def run(args: argparse.Namespace) -> int:
 
     app = create_app(engine, served_model_names=args.served_model_name, api_key=args.api_key,
                      on_ready=ready, engine_thread=owner, tool_call_parser=args.tool_call_parser,
-                     reasoning_parser=args.reasoning_parser)
+                     reasoning_parser=args.reasoning_parser,
+                     trust_request_chat_template=args.trust_request_chat_template,
+                     return_tokens_as_token_ids=args.return_tokens_as_token_ids, cors=cors)
     config = uvicorn.Config(app, host=host, port=port, log_level=args.log_level,
                             access_log=not args.no_access_log, lifespan="on",
                             timeout_graceful_shutdown=10.0)  # backstop after our own grace

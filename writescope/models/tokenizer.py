@@ -100,13 +100,15 @@ class Tokenizer:
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True,
                     tools: list[dict] | None = None, continue_final_message: bool = False,
-                    chat_template: str | None = None, **template_kwargs: Any) -> str:
+                    chat_template: str | None = None, documents: list[dict] | None = None,
+                    **template_kwargs: Any) -> str:
         """The chat template applied to ``messages`` (OpenAI-style role/content dicts) and, for
         templates that render them, ``tools`` (OpenAI's function definitions), as text.
         ``continue_final_message``: the last message is left open (no end-of-turn after it), so
         that the output continues it; ``template_kwargs``: variables the template reads (Qwen3's
         ``enable_thinking``); ``chat_template``: Jinja text used instead of the checkpoint's
-        template (vLLM's ``chat_template``)."""
+        template (vLLM's ``chat_template``); ``documents``: what a retrieval-augmented template
+        renders (Hugging Face's ``documents``; others ignore them)."""
         if chat_template is not None and (not isinstance(chat_template, str)
                                           or not chat_template.strip()):
             raise TokenizerError("chat_template must be the template's (non-empty) Jinja text")
@@ -124,16 +126,19 @@ class Tokenizer:
         return self.hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
                                            tokenize=False, tools=tools,
                                            continue_final_message=continue_final_message,
-                                           chat_template=chat_template, **template_kwargs)
+                                           chat_template=chat_template, documents=documents,
+                                           **template_kwargs)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             tools: list[dict] | None = None, continue_final_message: bool = False,
+                            add_special_tokens: bool = False,
                             **template_kwargs: Any) -> list[int]:
         """Prompt ids for a conversation. The rendered text already carries any BOS the template
-        wants, so it is encoded without adding special tokens again (as vLLM does)."""
+        wants, so by default it is encoded without adding special tokens again (as vLLM does;
+        ``add_special_tokens``: the tokenizer's added on top, vLLM's request field)."""
         return self.encode(self.render_chat(messages, add_generation_prompt, tools,
                                             continue_final_message, **template_kwargs),
-                           add_special_tokens=False)
+                           add_special_tokens=add_special_tokens)
 
     def __repr__(self) -> str:
         return (f"Tokenizer(path={str(self.path)!r}, vocab_size={self.vocab_size}, "

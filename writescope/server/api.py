@@ -41,6 +41,7 @@ from typing import Any, AsyncIterator, Callable, Sequence
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
@@ -103,8 +104,9 @@ class OpenAIServer:
     def __init__(self, engine: Any, served_model_names: Sequence[str] | None = None,
                  api_key: str | None = None, metrics: ServerMetrics | None = None,
                  max_body_bytes: int = MAX_BODY_BYTES, engine_thread: Any = None,
-                 tool_call_parser: str | None = None, reasoning_parser: str | None = None
-                 ) -> None:
+                 tool_call_parser: str | None = None, reasoning_parser: str | None = None,
+                 trust_request_chat_template: bool = False,
+                 return_tokens_as_token_ids: bool = False) -> None:
         #: reads tool calls out of the model's text for tool_choice 'auto'
         #: (server/tool_parsers.py)
         self.tool_call_parser = tool_parsers.get(tool_call_parser)
@@ -126,6 +128,11 @@ class OpenAIServer:
         self.vocab_size = _vocab_size(engine)
         self._tok_pool = concurrent.futures.ThreadPoolExecutor(1, "writescope-tokenize")
         self.active = 0  # HTTP requests holding admitted generations
+        #: whether a request's own ``chat_template`` is rendered (vLLM's
+        #: --trust-request-chat-template: a template is code the server runs)
+        self.trust_request_chat_template = trust_request_chat_template
+        #: log-probabilities' tokens as "token_id:N" for every request (vLLM's flag)
+        self.return_tokens_as_token_ids = return_tokens_as_token_ids
 
     # -- helpers --------------------------------------------------------------------------------
     def check_auth(self, request: Request) -> None:
@@ -211,12 +218,41 @@ class OpenAIServer:
     def token_str(self, tid: int) -> str:
         return self.tokenizer.decode([tid])
 
+    def check_chat_template(self, req: P.ChatTemplateFields) -> None:
+        """A request's own chat template only where the server trusts them (vLLM's check)."""
+        if req.chat_template is not None and not self.trust_request_chat_template:
+            raise P.APIError("Chat template is passed with request, but "
+                             "--trust-request-chat-template is not set. Refused request with "
+                             "untrusted chat template.", param="chat_template")
+
+    @staticmethod
+    def ids(request: Request, req, prefix: str) -> tuple[str, str]:
+        """The response's id and the base of its engine requests' ids: vLLM's
+        ``<prefix>-<id>``, the id an ``X-Request-Id`` header or the body's ``request_id``
+        gives (else a random one); the engine's ids stay distinct when a client reuses one."""
+        given = request.headers.get("x-request-id") or req.request_id
+        if not given:
+            rid = P.new_id(prefix)
+            return rid, rid
+        return f"{prefix}-{given}", P.new_id(f"{prefix}-{given}")
+
+    def as_token_ids(self, req) -> bool:
+        """Whether the request's log-probabilities name tokens "token_id:N" (vLLM's)."""
+        v = req.return_tokens_as_token_ids
+        return self.return_tokens_as_token_ids if v is None else bool(v)
+
+    def log_ignored(self, req) -> None:
+        ignored = req.ignored_fields()
+        if ignored:
+            log.warning("the request's fields %s are accepted and ignored", ", ".join(ignored))
+
     # -- /v1/completions --------------------------------------------------------------------------
     async def completions(self, request: Request) -> Response:
         arrival = time.monotonic()
         self.check_auth(request)
         req = P.parse_request(P.CompletionRequest, await self.read_body(request))
         model = self.check_model(req.model)
+        self.log_ignored(req)
         prompts = req.prompts()
         heavy = sum(len(p) for p in prompts if isinstance(p, str)) > INLINE_TOKENIZE_CHARS
 
@@ -224,14 +260,15 @@ class OpenAIServer:
             out = []
             for p in prompts:
                 if isinstance(p, str):
-                    out.append((list(self.tokenizer.encode(p)), p))
+                    out.append((list(self.tokenizer.encode(
+                        p, add_special_tokens=bool(req.add_special_tokens))), p))
                 else:
                     out.append((list(p), None))
             return out
 
         encoded = await self.off_loop(tokenize, heavy)
         choices, params = [], []
-        base = P.new_id("cmpl")
+        base, engine_base = self.ids(request, req, "cmpl")
         lp = req.logprobs  # None, or the alternatives per token (0: the sampled token's only)
         # the prompt tokens' too: for echo with logprobs (each choice streams its own), and for
         # prompt_logprobs (the same for every choice of a prompt: its first choice computes them)
@@ -256,7 +293,7 @@ class OpenAIServer:
                 text = self.tokenizer.decode(ids, skip_special_tokens=False)
             for j in range(req.num_choices):
                 idx = pi * req.num_choices + j
-                choices.append(Choice(idx, f"{base}-{idx}", ids, text, max_tokens,
+                choices.append(Choice(idx, f"{engine_base}-{idx}", ids, text, max_tokens,
                                       echo_only=echo_only))
                 params.append(self._params(req, max_tokens, lp, j,
                                            first_lp if j == 0 else echo_lp))
@@ -293,30 +330,38 @@ class OpenAIServer:
             raise P.invalid_request(e) from None
 
     def _completion_logprobs(self, c: Choice, start: int, end: int, k: int,
-                             at: CharOffsets, skip: bool) -> P.CompletionLogprobs:
+                             at: CharOffsets, skip: bool, as_ids: bool = False
+                             ) -> P.CompletionLogprobs:
         ids = c.token_ids[start:end]
         alts = [dict(self._alternatives(c, i)) for i in range(start, end)]
-        return self._logprob_entries(ids, c.logprobs[start:end], alts, k, at, skip)
+        return self._logprob_entries(ids, c.logprobs[start:end], alts, k, at, skip, as_ids)
 
-    def _prompt_logprobs(self, c: Choice, k: int, at: CharOffsets) -> P.CompletionLogprobs:
+    def _token_text(self, tid: int, skip: bool, as_ids: bool) -> str:
+        """A token as log-probabilities name it: its own text (server/token_bytes.py), or
+        "token_id:N" (``return_tokens_as_token_ids``, vLLM's)."""
+        return f"token_id:{tid}" if as_ids else self.token_bytes.text(tid, skip)
+
+    def _prompt_logprobs(self, c: Choice, k: int, at: CharOffsets,
+                         as_ids: bool = False) -> P.CompletionLogprobs:
         """Echo with logprobs: the prompt's tokens, each one's log-probability given those
         before it (None for the first, and for all where the request ended before its prefill
         did) and, for k >= 1, the k most likely tokens there and the prompt's own."""
         n = len(c.prompt_ids)
         lps = list(c.prompt_logprobs) if c.prompt_logprobs is not None else [None] * n
         return self._logprob_entries(c.prompt_ids, lps, c.prompt_top_logprobs or [None] * n,
-                                     k, at, False)
+                                     k, at, False, as_ids)
 
     def _logprob_entries(self, ids: list[int], lps: list[float | None],
                          alts: list[dict[int, float] | None], k: int,
-                         at: CharOffsets, skip: bool) -> P.CompletionLogprobs:
+                         at: CharOffsets, skip: bool, as_ids: bool = False
+                         ) -> P.CompletionLogprobs:
         """The completions endpoint's logprobs for tokens ``ids``: their text (a token's own
         bytes, server/token_bytes.py; a special token's none with ``skip``, as the text leaves
         it out), character offsets (``at`` counts on from the tokens before) and log-probabilities and, for k >= 1, per token the k most likely tokens'
         text and the token's own (where it is not among them; None where the token has no
         log-probability). Two ids of one text keep the likelier value."""
         tb = self.token_bytes
-        toks = [tb.text(t, skip) for t in ids]
+        toks = [self._token_text(t, skip, as_ids) for t in ids]
         offsets = [at.add(tb.bytes(t, skip)) for t in ids]
         top = None
         if k >= 1:
@@ -327,7 +372,7 @@ class OpenAIServer:
                     continue
                 d: dict[str, float] = {}
                 for tid, alt in list((a or {}).items())[:k]:
-                    d.setdefault(tb.text(tid, skip), alt)
+                    d.setdefault(self._token_text(tid, skip, as_ids), alt)
                 d.setdefault(t, v)
                 top.append(d)
         return P.CompletionLogprobs(tokens=toks, token_logprobs=list(lps), text_offset=offsets,
@@ -358,11 +403,13 @@ class OpenAIServer:
         """A whole completion's logprobs: with echo the prompt's first, then the generated
         tokens' (their text offsets after the prompt's)."""
         at = CharOffsets()
+        as_ids = self.as_token_ids(req)
         if not req.echo:
             return self._completion_logprobs(c, 0, len(c.token_ids), req.logprobs, at,
-                                             _skips(req))
-        head = self._prompt_logprobs(c, req.logprobs, at)
-        tail = self._completion_logprobs(c, 0, len(c.token_ids), req.logprobs, at, _skips(req))
+                                             _skips(req), as_ids)
+        head = self._prompt_logprobs(c, req.logprobs, at, as_ids)
+        tail = self._completion_logprobs(c, 0, len(c.token_ids), req.logprobs, at, _skips(req),
+                                         as_ids)
         return P.CompletionLogprobs(
             tokens=head.tokens + tail.tokens, token_logprobs=head.token_logprobs + tail.token_logprobs,
             text_offset=head.text_offset + tail.text_offset,
@@ -392,14 +439,16 @@ class OpenAIServer:
             async for c, piece, start, end in _deltas(gen):
                 if c.index in echo_later:
                     echo_later.discard(c.index)
-                    head = self._prompt_logprobs(c, req.logprobs, text_offsets[c.index])
+                    head = self._prompt_logprobs(c, req.logprobs, text_offsets[c.index],
+                                                 self.as_token_ids(req))
                     yield _sse(P.CompletionResponse(id=rid, created=created, model=model, choices=[
                         P.CompletionChoice(index=c.index, text=c.prompt_text or "",
                                            logprobs=head)]), with_usage)
                 logprobs = None
                 if req.logprobs is not None:
                     logprobs = self._completion_logprobs(c, start, end, req.logprobs,
-                                                         text_offsets[c.index], _skips(req))
+                                                         text_offsets[c.index], _skips(req),
+                                                         self.as_token_ids(req))
                 chunk = P.CompletionResponse(
                     id=rid, created=created, model=model,
                     choices=[P.CompletionChoice(index=c.index, text=piece, logprobs=logprobs,
@@ -422,9 +471,8 @@ class OpenAIServer:
         self.check_auth(request)
         req = P.parse_request(P.ChatCompletionRequest, await self.read_body(request))
         model = self.check_model(req.model)
-        ignored = req.ignored_fields()
-        if ignored:
-            log.warning("the request's fields %s are accepted and ignored", ", ".join(ignored))
+        self.log_ignored(req)
+        self.check_chat_template(req)
         mode = self._tool_mode(req)
         heavy = conversation.text_size(req) > INLINE_TOKENIZE_CHARS
         ids = await self.off_loop(lambda: conversation.prompt_ids(self.tokenizer, req), heavy)
@@ -432,9 +480,10 @@ class OpenAIServer:
         max_tokens = self.resolve_max_tokens(
             len(ids), req.requested_max_tokens, "messages",
             "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens")
-        base = P.new_id("chatcmpl")
+        base, engine_base = self.ids(request, req, "chatcmpl")
         lp = (req.top_logprobs or 0) if req.logprobs else None
-        choices = [Choice(j, f"{base}-{j}", ids, None, max_tokens) for j in range(req.num_choices)]
+        choices = [Choice(j, f"{engine_base}-{j}", ids, None, max_tokens)
+                   for j in range(req.num_choices)]
         # the prompt's log-probabilities are the response's, once: the first choice computes them
         params = [self._params(req, max_tokens, lp, j, req.prompt_logprobs if j == 0 else None)
                   for j in range(req.num_choices)]
@@ -455,7 +504,7 @@ class OpenAIServer:
                     index=c.index, message=message, finish_reason=reason,
                     stop_reason=c.stop_reason,
                     logprobs=self._chat_logprobs(c, 0, len(c.token_ids), req.top_logprobs,
-                                                 _skips(req))
+                                                 _skips(req), self.as_token_ids(req))
                     if req.logprobs else None)
                     for c in gen.choices
                     for message, reason in [out.message(c)]],
@@ -505,8 +554,8 @@ class OpenAIServer:
             return "auto"
         return None
 
-    def _chat_logprobs(self, c: Choice, start: int, end: int, top: int | None, skip: bool
-                       ) -> P.ChatChoiceLogprobs:
+    def _chat_logprobs(self, c: Choice, start: int, end: int, top: int | None, skip: bool,
+                       as_ids: bool = False) -> P.ChatChoiceLogprobs:
         items = []
         for i, (tid, lp) in enumerate(zip(c.token_ids[start:end], c.logprobs[start:end])):
             # each token's own bytes (joined, the content's UTF-8), and its text with the
@@ -515,9 +564,10 @@ class OpenAIServer:
             alts = []
             if top:
                 for alt_id, alt in self._alternatives(c, start + i):
-                    alts.append(P.ChatTopLogprob(token=tb.text(alt_id, skip), logprob=alt,
+                    alts.append(P.ChatTopLogprob(token=self._token_text(alt_id, skip, as_ids),
+                                                 logprob=alt,
                                                  bytes=list(tb.bytes(alt_id, skip))))
-            items.append(P.ChatLogprob(token=tb.text(tid, skip), logprob=lp,
+            items.append(P.ChatLogprob(token=self._token_text(tid, skip, as_ids), logprob=lp,
                                        bytes=list(tb.bytes(tid, skip)),
                                        top_logprobs=alts))
         return P.ChatChoiceLogprobs(content=items)
@@ -543,7 +593,8 @@ class OpenAIServer:
                     yield chunk([P.ChatStreamChoice(index=c.index,
                                                     delta=P.ChatDelta(content=echoed))])
             async for c, _piece, start, end in _deltas(gen):
-                logprobs = (self._chat_logprobs(c, start, end, req.top_logprobs, _skips(req))
+                logprobs = (self._chat_logprobs(c, start, end, req.top_logprobs, _skips(req),
+                                                self.as_token_ids(req))
                             if req.logprobs else None)
                 delta, reason = out.delta(c)
                 if delta is None and logprobs is None and reason is None:
@@ -651,6 +702,18 @@ def _vocab_size(engine: Any) -> int | None:
         return None
 
 
+@dataclasses.dataclass(frozen=True)
+class CORS:
+    """Cross-origin resource sharing for browsers (Starlette's CORSMiddleware), with vLLM's
+    flags and defaults: ``--allowed-origins``, ``--allow-credentials``, ``--allowed-methods``,
+    ``--allowed-headers``."""
+
+    allowed_origins: tuple[str, ...] = ("*",)
+    allow_credentials: bool = False
+    allowed_methods: tuple[str, ...] = ("*",)
+    allowed_headers: tuple[str, ...] = ("*",)
+
+
 class GracefulServer(uvicorn.Server):
     """uvicorn's server with a shutdown that suits a generation server: stop accepting and close
     idle connections, give running requests ``grace_s`` to finish, then cancel the rest through
@@ -686,14 +749,20 @@ def create_app(engine: Any, *, served_model_names: Sequence[str] | None = None,
                api_key: str | None = None, on_ready: Callable[[], None] | None = None,
                max_body_bytes: int = MAX_BODY_BYTES, engine_thread: Any = None,
                tool_call_parser: str | None = None,
-               reasoning_parser: str | None = None) -> FastAPI:
+               reasoning_parser: str | None = None,
+               trust_request_chat_template: bool = False,
+               return_tokens_as_token_ids: bool = False,
+               cors: CORS | None = None) -> FastAPI:
     """The FastAPI app serving ``engine`` (an :class:`~writescope.engine.engine.LLMEngine` or
     anything with its interface). The engine loop starts and stops with the app's lifespan.
     ``engine_thread``: the :class:`~writescope.server.owner.EngineThread` that built the engine,
-    which then steps it (else the loop starts a thread of its own)."""
+    which then steps it (else the loop starts a thread of its own). ``cors``: the browsers'
+    cross-origin rules (vLLM's defaults: any origin, method and header, no credentials)."""
     server = OpenAIServer(engine, served_model_names, api_key, max_body_bytes=max_body_bytes,
                           engine_thread=engine_thread, tool_call_parser=tool_call_parser,
-                          reasoning_parser=reasoning_parser)
+                          reasoning_parser=reasoning_parser,
+                          trust_request_chat_template=trust_request_chat_template,
+                          return_tokens_as_token_ids=return_tokens_as_token_ids)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -709,6 +778,11 @@ def create_app(engine: Any, *, served_model_names: Sequence[str] | None = None,
     app = FastAPI(title="writescope", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
     app.state.server = server
+    cors = cors or CORS()
+    app.add_middleware(CORSMiddleware, allow_origins=list(cors.allowed_origins),
+                       allow_credentials=cors.allow_credentials,
+                       allow_methods=list(cors.allowed_methods),
+                       allow_headers=list(cors.allowed_headers))
 
     @app.exception_handler(P.APIError)
     async def _api_error(request: Request, e: P.APIError):

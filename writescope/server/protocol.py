@@ -5,22 +5,33 @@ the objects the official ``openai`` client parses); field names of the extension
 ``min_p``, ``ignore_eos``, ``stop_token_ids``, ``repetition_penalty``, ``min_tokens``,
 ``prompt_logprobs``, ``include_stop_str_in_output``, ``allowed_token_ids``,
 ``truncate_prompt_tokens``, ``bad_words``, ``skip_special_tokens``, ``structured_outputs`` and the
-older ``guided_*``; on the chat endpoint ``echo``, ``include_reasoning``,
-``add_generation_prompt``, ``continue_final_message`` and ``chat_template_kwargs``) follow vLLM's
-server. Requests are validated
-strictly, as OpenAI does: an unknown field, a field of the wrong type (``"max_tokens": "16"``) or
-a value out of range is a 400 naming the parameter; OpenAI's chat fields that do not change the
-decoding (``store``, ``metadata``, ``service_tier``, ``reasoning_effort``, ``modalities``,
-``prompt_cache_key``, ``safety_identifier``) are accepted and ignored, with a warning. Parameters this engine cannot honour
-(``suffix``, ``best_of`` other than ``n``) are refused with a clear message rather than silently
-ignored.
+older ``guided_*``, ``add_special_tokens``, ``request_id``, ``priority``,
+``return_tokens_as_token_ids``; on the chat endpoint ``echo``, ``include_reasoning``,
+``add_generation_prompt``, ``continue_final_message``, ``chat_template``,
+``chat_template_kwargs`` and ``documents``) follow vLLM's server.
+
+Unknown fields are ignored, as vLLM's server does (OpenAI's refuses them): the request runs
+without them and one warning lists them ("The following fields were present in the request but
+ignored: ..."), so that a client written for vLLM (or sending a newer OpenAI field) keeps
+working. The fields this server knows are validated strictly: a field of the wrong type
+(``"max_tokens": "16"``) or a value out of range is a 400 naming the parameter. Known fields
+that do not change what this server decodes (OpenAI's ``store``, ``metadata``,
+``service_tier``, ``reasoning_effort``, ``modalities``, ``prompt_cache_key``,
+``safety_identifier``, ``user``, ``parallel_tool_calls``; vLLM's ``length_penalty``,
+``guided_decoding_backend``, ``kv_transfer_params``, ``vllm_xargs``, ``mm_processor_kwargs``)
+are accepted and ignored, the chat endpoint's with a warning. Parameters this engine cannot
+honour (``suffix``, ``best_of`` other than ``n``, ``use_beam_search``, ``logits_processors``,
+``cache_salt``, ``prompt_embeds``, ``structural_tag``, a non-zero ``priority``) are refused
+with a clear message rather than silently ignored.
 """
 from __future__ import annotations
 
+import logging
 import re
 import time
 import uuid
-from typing import Any, Literal, Optional, Union
+from contextvars import ContextVar
+from typing import Any, ClassVar, Literal, Optional, Union
 
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo,
                       field_validator, model_serializer, model_validator)
@@ -51,9 +62,29 @@ class APIError(Exception):
                           "code": self.code}}
 
 
+log = logging.getLogger("writescope.server")
+
+#: while :func:`parse_request` validates a body: the unknown field names met so far
+_UNKNOWN: ContextVar[Optional[list[str]]] = ContextVar("writescope_unknown_fields", default=None)
+
+
 class _Strict(BaseModel):
-    # strict: no "16" -> 16 or 1.0 -> True coercions; JSON ints are still accepted for floats
-    model_config = ConfigDict(extra="forbid", strict=True)
+    """A request body (or part of one): unknown fields are ignored and noted (vLLM's server
+    accepts them with a warning), the known ones validated strictly (no "16" -> 16 or
+    1.0 -> True coercions; JSON ints are still accepted for floats)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _note_unknown(cls, data: Any, handler):
+        out = handler(data)
+        sink = _UNKNOWN.get()
+        if sink is not None and isinstance(data, dict):
+            known = set(cls.model_fields) | {f.alias for f in cls.model_fields.values()
+                                             if f.alias}
+            sink.extend(k for k in data if k not in known and k not in sink)
+        return out
 
 
 class StreamOptions(_Strict):
@@ -73,7 +104,7 @@ class JSONSchemaFormat(_Strict):
     schema_: Optional[dict[str, Any]] = Field(None, alias="schema")
     strict: Optional[bool] = None
 
-    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
 
 
 class ResponseFormat(_Strict):
@@ -99,7 +130,7 @@ class StructuredOutputsField(_Strict):
     json_object: Optional[bool] = None
     whitespace_pattern: Optional[str] = None
 
-    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
 
 
 class _SamplingFields(_Strict):
@@ -143,6 +174,47 @@ class _SamplingFields(_Strict):
     # extension (vLLM): each prompt token's log-probability and rank, and the k most likely
     # tokens at each prompt position (the response's ``prompt_logprobs``; not when streaming)
     prompt_logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
+    # vLLM's request extras: the response's id is "<cmpl|chatcmpl>-<request_id>" (an
+    # X-Request-Id header comes first, as in vLLM); priority: only 0 (no priority scheduling);
+    # the log-probabilities' tokens as "token_id:N"
+    request_id: Optional[str] = Field(None, min_length=1, max_length=256)
+    priority: Optional[int] = 0
+    return_tokens_as_token_ids: Optional[bool] = None
+    # vLLM's, refused unless unset or off (see _unsupported): beam search, custom logits
+    # processors, a salted prefix cache
+    use_beam_search: Optional[bool] = False
+    logits_processors: Optional[list[Any]] = None
+    cache_salt: Optional[str] = None
+    # vLLM's, accepted and ignored: beam search's length penalty, the structured-output
+    # backend (this server has one), disaggregated serving's and custom extensions' parameters
+    length_penalty: Optional[float] = 1.0
+    guided_decoding_backend: Optional[str] = None
+    kv_transfer_params: Optional[dict[str, Any]] = None
+    vllm_xargs: Optional[dict[str, Union[str, int, float]]] = None
+
+    #: fields accepted and ignored (:meth:`ignored_fields`, logged by the server)
+    IGNORED_FIELDS: ClassVar[tuple[str, ...]] = ("guided_decoding_backend",
+                                                 "kv_transfer_params", "vllm_xargs")
+
+    def ignored_fields(self) -> list[str]:
+        """The fields given (not null) that this server accepts and ignores."""
+        return [f for f in self.IGNORED_FIELDS
+                if f in self.model_fields_set and getattr(self, f) is not None]
+
+    @field_validator("priority", "use_beam_search", "logits_processors", "cache_salt")
+    @classmethod
+    def _not_here(cls, v: Any, info: ValidationInfo) -> Any:
+        """vLLM's fields this server cannot honour: refused unless unset or off."""
+        name = info.field_name
+        if name == "priority" and v:
+            raise ValueError(f"priority {v}: this server does not use priority scheduling; "
+                             "leave priority out or 0")
+        if name == "cache_salt" and v is not None:
+            raise ValueError("cache_salt is not supported by this server: its prefix cache "
+                             "cannot be salted per request")
+        if name in ("use_beam_search", "logits_processors") and v:
+            raise ValueError(f"{name} is not supported by this server")
+        return v
 
     @field_validator("stop")
     @classmethod
@@ -279,6 +351,16 @@ class CompletionRequest(_SamplingFields):
     logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)  # vLLM's limit (OpenAI's: 5)
     best_of: Optional[int] = Field(None, ge=1)
     suffix: Optional[str] = None
+    # vLLM's: the tokenizer's special tokens (a BOS) added to a text prompt
+    add_special_tokens: Optional[bool] = True
+    prompt_embeds: Optional[Union[str, list[str]]] = None  # vLLM's; refused
+
+    @field_validator("prompt_embeds")
+    @classmethod
+    def _no_embeds(cls, v):
+        if v is not None:
+            raise ValueError("prompt_embeds is not supported by this server")
+        return v
 
     @field_validator("max_tokens")
     @classmethod
@@ -388,6 +470,12 @@ class ChatTemplateFields(_Strict):
     add_generation_prompt: Optional[bool] = True
     continue_final_message: Optional[bool] = False
     chat_template_kwargs: Optional[dict[str, Any]] = None
+    # vLLM's: a Jinja template instead of the model's (only with the server's
+    # --trust-request-chat-template), documents for a RAG template, and special tokens (a BOS)
+    # added on top of what the template writes (off: templates write their own)
+    chat_template: Optional[str] = Field(None, min_length=1)
+    documents: Optional[list[dict[str, str]]] = None
+    add_special_tokens: Optional[bool] = False
 
     @model_validator(mode="after")
     def _template_checks(self):
@@ -405,12 +493,16 @@ class ChatTemplateFields(_Strict):
         """The keyword arguments of ``Tokenizer.apply_chat_template`` besides the messages."""
         return {"add_generation_prompt": bool(self.add_generation_prompt),
                 "continue_final_message": bool(self.continue_final_message),
+                "chat_template": self.chat_template, "documents": self.documents,
+                "add_special_tokens": bool(self.add_special_tokens),
                 **(self.chat_template_kwargs or {})}
 
 
 #: OpenAI's chat fields accepted and ignored (``ChatCompletionRequest.ignored_fields``)
 IGNORED_CHAT_FIELDS = ("store", "metadata", "service_tier", "reasoning_effort", "modalities",
                        "prompt_cache_key", "safety_identifier")
+#: vLLM's chat fields accepted and ignored (a text-only model has no multimodal processor)
+IGNORED_VLLM_CHAT_FIELDS = ("mm_processor_kwargs",)
 
 
 class ChatCompletionRequest(ChatTemplateFields, _SamplingFields):
@@ -436,10 +528,23 @@ class ChatCompletionRequest(ChatTemplateFields, _SamplingFields):
     modalities: Optional[list[str]] = None
     prompt_cache_key: Optional[str] = None
     safety_identifier: Optional[str] = None
+    mm_processor_kwargs: Optional[dict[str, Any]] = None  # vLLM's
+    structural_tag: Optional[str] = None  # vLLM's; refused
+
+    @field_validator("structural_tag")
+    @classmethod
+    def _no_structural_tag(cls, v):
+        if v is not None:
+            raise ValueError("structural_tag is not supported by this server")
+        return v
+
+    IGNORED_FIELDS: ClassVar[tuple[str, ...]] = (_SamplingFields.IGNORED_FIELDS
+                                                 + IGNORED_VLLM_CHAT_FIELDS)
 
     def ignored_fields(self) -> list[str]:
-        """The fields given that this server ignores (:data:`IGNORED_CHAT_FIELDS`)."""
-        return [f for f in IGNORED_CHAT_FIELDS if f in self.model_fields_set]
+        """The fields given that this server ignores (:data:`IGNORED_CHAT_FIELDS`, vLLM's)."""
+        return [f for f in IGNORED_CHAT_FIELDS if f in self.model_fields_set] + \
+            super().ignored_fields()
 
     def echoed(self) -> str:
         """The text ``echo`` puts before each choice's content ('' when none)."""
@@ -449,8 +554,9 @@ class ChatCompletionRequest(ChatTemplateFields, _SamplingFields):
 
     @model_validator(mode="after")
     def _chat_checks(self):
-        if self.top_logprobs is not None and not self.logprobs:
+        if self.top_logprobs and not self.logprobs:  # 0 without logprobs: vLLM's default
             raise ValueError("top_logprobs requires logprobs to be true")
+
         names = [t.function.name for t in self.tools or []]
         if len(set(names)) != len(names):
             raise ValueError("tools: function names must be distinct")
@@ -487,11 +593,18 @@ class ChatCompletionRequest(ChatTemplateFields, _SamplingFields):
 def parse_request(model: type[BaseModel], body: bytes):
     """Validate a raw JSON body; malformed JSON or a bad field becomes a 400 :class:`APIError`.
     A field of the wrong type is described by the model's ``union_hints`` (default
-    :data:`_UNION_HINTS`, the sampling endpoints' fields) where it names the field."""
+    :data:`_UNION_HINTS`, the sampling endpoints' fields) where it names the field. Unknown
+    fields are dropped, with one warning naming them (vLLM's wording)."""
     if not body.strip():
         raise APIError("request body is empty; expected a JSON object")
+    unknown: list[str] = []
+    token = _UNKNOWN.set(unknown)
     try:
-        return model.model_validate_json(body)
+        req = model.model_validate_json(body)
+        if unknown:
+            log.warning("The following fields were present in the request but ignored: %s",
+                        ", ".join(unknown))
+        return req
     except ValidationError as e:
         errors = e.errors()
         err = next((x for x in errors if x.get("type") == "value_error"), errors[0])
@@ -502,9 +615,6 @@ def parse_request(model: type[BaseModel], body: bytes):
             raise APIError(f"malformed JSON: {err.get('msg')}", code="invalid_json") from None
         if etype == "model_type" and not loc:
             raise APIError("request body must be a JSON object", code="invalid_json") from None
-        if etype == "extra_forbidden":
-            raise APIError(f"Unrecognized request argument supplied: {param}", param=param,
-                           code="unknown_parameter") from None
         if etype == "missing":
             raise APIError(f"Missing required parameter: {param}", param=param,
                            code="missing_required_parameter") from None
@@ -517,6 +627,8 @@ def parse_request(model: type[BaseModel], body: bytes):
         if param:
             msg = f"{param}: {msg} (got {_short(err.get('input'))})"
         raise APIError(msg, param=param, code="invalid_value") from None
+    finally:
+        _UNKNOWN.reset(token)
 
 
 _FIELD = re.compile(r"^(?!(?:str|int|float|bool|list|dict|none|tuple)$)[A-Za-z_][A-Za-z0-9_]*$")

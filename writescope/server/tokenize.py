@@ -4,7 +4,9 @@ conversation, turn token ids back into text.
 
 ``/tokenize`` takes ``{"prompt": "..."}`` (``add_special_tokens``, default true) or
 ``{"messages": [...]}`` with the chat endpoint's template options (``add_generation_prompt``,
-default true, ``continue_final_message``, ``chat_template_kwargs``, ``tools``) and answers
+default true, ``continue_final_message``, ``chat_template_kwargs``, ``chat_template`` (with
+--trust-request-chat-template), ``documents``, ``add_special_tokens``, default false, ``tools``)
+and answers
 ``{"count", "max_model_len", "tokens"}`` (and ``token_strs`` with ``return_token_strs``);
 ``/detokenize`` takes ``{"tokens": [...]}`` and answers ``{"prompt": "..."}``.
 """
@@ -61,6 +63,7 @@ async def tokenize(server: Any, request) -> dict:
     if tok is None:
         raise P.APIError("this model has no tokenizer", param="model")
     if isinstance(req, TokenizeChatRequest):
+        server.check_chat_template(req)
         heavy = conversation.text_size(req) > 4096
         ids = await server.off_loop(lambda: conversation.prompt_ids(tok, req), heavy)
     else:
