@@ -848,8 +848,11 @@ def test_busy_threads_finds_a_spinning_thread():
     r = busy_threads(a, b, time.perf_counter() - t0, top=10 ** 6)  # every thread
     stop.set(), spin.join(), idle.join()
     by = {t["name"]: t for t in r["top"]}
-    assert by["spinner"]["frac"] > 0.5 and by["idler"]["cpu_s"] < 0.05, r
-    assert r["busy_over_half"] >= 1 and r["threads"] >= 3
+    # (the spinner has a core to itself on an idle machine, ~1.0; CI's two test processes on
+    # two cores leave it less, so the figure's own scale is not asserted)
+    assert r["top"][0]["name"] == "spinner" and by["spinner"]["frac"] > 0.2, r
+    assert by["idler"]["cpu_s"] < 0.05, r
+    assert r["busy_over_half"] == sum(t["frac"] > 0.5 for t in r["top"]) and r["threads"] >= 3
     assert busy_threads({}, b, 1.0) is None
     # a thread that waited switched out voluntarily; the counts are deltas over the stretch
     go, done, stop = threading.Event(), threading.Event(), threading.Event()
