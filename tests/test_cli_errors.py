@@ -69,3 +69,30 @@ def test_engine_flags_that_cannot_apply_are_refused_before_the_weights(capsys, f
     rc, err = _err(capsys, ["generate", "--prompt", "hi", "--device", "cpu", *flags])
     assert rc == 1 and said in err
 
+
+@pytest.mark.parametrize("threads", ["0", "-3"])
+def test_calibrate_refuses_a_thread_count_below_one(capsys, tmp_path, threads):
+    """-3 was a RuntimeError traceback from torch; 0 was silently ignored."""
+    rc, err = _err(capsys, ["calibrate", "--quick", "--threads", threads,
+                            "--out", str(tmp_path / "p.json")])
+    assert rc == 1 and f"--threads must be at least 1, got {threads}" in err
+    assert not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.parametrize("where", ["folder", "unwritable"])
+def test_calibrate_refuses_an_out_path_it_cannot_write_before_probing(capsys, tmp_path, where):
+    """The bad --out was found only after the whole calibration (minutes without --quick)."""
+    out = tmp_path if where == "folder" else tmp_path / "file" / "p.json"
+    (tmp_path / "file").write_text("not a folder")
+    rc, err = _err(capsys, ["calibrate", "--quick", "--model", "writescope-default",
+                            "--out", str(out)])
+    assert rc == 1 and f"--out {out}" in err
+    assert "calibrated in" not in err  # no probe ran
+
+
+def test_a_profile_that_cannot_be_saved_leaves_no_temporary_file(tmp_path):
+    from test_migrate import synthetic_profile
+    (tmp_path / "p.json").mkdir()  # os.replace onto a folder fails
+    with pytest.raises(OSError):
+        synthetic_profile().save(tmp_path / "p.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.json"]
