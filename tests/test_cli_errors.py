@@ -3,6 +3,7 @@ traceback, exit code 1 (argparse's own errors: 2)."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -96,3 +97,12 @@ def test_a_profile_that_cannot_be_saved_leaves_no_temporary_file(tmp_path):
     with pytest.raises(OSError):
         synthetic_profile().save(tmp_path / "p.json")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.json"]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+def test_generate_refuses_an_output_it_cannot_write_before_generating(capsys):
+    """--output /proc/x.jsonl (a folder where no file can be created) failed only after the
+    model had loaded and generated: the results were lost."""
+    rc, err = _err(capsys, ["generate", "--prompt", "hi", "--device", "cpu", "--max-tokens", "2",
+                            "--output", "/proc/writescope-qa.jsonl"])
+    assert rc == 1 and "--output /proc/writescope-qa.jsonl: cannot write there" in err
