@@ -60,3 +60,13 @@ def test_every_option_with_a_default_says_it_in_help(capsys):
     assert "--max-tokens MAX_TOKENS default: 64" in text
     assert "--temperature TEMPERATURE default: 0.0" in text
     assert "--seed SEED random weights' seed" in text and "(default: 0)" in text
+
+
+def test_version_flag(capsys):
+    """`writescope --version` (vLLM's `vllm --version`, llama.cpp's --version) was an
+    'unrecognized arguments' error."""
+    from writescope import __version__
+    from writescope.cli import main
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"writescope {__version__}"

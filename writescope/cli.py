@@ -18,6 +18,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="writescope",
         description="Long-context MoE inference on one budgeted GPU.")
+    from . import __version__
+    parser.add_argument("--version", action="version", version=f"writescope {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         try:
