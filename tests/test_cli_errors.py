@@ -106,3 +106,22 @@ def test_generate_refuses_an_output_it_cannot_write_before_generating(capsys):
     rc, err = _err(capsys, ["generate", "--prompt", "hi", "--device", "cpu", "--max-tokens", "2",
                             "--output", "/proc/writescope-qa.jsonl"])
     assert rc == 1 and "--output /proc/writescope-qa.jsonl: cannot write there" in err
+
+
+@pytest.mark.parametrize("flags,said", [
+    (["--context-lengths", "8q"], "cannot read '8q' as a count"),
+    (["--context-lengths", "0"], "--context-lengths must be positive token counts, got '0'"),
+    (["--vram-budget", "32XB"], "cannot read '32XB' as a byte size"),
+    (["--vram-budget", "0"], "--vram-budget must be positive, got '0'"),
+    (["--kv-cache-memory", "1ZB"], "cannot read '1ZB' as a byte size")])
+def test_plan_refuses_bad_sizes_before_calibrating(capsys, monkeypatch, tmp_path, flags, said):
+    """Without a profile, `writescope plan` calibrated this machine (a full calibration:
+    minutes) before it read --context-lengths and --vram-budget; 0 bytes was
+    'vram_budget_bytes must be a positive int or None'."""
+    import writescope.planner.profile as profile
+
+    def no_calibration(*a, **k):
+        raise AssertionError("calibrated before checking the arguments")
+    monkeypatch.setattr(profile, "load_or_calibrate", no_calibration)
+    rc, err = _err(capsys, ["plan", "--model", "qwen3-30b-a3b", *flags])
+    assert rc == 1 and said in err
