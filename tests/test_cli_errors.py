@@ -63,7 +63,8 @@ def test_config_overrides_of_the_wrong_type_are_named(capsys, override, said):
     (["--cpu-share", "0.3"], "--cpu-share is the static policy's share"),
     (["--cpu-share", "0.3", "--kv-policy", "transfer"], "--kv-policy transfer does not read it"),
     (["--cpu-share", "7", "--kv-policy", "static"], "--cpu-share must be in [0, 1], got 7.0"),
-    (["--profile", "/no/such/profile.json"], "--profile: no file '/no/such/profile.json'")])
+    (["--profile", "/no/such/profile.json"], "--profile: no file '/no/such/profile.json'"),
+    (["--vram-budget", "0"], "--vram-budget must be positive, got '0'")])
 def test_engine_flags_that_cannot_apply_are_refused_before_the_weights(capsys, flags, said):
     """--cpu-share without the static policy was accepted and ignored; out of range, or a
     --profile that is not there, failed only after the weights had loaded."""

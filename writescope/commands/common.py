@@ -64,6 +64,9 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
     check_byte_flags((("--vram-budget", args.vram_budget), ("--pinned-budget", args.pinned_budget),
                       ("--host-budget", args.host_budget),
                       ("--kv-cache-memory", getattr(args, "kv_cache_memory", None))))
+    from ..units import parse_bytes
+    if args.vram_budget is not None and parse_bytes(args.vram_budget) <= 0:
+        raise ValueError(f"--vram-budget must be positive, got {args.vram_budget!r}")
     cpu_share = args.cpu_share
     if cpu_share is not None:  # a flag the policy does not read is an error, not ignored
         if args.kv_policy != "static":
