@@ -126,3 +126,13 @@ def test_plan_refuses_bad_sizes_before_calibrating(capsys, monkeypatch, tmp_path
     monkeypatch.setattr(profile, "load_or_calibrate", no_calibration)
     rc, err = _err(capsys, ["plan", "--model", "qwen3-30b-a3b", *flags])
     assert rc == 1 and said in err
+
+
+def test_bench_names_an_out_it_cannot_write(capsys, tmp_path):
+    """--out naming a file was '[Errno 17] File exists: ...' without the flag."""
+    f = tmp_path / "results.txt"
+    f.write_text("x")
+    for out, said in ((f, f"--out {f} is a file"), (f / "sub", f"--out {f / 'sub'}: cannot write")):
+        rc, err = _err(capsys, ["bench", "--model", "qwen3-30b-a3b", "--random-weights",
+                                "--out", str(out), "--no-progress"])
+        assert rc == 1 and said in err, err
