@@ -39,3 +39,34 @@ def test_stacks_every_n_seconds_from_a_watchdog():
                        timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == "done"
     assert r.stderr.count("most recent call first") >= 2
+
+
+
+def test_every_option_with_a_default_says_it_in_help(capsys):
+    """`writescope generate --help` showed --max-tokens, --temperature, --top-k, ... with no
+    default (vLLM's and llama.cpp's help name them); each subcommand's options now do."""
+    from writescope.cli import build_parser, main
+    parser = build_parser()
+    missing = [(name, a.option_strings[-1])
+               for name, cmd in parser._subparsers._group_actions[0].choices.items()
+               for a in cmd._actions
+               if a.option_strings and a.default != "==SUPPRESS=="
+               and a.default is not None and a.default is not False and a.default != []
+               and "default" not in (a.help or "").lower()]
+    assert not missing
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--max-tokens MAX_TOKENS default: 64" in text
+    assert "--temperature TEMPERATURE default: 0.0" in text
+    assert "--seed SEED random weights' seed" in text and "(default: 0)" in text
+
+
+def test_version_flag(capsys):
+    """`writescope --version` (vLLM's `vllm --version`, llama.cpp's --version) was an
+    'unrecognized arguments' error."""
+    from writescope import __version__
+    from writescope.cli import main
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"writescope {__version__}"

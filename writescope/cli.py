@@ -18,6 +18,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="writescope",
         description="Long-context MoE inference on one budgeted GPU.")
+    from . import __version__
+    parser.add_argument("--version", action="version", version=f"writescope {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         try:
@@ -27,7 +29,24 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         mod.register(sub)
+    for cmd in sub.choices.values():
+        _name_defaults(cmd)
     return parser
+
+
+def _name_defaults(parser: argparse.ArgumentParser) -> None:
+    """Every option's help says its default (``--max-tokens`` had no help line at all): one
+    whose help does not mention a default gets ``(default: X)``; flags and options without
+    a default (None) are left as they are."""
+    for action in parser._actions:
+        if (not action.option_strings or action.help == argparse.SUPPRESS
+                or action.default is None or action.default is False  # not 0: a default
+                or action.default == argparse.SUPPRESS
+                or isinstance(action.default, list) and not action.default
+                or "default" in (action.help or "").lower()):
+            continue
+        action.help = f"{action.help} (default: %(default)s)" if action.help \
+            else "default: %(default)s"
 
 
 def _stack_dumps_on_sigusr1() -> None:

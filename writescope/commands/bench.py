@@ -127,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("give --model (one or more), or --report DIR")
     spec = spec_from_args(args)
     spec.validate()  # the arguments' own errors first
+    check_out(spec.out)
     check_models(spec)
     doc = run_grid(spec, progress=not args.no_progress)
     rows = doc["rows"]
@@ -141,6 +142,23 @@ def run(args: argparse.Namespace) -> int:
               "results.json)", file=sys.stderr)
         return 1
     return 0
+
+
+def check_out(out: str) -> None:
+    """``--out`` is a folder this process can write results into (made if missing): a file, or
+    a place no file can be created, is the command's error naming the flag."""
+    import tempfile
+    from pathlib import Path
+    p = Path(out)
+    if p.exists() and not p.is_dir():
+        raise ValueError(f"--out {out} is a file; give a folder for results.json, results.md "
+                         "and the plots")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=p):
+            pass
+    except OSError as e:
+        raise ValueError(f"--out {out}: cannot write there ({e.strerror or e})") from None
 
 
 def check_models(spec) -> None:

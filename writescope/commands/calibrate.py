@@ -7,8 +7,11 @@ engine reads at start-up.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
+import tempfile
+from pathlib import Path
 
 
 def register(subparsers) -> None:
@@ -20,18 +23,30 @@ def register(subparsers) -> None:
                    help="time this model's attention family and expert shape (a folder, a "
                         "reference name or writescope-default; repeatable; default: the three "
                         "reference models)")
-    p.add_argument("--threads", type=int, help="torch CPU threads for the probes")
+    p.add_argument("--threads", type=int,
+                   help="torch CPU threads for the probes (default: torch's, this machine's cores)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from ..planner.calibrate import calibrate
     from ..planner.profile import default_cache_path
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be at least 1, got {args.threads}")
+    out = args.out or default_cache_path()
+    # a path that cannot be written fails now, not after minutes of probes
+    if os.path.isdir(out):
+        raise ValueError(f"--out {out} is a folder; give the profile JSON's file name")
+    try:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=Path(out).parent):
+            pass
+    except OSError as e:
+        raise ValueError(f"--out {out}: cannot write there ({e.strerror or e})") from None
     cmd = "writescope " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else ""
     from ..engine.model_source import config_source
     models = [config_source(m) for m in args.model] if args.model else None
     prof = calibrate(quick=args.quick, models=models, threads=args.threads, command=cmd)
-    out = args.out or default_cache_path()
     prof.save(out)
     print(f"profile written to {out}")
     return 0

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -32,7 +33,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--block-size", type=int, default=None, help="tokens per KV block")
     g.add_argument("--kv-policy", default="writescope",
                    help="writescope (default), static, transfer, cpu, migrate")
-    g.add_argument("--cpu-share", type=float, default=0.5, help="CPU fraction of spilled KV (static)")
+    g.add_argument("--cpu-share", type=float, default=None,
+                   help="CPU fraction of spilled KV, in [0, 1] (with --kv-policy static; "
+                        "default 0.5)")
     g.add_argument("--experts", default="auto", choices=("auto", "gpu", "cpu"),
                    help="where routed experts run")
     g.add_argument("--max-num-seqs", type=int, default=64)
@@ -61,11 +64,25 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
     check_byte_flags((("--vram-budget", args.vram_budget), ("--pinned-budget", args.pinned_budget),
                       ("--host-budget", args.host_budget),
                       ("--kv-cache-memory", getattr(args, "kv_cache_memory", None))))
+    from ..units import parse_bytes
+    if args.vram_budget is not None and parse_bytes(args.vram_budget) <= 0:
+        raise ValueError(f"--vram-budget must be positive, got {args.vram_budget!r}")
+    cpu_share = args.cpu_share
+    if cpu_share is not None:  # a flag the policy does not read is an error, not ignored
+        if args.kv_policy != "static":
+            raise ValueError(f"--cpu-share is the static policy's share (--kv-policy static); "
+                             f"--kv-policy {args.kv_policy} does not read it")
+        if not 0.0 <= cpu_share <= 1.0:
+            raise ValueError(f"--cpu-share must be in [0, 1], got {cpu_share}")
+    if args.profile is not None and not os.path.isfile(args.profile):
+        raise ValueError(f"--profile: no file {args.profile!r} (`writescope calibrate --out "
+                         "FILE` writes one)")
     kw = dict(model=args.model, dtype=args.dtype, device=args.device,
               random_weights=args.random_weights, seed=args.seed,
               vram_budget=args.vram_budget, pinned_budget=args.pinned_budget,
               host_budget=args.host_budget, num_gpu_blocks=args.num_gpu_blocks,
-              kv_policy=args.kv_policy, cpu_share=args.cpu_share, experts=args.experts,
+              kv_policy=args.kv_policy,
+              cpu_share=0.5 if cpu_share is None else cpu_share, experts=args.experts,
               max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
               max_num_batched_tokens=args.max_num_batched_tokens, cpu_threads=args.cpu_threads,
               profile=args.profile, kv_cache_memory=getattr(args, "kv_cache_memory", None),

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -158,6 +159,14 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--output {args.output} is a folder")
         if not out_path.parent.is_dir():
             raise ValueError(f"--output {args.output}: no folder {out_path.parent}")
+        try:  # a folder this process cannot create files in (read-only, /proc, ...)
+            with tempfile.TemporaryFile(dir=out_path.parent):
+                pass
+            if out_path.exists() and not os.access(out_path, os.W_OK):
+                raise PermissionError(f"{out_path} is not writable")
+        except OSError as e:
+            raise ValueError(f"--output {args.output}: cannot write there "
+                             f"({e.strerror or e})") from None
     if args.chat:  # refused before the weights load; a template renders text only
         for i, p in enumerate(prompts):
             if not isinstance(p, str):

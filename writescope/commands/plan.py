@@ -299,6 +299,18 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--batch must be >= 1, got {args.batch}")
     if args.max_num_batched_tokens < 1:
         raise ValueError(f"--max-num-batched-tokens must be >= 1, got {args.max_num_batched_tokens}")
+    # the sizes too: a typo is an error at once, not after calibrating this machine (minutes)
+    lengths = [parse_count(x) for x in args.context_lengths.split(",") if x.strip()]
+    if not lengths or any(n < 1 for n in lengths):
+        raise ValueError(f"--context-lengths must be positive token counts, got "
+                         f"{args.context_lengths!r}")
+    budget = parse_bytes(args.vram_budget) if args.vram_budget not in (None, "", "none") else None
+    if budget is not None and budget <= 0:
+        raise ValueError(f"--vram-budget must be positive, got {args.vram_budget!r}")
+    auto_kv = is_auto(args.kv_cache_memory)
+    kv_memory = parse_bytes(args.kv_cache_memory) if args.kv_cache_memory and not auto_kv else None
+    if kv_memory is not None and kv_memory <= 0:
+        raise ValueError(f"--kv-cache-memory must be positive, got {args.kv_cache_memory!r}")
     from ..engine.model_source import config_source
     source = config_source(args.model)
     if args.config_override:
@@ -317,15 +329,9 @@ def run(args: argparse.Namespace) -> int:
               "measured): FP8 experts on the CPU are charged bf16's bytes/s, about 1.2-1.5x "
               "faster than the kernel measured on 16-core hosts; run `writescope calibrate` "
               "for this machine's", file=sys.stderr)
-    lengths = [parse_count(x) for x in args.context_lengths.split(",") if x.strip()]
     from ..kvcache.subbatches import expert_pipeline_mode
     # as the engine would run it: WRITESCOPE_PIPELINE_EXPERTS, unless given
     pipelined = rl.expert_form(args.pipeline_experts or expert_pipeline_mode())
-    budget = parse_bytes(args.vram_budget) if args.vram_budget not in (None, "", "none") else None
-    auto_kv = is_auto(args.kv_cache_memory)
-    kv_memory = parse_bytes(args.kv_cache_memory) if args.kv_cache_memory and not auto_kv else None
-    if kv_memory is not None and kv_memory <= 0:
-        raise ValueError(f"--kv-cache-memory must be positive, got {args.kv_cache_memory!r}")
     all_gpu = rl.gpu_weight_bytes(cfg, experts_on_cpu=False)
 
     def margin(n: int):

@@ -42,6 +42,7 @@ Calibration is in :mod:`writescope.planner.calibrate`.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import tempfile
@@ -198,9 +199,14 @@ class HardwareProfile:
         p.parent.mkdir(parents=True, exist_ok=True)
         # a unique temporary file, so two processes calibrating at once never clobber each other
         fd, tmp = tempfile.mkstemp(prefix=p.name + ".", suffix=".tmp", dir=p.parent)
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(self.to_dict(), indent=1) + "\n")
-        os.replace(tmp, p)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps(self.to_dict(), indent=1) + "\n")
+            os.replace(tmp, p)
+        except BaseException:  # no temporary file left beside a profile that was not written
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "HardwareProfile":
