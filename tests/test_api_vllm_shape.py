@@ -179,3 +179,15 @@ def test_outputs_is_built_once(llm):
     assert o.outputs is o.outputs and o.outputs[0].logprobs is o.outputs[0].logprobs
     o.outputs[0].text = "edited"
     assert o.outputs[0].text == "edited"
+
+
+def test_the_progress_bar_shows_the_rate_while_one_request_runs(llm, capsys, monkeypatch):
+    """``use_tqdm``: the bar's tokens/s is redrawn as steps go (every half second), not only
+    when a request finishes: one long request shows its rate before it ends."""
+    import writescope.llm as llm_module
+    clock = iter(range(0, 10 ** 6))
+    monkeypatch.setattr(llm_module.time, "monotonic", lambda: float(next(clock)))
+    llm.generate("hello there", SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=True)
+    frames = capsys.readouterr().err.replace("\r", "\n").splitlines()
+    running = [f for f in frames if "0/1" in f and "tok_s=" in f]
+    assert len(running) >= 3, frames

@@ -1694,3 +1694,16 @@ def _check_shared_t_plan(seqs, distinct, experts, reads_once):
     pol.observe({"batch_lengths": [v.num_tokens + 1 for v in views], "step_s": 0.01})
     cap = CacheCapacity({Region.G: 0, Region.C: 4, Region.T: 4}, bs, int(bs * pol.token_bytes))
     assert pol.place(views[0], 1, cap)[0] in (Region.C, Region.T)
+
+
+def test_a_saved_profile_has_the_mode_a_plain_file_would(tmp_path):
+    """``HardwareProfile.save`` writes through a unique temporary file (0600 as made); the
+    profile ends with the mode open() gives (0666 less the umask), readable by others."""
+    import os
+    old = os.umask(0o022)
+    try:
+        simple_profile(rc=5 * GB, rp=10 * GB, rt=0.0).save(tmp_path / "p.json")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "p.json").stat().st_mode & 0o777 == 0o644
+    assert [f.name for f in tmp_path.iterdir()] == ["p.json"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
+import time
 
 import torch
 from tqdm.auto import tqdm
@@ -120,15 +121,25 @@ class LLM:
         results: dict[str, RequestOutput] = {}
         total = sum(len(g) for g in groups)
         bar = tqdm(total=total, desc="generating", unit="req", disable=not use_tqdm)
+        shown = time.monotonic()
         try:
             with bar:
                 while self.engine.has_unfinished_requests():
+                    done = 0
                     for out in self.engine.step():
                         if out.finished:
                             results[out.request_id] = out
-                            bar.update(1)
-                            bar.set_postfix(
-                                tok_s=f"{self.engine.stats()['engine.tokens_per_s']:.1f}")
+                            done += 1
+                    # the rate every half second (a long single request shows it going), and
+                    # each time requests finish
+                    if use_tqdm and (done or time.monotonic() - shown > 0.5):
+                        bar.set_postfix(tok_s=f"{self.engine.stats()['engine.tokens_per_s']:.1f}",
+                                        refresh=False)
+                        if done:
+                            bar.update(done)
+                        else:
+                            bar.refresh()
+                        shown = time.monotonic()
         except BaseException:
             # interrupted (Ctrl-C) or a failed step: this call's requests end here, so that the
             # next call neither runs them to no one nor starts from the failed step's state

@@ -221,11 +221,19 @@ class LLMEngine(EngineSizing):
 
         self._check_host_memory()
         t0 = time.perf_counter()
-        bar = tqdm(desc=f"loading {self.model_name}", unit="tensor", disable=not show_progress)
-        with bar:
+        bars: list = []  # the loader opens the bar once it knows how many tensor groups
+
+        def open_bar(total: int):
+            bars.append(tqdm(total=total, desc=f"loading {self.model_name}", unit="tensor",
+                             disable=not show_progress))
+            return bars[-1]
+        try:
             self.model = build_model(cfg, dtype=self.dtype, device=self.device, checkpoint=ckpt,
                                      random_weights=random_weights, seed=seed,
-                                     cpu_expert_layers=self.cpu_expert_layers, progress=bar)
+                                     cpu_expert_layers=self.cpu_expert_layers, progress=open_bar)
+        finally:
+            for bar in bars:
+                bar.close()
         weights_on_device = sum(p.numel() * p.element_size() for p in self.model.parameters()
                                 if p.device.type == self.device.type)
         t1 = time.perf_counter()

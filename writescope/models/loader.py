@@ -142,7 +142,8 @@ def build_model(cfg: ModelConfig, *, dtype: torch.dtype, device: torch.device | 
                 progress=None) -> CausalLM:
     """Build ``cfg``'s model on ``device`` and fill its weights (checkpoint or seeded random).
 
-    ``progress``: a tqdm-like bar; its total is set here and it advances per tensor group."""
+    ``progress``: called with the number of tensor groups once it is known, returns a
+    tqdm-like bar that advances per group."""
     device = torch.device(device)
     if checkpoint is None and not random_weights:
         raise ValueError("build_model needs a checkpoint folder or random_weights=True")
@@ -168,10 +169,9 @@ def build_model(cfg: ModelConfig, *, dtype: torch.dtype, device: torch.device | 
             m.share_projection_storage()
     model.rotary = type(model.rotary)(cfg.rope_dim, cfg.rope_theta, cfg.rope_scaling).to(device)
     model.eval()
-    if progress is not None:
-        progress.total = sum(1 for _ in _dense_params(model)) + len(model.moe_blocks())
-        progress.refresh()
-    tick = progress.update if progress is not None else None
+    bar = None if progress is None else progress(
+        sum(1 for _ in _dense_params(model)) + len(model.moe_blocks()))
+    tick = bar.update if bar is not None else None
     if ckpt is not None:
         _load_checkpoint(model, cfg, ckpt, dtype, cpu_layers, tick)
     else:

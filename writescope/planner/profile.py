@@ -202,6 +202,9 @@ class HardwareProfile:
         try:
             with os.fdopen(fd, "w") as f:
                 f.write(json.dumps(self.to_dict(), indent=1) + "\n")
+            # mkstemp's file is 0600: the mode a plain open() would give (0666 less the umask),
+            # so that a profile written for a team is readable by it
+            os.chmod(tmp, 0o666 & ~_umask())
             os.replace(tmp, p)
         except BaseException:  # no temporary file left beside a profile that was not written
             with contextlib.suppress(OSError):
@@ -286,6 +289,18 @@ def machine_description() -> dict[str, Any]:
     except (OSError, StopIteration, ValueError):
         pass
     return desc
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it (os.umask sets it, for every thread);
+    0o022 where /proc does not say."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
 
 
 def machine_key(desc: dict[str, Any] | None = None) -> str:
