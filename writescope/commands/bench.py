@@ -147,18 +147,13 @@ def run(args: argparse.Namespace) -> int:
 def check_out(out: str) -> None:
     """``--out`` is a folder this process can write results into (made if missing): a file, or
     a place no file can be created, is the command's error naming the flag."""
-    import tempfile
     from pathlib import Path
+    from .common import check_writable
     p = Path(out)
     if p.exists() and not p.is_dir():
         raise ValueError(f"--out {out} is a file; give a folder for results.json, results.md "
                          "and the plots")
-    try:
-        p.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=p):
-            pass
-    except OSError as e:
-        raise ValueError(f"--out {out}: cannot write there ({e.strerror or e})") from None
+    check_writable("--out", out, p, make=True)
 
 
 def check_models(spec) -> None:

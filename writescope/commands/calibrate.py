@@ -10,7 +10,6 @@ import argparse
 import os
 import shlex
 import sys
-import tempfile
 from pathlib import Path
 
 
@@ -31,18 +30,14 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..planner.calibrate import calibrate
     from ..planner.profile import default_cache_path
+    from .common import check_writable
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be at least 1, got {args.threads}")
     out = args.out or default_cache_path()
     # a path that cannot be written fails now, not after minutes of probes
     if os.path.isdir(out):
         raise ValueError(f"--out {out} is a folder; give the profile JSON's file name")
-    try:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=Path(out).parent):
-            pass
-    except OSError as e:
-        raise ValueError(f"--out {out}: cannot write there ({e.strerror or e})") from None
+    check_writable("--out", out, Path(out).parent, make=True)
     cmd = "writescope " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else ""
     from ..engine.model_source import config_source
     models = [config_source(m) for m in args.model] if args.model else None

@@ -136,3 +136,17 @@ def kv_summary(stats: dict) -> str:
     return (f"KV: {', '.join(parts)} written | CPU share of attention reads "
             f"{stats.get('kv.cpu_share_of_reads', 0.0):.0%} | moved after placement "
             f"{format_bytes(stats.get('kv.bytes_moved_after_placement', 0))}")
+
+
+def check_writable(flag: str, value, folder, make: bool = False) -> None:
+    """``folder`` (where ``flag``'s ``value`` puts files; made first when ``make``) takes a new
+    file: a read-only place is the command's error naming the flag, before any work."""
+    import tempfile
+    from pathlib import Path
+    try:
+        if make:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise ValueError(f"{flag} {value}: cannot write there ({e.strerror or e})") from None

@@ -6,11 +6,11 @@ import dataclasses
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from .common import add_engine_args, engine_kwargs, kv_summary, placement_summary
+from .common import (add_engine_args, check_writable, engine_kwargs, kv_summary,
+                     placement_summary)
 
 
 def register(sub) -> None:
@@ -159,14 +159,10 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--output {args.output} is a folder")
         if not out_path.parent.is_dir():
             raise ValueError(f"--output {args.output}: no folder {out_path.parent}")
-        try:  # a folder this process cannot create files in (read-only, /proc, ...)
-            with tempfile.TemporaryFile(dir=out_path.parent):
-                pass
-            if out_path.exists() and not os.access(out_path, os.W_OK):
-                raise PermissionError(f"{out_path} is not writable")
-        except OSError as e:
-            raise ValueError(f"--output {args.output}: cannot write there "
-                             f"({e.strerror or e})") from None
+        # a folder this process cannot create files in (read-only, /proc, ...)
+        check_writable("--output", args.output, out_path.parent)
+        if out_path.exists() and not os.access(out_path, os.W_OK):
+            raise ValueError(f"--output {args.output}: cannot write there (not writable)")
     if args.chat:  # refused before the weights load; a template renders text only
         for i, p in enumerate(prompts):
             if not isinstance(p, str):
