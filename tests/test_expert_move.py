@@ -46,7 +46,7 @@ def _reserve(llm):
 def _greedy(llm, n=8):
     out = llm.generate(["Tell me a story", "The capital of France is"],
                        SamplingParams(max_tokens=n, temperature=0, logprobs=1))
-    return [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in out]
+    return [(o.token_ids, o.logprobs) for o in out]  # (log-probabilities as floats)
 
 
 def test_experts_move_until_the_kv_asked_for_fits(tiny_qwen3_moe):
