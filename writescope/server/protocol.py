@@ -87,6 +87,15 @@ class _Strict(BaseModel):
         return out
 
 
+def _refused(name: str):
+    """A validator refusing ``name`` when given (vLLM's fields this server cannot honour)."""
+    def check(cls, v):
+        if v is not None:
+            raise ValueError(f"{name} is not supported by this server")
+        return v
+    return field_validator(name)(classmethod(check))
+
+
 class StreamOptions(_Strict):
     include_usage: Optional[bool] = False
     continuous_usage_stats: Optional[bool] = False
@@ -355,12 +364,7 @@ class CompletionRequest(_SamplingFields):
     add_special_tokens: Optional[bool] = True
     prompt_embeds: Optional[Union[str, list[str]]] = None  # vLLM's; refused
 
-    @field_validator("prompt_embeds")
-    @classmethod
-    def _no_embeds(cls, v):
-        if v is not None:
-            raise ValueError("prompt_embeds is not supported by this server")
-        return v
+    _no_embeds = _refused("prompt_embeds")
 
     @field_validator("max_tokens")
     @classmethod
@@ -531,12 +535,7 @@ class ChatCompletionRequest(ChatTemplateFields, _SamplingFields):
     mm_processor_kwargs: Optional[dict[str, Any]] = None  # vLLM's
     structural_tag: Optional[str] = None  # vLLM's; refused
 
-    @field_validator("structural_tag")
-    @classmethod
-    def _no_structural_tag(cls, v):
-        if v is not None:
-            raise ValueError("structural_tag is not supported by this server")
-        return v
+    _no_structural_tag = _refused("structural_tag")
 
     IGNORED_FIELDS: ClassVar[tuple[str, ...]] = (_SamplingFields.IGNORED_FIELDS
                                                  + IGNORED_VLLM_CHAT_FIELDS)
