@@ -206,8 +206,10 @@ class Bound:
     launches like ``fl[grid](*args, **kw)``. Made once per distinct keyword set and kept by the
     caller (a decode step's attention launches use a few such sets for all its layers), so a
     launch keys only its positional arguments and passes the named ones from a list built once.
-    On the dev VM (AVX2 EPYC, ``python -m writescope.bench.launch_host``) a bound partials or
-    merge launch took 9-14 us of Python against 16-26 us unbound."""
+    ``python -m writescope.bench.launch_host``: a bound partials or merge launch took 9-14 us
+    of Python against 16-26 us unbound on the dev VM (AVX2 EPYC), 5.6-6.7 against 9.8-10.2 on
+    an H200 host; a spilled Qwen3 4 x 8K step there was no faster (seventy-third session: the
+    tensors' dtype and alignment key, :meth:`FastLaunch._pos_key`, remains the cost)."""
 
     __slots__ = ("fl", "kwargs", "nargs", "pos_constexpr", "tail", "kernels")
 

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Seventy-third session, call 2 (what the device budget had left): call 1's A/B put the
+# Prepared in the seventy-third session (three starts refused; it never ran). Call 1's A/B put the
 # DeepSeek-V2-Lite 4 x 8K spilled step at 16.7 ms on the new tree against 14.8 on 6b8dcb5 (one
 # run each; Qwen3 28.0-29.1 against 27.8 twice). Alternating runs settle it, and one with
 # WRITESCOPE_FAST_LAUNCH=0 (no kept-kernel or bound launches) tells the bound launches from
