@@ -88,6 +88,16 @@ def test_completion_logprobs_are_vllm_dicts(llm):
                                                 ignore_eos=True, logprobs=0))[0]
     for comp in zero.outputs:
         assert [list(d) for d in comp.logprobs] == [[t] for t in comp.token_ids]
+    # a sampled token outside the alternatives asked for still has its rank (vLLM's)
+    hot = llm.generate("hello", SamplingParams(temperature=50.0, seed=5, max_tokens=8,
+                                               ignore_eos=True, logprobs=1))[0]
+    assert hot.ranks is not None and len(hot.ranks) == 8
+    off = [(t, d) for t, d in zip(hot.outputs[0].token_ids, hot.outputs[0].logprobs)
+           if len(d) == 2]
+    assert off, "a temperature of 50 draws tokens outside the top 1"
+    for t, d in off:
+        (alt,) = (a for a in d if a != t)
+        assert d[alt].rank == 1 and d[t].logprob < d[alt].logprob and d[t].rank > 1
     none = llm.generate("hello", SamplingParams(max_tokens=2))[0].outputs[0]
     assert none.logprobs is None and none.cumulative_logprob is None
     # the same through the engine's step outputs

@@ -25,7 +25,7 @@ def test_alternatives_are_the_k_largest_log_probabilities_per_row():
     params = [SamplingParams(temperature=0.0, logprobs=5), SamplingParams(temperature=0.0),
               SamplingParams(temperature=0.0, logprobs=0),
               SamplingParams(temperature=0.0, logprobs=MAX_LOGPROBS)]
-    toks, chosen, top = Sampler().sample(logits, params, [0, 1, 2, 3])
+    toks, chosen, top, _ = Sampler().sample(logits, params, [0, 1, 2, 3])
     assert toks == logits.argmax(-1).tolist()
     assert top[1] is None and top[2] is None
     for i, k in ((0, 5), (3, MAX_LOGPROBS)):
@@ -47,16 +47,36 @@ def test_sampled_rows_report_the_distribution_not_the_filter():
     top_p / temperature the row samples with; the sampled token need not be among them."""
     logits = logits_rows(1, seed=3)
     p = SamplingParams(temperature=1.5, top_k=40, top_p=0.9, seed=11, logprobs=3)
-    toks, chosen, top = Sampler().sample(logits, [p], [7])
+    toks, chosen, top, _ = Sampler().sample(logits, [p], [7])
     want = reference(logits, 0, 3)
     assert list(top[0]) == list(want)
     full = torch.log_softmax(logits[0].float(), -1)
     assert chosen[0] == pytest.approx(full[toks[0]].item(), abs=1e-6)
 
 
+def test_the_sampled_token_is_ranked_in_the_whole_vocabulary():
+    """vLLM's ``Logprob.rank`` of the sampled token: 1 + the tokens likelier than it under the
+    model's own distribution, in or out of the alternatives asked for; ties share the better
+    rank; no ranks where no row asks for log-probabilities."""
+    logits = logits_rows(3, seed=7)
+    logits[2, :4] = logits[2].max() + 1.0  # four tokens tie for the most likely
+    params = [SamplingParams(temperature=5.0, seed=3, logprobs=0),
+              SamplingParams(temperature=0.0), SamplingParams(temperature=0.0, logprobs=1)]
+    toks, chosen, _, ranks = Sampler().sample(logits, params, [0, 1, 2])
+    full = torch.log_softmax(logits.float(), -1)
+    for i in range(3):
+        assert ranks[i] == int((full[i] > full[i, toks[i]]).sum()) + 1
+    assert ranks[1] == 1 and ranks[2] == 1 and toks[2] < 4
+    assert ranks[0] > 1  # a hot draw over 257 tokens lands off the top (seeded)
+    assert Sampler().sample(logits, [SamplingParams()] * 3, [0, 1, 2])[3] is None
+    s = Sampler()
+    assert s.sample_pending(logits[1:], params[1:]).result() == \
+        s.sample(logits[1:], params[1:], [1, 2])
+
+
 def test_fewer_tokens_than_asked():
     logits = logits_rows(1, vocab=6)
-    _, _, top = Sampler().sample(logits, [SamplingParams(temperature=0.0, logprobs=10)], [0])
+    _, _, top, _ = Sampler().sample(logits, [SamplingParams(temperature=0.0, logprobs=10)], [0])
     assert len(top[0]) == 6
 
 

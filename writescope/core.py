@@ -403,6 +403,9 @@ class Request:
     seq_id: int = field(default_factory=lambda: next(_req_counter))
     output_token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    #: per step, the sampled token's rank in the vocabulary (1: the most likely; None where the
+    #: step's batch asked for no log-probabilities)
+    ranks: list[int | None] = field(default_factory=list)
     #: per step, the ``params.logprobs`` most likely tokens: {token id: log-probability}, most
     #: likely first (empty unless ``params.logprobs`` >= 1)
     top_logprobs: list[dict[int, float]] = field(default_factory=list)
@@ -466,8 +469,8 @@ class Request:
 @dataclass
 class Logprob:
     """A token's log-probability at one position (vLLM's ``Logprob``): its ``rank`` in the
-    vocabulary there (1: the most likely; None where writescope did not compute it: a sampled
-    token outside the alternatives asked for) and its text."""
+    vocabulary there (1: the most likely; tokens with equal log-probabilities share the better
+    rank) and its text."""
 
     logprob: float
     rank: int | None = None
@@ -490,12 +493,15 @@ def _position_dict(tok: int, lp: float, rank: int | None, top: dict[int, float] 
 
 def logprob_dicts(token_ids: list[int], logprobs: list[float],
                   top_logprobs: list[dict[int, float]] | None,
-                  decode: Callable[[list[int]], str] | None) -> list[dict[int, Logprob]]:
-    """Per generated token, vLLM's ``{token id: Logprob}``: the sampled token first, then the
+                  decode: Callable[[list[int]], str] | None,
+                  ranks: list[int | None] | None = None) -> list[dict[int, Logprob]]:
+    """Per generated token, vLLM's ``{token id: Logprob}``: the sampled token first, with its
+    rank in the vocabulary (``ranks``; else its place among the alternatives, or None), then the
     alternatives asked for (``SamplingParams.logprobs``), most likely first, ranked 1, 2, ..."""
     tops = top_logprobs or [None] * len(logprobs)
-    return [_position_dict(tok, lp, None, top, decode)
-            for tok, lp, top in zip(token_ids, logprobs, tops)]
+    ranks = ranks or [None] * len(logprobs)
+    return [_position_dict(tok, lp, rank, top, decode)
+            for tok, lp, top, rank in zip(token_ids, logprobs, tops, ranks)]
 
 
 def prompt_logprob_dicts(token_ids: list[int], logprobs: list[float | None],
@@ -558,6 +564,9 @@ class RequestOutput:
     #: per prompt token, its rank among the vocabulary at its position (1: the most likely; ties
     #: share the better rank), None for the first (``SamplingParams.prompt_logprobs`` not None)
     prompt_ranks: list[int | None] | None = None
+    #: per generated token, its rank in the vocabulary (1: the most likely; ties share the better
+    #: rank; ``SamplingParams.logprobs`` not None); ``outputs[i].logprobs`` carry them
+    ranks: list[int | None] | None = None
     #: every completion of the prompt (``LLM.generate`` with ``n`` > 1); None: just this one
     completions: list[CompletionOutput] | None = None
     #: prompt tokens whose KV came from the prefix cache (not computed for this request)
@@ -604,7 +613,7 @@ class RequestOutput:
     def as_completion(self, index: int) -> CompletionOutput:
         cum = sum(self.logprobs) if self.logprobs is not None else None
         lps = None if self.logprobs is None else logprob_dicts(
-            self.token_ids, self.logprobs, self.top_logprobs, self.decode)
+            self.token_ids, self.logprobs, self.top_logprobs, self.decode, self.ranks)
         return CompletionOutput(index, self.text, self.token_ids, cum, lps,
                                 self.top_logprobs, self.finish_reason, self.stop_reason)
 

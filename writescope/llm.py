@@ -37,7 +37,8 @@ def merge_completions(outs: list[RequestOutput], params: SamplingParams) -> Requ
     if _ranked(params):
         outs = sorted(outs, key=lambda o: sum(o.logprobs), reverse=True)[:params.n]
         if params.logprobs is None:
-            outs = [dataclasses.replace(o, logprobs=None, top_logprobs=None) for o in outs]
+            outs = [dataclasses.replace(o, logprobs=None, top_logprobs=None, ranks=None)
+                    for o in outs]
     if len(outs) == 1:
         return outs[0]
     first = dataclasses.replace(outs[0])

@@ -633,9 +633,10 @@ class LLMEngine(EngineSizing):
         """A launched step's tokens into its requests (waiting for them if they are still on
         their way); the outputs of the requests it advanced. Requests that finished while it
         was in flight get nothing from it."""
-        tokens, logprobs, top = self.runner.collect(h)
+        tokens, logprobs, top, ranks = self.runner.collect(h)
         outputs = []
-        sampled = iter(zip(tokens, logprobs, top or [None] * len(tokens)))
+        sampled = iter(zip(tokens, logprobs, top or [None] * len(tokens),
+                           ranks or [None] * len(tokens)))
         now = time.monotonic()
         for s in h.batch.seqs:
             req = s.request
@@ -651,9 +652,10 @@ class LLMEngine(EngineSizing):
                     req.prompt_top_logprobs.extend(plp.top)
             if tok_lp is None:
                 continue
-            tok, lp, alternatives = tok_lp
+            tok, lp, alternatives, rank = tok_lp
             req.output_token_ids.append(tok)
             req.logprobs.append(lp)
+            req.ranks.append(rank)
             if alternatives is not None:
                 req.top_logprobs.append(alternatives)
             if req.first_token_time is None:
@@ -721,6 +723,8 @@ class LLMEngine(EngineSizing):
                              req.prompt_top_logprobs if prompt and req.params.prompt_logprobs
                              else None,
                              prompt_ranks=req.prompt_ranks if prompt else None,
+                             ranks=req.ranks[first:] if req.params.logprobs is not None
+                             else None,
                              num_cached_tokens=req.num_cached_tokens,
                              stop_reason=req.stop_reason,
                              decode=self._decode_tokens if req.params.detokenize else None)

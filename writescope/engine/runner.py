@@ -27,6 +27,7 @@ class Launched:
     tokens: list[int] | None = None
     logprobs: list[float] | None = None
     top_logprobs: list | None = None  # per sampled row None or {token id: log-probability}
+    ranks: list[int] | None = None  # per sampled row its token's rank (None: no row asks)
     pending: PendingTokens | None = None
     #: {seq id: prompt log-probabilities of this step's rows} (requests that ask for them)
     prompt_logprobs: dict | None = None
@@ -253,18 +254,20 @@ class ModelRunner:
                 pass
             take_routed_bytes()  # this step's routing does not go into the next step's figure
             raise
-        tokens, logprobs, top = self.sampler.sample(logits, [s.request.params for s in sampled],
-                                                    [s.request.seq_id for s in sampled],
-                                                    [s.request for s in sampled])
-        return Launched(batch, tokens=tokens, logprobs=logprobs, top_logprobs=top,
+        tokens, logprobs, top, ranks = self.sampler.sample(
+            logits, [s.request.params for s in sampled], [s.request.seq_id for s in sampled],
+            [s.request for s in sampled])
+        return Launched(batch, tokens=tokens, logprobs=logprobs, top_logprobs=top, ranks=ranks,
                         prompt_logprobs=prompt_lps)
 
-    def collect(self, launched: Launched) -> tuple[list[int], list[float], list | None]:
-        """A launched step's tokens, their log-probabilities and, per sampled row, None or the
-        most likely tokens {id: log-probability} its request asked for (None: no row asked;
-        waits for a deferred step's copies; its ``device_tail_s`` is then the wait)."""
+    def collect(self, launched: Launched
+                ) -> tuple[list[int], list[float], list | None, list[int] | None]:
+        """A launched step's tokens, their log-probabilities, per sampled row None or the most
+        likely tokens {id: log-probability} its request asked for (None: no row asked) and the
+        tokens' ranks (None: no row asks for log-probabilities). Waits for a deferred step's
+        copies; its ``device_tail_s`` is then the wait."""
         if launched.pending is None:
-            return launched.tokens, launched.logprobs, launched.top_logprobs
+            return launched.tokens, launched.logprobs, launched.top_logprobs, launched.ranks
         t = time.perf_counter()
         mark, launched.expert_mark = launched.expert_mark, None
         try:

@@ -33,21 +33,32 @@ def _top_tensors(logprobs: torch.Tensor, ks: list[int]):
     return torch.topk(logprobs, k, dim=-1) if k > 0 else None
 
 
+def _ranks(logprobs: torch.Tensor, chosen: torch.Tensor, params: list[SamplingParams]):
+    """Each row's sampled token's rank in the vocabulary (1 + the tokens likelier than it; ties
+    share the better rank, as the prompt tokens' ranks do), or None when no row asks for
+    log-probabilities (vLLM's ``Logprob.rank`` of the sampled token, in or out of the top k)."""
+    if all(p.logprobs is None for p in params):
+        return None
+    return (logprobs > chosen.view(-1, 1)).sum(-1) + 1
+
+
 def _top_dicts(values: list[list[float]], ids: list[list[int]], ks: list[int]) -> TopLogprobs:
     return [dict(zip(i[:k], v[:k])) if k > 0 else None for v, i, k in zip(values, ids, ks)]
 
 
 class PendingTokens:
-    """Sampled tokens and their log-probabilities (and the alternatives asked for) still on their
-    way from the device: copied into page-locked host memory behind the step's work, read by
-    :meth:`result` (which waits for the copies, not for work queued after them)."""
+    """Sampled tokens, their log-probabilities and ranks (and the alternatives asked for) still on
+    their way from the device: copied into page-locked host memory behind the step's work, read
+    by :meth:`result` (which waits for the copies, not for work queued after them)."""
 
     def __init__(self, tokens: torch.Tensor, logprobs: torch.Tensor, top=None,
-                 ks: list[int] | None = None):
+                 ks: list[int] | None = None, ranks: torch.Tensor | None = None):
         #: the tokens on the device (the next step's input ids are taken from here)
         self.tokens = tokens
         self._ks = ks or []
-        tensors = (tokens, logprobs) + (tuple(top) if top is not None else ())
+        self._has_ranks = ranks is not None
+        tensors = (tokens, logprobs) + ((ranks,) if ranks is not None else ()) + \
+            (tuple(top) if top is not None else ())
         if tokens.device.type == "cuda":
             self._host = tuple(torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
                                for t in tensors)
@@ -61,13 +72,15 @@ class PendingTokens:
         else:
             self._host, self._event = tensors, None
 
-    def result(self) -> tuple[list[int], list[float], TopLogprobs | None]:
+    def result(self) -> tuple[list[int], list[float], TopLogprobs | None, list[int] | None]:
+        """:meth:`Sampler.sample`'s four lists."""
         if self._event is not None:
             self._event.synchronize()
-        top = None
-        if len(self._host) > 2:
-            top = _top_dicts(self._host[2].tolist(), self._host[3].tolist(), self._ks)
-        return self._host[0].tolist(), self._host[1].tolist(), top
+        ranks, rest = None, self._host[2:]
+        if self._has_ranks:
+            ranks, rest = rest[0].tolist(), rest[1:]
+        top = _top_dicts(rest[0].tolist(), rest[1].tolist(), self._ks) if rest else None
+        return self._host[0].tolist(), self._host[1].tolist(), top, ranks
 
 
 class Sampler:
@@ -230,13 +243,16 @@ class Sampler:
         logprobs = torch.log_softmax(logits, dim=-1)
         chosen = logprobs.gather(1, tokens.view(-1, 1)).view(-1)
         ks = top_k_of(params)
-        return PendingTokens(tokens, chosen, _top_tensors(logprobs, ks), ks)
+        return PendingTokens(tokens, chosen, _top_tensors(logprobs, ks), ks,
+                             _ranks(logprobs, chosen, params))
 
     def sample(self, logits: torch.Tensor, params: list[SamplingParams], seq_ids: list[int],
                requests: list[Request] | None = None
-               ) -> tuple[list[int], list[float], TopLogprobs | None]:
+               ) -> tuple[list[int], list[float], TopLogprobs | None, list[int] | None]:
         """``logits [B, V]`` -> (chosen token ids, their log-probabilities, per row None or the
-        ``params[i].logprobs`` most likely tokens {id: log-probability}; None when no row asks).
+        ``params[i].logprobs`` most likely tokens {id: log-probability} (None when no row asks),
+        their ranks in the vocabulary (1: the most likely; None when no row asks for
+        log-probabilities)).
         ``requests`` (one per row): their penalties, bias and ``min_tokens`` apply
         (:mod:`.logits_processors`); the log-probabilities are the model's own."""
         logits = logits.float()
@@ -247,9 +263,10 @@ class Sampler:
         out = tokens.tolist()
         for i in self._constrained(requests):
             self.grammars.accept(requests[i].seq_id, out[i])
-        chosen = logprobs.gather(1, tokens.view(-1, 1)).view(-1).tolist()
+        chosen_t = logprobs.gather(1, tokens.view(-1, 1)).view(-1)
+        ranks = _ranks(logprobs, chosen_t, params)
+        ranks = None if ranks is None else ranks.tolist()
         ks = top_k_of(params)
         top = _top_tensors(logprobs, ks)
-        if top is None:
-            return out, chosen, None
-        return out, chosen, _top_dicts(top.values.tolist(), top.indices.tolist(), ks)
+        top = None if top is None else _top_dicts(top.values.tolist(), top.indices.tolist(), ks)
+        return out, chosen_t.tolist(), top, ranks
