@@ -34,6 +34,17 @@ def test_chat_with_token_id_prompts_is_refused(capsys, tmp_path):
     assert rc == 1 and "prompt 2 is token ids" in err
 
 
+def test_prompts_from_standard_input_are_checked_like_a_file(capsys, monkeypatch):
+    """``--prompts-file -`` reads standard input; its errors name it."""
+    import io
+    monkeypatch.setattr("sys.stdin", io.StringIO('"fine"\nnot json\n'))
+    rc, err = _err(capsys, ["generate", "--prompts-file", "-"])
+    assert rc == 1 and "<stdin>:2: not valid JSON" in err
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n"))
+    rc, err = _err(capsys, ["generate", "--prompts-file", "-"])
+    assert rc == 1 and "<stdin> holds no prompts" in err
+
+
 def test_a_schema_path_that_is_not_there_is_named(capsys):
     rc, err = _err(capsys, ["generate", "--prompt", "hi", "--json-schema", "/no/such/s.json"])
     assert rc == 1 and "no file '/no/such/s.json'" in err

@@ -373,6 +373,18 @@ def test_cli_generate(tmp_path, tiny_qwen3_moe):
             assert len(top) == 2 and top[0][0] == t and abs(top[0][1] - lp) < 1e-6
 
 
+def test_cli_generate_reads_prompts_from_standard_input(tmp_path, tiny_qwen3_moe):
+    out = tmp_path / "o.jsonl"
+    r = subprocess.run([sys.executable, "-m", "writescope.cli", "generate", "--model",
+                        str(tiny_qwen3_moe), "--prompts-file", "-", "--max-tokens", "2",
+                        "--dtype", "float32", "--device", "cpu", "--output", str(out)],
+                       input=json.dumps({"prompt": "hi"}) + "\n" + json.dumps([5, 6]) + "\n",
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert rows[0]["prompt"] == "hi" and rows[1]["prompt_token_ids"] == [5, 6]
+
+
 def test_cli_generate_samples_each_prompt_from_its_own_seed(tmp_path, tiny_qwen3_moe):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps("the") + "\n" for _ in range(3)))

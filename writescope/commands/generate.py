@@ -18,7 +18,9 @@ def register(sub) -> None:
                        description="Generate text. With no --model the embedded default model is used.")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="the prompt text")
-    src.add_argument("--prompts-file", help='JSONL: one {"prompt": "..."} (or a plain string) per line')
+    src.add_argument("--prompts-file", metavar="FILE",
+                     help='JSONL: one {"prompt": "..."} (or a plain string) per line; '
+                          '"-" reads standard input')
     p.add_argument("--chat", action="store_true", help="wrap prompts in the model's chat template")
     p.add_argument("--chat-template-kwargs", type=_template_kwargs, default=None, metavar="JSON",
                    help='variables the chat template reads, as a JSON object (with --chat), '
@@ -56,21 +58,29 @@ def register(sub) -> None:
 
 
 def _read_prompts(path: str) -> list:
-    prompts = []
+    if path == "-":  # standard input (a pipe, a here-document), read to its end
+        if sys.stdin.isatty():
+            print("reading JSONL prompts from the terminal; end with Ctrl-D", file=sys.stderr)
+        return _parse_prompts(sys.stdin, "<stdin>")
     with open(path) as f:
-        for i, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{i}: not valid JSON ({e})") from None
-            if isinstance(obj, dict):
-                obj = obj.get("prompt", obj.get("prompt_token_ids"))
-            if not isinstance(obj, (str, list)):
-                raise ValueError(f'{path}:{i}: expected a string or {{"prompt": ...}}')
-            prompts.append(obj)
+        return _parse_prompts(f, path)
+
+
+def _parse_prompts(lines, path: str) -> list:
+    prompts = []
+    for i, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{i}: not valid JSON ({e})") from None
+        if isinstance(obj, dict):
+            obj = obj.get("prompt", obj.get("prompt_token_ids"))
+        if not isinstance(obj, (str, list)):
+            raise ValueError(f'{path}:{i}: expected a string or {{"prompt": ...}}')
+        prompts.append(obj)
     if not prompts:
         raise ValueError(f"{path} holds no prompts")
     return prompts
