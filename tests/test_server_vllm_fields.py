@@ -170,6 +170,9 @@ def test_return_tokens_as_token_ids(client, engine, server):
                for a in e["top_logprobs"])
     assert engine.tokenizer.decode([int(e["token"][9:]) for e in content]) == \
         ch["message"]["content"]
+    # each entry's bytes are its name's, as vLLM's (not the token's own bytes)
+    assert all(bytes(x["bytes"]) == x["token"].encode() for e in content
+               for x in [e, *e["top_logprobs"]])
     plain = _post(client, "/v1/completions", **body)["choices"][0]["logprobs"]["tokens"]
     assert not any(t.startswith("token_id:") for t in plain)
     server.return_tokens_as_token_ids = True  # --return-tokens-as-token-ids

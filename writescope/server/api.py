@@ -558,19 +558,25 @@ class OpenAIServer:
                        as_ids: bool = False) -> P.ChatChoiceLogprobs:
         items = []
         for i, (tid, lp) in enumerate(zip(c.token_ids[start:end], c.logprobs[start:end])):
-            # each token's own bytes (joined, the content's UTF-8), and its text with the
-            # bytes that are no character alone as \xNN, as OpenAI's (server/token_bytes.py)
-            tb = self.token_bytes
             alts = []
             if top:
                 for alt_id, alt in self._alternatives(c, start + i):
-                    alts.append(P.ChatTopLogprob(token=self._token_text(alt_id, skip, as_ids),
-                                                 logprob=alt,
-                                                 bytes=list(tb.bytes(alt_id, skip))))
-            items.append(P.ChatLogprob(token=self._token_text(tid, skip, as_ids), logprob=lp,
-                                       bytes=list(tb.bytes(tid, skip)),
-                                       top_logprobs=alts))
+                    alts.append(P.ChatTopLogprob(logprob=alt,
+                                                 **self._chat_token(alt_id, skip, as_ids)))
+            items.append(P.ChatLogprob(logprob=lp, top_logprobs=alts,
+                                       **self._chat_token(tid, skip, as_ids)))
         return P.ChatChoiceLogprobs(content=items)
+
+    def _chat_token(self, tid: int, skip: bool, as_ids: bool) -> dict:
+        """A chat log-probability's ``token`` and ``bytes``: the token's text with the bytes
+        that are no character alone as \\xNN and its own bytes (joined, the content's UTF-8),
+        as OpenAI's (server/token_bytes.py); with ``as_ids`` "token_id:N" and that name's bytes
+        (vLLM's)."""
+        if as_ids:
+            name = f"token_id:{tid}"
+            return {"token": name, "bytes": list(name.encode())}
+        return {"token": self.token_bytes.text(tid, skip),
+                "bytes": list(self.token_bytes.bytes(tid, skip))}
 
     async def _chat_stream(self, gen: Generation, req: P.ChatCompletionRequest, rid: str,
                            model: str, out: ChatOutput) -> AsyncIterator[str]:
