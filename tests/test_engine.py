@@ -659,8 +659,7 @@ def test_n_completions_per_prompt(llm):
                                                     ignore_eos=True, logprobs=0))[0]
     assert single.outputs[0].token_ids == first[1].token_ids  # seed 11 + 1
     assert single.outputs[0].cumulative_logprob == pytest.approx(sum(single.logprobs))
-    with pytest.raises(InvalidRequestError, match="n requests"):
-        llm.engine.add_request("x", [1, 2], SamplingParams(n=2))
+    # LLMEngine.add_request takes n too: tests/test_parallel_sampling.py
 
 
 def test_a_bad_prompt_leaves_none_of_the_call_queued(llm):

@@ -13,39 +13,6 @@ from .core import RequestOutput, RequestOutputKind, SamplingParams, prompt_of
 from .engine.engine import LLMEngine
 
 
-def _ranked(params: SamplingParams) -> bool:
-    """Whether more completions are sampled than returned (``best_of`` > ``n``)."""
-    return params.best_of is not None and params.best_of > params.n
-
-
-def one_completion(params: SamplingParams, j: int) -> SamplingParams:
-    """The engine request for completion ``j`` of ``params.best_of`` (or ``n``): n = 1, a seed
-    of its own; ranked completions (``best_of`` > ``n``) carry their log-probabilities."""
-    ranked = _ranked(params)
-    if params.n == 1 and not ranked:
-        return params if params.best_of is None else dataclasses.replace(params, best_of=None)
-    seed = None if params.seed is None else (params.seed + j) % (2 ** 63)
-    logprobs = 0 if ranked and params.logprobs is None else params.logprobs
-    return dataclasses.replace(params, n=1, best_of=None, seed=seed, logprobs=logprobs)
-
-
-def merge_completions(outs: list[RequestOutput], params: SamplingParams) -> RequestOutput:
-    """One prompt's finished requests as one :class:`RequestOutput`: the first's fields, all
-    of them in ``outputs``; with ``best_of`` > ``n``, the ``n`` of highest cumulative
-    log-probability, highest first (vLLM 0.6's), their log-probabilities dropped again where
-    none were asked for."""
-    if _ranked(params):
-        outs = sorted(outs, key=lambda o: sum(o.logprobs), reverse=True)[:params.n]
-        if params.logprobs is None:
-            outs = [dataclasses.replace(o, logprobs=None, top_logprobs=None, ranks=None)
-                    for o in outs]
-    if len(outs) == 1:
-        return outs[0]
-    first = dataclasses.replace(outs[0])
-    first.completions = [o.as_completion(i) for i, o in enumerate(outs)]
-    return first
-
-
 class LLM:
     """Load a model (a checkpoint folder, a reference name with ``random_weights=True``, or the
     embedded default model when ``model`` is None) and generate from batches of prompts."""
@@ -104,24 +71,18 @@ class LLM:
                             f"{type(sampling_params).__name__}")
         if len(params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
-        groups: list[list[str]] = []  # per prompt, its n engine requests
+        rids: list[str] = []  # per prompt, its engine request (n completions: engine/parallel.py)
         try:
             for p, sp in zip(prompts, params):
-                groups.append([])
-                for j in range(sp.best_of or sp.n):
-                    rid = f"gen-{next(self._ids)}"
-                    one = one_completion(sp, j)
-                    if one.output_kind is RequestOutputKind.DELTA:  # whole outputs here
-                        one = dataclasses.replace(one, output_kind=RequestOutputKind.CUMULATIVE)
-                    self.engine.add_request(rid, p, one)
-                    groups[-1].append(rid)
+                if sp.output_kind is not RequestOutputKind.CUMULATIVE:  # whole outputs here
+                    sp = dataclasses.replace(sp, output_kind=RequestOutputKind.CUMULATIVE)
+                rids.append(f"gen-{next(self._ids)}")
+                self.engine.add_request(rids[-1], p, sp)
         except BaseException:  # a bad prompt: none of this call's requests stay queued
-            for rid in (r for g in groups for r in g):
-                self.engine.abort_request(rid)
+            self.engine.abort_request(rids)
             raise
         results: dict[str, RequestOutput] = {}
-        total = sum(len(g) for g in groups)
-        bar = tqdm(total=total, desc="generating", unit="req", disable=not use_tqdm)
+        bar = tqdm(total=len(rids), desc="generating", unit="req", disable=not use_tqdm)
         shown = time.monotonic()
         try:
             with bar:
@@ -144,11 +105,9 @@ class LLM:
         except BaseException:
             # interrupted (Ctrl-C) or a failed step: this call's requests end here, so that the
             # next call neither runs them to no one nor starts from the failed step's state
-            for rid in (r for g in groups for r in g):
-                if rid not in results:
-                    self.engine.abort_request(rid)
+            self.engine.abort_request([r for r in rids if r not in results])
             raise
-        return [merge_completions([results[r] for r in g], sp) for g, sp in zip(groups, params)]
+        return [results[r] for r in rids]
 
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | list[SamplingParams] | None = None,

@@ -29,6 +29,7 @@ from ..kvcache.regions import DEFAULT_BLOCK_SIZE, Region
 from ..models.loader import build_model
 from .. import hostmem
 from .cores import reserve_launch_core
+from . import parallel
 from .generation_config import sampling_defaults
 from .inflight import next_input_ids, overlap_enabled
 from .model_source import parse_dtype, resolve_model
@@ -317,6 +318,8 @@ class LLMEngine(EngineSizing):
         self.set_kv_policy(kv_policy, cpu_share=cpu_share)
         self._fit_max_model_len(given=max_model_len is not None)
         self.requests: dict[str, Request] = {}
+        #: requests of several completions and their child requests (engine/parallel.py)
+        self.fanout = parallel.Fanout()
         self._detok: dict[str, object] = {}
         #: overlapped decode steps (engine/inflight.py): whether they run, the step in flight,
         #: and outputs of a step completed outside ``step`` (returned by the next call)
@@ -445,17 +448,31 @@ class LLMEngine(EngineSizing):
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError("params must be a SamplingParams")
         params.validate()
-        if params.n != 1:
-            raise InvalidRequestError("the engine runs one completion a request: submit n "
-                                      "requests (LLM.generate does) for SamplingParams.n > 1")
+        if request_id in self.requests or request_id in self.fanout.parents:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        if parallel.fans_out(params):  # one child request per completion
+            children = self.fanout.split(request_id, params)
+            for cid, _ in children:
+                if cid in self.requests or cid in self.fanout.parents:
+                    raise InvalidRequestError(f"request id {cid!r} (completion {cid.split('_')[0]}"
+                                              f" of {request_id!r}) is already in use")
+            added = []
+            try:
+                for cid, cp in children:
+                    self.add_request(cid, prompt, cp)
+                    added.append(cid)
+            except BaseException:
+                for cid in added:  # none of them stays: the request is refused whole
+                    self._finish(self.requests[cid], FinishReason.ABORT)
+                raise
+            self.fanout.add(request_id, params, added)
+            return
         for name, ids in (("logit_bias", params.logit_bias or {}),
                           ("allowed_token_ids", params.allowed_token_ids or [])):
             bad = [t for t in ids if t >= self.config.vocab_size]
             if bad:
                 raise InvalidRequestError(f"{name}: token id {bad[0]} is out of range "
                                           f"(vocabulary size {self.config.vocab_size})")
-        if request_id in self.requests:
-            raise InvalidRequestError(f"request id {request_id!r} is already in use")
         if isinstance(prompt, dict):  # vLLM's TextPrompt / TokensPrompt
             try:
                 prompt = prompt_of(prompt)
@@ -538,10 +555,14 @@ class LLMEngine(EngineSizing):
 
     def abort_request(self, request_id: str | list[str]) -> None:
         """End a request (or several: vLLM's takes a list of ids); unknown or finished ids are
-        ignored."""
+        ignored. A request of several completions ends whole, also by one child's id."""
         if isinstance(request_id, (list, tuple, set, frozenset)):
             for rid in list(request_id):
                 self.abort_request(rid)
+            return
+        parent = self.fanout.parent_of(request_id) or request_id
+        if parent in self.fanout.parents:
+            self.abort_request(self.fanout.drop(parent))
             return
         req = self.requests.get(request_id)
         if req is None or req.finished:
@@ -593,10 +614,14 @@ class LLMEngine(EngineSizing):
 
     # ------------------------------------------------------------------ the step
     def step(self) -> list[RequestOutput]:
-        """Advance the running requests by one step; the outputs of the requests it advanced.
+        """Advance the running requests by one step; the outputs of the requests it advanced
+        (a request of several completions as one output, engine/parallel.py).
         With overlapped decode steps (engine/inflight.py) the step whose outputs are returned
         may have been launched by the previous call, and the step that follows it is already
         on the device when this returns."""
+        return self.fanout.fold(self._step())
+
+    def _step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
         outs, self._held = self._held, []
         h, self._inflight = self._inflight, None
