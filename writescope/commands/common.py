@@ -39,12 +39,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "default 0.5)")
     g.add_argument("--experts", default="auto", choices=("auto", "gpu", "cpu"),
                    help="where routed experts run")
-    g.add_argument("--max-num-seqs", type=int, default=64)
+    g.add_argument("--max-num-seqs", type=int, default=64,
+                   help="most sequences running at once")
     g.add_argument("--max-model-len", type=int, default=None,
                    help="most tokens a sequence holds, prompt and output (default: the model's "
                         "positions, as vLLM derives it; lowered, with a warning, to what the KV "
                         "budgets hold of one sequence)")
-    g.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    g.add_argument("--max-num-batched-tokens", type=int, default=2048,
+                   help="most tokens a step runs (decodes, then prefill chunks)")
     g.add_argument("--cpu-threads", type=int, default=None, help="threads for CPU attention")
     g.add_argument("--enforce-eager", action="store_true",
                    help="launch every decode step eagerly, never as CUDA graphs (as vLLM's)")
