@@ -22,8 +22,9 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("bench", help="benchmark the KV policies (and peers) over a grid",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", action="append", metavar="PATH|NAME",
-                   help="checkpoint folder or deepseek-v2-lite | qwen3-30b-a3b | mixtral-8x7b "
-                        "(repeatable, or comma-separated)")
+                   help="checkpoint folder, deepseek-v2-lite | qwen3-30b-a3b | mixtral-8x7b "
+                        "(with --random-weights), or writescope-default (the embedded default "
+                        "model; repeatable, or comma-separated)")
     p.add_argument("--random-weights", action="store_true", help="seeded random weights at full size")
     p.add_argument("--config-override", action="append", default=[], metavar="KEY=VALUE",
                    help="change a config.json key of every model (with --random-weights): the same "
@@ -59,7 +60,8 @@ def register(subparsers) -> None:
                         "routed experts are placed around it (default: what the weights leave); "
                         "auto: the split the planner predicts fastest for the largest batch of "
                         "the longest context")
-    p.add_argument("--block-size", type=int, default=None, help="tokens per KV block")
+    p.add_argument("--block-size", type=int, default=None,
+                   help="tokens per KV block, even (default: 64)")
     p.add_argument("--experts", default="auto", choices=("auto", "gpu", "cpu"))
     p.add_argument("--cpu-threads", type=int, default=None, help="threads for CPU attention")
     p.add_argument("--profile", default=None, help="hardware profile JSON (writescope calibrate)")

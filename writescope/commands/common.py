@@ -30,7 +30,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "routed experts are placed around it (default: what the weights leave); "
                         "auto: the split the planner predicts fastest for --max-num-seqs "
                         "sequences of --max-model-len tokens")
-    g.add_argument("--block-size", type=int, default=None, help="tokens per KV block")
+    g.add_argument("--block-size", type=int, default=None,
+                   help="tokens per KV block, even (default: 64)")
     g.add_argument("--kv-policy", default="writescope",
                    help="writescope (default), static, transfer, cpu, migrate")
     g.add_argument("--cpu-share", type=float, default=None,
@@ -38,9 +39,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "default 0.5)")
     g.add_argument("--experts", default="auto", choices=("auto", "gpu", "cpu"),
                    help="where routed experts run")
-    g.add_argument("--max-num-seqs", type=int, default=64)
-    g.add_argument("--max-model-len", type=int, default=None)
-    g.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    g.add_argument("--max-num-seqs", type=int, default=64,
+                   help="most sequences running at once")
+    g.add_argument("--max-model-len", type=int, default=None,
+                   help="most tokens a sequence holds, prompt and output (default: the model's "
+                        "positions, as vLLM derives it; lowered, with a warning, to what the KV "
+                        "budgets hold of one sequence)")
+    g.add_argument("--max-num-batched-tokens", type=int, default=2048,
+                   help="most tokens a step runs (decodes, then prefill chunks)")
     g.add_argument("--cpu-threads", type=int, default=None, help="threads for CPU attention")
     g.add_argument("--enforce-eager", action="store_true",
                    help="launch every decode step eagerly, never as CUDA graphs (as vLLM's)")

@@ -28,7 +28,7 @@ def register(sub) -> None:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=-1)
+    p.add_argument("--top-k", type=int, default=-1, help="sample from the K most likely tokens (-1: all)")
     p.add_argument("--min-p", type=float, default=0.0,
                    help="tokens less likely than this times the most likely one are not sampled")
     p.add_argument("--repetition-penalty", type=float, default=1.0,

@@ -56,7 +56,9 @@ def register(subparsers) -> None:
                         "\"weight_block_size\":[128,128]}' plans an -FP8 release's experts "
                         "(repeatable or comma-separated)")
     p.add_argument("--experts", choices=("auto", "cpu", "gpu"), default="auto",
-                   help="where routed experts run (auto: the GPU if all weights fit the budget)")
+                   help="where routed experts run (auto: as the engine places them, as many MoE "
+                        "layers' experts on the GPU as fit beside the KV of one sequence of the "
+                        "longest length, or --kv-cache-memory if more)")
     p.add_argument("--vram-budget", default="32GiB", help="GPU memory the engine may use (default 32GiB)")
     p.add_argument("--kv-cache-memory", default=None, metavar="SIZE",
                    help="device memory for the KV cache, as the engine's option: --experts auto "
