@@ -1,6 +1,7 @@
 #!/bin/bash
-# Seventy-fourth session, call 1. The whole GPU suite on 78b43e2 (the seventy-third's final tree:
-# its test_expert_move fix has not run on a GPU), then the seventy-third's unsettled A/B
+# Seventy-fourth session, call 1. The whole GPU suite on the current tree (the seventy-third's
+# test_expert_move fix has not run on a GPU; the sampler now ranks sampled tokens), then the
+# seventy-third's unsettled A/B
 # (s73-call2.sh, which never ran): a DeepSeek-V2-Lite 4 x 8K spilled step, the old tree
 # (6b8dcb5, before the bound launches) against the new, alternating, and the new tree with
 # WRITESCOPE_FAST_LAUNCH=0 (no kept-kernel or bound launches); then a Qwen3 pair. run() skips
