@@ -1,0 +1,122 @@
+"""Broken model folders, files and resources: one error that names the file, field or size --
+never a raw KeyError / AttributeError / SafetensorError traceback, and never an allocation
+that fails (or a page that is lost) after the weights have loaded."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import _rewrite_safetensors, build_tiny_checkpoint
+from writescope.cli import main
+from writescope.models.config import ConfigError, ModelConfig
+from writescope.models.loader import CheckpointError, build_model
+
+
+def _load(path):
+    return build_model(ModelConfig.from_hf(path), dtype=torch.float32, device="cpu",
+                       checkpoint=path)
+
+
+def _copy(src, tmp_path, name="m"):
+    dst = tmp_path / name
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _cli_err(capsys, argv) -> tuple[int, str]:
+    try:
+        rc = main(argv)
+    except SystemExit as e:
+        rc = e.code
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    return rc, err
+
+
+@pytest.fixture(scope="module")
+def tiny_sharded_index(tmp_path_factory, tiny_tokenizer_dir):
+    """A tiny qwen3_moe in several shards with model.safetensors.index.json."""
+    return build_tiny_checkpoint("qwen3_moe", tmp_path_factory.mktemp("bad") / "sharded",
+                                 seed=2, tokenizer_dir=tiny_tokenizer_dir,
+                                 max_shard_size="200KB")
+
+
+# ------------------------------------------------------------------------------ weight files
+@pytest.mark.parametrize("how", ["truncated", "empty", "garbage", "folder"])
+def test_an_unreadable_safetensors_file_is_named(tiny_qwen3_moe, tmp_path, how):
+    """A truncated, empty or foreign file was safetensors' bare SafetensorError traceback
+    ("incomplete metadata, file not fully covered"), a folder of that name "No such device"."""
+    d = _copy(tiny_qwen3_moe, tmp_path)
+    f = d / "model.safetensors"
+    data = f.read_bytes()
+    f.unlink()
+    if how == "folder":
+        f.mkdir()
+    else:
+        f.write_bytes({"truncated": data[:len(data) // 2], "empty": b"",
+                       "garbage": b"\xff" * 1000}[how])
+    with pytest.raises(CheckpointError, match=r"cannot read model\.safetensors in .*m \("):
+        _load(d)
+
+
+def test_a_truncated_shard_is_named(tiny_sharded_index, tmp_path):
+    d = _copy(tiny_sharded_index, tmp_path)
+    shard = sorted(d.glob("model-*.safetensors"))[1]
+    shard.write_bytes(shard.read_bytes()[:-100])
+    with pytest.raises(CheckpointError, match=f"cannot read {shard.name}"):
+        _load(d)
+
+
+@pytest.mark.parametrize("text,said", [
+    ("{", "model.safetensors.index.json is not a JSON object"),
+    ("[]", "model.safetensors.index.json is not a JSON object"),
+    ('{"metadata": {}}', 'model.safetensors.index.json has no "weight_map"'),
+    ('{"weight_map": {"lm_head.weight": 3}}', 'has no "weight_map"')])
+def test_a_broken_index_is_named(tiny_sharded_index, tmp_path, text, said):
+    """An index without "weight_map" was `KeyError: 'weight_map'`; one that is not JSON, the
+    JSON error with no file named."""
+    d = _copy(tiny_sharded_index, tmp_path)
+    (d / "model.safetensors.index.json").write_text(text)
+    with pytest.raises(CheckpointError, match=said):
+        _load(d)
+
+
+def test_an_index_that_maps_a_tensor_to_the_wrong_shard_is_named(tiny_sharded_index, tmp_path):
+    """Was safetensors' `File does not contain tensor lm_head.weight` traceback."""
+    d = _copy(tiny_sharded_index, tmp_path)
+    ix = json.loads((d / "model.safetensors.index.json").read_text())
+    wrong = next(f for f in sorted(set(ix["weight_map"].values()))
+                 if f != ix["weight_map"]["lm_head.weight"])
+    ix["weight_map"]["lm_head.weight"] = wrong
+    (d / "model.safetensors.index.json").write_text(json.dumps(ix))
+    with pytest.raises(CheckpointError, match=f"puts tensor 'lm_head.weight' in {wrong}, "
+                                              "which does not hold it"):
+        _load(d)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.bool])
+def test_a_weight_of_an_integer_dtype_is_refused(tiny_qwen3_moe, tmp_path, dtype):
+    """An int32 k_proj was cast to float and the model ran on nonsense weights."""
+    name = "model.layers.0.self_attn.k_proj.weight"
+    d = _copy(tiny_qwen3_moe, tmp_path)
+
+    def edit(sd):
+        sd[name] = (sd[name] * 100).to(dtype)
+
+    _rewrite_safetensors(tiny_qwen3_moe / "model.safetensors", d / "model.safetensors", edit)
+    with pytest.raises(CheckpointError, match=f"tensor '{name}' in model.safetensors .* has "
+                                              "dtype (I32|BOOL), expected floating-point"):
+        _load(d)
+
+
+def test_a_16_bit_float_weight_still_loads(tiny_qwen3_moe, tmp_path):
+    name = "model.layers.0.self_attn.k_proj.weight"
+    d = _copy(tiny_qwen3_moe, tmp_path)
+    _rewrite_safetensors(tiny_qwen3_moe / "model.safetensors", d / "model.safetensors",
+                         lambda sd: sd.__setitem__(name, sd[name].to(torch.bfloat16)))
+    _load(d)
