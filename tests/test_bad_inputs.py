@@ -46,6 +46,54 @@ def tiny_sharded_index(tmp_path_factory, tiny_tokenizer_dir):
                                  max_shard_size="200KB")
 
 
+# ------------------------------------------------------------------------------ config files
+@pytest.mark.parametrize("text", ["[1, 2]", "\"qwen3_moe\"", "null"])
+def test_a_config_json_that_is_not_an_object_is_named(tiny_qwen3_moe, tmp_path, text):
+    """A config.json holding a list was `AttributeError: 'list' object has no attribute 'get'`."""
+    d = _copy(tiny_qwen3_moe, tmp_path)
+    (d / "config.json").write_text(text)
+    with pytest.raises(ConfigError, match="config.json is not a JSON object"):
+        ModelConfig.from_hf(d)
+
+
+@pytest.mark.parametrize("field,value,said", [
+    ("rms_norm_eps", "x", "rms_norm_eps must be a positive number, got 'x'"),
+    ("rope_theta", None, None),  # absent: the default
+    ("rope_scaling", "yes", "rope_scaling must be an object or null, got 'yes'"),
+    ("rope_parameters", "yes", "rope_parameters must be an object or null, got 'yes'")])
+def test_config_fields_of_the_wrong_type_are_named(tiny_qwen3_moe, field, value, said):
+    """rms_norm_eps "x" was `could not convert string to float: 'x'` (no field named)."""
+    d = json.loads((tiny_qwen3_moe / "config.json").read_text())
+    d[field] = value
+    if said is None:
+        ModelConfig.from_hf(d)
+        return
+    with pytest.raises(ConfigError, match=said):
+        ModelConfig.from_hf(d)
+
+
+@pytest.mark.parametrize("text,said", [
+    ("[]", "generation_config.json is not a JSON object"),
+    ('{"eos_token_id": "x"}', "eos_token_id must be a token id or a list of them, got 'x'")])
+def test_a_generation_config_that_is_not_an_object_is_named(capsys, tiny_qwen3_moe, tmp_path,
+                                                            text, said):
+    """A list was an AttributeError traceback from the tokenizer's EOS lookup; an EOS "x" was
+    `invalid literal for int() with base 10: 'x'`."""
+    d = _copy(tiny_qwen3_moe, tmp_path)
+    (d / "generation_config.json").write_text(text)
+    rc, err = _cli_err(capsys, ["generate", "--model", str(d), "--device", "cpu",
+                                "--prompt", "hi", "--max-tokens", "2"])
+    assert rc == 1 and said in err and "generation_config.json" in err
+
+
+def test_a_model_path_to_a_file_is_named(capsys, tiny_qwen3_moe):
+    """model.safetensors as the model was `'utf-8' codec can't decode byte 0xf9 ...`."""
+    f = tiny_qwen3_moe / "model.safetensors"
+    rc, err = _cli_err(capsys, ["generate", "--model", str(f), "--device", "cpu",
+                                "--prompt", "hi"])
+    assert rc == 1 and "is a file; pass the checkpoint folder" in err
+
+
 # ------------------------------------------------------------------------------ weight files
 @pytest.mark.parametrize("how", ["truncated", "empty", "garbage", "folder"])
 def test_an_unreadable_safetensors_file_is_named(tiny_qwen3_moe, tmp_path, how):

@@ -181,12 +181,19 @@ def _checkpoint_eos_ids(path: Path) -> list[int]:
         if not f.is_file():
             continue
         try:
-            eos = json.loads(f.read_text()).get("eos_token_id")
-        except (json.JSONDecodeError, OSError) as e:
+            d = json.loads(f.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError, OSError) as e:
             raise TokenizerError(f"{f} is not readable JSON: {e}") from e
+        if not isinstance(d, dict):
+            raise TokenizerError(f"{f} is not a JSON object")
+        eos = d.get("eos_token_id")
         if eos is None:
             continue
-        return [int(x) for x in (eos if isinstance(eos, (list, tuple)) else [eos])]
+        ids = eos if isinstance(eos, list) else [eos]
+        if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in ids):
+            raise TokenizerError(f"{f}: eos_token_id must be a token id or a list of them, "
+                                 f"got {eos!r}")
+        return ids
     return []
 
 
