@@ -168,3 +168,19 @@ def test_a_16_bit_float_weight_still_loads(tiny_qwen3_moe, tmp_path):
     _rewrite_safetensors(tiny_qwen3_moe / "model.safetensors", d / "model.safetensors",
                          lambda sd: sd.__setitem__(name, sd[name].to(torch.bfloat16)))
     _load(d)
+
+
+# ------------------------------------------------------------------------------ resources
+def test_host_kv_budgets_beyond_the_memory_available_are_refused(tiny_qwen3_moe, monkeypatch):
+    """--pinned-budget / --host-budget larger than the host were allocated as asked: the
+    allocator's RuntimeError traceback ("DefaultCPUAllocator: can't allocate memory"), or
+    pageable pages that fail later, mid-run."""
+    from writescope import LLM
+    from writescope import hostmem
+    monkeypatch.setattr(hostmem, "available_ram_bytes", lambda: 4 << 20)  # weights: < 1 MiB
+    with pytest.raises(MemoryError, match=r"the KV cache's host regions \(T \+ C \+ G \+ W\) "
+                                          r"would take .* GiB of host memory \(pinned_budget "
+                                          r"default, host_budget 1\.0 GiB\); 0\.0 GiB is "
+                                          "available"):
+        LLM(str(tiny_qwen3_moe), device="cpu", host_budget="1GiB")
+    LLM(str(tiny_qwen3_moe), device="cpu")  # the defaults are not checked against it

@@ -292,6 +292,7 @@ class LLMEngine(EngineSizing):
                              host_bytes=host if host is not None else host_default,
                              max_tokens_total=max_total, max_num_seqs=max_num_seqs,
                              num_gpu_blocks=num_gpu_blocks)
+        self._check_kv_host_memory(layout, spec, pinned, host)
         self.profile = early_profile or self._load_profile(profile, cfg, enforce_eager)
         self.expert_link = self._attach_expert_link()
         self.cpu_attn_isa = self._use_calibrated_cpu_variant()
