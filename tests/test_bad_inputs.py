@@ -184,3 +184,34 @@ def test_host_kv_budgets_beyond_the_memory_available_are_refused(tiny_qwen3_moe,
                                           "available"):
         LLM(str(tiny_qwen3_moe), device="cpu", host_budget="1GiB")
     LLM(str(tiny_qwen3_moe), device="cpu")  # the defaults are not checked against it
+
+
+def test_ctrl_c_while_the_command_line_starts_is_one_line(capsys, monkeypatch):
+    """Ctrl-C in the seconds torch takes to import was a KeyboardInterrupt traceback: the
+    package imported torch before `main` could catch it, and `main` built its parser (which
+    imports the command modules) outside its try."""
+    import writescope.cli as cli
+
+    def interrupted():
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    try:
+        rc = cli.main(["generate", "--prompt", "hi"])
+    except KeyboardInterrupt:
+        pytest.fail("the KeyboardInterrupt left main")
+    assert rc == 130 and capsys.readouterr().err.strip() == "writescope: interrupted"
+    out = subprocess.run([sys.executable, "-c", "import sys, writescope.cli; "
+                          "print('torch' in sys.modules)"], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_ctrl_c_while_a_command_runs_says_so(capsys, monkeypatch):
+    """Was exit code 130 with nothing said after the progress bar."""
+    import writescope.commands.generate as gen
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(gen, "run", interrupted)
+    assert main(["generate", "--prompt", "hi"]) == 130
+    assert capsys.readouterr().err.strip() == "writescope generate: interrupted"
