@@ -215,3 +215,21 @@ def test_ctrl_c_while_a_command_runs_says_so(capsys, monkeypatch):
     monkeypatch.setattr(gen, "run", interrupted)
     assert main(["generate", "--prompt", "hi"]) == 130
     assert capsys.readouterr().err.strip() == "writescope generate: interrupted"
+
+
+# ------------------------------------------------------------------------------ tokenizer
+def test_a_tokenizer_larger_than_the_model_is_refused_per_prompt(tmp_path, tiny_tokenizer_dir):
+    """A text prompt whose tokens the model has no embedding for (tokenizer of 320 tokens,
+    vocab_size 300) was `IndexError: index out of range in self` from the embedding."""
+    from writescope import LLM, SamplingParams
+    from writescope.core import InvalidRequestError
+    d = build_tiny_checkpoint("qwen3_moe", tmp_path / "small_vocab", seed=2,
+                              tokenizer_dir=tiny_tokenizer_dir, vocab_size=300)
+    llm = LLM(str(d), device="cpu")
+    assert max(llm.get_tokenizer().encode(" over the lazy dog")) >= 300
+    with pytest.raises(InvalidRequestError, match=r"token id 3\d\d is outside model small_vocab's "
+                                                  r"vocabulary \(vocab_size 300 in config.json; "
+                                                  r"its tokenizer has 320 tokens\)"):
+        llm.generate(["jumps over the lazy dog"], SamplingParams(max_tokens=2))
+    assert not llm.llm_engine.requests
+    assert len(llm.generate(["hi"], SamplingParams(max_tokens=2))[0].outputs[0].token_ids) == 2

@@ -466,6 +466,12 @@ class LLMEngine(EngineSizing):
             if self.tokenizer is None:
                 raise InvalidRequestError(f"model {self.model_name} has no tokenizer: pass token ids")
             ids, text = self.tokenizer.encode(prompt), prompt
+            top = max(ids, default=-1)
+            if top >= self.config.vocab_size:  # a tokenizer larger than the model's embeddings
+                raise InvalidRequestError(
+                    f"the prompt's token id {top} is outside model {self.model_name}'s vocabulary "
+                    f"(vocab_size {self.config.vocab_size} in config.json; its tokenizer has "
+                    f"{len(self.tokenizer.hf)} tokens)")
         else:
             if hasattr(prompt, "tolist") and not isinstance(prompt, (list, tuple)):
                 prompt = prompt.tolist()  # a torch tensor or numpy array of ids
