@@ -233,3 +233,48 @@ def test_a_tokenizer_larger_than_the_model_is_refused_per_prompt(tmp_path, tiny_
         llm.generate(["jumps over the lazy dog"], SamplingParams(max_tokens=2))
     assert not llm.llm_engine.requests
     assert len(llm.generate(["hi"], SamplingParams(max_tokens=2))[0].outputs[0].token_ids) == 2
+
+
+@pytest.fixture(scope="module")
+def raising_template(tmp_path_factory, tiny_qwen3_moe):
+    """tiny_qwen3_moe whose chat template raises (as templates that allow no system role do)."""
+    d = tmp_path_factory.mktemp("bad") / "raising_template"
+    shutil.copytree(tiny_qwen3_moe, d)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = "{{ raise_exception('no system role') }}"
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return d
+
+
+@pytest.mark.parametrize("template,said", [
+    (None, r"the chat template of .*raising_template failed: TemplateError: no system role"),
+    ("{% for m in messages %}{{ m.content }", "the chat template given failed: "
+                                                "TemplateSyntaxError: unexpected '}'")])
+def test_a_chat_template_that_fails_is_named(raising_template, template, said):
+    """Was jinja2's TemplateError / TemplateSyntaxError traceback from LLM.chat and
+    `writescope generate --chat` (the server already answered 400)."""
+    from writescope import LLM, SamplingParams
+    from writescope.models.tokenizer import TokenizerError
+    llm = LLM(str(raising_template), device="cpu")
+    with pytest.raises(TokenizerError, match=said):
+        llm.chat([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=2),
+                 chat_template=template)
+
+
+def test_generate_chat_names_a_failing_template(capsys, raising_template):
+    rc, err = _cli_err(capsys, ["generate", "--model", str(raising_template), "--device", "cpu",
+                                "--prompt", "hi", "--chat"])
+    assert rc == 1 and "failed: TemplateError: no system role" in err
+
+
+def test_the_chat_command_says_a_template_rejected_the_turn_and_goes_on(raising_template):
+    """`writescope chat` ended the session on the template's error, with a traceback."""
+    import io
+
+    from writescope import LLM, SamplingParams
+    from writescope.commands.chat import Chat
+    llm = LLM(str(raising_template), device="cpu")
+    chat = Chat(llm, SamplingParams(temperature=0, max_tokens=2), None, None)
+    err = io.StringIO()
+    assert chat.answer("Hello there", io.StringIO(), err) is None
+    assert "TemplateError: no system role" in err.getvalue() and chat.messages == []
