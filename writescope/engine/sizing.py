@@ -160,21 +160,19 @@ class EngineSizing:
 
     def _check_kv_host_memory(self, layout, spec, pinned_budget, host_budget) -> None:
         """Refuse, before the pools are allocated, host KV budgets (``pinned_budget``,
-        ``host_budget``; the defaults stay under half the host's memory) whose T and C regions --
-        and G and W, where the device is the CPU -- exceed the memory available now: else the
-        allocation fails with the allocator's error, or pageable pages fail later, mid-run."""
+        ``host_budget``; the defaults stay under half the host's memory) whose T and C regions
+        exceed the memory available now: else the allocation fails with the allocator's error,
+        or pageable pages fail later, mid-run."""
         if pinned_budget is None and host_budget is None:
             return
         by = layout.bytes(spec)
-        regions = [Region.T, Region.C] + ([Region.G, Region.W] if self.device.type == "cpu"
-                                          else [])
-        need = sum(by[r] for r in regions)
+        need = by[Region.T] + by[Region.C]
         avail = hostmem.available_ram_bytes()
         if avail is not None and need > avail:
             raise MemoryError(
-                f"the KV cache's host regions ({' + '.join(r.name for r in regions)}) would take "
-                f"{need / 2**30:.1f} GiB of host memory (pinned_budget {_gib(pinned_budget)}, "
-                f"host_budget {_gib(host_budget)}); {avail / 2**30:.1f} GiB is available")
+                f"the KV cache's host regions (T + C) would take {need / 2**30:.1f} GiB of host "
+                f"memory (pinned_budget {_gib(pinned_budget)}, host_budget "
+                f"{_gib(host_budget)}); {avail / 2**30:.1f} GiB is available")
 
     def _activation_bytes(self, max_tokens: int) -> int:
         """Activation memory of the largest step. On CUDA it is measured, as vLLM does: one
