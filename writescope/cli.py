@@ -66,14 +66,19 @@ def _stack_dumps_on_sigusr1() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     _stack_dumps_on_sigusr1()
-    parser = build_parser()
+    try:  # the command modules import torch: seconds a Ctrl-C may come in
+        parser = build_parser()
+    except KeyboardInterrupt:
+        print("\nwritescope: interrupted", file=sys.stderr)
+        return 130
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
     try:
         return int(args.func(args) or 0)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C: one line, no traceback
+        print(f"\nwritescope {args.command}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `writescope plan ... | head`: the reader left; no traceback
         try:  # and none from the interpreter's own flush of stdout at exit either

@@ -90,12 +90,18 @@ class Chat:
         """Streams the answer to ``text`` to ``out``; returns the turn's figures (None when the
         conversation no longer fits the model's context: the message is then not kept)."""
         from ..core import RequestTooLargeError
+        from ..models.tokenizer import TokenizerError
 
         engine = self.llm.engine
         self.messages.append({"role": "user", "content": text})
-        ids = list(self.llm.tokenizer.apply_chat_template(self.conversation(),
-                                                          add_generation_prompt=True,
-                                                          **self.template_kwargs))
+        try:
+            ids = list(self.llm.tokenizer.apply_chat_template(self.conversation(),
+                                                              add_generation_prompt=True,
+                                                              **self.template_kwargs))
+        except TokenizerError as e:  # the template rejects this conversation: not kept
+            self.messages.pop()
+            print(f"[{e}]", file=err, flush=True)
+            return None
         self.turns += 1
         rid = f"chat-{self.turns}"
         try:

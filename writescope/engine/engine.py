@@ -293,6 +293,7 @@ class LLMEngine(EngineSizing):
                              host_bytes=host if host is not None else host_default,
                              max_tokens_total=max_total, max_num_seqs=max_num_seqs,
                              num_gpu_blocks=num_gpu_blocks)
+        self._check_kv_host_memory(layout, spec, pinned, host)
         self.profile = early_profile or self._load_profile(profile, cfg, enforce_eager)
         self.expert_link = self._attach_expert_link()
         self.cpu_attn_isa = self._use_calibrated_cpu_variant()
@@ -482,6 +483,12 @@ class LLMEngine(EngineSizing):
             if self.tokenizer is None:
                 raise InvalidRequestError(f"model {self.model_name} has no tokenizer: pass token ids")
             ids, text = self.tokenizer.encode(prompt), prompt
+            top = max(ids, default=-1)
+            if top >= self.config.vocab_size:  # a tokenizer larger than the model's embeddings
+                raise InvalidRequestError(
+                    f"the prompt's token id {top} is outside model {self.model_name}'s vocabulary "
+                    f"(vocab_size {self.config.vocab_size} in config.json; its tokenizer has "
+                    f"{len(self.tokenizer.hf)} tokens)")
         else:
             if hasattr(prompt, "tolist") and not isinstance(prompt, (list, tuple)):
                 prompt = prompt.tolist()  # a torch tensor or numpy array of ids

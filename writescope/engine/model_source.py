@@ -97,6 +97,9 @@ def resolve_model(model: str | os.PathLike | None, random_weights: bool,
             raise FileNotFoundError(f"model {s!r} is neither a folder nor one of the reference "
                                     f"names {', '.join(REFERENCE_MODELS)} (or {DEFAULT_NAME}, "
                                     "the embedded default model)")
+        if not random_weights and not source.is_dir():  # (random weights: a config.json)
+            raise NotADirectoryError(f"model {s!r} is a file; pass the checkpoint folder that "
+                                     "holds its config.json and weights")
         name = source.name
     if config_overrides:
         from ..models.config import load_config_dict

@@ -15,6 +15,11 @@ import warnings
 import torch
 
 from .. import hostmem
+from ..kvcache.regions import Region
+
+
+def _gib(n: int | None) -> str:
+    return "default" if n is None else f"{n / 2**30:.1f} GiB"
 
 
 class EngineSizing:
@@ -152,6 +157,22 @@ class EngineSizing:
                 f"({summary['cpu_expert_layers']} layers of routed experts on the CPU"
                 f"{', all weights on the CPU device' if self.device.type == 'cpu' else ''}); "
                 f"{avail / 2**30:.1f} GiB is available")
+
+    def _check_kv_host_memory(self, layout, spec, pinned_budget, host_budget) -> None:
+        """Refuse, before the pools are allocated, host KV budgets (``pinned_budget``,
+        ``host_budget``; the defaults stay under half the host's memory) whose T and C regions
+        exceed the memory available now: else the allocation fails with the allocator's error,
+        or pageable pages fail later, mid-run."""
+        if pinned_budget is None and host_budget is None:
+            return
+        by = layout.bytes(spec)
+        need = by[Region.T] + by[Region.C]
+        avail = hostmem.available_ram_bytes()
+        if avail is not None and need > avail:
+            raise MemoryError(
+                f"the KV cache's host regions (T + C) would take {need / 2**30:.1f} GiB of host "
+                f"memory (pinned_budget {_gib(pinned_budget)}, host_budget "
+                f"{_gib(host_budget)}); {avail / 2**30:.1f} GiB is available")
 
     def _activation_bytes(self, max_tokens: int) -> int:
         """Activation memory of the largest step. On CUDA it is measured, as vLLM does: one

@@ -98,6 +98,15 @@ def _check_ints(d: dict) -> None:
         if not isinstance(v, int) or isinstance(v, bool) or v < least:
             kind = "a positive integer" if least else "an integer of at least 0"
             raise ConfigError(f"{name} must be {kind}, got {v!r}")
+    for name in ("rms_norm_eps", "rope_theta", "routed_scaling_factor"):
+        v = d.get(name)
+        if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool)
+                              or not math.isfinite(v) or v <= 0):
+            raise ConfigError(f"{name} must be a positive number, got {v!r}")
+    for name in ("rope_parameters", "rope_scaling"):
+        v = d.get(name)
+        if v is not None and not isinstance(v, dict):
+            raise ConfigError(f"{name} must be an object or null, got {v!r}")
     layers = d.get("mlp_only_layers")
     if layers is not None and not (isinstance(layers, list) and all(
             isinstance(i, int) and not isinstance(i, bool) for i in layers)):
@@ -431,6 +440,9 @@ def load_config_dict(source: str | Path | dict) -> dict:
         names = ", ".join(REFERENCE_MODELS)
         raise ConfigError(f"no config.json at {p} (and {s!r} is not one of the reference models: {names})")
     try:
-        return json.loads(p.read_text())
-    except json.JSONDecodeError as e:
+        d = json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{p} is not valid JSON: {e}") from e
+    if not isinstance(d, dict):
+        raise ConfigError(f"{p} is not a JSON object")
+    return d

@@ -67,14 +67,15 @@ class Checkpoint:
 
         self.path = Path(path)
         self._open: dict[Path, object] = {}
+        self._keys: dict[Path, set[str]] = {}  # each open file's tensor names
         self._safe_open = safe_open
         self.file_of = None
         for ext in ("safetensors", "bin"):
             stem = "model" if ext == "safetensors" else "pytorch_model"
             index = self.path / f"{stem}.{ext}.index.json"
             if index.exists():
-                weight_map = json.loads(index.read_text())["weight_map"]
-                self.file_of = {name: self.path / f for name, f in weight_map.items()}
+                self.file_of = {name: self.path / f
+                                for name, f in self._weight_map(index).items()}
                 break
             files = sorted(self.path.glob(f"*.{ext}"))
             if files:
@@ -84,24 +85,56 @@ class Checkpoint:
             raise CheckpointError(f"no weights in {self.path}: no model.safetensors(.index.json), "
                                   "*.safetensors, pytorch_model.bin(.index.json) or *.bin")
 
+    @staticmethod
+    def _weight_map(index: Path) -> dict[str, str]:
+        try:
+            weight_map = json.loads(index.read_text()).get("weight_map")
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+            raise CheckpointError(f"{index} is not a JSON object: {e}") from e
+        if not isinstance(weight_map, dict) or not all(
+                isinstance(f, str) for f in weight_map.values()):
+            raise CheckpointError(f"{index} has no \"weight_map\" of tensor names to file names")
+        return weight_map
+
     def _handle(self, f: Path):
         h = self._open.get(f)
         if h is None:
             if not f.exists():
                 raise CheckpointError(f"shard {f.name} listed in the index is missing from {self.path}")
-            h = _BinFile(f) if f.suffix == ".bin" else \
-                self._safe_open(str(f), framework="pt", device="cpu")
-            self._open[f] = h
+            try:  # a truncated, empty or foreign file: its name, not the reader's bare error
+                h = _BinFile(f) if f.suffix == ".bin" else \
+                    self._safe_open(str(f), framework="pt", device="cpu")
+            except CheckpointError:
+                raise
+            except Exception as e:  # noqa: BLE001 - safetensors' errors are no common type
+                raise CheckpointError(f"cannot read {f.name} in {self.path} (truncated or not a "
+                                      f"{f.suffix[1:]} file?): {e}") from e
+            self._open[f], self._keys[f] = h, set(h.keys())
+        return h
+
+    def _tensor_handle(self, name: str):
+        f = self.file_of[name]
+        h = self._handle(f)
+        if name not in self._keys[f]:
+            raise CheckpointError(f"the index of {self.path} puts tensor {name!r} in "
+                                  f"{self.file_of[name].name}, which does not hold it")
         return h
 
     def names(self) -> set[str]:
         return set(self.file_of)
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self._handle(self.file_of[name]).get_slice(name).get_shape())
+        return tuple(self._tensor_handle(name).get_slice(name).get_shape())
+
+    def dtype(self, name: str) -> str:
+        """The tensor's dtype as safetensors names it (``"F32"``, ``"BF16"``, ``"I32"``...;
+        a ``.bin`` file's as torch does)."""
+        h = self._tensor_handle(name)
+        return str(h.get_tensor(name).dtype) if isinstance(h, _BinFile) else \
+            h.get_slice(name).get_dtype()
 
     def get(self, name: str) -> torch.Tensor:
-        return self._handle(self.file_of[name]).get_tensor(name)
+        return self._tensor_handle(name).get_tensor(name)
 
     def where(self, name: str) -> str:
         f = self.file_of.get(name)
@@ -221,6 +254,10 @@ def _load_checkpoint(model: CausalLM, cfg: ModelConfig, ckpt: Checkpoint, dtype:
         if got != shape:
             raise CheckpointError(f"tensor {n!r} in {ckpt.where(n)} ({ckpt.path}) has shape "
                                   f"{list(got)}, expected {list(shape)}")
+        dt = ckpt.dtype(n)  # an integer or boolean tensor would be cast into nonsense weights
+        if not dt.startswith(("F", "BF", "torch.float", "torch.bfloat")):
+            raise CheckpointError(f"tensor {n!r} in {ckpt.where(n)} ({ckpt.path}) has dtype "
+                                  f"{dt}, expected floating-point weights")
     with torch.no_grad():
         for name, p in dense.items():
             p.copy_(ckpt.get(name).to(p.dtype))

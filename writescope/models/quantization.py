@@ -192,6 +192,9 @@ class QuantizedCheckpoint:
     def where(self, name: str) -> str:
         return self.ckpt.where(name)
 
+    def dtype(self, name: str) -> str:
+        return self.ckpt.dtype(name)
+
     def is_fp8(self, name: str) -> bool:
         return name in self._scaled
 

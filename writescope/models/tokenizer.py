@@ -123,11 +123,18 @@ class Tokenizer:
         bad = sorted(set(template_kwargs) & RESERVED_TEMPLATE_KWARGS)
         if bad:
             raise TokenizerError(f"chat template variables cannot be named {', '.join(bad)}")
-        return self.hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                           tokenize=False, tools=tools,
-                                           continue_final_message=continue_final_message,
-                                           chat_template=chat_template, documents=documents,
-                                           **template_kwargs)
+        from jinja2 import TemplateError
+        try:
+            return self.hf.apply_chat_template(messages,
+                                               add_generation_prompt=add_generation_prompt,
+                                               tokenize=False, tools=tools,
+                                               continue_final_message=continue_final_message,
+                                               chat_template=chat_template, documents=documents,
+                                               **template_kwargs)
+        except TemplateError as e:  # a template that does not parse, or its raise_exception
+            whose = "the chat template given" if chat_template is not None else \
+                f"the chat template of {self.path}" if self.path else "the chat template"
+            raise TokenizerError(f"{whose} failed: {type(e).__name__}: {e}") from e
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             tools: list[dict] | None = None, continue_final_message: bool = False,
@@ -181,12 +188,19 @@ def _checkpoint_eos_ids(path: Path) -> list[int]:
         if not f.is_file():
             continue
         try:
-            eos = json.loads(f.read_text()).get("eos_token_id")
-        except (json.JSONDecodeError, OSError) as e:
+            d = json.loads(f.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError, OSError) as e:
             raise TokenizerError(f"{f} is not readable JSON: {e}") from e
+        if not isinstance(d, dict):
+            raise TokenizerError(f"{f} is not a JSON object")
+        eos = d.get("eos_token_id")
         if eos is None:
             continue
-        return [int(x) for x in (eos if isinstance(eos, (list, tuple)) else [eos])]
+        ids = eos if isinstance(eos, list) else [eos]
+        if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in ids):
+            raise TokenizerError(f"{f}: eos_token_id must be a token id or a list of them, "
+                                 f"got {eos!r}")
+        return ids
     return []
 
 
