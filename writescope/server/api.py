@@ -749,6 +749,13 @@ class GracefulServer(uvicorn.Server):
             log.warning("cancelling %d running request(s)", srv.active)
             srv.loop.cancel_all()
         await super().shutdown(sockets)
+        if self.force_exit and getattr(self, "lifespan", None) is not None:
+            # a second Ctrl-C: uvicorn skips the app's lifespan shutdown, whose task is then
+            # cancelled at exit with a traceback and the engine loop left running; run it, bounded
+            try:
+                await asyncio.wait_for(self.lifespan.shutdown(), timeout=5.0)
+            except asyncio.TimeoutError:
+                log.warning("the engine loop did not stop within 5 s")
 
 
 def create_app(engine: Any, *, served_model_names: Sequence[str] | None = None,
