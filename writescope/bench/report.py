@@ -255,6 +255,15 @@ def markdown(doc: dict[str, Any]) -> str:
                              f"{_num(v['geomean_speedup'], '{:.3f}')} | {v['pairs']} | "
                              f"{_num(v['min'], '{:.3f}')} | {_num(v['max'], '{:.3f}')} | "
                              f"{v.get('same_work_pairs', 0)} |")
+        label = group_label(doc.get("rows", []))
+        for model, s in summ.items():
+            if any(v["pairs"] or v.get("same_work_pairs") for v in s["speedup_over"].values()):
+                continue
+            ran = [r["context"] for r in doc.get("rows", []) if label[id(r)] == model and _ok(r)]
+            lines.append(f"\n**{model}**: no geomean speedup -- no context >= "
+                         f"{_ctx(SUMMARY_MIN_CONTEXT)} where writescope and another policy or "
+                         "peer both ran (the longest context that ran: "
+                         + (_ctx(max(ran)) if ran else "none") + ").")
         lines += ["", "| model | worst writescope / best other policy | pairs > 3% slower | "
                       "roofline efficiency (geomean, min) | pairs < 0.85 | "
                       "same-work rows: writescope / other (noise) |", "|---|---|---|---|---|---|"]
@@ -266,7 +275,8 @@ def markdown(doc: dict[str, Any]) -> str:
                          + (f"{w['ratio']:.3f} (b{w['batch']}, {_ctx(w['context'])})" if w else "")
                          + f" | {s['vs_best_other_policy']['pairs_more_than_3pct_slower']} of "
                            f"{s['vs_best_other_policy']['pairs']} | "
-                         f"{_num(e['geomean'], '{:.3f}')}, {_num(e['min'], '{:.3f}')} | "
+                         + (f"{_num(e['geomean'], '{:.3f}')}, {_num(e['min'], '{:.3f}')}"
+                            if e["pairs"] else "") + " | "
                          f"{e['pairs_below_0.85']} of {e['pairs']} | "
                          + (f"{sw['min']:.3f}-{sw['max']:.3f} ({sw['rows']} rows)" if sw["rows"]
                             else "") + " |")
@@ -323,6 +333,7 @@ def markdown(doc: dict[str, Any]) -> str:
                          f"{', '.join(map(str, steps))} ({', '.join(kernels)})")
         lines.append("")
     lines += planner_table(doc.get("rows", []))
+    lines += peers_lines(doc.get("rows", []))
     div = [(r, d) for r in doc.get("rows", []) if r.get("peer")
            for d in (r.get("first_divergence") or []) if d]
     if div:
@@ -336,6 +347,30 @@ def markdown(doc: dict[str, Any]) -> str:
                          f"{d['peer_top2_margin_nats']:.4f})")
         lines.append("")
     return "\n".join(lines)
+
+
+def peers_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Markdown lines: per model and peer, the cache and weights placement it ran with, its note
+    (e.g. transformers' offloaded cache fell back to the dynamic one off CUDA), and how many of
+    its sequences decoded writescope's greedy tokens; nothing without peer rows."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        if r.get("peer"):
+            groups[(r["model"], r["policy"])].append(r)
+    if not groups:
+        return []
+    out = ["## Peers", ""]
+    for (model, peer), rs in groups.items():
+        facts = [f"{k} {v}" for k, v in (("cache", rs[0].get("peer_cache")),
+                                          ("weights", rs[0].get("peer_weights"))) if v]
+        notes = list(dict.fromkeys(r["note"] for r in rs if r.get("note")))
+        checked = [r for r in rs if r.get("same_tokens_as_writescope") is not None]
+        same = sum(round(r["same_tokens_as_writescope"] * r["batch"]) for r in checked)
+        out.append(f"- **{model}** {peer}: " + (", ".join(facts) or "no run")
+                   + "".join(f" ({n})" for n in notes)
+                   + (f"; writescope's greedy tokens in {same} of "
+                      f"{sum(r['batch'] for r in checked)} sequences" if checked else ""))
+    return out + [""]
 
 
 def _split_steps(r: dict[str, Any]) -> str:

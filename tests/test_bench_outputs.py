@@ -1,0 +1,49 @@
+"""What ``writescope bench`` writes, as a user reads it: the summary when no context reaches the
+summary's threshold, the peers' facts in results.md, the plots' axes when rows failed or one
+context ran, and the console lines beside the progress bar."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from writescope.bench.report import markdown, plot, summarize
+
+
+def _row(policy, b, n, tps=None, error=None, peer=False, **kw):
+    r = {"model": "m", "batch": b, "context": n, "policy": policy, "peer": peer, **kw}
+    if tps is not None:
+        r["decode_tokens_per_s"] = tps
+    if error:
+        r["error"] = error
+    return r
+
+
+def test_summary_says_when_no_context_reaches_8k():
+    """A grid of 256 and 1k contexts has no pair for the geomean: the report says why instead of
+    a table of blank cells."""
+    rows = [_row("writescope", 1, 256, 90.0), _row("transfer", 1, 256, 80.0),
+            _row("writescope", 1, 1024, 85.0), _row("transfer", 1, 1024, 70.0),
+            _row("transfer", 1, 8192, error="over the KV budget")]
+    md = markdown({"rows": rows, "summary": summarize(rows)})
+    summary = md.split("## Rows")[0]
+    assert "no geomean speedup" in summary and "1k" in summary
+    # no writescope row with a roofline bound: an empty cell, not a stray comma
+    assert "| ,  |" not in summary
+    # with a pair at >= 8K there is no such line
+    rows += [_row("writescope", 1, 8192, 50.0), _row("transfer", 1, 16384, 40.0),
+             _row("writescope", 1, 16384, 60.0)]
+    assert "no geomean speedup" not in markdown({"rows": rows, "summary": summarize(rows)})
+
+
+def test_markdown_says_which_cache_the_peer_ran_with_and_whether_its_tokens_matched():
+    note = "transformers' offloaded cache needs CUDA: ran with the dynamic cache"
+    rows = [_row("writescope", 1, 256, 90.0),
+            _row("transformers", 1, 256, 150.0, peer=True, peer_cache="dynamic",
+                 peer_weights="device", note=note, same_tokens_as_writescope=1.0),
+            _row("transformers", 2, 256, 150.0, peer=True, peer_cache="dynamic",
+                 peer_weights="device", note=note, same_tokens_as_writescope=0.5)]
+    md = markdown({"rows": rows, "summary": summarize(rows)})
+    assert note in md
+    assert "dynamic" in md.split("## Rows")[1]
+    assert "2 of 3 sequences" in md  # 1 of 1 at batch 1, 1 of 2 at batch 2
