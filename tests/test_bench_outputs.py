@@ -47,3 +47,59 @@ def test_markdown_says_which_cache_the_peer_ran_with_and_whether_its_tokens_matc
     assert note in md
     assert "dynamic" in md.split("## Rows")[1]
     assert "2 of 3 sequences" in md  # 1 of 1 at batch 1, 1 of 2 at batch 2
+
+
+def _axes(monkeypatch):
+    import matplotlib.figure
+    got = {}
+    save = matplotlib.figure.Figure.savefig
+
+    def record(fig, path, *a, **k):
+        fig.canvas.draw()
+        got[Path(path).name] = [
+            {"title": ax.get_title(),
+             "xticks": [t.get_text() for t in ax.get_xticklabels()],
+             "xticks_at": list(ax.get_xticks()), "xlim": ax.get_xlim(),
+             "markers": [ln.get_marker() for ln in ax.lines],
+             "legend": [t.get_text() for t in ax.get_legend().get_texts()] if ax.get_legend()
+             else []} for ax in fig.axes]
+        return save(fig, path, *a, **k)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", record)
+    return got
+
+
+def _shown(ax):
+    """The tick labels inside the axis' limits."""
+    return [t for t, x in zip(ax["xticks"], ax["xticks_at"]) if ax["xlim"][0] <= x <= ax["xlim"][1]]
+
+
+def test_throughput_axes_tick_the_grids_contexts_and_say_when_no_row_ran(tmp_path, monkeypatch):
+    got = _axes(monkeypatch)
+    rows = [_row("writescope", 1, 256, 90.0), _row("transfer", 1, 256, 80.0),
+            _row("writescope", 1, 1024, 85.0), _row("transfer", 1, 1024, error="over the budget"),
+            _row("writescope", 2, 1024, error="over the budget"),
+            _row("transfer", 2, 1024, error="over the budget")]
+    plot({"rows": rows}, tmp_path)
+    b1, b2 = got["throughput-m.png"]
+    shown = _shown(b1)
+    assert shown == ["256", "1k"]               # the contexts, not 2^8 and 2^10
+    assert "1 row failed" in b1["title"]
+    assert "no row ran" in b2["title"] and "2 failed" in b2["title"]
+    shown = _shown(b2)
+    assert shown == ["1k"]                      # the context that failed, not 2^0..2^3
+
+
+def test_cpu_share_plot_steps_lines_and_failed_policies(tmp_path, monkeypatch):
+    """Whole decode steps on the axis; policies whose lines coincide each keep a marker of their
+    own; a policy that failed at the plotted context is in the legend as failed."""
+    got = _axes(monkeypatch)
+    rows = [_row("writescope", 1, 1024, 85.0, cpu_share_steps=[0.5, 0.5, 0.5, 0.5]),
+            _row("cpu", 1, 1024, 80.0, cpu_share_steps=[0.5, 0.5, 0.5, 0.5]),
+            _row("transfer", 1, 1024, error="over the pinned budget")]
+    plot({"rows": rows}, tmp_path)
+    (ax,) = got["cpu-share-m.png"]
+    shown = _shown(ax)
+    assert shown and all("." not in t for t in shown)  # no step 1.5
+    assert ax["markers"][:2] == ["o", "s"]
+    assert ax["legend"] == ["writescope", "cpu", "transfer: failed"]

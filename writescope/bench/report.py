@@ -12,10 +12,13 @@
   experts' weight bytes per step (``kv_over_experts``; target: >= 1.4x, geomean). Rows of
   several rounds (``--rounds``) are paired within their round, and a pair's ratio is the
   median of its rounds' ratios.
-* :func:`write_report` -- ``results.md`` (meta, summary, one line per row, failures with their
-  reasons) and per model ``throughput-<model>.png`` (decode tokens/s against context length, one
-  line per policy, one panel per batch size) and ``cpu-share-<model>.png`` (the CPU's share of
-  attended KV bytes over the decode steps, per policy, at the longest context that ran).
+* :func:`write_report` -- ``results.md`` (meta, summary -- saying so when no pair reached
+  :data:`SUMMARY_MIN_CONTEXT` --, one line per row, failures with their reasons, the peers' cache
+  and whether they decoded writescope's tokens) and per model ``throughput-<model>.png``
+  (decode tokens/s against context length, one line per policy, one panel per batch size) and
+  ``cpu-share-<model>.png`` (the CPU's share of attended KV bytes over the decode steps, per
+  policy, at the longest context that ran; a policy that failed there is named in the legend). Context axes are ticked at the grid's
+  contexts; a panel whose rows failed says so in its title.
 """
 from __future__ import annotations
 
@@ -425,6 +428,7 @@ def plot(doc: dict[str, Any], out: Path) -> list[Path]:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     rows = doc.get("rows", [])
     written = []
@@ -437,6 +441,8 @@ def plot(doc: dict[str, Any], out: Path) -> list[Path]:
         # ---- decode throughput against context length
         fig, axes = plt.subplots(1, len(batches), figsize=(5 * len(batches), 4), squeeze=False)
         for ax, b in zip(axes[0], batches):
+            brows = [r for r in mrows if r["batch"] == b]
+            failed = sum(not _ok(r) for r in brows)
             for p in policies:
                 by_ctx = defaultdict(list)  # several rounds: their median
                 for r in mrows:
@@ -447,12 +453,21 @@ def plot(doc: dict[str, Any], out: Path) -> list[Path]:
                     ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=p,
                             linestyle="--" if any(r.get("peer") for r in mrows if r["policy"] == p) else "-")
             ax.set_xscale("log", base=2)
+            # ticked at the grid's contexts (those that failed too), labelled as the rows are
+            contexts = sorted({r["context"] for r in brows})
+            ax.set_xticks(contexts, [_ctx(n) for n in contexts])
+            ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+            if len(contexts) == 1:
+                ax.set_xlim(contexts[0] / 2, contexts[0] * 2)
             ax.set_xlabel("context length (tokens)")
             ax.set_ylabel("decode tokens/s")
             # from zero: rows that do the same work differ by a few per cent, and an axis
             # fitted to them draws that noise as large gaps between the policies
             ax.set_ylim(bottom=0)
-            ax.set_title(f"{model}, batch {b}")
+            ax.set_title(f"{model}, batch {b}"
+                         + ("" if not failed else
+                            f": no row ran ({failed} failed)" if not ax.lines else
+                            f" ({failed} row{'s' if failed > 1 else ''} failed: results.md)"))
             ax.grid(True, alpha=0.3)
             if ax.lines:
                 ax.legend(fontsize=8)
@@ -468,15 +483,22 @@ def plot(doc: dict[str, Any], out: Path) -> list[Path]:
                    and not r.get("round")]  # (the first round's)
             if ran:
                 n = max(r["context"] for r in ran)
-                for r in ran:
-                    if r["context"] == n:
-                        ax.plot(range(1, len(r["cpu_share_steps"]) + 1), r["cpu_share_steps"],
-                                label=r["policy"], marker=".")
+                # policies that placed KV alike draw the same line: each its own hollow marker,
+                # the earlier ones larger, so that every policy stays in sight
+                for i, r in enumerate(r for r in ran if r["context"] == n):
+                    ax.plot(range(1, len(r["cpu_share_steps"]) + 1), r["cpu_share_steps"],
+                            label=r["policy"], marker="osD^vPX*"[i % 8], fillstyle="none",
+                            markersize=max(3.0, 10 - 1.5 * i))
+                for r in mrows:  # a policy that failed here is named, not silently absent
+                    if (r["batch"] == b and r["context"] == n and not r.get("peer")
+                            and not r.get("round") and not _ok(r)):
+                        ax.plot([], [], " ", label=f"{r['policy']}: failed")
                 ax.set_title(f"{model}, batch {b}, context {_ctx(n)}")
             else:
                 ax.set_title(f"{model}, batch {b}: no run")
             ax.set_ylim(-0.05, 1.05)
             ax.set_xlabel("decode step")
+            ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
             ax.set_ylabel("CPU share of attended KV")
             ax.grid(True, alpha=0.3)
             if ran:
