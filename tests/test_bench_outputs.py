@@ -103,3 +103,39 @@ def test_cpu_share_plot_steps_lines_and_failed_policies(tmp_path, monkeypatch):
     assert shown and all("." not in t for t in shown)  # no step 1.5
     assert ax["markers"][:2] == ["o", "s"]
     assert ax["legend"] == ["writescope", "cpu", "transfer: failed"]
+
+
+def test_log_lines_do_not_land_on_the_progress_bars_line(tmp_path, monkeypatch, capsys):
+    """A row's failure printed while the bar is drawn goes on a line of its own (tqdm.write),
+    and the bar's postfix names the row just counted, not the one before it."""
+    from writescope.bench import grid as grid_mod
+    from tqdm import tqdm
+    spec = grid_mod.GridSpec(models=["m"], batches=[1], context_lengths=[256],
+                             policies=["writescope"], out=str(tmp_path))
+    g = grid_mod.Grid(spec, progress=True)
+    writes = []
+    monkeypatch.setattr(tqdm, "write", classmethod(lambda cls, s, *a, **k: writes.append(s)))
+    postfix = []
+
+    class Bar:
+        def update(self, n):
+            postfix.append(("update", n))
+
+        def set_postfix_str(self, s, refresh=True):
+            postfix.append(("postfix", s))
+
+    g._add(_row("writescope", 1, 256, error="over the KV budget"), Bar())
+    assert any("over the KV budget" in w for w in writes)
+    assert "over the KV budget" not in capsys.readouterr().err
+    assert [k for k, _ in postfix] == ["postfix", "update"]
+
+
+def test_no_ttft_for_synthetic_rows_in_the_console(tmp_path):
+    from writescope.bench import grid as grid_mod
+    spec = grid_mod.GridSpec(models=["m"], batches=[1], context_lengths=[256],
+                             policies=["writescope"], out=str(tmp_path))
+    lines = []
+    g = grid_mod.Grid(spec, log=lines.append, progress=False)
+    g._add(_row("writescope", 1, 256, 90.0, ttft_s=None, p50_step_s=0.01, cpu_share_mean=0.0),
+           None)
+    assert lines and "TTFT 0.0" not in lines[-1]
