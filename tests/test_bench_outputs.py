@@ -59,7 +59,7 @@ def _axes(monkeypatch):
         got[Path(path).name] = [
             {"title": ax.get_title(),
              "xticks": [t.get_text() for t in ax.get_xticklabels()],
-             "xticks_at": list(ax.get_xticks()), "xlim": ax.get_xlim(),
+             "xticks_at": list(ax.get_xticks()), "xlim": ax.get_xlim(), "ylim": ax.get_ylim(),
              "markers": [ln.get_marker() for ln in ax.lines],
              "legend": [t.get_text() for t in ax.get_legend().get_texts()] if ax.get_legend()
              else []} for ax in fig.axes]
@@ -139,3 +139,12 @@ def test_no_ttft_for_synthetic_rows_in_the_console(tmp_path):
     g._add(_row("writescope", 1, 256, 90.0, ttft_s=None, p50_step_s=0.01, cpu_share_mean=0.0),
            None)
     assert lines and "TTFT 0.0" not in lines[-1]
+
+
+def test_the_fastest_point_is_not_cut_by_the_frame(tmp_path, monkeypatch):
+    got = _axes(monkeypatch)
+    rows = [_row("writescope", 1, 512, 81.1), _row("writescope", 1, 1024, 53.7),
+            _row("transfer", 1, 512, 45.9), _row("transfer", 1, 1024, 44.7)]
+    plot({"rows": rows}, tmp_path)
+    (ax,) = got["throughput-m.png"]
+    assert ax["ylim"][0] == 0 and ax["ylim"][1] >= 1.05 * 81.1

@@ -463,7 +463,9 @@ def plot(doc: dict[str, Any], out: Path) -> list[Path]:
             ax.set_ylabel("decode tokens/s")
             # from zero: rows that do the same work differ by a few per cent, and an axis
             # fitted to them draws that noise as large gaps between the policies
-            ax.set_ylim(bottom=0)
+            # (and above the fastest point by a margin: its marker is not cut by the frame)
+            top = max((y for ln in ax.lines for y in ln.get_ydata()), default=0.0)
+            ax.set_ylim(bottom=0, top=max(ax.get_ylim()[1], 1.08 * top))
             ax.set_title(f"{model}, batch {b}"
                          + ("" if not failed else
                             f": no row ran ({failed} failed)" if not ax.lines else
