@@ -308,6 +308,11 @@ def release_kv(engine) -> None:
     _free_memory(engine.device)
 
 
+def _tqdm_write(msg: str) -> None:
+    from tqdm.auto import tqdm
+    tqdm.write(msg, file=sys.stderr)
+
+
 def _round_tag(rnd: int | None, rounds: int) -> str:
     """`` (round k of n)`` in the log lines of a run of several rounds."""
     return f" (round {rnd + 1} of {rounds})" if rounds > 1 and rnd is not None else ""
@@ -320,7 +325,9 @@ class Grid:
         self.spec = spec
         self.out = Path(spec.out)
         self.out.mkdir(parents=True, exist_ok=True)
-        self.log = log or (lambda msg: print(msg, file=sys.stderr))
+        # tqdm.write: a line printed while the progress bar is drawn goes above it, not onto
+        # the bar's own line
+        self.log = log or (lambda msg: _tqdm_write(msg))
         self.progress = progress
         self.rows: list[dict[str, Any]] = []
         self.models_meta: dict[str, Any] = {}
@@ -348,11 +355,11 @@ class Grid:
         self.doc["summary"] = summarize(self.rows)
         self._save()
         (self.out / "results.md").write_text(markdown(self.doc))  # plots come at the end
-        if bar is not None:
-            bar.update(1)
+        if bar is not None:  # the postfix first: the update draws it with the row it counts
             tps = row.get("decode_tokens_per_s")
             bar.set_postfix_str(f"{row['model']} b{row['batch']} {row['context']} {row['policy']}: "
                                 + (f"{tps:.1f} tok/s" if tps else "failed"), refresh=False)
+            bar.update(1)
         if row.get("error"):
             self.log(f"[bench] {row['model']} batch {row['batch']} ctx {row['context']} "
                      f"{row['policy']}{_round_tag(row.get('round'), self.spec.rounds)}: "
@@ -361,8 +368,10 @@ class Grid:
             self.log(f"[bench] {row['model']} batch {row['batch']} ctx {row['context']} "
                      f"{row['policy']}{_round_tag(row.get('round'), self.spec.rounds)}: "
                      f"{row.get('decode_tokens_per_s') or 0:.1f} tok/s, p50 "
-                     f"{1e3 * (row.get('p50_step_s') or 0):.1f} ms, TTFT "
-                     f"{row.get('ttft_s') or 0:.1f} s, CPU share {row.get('cpu_share_mean') or 0:.2f}")
+                     f"{1e3 * (row.get('p50_step_s') or 0):.1f} ms, "
+                     + ("no TTFT (synthetic prefill)" if row.get("ttft_s") is None
+                        else f"TTFT {row['ttft_s']:.1f} s")
+                     + f", CPU share {row.get('cpu_share_mean') or 0:.2f}")
 
     def _fail_rows(self, model: str, policy: str, error: str, bar, peer: bool = False,
                    rounds: "range | list[int]" = (0,)) -> None:

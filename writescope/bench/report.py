@@ -12,10 +12,13 @@
   experts' weight bytes per step (``kv_over_experts``; target: >= 1.4x, geomean). Rows of
   several rounds (``--rounds``) are paired within their round, and a pair's ratio is the
   median of its rounds' ratios.
-* :func:`write_report` -- ``results.md`` (meta, summary, one line per row, failures with their
-  reasons) and per model ``throughput-<model>.png`` (decode tokens/s against context length, one
-  line per policy, one panel per batch size) and ``cpu-share-<model>.png`` (the CPU's share of
-  attended KV bytes over the decode steps, per policy, at the longest context that ran).
+* :func:`write_report` -- ``results.md`` (meta, summary -- saying so when no pair reached
+  :data:`SUMMARY_MIN_CONTEXT` --, one line per row, failures with their reasons, the peers' cache
+  and whether they decoded writescope's tokens) and per model ``throughput-<model>.png``
+  (decode tokens/s against context length, one line per policy, one panel per batch size) and
+  ``cpu-share-<model>.png`` (the CPU's share of attended KV bytes over the decode steps, per
+  policy, at the longest context that ran; a policy that failed there is named in the legend). Context axes are ticked at the grid's
+  contexts; a panel whose rows failed says so in its title.
 """
 from __future__ import annotations
 
@@ -255,6 +258,15 @@ def markdown(doc: dict[str, Any]) -> str:
                              f"{_num(v['geomean_speedup'], '{:.3f}')} | {v['pairs']} | "
                              f"{_num(v['min'], '{:.3f}')} | {_num(v['max'], '{:.3f}')} | "
                              f"{v.get('same_work_pairs', 0)} |")
+        label = group_label(doc.get("rows", []))
+        for model, s in summ.items():
+            if any(v["pairs"] or v.get("same_work_pairs") for v in s["speedup_over"].values()):
+                continue
+            ran = [r["context"] for r in doc.get("rows", []) if label[id(r)] == model and _ok(r)]
+            lines.append(f"\n**{model}**: no geomean speedup -- no context >= "
+                         f"{_ctx(SUMMARY_MIN_CONTEXT)} where writescope and another policy or "
+                         "peer both ran (the longest context that ran: "
+                         + (_ctx(max(ran)) if ran else "none") + ").")
         lines += ["", "| model | worst writescope / best other policy | pairs > 3% slower | "
                       "roofline efficiency (geomean, min) | pairs < 0.85 | "
                       "same-work rows: writescope / other (noise) |", "|---|---|---|---|---|---|"]
@@ -266,7 +278,8 @@ def markdown(doc: dict[str, Any]) -> str:
                          + (f"{w['ratio']:.3f} (b{w['batch']}, {_ctx(w['context'])})" if w else "")
                          + f" | {s['vs_best_other_policy']['pairs_more_than_3pct_slower']} of "
                            f"{s['vs_best_other_policy']['pairs']} | "
-                         f"{_num(e['geomean'], '{:.3f}')}, {_num(e['min'], '{:.3f}')} | "
+                         + (f"{_num(e['geomean'], '{:.3f}')}, {_num(e['min'], '{:.3f}')}"
+                            if e["pairs"] else "") + " | "
                          f"{e['pairs_below_0.85']} of {e['pairs']} | "
                          + (f"{sw['min']:.3f}-{sw['max']:.3f} ({sw['rows']} rows)" if sw["rows"]
                             else "") + " |")
@@ -323,6 +336,7 @@ def markdown(doc: dict[str, Any]) -> str:
                          f"{', '.join(map(str, steps))} ({', '.join(kernels)})")
         lines.append("")
     lines += planner_table(doc.get("rows", []))
+    lines += peers_lines(doc.get("rows", []))
     div = [(r, d) for r in doc.get("rows", []) if r.get("peer")
            for d in (r.get("first_divergence") or []) if d]
     if div:
@@ -336,6 +350,30 @@ def markdown(doc: dict[str, Any]) -> str:
                          f"{d['peer_top2_margin_nats']:.4f})")
         lines.append("")
     return "\n".join(lines)
+
+
+def peers_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Markdown lines: per model and peer, the cache and weights placement it ran with, its note
+    (e.g. transformers' offloaded cache fell back to the dynamic one off CUDA), and how many of
+    its sequences decoded writescope's greedy tokens; nothing without peer rows."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        if r.get("peer"):
+            groups[(r["model"], r["policy"])].append(r)
+    if not groups:
+        return []
+    out = ["## Peers", ""]
+    for (model, peer), rs in groups.items():
+        facts = [f"{k} {v}" for k, v in (("cache", rs[0].get("peer_cache")),
+                                          ("weights", rs[0].get("peer_weights"))) if v]
+        notes = list(dict.fromkeys(r["note"] for r in rs if r.get("note")))
+        checked = [r for r in rs if r.get("same_tokens_as_writescope") is not None]
+        same = sum(round(r["same_tokens_as_writescope"] * r["batch"]) for r in checked)
+        out.append(f"- **{model}** {peer}: " + (", ".join(facts) or "no run")
+                   + "".join(f" ({n})" for n in notes)
+                   + (f"; writescope's greedy tokens in {same} of "
+                      f"{sum(r['batch'] for r in checked)} sequences" if checked else ""))
+    return out + [""]
 
 
 def _split_steps(r: dict[str, Any]) -> str:
@@ -390,6 +428,7 @@ def plot(doc: dict[str, Any], out: Path) -> list[Path]:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     rows = doc.get("rows", [])
     written = []
@@ -402,6 +441,8 @@ def plot(doc: dict[str, Any], out: Path) -> list[Path]:
         # ---- decode throughput against context length
         fig, axes = plt.subplots(1, len(batches), figsize=(5 * len(batches), 4), squeeze=False)
         for ax, b in zip(axes[0], batches):
+            brows = [r for r in mrows if r["batch"] == b]
+            failed = sum(not _ok(r) for r in brows)
             for p in policies:
                 by_ctx = defaultdict(list)  # several rounds: their median
                 for r in mrows:
@@ -412,12 +453,23 @@ def plot(doc: dict[str, Any], out: Path) -> list[Path]:
                     ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=p,
                             linestyle="--" if any(r.get("peer") for r in mrows if r["policy"] == p) else "-")
             ax.set_xscale("log", base=2)
+            # ticked at the grid's contexts (those that failed too), labelled as the rows are
+            contexts = sorted({r["context"] for r in brows})
+            ax.set_xticks(contexts, [_ctx(n) for n in contexts])
+            ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+            if len(contexts) == 1:
+                ax.set_xlim(contexts[0] / 2, contexts[0] * 2)
             ax.set_xlabel("context length (tokens)")
             ax.set_ylabel("decode tokens/s")
             # from zero: rows that do the same work differ by a few per cent, and an axis
             # fitted to them draws that noise as large gaps between the policies
-            ax.set_ylim(bottom=0)
-            ax.set_title(f"{model}, batch {b}")
+            # (and above the fastest point by a margin: its marker is not cut by the frame)
+            top = max((y for ln in ax.lines for y in ln.get_ydata()), default=0.0)
+            ax.set_ylim(bottom=0, top=max(ax.get_ylim()[1], 1.08 * top))
+            ax.set_title(f"{model}, batch {b}"
+                         + ("" if not failed else
+                            f": no row ran ({failed} failed)" if not ax.lines else
+                            f" ({failed} row{'s' if failed > 1 else ''} failed: results.md)"))
             ax.grid(True, alpha=0.3)
             if ax.lines:
                 ax.legend(fontsize=8)
@@ -433,15 +485,22 @@ def plot(doc: dict[str, Any], out: Path) -> list[Path]:
                    and not r.get("round")]  # (the first round's)
             if ran:
                 n = max(r["context"] for r in ran)
-                for r in ran:
-                    if r["context"] == n:
-                        ax.plot(range(1, len(r["cpu_share_steps"]) + 1), r["cpu_share_steps"],
-                                label=r["policy"], marker=".")
+                # policies that placed KV alike draw the same line: each its own hollow marker,
+                # the earlier ones larger, so that every policy stays in sight
+                for i, r in enumerate(r for r in ran if r["context"] == n):
+                    ax.plot(range(1, len(r["cpu_share_steps"]) + 1), r["cpu_share_steps"],
+                            label=r["policy"], marker="osD^vPX*"[i % 8], fillstyle="none",
+                            markersize=max(3.0, 10 - 1.5 * i))
+                for r in mrows:  # a policy that failed here is named, not silently absent
+                    if (r["batch"] == b and r["context"] == n and not r.get("peer")
+                            and not r.get("round") and not _ok(r)):
+                        ax.plot([], [], " ", label=f"{r['policy']}: failed")
                 ax.set_title(f"{model}, batch {b}, context {_ctx(n)}")
             else:
                 ax.set_title(f"{model}, batch {b}: no run")
             ax.set_ylim(-0.05, 1.05)
             ax.set_xlabel("decode step")
+            ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
             ax.set_ylabel("CPU share of attended KV")
             ax.grid(True, alpha=0.3)
             if ran:
