@@ -243,7 +243,6 @@ def test_vllm_fields_this_server_ignores_change_nothing(client, caplog):
 @pytest.mark.parametrize("path,field,value", [
     ("/v1/completions", "use_beam_search", True),
     ("/v1/completions", "logits_processors", ["my.Processor"]),
-    ("/v1/completions", "cache_salt", "s3cret"),
     ("/v1/completions", "prompt_embeds", "AAAA"),
     ("/v1/chat/completions", "structural_tag", "{}"),
     ("/v1/chat/completions", "use_beam_search", True),
@@ -252,6 +251,23 @@ def test_vllm_fields_this_server_cannot_honour_are_refused(client, path, field, 
     body = dict(prompt="Rivers") if path == "/v1/completions" else dict(messages=CHAT)
     err = _error(client, path, **body, max_tokens=1, **{field: value})
     assert err["param"] == field and "not supported" in err["message"]
+
+
+def test_cache_salt_keeps_cached_prompts_apart(client):
+    """vLLM's ``cache_salt``: a prompt's cached blocks are found again by the same salt only
+    (``usage.prompt_tokens_details.cached_tokens``); an empty salt is a 400."""
+    prompt = [5 + 7 * i % 300 for i in range(200)]  # token ids: 3 blocks of 64 and a tail
+
+    def cached(**salt):
+        body = _post(client, "/v1/completions", prompt=prompt, max_tokens=1, **salt)
+        return body["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached(cache_salt="alpha") == 0
+    assert cached(cache_salt="beta") == 0
+    assert cached(cache_salt="alpha") == 192
+    assert cached() == 0  # unsalted: none of the salted blocks
+    _post(client, "/v1/chat/completions", messages=CHAT, max_tokens=1, cache_salt="gamma")
+    err = _error(client, "/v1/completions", prompt="Rivers", max_tokens=1, cache_salt="")
+    assert err["param"] == "cache_salt"
 
 
 # ------------------------------------------------------------------------ CORS

@@ -140,9 +140,18 @@ def as_float(v):
         return v
 
 
+def cache_salt_of(p) -> str | None:
+    """A prompt dict's ``cache_salt`` (vLLM's: a non-empty string), else None."""
+    salt = p.get("cache_salt") if isinstance(p, dict) else None
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise ValueError(f"cache_salt must be a non-empty string, got {salt!r}")
+    return salt
+
+
 def prompt_of(p):
     """A prompt as the engine takes it: vLLM's ``TextPrompt`` / ``TokensPrompt`` dicts become
-    their text or token ids; strings and id lists stay."""
+    their text or token ids (their ``cache_salt``: :func:`cache_salt_of`); strings and id
+    lists stay."""
     if not isinstance(p, dict):
         return p
     if "prompt_token_ids" in p:
@@ -400,6 +409,9 @@ class Request:
     params: SamplingParams
     prompt: str | None = None
     arrival: float = 0.0
+    #: vLLM's ``cache_salt`` (a prompt dict's): its prompt blocks are shared in the prefix
+    #: cache only with prompts of the same salt
+    cache_salt: str | None = None
     seq_id: int = field(default_factory=lambda: next(_req_counter))
     output_token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)

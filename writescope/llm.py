@@ -9,7 +9,7 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-from .core import RequestOutput, RequestOutputKind, SamplingParams, prompt_of
+from .core import RequestOutput, RequestOutputKind, SamplingParams, cache_salt_of, prompt_of
 from .engine.engine import LLMEngine
 
 
@@ -57,11 +57,13 @@ class LLM:
                  use_tqdm: bool = False) -> list[RequestOutput]:
         """One :class:`RequestOutput` per prompt, in prompt order. Prompts are strings, lists of
         token ids (a flat list of ints is one prompt) or vLLM's prompt dicts
-        (``{"prompt": text}``, ``{"prompt_token_ids": ids}``)."""
+        (``{"prompt": text}``, ``{"prompt_token_ids": ids}``, with a ``"cache_salt"`` to share
+        cached prompt blocks only with prompts of the same salt)."""
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts
                                                 and isinstance(prompts[0], int)):
             prompts = [prompts]
-        prompts = [prompt_of(p) for p in prompts]
+        for p in prompts:  # a bad prompt dict is refused before any request is queued
+            prompt_of(p), cache_salt_of(p)
         params = sampling_params or self.get_default_sampling_params()
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)

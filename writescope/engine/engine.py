@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 from ..core import (FinishReason, InvalidRequestError, Request, RequestOutput,
                     RequestOutputKind, RequestStatus, RequestTooLargeError, SamplingParams, as_int,
-                    kv_tokens, prompt_of)
+                    cache_salt_of, kv_tokens, prompt_of)
 from ..kvcache.cache import InplaceKVCache, plan_layout
 from ..kvcache.placement import make_policy
 from ..layers.grammar import Grammars
@@ -474,9 +474,10 @@ class LLMEngine(EngineSizing):
             if bad:
                 raise InvalidRequestError(f"{name}: token id {bad[0]} is out of range "
                                           f"(vocabulary size {self.config.vocab_size})")
+        salt = None
         if isinstance(prompt, dict):  # vLLM's TextPrompt / TokensPrompt
             try:
-                prompt = prompt_of(prompt)
+                prompt, salt = prompt_of(prompt), cache_salt_of(prompt)
             except ValueError as e:
                 raise InvalidRequestError(str(e)) from None
         if isinstance(prompt, str):
@@ -518,7 +519,7 @@ class LLMEngine(EngineSizing):
                 f"{len(ids)} prompt + {max_tokens} new tokens can never fit the KV budgets "
                 f"({self.cache.sealed_capacity} blocks of {self.cache.bs} tokens)")
         req = Request(request_id, ids, params, prompt=text, arrival=time.monotonic(),
-                      max_tokens=max_tokens)
+                      max_tokens=max_tokens, cache_salt=salt)
         if params.bad_words:
             req.bad_words_ids = self._bad_words_ids(params.bad_words)
         if params.structured_outputs is not None:  # compiled now: a bad grammar is refused here

@@ -120,7 +120,8 @@ class Scheduler:
             return None
         self.waiting.popleft()
         cached = self.cache.add_sequence(req.seq_id, total, prompt_tokens=n_prompt, prefix=prefix,
-                                         prompt_names=req.block_names)
+                                         prompt_names=req.block_names,
+                                         cache_salt=req.cache_salt)
         req.num_computed = req.num_cached_tokens = cached
         req.status = RequestStatus.RUNNING
         self.running.append(req)
@@ -131,7 +132,7 @@ class Scheduler:
         (prefix caching off, nothing cached, or a request that asks for its prompt's
         log-probabilities: it computes every prompt token)."""
         if req.block_names is None:  # named once (prefix caching; None without it)
-            req.block_names = self.cache.prefix_names(req.prompt_token_ids)
+            req.block_names = self.cache.prefix_names(req.prompt_token_ids, req.cache_salt)
         if req.params.prompt_logprobs is not None:
             return None
         return self.cache.match_prefix(req.block_names, len(req.prompt_token_ids))

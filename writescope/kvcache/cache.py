@@ -47,7 +47,7 @@ from ..hostmem import h2d
 from .context import gather_context
 from .placement import CacheCapacity, PlacementPolicy, SeqKV
 from .pools import BlockAllocator, ExtentAllocator, KVCacheError, allocate_pool
-from .prefix import PrefixCache, PrefixMatch, block_hashes
+from .prefix import PrefixCache, PrefixMatch, block_hashes, salt_root
 from .step_plan import build_step_plan
 from .subbatches import step_groups
 from .regions import DEVICE_REGIONS, KVSpec, Region, block_records, to_cpu_layout
@@ -213,9 +213,11 @@ class InplaceKVCache(ResidentSteps):
             need += prefix.unused - len(prefix)
         return self.alloc[Region.W].num_free > 0 and need <= self.free_sealed() - self.reserved
 
-    def prefix_names(self, token_ids) -> list[bytes] | None:
-        """The names of a prompt's full blocks (``prefix.py``); None without prefix caching."""
-        return None if self.prefix is None else block_hashes(token_ids, self.bs)
+    def prefix_names(self, token_ids, cache_salt: str | None = None) -> list[bytes] | None:
+        """The names of a prompt's full blocks (``prefix.py``; chained from its
+        ``cache_salt``'s root, if any); None without prefix caching."""
+        return None if self.prefix is None else block_hashes(token_ids, self.bs,
+                                                             parent=salt_root(cache_salt))
 
     def match_prefix(self, names: list[bytes] | None, prompt_tokens: int) -> PrefixMatch | None:
         """The cached blocks a prompt of ``prompt_tokens`` tokens with block names ``names``
@@ -245,13 +247,14 @@ class InplaceKVCache(ResidentSteps):
         t.pending_from = max(t.pending_from, end)
 
     def add_sequence(self, seq_id: int, max_tokens: int, prompt_tokens: int | None = None,
-                     prefix: PrefixMatch | None = None, prompt_names: list[bytes] | None = None
-                     ) -> int:
+                     prefix: PrefixMatch | None = None, prompt_names: list[bytes] | None = None,
+                     cache_salt: str | None = None) -> int:
         """Admit a sequence that may grow to ``max_tokens`` tokens; reserves its blocks.
         ``prompt_tokens``: its prompt's length, told to the placement policy
         (:meth:`PlacementPolicy.admit`). With prefix caching, ``prefix``: cached blocks it starts
         from (they join its table, shared), and ``prompt_names``: its prompt's block names (its
-        own prompt blocks are registered under them as they are sealed).
+        own prompt blocks are registered under them as they are sealed; ``cache_salt``: the
+        salt they were named with, which its later blocks' names chain from too).
 
         Returns the tokens already in the cache (``len(prefix) * block_size``): its prefill
         starts there. Raises :class:`RequestTooLargeError` if it can never fit and
@@ -273,6 +276,7 @@ class InplaceKVCache(ResidentSteps):
         self.reserved += need
         t = SeqTable(seq_id, slot, need)
         if self.prefix is not None:
+            t.root = salt_root(cache_salt)
             t.prompt_names = list(prompt_names or ())
             if prompt_names is not None:
                 self.prefix.counters["prefix.queried_tokens"] += int(prompt_tokens or 0)
@@ -334,7 +338,7 @@ class InplaceKVCache(ResidentSteps):
             n = min(t.num_sealed, len(token_ids) // self.bs)
             if n > k0:
                 new = block_hashes(token_ids[k0 * self.bs:n * self.bs], self.bs,
-                                   parent=t.names[-1] if k0 else None)
+                                   parent=t.names[-1] if k0 else t.root)
                 for b, name in enumerate(new, start=k0):
                     self.prefix.register(name, (CODE_REGIONS[int(t.codes[b])], int(t.ids[b])))
         free: dict[Region, list[int]] = {r: [] for r in CODE_REGIONS.values()}

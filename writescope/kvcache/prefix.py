@@ -34,6 +34,15 @@ from .regions import Region, SEALED_REGIONS
 BlockRef = tuple[Region, int]  # (region, block id)
 
 
+def salt_root(cache_salt: str | None) -> bytes | None:
+    """The name a salted sequence's block chain starts from (vLLM's ``cache_salt``: prompts
+    with different salts share no cached block, the same salt shares as unsalted ones do);
+    None: unsalted."""
+    if cache_salt is None:
+        return None
+    return hashlib.blake2b(b"cache_salt\0" + cache_salt.encode(), digest_size=16).digest()
+
+
 def block_hashes(token_ids, block_size: int, parent: bytes | None = None,
                  limit: int | None = None) -> list[bytes]:
     """Names of the full blocks of ``token_ids`` (at most ``limit``), chained from ``parent``

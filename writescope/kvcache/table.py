@@ -30,6 +30,8 @@ class SeqTable:
     #: full blocks, and whether the records are the tokens' own (not a benchmark's random fill)
     names: list = field(default_factory=list)
     prompt_names: list = field(default_factory=list)
+    #: the name the chain starts from (a cache salt's, ``prefix.salt_root``; None: unsalted)
+    root: bytes | None = None
     cacheable: bool = True
     #: prompt blocks from here on are still to be sealed by this sequence (counted in the
     #: cache's pending names, so that a prompt that shares them waits for them)

@@ -297,7 +297,7 @@ class OpenAIServer:
                                       echo_only=echo_only))
                 params.append(self._params(req, max_tokens, lp, j,
                                            first_lp if j == 0 else echo_lp))
-        gen = Generation(self, choices, params, arrival, req.num_choices)
+        gen = Generation(self, choices, params, arrival, req.num_choices, req.cache_salt)
         return await self._respond(
             request, gen, req.stream, lambda: self._completion_stream(gen, req, base, model),
             lambda: P.CompletionResponse(
@@ -495,7 +495,7 @@ class OpenAIServer:
             params = [p if p.structured_outputs is None else dataclasses.replace(
                 p, structured_outputs=self._after_reasoning(p.structured_outputs, out))
                 for p in params]
-        gen = Generation(self, choices, params, arrival, req.num_choices)
+        gen = Generation(self, choices, params, arrival, req.num_choices, req.cache_salt)
         return await self._respond(
             request, gen, req.stream, lambda: self._chat_stream(gen, req, base, model, out),
             lambda: P.ChatCompletionResponse(

@@ -99,8 +99,10 @@ class EngineLoop:
         return self._thread is not None and self._thread.is_alive() and self.dead is None
 
     def add(self, request_id: str, prompt: list[int], params: SamplingParams,
-            out: asyncio.Queue, tag: Any, arrival: float) -> asyncio.Future:
-        """Queue a request; the future resolves to None once admitted or raises why not."""
+            out: asyncio.Queue, tag: Any, arrival: float,
+            cache_salt: str | None = None) -> asyncio.Future:
+        """Queue a request; the future resolves to None once admitted or raises why not.
+        ``cache_salt``: vLLM's (its prompt blocks shared only with the same salt)."""
         assert self._loop is not None, "engine loop not started"
         fut = self._loop.create_future()
         if self.stopping or not self.alive:
@@ -108,7 +110,7 @@ class EngineLoop:
                                          else "the engine is not running", status=503,
                                          type="server_error", code="unavailable"))
             return fut
-        self._cmds.put(("add", request_id, prompt, params, out, tag, arrival, fut))
+        self._cmds.put(("add", request_id, prompt, params, out, tag, arrival, cache_salt, fut))
         return fut
 
     def abort(self, request_id: str) -> None:
@@ -171,9 +173,10 @@ class EngineLoop:
 
     def _apply(self, cmd: tuple) -> None:
         if cmd[0] == "add":
-            _, rid, prompt, params, out, tag, arrival, fut = cmd
+            _, rid, prompt, params, out, tag, arrival, salt, fut = cmd
             try:
-                self.engine.add_request(rid, prompt, params)
+                self.engine.add_request(rid, prompt if salt is None else
+                                        {"prompt_token_ids": prompt, "cache_salt": salt}, params)
             except BaseException as e:  # noqa: BLE001 -- handed to the waiting handler
                 self._resolve(fut, e)
                 return

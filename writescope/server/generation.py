@@ -48,8 +48,10 @@ class Choice:
 
 class Generation:
     def __init__(self, server: "OpenAIServer", choices: list[Choice],
-                 params: list[SamplingParams], arrival: float, n: int = 1) -> None:
+                 params: list[SamplingParams], arrival: float, n: int = 1,
+                 cache_salt: str | None = None) -> None:
         self.server = server
+        self.cache_salt = cache_salt  # vLLM's: the prefix cache shared only within a salt
         self.n = n  # choices per prompt: prompt tokens count once per prompt, as OpenAI does
         self.choices = choices
         self.params = params
@@ -63,7 +65,8 @@ class Generation:
         await self._compile_constraints()
         futs = []
         for c, p in zip(self.choices, self.params):
-            futs.append(loop.add(c.request_id, c.prompt_ids, p, self.queue, c.index, self.arrival))
+            futs.append(loop.add(c.request_id, c.prompt_ids, p, self.queue, c.index, self.arrival,
+                                 cache_salt=self.cache_salt))
             self._submitted.append(c.request_id)
         try:
             results = await asyncio.gather(*futs, return_exceptions=True)

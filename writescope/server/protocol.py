@@ -21,8 +21,9 @@ that do not change what this server decodes (OpenAI's ``store``, ``metadata``,
 ``guided_decoding_backend``, ``kv_transfer_params``, ``vllm_xargs``, ``mm_processor_kwargs``)
 are accepted and ignored, the chat endpoint's with a warning. Parameters this engine cannot
 honour (``suffix``, ``best_of`` other than ``n``, ``use_beam_search``, ``logits_processors``,
-``cache_salt``, ``prompt_embeds``, ``structural_tag``, a non-zero ``priority``) are refused
-with a clear message rather than silently ignored.
+``prompt_embeds``, ``structural_tag``, a non-zero ``priority``) are refused with a clear
+message rather than silently ignored. vLLM's ``cache_salt`` is honoured: the request's prompt
+blocks are shared in the prefix cache only with requests of the same salt.
 """
 from __future__ import annotations
 
@@ -190,10 +191,11 @@ class _SamplingFields(_Strict):
     priority: Optional[int] = 0
     return_tokens_as_token_ids: Optional[bool] = None
     # vLLM's, refused unless unset or off (see _unsupported): beam search, custom logits
-    # processors, a salted prefix cache
+    # processors
     use_beam_search: Optional[bool] = False
     logits_processors: Optional[list[Any]] = None
-    cache_salt: Optional[str] = None
+    # vLLM's: prompt blocks cached under this salt are shared only with the same salt
+    cache_salt: Optional[str] = Field(None, min_length=1)
     # vLLM's, accepted and ignored: beam search's length penalty, the structured-output
     # backend (this server has one), disaggregated serving's and custom extensions' parameters
     length_penalty: Optional[float] = 1.0
@@ -210,7 +212,7 @@ class _SamplingFields(_Strict):
         return [f for f in self.IGNORED_FIELDS
                 if f in self.model_fields_set and getattr(self, f) is not None]
 
-    @field_validator("priority", "use_beam_search", "logits_processors", "cache_salt")
+    @field_validator("priority", "use_beam_search", "logits_processors")
     @classmethod
     def _not_here(cls, v: Any, info: ValidationInfo) -> Any:
         """vLLM's fields this server cannot honour: refused unless unset or off."""
@@ -218,9 +220,6 @@ class _SamplingFields(_Strict):
         if name == "priority" and v:
             raise ValueError(f"priority {v}: this server does not use priority scheduling; "
                              "leave priority out or 0")
-        if name == "cache_salt" and v is not None:
-            raise ValueError("cache_salt is not supported by this server: its prefix cache "
-                             "cannot be salted per request")
         if name in ("use_beam_search", "logits_processors") and v:
             raise ValueError(f"{name} is not supported by this server")
         return v
