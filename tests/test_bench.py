@@ -244,6 +244,12 @@ def test_grid_writes_json_markdown_and_plots(grid):
     table = md.split("## Rows")[1].split("## Planner")[0]
     assert "## Planner" in md  # writescope's rows report the planner's state
     assert sum(line.startswith(f"| {next(iter(doc['models']))} |") for line in table.splitlines()) == len(rows)
+    header = next(line for line in table.splitlines() if line.startswith("| model |"))
+    cols = [c.strip() for c in header.strip().strip("|").split("|")]
+    assert {"model ms", "planner ms", "bound ms"} <= set(cols)
+    for line in table.splitlines():  # every row has a cell under every column
+        if line.startswith(f"| {next(iter(doc['models']))} |"):
+            assert len(line.strip().strip("|").split("|")) == len(cols)
     pngs = sorted(p.name for p in grid.glob("*.png"))
     assert len(pngs) == 2 and any(p.startswith("throughput-") for p in pngs)
     for p in grid.glob("*.png"):

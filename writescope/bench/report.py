@@ -303,10 +303,14 @@ def markdown(doc: dict[str, Any]) -> str:
                              f"(geomean)")
         lines.append("")
     lines += ["## Rows", "",
+              "Step times per decode step: measured (mean, p50, p99), the roofline model's for "
+              "the row's policy and CPU share (model ms), the planner's own prediction while it "
+              "ran (planner ms; writescope only), and the roofline bound over every share "
+              "(bound ms).", "",
               "| model | batch | context | policy | tok/s | mean ms | p50 ms | p99 ms | TTFT s | "
-              "peak VRAM | pinned used | host used | moved | CPU share | model ms | "
+              "peak VRAM | pinned used | host used | moved | CPU share | model ms | planner ms | "
               "bound ms | CPU experts ms | CPU read GB/s | host-bound | split steps | error |",
-              "|" + "---|" * 21]
+              "|" + "---|" * 22]
     rounds = _several_rounds(doc.get("rows", []))
     for r in doc.get("rows", []):
         moved = r.get("bytes_moved")
@@ -319,7 +323,7 @@ def markdown(doc: dict[str, Any]) -> str:
             f"{_bytes(r.get('pinned_used_bytes'))} | {_bytes(r.get('host_used_bytes'))} | "
             f"{_bytes(moved)} | "
             f"{_num(r.get('cpu_share_mean'), '{:.2f}')} | {_ms(r.get('model_step_s'))} | "
-            f"{_ms(r.get('roofline_bound_s'))} | {_ms(r.get('cpu_expert_s_mean'))} | "
+            f"{_ms(r.get('planner_predicted_step_s'))} | {_ms(r.get('roofline_bound_s'))} | {_ms(r.get('cpu_expert_s_mean'))} | "
             f"{_read(r.get('cpu_read_gbps'))} | "
             f"{_num(r.get('host_bound_fraction'), '{:.2f}')} | {_split_steps(r)} | "
             f"{(r.get('error') or '').replace('|', '/')} |")
