@@ -497,9 +497,12 @@ class LLMEngine(EngineSizing):
                 raise InvalidRequestError("a prompt is a string, a list of token ids or a prompt "
                                           f"dict, got {type(prompt).__name__}")
             ids, text = [as_int(t) for t in prompt], None
-            if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.config.vocab_size
-                   for t in ids):
-                raise InvalidRequestError(f"token ids must be integers in [0, {self.config.vocab_size})")
+            bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool)
+                   or not 0 <= t < self.config.vocab_size][:1]
+            if bad:
+                raise InvalidRequestError(f"token ids must be integers in [0, "
+                                          f"{self.config.vocab_size}) (vocab_size of model "
+                                          f"{self.model_name}); got {bad[0]!r}")
         if not ids:
             raise InvalidRequestError("the prompt is empty")
         keep = params.truncate_prompt_tokens
