@@ -191,6 +191,24 @@ def test_outputs_is_built_once(llm):
     assert o.outputs[0].text == "edited"
 
 
+def test_generate_draws_a_bar_by_default_as_vllm(llm, capsys):
+    """vLLM's ``use_tqdm``: on by default, off with False, or the tqdm class to draw with."""
+    from tqdm import tqdm
+    p = SamplingParams(max_tokens=2)
+    llm.generate("hello", p)
+    assert "generating" in capsys.readouterr().err
+    llm.generate("hello", p, use_tqdm=False)
+    assert "generating" not in capsys.readouterr().err
+    made = []
+
+    class Mine(tqdm):
+        def __init__(self, *a, **kw):
+            made.append(kw["total"])
+            super().__init__(*a, **kw)
+    llm.chat([{"role": "user", "content": "hi"}], p, use_tqdm=Mine)
+    assert made == [1] and "generating" in capsys.readouterr().err
+
+
 def test_the_progress_bar_shows_the_rate_while_one_request_runs(llm, capsys, monkeypatch):
     """``use_tqdm``: the bar's tokens/s is redrawn as steps go (every half second), not only
     when a request finishes: one long request shows its rate before it ends."""

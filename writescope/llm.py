@@ -5,6 +5,7 @@ import dataclasses
 import itertools
 import os
 import time
+from typing import Callable
 
 import torch
 from tqdm.auto import tqdm
@@ -54,8 +55,10 @@ class LLM:
 
     def generate(self, prompts: str | dict | list[str] | list[int] | list[list[int]] | list[dict],
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 use_tqdm: bool = False) -> list[RequestOutput]:
-        """One :class:`RequestOutput` per prompt, in prompt order. Prompts are strings, lists of
+                 use_tqdm: bool | Callable[..., tqdm] = True) -> list[RequestOutput]:
+        """One :class:`RequestOutput` per prompt, in prompt order. ``use_tqdm``: a progress bar
+        over the prompts, with the decode rate (vLLM's default: on; or the tqdm class to draw it
+        with). Prompts are strings, lists of
         token ids (a flat list of ints is one prompt) or vLLM's prompt dicts
         (``{"prompt": text}``, ``{"prompt_token_ids": ids}``, with a ``"cache_salt"`` to share
         cached prompt blocks only with prompts of the same salt)."""
@@ -84,7 +87,8 @@ class LLM:
             self.engine.abort_request(rids)
             raise
         results: dict[str, RequestOutput] = {}
-        bar = tqdm(total=len(rids), desc="generating", unit="req", disable=not use_tqdm)
+        bar = (use_tqdm if callable(use_tqdm) else tqdm)(
+            total=len(rids), desc="generating", unit="req", disable=not use_tqdm)
         shown = time.monotonic()
         try:
             with bar:
@@ -113,7 +117,7 @@ class LLM:
 
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | list[SamplingParams] | None = None,
-             use_tqdm: bool = False, add_generation_prompt: bool = True,
+             use_tqdm: bool | Callable[..., tqdm] = True, add_generation_prompt: bool = True,
              tools: list[dict] | None = None, continue_final_message: bool = False,
              chat_template_kwargs: dict | None = None,
              chat_template: str | None = None) -> list[RequestOutput]:

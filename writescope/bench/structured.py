@@ -35,16 +35,17 @@ def measure(llm, batches: list[int], max_tokens: int) -> list[dict]:
         prompts = [" ".join(words[(i + j) % len(words)] for j in range(12)) for i in range(b)]
         # the batch size's first run (its shapes' first steps) is not the free row's
         llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens,
-                                             ignore_eos=True))
+                                             ignore_eos=True), use_tqdm=False)
         for name, so in CONSTRAINTS.items():
             params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
                                     structured_outputs=so)
             llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=4,
-                                                     structured_outputs=so))  # compile, warm
+                                                     structured_outputs=so),
+                         use_tqdm=False)  # compile, warm
             g = llm.engine.grammars
             s0, r0 = g.mask_s, g.rows_masked
             t0 = time.perf_counter()
-            outs = llm.generate(prompts, params)
+            outs = llm.generate(prompts, params, use_tqdm=False)
             dt = time.perf_counter() - t0
             toks = sum(len(o.token_ids) for o in outs)
             masked = g.rows_masked - r0
