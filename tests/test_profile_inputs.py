@@ -159,3 +159,30 @@ def test_the_engine_warns_of_a_profile_measured_on_another_machine(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         LLMEngine._load_profile(_write(tmp_path, here, "here.json"), _cfg(), eager=True)
+
+
+def test_plan_refuses_a_budget_below_the_weights_with_experts_on_the_cpu(capsys):
+    """--experts cpu with a 1 MiB budget printed a plan (a G region of 0 tokens beside 3 GiB of
+    dense weights the budget cannot hold), which the engine refuses."""
+    rc, err = _err(capsys, ["plan", "--model", "mixtral-8x7b", "--experts", "cpu",
+                            "--vram-budget", "1MiB", "--context-lengths", "1k",
+                            "--profile", str(REPO / "bench/profiles/h100.json")])
+    assert rc == 1 and "do not fit the VRAM budget (1 MiB)" in err
+
+
+def test_plan_budget_errors_are_in_the_units_the_budget_was_given_in(capsys):
+    """The default 32GiB budget was reported as '34.36 GB' (decimal GB beside GiB elsewhere)."""
+    rc, err = _err(capsys, ["plan", "--model", "qwen3-30b-a3b", "--context-lengths", "10M",
+                            "--profile", str(REPO / "bench/profiles/h100.json")])
+    assert rc == 1 and "exceed the VRAM budget of 32 GiB" in err
+
+
+@pytest.mark.parametrize("flag", ["--json", "--plot"])
+def test_plan_refuses_an_output_it_cannot_write_before_planning(capsys, tmp_path, flag):
+    (tmp_path / "file").write_text("not a folder")
+    out = str(tmp_path / "file" / "x.out")
+    rc = main(["plan", "--model", "deepseek-v2-lite", "--context-lengths", "1k",
+               "--profile", str(REPO / "bench/profiles/h100.json"), flag, out])
+    cap = capsys.readouterr()
+    assert rc == 1 and f"{flag} {out}: cannot write there" in cap.err
+    assert cap.out == ""  # before the table, not after it
