@@ -130,6 +130,8 @@ def run(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     spec.validate()  # the arguments' own errors first
     check_out(spec.out)
+    from .common import check_profile
+    check_profile(args.profile)
     check_models(spec)
     doc = run_grid(spec, progress=not args.no_progress)
     rows = doc["rows"]

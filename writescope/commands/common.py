@@ -80,9 +80,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
                              f"--kv-policy {args.kv_policy} does not read it")
         if not 0.0 <= cpu_share <= 1.0:
             raise ValueError(f"--cpu-share must be in [0, 1], got {cpu_share}")
-    if args.profile is not None and not os.path.isfile(args.profile):
-        raise ValueError(f"--profile: no file {args.profile!r} (`writescope calibrate --out "
-                         "FILE` writes one)")
+    check_profile(args.profile)
     kw = dict(model=args.model, dtype=args.dtype, device=args.device,
               random_weights=args.random_weights, seed=args.seed,
               vram_budget=args.vram_budget, pinned_budget=args.pinned_budget,
@@ -100,6 +98,22 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
     if args.block_size is not None:
         kw["block_size"] = args.block_size
     return kw
+
+
+def check_profile(profile: str | None) -> None:
+    """The hardware profile ``--profile`` (else ``$WRITESCOPE_PROFILE``) names is read and
+    checked now: a missing or broken file is the command's error naming where it came from,
+    before the weights load (minutes), not after."""
+    from ..planner.profile import HardwareProfile
+    if profile is not None and not os.path.isfile(profile):
+        raise ValueError(f"--profile: no file {profile!r} (`writescope calibrate --out "
+                         "FILE` writes one)")
+    path = profile or os.environ.get("WRITESCOPE_PROFILE")
+    if path:
+        try:
+            HardwareProfile.load(path)
+        except ValueError as e:
+            raise ValueError(f"{'--profile' if profile else '$WRITESCOPE_PROFILE'}: {e}") from None
 
 
 def placement_summary(engine) -> str:

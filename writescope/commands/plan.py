@@ -313,6 +313,11 @@ def run(args: argparse.Namespace) -> int:
     kv_memory = parse_bytes(args.kv_cache_memory) if args.kv_cache_memory and not auto_kv else None
     if kv_memory is not None and kv_memory <= 0:
         raise ValueError(f"--kv-cache-memory must be positive, got {args.kv_cache_memory!r}")
+    from .common import check_writable
+    for flag in ("--json", "--plot"):  # a place no file can go fails now, not after the plan
+        if getattr(args, flag[2:]):
+            check_writable(flag, getattr(args, flag[2:]), Path(getattr(args, flag[2:])).parent,
+                           make=True)
     from ..engine.model_source import config_source
     source = config_source(args.model)
     if args.config_override:
@@ -388,6 +393,11 @@ def run(args: argparse.Namespace) -> int:
     if not rl.cpu_expert_layers(cfg, experts_on_cpu) and budget is not None and all_gpu > budget:
         raise ValueError(f"the model's weights ({format_bytes(all_gpu)}) do not fit the VRAM budget "
                          f"({format_bytes(budget)}); use --experts cpu")
+    gpu_bytes = rl.gpu_weight_bytes(cfg, experts_on_cpu)
+    if budget is not None and gpu_bytes > budget:  # as the engine refuses it
+        raise ValueError(f"the model's weights on the GPU ({format_bytes(gpu_bytes)}, with the "
+                         f"routed experts on the CPU) do not fit the VRAM budget "
+                         f"({format_bytes(budget)})")
     reserve = margin(max(lengths))
     n_cpu = len(rl.cpu_expert_layers(cfg, experts_on_cpu))
     doc = make_plan(cfg, profile, args.batch, lengths, experts_on_cpu, budget, args.static_share,

@@ -247,6 +247,24 @@ class EngineSizing:
         from ..planner.profile import load_or_default
         from . import graphs
         prof = load_or_default(profile, model_config=cfg)
+        other = _measured_elsewhere(prof)
+        if other:
+            warnings.warn(f"the hardware profile was measured on another machine ({other}): the "
+                          "planner starts from that machine's ceilings until its step times "
+                          "correct them (`writescope calibrate` measures this one)", stacklevel=2)
         if (eager or graphs.mode() != "on") and prof.graph_launch_s is not None:
             prof = dataclasses.replace(prof, graph_launch_s=None)
         return prof
+
+
+def _measured_elsewhere(prof) -> str:
+    """How the machine ``prof`` was measured on differs from this one (its CPU's or GPU's
+    name), or "" where it does not or the profile does not say."""
+    from ..planner.profile import machine_description
+    theirs = prof.machine or {}
+    if "cpu" not in theirs:
+        return ""
+    ours = machine_description()
+    diffs = [f"{what} {theirs.get(k) or 'none'!r}, this one {ours.get(k) or 'none'!r}"
+             for k, what in (("cpu", "CPU"), ("gpu", "GPU")) if theirs.get(k) != ours.get(k)]
+    return "; ".join(diffs)

@@ -59,7 +59,9 @@ def _validate(cfg, experts, vram_budget_bytes, kv_bytes_needed, dtype, margin_by
 
 
 def _gb(b: int) -> str:
-    return f"{b / 1e9:.2f} GB"
+    """In the units the budgets are given and reported in (``32 GiB``), not decimal GB."""
+    from ..units import format_bytes
+    return format_bytes(b)
 
 
 def choose_expert_layers(cfg: ModelConfig, experts: str, vram_budget_bytes: int | None,

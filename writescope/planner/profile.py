@@ -149,8 +149,11 @@ class HardwareProfile:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "HardwareProfile":
+        if not isinstance(d, dict):
+            raise ValueError(f"hardware profile: expected a JSON object, got "
+                             f"{type(d).__name__ if d is not None else 'null'}")
         v = d.get("version")
-        if v != PROFILE_VERSION:
+        if v != PROFILE_VERSION or isinstance(v, bool):
             raise ValueError(f"hardware profile version {v!r} is not {PROFILE_VERSION}: "
                              "run `writescope calibrate` again")
         names = {f.name for f in dataclasses.fields(cls)}
@@ -164,16 +167,46 @@ class HardwareProfile:
         return p
 
     def validate(self) -> None:
+        """Every field of the right type and range: a hand-edited or truncated profile is a
+        one-line ValueError naming the field, not a crash deep in the planner."""
         def pos(name: str, v: Any) -> None:
-            if not isinstance(v, (int, float)) or not v > 0 or not math.isfinite(v):
+            if not _is_number(v) or not v > 0 or not math.isfinite(v):
                 raise ValueError(f"hardware profile: {name} must be a positive number, got {v!r}")
+
+        def of_type(name: str, kind: type, what: str) -> Any:
+            v = getattr(self, name)
+            if not isinstance(v, kind):
+                raise ValueError(f"hardware profile: {name} must be {what}, got {v!r}")
+            return v
+        of_type("machine", dict, "an object")
+        for name in ("cpu_attn", "device_attn", "cpu_expert", "cpu_attn_isa",
+                     "cpu_attn_prefetch_blocks"):
+            of_type(name, dict, "an object")
+        for name in ("cpu_attn_variants", "notes"):
+            of_type(name, list, "a list")
+        for name in ("cpu_attn_kernel", "cpu_expert_kernel", "created", "command"):
+            of_type(name, str, "a string")
+        of_type("quick", bool, "true or false")
+        if not isinstance(self.cpu_threads, int) or isinstance(self.cpu_threads, bool) \
+                or self.cpu_threads < 1:
+            raise ValueError(f"hardware profile: cpu_threads must be a whole number >= 1, got "
+                             f"{self.cpu_threads!r}")
         pos("cpu_read_Bps", self.cpu_read_Bps)
         if not self.cpu_attn:
             raise ValueError("hardware profile: cpu_attn is empty")
         for fam, r in self.cpu_attn.items():
+            if not isinstance(r, dict):
+                raise ValueError(f"hardware profile: cpu_attn[{fam}] must be an object of rates "
+                                 f"per layout ({{\"C\": ..., \"T\": ...}}), got {r!r}")
             pos(f"cpu_attn[{fam}].C", r.get("C"))
+            for lay, v in r.items():
+                pos(f"cpu_attn[{fam}].{lay}", v)
         for fam, r in self.device_attn.items():
             pos(f"device_attn[{fam}]", r)
+        for fam, isa in self.cpu_attn_isa.items():
+            if not isinstance(isa, str):
+                raise ValueError(f"hardware profile: cpu_attn_isa[{fam}] must be a variant's "
+                                 f"name, got {isa!r}")
         for fam, n in self.cpu_attn_prefetch_blocks.items():
             if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= 64:
                 raise ValueError(f"hardware profile: cpu_attn_prefetch_blocks[{fam}] must be a "
@@ -181,18 +214,26 @@ class HardwareProfile:
         if not self.cpu_expert:
             raise ValueError("hardware profile: cpu_expert is empty")
         for k, r in self.cpu_expert.items():
+            if not re.fullmatch(r"h\d+-i\d+(" + re.escape(FP8_SUFFIX) + ")?", k):
+                raise ValueError(f"hardware profile: cpu_expert key {k!r} is not an expert shape "
+                                 f"(h<hidden>-i<intermediate>, e.g. {expert_key(2048, 1408)!r})")
             pos(f"cpu_expert[{k}]", r)
         for name in ("cpu_roundtrip_s", "launch_s", "cpu_attn_roundtrip_s", "graph_launch_s"):
             v = getattr(self, name)
             if v is None and name in ("cpu_attn_roundtrip_s", "graph_launch_s"):
                 continue
-            if not isinstance(v, (int, float)) or v < 0:
-                raise ValueError(f"hardware profile: {name} must be >= 0, got {v!r}")
+            if not _is_number(v) or not 0 <= v < math.inf:
+                raise ValueError(f"hardware profile: {name} must be a number of seconds >= 0, "
+                                 f"got {v!r}")
         if (self.h2d_pinned_Bps is None) != (self.hbm_Bps is None):
             raise ValueError("hardware profile: h2d_pinned_Bps and hbm_Bps come together")
         if self.has_gpu:
             pos("h2d_pinned_Bps", self.h2d_pinned_Bps)
             pos("hbm_Bps", self.hbm_Bps)
+        for name in ("h2d_pinned_block_Bps", "h2d_pageable_Bps", "d2h_pinned_Bps",
+                     "concurrent_h2d_Bps", "concurrent_cpu_read_Bps"):
+            if getattr(self, name) is not None:
+                pos(name, getattr(self, name))
 
     def save(self, path: str | os.PathLike) -> None:
         p = Path(path)
@@ -214,11 +255,22 @@ class HardwareProfile:
     @classmethod
     def load(cls, path: str | os.PathLike) -> "HardwareProfile":
         p = Path(path)
+        if p.is_dir():
+            raise ValueError(f"hardware profile {p} is a folder; give the profile JSON's file "
+                             "name (`writescope calibrate --out FILE` writes one)")
+        if not p.exists():
+            raise ValueError(f"hardware profile {p}: no such file (`writescope calibrate --out "
+                             "FILE` writes one)")
         try:
             d = json.loads(p.read_text())
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ValueError(f"{p} is not valid JSON: {e}") from e
-        return cls.from_dict(d)
+        except OSError as e:  # unreadable: permissions, a device
+            raise ValueError(f"hardware profile {p}: cannot read it ({e.strerror or e})") from e
+        try:
+            return cls.from_dict(d)
+        except ValueError as e:  # which file, where several are about (--profile, the cache)
+            raise ValueError(f"{p}: {e}") from e
 
     def scaled(self, **factors: float) -> "HardwareProfile":
         """A copy with some terms multiplied: ``cpu_attn=0.5`` halves every CPU attention rate
@@ -234,6 +286,11 @@ class HardwareProfile:
             elif getattr(self, k) is not None:
                 setattr(p, k, getattr(self, k) * f)
         return p
+
+
+def _is_number(v: Any) -> bool:
+    """A JSON number (``true`` is not one, though Python's bool is an int)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def expert_key(hidden: int, inter: int, fp8: bool = False) -> str:
