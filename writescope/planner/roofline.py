@@ -782,6 +782,15 @@ def roofline_bound_s(profile: "HardwareProfile", cfg: "ModelConfig", lengths: Se
       enough for the link to take experts (``layers/expert_link.py``), the experts over both
       (:func:`_host_io_link_experts_s`), where that is less.
 
+    With one sequence the layers run one after another, each layer's two resources at best at
+    once: the bound sums each layer's larger time. With two or more the engine may split a step
+    into two sub-batches whose CPU work overlaps the other sub-batch's GPU work of other layers
+    (``engine/graphs.pipelined_pieces``; :func:`_split_experts_step`): then only each
+    resource's whole step of work bounds it, the larger of the two sums (the work counted once,
+    as for the whole batch: split, the dense weights are read twice and each half routes to its
+    own experts, more). That is never more than the per-layer sum, and less where the layers
+    differ (some layers' experts on the CPU, dense layers among MoE ones).
+
     Without a GPU one processor reads everything, one thing after another.
 
     The routed experts' bytes are those of uniform routing, unless ``cpu_expert_bytes`` gives the
@@ -803,7 +812,7 @@ def roofline_bound_s(profile: "HardwareProfile", cfg: "ModelConfig", lengths: Se
                       * expert_weight_bytes(cfg, True) for i in cpu_layers)
         scale = float(cpu_expert_bytes) / uniform if uniform > 0 else 1.0
     c_solo = _cpu_read_ceiling(profile, cfg, cpu_layers)
-    total = 0.0
+    total = gpu_sum = host_sum = 0.0
     for i in range(cfg.num_layers):
         p = layer_param_counts(cfg, i)
         experts_on_cpu = i in cpu_layers  # this layer's
@@ -818,6 +827,10 @@ def roofline_bound_s(profile: "HardwareProfile", cfg: "ModelConfig", lengths: Se
         if experts_on_cpu and spilled <= 0 and link_expert_share(profile, b) > 0:
             host = min(host, _host_io_link_experts_s(profile, 0.0, exp, c_solo))
         total += max(gpu, host)
+        gpu_sum += gpu
+        host_sum += host
+    if profile.has_gpu and b >= 2:  # two sub-batches may overlap one's CPU work with the other's
+        total = max(gpu_sum, host_sum)
     return total + cfg.vocab_size * cfg.hidden_size * WEIGHT_BYTES / profile.weight_read_Bps
 
 
