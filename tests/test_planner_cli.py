@@ -48,6 +48,22 @@ def test_plan_json_and_plot(tmp_path, profile_file, model, capsys):
     assert "writescope" in text and "128k" in text
 
 
+def test_plan_says_when_its_profile_has_no_gpu(tmp_path, capsys):
+    """A machine without a GPU plans every kernel on its CPU: plan says so and how to plan for
+    a GPU machine; a GPU machine's profile gets no such note."""
+    import dataclasses
+    cpu_only = tmp_path / "cpu.json"
+    dataclasses.replace(h200_like(), hbm_Bps=None, h2d_pinned_Bps=None, h2d_pinned_block_Bps=None,
+                        h2d_pageable_Bps=None, d2h_pinned_Bps=None, concurrent_h2d_Bps=None,
+                        concurrent_cpu_read_Bps=None).save(cpu_only)
+    gpu = tmp_path / "gpu.json"
+    h200_like().save(gpu)
+    for path, noted in ((cpu_only, True), (gpu, False)):
+        assert cli.main(["plan", "--model", "qwen3-30b-a3b", "--profile", str(path),
+                         "--context-lengths", "1k", "--experts", "cpu"]) == 0
+        assert ("has no GPU" in capsys.readouterr().err) is noted
+
+
 def test_plan_static_share_at_the_longest_context_and_the_best_other_column(profile_file, tmp_path,
                                                                           capsys):
     """``--static-share longest`` fixes static at writescope's target for the longest length

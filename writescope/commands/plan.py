@@ -59,7 +59,9 @@ def register(subparsers) -> None:
                    help="where routed experts run (auto: as the engine places them, as many MoE "
                         "layers' experts on the GPU as fit beside the KV of one sequence of the "
                         "longest length, or --kv-cache-memory if more)")
-    p.add_argument("--vram-budget", default="32GiB", help="GPU memory the engine may use (default 32GiB)")
+    p.add_argument("--vram-budget", default="32GiB",
+                   help="GPU memory the engine may use (default 32GiB; none: no limit, all KV "
+                        "in HBM)")
     p.add_argument("--kv-cache-memory", default=None, metavar="SIZE",
                    help="device memory for the KV cache, as the engine's option: --experts auto "
                         "places the routed experts around it, and the G region holds no more; "
@@ -274,9 +276,13 @@ def plot(doc: dict, path: str, title: str = "") -> None:
     a1.set_ylim(-0.03, 1.03)
     a2.set_ylabel("predicted decode step (ms)")
     a2.set_yscale("log")
+    a1.legend(fontsize=8)
     a2.legend(fontsize=8)
     m = doc["meta"]
-    fig.suptitle(title or f"{m['model']}: batch {m['batch']}, experts on {m['experts']}")
+    budget = m.get("vram_budget")
+    from ..units import format_bytes
+    fig.suptitle(title or f"{m['model']}: batch {m['batch']}, experts on {m['experts']}, VRAM "
+                 f"budget {'none' if budget is None else format_bytes(budget)}")
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
@@ -331,6 +337,10 @@ def run(args: argparse.Namespace) -> int:
     if "_name_or_path" not in cfg.raw:
         cfg.raw["_name_or_path"] = Path(args.model).name or args.model
     profile = HardwareProfile.load(args.profile) if args.profile else load_or_calibrate(model_config=cfg)
+    if not profile.has_gpu:  # (this machine's profile, most likely: the CPU stands in for the GPU)
+        print(f"note: the profile ({args.profile or 'this machine'}) has no GPU, so the plan runs "
+              "every kernel on the CPU; to plan for a GPU machine pass its profile, e.g. "
+              "--profile bench/profiles/h200.json", file=sys.stderr)
     if cfg.quantization is not None and args.experts != "gpu" and profile.lacks_fp8_expert_rates:
         print("note: the profile has no FP8 CPU expert rates (calibrated before they were "
               "measured): FP8 experts on the CPU are charged bf16's bytes/s, about 1.2-1.5x "
