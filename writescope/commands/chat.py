@@ -52,17 +52,55 @@ def _read_message(prompt: str) -> str | None:
     """The user's next message (lines ending with a backslash continue), or None at EOF."""
     lines = []
     while True:
-        if sys.stdin.isatty():
-            print(prompt if not lines else "... ", end="", file=sys.stderr, flush=True)
-        line = sys.stdin.readline()
-        if not line:
+        line = _read_line(prompt if not lines else "... ")
+        if line is None:
             return "\n".join(lines) if lines else None
-        line = line.rstrip("\n")
         if line.endswith("\\"):
             lines.append(line[:-1])
             continue
         lines.append(line)
         return "\n".join(lines)
+
+
+def _read_line(prompt: str) -> str | None:
+    """One line, without its newline, or None at EOF. On a terminal (stdin and stdout both
+    TTYs) through ``input()``, so that readline's line editing and history work (the arrow keys
+    typed escape codes into the message); elsewhere read as it comes, the prompt on stderr
+    when stdin is a TTY. Bytes that are not UTF-8 become U+FFFD (they were a traceback)."""
+    if sys.stdin.isatty() and sys.stdout.isatty():
+        try:
+            line = input(prompt)
+        except EOFError:  # Ctrl-D: the shell's prompt on a line of its own
+            print(file=sys.stderr, flush=True)
+            return None
+    else:
+        if sys.stdin.isatty():
+            print(prompt, end="", file=sys.stderr, flush=True)
+        line = sys.stdin.readline()
+        if not line:
+            if sys.stdin.isatty():
+                print(file=sys.stderr, flush=True)
+            return None
+        line = line.rstrip("\r\n")
+    try:  # a stdin decoding with surrogateescape (a C locale) keeps the bad bytes as surrogates
+        return line.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    except UnicodeEncodeError:
+        return line.encode("utf-8", "replace").decode("utf-8")
+
+
+def _prepare_stdin() -> None:
+    """Bad UTF-8 on stdin is replaced, not an error that ends the chat; on a terminal, readline
+    (line editing, history) is loaded for ``input()``."""
+    if hasattr(sys.stdin, "reconfigure"):
+        try:
+            sys.stdin.reconfigure(errors="replace")
+        except (ValueError, OSError):
+            pass
+    if sys.stdin.isatty() and sys.stdout.isatty():
+        try:
+            import readline  # noqa: F401  (input() uses it once imported)
+        except ImportError:
+            pass
 
 
 class Chat:
@@ -170,6 +208,7 @@ def run(args: argparse.Namespace) -> int:
     if llm.tokenizer is None:
         raise ValueError("this model has no tokenizer, so no chat template")
     chat = Chat(llm, params, args.system, args.chat_template_kwargs)
+    _prepare_stdin()
     print(placement_summary(llm.engine), file=sys.stderr)
     print(f"chatting with {llm.engine.model_name} (/help for commands, Ctrl-D to end)",
           file=sys.stderr, flush=True)
