@@ -12,7 +12,9 @@ import time
 
 import pytest
 
+from writescope import LLM, SamplingParams
 from writescope.cli import main
+from writescope.commands.chat import Chat
 
 GREEDY = ["--temperature", "0", "--max-tokens", "6", "--block-size", "16", "--no-stats"]
 
@@ -28,6 +30,44 @@ def test_bytes_that_are_not_utf8_are_replaced_not_the_end_of_the_chat(monkeypatc
     out = capsys.readouterr().out
     assert rc == 0
     assert out.count("\n") == 2  # both messages answered
+
+
+@pytest.fixture(scope="module")
+def llm(default_model_dir):
+    return LLM(str(default_model_dir), block_size=16, max_model_len=40)
+
+
+def test_an_answer_cut_by_the_context_says_so(llm):
+    chat = Chat(llm, SamplingParams(temperature=0, max_tokens=100), None, None)
+    out, err = io.StringIO(), io.StringIO()
+    f = chat.answer("Hello there", out, err)
+    assert f["prompt_tokens"] + f["tokens"] == 40
+    assert "end of the context (max_model_len 40)" in err.getvalue()
+    chat.reset()  # an answer cut by --max-tokens is not the context's doing
+    err = io.StringIO()
+    chat.params = SamplingParams(temperature=0, max_tokens=3)
+    chat.answer("Hello there", io.StringIO(), err)
+    assert "context" not in err.getvalue()
+
+
+def test_stopped_comes_after_the_answers_newline(llm):
+    step, calls = llm.engine.step, []
+
+    def step_then_interrupt():
+        calls.append(1)
+        if len(calls) == 3:
+            signal.raise_signal(signal.SIGINT)
+        return step()
+
+    llm.engine.step = step_then_interrupt
+    try:
+        chat = Chat(llm, SamplingParams(temperature=0, max_tokens=12), None, None)
+        term = io.StringIO()  # stdout and stderr on one terminal
+        chat.answer("Hello there", term, term)
+    finally:
+        llm.engine.step = step
+    text = term.getvalue()
+    assert text.endswith("\n[stopped]\n") and not text.endswith("\n\n[stopped]\n")
 
 
 def _drive(model: str, keys: list[bytes], until: bytes, timeout: float = 120.0) -> bytes:

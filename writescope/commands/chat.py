@@ -149,12 +149,12 @@ class Chat:
             print(f"[{e}; /reset starts a new conversation]", file=err, flush=True)
             return None
         t0 = time.perf_counter()
-        first, last = None, None
+        first, last, stopped = None, None, False
         with _StopOnInterrupt() as stop:  # Ctrl-C is seen between steps, never inside one
             while engine.has_unfinished_requests():
                 if stop.asked:  # the answer ends here; what was written stays
                     engine.abort_request(rid)
-                    print("\n[stopped]", file=err, flush=True)
+                    stopped = True
                     break
                 for o in engine.step():
                     if o.request_id != rid:
@@ -168,6 +168,14 @@ class Chat:
                     break
         out.write("\n")
         out.flush()
+        if stopped:  # after the answer's newline: no empty line below it on a terminal
+            print("[stopped]", file=err, flush=True)
+        elif (last is not None and last.finish_reason == "length"
+              and len(ids) + len(last.token_ids) >= engine.max_model_len):
+            # cut by the context, not by --max-tokens: the next turn cannot fit either
+            print(f"[the answer reached the end of the context (max_model_len "
+                  f"{engine.max_model_len}); /reset starts a new conversation]", file=err,
+                  flush=True)
         self.messages.append({"role": "assistant", "content": last.text if last else ""})
         end = time.perf_counter()
         n = len(last.token_ids) if last else 0
