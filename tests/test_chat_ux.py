@@ -32,6 +32,14 @@ def test_bytes_that_are_not_utf8_are_replaced_not_the_end_of_the_chat(monkeypatc
     assert out.count("\n") == 2  # both messages answered
 
 
+def test_system_without_text_says_the_system_prompt_is_gone(monkeypatch, capsys,
+                                                           default_model_dir):
+    monkeypatch.setattr("sys.stdin", io.StringIO("/system Be brief.\n/system\n"))
+    assert main(["chat", "--model", str(default_model_dir), *GREEDY]) == 0
+    err = capsys.readouterr().err
+    assert "[system prompt set," in err and "[system prompt removed," in err
+
+
 @pytest.fixture(scope="module")
 def llm(default_model_dir):
     return LLM(str(default_model_dir), block_size=16, max_model_len=40)

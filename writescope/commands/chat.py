@@ -22,7 +22,7 @@ from .generate import _template_kwargs
 HELP = """commands:
   /exit, /quit     end the chat (Ctrl-D too)
   /reset           forget the conversation (the system prompt stays)
-  /system TEXT     set the system prompt (and forget the conversation)
+  /system TEXT     set the system prompt (and forget the conversation); /system: none
   /help            this list
 a line ending with \\ continues on the next; Ctrl-C stops an answer"""
 
@@ -242,7 +242,8 @@ def run(args: argparse.Namespace) -> int:
             continue
         if cmd == "/system" or cmd.startswith("/system "):
             chat.set_system(cmd[len("/system"):].strip() or None)
-            print("[system prompt set, conversation forgotten]", file=sys.stderr, flush=True)
+            print(f"[system prompt {'set' if chat.system else 'removed'}, conversation forgotten]",
+                  file=sys.stderr, flush=True)
             continue
         if cmd.startswith("/"):
             print(f"[unknown command {cmd.split()[0]}; /help lists them]", file=sys.stderr,
