@@ -5,8 +5,9 @@ Each turn sends the whole conversation through the model's chat template; with p
 (on by default) the earlier turns' KV is found in the cache, so a turn computes only its new
 tokens -- the figure after each answer says how many prompt tokens came from the cache.
 Lines starting with ``/`` are commands (``/help``); a line ending with ``\\`` continues on the
-next; Ctrl-C stops an answer (what was written stays in the conversation), Ctrl-D or ``/exit``
-ends the chat.
+next (on a terminal readline edits the line and keeps a history, and a multi-line paste is one
+message where the terminal brackets pastes); Ctrl-C stops an answer (what was written stays in
+the conversation), Ctrl-D or ``/exit`` ends the chat.
 """
 from __future__ import annotations
 
