@@ -5,8 +5,9 @@ Each turn sends the whole conversation through the model's chat template; with p
 (on by default) the earlier turns' KV is found in the cache, so a turn computes only its new
 tokens -- the figure after each answer says how many prompt tokens came from the cache.
 Lines starting with ``/`` are commands (``/help``); a line ending with ``\\`` continues on the
-next; Ctrl-C stops an answer (what was written stays in the conversation), Ctrl-D or ``/exit``
-ends the chat.
+next (on a terminal readline edits the line and keeps a history, and a multi-line paste is one
+message where the terminal brackets pastes); Ctrl-C stops an answer (what was written stays in
+the conversation), Ctrl-D or ``/exit`` ends the chat.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from .generate import _template_kwargs
 HELP = """commands:
   /exit, /quit     end the chat (Ctrl-D too)
   /reset           forget the conversation (the system prompt stays)
-  /system TEXT     set the system prompt (and forget the conversation)
+  /system TEXT     set the system prompt (and forget the conversation); /system: none
   /help            this list
 a line ending with \\ continues on the next; Ctrl-C stops an answer"""
 
@@ -52,17 +53,55 @@ def _read_message(prompt: str) -> str | None:
     """The user's next message (lines ending with a backslash continue), or None at EOF."""
     lines = []
     while True:
-        if sys.stdin.isatty():
-            print(prompt if not lines else "... ", end="", file=sys.stderr, flush=True)
-        line = sys.stdin.readline()
-        if not line:
+        line = _read_line(prompt if not lines else "... ")
+        if line is None:
             return "\n".join(lines) if lines else None
-        line = line.rstrip("\n")
         if line.endswith("\\"):
             lines.append(line[:-1])
             continue
         lines.append(line)
         return "\n".join(lines)
+
+
+def _read_line(prompt: str) -> str | None:
+    """One line, without its newline, or None at EOF. On a terminal (stdin and stdout both
+    TTYs) through ``input()``, so that readline's line editing and history work (the arrow keys
+    typed escape codes into the message); elsewhere read as it comes, the prompt on stderr
+    when stdin is a TTY. Bytes that are not UTF-8 become U+FFFD (they were a traceback)."""
+    if sys.stdin.isatty() and sys.stdout.isatty():
+        try:
+            line = input(prompt)
+        except EOFError:  # Ctrl-D: the shell's prompt on a line of its own
+            print(file=sys.stderr, flush=True)
+            return None
+    else:
+        if sys.stdin.isatty():
+            print(prompt, end="", file=sys.stderr, flush=True)
+        line = sys.stdin.readline()
+        if not line:
+            if sys.stdin.isatty():
+                print(file=sys.stderr, flush=True)
+            return None
+        line = line.rstrip("\r\n")
+    try:  # a stdin decoding with surrogateescape (a C locale) keeps the bad bytes as surrogates
+        return line.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    except UnicodeEncodeError:
+        return line.encode("utf-8", "replace").decode("utf-8")
+
+
+def _prepare_stdin() -> None:
+    """Bad UTF-8 on stdin is replaced, not an error that ends the chat; on a terminal, readline
+    (line editing, history) is loaded for ``input()``."""
+    if hasattr(sys.stdin, "reconfigure"):
+        try:
+            sys.stdin.reconfigure(errors="replace")
+        except (ValueError, OSError):
+            pass
+    if sys.stdin.isatty() and sys.stdout.isatty():
+        try:
+            import readline  # noqa: F401  (input() uses it once imported)
+        except ImportError:
+            pass
 
 
 class Chat:
@@ -111,12 +150,12 @@ class Chat:
             print(f"[{e}; /reset starts a new conversation]", file=err, flush=True)
             return None
         t0 = time.perf_counter()
-        first, last = None, None
+        first, last, stopped = None, None, False
         with _StopOnInterrupt() as stop:  # Ctrl-C is seen between steps, never inside one
             while engine.has_unfinished_requests():
                 if stop.asked:  # the answer ends here; what was written stays
                     engine.abort_request(rid)
-                    print("\n[stopped]", file=err, flush=True)
+                    stopped = True
                     break
                 for o in engine.step():
                     if o.request_id != rid:
@@ -130,6 +169,14 @@ class Chat:
                     break
         out.write("\n")
         out.flush()
+        if stopped:  # after the answer's newline: no empty line below it on a terminal
+            print("[stopped]", file=err, flush=True)
+        elif (last is not None and last.finish_reason == "length"
+              and len(ids) + len(last.token_ids) >= engine.max_model_len):
+            # cut by the context, not by --max-tokens: the next turn cannot fit either
+            print(f"[the answer reached the end of the context (max_model_len "
+                  f"{engine.max_model_len}); /reset starts a new conversation]", file=err,
+                  flush=True)
         self.messages.append({"role": "assistant", "content": last.text if last else ""})
         end = time.perf_counter()
         n = len(last.token_ids) if last else 0
@@ -170,6 +217,7 @@ def run(args: argparse.Namespace) -> int:
     if llm.tokenizer is None:
         raise ValueError("this model has no tokenizer, so no chat template")
     chat = Chat(llm, params, args.system, args.chat_template_kwargs)
+    _prepare_stdin()
     print(placement_summary(llm.engine), file=sys.stderr)
     print(f"chatting with {llm.engine.model_name} (/help for commands, Ctrl-D to end)",
           file=sys.stderr, flush=True)
@@ -195,7 +243,8 @@ def run(args: argparse.Namespace) -> int:
             continue
         if cmd == "/system" or cmd.startswith("/system "):
             chat.set_system(cmd[len("/system"):].strip() or None)
-            print("[system prompt set, conversation forgotten]", file=sys.stderr, flush=True)
+            print(f"[system prompt {'set' if chat.system else 'removed'}, conversation forgotten]",
+                  file=sys.stderr, flush=True)
             continue
         if cmd.startswith("/"):
             print(f"[unknown command {cmd.split()[0]}; /help lists them]", file=sys.stderr,
