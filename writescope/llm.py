@@ -10,7 +10,7 @@ from typing import Callable
 import torch
 from tqdm.auto import tqdm
 
-from .core import RequestOutput, RequestOutputKind, SamplingParams, cache_salt_of, prompt_of
+from .core import RequestOutput, RequestOutputKind, SamplingParams
 from .engine.engine import LLMEngine
 
 
@@ -65,8 +65,6 @@ class LLM:
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts
                                                 and isinstance(prompts[0], int)):
             prompts = [prompts]
-        for p in prompts:  # a bad prompt dict is refused before any request is queued
-            prompt_of(p), cache_salt_of(p)
         params = sampling_params or self.get_default_sampling_params()
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)

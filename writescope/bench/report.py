@@ -323,7 +323,8 @@ def markdown(doc: dict[str, Any]) -> str:
             f"{_bytes(r.get('pinned_used_bytes'))} | {_bytes(r.get('host_used_bytes'))} | "
             f"{_bytes(moved)} | "
             f"{_num(r.get('cpu_share_mean'), '{:.2f}')} | {_ms(r.get('model_step_s'))} | "
-            f"{_ms(r.get('planner_predicted_step_s'))} | {_ms(r.get('roofline_bound_s'))} | {_ms(r.get('cpu_expert_s_mean'))} | "
+            f"{_ms(r.get('planner_predicted_step_s'))} | {_ms(r.get('roofline_bound_s'))} | "
+            f"{_ms(r.get('cpu_expert_s_mean'))} | "
             f"{_read(r.get('cpu_read_gbps'))} | "
             f"{_num(r.get('host_bound_fraction'), '{:.2f}')} | {_split_steps(r)} | "
             f"{(r.get('error') or '').replace('|', '/')} |")

@@ -451,29 +451,37 @@ class LLMEngine(EngineSizing):
         params.validate()
         if request_id in self.requests or request_id in self.fanout.parents:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
-        if parallel.fans_out(params):  # one child request per completion
-            children = self.fanout.split(request_id, params)
-            for cid, _ in children:
-                if cid in self.requests or cid in self.fanout.parents:
-                    raise InvalidRequestError(f"request id {cid!r} (completion {cid.split('_')[0]}"
-                                              f" of {request_id!r}) is already in use")
-            added = []
-            try:
-                for cid, cp in children:
-                    self.add_request(cid, prompt, cp)
-                    added.append(cid)
-            except BaseException:
-                for cid in added:  # none of them stays: the request is refused whole
-                    self._finish(self.requests[cid], FinishReason.ABORT)
-                raise
-            self.fanout.add(request_id, params, added)
-            return
         for name, ids in (("logit_bias", params.logit_bias or {}),
                           ("allowed_token_ids", params.allowed_token_ids or [])):
             bad = [t for t in ids if t >= self.config.vocab_size]
             if bad:
                 raise InvalidRequestError(f"{name}: token id {bad[0]} is out of range "
                                           f"(vocabulary size {self.config.vocab_size})")
+        ids, text, salt = self._prompt_ids(prompt, params)
+        if not parallel.fans_out(params):
+            self._queue(request_id, ids, text, salt, params)
+            return
+        # one child request per completion, over the prompt tokenised once
+        children = self.fanout.split(request_id, params)
+        for cid, _ in children:
+            if cid in self.requests or cid in self.fanout.parents:
+                raise InvalidRequestError(f"request id {cid!r} (completion {cid.split('_')[0]} "
+                                          f"of {request_id!r}) is already in use")
+        added = []
+        try:
+            for cid, cp in children:
+                self._queue(cid, ids, text, salt, cp)
+                added.append(cid)
+        except BaseException:
+            for cid in added:  # none of them stays: the request is refused whole
+                self._finish(self.requests[cid], FinishReason.ABORT)
+            raise
+        self.fanout.add(request_id, params, added)
+
+    def _prompt_ids(self, prompt, params: SamplingParams) -> tuple[list[int], str | None,
+                                                                    str | None]:
+        """A request's prompt as checked token ids (``truncate_prompt_tokens`` applied), its
+        text (None for ids, or once truncated) and its ``cache_salt``."""
         salt = None
         if isinstance(prompt, dict):  # vLLM's TextPrompt / TokensPrompt
             try:
@@ -513,6 +521,12 @@ class LLMEngine(EngineSizing):
         if len(ids) > self.max_model_len:
             raise RequestTooLargeError(f"the prompt has {len(ids)} tokens; this model's context "
                                        f"(max_model_len) is {self.max_model_len}")
+        return ids, text, salt
+
+    def _queue(self, request_id: str, ids: list[int], text: str | None, salt: str | None,
+               params: SamplingParams) -> None:
+        """One completion's request into the scheduler's queue (refused, and nothing kept,
+        where it can never fit or its constraint does not compile)."""
         # a prompt of the whole context still gets its one token, as under vLLM: it is sampled
         # and never written (the server's echo without generation scores such a prompt)
         room = max(1, self.max_model_len - len(ids))
