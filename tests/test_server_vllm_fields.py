@@ -219,8 +219,8 @@ def test_documents_reach_the_template(client, engine, server):
 # ------------------------------------------------------------------------ vLLM's other fields
 
 def test_vllm_fields_this_server_ignores_change_nothing(client, caplog):
-    """Fields vLLM takes that change nothing here (beam search's length penalty, the
-    structured-output backend, disaggregation's and extensions' parameters, multimodal
+    """Fields vLLM takes that change nothing here (beam search's length penalty without beam
+    search, the structured-output backend, disaggregation's and extensions' parameters, multimodal
     processor options; OpenAI's ``user`` and ``parallel_tool_calls``) are accepted, the answer
     unchanged, and ``top_logprobs`` 0 without logprobs (vLLM's default) is no error."""
     body = dict(messages=CHAT, max_tokens=4, temperature=0)
@@ -241,11 +241,9 @@ def test_vllm_fields_this_server_ignores_change_nothing(client, caplog):
 
 
 @pytest.mark.parametrize("path,field,value", [
-    ("/v1/completions", "use_beam_search", True),
     ("/v1/completions", "logits_processors", ["my.Processor"]),
     ("/v1/completions", "prompt_embeds", "AAAA"),
     ("/v1/chat/completions", "structural_tag", "{}"),
-    ("/v1/chat/completions", "use_beam_search", True),
 ])
 def test_vllm_fields_this_server_cannot_honour_are_refused(client, path, field, value):
     body = dict(prompt="Rivers") if path == "/v1/completions" else dict(messages=CHAT)

@@ -7,7 +7,9 @@ import importlib
 
 _EXPORTS = {"LLM": ".llm", "SamplingParams": ".core", "RequestOutput": ".core",
             "CompletionOutput": ".core", "Logprob": ".core", "RequestOutputKind": ".core",
-            "StructuredOutputsParams": ".core", "GuidedDecodingParams": ".core"}
+            "StructuredOutputsParams": ".core", "GuidedDecodingParams": ".core",
+            "BeamSearchParams": ".engine.beam", "BeamSearchOutput": ".engine.beam",
+            "BeamSearchSequence": ".engine.beam"}
 
 __all__ = list(_EXPORTS)
 __version__ = "0.1.0"

@@ -11,6 +11,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .core import RequestOutput, RequestOutputKind, SamplingParams
+from .engine.beam import BeamSearchOutput, BeamSearchParams
 from .engine.engine import LLMEngine
 
 
@@ -112,6 +113,50 @@ class LLM:
             self.engine.abort_request([r for r in rids if r not in results])
             raise
         return [results[r] for r in rids]
+
+    def beam_search(self, prompts: str | dict | list[str] | list[int] | list[list[int]] | list[dict],
+                    params: BeamSearchParams, use_tqdm: bool | Callable[..., tqdm] = False,
+                    concurrency_limit: int | None = None) -> list[BeamSearchOutput]:
+        """vLLM's ``LLM.beam_search``: one :class:`BeamSearchOutput` per prompt, in prompt
+        order, its ``sequences`` the ``params.beam_width`` best hypotheses, best first
+        (engine/beam.py says how they are found and scored). Each step runs every live beam of
+        every prompt as one batch of one-token requests, whose prompts' full blocks the prefix
+        cache holds. ``concurrency_limit``: at most this many prompts searched at once;
+        ``use_tqdm``: a progress bar over the steps."""
+        if not isinstance(params, BeamSearchParams):
+            raise TypeError(f"params must be a BeamSearchParams, got {type(params).__name__}")
+        if concurrency_limit is not None and (not isinstance(concurrency_limit, int)
+                                              or concurrency_limit < 1):
+            raise ValueError(f"concurrency_limit must be a positive integer, got "
+                             f"{concurrency_limit!r}")
+        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts
+                                                and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        searches = [self.engine.beam_search(p, params) for p in prompts]
+        limit = concurrency_limit or max(1, len(searches))
+        groups = [searches[i:i + limit] for i in range(0, len(searches), limit)]
+        step = params.step_params()
+        bar = (use_tqdm if callable(use_tqdm) else tqdm)(
+            total=params.max_tokens * len(groups), desc="beam search", unit="step",
+            disable=not use_tqdm)
+        with bar:
+            for group in groups:
+                for _ in range(params.max_tokens):
+                    live = [s for s in group if not s.done]
+                    if not live:
+                        break
+                    outs = self.generate([p for s in live for p in s.prompts()], step,
+                                         use_tqdm=False)
+                    at = 0
+                    for s in live:
+                        k = len(s.live)
+                        s.advance([o.outputs[0].logprobs[0] for o in outs[at:at + k]])
+                        at += k
+                    bar.update(1)
+        tok = self.tokenizer
+        decode = None if tok is None else (
+            lambda ids, skip: tok.decode(ids, skip_special_tokens=skip))
+        return [s.result(decode) for s in searches]
 
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | list[SamplingParams] | None = None,

@@ -30,6 +30,7 @@ from ..models.loader import build_model
 from .. import hostmem
 from .cores import reserve_launch_core
 from . import parallel
+from .beam import BeamSearch, BeamSearchParams
 from .generation_config import sampling_defaults
 from .inflight import next_input_ids, overlap_enabled
 from .model_source import parse_dtype, resolve_model
@@ -477,6 +478,13 @@ class LLMEngine(EngineSizing):
                 self._finish(self.requests[cid], FinishReason.ABORT)
             raise
         self.fanout.add(request_id, params, added)
+
+    def beam_search(self, prompt, params: BeamSearchParams) -> BeamSearch:
+        """A beam search over ``prompt`` (a string, token ids or a prompt dict), checked as a
+        request's prompt is; the caller runs its steps (``LLM.beam_search``, the server)."""
+        ids, _, salt = self._prompt_ids(prompt, params.step_params())
+        return BeamSearch(ids, params, self.eos_ids, self.max_model_len,
+                          model_eos_id=self.model_eos_id, cache_salt=salt)
 
     def _prompt_ids(self, prompt, params: SamplingParams) -> tuple[list[int], str | None,
                                                                     str | None]:

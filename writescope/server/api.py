@@ -47,9 +47,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from ..core import InvalidRequestError, SamplingParams, StructuredOutputsParams
+from ..engine.beam import BeamSearch
 from ..layers.grammar import MayThinkFirst
 from . import protocol as P
 from . import conversation, reasoning, tokenize, tool_parsers, tools
+from .beam import BeamGeneration
 from .chat_output import ChatOutput
 from .engine_loop import EngineFailure, EngineLoop
 from .generation import Choice, Generation
@@ -297,7 +299,11 @@ class OpenAIServer:
                                       echo_only=echo_only))
                 params.append(self._params(req, max_tokens, lp, j,
                                            first_lp if j == 0 else echo_lp))
-        gen = Generation(self, choices, params, arrival, req.num_choices, req.cache_salt)
+        if req.use_beam_search:
+            gen = self._beams(req, choices, [c.max_tokens for c in choices[::req.num_choices]],
+                              arrival, req.logprobs)
+        else:
+            gen = Generation(self, choices, params, arrival, req.num_choices, req.cache_salt)
         return await self._respond(
             request, gen, req.stream, lambda: self._completion_stream(gen, req, base, model),
             lambda: P.CompletionResponse(
@@ -310,6 +316,27 @@ class OpenAIServer:
                     prompt_logprobs=self._prompt_logprob_dicts(
                         gen.choices[c.index - c.index % req.num_choices], req.prompt_logprobs)
                     if req.prompt_logprobs is not None else None) for c in gen.choices]))
+
+    def _beams(self, req, choices: list[Choice], max_tokens: list[int], arrival: float,
+               logprobs: int | None) -> BeamGeneration:
+        """``use_beam_search``: one search of width ``n`` per prompt (``max_tokens[i]`` steps
+        for prompt ``i``, whose choices are ``i * n`` to ``i * n + n - 1``)."""
+        n = req.num_choices
+        try:
+            params = [req.beam_search_params(m, self.sampling_defaults) for m in max_tokens]
+        except InvalidRequestError as e:
+            raise P.APIError(f"use_beam_search: {e}", param="n") from None
+        if logprobs is not None and logprobs > 2 * n:
+            raise P.APIError(f"use_beam_search with n={n} reports at most {2 * n} log-probability "
+                             f"alternatives a token (the ones each step sees), not {logprobs}",
+                             param="logprobs")
+        eng = self.engine
+        searches = [BeamSearch(c.prompt_ids, p, getattr(eng, "eos_ids", ()), self.max_model_len,
+                               model_eos_id=getattr(eng, "model_eos_id", None),
+                               cache_salt=req.cache_salt)
+                    for c, p in zip(choices[::n], params)]
+        return BeamGeneration(self, choices, params[0], searches, arrival, logprobs,
+                              req.cache_salt)
 
     async def _respond(self, request, gen: "Generation", stream: bool, make_stream, make_response):
         """Submit the generation, then stream it (SSE) or wait for the whole answer (499 when the
@@ -495,7 +522,14 @@ class OpenAIServer:
             params = [p if p.structured_outputs is None else dataclasses.replace(
                 p, structured_outputs=self._after_reasoning(p.structured_outputs, out))
                 for p in params]
-        gen = Generation(self, choices, params, arrival, req.num_choices, req.cache_salt)
+        if req.use_beam_search:
+            if forced is not None:  # tool_choice "required" or a named function
+                raise P.APIError(f"use_beam_search does not apply tool_choice "
+                                 f"{req.tool_choice!r}: leave it out, or sample without beam "
+                                 "search", param="tool_choice")
+            gen = self._beams(req, choices, [max_tokens], arrival, lp)
+        else:
+            gen = Generation(self, choices, params, arrival, req.num_choices, req.cache_salt)
         return await self._respond(
             request, gen, req.stream, lambda: self._chat_stream(gen, req, base, model, out),
             lambda: P.ChatCompletionResponse(

@@ -17,13 +17,21 @@ working. The fields this server knows are validated strictly: a field of the wro
 (``"max_tokens": "16"``) or a value out of range is a 400 naming the parameter. Known fields
 that do not change what this server decodes (OpenAI's ``store``, ``metadata``,
 ``service_tier``, ``reasoning_effort``, ``modalities``, ``prompt_cache_key``,
-``safety_identifier``, ``user``, ``parallel_tool_calls``; vLLM's ``length_penalty``,
+``safety_identifier``, ``user``, ``parallel_tool_calls``; vLLM's
 ``guided_decoding_backend``, ``kv_transfer_params``, ``vllm_xargs``, ``mm_processor_kwargs``)
 are accepted and ignored, the chat endpoint's with a warning. Parameters this engine cannot
-honour (``suffix``, ``best_of`` other than ``n``, ``use_beam_search``, ``logits_processors``,
+honour (``suffix``, ``best_of`` other than ``n``, ``logits_processors``,
 ``prompt_embeds``, ``structural_tag``, a non-zero ``priority``) are refused with a clear
 message rather than silently ignored. vLLM's ``cache_salt`` is honoured: the request's prompt
 blocks are shared in the prefix cache only with requests of the same salt.
+
+vLLM's ``use_beam_search`` runs a beam search per prompt (``server/beam.py``) of width ``n``,
+with ``max_tokens``, ``ignore_eos``, ``temperature``, ``length_penalty``,
+``include_stop_str_in_output``, ``logprobs`` (at most ``2 * n`` alternatives) and
+``cache_salt``; as under vLLM the other sampling fields do not apply to it, and those that
+would change what it must return (an output constraint, stop strings and token ids,
+``prompt_logprobs``, ``echo`` with log-probabilities or ``max_tokens`` 0, ``min_tokens``)
+are refused with it.
 """
 from __future__ import annotations
 
@@ -39,6 +47,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
 
 from ..core import (MAX_LOGPROBS, SEED_RANGE, InvalidRequestError, SamplingParams,
                     StructuredOutputsParams)
+from ..engine.beam import BeamSearchParams
 from ..models.tokenizer import RESERVED_TEMPLATE_KWARGS
 
 MAX_CHOICES = 16       # n
@@ -190,14 +199,16 @@ class _SamplingFields(_Strict):
     request_id: Optional[str] = Field(None, min_length=1, max_length=256)
     priority: Optional[int] = 0
     return_tokens_as_token_ids: Optional[bool] = None
-    # vLLM's, refused unless unset or off (see _unsupported): beam search, custom logits
-    # processors
+    # vLLM's: a beam search of width n (server/beam.py)
     use_beam_search: Optional[bool] = False
+    # vLLM's, refused unless unset: custom logits processors
     logits_processors: Optional[list[Any]] = None
     # vLLM's: prompt blocks cached under this salt are shared only with the same salt
     cache_salt: Optional[str] = Field(None, min_length=1)
-    # vLLM's, accepted and ignored: beam search's length penalty, the structured-output
-    # backend (this server has one), disaggregated serving's and custom extensions' parameters
+    # vLLM's: beam search's length penalty (score = cumulative log-probability / generated
+    # length ** length_penalty); without use_beam_search it does nothing
+    length_penalty: Optional[float] = 1.0
+    # vLLM's, accepted and ignored: the structured-output backend (this server has one), disaggregated serving's and custom extensions' parameters
     length_penalty: Optional[float] = 1.0
     guided_decoding_backend: Optional[str] = None
     kv_transfer_params: Optional[dict[str, Any]] = None
@@ -212,7 +223,7 @@ class _SamplingFields(_Strict):
         return [f for f in self.IGNORED_FIELDS
                 if f in self.model_fields_set and getattr(self, f) is not None]
 
-    @field_validator("priority", "use_beam_search", "logits_processors")
+    @field_validator("priority", "logits_processors")
     @classmethod
     def _not_here(cls, v: Any, info: ValidationInfo) -> Any:
         """vLLM's fields this server cannot honour: refused unless unset or off."""
@@ -220,7 +231,7 @@ class _SamplingFields(_Strict):
         if name == "priority" and v:
             raise ValueError(f"priority {v}: this server does not use priority scheduling; "
                              "leave priority out or 0")
-        if name in ("use_beam_search", "logits_processors") and v:
+        if name == "logits_processors" and v:
             raise ValueError(f"{name} is not supported by this server")
         return v
 
@@ -268,7 +279,32 @@ class _SamplingFields(_Strict):
             ("guided_grammar", self.guided_grammar is not None)) if on]
         if len(given) > 1:
             raise ValueError(f"at most one constraint on the output: got {', '.join(given)}")
+        if self.use_beam_search:
+            with_beams = given + [name for name, on in (
+                ("stop", bool(self.stop_list)), ("stop_token_ids", bool(self.stop_token_ids)),
+                ("prompt_logprobs", self.prompt_logprobs is not None),
+                ("min_tokens", bool(self.min_tokens)),
+                ("max_tokens 0", getattr(self, "max_tokens", None) == 0),
+                # (a completion's echo: the prompt's log-probabilities, which no step has)
+                ("echo with logprobs", bool(getattr(self, "echo", False))
+                 and type(getattr(self, "logprobs", None)) is int)) if on]
+            if with_beams:
+                raise ValueError(f"use_beam_search does not apply {', '.join(with_beams)}: "
+                                 "leave it out, or sample without beam search")
         return self
+
+    def beam_search_params(self, max_tokens: int, defaults: dict | None = None
+                           ) -> BeamSearchParams:
+        """The beam search of ``use_beam_search``: ``n`` beams (vLLM's rule: the temperature
+        given, else the model's default, else 1)."""
+        t = self.temperature
+        if t is None:
+            t = (defaults or {}).get("temperature", 1.0)
+        return BeamSearchParams(
+            beam_width=self.num_choices, max_tokens=max_tokens, ignore_eos=bool(self.ignore_eos),
+            temperature=float(t),
+            length_penalty=1.0 if self.length_penalty is None else float(self.length_penalty),
+            include_stop_str_in_output=bool(self.include_stop_str_in_output))
 
     def structured(self) -> StructuredOutputsParams | None:
         """The request's constraint on the output, if any (an :class:`InvalidRequestError`
