@@ -141,9 +141,10 @@ class LLM:
             disable=not use_tqdm)
         with bar:
             for group in groups:
-                for _ in range(params.max_tokens):
+                for step in range(params.max_tokens):
                     live = [s for s in group if not s.done]
-                    if not live:
+                    if not live:  # every beam ended (EOS, the context): the group is done
+                        bar.update(params.max_tokens - step)
                         break
                     outs = self.generate([p for s in live for p in s.prompts()], step,
                                          use_tqdm=False)
