@@ -1,5 +1,6 @@
 """``writescope chat`` as a terminal user meets it: bytes that are not UTF-8, the end of the
-context reached mid-answer, where ``[stopped]`` lands, and line editing on a real terminal."""
+context reached mid-answer or before a turn (the oldest exchanges dropped), where ``[stopped]``
+lands, Ctrl-C at any moment of a turn, and line editing on a real terminal."""
 from __future__ import annotations
 
 import io
@@ -113,3 +114,59 @@ def test_arrow_keys_edit_the_line_on_a_terminal(default_model_dir):
     # was in the message ("/nop\x1b[De")
     seen = _drive(str(default_model_dir), [b"/nop\x1b[De\r"], b"/help lists them")
     assert b"unknown command /noep;" in seen
+
+
+@pytest.fixture(scope="module")
+def llm64(default_model_dir):
+    return LLM(str(default_model_dir), block_size=16, max_model_len=64)
+
+
+TURNS = ["Hello there", "Tell me more", "And then?", "Why?"]
+
+
+def test_a_full_context_drops_the_oldest_exchanges_and_answers_the_rest(llm64):
+    """llama.cpp's context shift, on the conversation: the turn that would not leave room for
+    --max-tokens drops the oldest exchanges (the system prompt stays), says so, and answers
+    what LLM.chat answers to the shortened conversation."""
+    p = SamplingParams(temperature=0, max_tokens=8)
+    chat = Chat(llm64, p, "Be brief.", None)
+    errs = []
+    for t in TURNS:
+        err = io.StringIO()
+        out = io.StringIO()
+        f = chat.answer(t, out, err)
+        errs.append(err.getvalue())
+        assert f is not None and f["prompt_tokens"] + 8 <= 64
+        asked = chat.conversation()[:-1]
+        assert out.getvalue() == llm64.chat(asked, p, use_tqdm=False)[0].text + "\n"
+    assert "the 2 oldest messages are dropped" in "".join(errs)
+    assert chat.conversation()[0] == {"role": "system", "content": "Be brief."}
+    assert [m["role"] for m in chat.messages] == ["user", "assistant"] * (len(chat.messages) // 2)
+
+
+def test_without_context_shift_the_turn_is_refused_and_the_rest_kept(llm64):
+    p = SamplingParams(temperature=0, max_tokens=40)  # past the context from the second turn
+    chat = Chat(llm64, p, None, None, context_shift=False)
+    chat.answer(TURNS[0], io.StringIO(), io.StringIO())
+    kept = list(chat.messages)
+    err = io.StringIO()
+    assert chat.answer("x " * 40, io.StringIO(), err) is None
+    assert "/reset starts a new conversation" in err.getvalue()
+    assert chat.messages == kept
+
+
+def test_ctrl_c_while_the_turn_is_prepared_stops_it_and_the_chat_goes_on(llm64, monkeypatch):
+    tok = llm64.tokenizer
+    render = tok.apply_chat_template
+
+    def render_then_interrupt(*a, **kw):
+        signal.raise_signal(signal.SIGINT)  # Ctrl-C as the conversation is rendered
+        return render(*a, **kw)
+
+    monkeypatch.setattr(tok, "apply_chat_template", render_then_interrupt)
+    chat = Chat(llm64, SamplingParams(temperature=0, max_tokens=8), None, None)
+    err = io.StringIO()
+    f = chat.answer("Hello there", io.StringIO(), err)
+    assert f is not None and f["tokens"] == 0 and "[stopped]" in err.getvalue()
+    assert [m["role"] for m in chat.messages] == ["user", "assistant"]
+    assert not llm64.engine.has_unfinished_requests()

@@ -4,6 +4,11 @@ llama.cpp's conversation mode), its answers streamed as they are generated.
 Each turn sends the whole conversation through the model's chat template; with prefix caching
 (on by default) the earlier turns' KV is found in the cache, so a turn computes only its new
 tokens -- the figure after each answer says how many prompt tokens came from the cache.
+When a turn no longer fits the model's context (its prompt and ``--max-tokens`` past
+``max_model_len``, or past the KV budgets), the oldest exchanges are dropped until it does, the
+system prompt kept, and the chat says so (llama.cpp's context shift, done on the conversation:
+the shortened conversation is a new prefix, computed again; ``--no-context-shift``: such a turn
+is refused instead, and ``/reset`` starts over).
 Lines starting with ``/`` are commands (``/help``); a line ending with ``\\`` continues on the
 next (on a terminal readline edits the line and keeps a history, and a multi-line paste is one
 message where the terminal brackets pastes); Ctrl-C stops an answer (what was written stays in
@@ -45,6 +50,9 @@ def register(sub) -> None:
     p.add_argument("--repetition-penalty", type=float, default=1.0)
     p.add_argument("--no-stats", action="store_true",
                    help="no timing line after each answer")
+    p.add_argument("--no-context-shift", dest="context_shift", action="store_false",
+                   help="refuse a turn that does not fit the context instead of dropping the "
+                        "oldest exchanges (llama.cpp's flag)")
     add_engine_args(p)
     p.set_defaults(func=run)
 
@@ -107,9 +115,11 @@ def _prepare_stdin() -> None:
 class Chat:
     """The conversation and one engine; :meth:`answer` streams one turn to ``out``."""
 
-    def __init__(self, llm, params, system: str | None, template_kwargs: dict | None):
+    def __init__(self, llm, params, system: str | None, template_kwargs: dict | None,
+                 context_shift: bool = True):
         self.llm, self.params = llm, params
         self.system, self.template_kwargs = system, template_kwargs or {}
+        self.context_shift = context_shift
         self.messages: list[dict] = []
         self.turns = 0
 
@@ -127,46 +137,68 @@ class Chat:
 
     def answer(self, text: str, out, err) -> dict | None:
         """Streams the answer to ``text`` to ``out``; returns the turn's figures (None when the
-        conversation no longer fits the model's context: the message is then not kept)."""
+        conversation no longer fits the model's context: the message is then not kept).
+        Ctrl-C from the start of the turn to its end stops the answer (between steps) and
+        never leaves the conversation half-updated."""
+        with _StopOnInterrupt() as stop:
+            return self._answer(text, out, err, stop)
+
+    def _answer(self, text: str, out, err, stop: "_StopOnInterrupt") -> dict | None:
         from ..core import RequestTooLargeError
         from ..models.tokenizer import TokenizerError
 
         engine = self.llm.engine
         self.messages.append({"role": "user", "content": text})
-        try:
-            ids = list(self.llm.tokenizer.apply_chat_template(self.conversation(),
-                                                              add_generation_prompt=True,
-                                                              **self.template_kwargs))
-        except TokenizerError as e:  # the template rejects this conversation: not kept
-            self.messages.pop()
-            print(f"[{e}]", file=err, flush=True)
-            return None
         self.turns += 1
         rid = f"chat-{self.turns}"
-        try:
-            engine.add_request(rid, ids, self.params)
-        except RequestTooLargeError as e:
-            self.messages.pop()
-            print(f"[{e}; /reset starts a new conversation]", file=err, flush=True)
-            return None
+        dropped = 0
+        while True:
+            try:
+                ids = list(self.llm.tokenizer.apply_chat_template(self.conversation(),
+                                                                  add_generation_prompt=True,
+                                                                  **self.template_kwargs))
+            except TokenizerError as e:  # the template rejects this conversation: not kept
+                self.messages.pop()
+                print(f"[{e}]", file=err, flush=True)
+                return None
+            room = engine.max_model_len - len(ids)
+            if self.context_shift and len(self.messages) > 1 and room < (self.params.max_tokens
+                                                                         or 1):
+                dropped += self._drop_oldest()
+                continue
+            try:
+                engine.add_request(rid, ids, self.params)
+            except RequestTooLargeError as e:
+                if self.context_shift and len(self.messages) > 1:  # past the KV budgets
+                    dropped += self._drop_oldest()
+                    continue
+                self.messages.pop()
+                hint = "/reset starts a new conversation" if len(self.messages) else \
+                    "a shorter message may fit"
+                print(f"[{e}; {hint}]", file=err, flush=True)
+                return None
+            break
+        if dropped:
+            print(f"[the context is full (max_model_len {engine.max_model_len}): the "
+                  f"{dropped} oldest messages are dropped]", file=err, flush=True)
         t0 = time.perf_counter()
         first, last, stopped = None, None, False
-        with _StopOnInterrupt() as stop:  # Ctrl-C is seen between steps, never inside one
-            while engine.has_unfinished_requests():
-                if stop.asked:  # the answer ends here; what was written stays
-                    engine.abort_request(rid)
-                    stopped = True
-                    break
-                for o in engine.step():
-                    if o.request_id != rid:
-                        continue
-                    if first is None and o.token_ids:
-                        first = time.perf_counter()
-                    out.write(o.text[len(last.text) if last else 0:])
-                    out.flush()
-                    last = o
-                if last is not None and last.finish_reason is not None:
-                    break
+        # Ctrl-C is seen between steps, never inside one
+        while engine.has_unfinished_requests():
+            if stop.asked:  # the answer ends here; what was written stays
+                engine.abort_request(rid)
+                stopped = True
+                break
+            for o in engine.step():
+                if o.request_id != rid:
+                    continue
+                if first is None and o.token_ids:
+                    first = time.perf_counter()
+                out.write(o.text[len(last.text) if last else 0:])
+                out.flush()
+                last = o
+            if last is not None and last.finish_reason is not None:
+                break
         out.write("\n")
         out.flush()
         if stopped:  # after the answer's newline: no empty line below it on a terminal
@@ -174,15 +206,23 @@ class Chat:
         elif (last is not None and last.finish_reason == "length"
               and len(ids) + len(last.token_ids) >= engine.max_model_len):
             # cut by the context, not by --max-tokens: the next turn cannot fit either
+            then = ("the next turn drops the oldest messages" if self.context_shift
+                    else "/reset starts a new conversation")
             print(f"[the answer reached the end of the context (max_model_len "
-                  f"{engine.max_model_len}); /reset starts a new conversation]", file=err,
-                  flush=True)
+                  f"{engine.max_model_len}); {then}]", file=err, flush=True)
         self.messages.append({"role": "assistant", "content": last.text if last else ""})
         end = time.perf_counter()
         n = len(last.token_ids) if last else 0
         return {"prompt_tokens": len(ids), "cached_tokens": last.num_cached_tokens if last else 0,
                 "tokens": n, "ttft_s": (first or end) - t0,
                 "tok_s": (n - 1) / (end - first) if first and n > 1 and end > first else 0.0}
+
+    def _drop_oldest(self) -> int:
+        """Forget the oldest exchange (a message and its answer, or a lone message): the
+        count of messages forgotten."""
+        n = 2 if len(self.messages) > 2 and self.messages[1]["role"] == "assistant" else 1
+        del self.messages[:n]
+        return n
 
 
 class _StopOnInterrupt:
@@ -216,7 +256,7 @@ def run(args: argparse.Namespace) -> int:
     llm = LLM(**engine_kwargs(args), show_progress=True)
     if llm.tokenizer is None:
         raise ValueError("this model has no tokenizer, so no chat template")
-    chat = Chat(llm, params, args.system, args.chat_template_kwargs)
+    chat = Chat(llm, params, args.system, args.chat_template_kwargs, args.context_shift)
     _prepare_stdin()
     print(placement_summary(llm.engine), file=sys.stderr)
     print(f"chatting with {llm.engine.model_name} (/help for commands, Ctrl-D to end)",
@@ -251,8 +291,11 @@ def run(args: argparse.Namespace) -> int:
                   flush=True)
             continue
         figures = chat.answer(text, sys.stdout, sys.stderr)
-        if figures is not None and not args.no_stats:
-            f = figures
-            print(f"[{f['tokens']} tokens, first after {f['ttft_s'] * 1e3:.0f} ms "
-                  f"({f['cached_tokens']} of {f['prompt_tokens']} prompt tokens cached), "
-                  f"{f['tok_s']:.1f} tokens/s]", file=sys.stderr, flush=True)
+        try:  # a Ctrl-C landing as the answer ends stops nothing more: the chat goes on
+            if figures is not None and not args.no_stats:
+                f = figures
+                print(f"[{f['tokens']} tokens, first after {f['ttft_s'] * 1e3:.0f} ms "
+                      f"({f['cached_tokens']} of {f['prompt_tokens']} prompt tokens cached), "
+                      f"{f['tok_s']:.1f} tokens/s]", file=sys.stderr, flush=True)
+        except KeyboardInterrupt:
+            print(file=sys.stderr, flush=True)
