@@ -8,6 +8,7 @@ import enum
 import itertools
 import math
 import operator
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -227,8 +228,21 @@ class SamplingParams:
     detokenize: bool = True
     #: what ``LLMEngine.step`` returns of the request (:class:`RequestOutputKind`, vLLM's)
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    #: vLLM's former name of ``structured_outputs`` (deprecated there, as here): taken as
+    #: ``structured_outputs``, with a DeprecationWarning, and then None
+    guided_decoding: StructuredOutputsParams | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        if self.guided_decoding is not None:
+            warnings.warn("SamplingParams(guided_decoding=...) is deprecated (as in vLLM): use "
+                          "structured_outputs", DeprecationWarning, stacklevel=3)
+            if not isinstance(self.guided_decoding, StructuredOutputsParams):
+                raise InvalidRequestError("guided_decoding must be a StructuredOutputsParams "
+                                          "(GuidedDecodingParams)")
+            if self.structured_outputs not in (None, self.guided_decoding):
+                raise InvalidRequestError("guided_decoding and structured_outputs are two "
+                                          "names of one option: give one of them")
+            self.structured_outputs, self.guided_decoding = self.guided_decoding, None
         # numpy / torch scalars as Python ints and floats (a bool stays, and is refused below)
         for name in _INT_PARAMS:
             setattr(self, name, as_int(getattr(self, name)))
