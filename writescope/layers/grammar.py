@@ -95,6 +95,9 @@ def grammar_text(so: StructuredOutputsParams) -> str:
             raise InvalidRequestError(f"structured outputs: invalid JSON schema: {e}") from None
     try:
         if kind == "regex":
+            # an unfinished escape: llguidance would drop the backslash (another regex)
+            if (len(so.regex) - len(so.regex.rstrip("\\"))) % 2:
+                raise ValueError("the regex ends in an unfinished escape (a lone backslash)")
             return llg.grammar_from("regex", so.regex)
         if kind == "choice":
             return llg.grammar_from("choice", so.choice)
