@@ -55,3 +55,13 @@ def test_regex_ending_in_a_lone_backslash_is_refused(tiny, regex):
     (out,) = tiny.generate(["hello"], SamplingParams(max_tokens=8, structured_outputs=S(
         regex="x\\\\")))
     assert out.outputs[0].text == "x\\"
+
+
+def test_per_request_logits_processors_are_refused_by_name():
+    """vLLM's ``SamplingParams(logits_processors=...)``: None or empty is nothing to do; a
+    processor is refused with a message naming the option (vLLM V1 refuses them too), not
+    a TypeError about an unknown keyword."""
+    assert SamplingParams(logits_processors=None).logits_processors is None
+    assert not SamplingParams(logits_processors=[]).changes_logits
+    with pytest.raises(InvalidRequestError, match="logits_processors"):
+        SamplingParams(logits_processors=[lambda ids, logits: logits])

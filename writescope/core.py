@@ -231,6 +231,9 @@ class SamplingParams:
     #: vLLM's former name of ``structured_outputs`` (deprecated there, as here): taken as
     #: ``structured_outputs``, with a DeprecationWarning, and then None
     guided_decoding: StructuredOutputsParams | None = field(default=None, repr=False)
+    #: vLLM's per-request logits processors (Python callables): refused unless None or empty,
+    #: as vLLM V1 refuses them (and this server's ``logits_processors``)
+    logits_processors: list | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.guided_decoding is not None:
@@ -312,6 +315,9 @@ class SamplingParams:
                     or not -100 <= v <= 100 for t, v in self.logit_bias.items()):
                 raise bad("logit_bias must map token ids (non-negative integers) to numbers "
                           "from -100 to 100")
+        if self.logits_processors:
+            raise bad("logits_processors (per-request Python callables) are not supported: "
+                      "use allowed_token_ids, logit_bias, bad_words or structured_outputs")
         if self.structured_outputs is not None:
             if not isinstance(self.structured_outputs, StructuredOutputsParams):
                 raise bad("structured_outputs must be a StructuredOutputsParams")
