@@ -2,6 +2,7 @@
 malformed regexes that the grammar library would otherwise rewrite into another constraint."""
 from __future__ import annotations
 
+import json
 import re
 import warnings
 
@@ -65,3 +66,18 @@ def test_per_request_logits_processors_are_refused_by_name():
     assert not SamplingParams(logits_processors=[]).changes_logits
     with pytest.raises(InvalidRequestError, match="logits_processors"):
         SamplingParams(logits_processors=[lambda ids, logits: logits])
+
+
+def test_properties_come_in_each_schemas_own_order(tiny):
+    """Two schemas that differ only in the order of their properties are two constraints: the
+    output writes the properties in its own schema's order (OpenAI's structured outputs), also
+    after the other schema was compiled (the compiled-grammar cache)."""
+    props = {"alpha": {"type": "boolean"}, "beta": {"type": "boolean"}}
+    first = {"type": "object", "properties": props, "required": ["alpha", "beta"],
+             "additionalProperties": False}
+    second = dict(first, properties=dict(reversed(props.items())))
+    for schema in (first, second, first):
+        (out,) = tiny.generate(["hello"], SamplingParams(temperature=0.0, max_tokens=40,
+                                                         structured_outputs=S(json=schema)))
+        text = out.outputs[0].text
+        assert list(json.loads(text)) == list(schema["properties"]), (schema, text)

@@ -118,8 +118,10 @@ def check(so: StructuredOutputsParams, tokenizer=None) -> str:
 
 
 def _key(so: StructuredOutputsParams) -> str:
+    # keys in their order: a schema's properties are written in its order (not sorted keys:
+    # two schemas that differ only in that order are two grammars)
     return json.dumps([so.kind, so.json, so.regex, so.choice, so.grammar, so.whitespace_pattern],
-                      sort_keys=True, default=str)
+                      default=str)
 
 
 def unpack(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
