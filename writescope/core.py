@@ -8,6 +8,7 @@ import enum
 import itertools
 import math
 import operator
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -227,8 +228,24 @@ class SamplingParams:
     detokenize: bool = True
     #: what ``LLMEngine.step`` returns of the request (:class:`RequestOutputKind`, vLLM's)
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    #: vLLM's former name of ``structured_outputs`` (deprecated there, as here): taken as
+    #: ``structured_outputs``, with a DeprecationWarning, and then None
+    guided_decoding: StructuredOutputsParams | None = field(default=None, repr=False)
+    #: vLLM's per-request logits processors (Python callables): refused unless None or empty,
+    #: as vLLM V1 refuses them (and this server's ``logits_processors``)
+    logits_processors: list | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        if self.guided_decoding is not None:
+            warnings.warn("SamplingParams(guided_decoding=...) is deprecated (as in vLLM): use "
+                          "structured_outputs", DeprecationWarning, stacklevel=3)
+            if not isinstance(self.guided_decoding, StructuredOutputsParams):
+                raise InvalidRequestError("guided_decoding must be a StructuredOutputsParams "
+                                          "(GuidedDecodingParams)")
+            if self.structured_outputs not in (None, self.guided_decoding):
+                raise InvalidRequestError("guided_decoding and structured_outputs are two "
+                                          "names of one option: give one of them")
+            self.structured_outputs, self.guided_decoding = self.guided_decoding, None
         # numpy / torch scalars as Python ints and floats (a bool stays, and is refused below)
         for name in _INT_PARAMS:
             setattr(self, name, as_int(getattr(self, name)))
@@ -298,6 +315,9 @@ class SamplingParams:
                     or not -100 <= v <= 100 for t, v in self.logit_bias.items()):
                 raise bad("logit_bias must map token ids (non-negative integers) to numbers "
                           "from -100 to 100")
+        if self.logits_processors:
+            raise bad("logits_processors (per-request Python callables) are not supported: "
+                      "use allowed_token_ids, logit_bias, bad_words or structured_outputs")
         if self.structured_outputs is not None:
             if not isinstance(self.structured_outputs, StructuredOutputsParams):
                 raise bad("structured_outputs must be a StructuredOutputsParams")

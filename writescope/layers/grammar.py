@@ -95,6 +95,9 @@ def grammar_text(so: StructuredOutputsParams) -> str:
             raise InvalidRequestError(f"structured outputs: invalid JSON schema: {e}") from None
     try:
         if kind == "regex":
+            # an unfinished escape: llguidance would drop the backslash (another regex)
+            if (len(so.regex) - len(so.regex.rstrip("\\"))) % 2:
+                raise ValueError("the regex ends in an unfinished escape (a lone backslash)")
             return llg.grammar_from("regex", so.regex)
         if kind == "choice":
             return llg.grammar_from("choice", so.choice)
@@ -115,8 +118,10 @@ def check(so: StructuredOutputsParams, tokenizer=None) -> str:
 
 
 def _key(so: StructuredOutputsParams) -> str:
+    # keys in their order: a schema's properties are written in its order (not sorted keys:
+    # two schemas that differ only in that order are two grammars)
     return json.dumps([so.kind, so.json, so.regex, so.choice, so.grammar, so.whitespace_pattern],
-                      sort_keys=True, default=str)
+                      default=str)
 
 
 def unpack(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
