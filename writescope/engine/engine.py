@@ -731,7 +731,9 @@ class LLMEngine(EngineSizing):
         req.text += new
         if p.structured_outputs is not None and new:
             self.grammars.text_grew(req.seq_id, req.text, len(new))
-        if p.stop and new and not early:
+        # stop strings count from the token after the first min_tokens (vLLM's: those tokens
+        # are output whatever they hold); one that begins in them and ends after them counts
+        if p.stop and new and len(req.output_token_ids) > p.min_tokens:
             for s in p.stop:  # only where this token's text can have completed a stop string
                 i = req.text.find(s, max(0, len(req.text) - len(new) - len(s) + 1))
                 if i >= 0:

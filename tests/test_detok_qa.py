@@ -1,0 +1,119 @@
+"""Output text against vLLM's semantics: incremental detokenisation, stop strings and tokens,
+min_tokens, special tokens, through LLMEngine (scripted token streams) and the server."""
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+
+from writescope import LLM, SamplingParams
+from writescope.core import RequestOutputKind
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_qwen3_moe):
+    return LLM(str(tiny_qwen3_moe), dtype="float32", device="cpu", block_size=8, max_model_len=256,
+               max_num_seqs=8, kv_policy="static")
+
+
+def scripted(engine, monkeypatch, scripts):
+    """Make the engine's sampled tokens follow ``scripts`` ({request id: [token ids]}): the
+    model still runs; each request's k-th sampled token is replaced by its script's k-th."""
+    runner = engine.runner
+    real = runner.collect
+
+    def collect(h):
+        tokens, lps, top, ranks = real(h)
+        tokens = list(tokens)
+        rows = [s.request for s in h.batch.seqs if s.sample]
+        for i, req in enumerate(rows):
+            script = scripts.get(req.request_id)
+            if script is not None and len(req.output_token_ids) < len(script):
+                tokens[i] = script[len(req.output_token_ids)]
+        return tokens, lps, top, ranks
+
+    monkeypatch.setattr(runner, "collect", collect)
+
+
+def run(llm, monkeypatch, ids, kind=RequestOutputKind.DELTA, prompt="hello", **kw):
+    """One request with its tokens scripted; (the outputs of every step, the final text)."""
+    eng = llm.engine
+    rid = f"r{next(_ids)}"
+    scripted(eng, monkeypatch, {rid: list(ids)})
+    kw.setdefault("max_tokens", len(ids))
+    eng.add_request(rid, prompt, SamplingParams(temperature=0, output_kind=kind, **kw))
+    outs = []
+    while eng.has_unfinished_requests():
+        outs += [o for o in eng.step() if o.request_id == rid]
+    return outs
+
+_ids = itertools.count()
+
+
+def enc(llm, s):
+    return llm.tokenizer.encode(s, add_special_tokens=False)
+
+
+
+def final_and_deltas(outs):
+    return outs[-1], "".join(o.text for o in outs)
+
+
+TEXT = "Hello world, café ünïcödé 日本語 🎉 done"  # H|e|ll|o| w|or|ld|,| c|a|f|...
+
+
+@pytest.mark.parametrize("min_tokens,stop,want", [
+    (1, "H", TEXT),              # the first token is output whatever it holds
+    (4, "o", "Hello w"),         # the 4th token "o" is the last min_tokens token; " w|or" stops
+    (3, "lo", "Hel"),            # completed by the 4th token, begun in the 3rd: it counts
+    (3, "o", "Hell"),            # the 4th token is past min_tokens
+], ids=["first-token", "last-min-token", "straddling", "after"])
+def test_stop_strings_wait_for_min_tokens(llm, monkeypatch, min_tokens, stop, want):
+    """vLLM: a stop string counts only once the output has more than ``min_tokens`` tokens
+    (the first ``min_tokens`` tokens are output whatever they hold, as EOS is masked there);
+    a stop string that begins in them and ends after them counts."""
+    ids = enc(llm, TEXT)
+    assert [llm.tokenizer.decode([i]) for i in ids[:6]] == ["H", "e", "ll", "o", " w", "or"]
+    outs = run(llm, monkeypatch, ids, ignore_eos=True, stop=[stop], min_tokens=min_tokens)
+    last = outs[-1]
+    assert "".join(o.text for o in outs) == want
+    assert (last.finish_reason, last.stop_reason) == \
+        (("length", None) if want == TEXT else ("stop", stop))
+
+
+# ------------------------------------------------------------------------------ the server
+@pytest.fixture(scope="module")
+def client(llm):
+    pytest.importorskip("fastapi")
+    from starlette.testclient import TestClient
+    from writescope.server.api import create_app
+    with TestClient(create_app(llm.engine)) as c:
+        yield c
+
+
+def server_scripted(llm, monkeypatch, ids):
+    """Every request the server starts from now on samples ``ids``."""
+    runner = llm.engine.runner
+    real = runner.collect
+
+    def collect(h):
+        tokens, lps, top, ranks = real(h)
+        tokens = list(tokens)
+        rows = [s.request for s in h.batch.seqs if s.sample]
+        for i, req in enumerate(rows):
+            if len(req.output_token_ids) < len(ids):
+                tokens[i] = ids[len(req.output_token_ids)]
+        return tokens, lps, top, ranks
+
+    monkeypatch.setattr(runner, "collect", collect)
+
+
+def sse(r):
+    chunks = []
+    for line in r.iter_lines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            chunks.append(json.loads(line[6:]))
+    return chunks
+
+
