@@ -117,3 +117,14 @@ def sse(r):
     return chunks
 
 
+def test_detokenize_keeps_special_tokens_as_vllm(llm, client):
+    """vLLM's /detokenize is the tokenizer's ``decode(tokens)`` (special tokens kept), so that
+    the ids /tokenize gives for a conversation read back as the rendered prompt."""
+    conv = [{"role": "user", "content": "hi"}]
+    ids = client.post("/tokenize", json={"messages": conv}).json()["tokens"]
+    text = llm.tokenizer.render_chat(conv)
+    assert "<|im_end|>" in text and ids == llm.tokenizer.encode(text, add_special_tokens=False)
+    r = client.post("/detokenize", json={"tokens": ids})
+    assert r.status_code == 200, r.text
+    assert r.json() == {"prompt": llm.tokenizer.hf.decode(ids)} == {"prompt": text}
+
