@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from conftest import IM_END_ID
 from writescope import LLM, SamplingParams
 from writescope.core import RequestOutputKind
 
@@ -128,3 +129,19 @@ def test_detokenize_keeps_special_tokens_as_vllm(llm, client):
     assert r.status_code == 200, r.text
     assert r.json() == {"prompt": llm.tokenizer.hf.decode(ids)} == {"prompt": text}
 
+
+@pytest.mark.parametrize("skip", [True, False], ids=["skip-special", "keep-special"])
+@pytest.mark.parametrize("stop", ["eos", "stop-token-id"])
+def test_a_stop_token_after_part_of_a_character(llm, monkeypatch, skip, stop):
+    """A stop token whose text is not output (EOS, a stop_token_ids token) leaves the text the
+    tokenizer's decode of the tokens before it, whatever skip_special_tokens is: the part of a
+    character before it still reads as U+FFFD, as it does when max_tokens cuts it."""
+    part = enc(llm, "日")[:2]
+    assert llm.tokenizer.decode(part) == "\ufffd"
+    last = enc(llm, "日")[2] if stop == "stop-token-id" else IM_END_ID
+    kw = dict(stop_token_ids=[last]) if stop == "stop-token-id" else {}
+    outs = run(llm, monkeypatch, enc(llm, "Hi ") + part + [last], max_tokens=10,
+               skip_special_tokens=skip, **kw)
+    assert outs[-1].finish_reason == "stop"
+    assert "".join(o.text for o in outs) == "Hi \ufffd"
+    assert all(not o.text.endswith("\ufffd") for o in outs[:-1])
