@@ -3,7 +3,6 @@ min_tokens, special tokens, through LLMEngine (scripted token streams) and the s
 from __future__ import annotations
 
 import itertools
-import json
 
 import pytest
 
@@ -38,7 +37,7 @@ def scripted(engine, monkeypatch, scripts):
 
 
 def run(llm, monkeypatch, ids, kind=RequestOutputKind.DELTA, prompt="hello", **kw):
-    """One request with its tokens scripted; (the outputs of every step, the final text)."""
+    """One request with its tokens scripted: its outputs, step by step (DELTA by default)."""
     eng = llm.engine
     rid = f"r{next(_ids)}"
     scripted(eng, monkeypatch, {rid: list(ids)})
@@ -49,16 +48,12 @@ def run(llm, monkeypatch, ids, kind=RequestOutputKind.DELTA, prompt="hello", **k
         outs += [o for o in eng.step() if o.request_id == rid]
     return outs
 
+
 _ids = itertools.count()
 
 
 def enc(llm, s):
     return llm.tokenizer.encode(s, add_special_tokens=False)
-
-
-
-def final_and_deltas(outs):
-    return outs[-1], "".join(o.text for o in outs)
 
 
 TEXT = "Hello world, café ünïcödé 日本語 🎉 done"  # H|e|ll|o| w|or|ld|,| c|a|f|...
@@ -83,53 +78,6 @@ def test_stop_strings_wait_for_min_tokens(llm, monkeypatch, min_tokens, stop, wa
         (("length", None) if want == TEXT else ("stop", stop))
 
 
-# ------------------------------------------------------------------------------ the server
-@pytest.fixture(scope="module")
-def client(llm):
-    pytest.importorskip("fastapi")
-    from starlette.testclient import TestClient
-    from writescope.server.api import create_app
-    with TestClient(create_app(llm.engine)) as c:
-        yield c
-
-
-def server_scripted(llm, monkeypatch, ids):
-    """Every request the server starts from now on samples ``ids``."""
-    runner = llm.engine.runner
-    real = runner.collect
-
-    def collect(h):
-        tokens, lps, top, ranks = real(h)
-        tokens = list(tokens)
-        rows = [s.request for s in h.batch.seqs if s.sample]
-        for i, req in enumerate(rows):
-            if len(req.output_token_ids) < len(ids):
-                tokens[i] = ids[len(req.output_token_ids)]
-        return tokens, lps, top, ranks
-
-    monkeypatch.setattr(runner, "collect", collect)
-
-
-def sse(r):
-    chunks = []
-    for line in r.iter_lines():
-        if line.startswith("data: ") and line != "data: [DONE]":
-            chunks.append(json.loads(line[6:]))
-    return chunks
-
-
-def test_detokenize_keeps_special_tokens_as_vllm(llm, client):
-    """vLLM's /detokenize is the tokenizer's ``decode(tokens)`` (special tokens kept), so that
-    the ids /tokenize gives for a conversation read back as the rendered prompt."""
-    conv = [{"role": "user", "content": "hi"}]
-    ids = client.post("/tokenize", json={"messages": conv}).json()["tokens"]
-    text = llm.tokenizer.render_chat(conv)
-    assert "<|im_end|>" in text and ids == llm.tokenizer.encode(text, add_special_tokens=False)
-    r = client.post("/detokenize", json={"tokens": ids})
-    assert r.status_code == 200, r.text
-    assert r.json() == {"prompt": llm.tokenizer.hf.decode(ids)} == {"prompt": text}
-
-
 @pytest.mark.parametrize("skip", [True, False], ids=["skip-special", "keep-special"])
 @pytest.mark.parametrize("stop", ["eos", "stop-token-id"])
 def test_a_stop_token_after_part_of_a_character(llm, monkeypatch, skip, stop):
@@ -145,3 +93,25 @@ def test_a_stop_token_after_part_of_a_character(llm, monkeypatch, skip, stop):
     assert outs[-1].finish_reason == "stop"
     assert "".join(o.text for o in outs) == "Hi \ufffd"
     assert all(not o.text.endswith("\ufffd") for o in outs[:-1])
+
+
+# ------------------------------------------------------------------------------ the server
+@pytest.fixture(scope="module")
+def client(llm):
+    pytest.importorskip("fastapi")
+    from starlette.testclient import TestClient
+    from writescope.server.api import create_app
+    with TestClient(create_app(llm.engine)) as c:
+        yield c
+
+
+def test_detokenize_keeps_special_tokens_as_vllm(llm, client):
+    """vLLM's /detokenize is the tokenizer's ``decode(tokens)`` (special tokens kept), so that
+    the ids /tokenize gives for a conversation read back as the rendered prompt."""
+    conv = [{"role": "user", "content": "hi"}]
+    ids = client.post("/tokenize", json={"messages": conv}).json()["tokens"]
+    text = llm.tokenizer.render_chat(conv)
+    assert "<|im_end|>" in text and ids == llm.tokenizer.encode(text, add_special_tokens=False)
+    r = client.post("/detokenize", json={"tokens": ids})
+    assert r.status_code == 200, r.text
+    assert r.json() == {"prompt": llm.tokenizer.hf.decode(ids)} == {"prompt": text}
