@@ -201,7 +201,8 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
-    #: EOS and ``stop_token_ids`` cannot end the output before this many tokens
+    #: EOS and ``stop_token_ids`` cannot end the output before this many tokens, nor a stop
+    #: string within them (vLLM's: it counts from the next token on)
     min_tokens: int = 0
     #: {token id: value added to its logit} (OpenAI: -100 to 100)
     logit_bias: dict[int, float] | None = None

@@ -730,16 +730,20 @@ class LLMEngine(EngineSizing):
     def _check_stop(self, req: Request, tok: int) -> FinishReason | None:
         p = req.params
         detok = self._detok.get(req.request_id)
-        new = detok.add(tok) if detok is not None else ""
         early = len(req.output_token_ids) < p.min_tokens  # no stop before min_tokens (vLLM)
         stop_tok = not early and ((not p.ignore_eos and tok in self.eos_ids)
                                   or tok in p.stop_token_ids)
-        if stop_tok and not p.include_stop_str_in_output:
-            new = ""  # the stop token's own text (kept special tokens: "</s>") is not output
+        # the stop token's own text (kept special tokens: "</s>") is not output: as in vLLM it
+        # is not detokenised, so what is held back before it (part of a character) is flushed
+        # below as the decode of the tokens before it reads
+        new = detok.add(tok) if detok is not None and not (
+            stop_tok and not p.include_stop_str_in_output) else ""
         req.text += new
         if p.structured_outputs is not None and new:
             self.grammars.text_grew(req.seq_id, req.text, len(new))
-        if p.stop and new and not early:
+        # stop strings count from the token after the first min_tokens (vLLM's: those tokens
+        # are output whatever they hold); one that begins in them and ends after them counts
+        if p.stop and new and len(req.output_token_ids) > p.min_tokens:
             for s in p.stop:  # only where this token's text can have completed a stop string
                 i = req.text.find(s, max(0, len(req.text) - len(new) - len(s) + 1))
                 if i >= 0:

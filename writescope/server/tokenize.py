@@ -8,7 +8,8 @@ default true, ``continue_final_message``, ``chat_template_kwargs``, ``chat_templ
 --trust-request-chat-template), ``documents``, ``add_special_tokens``, default false, ``tools``)
 and answers
 ``{"count", "max_model_len", "tokens"}`` (and ``token_strs`` with ``return_token_strs``);
-``/detokenize`` takes ``{"tokens": [...]}`` and answers ``{"prompt": "..."}``.
+``/detokenize`` takes ``{"tokens": [...]}`` and answers ``{"prompt": "..."}``: the tokenizer's
+decode, special tokens kept (vLLM's).
 """
 from __future__ import annotations
 
@@ -84,4 +85,6 @@ async def detokenize(server: Any, request) -> dict:
     if server.tokenizer is None:
         raise P.APIError("this model has no tokenizer", param="model")
     server.check_ids(req.tokens, "tokens")
-    return {"prompt": server.tokenizer.decode(req.tokens)}
+    # the tokenizer's decode as vLLM calls it: special tokens kept (a conversation's ids from
+    # /tokenize read back as its rendered prompt)
+    return {"prompt": server.tokenizer.decode(req.tokens, skip_special_tokens=False)}
