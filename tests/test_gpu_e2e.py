@@ -73,3 +73,20 @@ def test_cuda_synthetic_prefill_then_decode(all_tiny):
         assert s["kv.bytes_moved_after_placement"] == 0 and s["engine.generated_tokens"] == 8
         results[dev] = {r: s[f"kv.bytes_written.{r}"] for r in "GTC"}
     assert results["cuda"] == results["cpu"] and results["cuda"]["T"] and results["cuda"]["C"]
+
+
+@pytest.mark.parametrize("placement", ["mixed", "all-C"])
+def test_cuda_beam_search_is_transformers(all_tiny, placement):
+    """Beam search on CUDA (each step's beams as one-token requests over the prefix cache, the
+    cached blocks in G, T or C): transformers' hypotheses and scores."""
+    from test_beam_search import NEW, PROMPT, WIDTH, hf_beams
+    from writescope import BeamSearchParams
+    from writescope.engine.beam import beam_score
+    llm = engine(all_tiny, device="cuda", **PLACEMENTS[placement])
+    ids = prompt_ids(llm.engine.config.vocab_size, PROMPT, seed=3)
+    want, scores = hf_beams(str(all_tiny), tuple(ids))
+    (out,) = llm.beam_search([ids], BeamSearchParams(beam_width=WIDTH, max_tokens=NEW,
+                                                     ignore_eos=True))
+    assert [s.token_ids for s in out.sequences] == want
+    assert all(abs(beam_score(s, 1.0) - x) < 1e-4 for s, x in zip(out.sequences, scores))
+    assert all(n == 0 for n in llm.engine.cache.live_blocks().values())
