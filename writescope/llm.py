@@ -135,7 +135,7 @@ class LLM:
         searches = [self.engine.beam_search(p, params) for p in prompts]
         limit = concurrency_limit or max(1, len(searches))
         groups = [searches[i:i + limit] for i in range(0, len(searches), limit)]
-        step = params.step_params()
+        step_params = params.step_params()
         bar = (use_tqdm if callable(use_tqdm) else tqdm)(
             total=params.max_tokens * len(groups), desc="beam search", unit="step",
             disable=not use_tqdm)
@@ -146,7 +146,7 @@ class LLM:
                     if not live:  # every beam ended (EOS, the context): the group is done
                         bar.update(params.max_tokens - step)
                         break
-                    outs = self.generate([p for s in live for p in s.prompts()], step,
+                    outs = self.generate([p for s in live for p in s.prompts()], step_params,
                                          use_tqdm=False)
                     at = 0
                     for s in live:
