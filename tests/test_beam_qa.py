@@ -21,3 +21,44 @@ def test_each_step_is_one_token_with_its_alternatives(tiny_qwen3_moe):
     assert all(len(d) >= 4 for s in seqs for d in s.logprobs)  # 2 * beam_width alternatives
     assert seqs[0].cum_logprob >= greedy.outputs[0].cumulative_logprob - 1e-6
 
+
+SMALL = dict(dtype="float32", device="cpu", block_size=8, max_model_len=512, max_num_seqs=2,
+             num_gpu_blocks=2, pinned_budget=0, host_budget=0)
+
+
+def test_a_search_that_can_never_fit_the_budgets_is_refused_before_any_step(tiny_qwen3_moe):
+    # it ran until its beams outgrew the budgets, then raised: every step's work lost
+    import warnings
+    from writescope import LLM
+    from writescope.core import RequestTooLargeError
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        small = LLM(str(tiny_qwen3_moe), **SMALL)
+    with pytest.raises(RequestTooLargeError, match="never fit"):
+        small.beam_search([[5] * 9], BeamSearchParams(beam_width=2, max_tokens=40,
+                                                      ignore_eos=True))
+    assert small.stats()["kv.bytes_written.G"] == 0  # refused before anything was written
+    assert not small.engine.has_unfinished_requests()
+    (seq, _) = small.beam_search([[5] * 9], BeamSearchParams(beam_width=2, max_tokens=5,
+                                                             ignore_eos=True))[0].sequences
+    assert len(seq.token_ids) == 5
+
+
+def test_the_server_refuses_a_search_that_can_never_fit_before_any_step(tiny_qwen3_moe):
+    import warnings
+    pytest.importorskip("fastapi")
+    from starlette.testclient import TestClient
+    from writescope.engine.engine import LLMEngine
+    from writescope.server.api import create_app
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        eng = LLMEngine(str(tiny_qwen3_moe), **SMALL)
+    with TestClient(create_app(eng)) as c:
+        r = c.post("/v1/completions", json=dict(prompt=[5] * 9, n=2, max_tokens=40,
+                                                ignore_eos=True, use_beam_search=True))
+        assert r.status_code == 400, r.text
+        assert "never fit" in r.json()["error"]["message"]
+        assert eng.stats()["kv.bytes_written.G"] == 0
+        r = c.post("/v1/completions", json=dict(prompt=[5] * 9, n=2, max_tokens=5,
+                                                ignore_eos=True, use_beam_search=True))
+        assert r.status_code == 200, r.text
