@@ -62,3 +62,49 @@ def test_the_server_refuses_a_search_that_can_never_fit_before_any_step(tiny_qwe
         r = c.post("/v1/completions", json=dict(prompt=[5] * 9, n=2, max_tokens=5,
                                                 ignore_eos=True, use_beam_search=True))
         assert r.status_code == 200, r.text
+
+
+def test_a_hypothesis_ended_by_eos_counts_its_eos_in_its_length():
+    # transformers' beam search divides a finished hypothesis's log-probability by its
+    # generated length, the EOS included (cur_len + 1 - prompt_len); it was left out
+    from writescope.core import Logprob
+    from writescope.engine.beam import BeamSearch
+    s = BeamSearch([5, 6], BeamSearchParams(beam_width=1, max_tokens=3), eos_ids={2},
+                   max_model_len=100, model_eos_id=2)
+    s.advance([{10: Logprob(-1.0)}])
+    s.advance([{2: Logprob(-0.6), 11: Logprob(-0.9)}])  # [10, EOS]: -1.6 / 2
+    s.advance([{12: Logprob(-0.8)}])                     # [10, 11, 12]: -2.7 / 3
+    best = s.result(None).sequences[0]
+    assert best.token_ids == [10, 2] and best.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("seed", [0, 1, 5])
+def test_hypotheses_with_a_reachable_eos_are_transformers_beam_search(tiny_qwen3_moe, tmp_path,
+                                                                      seed):
+    import json
+    import shutil
+    import torch
+    from conftest import hf_model
+    width, new = 3, 6
+    llm = engine(tiny_qwen3_moe, max_model_len=256)
+    ids = prompt_ids(llm.engine.config.vocab_size, 30, seed=seed)
+    free = llm.beam_search([ids], BeamSearchParams(beam_width=width, max_tokens=new,
+                                                   ignore_eos=True))[0].sequences
+    eos = free[0].token_ids[1]  # the best hypothesis's second token ends hypotheses now
+    path = tmp_path / "eos"
+    shutil.copytree(tiny_qwen3_moe, path)
+    gen = json.loads((path / "generation_config.json").read_text())
+    gen["eos_token_id"] = eos
+    (path / "generation_config.json").write_text(json.dumps(gen))
+    got = engine(path, max_model_len=256).beam_search(
+        [ids], BeamSearchParams(beam_width=width, max_tokens=new))[0].sequences
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        g = hf_model(path, dtype=torch.float64).generate(
+            x, attention_mask=torch.ones_like(x), max_new_tokens=new, do_sample=False,
+            num_beams=width, num_return_sequences=width, length_penalty=1.0, eos_token_id=eos,
+            pad_token_id=0, early_stopping="never")
+    want = [s[x.shape[1]:].tolist() for s in g]
+    want = [w[:w.index(eos) + 1] if eos in w else w for w in want]
+    assert [s.token_ids for s in got] == want
+    assert any(eos in w for w in want)  # the EOS was reached

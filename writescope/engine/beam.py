@@ -9,8 +9,9 @@ beams live on, and a candidate ending in EOS (unless ``ignore_eos``) is a finish
 After ``max_tokens`` steps (or when no beam is left) the ``beam_width`` best hypotheses, the
 live beams included, are returned, best first, by ``cum_logprob / len ** length_penalty``.
 
-As in transformers' beam search (and unlike vLLM's, which counts the prompt's tokens), ``len``
-counts the generated tokens, a final EOS excluded. Log-probabilities are the model's own (those
+As in transformers' beam search (and unlike vLLM's, which counts the prompt's tokens and leaves
+a final EOS out), ``len`` counts the generated tokens, a final EOS included (transformers divides a
+finished hypothesis by ``cur_len + 1 - prompt_len``). Log-probabilities are the model's own (those
 writescope reports everywhere; vLLM V1's raw ones); ``temperature`` only changes the one token
 each step samples besides the most likely ones, as under vLLM.
 
@@ -96,9 +97,9 @@ class BeamSearchOutput:
 
 
 def beam_score(seq: BeamSearchSequence, length_penalty: float) -> float:
-    """``cum_logprob / len ** length_penalty``, ``len`` the generated tokens less a final EOS
-    (transformers' rule)."""
-    n = len(seq.tokens) - seq.prompt_len - (seq.finish_reason == "stop")
+    """``cum_logprob / len ** length_penalty``, ``len`` the generated tokens, a final EOS
+    included (transformers' rule)."""
+    n = len(seq.tokens) - seq.prompt_len
     return seq.cum_logprob / max(n, 1) ** length_penalty
 
 
