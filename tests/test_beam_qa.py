@@ -108,3 +108,36 @@ def test_hypotheses_with_a_reachable_eos_are_transformers_beam_search(tiny_qwen3
     want = [w[:w.index(eos) + 1] if eos in w else w for w in want]
     assert [s.token_ids for s in got] == want
     assert any(eos in w for w in want)  # the EOS was reached
+
+
+@pytest.mark.parametrize("lp", [2000.0, -2000.0, 1e308])
+def test_an_extreme_length_penalty_ranks_instead_of_crashing(lp):
+    # len ** length_penalty past the floats raised OverflowError (or ZeroDivisionError) once
+    # the whole search had run: LLM.beam_search raised, the server's request crashed
+    from writescope.core import Logprob
+    from writescope.engine.beam import BeamSearch
+    s = BeamSearch([5, 6], BeamSearchParams(beam_width=2, max_tokens=3, length_penalty=lp),
+                   eos_ids={2}, max_model_len=100, model_eos_id=2)
+    s.advance([{2: Logprob(-0.5), 10: Logprob(-1.0), 11: Logprob(-3.0)}])
+    s.advance([{12: Logprob(-0.5)}, {13: Logprob(-0.5)}])
+    s.advance([{14: Logprob(-0.5)}, {15: Logprob(-0.5)}])
+    out = s.result(None).sequences
+    # a positive penalty favours the long hypotheses, a negative one the short one
+    if lp > 0:
+        assert [b.token_ids for b in out] == [[10, 12, 14], [11, 13, 15]]
+    else:
+        assert out[0].token_ids == [2]
+
+
+def test_the_server_answers_an_extreme_length_penalty(tiny_qwen3_moe):
+    pytest.importorskip("fastapi")
+    from starlette.testclient import TestClient
+    from writescope.engine.engine import LLMEngine
+    from writescope.server.api import create_app
+    eng = LLMEngine(str(tiny_qwen3_moe), dtype="float32", device="cpu", max_model_len=128)
+    with TestClient(create_app(eng), raise_server_exceptions=False) as c:
+        r = c.post("/v1/completions", json=dict(prompt=[5] * 10, n=2, max_tokens=3,
+                                                use_beam_search=True, temperature=0,
+                                                length_penalty=1e308))
+        assert r.status_code == 200, r.text
+        assert [ch["finish_reason"] for ch in r.json()["choices"]] == ["length", "length"]

@@ -99,8 +99,14 @@ class BeamSearchOutput:
 def beam_score(seq: BeamSearchSequence, length_penalty: float) -> float:
     """``cum_logprob / len ** length_penalty``, ``len`` the generated tokens, a final EOS
     included (transformers' rule)."""
-    n = len(seq.tokens) - seq.prompt_len
-    return seq.cum_logprob / max(n, 1) ** length_penalty
+    n = max(len(seq.tokens) - seq.prompt_len, 1)
+    try:
+        d = n ** length_penalty
+    except OverflowError:  # an extreme penalty: the float limits rank, not an error
+        d = math.inf
+    if d == 0:
+        return math.copysign(math.inf, seq.cum_logprob) if seq.cum_logprob else 0.0
+    return seq.cum_logprob / d
 
 
 class BeamSearch:
