@@ -5,7 +5,9 @@ of one new token whose prompt is the beam's tokens so far (the prefix cache find
 blocks, so a step computes only each beam's last, partial block), each asking for the
 ``2 * beam_width`` most likely next tokens. A beam's candidates are those tokens with the beam's
 cumulative log-probability plus theirs; the ``beam_width`` best candidates of all the prompt's
-beams live on, and a candidate ending in EOS (unless ``ignore_eos``) is a finished hypothesis.
+beams live on, and a candidate ending in EOS (unless ``ignore_eos``) is a finished hypothesis
+(any such candidate, as in vLLM; transformers keeps only those among the step's ``beam_width``
+best, so with EOS reachable the two can return different hypotheses).
 After ``max_tokens`` steps (or when no beam is left) the ``beam_width`` best hypotheses, the
 live beams included, are returned, best first, by ``cum_logprob / len ** length_penalty``.
 
