@@ -123,7 +123,7 @@ def test_eos_ends_a_hypothesis_that_still_competes_at_the_end():
     s.advance(tops({16: -5.0}, {17: -5.0}))
     assert s.done
     out = s.result(None).sequences
-    # EOS at once scores -0.1 / 1 (the EOS is not counted); the other EOS -1.5 / 1
+    # EOS at once scores -0.1 / 1 (the EOS is counted); the other EOS -1.5 / 2
     assert [b.token_ids for b in out] == [[EOS], [10, OTHER_EOS]]
     assert [(b.finish_reason, b.stop_reason) for b in out] == [("stop", None), ("stop", OTHER_EOS)]
 

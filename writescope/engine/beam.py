@@ -5,12 +5,15 @@ of one new token whose prompt is the beam's tokens so far (the prefix cache find
 blocks, so a step computes only each beam's last, partial block), each asking for the
 ``2 * beam_width`` most likely next tokens. A beam's candidates are those tokens with the beam's
 cumulative log-probability plus theirs; the ``beam_width`` best candidates of all the prompt's
-beams live on, and a candidate ending in EOS (unless ``ignore_eos``) is a finished hypothesis.
+beams live on, and a candidate ending in EOS (unless ``ignore_eos``) is a finished hypothesis
+(any such candidate, as in vLLM; transformers keeps only those among the step's ``beam_width``
+best, so with EOS reachable the two can return different hypotheses).
 After ``max_tokens`` steps (or when no beam is left) the ``beam_width`` best hypotheses, the
 live beams included, are returned, best first, by ``cum_logprob / len ** length_penalty``.
 
-As in transformers' beam search (and unlike vLLM's, which counts the prompt's tokens), ``len``
-counts the generated tokens, a final EOS excluded. Log-probabilities are the model's own (those
+As in transformers' beam search (and unlike vLLM's, which counts the prompt's tokens and leaves
+a final EOS out), ``len`` counts the generated tokens, a final EOS included (transformers divides a
+finished hypothesis by ``cur_len + 1 - prompt_len``). Log-probabilities are the model's own (those
 writescope reports everywhere; vLLM V1's raw ones); ``temperature`` only changes the one token
 each step samples besides the most likely ones, as under vLLM.
 
@@ -96,10 +99,16 @@ class BeamSearchOutput:
 
 
 def beam_score(seq: BeamSearchSequence, length_penalty: float) -> float:
-    """``cum_logprob / len ** length_penalty``, ``len`` the generated tokens less a final EOS
-    (transformers' rule)."""
-    n = len(seq.tokens) - seq.prompt_len - (seq.finish_reason == "stop")
-    return seq.cum_logprob / max(n, 1) ** length_penalty
+    """``cum_logprob / len ** length_penalty``, ``len`` the generated tokens, a final EOS
+    included (transformers' rule)."""
+    n = max(len(seq.tokens) - seq.prompt_len, 1)
+    try:
+        d = n ** length_penalty
+    except OverflowError:  # an extreme penalty: the float limits rank, not an error
+        d = math.inf
+    if d == 0:
+        return math.copysign(math.inf, seq.cum_logprob) if seq.cum_logprob else 0.0
+    return seq.cum_logprob / d
 
 
 class BeamSearch:

@@ -483,8 +483,21 @@ class LLMEngine(EngineSizing):
         """A beam search over ``prompt`` (a string, token ids or a prompt dict), checked as a
         request's prompt is; the caller runs its steps (``LLM.beam_search``, the server)."""
         ids, _, salt = self._prompt_ids(prompt, params.step_params())
+        self.check_beams_fit(len(ids), params.max_tokens)
         return BeamSearch(ids, params, self.eos_ids, self.max_model_len,
                           model_eos_id=self.model_eos_id, cache_salt=salt)
+
+    def check_beams_fit(self, prompt_len: int, max_tokens: int) -> None:
+        """Refuse, before any step, a beam search whose beams can never fit the KV budgets
+        (its last step's request holds what one request of the prompt and ``max_tokens`` does:
+        it would be refused there, every earlier step's work lost)."""
+        self._check_fits(prompt_len, min(max_tokens, max(1, self.max_model_len - prompt_len)))
+
+    def _check_fits(self, prompt_len: int, max_tokens: int) -> None:
+        if not self.cache.can_ever_fit(kv_tokens(prompt_len, max_tokens)):
+            raise RequestTooLargeError(
+                f"{prompt_len} prompt + {max_tokens} new tokens can never fit the KV budgets "
+                f"({self.cache.sealed_capacity} blocks of {self.cache.bs} tokens)")
 
     def _prompt_ids(self, prompt, params: SamplingParams) -> tuple[list[int], str | None,
                                                                     str | None]:
@@ -539,10 +552,7 @@ class LLMEngine(EngineSizing):
         # and never written (the server's echo without generation scores such a prompt)
         room = max(1, self.max_model_len - len(ids))
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
-        if not self.cache.can_ever_fit(kv_tokens(len(ids), max_tokens)):
-            raise RequestTooLargeError(
-                f"{len(ids)} prompt + {max_tokens} new tokens can never fit the KV budgets "
-                f"({self.cache.sealed_capacity} blocks of {self.cache.bs} tokens)")
+        self._check_fits(len(ids), max_tokens)
         req = Request(request_id, ids, params, prompt=text, arrival=time.monotonic(),
                       max_tokens=max_tokens, cache_salt=salt)
         if params.bad_words:

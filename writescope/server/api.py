@@ -331,6 +331,12 @@ class OpenAIServer:
                              f"alternatives a token (the ones each step sees), not {logprobs}",
                              param="logprobs")
         eng = self.engine
+        if hasattr(eng, "check_beams_fit"):  # refused before any step, not at the step that fails
+            try:
+                for c, p in zip(choices[::n], params):
+                    eng.check_beams_fit(len(c.prompt_ids), p.max_tokens)
+            except InvalidRequestError as e:
+                raise P.invalid_request(e) from None
         searches = [BeamSearch(c.prompt_ids, p, getattr(eng, "eos_ids", ()), self.max_model_len,
                                model_eos_id=getattr(eng, "model_eos_id", None),
                                cache_salt=req.cache_salt)

@@ -209,7 +209,6 @@ class _SamplingFields(_Strict):
     # length ** length_penalty); without use_beam_search it does nothing
     length_penalty: Optional[float] = 1.0
     # vLLM's, accepted and ignored: the structured-output backend (this server has one), disaggregated serving's and custom extensions' parameters
-    length_penalty: Optional[float] = 1.0
     guided_decoding_backend: Optional[str] = None
     kv_transfer_params: Optional[dict[str, Any]] = None
     vllm_xargs: Optional[dict[str, Union[str, int, float]]] = None
