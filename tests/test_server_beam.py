@@ -107,3 +107,12 @@ def test_what_beam_search_cannot_apply_is_refused(client, path, extra, msg):
     r = client.post(path, json={**body, "max_tokens": 3, "use_beam_search": True, **extra})
     assert r.status_code == 400, r.text
     assert msg in r.json()["error"]["message"]
+
+
+def test_usage_counts_the_prompt_tokens_found_in_the_prefix_cache(client):
+    prompt = [7 + 5 * i % 290 for i in range(150)]  # two blocks of 64 and a tail
+    body = dict(prompt=prompt, n=2, max_tokens=2, use_beam_search=True, temperature=0)
+    first = _post(client, "/v1/completions", **body, cache_salt="beams")["usage"]
+    again = _post(client, "/v1/completions", **body, cache_salt="beams")["usage"]
+    assert first["prompt_tokens_details"]["cached_tokens"] == 0
+    assert again["prompt_tokens_details"]["cached_tokens"] == 128

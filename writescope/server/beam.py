@@ -55,6 +55,7 @@ class BeamGeneration(Generation):
     async def _search(self) -> None:
         loop, sp = self.server.loop, self.beam.step_params()
         base = self.choices[0].request_id.rsplit("-", 1)[0]
+        first = True
         while True:
             live = [s for s in self.searches if not s.done]
             if not live:
@@ -81,6 +82,11 @@ class BeamGeneration(Generation):
                                          type="server_error", code="unavailable")
                     done[tag] = item
                     self._running.discard(tag)
+            if first:  # one beam a prompt: its prompt tokens the prefix cache held (usage)
+                for s, rid in zip(live, rids):
+                    self.choices[self.searches.index(s) * self.n].cached_tokens = \
+                        done[rid].cached_tokens
+                first = False
             at = 0
             for s in live:
                 k = len(s.live)
