@@ -18,7 +18,7 @@ writescope reports everywhere; vLLM V1's raw ones); ``temperature`` only changes
 each step samples besides the most likely ones, as under vLLM.
 
 :class:`BeamSearch` is one prompt's search, pure data: the caller runs its
-:meth:`BeamSearch.beams`' requests and hands back each one's log-probability dict
+:meth:`BeamSearch.prompts` as requests and hands back each one's log-probability dict
 (:meth:`BeamSearch.advance`), so the offline API (``LLM.beam_search``) and the server drive the
 same search.
 """
