@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from typing import TYPE_CHECKING
 
 from ..core import InvalidRequestError, Logprob
@@ -63,8 +64,11 @@ class BeamGeneration(Generation):
             rids = [f"{base}-beam{next(self._step_ids)}" for s in live for _ in s.live]
             prompts = [p["prompt_token_ids"] for s in live for p in s.prompts()]
             self._running.update(rids)
+            # each step's requests arrive when sent (vLLM's: their latencies are their own, not
+            # the search's so far)
+            sent = time.monotonic()
             results = await asyncio.gather(*(
-                loop.add(rid, ids, sp, self.queue, rid, self.arrival, cache_salt=self.cache_salt)
+                loop.add(rid, ids, sp, self.queue, rid, sent, cache_salt=self.cache_salt)
                 for rid, ids in zip(rids, prompts)), return_exceptions=True)
             err = next((r for r in results if isinstance(r, BaseException)), None)
             if err is not None:
