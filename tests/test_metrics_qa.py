@@ -73,6 +73,22 @@ def _post(client, **body):
     return r.json()
 
 
+def test_a_refused_request_counts_only_as_refused(client):
+    """Two prompts, the second too large for the KV budgets: the engine refuses it after the
+    first was admitted, and the request is answered 400. No prompt token ran and no request
+    ended: only ``request_rejected_total`` moves (vLLM checks every prompt before any reaches
+    its engine), not ``prompt_tokens_total`` or an "abort"."""
+    before = _quiet(client)
+    r = client.post("/v1/completions", json=dict(prompt=[P, [5] * 480], max_tokens=4))
+    assert r.status_code == 400 and "never fit" in r.text
+    after = _quiet(client)
+    assert _delta(before, after, 'writescope_request_rejected_total{status="400"}') == 1
+    assert _delta(before, after, "writescope_prompt_tokens_total") == 0
+    assert _delta(before, after, SUCCESS % "abort") == 0
+    assert _delta(before, after, "writescope_generation_tokens_total") == 0
+    assert after['writescope_kv_blocks{region="G"}'] == 0
+
+
 def test_beam_search_step_requests_are_timed_from_their_own_submission(client):
     """Beam search of width 1 over 8 tokens: 8 one-token requests, one after the other (each
     counted as vLLM's engine counts the requests its beam search sends: a request, its prompt
@@ -211,3 +227,4 @@ def test_exposition_is_valid_and_histograms_consistent(client):
         counts = [v for _, v in edges]
         assert counts == sorted(counts), fam
         assert edges[-1][0] == math.inf and counts[-1] == new[fam + "_count"], fam
+

@@ -66,15 +66,11 @@ class BeamGeneration(Generation):
             self._running.update(rids)
             # each step's requests arrive when sent (vLLM's: their latencies are their own, not
             # the search's so far)
-            sent = time.monotonic()
-            results = await asyncio.gather(*(
-                loop.add(rid, ids, sp, self.queue, rid, sent, cache_salt=self.cache_salt)
-                for rid, ids in zip(rids, prompts)), return_exceptions=True)
-            err = next((r for r in results if isinstance(r, BaseException)), None)
-            if err is not None:
-                if isinstance(err, InvalidRequestError):
-                    raise P.invalid_request(err)
-                raise err
+            try:  # admitted all or none
+                await loop.add_all([(rid, ids, sp, rid) for rid, ids in zip(rids, prompts)],
+                                   self.queue, time.monotonic(), cache_salt=self.cache_salt)
+            except InvalidRequestError as e:
+                raise P.invalid_request(e) from None
             done: dict[str, Delta] = {}
             while len(done) < len(rids):
                 tag, item = await self.queue.get()
