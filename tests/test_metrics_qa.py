@@ -228,3 +228,21 @@ def test_exposition_is_valid_and_histograms_consistent(client):
         assert counts == sorted(counts), fam
         assert edges[-1][0] == math.inf and counts[-1] == new[fam + "_count"], fam
 
+
+# vLLM's bucket edges (vllm/v1/metrics/loggers.py): TTFT, inter-token / per-output-token
+# latency, and request latencies (e2e, queue, prefill, decode)
+VLLM_TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+             7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+VLLM_TPOT = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+             10.0, 20.0, 40.0, 80.0)
+VLLM_E2E = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+            120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+
+def test_histograms_have_every_bucket_edge_of_vllms():
+    """A dashboard or alert written for vLLM that reads a bucket (``le="0.5"``, the SLO share
+    of requests under half a second) finds it here too; finer edges may be added."""
+    from writescope.server.metrics import ServerMetrics
+    sm = ServerMetrics("m")
+    for hist, vllm in ((sm.ttft, VLLM_TTFT), (sm.tpot, VLLM_TPOT), (sm.e2e, VLLM_E2E)):
+        assert set(vllm) <= set(hist.buckets), (hist.name, sorted(set(vllm) - set(hist.buckets)))
