@@ -43,15 +43,21 @@ def _metrics(client) -> dict[str, float]:
 
 def _quiet(client) -> dict[str, float]:
     """The metrics once the engine thread has applied every command sent so far (a request
-    after them, FIFO, has run to its end: :func:`_delta` takes its counts back out) and nothing
-    runs or waits."""
+    after them, FIFO, has run to its end: :func:`_delta` takes its counts back out), nothing
+    runs or waits, and the engine's stats gauges (published between steps and when it goes
+    idle, so a scrape may come just before) have caught up with the engine."""
     r = client.post("/v1/completions", json=dict(prompt=[7], max_tokens=1, temperature=0))
     assert r.status_code == 200, r.text
+    engine = client.app.state.server.engine
     for _ in range(200):
         m = _metrics(client)
-        if m["writescope_num_requests_running"] == 0 == m["writescope_num_requests_waiting"]:
+        if (m["writescope_num_requests_running"] == 0 == m["writescope_num_requests_waiting"]
+                and m["writescope_engine_engine_prompt_tokens"]
+                == engine.counters["engine.prompt_tokens"]):
             break
         time.sleep(0.02)
+    else:
+        raise AssertionError("the engine's stats did not catch up")
     return m
 
 
