@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from typing import TYPE_CHECKING
 
 from ..core import InvalidRequestError, Logprob
@@ -63,14 +64,13 @@ class BeamGeneration(Generation):
             rids = [f"{base}-beam{next(self._step_ids)}" for s in live for _ in s.live]
             prompts = [p["prompt_token_ids"] for s in live for p in s.prompts()]
             self._running.update(rids)
-            results = await asyncio.gather(*(
-                loop.add(rid, ids, sp, self.queue, rid, self.arrival, cache_salt=self.cache_salt)
-                for rid, ids in zip(rids, prompts)), return_exceptions=True)
-            err = next((r for r in results if isinstance(r, BaseException)), None)
-            if err is not None:
-                if isinstance(err, InvalidRequestError):
-                    raise P.invalid_request(err)
-                raise err
+            # each step's requests arrive when sent (vLLM's: their latencies are their own, not
+            # the search's so far)
+            try:  # admitted all or none
+                await loop.add_all([(rid, ids, sp, rid) for rid, ids in zip(rids, prompts)],
+                                   self.queue, time.monotonic(), cache_salt=self.cache_salt)
+            except InvalidRequestError as e:
+                raise P.invalid_request(e) from None
             done: dict[str, Delta] = {}
             while len(done) < len(rids):
                 tag, item = await self.queue.get()

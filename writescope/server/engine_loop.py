@@ -103,6 +103,15 @@ class EngineLoop:
             cache_salt: str | None = None) -> asyncio.Future:
         """Queue a request; the future resolves to None once admitted or raises why not.
         ``cache_salt``: vLLM's (its prompt blocks shared only with the same salt)."""
+        return self.add_all([(request_id, prompt, params, tag)], out, arrival, cache_salt)
+
+    def add_all(self, requests: list[tuple[str, list[int], SamplingParams, Any]],
+                out: asyncio.Queue, arrival: float,
+                cache_salt: str | None = None) -> asyncio.Future:
+        """Queue requests ``(request_id, prompt, params, tag)`` admitted all or none, between
+        two steps: the future resolves to None once all are, or raises why one was not (those
+        added before it are taken back at once, never stepped, and counted nowhere: a refused
+        HTTP request counts only as refused)."""
         assert self._loop is not None, "engine loop not started"
         fut = self._loop.create_future()
         if self.stopping or not self.alive:
@@ -110,7 +119,7 @@ class EngineLoop:
                                          else "the engine is not running", status=503,
                                          type="server_error", code="unavailable"))
             return fut
-        self._cmds.put(("add", request_id, prompt, params, out, tag, arrival, cache_salt, fut))
+        self._cmds.put(("add", list(requests), out, arrival, cache_salt, fut))
         return fut
 
     def abort(self, request_id: str) -> None:
@@ -173,15 +182,26 @@ class EngineLoop:
 
     def _apply(self, cmd: tuple) -> None:
         if cmd[0] == "add":
-            _, rid, prompt, params, out, tag, arrival, salt, fut = cmd
+            _, requests, out, arrival, salt, fut = cmd
+            added: list[str] = []
             try:
-                self.engine.add_request(rid, prompt if salt is None else
-                                        {"prompt_token_ids": prompt, "cache_salt": salt}, params)
+                for rid, prompt, params, _ in requests:
+                    self.engine.add_request(rid, prompt if salt is None else
+                                            {"prompt_token_ids": prompt, "cache_salt": salt},
+                                            params)
+                    added.append(rid)
             except BaseException as e:  # noqa: BLE001 -- handed to the waiting handler
+                for rid in added:  # all or none: before any step, so nothing of them ran
+                    try:
+                        self.engine.abort_request(rid)
+                    except Exception as e2:  # noqa: BLE001
+                        log.error("abort of %s failed: %s", rid, e2)
+                        self.dead = e2
                 self._resolve(fut, e)
                 return
-            self._sinks[rid] = _Sink(out, tag, arrival)
-            self.metrics.prompt_tokens.inc(len(prompt))
+            for rid, prompt, _, tag in requests:
+                self._sinks[rid] = _Sink(out, tag, arrival)
+                self.metrics.prompt_tokens.inc(len(prompt))
             self._resolve(fut, None)
         elif cmd[0] == "cancel_all":
             deliveries = []

@@ -63,29 +63,26 @@ class Generation:
     async def submit(self) -> None:
         loop = self.server.loop
         await self._compile_constraints()
-        futs = []
-        for c, p in zip(self.choices, self.params):
-            futs.append(loop.add(c.request_id, c.prompt_ids, p, self.queue, c.index, self.arrival,
-                                 cache_salt=self.cache_salt))
-            self._submitted.append(c.request_id)
+        # admitted all or none (a refused one takes its siblings back before any step)
+        fut = loop.add_all([(c.request_id, c.prompt_ids, p, c.index)
+                            for c, p in zip(self.choices, self.params)],
+                           self.queue, self.arrival, cache_salt=self.cache_salt)
+        self._submitted.extend(c.request_id for c in self.choices)
         try:
-            results = await asyncio.gather(*futs, return_exceptions=True)
-        except BaseException:  # cancelled while waiting for admission: take it all back
+            await fut
+        except asyncio.CancelledError:  # cancelled while waiting for admission: take it back
             self.abort_unfinished()
             raise
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if not errors:
-            self._open = True
-            self.server.active += 1
-            return
-        self.abort_unfinished()  # the admitted siblings of a refused one
-        e = errors[0]
-        if isinstance(e, InvalidRequestError):
-            raise P.invalid_request(e) from None
-        if isinstance(e, P.APIError):
-            raise e
-        raise P.APIError(f"could not start the request: {type(e).__name__}: {e}",
-                         status=500, type="server_error") from None
+        except BaseException as e:  # noqa: BLE001 -- refused: none of them was admitted
+            self._submitted.clear()
+            if isinstance(e, InvalidRequestError):
+                raise P.invalid_request(e) from None
+            if isinstance(e, P.APIError):
+                raise e
+            raise P.APIError(f"could not start the request: {type(e).__name__}: {e}",
+                             status=500, type="server_error") from None
+        self._open = True
+        self.server.active += 1
 
     async def _compile_constraints(self) -> None:
         """Compile the request's structured-output constraint on a worker thread (the first one

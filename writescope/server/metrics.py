@@ -5,8 +5,11 @@ for one process whose engine thread records and whose HTTP thread renders: every
 registry's lock, so a scrape sees a consistent snapshot. The format follows
 https://prometheus.io/docs/instrumenting/exposition_formats/ (``# HELP``/``# TYPE`` lines,
 cumulative ``_bucket{le=...}`` series ending in ``+Inf``, then ``_sum`` and ``_count``); the
-metric names and bucket edges follow vLLM's ``vllm:time_to_first_token_seconds`` family so
-dashboards written for it read these with a prefix change.
+metric names follow vLLM's ``vllm:time_to_first_token_seconds`` family under a ``writescope_``
+prefix, and the histograms have every bucket edge of vLLM's. Not vLLM's: no ``model_name`` label
+(``writescope_model_info`` names the model), and ``time_per_output_token_seconds`` observes each
+request's mean time per token after the first (vLLM's ``request_time_per_output_token``), not
+each token's interval (vLLM's ``inter_token_latency``).
 
 :class:`ServerMetrics` holds the serving metrics proper (requests, tokens, latencies) and turns
 the engine's flat ``stats()`` dict into gauges (KV blocks per region, the planner's CPU share and
@@ -185,12 +188,15 @@ class Registry:
         return "\n".join(lines) + "\n"
 
 
-# Bucket edges (seconds) after vLLM's: TTFT spans queueing behind long prefills, TPOT one step.
+# Bucket edges (seconds): every edge of vLLM's (a query or alert that reads one of its buckets
+# finds it here), plus finer ones below 10 ms a token and 300 ms a request for small, fast
+# models. TTFT spans queueing behind long prefills, TPOT one step.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-                7.5, 10.0, 20.0, 40.0, 80.0, 160.0)
+                7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
-                0.75, 1.0, 2.5, 5.0, 10.0)
-E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0)
+                0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+E2E_BUCKETS = (0.05, 0.1, 0.25, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
+               40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 PREFIX = "writescope_"
