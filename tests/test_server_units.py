@@ -165,6 +165,22 @@ def test_engine_stats_become_gauges():
     assert m['writescope_model_info{model="m"}'] == 1
 
 
+def test_every_series_carries_vllms_model_name_label():
+    """vLLM's dashboards select ``model_name="..."``: every sample of every metric has it."""
+    sm = ServerMetrics('org/m "v2"')
+    sm.record_engine_stats({"kv.blocks.G": 3, "engine.steps": 7}, 1, 0)
+    sm.requests_total.inc(labels={"finished_reason": "stop"})
+    sm.ttft.observe(0.02)
+    samples = [ln for ln in sm.render().splitlines() if ln and not ln.startswith("#")]
+    assert samples and all(ln.split("{", 1)[1].startswith('model_name="org/m \\"v2\\""')
+                           for ln in samples)
+    raw = parse_text(sm.render(), keep_model_name=True)
+    assert raw['writescope_kv_blocks{model_name="org/m \\"v2\\"",region="G"}'] == 3
+    assert raw['writescope_time_to_first_token_seconds_bucket{model_name="org/m \\"v2\\"",'
+               'le="0.02"}'] == 1
+    assert parse_text(sm.render())['writescope_time_to_first_token_seconds_bucket{le="0.02"}'] == 1
+
+
 def test_tokens_per_second_window():
     sm = ServerMetrics("m", throughput_window_s=10.0)
     sm.record_step(0.01, 50, now=100.0)

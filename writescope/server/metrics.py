@@ -6,10 +6,11 @@ registry's lock, so a scrape sees a consistent snapshot. The format follows
 https://prometheus.io/docs/instrumenting/exposition_formats/ (``# HELP``/``# TYPE`` lines,
 cumulative ``_bucket{le=...}`` series ending in ``+Inf``, then ``_sum`` and ``_count``); the
 metric names follow vLLM's ``vllm:time_to_first_token_seconds`` family under a ``writescope_``
-prefix, and the histograms have every bucket edge of vLLM's. Not vLLM's: no ``model_name`` label
-(``writescope_model_info`` names the model), and ``time_per_output_token_seconds`` observes each
-request's mean time per token after the first (vLLM's ``request_time_per_output_token``), not
-each token's interval (vLLM's ``inter_token_latency``).
+prefix, every series carries vLLM's ``model_name`` label (the served model's first name), and
+the histograms have every bucket edge of vLLM's. Not vLLM's: ``time_per_output_token_seconds``
+observes each request's mean time per token after the first (vLLM's
+``request_time_per_output_token``), not each token's interval (vLLM's
+``inter_token_latency``).
 
 :class:`ServerMetrics` holds the serving metrics proper (requests, tokens, latencies) and turns
 the engine's flat ``stats()`` dict into gauges (KV blocks per region, the planner's CPU share and
@@ -54,10 +55,16 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def _labels(names: tuple[str, ...], values: tuple[str, ...], extra: str = "") -> str:
-    parts = [f'{n}="{_escape(v)}"' for n, v in zip(names, values)]
-    if extra:
-        parts.append(extra)
+def _q(value: str) -> str:
+    return '"' + _escape(value) + '"'
+
+
+def _labels(names: tuple[str, ...], values: tuple[str, ...], *extra: str) -> str:
+    """``{a="x",...}``: the ``extra`` label texts (the registry's constant labels first, a
+    bucket's ``le``) around the metric's own."""
+    parts = [e for e in extra[:1] if e]
+    parts += [f"{n}={_q(v)}" for n, v in zip(names, values)]
+    parts += [e for e in extra[1:] if e]
     return "{" + ",".join(parts) + "}" if parts else ""
 
 
@@ -76,6 +83,10 @@ class _Metric:
         if set(labels) != set(self.labelnames):
             raise ValueError(f"{self.name}: labels {sorted(labels)} != {sorted(self.labelnames)}")
         return tuple(str(labels[n]) for n in self.labelnames)
+
+    def render(self, const: str = "") -> list[str]:
+        """The metric's lines; ``const``: labels every series carries (``model_name="m"``)."""
+        raise NotImplementedError
 
     def header(self) -> list[str]:
         return [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
@@ -101,10 +112,10 @@ class Counter(_Metric):
         with self._lock:
             return self._values.get(self._key(labels), 0)
 
-    def render(self) -> list[str]:
+    def render(self, const: str = "") -> list[str]:
         lines = self.header()
         for key, v in sorted(self._values.items()):
-            lines.append(f"{self.name}{_labels(self.labelnames, key)} {_fmt(v)}")
+            lines.append(f"{self.name}{_labels(self.labelnames, key, const)} {_fmt(v)}")
         return lines
 
 
@@ -126,10 +137,10 @@ class Gauge(_Metric):
         with self._lock:
             return self._values.get(self._key(labels), 0)
 
-    def render(self) -> list[str]:
+    def render(self, const: str = "") -> list[str]:
         lines = self.header()
         for key, v in sorted(self._values.items()):
-            lines.append(f"{self.name}{_labels(self.labelnames, key)} {_fmt(v)}")
+            lines.append(f"{self.name}{_labels(self.labelnames, key, const)} {_fmt(v)}")
         return lines
 
 
@@ -155,22 +166,26 @@ class Histogram(_Metric):
         with self._lock:
             return self._count
 
-    def render(self) -> list[str]:
+    def render(self, const: str = "") -> list[str]:
         lines = self.header()
         acc = 0
         for edge, c in zip(self.buckets, self._counts):
             acc += c
-            lines.append(f'{self.name}_bucket{{le="{_fmt(edge)}"}} {acc}')
-        lines.append(f'{self.name}_bucket{{le="+Inf"}} {self._count}')
-        lines.append(f"{self.name}_sum {_fmt(self._sum)}")
-        lines.append(f"{self.name}_count {self._count}")
+            lines.append(f'{self.name}_bucket{_labels((), (), const, f"le={_q(_fmt(edge))}")} {acc}')
+        lines.append(f'{self.name}_bucket{_labels((), (), const, "le=" + _q("+Inf"))} {self._count}')
+        lines.append(f"{self.name}_sum{_labels((), (), const)} {_fmt(self._sum)}")
+        lines.append(f"{self.name}_count{_labels((), (), const)} {self._count}")
         return lines
 
 
 class Registry:
-    def __init__(self) -> None:
+    """The metrics of one process; ``const_labels`` every series carries (vLLM's
+    ``model_name``)."""
+
+    def __init__(self, const_labels: dict[str, str] | None = None) -> None:
         self.lock = threading.RLock()
         self._metrics: dict[str, _Metric] = {}
+        self.const = ",".join(f"{k}={_q(v)}" for k, v in (const_labels or {}).items())
 
     def register(self, metric: _Metric) -> None:
         if metric.name in self._metrics:
@@ -184,7 +199,7 @@ class Registry:
         with self.lock:
             lines: list[str] = []
             for m in self._metrics.values():
-                lines.extend(m.render())
+                lines.extend(m.render(self.const))
         return "\n".join(lines) + "\n"
 
 
@@ -214,7 +229,7 @@ class ServerMetrics:
     """Everything ``GET /metrics`` shows. Thread-safe; the engine loop records, HTTP renders."""
 
     def __init__(self, model_name: str, throughput_window_s: float = 10.0) -> None:
-        r = self.registry = Registry()
+        r = self.registry = Registry({"model_name": model_name})
         p = PREFIX
         self.requests_running = Gauge(r, p + "num_requests_running",
                                       "Requests in the running batch")
@@ -301,12 +316,19 @@ class ServerMetrics:
         return self.registry.render()
 
 
-def parse_text(text: str) -> dict[str, float]:
-    """Samples of an exposition as ``{'name{labels}': value}`` (tests, the load generator)."""
+_MODEL_LABEL = re.compile(r'model_name="(?:[^"\\]|\\.)*",?')
+
+
+def parse_text(text: str, keep_model_name: bool = False) -> dict[str, float]:
+    """Samples of an exposition as ``{'name{labels}': value}`` (tests, the load generator).
+    The ``model_name`` label every series of one server carries is left out of the keys
+    unless ``keep_model_name``."""
     out: dict[str, float] = {}
     for line in text.splitlines():
         if not line or line.startswith("#"):
             continue
         key, _, value = line.rpartition(" ")
+        if not keep_model_name:
+            key = _MODEL_LABEL.sub("", key).replace("{}", "")
         out[key] = float(value)
     return out
