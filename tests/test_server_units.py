@@ -163,6 +163,9 @@ def test_engine_stats_become_gauges():
     assert not any("policy" in k for k in m)  # non-numbers are skipped
     assert m["writescope_num_requests_running"] == 2 and m["writescope_num_requests_waiting"] == 5
     assert m['writescope_model_info{model="m"}'] == 1
+    sm.record_engine_stats({"kv.blocks.G": 3, "kv.blocks.C": 1, "kv.capacity_blocks.G": 10,
+                            "kv.capacity_blocks.C": 6}, 0, 0)
+    assert parse_text(sm.render())["writescope_kv_cache_usage_perc"] == 0.25  # 4 of 16
 
 
 def test_every_series_carries_vllms_model_name_label():

@@ -256,6 +256,9 @@ class ServerMetrics:
         self.engine_errors = Counter(r, p + "engine_errors_total",
                                      "Engine steps that raised (their requests failed)")
         self.kv_blocks = Gauge(r, p + "kv_blocks", "KV blocks in use per region", ["region"])
+        self.kv_usage = Gauge(r, p + "kv_cache_usage_perc",
+                              "KV-cache usage: the fraction of every region's KV blocks in use "
+                              "(1: all; vLLM's kv_cache_usage_perc)")
         self.planner_cpu_share = Gauge(r, p + _PLANNER_NAMES["planner.cpu_share"][0],
                                        _PLANNER_NAMES["planner.cpu_share"][1])
         self.planner_error = Gauge(r, p + _PLANNER_NAMES["planner.prediction_error"][0],
@@ -278,6 +281,15 @@ class ServerMetrics:
     def record_engine_stats(self, stats: dict, num_running: int, num_waiting: int) -> None:
         self.requests_running.set(num_running)
         self.requests_waiting.set(num_waiting)
+        used = cap = 0
+        for key, value in stats.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                if _KV_BLOCKS.match(key):
+                    used += value
+                elif key.startswith("kv.capacity_blocks."):
+                    cap += value
+        if cap:
+            self.kv_usage.set(used / cap)
         for key, value in stats.items():
             if isinstance(value, bool):
                 value = int(value)
