@@ -45,6 +45,32 @@ def advise_huge_pages(t: torch.Tensor) -> bool:
         return False
 
 
+def huge_page_fraction(t: torch.Tensor) -> float | None:
+    """The share of ``t``'s memory mapped by transparent huge pages now (``AnonHugePages`` over
+    ``Rss`` of the mappings ``t``'s bytes lie in, ``/proc/self/smaps``); None where that cannot
+    be read. Pages faulted in as 4 KiB ones (no huge page free at the first touch) stay so
+    until the kernel's background collapse (khugepaged) gets to them, and the CPU's hardware
+    prefetchers stop at each 4 KiB page's end."""
+    lo = t.data_ptr()
+    hi = lo + t.numel() * t.element_size()
+    rss = huge = 0
+    inside = False
+    try:
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                head = line.split(None, 1)[0]
+                if "-" in head and not head.endswith(":"):
+                    a, b = (int(x, 16) for x in head.split("-"))
+                    inside = a < hi and lo < b
+                elif inside and head == "Rss:":
+                    rss += int(line.split()[1])
+                elif inside and head == "AnonHugePages:":
+                    huge += int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return huge / rss if rss else None
+
+
 def pageable_empty(shape, dtype: torch.dtype, align: int = 64) -> torch.Tensor:
     """An uninitialised pageable host tensor whose data is ``align``-byte aligned and, from
     :data:`HUGE_PAGE_MIN_BYTES` up, advised huge pages before its first touch: the C region's pool,

@@ -49,7 +49,7 @@ import torch
 from ..attention import cpu
 from ..attention.batch import BlockBatch
 from ..attention.torch_paged import attend_torch
-from ..hostmem import pageable_empty
+from ..hostmem import huge_page_fraction, pageable_empty
 from ..kvcache.regions import KVSpec, cpu_pool_shape, gpu_pool_shape
 from ..units import parse_count
 from .provenance import result_header, write_json
@@ -270,6 +270,9 @@ def bench_shape(name: str, batch: int, length: int, reps: int, torch_reps: int, 
 
     isa = cpu.get_isa(spec.dtype)
     row["kernel_isa"] = isa
+    # how much of the KV the kernel reads sits in huge pages as its timed calls start (the
+    # pool was just allocated and filled; 4 KiB pages wait for the kernel's background collapse)
+    row["pool_huge_page_frac_at_start"] = huge_page_fraction(pool)
     ts = _times(kernel(pool), reps)
     t = statistics.median(ts)
     row["kernel_s"] = t
@@ -305,6 +308,7 @@ def bench_shape(name: str, batch: int, length: int, reps: int, torch_reps: int, 
             by[str(n)] = kv_bytes / _time(kernel(pool), reps) / 1e9
         cpu.set_prefetch_blocks(prev)
         row["kernel_gbps_by_prefetch_blocks"] = by
+    row["pool_huge_page_frac_at_end"] = huge_page_fraction(pool)
     ref = attend_torch(q, pool, "cpu", spec, bb, scale)
     out = cpu.attend_cpu(q, pool, "cpu", spec, bb, scale)
     row["max_abs_diff_vs_torch"] = float((out[0] - ref[0]).abs().max())
@@ -477,9 +481,19 @@ def main(argv: list[str] | None = None) -> dict:
               f"{r['shape'].split('/')[0]} {r['batch']}x{r['length'] // 1024}K "
               f"{100 * r['kernel_frac_of_best_read_bw']:.0f}%/{100 * r['paired_frac_of_best_read_bw']:.0f}%"
               for r in res["rows"]), flush=True)
+    if any(r.get("pool_huge_page_frac_at_start") is not None for r in res["rows"]):
+        print("huge pages over each shape's KV (when its timed calls start / after its variants): "
+              + ", ".join(f"{r['shape'].split('/')[0]} {r['batch']}x{r['length'] // 1024}K "
+                          f"{_pct(r.get('pool_huge_page_frac_at_start'))}/"
+                          f"{_pct(r.get('pool_huge_page_frac_at_end'))}" for r in res["rows"]),
+              flush=True)
     if args.json:
         write_json(args.json, res)
     return res
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
 
 
 if __name__ == "__main__":
