@@ -267,3 +267,36 @@ def test_cuda_constrained_rows_in_overlapped_batches(tiny_qwen3_moe):
         outs = gpu.generate(prompts[:3], SamplingParams(temperature=1.0, max_tokens=120,
                                                         structured_outputs=so))
         assert all(o.finish_reason == "stop" and valid(so, o.text) for o in outs)
+
+
+def test_vllms_whitespace_and_additional_properties_options(tiny, tiny_qwen3_moe):
+    """vLLM's ``disable_any_whitespace`` (False: any whitespace between a JSON value's tokens;
+    writescope's default, compact) and ``disable_additional_properties`` (objects take only the
+    properties they name), offline and on the server's ``structured_outputs``."""
+    from writescope.layers.grammar import grammar_text
+    from writescope.server.protocol import CompletionRequest
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    vocab, eos = tiny.engine.config.vocab_size, sorted(tiny.engine.eos_ids)
+    tok = tiny.get_tokenizer()
+
+    def accepts(so, text: str) -> bool:
+        m = _ll_matcher(tiny_qwen3_moe, grammar_text(so), vocab, eos)
+        ids = tok.encode(text, add_special_tokens=False)
+        return m.validate_tokens(ids) == len(ids)
+    plain = S(json=schema)
+    assert accepts(plain, '{"a":1,"b":2}') and not accepts(plain, '{ "a": 1 }')
+    closed = S(json=schema, disable_additional_properties=True, disable_fallback=True)
+    assert accepts(closed, '{"a":1}') and not accepts(closed, '{"a":1,"b":2}')
+    assert schema == {"type": "object", "properties": {"a": {"type": "integer"}},
+                      "required": ["a"]}  # the caller's schema is left as it was
+    loose = S(json=schema, disable_any_whitespace=False)
+    assert accepts(loose, '{ "a": 1 }') and accepts(loose, '{"a":1}')
+    with pytest.raises(InvalidRequestError, match="not both"):
+        S(json=schema, disable_any_whitespace=False, whitespace_pattern=" ?")
+    with pytest.raises(InvalidRequestError, match="disable_fallback must be true or false"):
+        S(json=schema, disable_fallback="yes")
+    req = CompletionRequest(prompt="x", structured_outputs={
+        "json": schema, "disable_any_whitespace": False, "disable_additional_properties": True})
+    so = req.structured()
+    assert so.disable_any_whitespace is False and so.disable_additional_properties
+    assert accepts(so, '{ "a": 1 }') and not accepts(so, '{"a":1, "b":2}')

@@ -54,6 +54,14 @@ class StructuredOutputsParams:
     #: (a reasoning model's end of thinking, ``"</think>"``: the model thinks freely, then
     #: answers in the format); None: from the first token
     starts_after: str | None = None
+    #: vLLM's: False, any whitespace between a JSON value's tokens (vLLM's default); True, and
+    #: None (writescope's default: a small model may write whitespace forever), the compact form
+    disable_any_whitespace: bool | None = None
+    #: vLLM's: each object of the JSON schema that does not say otherwise
+    #: (``additionalProperties``) takes no properties but those it names
+    disable_additional_properties: bool = False
+    #: vLLM's (no other backend to fall back to here): accepted, no effect
+    disable_fallback: bool = False
 
     def __post_init__(self) -> None:
         if self.choice is not None:
@@ -68,6 +76,14 @@ class StructuredOutputsParams:
             raise InvalidRequestError(
                 "structured outputs need exactly one of json, json_object, regex, choice, "
                 f"grammar (got {', '.join(kinds) or 'none'})")
+        for name in ("disable_any_whitespace", "disable_additional_properties",
+                     "disable_fallback"):
+            v = getattr(self, name)
+            if not isinstance(v, bool) and not (v is None and name == "disable_any_whitespace"):
+                raise InvalidRequestError(f"structured outputs: {name} must be true or false")
+        if self.disable_any_whitespace is False and self.whitespace_pattern is not None:
+            raise InvalidRequestError("structured outputs: give whitespace_pattern or "
+                                      "disable_any_whitespace=False, not both")
         if self.json is not None and not isinstance(self.json, (dict, str)):
             raise InvalidRequestError("structured outputs: json must be a JSON schema (an object "
                                       "or its JSON text)")

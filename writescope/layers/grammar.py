@@ -72,6 +72,22 @@ def _llguidance():
     return llguidance
 
 
+def no_additional_properties(schema: Any) -> Any:
+    """A copy of a JSON schema in which every object schema (one with ``properties`` or
+    ``"type": "object"``) that does not set ``additionalProperties`` sets it false (vLLM's
+    ``disable_additional_properties``)."""
+    if isinstance(schema, list):
+        return [no_additional_properties(x) for x in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: no_additional_properties(v) for k, v in schema.items()}
+    t = schema.get("type")
+    if ("properties" in schema or t == "object" or (isinstance(t, list) and "object" in t)) \
+            and "additionalProperties" not in schema:
+        out["additionalProperties"] = False
+    return out
+
+
 def grammar_text(so: StructuredOutputsParams) -> str:
     """The llguidance grammar of a constraint (not yet checked: :meth:`Grammars.admit` does)."""
     llg = _llguidance()
@@ -86,7 +102,9 @@ def grammar_text(so: StructuredOutputsParams) -> str:
                     from None
         if not isinstance(schema, (dict, bool)):
             raise InvalidRequestError("structured outputs: a JSON schema is an object")
-        opts: dict[str, Any] = {"whitespace_flexible": False}
+        if so.disable_additional_properties:
+            schema = no_additional_properties(schema)
+        opts: dict[str, Any] = {"whitespace_flexible": so.disable_any_whitespace is False}
         if so.whitespace_pattern is not None:
             opts["whitespace_pattern"] = so.whitespace_pattern
         try:
@@ -120,8 +138,8 @@ def check(so: StructuredOutputsParams, tokenizer=None) -> str:
 def _key(so: StructuredOutputsParams) -> str:
     # keys in their order: a schema's properties are written in its order (not sorted keys:
     # two schemas that differ only in that order are two grammars)
-    return json.dumps([so.kind, so.json, so.regex, so.choice, so.grammar, so.whitespace_pattern],
-                      default=str)
+    return json.dumps([so.kind, so.json, so.regex, so.choice, so.grammar, so.whitespace_pattern,
+                       so.disable_any_whitespace, so.disable_additional_properties], default=str)
 
 
 def unpack(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:

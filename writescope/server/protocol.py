@@ -148,6 +148,9 @@ class StructuredOutputsField(_Strict):
     grammar: Optional[str] = None
     json_object: Optional[bool] = None
     whitespace_pattern: Optional[str] = None
+    disable_any_whitespace: Optional[bool] = None
+    disable_additional_properties: Optional[bool] = None
+    disable_fallback: Optional[bool] = None
 
     model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
 
@@ -321,7 +324,10 @@ class _SamplingFields(_Strict):
             return StructuredOutputsParams(
                 json=so.json_, regex=so.regex, choice=so.choice, grammar=so.grammar,
                 json_object=bool(so.json_object),
-                whitespace_pattern=so.whitespace_pattern if so.whitespace_pattern else ws)
+                whitespace_pattern=so.whitespace_pattern if so.whitespace_pattern else ws,
+                disable_any_whitespace=so.disable_any_whitespace,
+                disable_additional_properties=bool(so.disable_additional_properties),
+                disable_fallback=bool(so.disable_fallback))
         if self.guided_json is not None:
             return StructuredOutputsParams(json=self.guided_json, whitespace_pattern=ws)
         if self.guided_regex is not None:
