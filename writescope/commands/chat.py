@@ -14,7 +14,7 @@ starts over).
 Lines starting with ``/`` are commands (``/help``); a line ending with ``\\`` continues on the
 next (on a terminal readline edits the line and keeps a history, and a multi-line paste is one
 message where the terminal brackets pastes); Ctrl-C stops an answer (what was written stays in
-the conversation), Ctrl-D or ``/exit`` ends the chat.
+the conversation), Ctrl-D, ``/exit`` or Ctrl-C at the prompt ends the chat.
 """
 from __future__ import annotations
 
