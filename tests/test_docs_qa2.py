@@ -1,6 +1,6 @@
-"""What the docs say about today's features, checked where the code had it wrong: the help of
-a flag that turns something off names no default (``--no-context-shift`` said
-``(default: True)``, read as the refusal being on by default)."""
+"""What the docs say about today's features, checked where they had it wrong: the help of
+``--no-context-shift`` said ``(default: True)`` (the store_false flag's default, read as the
+refusal being on by default), and such a turn is answered in the room left, not refused."""
 from __future__ import annotations
 
 import pytest

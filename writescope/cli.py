@@ -37,12 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
 def _name_defaults(parser: argparse.ArgumentParser) -> None:
     """Every option's help says its default (``--max-tokens`` had no help line at all): one
     whose help does not mention a default gets ``(default: X)``; flags and options without
-    a default (None) are left as they are (a ``store_false`` flag's default, True, would read
-    as the flag being on: ``--no-context-shift (default: True)``)."""
+    a default (None) are left as they are."""
     for action in parser._actions:
         if (not action.option_strings or action.help == argparse.SUPPRESS
                 or action.default is None or action.default is False  # not 0: a default
-                or isinstance(action, argparse._StoreFalseAction)
                 or action.default == argparse.SUPPRESS
                 or isinstance(action.default, list) and not action.default
                 or "default" in (action.help or "").lower()):

@@ -55,7 +55,7 @@ def register(sub) -> None:
     p.add_argument("--no-context-shift", dest="context_shift", action="store_false",
                    help="never drop the oldest exchanges: a turn answers in the room the "
                         "context has left, and one whose prompt does not fit is refused "
-                        "(llama.cpp's flag)")
+                        "(llama.cpp's flag; by default they are dropped)")
     add_engine_args(p)
     p.set_defaults(func=run)
 
