@@ -7,12 +7,14 @@ tokens -- the figure after each answer says how many prompt tokens came from the
 When a turn no longer fits the model's context (its prompt and ``--max-tokens`` past
 ``max_model_len``, or past the KV budgets), the oldest exchanges are dropped until it does, the
 system prompt kept, and the chat says so (llama.cpp's context shift, done on the conversation:
-the shortened conversation is a new prefix, computed again; ``--no-context-shift``: such a turn
-is refused instead, and ``/reset`` starts over).
+the shortened conversation is a new prefix, computed again; ``--no-context-shift``: nothing is
+dropped, such a turn answers in the room the context has left, its answer cut if it reaches the
+end of the context (the chat says so), and a turn whose prompt alone does not fit is refused; ``/reset``
+starts over).
 Lines starting with ``/`` are commands (``/help``); a line ending with ``\\`` continues on the
 next (on a terminal readline edits the line and keeps a history, and a multi-line paste is one
 message where the terminal brackets pastes); Ctrl-C stops an answer (what was written stays in
-the conversation), Ctrl-D or ``/exit`` ends the chat.
+the conversation), Ctrl-D, ``/exit`` or Ctrl-C at the prompt ends the chat.
 """
 from __future__ import annotations
 
@@ -51,8 +53,9 @@ def register(sub) -> None:
     p.add_argument("--no-stats", action="store_true",
                    help="no timing line after each answer")
     p.add_argument("--no-context-shift", dest="context_shift", action="store_false",
-                   help="refuse a turn that does not fit the context instead of dropping the "
-                        "oldest exchanges (llama.cpp's flag)")
+                   help="never drop the oldest exchanges: a turn answers in the room the "
+                        "context has left, and one whose prompt does not fit is refused "
+                        "(llama.cpp's flag; by default they are dropped)")
     add_engine_args(p)
     p.set_defaults(func=run)
 

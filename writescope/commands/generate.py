@@ -40,7 +40,8 @@ def register(sub) -> None:
     p.add_argument("--ignore-eos", action="store_true",
                    help="go on past end-of-sequence tokens (up to --max-tokens)")
     p.add_argument("--min-tokens", type=int, default=0,
-                   help="EOS and stop tokens cannot end the output before this many tokens")
+                   help="EOS, stop tokens and --stop strings cannot end the output within "
+                        "this many tokens")
     p.add_argument("--logprobs", type=int, metavar="K",
                    help="each generated token's log-probability and the K most likely tokens' "
                         "(0: the sampled token's only); printed after each text, or in --output")

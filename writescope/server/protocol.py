@@ -25,7 +25,7 @@ honour (``suffix``, ``best_of`` other than ``n``, ``logits_processors``,
 message rather than silently ignored. vLLM's ``cache_salt`` is honoured: the request's prompt
 blocks are shared in the prefix cache only with requests of the same salt.
 
-vLLM's ``use_beam_search`` runs a beam search per prompt (``server/beam.py``) of width ``n``,
+vLLM's ``use_beam_search`` runs a beam search per prompt (``server/beam.py``) of width ``n`` (at most 10),
 with ``max_tokens``, ``ignore_eos``, ``temperature``, ``length_penalty``,
 ``include_stop_str_in_output``, ``logprobs`` (at most ``2 * n`` alternatives) and
 ``cache_salt``; as under vLLM the other sampling fields do not apply to it, and those that
