@@ -252,3 +252,32 @@ def test_histograms_have_every_bucket_edge_of_vllms():
     sm = ServerMetrics("m")
     for hist, vllm in ((sm.ttft, VLLM_TTFT), (sm.tpot, VLLM_TPOT), (sm.e2e, VLLM_E2E)):
         assert set(vllm) <= set(hist.buckets), (hist.name, sorted(set(vllm) - set(hist.buckets)))
+
+
+def test_each_gap_between_a_requests_tokens_is_an_inter_token_latency(client):
+    """vLLM's ``inter_token_latency_seconds``: one observation per gap between a request's
+    successive tokens (n - 1 for n tokens, per choice), none for a one-token request."""
+    before = _quiet(client)
+    _post(client, prompt=P, max_tokens=5, ignore_eos=True)
+    _post(client, prompt=P, n=2, max_tokens=3, ignore_eos=True)
+    after = _quiet(client)
+    assert _delta(before, after, "writescope_inter_token_latency_seconds_count") == 4 + 2 * 2
+    assert after["writescope_inter_token_latency_seconds_sum"] >= \
+        before["writescope_inter_token_latency_seconds_sum"]
+
+
+def test_a_failed_step_counts_its_requests_as_finished_with_an_error(client, monkeypatch):
+    engine = client.app.state.server.engine
+    step = engine.step
+
+    def fail_once():
+        monkeypatch.setattr(engine, "step", step)
+        raise RuntimeError("boom")
+    before = _quiet(client)
+    monkeypatch.setattr(engine, "step", fail_once)
+    r = client.post("/v1/completions", json=dict(prompt=P, n=2, max_tokens=4, ignore_eos=True))
+    assert r.status_code == 500 and "boom" in r.text
+    after = _quiet(client)  # the engine steps on
+    assert _delta(before, after, SUCCESS % "error") == 2
+    assert _delta(before, after, "writescope_engine_errors_total") == 1
+    assert _delta(before, after, SUCCESS % "abort") == 0

@@ -59,6 +59,7 @@ class _Sink:
     n_top_logprobs: int = 0
     sent_prompt: bool = False
     first_token_time: float | None = None
+    last_token_time: float | None = None
 
 
 _STOP = object()
@@ -266,6 +267,9 @@ class EngineLoop:
                 if sink.first_token_time is None:
                     sink.first_token_time = now
                     self.metrics.ttft.observe(now - sink.arrival)
+                else:  # the gap since its last tokens (vLLM's inter-token latency)
+                    self.metrics.itl.observe(now - sink.last_token_time)
+                sink.last_token_time = now
             sink.n_tokens = n
             deliveries.append((sink.queue, sink.tag,
                                Delta(new_ids, new_lp, new_top, out.text, out.finish_reason,
@@ -284,6 +288,8 @@ class EngineLoop:
 
     def _fail_all(self, err: Exception) -> None:
         deliveries = [(s.queue, s.tag, err) for s in self._sinks.values()]
+        if self._sinks:  # each request in flight ends with the step (vLLM's "error")
+            self.metrics.requests_total.inc(len(self._sinks), labels={"finished_reason": "error"})
         for rid in list(self._sinks):
             try:
                 self.engine.abort_request(rid)

@@ -9,8 +9,9 @@ metric names follow vLLM's ``vllm:time_to_first_token_seconds`` family under a `
 prefix, every series carries vLLM's ``model_name`` label (the served model's first name), and
 the histograms have every bucket edge of vLLM's. Not vLLM's: ``time_per_output_token_seconds``
 observes each request's mean time per token after the first (vLLM's
-``request_time_per_output_token``), not each token's interval (vLLM's
-``inter_token_latency``).
+``request_time_per_output_token``); each gap between tokens is in
+``inter_token_latency_seconds``, as vLLM's. A request whose engine step failed counts as
+finished with reason ``error`` (vLLM's).
 
 :class:`ServerMetrics` holds the serving metrics proper (requests, tokens, latencies) and turns
 the engine's flat ``stats()`` dict into gauges (KV blocks per region, the planner's CPU share and
@@ -249,6 +250,9 @@ class ServerMetrics:
         self.tpot = Histogram(r, p + "time_per_output_token_seconds",
                               "Mean time per output token after the first, per request",
                               TPOT_BUCKETS)
+        self.itl = Histogram(r, p + "inter_token_latency_seconds",
+                             "Time between a request's successive generated tokens (each gap)",
+                             TPOT_BUCKETS)
         self.e2e = Histogram(r, p + "e2e_request_latency_seconds",
                              "Time from arrival to the last token", E2E_BUCKETS)
         self.step_time = Histogram(r, p + "engine_step_seconds", "Wall time of one engine step",
