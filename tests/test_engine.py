@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -353,6 +354,30 @@ def test_more_requests_than_batch_slots_all_finish(llm):
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
     assert [len(o.token_ids) for o in outs] == [6] * 20
     assert llm.stats()["kv.bytes_moved_after_placement"] == 0
+
+
+def test_queue_time_is_the_wait_for_a_batch_slot(tiny_qwen3_moe):
+    """``RequestOutput.queue_time_s`` (vLLM's time_in_queue): from the request's arrival to
+    its admission into the running batch; with one slot, the second request waits for the
+    first to finish."""
+    from writescope.engine.engine import LLMEngine
+    eng = LLMEngine(str(tiny_qwen3_moe), dtype="float32", device="cpu", max_model_len=64,
+                    max_num_seqs=1)
+    p = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    eng.add_request("a", [5, 6, 7], p)
+    eng.add_request("b", [5, 6, 8], p)
+    t0 = time.monotonic()
+    first_b = None
+    seen = {}
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            seen.setdefault(o.request_id, o.queue_time_s)
+            if o.request_id == "a" and o.finished:
+                a_done = time.monotonic() - t0
+            if o.request_id == "b" and first_b is None:
+                first_b = o
+    assert seen["a"] is not None and seen["a"] < a_done
+    assert first_b.queue_time_s >= a_done * 0.5 and first_b.queue_time_s > seen["a"]
 
 
 def test_cli_generate(tmp_path, tiny_qwen3_moe):

@@ -65,6 +65,7 @@ def _quiet(client) -> dict[str, float]:
 FLUSH = {"writescope_prompt_tokens_total": 1, "writescope_generation_tokens_total": 1,
          SUCCESS % "length": 1, "writescope_time_to_first_token_seconds_count": 1,
          "writescope_e2e_request_latency_seconds_count": 1,
+         "writescope_request_queue_time_seconds_count": 1,
          "writescope_engine_prefix_queried_tokens": 1}
 
 
@@ -281,3 +282,13 @@ def test_a_failed_step_counts_its_requests_as_finished_with_an_error(client, mon
     assert _delta(before, after, SUCCESS % "error") == 2
     assert _delta(before, after, "writescope_engine_errors_total") == 1
     assert _delta(before, after, SUCCESS % "abort") == 0
+
+
+def test_each_request_observes_its_queue_time_once(client):
+    """vLLM's ``request_queue_time_seconds``: one observation per engine request (each choice),
+    when it is admitted into the running batch."""
+    before = _quiet(client)
+    _post(client, prompt=P, max_tokens=3, ignore_eos=True)
+    _post(client, prompt=P, n=2, max_tokens=2, ignore_eos=True)
+    after = _quiet(client)
+    assert _delta(before, after, "writescope_request_queue_time_seconds_count") == 1 + 2

@@ -445,10 +445,12 @@ class Request:
     prompt_token_ids: list[int]
     params: SamplingParams
     prompt: str | None = None
-    arrival: float = 0.0
+    arrival: float = 0.0  # time.monotonic() when added
     #: vLLM's ``cache_salt`` (a prompt dict's): its prompt blocks are shared in the prefix
     #: cache only with prompts of the same salt
     cache_salt: str | None = None
+    #: seconds from ``arrival`` to its admission into the running batch (None: still waiting)
+    queue_time_s: float | None = None
     seq_id: int = field(default_factory=lambda: next(_req_counter))
     output_token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -622,6 +624,9 @@ class RequestOutput:
     num_cached_tokens: int = 0
     #: the stop string or stop token id that ended it; None for EOS and other ends (vLLM's)
     stop_reason: int | str | None = None
+    #: seconds from its arrival to its admission into the running batch (vLLM's
+    #: ``time_in_queue``; None while it waits)
+    queue_time_s: float | None = None
     #: token ids -> text, for :attr:`outputs`' ``Logprob.decoded_token`` (the engine's
     #: tokenizer; None: no text)
     decode: Callable[[list[int]], str] | None = field(default=None, repr=False, compare=False)

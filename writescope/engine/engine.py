@@ -798,6 +798,7 @@ class LLMEngine(EngineSizing):
                              ranks=req.ranks[first:] if req.params.logprobs is not None
                              else None,
                              num_cached_tokens=req.num_cached_tokens,
+                             queue_time_s=req.queue_time_s,
                              stop_reason=req.stop_reason,
                              decode=self._decode_tokens if req.params.detokenize else None)
 

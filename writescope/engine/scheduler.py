@@ -9,6 +9,7 @@ a long prompt is prefilled in chunks so the running requests keep decoding meanw
 """
 from __future__ import annotations
 
+import time
 from collections import deque
 
 from ..core import Request, RequestStatus, ScheduledSeq, StepBatch
@@ -124,6 +125,8 @@ class Scheduler:
                                          cache_salt=req.cache_salt)
         req.num_computed = req.num_cached_tokens = cached
         req.status = RequestStatus.RUNNING
+        if req.queue_time_s is None:
+            req.queue_time_s = time.monotonic() - req.arrival
         self.running.append(req)
         return req
 

@@ -60,6 +60,7 @@ class _Sink:
     sent_prompt: bool = False
     first_token_time: float | None = None
     last_token_time: float | None = None
+    queue_observed: bool = False
 
 
 _STOP = object()
@@ -262,6 +263,9 @@ class EngineLoop:
                 # complete: prefilled
                 prompt = (out.prompt_token_logprobs, out.prompt_top_logprobs, out.prompt_ranks)
                 sink.sent_prompt = True
+            if out.queue_time_s is not None and not sink.queue_observed:
+                sink.queue_observed = True
+                self.metrics.queue_time.observe(out.queue_time_s)
             if new_ids:
                 new_total += len(new_ids)
                 if sink.first_token_time is None:

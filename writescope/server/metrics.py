@@ -10,7 +10,8 @@ prefix, every series carries vLLM's ``model_name`` label (the served model's fir
 the histograms have every bucket edge of vLLM's. Not vLLM's: ``time_per_output_token_seconds``
 observes each request's mean time per token after the first (vLLM's
 ``request_time_per_output_token``); each gap between tokens is in
-``inter_token_latency_seconds``, as vLLM's. A request whose engine step failed counts as
+``inter_token_latency_seconds``, and each request's wait for admission into the running batch
+in ``request_queue_time_seconds``, as vLLM's. A request whose engine step failed counts as
 finished with reason ``error`` (vLLM's).
 
 :class:`ServerMetrics` holds the serving metrics proper (requests, tokens, latencies) and turns
@@ -253,6 +254,9 @@ class ServerMetrics:
         self.itl = Histogram(r, p + "inter_token_latency_seconds",
                              "Time between a request's successive generated tokens (each gap)",
                              TPOT_BUCKETS)
+        self.queue_time = Histogram(r, p + "request_queue_time_seconds",
+                                    "Time a request waited for admission into the running batch",
+                                    E2E_BUCKETS)
         self.e2e = Histogram(r, p + "e2e_request_latency_seconds",
                              "Time from arrival to the last token", E2E_BUCKETS)
         self.step_time = Histogram(r, p + "engine_step_seconds", "Wall time of one engine step",
