@@ -307,6 +307,23 @@ def _rewrite_safetensors(src_file: Path, dst_file: Path, edit) -> None:
     save_file(sd, str(dst_file), metadata={"format": "pt"})
 
 
+@contextlib.contextmanager
+def in_process_server(engine, **client_options):
+    """writescope's OpenAI app over ``engine``, in this process, behind starlette's TestClient
+    (its lifespan started: the engine loop runs); ``client_options`` go to the TestClient."""
+    from starlette.testclient import TestClient
+    from writescope.server.api import create_app
+    with TestClient(create_app(engine), **client_options) as client:
+        yield client
+
+
+def post_ok(client, path: str, **body) -> dict:
+    """POST ``body`` as JSON; the answer's JSON, after checking it is a 200."""
+    r = client.post(path, json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
 # ---------------------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="session")
 def tiny_root(tmp_path_factory) -> Path:

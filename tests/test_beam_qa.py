@@ -47,13 +47,12 @@ def test_a_search_that_can_never_fit_the_budgets_is_refused_before_any_step(tiny
 def test_the_server_refuses_a_search_that_can_never_fit_before_any_step(tiny_qwen3_moe):
     import warnings
     pytest.importorskip("fastapi")
-    from starlette.testclient import TestClient
+    from conftest import in_process_server
     from writescope.engine.engine import LLMEngine
-    from writescope.server.api import create_app
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         eng = LLMEngine(str(tiny_qwen3_moe), **SMALL)
-    with TestClient(create_app(eng)) as c:
+    with in_process_server(eng) as c:
         r = c.post("/v1/completions", json=dict(prompt=[5] * 9, n=2, max_tokens=40,
                                                 ignore_eos=True, use_beam_search=True))
         assert r.status_code == 400, r.text
@@ -131,11 +130,10 @@ def test_an_extreme_length_penalty_ranks_instead_of_crashing(lp):
 
 def test_the_server_answers_an_extreme_length_penalty(tiny_qwen3_moe):
     pytest.importorskip("fastapi")
-    from starlette.testclient import TestClient
+    from conftest import in_process_server
     from writescope.engine.engine import LLMEngine
-    from writescope.server.api import create_app
     eng = LLMEngine(str(tiny_qwen3_moe), dtype="float32", device="cpu", max_model_len=128)
-    with TestClient(create_app(eng), raise_server_exceptions=False) as c:
+    with in_process_server(eng, raise_server_exceptions=False) as c:
         r = c.post("/v1/completions", json=dict(prompt=[5] * 10, n=2, max_tokens=3,
                                                 use_beam_search=True, temperature=0,
                                                 length_penalty=1e308))

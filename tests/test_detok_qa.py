@@ -99,9 +99,8 @@ def test_a_stop_token_after_part_of_a_character(llm, monkeypatch, skip, stop):
 @pytest.fixture(scope="module")
 def client(llm):
     pytest.importorskip("fastapi")
-    from starlette.testclient import TestClient
-    from writescope.server.api import create_app
-    with TestClient(create_app(llm.engine)) as c:
+    from conftest import in_process_server
+    with in_process_server(llm.engine) as c:
         yield c
 
 

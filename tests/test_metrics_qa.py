@@ -25,13 +25,12 @@ SUCCESS = 'writescope_request_success_total{finished_reason="%s"}'
 
 @pytest.fixture(scope="module")
 def client(tiny_qwen3_moe):
-    from starlette.testclient import TestClient
+    from conftest import in_process_server
     from writescope.engine.engine import LLMEngine
-    from writescope.server.api import create_app
     with pytest.warns(RuntimeWarning, match="longer requests are refused"):
         eng = LLMEngine(str(tiny_qwen3_moe), dtype="float32", device="cpu", max_model_len=512,
                         num_gpu_blocks=BLOCKS, host_budget=0, pinned_budget=0)
-    with TestClient(create_app(eng)) as c:
+    with in_process_server(eng) as c:
         yield c
 
 

@@ -10,6 +10,7 @@ import pytest
 
 pytest.importorskip("fastapi")
 
+from conftest import in_process_server, post_ok  # noqa: E402
 from writescope import BeamSearchParams, LLM  # noqa: E402
 
 TEMPLATE = ("{%- for m in messages -%}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
@@ -28,19 +29,11 @@ def llm(tiny_qwen3_moe):
 
 @pytest.fixture(scope="module")
 def client(tiny_qwen3_moe):
-    from starlette.testclient import TestClient
     from writescope.engine.engine import LLMEngine
-    from writescope.server.api import create_app
     eng = LLMEngine(str(tiny_qwen3_moe), **OPTS)
     eng.tokenizer.hf.chat_template = TEMPLATE
-    with TestClient(create_app(eng)) as c:
+    with in_process_server(eng) as c:
         yield c
-
-
-def _post(client, path, **body):
-    r = client.post(path, json=body)
-    assert r.status_code == 200, r.text
-    return r.json()
 
 
 def _ids(logprobs: dict) -> list[int]:
@@ -49,7 +42,7 @@ def _ids(logprobs: dict) -> list[int]:
 
 def test_completions_return_each_prompts_best_hypotheses(client, llm):
     want = llm.beam_search(PROMPTS, BeamSearchParams(beam_width=3, max_tokens=5, ignore_eos=True))
-    body = _post(client, "/v1/completions", prompt=PROMPTS, n=3, max_tokens=5, ignore_eos=True,
+    body = post_ok(client, "/v1/completions", prompt=PROMPTS, n=3, max_tokens=5, ignore_eos=True,
                  use_beam_search=True, temperature=0, logprobs=2, return_tokens_as_token_ids=True)
     assert [c["index"] for c in body["choices"]] == list(range(6))
     for i, out in enumerate(want):
@@ -69,7 +62,7 @@ def test_completions_return_each_prompts_best_hypotheses(client, llm):
 def test_a_stream_sends_each_choice_whole(client):
     body = dict(prompt=PROMPTS[0], n=2, max_tokens=4, ignore_eos=True, use_beam_search=True,
                 temperature=0)
-    whole = _post(client, "/v1/completions", **body)
+    whole = post_ok(client, "/v1/completions", **body)
     with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
         assert r.status_code == 200
         lines = [ln[6:] for ln in r.iter_lines() if ln.startswith("data: ")]
@@ -83,7 +76,7 @@ def test_chat_choices_are_the_rendered_conversations_hypotheses(client, llm):
     ids = llm.tokenizer.encode(llm.tokenizer.render_chat(CHAT, add_generation_prompt=True),
                                add_special_tokens=False)
     want = llm.beam_search([ids], BeamSearchParams(beam_width=2, max_tokens=6))[0].sequences
-    body = _post(client, "/v1/chat/completions", messages=CHAT, n=2, max_tokens=6,
+    body = post_ok(client, "/v1/chat/completions", messages=CHAT, n=2, max_tokens=6,
                  use_beam_search=True, temperature=0)
     got = [(c["message"]["content"], c["finish_reason"]) for c in body["choices"]]
     assert got == [(s.text, s.finish_reason) for s in want]
@@ -112,7 +105,7 @@ def test_what_beam_search_cannot_apply_is_refused(client, path, extra, msg):
 def test_usage_counts_the_prompt_tokens_found_in_the_prefix_cache(client):
     prompt = [7 + 5 * i % 290 for i in range(150)]  # two blocks of 64 and a tail
     body = dict(prompt=prompt, n=2, max_tokens=2, use_beam_search=True, temperature=0)
-    first = _post(client, "/v1/completions", **body, cache_salt="beams")["usage"]
-    again = _post(client, "/v1/completions", **body, cache_salt="beams")["usage"]
+    first = post_ok(client, "/v1/completions", **body, cache_salt="beams")["usage"]
+    again = post_ok(client, "/v1/completions", **body, cache_salt="beams")["usage"]
     assert first["prompt_tokens_details"]["cached_tokens"] == 0
     assert again["prompt_tokens_details"]["cached_tokens"] == 128

@@ -11,6 +11,7 @@ import pytest
 
 pytest.importorskip("fastapi")
 
+from conftest import in_process_server, post_ok  # noqa: E402
 from writescope.core import SamplingParams  # noqa: E402
 
 # reads enable_thinking (as Qwen3's does) so that chat_template_kwargs can be seen in the prompt
@@ -43,16 +44,8 @@ def oracle(tiny_qwen3_moe):
 
 @pytest.fixture(scope="module")
 def client(engine):
-    from starlette.testclient import TestClient
-    from writescope.server.api import create_app
-    with TestClient(create_app(engine)) as c:
+    with in_process_server(engine) as c:
         yield c
-
-
-def _post(client, path, **body):
-    r = client.post(path, json=body)
-    assert r.status_code == 200, r.text
-    return r.json()
 
 
 def _solo(engine, ids, params):
@@ -84,17 +77,17 @@ def test_completions_prompt_logprobs(client, oracle):
     """Per choice, the engine's own values in vLLM's shape; with echo + logprobs each keeps its
     own k."""
     ids = oracle.tokenizer.encode("A quiet river runs under the old bridge")
-    body = _post(client, "/v1/completions", prompt=ids, max_tokens=3, temperature=0,
+    body = post_ok(client, "/v1/completions", prompt=ids, max_tokens=3, temperature=0,
                  prompt_logprobs=4, n=2)
     want = _solo(oracle, ids, SamplingParams(temperature=0, max_tokens=3, prompt_logprobs=4))
     assert len(body["choices"]) == 2
     for ch in body["choices"]:
         _check_dicts(ch["prompt_logprobs"], ids, want, 4)
     # 0: the prompt's own tokens only (with their ranks)
-    body = _post(client, "/v1/completions", prompt=ids, max_tokens=1, prompt_logprobs=0)
+    body = post_ok(client, "/v1/completions", prompt=ids, max_tokens=1, prompt_logprobs=0)
     _check_dicts(body["choices"][0]["prompt_logprobs"], ids, want, 0)
     # echo with logprobs 2 next to prompt_logprobs 4: each its own number of alternatives
-    body = _post(client, "/v1/completions", prompt=ids, max_tokens=2, temperature=0,
+    body = post_ok(client, "/v1/completions", prompt=ids, max_tokens=2, temperature=0,
                  echo=True, logprobs=2, prompt_logprobs=4)
     ch = body["choices"][0]
     _check_dicts(ch["prompt_logprobs"], ids, want, 4)
@@ -103,12 +96,12 @@ def test_completions_prompt_logprobs(client, oracle):
     assert ch["logprobs"]["token_logprobs"][1:len(ids)] == pytest.approx(
         want.prompt_token_logprobs[1:], abs=1e-5)
     # not asked: null
-    body = _post(client, "/v1/completions", prompt=ids, max_tokens=1)
+    body = post_ok(client, "/v1/completions", prompt=ids, max_tokens=1)
     assert body["choices"][0]["prompt_logprobs"] is None
 
 
 def test_chat_prompt_logprobs_once_per_response(client, oracle):
-    body = _post(client, "/v1/chat/completions", messages=CONV[:1], max_tokens=2,
+    body = post_ok(client, "/v1/chat/completions", messages=CONV[:1], max_tokens=2,
                  temperature=0, prompt_logprobs=2, n=2)
     ids = oracle.tokenizer.apply_chat_template(CONV[:1])
     want = _solo(oracle, ids, SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=2))
@@ -135,13 +128,13 @@ def test_continue_final_message_and_echo(client, oracle):
                                        continue_final_message=True)
     closed_ids = tok.apply_chat_template(CONV, add_generation_prompt=False)
     assert open_ids != closed_ids and tok.decode(open_ids).endswith("Rivers are")
-    body = _post(client, "/v1/chat/completions", messages=CONV, max_tokens=6, temperature=0,
+    body = post_ok(client, "/v1/chat/completions", messages=CONV, max_tokens=6, temperature=0,
                  add_generation_prompt=False, continue_final_message=True)
     assert body["usage"]["prompt_tokens"] == len(open_ids)
     want = _solo(oracle, open_ids, SamplingParams(temperature=0, max_tokens=6))
     answer = body["choices"][0]["message"]["content"]
     assert answer == want.text
-    echoed = _post(client, "/v1/chat/completions", messages=CONV, max_tokens=6, temperature=0,
+    echoed = post_ok(client, "/v1/chat/completions", messages=CONV, max_tokens=6, temperature=0,
                    add_generation_prompt=False, continue_final_message=True, echo=True)
     assert echoed["choices"][0]["message"]["content"] == "Rivers are" + answer
     text = ""
@@ -155,24 +148,24 @@ def test_continue_final_message_and_echo(client, oracle):
                     text += ch["delta"].get("content") or ""
     assert text == "Rivers are" + answer
     # echo where the last message is the user's and a new assistant turn starts: nothing echoed
-    plain = _post(client, "/v1/chat/completions", messages=CONV[:1], max_tokens=4, temperature=0)
-    again = _post(client, "/v1/chat/completions", messages=CONV[:1], max_tokens=4, temperature=0,
+    plain = post_ok(client, "/v1/chat/completions", messages=CONV[:1], max_tokens=4, temperature=0)
+    again = post_ok(client, "/v1/chat/completions", messages=CONV[:1], max_tokens=4, temperature=0,
                   echo=True)
     assert again["choices"][0]["message"] == plain["choices"][0]["message"]
 
 
 def test_chat_template_kwargs_reach_the_template(client, oracle):
     tok = oracle.tokenizer
-    base = _post(client, "/v1/chat/completions", messages=CONV[:1], max_tokens=1)
-    off = _post(client, "/v1/chat/completions", messages=CONV[:1], max_tokens=1,
+    base = post_ok(client, "/v1/chat/completions", messages=CONV[:1], max_tokens=1)
+    off = post_ok(client, "/v1/chat/completions", messages=CONV[:1], max_tokens=1,
                 chat_template_kwargs={"enable_thinking": False})
     want = tok.apply_chat_template(CONV[:1], enable_thinking=False)
     assert "<think>" in tok.decode(want)
     assert off["usage"]["prompt_tokens"] == len(want) > base["usage"]["prompt_tokens"]
     # /tokenize renders the same prompt as the chat endpoint
-    r = _post(client, "/tokenize", messages=CONV[:1], chat_template_kwargs={"enable_thinking": False})
+    r = post_ok(client, "/tokenize", messages=CONV[:1], chat_template_kwargs={"enable_thinking": False})
     assert r["tokens"] == want
-    r = _post(client, "/tokenize", messages=CONV, add_generation_prompt=False,
+    r = post_ok(client, "/tokenize", messages=CONV, add_generation_prompt=False,
               continue_final_message=True)
     assert r["tokens"] == tok.apply_chat_template(CONV, add_generation_prompt=False,
                                                   continue_final_message=True)
@@ -195,10 +188,10 @@ def test_usage_counts_prompt_tokens_found_in_the_prefix_cache(client, oracle):
     an earlier one reuses its blocks (64 tokens each here), streamed and not; the answer is the
     engine's own without the cache."""
     ids = [(7 * i) % 300 + 3 for i in range(150)]
-    first = _post(client, "/v1/completions", prompt=ids, max_tokens=2, temperature=0)
+    first = post_ok(client, "/v1/completions", prompt=ids, max_tokens=2, temperature=0)
     assert first["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
     longer = ids + [11, 12, 13]
-    body = _post(client, "/v1/completions", prompt=longer, max_tokens=5, temperature=0,
+    body = post_ok(client, "/v1/completions", prompt=longer, max_tokens=5, temperature=0,
                  logprobs=0)
     assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": 128}
     assert body["usage"]["prompt_tokens"] == 153
@@ -219,15 +212,15 @@ def test_usage_counts_prompt_tokens_found_in_the_prefix_cache(client, oracle):
     assert usage["prompt_tokens_details"] == {"cached_tokens": 128}
     # a chat's next turn starts from the blocks of the turn before
     conv = [{"role": "user", "content": "Tell me about rivers and the sea. " * 12}]
-    a = _post(client, "/v1/chat/completions", messages=conv, max_tokens=8, temperature=0)
+    a = post_ok(client, "/v1/chat/completions", messages=conv, max_tokens=8, temperature=0)
     conv += [{"role": "assistant", "content": a["choices"][0]["message"]["content"]},
              {"role": "user", "content": "And lakes?"}]
-    b = _post(client, "/v1/chat/completions", messages=conv, max_tokens=4, temperature=0)
+    b = post_ok(client, "/v1/chat/completions", messages=conv, max_tokens=4, temperature=0)
     assert b["usage"]["prompt_tokens_details"]["cached_tokens"] >= 64
     # POST /reset_prefix_cache (vLLM's): the same prompt then computes every token
     r = client.post("/reset_prefix_cache")
     assert r.status_code == 200 and r.json() == {"status": "ok"}
-    again = _post(client, "/v1/completions", prompt=longer, max_tokens=5, temperature=0)
+    again = post_ok(client, "/v1/completions", prompt=longer, max_tokens=5, temperature=0)
     assert again["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
     assert again["choices"][0]["text"] == want.text
 
@@ -252,13 +245,13 @@ def test_include_stop_str_and_allowed_token_ids(client, oracle):
     """vLLM's ``include_stop_str_in_output`` keeps the stop string at the end of the text,
     streamed and not; ``allowed_token_ids`` limits every token to the set; a negative id is a
     400 and one beyond the vocabulary too."""
-    base = _post(client, "/v1/completions", prompt="Once upon a time", max_tokens=12,
+    base = post_ok(client, "/v1/completions", prompt="Once upon a time", max_tokens=12,
                  temperature=0, ignore_eos=True)["choices"][0]["text"]
     stop = base[3:5]
     cut = base[:base.find(stop)]
     body = dict(prompt="Once upon a time", max_tokens=12, temperature=0, ignore_eos=True,
                 stop=[stop], include_stop_str_in_output=True)
-    got = _post(client, "/v1/completions", **body)["choices"][0]
+    got = post_ok(client, "/v1/completions", **body)["choices"][0]
     assert got["text"] == cut + stop and got["finish_reason"] == "stop"
     streamed = ""
     with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
@@ -268,7 +261,7 @@ def test_include_stop_str_and_allowed_token_ids(client, oracle):
     assert streamed == cut + stop
     allowed = [100, 101, 102]
     ids = oracle.tokenizer.encode("Once upon a time")
-    out = _post(client, "/v1/completions", prompt=ids, max_tokens=6, temperature=0,
+    out = post_ok(client, "/v1/completions", prompt=ids, max_tokens=6, temperature=0,
                 ignore_eos=True, allowed_token_ids=allowed)["choices"][0]
     want = _solo(oracle, ids, SamplingParams(max_tokens=6, allowed_token_ids=allowed,
                                              temperature=0, ignore_eos=True))
@@ -277,7 +270,7 @@ def test_include_stop_str_and_allowed_token_ids(client, oracle):
     # bad_words reach the engine (tests/test_logits_processors.py checks what they do)
     w = oracle.tokenizer.decode([want.token_ids[0]]).strip() or "the"
     banned = oracle._bad_words_ids([w])
-    free = _post(client, "/v1/completions", prompt=ids, max_tokens=6, temperature=0,
+    free = post_ok(client, "/v1/completions", prompt=ids, max_tokens=6, temperature=0,
                  ignore_eos=True, bad_words=[w])["choices"][0]["text"]
     toks = oracle.tokenizer.encode(free, add_special_tokens=False)
     assert [t for t in toks if [t] in banned] == []
@@ -286,12 +279,12 @@ def test_include_stop_str_and_allowed_token_ids(client, oracle):
     # skip_special_tokens: false keeps special tokens' text (allowed_token_ids forces one here)
     special = oracle.tokenizer.decode([2], skip_special_tokens=False)
     assert special and oracle.tokenizer.decode([2]) == ""
-    both = [_post(client, "/v1/completions", prompt=ids, max_tokens=2, ignore_eos=True,
+    both = [post_ok(client, "/v1/completions", prompt=ids, max_tokens=2, ignore_eos=True,
                   allowed_token_ids=[2], skip_special_tokens=skip)["choices"][0]["text"]
             for skip in (True, False)]
     assert both == ["", special * 2]
     # a token that stops the output is not in its text (vLLM), unless include_stop_str_in_output
-    stopped = [_post(client, "/v1/completions", prompt=ids, max_tokens=2, stop_token_ids=[2],
+    stopped = [post_ok(client, "/v1/completions", prompt=ids, max_tokens=2, stop_token_ids=[2],
                      allowed_token_ids=[2], skip_special_tokens=False,
                      include_stop_str_in_output=keep)["choices"][0] for keep in (False, True)]
     assert [c["text"] for c in stopped] == ["", special]
@@ -307,14 +300,14 @@ def test_truncate_prompt_tokens_keeps_the_prompts_end(client, oracle):
     the answer is that of the shorter prompt); -1 keeps what the context takes; 0 is a 400."""
     ids = [(5 * i) % 300 + 3 for i in range(40)]
     body = dict(max_tokens=4, temperature=0, ignore_eos=True)
-    cut = _post(client, "/v1/completions", prompt=ids, truncate_prompt_tokens=10, **body)
-    tail = _post(client, "/v1/completions", prompt=ids[-10:], **body)
+    cut = post_ok(client, "/v1/completions", prompt=ids, truncate_prompt_tokens=10, **body)
+    tail = post_ok(client, "/v1/completions", prompt=ids[-10:], **body)
     assert cut["usage"]["prompt_tokens"] == 10
     assert cut["choices"][0]["text"] == tail["choices"][0]["text"]
-    chat = _post(client, "/v1/chat/completions", messages=CONV[:1], truncate_prompt_tokens=5,
+    chat = post_ok(client, "/v1/chat/completions", messages=CONV[:1], truncate_prompt_tokens=5,
                  **body)
     assert chat["usage"]["prompt_tokens"] == 5
-    whole = _post(client, "/v1/completions", prompt=ids, truncate_prompt_tokens=-1, **body)
+    whole = post_ok(client, "/v1/completions", prompt=ids, truncate_prompt_tokens=-1, **body)
     assert whole["usage"]["prompt_tokens"] == 40
     r = client.post("/v1/completions", json={"prompt": ids, "truncate_prompt_tokens": 0, **body})
     assert r.status_code == 400
@@ -329,17 +322,17 @@ def test_openai_fields_that_do_not_change_decoding_are_accepted_and_ignored(clie
     a name that is no field at all is ignored too, with vLLM's warning naming it."""
     import logging
     body = dict(messages=CONV[:1], temperature=0, max_tokens=4)
-    plain = _post(client, "/v1/chat/completions", **body)["choices"][0]["message"]
+    plain = post_ok(client, "/v1/chat/completions", **body)["choices"][0]["message"]
     extra = dict(store=False, metadata={"a": "b"}, service_tier="auto", reasoning_effort="low",
                  modalities=["text"])
     with caplog.at_level(logging.WARNING, logger="writescope.server"):
-        got = _post(client, "/v1/chat/completions", **body, **extra)["choices"][0]["message"]
+        got = post_ok(client, "/v1/chat/completions", **body, **extra)["choices"][0]["message"]
     assert got == plain
     (warning,) = [r.getMessage() for r in caplog.records if "ignored" in r.getMessage()]
     assert all(name in warning for name in extra)
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="writescope.server"):
-        got = _post(client, "/v1/chat/completions", **body, bogus_field=1)
+        got = post_ok(client, "/v1/chat/completions", **body, bogus_field=1)
     assert got["choices"][0]["message"] == plain
     assert any("ignored: bogus_field" in r.getMessage() for r in caplog.records)
 
@@ -364,14 +357,14 @@ def test_logprobs_give_each_tokens_own_bytes(client):
     completions endpoint's ``text_offset`` counts characters (a split one's tokens each at
     its offset), streamed as not."""
     body = dict(guided_choice=["🐱é"], max_tokens=10, temperature=0)
-    ch = _post(client, "/v1/chat/completions", messages=CONV[:1], logprobs=True, top_logprobs=1,
+    ch = post_ok(client, "/v1/chat/completions", messages=CONV[:1], logprobs=True, top_logprobs=1,
                **body)["choices"][0]
     lp = ch["logprobs"]["content"]
     assert b"".join(bytes(t["bytes"]) for t in lp) == ch["message"]["content"].encode()
     assert ch["message"]["content"] == "🐱é" and lp[0]["token"] == "\\xf0"
     assert all(bytes(a["bytes"]).decode("utf-8", "backslashreplace") == a["token"]
                for t in lp for a in t["top_logprobs"])
-    ch = _post(client, "/v1/completions", prompt="x", logprobs=0, **body)["choices"][0]
+    ch = post_ok(client, "/v1/completions", prompt="x", logprobs=0, **body)["choices"][0]
     assert ch["text"] == "🐱é" and len(ch["logprobs"]["tokens"]) == 6
     assert ch["logprobs"]["text_offset"] == [0, 0, 0, 0, 1, 1]
     offsets = []
@@ -390,13 +383,13 @@ def test_logprobs_of_special_tokens_follow_the_text(client):
     echoed prompt keeps it (the prompt's own text), and the offsets after it count it."""
     im_start = 1  # <|im_start|> in the tiny tokenizer (special)
     for skip, want in ((False, "<|im_start|>" * 2), (True, "")):
-        ch = _post(client, "/v1/chat/completions", messages=CONV[:1], temperature=0,
+        ch = post_ok(client, "/v1/chat/completions", messages=CONV[:1], temperature=0,
                    max_tokens=2, logprobs=True, skip_special_tokens=skip,
                    logit_bias={str(im_start): 100})["choices"][0]
         lp = ch["logprobs"]["content"]
         assert ch["message"]["content"] == want
         assert b"".join(bytes(t["bytes"]) for t in lp) == want.encode()
-    ch = _post(client, "/v1/completions", prompt="A<|im_start|>B", max_tokens=0, echo=True,
+    ch = post_ok(client, "/v1/completions", prompt="A<|im_start|>B", max_tokens=0, echo=True,
                logprobs=0)["choices"][0]
     assert ch["text"] == "A<|im_start|>B" and ch["logprobs"]["tokens"] == ["A", "<|im_start|>", "B"]
     assert ch["logprobs"]["text_offset"] == [0, 1, 13]
