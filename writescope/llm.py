@@ -114,7 +114,8 @@ class LLM:
             raise
         return [results[r] for r in rids]
 
-    def beam_search(self, prompts: str | dict | list[str] | list[int] | list[list[int]] | list[dict],
+    def beam_search(self,
+                    prompts: str | dict | list[str] | list[int] | list[list[int]] | list[dict],
                     params: BeamSearchParams, use_tqdm: bool | Callable[..., tqdm] = False,
                     concurrency_limit: int | None = None) -> list[BeamSearchOutput]:
         """vLLM's ``LLM.beam_search``: one :class:`BeamSearchOutput` per prompt, in prompt

@@ -9,8 +9,8 @@ When a turn no longer fits the model's context (its prompt and ``--max-tokens`` 
 system prompt kept, and the chat says so (llama.cpp's context shift, done on the conversation:
 the shortened conversation is a new prefix, computed again; ``--no-context-shift``: nothing is
 dropped, such a turn answers in the room the context has left, its answer cut if it reaches the
-end of the context (the chat says so), and a turn whose prompt alone does not fit is refused; ``/reset``
-starts over).
+end of the context (the chat says so), and a turn whose prompt alone does not fit is refused;
+``/reset`` starts over).
 Lines starting with ``/`` are commands (``/help``); a line ending with ``\\`` continues on the
 next (on a terminal readline edits the line and keeps a history, and a multi-line paste is one
 message where the terminal brackets pastes); Ctrl-C stops an answer (what was written stays in

@@ -153,8 +153,9 @@ class BeamSearch:
                 else:
                     cands.append(new)
         # every live beam has as many tokens: their order by score is by cum_logprob
-        # (sorted() is stable: equal candidates keep the beams' and the dicts' order)
-        self.live = sorted(cands, key=lambda b: b.cum_logprob, reverse=True)[:self.params.beam_width]
+        # (the sort is stable: equal candidates keep the beams' and the dicts' order)
+        cands.sort(key=lambda b: b.cum_logprob, reverse=True)
+        self.live = cands[:self.params.beam_width]
         self.steps += 1
         self._cut_at_context()
 

@@ -173,8 +173,10 @@ class Histogram(_Metric):
         acc = 0
         for edge, c in zip(self.buckets, self._counts):
             acc += c
-            lines.append(f'{self.name}_bucket{_labels((), (), const, f"le={_q(_fmt(edge))}")} {acc}')
-        lines.append(f'{self.name}_bucket{_labels((), (), const, "le=" + _q("+Inf"))} {self._count}')
+            le = _labels((), (), const, "le=" + _q(_fmt(edge)))
+            lines.append(f"{self.name}_bucket{le} {acc}")
+        le = _labels((), (), const, "le=" + _q("+Inf"))
+        lines.append(f"{self.name}_bucket{le} {self._count}")
         lines.append(f"{self.name}_sum{_labels((), (), const)} {_fmt(self._sum)}")
         lines.append(f"{self.name}_count{_labels((), (), const)} {self._count}")
         return lines

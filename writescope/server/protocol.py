@@ -25,8 +25,8 @@ honour (``suffix``, ``best_of`` other than ``n``, ``logits_processors``,
 message rather than silently ignored. vLLM's ``cache_salt`` is honoured: the request's prompt
 blocks are shared in the prefix cache only with requests of the same salt.
 
-vLLM's ``use_beam_search`` runs a beam search per prompt (``server/beam.py``) of width ``n`` (at most 10),
-with ``max_tokens``, ``ignore_eos``, ``temperature``, ``length_penalty``,
+vLLM's ``use_beam_search`` runs a beam search per prompt (``server/beam.py``) of width ``n``
+(at most 10), with ``max_tokens``, ``ignore_eos``, ``temperature``, ``length_penalty``,
 ``include_stop_str_in_output``, ``logprobs`` (at most ``2 * n`` alternatives) and
 ``cache_salt``; as under vLLM the other sampling fields do not apply to it, and those that
 would change what it must return (an output constraint, stop strings and token ids,
@@ -211,7 +211,8 @@ class _SamplingFields(_Strict):
     # vLLM's: beam search's length penalty (score = cumulative log-probability / generated
     # length ** length_penalty); without use_beam_search it does nothing
     length_penalty: Optional[float] = 1.0
-    # vLLM's, accepted and ignored: the structured-output backend (this server has one), disaggregated serving's and custom extensions' parameters
+    # vLLM's, accepted and ignored: the structured-output backend (this server has one),
+    # disaggregated serving's and custom extensions' parameters
     guided_decoding_backend: Optional[str] = None
     kv_transfer_params: Optional[dict[str, Any]] = None
     vllm_xargs: Optional[dict[str, Union[str, int, float]]] = None
