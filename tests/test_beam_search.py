@@ -191,3 +191,54 @@ def test_bad_calls_are_refused(tiny_qwen3_moe):
                                                                      max_tokens=2))[0].sequences
     assert seq.token_ids == [] and seq.finish_reason == "length"
     assert not llm.engine.has_unfinished_requests()
+
+
+@pytest.mark.parametrize("salt", [None, "tenant-a"])
+def test_each_steps_beams_come_named_and_checked_only_where_new(tiny_qwen3_moe, monkeypatch,
+                                                               salt):
+    """A step's requests carry their full blocks' prefix-cache names (the parent's, extended
+    where the beam completed a block: the names a whole-prompt hash gives) and the engine
+    checks only the tokens the search generated, not the prompt again each step."""
+    llm = engine(tiny_qwen3_moe)
+    eng = llm.engine
+    ids = prompt_ids(eng.config.vocab_size, 29, seed=6)  # crosses a 16-token block at step 3
+    params = BeamSearchParams(beam_width=2, max_tokens=6, ignore_eos=True)
+    plain = llm.beam_search([ids], params)[0].sequences
+    checked: list[int] = []
+    real = eng._token_ids
+    monkeypatch.setattr(eng, "_token_ids", lambda p: checked.append(len(p)) or real(p))
+    prompts: list = []
+    real_add = eng.add_request
+
+    def add(rid, prompt, params=None):
+        prompts.append(prompt)
+        return real_add(rid, prompt, params)
+
+    monkeypatch.setattr(eng, "add_request", add)
+    p = ids if salt is None else {"prompt_token_ids": ids, "cache_salt": salt}
+    seqs = llm.beam_search([p], params)[0].sequences
+    assert [s.token_ids for s in seqs] == [s.token_ids for s in plain]
+    assert len(prompts) > 6 and all(len(bp.block_names) == len(bp.tokens) // 16
+                                    for bp in prompts)
+    for bp in prompts:
+        assert bp.block_names == eng.cache.prefix_names(bp.tokens, salt)
+        assert bp.cache_salt == salt and bp.checked == len(ids)
+    # the prompt once (beam_search), then only each beam's generated tokens
+    assert checked[0] == len(ids) and max(checked[1:]) <= params.max_tokens
+    assert sum(checked[1:]) == sum(len(bp.tokens) - len(ids) for bp in prompts if
+                                   len(bp.tokens) > len(ids))
+
+
+def test_a_beams_generated_tokens_are_still_checked(tiny_qwen3_moe):
+    from writescope.engine.beam import BeamPrompt
+    llm = engine(tiny_qwen3_moe)
+    eng = llm.engine
+    vocab = eng.config.vocab_size
+    with pytest.raises(InvalidRequestError, match="token ids must be integers"):
+        eng.add_request("b", BeamPrompt([5, 6, 7, vocab + 3], checked=3), SamplingParams())
+    with pytest.raises(InvalidRequestError, match="max_model_len"):
+        eng.add_request("b", BeamPrompt([5] * 600, checked=600), SamplingParams())
+    # unchecked (a search the engine did not begin): every token is checked
+    with pytest.raises(InvalidRequestError, match="token ids must be integers"):
+        eng.add_request("b", BeamPrompt([vocab, 6, 7], checked=0), SamplingParams())
+    assert not eng.has_unfinished_requests()

@@ -1482,3 +1482,16 @@ def test_the_flag_kernels_do_not_specialise_on_their_slot_or_value():
     from writescope.attention.hostflag import _kernel, _store_kernel
     assert {"FLAG", "expected"} <= set(_kernel().fn.do_not_specialize)
     assert {"FLAG", "value"} <= set(_store_kernel().fn.do_not_specialize)
+
+
+def test_beam_search_bench_times_beam_and_decode_steps(tiny_qwen3_moe, tmp_path):
+    from writescope.bench import beam_search
+    out = tmp_path / "b.json"
+    assert beam_search.main(["--model", str(tiny_qwen3_moe), "--device", "cpu", "--dtype",
+                             "float32", "--contexts", "40", "--beam-width", "2", "--steps", "3",
+                             "--reps", "1", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["context"] == 40 and row["beam_width"] == 2
+    assert 0 < row["add_requests_ms"] < row["beam_step_ms"] and row["decode_step_ms"] > 0
+    with pytest.raises(SystemExit):
+        beam_search.main(["--model", str(tiny_qwen3_moe), "--device", "cpu", "--steps", "1"])

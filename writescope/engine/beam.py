@@ -21,6 +21,11 @@ each step samples besides the most likely ones, as under vLLM.
 :meth:`BeamSearch.prompts` as requests and hands back each one's log-probability dict
 (:meth:`BeamSearch.advance`), so the offline API (``LLM.beam_search``) and the server drive the
 same search.
+
+A step's requests cost the host little beyond the model's work, however long the prompt: each is a
+:class:`BeamPrompt`, whose tokens the engine checked when the search began (only the generated
+ones are checked again) and whose full blocks' prefix-cache names are its parent beam's, extended
+by the block it completed (``namer``), so no step re-checks or re-hashes the whole prompt.
 """
 from __future__ import annotations
 
@@ -84,11 +89,31 @@ class BeamSearchSequence:
     #: the EOS token id that ended it, unless it is the tokenizer's own EOS (vLLM's rule)
     stop_reason: int | None = None
     prompt_len: int = field(default=0, repr=False)
+    #: the prefix-cache names of its full blocks so far (its parent's, extended by the engine's
+    #: ``namer`` when a step asks for it), None until named
+    block_names: list[bytes] | None = field(default=None, repr=False, compare=False)
 
     @property
     def token_ids(self) -> list[int]:
         """The generated tokens."""
         return self.tokens[self.prompt_len:]
+
+
+@dataclass(frozen=True)
+class BeamPrompt:
+    """One live beam's prompt in one step (what :meth:`BeamSearch.prompts` hands the caller to
+    run as a request): its tokens, of which the first ``checked`` were checked by the engine
+    (a search the engine began, ``LLMEngine.beam_search``: the prompt; the generated tokens
+    are checked again, they are few), the prefix-cache names of its full blocks (None: the
+    engine names them) and the search's ``cache_salt``."""
+
+    tokens: list[int]
+    checked: int = 0
+    block_names: list[bytes] | None = None
+    cache_salt: str | None = None
+
+    def __len__(self) -> int:
+        return len(self.tokens)
 
 
 @dataclass
@@ -113,12 +138,21 @@ def beam_score(seq: BeamSearchSequence, length_penalty: float) -> float:
 
 class BeamSearch:
     """One prompt's search: its live beams, its finished hypotheses (the ``beam_width`` best:
-    a finished hypothesis's score never changes, so no other can be returned) and its step."""
+    a finished hypothesis's score never changes, so no other can be returned) and its step.
+
+    ``checked``: the prompt's tokens were checked by the engine (it began the search);
+    ``namer(names, tokens)``: the prefix-cache names of ``tokens``' full blocks, given those of
+    a prefix of them (``InplaceKVCache.extend_prefix_names``; None: the engine names each step's
+    prompts itself)."""
 
     def __init__(self, prompt_ids: list[int], params: BeamSearchParams, eos_ids: Iterable[int],
                  max_model_len: int, model_eos_id: int | None = None,
-                 cache_salt: str | None = None) -> None:
+                 cache_salt: str | None = None, checked: bool = False,
+                 namer: Callable[[list[bytes] | None, list[int]], list[bytes] | None] | None
+                 = None) -> None:
         self.params = params
+        self.checked = len(prompt_ids) if checked else 0
+        self.namer = namer
         self.eos_ids = frozenset(() if params.ignore_eos else eos_ids)
         self.model_eos_id = model_eos_id
         self.max_model_len = max_model_len
@@ -132,10 +166,14 @@ class BeamSearch:
     def done(self) -> bool:
         return not self.live or self.steps >= self.params.max_tokens
 
-    def prompts(self) -> list[dict]:
-        """This step's request per live beam (vLLM's TokensPrompt), in :attr:`live`'s order."""
-        salt = {} if self.cache_salt is None else {"cache_salt": self.cache_salt}
-        return [{"prompt_token_ids": b.tokens, **salt} for b in self.live]
+    def prompts(self) -> list[BeamPrompt]:
+        """This step's request per live beam, in :attr:`live`'s order."""
+        out = []
+        for b in self.live:
+            if self.namer is not None:  # at most the block this beam's last token completed
+                b.block_names = self.namer(b.block_names, b.tokens)
+            out.append(BeamPrompt(b.tokens, self.checked, b.block_names, self.cache_salt))
+        return out
 
     def advance(self, tops: list[dict[int, Logprob]]) -> None:
         """One step: ``tops[i]`` is live beam ``i``'s next-token ``{token id: Logprob}``."""
@@ -145,7 +183,8 @@ class BeamSearch:
         for beam, top in zip(self.live, tops):
             for tok, lp in top.items():
                 new = BeamSearchSequence(beam.tokens + [tok], beam.logprobs + [top],
-                                         beam.cum_logprob + lp.logprob, prompt_len=beam.prompt_len)
+                                         beam.cum_logprob + lp.logprob, prompt_len=beam.prompt_len,
+                                         block_names=beam.block_names)
                 if tok in self.eos_ids:
                     new.finish_reason = "stop"
                     new.stop_reason = None if tok == self.model_eos_id else tok

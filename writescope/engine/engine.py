@@ -30,7 +30,7 @@ from ..models.loader import build_model
 from .. import hostmem
 from .cores import reserve_launch_core
 from . import parallel
-from .beam import BeamSearch, BeamSearchParams
+from .beam import BeamPrompt, BeamSearch, BeamSearchParams
 from .generation_config import sampling_defaults
 from .inflight import next_input_ids, overlap_enabled
 from .model_source import parse_dtype, resolve_model
@@ -459,8 +459,11 @@ class LLMEngine(EngineSizing):
                 raise InvalidRequestError(f"{name}: token id {bad[0]} is out of range "
                                           f"(vocabulary size {self.config.vocab_size})")
         ids, text, salt = self._prompt_ids(prompt, params)
+        # a beam's prompt comes named (unless truncated: then named at admission)
+        names = prompt.block_names if isinstance(prompt, BeamPrompt) and \
+            len(ids) == len(prompt.tokens) else None
         if not parallel.fans_out(params):
-            self._queue(request_id, ids, text, salt, params)
+            self._queue(request_id, ids, text, salt, params, names)
             return
         # one child request per completion, over the prompt tokenised once
         children = self.fanout.split(request_id, params)
@@ -471,7 +474,7 @@ class LLMEngine(EngineSizing):
         added = []
         try:
             for cid, cp in children:
-                self._queue(cid, ids, text, salt, cp)
+                self._queue(cid, ids, text, salt, cp, names)
                 added.append(cid)
         except BaseException:
             for cid in added:  # none of them stays: the request is refused whole
@@ -485,7 +488,9 @@ class LLMEngine(EngineSizing):
         ids, _, salt = self._prompt_ids(prompt, params.step_params())
         self.check_beams_fit(len(ids), params.max_tokens)
         return BeamSearch(ids, params, self.eos_ids, self.max_model_len,
-                          model_eos_id=self.model_eos_id, cache_salt=salt)
+                          model_eos_id=self.model_eos_id, cache_salt=salt, checked=True,
+                          namer=functools.partial(self.cache.extend_prefix_names,
+                                                  cache_salt=salt))
 
     def check_beams_fit(self, prompt_len: int, max_tokens: int) -> None:
         """Refuse, before any step, a beam search whose beams can never fit the KV budgets
@@ -502,14 +507,21 @@ class LLMEngine(EngineSizing):
     def _prompt_ids(self, prompt, params: SamplingParams) -> tuple[list[int], str | None,
                                                                     str | None]:
         """A request's prompt as checked token ids (``truncate_prompt_tokens`` applied), its
-        text (None for ids, or once truncated) and its ``cache_salt``."""
-        salt = None
-        if isinstance(prompt, dict):  # vLLM's TextPrompt / TokensPrompt
+        text (None for ids, or once truncated) and its ``cache_salt``. A beam's prompt
+        (:class:`BeamPrompt`) has only the tokens after its ``checked`` ones checked."""
+        salt, ids, text = None, None, None
+        if isinstance(prompt, BeamPrompt):
+            done = min(max(prompt.checked, 0), len(prompt.tokens))
+            if done:  # the tokens the search generated are checked as a prompt's are
+                tail = prompt.tokens[done:]
+                ids = prompt.tokens[:done] + (self._token_ids(tail) if tail else [])
+            prompt, salt = prompt.tokens, prompt.cache_salt
+        elif isinstance(prompt, dict):  # vLLM's TextPrompt / TokensPrompt
             try:
                 prompt, salt = prompt_of(prompt), cache_salt_of(prompt)
             except ValueError as e:
                 raise InvalidRequestError(str(e)) from None
-        if isinstance(prompt, str):
+        if ids is None and isinstance(prompt, str):
             if self.tokenizer is None:
                 raise InvalidRequestError(f"model {self.model_name} has no tokenizer: pass token ids")
             ids, text = self.tokenizer.encode(prompt), prompt
@@ -519,19 +531,8 @@ class LLMEngine(EngineSizing):
                     f"the prompt's token id {top} is outside model {self.model_name}'s vocabulary "
                     f"(vocab_size {self.config.vocab_size} in config.json; its tokenizer has "
                     f"{len(self.tokenizer.hf)} tokens)")
-        else:
-            if hasattr(prompt, "tolist") and not isinstance(prompt, (list, tuple)):
-                prompt = prompt.tolist()  # a torch tensor or numpy array of ids
-            if not isinstance(prompt, (list, tuple)):
-                raise InvalidRequestError("a prompt is a string, a list of token ids or a prompt "
-                                          f"dict, got {type(prompt).__name__}")
-            ids, text = [as_int(t) for t in prompt], None
-            bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool)
-                   or not 0 <= t < self.config.vocab_size][:1]
-            if bad:
-                raise InvalidRequestError(f"token ids must be integers in [0, "
-                                          f"{self.config.vocab_size}) (vocab_size of model "
-                                          f"{self.model_name}); got {bad[0]!r}")
+        elif ids is None:
+            ids = self._token_ids(prompt)
         if not ids:
             raise InvalidRequestError("the prompt is empty")
         keep = params.truncate_prompt_tokens
@@ -544,17 +545,38 @@ class LLMEngine(EngineSizing):
                                        f"(max_model_len) is {self.max_model_len}")
         return ids, text, salt
 
+    def _token_ids(self, prompt) -> list[int]:
+        """A prompt of token ids (a list, tuple, tensor or array) as a list of ints, each
+        checked to be in the vocabulary."""
+        if hasattr(prompt, "tolist") and not isinstance(prompt, (list, tuple)):
+            prompt = prompt.tolist()  # a torch tensor or numpy array of ids
+        if not isinstance(prompt, (list, tuple)):
+            raise InvalidRequestError("a prompt is a string, a list of token ids or a prompt "
+                                      f"dict, got {type(prompt).__name__}")
+        if prompt and all(type(t) is int for t in prompt) and \
+                0 <= min(prompt) and max(prompt) < self.config.vocab_size:
+            return list(prompt)  # plain ints in range: checked at C speed
+        ids = [as_int(t) for t in prompt]
+        bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool)
+               or not 0 <= t < self.config.vocab_size][:1]
+        if bad:
+            raise InvalidRequestError(f"token ids must be integers in [0, "
+                                      f"{self.config.vocab_size}) (vocab_size of model "
+                                      f"{self.model_name}); got {bad[0]!r}")
+        return ids
+
     def _queue(self, request_id: str, ids: list[int], text: str | None, salt: str | None,
-               params: SamplingParams) -> None:
+               params: SamplingParams, block_names: list[bytes] | None = None) -> None:
         """One completion's request into the scheduler's queue (refused, and nothing kept,
-        where it can never fit or its constraint does not compile)."""
+        where it can never fit or its constraint does not compile); ``block_names``: its
+        prompt's prefix-cache names where they are known (a beam's)."""
         # a prompt of the whole context still gets its one token, as under vLLM: it is sampled
         # and never written (the server's echo without generation scores such a prompt)
         room = max(1, self.max_model_len - len(ids))
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         self._check_fits(len(ids), max_tokens)
         req = Request(request_id, ids, params, prompt=text, arrival=time.monotonic(),
-                      max_tokens=max_tokens, cache_salt=salt)
+                      max_tokens=max_tokens, cache_salt=salt, block_names=block_names)
         if params.bad_words:
             req.bad_words_ids = self._bad_words_ids(params.bad_words)
         if params.structured_outputs is not None:  # compiled now: a bad grammar is refused here

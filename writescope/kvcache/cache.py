@@ -219,6 +219,21 @@ class InplaceKVCache(ResidentSteps):
         return None if self.prefix is None else block_hashes(token_ids, self.bs,
                                                              parent=salt_root(cache_salt))
 
+    def extend_prefix_names(self, names: list[bytes] | None, token_ids,
+                            cache_salt: str | None = None) -> list[bytes] | None:
+        """:meth:`prefix_names` of ``token_ids`` given ``names``, those of a prefix of them
+        (None or []: none): only the blocks after those are hashed (a beam's, a step after
+        its parent's). None without prefix caching."""
+        if self.prefix is None:
+            return None
+        names = names or []
+        full = len(token_ids) // self.bs
+        if full <= len(names):
+            return names[:full]
+        parent = names[-1] if names else salt_root(cache_salt)
+        return names + block_hashes(token_ids[len(names) * self.bs:full * self.bs], self.bs,
+                                    parent=parent)
+
     def match_prefix(self, names: list[bytes] | None, prompt_tokens: int) -> PrefixMatch | None:
         """The cached blocks a prompt of ``prompt_tokens`` tokens with block names ``names``
         can start from: its longest registered prefix, leaving at least its last token to be
@@ -282,8 +297,7 @@ class InplaceKVCache(ResidentSteps):
                 self.prefix.counters["prefix.queried_tokens"] += int(prompt_tokens or 0)
             if prefix:
                 self.prefix.acquire(prefix)
-                for r, bid in prefix.blocks:
-                    t.append(r, bid)
+                t.extend(prefix.blocks)
                 t.names = t.prompt_names[:len(prefix)]
                 t.num_tokens = len(prefix) * self.bs
             t.pending_from = len(t.names)

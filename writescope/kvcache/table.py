@@ -47,6 +47,20 @@ class SeqTable:
         self.num_sealed += 1
         self._regions += (region,)
 
+    def extend(self, blocks: list[tuple[Region, int]]) -> None:
+        """:meth:`append` of several blocks at once (a cached prefix's), in one array write."""
+        if not blocks:
+            return
+        end = self.num_sealed + len(blocks)
+        if end > self.codes.size:
+            size = max(end, 2 * self.codes.size)
+            self.codes, self.ids = np.resize(self.codes, size), np.resize(self.ids, size)
+        regions = tuple(r for r, _ in blocks)
+        self.codes[self.num_sealed:end] = [REGION_CODES[r] for r in regions]
+        self.ids[self.num_sealed:end] = [b for _, b in blocks]
+        self.num_sealed = end
+        self._regions += regions
+
     @property
     def sealed_codes(self) -> np.ndarray:
         return self.codes[:self.num_sealed]

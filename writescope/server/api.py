@@ -47,7 +47,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from ..core import InvalidRequestError, SamplingParams, StructuredOutputsParams
-from ..engine.beam import BeamSearch
 from ..layers.grammar import MayThinkFirst
 from . import protocol as P
 from . import conversation, reasoning, tokenize, tool_parsers, tools
@@ -330,17 +329,12 @@ class OpenAIServer:
             raise P.APIError(f"use_beam_search with n={n} reports at most {2 * n} log-probability "
                              f"alternatives a token (the ones each step sees), not {logprobs}",
                              param="logprobs")
-        eng = self.engine
-        if hasattr(eng, "check_beams_fit"):  # refused before any step, not at the step that fails
-            try:
-                for c, p in zip(choices[::n], params):
-                    eng.check_beams_fit(len(c.prompt_ids), p.max_tokens)
-            except InvalidRequestError as e:
-                raise P.invalid_request(e) from None
-        searches = [BeamSearch(c.prompt_ids, p, getattr(eng, "eos_ids", ()), self.max_model_len,
-                               model_eos_id=getattr(eng, "model_eos_id", None),
-                               cache_salt=req.cache_salt)
-                    for c, p in zip(choices[::n], params)]
+        salt = {} if req.cache_salt is None else {"cache_salt": req.cache_salt}
+        try:  # checked (also that the beams can fit) before any step, and named by the engine
+            searches = [self.engine.beam_search({"prompt_token_ids": c.prompt_ids, **salt}, p)
+                        for c, p in zip(choices[::n], params)]
+        except InvalidRequestError as e:
+            raise P.invalid_request(e) from None
         return BeamGeneration(self, choices, params[0], searches, arrival, logprobs,
                               req.cache_salt)
 

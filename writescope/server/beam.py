@@ -62,13 +62,13 @@ class BeamGeneration(Generation):
             if not live:
                 break
             rids = [f"{base}-beam{next(self._step_ids)}" for s in live for _ in s.live]
-            prompts = [p["prompt_token_ids"] for s in live for p in s.prompts()]
+            prompts = [p for s in live for p in s.prompts()]  # each carries the salt
             self._running.update(rids)
             # each step's requests arrive when sent (vLLM's: their latencies are their own, not
             # the search's so far)
             try:  # admitted all or none
-                await loop.add_all([(rid, ids, sp, rid) for rid, ids in zip(rids, prompts)],
-                                   self.queue, time.monotonic(), cache_salt=self.cache_salt)
+                await loop.add_all([(rid, p, sp, rid) for rid, p in zip(rids, prompts)],
+                                   self.queue, time.monotonic())
             except InvalidRequestError as e:
                 raise P.invalid_request(e) from None
             done: dict[str, Delta] = {}
