@@ -26,6 +26,16 @@ def fcfs(tiny_qwen3_moe):
     return LLM(str(tiny_qwen3_moe), **OPTS)
 
 
+@pytest.fixture(autouse=True)
+def _nothing_left_behind(request):
+    """A failing test's requests do not stay queued in the shared engines for the next."""
+    yield
+    for name in ("prio", "fcfs"):
+        if name in request.fixturenames:
+            eng = request.getfixturevalue(name).llm_engine
+            eng.abort_request(list(eng.requests) + list(eng.fanout.parents))
+
+
 def finish_order(eng) -> list[str]:
     """The request ids in the order they finish (max_num_seqs=1: the order admitted)."""
     done = []
