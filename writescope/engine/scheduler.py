@@ -139,8 +139,9 @@ class Scheduler:
         return head
 
     def admit_next(self) -> Request | None:
-        """Move the first waiting request into the running set if it fits the cache and the
-        batch (its blocks reserved); None when it does not (it keeps waiting)."""
+        """Move the first waiting request (the queue's head: the next in arrival or priority
+        order) into the running set if it fits the cache and the batch (its blocks reserved);
+        None when it does not (it keeps waiting, and so do those behind it)."""
         if not self.waiting or len(self.running) >= self.max_num_seqs:
             return None
         req = self.waiting[0]
