@@ -137,7 +137,8 @@ def test_request_id_names_the_response(client):
 
 
 def test_priority_other_than_zero_is_refused(client):
-    """No priority scheduling here: vLLM then refuses any priority but 0."""
+    """No priority scheduling here (the default --scheduling-policy fcfs): vLLM then refuses
+    any priority but 0 (tests/test_priority.py: under the priority policy)."""
     body = dict(prompt="Rivers", max_tokens=1)
     assert _post(client, "/v1/completions", **body, priority=0)["choices"]
     err = _error(client, "/v1/completions", **body, priority=-3)

@@ -56,13 +56,17 @@ class LLM:
 
     def generate(self, prompts: str | dict | list[str] | list[int] | list[list[int]] | list[dict],
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 use_tqdm: bool | Callable[..., tqdm] = True) -> list[RequestOutput]:
+                 use_tqdm: bool | Callable[..., tqdm] = True,
+                 priority: list[int] | None = None) -> list[RequestOutput]:
         """One :class:`RequestOutput` per prompt, in prompt order. ``use_tqdm``: a progress bar
         over the prompts, with the decode rate (vLLM's default: on; or the tqdm class to draw it
         with). Prompts are strings, lists of
         token ids (a flat list of ints is one prompt) or vLLM's prompt dicts
         (``{"prompt": text}``, ``{"prompt_token_ids": ids}``, with a ``"cache_salt"`` to share
-        cached prompt blocks only with prompts of the same salt)."""
+        cached prompt blocks only with prompts of the same salt). ``priority`` (vLLM's): one
+        integer per prompt, with ``LLM(..., scheduling_policy="priority")``: the prompts are
+        admitted lower value first, ties in prompt order (admission order only: a running
+        request is never preempted); under "fcfs" only zeros are accepted."""
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts
                                                 and isinstance(prompts[0], int)):
             prompts = [prompts]
@@ -75,13 +79,21 @@ class LLM:
                             f"{type(sampling_params).__name__}")
         if len(params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
+        if priority is None:
+            priority = [0] * len(prompts)
+        elif not isinstance(priority, (list, tuple)):
+            raise TypeError(f"priority must be a list of integers, one per prompt, got "
+                            f"{type(priority).__name__}")
+        elif len(priority) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(priority)} priorities")
+        priority = [self.engine.check_priority(v) for v in priority]  # all before any is queued
         rids: list[str] = []  # per prompt, its engine request (n completions: engine/parallel.py)
         try:
-            for p, sp in zip(prompts, params):
+            for p, sp, prio in zip(prompts, params, priority):
                 if sp.output_kind is not RequestOutputKind.CUMULATIVE:  # whole outputs here
                     sp = dataclasses.replace(sp, output_kind=RequestOutputKind.CUMULATIVE)
                 rids.append(f"gen-{next(self._ids)}")
-                self.engine.add_request(rids[-1], p, sp)
+                self.engine.add_request(rids[-1], p, sp, priority=prio)
         except BaseException:  # a bad prompt: none of this call's requests stay queued
             self.engine.abort_request(rids)
             raise

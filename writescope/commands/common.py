@@ -47,6 +47,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "budgets hold of one sequence)")
     g.add_argument("--max-num-batched-tokens", type=int, default=2048,
                    help="most tokens a step runs (decodes, then prefill chunks)")
+    g.add_argument("--scheduling-policy", default="fcfs", choices=("fcfs", "priority"),
+                   help="the order waiting requests are admitted in, as vLLM's: fcfs (default: "
+                        "arrival) or priority (each request's priority, lower first, ties by "
+                        "arrival; the server's requests then accept a non-zero priority). "
+                        "Admission order only: a running request is never preempted")
     g.add_argument("--cpu-threads", type=int, default=None, help="threads for CPU attention")
     g.add_argument("--enforce-eager", action="store_true",
                    help="launch every decode step eagerly, never as CUDA graphs (as vLLM's)")
@@ -94,7 +99,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
               gpu_memory_utilization=getattr(args, "gpu_memory_utilization", None),
               enforce_eager=getattr(args, "enforce_eager", False),
               generation_config=getattr(args, "generation_config", "auto"),
-              tokenizer=getattr(args, "tokenizer", None))
+              tokenizer=getattr(args, "tokenizer", None),
+              scheduling_policy=getattr(args, "scheduling_policy", "fcfs"))
     if args.block_size is not None:
         kw["block_size"] = args.block_size
     return kw

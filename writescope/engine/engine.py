@@ -35,7 +35,7 @@ from .generation_config import sampling_defaults
 from .inflight import next_input_ids, overlap_enabled
 from .model_source import parse_dtype, resolve_model
 from .runner import Launched, ModelRunner
-from .scheduler import Scheduler
+from .scheduler import SCHEDULING_POLICIES, Scheduler
 from .sizing import EngineSizing
 
 def _bytes(v) -> int | None:
@@ -83,7 +83,13 @@ class LLMEngine(EngineSizing):
                  enable_prefix_caching: bool = True, kv_cache_memory: int | str | None = None,
                  gpu_memory_utilization: float | None = None, enforce_eager: bool = False,
                  generation_config: str | os.PathLike | None = "auto",
-                 tokenizer: str | os.PathLike | None = None):
+                 tokenizer: str | os.PathLike | None = None, scheduling_policy: str = "fcfs"):
+        if scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
+                             f"got {scheduling_policy!r}")
+        #: vLLM's: "fcfs" (admission in arrival order) or "priority" (by each request's
+        #: ``priority``, lower first, ties by arrival; admission order only: engine/scheduler.py)
+        self.scheduling_policy = scheduling_policy
         self.dtype = parse_dtype(dtype, {})  # checked now; "auto" is resolved with the config
         try:
             self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -388,7 +394,8 @@ class LLMEngine(EngineSizing):
                                     staging_bytes=a["staging"],
                                     prefix_caching=self.enable_prefix_caching
                                     and not policy.moves_blocks)
-        self.scheduler = Scheduler(self.cache, a["max_num_seqs"], a["max_num_batched_tokens"])
+        self.scheduler = Scheduler(self.cache, a["max_num_seqs"], a["max_num_batched_tokens"],
+                                   self.scheduling_policy)
         # the CPU workers (attention, experts) need the GIL for a few microseconds between
         # native calls; a launching thread holding it makes them wait up to the interpreter's
         # switch interval (5 ms by default). WRITESCOPE_SWITCH_INTERVAL (seconds) shortens it.
@@ -445,7 +452,12 @@ class LLMEngine(EngineSizing):
         return self.scheduler.has_work()
 
     def add_request(self, request_id: str, prompt: str | list[int],
-                    params: SamplingParams | None = None) -> None:
+                    params: SamplingParams | None = None, priority: int = 0) -> None:
+        """Queue a request (refused, and nothing kept, where it is malformed or can never fit).
+        ``priority`` (vLLM's): under ``scheduling_policy="priority"`` the waiting requests are
+        admitted by it, lower first, ties by arrival (every completion of an ``n`` > 1 request
+        has its priority); under "fcfs" only 0 is accepted."""
+        priority = self.check_priority(priority)
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError("params must be a SamplingParams")
@@ -463,7 +475,7 @@ class LLMEngine(EngineSizing):
         names = prompt.block_names if isinstance(prompt, BeamPrompt) and \
             len(ids) == len(prompt.tokens) else None
         if not parallel.fans_out(params):
-            self._queue(request_id, ids, text, salt, params, names)
+            self._queue(request_id, ids, text, salt, params, priority, names)
             return
         # one child request per completion, over the prompt tokenised once
         children = self.fanout.split(request_id, params)
@@ -474,13 +486,26 @@ class LLMEngine(EngineSizing):
         added = []
         try:
             for cid, cp in children:
-                self._queue(cid, ids, text, salt, cp, names)
+                self._queue(cid, ids, text, salt, cp, priority, names)
                 added.append(cid)
         except BaseException:
             for cid in added:  # none of them stays: the request is refused whole
                 self._finish(self.requests[cid], FinishReason.ABORT)
             raise
         self.fanout.add(request_id, params, added)
+
+    def check_priority(self, priority) -> int:
+        """A request's ``priority`` checked: an integer (not a bool), and 0 unless the engine
+        schedules by priority (vLLM refuses any other then)."""
+        v = as_int(priority)
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise InvalidRequestError(f"priority must be an integer, got {priority!r}")
+        if v and self.scheduling_policy != "priority":
+            raise InvalidRequestError(
+                f"priority {v}: this engine does not use priority scheduling (scheduling_policy "
+                f"{self.scheduling_policy!r}); leave priority 0, or build the engine with "
+                "scheduling_policy='priority'")
+        return v
 
     def beam_search(self, prompt, params: BeamSearchParams) -> BeamSearch:
         """A beam search over ``prompt`` (a string, token ids or a prompt dict), checked as a
@@ -566,7 +591,8 @@ class LLMEngine(EngineSizing):
         return ids
 
     def _queue(self, request_id: str, ids: list[int], text: str | None, salt: str | None,
-               params: SamplingParams, block_names: list[bytes] | None = None) -> None:
+               params: SamplingParams, priority: int = 0,
+               block_names: list[bytes] | None = None) -> None:
         """One completion's request into the scheduler's queue (refused, and nothing kept,
         where it can never fit or its constraint does not compile); ``block_names``: its
         prompt's prefix-cache names where they are known (a beam's)."""
@@ -576,7 +602,8 @@ class LLMEngine(EngineSizing):
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         self._check_fits(len(ids), max_tokens)
         req = Request(request_id, ids, params, prompt=text, arrival=time.monotonic(),
-                      max_tokens=max_tokens, cache_salt=salt, block_names=block_names)
+                      max_tokens=max_tokens, cache_salt=salt, priority=priority,
+                      block_names=block_names)
         if params.bad_words:
             req.bad_words_ids = self._bad_words_ids(params.bad_words)
         if params.structured_outputs is not None:  # compiled now: a bad grammar is refused here

@@ -6,6 +6,20 @@ request starts from the cached blocks of its prompt's prefix and prefills the re
 which waiting requests would be admitted next (the placement policy plans for the batch they make); it never
 touches tensors. Continuous batching: requests join and leave the running set between steps, and
 a long prompt is prefilled in chunks so the running requests keep decoding meanwhile.
+
+Admission order (vLLM's ``scheduling_policy``): ``waiting`` is always kept in the order requests
+are admitted, so that everything reading its head (:meth:`admit_next`, :meth:`queue_head`, the
+placement policy's ``expect_waiting``, prefix caching's ``prefix_pending``) needs no policy of its
+own. Under ``"fcfs"`` (the default) that is arrival order. Under ``"priority"`` a request is
+inserted after every waiting request of a lower or equal ``priority`` value (lower value =
+served earlier; ties by arrival). Either way the head blocks those behind it: a head that does
+not fit the free KV blocks (or waits on a prompt prefix a running request is prefilling) keeps
+every request behind it waiting, whatever their priority -- as vLLM's priority policy, a
+lower-priority request never jumps ahead of a higher-priority one that does not fit. Priority
+orders admission only: each request's KV is reserved whole at admission, so a running request
+is never preempted, and a request of higher priority that arrives while the batch is full
+waits for a running request to finish (vLLM preempts the lowest-priority running request and
+recomputes it later; writescope does not).
 """
 from __future__ import annotations
 
@@ -15,16 +29,34 @@ from collections import deque
 from ..core import Request, RequestStatus, ScheduledSeq, StepBatch
 
 
+#: vLLM's ``scheduling_policy`` values
+SCHEDULING_POLICIES = ("fcfs", "priority")
+
+
 class Scheduler:
-    def __init__(self, cache, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(self, cache, max_num_seqs: int, max_num_batched_tokens: int,
+                 policy: str = "fcfs"):
+        if policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
+                             f"got {policy!r}")
         self.cache = cache
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.policy = policy
+        #: the waiting requests in admission order (the module's docstring)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
 
     def add(self, req: Request) -> None:
-        self.waiting.append(req)
+        """Queue ``req`` (added in arrival order): last under "fcfs"; under "priority" after
+        every waiting request whose ``priority`` is lower or equal."""
+        if self.policy == "fcfs":
+            self.waiting.append(req)
+            return
+        i = len(self.waiting)
+        while i and self.waiting[i - 1].priority > req.priority:
+            i -= 1
+        self.waiting.insert(i, req)
 
     def remove(self, req: Request) -> None:
         """Drop a request wherever it is and release its KV (finished or aborted)."""
@@ -49,7 +81,7 @@ class Scheduler:
         for req in self.running:
             if req.is_prefilling and budget > 0:
                 budget -= self._prefill_chunk(req, budget, seqs)
-        # 3. admit waiting requests (FCFS) while they fit the cache and the batch
+        # 3. admit waiting requests in queue order (FCFS or priority) while they fit the cache and the batch
         while self.waiting and budget > 0:
             req = self.admit_next()
             if req is None:
@@ -107,8 +139,9 @@ class Scheduler:
         return head
 
     def admit_next(self) -> Request | None:
-        """Move the first waiting request into the running set if it fits the cache and the
-        batch (its blocks reserved); None when it does not (it keeps waiting)."""
+        """Move the first waiting request (the queue's head: the next in arrival or priority
+        order) into the running set if it fits the cache and the batch (its blocks reserved);
+        None when it does not (it keeps waiting, and so do those behind it)."""
         if not self.waiting or len(self.running) >= self.max_num_seqs:
             return None
         req = self.waiting[0]

@@ -127,6 +127,9 @@ class OpenAIServer:
         self.metrics = metrics or ServerMetrics(self.model_names[0])
         self.loop = EngineLoop(engine, self.metrics, engine_thread=engine_thread)
         self.vocab_size = _vocab_size(engine)
+        #: vLLM's --scheduling-policy: "priority" admits the waiting requests by their
+        #: ``priority``; under "fcfs" a non-zero one is refused
+        self.scheduling_policy = getattr(engine, "scheduling_policy", "fcfs")
         self._tok_pool = concurrent.futures.ThreadPoolExecutor(1, "writescope-tokenize")
         self.active = 0  # HTTP requests holding admitted generations
         #: whether a request's own ``chat_template`` is rendered (vLLM's
@@ -145,6 +148,15 @@ class OpenAIServer:
                                                                  self.api_key.encode()):
             raise P.APIError("Incorrect API key provided.", status=401,
                              code="invalid_api_key")
+
+    def check_priority(self, priority: int | None) -> None:
+        """vLLM's ``priority``: any integer under ``--scheduling-policy priority``; otherwise
+        only 0 (or left out), as vLLM refuses a priority its scheduler would not honour."""
+        if priority and self.scheduling_policy != "priority":
+            raise P.APIError(f"priority {priority}: this server does not use priority scheduling "
+                             "(--scheduling-policy fcfs); leave priority out or 0, or start the "
+                             "server with --scheduling-policy priority", param="priority",
+                             code="invalid_value")
 
     def check_model(self, model: str | None) -> str:
         if model is None or model in self.model_names:
@@ -252,6 +264,7 @@ class OpenAIServer:
         arrival = time.monotonic()
         self.check_auth(request)
         req = P.parse_request(P.CompletionRequest, await self.read_body(request))
+        self.check_priority(req.priority)
         model = self.check_model(req.model)
         self.log_ignored(req)
         prompts = req.prompts()
@@ -302,7 +315,8 @@ class OpenAIServer:
             gen = self._beams(req, choices, [c.max_tokens for c in choices[::req.num_choices]],
                               arrival, req.logprobs)
         else:
-            gen = Generation(self, choices, params, arrival, req.num_choices, req.cache_salt)
+            gen = Generation(self, choices, params, arrival, req.num_choices, req.cache_salt,
+                             req.priority or 0)
         return await self._respond(
             request, gen, req.stream, lambda: self._completion_stream(gen, req, base, model),
             lambda: P.CompletionResponse(
@@ -336,7 +350,7 @@ class OpenAIServer:
         except InvalidRequestError as e:
             raise P.invalid_request(e) from None
         return BeamGeneration(self, choices, params[0], searches, arrival, logprobs,
-                              req.cache_salt)
+                              req.cache_salt, req.priority or 0)
 
     async def _respond(self, request, gen: "Generation", stream: bool, make_stream, make_response):
         """Submit the generation, then stream it (SSE) or wait for the whole answer (499 when the
@@ -497,6 +511,7 @@ class OpenAIServer:
         arrival = time.monotonic()
         self.check_auth(request)
         req = P.parse_request(P.ChatCompletionRequest, await self.read_body(request))
+        self.check_priority(req.priority)
         model = self.check_model(req.model)
         self.log_ignored(req)
         self.check_chat_template(req)
@@ -529,7 +544,8 @@ class OpenAIServer:
                                  "search", param="tool_choice")
             gen = self._beams(req, choices, [max_tokens], arrival, lp)
         else:
-            gen = Generation(self, choices, params, arrival, req.num_choices, req.cache_salt)
+            gen = Generation(self, choices, params, arrival, req.num_choices, req.cache_salt,
+                             req.priority or 0)
         return await self._respond(
             request, gen, req.stream, lambda: self._chat_stream(gen, req, base, model, out),
             lambda: P.ChatCompletionResponse(

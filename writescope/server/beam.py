@@ -39,8 +39,9 @@ class BeamGeneration(Generation):
 
     def __init__(self, server: "OpenAIServer", choices: list[Choice], params: BeamSearchParams,
                  searches: list[BeamSearch], arrival: float, logprobs: int | None,
-                 cache_salt: str | None = None) -> None:
-        super().__init__(server, choices, [], arrival, n=params.beam_width, cache_salt=cache_salt)
+                 cache_salt: str | None = None, priority: int = 0) -> None:
+        super().__init__(server, choices, [], arrival, n=params.beam_width, cache_salt=cache_salt,
+                         priority=priority)
         self.beam = params
         self.searches = searches
         self.k = logprobs
@@ -68,7 +69,7 @@ class BeamGeneration(Generation):
             # the search's so far)
             try:  # admitted all or none
                 await loop.add_all([(rid, p, sp, rid) for rid, p in zip(rids, prompts)],
-                                   self.queue, time.monotonic())
+                                   self.queue, time.monotonic(), priority=self.priority)
             except InvalidRequestError as e:
                 raise P.invalid_request(e) from None
             done: dict[str, Delta] = {}

@@ -102,15 +102,18 @@ class EngineLoop:
 
     def add(self, request_id: str, prompt: list[int], params: SamplingParams,
             out: asyncio.Queue, tag: Any, arrival: float,
-            cache_salt: str | None = None) -> asyncio.Future:
+            cache_salt: str | None = None, priority: int = 0) -> asyncio.Future:
         """Queue a request; the future resolves to None once admitted or raises why not.
-        ``cache_salt``: vLLM's (its prompt blocks shared only with the same salt)."""
-        return self.add_all([(request_id, prompt, params, tag)], out, arrival, cache_salt)
+        ``cache_salt``: vLLM's (its prompt blocks shared only with the same salt);
+        ``priority``: vLLM's (``LLMEngine.add_request``)."""
+        return self.add_all([(request_id, prompt, params, tag)], out, arrival, cache_salt,
+                            priority)
 
     def add_all(self, requests: list[tuple[str, list[int], SamplingParams, Any]],
                 out: asyncio.Queue, arrival: float,
-                cache_salt: str | None = None) -> asyncio.Future:
-        """Queue requests ``(request_id, prompt, params, tag)`` admitted all or none, between
+                cache_salt: str | None = None, priority: int = 0) -> asyncio.Future:
+        """Queue requests ``(request_id, prompt, params, tag)``, all of ``priority``, admitted
+        all or none, between
         two steps: the future resolves to None once all are, or raises why one was not (those
         added before it are taken back at once, never stepped, and counted nowhere: a refused
         HTTP request counts only as refused)."""
@@ -121,7 +124,7 @@ class EngineLoop:
                                          else "the engine is not running", status=503,
                                          type="server_error", code="unavailable"))
             return fut
-        self._cmds.put(("add", list(requests), out, arrival, cache_salt, fut))
+        self._cmds.put(("add", list(requests), out, arrival, cache_salt, priority, fut))
         return fut
 
     def abort(self, request_id: str) -> None:
@@ -184,13 +187,13 @@ class EngineLoop:
 
     def _apply(self, cmd: tuple) -> None:
         if cmd[0] == "add":
-            _, requests, out, arrival, salt, fut = cmd
+            _, requests, out, arrival, salt, priority, fut = cmd
             added: list[str] = []
             try:
                 for rid, prompt, params, _ in requests:
                     self.engine.add_request(rid, prompt if salt is None else
                                             {"prompt_token_ids": prompt, "cache_salt": salt},
-                                            params)
+                                            params, priority=priority)
                     added.append(rid)
             except BaseException as e:  # noqa: BLE001 -- handed to the waiting handler
                 for rid in added:  # all or none: before any step, so nothing of them ran

@@ -49,9 +49,10 @@ class Choice:
 class Generation:
     def __init__(self, server: "OpenAIServer", choices: list[Choice],
                  params: list[SamplingParams], arrival: float, n: int = 1,
-                 cache_salt: str | None = None) -> None:
+                 cache_salt: str | None = None, priority: int = 0) -> None:
         self.server = server
         self.cache_salt = cache_salt  # vLLM's: the prefix cache shared only within a salt
+        self.priority = priority  # vLLM's: admission order under --scheduling-policy priority
         self.n = n  # choices per prompt: prompt tokens count once per prompt, as OpenAI does
         self.choices = choices
         self.params = params
@@ -66,7 +67,8 @@ class Generation:
         # admitted all or none (a refused one takes its siblings back before any step)
         fut = loop.add_all([(c.request_id, c.prompt_ids, p, c.index)
                             for c, p in zip(self.choices, self.params)],
-                           self.queue, self.arrival, cache_salt=self.cache_salt)
+                           self.queue, self.arrival, cache_salt=self.cache_salt,
+                           priority=self.priority)
         self._submitted.extend(c.request_id for c in self.choices)
         try:
             await fut

@@ -21,8 +21,9 @@ that do not change what this server decodes (OpenAI's ``store``, ``metadata``,
 ``guided_decoding_backend``, ``kv_transfer_params``, ``vllm_xargs``, ``mm_processor_kwargs``)
 are accepted and ignored, the chat endpoint's with a warning. Parameters this engine cannot
 honour (``suffix``, ``best_of`` other than ``n``, ``logits_processors``,
-``prompt_embeds``, ``structural_tag``, a non-zero ``priority``) are refused with a clear
-message rather than silently ignored. vLLM's ``cache_salt`` is honoured: the request's prompt
+``prompt_embeds``, ``structural_tag``, a non-zero ``priority`` unless the server runs with
+``--scheduling-policy priority``) are refused with a clear message rather than silently
+ignored. vLLM's ``cache_salt`` is honoured: the request's prompt
 blocks are shared in the prefix cache only with requests of the same salt.
 
 vLLM's ``use_beam_search`` runs a beam search per prompt (``server/beam.py``) of width ``n``
@@ -197,8 +198,9 @@ class _SamplingFields(_Strict):
     # tokens at each prompt position (the response's ``prompt_logprobs``; not when streaming)
     prompt_logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
     # vLLM's request extras: the response's id is "<cmpl|chatcmpl>-<request_id>" (an
-    # X-Request-Id header comes first, as in vLLM); priority: only 0 (no priority scheduling);
-    # the log-probabilities' tokens as "token_id:N"
+    # X-Request-Id header comes first, as in vLLM); priority: the request's admission order
+    # under --scheduling-policy priority (lower first, ties by arrival), only 0 under fcfs
+    # (OpenAIServer.check_priority); the log-probabilities' tokens as "token_id:N"
     request_id: Optional[str] = Field(None, min_length=1, max_length=256)
     priority: Optional[int] = 0
     return_tokens_as_token_ids: Optional[bool] = None
@@ -226,14 +228,11 @@ class _SamplingFields(_Strict):
         return [f for f in self.IGNORED_FIELDS
                 if f in self.model_fields_set and getattr(self, f) is not None]
 
-    @field_validator("priority", "logits_processors")
+    @field_validator("logits_processors")
     @classmethod
     def _not_here(cls, v: Any, info: ValidationInfo) -> Any:
         """vLLM's fields this server cannot honour: refused unless unset or off."""
         name = info.field_name
-        if name == "priority" and v:
-            raise ValueError(f"priority {v}: this server does not use priority scheduling; "
-                             "leave priority out or 0")
         if name == "logits_processors" and v:
             raise ValueError(f"{name} is not supported by this server")
         return v
