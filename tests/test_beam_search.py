@@ -210,9 +210,9 @@ def test_each_steps_beams_come_named_and_checked_only_where_new(tiny_qwen3_moe, 
     prompts: list = []
     real_add = eng.add_request
 
-    def add(rid, prompt, params=None):
+    def add(rid, prompt, params=None, **kw):
         prompts.append(prompt)
-        return real_add(rid, prompt, params)
+        return real_add(rid, prompt, params, **kw)
 
     monkeypatch.setattr(eng, "add_request", add)
     p = ids if salt is None else {"prompt_token_ids": ids, "cache_salt": salt}
