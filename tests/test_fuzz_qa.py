@@ -41,7 +41,8 @@ REFERENCE = dict(kv_policy="static", cpu_share=0.5, enable_prefix_caching=False,
                  max_num_batched_tokens=256)
 
 #: name: (engine options, fixture, workload seed); "_async": overlapped decode steps
-#: (WRITESCOPE_ASYNC_DECODE=1), "_tight": (T blocks, C blocks) as the host KV budgets
+#: (WRITESCOPE_ASYNC_DECODE=1), "_tight": (T blocks, C blocks) as the host KV budgets, "_env":
+#: environment switches
 VARIANTS = {
     "all-T": (dict(kv_policy="transfer", num_gpu_blocks=0), "tiny_qwen3_moe", 101),
     "all-C": (dict(kv_policy="cpu", num_gpu_blocks=0), "tiny_deepseek_v2", 102),
@@ -65,7 +66,19 @@ VARIANTS = {
                            num_gpu_blocks=2), "tiny_deepseek_v2", 113),
     "cpu-experts": (dict(experts="cpu", kv_policy="static", cpu_share=0.5, num_gpu_blocks=2),
                     "tiny_mixtral", 114),
+    # the code paths the environment switches on or off
+    "paged-prefill-C": (dict(kv_policy="cpu", num_gpu_blocks=1,
+                             _env={"WRITESCOPE_DENSE_PREFILL": "0"}), "tiny_deepseek_v2", 115),
+    "shared-reads-all": (dict(kv_policy="cpu", num_gpu_blocks=0,
+                              _env={"WRITESCOPE_CPU_SHARED_READS": "all"}), "tiny_qwen3_moe", 116),
+    "cpu-rows-all": (dict(kv_policy="static", cpu_share=0.5, num_gpu_blocks=1,
+                          _env={"WRITESCOPE_CPU_ROWS": "all"}), "tiny_mixtral", 117),
+    "g-blocks-off-async": (dict(kv_policy="static", cpu_share=0.5, _async=True,
+                                _env={"WRITESCOPE_G_BLOCKS_ON_DEVICE": "0"}),
+                           "tiny_deepseek_v2", 118),
 }
+ENV_SWITCHES = ("WRITESCOPE_DENSE_PREFILL", "WRITESCOPE_CPU_SHARED_READS", "WRITESCOPE_CPU_ROWS",
+                "WRITESCOPE_G_BLOCKS_ON_DEVICE")
 
 
 # ---------------------------------------------------------------------------------- workloads
@@ -134,6 +147,12 @@ def draw_workload(rng: random.Random, most: int = 6
 def make_engine(path, monkeypatch, **kw) -> LLM:
     kw = dict(kw)
     monkeypatch.setenv("WRITESCOPE_ASYNC_DECODE", "1" if kw.pop("_async", False) else "0")
+    env = kw.pop("_env", {})
+    for name in ENV_SWITCHES:  # read as engines are built (and some as they run: set till the end)
+        if name in env:
+            monkeypatch.setenv(name, env[name])
+        else:
+            monkeypatch.delenv(name, raising=False)
     tight = kw.pop("_tight", None)
     opts = dict(dtype="float32", device="cpu", block_size=BS, max_num_batched_tokens=64,
                 max_num_seqs=8, max_model_len=256)
@@ -239,8 +258,12 @@ def test_fuzz_variant_agrees_with_reference(variant, request, monkeypatch, torch
     path = request.getfixturevalue(arch)
     rng = random.Random(seed)
     prompts, params = draw_workload(rng)
-    ref = run_generate(make_engine(path, monkeypatch, **REFERENCE), prompts, params)
-    llm = make_engine(path, monkeypatch, **opts)
+    reference = make_engine(path, monkeypatch, **REFERENCE)
+    ref = run_generate(reference, prompts, params)
+    cont, cparams = continuations(prompts, ref)
+    reference.reset_prefix_cache()
+    fresh = run_generate(reference, cont, cparams)
+    llm = make_engine(path, monkeypatch, **opts)  # (its environment switches stay set)
     if opts.get("_async"):
         assert llm.engine.overlap
     bad = differences(ref, run_generate(llm, prompts, params), variant)
@@ -248,8 +271,6 @@ def test_fuzz_variant_agrees_with_reference(variant, request, monkeypatch, torch
         bad += differences(ref, run_generate(llm, prompts, params), f"{variant} again")
         salts = [rng.choice([None, "a", "b"]) for _ in prompts]
         bad += differences(ref, run_generate(llm, prompts, params, salts), f"{variant} salted")
-        cont, cparams = continuations(prompts, ref)
-        fresh = run_generate(make_engine(path, monkeypatch, **REFERENCE), cont, cparams)
         bad += differences(fresh, run_generate(llm, cont, cparams), f"{variant} continued")
     bad += differences(ref, run_staggered(llm, prompts, params, rng), f"{variant} staggered")
     assert not bad, "\n".join(bad)
