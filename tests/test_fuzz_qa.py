@@ -25,6 +25,7 @@ every KV block back. Seeded requests must also give, run alone, what they give i
 """
 from __future__ import annotations
 
+import os
 import random
 import warnings
 
@@ -36,6 +37,10 @@ from writescope import LLM, SamplingParams
 BS = 16
 VOCAB = 320
 LOGPROB_TOL = 1e-4
+
+#: added to every case's workload seed: a longer sweep runs the module with other offsets
+#: (``QA_FUZZ_OFFSET=1000 pytest tests/test_fuzz_qa.py``); 0, the fixed cases, in CI
+OFFSET = int(os.environ.get("QA_FUZZ_OFFSET", "0"))
 
 REFERENCE = dict(kv_policy="static", cpu_share=0.5, enable_prefix_caching=False, max_num_seqs=1,
                  max_num_batched_tokens=256)
@@ -256,7 +261,7 @@ def continuations(prompts, ref) -> tuple[list[list[int]], list[SamplingParams]]:
 def test_fuzz_variant_agrees_with_reference(variant, request, monkeypatch, torch_single_thread):
     opts, arch, seed = VARIANTS[variant]
     path = request.getfixturevalue(arch)
-    rng = random.Random(seed)
+    rng = random.Random(seed + OFFSET)
     prompts, params = draw_workload(rng)
     reference = make_engine(path, monkeypatch, **REFERENCE)
     ref = run_generate(reference, prompts, params)
@@ -282,7 +287,7 @@ def test_fuzz_seeded_requests_ignore_batch_composition(arch, seed, request, monk
     """vLLM's promise for per-request seeds: a seeded request's tokens are the same alone as in
     any batch (here: a batch with greedy, unseeded and other seeded requests)."""
     path = request.getfixturevalue(arch)
-    rng = random.Random(seed)
+    rng = random.Random(seed + OFFSET)
     prompts = [[rng.randrange(3, VOCAB) for _ in range(rng.choice([1, 16, 17, 40]))]
                for _ in range(5)]
     params = [SamplingParams(temperature=1.0, seed=rng.randrange(1 << 30), max_tokens=12,
@@ -315,3 +320,68 @@ def test_fuzz_workloads_are_diverse():
     assert {1, BS, 2 * BS} & lens and len(lens) >= 10
     assert kinds >= {"greedy", "sampled", "n", "stop_token_ids", "prompt_logprobs"}, kinds
     assert torch.get_num_threads() >= 1
+
+
+def test_fuzz_policy_switch_truncation_deltas_and_aborts(tiny_qwen3_moe, monkeypatch,
+                                                         torch_single_thread):
+    """More pairs that must agree, on one random workload: the same engine after
+    ``set_kv_policy`` to each policy in turn (cached blocks and sampler state start afresh);
+    prompts behind random tokens cut back by ``truncate_prompt_tokens``; ``DELTA`` outputs of
+    overlapped steps added up; and the other requests when one is aborted mid-decode under
+    overlapped steps (then the aborted one's prompt and tokens continued from the cache)."""
+    import dataclasses
+
+    from writescope.core import RequestOutputKind
+    rng = random.Random(301 + OFFSET)
+    prompts, params = draw_workload(rng, most=5)
+    reference = make_engine(tiny_qwen3_moe, monkeypatch, **REFERENCE)
+    ref = run_generate(reference, prompts, params)
+    bad = []
+    llm = make_engine(tiny_qwen3_moe, monkeypatch, kv_policy="static", cpu_share=0.5,
+                      num_gpu_blocks=2)
+    for policy, share in (("cpu", 0.5), ("transfer", 0.5), ("writescope", 0.5), ("static", 0.3)):
+        llm.llm_engine.set_kv_policy(policy, cpu_share=share)
+        bad += differences(ref, run_generate(llm, prompts, params), f"set_kv_policy {policy}")
+    padded = [[rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 20))] + p for p in prompts]
+    cut = [dataclasses.replace(sp, truncate_prompt_tokens=len(p)) for sp, p in zip(params, prompts)]
+    bad += differences(ref, run_generate(llm, padded, cut), "truncate_prompt_tokens")
+
+    over = make_engine(tiny_qwen3_moe, monkeypatch, kv_policy="writescope", num_gpu_blocks=3,
+                       _async=True)
+    eng = over.llm_engine
+    for i, (p, sp) in enumerate(zip(prompts, params)):
+        eng.add_request(f"d{i}", p, dataclasses.replace(sp, output_kind=RequestOutputKind.DELTA))
+    got: dict[tuple[str, int], list[int]] = {}
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            for c in o.outputs:
+                got.setdefault((o.request_id, c.index), []).extend(c.token_ids)
+    for i, sp in enumerate(params):
+        for c in range(sp.n):
+            if got.get((f"d{i}", c)) != ref[i][1][c][0]:
+                bad.append(f"DELTA request {i}.{c}: {got.get((f'd{i}', c))} vs {ref[i][1][c][0]}")
+    all_released(over)
+
+    greedy = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=2)
+    base = run_generate(reference, prompts, [greedy] * len(prompts))
+    for i, p in enumerate(prompts):
+        eng.add_request(f"a{i}", p, greedy)
+    outs, steps, victim, had = {}, 0, rng.randrange(len(prompts)), None
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            if o.finished:
+                outs[int(o.request_id[1:])] = o
+        steps += 1
+        if steps == 5 and f"a{victim}" in eng.requests:
+            had = list(eng.requests[f"a{victim}"].output_token_ids)
+            eng.abort_request(f"a{victim}")
+    all_released(over)
+    keep = [i for i in range(len(prompts)) if not (i == victim and had is not None)]
+    bad += differences([base[i] for i in keep], [summary(outs[i]) for i in keep], "aborted one")
+    if had is not None:
+        assert base[victim][1][0][0][:len(had)] == had
+        cont = [prompts[victim] + had]
+        short = [dataclasses.replace(greedy, max_tokens=4)]
+        bad += differences(run_generate(reference, cont, short), run_generate(over, cont, short),
+                           "continued after abort")
+    assert not bad, "\n".join(bad)
