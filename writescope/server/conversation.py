@@ -17,11 +17,17 @@ log = logging.getLogger("writescope.server")
 
 def _arguments(text: str) -> Any:
     """A call's arguments for a template: the object its JSON text holds (the text itself when
-    it is not JSON)."""
+    it is not JSON); none written (``""``, or ``null``: a call without arguments, as clients
+    that join streamed deltas may send it) is an empty object, as vLLM takes it, so that a
+    template writing ``"arguments": {{ arguments | tojson }}`` or the text as it is renders
+    valid JSON."""
+    if not text.strip():
+        return {}
     try:
-        return json.loads(text)
+        value = json.loads(text)
     except json.JSONDecodeError:
         return text
+    return {} if value is None else value
 
 
 def template_messages(req: P.ChatTemplateFields) -> list[dict]:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from typing import Any
+from typing import Any, Callable
 
 from ..core import StructuredOutputsParams
 from . import protocol as P
@@ -65,14 +65,15 @@ def constraint(req: P.ChatCompletionRequest) -> StructuredOutputsParams | None:
     return StructuredOutputsParams(json=schema)
 
 
-def forced_calls(req: P.ChatCompletionRequest, text: str) -> list[P.ToolCall] | None:
+def forced_calls(req: P.ChatCompletionRequest, text: str,
+                 new_id: Callable[[], str] = new_call_id) -> list[P.ToolCall] | None:
     """The calls a forced output holds; None when a ``"required"`` output is not the complete
     array (cut short by ``max_tokens`` or a stop string: the message then holds the calls it
     had begun, as far as they were written, ``ChatOutput._calls_begun``, else its text). A
     ``"required"`` call's arguments are its ``parameters`` as the model wrote them (what
     streaming sends, :class:`RequiredCallStream`)."""
     if isinstance(req.tool_choice, P.NamedToolChoice):
-        return [P.ToolCall(id=new_call_id(), function=P.FunctionCall(
+        return [P.ToolCall(id=new_id(), function=P.FunctionCall(
             name=req.tool_choice.function.name, arguments=text))]
     try:
         calls = json.loads(text)
@@ -85,7 +86,7 @@ def forced_calls(req: P.ChatCompletionRequest, text: str) -> list[P.ToolCall] | 
     raw = RequiredCallStream().update(text)
     if [(n, json.loads(a)) for n, a, _ in raw] != [(c["name"], c["parameters"]) for c in calls]:
         raw = [(c["name"], json.dumps(c["parameters"], ensure_ascii=False), True) for c in calls]
-    return [P.ToolCall(id=new_call_id(), function=P.FunctionCall(name=n, arguments=a))
+    return [P.ToolCall(id=new_id(), function=P.FunctionCall(name=n, arguments=a))
             for n, a, _ in raw]
 
 
@@ -299,6 +300,33 @@ def _raw_arguments(body: str, args: Any) -> str:
     return json.dumps(args, ensure_ascii=False)
 
 
+def _hermes_bodies(text: str, start: int) -> list[str]:
+    """The text of each ``<tool_call>`` block from ``start`` on. A block whose body is a JSON
+    value followed by ``</tool_call>`` (or the end of the text) ends after that value, so a
+    string in its arguments may hold ``</tool_call>`` (what :class:`HermesCallStream` reads);
+    from the first block that is not of that shape on, a block ends at the first
+    ``</tool_call>`` (vLLM's regex)."""
+    bodies, pos = [], start
+    while pos >= 0:
+        body = pos + len(HERMES_OPEN)
+        while body < len(text) and text[body].isspace():
+            body += 1
+        end = json_value_end(text, body) if text[body:body + 1] in ("{", "[") else None
+        if end is None:
+            break
+        after = end
+        while after < len(text) and text[after].isspace():
+            after += 1
+        if after == len(text):
+            bodies.append(text[body:end])
+            return bodies
+        if not text.startswith(HERMES_CLOSE, after):
+            break
+        bodies.append(text[body:end])
+        pos = text.find(HERMES_OPEN, after + len(HERMES_CLOSE))
+    return bodies + (_HERMES.findall(text[pos:]) if pos >= 0 else [])
+
+
 def parse_hermes(text: str) -> tuple[str | None, list[P.ToolCall]]:
     """(content, calls) of a model's text in the Hermes format: the text before the first
     ``<tool_call>`` is the content; each block's JSON ``{"name", "arguments"}`` a call. A block
@@ -307,7 +335,7 @@ def parse_hermes(text: str) -> tuple[str | None, list[P.ToolCall]]:
     if start < 0:
         return text, []
     calls = []
-    for body in _HERMES.findall(text[start:]):
+    for body in _hermes_bodies(text, start):
         try:
             obj = json.loads(body)
         except json.JSONDecodeError:
