@@ -8,6 +8,8 @@ chat_output.py, conversation.py): each test failed before its fix.
   template (vLLM's), not a broken ``"arguments": }`` prompt;
 - the ``mistral`` parser's call ids: 9 letters or digits (Mistral's templates refuse others
   when the call comes back), as vLLM's ``MistralToolCall``.
+- an earlier assistant turn's ``reasoning_content`` (or ``reasoning``) reaches the template
+  (Qwen3's renders the thinking between tool calls), as vLLM passes it.
 """
 from __future__ import annotations
 
@@ -202,3 +204,32 @@ def test_mistral_call_ids_are_nine_alphanumerics():
         assert all(_mistral_id(c[0][0]) for c in calls.values())
     (msg, _), _ = _message_and_stream(TWO_CALLS, "hermes")
     assert all(t.id.startswith("chatcmpl-tool-") for t in msg.tool_calls)
+
+
+# -- an earlier turn's thinking --------------------------------------------------------------------
+# renders an assistant turn's thinking as Qwen3's template does (``message.reasoning_content``)
+THINKING_TEMPLATE = (
+    "{%- for m in messages -%}<|im_start|>{{ m.role }}\n"
+    "{%- if m.role == 'assistant' and m.reasoning_content is string -%}"
+    "<think>{{ m.reasoning_content }}</think>{%- endif -%}{{ m.content }}"
+    "{%- for c in m.tool_calls or [] -%}<tool_call>{{ c.function.name }}</tool_call>"
+    "{%- endfor -%}<|im_end|>\n{%- endfor -%}<|im_start|>assistant\n")
+
+
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
+def test_an_earlier_turns_thinking_reaches_the_template(engine, field):
+    """An assistant turn sent back with the thinking this server returned (``reasoning_content``,
+    or vLLM's newer ``reasoning``) -- a thinking model's tool loop: Qwen3's template renders
+    the thinking of the turns after the last user message. Before: the field was dropped as an
+    unknown one, and the template rendered the turn without it (vLLM passes it)."""
+    req = P.parse_request(P.ChatCompletionRequest, json.dumps({"messages": [
+        {"role": "user", "content": "Time?"},
+        {"role": "assistant", "content": None, field: "Ask the clock.", "tool_calls": [
+            {"id": "c1", "type": "function",
+             "function": {"name": "get_time", "arguments": '{"zone": "UTC"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "12:00"}], "tools": TOOLS}).encode())
+    msgs = conversation.template_messages(req)
+    assert msgs[1]["reasoning_content"] == msgs[1]["reasoning"] == "Ask the clock."
+    assert "reasoning_content" not in msgs[0] and "reasoning_content" not in msgs[2]
+    text = engine.tokenizer.render_chat(msgs, chat_template=THINKING_TEMPLATE)
+    assert "<|im_start|>assistant<think>Ask the clock.</think><tool_call>get_time" in text

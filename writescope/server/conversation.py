@@ -45,6 +45,10 @@ def template_messages(req: P.ChatTemplateFields) -> list[dict]:
                                  for c in m.tool_calls]
         if m.tool_call_id is not None:
             msg["tool_call_id"] = m.tool_call_id
+        thought = m.reasoning_content if m.reasoning_content is not None else m.reasoning
+        if m.role == "assistant" and thought is not None:
+            # both names, as vLLM passes them: a template reads one or the other
+            msg["reasoning_content"] = msg["reasoning"] = thought
         out.append(msg)
     return out
 
