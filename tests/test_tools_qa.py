@@ -10,6 +10,8 @@ chat_output.py, conversation.py): each test failed before its fix.
   when the call comes back), as vLLM's ``MistralToolCall``.
 - an earlier assistant turn's ``reasoning_content`` (or ``reasoning``) reaches the template
   (Qwen3's renders the thinking between tool calls), as vLLM passes it.
+- ``tool_choice: "required"`` with parameters that hold ``$defs`` (Pydantic's schemas): the
+  definitions moved to the array schema's root, as vLLM does, not a 400.
 """
 from __future__ import annotations
 
@@ -233,3 +235,43 @@ def test_an_earlier_turns_thinking_reaches_the_template(engine, field):
     assert "reasoning_content" not in msgs[0] and "reasoning_content" not in msgs[2]
     text = engine.tokenizer.render_chat(msgs, chat_template=THINKING_TEMPLATE)
     assert "<|im_start|>assistant<think>Ask the clock.</think><tool_call>get_time" in text
+
+
+# -- 'required' with tools whose parameters hold $defs ---------------------------------------------
+LOC = {"type": "object", "additionalProperties": False, "required": ["city"],
+       "properties": {"city": {"enum": ["Rome", "Oslo"]}}}
+WHERE = {"type": "object", "additionalProperties": False, "required": ["loc"],
+         "properties": {"loc": {"$ref": "#/$defs/Loc"}}, "$defs": {"Loc": LOC}}
+DEF_TOOLS = [{"type": "function", "function": {"name": "where", "parameters": WHERE}},
+             {"type": "function", "function": {"name": "near", "parameters": {
+                 "type": "object", "additionalProperties": False, "required": ["a"],
+                 "properties": {"a": {"$ref": "#/$defs/Loc"}}, "$defs": {"Loc": LOC}}}}]
+
+
+def test_required_with_parameters_that_reference_their_defs(engine):
+    """Parameters with ``$defs`` and ``#/$defs/...`` references (what Pydantic writes, e.g.
+    the OpenAI SDK's ``pydantic_function_tool``): with ``tool_choice: "required"`` the calls
+    come back valid (before: a 400, "Pointer '/$defs/Loc' does not exist": the parameters sat
+    inside the array's schema, their references resolved against its root; vLLM moves the
+    definitions there). Two tools that define one name differently: a 400 naming it."""
+    jsonschema = pytest.importorskip("jsonschema")
+    from starlette.testclient import TestClient
+
+    from writescope.server.api import create_app
+    body = dict(messages=MESSAGES, tools=DEF_TOOLS, tool_choice="required", temperature=0,
+                max_tokens=300)
+    with TestClient(create_app(engine)) as c:
+        r = post_ok(c, "/v1/chat/completions", **body)["choices"][0]
+        assert r["finish_reason"] == "tool_calls" and r["message"]["tool_calls"]
+        schemas = {t["function"]["name"]: t["function"]["parameters"] for t in DEF_TOOLS}
+        for call in r["message"]["tool_calls"]:
+            jsonschema.validate(json.loads(call["function"]["arguments"]),
+                                schemas[call["function"]["name"]])
+        other = json.loads(json.dumps(DEF_TOOLS))
+        other[1]["function"]["parameters"]["$defs"]["Loc"] = {"type": "string"}
+        r = c.post("/v1/chat/completions", json={**body, "tools": other})
+        assert r.status_code == 400 and "'Loc'" in r.json()["error"]["message"], r.text
+    req = _req(tool_choice="required")
+    req.tools = [P.ChatTool.model_validate(t) for t in DEF_TOOLS]
+    schema = tools.constraint(req).json
+    assert schema["$defs"] == {"Loc": LOC} and "$defs" in req.tools[0].function.parameters

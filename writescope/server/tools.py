@@ -46,6 +46,37 @@ def _parameters(tool: P.ChatTool) -> dict:
     return tool.function.parameters or {"type": "object"}
 
 
+#: where a schema keeps the definitions its ``$ref``s point at (``#/$defs/X``; draft 7's
+#: ``#/definitions/X``, Pydantic v1's)
+_DEFS_KEYS = ("$defs", "definitions")
+
+
+def _hoist_defs(tool: P.ChatTool, defs: dict[str, dict[str, Any]]) -> dict:
+    """A tool's parameters schema for the 'required' array, its definitions moved into
+    ``defs`` (they go to the array schema's root, where the parameters' ``#/$defs/...``
+    references then point, as vLLM does): a definition of the same name in two tools must be
+    the same."""
+    params = _parameters(tool)
+    if not any(k in params for k in _DEFS_KEYS):
+        return params
+    params = dict(params)
+    for key in _DEFS_KEYS:
+        found = params.pop(key, None)
+        if found is None:
+            continue
+        if not isinstance(found, dict):
+            raise P.APIError(f"tools: the parameters of {tool.function.name!r}: {key} must be "
+                             "an object", param="tools")
+        into = defs.setdefault(key, {})
+        for name, sub in found.items():
+            if name in into and into[name] != sub:
+                raise P.APIError(f"tools: {key} {name!r} differs between tools; with "
+                                 "tool_choice 'required' the tools' definitions share one "
+                                 "schema, so give them distinct names", param="tools")
+            into[name] = sub
+    return params
+
+
 def constraint(req: P.ChatCompletionRequest) -> StructuredOutputsParams | None:
     """The structured-output constraint a forced tool call puts on the output, if any."""
     if not req.calls_tools:
@@ -55,11 +86,13 @@ def constraint(req: P.ChatCompletionRequest) -> StructuredOutputsParams | None:
         name = req.tool_choice.function.name
         return StructuredOutputsParams(json=_parameters(next(t for t in tools
                                                              if t.function.name == name)))
+    defs: dict[str, dict[str, Any]] = {}
     items = [{"type": "object", "additionalProperties": False,
               "required": ["name", "parameters"],
               "properties": {"name": {"type": "string", "enum": [t.function.name]},
-                             "parameters": _parameters(t)}} for t in tools]
+                             "parameters": _hoist_defs(t, defs)}} for t in tools]
     schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": items}}
+    schema.update({k: v for k, v in defs.items() if v})
     if req.parallel_tool_calls is False:
         schema["maxItems"] = 1
     return StructuredOutputsParams(json=schema)
