@@ -580,11 +580,13 @@ class OpenAIServer:
         last characters)."""
         parser = self.reasoning_parser
         tool_parser = self.tool_call_parser if mode == "auto" else None
+        # calls' ids of the form the server's tool-call parser's model takes back, forced too
+        new_id = self.tool_call_parser.new_call_id if self.tool_call_parser else None
         if parser is None:
-            return ChatOutput(req, mode, tool_parser=tool_parser)
+            return ChatOutput(req, mode, tool_parser=tool_parser, new_call_id=new_id)
         return ChatOutput(req, mode, parser,
                           self.tokenizer.decode(ids[-16:], skip_special_tokens=False),
-                          tool_parser=tool_parser)
+                          tool_parser=tool_parser, new_call_id=new_id)
 
     def _tool_mode(self, req: P.ChatCompletionRequest) -> str | None:
         """How the chat's output relates to tools (server/tools.py): ``"forced"`` (a named

@@ -5,7 +5,7 @@ it streams. The deltas are the final message cut up: each piece is computed from
 so far, so a stream and a whole response of the same tokens say the same."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from . import protocol as P
 from . import tools
@@ -22,11 +22,16 @@ class ChatOutput:
 
     def __init__(self, req: P.ChatCompletionRequest, mode: str | None,
                  parser: ReasoningParser | None = None, prompt_tail: str = "",
-                 tool_parser: ToolParser | None = None) -> None:
+                 tool_parser: ToolParser | None = None,
+                 new_call_id: Callable[[], str] | None = None) -> None:
         if mode == "auto" and tool_parser is None:
             raise ValueError("tool_choice 'auto' needs a tool-call parser")
         self.req, self.mode, self.parser = req, mode, parser
         self.tool_parser = tool_parser
+        #: makes the calls' ids: the server's tool-call parser's form (Mistral's 9 characters),
+        #: else OpenAI's
+        self.new_call_id = new_call_id or (tool_parser.new_call_id if tool_parser is not None
+                                           else tools.new_call_id)
         #: whether the output starts inside the reasoning
         self.opened = parser is not None and parser.opened(prompt_tail)
         #: whether the output may hold reasoning (a constraint on it then starts after it)
@@ -66,7 +71,7 @@ class ChatOutput:
         if self.mode == "forced":
             if not text.strip():  # nothing after the reasoning (cut short): no call
                 return P.ChatResponseMessage(content=text), finish_reason
-            calls = tools.forced_calls(self.req, text)
+            calls = tools.forced_calls(self.req, text, self.new_call_id)
             if calls is None:  # cut short: the calls as far as they were written, if any
                 calls = self._calls_begun(text)
                 if not calls:
@@ -77,6 +82,7 @@ class ChatOutput:
             return P.ChatResponseMessage(content=None, tool_calls=calls), reason
         if self.mode == "auto":
             content, calls = self.tool_parser.parse(text, self.req)
+            calls = self._parallel(calls)
             if calls:
                 reason = "tool_calls" if finish_reason == "stop" else finish_reason
                 return P.ChatResponseMessage(content=content, tool_calls=calls), reason
@@ -100,8 +106,15 @@ class ChatOutput:
         call, cut, with finish reason ``length``.)"""
         scan = (self.tool_parser.stream(self.req) if self.mode == "auto"
                 else tools.RequiredCallStream())
-        return [P.ToolCall(id=tools.new_call_id(), function=P.FunctionCall(name=n, arguments=a))
-                for n, a, _ in scan.update(text)]
+        return self._parallel([P.ToolCall(id=self.new_call_id(),
+                                          function=P.FunctionCall(name=n, arguments=a))
+                               for n, a, _ in scan.update(text)])
+
+    def _parallel(self, calls: list) -> list:
+        """The calls a message may hold: the first alone with ``parallel_tool_calls: false``
+        (OpenAI's: at most one call; vLLM keeps the first). 'required' has it from its schema
+        (``maxItems``); 'auto' reads what the model wrote, which may be several."""
+        return calls[:1] if self.req.parallel_tool_calls is False else calls
 
     # -- a stream --------------------------------------------------------------------------------
     def delta(self, c: Any) -> tuple[P.ChatDelta | None, str | None]:
@@ -134,7 +147,9 @@ class ChatOutput:
             if not piece:
                 return None, c.finish_reason
             first = c.index not in self.call_id
-            cid = self.call_id.setdefault(c.index, tools.new_call_id())
+            if first:
+                self.call_id[c.index] = self.new_call_id()
+            cid = self.call_id[c.index]
             fn = P.DeltaFunctionCall(name=self.req.tool_choice.function.name if first else None,
                                      arguments=piece)
             return P.ChatDelta(tool_calls=[P.DeltaToolCall(
@@ -156,7 +171,7 @@ class ChatOutput:
                 scan = self.call_scans[c.index] = (self.tool_parser.stream(self.req)
                                                    if self.mode == "auto"
                                                    else tools.RequiredCallStream())
-            for k, (name, args, _) in enumerate(scan.update(content)):
+            for k, (name, args, _) in enumerate(self._parallel(scan.update(content))):
                 calls += self._call_delta(streamed, k, name, args)
             if not out and not calls:
                 return None, None
@@ -169,13 +184,12 @@ class ChatOutput:
             calls += self._call_delta(streamed, k, t.function.name, t.function.arguments, t.id)
         return P.ChatDelta(content=out or None, tool_calls=calls or None), reason
 
-    @staticmethod
-    def _call_delta(streamed: list[list[str]], k: int, name: str, args: str,
+    def _call_delta(self, streamed: list[list[str]], k: int, name: str, args: str,
                     call_id: str | None = None) -> list[P.DeltaToolCall]:
         """Call ``k``'s delta: its id, name and arguments so far the first time, then the
         arguments' new text (none where they are not a continuation of what was sent)."""
         if k >= len(streamed):
-            streamed.append([call_id or tools.new_call_id(), args])
+            streamed.append([call_id or self.new_call_id(), args])
             return [P.DeltaToolCall(index=k, id=streamed[k][0], type="function",
                                     function=P.DeltaFunctionCall(name=name, arguments=args))]
         before = streamed[k][1]

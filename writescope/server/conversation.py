@@ -17,11 +17,17 @@ log = logging.getLogger("writescope.server")
 
 def _arguments(text: str) -> Any:
     """A call's arguments for a template: the object its JSON text holds (the text itself when
-    it is not JSON)."""
+    it is not JSON); none written (``""``, or ``null``: a call without arguments, as clients
+    that join streamed deltas may send it) is an empty object, as vLLM takes it, so that a
+    template writing ``"arguments": {{ arguments | tojson }}`` or the text as it is renders
+    valid JSON."""
+    if not text.strip():
+        return {}
     try:
-        return json.loads(text)
+        value = json.loads(text)
     except json.JSONDecodeError:
         return text
+    return {} if value is None else value
 
 
 def template_messages(req: P.ChatTemplateFields) -> list[dict]:
@@ -39,6 +45,10 @@ def template_messages(req: P.ChatTemplateFields) -> list[dict]:
                                  for c in m.tool_calls]
         if m.tool_call_id is not None:
             msg["tool_call_id"] = m.tool_call_id
+        thought = m.reasoning_content if m.reasoning_content is not None else m.reasoning
+        if m.role == "assistant" and thought is not None:
+            # both names, as vLLM passes them: a template reads one or the other
+            msg["reasoning_content"] = msg["reasoning"] = thought
         out.append(msg)
     return out
 

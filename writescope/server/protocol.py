@@ -474,6 +474,11 @@ class ChatMessage(BaseModel):
     name: Optional[str] = None
     tool_calls: Optional[list[ToolCall]] = None  # an assistant turn's calls
     tool_call_id: Optional[str] = None  # a tool turn: the call it answers
+    # an assistant turn's thinking, as this server returned it (``reasoning_content``;
+    # ``reasoning``, vLLM's newer name): templates that render earlier thinking (Qwen3's,
+    # between tool calls) read it as ``reasoning_content``
+    reasoning_content: Optional[str] = None
+    reasoning: Optional[str] = None
 
     def text(self) -> str:
         if self.content is None:

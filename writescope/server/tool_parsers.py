@@ -20,6 +20,8 @@ response of the same tokens say the same (``server/chat_output.py``).
 from __future__ import annotations
 
 import json
+import secrets
+import string
 from abc import ABC, abstractmethod
 from typing import Any, Protocol
 
@@ -58,8 +60,12 @@ class ToolParser(ABC):
         return tools.tag_content_end(text, self.opening, finished)
 
     @staticmethod
-    def _calls(found: list[tuple[str, str, bool]]) -> list[P.ToolCall]:
-        return [P.ToolCall(id=tools.new_call_id(), function=P.FunctionCall(name=n, arguments=a))
+    def new_call_id() -> str:
+        """A new tool call's id, of the form the model's template takes back in later turns."""
+        return tools.new_call_id()
+
+    def _calls(self, found: list[tuple[str, str, bool]]) -> list[P.ToolCall]:
+        return [P.ToolCall(id=self.new_call_id(), function=P.FunctionCall(name=n, arguments=a))
                 for n, a, _ in found]
 
 
@@ -80,6 +86,13 @@ class Mistral(ToolParser):
 
     def adjust_request(self, req):
         req.skip_special_tokens = False  # the marker is a special token
+
+    @staticmethod
+    def new_call_id() -> str:
+        """Mistral's tool call ids are 9 letters or digits: its templates (and mistral_common)
+        refuse any other id when the call comes back in the conversation, so the calls this
+        server returns get such ids (as vLLM's ``MistralToolCall``)."""
+        return "".join(secrets.choice(_ALNUM) for _ in range(9))
 
     def parse(self, text, req):
         start = text.find(self.opening)
@@ -106,6 +119,9 @@ class Mistral(ToolParser):
 
     def stream(self, req):
         return _After(self.opening, MistralCallStream())
+
+
+_ALNUM = string.ascii_letters + string.digits
 
 
 class MistralCallStream(tools.RequiredCallStream):

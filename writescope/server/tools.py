@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from typing import Any
+from typing import Any, Callable
 
 from ..core import StructuredOutputsParams
 from . import protocol as P
@@ -46,6 +46,37 @@ def _parameters(tool: P.ChatTool) -> dict:
     return tool.function.parameters or {"type": "object"}
 
 
+#: where a schema keeps the definitions its ``$ref``s point at (``#/$defs/X``; draft 7's
+#: ``#/definitions/X``, Pydantic v1's)
+_DEFS_KEYS = ("$defs", "definitions")
+
+
+def _hoist_defs(tool: P.ChatTool, defs: dict[str, dict[str, Any]]) -> dict:
+    """A tool's parameters schema for the 'required' array, its definitions moved into
+    ``defs`` (they go to the array schema's root, where the parameters' ``#/$defs/...``
+    references then point, as vLLM does): a definition of the same name in two tools must be
+    the same."""
+    params = _parameters(tool)
+    if not any(k in params for k in _DEFS_KEYS):
+        return params
+    params = dict(params)
+    for key in _DEFS_KEYS:
+        found = params.pop(key, None)
+        if found is None:
+            continue
+        if not isinstance(found, dict):
+            raise P.APIError(f"tools: the parameters of {tool.function.name!r}: {key} must be "
+                             "an object", param="tools")
+        into = defs.setdefault(key, {})
+        for name, sub in found.items():
+            if name in into and into[name] != sub:
+                raise P.APIError(f"tools: {key} {name!r} differs between tools; with "
+                                 "tool_choice 'required' the tools' definitions share one "
+                                 "schema, so give them distinct names", param="tools")
+            into[name] = sub
+    return params
+
+
 def constraint(req: P.ChatCompletionRequest) -> StructuredOutputsParams | None:
     """The structured-output constraint a forced tool call puts on the output, if any."""
     if not req.calls_tools:
@@ -55,24 +86,27 @@ def constraint(req: P.ChatCompletionRequest) -> StructuredOutputsParams | None:
         name = req.tool_choice.function.name
         return StructuredOutputsParams(json=_parameters(next(t for t in tools
                                                              if t.function.name == name)))
+    defs: dict[str, dict[str, Any]] = {}
     items = [{"type": "object", "additionalProperties": False,
               "required": ["name", "parameters"],
               "properties": {"name": {"type": "string", "enum": [t.function.name]},
-                             "parameters": _parameters(t)}} for t in tools]
+                             "parameters": _hoist_defs(t, defs)}} for t in tools]
     schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": items}}
+    schema.update({k: v for k, v in defs.items() if v})
     if req.parallel_tool_calls is False:
         schema["maxItems"] = 1
     return StructuredOutputsParams(json=schema)
 
 
-def forced_calls(req: P.ChatCompletionRequest, text: str) -> list[P.ToolCall] | None:
+def forced_calls(req: P.ChatCompletionRequest, text: str,
+                 new_id: Callable[[], str] = new_call_id) -> list[P.ToolCall] | None:
     """The calls a forced output holds; None when a ``"required"`` output is not the complete
     array (cut short by ``max_tokens`` or a stop string: the message then holds the calls it
     had begun, as far as they were written, ``ChatOutput._calls_begun``, else its text). A
     ``"required"`` call's arguments are its ``parameters`` as the model wrote them (what
     streaming sends, :class:`RequiredCallStream`)."""
     if isinstance(req.tool_choice, P.NamedToolChoice):
-        return [P.ToolCall(id=new_call_id(), function=P.FunctionCall(
+        return [P.ToolCall(id=new_id(), function=P.FunctionCall(
             name=req.tool_choice.function.name, arguments=text))]
     try:
         calls = json.loads(text)
@@ -85,7 +119,7 @@ def forced_calls(req: P.ChatCompletionRequest, text: str) -> list[P.ToolCall] | 
     raw = RequiredCallStream().update(text)
     if [(n, json.loads(a)) for n, a, _ in raw] != [(c["name"], c["parameters"]) for c in calls]:
         raw = [(c["name"], json.dumps(c["parameters"], ensure_ascii=False), True) for c in calls]
-    return [P.ToolCall(id=new_call_id(), function=P.FunctionCall(name=n, arguments=a))
+    return [P.ToolCall(id=new_id(), function=P.FunctionCall(name=n, arguments=a))
             for n, a, _ in raw]
 
 
@@ -299,6 +333,33 @@ def _raw_arguments(body: str, args: Any) -> str:
     return json.dumps(args, ensure_ascii=False)
 
 
+def _hermes_bodies(text: str, start: int) -> list[str]:
+    """The text of each ``<tool_call>`` block from ``start`` on. A block whose body is a JSON
+    value followed by ``</tool_call>`` (or the end of the text) ends after that value, so a
+    string in its arguments may hold ``</tool_call>`` (what :class:`HermesCallStream` reads);
+    from the first block that is not of that shape on, a block ends at the first
+    ``</tool_call>`` (vLLM's regex)."""
+    bodies, pos = [], start
+    while pos >= 0:
+        body = pos + len(HERMES_OPEN)
+        while body < len(text) and text[body].isspace():
+            body += 1
+        end = json_value_end(text, body) if text[body:body + 1] in ("{", "[") else None
+        if end is None:
+            break
+        after = end
+        while after < len(text) and text[after].isspace():
+            after += 1
+        if after == len(text):
+            bodies.append(text[body:end])
+            return bodies
+        if not text.startswith(HERMES_CLOSE, after):
+            break
+        bodies.append(text[body:end])
+        pos = text.find(HERMES_OPEN, after + len(HERMES_CLOSE))
+    return bodies + (_HERMES.findall(text[pos:]) if pos >= 0 else [])
+
+
 def parse_hermes(text: str) -> tuple[str | None, list[P.ToolCall]]:
     """(content, calls) of a model's text in the Hermes format: the text before the first
     ``<tool_call>`` is the content; each block's JSON ``{"name", "arguments"}`` a call. A block
@@ -307,7 +368,7 @@ def parse_hermes(text: str) -> tuple[str | None, list[P.ToolCall]]:
     if start < 0:
         return text, []
     calls = []
-    for body in _HERMES.findall(text[start:]):
+    for body in _hermes_bodies(text, start):
         try:
             obj = json.loads(body)
         except json.JSONDecodeError:
