@@ -94,6 +94,9 @@ def test_chat_choices_are_the_rendered_conversations_hypotheses(client, llm):
      "does not apply response_format"),
     ("/v1/chat/completions", dict(tools=[{"type": "function", "function": {"name": "f"}}],
                                   tool_choice="required"), "does not apply tool_choice"),
+    ("/v1/chat/completions", dict(tools=[{"type": "function", "function": {"name": "f"}}],
+                                  tool_choice={"type": "function", "function": {"name": "f"}}),
+     "does not apply tool_choice naming function 'f'"),
 ])
 def test_what_beam_search_cannot_apply_is_refused(client, path, extra, msg):
     body = dict(prompt="Rivers") if path == "/v1/completions" else dict(messages=CHAT)

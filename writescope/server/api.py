@@ -539,9 +539,10 @@ class OpenAIServer:
                 for p in params]
         if req.use_beam_search:
             if forced is not None:  # tool_choice "required" or a named function
-                raise P.APIError(f"use_beam_search does not apply tool_choice "
-                                 f"{req.tool_choice!r}: leave it out, or sample without beam "
-                                 "search", param="tool_choice")
+                tc = req.tool_choice
+                what = repr(tc) if isinstance(tc, str) else f"naming function {tc.function.name!r}"
+                raise P.APIError(f"use_beam_search does not apply tool_choice {what}: leave it "
+                                 "out, or sample without beam search", param="tool_choice")
             gen = self._beams(req, choices, [max_tokens], arrival, lp)
         else:
             gen = Generation(self, choices, params, arrival, req.num_choices, req.cache_salt,
