@@ -176,6 +176,24 @@ def test_an_earlier_call_without_arguments_is_an_empty_object(arguments):
             "arguments"] == want
 
 
+def test_an_earlier_calls_arguments_may_be_an_object():
+    """vLLM takes an earlier turn's call arguments as an object too (OpenAI sends JSON text):
+    the template gets the object (before: a 400, "Input should be a valid string")."""
+    req = P.parse_request(P.ChatCompletionRequest, json.dumps({"messages": [
+        {"role": "user", "content": "Time?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function",
+             "function": {"name": "get_time", "arguments": {"zone": "UTC"}}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "12:00"}]}).encode())
+    (call,) = conversation.template_messages(req)[1]["tool_calls"]
+    assert call["function"]["arguments"] == {"zone": "UTC"}
+    with pytest.raises(Exception, match="arguments"):  # neither text nor an object
+        P.parse_request(P.ChatCompletionRequest, json.dumps({"messages": [
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function",
+                 "function": {"name": "f", "arguments": [1]}}]}]}).encode())
+
+
 # -- Mistral's call ids ----------------------------------------------------------------------------
 def _mistral_id(i: str) -> bool:
     return len(i) == 9 and i.isascii() and i.isalnum()

@@ -15,12 +15,14 @@ from . import protocol as P
 log = logging.getLogger("writescope.server")
 
 
-def _arguments(text: str) -> Any:
+def _arguments(text: str | dict) -> Any:
     """A call's arguments for a template: the object its JSON text holds (the text itself when
-    it is not JSON); none written (``""``, or ``null``: a call without arguments, as clients
-    that join streamed deltas may send it) is an empty object, as vLLM takes it, so that a
-    template writing ``"arguments": {{ arguments | tojson }}`` or the text as it is renders
-    valid JSON."""
+    it is not JSON; an object given as one, as vLLM takes it); none written (``""``, or
+    ``null``: a call without arguments, as clients that join streamed deltas may send it) is an
+    empty object, as vLLM takes it, so that a template writing ``"arguments": {{ arguments |
+    tojson }}`` or the text as it is renders valid JSON."""
+    if isinstance(text, dict):
+        return text
     if not text.strip():
         return {}
     try:

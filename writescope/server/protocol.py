@@ -456,7 +456,9 @@ class TextPart(BaseModel):
 class FunctionCall(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
     name: str
-    arguments: str  # JSON text, as OpenAI sends and returns it
+    # JSON text, as OpenAI sends and returns it; an earlier turn's call may also give the
+    # object itself (vLLM takes either)
+    arguments: Union[str, dict[str, Any]]
 
 
 class ToolCall(BaseModel):
