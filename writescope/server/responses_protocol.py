@@ -1,0 +1,298 @@
+"""``POST /v1/responses`` bodies (OpenAI's Responses API, as vLLM serves it): the request, read
+into the chat request it runs as (:meth:`ResponsesRequest.as_chat`), and the response object
+with its output items. The endpoint itself is server/responses.py.
+
+A request is ``input`` (a string: one user message; or message items, each ``{"role",
+"content"}`` with ``content`` a string or ``input_text``/``output_text`` parts) after
+``instructions`` (a system message), the sampling fields ``temperature``, ``top_p``,
+``max_output_tokens`` and vLLM's extras (``top_k``, ``min_p``, ``repetition_penalty``, ``seed``,
+``structured_outputs``, ...), and ``text.format`` (``json_schema``/``json_object``: the chat endpoint's
+``response_format``). What this server cannot honour -- built-in or function ``tools``,
+``background``, ``previous_response_id``, ``include``, ``prompt``, ``conversation``,
+``top_logprobs``, input images, files and audio, function-call items -- is a 400 naming the
+field. An earlier turn's ``reasoning`` item is dropped from the prompt, as chat templates drop
+earlier turns' thinking."""
+from __future__ import annotations
+
+import uuid
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ..core import SEED_RANGE
+from . import protocol as P
+
+ROLES = ("user", "system", "developer", "assistant")
+TEXT_PARTS = ("input_text", "output_text")
+
+
+def new_id(prefix: str) -> str:
+    """OpenAI's ids of the Responses API: ``resp_<hex>``, ``msg_<hex>``, ``rs_<hex>``."""
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+class TextFormat(P._Strict):
+    """``text.format``: plain text, a JSON schema (flat: ``name``, ``schema``, ``strict``) or
+    any JSON object."""
+
+    type: Literal["text", "json_schema", "json_object"]
+    name: Optional[str] = Field(None, min_length=1, max_length=64)
+    description: Optional[str] = None
+    schema_: Optional[dict[str, Any]] = Field(None, alias="schema")
+    strict: Optional[bool] = None
+
+    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _schema_named(self):
+        if self.type == "json_schema" and (self.name is None or self.schema_ is None):
+            raise ValueError("a text.format of type json_schema needs its name and schema")
+        return self
+
+    def response_format(self) -> dict | None:
+        """The chat endpoint's ``response_format`` of this format (None for plain text)."""
+        if self.type == "json_object":
+            return {"type": "json_object"}
+        if self.type == "json_schema":
+            spec = {"name": self.name, "schema": self.schema_}
+            spec.update({k: v for k, v in (("strict", self.strict),
+                                           ("description", self.description)) if v is not None})
+            return {"type": "json_schema", "json_schema": spec}
+        return None
+
+
+class TextConfig(P._Strict):
+    format: Optional[TextFormat] = None
+    verbosity: Optional[str] = None  # OpenAI's; no effect on this server's models
+
+
+class ReasoningConfig(P._Strict):
+    effort: Optional[str] = None   # accepted; the model thinks as its template says
+    summary: Optional[str] = None  # accepted; no summaries are written
+    generate_summary: Optional[str] = None
+
+
+#: fields this server refuses unless left out, null or off, with why
+REFUSED = {
+    "background": "background responses are not supported: leave background out or false",
+    "previous_response_id": "previous_response_id is not supported (this server does not store "
+                            "responses): send the whole conversation as input",
+    "conversation": "conversation is not supported (no conversations are stored): send the "
+                    "whole conversation as input",
+    "prompt": "prompt templates (prompt) are not supported: send input and instructions",
+    "include": "include is not supported: leave it out or empty",
+    "tools": "tools are not supported on /v1/responses by this server (neither built-in tools "
+             "nor functions): leave tools out or empty, or use /v1/chat/completions",
+    "top_logprobs": "top_logprobs is not supported on /v1/responses: leave it out or 0",
+    "max_tool_calls": "max_tool_calls is not supported: this endpoint runs no tools",
+}
+
+
+class ResponsesRequest(P._Strict):
+    model: Optional[str] = None
+    input: Union[str, list[dict[str, Any]]]
+    instructions: Optional[str] = None
+    max_output_tokens: Optional[int] = Field(None, ge=1)
+    temperature: Optional[float] = Field(None, ge=0.0, le=2.0)
+    top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
+    stream: Optional[bool] = False
+    text: Optional[TextConfig] = None
+    reasoning: Optional[ReasoningConfig] = None
+    tool_choice: Optional[Union[str, dict[str, Any]]] = "auto"
+    parallel_tool_calls: Optional[bool] = True
+    truncation: Optional[Literal["auto", "disabled"]] = "disabled"
+    store: Optional[bool] = True  # accepted; nothing is stored (echoed as false)
+    metadata: Optional[dict[str, str]] = None
+    user: Optional[str] = None
+    service_tier: Optional[str] = None
+    prompt_cache_key: Optional[str] = None
+    safety_identifier: Optional[str] = None
+    # refused unless left out (REFUSED)
+    background: Optional[bool] = None
+    previous_response_id: Optional[str] = None
+    conversation: Optional[Any] = None
+    prompt: Optional[Any] = None
+    include: Optional[list[Any]] = None
+    tools: Optional[list[Any]] = None
+    top_logprobs: Optional[int] = None
+    max_tool_calls: Optional[int] = None
+    # vLLM's sampling extras, as on the chat endpoint
+    top_k: Optional[int] = Field(None, ge=-1)
+    min_p: Optional[float] = Field(None, ge=0.0, le=1.0)
+    repetition_penalty: Optional[float] = Field(None, gt=0.0, le=10.0)
+    presence_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
+    seed: Optional[int] = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
+    min_tokens: Optional[int] = Field(None, ge=0)
+    ignore_eos: Optional[bool] = None
+    skip_special_tokens: Optional[bool] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+    structured_outputs: Optional[P.StructuredOutputsField] = None  # vLLM's; not with text.format
+    request_id: Optional[str] = Field(None, min_length=1, max_length=256)
+    priority: Optional[int] = 0
+    cache_salt: Optional[str] = Field(None, min_length=1)
+
+    def refused(self) -> P.APIError | None:
+        """The first field given that this server cannot honour, as its 400."""
+        for name, why in REFUSED.items():
+            v = getattr(self, name)
+            if v not in (None, False, [], 0):
+                return P.APIError(why, param=name, code="unsupported_parameter")
+        if self.tool_choice not in (None, "auto", "none"):
+            return P.APIError(f"tool_choice {self.tool_choice!r} needs tools, which this "
+                              "endpoint does not support: leave it out, 'auto' or 'none'",
+                              param="tool_choice", code="unsupported_parameter")
+        return None
+
+    def messages(self) -> list[dict]:
+        """The conversation: ``instructions`` as a system message, then ``input``'s messages
+        (an :class:`APIError` naming the item that cannot be one)."""
+        out = [{"role": "system", "content": self.instructions}] if self.instructions else []
+        if isinstance(self.input, str):
+            return out + [{"role": "user", "content": self.input}]
+        for i, item in enumerate(self.input):
+            kind = item.get("type", "message")
+            if kind == "reasoning":  # an earlier turn's thinking: templates drop it
+                continue
+            if kind != "message":
+                raise P.APIError(f"input[{i}]: items of type {kind!r} are not supported (only "
+                                 "messages and reasoning items)", param=f"input[{i}].type",
+                                 code="unsupported_parameter")
+            role = item.get("role")
+            if role not in ROLES:
+                raise P.APIError(f"input[{i}].role must be one of {', '.join(ROLES)} "
+                                 f"(got {role!r})", param=f"input[{i}].role")
+            out.append({"role": role, "content": _text(item.get("content"), i)})
+        if not out:
+            raise P.APIError("input holds no message", param="input")
+        return out
+
+    def as_chat(self) -> P.ChatCompletionRequest:
+        """The chat request this request runs as (the chat endpoint's rendering, sampling,
+        constraints and reasoning split)."""
+        body: dict[str, Any] = {"model": self.model, "messages": self.messages(),
+                                "max_tokens": self.max_output_tokens}
+        for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+                     "presence_penalty", "frequency_penalty", "seed", "min_tokens", "ignore_eos",
+                     "skip_special_tokens", "chat_template_kwargs", "structured_outputs", "request_id", "priority",
+                     "cache_salt"):
+            v = getattr(self, name)
+            if v is not None:
+                body[name] = v.model_dump(by_alias=True) if isinstance(v, BaseModel) else v
+        fmt = self.text.format if self.text is not None else None
+        if fmt is not None and fmt.response_format() is not None:
+            body["response_format"] = fmt.response_format()
+        if self.truncation == "auto":  # the conversation's start dropped to fit, as vLLM's
+            body["truncate_prompt_tokens"] = -1
+        try:
+            return P.ChatCompletionRequest.model_validate(body)
+        except ValidationError as e:
+            err = e.errors()[0]
+            raise P.APIError(f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}") from None
+
+
+def _text(content: Any, i: int) -> str:
+    """A message item's text: a string, or its ``input_text``/``output_text`` parts joined."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise P.APIError(f"input[{i}].content must be a string or a list of content parts",
+                         param=f"input[{i}].content")
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in TEXT_PARTS:
+            raise P.APIError(f"input[{i}].content[{j}]: content parts of type {kind!r} are not "
+                             f"supported (only {' and '.join(TEXT_PARTS)}: this server serves "
+                             "text models)", param=f"input[{i}].content[{j}].type",
+                             code="unsupported_parameter")
+        if not isinstance(part.get("text"), str):
+            raise P.APIError(f"input[{i}].content[{j}] needs its text (a string)",
+                             param=f"input[{i}].content[{j}].text")
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+# ----------------------------------------------------------------------------------------------
+# the response
+
+
+class OutputText(BaseModel):
+    type: Literal["output_text"] = "output_text"
+    text: str = ""
+    annotations: list[Any] = Field(default_factory=list)
+    logprobs: list[Any] = Field(default_factory=list)
+
+
+class ReasoningText(BaseModel):
+    type: Literal["reasoning_text"] = "reasoning_text"
+    text: str = ""
+
+
+class MessageItem(BaseModel):
+    type: Literal["message"] = "message"
+    id: str
+    status: Literal["in_progress", "completed", "incomplete"] = "completed"
+    role: Literal["assistant"] = "assistant"
+    content: list[OutputText] = Field(default_factory=list)
+
+
+class ReasoningItem(BaseModel):
+    type: Literal["reasoning"] = "reasoning"
+    id: str
+    summary: list[Any] = Field(default_factory=list)
+    content: list[ReasoningText] = Field(default_factory=list)
+    status: Literal["in_progress", "completed", "incomplete"] = "completed"
+
+
+class InputTokensDetails(BaseModel):
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache
+    #: OpenAI's explicit cache writes (its SDK's field): none here, the prefix cache is
+    #: automatic and counts only its hits
+    cache_write_tokens: int = 0
+
+
+class OutputTokensDetails(BaseModel):
+    reasoning_tokens: int = 0
+
+
+class ResponseUsage(BaseModel):
+    input_tokens: int = 0
+    input_tokens_details: InputTokensDetails = Field(default_factory=InputTokensDetails)
+    output_tokens: int = 0
+    output_tokens_details: OutputTokensDetails = Field(default_factory=OutputTokensDetails)
+    total_tokens: int = 0
+
+
+class IncompleteDetails(BaseModel):
+    reason: str
+
+
+class ResponsesResponse(BaseModel):
+    id: str
+    object: Literal["response"] = "response"
+    created_at: int
+    status: Literal["in_progress", "completed", "incomplete", "cancelled", "failed"]
+    background: bool = False
+    error: Optional[dict[str, Any]] = None
+    incomplete_details: Optional[IncompleteDetails] = None
+    instructions: Optional[str] = None
+    max_output_tokens: Optional[int] = None
+    max_tool_calls: Optional[int] = None
+    metadata: Optional[dict[str, str]] = None
+    model: str
+    output: list[Union[ReasoningItem, MessageItem]] = Field(default_factory=list)
+    parallel_tool_calls: bool = True
+    previous_response_id: Optional[str] = None
+    reasoning: Optional[dict[str, Any]] = None
+    service_tier: str = "auto"
+    store: bool = False
+    temperature: Optional[float] = None
+    text: dict[str, Any] = Field(default_factory=lambda: {"format": {"type": "text"}})
+    tool_choice: Union[str, dict[str, Any]] = "auto"
+    tools: list[Any] = Field(default_factory=list)
+    top_logprobs: int = 0
+    top_p: Optional[float] = None
+    truncation: str = "disabled"
+    usage: Optional[ResponseUsage] = None
+    user: Optional[str] = None
