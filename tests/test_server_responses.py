@@ -238,7 +238,6 @@ def test_reasoning_then_message_with_its_token_count(thinking):
     ({"tools": [{"type": "web_search"}]}, "tools"),
     ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools"),
     ({"background": True}, "background"),
-    ({"previous_response_id": "resp_123"}, "previous_response_id"),
     ({"include": ["reasoning.encrypted_content"]}, "include"),
     ({"top_logprobs": 2}, "top_logprobs"),
     ({"tool_choice": "required"}, "tool_choice"),
@@ -257,6 +256,47 @@ def test_what_it_cannot_honour_is_a_400_naming_the_field(client, extra, param):
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error" and err["param"] == param, err
+
+
+def test_stored_responses_continue_and_come_back(client):
+    """``store`` (default true): ``GET /v1/responses/{id}`` returns the response, and
+    ``previous_response_id`` continues its conversation -- the chat endpoint's answer to the
+    same turns (the earlier instructions not carried over, as OpenAI's); ``store: false``
+    keeps nothing."""
+    first = post_ok(client, "/v1/responses", input="Tell me about rivers.",
+                    instructions="Be brief.", **GREEDY)
+    assert first["store"] is True
+    r = client.get(f"/v1/responses/{first['id']}")
+    assert r.status_code == 200 and r.json() == first
+    second = post_ok(client, "/v1/responses", input="More.", previous_response_id=first["id"],
+                     **GREEDY)
+    assert second["previous_response_id"] == first["id"]
+    chat = post_ok(client, "/v1/chat/completions", temperature=0, max_tokens=12, messages=[
+        {"role": "user", "content": "Tell me about rivers."},
+        {"role": "assistant", "content": _message_text(first)},
+        {"role": "user", "content": "More."}])
+    assert second["usage"]["input_tokens"] == chat["usage"]["prompt_tokens"]
+    assert _message_text(second) == chat["choices"][0]["message"]["content"]
+    # a stream is stored as its last event says
+    events = _events(client, input="More.", previous_response_id=second["id"], **GREEDY)
+    final = events[-1][1]["response"]
+    assert client.get(f"/v1/responses/{final['id']}").json() == final
+    unstored = post_ok(client, "/v1/responses", input="hi", store=False, **GREEDY)
+    assert unstored["store"] is False
+    r = client.get(f"/v1/responses/{unstored['id']}")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    r = client.post("/v1/responses", json={"input": "hi", "previous_response_id": unstored["id"]})
+    assert r.status_code == 404 and r.json()["error"]["param"] == "previous_response_id"
+
+
+def test_the_store_keeps_the_most_recently_used():
+    from writescope.server.response_store import ResponseStore
+    store = ResponseStore(capacity=2)
+    store.put("a", {"id": "a"}, [])
+    store.put("b", {"id": "b"}, [])
+    assert store.get("a") == ({"id": "a"}, [])  # now the most recent
+    store.put("c", {"id": "c"}, [])
+    assert store.get("b") is None and store.get("a") is not None and len(store) == 2
 
 
 def test_context_and_model_errors(client):

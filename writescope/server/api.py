@@ -54,6 +54,7 @@ from .chat_output import ChatOutput
 from .engine_loop import EngineFailure, EngineLoop
 from .generation import Choice, Generation
 from .metrics import CONTENT_TYPE, ServerMetrics
+from .response_store import ResponseStore
 from .sse import DONE as _DONE
 from .sse import SSEResponse as _SSEResponse
 from .sse import deltas as _deltas
@@ -114,6 +115,8 @@ class OpenAIServer:
         self.trust_request_chat_template = trust_request_chat_template
         #: log-probabilities' tokens as "token_id:N" for every request (vLLM's flag)
         self.return_tokens_as_token_ids = return_tokens_as_token_ids
+        #: the stored responses of /v1/responses (server/response_store.py)
+        self.response_store = ResponseStore()
 
     # -- helpers --------------------------------------------------------------------------------
     def check_auth(self, request: Request) -> None:
@@ -834,6 +837,10 @@ def create_app(engine: Any, *, served_model_names: Sequence[str] | None = None,
     @app.post("/v1/responses")
     async def responses_(request: Request):
         return await responses.create(server, request)
+
+    @app.get("/v1/responses/{response_id}")
+    async def response_(request: Request, response_id: str):
+        return JSONResponse(responses.retrieve(server, request, response_id))
 
     @app.post("/tokenize")
     async def tokenize_(request: Request):

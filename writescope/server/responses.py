@@ -44,13 +44,31 @@ async def create(server: "OpenAIServer", request: Request) -> Response:
         raise refused
     server.check_priority(req.priority)
     model = server.check_model(req.model)
-    chat = req.as_chat()
+    earlier: list[dict] = []
+    if req.previous_response_id is not None:
+        earlier = _stored(server, req.previous_response_id, "previous_response_id")[1]
+    chat = req.as_chat(earlier)
     given = request.headers.get("x-request-id") or req.request_id
     rid = f"resp_{given}" if given else R.new_id("resp")
     gen, out = await server.prepare_chat(chat, arrival, P.new_id(rid), "max_output_tokens",
                                          "input")
-    view = ResponseView(server, req, gen, out, rid, model)
-    return await server.respond(request, gen, bool(req.stream), view.events, view.response)
+    view = ResponseView(server, req, gen, out, rid, model, earlier)
+    return await server.respond(request, gen, bool(req.stream), view.events, view.final)
+
+
+def retrieve(server: "OpenAIServer", request: Request, rid: str) -> dict:
+    """``GET /v1/responses/{id}``: a stored response."""
+    server.check_auth(request)
+    return _stored(server, rid, "response_id")[0]
+
+
+def _stored(server: "OpenAIServer", rid: str, param: str) -> tuple[dict, list[dict]]:
+    item = server.response_store.get(rid)
+    if item is None:
+        raise P.APIError(f"Response with id '{rid}' not found (never stored, stored with "
+                         "store false, or dropped from this server's memory).", status=404,
+                         param=param, code="not_found")
+    return item
 
 
 class ResponseView:
@@ -58,9 +76,10 @@ class ResponseView:
     same items, ids and text either way)."""
 
     def __init__(self, server: "OpenAIServer", req: R.ResponsesRequest, gen: Generation,
-                 out: ChatOutput, rid: str, model: str) -> None:
+                 out: ChatOutput, rid: str, model: str, earlier: list[dict] = ()) -> None:
         self.server, self.req, self.gen, self.out = server, req, gen, out
         self.rid, self.model = rid, model
+        self.earlier = list(earlier)  # the turns of previous_response_id
         self.created_at = P.now_s()
         self.msg_id, self.rs_id = R.new_id("msg"), R.new_id("rs")
 
@@ -85,7 +104,8 @@ class ResponseView:
             text={"format": fmt.model_dump(by_alias=True, exclude_none=True)
                   if fmt is not None else {"type": "text"}},
             tool_choice=req.tool_choice or "auto", truncation=req.truncation or "disabled",
-            user=req.user)
+            user=req.user, store=req.store is not False,
+            previous_response_id=req.previous_response_id)
         if in_progress:
             return body
         reasoning, content = self.parts()
@@ -101,6 +121,15 @@ class ResponseView:
         if cut:
             body.incomplete_details = R.IncompleteDetails(reason="max_output_tokens")
         body.usage = self.usage(reasoning, content)
+        return body
+
+    def final(self) -> R.ResponsesResponse:
+        """The finished response, kept (with its conversation) where ``store`` asks."""
+        body = self.response()
+        if body.store:
+            _, content = self.parts()
+            turns = self.earlier + self.req.turns() + [{"role": "assistant", "content": content}]
+            self.server.response_store.put(self.rid, body.model_dump(), turns)
         return body
 
     def _message(self, text: str, status: str) -> R.MessageItem:
@@ -212,7 +241,7 @@ class ResponseView:
                         for e in opened("message"):
                             yield e
                     yield delta("message", d.content)
-            final = self.response()
+            final = self.final()
             if not items:  # nothing was written: an empty message, as the response has
                 for e in opened("message"):
                     yield e

@@ -8,10 +8,12 @@ A request is ``input`` (a string: one user message; or message items, each ``{"r
 ``max_output_tokens`` and vLLM's extras (``top_k``, ``min_p``, ``repetition_penalty``, ``seed``,
 ``structured_outputs``, ...), and ``text.format`` (``json_schema``/``json_object``: the chat endpoint's
 ``response_format``). What this server cannot honour -- built-in or function ``tools``,
-``background``, ``previous_response_id``, ``include``, ``prompt``, ``conversation``,
+``background``, ``include``, ``prompt``, ``conversation``,
 ``top_logprobs``, input images, files and audio, function-call items -- is a 400 naming the
-field. An earlier turn's ``reasoning`` item is dropped from the prompt, as chat templates drop
-earlier turns' thinking."""
+field. ``store`` (default true) keeps the response in memory for ``GET /v1/responses/{id}`` and
+for a later request's ``previous_response_id`` (server/response_store.py). An earlier turn's
+``reasoning`` item is dropped from the prompt, as chat templates drop earlier turns'
+thinking."""
 from __future__ import annotations
 
 import uuid
@@ -75,8 +77,6 @@ class ReasoningConfig(P._Strict):
 #: fields this server refuses unless left out, null or off, with why
 REFUSED = {
     "background": "background responses are not supported: leave background out or false",
-    "previous_response_id": "previous_response_id is not supported (this server does not store "
-                            "responses): send the whole conversation as input",
     "conversation": "conversation is not supported (no conversations are stored): send the "
                     "whole conversation as input",
     "prompt": "prompt templates (prompt) are not supported: send input and instructions",
@@ -101,7 +101,8 @@ class ResponsesRequest(P._Strict):
     tool_choice: Optional[Union[str, dict[str, Any]]] = "auto"
     parallel_tool_calls: Optional[bool] = True
     truncation: Optional[Literal["auto", "disabled"]] = "disabled"
-    store: Optional[bool] = True  # accepted; nothing is stored (echoed as false)
+    store: Optional[bool] = True  # kept in memory (server/response_store.py)
+    previous_response_id: Optional[str] = Field(None, min_length=1)
     metadata: Optional[dict[str, str]] = None
     user: Optional[str] = None
     service_tier: Optional[str] = None
@@ -109,7 +110,6 @@ class ResponsesRequest(P._Strict):
     safety_identifier: Optional[str] = None
     # refused unless left out (REFUSED)
     background: Optional[bool] = None
-    previous_response_id: Optional[str] = None
     conversation: Optional[Any] = None
     prompt: Optional[Any] = None
     include: Optional[list[Any]] = None
@@ -144,12 +144,11 @@ class ResponsesRequest(P._Strict):
                               param="tool_choice", code="unsupported_parameter")
         return None
 
-    def messages(self) -> list[dict]:
-        """The conversation: ``instructions`` as a system message, then ``input``'s messages
-        (an :class:`APIError` naming the item that cannot be one)."""
-        out = [{"role": "system", "content": self.instructions}] if self.instructions else []
+    def turns(self) -> list[dict]:
+        """``input``'s messages (an :class:`APIError` naming the item that cannot be one)."""
         if isinstance(self.input, str):
-            return out + [{"role": "user", "content": self.input}]
+            return [{"role": "user", "content": self.input}]
+        out = []
         for i, item in enumerate(self.input):
             kind = item.get("type", "message")
             if kind == "reasoning":  # an earlier turn's thinking: templates drop it
@@ -167,10 +166,17 @@ class ResponsesRequest(P._Strict):
             raise P.APIError("input holds no message", param="input")
         return out
 
-    def as_chat(self) -> P.ChatCompletionRequest:
+    def messages(self, earlier: list[dict] = ()) -> list[dict]:
+        """The conversation: ``instructions`` as a system message (a previous response's are
+        not carried over, as OpenAI's), the ``earlier`` turns, then ``input``'s."""
+        head = [{"role": "system", "content": self.instructions}] if self.instructions else []
+        return head + list(earlier) + self.turns()
+
+    def as_chat(self, earlier: list[dict] = ()) -> P.ChatCompletionRequest:
         """The chat request this request runs as (the chat endpoint's rendering, sampling,
-        constraints and reasoning split)."""
-        body: dict[str, Any] = {"model": self.model, "messages": self.messages(),
+        constraints and reasoning split), after the ``earlier`` turns of its
+        ``previous_response_id``."""
+        body: dict[str, Any] = {"model": self.model, "messages": self.messages(earlier),
                                 "max_tokens": self.max_output_tokens}
         for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
                      "presence_penalty", "frequency_penalty", "seed", "min_tokens", "ignore_eos",
