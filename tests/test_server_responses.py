@@ -235,16 +235,16 @@ def test_reasoning_then_message_with_its_token_count(thinking):
 
 
 @pytest.mark.parametrize("extra,param", [
-    ({"tools": [{"type": "web_search"}]}, "tools"),
-    ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools"),
+    ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+    ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tool_choice"),
+    ({"tool_choice": {"type": "web_search_preview"}}, "tool_choice"),
     ({"background": True}, "background"),
     ({"include": ["reasoning.encrypted_content"]}, "include"),
     ({"top_logprobs": 2}, "top_logprobs"),
-    ({"tool_choice": "required"}, "tool_choice"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
      "input[0].content[0].type"),
-    ({"input": [{"type": "function_call_output", "call_id": "c", "output": "1"}]},
-     "input[0].type"),
+    ({"input": [{"type": "function_call_output", "call_id": "c"}]}, "input[0].output"),
+    ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
     ({"input": [{"role": "tool", "content": "1"}]}, "input[0].role"),
     ({"input": []}, "input"),
     ({"max_output_tokens": 0}, "max_output_tokens"),
@@ -297,6 +297,85 @@ def test_the_store_keeps_the_most_recently_used():
     assert store.get("a") == ({"id": "a"}, [])  # now the most recent
     store.put("c", {"id": "c"}, [])
     assert store.get("b") is None and store.get("a") is not None and len(store) == 2
+
+
+TOOL = {"type": "function", "name": "check", "description": "Say whether it is ok.",
+        "parameters": {"type": "object", "properties": {"ok": {"type": "boolean"}},
+                       "required": ["ok"], "additionalProperties": False}}
+CHAT_TOOL = {"type": "function", "function": {k: v for k, v in TOOL.items() if k != "type"}}
+
+
+@pytest.mark.parametrize("choice,chat_choice", [
+    ({"type": "function", "name": "check"}, {"type": "function", "function": {"name": "check"}}),
+    ("required", "required"),
+])
+def test_function_calls_are_output_items_streamed_as_written(client, choice, chat_choice):
+    """A forced call (a named function or 'required'): a function_call item whose arguments
+    are the chat endpoint's for the same greedy request; streamed, its arguments' deltas join
+    to them; the call's answer (function_call + function_call_output items) renders as the
+    chat's assistant tool_calls turn and tool turn."""
+    req = dict(input="ok?", tools=[TOOL], tool_choice=choice, temperature=0,
+               max_output_tokens=200)
+    body = post_ok(client, "/v1/responses", **req)
+    chat = post_ok(client, "/v1/chat/completions", messages=[{"role": "user", "content": "ok?"}],
+                   tools=[CHAT_TOOL], tool_choice=chat_choice, temperature=0, max_tokens=200)
+    want = chat["choices"][0]["message"]["tool_calls"]
+    calls = body["output"]
+    assert [c["type"] for c in calls] == ["function_call"] * len(want) and want
+    assert [c["arguments"] for c in calls] == [w["function"]["arguments"] for w in want]
+    for c in calls:
+        assert c["name"] == "check" and re.fullmatch(r"fc_[0-9a-f]{32}", c["id"])
+        assert re.fullmatch(r"call_[0-9a-f]{32}", c["call_id"])
+        assert json.loads(c["arguments"]) in ({"ok": True}, {"ok": False})
+    assert body["status"] == "completed"
+    assert body["tools"] == [TOOL] and body["tool_choice"] == choice
+    _sdk_parse(body)
+    events = _events(client, **req)
+    names = [n for n, _ in events]
+    assert names[:2] == ["response.created", "response.in_progress"]
+    assert names[-1] == "response.completed"
+    per_item, i = [], 2
+    for _ in calls:  # each call: added, its arguments' deltas, their done, the item's done
+        assert names[i] == "response.output_item.added"
+        k = i + 1
+        while names[k] == "response.function_call_arguments.delta":
+            k += 1
+        assert names[k:k + 2] == ["response.function_call_arguments.done",
+                                  "response.output_item.done"] and k > i + 1
+        per_item.append([d for _, d in events[i:k + 2]])
+        i = k + 2
+    assert i == len(names) - 1
+    for c, evs in zip(calls, per_item):
+        joined = "".join(d["delta"] for d in evs[1:-2])
+        assert joined == c["arguments"] == evs[-2]["arguments"] == evs[-1]["item"]["arguments"]
+        assert evs[0]["item"]["name"] == "check"
+        assert evs[-1]["item"]["call_id"] == evs[0]["item"]["call_id"]
+    final = events[-1][1]["response"]["output"]
+    assert [o["call_id"] for o in final] == [evs[0]["item"]["call_id"] for evs in per_item]
+    assert [o["arguments"] for o in final] == [c["arguments"] for c in calls]
+    call = calls[0]
+    if len(calls) > 1:
+        return  # (the next turn is checked on the single call)
+    # the next turn: the call and its output, as the chat endpoint renders them
+    turn = [{"role": "user", "content": "ok?"},
+            {"type": "function_call", "call_id": call["call_id"], "name": "check",
+             "arguments": call["arguments"]},
+            {"type": "function_call_output", "call_id": call["call_id"], "output": "yes"}]
+    nxt = post_ok(client, "/v1/responses", input=turn, **GREEDY)
+    ref = post_ok(client, "/v1/chat/completions", temperature=0, max_tokens=12, messages=[
+        {"role": "user", "content": "ok?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": call["call_id"], "type": "function",
+             "function": {"name": "check", "arguments": call["arguments"]}}]},
+        {"role": "tool", "tool_call_id": call["call_id"], "content": "yes"}])
+    assert nxt["usage"]["input_tokens"] == ref["usage"]["prompt_tokens"]
+    assert _message_text(nxt) == ref["choices"][0]["message"]["content"]
+    # the same through previous_response_id: the stored turn holds the call
+    cont = post_ok(client, "/v1/responses", previous_response_id=body["id"], **GREEDY,
+                   input=[{"type": "function_call_output", "call_id": call["call_id"],
+                           "output": "yes"}])
+    assert cont["usage"]["input_tokens"] == ref["usage"]["prompt_tokens"]
+    assert _message_text(cont) == _message_text(nxt)
 
 
 def test_context_and_model_errors(client):

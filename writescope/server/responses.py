@@ -3,7 +3,8 @@ amounts to (``ResponsesRequest.as_chat``, server/responses_protocol.py) through 
 endpoint's machinery (``OpenAIServer.prepare_chat``: the template, the sampling parameters, a
 ``text.format`` constraint, the reasoning split of server/chat_output.py). The one choice
 becomes a response object: a ``reasoning`` item (with ``--reasoning-parser``, where the model
-thought) then a ``message`` item with one ``output_text`` part; ``status`` "incomplete" with
+thought), a ``message`` item with one ``output_text`` part (where there is text, or nothing
+else), then a ``function_call`` item per tool call (``call_id``, ``name``, ``arguments``); ``status`` "incomplete" with
 ``incomplete_details.reason`` "max_output_tokens" where the token budget cut it short.
 
 Streamed (``stream: true``), the same response is sent as OpenAI's typed server-sent events
@@ -11,7 +12,9 @@ Streamed (``stream: true``), the same response is sent as OpenAI's typed server-
 ``response.in_progress``; per item ``response.output_item.added``,
 ``response.content_part.added``, its text's deltas (``response.reasoning_text.delta`` /
 ``response.output_text.delta``), ``.done``, ``response.content_part.done``,
-``response.output_item.done``; then ``response.completed`` (``response.incomplete`` where it
+``response.output_item.done`` (a function call's: ``response.output_item.added``,
+``response.function_call_arguments.delta``/``.done``, ``response.output_item.done``); then
+``response.completed`` (``response.incomplete`` where it
 did not complete) with the whole response. An engine failure mid-stream is an ``error``
 event."""
 from __future__ import annotations
@@ -82,12 +85,18 @@ class ResponseView:
         self.earlier = list(earlier)  # the turns of previous_response_id
         self.created_at = P.now_s()
         self.msg_id, self.rs_id = R.new_id("msg"), R.new_id("rs")
+        #: per tool call (its index): the output item's id and the call's id
+        self.fc_ids: dict[int, tuple[str, str]] = {}
 
     # -- the whole response ----------------------------------------------------------------------
-    def parts(self) -> tuple[str, str]:
-        """(reasoning, content) of the finished choice ('' where there is none)."""
+    def parts(self) -> tuple[str, str, list[P.ToolCall]]:
+        """(reasoning, content, tool calls) of the finished choice ('' where there is none)."""
         msg, _ = self.out.message(self.gen.choices[0], echo=False)
-        return msg.reasoning_content or "", msg.content or ""
+        return msg.reasoning_content or "", msg.content or "", msg.tool_calls
+
+    def call_ids(self, k: int) -> tuple[str, str]:
+        """Call ``k``'s output item id and call id (the same streamed and whole)."""
+        return self.fc_ids.setdefault(k, (R.new_id("fc"), R.new_id("call")))
 
     def response(self, in_progress: bool = False) -> R.ResponsesResponse:
         c = self.gen.choices[0]
@@ -104,18 +113,24 @@ class ResponseView:
             text={"format": fmt.model_dump(by_alias=True, exclude_none=True)
                   if fmt is not None else {"type": "text"}},
             tool_choice=req.tool_choice or "auto", truncation=req.truncation or "disabled",
-            user=req.user, store=req.store is not False,
+            user=req.user, store=req.store is not False, tools=list(req.tools or []),
             previous_response_id=req.previous_response_id)
         if in_progress:
             return body
-        reasoning, content = self.parts()
+        reasoning, content, calls = self.parts()
         cut = c.finish_reason == "length"
+        status = "incomplete" if cut else "completed"
         if reasoning:
             body.output.append(R.ReasoningItem(
                 id=self.rs_id, content=[R.ReasoningText(text=reasoning)],
-                status="incomplete" if cut and not content else "completed"))
-        if content or not reasoning:
-            body.output.append(self._message(content, "incomplete" if cut else "completed"))
+                status="incomplete" if cut and not content and not calls else "completed"))
+        if content or not (reasoning or calls):
+            body.output.append(self._message(content, "completed" if calls else status))
+        for k, call in enumerate(calls):
+            fid, cid = self.call_ids(k)
+            body.output.append(R.FunctionCallItem(
+                id=fid, call_id=cid, name=call.function.name, arguments=call.function.arguments,
+                status=status if k == len(calls) - 1 else "completed"))
         body.status = "incomplete" if cut else "cancelled" if c.finish_reason == "abort" \
             else "completed"
         if cut:
@@ -127,8 +142,15 @@ class ResponseView:
         """The finished response, kept (with its conversation) where ``store`` asks."""
         body = self.response()
         if body.store:
-            _, content = self.parts()
-            turns = self.earlier + self.req.turns() + [{"role": "assistant", "content": content}]
+            answer: dict[str, Any] = {"role": "assistant", "content": None}
+            for item in body.output:
+                if item.type == "message":
+                    answer["content"] = item.content[0].text
+                elif item.type == "function_call":
+                    answer.setdefault("tool_calls", []).append(
+                        {"id": item.call_id, "type": "function",
+                         "function": {"name": item.name, "arguments": item.arguments}})
+            turns = self.earlier + self.req.turns() + [answer]
             self.server.response_store.put(self.rid, body.model_dump(), turns)
         return body
 
@@ -178,9 +200,14 @@ class ResponseView:
         yield event("response.in_progress", response=start)
         items: list[dict] = []  # the items opened: {"kind", "id", "text", "open"}
 
-        def opened(kind: str) -> list[str]:
+        def opened(kind: str, call: int = -1, name: str = "") -> list[str]:
             index = len(items)
-            items.append({"kind": kind, "text": "", "open": True})
+            items.append({"kind": kind, "text": "", "open": True, "call": call, "name": name})
+            if kind == "function_call":
+                fid, cid = self.call_ids(call)
+                item = R.FunctionCallItem(id=fid, call_id=cid, name=name, status="in_progress")
+                return [event("response.output_item.added", output_index=index,
+                              item=item.model_dump())]
             if kind == "reasoning":
                 item = R.ReasoningItem(id=self.rs_id, status="in_progress")
                 part = R.ReasoningText()
@@ -195,6 +222,9 @@ class ResponseView:
         def delta(kind: str, piece: str) -> str:
             index = len(items) - 1
             items[index]["text"] += piece
+            if kind == "function_call":
+                return event("response.function_call_arguments.delta", output_index=index,
+                             item_id=self.call_ids(items[index]["call"])[0], delta=piece)
             if kind == "reasoning":
                 return event("response.reasoning_text.delta", output_index=index,
                              item_id=self.rs_id, content_index=0, delta=piece)
@@ -205,6 +235,14 @@ class ResponseView:
             index = len(items) - 1
             it = items[index]
             it["open"] = False
+            if it["kind"] == "function_call":
+                fid, cid = self.call_ids(it["call"])
+                item = R.FunctionCallItem(id=fid, call_id=cid, name=it["name"],
+                                          arguments=it["text"], status=status)
+                return [event("response.function_call_arguments.done", output_index=index,
+                              item_id=fid, name=it["name"], arguments=it["text"]),
+                        event("response.output_item.done", output_index=index,
+                              item=item.model_dump())]
             if it["kind"] == "reasoning":
                 part = R.ReasoningText(text=it["text"])
                 item: Any = R.ReasoningItem(id=self.rs_id, content=[part], status=status)
@@ -234,13 +272,23 @@ class ResponseView:
                             yield e
                     yield delta("reasoning", d.reasoning_content)
                 if d.content:
-                    if current() == "reasoning":
+                    if current() not in (None, "message"):
                         for e in closed("completed"):
                             yield e
                     if current() != "message":
                         for e in opened("message"):
                             yield e
                     yield delta("message", d.content)
+                for call in d.tool_calls or []:
+                    fn = call.function
+                    if current() != "function_call" or items[-1]["call"] != call.index:
+                        if current() is not None:
+                            for e in closed("completed"):
+                                yield e
+                        for e in opened("function_call", call.index, fn.name or ""):
+                            yield e
+                    if fn.arguments:
+                        yield delta("function_call", fn.arguments)
             final = self.final()
             if not items:  # nothing was written: an empty message, as the response has
                 for e in opened("message"):

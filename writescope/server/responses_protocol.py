@@ -5,15 +5,16 @@ with its output items. The endpoint itself is server/responses.py.
 A request is ``input`` (a string: one user message; or message items, each ``{"role",
 "content"}`` with ``content`` a string or ``input_text``/``output_text`` parts) after
 ``instructions`` (a system message), the sampling fields ``temperature``, ``top_p``,
-``max_output_tokens`` and vLLM's extras (``top_k``, ``min_p``, ``repetition_penalty``, ``seed``,
-``structured_outputs``, ...), and ``text.format`` (``json_schema``/``json_object``: the chat endpoint's
-``response_format``). What this server cannot honour -- built-in or function ``tools``,
-``background``, ``include``, ``prompt``, ``conversation``,
-``top_logprobs``, input images, files and audio, function-call items -- is a 400 naming the
-field. ``store`` (default true) keeps the response in memory for ``GET /v1/responses/{id}`` and
-for a later request's ``previous_response_id`` (server/response_store.py). An earlier turn's
-``reasoning`` item is dropped from the prompt, as chat templates drop earlier turns'
-thinking."""
+``max_output_tokens`` and vLLM's extras (``top_k``, ``min_p``, ``repetition_penalty``,
+``seed``, ``structured_outputs``, ...), ``text.format`` (``json_schema``/``json_object``: the
+chat endpoint's ``response_format``), function ``tools`` with ``tool_choice`` (the chat endpoint's tool
+calls: 'auto' needs ``--tool-call-parser``) and ``function_call``/``function_call_output``
+input items (an assistant turn's calls, a tool turn). What this server cannot honour --
+built-in tools, ``background``, ``include``, ``prompt``, ``conversation``, ``top_logprobs``,
+input images, files and audio -- is a 400 naming the field. ``store`` (default true) keeps
+the response in memory for ``GET /v1/responses/{id}`` and for a later request's
+``previous_response_id`` (server/response_store.py). An earlier turn's ``reasoning`` item is
+dropped from the prompt, as chat templates drop earlier turns' thinking."""
 from __future__ import annotations
 
 import uuid
@@ -81,8 +82,7 @@ REFUSED = {
                     "whole conversation as input",
     "prompt": "prompt templates (prompt) are not supported: send input and instructions",
     "include": "include is not supported: leave it out or empty",
-    "tools": "tools are not supported on /v1/responses by this server (neither built-in tools "
-             "nor functions): leave tools out or empty, or use /v1/chat/completions",
+    "tools": None,  # (functions only: ResponsesRequest.refused)
     "top_logprobs": "top_logprobs is not supported on /v1/responses: leave it out or 0",
     "max_tool_calls": "max_tool_calls is not supported: this endpoint runs no tools",
 }
@@ -113,7 +113,7 @@ class ResponsesRequest(P._Strict):
     conversation: Optional[Any] = None
     prompt: Optional[Any] = None
     include: Optional[list[Any]] = None
-    tools: Optional[list[Any]] = None
+    tools: Optional[list[Any]] = Field(None, max_length=128)
     top_logprobs: Optional[int] = None
     max_tool_calls: Optional[int] = None
     # vLLM's sampling extras, as on the chat endpoint
@@ -136,13 +136,39 @@ class ResponsesRequest(P._Strict):
         """The first field given that this server cannot honour, as its 400."""
         for name, why in REFUSED.items():
             v = getattr(self, name)
+            if why is None:
+                continue
             if v not in (None, False, [], 0):
                 return P.APIError(why, param=name, code="unsupported_parameter")
-        if self.tool_choice not in (None, "auto", "none"):
-            return P.APIError(f"tool_choice {self.tool_choice!r} needs tools, which this "
-                              "endpoint does not support: leave it out, 'auto' or 'none'",
+        for i, tool in enumerate(self.tools or []):
+            kind = tool.get("type") if isinstance(tool, dict) else None
+            if kind != "function":
+                return P.APIError(f"tools[{i}]: tools of type {kind!r} are not supported (only "
+                                  "function tools: this server runs no built-in tools)",
+                                  param=f"tools[{i}].type", code="unsupported_parameter")
+        choice = self.tool_choice
+        if isinstance(choice, dict) and choice.get("type") != "function":
+            return P.APIError(f"tool_choice of type {choice.get('type')!r} is not supported "
+                              "(only 'auto', 'none', 'required' or a function)",
                               param="tool_choice", code="unsupported_parameter")
+        if isinstance(choice, str) and choice not in ("auto", "none", "required"):
+            return P.APIError(f"tool_choice must be 'auto', 'none', 'required' or "
+                              f"{{\"type\": \"function\", \"name\": ...}} (got {choice!r})",
+                              param="tool_choice")
         return None
+
+    def chat_tools(self) -> dict[str, Any]:
+        """``tools`` and ``tool_choice`` as the chat endpoint takes them (functions nested)."""
+        if not self.tools:
+            return {}
+        fields = ("name", "description", "parameters", "strict")
+        choice = self.tool_choice
+        if isinstance(choice, dict):
+            choice = {"type": "function", "function": {"name": choice.get("name")}}
+        return {"tools": [{"type": "function",
+                           "function": {k: t[k] for k in fields if t.get(k) is not None}}
+                          for t in self.tools],
+                "tool_choice": choice or "auto"}
 
     def turns(self) -> list[dict]:
         """``input``'s messages (an :class:`APIError` naming the item that cannot be one)."""
@@ -153,9 +179,23 @@ class ResponsesRequest(P._Strict):
             kind = item.get("type", "message")
             if kind == "reasoning":  # an earlier turn's thinking: templates drop it
                 continue
+            if kind == "function_call":  # an earlier call: the assistant turn's (with its text)
+                call = {"id": _field(item, "call_id", i), "type": "function",
+                        "function": {"name": _field(item, "name", i),
+                                     "arguments": _field(item, "arguments", i)}}
+                if not (out and out[-1]["role"] == "assistant"):
+                    out.append({"role": "assistant", "content": None})
+                out[-1].setdefault("tool_calls", []).append(call)
+                continue
+            if kind == "function_call_output":  # a call's result: a tool turn
+                output = _field(item, "output", i)
+                out.append({"role": "tool", "tool_call_id": _field(item, "call_id", i),
+                            "content": output})
+                continue
             if kind != "message":
                 raise P.APIError(f"input[{i}]: items of type {kind!r} are not supported (only "
-                                 "messages and reasoning items)", param=f"input[{i}].type",
+                                 "messages, reasoning items, function_call and "
+                                 "function_call_output)", param=f"input[{i}].type",
                                  code="unsupported_parameter")
             role = item.get("role")
             if role not in ROLES:
@@ -177,7 +217,7 @@ class ResponsesRequest(P._Strict):
         constraints and reasoning split), after the ``earlier`` turns of its
         ``previous_response_id``."""
         body: dict[str, Any] = {"model": self.model, "messages": self.messages(earlier),
-                                "max_tokens": self.max_output_tokens}
+                                "max_tokens": self.max_output_tokens, **self.chat_tools()}
         for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
                      "presence_penalty", "frequency_penalty", "seed", "min_tokens", "ignore_eos",
                      "skip_special_tokens", "chat_template_kwargs", "structured_outputs", "request_id", "priority",
@@ -195,6 +235,15 @@ class ResponsesRequest(P._Strict):
         except ValidationError as e:
             err = e.errors()[0]
             raise P.APIError(f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}") from None
+
+
+def _field(item: dict, name: str, i: int) -> str:
+    """Item ``i``'s string field ``name`` (a 400 naming it where it is missing)."""
+    v = item.get(name)
+    if not isinstance(v, str):
+        raise P.APIError(f"input[{i}] of type {item.get('type')!r} needs {name} (a string)",
+                         param=f"input[{i}].{name}")
+    return v
 
 
 def _text(content: Any, i: int) -> str:
@@ -251,6 +300,15 @@ class ReasoningItem(BaseModel):
     status: Literal["in_progress", "completed", "incomplete"] = "completed"
 
 
+class FunctionCallItem(BaseModel):
+    type: Literal["function_call"] = "function_call"
+    id: str
+    call_id: str
+    name: str
+    arguments: str = ""
+    status: Literal["in_progress", "completed", "incomplete"] = "completed"
+
+
 class InputTokensDetails(BaseModel):
     cached_tokens: int = 0  # prompt tokens found in the prefix cache
     #: OpenAI's explicit cache writes (its SDK's field): none here, the prefix cache is
@@ -287,7 +345,7 @@ class ResponsesResponse(BaseModel):
     max_tool_calls: Optional[int] = None
     metadata: Optional[dict[str, str]] = None
     model: str
-    output: list[Union[ReasoningItem, MessageItem]] = Field(default_factory=list)
+    output: list[Union[ReasoningItem, MessageItem, FunctionCallItem]] = Field(default_factory=list)
     parallel_tool_calls: bool = True
     previous_response_id: Optional[str] = None
     reasoning: Optional[dict[str, Any]] = None
