@@ -43,7 +43,8 @@ def client(engine):
 def thinking(engine):
     from starlette.testclient import TestClient
     from writescope.server.api import create_app
-    with TestClient(create_app(engine, reasoning_parser="qwen3")) as c:
+    with TestClient(create_app(engine, reasoning_parser="qwen3",
+                               tool_call_parser="hermes")) as c:
         yield c
 
 
@@ -249,7 +250,9 @@ def test_reasoning_then_message_with_its_token_count(thinking):
     ({"input": []}, "input"),
     ({"max_output_tokens": 0}, "max_output_tokens"),
     ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format"),
-    ({"text": {"format": {"type": "json_object"}}, "structured_outputs": {"regex": "a"}}, None),
+    ({"text": {"format": {"type": "json_object"}}, "structured_outputs": {"regex": "a"}},
+     "structured_outputs"),
+    ({"tools": [{"type": "function", "name": "bad name"}], "tool_choice": "required"}, "tools"),
 ])
 def test_what_it_cannot_honour_is_a_400_naming_the_field(client, extra, param):
     r = client.post("/v1/responses", json={"input": "hi", "max_output_tokens": 4, **extra})
@@ -378,11 +381,43 @@ def test_function_calls_are_output_items_streamed_as_written(client, choice, cha
     assert _message_text(cont) == _message_text(nxt)
 
 
+def test_auto_tool_calls_follow_the_text_before_them(thinking):
+    """tool_choice 'auto' (with --tool-call-parser hermes): the text before the call is a
+    message item, the call a function_call item after it, streamed in that order."""
+    text = ('Let me check.<tool_call>{"name": "check", "arguments": {"ok": true}}'
+            '</tool_call>')
+    req = dict(input="ok?", tools=[TOOL], temperature=0, max_output_tokens=120,
+               chat_template_kwargs={"enable_thinking": False},
+               structured_outputs={"regex": re.escape(text)})
+    body = post_ok(thinking, "/v1/responses", **req)
+    message, call = body["output"]
+    assert _message_text(body) == "Let me check." and message["status"] == "completed"
+    assert call["type"] == "function_call" and call["name"] == "check"
+    assert json.loads(call["arguments"]) == {"ok": True} and body["status"] == "completed"
+    events = _events(thinking, **req)
+    added = [d["item"]["type"] for n, d in events if n == "response.output_item.added"]
+    assert added == ["message", "function_call"]
+    assert "".join(d["delta"] for n, d in events if n == "response.output_text.delta") == \
+        "Let me check."
+    args = "".join(d["delta"] for n, d in events
+                   if n == "response.function_call_arguments.delta")
+    assert json.loads(args) == {"ok": True}
+    assert events[-1][1]["response"]["output"][1]["call_id"] == \
+        [d for n, d in events if n == "response.output_item.added"][1]["item"]["call_id"]
+
+
 def test_context_and_model_errors(client):
     r = client.post("/v1/responses", json={"input": "hi", "max_output_tokens": 100000})
     assert r.status_code == 400
     err = r.json()["error"]
     assert err["code"] == "context_length_exceeded" and err["param"] == "max_output_tokens"
+    long = "rivers and lakes " * 200  # over the 512-token context
+    r = client.post("/v1/responses", json={"input": long})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    # truncation "auto": the conversation's start dropped, room left for one token
+    body = post_ok(client, "/v1/responses", input=long, truncation="auto", temperature=0)
+    assert body["usage"]["input_tokens"] == 511 and body["usage"]["output_tokens"] == 1
+    assert body["truncation"] == "auto"
     r = client.post("/v1/responses", json={"input": "hi", "model": "nope"})
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
 

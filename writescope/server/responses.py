@@ -135,7 +135,7 @@ class ResponseView:
             else "completed"
         if cut:
             body.incomplete_details = R.IncompleteDetails(reason="max_output_tokens")
-        body.usage = self.usage(reasoning, content)
+        body.usage = self.usage(reasoning)
         return body
 
     def final(self) -> R.ResponsesResponse:
@@ -157,7 +157,7 @@ class ResponseView:
     def _message(self, text: str, status: str) -> R.MessageItem:
         return R.MessageItem(id=self.msg_id, status=status, content=[R.OutputText(text=text)])
 
-    def usage(self, reasoning: str, content: str) -> R.ResponseUsage:
+    def usage(self, reasoning: str) -> R.ResponseUsage:
         u = self.gen.usage()
         details = u.prompt_tokens_details
         return R.ResponseUsage(

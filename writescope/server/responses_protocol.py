@@ -140,6 +140,11 @@ class ResponsesRequest(P._Strict):
                 continue
             if v not in (None, False, [], 0):
                 return P.APIError(why, param=name, code="unsupported_parameter")
+        fmt = self.text.format if self.text is not None else None
+        if self.structured_outputs is not None and fmt is not None and fmt.type != "text":
+            return P.APIError("at most one constraint on the output: structured_outputs cannot "
+                              "be combined with a text.format other than text",
+                              param="structured_outputs")
         for i, tool in enumerate(self.tools or []):
             kind = tool.get("type") if isinstance(tool, dict) else None
             if kind != "function":
@@ -220,8 +225,8 @@ class ResponsesRequest(P._Strict):
                                 "max_tokens": self.max_output_tokens, **self.chat_tools()}
         for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
                      "presence_penalty", "frequency_penalty", "seed", "min_tokens", "ignore_eos",
-                     "skip_special_tokens", "chat_template_kwargs", "structured_outputs", "request_id", "priority",
-                     "cache_salt"):
+                     "skip_special_tokens", "chat_template_kwargs", "structured_outputs",
+                     "request_id", "priority", "cache_salt"):
             v = getattr(self, name)
             if v is not None:
                 body[name] = v.model_dump(by_alias=True) if isinstance(v, BaseModel) else v
@@ -232,9 +237,17 @@ class ResponsesRequest(P._Strict):
             body["truncate_prompt_tokens"] = -1
         try:
             return P.ChatCompletionRequest.model_validate(body)
-        except ValidationError as e:
+        except ValidationError as e:  # named by this request's fields, not the chat's
             err = e.errors()[0]
-            raise P.APIError(f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}") from None
+            msg = err["msg"].removeprefix("Value error, ")
+            if not err["loc"]:  # a check across fields
+                raise P.APIError(msg) from None
+            loc = ".".join(str(x) for x in err["loc"])
+            head = str(err["loc"][0])
+            field = {"messages": "input", "max_tokens": "max_output_tokens",
+                     "response_format": "text.format"}.get(head, head)
+            raise P.APIError(f"{field}: {msg} (at {loc} of the conversation as a chat request)"
+                             if field == "input" else f"{loc}: {msg}", param=field) from None
 
 
 def _field(item: dict, name: str, i: int) -> str:
