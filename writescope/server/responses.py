@@ -4,8 +4,10 @@ endpoint's machinery (``OpenAIServer.prepare_chat``: the template, the sampling 
 ``text.format`` constraint, the reasoning split of server/chat_output.py). The one choice
 becomes a response object: a ``reasoning`` item (with ``--reasoning-parser``, where the model
 thought), a ``message`` item with one ``output_text`` part (where there is text, or nothing
-else), then a ``function_call`` item per tool call (``call_id``, ``name``, ``arguments``); ``status`` "incomplete" with
-``incomplete_details.reason`` "max_output_tokens" where the token budget cut it short.
+else), then a ``function_call`` item per tool call (``call_id``, ``name``, ``arguments``);
+``status`` "incomplete" with ``incomplete_details.reason`` "max_output_tokens" where the token
+budget cut it short. ``store`` keeps it (server/response_store.py) for
+``GET /v1/responses/{id}`` and ``previous_response_id``.
 
 Streamed (``stream: true``), the same response is sent as OpenAI's typed server-sent events
 (``event: <type>`` and ``data: {"type", "sequence_number", ...}``): ``response.created``,
@@ -14,8 +16,8 @@ Streamed (``stream: true``), the same response is sent as OpenAI's typed server-
 ``response.output_text.delta``), ``.done``, ``response.content_part.done``,
 ``response.output_item.done`` (a function call's: ``response.output_item.added``,
 ``response.function_call_arguments.delta``/``.done``, ``response.output_item.done``); then
-``response.completed`` (``response.incomplete`` where it
-did not complete) with the whole response. An engine failure mid-stream is an ``error``
+``response.completed`` (``response.incomplete`` where it did not complete, as OpenAI's) with
+the whole response. An engine failure mid-stream is an ``error``
 event."""
 from __future__ import annotations
 

@@ -7,10 +7,10 @@ A request is ``input`` (a string: one user message; or message items, each ``{"r
 ``instructions`` (a system message), the sampling fields ``temperature``, ``top_p``,
 ``max_output_tokens`` and vLLM's extras (``top_k``, ``min_p``, ``repetition_penalty``,
 ``seed``, ``structured_outputs``, ...), ``text.format`` (``json_schema``/``json_object``: the
-chat endpoint's ``response_format``), function ``tools`` with ``tool_choice`` (the chat endpoint's tool
-calls: 'auto' needs ``--tool-call-parser``) and ``function_call``/``function_call_output``
-input items (an assistant turn's calls, a tool turn). What this server cannot honour --
-built-in tools, ``background``, ``include``, ``prompt``, ``conversation``, ``top_logprobs``,
+chat endpoint's ``response_format``), function ``tools`` with ``tool_choice`` (the chat
+endpoint's tool calls: 'auto' needs ``--tool-call-parser``) and ``function_call`` /
+``function_call_output`` input items (an assistant turn's calls, a tool turn). What this
+server cannot honour -- built-in tools, ``background``, ``include``, ``prompt``, ``conversation``, ``top_logprobs``,
 input images, files and audio -- is a 400 naming the field. ``store`` (default true) keeps
 the response in memory for ``GET /v1/responses/{id}`` and for a later request's
 ``previous_response_id`` (server/response_store.py). An earlier turn's ``reasoning`` item is
@@ -84,7 +84,8 @@ REFUSED = {
     "include": "include is not supported: leave it out or empty",
     "tools": None,  # (functions only: ResponsesRequest.refused)
     "top_logprobs": "top_logprobs is not supported on /v1/responses: leave it out or 0",
-    "max_tool_calls": "max_tool_calls is not supported: this endpoint runs no tools",
+    "max_tool_calls": "max_tool_calls is not supported (the model's calls are returned, not "
+                      "run or counted here): leave it out",
 }
 
 
