@@ -5,14 +5,14 @@ with its output items. The endpoint itself is server/responses.py.
 A request is ``input`` (a string: one user message; or message items, each ``{"role",
 "content"}`` with ``content`` a string or ``input_text``/``output_text`` parts) after
 ``instructions`` (a system message), the sampling fields ``temperature``, ``top_p``,
-``max_output_tokens`` and vLLM's extras (``top_k``, ``min_p``, ``repetition_penalty``,
-``seed``, ``structured_outputs``, ...), ``text.format`` (``json_schema``/``json_object``: the
-chat endpoint's ``response_format``), function ``tools`` with ``tool_choice`` (the chat
-endpoint's tool calls: 'auto' needs ``--tool-call-parser``) and ``function_call`` /
-``function_call_output`` input items (an assistant turn's calls, a tool turn). What this
-server cannot honour -- built-in tools, ``background``, ``include``, ``prompt``, ``conversation``, ``top_logprobs``,
-input images, files and audio -- is a 400 naming the field. ``store`` (default true) keeps
-the response in memory for ``GET /v1/responses/{id}`` and for a later request's
+``max_output_tokens`` and vLLM's extras (``top_k``, ``min_p``, ``repetition_penalty``, ``seed``,
+``structured_outputs``, ...), ``text.format`` (``json_schema``/``json_object``: the chat
+endpoint's ``response_format``), function ``tools`` with ``tool_choice`` (the chat endpoint's
+tool calls: 'auto' needs ``--tool-call-parser``) and ``function_call`` /
+``function_call_output`` input items (an assistant turn's calls, a tool turn). What this server
+cannot honour -- built-in tools, ``background``, ``include``, ``prompt``, ``conversation``,
+``top_logprobs``, input images, files and audio -- is a 400 naming the field. ``store`` (default
+true) keeps the response in memory for ``GET /v1/responses/{id}`` and for a later request's
 ``previous_response_id`` (server/response_store.py). An earlier turn's ``reasoning`` item is
 dropped from the prompt, as chat templates drop earlier turns' thinking."""
 from __future__ import annotations
