@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("fastapi")  # the server's own dependency (absent on the bare GPU machine)
 
 from writescope.server import protocol as P  # noqa: E402
-from writescope.server.api import _text_delta
+from writescope.server.sse import text_delta as _text_delta
 from writescope.server.generation import Choice
 from writescope.server.metrics import Registry, Histogram, Counter, ServerMetrics, parse_text
 

@@ -31,7 +31,6 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import hmac
-import json
 import logging
 import time
 import traceback
@@ -42,52 +41,31 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from ..core import InvalidRequestError, SamplingParams, StructuredOutputsParams
 from ..layers.grammar import MayThinkFirst
 from . import protocol as P
-from . import conversation, reasoning, tokenize, tool_parsers, tools
+from . import conversation, reasoning, responses, tokenize, tool_parsers, tools
 from .beam import BeamGeneration
 from .chat_output import ChatOutput
 from .engine_loop import EngineFailure, EngineLoop
 from .generation import Choice, Generation
 from .metrics import CONTENT_TYPE, ServerMetrics
+from .response_store import ResponseStore
+from .sse import DONE as _DONE
+from .sse import SSEResponse as _SSEResponse
+from .sse import deltas as _deltas
+from .sse import error_body as _error_body
+from .sse import sse as _sse
 from .token_bytes import CharOffsets, TokenBytes
 
 log = logging.getLogger("writescope.server")
 
 MAX_BODY_BYTES = 64 * 2 ** 20  # 64 MiB of JSON: far above any context this engine serves
 INLINE_TOKENIZE_CHARS = 4096   # shorter prompts are tokenised on the event loop, longer off it
-
-
-class _SSEResponse(StreamingResponse):
-    """A server-sent-events stream that runs ``on_close`` however it ends (done, error,
-    client gone, task cancelled), so unfinished generations are aborted at once."""
-
-    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None]) -> None:
-        super().__init__(content, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        self._on_close = on_close
-
-    async def __call__(self, scope, receive, send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._on_close()
-
-
-def _sse(obj: Any, usage: bool = True) -> str:
-    """One server-sent event. ``usage=False`` leaves a chunk's ``usage`` key out: OpenAI's
-    chunks have it (null but on the last) only when ``stream_options.include_usage`` asks."""
-    if hasattr(obj, "model_dump_json"):
-        return f"data: {obj.model_dump_json(exclude=None if usage else {'usage'})}\n\n"
-    return f"data: {json.dumps(obj)}\n\n"
-
-
-_DONE = "data: [DONE]\n\n"
 
 
 async def _until_disconnect(request: Request) -> None:
@@ -137,6 +115,8 @@ class OpenAIServer:
         self.trust_request_chat_template = trust_request_chat_template
         #: log-probabilities' tokens as "token_id:N" for every request (vLLM's flag)
         self.return_tokens_as_token_ids = return_tokens_as_token_ids
+        #: the stored responses of /v1/responses (server/response_store.py)
+        self.response_store = ResponseStore()
 
     # -- helpers --------------------------------------------------------------------------------
     def check_auth(self, request: Request) -> None:
@@ -317,7 +297,7 @@ class OpenAIServer:
         else:
             gen = Generation(self, choices, params, arrival, req.num_choices, req.cache_salt,
                              req.priority or 0)
-        return await self._respond(
+        return await self.respond(
             request, gen, req.stream, lambda: self._completion_stream(gen, req, base, model),
             lambda: P.CompletionResponse(
                 id=base, model=model, usage=gen.usage(),
@@ -352,7 +332,7 @@ class OpenAIServer:
         return BeamGeneration(self, choices, params[0], searches, arrival, logprobs,
                               req.cache_salt, req.priority or 0)
 
-    async def _respond(self, request, gen: "Generation", stream: bool, make_stream, make_response):
+    async def respond(self, request, gen: "Generation", stream: bool, make_stream, make_response):
         """Submit the generation, then stream it (SSE) or wait for the whole answer (499 when the
         client left first)."""
         await gen.submit()
@@ -514,15 +494,41 @@ class OpenAIServer:
         self.check_priority(req.priority)
         model = self.check_model(req.model)
         self.log_ignored(req)
+        base, engine_base = self.ids(request, req, "chatcmpl")
+        gen, out = await self.prepare_chat(
+            req, arrival, engine_base,
+            "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens")
+        return await self.respond(
+            request, gen, req.stream, lambda: self._chat_stream(gen, req, base, model, out),
+            lambda: P.ChatCompletionResponse(
+                id=base, model=model, usage=gen.usage(),
+                choices=[P.ChatChoice(
+                    index=c.index, message=message, finish_reason=reason,
+                    stop_reason=c.stop_reason,
+                    logprobs=self._chat_logprobs(c, 0, len(c.token_ids), req.top_logprobs,
+                                                 _skips(req), self.as_token_ids(req))
+                    if req.logprobs else None)
+                    for c in gen.choices
+                    for message, reason in [out.message(c)]],
+                prompt_logprobs=self._prompt_logprob_dicts(gen.choices[0], req.prompt_logprobs)
+                if req.prompt_logprobs is not None else None))
+
+    async def prepare_chat(self, req: P.ChatCompletionRequest, arrival: float,
+                           engine_base: str, max_param: str, noun: str = "messages"
+                           ) -> tuple[Generation, ChatOutput]:
+        """A chat request's generation, not yet submitted, and how its choices become messages:
+        the conversation rendered, the sampling parameters (a forced tool call's or the
+        response format's constraint, after the reasoning where the model may think first),
+        beam search. ``max_param`` names the field that set the token budget, and ``noun``
+        the prompt, in the errors. Shared by ``/v1/chat/completions`` and
+        ``/v1/responses`` (server/responses.py)."""
         self.check_chat_template(req)
         mode = self._tool_mode(req)
         heavy = conversation.text_size(req) > INLINE_TOKENIZE_CHARS
         ids = await self.off_loop(lambda: conversation.prompt_ids(self.tokenizer, req), heavy)
         ids = self.truncated(ids, req.truncate_prompt_tokens)
-        max_tokens = self.resolve_max_tokens(
-            len(ids), req.requested_max_tokens, "messages",
-            "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens")
-        base, engine_base = self.ids(request, req, "chatcmpl")
+        max_tokens = self.resolve_max_tokens(len(ids), req.requested_max_tokens, noun,
+                                             max_param)
         lp = (req.top_logprobs or 0) if req.logprobs else None
         choices = [Choice(j, f"{engine_base}-{j}", ids, None, max_tokens)
                    for j in range(req.num_choices)]
@@ -547,20 +553,7 @@ class OpenAIServer:
         else:
             gen = Generation(self, choices, params, arrival, req.num_choices, req.cache_salt,
                              req.priority or 0)
-        return await self._respond(
-            request, gen, req.stream, lambda: self._chat_stream(gen, req, base, model, out),
-            lambda: P.ChatCompletionResponse(
-                id=base, model=model, usage=gen.usage(),
-                choices=[P.ChatChoice(
-                    index=c.index, message=message, finish_reason=reason,
-                    stop_reason=c.stop_reason,
-                    logprobs=self._chat_logprobs(c, 0, len(c.token_ids), req.top_logprobs,
-                                                 _skips(req), self.as_token_ids(req))
-                    if req.logprobs else None)
-                    for c in gen.choices
-                    for message, reason in [out.message(c)]],
-                prompt_logprobs=self._prompt_logprob_dicts(gen.choices[0], req.prompt_logprobs)
-                if req.prompt_logprobs is not None else None))
+        return gen, out
 
     @staticmethod
     def _after_reasoning(so, out: ChatOutput):
@@ -699,38 +692,6 @@ class OpenAIServer:
                                  for n in self.model_names])
 
 
-async def _deltas(gen: "Generation"):
-    """What each choice has to send as the engine advances: ``(choice, new text, first new
-    token, end)``, skipping updates with nothing new; marks what it yields as sent. (The
-    engine's text of an unfinished output already keeps back what a stop string may cut.)"""
-    while gen.unfinished():
-        for idx in sorted(await gen.next_updates()):
-            c = gen.choices[idx]
-            piece = _text_delta(c, 0)
-            start, end = c.sent_tokens, len(c.token_ids)
-            if not piece and not c.finished and end == start:
-                continue
-            c.sent_tokens = end
-            yield c, piece, start, end
-
-
-def _text_delta(c: Choice, holdback: int) -> str:
-    """New text to send for a choice. Until it finishes, the last ``holdback`` characters (a
-    possible stop-string prefix) and a trailing replacement character (an incomplete UTF-8
-    sequence) stay back."""
-    text = c.text
-    end = len(text)
-    if not c.finished:
-        end -= holdback
-        while end > c.sent_text and text[end - 1] == "\ufffd":
-            end -= 1
-    if end <= c.sent_text:
-        return ""
-    piece = text[c.sent_text:end]
-    c.sent_text = end
-    return piece
-
-
 def _skips(req) -> bool:
     """Whether the request's text leaves special tokens out (its ``skip_special_tokens``)."""
     return req.skip_special_tokens is not False
@@ -740,12 +701,6 @@ def _streams_usage(req) -> bool:
     """Whether the request's stream chunks carry a ``usage`` key (``stream_options``)."""
     so = req.stream_options
     return bool(so and (so.include_usage or so.continuous_usage_stats))
-
-
-def _error_body(e: Exception) -> dict:
-    if isinstance(e, P.APIError):
-        return e.body()
-    return P.APIError(str(e), status=500, type="server_error").body()
 
 
 def _vocab_size(engine: Any) -> int | None:
@@ -881,6 +836,14 @@ def create_app(engine: Any, *, served_model_names: Sequence[str] | None = None,
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         return await server.chat(request)
+
+    @app.post("/v1/responses")
+    async def responses_(request: Request):
+        return await responses.create(server, request)
+
+    @app.get("/v1/responses/{response_id}")
+    async def response_(request: Request, response_id: str):
+        return JSONResponse(responses.retrieve(server, request, response_id))
 
     @app.post("/tokenize")
     async def tokenize_(request: Request):

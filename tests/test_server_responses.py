@@ -1,0 +1,446 @@
+"""``POST /v1/responses`` (server/responses.py): OpenAI's Responses API over the chat endpoint's
+machinery, in process against a tiny checkpoint -- the response object the OpenAI SDK parses,
+the same text as the chat endpoint's for the same greedy request, ``max_output_tokens`` ->
+incomplete, the streamed events (their order, sequence numbers, deltas joined = the whole
+text), reasoning items with ``--reasoning-parser``, ``text.format`` as structured outputs, and
+the fields it cannot honour refused."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+pytest.importorskip("fastapi")
+
+from conftest import in_process_server, post_ok  # noqa: E402
+
+TEMPLATE = ("{%- for m in messages -%}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+            "{%- endfor -%}"
+            "{%- if add_generation_prompt %}<|im_start|>assistant\n"
+            "{%- if enable_thinking is defined and enable_thinking is false %}"
+            "<think>\n\n</think>\n\n{% elif open_thinking is defined and open_thinking %}"
+            "<think>\n{% endif -%}{% endif -%}")
+OPTS = dict(dtype="float32", device="cpu", max_model_len=512)
+GREEDY = dict(temperature=0, max_output_tokens=12)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_qwen3_moe):
+    from writescope.engine.engine import LLMEngine
+    eng = LLMEngine(str(tiny_qwen3_moe), **OPTS)
+    eng.tokenizer.hf.chat_template = TEMPLATE
+    return eng
+
+
+@pytest.fixture(scope="module")
+def client(engine):
+    with in_process_server(engine) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def thinking(engine):
+    from starlette.testclient import TestClient
+    from writescope.server.api import create_app
+    with TestClient(create_app(engine, reasoning_parser="qwen3",
+                               tool_call_parser="hermes")) as c:
+        yield c
+
+
+def _sdk_parse(body: dict):
+    """The body as the OpenAI SDK reads it (skipped where the SDK is not installed)."""
+    openai = pytest.importorskip("openai")
+    return openai.types.responses.Response.model_validate(body)
+
+
+def _events(client, **body) -> list[tuple[str, dict]]:
+    """A streamed response's (SSE event name, data) pairs."""
+    with client.stream("POST", "/v1/responses", json={**body, "stream": True}) as r:
+        assert r.status_code == 200, r.read()
+        assert r.headers["content-type"].startswith("text/event-stream")
+        text = "".join(r.iter_text())
+    out = []
+    for block in text.strip().split("\n\n"):
+        lines = dict(ln.split(": ", 1) for ln in block.split("\n"))
+        out.append((lines["event"], json.loads(lines["data"])))
+    return out
+
+
+def _message_text(body: dict) -> str:
+    (msg,) = [o for o in body["output"] if o["type"] == "message"]
+    (part,) = msg["content"]
+    assert part["type"] == "output_text" and part["annotations"] == []
+    return part["text"]
+
+
+def test_a_response_has_openais_shape_and_the_chat_endpoints_text(client):
+    body = post_ok(client, "/v1/responses", input="Tell me about rivers.",
+                   instructions="Be brief.", ignore_eos=True, **GREEDY)
+    assert re.fullmatch(r"resp_[0-9a-f]{32}", body["id"])
+    assert body["object"] == "response" and isinstance(body["created_at"], int)
+    assert body["status"] == "incomplete"
+    assert body["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert body["instructions"] == "Be brief." and body["max_output_tokens"] == 12
+    assert body["temperature"] == 0 and body["tools"] == [] and body["tool_choice"] == "auto"
+    (msg,) = body["output"]
+    assert msg["type"] == "message" and msg["role"] == "assistant"
+    assert re.fullmatch(r"msg_[0-9a-f]{32}", msg["id"]) and msg["status"] == "incomplete"
+    chat = post_ok(client, "/v1/chat/completions", temperature=0, max_tokens=12,
+                   ignore_eos=True, messages=[{"role": "system", "content": "Be brief."},
+                                              {"role": "user", "content": "Tell me about rivers."}])
+    assert _message_text(body) == chat["choices"][0]["message"]["content"]
+    u = body["usage"]
+    assert u["input_tokens"] == chat["usage"]["prompt_tokens"]
+    assert u["output_tokens"] == 12 and u["total_tokens"] == u["input_tokens"] + 12
+    assert u["output_tokens_details"] == {"reasoning_tokens": 0}
+    parsed = _sdk_parse(body)
+    assert parsed.output_text == _message_text(body)
+    assert parsed.usage.output_tokens == 12
+
+
+def test_usage_counts_the_prefix_caches_tokens(client):
+    """A long input sent twice: the second reuses the first's full blocks (64 tokens here)."""
+    text = "Tell me about rivers and the sea. " * 12
+    first = post_ok(client, "/v1/responses", input=text, **GREEDY)
+    again = post_ok(client, "/v1/responses", input=text, **GREEDY)
+    n = first["usage"]["input_tokens"]
+    assert n > 64 and again["usage"]["input_tokens"] == n
+    assert again["usage"]["input_tokens_details"]["cached_tokens"] == n // 64 * 64
+    assert _message_text(again) == _message_text(first)
+
+
+def test_message_items_and_content_parts_render_as_chat_messages(client):
+    items = [{"role": "developer", "content": "Be brief."},
+             {"type": "message", "role": "user",
+              "content": [{"type": "input_text", "text": "Tell me "},
+                          {"type": "input_text", "text": "about rivers."}]},
+             {"type": "reasoning", "id": "rs_1", "summary": []},  # an earlier turn's: dropped
+             {"role": "assistant", "content": [{"type": "output_text", "text": "Rivers flow."}]},
+             {"role": "user", "content": "More."}]
+    body = post_ok(client, "/v1/responses", input=items, **GREEDY)
+    chat = post_ok(client, "/v1/chat/completions", temperature=0, max_tokens=12, messages=[
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Tell me about rivers."},
+        {"role": "assistant", "content": "Rivers flow."}, {"role": "user", "content": "More."}])
+    assert _message_text(body) == chat["choices"][0]["message"]["content"]
+    assert body["usage"]["input_tokens"] == chat["usage"]["prompt_tokens"]
+    finish = chat["choices"][0]["finish_reason"]
+    assert body["status"] == ("completed" if finish == "stop" else "incomplete")
+
+
+def test_a_stream_sends_openais_events_in_order(client):
+    whole = post_ok(client, "/v1/responses", input="Tell me about rivers.", ignore_eos=True,
+                    **GREEDY)
+    events = _events(client, input="Tell me about rivers.", ignore_eos=True, **GREEDY)
+    names = [name for name, _ in events]
+    assert all(data["type"] == name for name, data in events)
+    assert [d["sequence_number"] for _, d in events] == list(range(len(events)))
+    deltas = [d for n, d in events if n == "response.output_text.delta"]
+    assert deltas and names == (
+        ["response.created", "response.in_progress", "response.output_item.added",
+         "response.content_part.added"] + ["response.output_text.delta"] * len(deltas)
+        + ["response.output_text.done", "response.content_part.done",
+           "response.output_item.done", "response.incomplete"])
+    text = "".join(d["delta"] for d in deltas)
+    assert text == _message_text(whole)
+    by = dict(events)
+    assert by["response.created"]["response"]["status"] == "in_progress"
+    assert by["response.output_text.done"]["text"] == text
+    assert by["response.content_part.done"]["part"]["text"] == text
+    item = by["response.output_item.done"]["item"]
+    assert item["content"][0]["text"] == text and item["status"] == "incomplete"
+    assert len({d["item_id"] for d in deltas} | {item["id"]}) == 1
+    final = by["response.incomplete"]["response"]
+    assert final["output"] == [item] and final["usage"]["output_tokens"] == 12
+    _sdk_parse(final)
+    openai = pytest.importorskip("openai")
+    from pydantic import TypeAdapter
+    adapter = TypeAdapter(openai.types.responses.ResponseStreamEvent)
+    for _, data in events:
+        adapter.validate_python(data)
+
+
+def test_a_completed_stream_ends_with_response_completed(client):
+    """A response that ends by itself (the regex's end) completes, streamed and not."""
+    fmt = {"type": "json_schema", "name": "answer", "strict": True,
+           "schema": {"type": "object", "properties": {"ok": {"type": "boolean"}},
+                      "required": ["ok"], "additionalProperties": False}}
+    body = post_ok(client, "/v1/responses", input="ok?", temperature=0,
+                   max_output_tokens=40, text={"format": fmt})
+    assert body["status"] == "completed" and body["incomplete_details"] is None
+    assert json.loads(_message_text(body)) in ({"ok": True}, {"ok": False})
+    assert body["text"]["format"]["name"] == "answer"
+    events = _events(client, input="ok?", temperature=0, max_output_tokens=40,
+                     text={"format": fmt})
+    assert events[-1][0] == "response.completed"
+    text = "".join(d["delta"] for n, d in events if n == "response.output_text.delta")
+    assert text == _message_text(body)
+    obj = post_ok(client, "/v1/responses", input="ok?", temperature=0, max_output_tokens=40,
+                  text={"format": {"type": "json_object"}})
+    if obj["status"] == "completed":
+        assert isinstance(json.loads(_message_text(obj)), dict)
+    else:
+        assert _message_text(obj).startswith("{")
+
+
+def test_opened_thinking_is_a_reasoning_item(thinking):
+    """The template opens <think> and the tiny model never closes it: the whole output is a
+    reasoning item (no message), all its tokens reasoning tokens, streamed the same."""
+    req = dict(input="Why?", chat_template_kwargs={"open_thinking": True}, ignore_eos=True,
+               **GREEDY)
+    body = post_ok(thinking, "/v1/responses", **req)
+    (item,) = body["output"]
+    assert item["type"] == "reasoning" and re.fullmatch(r"rs_[0-9a-f]{32}", item["id"])
+    assert item["summary"] == [] and item["content"][0]["type"] == "reasoning_text"
+    text = item["content"][0]["text"]
+    assert text and body["usage"]["output_tokens_details"]["reasoning_tokens"] == 12
+    _sdk_parse(body)
+    events = _events(thinking, **req)
+    deltas = "".join(d["delta"] for n, d in events if n == "response.reasoning_text.delta")
+    assert deltas == text
+    assert dict(events)["response.reasoning_text.done"]["text"] == text
+    assert not any(n.startswith("response.output_text") for n, _ in events)
+
+
+def test_reasoning_then_message_with_its_token_count(thinking):
+    """Thinking off in the prompt, a regex (vLLM's structured_outputs) writes a thinking then an
+    answer: a reasoning item before the message, the reasoning tokens those up to </think>,
+    streamed as returned."""
+    text = "<think>\nthe sky scatters blue light\n</think>\n\nRayleigh scattering."
+    req = dict(input="Why?", chat_template_kwargs={"enable_thinking": False}, temperature=0,
+               max_output_tokens=60, structured_outputs={"regex": re.escape(text)})
+    body = post_ok(thinking, "/v1/responses", **req)
+    assert body["status"] == "completed"
+    reasoning, message = body["output"]
+    assert reasoning["type"] == "reasoning" and reasoning["content"][0]["text"] == \
+        "the sky scatters blue light\n"
+    assert _message_text(body) == "Rayleigh scattering."
+    u = body["usage"]
+    assert 0 < u["output_tokens_details"]["reasoning_tokens"] < u["output_tokens"]
+    _sdk_parse(body)
+    events = _events(thinking, **req)
+    names = [n for n, _ in events]
+    assert names.index("response.reasoning_text.done") < names.index(
+        "response.output_item.added", names.index("response.reasoning_text.done"))
+    assert "".join(d["delta"] for n, d in events if n == "response.reasoning_text.delta") == \
+        "the sky scatters blue light\n"
+    assert "".join(d["delta"] for n, d in events if n == "response.output_text.delta") == \
+        "Rayleigh scattering."
+    done = [d["item"] for n, d in events if n == "response.output_item.done"]
+    assert [(d["type"], d["status"]) for d in done] == [("reasoning", "completed"),
+                                                       ("message", "completed")]
+    assert [o["output_index"] for o in (d for n, d in events
+                                        if n == "response.output_item.added")] == [0, 1]
+    assert events[-1][1]["response"]["output"] == done
+
+
+@pytest.mark.parametrize("extra,param", [
+    ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+    ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tool_choice"),
+    ({"tool_choice": {"type": "web_search_preview"}}, "tool_choice"),
+    ({"background": True}, "background"),
+    ({"include": ["reasoning.encrypted_content"]}, "include"),
+    ({"top_logprobs": 2}, "top_logprobs"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+     "input[0].content[0].type"),
+    ({"input": [{"type": "function_call_output", "call_id": "c"}]}, "input[0].output"),
+    ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
+    ({"input": [{"role": "tool", "content": "1"}]}, "input[0].role"),
+    ({"input": []}, "input"),
+    ({"max_output_tokens": 0}, "max_output_tokens"),
+    ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format"),
+    ({"text": {"format": {"type": "json_object"}}, "structured_outputs": {"regex": "a"}},
+     "structured_outputs"),
+    ({"tools": [{"type": "function", "name": "bad name"}], "tool_choice": "required"}, "tools"),
+])
+def test_what_it_cannot_honour_is_a_400_naming_the_field(client, extra, param):
+    r = client.post("/v1/responses", json={"input": "hi", "max_output_tokens": 4, **extra})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["param"] == param, err
+
+
+def test_stored_responses_continue_and_come_back(client):
+    """``store`` (default true): ``GET /v1/responses/{id}`` returns the response, and
+    ``previous_response_id`` continues its conversation -- the chat endpoint's answer to the
+    same turns (the earlier instructions not carried over, as OpenAI's); ``store: false``
+    keeps nothing."""
+    first = post_ok(client, "/v1/responses", input="Tell me about rivers.",
+                    instructions="Be brief.", **GREEDY)
+    assert first["store"] is True
+    r = client.get(f"/v1/responses/{first['id']}")
+    assert r.status_code == 200 and r.json() == first
+    second = post_ok(client, "/v1/responses", input="More.", previous_response_id=first["id"],
+                     **GREEDY)
+    assert second["previous_response_id"] == first["id"]
+    chat = post_ok(client, "/v1/chat/completions", temperature=0, max_tokens=12, messages=[
+        {"role": "user", "content": "Tell me about rivers."},
+        {"role": "assistant", "content": _message_text(first)},
+        {"role": "user", "content": "More."}])
+    assert second["usage"]["input_tokens"] == chat["usage"]["prompt_tokens"]
+    assert _message_text(second) == chat["choices"][0]["message"]["content"]
+    # a stream is stored as its last event says
+    events = _events(client, input="More.", previous_response_id=second["id"], **GREEDY)
+    final = events[-1][1]["response"]
+    assert client.get(f"/v1/responses/{final['id']}").json() == final
+    unstored = post_ok(client, "/v1/responses", input="hi", store=False, **GREEDY)
+    assert unstored["store"] is False
+    r = client.get(f"/v1/responses/{unstored['id']}")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    r = client.post("/v1/responses", json={"input": "hi", "previous_response_id": unstored["id"]})
+    assert r.status_code == 404 and r.json()["error"]["param"] == "previous_response_id"
+
+
+def test_the_store_keeps_the_most_recently_used():
+    from writescope.server.response_store import ResponseStore
+    store = ResponseStore(capacity=2)
+    store.put("a", {"id": "a"}, [])
+    store.put("b", {"id": "b"}, [])
+    assert store.get("a") == ({"id": "a"}, [])  # now the most recent
+    store.put("c", {"id": "c"}, [])
+    assert store.get("b") is None and store.get("a") is not None and len(store) == 2
+
+
+TOOL = {"type": "function", "name": "check", "description": "Say whether it is ok.",
+        "parameters": {"type": "object", "properties": {"ok": {"type": "boolean"}},
+                       "required": ["ok"], "additionalProperties": False}}
+CHAT_TOOL = {"type": "function", "function": {k: v for k, v in TOOL.items() if k != "type"}}
+
+
+@pytest.mark.parametrize("choice,chat_choice", [
+    ({"type": "function", "name": "check"}, {"type": "function", "function": {"name": "check"}}),
+    ("required", "required"),
+])
+def test_function_calls_are_output_items_streamed_as_written(client, choice, chat_choice):
+    """A forced call (a named function or 'required'): a function_call item whose arguments
+    are the chat endpoint's for the same greedy request; streamed, its arguments' deltas join
+    to them; the call's answer (function_call + function_call_output items) renders as the
+    chat's assistant tool_calls turn and tool turn."""
+    req = dict(input="ok?", tools=[TOOL], tool_choice=choice, temperature=0,
+               max_output_tokens=200)
+    body = post_ok(client, "/v1/responses", **req)
+    chat = post_ok(client, "/v1/chat/completions", messages=[{"role": "user", "content": "ok?"}],
+                   tools=[CHAT_TOOL], tool_choice=chat_choice, temperature=0, max_tokens=200)
+    want = chat["choices"][0]["message"]["tool_calls"]
+    calls = body["output"]
+    assert [c["type"] for c in calls] == ["function_call"] * len(want) and want
+    assert [c["arguments"] for c in calls] == [w["function"]["arguments"] for w in want]
+    for c in calls:
+        assert c["name"] == "check" and re.fullmatch(r"fc_[0-9a-f]{32}", c["id"])
+        assert re.fullmatch(r"call_[0-9a-f]{32}", c["call_id"])
+        assert json.loads(c["arguments"]) in ({"ok": True}, {"ok": False})
+    assert body["status"] == "completed"
+    assert body["tools"] == [TOOL] and body["tool_choice"] == choice
+    _sdk_parse(body)
+    events = _events(client, **req)
+    names = [n for n, _ in events]
+    assert names[:2] == ["response.created", "response.in_progress"]
+    assert names[-1] == "response.completed"
+    per_item, i = [], 2
+    for _ in calls:  # each call: added, its arguments' deltas, their done, the item's done
+        assert names[i] == "response.output_item.added"
+        k = i + 1
+        while names[k] == "response.function_call_arguments.delta":
+            k += 1
+        assert names[k:k + 2] == ["response.function_call_arguments.done",
+                                  "response.output_item.done"] and k > i + 1
+        per_item.append([d for _, d in events[i:k + 2]])
+        i = k + 2
+    assert i == len(names) - 1
+    for c, evs in zip(calls, per_item):
+        joined = "".join(d["delta"] for d in evs[1:-2])
+        assert joined == c["arguments"] == evs[-2]["arguments"] == evs[-1]["item"]["arguments"]
+        assert evs[0]["item"]["name"] == "check"
+        assert evs[-1]["item"]["call_id"] == evs[0]["item"]["call_id"]
+    final = events[-1][1]["response"]["output"]
+    assert [o["call_id"] for o in final] == [evs[0]["item"]["call_id"] for evs in per_item]
+    assert [o["arguments"] for o in final] == [c["arguments"] for c in calls]
+    call = calls[0]
+    if len(calls) > 1:
+        return  # (the next turn is checked on the single call)
+    # the next turn: the call and its output, as the chat endpoint renders them
+    turn = [{"role": "user", "content": "ok?"},
+            {"type": "function_call", "call_id": call["call_id"], "name": "check",
+             "arguments": call["arguments"]},
+            {"type": "function_call_output", "call_id": call["call_id"], "output": "yes"}]
+    nxt = post_ok(client, "/v1/responses", input=turn, **GREEDY)
+    ref = post_ok(client, "/v1/chat/completions", temperature=0, max_tokens=12, messages=[
+        {"role": "user", "content": "ok?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": call["call_id"], "type": "function",
+             "function": {"name": "check", "arguments": call["arguments"]}}]},
+        {"role": "tool", "tool_call_id": call["call_id"], "content": "yes"}])
+    assert nxt["usage"]["input_tokens"] == ref["usage"]["prompt_tokens"]
+    assert _message_text(nxt) == ref["choices"][0]["message"]["content"]
+    # the same through previous_response_id: the stored turn holds the call
+    cont = post_ok(client, "/v1/responses", previous_response_id=body["id"], **GREEDY,
+                   input=[{"type": "function_call_output", "call_id": call["call_id"],
+                           "output": "yes"}])
+    assert cont["usage"]["input_tokens"] == ref["usage"]["prompt_tokens"]
+    assert _message_text(cont) == _message_text(nxt)
+
+
+def test_auto_tool_calls_follow_the_text_before_them(thinking):
+    """tool_choice 'auto' (with --tool-call-parser hermes): the text before the call is a
+    message item, the call a function_call item after it, streamed in that order."""
+    text = ('Let me check.<tool_call>{"name": "check", "arguments": {"ok": true}}'
+            '</tool_call>')
+    req = dict(input="ok?", tools=[TOOL], temperature=0, max_output_tokens=120,
+               chat_template_kwargs={"enable_thinking": False},
+               structured_outputs={"regex": re.escape(text)})
+    body = post_ok(thinking, "/v1/responses", **req)
+    message, call = body["output"]
+    assert _message_text(body) == "Let me check." and message["status"] == "completed"
+    assert call["type"] == "function_call" and call["name"] == "check"
+    assert json.loads(call["arguments"]) == {"ok": True} and body["status"] == "completed"
+    events = _events(thinking, **req)
+    added = [d["item"]["type"] for n, d in events if n == "response.output_item.added"]
+    assert added == ["message", "function_call"]
+    assert "".join(d["delta"] for n, d in events if n == "response.output_text.delta") == \
+        "Let me check."
+    args = "".join(d["delta"] for n, d in events
+                   if n == "response.function_call_arguments.delta")
+    assert json.loads(args) == {"ok": True}
+    assert events[-1][1]["response"]["output"][1]["call_id"] == \
+        [d for n, d in events if n == "response.output_item.added"][1]["item"]["call_id"]
+
+
+def test_context_and_model_errors(client):
+    r = client.post("/v1/responses", json={"input": "hi", "max_output_tokens": 100000})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["code"] == "context_length_exceeded" and err["param"] == "max_output_tokens"
+    long = "rivers and lakes " * 200  # over the 512-token context
+    r = client.post("/v1/responses", json={"input": long})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    # truncation "auto": the conversation's start dropped, room left for one token
+    body = post_ok(client, "/v1/responses", input=long, truncation="auto", temperature=0)
+    assert body["usage"]["input_tokens"] == 511 and body["usage"]["output_tokens"] == 1
+    assert body["truncation"] == "auto"
+    r = client.post("/v1/responses", json={"input": "hi", "model": "nope"})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+
+
+def test_the_openai_client_reads_a_response_and_a_stream(client):
+    """The SDK's client against the app: a response, a raw event stream (cut short: it ends
+    with response.incomplete, as OpenAI's), and its stream helper on one that completes."""
+    openai = pytest.importorskip("openai")
+    sdk = openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=client)
+    model = client.app.state.server.model_names[0]
+    resp = sdk.responses.create(model=model, input="Hi", temperature=0, max_output_tokens=8,
+                                extra_body={"ignore_eos": True})
+    assert resp.status == "incomplete" and resp.usage.output_tokens == 8
+    assert resp.incomplete_details.reason == "max_output_tokens"
+    events = list(sdk.responses.create(model=model, input="Hi", temperature=0,
+                                       max_output_tokens=8, stream=True,
+                                       extra_body={"ignore_eos": True}))
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert events[-1].type == "response.incomplete"
+    assert text == resp.output_text == events[-1].response.output_text
+    with sdk.responses.stream(model=model, input="Hi", temperature=0, max_output_tokens=20,
+                              extra_body={"structured_outputs": {"regex": "[ab]{3}"}}) as st:
+        deltas = "".join(e.delta for e in st if e.type == "response.output_text.delta")
+        final = st.get_final_response()
+    assert final.status == "completed" and re.fullmatch("[ab]{3}", final.output_text)
+    assert deltas == final.output_text

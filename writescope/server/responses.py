@@ -1,0 +1,306 @@
+"""``POST /v1/responses``: OpenAI's Responses API, as vLLM serves it, run as the chat request it
+amounts to (``ResponsesRequest.as_chat``, server/responses_protocol.py) through the chat
+endpoint's machinery (``OpenAIServer.prepare_chat``: the template, the sampling parameters, a
+``text.format`` constraint, the reasoning split of server/chat_output.py). The one choice
+becomes a response object: a ``reasoning`` item (with ``--reasoning-parser``, where the model
+thought), a ``message`` item with one ``output_text`` part (where there is text, or nothing
+else), then a ``function_call`` item per tool call (``call_id``, ``name``, ``arguments``);
+``status`` "incomplete" with ``incomplete_details.reason`` "max_output_tokens" where the token
+budget cut it short. ``store`` keeps it (server/response_store.py) for
+``GET /v1/responses/{id}`` and ``previous_response_id``.
+
+Streamed (``stream: true``), the same response is sent as OpenAI's typed server-sent events
+(``event: <type>`` and ``data: {"type", "sequence_number", ...}``): ``response.created``,
+``response.in_progress``; per item ``response.output_item.added``,
+``response.content_part.added``, its text's deltas (``response.reasoning_text.delta`` /
+``response.output_text.delta``), ``.done``, ``response.content_part.done``,
+``response.output_item.done`` (a function call's: ``response.output_item.added``,
+``response.function_call_arguments.delta``/``.done``, ``response.output_item.done``); then
+``response.completed`` (``response.incomplete`` where it did not complete, as OpenAI's) with
+the whole response. An engine failure mid-stream is an ``error``
+event."""
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from typing import TYPE_CHECKING, Any, AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from . import protocol as P
+from . import responses_protocol as R
+from .chat_output import ChatOutput
+from .engine_loop import EngineFailure
+from .generation import Generation
+from .sse import deltas, error_body
+
+if TYPE_CHECKING:
+    from .api import OpenAIServer
+
+
+async def create(server: "OpenAIServer", request: Request) -> Response:
+    arrival = time.monotonic()
+    server.check_auth(request)
+    req = P.parse_request(R.ResponsesRequest, await server.read_body(request))
+    refused = req.refused()
+    if refused is not None:
+        raise refused
+    server.check_priority(req.priority)
+    model = server.check_model(req.model)
+    earlier: list[dict] = []
+    if req.previous_response_id is not None:
+        earlier = _stored(server, req.previous_response_id, "previous_response_id")[1]
+    chat = req.as_chat(earlier)
+    given = request.headers.get("x-request-id") or req.request_id
+    rid = f"resp_{given}" if given else R.new_id("resp")
+    gen, out = await server.prepare_chat(chat, arrival, P.new_id(rid), "max_output_tokens",
+                                         "input")
+    view = ResponseView(server, req, gen, out, rid, model, earlier)
+    return await server.respond(request, gen, bool(req.stream), view.events, view.final)
+
+
+def retrieve(server: "OpenAIServer", request: Request, rid: str) -> dict:
+    """``GET /v1/responses/{id}``: a stored response."""
+    server.check_auth(request)
+    return _stored(server, rid, "response_id")[0]
+
+
+def _stored(server: "OpenAIServer", rid: str, param: str) -> tuple[dict, list[dict]]:
+    item = server.response_store.get(rid)
+    if item is None:
+        raise P.APIError(f"Response with id '{rid}' not found (never stored, stored with "
+                         "store false, or dropped from this server's memory).", status=404,
+                         param=param, code="not_found")
+    return item
+
+
+class ResponseView:
+    """One request's generation as a response object, whole or as a stream of events (the
+    same items, ids and text either way)."""
+
+    def __init__(self, server: "OpenAIServer", req: R.ResponsesRequest, gen: Generation,
+                 out: ChatOutput, rid: str, model: str, earlier: list[dict] = ()) -> None:
+        self.server, self.req, self.gen, self.out = server, req, gen, out
+        self.rid, self.model = rid, model
+        self.earlier = list(earlier)  # the turns of previous_response_id
+        self.created_at = P.now_s()
+        self.msg_id, self.rs_id = R.new_id("msg"), R.new_id("rs")
+        #: per tool call (its index): the output item's id and the call's id
+        self.fc_ids: dict[int, tuple[str, str]] = {}
+
+    # -- the whole response ----------------------------------------------------------------------
+    def parts(self) -> tuple[str, str, list[P.ToolCall]]:
+        """(reasoning, content, tool calls) of the finished choice ('' where there is none)."""
+        msg, _ = self.out.message(self.gen.choices[0], echo=False)
+        return msg.reasoning_content or "", msg.content or "", msg.tool_calls
+
+    def call_ids(self, k: int) -> tuple[str, str]:
+        """Call ``k``'s output item id and call id (the same streamed and whole)."""
+        return self.fc_ids.setdefault(k, (R.new_id("fc"), R.new_id("call")))
+
+    def response(self, in_progress: bool = False) -> R.ResponsesResponse:
+        c = self.gen.choices[0]
+        req = self.req
+        params = self.gen.params[0]
+        fmt = req.text.format if req.text is not None and req.text.format is not None else None
+        body = R.ResponsesResponse(
+            id=self.rid, created_at=self.created_at, status="in_progress", model=self.model,
+            instructions=req.instructions, max_output_tokens=req.max_output_tokens,
+            metadata=req.metadata, parallel_tool_calls=bool(req.parallel_tool_calls),
+            reasoning=req.reasoning.model_dump() if req.reasoning is not None else None,
+            temperature=getattr(params, "temperature", req.temperature),
+            top_p=getattr(params, "top_p", req.top_p),
+            text={"format": fmt.model_dump(by_alias=True, exclude_none=True)
+                  if fmt is not None else {"type": "text"}},
+            tool_choice=req.tool_choice or "auto", truncation=req.truncation or "disabled",
+            user=req.user, store=req.store is not False, tools=list(req.tools or []),
+            previous_response_id=req.previous_response_id)
+        if in_progress:
+            return body
+        reasoning, content, calls = self.parts()
+        cut = c.finish_reason == "length"
+        status = "incomplete" if cut else "completed"
+        if reasoning:
+            body.output.append(R.ReasoningItem(
+                id=self.rs_id, content=[R.ReasoningText(text=reasoning)],
+                status="incomplete" if cut and not content and not calls else "completed"))
+        if content or not (reasoning or calls):
+            body.output.append(self._message(content, "completed" if calls else status))
+        for k, call in enumerate(calls):
+            fid, cid = self.call_ids(k)
+            body.output.append(R.FunctionCallItem(
+                id=fid, call_id=cid, name=call.function.name, arguments=call.function.arguments,
+                status=status if k == len(calls) - 1 else "completed"))
+        body.status = "incomplete" if cut else "cancelled" if c.finish_reason == "abort" \
+            else "completed"
+        if cut:
+            body.incomplete_details = R.IncompleteDetails(reason="max_output_tokens")
+        body.usage = self.usage(reasoning)
+        return body
+
+    def final(self) -> R.ResponsesResponse:
+        """The finished response, kept (with its conversation) where ``store`` asks."""
+        body = self.response()
+        if body.store:
+            answer: dict[str, Any] = {"role": "assistant", "content": None}
+            for item in body.output:
+                if item.type == "message":
+                    answer["content"] = item.content[0].text
+                elif item.type == "function_call":
+                    answer.setdefault("tool_calls", []).append(
+                        {"id": item.call_id, "type": "function",
+                         "function": {"name": item.name, "arguments": item.arguments}})
+            turns = self.earlier + self.req.turns() + [answer]
+            self.server.response_store.put(self.rid, body.model_dump(), turns)
+        return body
+
+    def _message(self, text: str, status: str) -> R.MessageItem:
+        return R.MessageItem(id=self.msg_id, status=status, content=[R.OutputText(text=text)])
+
+    def usage(self, reasoning: str) -> R.ResponseUsage:
+        u = self.gen.usage()
+        details = u.prompt_tokens_details
+        return R.ResponseUsage(
+            input_tokens=u.prompt_tokens, output_tokens=u.completion_tokens,
+            total_tokens=u.total_tokens,
+            input_tokens_details=R.InputTokensDetails(
+                cached_tokens=details.cached_tokens if details is not None else 0),
+            output_tokens_details=R.OutputTokensDetails(
+                reasoning_tokens=self.reasoning_tokens(reasoning)))
+
+    def reasoning_tokens(self, reasoning: str) -> int:
+        """The output tokens up to the end of the reasoning (its closing tag included): all of
+        them where it never closed."""
+        c = self.gen.choices[0]
+        if not reasoning:
+            return 0
+        ids, end = c.token_ids, self.out.parser.end
+        skip = self.req.skip_special_tokens is not False
+
+        def closed(k: int) -> bool:
+            return end in self.server.tokenizer.decode(ids[:k], skip_special_tokens=skip)
+        if not closed(len(ids)):
+            return len(ids)
+        lo, hi = 1, len(ids)  # the fewest tokens whose text holds the closing tag
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if closed(mid) else (mid + 1, hi)
+        return lo
+
+    # -- the stream ------------------------------------------------------------------------------
+    async def events(self) -> AsyncIterator[str]:
+        seq = itertools.count()
+
+        def event(kind: str, **fields: Any) -> str:
+            data = {"type": kind, "sequence_number": next(seq), **fields}
+            return f"event: {kind}\ndata: {json.dumps(data)}\n\n"
+
+        start = self.response(in_progress=True).model_dump()
+        yield event("response.created", response=start)
+        yield event("response.in_progress", response=start)
+        items: list[dict] = []  # the items opened: {"kind", "id", "text", "open"}
+
+        def opened(kind: str, call: int = -1, name: str = "") -> list[str]:
+            index = len(items)
+            items.append({"kind": kind, "text": "", "open": True, "call": call, "name": name})
+            if kind == "function_call":
+                fid, cid = self.call_ids(call)
+                item = R.FunctionCallItem(id=fid, call_id=cid, name=name, status="in_progress")
+                return [event("response.output_item.added", output_index=index,
+                              item=item.model_dump())]
+            if kind == "reasoning":
+                item = R.ReasoningItem(id=self.rs_id, status="in_progress")
+                part = R.ReasoningText()
+            else:
+                item = R.MessageItem(id=self.msg_id, status="in_progress")
+                part = R.OutputText()
+            return [event("response.output_item.added", output_index=index,
+                          item=item.model_dump()),
+                    event("response.content_part.added", output_index=index,
+                          item_id=item.id, content_index=0, part=part.model_dump())]
+
+        def delta(kind: str, piece: str) -> str:
+            index = len(items) - 1
+            items[index]["text"] += piece
+            if kind == "function_call":
+                return event("response.function_call_arguments.delta", output_index=index,
+                             item_id=self.call_ids(items[index]["call"])[0], delta=piece)
+            if kind == "reasoning":
+                return event("response.reasoning_text.delta", output_index=index,
+                             item_id=self.rs_id, content_index=0, delta=piece)
+            return event("response.output_text.delta", output_index=index,
+                         item_id=self.msg_id, content_index=0, delta=piece, logprobs=[])
+
+        def closed(status: str) -> list[str]:
+            index = len(items) - 1
+            it = items[index]
+            it["open"] = False
+            if it["kind"] == "function_call":
+                fid, cid = self.call_ids(it["call"])
+                item = R.FunctionCallItem(id=fid, call_id=cid, name=it["name"],
+                                          arguments=it["text"], status=status)
+                return [event("response.function_call_arguments.done", output_index=index,
+                              item_id=fid, name=it["name"], arguments=it["text"]),
+                        event("response.output_item.done", output_index=index,
+                              item=item.model_dump())]
+            if it["kind"] == "reasoning":
+                part = R.ReasoningText(text=it["text"])
+                item: Any = R.ReasoningItem(id=self.rs_id, content=[part], status=status)
+                done = event("response.reasoning_text.done", output_index=index,
+                             item_id=item.id, content_index=0, text=it["text"])
+            else:
+                part = R.OutputText(text=it["text"])
+                item = R.MessageItem(id=self.msg_id, content=[part], status=status)
+                done = event("response.output_text.done", output_index=index,
+                             item_id=item.id, content_index=0, text=it["text"], logprobs=[])
+            return [done, event("response.content_part.done", output_index=index,
+                                item_id=item.id, content_index=0, part=part.model_dump()),
+                    event("response.output_item.done", output_index=index,
+                          item=item.model_dump())]
+
+        def current() -> str | None:
+            return items[-1]["kind"] if items and items[-1]["open"] else None
+
+        try:
+            async for c, _piece, _start, _end in deltas(self.gen):
+                d, _reason = self.out.delta(c)
+                if d is None:
+                    continue
+                if d.reasoning_content:
+                    if current() != "reasoning":
+                        for e in opened("reasoning"):
+                            yield e
+                    yield delta("reasoning", d.reasoning_content)
+                if d.content:
+                    if current() not in (None, "message"):
+                        for e in closed("completed"):
+                            yield e
+                    if current() != "message":
+                        for e in opened("message"):
+                            yield e
+                    yield delta("message", d.content)
+                for call in d.tool_calls or []:
+                    fn = call.function
+                    if current() != "function_call" or items[-1]["call"] != call.index:
+                        if current() is not None:
+                            for e in closed("completed"):
+                                yield e
+                        for e in opened("function_call", call.index, fn.name or ""):
+                            yield e
+                    if fn.arguments:
+                        yield delta("function_call", fn.arguments)
+            final = self.final()
+            if not items:  # nothing was written: an empty message, as the response has
+                for e in opened("message"):
+                    yield e
+            if current() is not None:
+                for e in closed(final.output[-1].status):
+                    yield e
+            kind = "response.completed" if final.status == "completed" else "response.incomplete"
+            yield event(kind, response=final.model_dump())
+        except (EngineFailure, P.APIError) as e:
+            err = error_body(e)["error"]
+            yield event("error", code=err["code"] or err["type"], message=err["message"],
+                        param=err["param"])
