@@ -132,6 +132,22 @@ def test_parallel_tool_calls_false_through_the_server(engine):
         assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
 
 
+def test_parallel_tool_calls_false_on_the_responses_endpoint(engine):
+    """/v1/responses passes ``parallel_tool_calls`` on to the chat machinery: one
+    ``function_call`` item (before: both calls, the field only echoed)."""
+    from starlette.testclient import TestClient
+
+    from writescope.server.api import create_app
+    tools = [dict(type="function", **t["function"]) for t in TOOLS]
+    body = dict(input="Weather in Paris?", tools=tools, temperature=0, max_output_tokens=400,
+                structured_outputs={"regex": re.escape(TWO_CALLS)})
+    with TestClient(create_app(engine, tool_call_parser="hermes")) as c:
+        both = post_ok(c, "/v1/responses", **body)["output"]
+        one = post_ok(c, "/v1/responses", parallel_tool_calls=False, **body)["output"]
+    calls = [[o["name"] for o in out if o["type"] == "function_call"] for out in (both, one)]
+    assert calls == [["get_weather", "get_time"], ["get_weather"]]
+
+
 # -- a string argument holding </tool_call> ------------------------------------------------------
 def test_hermes_string_argument_holding_the_closing_tag_is_one_call():
     """``{"city": "a</tool_call>b"}``: valid JSON, one call, in the message as in its stream

@@ -174,7 +174,8 @@ class ResponsesRequest(P._Strict):
         return {"tools": [{"type": "function",
                            "function": {k: t[k] for k in fields if t.get(k) is not None}}
                           for t in self.tools],
-                "tool_choice": choice or "auto"}
+                "tool_choice": choice or "auto",
+                "parallel_tool_calls": self.parallel_tool_calls}
 
     def turns(self) -> list[dict]:
         """``input``'s messages (an :class:`APIError` naming the item that cannot be one)."""
