@@ -242,3 +242,30 @@ def test_a_beams_generated_tokens_are_still_checked(tiny_qwen3_moe):
     with pytest.raises(InvalidRequestError, match="token ids must be integers"):
         eng.add_request("b", BeamPrompt([vocab, 6, 7], checked=0), SamplingParams())
     assert not eng.has_unfinished_requests()
+
+
+def test_a_step_computes_one_token_a_beam(tiny_qwen3_moe):
+    """After the first step, each beam's request finds every record of its parent's (its full
+    blocks and its kept partial block, kvcache/tails.py) and computes only its new token."""
+    llm = engine(tiny_qwen3_moe)
+    eng = llm.engine
+    ids = prompt_ids(eng.config.vocab_size, 29, seed=8)
+    params = BeamSearchParams(beam_width=2, max_tokens=5, ignore_eos=True)
+    want = llm.beam_search([ids], params)[0].sequences
+    llm.reset_prefix_cache()
+    search = eng.beam_search(ids, params)
+    cached = []
+    while not search.done:
+        rids = [f"s{search.steps}-{i}" for i in range(len(search.live))]
+        for rid, p in zip(rids, search.prompts()):
+            eng.add_request(rid, p, params.step_params())
+        outs = {}
+        while eng.has_unfinished_requests():
+            outs.update((o.request_id, o) for o in eng.step() if o.finished)
+        cached.append([len(p.tokens) - outs[r].num_cached_tokens
+                       for r, p in zip(rids, search.prompts())])
+        search.advance([outs[r].outputs[0].logprobs[0] for r in rids])
+    assert cached[0] == [29]  # the first step computes the prompt (the cache was reset)
+    assert all(n == 1 for step in cached[1:] for n in step), cached
+    assert [s.token_ids for s in search.result(None).sequences] == [s.token_ids for s in want]
+    assert eng.stats()["prefix.tail_hit_tokens"] > 0

@@ -57,7 +57,7 @@ def run(cache, seqs, spec, layers, chunk, rng, check=True):
         while waiting and len(running) < 2:
             s = waiting[0]
             names = cache.prefix_names(s.prompt)
-            m = cache.match_prefix(names, len(s.prompt))
+            m = cache.match_prefix(names, len(s.prompt), s.prompt)
             if not cache.can_admit(len(s.prompt) + s.new, m):
                 break
             waiting.pop(0)
@@ -135,6 +135,64 @@ def test_shared_prefixes_attend_like_their_own_records(kind, bs, stems, picks, c
     for r in (Region.G, Region.T, Region.C):  # allocated ids = the unused cached ones
         assert cache.alloc[r].used.sum() == p.num_unused(r)
     assert s["prefix.hit_tokens"] <= s["prefix.queried_tokens"]
+
+
+def test_a_prompt_continuing_a_finished_sequence_starts_from_its_kept_tail():
+    """A sequence that ends with a partial block leaves it in its W slot (``tails.py``); a
+    prompt that continues it -- a beam's next step, a conversation's next turn -- copies those
+    records and prefills only what follows, its attention that of its own records."""
+    spec = SPECS["mla"](2)
+    cache = make_cache(spec, 4, RandomPolicy(1), blocks=16, seqs=3)
+    rng = random.Random(1)
+    a = Seq(0, [1, 2, 3, 1, 2, 3, 1, 2, 3, 1], 3)  # 12 records: 3 blocks of 4, no tail
+    run(cache, [a], spec, 2, 5, rng)
+    assert len(cache.tails) == 0
+    b = Seq(1, a.tokens + [2, 2], 2)  # 15 records: a's 3 blocks, then 3 in its W slot
+    run(cache, [b], spec, 2, 3, rng)
+    assert b.cached == 12 and len(cache.tails) == 1
+    # continuing b (its tokens and one more): its 3 blocks and its kept tail of 3 records
+    for sid in (2, 3):  # twice: the tail stays kept for a sibling
+        c = Seq(sid, b.tokens + [3], 2)
+        run(cache, [c], spec, 2, 4, rng)
+        assert c.cached == len(b.tokens) == 15
+    st = cache.stats()
+    assert st["prefix.tail_hit_tokens"] == 6 and st["prefix.tails"] >= 1
+    assert st["kv.blocks.W"] == 0  # kept tails are free slots
+    # a prompt that only starts like the tail's tokens does not take it
+    d = Seq(4, b.tokens[:13] + [1, 1, 1], 1)
+    m = cache.match_prefix(cache.prefix_names(d.prompt), len(d.prompt), d.prompt)
+    assert len(m) == 3 and m.tail is None
+    # and reset gives the kept slots back
+    assert cache.reset_prefix_cache() and len(cache.tails) == 0
+    assert cache.alloc[Region.W].num_free == 3
+
+
+def test_kept_tails_give_their_slots_to_new_sequences():
+    """Kept tails never keep a sequence out: with every W slot a kept tail, a new sequence
+    takes the least recently used one, or the very tail it starts from (no copy)."""
+    spec = SPECS["gqa"](1)
+    cache = make_cache(spec, 4, RandomPolicy(2), blocks=32, seqs=2)
+    rng = random.Random(2)
+    firsts = [Seq(i, [i + 1] * 6, 2) for i in range(2)]  # each leaves 7 records: 1 block + 3
+    run(cache, firsts, spec, 1, 6, rng)
+    assert len(cache.tails) == 2 and cache.alloc[Region.W].num_free == 0
+    assert cache.free_slots() == 2 and cache.can_admit(8)
+    # a stranger takes the older tail's slot; the other stays kept
+    run(cache, [Seq(5, [9] * 3, 1)], spec, 1, 3, rng)  # 3 records: a tail of its own
+    assert len(cache.tails) == 2
+    # both slots kept again: a continuation of firsts[1] copies its tail into the other one
+    cont = Seq(6, firsts[1].tokens + [3], 1)
+    run(cache, [cont, Seq(7, [8] * 2, 1)], spec, 1, 4, rng)
+    assert cont.cached == 7
+    # one W slot, a tail in it: the continuation takes that slot over
+    one = make_cache(spec, 4, RandomPolicy(3), blocks=32, seqs=1)
+    first = Seq(0, [4] * 6, 2)
+    run(one, [first], spec, 1, 6, rng)
+    assert one.alloc[Region.W].num_free == 0 and one.free_slots() == 1
+    cont = Seq(1, first.tokens + [2], 2)
+    run(one, [cont], spec, 1, 4, rng)  # its attention checked against its own records
+    assert cont.cached == 7 and one.stats()["prefix.tail_hit_tokens"] == 3
+    assert len(one.tails) == 1  # its own tail now
 
 
 def test_a_second_prompt_starts_from_the_first_ones_blocks():

@@ -171,7 +171,8 @@ class Scheduler:
             req.block_names = self.cache.prefix_names(req.prompt_token_ids, req.cache_salt)
         if req.params.prompt_logprobs is not None:
             return None
-        return self.cache.match_prefix(req.block_names, len(req.prompt_token_ids))
+        return self.cache.match_prefix(req.block_names, len(req.prompt_token_ids),
+                                       req.prompt_token_ids, req.cache_salt)
 
     @staticmethod
     def _prefill_chunk(req: Request, budget: int, seqs: list[ScheduledSeq]) -> int:

@@ -48,11 +48,15 @@ from .context import gather_context
 from .placement import CacheCapacity, PlacementPolicy, SeqKV
 from .pools import BlockAllocator, ExtentAllocator, KVCacheError, allocate_pool
 from .prefix import PrefixCache, PrefixMatch, block_hashes, salt_root
+from .tails import TailCache
 from .step_plan import build_step_plan
 from .subbatches import step_groups
 from .regions import DEVICE_REGIONS, KVSpec, Region, block_records, to_cpu_layout
 from .resident_steps import ResidentSteps
 from .table import CODE_REGIONS, SeqTable
+
+#: ``_release_blocks``: a sequence whose tokens do not name all its sealed blocks
+_UNNAMED = object()
 
 
 @dataclass
@@ -161,6 +165,8 @@ class InplaceKVCache(ResidentSteps):
         self.seqs: dict[int, SeqTable] = {}
         #: automatic prefix caching (``prefix.py``); None when off
         self.prefix = PrefixCache(self.bs) if prefix_caching else None
+        #: partial last blocks of sequences gone, kept in their W slots (``tails.py``)
+        self.tails = TailCache() if prefix_caching else None
         #: names of prompt blocks that running sequences will seal (and register)
         self._pending: Counter = Counter()
         self.reserved = 0  # blocks promised to admitted sequences, not yet sealed
@@ -202,8 +208,9 @@ class InplaceKVCache(ResidentSteps):
             self.alloc[region].free(self.prefix.reclaim(region, short))
 
     def free_slots(self) -> int:
-        """Sequences that can still join (each holds one W tail slot)."""
-        return self.alloc[Region.W].num_free
+        """Sequences that can still join (each holds one W tail slot; the slots of kept tails
+        are given back when needed)."""
+        return self.alloc[Region.W].num_free + (len(self.tails) if self.tails is not None else 0)
 
     def can_admit(self, num_tokens: int, prefix: PrefixMatch | None = None) -> bool:
         """Whether a sequence of up to ``num_tokens`` tokens fits now; ``prefix``: the cached
@@ -211,7 +218,7 @@ class InplaceKVCache(ResidentSteps):
         need = self.blocks_for(num_tokens)
         if prefix is not None:  # unused cached blocks it takes leave the free pool
             need += prefix.unused - len(prefix)
-        return self.alloc[Region.W].num_free > 0 and need <= self.free_sealed() - self.reserved
+        return self.free_slots() > 0 and need <= self.free_sealed() - self.reserved
 
     def prefix_names(self, token_ids, cache_salt: str | None = None) -> list[bytes] | None:
         """The names of a prompt's full blocks (``prefix.py``; chained from its
@@ -234,13 +241,24 @@ class InplaceKVCache(ResidentSteps):
         return names + block_hashes(token_ids[len(names) * self.bs:full * self.bs], self.bs,
                                     parent=parent)
 
-    def match_prefix(self, names: list[bytes] | None, prompt_tokens: int) -> PrefixMatch | None:
+    def match_prefix(self, names: list[bytes] | None, prompt_tokens: int, token_ids=None,
+                     cache_salt: str | None = None) -> PrefixMatch | None:
         """The cached blocks a prompt of ``prompt_tokens`` tokens with block names ``names``
         can start from: its longest registered prefix, leaving at least its last token to be
-        computed (its logits sample the first output token)."""
-        if self.prefix is None or not names:
+        computed (its logits sample the first output token). With the prompt's ``token_ids``
+        (and ``cache_salt``), also a kept partial block that continues that prefix
+        (``tails.py``). None without prefix caching, or for a prompt with neither full blocks
+        nor a kept tail to start from."""
+        if self.prefix is None:
             return None
-        return self.prefix.match(names, (prompt_tokens - 1) // self.bs)
+        m = self.prefix.match(names or [], (prompt_tokens - 1) // self.bs)
+        if token_ids is not None and len(self.tails):
+            start = len(m) * self.bs
+            most = min(self.bs - 1, prompt_tokens - 1 - start)
+            parent = names[len(m) - 1] if len(m) else salt_root(cache_salt)
+            if most > 0:
+                m.tail = self.tails.find(parent, token_ids[start:start + most], most)
+        return m if names or m.tail is not None else None
 
     def prefix_pending(self, names: list[bytes] | None, prefix: PrefixMatch | None,
                        prompt_tokens: int) -> bool:
@@ -269,10 +287,11 @@ class InplaceKVCache(ResidentSteps):
         (:meth:`PlacementPolicy.admit`). With prefix caching, ``prefix``: cached blocks it starts
         from (they join its table, shared), and ``prompt_names``: its prompt's block names (its
         own prompt blocks are registered under them as they are sealed; ``cache_salt``: the
-        salt they were named with, which its later blocks' names chain from too).
+        salt they were named with, which its later blocks' names chain from too); a kept
+        tail the prefix match found (``prefix.tail``) is copied into its W slot.
 
-        Returns the tokens already in the cache (``len(prefix) * block_size``): its prefill
-        starts there. Raises :class:`RequestTooLargeError` if it can never fit and
+        Returns the tokens already in the cache (``len(prefix) * block_size``, and the kept
+        tail's): its prefill starts there. Raises :class:`RequestTooLargeError` if it can never fit and
         :class:`KVCacheError` if it does not fit now (the scheduler checks :meth:`can_admit`
         first and keeps it waiting)."""
         if seq_id in self.seqs:
@@ -287,7 +306,8 @@ class InplaceKVCache(ResidentSteps):
         if not self.can_admit(max_tokens, prefix):
             raise KVCacheError("not enough free KV blocks now; admit it later")
         need = self.blocks_for(max_tokens) - (len(prefix) if prefix else 0)
-        (slot,) = self.alloc[Region.W].alloc(1)
+        tail = prefix.tail if prefix is not None else None
+        slot = self._w_slot(tail)
         self.reserved += need
         t = SeqTable(seq_id, slot, need)
         if self.prefix is not None:
@@ -300,11 +320,32 @@ class InplaceKVCache(ResidentSteps):
                 t.extend(prefix.blocks)
                 t.names = t.prompt_names[:len(prefix)]
                 t.num_tokens = len(prefix) * self.bs
+            if tail is not None:  # the kept tail's records start this sequence's W slot
+                if slot != tail.slot:
+                    w = self.pools[Region.W]
+                    w[:, slot, :tail.tokens].copy_(w[:, tail.slot, :tail.tokens])
+                t.num_tokens += tail.tokens
+                self.prefix.counters["prefix.hit_tokens"] += tail.tokens
+                self.tails.counters["prefix.tail_hit_tokens"] += tail.tokens
             t.pending_from = len(t.names)
             self._pending.update(t.prompt_names[t.pending_from:])
         self.seqs[seq_id] = t
         self.policy.admit(seq_id, int(prompt_tokens or 0))
         return t.num_tokens
+
+    def _w_slot(self, tail) -> int:
+        """A W slot for a new sequence: a free one, else a kept tail's (the least recently
+        used other than ``tail``, the one it starts from; that one itself, taken over, when it
+        is the only one: then nothing needs copying)."""
+        if self.alloc[Region.W].num_free == 0 and self.tails is not None:
+            spare = tail.key if tail is not None else None
+            freed = self.tails.evict(spare)
+            if freed is None and tail is not None:
+                return self.tails.take(tail.key)
+            if freed is not None:
+                self.alloc[Region.W].free([freed])
+        (slot,) = self.alloc[Region.W].alloc(1)
+        return slot
 
     def expect_waiting(self, queued: dict[int, int]) -> None:
         """The scheduler's queue head that fits (``seq_id -> prompt tokens``), for the
@@ -321,6 +362,7 @@ class InplaceKVCache(ResidentSteps):
             return False
         for r in CODE_REGIONS.values():
             self.alloc[r].free(self.prefix.reclaim(r, self.prefix.num_unused(r)))
+        self.alloc[Region.W].free(self.tails.clear())
         return True
 
     def free_sequence(self, seq_id: int, token_ids=None) -> None:
@@ -337,24 +379,35 @@ class InplaceKVCache(ResidentSteps):
             for code, region in CODE_REGIONS.items():
                 ids = t.sealed_ids[t.sealed_codes == code]
                 self.alloc[region].free(ids.tolist())
+            self.alloc[Region.W].free([t.w_slot])
         else:
-            self._release_blocks(t, token_ids)
-        self.alloc[Region.W].free([t.w_slot])
+            parent = self._release_blocks(t, token_ids)
+            k = t.num_tokens - t.num_sealed * self.bs
+            kept = parent is not _UNNAMED and 0 < k and len(token_ids) >= t.num_tokens
+            if not kept or self.tails.keep(parent, token_ids[t.num_sealed * self.bs:
+                                                              t.num_tokens], t.w_slot) is not None:
+                self.alloc[Region.W].free([t.w_slot])
         self.reserved -= t.reserved_blocks
         self.policy.release(seq_id)
 
-    def _release_blocks(self, t: SeqTable, token_ids) -> None:
+    def _release_blocks(self, t: SeqTable, token_ids):
         """Prefix caching's half of :meth:`free_sequence`: register the sequence's remaining
         sealed blocks by its tokens, then leave every block, the last first (so that unused
-        blocks are reclaimed from the ends of prefixes, keeping their starts longest)."""
+        blocks are reclaimed from the ends of prefixes, keeping their starts longest).
+        Returns the name of its last sealed block (its chain's root when it has none), or
+        ``_UNNAMED`` where its tokens do not name every sealed block."""
         k0 = len(t.names)
+        last = _UNNAMED
         if t.cacheable and token_ids is not None:
             n = min(t.num_sealed, len(token_ids) // self.bs)
+            last = t.names[-1] if k0 else t.root
             if n > k0:
-                new = block_hashes(token_ids[k0 * self.bs:n * self.bs], self.bs,
-                                   parent=t.names[-1] if k0 else t.root)
+                new = block_hashes(token_ids[k0 * self.bs:n * self.bs], self.bs, parent=last)
                 for b, name in enumerate(new, start=k0):
                     self.prefix.register(name, (CODE_REGIONS[int(t.codes[b])], int(t.ids[b])))
+                last = new[-1]
+            if n < t.num_sealed:
+                last = _UNNAMED
         free: dict[Region, list[int]] = {r: [] for r in CODE_REGIONS.values()}
         for b in range(t.num_sealed - 1, -1, -1):
             ref = (CODE_REGIONS[int(t.codes[b])], int(t.ids[b]))
@@ -362,6 +415,7 @@ class InplaceKVCache(ResidentSteps):
                 free[ref[0]].append(ref[1])
         for r, ids in free.items():
             self.alloc[r].free(ids)
+        return last
 
     def num_tokens(self, seq_id: int) -> int:
         return self._table(seq_id).num_tokens
@@ -804,7 +858,7 @@ class InplaceKVCache(ResidentSteps):
     # ------------------------------------------------------------------ statistics
     def live_blocks(self) -> dict[Region, int]:
         """Blocks in use per region (unused cached blocks, free to reclaim, are not)."""
-        return {r: a.n - (a.num_free if r is Region.W else self._free(r))
+        return {r: a.n - (self.free_slots() if r is Region.W else self._free(r))
                 for r, a in self.alloc.items()}
 
     def stats(self) -> dict:
@@ -821,6 +875,8 @@ class InplaceKVCache(ResidentSteps):
         s["kv.cpu_share_of_reads"] = s["kv.bytes_read.cpu"] / read if read else 0.0
         if self.prefix is not None:
             s.update(self.prefix.stats())
+            s.update(self.tails.counters)
+            s["prefix.tails"] = len(self.tails)
         s.update(self.policy.stats())
         return s
 

@@ -19,7 +19,8 @@ Blocks are registered when sealed if all their tokens are prompt tokens (known w
 arrives), and when their sequence leaves the cache for the rest (decode blocks: their tokens
 are then all known on the host, also after overlapped decode steps). A block whose name is
 already registered (two sequences prefilled the same prompt at once) stays private and is
-freed with its sequence.
+freed with its sequence. A sequence's partial last block is kept apart, in its W slot
+(``tails.py``).
 """
 from __future__ import annotations
 
@@ -67,6 +68,8 @@ class PrefixMatch:
     blocks: list[BlockRef] = field(default_factory=list)
     #: how many of them no sequence uses now: taking them removes them from the free pool
     unused: int = 0
+    #: a kept partial block that continues them (``tails.py``; a ``TailMatch``), or None
+    tail: object = None
 
     def __len__(self) -> int:
         return len(self.blocks)
