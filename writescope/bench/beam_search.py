@@ -7,7 +7,9 @@ beam as a one-token request: engine/beam.py), and a sampled generation of ``--be
 completions of as many tokens (``n``: the same batch of sequences decoding). Prints and writes,
 per N, the median milliseconds of a beam step and of a decode step, their ratio, and the host's
 share of a beam step spent adding its requests (checking and naming their prompts): what
-``engine/beam.py``'s :class:`BeamPrompt` keeps from growing with the prompt.
+``engine/beam.py``'s :class:`BeamPrompt` keeps from growing with the prompt. A beam step
+computes one token a beam where the parent's partial last block was kept (``kvcache/tails.py``),
+so its ratio to a decode step is what re-adding the beams costs.
 """
 from __future__ import annotations
 
