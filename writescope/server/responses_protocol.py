@@ -18,7 +18,7 @@ dropped from the prompt, as chat templates drop earlier turns' thinking."""
 from __future__ import annotations
 
 import uuid
-from typing import Any, Literal, Optional, Union
+from typing import Any, ClassVar, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -90,6 +90,15 @@ REFUSED = {
 
 
 class ResponsesRequest(P._Strict):
+    #: ``parse_request``'s messages for a union field of the wrong type (pydantic's would name
+    #: only the union's first type: "input: Input should be a valid string (got [1])")
+    union_hints: ClassVar[dict[str, str]] = {
+        "input": "must be a string or a list of input items (objects: messages with role and "
+                 "content, function_call, function_call_output or reasoning items)",
+        "tool_choice": "must be 'auto', 'none', 'required' or "
+                       "{\"type\": \"function\", \"name\": ...}",
+    }
+
     model: Optional[str] = None
     input: Union[str, list[dict[str, Any]]]
     instructions: Optional[str] = None
@@ -157,6 +166,9 @@ class ResponsesRequest(P._Strict):
             return P.APIError(f"tool_choice of type {choice.get('type')!r} is not supported "
                               "(only 'auto', 'none', 'required' or a function)",
                               param="tool_choice", code="unsupported_parameter")
+        if isinstance(choice, dict) and not isinstance(choice.get("name"), str):
+            return P.APIError("tool_choice of type 'function' needs the function's name (a "
+                              f"string; got {choice.get('name')!r})", param="tool_choice.name")
         if isinstance(choice, str) and choice not in ("auto", "none", "required"):
             return P.APIError(f"tool_choice must be 'auto', 'none', 'required' or "
                               f"{{\"type\": \"function\", \"name\": ...}} (got {choice!r})",
@@ -164,13 +176,15 @@ class ResponsesRequest(P._Strict):
         return None
 
     def chat_tools(self) -> dict[str, Any]:
-        """``tools`` and ``tool_choice`` as the chat endpoint takes them (functions nested)."""
-        if not self.tools:
-            return {}
-        fields = ("name", "description", "parameters", "strict")
+        """``tools`` and ``tool_choice`` as the chat endpoint takes them (functions nested).
+        Without tools, a ``tool_choice`` that asks for a call ('required', a function) is still
+        passed on, for the chat endpoint's 400 (dropped, the request would answer in text)."""
         choice = self.tool_choice
         if isinstance(choice, dict):
             choice = {"type": "function", "function": {"name": choice.get("name")}}
+        if not self.tools:
+            return {"tool_choice": choice} if choice not in (None, "auto", "none") else {}
+        fields = ("name", "description", "parameters", "strict")
         return {"tools": [{"type": "function",
                            "function": {k: t[k] for k in fields if t.get(k) is not None}}
                           for t in self.tools],
