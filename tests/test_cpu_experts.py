@@ -57,6 +57,25 @@ def ref64(x, ids, w, gate, up, down, round_h_to=None):
     return out
 
 
+def bf16_tie_slack(x, ids, w, gate, up, down, rel: float = 2.0 ** -18):
+    """Per output element, the most :func:`ref64` with ``round_h_to=torch.bfloat16`` can be
+    off from a kernel that computes h in float32: where an element of h lies within ``rel`` of
+    a bfloat16 rounding midpoint, float32 may round it to the other neighbour (one ulp away),
+    moving the output by up to ``w * |down[:, i]| * ulp``. Zero where no h is that close."""
+    x, gate, up, down = (t.double() for t in (x, gate, up, down))
+    slack = torch.zeros(x.shape[0], down.shape[1], dtype=torch.float64)
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e = int(ids[t, j])
+            h = F.silu(gate[e] @ x[t]) * (up[e] @ x[t])
+            hb = h.to(torch.bfloat16).double()
+            ulp = torch.ldexp(torch.ones_like(hb), torch.frexp(hb.abs().clamp_min(1e-30))[1] - 8)
+            near = ((h - hb).abs() - ulp / 2).abs() <= rel * h.abs()
+            if near.any():
+                slack[t] += abs(float(w[t, j])) * (down[e][:, near].abs() @ ulp[near])
+    return slack
+
+
 def plain_torch(x, ids, w, gate, up, down):
     """The plain torch expert computation (the GPU path's arithmetic, in the weights' dtype)."""
     out = torch.zeros(x.shape[0], down.shape[1], dtype=torch.float32)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from test_cpu_experts import _routing, ref64
+from test_cpu_experts import _routing, bf16_tie_slack, ref64
 from writescope.layers import cpu_experts as ce
 from writescope.layers.cpu_experts import CpuExperts
 from writescope.layers.expert_upload import ExpertUploader
@@ -304,7 +304,12 @@ def test_random_shapes(E, H, I, k, N, seed, exact):
     y = layer.forward(x, ids, w, out_dtype=torch.float32)
     ref = ref64(x, ids, w, gate, up, down, round_h_to=torch.bfloat16)
     tol = 1e-3 if decode else 8e-3
-    torch.testing.assert_close(y.double(), ref, rtol=tol, atol=tol / 2 * ref.abs().max().item())
+    # an h within float32's error of a bf16 midpoint may round either way (seed 5802 of
+    # E=2, H=I=48, N=4: h = -2.78906263, 1.3e-8 past -2.7890625): allowed that one ulp
+    slack = bf16_tie_slack(x, ids, w, gate, up, down)
+    err = (y.double() - ref).abs()
+    bound = tol / 2 * ref.abs().max().item() + tol * ref.abs() + slack
+    assert (err <= bound).all(), (err - bound).max().item()
 
 
 def test_conversion_entry_point_refuses_bad_arguments():
