@@ -179,24 +179,30 @@ class BeamSearch:
         """One step: ``tops[i]`` is live beam ``i``'s next-token ``{token id: Logprob}``."""
         if len(tops) != len(self.live):
             raise ValueError(f"{len(tops)} log-probability dicts for {len(self.live)} beams")
-        cands: list[BeamSearchSequence] = []
+        cands: list[tuple[float, BeamSearchSequence, dict[int, Logprob], int]] = []
         for beam, top in zip(self.live, tops):
             for tok, lp in top.items():
-                new = BeamSearchSequence(beam.tokens + [tok], beam.logprobs + [top],
-                                         beam.cum_logprob + lp.logprob, prompt_len=beam.prompt_len,
-                                         block_names=beam.block_names)
                 if tok in self.eos_ids:
+                    new = self._extend(beam, top, tok, beam.cum_logprob + lp.logprob)
                     new.finish_reason = "stop"
                     new.stop_reason = None if tok == self.model_eos_id else tok
                     self._finish(new)
                 else:
-                    cands.append(new)
+                    cands.append((beam.cum_logprob + lp.logprob, beam, top, tok))
         # every live beam has as many tokens: their order by score is by cum_logprob
-        # (the sort is stable: equal candidates keep the beams' and the dicts' order)
-        cands.sort(key=lambda b: b.cum_logprob, reverse=True)
-        self.live = cands[:self.params.beam_width]
+        # (the sort is stable: equal candidates keep the beams' and the dicts' order); only
+        # the survivors' token lists are made (each a copy of the prompt and more)
+        cands.sort(key=lambda c: c[0], reverse=True)
+        self.live = [self._extend(beam, top, tok, cum)
+                     for cum, beam, top, tok in cands[:self.params.beam_width]]
         self.steps += 1
         self._cut_at_context()
+
+    @staticmethod
+    def _extend(beam: BeamSearchSequence, top: dict[int, Logprob], tok: int,
+                cum: float) -> BeamSearchSequence:
+        return BeamSearchSequence(beam.tokens + [tok], beam.logprobs + [top], cum,
+                                  prompt_len=beam.prompt_len, block_names=beam.block_names)
 
     def _cut_at_context(self) -> None:
         """Beams that fill the model's context end there ("length")."""
