@@ -317,6 +317,16 @@ def in_process_server(engine, **client_options):
         yield client
 
 
+def chat_engine(path, template: str, **options):
+    """An ``LLMEngine`` over the checkpoint at ``path`` (float32 on the CPU, 512 positions,
+    unless ``options`` say otherwise) whose tokenizer renders chats with ``template``."""
+    from writescope.engine.engine import LLMEngine
+    eng = LLMEngine(str(path), **{**dict(dtype="float32", device="cpu", max_model_len=512),
+                                  **options})
+    eng.tokenizer.hf.chat_template = template
+    return eng
+
+
 def post_ok(client, path: str, **body) -> dict:
     """POST ``body`` as JSON; the answer's JSON, after checking it is a 200."""
     r = client.post(path, json=body)

@@ -9,17 +9,14 @@ from writescope import LLM, SamplingParams
 
 pytest.importorskip("fastapi")
 
-from conftest import in_process_server  # noqa: E402
+from conftest import chat_engine, in_process_server  # noqa: E402
 from test_server_responses import OPTS, TEMPLATE  # noqa: E402
 
 
 # ---------------------------------------------------------------------------------- /v1/responses
 @pytest.fixture(scope="module")
 def client(tiny_qwen3_moe):
-    from writescope.engine.engine import LLMEngine
-    eng = LLMEngine(str(tiny_qwen3_moe), **OPTS)
-    eng.tokenizer.hf.chat_template = TEMPLATE
-    with in_process_server(eng) as c:
+    with in_process_server(chat_engine(tiny_qwen3_moe, TEMPLATE, **OPTS)) as c:
         yield c
 
 

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("fastapi")
 
-from conftest import in_process_server, post_ok  # noqa: E402
+from conftest import chat_engine, in_process_server, post_ok  # noqa: E402
 from writescope import BeamSearchParams, LLM  # noqa: E402
 
 TEMPLATE = ("{%- for m in messages -%}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
@@ -29,10 +29,7 @@ def llm(tiny_qwen3_moe):
 
 @pytest.fixture(scope="module")
 def client(tiny_qwen3_moe):
-    from writescope.engine.engine import LLMEngine
-    eng = LLMEngine(str(tiny_qwen3_moe), **OPTS)
-    eng.tokenizer.hf.chat_template = TEMPLATE
-    with in_process_server(eng) as c:
+    with in_process_server(chat_engine(tiny_qwen3_moe, TEMPLATE)) as c:
         yield c
 
 

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("fastapi")
 
-from conftest import in_process_server, post_ok  # noqa: E402
+from conftest import chat_engine, in_process_server, post_ok  # noqa: E402
 from writescope.core import SamplingParams  # noqa: E402
 
 # reads enable_thinking (as Qwen3's does) so that chat_template_kwargs can be seen in the prompt
@@ -26,20 +26,14 @@ CONV = [{"role": "user", "content": "Tell me about rivers."},
 
 @pytest.fixture(scope="module")
 def engine(tiny_qwen3_moe):
-    from writescope.engine.engine import LLMEngine
-    eng = LLMEngine(str(tiny_qwen3_moe), dtype="float32", device="cpu", max_model_len=1024)
-    eng.tokenizer.hf.chat_template = TEMPLATE
-    return eng
+    return chat_engine(tiny_qwen3_moe, TEMPLATE, max_model_len=1024)
 
 
 @pytest.fixture(scope="module")
 def oracle(tiny_qwen3_moe):
     """A second engine on the same checkpoint for the tests' own runs and tokenizing: the
     server's engine is stepped by its loop thread, which a test thread must not race."""
-    from writescope.engine.engine import LLMEngine
-    eng = LLMEngine(str(tiny_qwen3_moe), dtype="float32", device="cpu", max_model_len=1024)
-    eng.tokenizer.hf.chat_template = TEMPLATE
-    return eng
+    return chat_engine(tiny_qwen3_moe, TEMPLATE, max_model_len=1024)
 
 
 @pytest.fixture(scope="module")

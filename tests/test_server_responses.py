@@ -13,24 +13,16 @@ import pytest
 
 pytest.importorskip("fastapi")
 
-from conftest import in_process_server, post_ok  # noqa: E402
+from conftest import chat_engine, in_process_server, post_ok  # noqa: E402
+from test_server_reasoning import TEMPLATE  # noqa: E402  (Qwen3-like, thinking on or off)
 
-TEMPLATE = ("{%- for m in messages -%}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
-            "{%- endfor -%}"
-            "{%- if add_generation_prompt %}<|im_start|>assistant\n"
-            "{%- if enable_thinking is defined and enable_thinking is false %}"
-            "<think>\n\n</think>\n\n{% elif open_thinking is defined and open_thinking %}"
-            "<think>\n{% endif -%}{% endif -%}")
 OPTS = dict(dtype="float32", device="cpu", max_model_len=512)
 GREEDY = dict(temperature=0, max_output_tokens=12)
 
 
 @pytest.fixture(scope="module")
 def engine(tiny_qwen3_moe):
-    from writescope.engine.engine import LLMEngine
-    eng = LLMEngine(str(tiny_qwen3_moe), **OPTS)
-    eng.tokenizer.hf.chat_template = TEMPLATE
-    return eng
+    return chat_engine(tiny_qwen3_moe, TEMPLATE, **OPTS)
 
 
 @pytest.fixture(scope="module")
