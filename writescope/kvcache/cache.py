@@ -409,10 +409,11 @@ class InplaceKVCache(ResidentSteps):
             if n < t.num_sealed:
                 last = _UNNAMED
         free: dict[Region, list[int]] = {r: [] for r in CODE_REGIONS.values()}
-        for b in range(t.num_sealed - 1, -1, -1):
-            ref = (CODE_REGIONS[int(t.codes[b])], int(t.ids[b]))
-            if self.prefix.release(ref):
-                free[ref[0]].append(ref[1])
+        release, regions = self.prefix.release, CODE_REGIONS
+        for code, bid in zip(reversed(t.sealed_codes.tolist()), reversed(t.sealed_ids.tolist())):
+            region = regions[code]
+            if release((region, bid)):
+                free[region].append(bid)
         for r, ids in free.items():
             self.alloc[r].free(ids)
         return last

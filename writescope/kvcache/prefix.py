@@ -108,23 +108,26 @@ class PrefixCache:
         """The longest run of ``names`` (from the first) that is registered, at most
         ``max_blocks`` long. Changes nothing."""
         m = PrefixMatch()
+        find, users, blocks = self.by_name.get, self.users, m.blocks
         for name in names[:max(0, max_blocks)]:
-            ref = self.by_name.get(name)
+            ref = find(name)
             if ref is None:
                 break
-            m.blocks.append(ref)
-            m.unused += self.users[ref] == 0
+            blocks.append(ref)
+        m.unused = sum(users[ref] == 0 for ref in blocks)
         return m
 
     def acquire(self, match: PrefixMatch) -> None:
         """A sequence starts from ``match``'s blocks: each gets one more user."""
         self.counters["prefix.hit_tokens"] += len(match) * self.bs
+        users, unused, shared = self.users, self.unused, self.shared_ids
         for ref in match.blocks:
-            if self.users[ref] == 0:
-                del self.unused[ref[0]][ref[1]]
-            self.users[ref] += 1
-            if self.users[ref] == 2:
-                self.shared_ids[ref[0]].add(ref[1])
+            n = users[ref]
+            if n == 0:
+                del unused[ref[0]][ref[1]]
+            elif n == 1:
+                shared[ref[0]].add(ref[1])
+            users[ref] = n + 1
 
     # ------------------------------------------------------------------ registration
     def register(self, name: bytes, ref: BlockRef) -> bool:
