@@ -235,7 +235,9 @@ class InplaceKVCache(ResidentSteps):
             return None
         names = names or []
         full = len(token_ids) // self.bs
-        if full <= len(names):
+        if full == len(names):  # no block completed: the same names (never changed in place)
+            return names
+        if full < len(names):
             return names[:full]
         parent = names[-1] if names else salt_root(cache_salt)
         return names + block_hashes(token_ids[len(names) * self.bs:full * self.bs], self.bs,

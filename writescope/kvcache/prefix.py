@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .regions import Region, SEALED_REGIONS
+from .tails import TailMatch
 
 BlockRef = tuple[Region, int]  # (region, block id)
 
@@ -68,8 +69,8 @@ class PrefixMatch:
     blocks: list[BlockRef] = field(default_factory=list)
     #: how many of them no sequence uses now: taking them removes them from the free pool
     unused: int = 0
-    #: a kept partial block that continues them (``tails.py``; a ``TailMatch``), or None
-    tail: object = None
+    #: a kept partial block that continues them (``tails.py``), or None
+    tail: TailMatch | None = None
 
     def __len__(self) -> int:
         return len(self.blocks)
