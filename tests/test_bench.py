@@ -584,6 +584,16 @@ def test_cpu_attention_bench_rows_against_the_best_read_probe(tmp_path):
     assert json.loads(out.read_text())["rows"][1]["batch"] == 2
     # the kernel's calls rotate through copies of each shape's KV spanning the probe's array
     assert all(r["kv_sets"] == -(-(1 << 22) // r["kv_bytes"]) > 1 for r in res["rows"])
+    # every shape's pool is carved from one arena as large as the largest of them, read before
+    # the first shape (a probe this small is read from cache: the arena is not settled against it)
+    assert all(r["pool_memory"] == "arena" for r in res["rows"])
+    assert res["arena_bytes"] == max(cpu_attention.case_bytes("mla-16/1/576", b, l, 64, 1 << 22)
+                                     for b, l in ((1, 300), (2, 100)))
+    assert len(res["arena_settle"]) == 2 and all(t["probe_gbps"] is None for t in res["arena_settle"])
+    new = cpu_attention.main(["--sizes", "1x300", "--shapes", "mla", "--reps", "1", "--torch-reps", "0",
+                              "--no-variants", "--pool-memory", "new", "--read-bytes", str(1 << 22)])
+    assert new["rows"][0]["pool_memory"] == "new" and "arena_bytes" not in new
+    assert new["rows"][0]["kernel_gbps_gpu_layout"] > 0
     # the array read every other way at the start, beside each shape and at the end; the rows
     # against the best rate of any of them, and paired with one pass of each
     want = {"vector+pf", "torch.sum"} | ({"tile", "tile+pf"} if "amx" in cpu.isas() else set())
@@ -595,6 +605,34 @@ def test_cpu_attention_bench_rows_against_the_best_read_probe(tmp_path):
         assert r["kernel_frac_of_best_read_bw"] == pytest.approx(r["kernel_gbps"] / best)
         # each pair's best denominator is at least its vector probe
         assert 0 < r["paired_frac_of_best_read_bw"] <= r["paired_frac_of_read_bw"]
+
+
+def test_cpu_attention_bench_pools_carved_from_an_arena_hold_the_same_case():
+    """A decode case built in an arena lies at the arena's start and attends exactly as the
+    same case in a pool of its own; a settled arena is read until it keeps pace with a probe."""
+    import torch
+    from writescope.attention import cpu
+    if not cpu.available():
+        pytest.skip("no C++ compiler for the CPU attention kernel")
+    from writescope.bench import cpu_attention as ca
+    need = ca.case_bytes("gqa-32/4/128", 2, 300, 64, 1 << 21)
+    arena, trace = ca.settled_arena(need + 1, None)
+    assert arena.numel() % 64 == 0 and arena.numel() >= need + 1 and len(trace) == 2
+    cases = [ca.decode_case("gqa-32/4/128", 2, 300, 64, torch.Generator().manual_seed(3), 1 << 21,
+                            arena=a) for a in (None, arena)]
+    (spec, pool, bbs, q, scale, kv), (_, apool, abbs, aq, _, akv) = cases
+    assert apool.data_ptr() == arena.data_ptr() and apool.numel() * 2 == need and kv == akv
+    assert torch.equal(pool, apool) and len(bbs) == len(abbs) > 1
+    for b, ab in zip(bbs, abbs):
+        o, lse = cpu.attend_cpu(q, pool, "cpu", spec, b, scale)
+        ao, alse = cpu.attend_cpu(aq, apool, "cpu", spec, ab, scale)
+        assert torch.equal(o, ao) and torch.equal(lse, alse)
+    # against a probe: pairs of passes until the arena reads at least frac of the probe twice
+    probe = cpu.probe_buffer(1 << 20)
+    _, trace = ca.settled_arena(1 << 20, probe, max_s=30.0, frac=0.0)
+    assert len(trace) == 2 and all(t["probe_gbps"] > 0 for t in trace)
+    _, trace = ca.settled_arena(1 << 20, probe, max_s=0.0, frac=1e9)  # never keeps pace: one pair
+    assert len(trace) == 1
 
 
 def test_cpu_phases_bench_splits_the_kernels_time_and_computes_what_the_normal_build_does(tmp_path):
@@ -1496,3 +1534,27 @@ def test_beam_search_bench_times_beam_and_decode_steps(tiny_qwen3_moe, tmp_path)
     assert 0 < row["add_requests_ms"] < row["beam_step_ms"] and row["decode_step_ms"] > 0
     with pytest.raises(SystemExit):
         beam_search.main(["--model", str(tiny_qwen3_moe), "--device", "cpu", "--steps", "1"])
+
+
+def test_fresh_pages_bench_reads_new_buffers_pass_by_pass(tmp_path):
+    """Every trial's passes, timed from the buffer's write; the kernel trial marks each KV
+    set's first read; bad input refused."""
+    from writescope.attention import cpu
+    if not cpu.available():
+        pytest.skip("no C++ compiler for the CPU attention kernel")
+    from writescope.bench import fresh_pages
+    out = tmp_path / "f.json"
+    res = fresh_pages.main(["--gib", "0.01", "--passes", "3", "--sleep", "0.2", "--kernel-calls", "5",
+                            "--kernel-length", "256", "--kernel-bytes", str(1 << 21),
+                            "--json", str(out)])
+    t = res["trials"]
+    assert set(t) == {"reference", "back-to-back", "after-sleep", "kernel", "reference-end"}
+    for name in ("reference", "back-to-back", "after-sleep", "reference-end"):
+        assert len(t[name]["passes"]) == 3 and all(p["gbps"] > 0 for p in t[name]["passes"])
+    assert t["after-sleep"]["passes"][0]["t_s"] >= 0.2  # timed from the write, across the idle time
+    k = t["kernel"]["passes"]
+    assert len(k) == 5 and [p["set"] for p in k] == [0, 1, 2, 3, 0]  # 4 sets of 512 KiB span 2 MiB
+    assert [p["first_read"] for p in k] == [True] * 4 + [False]
+    assert json.loads(out.read_text())["buffer_bytes"] == int(0.01 * 2**30) // 64 * 64
+    with pytest.raises(SystemExit, match="--gib must be > 0"):
+        fresh_pages.main(["--gib", "0"])

@@ -218,8 +218,17 @@ def block_sets(order: str, sets: int, batch: int, nb_seq: int, lens: list[list[i
     return out
 
 
+def case_bytes(name: str, batch: int, length: int, bs: int, cold_bytes: int = 0) -> int:
+    """The bytes of :func:`decode_case`'s pool (every KV set) for these arguments."""
+    spec = shape_case(name)[0]()
+    nblocks = batch * math.ceil(length / bs)
+    kv_bytes = batch * length * spec.num_kv_heads * spec.rec_dim * spec.itemsize
+    sets = max(1, math.ceil(cold_bytes / kv_bytes))
+    return math.prod(cpu_pool_shape(spec, sets * nblocks, bs)[1:]) * spec.itemsize
+
+
 def decode_case(name: str, batch: int, length: int, bs: int, gen: torch.Generator,
-                cold_bytes: int = 0, order: str = "scattered"):
+                cold_bytes: int = 0, order: str = "scattered", arena: torch.Tensor | None = None):
     """One shape's decode step on the CPU: ``batch`` sequences of ``length`` tokens in a C pool of
     random contents (any values do: the rate is what counts), allocated as the engine allocates
     its C pool (huge pages advised before the first touch), their blocks laid out as ``order``
@@ -234,6 +243,9 @@ def decode_case(name: str, batch: int, length: int, bs: int, gen: torch.Generato
     (the bench's medians ran 4-22 points of the probe above its paired calls, each made after
     a probe had evicted it, and up to 128% of the probe; 2026-12-04e-h200 call 3). Set i's blocks hold a copy of set 0's contents.
 
+    ``arena``: a flat byte tensor of at least :func:`case_bytes` whose first bytes become the
+    pool (:func:`settled_arena`), instead of a newly allocated pool.
+
     Returns (spec, pool, block batches (one per set), bf16 queries, scale, KV bytes one call
     reads)."""
     spec_fn, hq = shape_case(name)
@@ -243,7 +255,11 @@ def decode_case(name: str, batch: int, length: int, bs: int, gen: torch.Generato
     kv_bytes = batch * length * spec.num_kv_heads * spec.rec_dim * spec.itemsize
     sets = max(1, math.ceil(cold_bytes / kv_bytes))
     total = sets * nblocks
-    pool = pageable_empty(cpu_pool_shape(spec, total, bs)[1:], spec.dtype)
+    pool_shape = cpu_pool_shape(spec, total, bs)[1:]
+    if arena is None:
+        pool = pageable_empty(pool_shape, spec.dtype)
+    else:
+        pool = arena[:math.prod(pool_shape) * spec.itemsize].view(spec.dtype).view(pool_shape)
     fill_random(pool[:nblocks], gen)
     for k in range(1, sets):  # (a copy: random numbers for every set would take seconds each)
         pool[k * nblocks:(k + 1) * nblocks].copy_(pool[:nblocks])
@@ -252,17 +268,49 @@ def decode_case(name: str, batch: int, length: int, bs: int, gen: torch.Generato
     return spec, pool, bbs, q, 1.0 / math.sqrt(spec.k_dim), kv_bytes
 
 
+def settled_arena(nbytes: int, probe: torch.Tensor | None, max_s: float = 60.0,
+                  frac: float = 0.95) -> tuple[torch.Tensor, list[dict]]:
+    """A byte buffer of ``nbytes`` (rounded up to 64) on the C pool's kind of pages, to carve
+    every shape's KV pool from (:func:`decode_case`'s ``arena``): written, then read until it
+    reads as fast as ``probe`` (a DRAM-sized buffer read many times before) -- pairs of one
+    vector pass over each, until two pairs in a row give the arena at least ``frac`` of the
+    probe's rate, or ``max_s`` seconds have passed (``probe`` None: two passes over the arena).
+    Returns the arena and each pair's (seconds since the write, arena GB/s, probe GB/s or None).
+
+    Why: an engine's C pool is allocated once and then read every step. On the lent GPU hosts
+    (virtual machines) a newly allocated and written pool read at a third to half the rate of the
+    same pool seconds later (``bench.fresh_pages``; issue 8's table, 2026-12-07c/d): timing each
+    shape's first calls on a pool of its own measured the new memory, not the kernel."""
+    nbytes = -(-nbytes // 64) * 64
+    arena = pageable_empty(nbytes, torch.uint8)
+    floats = arena.view(torch.float32)
+    floats.fill_(1.0)
+    t0 = time.perf_counter()
+    trace: list[dict] = []
+    ok = 0
+    while ok < 2 and (not trace or time.perf_counter() - t0 < max_s):
+        a = cpu.read_bandwidth(nbytes, reps=1, buffer=floats)
+        p = None if probe is None else cpu.read_bandwidth(probe.numel() * 4, reps=1, buffer=probe)
+        trace.append({"t_s": time.perf_counter() - t0, "arena_gbps": a, "probe_gbps": p})
+        ok = ok + 1 if p is None or a >= frac * p else 0
+    return arena, trace
+
+
 def bench_shape(name: str, batch: int, length: int, reps: int, torch_reps: int, bs: int,
                 variants: bool, gpu_layout: bool, gen: torch.Generator,
                 prefetch: tuple[int, ...] = (), probe: torch.Tensor | None = None,
-                cold_bytes: int = 0, order: str = "scattered") -> dict:
+                cold_bytes: int = 0, order: str = "scattered",
+                arena: torch.Tensor | None = None) -> dict:
     """One shape's row; the kernel's calls rotate through the KV sets of ``cold_bytes`` (see
-    :func:`decode_case`; 0: every call on the same KV), the blocks laid out as ``order`` says."""
-    spec, pool, bbs, q, scale, kv_bytes = decode_case(name, batch, length, bs, gen, cold_bytes, order)
+    :func:`decode_case`; 0: every call on the same KV), the blocks laid out as ``order`` says,
+    the pool carved from ``arena`` if given (else allocated for the shape)."""
+    spec, pool, bbs, q, scale, kv_bytes = decode_case(name, batch, length, bs, gen, cold_bytes, order,
+                                                      arena)
     bb = bbs[0]
     sets = itertools.cycle(bbs)
     row = {"shape": name, "batch": batch, "length": length, "block_size": bs,
            "kv_bytes": kv_bytes, "kv_sets": len(bbs), "block_order": order,
+           "pool_memory": "new" if arena is None else "arena",
            "threads": cpu.get_num_threads()}
 
     def kernel(kv, layout="cpu"):
@@ -327,8 +375,12 @@ def bench_shape(name: str, batch: int, length: int, reps: int, torch_reps: int, 
         row["torch_gbps"] = max(by.values())
         del dense
     if gpu_layout:  # T blocks read in place (GPU layout, token-major)
-        gp = pageable_empty(gpu_pool_shape(spec, pool.shape[0], bs)[1:], spec.dtype)
-        gp.view(-1).copy_(pool.view(-1))  # contents do not matter for the rate
+        gshape = gpu_pool_shape(spec, pool.shape[0], bs)[1:]
+        if arena is None:
+            gp = pageable_empty(gshape, spec.dtype)
+            gp.view(-1).copy_(pool.view(-1))  # contents do not matter for the rate
+        else:  # the same bytes read as T blocks (the contents do not matter for the rate)
+            gp = pool.view(-1).view(gshape)
         del pool
         t = _time(kernel(gp, "gpu"), reps)
         row["kernel_gbps_gpu_layout"] = kv_bytes / t / 1e9
@@ -362,6 +414,14 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--profile", help="the profile --isa profile reads")
     ap.add_argument("--order", default="scattered", choices=ORDERS,
                     help="how each sequence's blocks lie in the pool (default: scattered at random)")
+    ap.add_argument("--pool-memory", default="arena", choices=("arena", "new"),
+                    help="arena (default): every shape's KV pool is carved from one buffer allocated "
+                         "at the start and read until it reads as fast as the probe's buffer, as an "
+                         "engine's pool, allocated once, is in its steady state; new: a pool "
+                         "allocated for each shape and timed at once (the bench's way until "
+                         "2026-12-07e: on virtual machines its first calls read new memory)")
+    ap.add_argument("--settle-s", type=float, default=60.0,
+                    help="the arena's reads stop settling after this many seconds")
     ap.add_argument("--warm", action="store_true",
                     help="time every call on the same KV (until 2026-12-04e the bench's only "
                          "way: part of it is then read from the last-level cache)")
@@ -393,6 +453,16 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(f"--isa {args.isa}: this CPU runs {', '.join(cpu.isas())} (or auto, profile)")
     elif args.profile:
         raise SystemExit("--profile goes with --isa profile")
+    sizes = []
+    for bl in args.sizes.split(","):
+        try:  # "8x32K" or "8x32768", as the table prints them
+            sizes.append(tuple(parse_count(x) for x in bl.lower().split("x")))
+        except ValueError as e:
+            raise SystemExit(f"--sizes: {bl!r} is not BATCHxLENGTH ({e})") from None
+        if len(sizes[-1]) != 2 or min(sizes[-1]) < 1:
+            raise SystemExit(f"--sizes: {bl!r} is not BATCHxLENGTH")
+    if args.settle_s < 0:
+        raise SystemExit("--settle-s must be >= 0")
     gen = torch.Generator().manual_seed(0)
     nbytes = args.read_bytes or probe_bytes()
     probe = cpu.probe_buffer(nbytes)
@@ -403,6 +473,25 @@ def main(argv: list[str] | None = None) -> dict:
            "isa_setting": args.isa, "profile": chosen_from, "rows": []}
     print(f"DRAM read bandwidth ({nbytes / 2**30:.2f} GiB array, {cpu.get_num_threads()} threads): "
           f"{read_bw:.1f} GB/s", flush=True)
+    cold = 0 if args.warm else nbytes
+    arena = None
+    if args.pool_memory == "arena":
+        need = max(case_bytes(n, b, l, args.block_size, cold) for n in shapes for b, l in sizes)
+        # settled against the probe where the probe reads DRAM (a small --read-bytes probe is
+        # read from cache: no memory reads that fast)
+        ref = probe if nbytes >= 4 * _llc_bytes() else None
+        arena, trace = settled_arena(need, ref, args.settle_s)
+        res["arena_bytes"], res["arena_settle"] = arena.numel(), trace
+        settled = ref is None or (len(trace) >= 2 and all(
+            t["arena_gbps"] >= 0.95 * t["probe_gbps"] for t in trace[-2:]))
+        res["arena_settled"] = settled
+        print(f"KV arena ({arena.numel() / 2**30:.2f} GiB, every shape's pool): read "
+              + " ".join(f"{t['arena_gbps']:.0f}" + ("" if ref is None else f"/{t['probe_gbps']:.0f}")
+                         for t in trace)
+              + " GB/s" + ("" if ref is None else " (arena/probe)")
+              + f" over {trace[-1]['t_s']:.1f} s"
+              + ("" if settled else " -- not settled: it still reads slower than the probe's buffer"),
+              flush=True)
     # the same array read every other way: the vector probe is not always the fastest reader
     by_method = [_reads(probe, 3)]
     print("the same array read other ways: " + ", ".join(
@@ -410,11 +499,7 @@ def main(argv: list[str] | None = None) -> dict:
     hdr = f"{'shape':14} {'BxL':>9} {'isa':>6} {'kernel':>8} {'%read':>6} {'best%':>6} {'paired%':>7} {'torch':>7} {'x torch':>7} {'paged':>6} {'T-layout':>8}  variants"
     print(hdr, flush=True)
     for name in shapes:
-        for bl in args.sizes.split(","):
-            try:  # "8x32K" or "8x32768", as the table prints them
-                b, l = (parse_count(x) for x in bl.lower().split("x"))
-            except ValueError as e:
-                raise SystemExit(f"--sizes: {bl!r} is not BATCHxLENGTH ({e})") from None
+        for b, l in sizes:
             # the read probe again beside every shape: on a shared machine the denominator moves
             probes.append(cpu.read_bandwidth(nbytes, reps=3, buffer=probe))
             by_method.append(_reads(probe, 2))
@@ -433,7 +518,7 @@ def main(argv: list[str] | None = None) -> dict:
             try:
                 row = bench_shape(name, b, l, args.reps, args.torch_reps, args.block_size,
                                   not args.no_variants, not args.no_gpu_layout, gen, pf, probe,
-                                  cold_bytes=0 if args.warm else nbytes, order=args.order)
+                                  cold_bytes=cold, order=args.order, arena=arena)
             finally:
                 cpu.set_isa(prev_isa, from_profile=not isa_user)
                 cpu.set_prefetch_blocks(prev_pf, from_profile=not pf_user)
