@@ -2,8 +2,9 @@
 waiting requests are admitted by their ``priority`` (lower first, ties by arrival), the
 completions of an ``n`` > 1 request with their parent's, and a running request of lower
 priority is preempted for a waiting one that does not fit (tests/test_preemption.py); under
-"fcfs" (the default) arrival order is kept and a non-zero priority is refused -- by ``LLMEngine.add_request``,
-``LLM.generate(priority=[...])`` and the server's ``priority`` field."""
+"fcfs" (the default) arrival order is kept and a non-zero priority is refused -- by
+``LLMEngine.add_request``, ``LLM.generate(priority=[...])`` and the server's ``priority``
+field."""
 from __future__ import annotations
 
 import pytest
