@@ -286,6 +286,21 @@ def test_beam_search_steps_preempt_lower_priorities(prio):
     assert [r.output_token_ids for r in lows] == [want[rid] for rid in PROMPTS]
 
 
+def test_a_preempted_request_aborted_while_it_waits_leaves_nothing_behind(prio):
+    eng = prio.llm_engine
+    start_lows(eng, GREEDY)
+    b = eng.requests["low-b"]
+    eng.add_request("high", "hello", SamplingParams(temperature=0.0, max_tokens=3), priority=0)
+    step_until_admitted(eng, "high")
+    assert b.status is RequestStatus.PREEMPTED
+    queue_time = b.queue_time_s
+    eng.abort_request("low-b")
+    assert b.finished and b.finish_reason == "abort" and "low-b" not in eng.requests
+    assert b.queue_time_s == queue_time  # (set at its first admission only)
+    order, _ = run_all(eng)
+    assert sorted(order) == ["high", "low-a"] and not eng.cache.seqs
+
+
 # ----------------------------------------------------------------------------- the server
 
 def test_a_server_stream_preempted_midway_neither_repeats_nor_loses_text(tiny_qwen3_moe):

@@ -452,10 +452,11 @@ class Request:
     #: vLLM's ``cache_salt`` (a prompt dict's): its prompt blocks are shared in the prefix
     #: cache only with prompts of the same salt
     cache_salt: str | None = None
-    #: vLLM's request priority (``scheduling_policy="priority"``: lower is admitted first; ties
-    #: by arrival); 0 under "fcfs"
+    #: vLLM's request priority (``scheduling_policy="priority"``: lower is admitted first, ties
+    #: by arrival, and preempts higher values that run); 0 under "fcfs"
     priority: int = 0
-    #: seconds from ``arrival`` to its admission into the running batch (None: still waiting)
+    #: seconds from ``arrival`` to its first admission into the running batch (None: still
+    #: waiting; a preempted request's readmission does not change it)
     queue_time_s: float | None = None
     seq_id: int = field(default_factory=lambda: next(_req_counter))
     output_token_ids: list[int] = field(default_factory=list)
