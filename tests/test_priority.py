@@ -1,8 +1,10 @@
 """vLLM's priority scheduling (``scheduling_policy="priority"``, ``--scheduling-policy``):
 waiting requests are admitted by their ``priority`` (lower first, ties by arrival), the
-completions of an ``n`` > 1 request with their parent's; under "fcfs" (the default) arrival
-order is kept and a non-zero priority is refused -- by ``LLMEngine.add_request``,
-``LLM.generate(priority=[...])`` and the server's ``priority`` field."""
+completions of an ``n`` > 1 request with their parent's, and a running request of lower
+priority is preempted for a waiting one that does not fit (tests/test_preemption.py); under
+"fcfs" (the default) arrival order is kept and a non-zero priority is refused -- by
+``LLMEngine.add_request``, ``LLM.generate(priority=[...])`` and the server's ``priority``
+field."""
 from __future__ import annotations
 
 import pytest
@@ -54,14 +56,16 @@ def test_priority_admits_lower_values_first_ties_by_arrival(prio):
     assert finish_order(eng) == ["e", "b", "d", "c", "a", "f"]
 
 
-def test_priority_orders_only_the_waiting_a_running_request_is_not_preempted(prio):
+def test_priority_preempts_a_running_request_of_lower_priority(prio):
+    """(tests/test_preemption.py: the preempted request's outputs)"""
     eng = prio.llm_engine
     eng.add_request("first", "the", SamplingParams(**G), priority=9)
     eng.step()  # admitted (max_num_seqs=1)
     eng.add_request("late-low", "the", SamplingParams(**G), priority=4)
     eng.add_request("late-high", "the", SamplingParams(**G), priority=0)
     assert [r.request_id for r in eng.scheduler.running] == ["first"]
-    assert finish_order(eng) == ["first", "late-high", "late-low"]
+    # "late-high" preempts "first"; then "late-low" is the head and runs before it
+    assert finish_order(eng) == ["late-high", "late-low", "first"]
 
 
 def test_fcfs_keeps_arrival_order_and_refuses_a_priority(fcfs):

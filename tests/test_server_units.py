@@ -168,6 +168,17 @@ def test_engine_stats_become_gauges():
     assert parse_text(sm.render())["writescope_kv_cache_usage_perc"] == 0.25  # 4 of 16
 
 
+def test_engine_preemptions_become_vllms_counter():
+    sm = ServerMetrics("m")
+    assert parse_text(sm.render())["writescope_num_preemptions_total"] == 0
+    for n in (0, 2, 2, 5):
+        sm.record_engine_stats({"engine.preemptions": n}, 0, 0)
+        m = parse_text(sm.render())
+        assert m["writescope_num_preemptions_total"] == n
+    assert "writescope_engine_engine_preemptions" not in m
+    assert "# TYPE writescope_num_preemptions_total counter" in sm.render()
+
+
 def test_every_series_carries_vllms_model_name_label():
     """vLLM's dashboards select ``model_name="..."``: every sample of every metric has it."""
     sm = ServerMetrics('org/m "v2"')

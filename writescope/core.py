@@ -426,6 +426,9 @@ class FinishReason(str, enum.Enum):
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
+    #: taken out of the running batch for a request of higher priority (vLLM's; its KV
+    #: released): waiting again, to prefill its prompt and outputs anew (``engine/scheduler.py``)
+    PREEMPTED = "preempted"
     FINISHED = "finished"
 
 
@@ -449,10 +452,11 @@ class Request:
     #: vLLM's ``cache_salt`` (a prompt dict's): its prompt blocks are shared in the prefix
     #: cache only with prompts of the same salt
     cache_salt: str | None = None
-    #: vLLM's request priority (``scheduling_policy="priority"``: lower is admitted first; ties
-    #: by arrival); 0 under "fcfs"
+    #: vLLM's request priority (``scheduling_policy="priority"``: lower is admitted first, ties
+    #: by arrival, and preempts higher values that run); 0 under "fcfs"
     priority: int = 0
-    #: seconds from ``arrival`` to its admission into the running batch (None: still waiting)
+    #: seconds from ``arrival`` to its first admission into the running batch (None: still
+    #: waiting; a preempted request's readmission does not change it)
     queue_time_s: float | None = None
     seq_id: int = field(default_factory=lambda: next(_req_counter))
     output_token_ids: list[int] = field(default_factory=list)
@@ -474,10 +478,17 @@ class Request:
     #: EOS, a length limit, a grammar's end or an abort
     stop_reason: int | str | None = None
     num_computed: int = 0  # tokens whose KV is in the cache
-    #: prompt tokens found in the prefix cache at admission (not computed by this request)
+    #: prompt tokens found in the prefix cache at its first admission (not computed by this
+    #: request; vLLM's: a recompute after a preemption does not change it)
     num_cached_tokens: int = 0
-    #: the names of the prompt's full blocks (prefix caching, ``kvcache/prefix.py``): named at
-    #: the first admission attempt
+    #: times it was preempted (``scheduling_policy="priority"``, vLLM's ``num_preemptions``)
+    num_preemptions: int = 0
+    #: output tokens whose KV a preemption released: the recompute prefills them after the
+    #: prompt (:attr:`num_prefill_tokens`), then samples the next one; 0 until preempted
+    recompute_outputs: int = 0
+    #: the names of the full blocks of the tokens it prefills (:attr:`num_prefill_tokens`;
+    #: prefix caching, ``kvcache/prefix.py``): named at the first admission attempt, extended
+    #: over the outputs when it is preempted
     block_names: list | None = None
     #: ``params.bad_words`` as token sequences (the engine tokenizes them on admission)
     bad_words_ids: list[list[int]] | None = None
@@ -503,6 +514,13 @@ class Request:
         for)."""
         return kv_tokens(len(self.prompt_token_ids), self.max_tokens)
 
+    @property
+    def num_prefill_tokens(self) -> int:
+        """The tokens it prefills before it samples: its prompt, and after a preemption the
+        outputs it had (:attr:`recompute_outputs`). ``prompt_token_ids`` stays the user's
+        prompt (the outputs' ``prompt_token_ids``, prompt log-probabilities)."""
+        return len(self.prompt_token_ids) + self.recompute_outputs
+
     def token_ids_at(self, start: int, n: int) -> list[int]:
         """Tokens ``[start, start + n)`` of prompt + output, without copying either list whole."""
         p = len(self.prompt_token_ids)
@@ -513,7 +531,7 @@ class Request:
 
     @property
     def is_prefilling(self) -> bool:
-        return self.num_computed < len(self.prompt_token_ids)
+        return self.num_computed < self.num_prefill_tokens
 
     @property
     def finished(self) -> bool:

@@ -65,8 +65,9 @@ class LLM:
         (``{"prompt": text}``, ``{"prompt_token_ids": ids}``, with a ``"cache_salt"`` to share
         cached prompt blocks only with prompts of the same salt). ``priority`` (vLLM's): one
         integer per prompt, with ``LLM(..., scheduling_policy="priority")``: the prompts are
-        admitted lower value first, ties in prompt order (admission order only: a running
-        request is never preempted); under "fcfs" only zeros are accepted."""
+        admitted lower value first, ties in prompt order, and one that does not fit preempts
+        running requests of higher values (recomputed later: their outputs are those they would
+        have had; engine/scheduler.py); under "fcfs" only zeros are accepted."""
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts
                                                 and isinstance(prompts[0], int)):
             prompts = [prompts]

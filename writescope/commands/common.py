@@ -51,7 +51,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="the order waiting requests are admitted in, as vLLM's: fcfs (default: "
                         "arrival) or priority (each request's priority, lower first, ties by "
                         "arrival; the server's requests then accept a non-zero priority). "
-                        "Admission order only: a running request is never preempted")
+                        "Under priority a waiting request that does not fit preempts the "
+                        "running request of the lowest priority below its own, which is "
+                        "recomputed later (vLLM's)")
     g.add_argument("--cpu-threads", type=int, default=None, help="threads for CPU attention")
     g.add_argument("--enforce-eager", action="store_true",
                    help="launch every decode step eagerly, never as CUDA graphs (as vLLM's)")

@@ -88,7 +88,8 @@ class LLMEngine(EngineSizing):
             raise ValueError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
                              f"got {scheduling_policy!r}")
         #: vLLM's: "fcfs" (admission in arrival order) or "priority" (by each request's
-        #: ``priority``, lower first, ties by arrival; admission order only: engine/scheduler.py)
+        #: ``priority``, lower first, ties by arrival; a waiting request that does not fit
+        #: preempts running requests of lower priority: engine/scheduler.py)
         self.scheduling_policy = scheduling_policy
         self.dtype = parse_dtype(dtype, {})  # checked now; "auto" is resolved with the config
         try:
@@ -337,7 +338,10 @@ class LLMEngine(EngineSizing):
         self.counters = {"engine.steps": 0, "engine.prompt_tokens": 0, "engine.generated_tokens": 0,
                          "engine.requests_finished": 0, "engine.requests_aborted": 0,
                          "engine.step_time_s": 0.0, "engine.synthetic_prefill_tokens": 0,
-                         "engine.overlapped_steps": 0}
+                         "engine.overlapped_steps": 0,
+                         # running requests preempted for higher priorities (vLLM's
+                         # num_preemptions; scheduling_policy="priority")
+                         "engine.preemptions": 0}
         freeze_gc()
 
     def _fit_max_model_len(self, given: bool) -> None:
@@ -685,9 +689,9 @@ class LLMEngine(EngineSizing):
         filled = 0
         while True:
             work, advance = [], []
-            for s in self.scheduler.schedule().seqs:
+            for s in self._schedule().seqs:
                 req = s.request
-                n = min(s.num_new, len(req.prompt_token_ids) - 1 - s.start) \
+                n = min(s.num_new, req.num_prefill_tokens - 1 - s.start) \
                     if req.is_prefilling else 0
                 if n > 0:
                     work.append((req.seq_id, s.start, n))
@@ -719,7 +723,7 @@ class LLMEngine(EngineSizing):
         h, self._inflight = self._inflight, None
         try:
             if h is None:
-                batch = self.scheduler.schedule()
+                batch = self._schedule()
                 if not batch:
                     return outs
                 h = self.runner.launch(batch, defer=self.overlap)
@@ -739,6 +743,13 @@ class LLMEngine(EngineSizing):
             return outs + self._apply(h)
         finally:
             self.counters["engine.step_time_s"] += time.perf_counter() - t0
+
+    def _schedule(self):
+        """The scheduler's next step (only with no step in flight: a preemption releases the
+        KV of a request the step in flight would write), its preemptions counted."""
+        batch = self.scheduler.schedule()
+        self.counters["engine.preemptions"] += len(self.scheduler.preempted)
+        return batch
 
     def _drain(self) -> None:
         """Complete the step in flight, if any; its outputs go to the next :meth:`step`."""

@@ -43,7 +43,10 @@ def compute(model, hidden: torch.Tensor, batch: StepBatch) -> dict[int, PromptLo
         if k is None:
             continue
         prompt = s.request.prompt_token_ids
-        j0, j1 = s.start, min(s.start + s.num_new, len(prompt) - 1)  # rows with a prompt target
+        # rows with a prompt target whose value the request lacks (a recompute after a
+        # preemption has those it computed before)
+        j0 = max(s.start, len(s.request.prompt_logprobs) - 1)
+        j1 = min(s.start + s.num_new, len(prompt) - 1)
         if j1 <= j0:
             continue
         lps: list[float] = []
@@ -53,7 +56,7 @@ def compute(model, hidden: torch.Tensor, batch: StepBatch) -> dict[int, PromptLo
         a = j0
         while a < j1:
             b = min(a + step, j1)
-            logits = model.compute_logits(hidden[r0 + a - j0:r0 + b - j0]).float()
+            logits = model.compute_logits(hidden[r0 + a - s.start:r0 + b - s.start]).float()
             lp = torch.log_softmax(logits, dim=-1)
             target = torch.tensor(prompt[a + 1:b + 1], device=lp.device).view(-1, 1)
             own = lp.gather(1, target)

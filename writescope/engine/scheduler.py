@@ -15,11 +15,24 @@ inserted after every waiting request of a lower or equal ``priority`` value (low
 served earlier; ties by arrival). Either way the head blocks those behind it: a head that does
 not fit the free KV blocks (or waits on a prompt prefix a running request is prefilling) keeps
 every request behind it waiting, whatever their priority -- as vLLM's priority policy, a
-lower-priority request never jumps ahead of a higher-priority one that does not fit. Priority
-orders admission only: each request's KV is reserved whole at admission, so a running request
-is never preempted, and a request of higher priority that arrives while the batch is full
-waits for a running request to finish (vLLM preempts the lowest-priority running request and
-recomputes it later; writescope does not).
+lower-priority request never jumps ahead of a higher-priority one that does not fit.
+
+Preemption (``"priority"`` only, vLLM's): each request's KV is reserved whole at admission, so a
+running request never runs out of blocks; what preempts is a waiting head that does not fit
+(too few free blocks for its reservation, or the batch at ``max_num_seqs``). Then the running
+request of the lowest priority (the largest value; ties: the latest arrival) that is of strictly
+lower priority than the head is preempted (:meth:`_preempt`): its blocks are released (with
+prefix caching its full blocks stay cached, named by its prompt and outputs, and its partial
+block is kept as a tail), and it waits again in its priority place. Repeated while the head
+does not fit and such a request runs (as vLLM V0's ``_schedule_priority_preemption``: greedily,
+even where the victims' blocks turn out too few). A preempted request is recomputed: its next
+admission prefills its prompt and the outputs it had (``Request.num_prefill_tokens``; the
+prefix cache usually holds most of them) and samples its next token from the last of them, so
+it continues where it stopped -- its outputs, log-probabilities, detokenizer, grammar and seeded
+generator (all keyed by the request, not by its KV) are kept as they were. It happens only in
+:meth:`schedule`, between steps: the engine schedules only with no step in flight
+(:meth:`followup` ends an overlapped run while a request waits). Under ``"fcfs"`` nothing is
+preempted: a head that does not fit waits for a running request to finish.
 """
 from __future__ import annotations
 
@@ -46,6 +59,8 @@ class Scheduler:
         #: the waiting requests in admission order (the module's docstring)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        #: the requests the last :meth:`schedule` preempted (the engine counts them)
+        self.preempted: list[Request] = []
 
     def add(self, req: Request) -> None:
         """Queue ``req`` (added in arrival order): last under "fcfs"; under "priority" after
@@ -72,6 +87,10 @@ class Scheduler:
     def schedule(self) -> StepBatch:
         budget = self.max_num_batched_tokens
         seqs: list[ScheduledSeq] = []
+        # 0. the head's room first: running requests of lower priority would otherwise take
+        # the step's budget (a long prefill's chunk) before it is looked at
+        self.preempted = []
+        self._make_room(seqs)
         # 1. every running sequence that is decoding gets one token
         for req in self.running:
             if not req.is_prefilling and budget > 0:
@@ -81,11 +100,16 @@ class Scheduler:
         for req in self.running:
             if req.is_prefilling and budget > 0:
                 budget -= self._prefill_chunk(req, budget, seqs)
-        # 3. admit waiting requests in queue order (FCFS or priority) while they fit the cache and the batch
+        # 3. admit waiting requests in queue order (FCFS or priority) while they fit the cache and
+        # the batch; under "priority" a head that does not fit preempts lower priorities
         while self.waiting and budget > 0:
             req = self.admit_next()
             if req is None:
-                break
+                n, given = self._make_room(seqs)
+                if not n:
+                    break
+                budget += given
+                continue
             budget -= self._prefill_chunk(req, budget, seqs)
         self.cache.expect_waiting(self.queue_head())
         return StepBatch(seqs)
@@ -134,7 +158,7 @@ class Scheduler:
                 need += prefix.unused - len(prefix)
             if need > free:
                 break
-            head[req.seq_id] = len(req.prompt_token_ids)
+            head[req.seq_id] = req.num_prefill_tokens
             free -= need
         return head
 
@@ -145,38 +169,97 @@ class Scheduler:
         if not self.waiting or len(self.running) >= self.max_num_seqs:
             return None
         req = self.waiting[0]
-        n_prompt = len(req.prompt_token_ids)
+        n_prompt = req.num_prefill_tokens
         total = req.kv_tokens
         prefix = self._cached_prefix(req)
-        if prefix is not None and self.cache.prefix_pending(req.block_names, prefix, n_prompt):
-            return None  # a running request is prefilling more of this prompt: start from it
-        if not self.cache.can_admit(total, prefix):
+        if self._waits_on_prefix(req, prefix) or not self.cache.can_admit(total, prefix):
             return None
         self.waiting.popleft()
         cached = self.cache.add_sequence(req.seq_id, total, prompt_tokens=n_prompt, prefix=prefix,
                                          prompt_names=req.block_names,
                                          cache_salt=req.cache_salt)
-        req.num_computed = req.num_cached_tokens = cached
+        req.num_computed = cached
+        if not req.num_preemptions:  # (vLLM's: the first admission's)
+            req.num_cached_tokens = cached
         req.status = RequestStatus.RUNNING
         if req.queue_time_s is None:
             req.queue_time_s = time.monotonic() - req.arrival
         self.running.append(req)
         return req
 
+    def _waits_on_prefix(self, req: Request, prefix) -> bool:
+        """Whether a running request is prefilling more of ``req``'s prompt (admitted a step
+        or so later, it starts from those blocks)."""
+        return prefix is not None and self.cache.prefix_pending(req.block_names, prefix,
+                                                                req.num_prefill_tokens)
+
+    def _make_room(self, seqs: list[ScheduledSeq]) -> tuple[int, int]:
+        """Under ``"priority"``, while the queue's head does not fit (no batch slot, or too
+        few free KV blocks for its reservation), preempt the running request of the lowest
+        priority (largest value; ties: the latest arrival) of those of strictly lower
+        priority than the head. Not for a head that waits on a prompt prefix a running
+        request is prefilling (room would not admit it). Returns the requests preempted and
+        the step's tokens they had in ``seqs`` (given back to its budget)."""
+        n = given = 0
+        while self.policy == "priority" and self.waiting:
+            head = self.waiting[0]
+            lower = [r for r in self.running if r.priority > head.priority]
+            if not lower:
+                break
+            prefix = self._cached_prefix(head)
+            if self._waits_on_prefix(head, prefix) or (
+                    len(self.running) < self.max_num_seqs
+                    and self.cache.can_admit(head.kv_tokens, prefix)):
+                break
+            given += self._preempt(max(lower, key=lambda r: (r.priority, r.arrival)), seqs)
+            n += 1
+        return n, given
+
+    def _preempt(self, req: Request, seqs: list[ScheduledSeq]) -> int:
+        """Take running ``req`` out of the batch (the step being built, ``seqs``, included) and
+        release its KV (its full blocks stay in the prefix cache, named by its prompt and
+        outputs); it waits again, in its priority place, to be recomputed. Returns the
+        step's tokens it had (given back to the step's budget)."""
+        given = 0
+        for i, s in enumerate(seqs):
+            if s.request is req:
+                given = s.num_new
+                del seqs[i]
+                break
+        self.running.remove(req)
+        self.cache.free_sequence(req.seq_id, req.all_token_ids)
+        # the recompute prefills prompt + outputs (the last output's KV was never written: it
+        # is fed now, and its logits sample the next token)
+        req.recompute_outputs = len(req.output_token_ids)
+        req.block_names = self.cache.extend_prefix_names(req.block_names, req.all_token_ids,
+                                                         req.cache_salt)
+        req.num_computed = 0
+        req.num_preemptions += 1
+        req.status = RequestStatus.PREEMPTED
+        i = len(self.waiting)  # before later arrivals of its priority (it came before them)
+        while i and (self.waiting[i - 1].priority, self.waiting[i - 1].arrival) > \
+                (req.priority, req.arrival):
+            i -= 1
+        self.waiting.insert(i, req)
+        self.preempted.append(req)
+        return given
+
     def _cached_prefix(self, req: Request):
         """The cached blocks a waiting request would start from now (``PrefixMatch``), or None
         (prefix caching off, nothing cached, or a request that asks for its prompt's
-        log-probabilities: it computes every prompt token)."""
+        log-probabilities and has not had them all: it computes every prompt token)."""
+        ids = req.all_token_ids if req.recompute_outputs else req.prompt_token_ids
         if req.block_names is None:  # named once (prefix caching; None without it)
-            req.block_names = self.cache.prefix_names(req.prompt_token_ids, req.cache_salt)
-        if req.params.prompt_logprobs is not None:
+            req.block_names = self.cache.prefix_names(ids, req.cache_salt)
+        if req.params.prompt_logprobs is not None and \
+                len(req.prompt_logprobs) < len(req.prompt_token_ids):
             return None
-        return self.cache.match_prefix(req.block_names, len(req.prompt_token_ids),
-                                       req.prompt_token_ids, req.cache_salt)
+        return self.cache.match_prefix(req.block_names, req.num_prefill_tokens, ids,
+                                       req.cache_salt)
 
     @staticmethod
     def _prefill_chunk(req: Request, budget: int, seqs: list[ScheduledSeq]) -> int:
-        left = len(req.prompt_token_ids) - req.num_computed
+        left = req.num_prefill_tokens - req.num_computed
         n = min(left, budget)
         seqs.append(ScheduledSeq(req, req.num_computed, n, n == left))
         return n

@@ -11,8 +11,9 @@ the histograms have every bucket edge of vLLM's. Not vLLM's: ``time_per_output_t
 observes each request's mean time per token after the first (vLLM's
 ``request_time_per_output_token``); each gap between tokens is in
 ``inter_token_latency_seconds``, and each request's wait for admission into the running batch
-in ``request_queue_time_seconds``, as vLLM's. A request whose engine step failed counts as
-finished with reason ``error`` (vLLM's).
+in ``request_queue_time_seconds``, as vLLM's; ``num_preemptions_total`` follows the engine's
+``engine.preemptions`` (``scheduling_policy="priority"``). A request whose engine step failed
+counts as finished with reason ``error`` (vLLM's).
 
 :class:`ServerMetrics` holds the serving metrics proper (requests, tokens, latencies) and turns
 the engine's flat ``stats()`` dict into gauges (KV blocks per region, the planner's CPU share and
@@ -265,6 +266,9 @@ class ServerMetrics:
                                    STEP_BUCKETS)
         self.engine_errors = Counter(r, p + "engine_errors_total",
                                      "Engine steps that raised (their requests failed)")
+        self.preemptions = Counter(r, p + "num_preemptions_total",
+                                   "Running requests preempted for waiting requests of higher "
+                                   "priority (recomputed later; vLLM's num_preemptions)")
         self.kv_blocks = Gauge(r, p + "kv_blocks", "KV blocks in use per region", ["region"])
         self.kv_usage = Gauge(r, p + "kv_cache_usage_perc",
                               "KV-cache usage: the fraction of every region's KV blocks in use "
@@ -314,6 +318,9 @@ class ServerMetrics:
                 continue
             if key == "planner.prediction_error":
                 self.planner_error.set(value)
+                continue
+            if key == "engine.preemptions":  # the engine's running count, as a counter
+                self.preemptions.inc(max(0, value - self.preemptions.value()))
                 continue
             g = self._engine_gauges.get(key)
             if g is None:
