@@ -233,7 +233,8 @@ def test_reasoning_then_message_with_its_token_count(thinking):
     ({"tool_choice": {"type": "web_search_preview"}}, "tool_choice"),
     ({"background": True}, "background"),
     ({"include": ["reasoning.encrypted_content"]}, "include"),
-    ({"top_logprobs": 2}, "top_logprobs"),
+    ({"top_logprobs": 21}, "top_logprobs"),
+    ({"include": ["message.output_text.logprobs", "file_search_call.results"]}, "include"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
      "input[0].content[0].type"),
     ({"input": [{"type": "function_call_output", "call_id": "c"}]}, "input[0].output"),
@@ -436,3 +437,76 @@ def test_the_openai_client_reads_a_response_and_a_stream(client):
         final = st.get_final_response()
     assert final.status == "completed" and re.fullmatch("[ab]{3}", final.output_text)
     assert deltas == final.output_text
+
+
+LOGPROBS = ["message.output_text.logprobs"]
+
+
+def _delta_form(entries: list[dict]) -> list[dict]:
+    """Log-probabilities as the text events give them (OpenAI's: no bytes)."""
+    return [{"token": e["token"], "logprob": e["logprob"],
+             "top_logprobs": [{"token": t["token"], "logprob": t["logprob"]}
+                              for t in e["top_logprobs"]]} for e in entries]
+
+
+def test_output_text_logprobs_are_the_chat_endpoints(client):
+    """``include: ["message.output_text.logprobs"]`` with ``top_logprobs``: the output_text
+    part's logprobs are the chat endpoint's for the same greedy request (token, bytes,
+    logprob, the alternatives); streamed, the deltas' join to them (without bytes, as
+    OpenAI's events), the done event has them all; ``top_logprobs`` alone returns none."""
+    req = dict(input="Tell me about rivers.", ignore_eos=True, **GREEDY)
+    body = post_ok(client, "/v1/responses", include=LOGPROBS, top_logprobs=3, **req)
+    (part,) = body["output"][0]["content"]
+    chat = post_ok(client, "/v1/chat/completions", temperature=0, max_tokens=12,
+                   ignore_eos=True, logprobs=True, top_logprobs=3,
+                   messages=[{"role": "user", "content": "Tell me about rivers."}])
+    want = chat["choices"][0]["logprobs"]["content"]
+    assert len(want) == 12 and part["logprobs"] == want
+    assert all(len(e["top_logprobs"]) == 3 for e in want)
+    assert bytes(b for e in want for b in e["bytes"]).decode(errors="replace") == part["text"]
+    assert body["top_logprobs"] == 3
+    parsed = _sdk_parse(body)
+    assert [lp.logprob for lp in parsed.output[0].content[0].logprobs] == \
+        [e["logprob"] for e in want]
+    events = _events(client, include=LOGPROBS, top_logprobs=3, **req)
+    deltas = [d["logprobs"] for n, d in events if n == "response.output_text.delta"]
+    assert [e for lps in deltas for e in lps] == _delta_form(want)
+    by = dict(events)
+    assert by["response.output_text.done"]["logprobs"] == _delta_form(want)
+    assert by["response.content_part.done"]["part"]["logprobs"] == want
+    assert by["response.incomplete"]["response"]["output"][0]["content"][0]["logprobs"] == want
+    openai = pytest.importorskip("openai")
+    from pydantic import TypeAdapter
+    adapter = TypeAdapter(openai.types.responses.ResponseStreamEvent)
+    for _, data in events:
+        adapter.validate_python(data)
+    plain = post_ok(client, "/v1/responses", top_logprobs=3, **req)
+    assert plain["output"][0]["content"][0]["logprobs"] == [] and plain["top_logprobs"] == 3
+    sdk = openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=client)
+    resp = sdk.responses.create(input="Tell me about rivers.", include=LOGPROBS,
+                                top_logprobs=1, temperature=0, max_output_tokens=12,
+                                extra_body={"ignore_eos": True})
+    lps = resp.output[0].content[0].logprobs
+    assert [lp.token for lp in lps] == [e["token"] for e in want]
+    assert [[t.token for t in lp.top_logprobs] for lp in lps] == \
+        [[t["token"] for t in e["top_logprobs"][:1]] for e in want]
+
+
+def test_output_text_logprobs_leave_the_reasoning_out(thinking):
+    """With a reasoning item before the message: the message's logprobs are the tokens of
+    its text only (their bytes join to it, the tokens of the thinking left out), the same
+    streamed."""
+    text = "<think>\nthe sky scatters blue light\n</think>\n\nRayleigh scattering."
+    req = dict(input="Why?", chat_template_kwargs={"enable_thinking": False}, temperature=0,
+               max_output_tokens=60, structured_outputs={"regex": re.escape(text)},
+               include=LOGPROBS, top_logprobs=2)
+    body = post_ok(thinking, "/v1/responses", **req)
+    lps = body["output"][1]["content"][0]["logprobs"]
+    written = bytes(b for e in lps for b in e["bytes"]).decode(errors="replace")
+    assert written.strip() == "Rayleigh scattering." and "think" not in written
+    assert 0 < len(lps) < body["usage"]["output_tokens"] - \
+        body["usage"]["output_tokens_details"]["reasoning_tokens"] + 1
+    _sdk_parse(body)
+    events = _events(thinking, **req)
+    streamed = [e for n, d in events if n == "response.output_text.delta" for e in d["logprobs"]]
+    assert streamed == _delta_form(lps)

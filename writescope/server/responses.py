@@ -34,6 +34,7 @@ from . import responses_protocol as R
 from .chat_output import ChatOutput
 from .engine_loop import EngineFailure
 from .generation import Generation
+from .response_logprobs import TextLogprobs
 from .sse import deltas, error_body
 
 if TYPE_CHECKING:
@@ -89,6 +90,10 @@ class ResponseView:
         self.msg_id, self.rs_id = R.new_id("msg"), R.new_id("rs")
         #: per tool call (its index): the output item's id and the call's id
         self.fc_ids: dict[int, tuple[str, str]] = {}
+        #: the output text's log-probabilities, where ``include`` asks for them
+        self.logprobs = (TextLogprobs(server, gen.choices[0], req.top_logprobs or 0,
+                                      req.skip_special_tokens is not False)
+                         if req.logprobs() else None)
 
     # -- the whole response ----------------------------------------------------------------------
     def parts(self) -> tuple[str, str, list[P.ToolCall]]:
@@ -116,7 +121,7 @@ class ResponseView:
                   if fmt is not None else {"type": "text"}},
             tool_choice=req.tool_choice or "auto", truncation=req.truncation or "disabled",
             user=req.user, store=req.store is not False, tools=list(req.tools or []),
-            previous_response_id=req.previous_response_id)
+            previous_response_id=req.previous_response_id, top_logprobs=req.top_logprobs or 0)
         if in_progress:
             return body
         reasoning, content, calls = self.parts()
@@ -127,7 +132,8 @@ class ResponseView:
                 id=self.rs_id, content=[R.ReasoningText(text=reasoning)],
                 status="incomplete" if cut and not content and not calls else "completed"))
         if content or not (reasoning or calls):
-            body.output.append(self._message(content, "completed" if calls else status))
+            body.output.append(self._message(content, "completed" if calls else status,
+                                             self._text_logprobs(reasoning, content)))
         for k, call in enumerate(calls):
             fid, cid = self.call_ids(k)
             body.output.append(R.FunctionCallItem(
@@ -156,8 +162,16 @@ class ResponseView:
             self.server.response_store.put(self.rid, body.model_dump(), turns)
         return body
 
-    def _message(self, text: str, status: str) -> R.MessageItem:
-        return R.MessageItem(id=self.msg_id, status=status, content=[R.OutputText(text=text)])
+    def _message(self, text: str, status: str, logprobs: list[dict]) -> R.MessageItem:
+        return R.MessageItem(id=self.msg_id, status=status,
+                             content=[R.OutputText(text=text, logprobs=logprobs)])
+
+    def _text_logprobs(self, reasoning: str, content: str, with_bytes: bool = True
+                       ) -> list[dict]:
+        """The message's log-probabilities ([] where ``include`` does not ask for them)."""
+        if self.logprobs is None:
+            return []
+        return self.logprobs.whole(reasoning, content, with_bytes)
 
     def usage(self, reasoning: str) -> R.ResponseUsage:
         u = self.gen.usage()
@@ -230,8 +244,13 @@ class ResponseView:
             if kind == "reasoning":
                 return event("response.reasoning_text.delta", output_index=index,
                              item_id=self.rs_id, content_index=0, delta=piece)
+            lps = (self.logprobs.delta(reasoning(), items[index]["text"])
+                   if self.logprobs is not None else [])
             return event("response.output_text.delta", output_index=index,
-                         item_id=self.msg_id, content_index=0, delta=piece, logprobs=[])
+                         item_id=self.msg_id, content_index=0, delta=piece, logprobs=lps)
+
+        def reasoning() -> str:  # the reasoning streamed so far
+            return "".join(it["text"] for it in items if it["kind"] == "reasoning")
 
         def closed(status: str) -> list[str]:
             index = len(items) - 1
@@ -251,10 +270,12 @@ class ResponseView:
                 done = event("response.reasoning_text.done", output_index=index,
                              item_id=item.id, content_index=0, text=it["text"])
             else:
-                part = R.OutputText(text=it["text"])
+                part = R.OutputText(text=it["text"],
+                                    logprobs=self._text_logprobs(reasoning(), it["text"]))
                 item = R.MessageItem(id=self.msg_id, content=[part], status=status)
                 done = event("response.output_text.done", output_index=index,
-                             item_id=item.id, content_index=0, text=it["text"], logprobs=[])
+                             item_id=item.id, content_index=0, text=it["text"],
+                             logprobs=self._text_logprobs(reasoning(), it["text"], False))
             return [done, event("response.content_part.done", output_index=index,
                                 item_id=item.id, content_index=0, part=part.model_dump()),
                     event("response.output_item.done", output_index=index,
