@@ -510,3 +510,88 @@ def test_output_text_logprobs_leave_the_reasoning_out(thinking):
     events = _events(thinking, **req)
     streamed = [e for n, d in events if n == "response.output_text.delta" for e in d["logprobs"]]
     assert streamed == _delta_form(lps)
+
+
+def _sdk(client):
+    openai = pytest.importorskip("openai")
+    return openai, openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=client)
+
+
+def test_a_stored_response_is_deleted(client):
+    """``DELETE /v1/responses/{id}``: OpenAI's answer, then the response is gone (GET and
+    previous_response_id 404, a second delete too); an unknown id is a 404."""
+    openai, sdk = _sdk(client)
+    body = post_ok(client, "/v1/responses", input="hi", **GREEDY)
+    r = client.delete(f"/v1/responses/{body['id']}")
+    assert r.status_code == 200
+    assert r.json() == {"id": body["id"], "object": "response", "deleted": True}
+    assert client.get(f"/v1/responses/{body['id']}").status_code == 404
+    r = client.post("/v1/responses", json={"input": "hi", "previous_response_id": body["id"]})
+    assert r.status_code == 404
+    r = client.delete(f"/v1/responses/{body['id']}")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    other = sdk.responses.create(input="hi", temperature=0, max_output_tokens=4)
+    assert sdk.responses.retrieve(other.id).id == other.id
+    sdk.responses.delete(other.id)
+    with pytest.raises(openai.NotFoundError):
+        sdk.responses.retrieve(other.id)
+    with pytest.raises(openai.NotFoundError):
+        sdk.responses.delete(other.id)
+
+
+def test_input_items_list_what_was_sent_page_by_page(client):
+    """``GET /v1/responses/{id}/input_items``: the response's own input items (not its
+    previous_response_id's), each with an id (the one given, else a new one), as the SDK's
+    ResponseItemList reads them; ``order`` (desc by default), ``after`` and ``limit``
+    paginate as OpenAI's."""
+    openai, sdk = _sdk(client)
+    first = post_ok(client, "/v1/responses", input="Tell me about rivers.", **GREEDY)
+    items = [{"role": "developer", "content": "Be brief."},
+             {"type": "message", "id": "msg_given", "role": "user",
+              "content": [{"type": "input_text", "text": "Tell me "},
+                          {"type": "input_text", "text": "about lakes."}]},
+             {"role": "assistant", "content": "Lakes are still."},
+             {"type": "function_call", "call_id": "c1", "name": "check", "arguments": "{}"},
+             {"type": "function_call_output", "call_id": "c1", "output": "yes"},
+             {"role": "user", "content": "More."}]
+    body = post_ok(client, "/v1/responses", input=items, previous_response_id=first["id"],
+                   **GREEDY)
+    r = client.get(f"/v1/responses/{body['id']}/input_items", params={"order": "asc"})
+    assert r.status_code == 200
+    page = r.json()
+    listed = openai.types.responses.ResponseItemList.model_validate(page)
+    assert page["object"] == "list" and page["has_more"] is False
+    data = page["data"]
+    assert [d["type"] for d in data] == ["message", "message", "message", "function_call",
+                                         "function_call_output", "message"]
+    assert [d.get("role") for d in data] == ["developer", "user", "assistant", None, None,
+                                             "user"]
+    assert data[1]["id"] == "msg_given" and len({d["id"] for d in data}) == 6
+    assert [p["text"] for p in data[1]["content"]] == ["Tell me ", "about lakes."]
+    assert data[2]["content"][0]["type"] == "output_text"
+    assert data[3]["call_id"] == "c1" and data[4]["output"] == "yes"
+    assert page["first_id"] == data[0]["id"] and page["last_id"] == data[-1]["id"]
+    assert listed.data[1].id == "msg_given"
+    ids = [d["id"] for d in data]
+    # the default order is the last first; pages of two, after the last one's id
+    got, after = [], None
+    while True:
+        params = {"limit": 2, **({"after": after} if after else {})}
+        p = client.get(f"/v1/responses/{body['id']}/input_items", params=params).json()
+        got += [d["id"] for d in p["data"]]
+        after = p["last_id"]
+        if not p["has_more"]:
+            break
+    assert got == ids[::-1]
+    sdk_ids = [it.id for it in sdk.responses.input_items.list(body["id"], order="asc",
+                                                              limit=4)]
+    assert sdk_ids == ids  # the SDK's pager follows has_more and after
+    (only,) = client.get(f"/v1/responses/{first['id']}/input_items").json()["data"]
+    assert only["content"] == [{"type": "input_text", "text": "Tell me about rivers."}]
+    for params, param in (({"order": "up"}, "order"), ({"limit": 0}, "limit"),
+                          ({"after": "msg_nope"}, "after")):
+        r = client.get(f"/v1/responses/{body['id']}/input_items", params=params)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param
+    assert client.get("/v1/responses/resp_nope/input_items").status_code == 404
+    client.delete(f"/v1/responses/{body['id']}")
+    assert client.get(f"/v1/responses/{body['id']}/input_items").status_code == 404

@@ -845,6 +845,14 @@ def create_app(engine: Any, *, served_model_names: Sequence[str] | None = None,
     async def response_(request: Request, response_id: str):
         return JSONResponse(responses.retrieve(server, request, response_id))
 
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(request: Request, response_id: str):
+        return JSONResponse(responses.delete(server, request, response_id))
+
+    @app.get("/v1/responses/{response_id}/input_items")
+    async def input_items(request: Request, response_id: str):
+        return JSONResponse(responses.input_items(server, request, response_id))
+
     @app.post("/tokenize")
     async def tokenize_(request: Request):
         return JSONResponse(await tokenize.tokenize(server, request))

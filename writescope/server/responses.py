@@ -68,6 +68,45 @@ def retrieve(server: "OpenAIServer", request: Request, rid: str) -> dict:
     return _stored(server, rid, "response_id")[0]
 
 
+def delete(server: "OpenAIServer", request: Request, rid: str) -> dict:
+    """``DELETE /v1/responses/{id}``: a stored response forgotten (OpenAI's answer)."""
+    server.check_auth(request)
+    _stored(server, rid, "response_id")
+    server.response_store.delete(rid)
+    return {"id": rid, "object": "response", "deleted": True}
+
+
+def input_items(server: "OpenAIServer", request: Request, rid: str) -> dict:
+    """``GET /v1/responses/{id}/input_items``: a stored response's input items, a page of
+    them as OpenAI's cursor pagination gives it (``order`` "desc", the last first, by
+    default; ``after`` an item's id; ``limit`` 1 to 100, 20 by default)."""
+    server.check_auth(request)
+    _stored(server, rid, "response_id")
+    items = server.response_store.input_items(rid)
+    q = request.query_params
+    order = q.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise P.APIError(f"order must be 'asc' or 'desc' (got {order!r})", param="order")
+    try:
+        limit = int(q.get("limit", 20))
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= 100:
+        raise P.APIError(f"limit must be an integer from 1 to 100 (got {q.get('limit')!r})",
+                         param="limit")
+    items = items if order == "asc" else items[::-1]
+    after = q.get("after")
+    if after is not None:
+        ids = [it["id"] for it in items]
+        if after not in ids:
+            raise P.APIError(f"after: no input item '{after}' in response '{rid}'",
+                             param="after")
+        items = items[ids.index(after) + 1:]
+    page = items[:limit]
+    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit}
+
+
 def _stored(server: "OpenAIServer", rid: str, param: str) -> tuple[dict, list[dict]]:
     item = server.response_store.get(rid)
     if item is None:
@@ -159,7 +198,8 @@ class ResponseView:
                         {"id": item.call_id, "type": "function",
                          "function": {"name": item.name, "arguments": item.arguments}})
             turns = self.earlier + self.req.turns() + [answer]
-            self.server.response_store.put(self.rid, body.model_dump(), turns)
+            self.server.response_store.put(self.rid, body.model_dump(), turns,
+                                           self.req.input_items())
         return body
 
     def _message(self, text: str, status: str, logprobs: list[dict]) -> R.MessageItem:

@@ -243,6 +243,38 @@ class ResponsesRequest(P._Strict):
             raise P.APIError("input holds no message", param="input")
         return out
 
+    def input_items(self) -> list[dict]:
+        """``input`` as OpenAI's stored input items (``GET /v1/responses/{id}/input_items``),
+        once :meth:`turns` has read it: each with an id (its own where it has one), a message's
+        text as parts (``output_text`` an assistant's, ``input_text`` the others')."""
+        given = ([{"role": "user", "content": self.input}] if isinstance(self.input, str)
+                 else self.input)
+        out: list[dict] = []
+        for item in given:
+            kind = item.get("type", "message")
+            if kind == "message":
+                role = item["role"]
+                content = item["content"]
+                texts = [content] if isinstance(content, str) else [p["text"] for p in content]
+                parts = ([{"type": "output_text", "text": t, "annotations": []} for t in texts]
+                         if role == "assistant" else
+                         [{"type": "input_text", "text": t} for t in texts])
+                out.append({"type": "message", "id": item.get("id") or new_id("msg"),
+                            "role": role, "content": parts, "status": "completed"})
+            elif kind == "function_call":
+                out.append({"type": kind, "id": item.get("id") or new_id("fc"),
+                            "call_id": item["call_id"], "name": item["name"],
+                            "arguments": item["arguments"], "status": "completed"})
+            elif kind == "function_call_output":
+                out.append({"type": kind, "id": item.get("id") or new_id("fco"),
+                            "call_id": item["call_id"], "output": item["output"],
+                            "status": "completed"})
+            else:  # reasoning
+                out.append({"type": kind, "id": item.get("id") or new_id("rs"),
+                            "summary": item.get("summary") or [],
+                            **({"content": item["content"]} if item.get("content") else {})})
+        return out
+
     def messages(self, earlier: list[dict] = ()) -> list[dict]:
         """The conversation: ``instructions`` as a system message (a previous response's are
         not carried over, as OpenAI's), the ``earlier`` turns, then ``input``'s."""
