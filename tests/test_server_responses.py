@@ -231,7 +231,7 @@ def test_reasoning_then_message_with_its_token_count(thinking):
     ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
     ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tool_choice"),
     ({"tool_choice": {"type": "web_search_preview"}}, "tool_choice"),
-    ({"background": True}, "background"),
+    ({"background": True, "store": False}, "background"),
     ({"include": ["reasoning.encrypted_content"]}, "include"),
     ({"top_logprobs": 21}, "top_logprobs"),
     ({"include": ["message.output_text.logprobs", "file_search_call.results"]}, "include"),
@@ -595,3 +595,95 @@ def test_input_items_list_what_was_sent_page_by_page(client):
     assert client.get("/v1/responses/resp_nope/input_items").status_code == 404
     client.delete(f"/v1/responses/{body['id']}")
     assert client.get(f"/v1/responses/{body['id']}/input_items").status_code == 404
+
+
+def _poll(client, rid: str, until=("completed", "incomplete", "cancelled", "failed"),
+          timeout_s: float = 60.0) -> dict:
+    import time
+    deadline = time.monotonic() + timeout_s
+    while True:
+        body = client.get(f"/v1/responses/{rid}").json()
+        if body["status"] in until or time.monotonic() > deadline:
+            return body
+        time.sleep(0.02)
+
+
+def _idle(engine, server, timeout_s: float = 10.0) -> bool:
+    """Whether the engine has no request left and the server none active (within a while:
+    an abort is applied before the engine's next step)."""
+    import time
+    deadline = time.monotonic() + timeout_s
+    while engine.has_unfinished_requests() or server.active:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_a_background_response_is_polled_to_its_end(client, engine):
+    """``background: true``: answered at once (queued or in progress, no output yet), the
+    generation goes on in the server; GET polls it to the same response as in the
+    foreground; through the SDK too."""
+    openai, sdk = _sdk(client)
+    req = dict(input="Tell me about rivers.", ignore_eos=True, temperature=0,
+               max_output_tokens=40)
+    fg = post_ok(client, "/v1/responses", **req)
+    bg = post_ok(client, "/v1/responses", background=True, **req)
+    assert bg["status"] in ("queued", "in_progress") and bg["background"] is True
+    assert bg["output"] == [] and bg["store"] is True
+    _sdk_parse(bg)
+    done = _poll(client, bg["id"])
+    assert done["status"] == "incomplete" and done["background"] is True
+    assert _message_text(done) == _message_text(fg)
+    assert done["usage"]["output_tokens"] == 40
+    _sdk_parse(done)
+    assert _idle(engine, client.app.state.server)
+    resp = sdk.responses.create(input="Hi", background=True, temperature=0,
+                                max_output_tokens=8, extra_body={"ignore_eos": True})
+    assert resp.status in ("queued", "in_progress")
+    final = _poll(client, resp.id)
+    assert sdk.responses.retrieve(resp.id).output_text == _message_text(final)
+    # it continues a conversation once done
+    nxt = post_ok(client, "/v1/responses", input="More.", previous_response_id=bg["id"],
+                  **GREEDY)
+    assert nxt["status"] in ("completed", "incomplete")
+    for extra, param in (({"store": False}, "background"), ({"stream": True}, "stream")):
+        r = client.post("/v1/responses", json={"background": True, **req, **extra})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param
+
+
+def test_cancel_aborts_a_background_response_and_frees_the_engine(client, engine):
+    """``POST /v1/responses/{id}/cancel``: the engine request is aborted (nothing left
+    running), the response cancelled with what it wrote; cancelling it again returns it;
+    cancelling a finished or a foreground response is a 400, an unknown one a 404."""
+    openai, sdk = _sdk(client)
+    server = client.app.state.server
+    bg = post_ok(client, "/v1/responses", input="Tell me about rivers.", background=True,
+                 ignore_eos=True, temperature=0, max_output_tokens=480)
+    _poll(client, bg["id"], until=("in_progress", "incomplete"))
+    cancelled = sdk.responses.cancel(bg["id"])
+    assert cancelled.status == "cancelled" and cancelled.background is True
+    assert cancelled.usage.output_tokens < 480
+    assert _idle(engine, server)
+    assert server.background.running == {}
+    got = client.get(f"/v1/responses/{bg['id']}").json()
+    assert got["status"] == "cancelled" and got == cancelled.model_dump(mode="json",
+                                                                         exclude_unset=True)
+    assert got["output"] == [] or got["output"][0]["status"] == "incomplete"
+    again = client.post(f"/v1/responses/{bg['id']}/cancel")
+    assert again.status_code == 200 and again.json()["status"] == "cancelled"
+    done = post_ok(client, "/v1/responses", input="hi", background=True, **GREEDY)
+    _poll(client, done["id"])
+    r = client.post(f"/v1/responses/{done['id']}/cancel")
+    assert r.status_code == 400 and "Cannot cancel" in r.json()["error"]["message"]
+    fg = post_ok(client, "/v1/responses", input="hi", **GREEDY)
+    with pytest.raises(openai.BadRequestError):
+        sdk.responses.cancel(fg["id"])
+    with pytest.raises(openai.NotFoundError):
+        sdk.responses.cancel("resp_nope")
+    # deleting a running one stops it first
+    run = post_ok(client, "/v1/responses", input="Tell me about rivers.", background=True,
+                  ignore_eos=True, temperature=0, max_output_tokens=480)
+    assert client.delete(f"/v1/responses/{run['id']}").json()["deleted"] is True
+    assert _idle(engine, server) and server.background.running == {}
+    assert client.get(f"/v1/responses/{run['id']}").status_code == 404

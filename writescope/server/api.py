@@ -54,6 +54,7 @@ from .chat_output import ChatOutput
 from .engine_loop import EngineFailure, EngineLoop
 from .generation import Choice, Generation
 from .metrics import CONTENT_TYPE, ServerMetrics
+from .response_background import BackgroundResponses
 from .response_store import ResponseStore
 from .sse import DONE as _DONE
 from .sse import SSEResponse as _SSEResponse
@@ -117,6 +118,9 @@ class OpenAIServer:
         self.return_tokens_as_token_ids = return_tokens_as_token_ids
         #: the stored responses of /v1/responses (server/response_store.py)
         self.response_store = ResponseStore()
+        #: the background responses of /v1/responses still running
+        #: (server/response_background.py)
+        self.background = BackgroundResponses()
 
     # -- helpers --------------------------------------------------------------------------------
     def check_auth(self, request: Request) -> None:
@@ -793,6 +797,7 @@ def create_app(engine: Any, *, served_model_names: Sequence[str] | None = None,
         try:
             yield
         finally:
+            server.background.stop()
             server.loop.stop()
             server._tok_pool.shutdown(wait=False, cancel_futures=True)
 
@@ -847,7 +852,11 @@ def create_app(engine: Any, *, served_model_names: Sequence[str] | None = None,
 
     @app.delete("/v1/responses/{response_id}")
     async def delete_response(request: Request, response_id: str):
-        return JSONResponse(responses.delete(server, request, response_id))
+        return JSONResponse(await responses.delete(server, request, response_id))
+
+    @app.post("/v1/responses/{response_id}/cancel")
+    async def cancel_response(request: Request, response_id: str):
+        return JSONResponse(await responses.cancel(server, request, response_id))
 
     @app.get("/v1/responses/{response_id}/input_items")
     async def input_items(request: Request, response_id: str):

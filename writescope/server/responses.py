@@ -21,13 +21,14 @@ the whole response. An engine failure mid-stream is an ``error``
 event."""
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import time
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from fastapi import Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 
 from . import protocol as P
 from . import responses_protocol as R
@@ -59,6 +60,8 @@ async def create(server: "OpenAIServer", request: Request) -> Response:
     gen, out = await server.prepare_chat(chat, arrival, P.new_id(rid), "max_output_tokens",
                                          "input")
     view = ResponseView(server, req, gen, out, rid, model, earlier)
+    if req.background:
+        return JSONResponse(await server.background.start(server, view))
     return await server.respond(request, gen, bool(req.stream), view.events, view.final)
 
 
@@ -68,10 +71,21 @@ def retrieve(server: "OpenAIServer", request: Request, rid: str) -> dict:
     return _stored(server, rid, "response_id")[0]
 
 
-def delete(server: "OpenAIServer", request: Request, rid: str) -> dict:
+async def cancel(server: "OpenAIServer", request: Request, rid: str) -> dict:
+    """``POST /v1/responses/{id}/cancel``: a background response cancelled
+    (server/response_background.py)."""
+    server.check_auth(request)
+    return await server.background.cancel(server, rid, _stored(server, rid, "response_id")[0])
+
+
+async def delete(server: "OpenAIServer", request: Request, rid: str) -> dict:
     """``DELETE /v1/responses/{id}``: a stored response forgotten (OpenAI's answer)."""
     server.check_auth(request)
     _stored(server, rid, "response_id")
+    task = server.background.running.get(rid)
+    if task is not None:  # still running: stopped first (its KV freed)
+        task.cancel()
+        await asyncio.wait({task})
     server.response_store.delete(rid)
     return {"id": rid, "object": "response", "deleted": True}
 
@@ -160,12 +174,14 @@ class ResponseView:
                   if fmt is not None else {"type": "text"}},
             tool_choice=req.tool_choice or "auto", truncation=req.truncation or "disabled",
             user=req.user, store=req.store is not False, tools=list(req.tools or []),
+            background=bool(req.background),
             previous_response_id=req.previous_response_id, top_logprobs=req.top_logprobs or 0)
         if in_progress:
             return body
         reasoning, content, calls = self.parts()
         cut = c.finish_reason == "length"
-        status = "incomplete" if cut else "completed"
+        # the items' status: incomplete where the budget or a cancel cut them short
+        status = "incomplete" if cut or c.finish_reason == "abort" else "completed"
         if reasoning:
             body.output.append(R.ReasoningItem(
                 id=self.rs_id, content=[R.ReasoningText(text=reasoning)],

@@ -10,13 +10,14 @@ A request is ``input`` (a string: one user message; or message items, each ``{"r
 endpoint's ``response_format``), function ``tools`` with ``tool_choice`` (the chat endpoint's
 tool calls: 'auto' needs ``--tool-call-parser``) and ``function_call`` /
 ``function_call_output`` input items (an assistant turn's calls, a tool turn). What this server
-cannot honour -- built-in tools, ``background``, ``prompt``, ``conversation``, an ``include``
+cannot honour -- built-in tools, ``prompt``, ``conversation``, an ``include``
 other than ``message.output_text.logprobs`` (the output text's log-probabilities, with
 ``top_logprobs`` alternatives: server/response_logprobs.py), input images, files and audio -- is
 a 400 naming the field. ``store`` (default
 true) keeps the response in memory for ``GET /v1/responses/{id}`` and for a later request's
-``previous_response_id`` (server/response_store.py). An earlier turn's ``reasoning`` item is
-dropped from the prompt, as chat templates drop earlier turns' thinking."""
+``previous_response_id`` (server/response_store.py). ``background`` (with ``store``, not
+streamed) answers at once and generates in the server (server/response_background.py). An
+earlier turn's ``reasoning`` item is dropped from the prompt, as chat templates drop earlier turns' thinking."""
 from __future__ import annotations
 
 import uuid
@@ -82,7 +83,6 @@ INCLUDABLE = ("message.output_text.logprobs",)
 
 #: fields this server refuses unless left out, null or off, with why
 REFUSED = {
-    "background": "background responses are not supported: leave background out or false",
     "conversation": "conversation is not supported (no conversations are stored): send the "
                     "whole conversation as input",
     "prompt": "prompt templates (prompt) are not supported: send input and instructions",
@@ -122,8 +122,9 @@ class ResponsesRequest(P._Strict):
     service_tier: Optional[str] = None
     prompt_cache_key: Optional[str] = None
     safety_identifier: Optional[str] = None
+    #: answered at once, generated in the server (server/response_background.py)
+    background: Optional[bool] = False
     # refused unless left out (REFUSED)
-    background: Optional[bool] = None
     conversation: Optional[Any] = None
     prompt: Optional[Any] = None
     include: Optional[list[Any]] = None  # INCLUDABLE only
@@ -155,6 +156,14 @@ class ResponsesRequest(P._Strict):
                 continue
             if v not in (None, False, [], 0):
                 return P.APIError(why, param=name, code="unsupported_parameter")
+        if self.background and self.store is False:
+            return P.APIError("background responses are stored (their result is polled with "
+                              "GET /v1/responses/{id}): leave store out or true",
+                              param="background")
+        if self.background and self.stream:
+            return P.APIError("a background response is not streamed here: poll it with "
+                              "GET /v1/responses/{id}, or leave background out",
+                              param="stream", code="unsupported_parameter")
         for value in self.include or []:
             if value not in INCLUDABLE:
                 return P.APIError(f"include {value!r} is not supported (only "
@@ -415,7 +424,8 @@ class ResponsesResponse(BaseModel):
     id: str
     object: Literal["response"] = "response"
     created_at: int
-    status: Literal["in_progress", "completed", "incomplete", "cancelled", "failed"]
+    status: Literal["queued", "in_progress", "completed", "incomplete", "cancelled",
+                    "failed"]
     background: bool = False
     error: Optional[dict[str, Any]] = None
     incomplete_details: Optional[IncompleteDetails] = None
