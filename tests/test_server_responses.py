@@ -687,3 +687,29 @@ def test_cancel_aborts_a_background_response_and_frees_the_engine(client, engine
     assert client.delete(f"/v1/responses/{run['id']}").json()["deleted"] is True
     assert _idle(engine, server) and server.background.running == {}
     assert client.get(f"/v1/responses/{run['id']}").status_code == 404
+
+
+def test_without_the_store_responses_are_answered_not_kept(engine):
+    """``writescope serve --no-responses-store`` (``create_app(responses_store=False)``):
+    ``store: true`` is answered as ``store: false`` (vLLM's, its store disabled), nothing
+    comes back from GET, previous_response_id or input_items; ``background`` is a 400."""
+    from starlette.testclient import TestClient
+    from writescope.cli import build_parser
+    from writescope.server.api import create_app
+    assert build_parser().parse_args(["serve"]).responses_store is True
+    assert build_parser().parse_args(["serve", "--no-responses-store"]).responses_store is False
+    with TestClient(create_app(engine, responses_store=False)) as c:
+        openai, sdk = _sdk(c)
+        body = post_ok(c, "/v1/responses", input="hi", store=True, **GREEDY)
+        assert body["store"] is False and _sdk_parse(body).store is False
+        assert c.get(f"/v1/responses/{body['id']}").status_code == 404
+        assert c.get(f"/v1/responses/{body['id']}/input_items").status_code == 404
+        r = c.post("/v1/responses", json={"input": "hi", "previous_response_id": body["id"]})
+        assert r.status_code == 404
+        events = _events(c, input="hi", **GREEDY)
+        assert events[-1][1]["response"]["store"] is False
+        with pytest.raises(openai.NotFoundError):
+            sdk.responses.retrieve(events[-1][1]["response"]["id"])
+        r = c.post("/v1/responses", json={"input": "hi", "background": True, **GREEDY})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "background"
+        assert len(c.app.state.server.response_store) == 0

@@ -86,7 +86,8 @@ class OpenAIServer:
                  max_body_bytes: int = MAX_BODY_BYTES, engine_thread: Any = None,
                  tool_call_parser: str | None = None, reasoning_parser: str | None = None,
                  trust_request_chat_template: bool = False,
-                 return_tokens_as_token_ids: bool = False) -> None:
+                 return_tokens_as_token_ids: bool = False,
+                 responses_store: bool = True) -> None:
         #: reads tool calls out of the model's text for tool_choice 'auto'
         #: (server/tool_parsers.py)
         self.tool_call_parser = tool_parsers.get(tool_call_parser)
@@ -118,6 +119,10 @@ class OpenAIServer:
         self.return_tokens_as_token_ids = return_tokens_as_token_ids
         #: the stored responses of /v1/responses (server/response_store.py)
         self.response_store = ResponseStore()
+        #: whether /v1/responses keeps responses (``--responses-store``, default on): off, a
+        #: request's ``store: true`` is answered as ``store: false`` (vLLM's, with its
+        #: VLLM_ENABLE_RESPONSES_API_STORE off) and ``background`` is refused
+        self.store_responses = responses_store
         #: the background responses of /v1/responses still running
         #: (server/response_background.py)
         self.background = BackgroundResponses()
@@ -777,17 +782,19 @@ def create_app(engine: Any, *, served_model_names: Sequence[str] | None = None,
                reasoning_parser: str | None = None,
                trust_request_chat_template: bool = False,
                return_tokens_as_token_ids: bool = False,
-               cors: CORS | None = None) -> FastAPI:
+               cors: CORS | None = None, responses_store: bool = True) -> FastAPI:
     """The FastAPI app serving ``engine`` (an :class:`~writescope.engine.engine.LLMEngine` or
     anything with its interface). The engine loop starts and stops with the app's lifespan.
     ``engine_thread``: the :class:`~writescope.server.owner.EngineThread` that built the engine,
     which then steps it (else the loop starts a thread of its own). ``cors``: the browsers'
-    cross-origin rules (vLLM's defaults: any origin, method and header, no credentials)."""
+    cross-origin rules (vLLM's defaults: any origin, method and header, no credentials).
+    ``responses_store``: whether /v1/responses keeps responses (``store``, server/responses.py)."""
     server = OpenAIServer(engine, served_model_names, api_key, max_body_bytes=max_body_bytes,
                           engine_thread=engine_thread, tool_call_parser=tool_call_parser,
                           reasoning_parser=reasoning_parser,
                           trust_request_chat_template=trust_request_chat_template,
-                          return_tokens_as_token_ids=return_tokens_as_token_ids)
+                          return_tokens_as_token_ids=return_tokens_as_token_ids,
+                          responses_store=responses_store)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -46,9 +46,15 @@ async def create(server: "OpenAIServer", request: Request) -> Response:
     arrival = time.monotonic()
     server.check_auth(request)
     req = P.parse_request(R.ResponsesRequest, await server.read_body(request))
+    if req.background and not server.store_responses:
+        raise P.APIError("background responses need the response store, which this server "
+                         "keeps off (writescope serve --no-responses-store)", param="background",
+                         code="unsupported_parameter")
     refused = req.refused()
     if refused is not None:
         raise refused
+    if not server.store_responses:  # answered, not kept (vLLM's, store disabled)
+        req.store = False
     server.check_priority(req.priority)
     model = server.check_model(req.model)
     earlier: list[dict] = []
