@@ -6,8 +6,11 @@ becomes a response object: a ``reasoning`` item (with ``--reasoning-parser``, wh
 thought), a ``message`` item with one ``output_text`` part (where there is text, or nothing
 else), then a ``function_call`` item per tool call (``call_id``, ``name``, ``arguments``);
 ``status`` "incomplete" with ``incomplete_details.reason`` "max_output_tokens" where the token
-budget cut it short. ``store`` keeps it (server/response_store.py) for
-``GET /v1/responses/{id}`` and ``previous_response_id``.
+budget cut it short; with ``include: ["message.output_text.logprobs"]`` the output text's
+log-probabilities (server/response_logprobs.py). ``store`` keeps it (server/response_store.py) for
+``GET /v1/responses/{id}``, ``GET /v1/responses/{id}/input_items`` and ``previous_response_id``,
+until ``DELETE /v1/responses/{id}``; ``background`` answers at once and generates in the server,
+``POST /v1/responses/{id}/cancel`` stops it (server/response_background.py).
 
 Streamed (``stream: true``), the same response is sent as OpenAI's typed server-sent events
 (``event: <type>`` and ``data: {"type", "sequence_number", ...}``): ``response.created``,
