@@ -231,9 +231,10 @@ def test_reasoning_then_message_with_its_token_count(thinking):
     ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
     ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tool_choice"),
     ({"tool_choice": {"type": "web_search_preview"}}, "tool_choice"),
-    ({"background": True}, "background"),
+    ({"background": True, "store": False}, "background"),
     ({"include": ["reasoning.encrypted_content"]}, "include"),
-    ({"top_logprobs": 2}, "top_logprobs"),
+    ({"top_logprobs": 21}, "top_logprobs"),
+    ({"include": ["message.output_text.logprobs", "file_search_call.results"]}, "include"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
      "input[0].content[0].type"),
     ({"input": [{"type": "function_call_output", "call_id": "c"}]}, "input[0].output"),
@@ -436,3 +437,279 @@ def test_the_openai_client_reads_a_response_and_a_stream(client):
         final = st.get_final_response()
     assert final.status == "completed" and re.fullmatch("[ab]{3}", final.output_text)
     assert deltas == final.output_text
+
+
+LOGPROBS = ["message.output_text.logprobs"]
+
+
+def _delta_form(entries: list[dict]) -> list[dict]:
+    """Log-probabilities as the text events give them (OpenAI's: no bytes)."""
+    return [{"token": e["token"], "logprob": e["logprob"],
+             "top_logprobs": [{"token": t["token"], "logprob": t["logprob"]}
+                              for t in e["top_logprobs"]]} for e in entries]
+
+
+def test_output_text_logprobs_are_the_chat_endpoints(client):
+    """``include: ["message.output_text.logprobs"]`` with ``top_logprobs``: the output_text
+    part's logprobs are the chat endpoint's for the same greedy request (token, bytes,
+    logprob, the alternatives); streamed, the deltas' join to them (without bytes, as
+    OpenAI's events), the done event has them all; ``top_logprobs`` alone returns none."""
+    req = dict(input="Tell me about rivers.", ignore_eos=True, **GREEDY)
+    body = post_ok(client, "/v1/responses", include=LOGPROBS, top_logprobs=3, **req)
+    (part,) = body["output"][0]["content"]
+    chat = post_ok(client, "/v1/chat/completions", temperature=0, max_tokens=12,
+                   ignore_eos=True, logprobs=True, top_logprobs=3,
+                   messages=[{"role": "user", "content": "Tell me about rivers."}])
+    want = chat["choices"][0]["logprobs"]["content"]
+    assert len(want) == 12 and part["logprobs"] == want
+    assert all(len(e["top_logprobs"]) == 3 for e in want)
+    assert bytes(b for e in want for b in e["bytes"]).decode(errors="replace") == part["text"]
+    assert body["top_logprobs"] == 3
+    parsed = _sdk_parse(body)
+    assert [lp.logprob for lp in parsed.output[0].content[0].logprobs] == \
+        [e["logprob"] for e in want]
+    events = _events(client, include=LOGPROBS, top_logprobs=3, **req)
+    deltas = [d["logprobs"] for n, d in events if n == "response.output_text.delta"]
+    assert [e for lps in deltas for e in lps] == _delta_form(want)
+    by = dict(events)
+    assert by["response.output_text.done"]["logprobs"] == _delta_form(want)
+    assert by["response.content_part.done"]["part"]["logprobs"] == want
+    assert by["response.incomplete"]["response"]["output"][0]["content"][0]["logprobs"] == want
+    openai = pytest.importorskip("openai")
+    from pydantic import TypeAdapter
+    adapter = TypeAdapter(openai.types.responses.ResponseStreamEvent)
+    for _, data in events:
+        adapter.validate_python(data)
+    plain = post_ok(client, "/v1/responses", top_logprobs=3, **req)
+    assert plain["output"][0]["content"][0]["logprobs"] == [] and plain["top_logprobs"] == 3
+    sdk = openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=client)
+    resp = sdk.responses.create(input="Tell me about rivers.", include=LOGPROBS,
+                                top_logprobs=1, temperature=0, max_output_tokens=12,
+                                extra_body={"ignore_eos": True})
+    lps = resp.output[0].content[0].logprobs
+    assert [lp.token for lp in lps] == [e["token"] for e in want]
+    assert [[t.token for t in lp.top_logprobs] for lp in lps] == \
+        [[t["token"] for t in e["top_logprobs"][:1]] for e in want]
+
+
+def test_output_text_logprobs_leave_the_reasoning_out(thinking):
+    """With a reasoning item before the message: the message's logprobs are the tokens of
+    its text only (their bytes join to it, the tokens of the thinking left out), the same
+    streamed."""
+    text = "<think>\nthe sky scatters blue light\n</think>\n\nRayleigh scattering."
+    req = dict(input="Why?", chat_template_kwargs={"enable_thinking": False}, temperature=0,
+               max_output_tokens=60, structured_outputs={"regex": re.escape(text)},
+               include=LOGPROBS, top_logprobs=2)
+    body = post_ok(thinking, "/v1/responses", **req)
+    lps = body["output"][1]["content"][0]["logprobs"]
+    written = bytes(b for e in lps for b in e["bytes"]).decode(errors="replace")
+    assert written.strip() == "Rayleigh scattering." and "think" not in written
+    assert 0 < len(lps) < body["usage"]["output_tokens"] - \
+        body["usage"]["output_tokens_details"]["reasoning_tokens"] + 1
+    _sdk_parse(body)
+    events = _events(thinking, **req)
+    streamed = [e for n, d in events if n == "response.output_text.delta" for e in d["logprobs"]]
+    assert streamed == _delta_form(lps)
+
+
+def _sdk(client):
+    openai = pytest.importorskip("openai")
+    return openai, openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=client)
+
+
+def test_a_stored_response_is_deleted(client):
+    """``DELETE /v1/responses/{id}``: OpenAI's answer, then the response is gone (GET and
+    previous_response_id 404, a second delete too); an unknown id is a 404."""
+    openai, sdk = _sdk(client)
+    body = post_ok(client, "/v1/responses", input="hi", **GREEDY)
+    r = client.delete(f"/v1/responses/{body['id']}")
+    assert r.status_code == 200
+    assert r.json() == {"id": body["id"], "object": "response", "deleted": True}
+    assert client.get(f"/v1/responses/{body['id']}").status_code == 404
+    r = client.post("/v1/responses", json={"input": "hi", "previous_response_id": body["id"]})
+    assert r.status_code == 404
+    r = client.delete(f"/v1/responses/{body['id']}")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    other = sdk.responses.create(input="hi", temperature=0, max_output_tokens=4)
+    assert sdk.responses.retrieve(other.id).id == other.id
+    sdk.responses.delete(other.id)
+    with pytest.raises(openai.NotFoundError):
+        sdk.responses.retrieve(other.id)
+    with pytest.raises(openai.NotFoundError):
+        sdk.responses.delete(other.id)
+
+
+def test_input_items_list_what_was_sent_page_by_page(client):
+    """``GET /v1/responses/{id}/input_items``: the response's own input items (not its
+    previous_response_id's), each with an id (the one given, else a new one), as the SDK's
+    ResponseItemList reads them; ``order`` (desc by default), ``after`` and ``limit``
+    paginate as OpenAI's."""
+    openai, sdk = _sdk(client)
+    first = post_ok(client, "/v1/responses", input="Tell me about rivers.", **GREEDY)
+    items = [{"role": "developer", "content": "Be brief."},
+             {"type": "message", "id": "msg_given", "role": "user",
+              "content": [{"type": "input_text", "text": "Tell me "},
+                          {"type": "input_text", "text": "about lakes."}]},
+             {"role": "assistant", "content": "Lakes are still."},
+             {"type": "function_call", "call_id": "c1", "name": "check", "arguments": "{}"},
+             {"type": "function_call_output", "call_id": "c1", "output": "yes"},
+             {"role": "user", "content": "More."}]
+    body = post_ok(client, "/v1/responses", input=items, previous_response_id=first["id"],
+                   **GREEDY)
+    r = client.get(f"/v1/responses/{body['id']}/input_items", params={"order": "asc"})
+    assert r.status_code == 200
+    page = r.json()
+    listed = openai.types.responses.ResponseItemList.model_validate(page)
+    assert page["object"] == "list" and page["has_more"] is False
+    data = page["data"]
+    assert [d["type"] for d in data] == ["message", "message", "message", "function_call",
+                                         "function_call_output", "message"]
+    assert [d.get("role") for d in data] == ["developer", "user", "assistant", None, None,
+                                             "user"]
+    assert data[1]["id"] == "msg_given" and len({d["id"] for d in data}) == 6
+    assert [p["text"] for p in data[1]["content"]] == ["Tell me ", "about lakes."]
+    assert data[2]["content"][0]["type"] == "output_text"
+    assert data[3]["call_id"] == "c1" and data[4]["output"] == "yes"
+    assert page["first_id"] == data[0]["id"] and page["last_id"] == data[-1]["id"]
+    assert listed.data[1].id == "msg_given"
+    ids = [d["id"] for d in data]
+    # the default order is the last first; pages of two, after the last one's id
+    got, after = [], None
+    while True:
+        params = {"limit": 2, **({"after": after} if after else {})}
+        p = client.get(f"/v1/responses/{body['id']}/input_items", params=params).json()
+        got += [d["id"] for d in p["data"]]
+        after = p["last_id"]
+        if not p["has_more"]:
+            break
+    assert got == ids[::-1]
+    sdk_ids = [it.id for it in sdk.responses.input_items.list(body["id"], order="asc",
+                                                              limit=4)]
+    assert sdk_ids == ids  # the SDK's pager follows has_more and after
+    (only,) = client.get(f"/v1/responses/{first['id']}/input_items").json()["data"]
+    assert only["content"] == [{"type": "input_text", "text": "Tell me about rivers."}]
+    for params, param in (({"order": "up"}, "order"), ({"limit": 0}, "limit"),
+                          ({"after": "msg_nope"}, "after")):
+        r = client.get(f"/v1/responses/{body['id']}/input_items", params=params)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param
+    assert client.get("/v1/responses/resp_nope/input_items").status_code == 404
+    client.delete(f"/v1/responses/{body['id']}")
+    assert client.get(f"/v1/responses/{body['id']}/input_items").status_code == 404
+
+
+def _poll(client, rid: str, until=("completed", "incomplete", "cancelled", "failed"),
+          timeout_s: float = 60.0) -> dict:
+    import time
+    deadline = time.monotonic() + timeout_s
+    while True:
+        body = client.get(f"/v1/responses/{rid}").json()
+        if body["status"] in until or time.monotonic() > deadline:
+            return body
+        time.sleep(0.02)
+
+
+def _idle(engine, server, timeout_s: float = 10.0) -> bool:
+    """Whether the engine has no request left and the server none active (within a while:
+    an abort is applied before the engine's next step)."""
+    import time
+    deadline = time.monotonic() + timeout_s
+    while engine.has_unfinished_requests() or server.active:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_a_background_response_is_polled_to_its_end(client, engine):
+    """``background: true``: answered at once (queued or in progress, no output yet), the
+    generation goes on in the server; GET polls it to the same response as in the
+    foreground; through the SDK too."""
+    openai, sdk = _sdk(client)
+    req = dict(input="Tell me about rivers.", ignore_eos=True, temperature=0,
+               max_output_tokens=40)
+    fg = post_ok(client, "/v1/responses", **req)
+    bg = post_ok(client, "/v1/responses", background=True, **req)
+    assert bg["status"] in ("queued", "in_progress") and bg["background"] is True
+    assert bg["output"] == [] and bg["store"] is True
+    _sdk_parse(bg)
+    done = _poll(client, bg["id"])
+    assert done["status"] == "incomplete" and done["background"] is True
+    assert _message_text(done) == _message_text(fg)
+    assert done["usage"]["output_tokens"] == 40
+    _sdk_parse(done)
+    assert _idle(engine, client.app.state.server)
+    resp = sdk.responses.create(input="Hi", background=True, temperature=0,
+                                max_output_tokens=8, extra_body={"ignore_eos": True})
+    assert resp.status in ("queued", "in_progress")
+    final = _poll(client, resp.id)
+    assert sdk.responses.retrieve(resp.id).output_text == _message_text(final)
+    # it continues a conversation once done
+    nxt = post_ok(client, "/v1/responses", input="More.", previous_response_id=bg["id"],
+                  **GREEDY)
+    assert nxt["status"] in ("completed", "incomplete")
+    for extra, param in (({"store": False}, "background"), ({"stream": True}, "stream")):
+        r = client.post("/v1/responses", json={"background": True, **req, **extra})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param
+
+
+def test_cancel_aborts_a_background_response_and_frees_the_engine(client, engine):
+    """``POST /v1/responses/{id}/cancel``: the engine request is aborted (nothing left
+    running), the response cancelled with what it wrote; cancelling it again returns it;
+    cancelling a finished or a foreground response is a 400, an unknown one a 404."""
+    openai, sdk = _sdk(client)
+    server = client.app.state.server
+    bg = post_ok(client, "/v1/responses", input="Tell me about rivers.", background=True,
+                 ignore_eos=True, temperature=0, max_output_tokens=480)
+    _poll(client, bg["id"], until=("in_progress", "incomplete"))
+    cancelled = sdk.responses.cancel(bg["id"])
+    assert cancelled.status == "cancelled" and cancelled.background is True
+    assert cancelled.usage.output_tokens < 480
+    assert _idle(engine, server)
+    assert server.background.running == {}
+    got = client.get(f"/v1/responses/{bg['id']}").json()
+    assert got["status"] == "cancelled" and got == cancelled.model_dump(mode="json",
+                                                                         exclude_unset=True)
+    assert got["output"] == [] or got["output"][0]["status"] == "incomplete"
+    again = client.post(f"/v1/responses/{bg['id']}/cancel")
+    assert again.status_code == 200 and again.json()["status"] == "cancelled"
+    done = post_ok(client, "/v1/responses", input="hi", background=True, **GREEDY)
+    _poll(client, done["id"])
+    r = client.post(f"/v1/responses/{done['id']}/cancel")
+    assert r.status_code == 400 and "Cannot cancel" in r.json()["error"]["message"]
+    fg = post_ok(client, "/v1/responses", input="hi", **GREEDY)
+    with pytest.raises(openai.BadRequestError):
+        sdk.responses.cancel(fg["id"])
+    with pytest.raises(openai.NotFoundError):
+        sdk.responses.cancel("resp_nope")
+    # deleting a running one stops it first
+    run = post_ok(client, "/v1/responses", input="Tell me about rivers.", background=True,
+                  ignore_eos=True, temperature=0, max_output_tokens=480)
+    assert client.delete(f"/v1/responses/{run['id']}").json()["deleted"] is True
+    assert _idle(engine, server) and server.background.running == {}
+    assert client.get(f"/v1/responses/{run['id']}").status_code == 404
+
+
+def test_without_the_store_responses_are_answered_not_kept(engine):
+    """``writescope serve --no-responses-store`` (``create_app(responses_store=False)``):
+    ``store: true`` is answered as ``store: false`` (vLLM's, its store disabled), nothing
+    comes back from GET, previous_response_id or input_items; ``background`` is a 400."""
+    from starlette.testclient import TestClient
+    from writescope.cli import build_parser
+    from writescope.server.api import create_app
+    assert build_parser().parse_args(["serve"]).responses_store is True
+    assert build_parser().parse_args(["serve", "--no-responses-store"]).responses_store is False
+    with TestClient(create_app(engine, responses_store=False)) as c:
+        openai, sdk = _sdk(c)
+        body = post_ok(c, "/v1/responses", input="hi", store=True, **GREEDY)
+        assert body["store"] is False and _sdk_parse(body).store is False
+        assert c.get(f"/v1/responses/{body['id']}").status_code == 404
+        assert c.get(f"/v1/responses/{body['id']}/input_items").status_code == 404
+        r = c.post("/v1/responses", json={"input": "hi", "previous_response_id": body["id"]})
+        assert r.status_code == 404
+        events = _events(c, input="hi", **GREEDY)
+        assert events[-1][1]["response"]["store"] is False
+        with pytest.raises(openai.NotFoundError):
+            sdk.responses.retrieve(events[-1][1]["response"]["id"])
+        r = c.post("/v1/responses", json={"input": "hi", "background": True, **GREEDY})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "background"
+        assert len(c.app.state.server.response_store) == 0

@@ -59,7 +59,8 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser(
         "serve", help="serve an OpenAI-compatible HTTP API with continuous batching",
-        description="Serve /v1/completions, /v1/chat/completions (streaming and not), /v1/models, "
+        description="Serve /v1/completions, /v1/chat/completions (streaming and not), "
+                    "/v1/responses (OpenAI's Responses API), /v1/models, "
                     "/tokenize, /detokenize, /health, /version, /metrics (Prometheus text) and "
                     "POST /reset_prefix_cache. With no --model, serves the embedded default "
                     "model (it ships a chat template).")
@@ -99,6 +100,12 @@ def register(subparsers) -> None:
     g.add_argument("--return-tokens-as-token-ids", action="store_true",
                    help="name log-probabilities' tokens 'token_id:N' unless a request says "
                         "otherwise (vLLM's flag)")
+    g.add_argument("--responses-store", action=argparse.BooleanOptionalAction, default=True,
+                   help="keep /v1/responses responses in memory (store, OpenAI's default true) "
+                        "for GET /v1/responses/{id}, previous_response_id, input_items and "
+                        "background responses (default on); --no-responses-store keeps none: "
+                        "store true is answered as store false, as vLLM does with "
+                        "VLLM_ENABLE_RESPONSES_API_STORE off, and background is refused")
     c = p.add_argument_group("CORS (browsers' cross-origin requests; vLLM's flags)")
     c.add_argument("--allowed-origins", nargs="+", default=["*"], metavar="ORIGIN",
                    help="origins allowed (default *; words or one JSON list)")
@@ -165,7 +172,8 @@ def run(args: argparse.Namespace) -> int:
                      on_ready=ready, engine_thread=owner, tool_call_parser=args.tool_call_parser,
                      reasoning_parser=args.reasoning_parser,
                      trust_request_chat_template=args.trust_request_chat_template,
-                     return_tokens_as_token_ids=args.return_tokens_as_token_ids, cors=cors)
+                     return_tokens_as_token_ids=args.return_tokens_as_token_ids, cors=cors,
+                     responses_store=args.responses_store)
     config = uvicorn.Config(app, host=host, port=port, log_level=args.log_level,
                             access_log=not args.no_access_log, lifespan="on",
                             timeout_graceful_shutdown=10.0)  # backstop after our own grace

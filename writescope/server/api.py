@@ -54,6 +54,7 @@ from .chat_output import ChatOutput
 from .engine_loop import EngineFailure, EngineLoop
 from .generation import Choice, Generation
 from .metrics import CONTENT_TYPE, ServerMetrics
+from .response_background import BackgroundResponses
 from .response_store import ResponseStore
 from .sse import DONE as _DONE
 from .sse import SSEResponse as _SSEResponse
@@ -85,7 +86,8 @@ class OpenAIServer:
                  max_body_bytes: int = MAX_BODY_BYTES, engine_thread: Any = None,
                  tool_call_parser: str | None = None, reasoning_parser: str | None = None,
                  trust_request_chat_template: bool = False,
-                 return_tokens_as_token_ids: bool = False) -> None:
+                 return_tokens_as_token_ids: bool = False,
+                 responses_store: bool = True) -> None:
         #: reads tool calls out of the model's text for tool_choice 'auto'
         #: (server/tool_parsers.py)
         self.tool_call_parser = tool_parsers.get(tool_call_parser)
@@ -117,6 +119,13 @@ class OpenAIServer:
         self.return_tokens_as_token_ids = return_tokens_as_token_ids
         #: the stored responses of /v1/responses (server/response_store.py)
         self.response_store = ResponseStore()
+        #: whether /v1/responses keeps responses (``--responses-store``, default on): off, a
+        #: request's ``store: true`` is answered as ``store: false`` (vLLM's, with its
+        #: VLLM_ENABLE_RESPONSES_API_STORE off) and ``background`` is refused
+        self.store_responses = responses_store
+        #: the background responses of /v1/responses still running
+        #: (server/response_background.py)
+        self.background = BackgroundResponses()
 
     # -- helpers --------------------------------------------------------------------------------
     def check_auth(self, request: Request) -> None:
@@ -773,17 +782,19 @@ def create_app(engine: Any, *, served_model_names: Sequence[str] | None = None,
                reasoning_parser: str | None = None,
                trust_request_chat_template: bool = False,
                return_tokens_as_token_ids: bool = False,
-               cors: CORS | None = None) -> FastAPI:
+               cors: CORS | None = None, responses_store: bool = True) -> FastAPI:
     """The FastAPI app serving ``engine`` (an :class:`~writescope.engine.engine.LLMEngine` or
     anything with its interface). The engine loop starts and stops with the app's lifespan.
     ``engine_thread``: the :class:`~writescope.server.owner.EngineThread` that built the engine,
     which then steps it (else the loop starts a thread of its own). ``cors``: the browsers'
-    cross-origin rules (vLLM's defaults: any origin, method and header, no credentials)."""
+    cross-origin rules (vLLM's defaults: any origin, method and header, no credentials).
+    ``responses_store``: whether /v1/responses keeps responses (``store``, server/responses.py)."""
     server = OpenAIServer(engine, served_model_names, api_key, max_body_bytes=max_body_bytes,
                           engine_thread=engine_thread, tool_call_parser=tool_call_parser,
                           reasoning_parser=reasoning_parser,
                           trust_request_chat_template=trust_request_chat_template,
-                          return_tokens_as_token_ids=return_tokens_as_token_ids)
+                          return_tokens_as_token_ids=return_tokens_as_token_ids,
+                          responses_store=responses_store)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -793,6 +804,7 @@ def create_app(engine: Any, *, served_model_names: Sequence[str] | None = None,
         try:
             yield
         finally:
+            server.background.stop()
             server.loop.stop()
             server._tok_pool.shutdown(wait=False, cancel_futures=True)
 
@@ -844,6 +856,18 @@ def create_app(engine: Any, *, served_model_names: Sequence[str] | None = None,
     @app.get("/v1/responses/{response_id}")
     async def response_(request: Request, response_id: str):
         return JSONResponse(responses.retrieve(server, request, response_id))
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(request: Request, response_id: str):
+        return JSONResponse(await responses.delete(server, request, response_id))
+
+    @app.post("/v1/responses/{response_id}/cancel")
+    async def cancel_response(request: Request, response_id: str):
+        return JSONResponse(await responses.cancel(server, request, response_id))
+
+    @app.get("/v1/responses/{response_id}/input_items")
+    async def input_items(request: Request, response_id: str):
+        return JSONResponse(responses.input_items(server, request, response_id))
 
     @app.post("/tokenize")
     async def tokenize_(request: Request):

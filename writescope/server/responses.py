@@ -6,8 +6,11 @@ becomes a response object: a ``reasoning`` item (with ``--reasoning-parser``, wh
 thought), a ``message`` item with one ``output_text`` part (where there is text, or nothing
 else), then a ``function_call`` item per tool call (``call_id``, ``name``, ``arguments``);
 ``status`` "incomplete" with ``incomplete_details.reason`` "max_output_tokens" where the token
-budget cut it short. ``store`` keeps it (server/response_store.py) for
-``GET /v1/responses/{id}`` and ``previous_response_id``.
+budget cut it short; with ``include: ["message.output_text.logprobs"]`` the output text's
+log-probabilities (server/response_logprobs.py). ``store`` keeps it (server/response_store.py) for
+``GET /v1/responses/{id}``, ``GET /v1/responses/{id}/input_items`` and ``previous_response_id``,
+until ``DELETE /v1/responses/{id}``; ``background`` answers at once and generates in the server,
+``POST /v1/responses/{id}/cancel`` stops it (server/response_background.py).
 
 Streamed (``stream: true``), the same response is sent as OpenAI's typed server-sent events
 (``event: <type>`` and ``data: {"type", "sequence_number", ...}``): ``response.created``,
@@ -21,19 +24,21 @@ the whole response. An engine failure mid-stream is an ``error``
 event."""
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import time
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from fastapi import Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 
 from . import protocol as P
 from . import responses_protocol as R
 from .chat_output import ChatOutput
 from .engine_loop import EngineFailure
 from .generation import Generation
+from .response_logprobs import TextLogprobs
 from .sse import deltas, error_body
 
 if TYPE_CHECKING:
@@ -44,9 +49,15 @@ async def create(server: "OpenAIServer", request: Request) -> Response:
     arrival = time.monotonic()
     server.check_auth(request)
     req = P.parse_request(R.ResponsesRequest, await server.read_body(request))
+    if req.background and not server.store_responses:
+        raise P.APIError("background responses need the response store, which this server "
+                         "keeps off (writescope serve --no-responses-store)", param="background",
+                         code="unsupported_parameter")
     refused = req.refused()
     if refused is not None:
         raise refused
+    if not server.store_responses:  # answered, not kept (vLLM's, store disabled)
+        req.store = False
     server.check_priority(req.priority)
     model = server.check_model(req.model)
     earlier: list[dict] = []
@@ -58,6 +69,8 @@ async def create(server: "OpenAIServer", request: Request) -> Response:
     gen, out = await server.prepare_chat(chat, arrival, P.new_id(rid), "max_output_tokens",
                                          "input")
     view = ResponseView(server, req, gen, out, rid, model, earlier)
+    if req.background:
+        return JSONResponse(await server.background.start(server, view))
     return await server.respond(request, gen, bool(req.stream), view.events, view.final)
 
 
@@ -65,6 +78,56 @@ def retrieve(server: "OpenAIServer", request: Request, rid: str) -> dict:
     """``GET /v1/responses/{id}``: a stored response."""
     server.check_auth(request)
     return _stored(server, rid, "response_id")[0]
+
+
+async def cancel(server: "OpenAIServer", request: Request, rid: str) -> dict:
+    """``POST /v1/responses/{id}/cancel``: a background response cancelled
+    (server/response_background.py)."""
+    server.check_auth(request)
+    return await server.background.cancel(server, rid, _stored(server, rid, "response_id")[0])
+
+
+async def delete(server: "OpenAIServer", request: Request, rid: str) -> dict:
+    """``DELETE /v1/responses/{id}``: a stored response forgotten (OpenAI's answer)."""
+    server.check_auth(request)
+    _stored(server, rid, "response_id")
+    task = server.background.running.get(rid)
+    if task is not None:  # still running: stopped first (its KV freed)
+        task.cancel()
+        await asyncio.wait({task})
+    server.response_store.delete(rid)
+    return {"id": rid, "object": "response", "deleted": True}
+
+
+def input_items(server: "OpenAIServer", request: Request, rid: str) -> dict:
+    """``GET /v1/responses/{id}/input_items``: a stored response's input items, a page of
+    them as OpenAI's cursor pagination gives it (``order`` "desc", the last first, by
+    default; ``after`` an item's id; ``limit`` 1 to 100, 20 by default)."""
+    server.check_auth(request)
+    _stored(server, rid, "response_id")
+    items = server.response_store.input_items(rid)
+    q = request.query_params
+    order = q.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise P.APIError(f"order must be 'asc' or 'desc' (got {order!r})", param="order")
+    try:
+        limit = int(q.get("limit", 20))
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= 100:
+        raise P.APIError(f"limit must be an integer from 1 to 100 (got {q.get('limit')!r})",
+                         param="limit")
+    items = items if order == "asc" else items[::-1]
+    after = q.get("after")
+    if after is not None:
+        ids = [it["id"] for it in items]
+        if after not in ids:
+            raise P.APIError(f"after: no input item '{after}' in response '{rid}'",
+                             param="after")
+        items = items[ids.index(after) + 1:]
+    page = items[:limit]
+    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit}
 
 
 def _stored(server: "OpenAIServer", rid: str, param: str) -> tuple[dict, list[dict]]:
@@ -89,6 +152,10 @@ class ResponseView:
         self.msg_id, self.rs_id = R.new_id("msg"), R.new_id("rs")
         #: per tool call (its index): the output item's id and the call's id
         self.fc_ids: dict[int, tuple[str, str]] = {}
+        #: the output text's log-probabilities, where ``include`` asks for them
+        self.logprobs = (TextLogprobs(server, gen.choices[0], req.top_logprobs or 0,
+                                      req.skip_special_tokens is not False)
+                         if req.logprobs() else None)
 
     # -- the whole response ----------------------------------------------------------------------
     def parts(self) -> tuple[str, str, list[P.ToolCall]]:
@@ -116,18 +183,21 @@ class ResponseView:
                   if fmt is not None else {"type": "text"}},
             tool_choice=req.tool_choice or "auto", truncation=req.truncation or "disabled",
             user=req.user, store=req.store is not False, tools=list(req.tools or []),
-            previous_response_id=req.previous_response_id)
+            background=bool(req.background),
+            previous_response_id=req.previous_response_id, top_logprobs=req.top_logprobs or 0)
         if in_progress:
             return body
         reasoning, content, calls = self.parts()
         cut = c.finish_reason == "length"
-        status = "incomplete" if cut else "completed"
+        # the items' status: incomplete where the budget or a cancel cut them short
+        status = "incomplete" if cut or c.finish_reason == "abort" else "completed"
         if reasoning:
             body.output.append(R.ReasoningItem(
                 id=self.rs_id, content=[R.ReasoningText(text=reasoning)],
                 status="incomplete" if cut and not content and not calls else "completed"))
         if content or not (reasoning or calls):
-            body.output.append(self._message(content, "completed" if calls else status))
+            body.output.append(self._message(content, "completed" if calls else status,
+                                             self._text_logprobs(reasoning, content)))
         for k, call in enumerate(calls):
             fid, cid = self.call_ids(k)
             body.output.append(R.FunctionCallItem(
@@ -153,11 +223,20 @@ class ResponseView:
                         {"id": item.call_id, "type": "function",
                          "function": {"name": item.name, "arguments": item.arguments}})
             turns = self.earlier + self.req.turns() + [answer]
-            self.server.response_store.put(self.rid, body.model_dump(), turns)
+            self.server.response_store.put(self.rid, body.model_dump(), turns,
+                                           self.req.input_items())
         return body
 
-    def _message(self, text: str, status: str) -> R.MessageItem:
-        return R.MessageItem(id=self.msg_id, status=status, content=[R.OutputText(text=text)])
+    def _message(self, text: str, status: str, logprobs: list[dict]) -> R.MessageItem:
+        return R.MessageItem(id=self.msg_id, status=status,
+                             content=[R.OutputText(text=text, logprobs=logprobs)])
+
+    def _text_logprobs(self, reasoning: str, content: str, with_bytes: bool = True
+                       ) -> list[dict]:
+        """The message's log-probabilities ([] where ``include`` does not ask for them)."""
+        if self.logprobs is None:
+            return []
+        return self.logprobs.whole(reasoning, content, with_bytes)
 
     def usage(self, reasoning: str) -> R.ResponseUsage:
         u = self.gen.usage()
@@ -230,8 +309,13 @@ class ResponseView:
             if kind == "reasoning":
                 return event("response.reasoning_text.delta", output_index=index,
                              item_id=self.rs_id, content_index=0, delta=piece)
+            lps = (self.logprobs.delta(reasoning(), items[index]["text"])
+                   if self.logprobs is not None else [])
             return event("response.output_text.delta", output_index=index,
-                         item_id=self.msg_id, content_index=0, delta=piece, logprobs=[])
+                         item_id=self.msg_id, content_index=0, delta=piece, logprobs=lps)
+
+        def reasoning() -> str:  # the reasoning streamed so far
+            return "".join(it["text"] for it in items if it["kind"] == "reasoning")
 
         def closed(status: str) -> list[str]:
             index = len(items) - 1
@@ -251,10 +335,12 @@ class ResponseView:
                 done = event("response.reasoning_text.done", output_index=index,
                              item_id=item.id, content_index=0, text=it["text"])
             else:
-                part = R.OutputText(text=it["text"])
+                part = R.OutputText(text=it["text"],
+                                    logprobs=self._text_logprobs(reasoning(), it["text"]))
                 item = R.MessageItem(id=self.msg_id, content=[part], status=status)
                 done = event("response.output_text.done", output_index=index,
-                             item_id=item.id, content_index=0, text=it["text"], logprobs=[])
+                             item_id=item.id, content_index=0, text=it["text"],
+                             logprobs=self._text_logprobs(reasoning(), it["text"], False))
             return [done, event("response.content_part.done", output_index=index,
                                 item_id=item.id, content_index=0, part=part.model_dump()),
                     event("response.output_item.done", output_index=index,

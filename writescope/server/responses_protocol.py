@@ -10,11 +10,14 @@ A request is ``input`` (a string: one user message; or message items, each ``{"r
 endpoint's ``response_format``), function ``tools`` with ``tool_choice`` (the chat endpoint's
 tool calls: 'auto' needs ``--tool-call-parser``) and ``function_call`` /
 ``function_call_output`` input items (an assistant turn's calls, a tool turn). What this server
-cannot honour -- built-in tools, ``background``, ``include``, ``prompt``, ``conversation``,
-``top_logprobs``, input images, files and audio -- is a 400 naming the field. ``store`` (default
+cannot honour -- built-in tools, ``prompt``, ``conversation``, an ``include``
+other than ``message.output_text.logprobs`` (the output text's log-probabilities, with
+``top_logprobs`` alternatives: server/response_logprobs.py), input images, files and audio -- is
+a 400 naming the field. ``store`` (default
 true) keeps the response in memory for ``GET /v1/responses/{id}`` and for a later request's
-``previous_response_id`` (server/response_store.py). An earlier turn's ``reasoning`` item is
-dropped from the prompt, as chat templates drop earlier turns' thinking."""
+``previous_response_id`` (server/response_store.py). ``background`` (with ``store``, not
+streamed) answers at once and generates in the server (server/response_background.py). An
+earlier turn's ``reasoning`` item is dropped from the prompt, as chat templates drop earlier turns' thinking."""
 from __future__ import annotations
 
 import uuid
@@ -75,15 +78,16 @@ class ReasoningConfig(P._Strict):
     generate_summary: Optional[str] = None
 
 
+#: the ``include`` values served: the output text's tokens' log-probabilities
+INCLUDABLE = ("message.output_text.logprobs",)
+
 #: fields this server refuses unless left out, null or off, with why
 REFUSED = {
-    "background": "background responses are not supported: leave background out or false",
     "conversation": "conversation is not supported (no conversations are stored): send the "
                     "whole conversation as input",
     "prompt": "prompt templates (prompt) are not supported: send input and instructions",
-    "include": "include is not supported: leave it out or empty",
+    "include": None,  # (the output text's log-probabilities only: ResponsesRequest.refused)
     "tools": None,  # (functions only: ResponsesRequest.refused)
-    "top_logprobs": "top_logprobs is not supported on /v1/responses: leave it out or 0",
     "max_tool_calls": "max_tool_calls is not supported (the model's calls are returned, not "
                       "run or counted here): leave it out",
 }
@@ -118,13 +122,15 @@ class ResponsesRequest(P._Strict):
     service_tier: Optional[str] = None
     prompt_cache_key: Optional[str] = None
     safety_identifier: Optional[str] = None
+    #: answered at once, generated in the server (server/response_background.py)
+    background: Optional[bool] = False
     # refused unless left out (REFUSED)
-    background: Optional[bool] = None
     conversation: Optional[Any] = None
     prompt: Optional[Any] = None
-    include: Optional[list[Any]] = None
+    include: Optional[list[Any]] = None  # INCLUDABLE only
     tools: Optional[list[Any]] = Field(None, max_length=128)
-    top_logprobs: Optional[int] = None
+    #: the alternatives per token of the output text's log-probabilities (OpenAI's 0 to 20)
+    top_logprobs: Optional[int] = Field(None, ge=0, le=20)
     max_tool_calls: Optional[int] = None
     # vLLM's sampling extras, as on the chat endpoint
     top_k: Optional[int] = Field(None, ge=-1)
@@ -150,6 +156,20 @@ class ResponsesRequest(P._Strict):
                 continue
             if v not in (None, False, [], 0):
                 return P.APIError(why, param=name, code="unsupported_parameter")
+        if self.background and self.store is False:
+            return P.APIError("background responses are stored (their result is polled with "
+                              "GET /v1/responses/{id}): leave store out or true",
+                              param="background")
+        if self.background and self.stream:
+            return P.APIError("a background response is not streamed here: poll it with "
+                              "GET /v1/responses/{id}, or leave background out",
+                              param="stream", code="unsupported_parameter")
+        for value in self.include or []:
+            if value not in INCLUDABLE:
+                return P.APIError(f"include {value!r} is not supported (only "
+                                  f"{', '.join(map(repr, INCLUDABLE))}: this server runs no "
+                                  "built-in tools, takes no images and encrypts no reasoning)",
+                                  param="include", code="unsupported_parameter")
         fmt = self.text.format if self.text is not None else None
         if self.structured_outputs is not None and fmt is not None and fmt.type != "text":
             return P.APIError("at most one constraint on the output: structured_outputs cannot "
@@ -174,6 +194,11 @@ class ResponsesRequest(P._Strict):
                               f"{{\"type\": \"function\", \"name\": ...}} (got {choice!r})",
                               param="tool_choice")
         return None
+
+    def logprobs(self) -> bool:
+        """Whether the output text comes with its tokens' log-probabilities (``include``
+        names them; ``top_logprobs`` alone only sets how many alternatives, as OpenAI's)."""
+        return "message.output_text.logprobs" in (self.include or [])
 
     def chat_tools(self) -> dict[str, Any]:
         """``tools`` and ``tool_choice`` as the chat endpoint takes them (functions nested).
@@ -227,6 +252,38 @@ class ResponsesRequest(P._Strict):
             raise P.APIError("input holds no message", param="input")
         return out
 
+    def input_items(self) -> list[dict]:
+        """``input`` as OpenAI's stored input items (``GET /v1/responses/{id}/input_items``),
+        once :meth:`turns` has read it: each with an id (its own where it has one), a message's
+        text as parts (``output_text`` an assistant's, ``input_text`` the others')."""
+        given = ([{"role": "user", "content": self.input}] if isinstance(self.input, str)
+                 else self.input)
+        out: list[dict] = []
+        for item in given:
+            kind = item.get("type", "message")
+            if kind == "message":
+                role = item["role"]
+                content = item["content"]
+                texts = [content] if isinstance(content, str) else [p["text"] for p in content]
+                parts = ([{"type": "output_text", "text": t, "annotations": []} for t in texts]
+                         if role == "assistant" else
+                         [{"type": "input_text", "text": t} for t in texts])
+                out.append({"type": "message", "id": item.get("id") or new_id("msg"),
+                            "role": role, "content": parts, "status": "completed"})
+            elif kind == "function_call":
+                out.append({"type": kind, "id": item.get("id") or new_id("fc"),
+                            "call_id": item["call_id"], "name": item["name"],
+                            "arguments": item["arguments"], "status": "completed"})
+            elif kind == "function_call_output":
+                out.append({"type": kind, "id": item.get("id") or new_id("fco"),
+                            "call_id": item["call_id"], "output": item["output"],
+                            "status": "completed"})
+            else:  # reasoning
+                out.append({"type": kind, "id": item.get("id") or new_id("rs"),
+                            "summary": item.get("summary") or [],
+                            **({"content": item["content"]} if item.get("content") else {})})
+        return out
+
     def messages(self, earlier: list[dict] = ()) -> list[dict]:
         """The conversation: ``instructions`` as a system message (a previous response's are
         not carried over, as OpenAI's), the ``earlier`` turns, then ``input``'s."""
@@ -246,6 +303,8 @@ class ResponsesRequest(P._Strict):
             v = getattr(self, name)
             if v is not None:
                 body[name] = v.model_dump(by_alias=True) if isinstance(v, BaseModel) else v
+        if self.logprobs():
+            body.update(logprobs=True, top_logprobs=self.top_logprobs or 0)
         fmt = self.text.format if self.text is not None else None
         if fmt is not None and fmt.response_format() is not None:
             body["response_format"] = fmt.response_format()
@@ -365,7 +424,8 @@ class ResponsesResponse(BaseModel):
     id: str
     object: Literal["response"] = "response"
     created_at: int
-    status: Literal["in_progress", "completed", "incomplete", "cancelled", "failed"]
+    status: Literal["queued", "in_progress", "completed", "incomplete", "cancelled",
+                    "failed"]
     background: bool = False
     error: Optional[dict[str, Any]] = None
     incomplete_details: Optional[IncompleteDetails] = None
