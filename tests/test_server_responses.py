@@ -661,6 +661,10 @@ def test_cancel_aborts_a_background_response_and_frees_the_engine(client, engine
     bg = post_ok(client, "/v1/responses", input="Tell me about rivers.", background=True,
                  ignore_eos=True, temperature=0, max_output_tokens=480)
     _poll(client, bg["id"], until=("in_progress", "incomplete"))
+    # a turn cannot continue it while it runs (its turns are not stored yet)
+    r = client.post("/v1/responses", json={"input": "More.", "previous_response_id": bg["id"], **GREEDY})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "previous_response_id"
+    assert "still in progress" in r.json()["error"]["message"]
     cancelled = sdk.responses.cancel(bg["id"])
     assert cancelled.status == "cancelled" and cancelled.background is True
     assert cancelled.usage.output_tokens < 480

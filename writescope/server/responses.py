@@ -62,7 +62,12 @@ async def create(server: "OpenAIServer", request: Request) -> Response:
     model = server.check_model(req.model)
     earlier: list[dict] = []
     if req.previous_response_id is not None:
-        earlier = _stored(server, req.previous_response_id, "previous_response_id")[1]
+        prev, earlier = _stored(server, req.previous_response_id, "previous_response_id")
+        if prev.get("status") in ("queued", "in_progress"):  # its turns are not stored yet
+            raise P.APIError(f"Previous response with id '{req.previous_response_id}' is still "
+                             f"{prev['status'].replace('_', ' ')}: continue from it once it has "
+                             "finished (poll GET /v1/responses/{id}).",
+                             param="previous_response_id", code="invalid_request_error")
     chat = req.as_chat(earlier)
     given = request.headers.get("x-request-id") or req.request_id
     rid = f"resp_{given}" if given else R.new_id("resp")
