@@ -158,9 +158,15 @@ def test_a_prompt_continuing_a_finished_sequence_starts_from_its_kept_tail():
     st = cache.stats()
     assert st["prefix.tail_hit_tokens"] == 6 and st["prefix.tails"] >= 1
     assert st["kv.blocks.W"] == 0  # kept tails are free slots
-    # a prompt that only starts like the tail's tokens does not take it
+    # a prompt that goes another way after the tail's first token starts from that record
     d = Seq(4, b.tokens[:13] + [1, 1, 1], 1)
     m = cache.match_prefix(cache.prefix_names(d.prompt), len(d.prompt), d.prompt)
+    assert len(m) == 3 and m.tail.tokens == 1
+    run(cache, [d], spec, 2, 3, rng)  # its attention checked against its own records
+    assert d.cached == 13
+    # and one that differs at the tail's first token takes none of it
+    e = Seq(5, b.tokens[:12] + [3, 3, 3], 1)
+    m = cache.match_prefix(cache.prefix_names(e.prompt), len(e.prompt), e.prompt)
     assert len(m) == 3 and m.tail is None
     # and reset gives the kept slots back
     assert cache.reset_prefix_cache() and len(cache.tails) == 0
