@@ -199,6 +199,12 @@ def test_kept_tails_give_their_slots_to_new_sequences():
     run(one, [cont], spec, 1, 4, rng)  # its attention checked against its own records
     assert cont.cached == 7 and one.stats()["prefix.tail_hit_tokens"] == 3
     assert len(one.tails) == 1  # its own tail now
+    # a prompt that shares only the first of that tail's 2 records takes the slot over too:
+    # the record after it (cont's own token) stays in the slot, stale, and is never read as
+    # this sequence's (its attention checked against its own records)
+    part = Seq(2, cont.tokens[:9] + [5, 6], 2)  # cont's sampled tokens are 1..3, never 5
+    run(one, [part], spec, 1, 4, rng)
+    assert part.cached == 9 and one.stats()["prefix.tail_hit_tokens"] == 3 + 1
 
 
 def test_a_second_prompt_starts_from_the_first_ones_blocks():

@@ -10,11 +10,16 @@ step on average where a decode step computes one.
 So when a sequence whose tokens are known leaves the cache with a partial tail in its W slot
 (the GPU write tail), the slot is kept, named by the name of the sealed block before it (its
 chain's root for a tail that is the whole sequence) and the tail's tokens. A sequence admitted
-with a prompt that continues that block with those tokens, or with the first few of them, copies
-those records into its own W slot (``InplaceKVCache.add_sequence``: one copy over every layer,
-on the device) and prefills only what follows. Kept tails are free slots to everything else: the least recently used one is
-given back whenever a sequence needs a W slot and none is free, so keeping them never refuses
-or delays a request. Nothing here touches tensors.
+with a prompt that continues that block with those tokens, or with the first few of them (a
+next turn whose template drops the last answer's thinking; a prompt equal to what a request
+showed after it stopped, which must leave its last token to compute), copies those records
+into its own W slot (``InplaceKVCache.add_sequence``: one copy over every layer, on the device)
+and prefills only what follows. Only those first records are its: where it takes the kept slot
+itself over, the tail's later records stay in it until its own overwrite them, never read (a
+sequence's token count bounds what is read of its slot). Kept tails are free slots to
+everything else: the least recently used one is given back whenever a sequence needs a W slot
+and none is free, so keeping them never refuses or delays a request. Nothing here touches
+tensors.
 """
 from __future__ import annotations
 
@@ -26,7 +31,8 @@ TailKey = tuple[bytes | None, tuple[int, ...]]  # (the name of the block before 
 
 @dataclass(frozen=True)
 class TailMatch:
-    """A kept tail a prompt continues: its W slot and its token count."""
+    """A kept tail a prompt starts from: its W slot, and how many of its records (its first
+    ``tokens``) the prompt shares."""
 
     key: TailKey
     slot: int
