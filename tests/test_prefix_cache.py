@@ -199,12 +199,18 @@ def test_kept_tails_give_their_slots_to_new_sequences():
     run(one, [cont], spec, 1, 4, rng)  # its attention checked against its own records
     assert cont.cached == 7 and one.stats()["prefix.tail_hit_tokens"] == 3
     assert len(one.tails) == 1  # its own tail now
-    # a prompt that shares only the first of that tail's 2 records takes the slot over too:
-    # the record after it (cont's own token) stays in the slot, stale, and is never read as
-    # this sequence's (its attention checked against its own records)
-    part = Seq(2, cont.tokens[:9] + [5, 6], 2)  # cont's sampled tokens are 1..3, never 5
-    run(one, [part], spec, 1, 4, rng)
-    assert part.cached == 9 and one.stats()["prefix.tail_hit_tokens"] == 3 + 1
+    # a prompt that shares only the first of a tail's 3 records takes its slot over too: the
+    # 2 records after it stay in the slot, stale, and are never read as this sequence's (its
+    # attention checked against its own records)
+    lone = make_cache(spec, 4, RandomPolicy(4), blocks=32, seqs=1)
+    first = Seq(0, [4] * 6, 2)  # 7 records: a block, then [4, 4, its sampled token] kept
+    run(lone, [first], spec, 1, 6, rng)
+    part = Seq(1, [4] * 5 + [5, 6], 1)  # after the block: 4, then 5 where the tail has 4
+    run(lone, [part], spec, 1, 4, rng)
+    assert part.cached == 4 + 1 and lone.stats()["prefix.tail_hit_tokens"] == 1
+    # the slot kept again, now as its tail: [4, 5, 6] after the block
+    assert [k[1] for k in lone.tails._slots] == [(4, 5, 6)]
+    assert lone.alloc[Region.W].num_free == 0
 
 
 def test_a_second_prompt_starts_from_the_first_ones_blocks():
