@@ -70,6 +70,10 @@ def test_completion_logprobs_are_vllm_dicts(llm):
     the sampled token's entry among them; vLLM code indexes it by the sampled id."""
     from writescope import Logprob
     tok = llm.tokenizer
+    # computed from nothing cached, as the step run below: a kept tail of an earlier "hello"
+    # prompt would start a run from its records (``kvcache/tails.py``), whose log-probabilities
+    # differ in the last float bits from a run that computes every prompt token
+    assert llm.reset_prefix_cache()
     o = llm.generate("hello there", SamplingParams(temperature=0, max_tokens=4, ignore_eos=True,
                                                    logprobs=3))[0]
     c = o.outputs[0]
@@ -102,6 +106,7 @@ def test_completion_logprobs_are_vllm_dicts(llm):
     assert none.logprobs is None and none.cumulative_logprob is None
     # the same through the engine's step outputs
     eng = llm.llm_engine
+    assert llm.reset_prefix_cache()
     eng.add_request("lp-step", "hello there", SamplingParams(temperature=0, max_tokens=4,
                                                              ignore_eos=True, logprobs=3))
     last = None
@@ -109,6 +114,7 @@ def test_completion_logprobs_are_vllm_dicts(llm):
         for out in eng.step():
             last = out
     assert last.finished and last.outputs[0].logprobs == c.logprobs
+    assert last.num_cached_tokens == o.num_cached_tokens == 0
 
 
 def test_engine_takes_prompt_dicts_and_aborts_a_list(llm):

@@ -225,14 +225,20 @@ def test_prompt_logprobs_zero_and_long_prompts_in_pieces(all_tiny, monkeypatch):
 def prefix_cache_checked(path, **engine_options) -> dict:
     """A prompt that starts with an earlier one's prompt (its blocks sealed while prefilling)
     and one that starts with an earlier prompt *and its output* (blocks sealed while decoding,
-    named when it finished) start from those blocks, wherever they were written, and still
-    give transformers' tokens and log-probabilities. Returns the engine's stats."""
+    named when it finished) start from those blocks, and from the records of its kept partial
+    last block as far as they share its tokens, wherever they were written, and still give
+    transformers' tokens and log-probabilities. Returns the engine's stats."""
     llm = engine(path, **engine_options)
     vocab = llm.engine.config.vocab_size
     ids = prompt_ids(vocab)
-    llm.generate([ids[:150]], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    (head,) = llm.generate([ids[:150]], SamplingParams(temperature=0.0, max_tokens=8,
+                                                       ignore_eos=True))
     (out,) = llm.generate([ids], GREEDY)
-    assert out.num_cached_tokens == 144  # 9 of the 150-token prompt's blocks of 16
+    # 9 of the 150-token prompt's blocks of 16 (144), then the first 6 records of its kept tail
+    # (``kvcache/tails.py``: ids[144:150] and 7 of its outputs): this prompt goes on with
+    # ids[150], not the first output, so the tail's first 6 tokens are all it shares
+    assert head.token_ids[0] != ids[150]
+    assert out.num_cached_tokens == 144 + 6
     check(out, *reference(str(path), tuple(ids)))
     # 100 prompt tokens + 39 decoded ones in the cache: 8 whole blocks, 2 made while decoding
     short = prompt_ids(vocab, 100, seed=7)
@@ -240,10 +246,12 @@ def prefix_cache_checked(path, **engine_options) -> dict:
                                                     ignore_eos=True))
     follow = short + first.token_ids[:30] + [5]
     (out,) = llm.generate([follow], GREEDY)
-    assert out.num_cached_tokens == 128
+    # its 8 blocks (128), then 2 records of the kept tail (its outputs 28..38): the prompt's
+    # tokens after the blocks are outputs 28 and 29, then 5 -- its last, computed anyway
+    assert out.num_cached_tokens == 128 + 2
     check(out, *reference(str(path), tuple(follow)))
     s = llm.stats()
-    assert s["prefix.hit_tokens"] == 144 + 128
+    assert s["prefix.hit_tokens"] == 150 + 130
     assert s["kv.bytes_moved_after_placement"] == 0
     assert all(s[f"kv.blocks.{r}"] == 0 for r in "GTCW"), "every block free or cached unused"
     return s
@@ -252,6 +260,45 @@ def prefix_cache_checked(path, **engine_options) -> dict:
 @pytest.mark.parametrize("placement", list(PLACEMENTS))
 def test_prefix_cache_hits_match_transformers(all_tiny, placement):
     prefix_cache_checked(all_tiny, **PLACEMENTS[placement])
+
+
+def test_a_prompt_sharing_a_kept_tails_first_tokens_starts_from_those_records(all_tiny):
+    """A finished request's partial last block is kept (``kvcache/tails.py``). A prompt equal to
+    what it showed after it stopped on a stop token (the prompt and the answer before it: the
+    tail holds the records of every one of those tokens, so a match of whole tails, which
+    leaves the prompt's last token to compute, took none of it), and a next turn that goes
+    another way after the answer's first tokens (a template that drops the answer's
+    thinking), start from as many of the tail's records as they share tokens with it, and
+    give the tokens and log-probabilities of an engine without prefix caching."""
+    llm = engine(all_tiny, **PLACEMENTS["mixed"])
+    off = engine(all_tiny, enable_prefix_caching=False, **PLACEMENTS["mixed"])
+    ids = prompt_ids(llm.engine.config.vocab_size, 40, seed=11)  # 2 blocks of 16, then 8
+    (free,) = off.generate([ids], SamplingParams(temperature=0.0, max_tokens=12,
+                                                 ignore_eos=True))
+    toks = free.token_ids
+    # a stop token the answer reaches after 4 to 8 tokens (its records stay in block 2)
+    j = next(j for j in range(4, 9) if toks[j] not in toks[:j])
+    (first,) = llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=12,
+                                                  stop_token_ids=[toks[j]]))
+    assert first.finish_reason == "stop" and first.token_ids[:j] == toks[:j]
+    # its records: ids and toks[:j] (the stop token is never input); the last 8 + j of them
+    # are the kept tail after ids' 2 blocks
+    seen = ids + toks[:j]
+    turn = ids + toks[:3] + [t for t in prompt_ids(llm.engine.config.vocab_size, 9, seed=12)
+                             if t != toks[3]][:6]
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=1)
+    want = off.generate([seen, turn], params)
+    for prompt, w, cached in ((seen, want[0], 32 + 8 + j - 1), (turn, want[1], 32 + 8 + 3)):
+        # 2 blocks, then the tail's records: seen's every token but its last (computed
+        # anyway), turn's up to where it leaves the answer (ids[32:] and toks[:3])
+        (out,) = llm.generate([prompt], params)
+        assert out.num_cached_tokens == cached
+        assert out.token_ids == w.token_ids
+        assert max(abs(x - y) for x, y in zip(out.logprobs, w.logprobs)) < 1e-4
+    s = llm.stats()
+    assert s["prefix.tail_hit_tokens"] == (8 + j - 1) + (8 + 3)
+    assert s["prefix.hit_tokens"] == (32 + 8 + j - 1) + (32 + 8 + 3)
+    assert all(s[f"kv.blocks.{r}"] == 0 for r in "GTCW"), "every block free or cached unused"
 
 
 def test_completions_of_one_prompt_share_its_blocks(all_tiny):

@@ -158,9 +158,15 @@ def test_a_prompt_continuing_a_finished_sequence_starts_from_its_kept_tail():
     st = cache.stats()
     assert st["prefix.tail_hit_tokens"] == 6 and st["prefix.tails"] >= 1
     assert st["kv.blocks.W"] == 0  # kept tails are free slots
-    # a prompt that only starts like the tail's tokens does not take it
+    # a prompt that goes another way after the tail's first token starts from that record
     d = Seq(4, b.tokens[:13] + [1, 1, 1], 1)
     m = cache.match_prefix(cache.prefix_names(d.prompt), len(d.prompt), d.prompt)
+    assert len(m) == 3 and m.tail.tokens == 1
+    run(cache, [d], spec, 2, 3, rng)  # its attention checked against its own records
+    assert d.cached == 13
+    # and one that differs at the tail's first token takes none of it
+    e = Seq(5, b.tokens[:12] + [3, 3, 3], 1)
+    m = cache.match_prefix(cache.prefix_names(e.prompt), len(e.prompt), e.prompt)
     assert len(m) == 3 and m.tail is None
     # and reset gives the kept slots back
     assert cache.reset_prefix_cache() and len(cache.tails) == 0
@@ -193,6 +199,18 @@ def test_kept_tails_give_their_slots_to_new_sequences():
     run(one, [cont], spec, 1, 4, rng)  # its attention checked against its own records
     assert cont.cached == 7 and one.stats()["prefix.tail_hit_tokens"] == 3
     assert len(one.tails) == 1  # its own tail now
+    # a prompt that shares only the first of a tail's 3 records takes its slot over too: the
+    # 2 records after it stay in the slot, stale, and are never read as this sequence's (its
+    # attention checked against its own records)
+    lone = make_cache(spec, 4, RandomPolicy(4), blocks=32, seqs=1)
+    first = Seq(0, [4] * 6, 2)  # 7 records: a block, then [4, 4, its sampled token] kept
+    run(lone, [first], spec, 1, 6, rng)
+    part = Seq(1, [4] * 5 + [5, 6], 1)  # after the block: 4, then 5 where the tail has 4
+    run(lone, [part], spec, 1, 4, rng)
+    assert part.cached == 4 + 1 and lone.stats()["prefix.tail_hit_tokens"] == 1
+    # the slot kept again, now as its tail: [4, 5, 6] after the block
+    assert [k[1] for k in lone.tails._slots] == [(4, 5, 6)]
+    assert lone.alloc[Region.W].num_free == 0
 
 
 def test_a_second_prompt_starts_from_the_first_ones_blocks():

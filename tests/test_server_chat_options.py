@@ -182,12 +182,21 @@ def test_usage_counts_prompt_tokens_found_in_the_prefix_cache(client, oracle):
     an earlier one reuses its blocks (64 tokens each here), streamed and not; the answer is the
     engine's own without the cache."""
     ids = [(7 * i) % 300 + 3 for i in range(150)]
-    first = post_ok(client, "/v1/completions", prompt=ids, max_tokens=2, temperature=0)
+    # the cache starts empty: no kept tail of an earlier prompt here shares ids' first tokens
+    assert client.post("/reset_prefix_cache").status_code == 200
+    first = post_ok(client, "/v1/completions", prompt=ids, max_tokens=2, temperature=0,
+                    logprobs=0, return_tokens_as_token_ids=True)
     assert first["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    # its records: ids and its first answer token, the last 23 of them a kept tail after two
+    # blocks of 64 (``kvcache/tails.py``)
+    (answer0, _) = first["choices"][0]["logprobs"]["tokens"]
+    assert answer0 != "token_id:11"
     longer = ids + [11, 12, 13]
     body = post_ok(client, "/v1/completions", prompt=longer, max_tokens=5, temperature=0,
                  logprobs=0)
-    assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": 128}
+    # two blocks (128), then the tail's first 22 records: ids[128:] (the tail's 23rd token,
+    # the first answer token, is not the 11 that follows here)
+    assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": 128 + 22}
     assert body["usage"]["prompt_tokens"] == 153
     # the same answer as a run that computes the whole prompt (prompt_logprobs skips the cache)
     want = _solo(oracle, longer, SamplingParams(temperature=0, max_tokens=5, logprobs=0,
@@ -203,7 +212,9 @@ def test_usage_counts_prompt_tokens_found_in_the_prefix_cache(client, oracle):
         for line in r.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
                 usage = json.loads(line[6:]).get("usage") or usage
-    assert usage["prompt_tokens_details"] == {"cached_tokens": 128}
+    # two blocks, then 24 records of the tail the request before kept (longer[128:] and its
+    # answer): every prompt token but the last, which is computed anyway
+    assert usage["prompt_tokens_details"] == {"cached_tokens": 128 + 24}
     # a chat's next turn starts from the blocks of the turn before
     conv = [{"role": "user", "content": "Tell me about rivers and the sea. " * 12}]
     a = post_ok(client, "/v1/chat/completions", messages=conv, max_tokens=8, temperature=0)

@@ -10,11 +10,16 @@ step on average where a decode step computes one.
 So when a sequence whose tokens are known leaves the cache with a partial tail in its W slot
 (the GPU write tail), the slot is kept, named by the name of the sealed block before it (its
 chain's root for a tail that is the whole sequence) and the tail's tokens. A sequence admitted
-with a prompt that continues that block with those tokens copies the tail's records into its own
-W slot (``InplaceKVCache.add_sequence``: one copy over every layer, on the device) and prefills
-only what follows. Kept tails are free slots to everything else: the least recently used one is
-given back whenever a sequence needs a W slot and none is free, so keeping them never refuses
-or delays a request. Nothing here touches tensors.
+with a prompt that continues that block with those tokens, or with the first few of them (a
+next turn whose template drops the last answer's thinking; a prompt equal to what a request
+showed after it stopped, which must leave its last token to compute), copies those records
+into its own W slot (``InplaceKVCache.add_sequence``: one copy over every layer, on the device)
+and prefills only what follows. Only those first records are its: where it takes the kept slot
+itself over, the tail's later records stay in it until its own overwrite them, never read (a
+sequence's token count bounds what is read of its slot). Kept tails are free slots to
+everything else: the least recently used one is given back whenever a sequence needs a W slot
+and none is free, so keeping them never refuses or delays a request. Nothing here touches
+tensors.
 """
 from __future__ import annotations
 
@@ -26,7 +31,8 @@ TailKey = tuple[bytes | None, tuple[int, ...]]  # (the name of the block before 
 
 @dataclass(frozen=True)
 class TailMatch:
-    """A kept tail a prompt continues: its W slot and its token count."""
+    """A kept tail a prompt starts from: its W slot, and how many of its records (its first
+    ``tokens``) the prompt shares."""
 
     key: TailKey
     slot: int
@@ -57,18 +63,25 @@ class TailCache:
         return None
 
     def find(self, parent: bytes | None, following: list[int], most: int) -> TailMatch | None:
-        """The longest kept tail after block ``parent`` whose tokens begin ``following`` and
-        number at most ``most`` (a prompt leaves its last token to compute)."""
-        best = None
+        """The kept tail after block ``parent`` that shares the longest start with
+        ``following``, and how many of its records that start is (at most ``most``: a prompt
+        leaves its last token to compute). A prompt that goes another way after some of a
+        tail's tokens -- the next turn of a conversation whose template drops the last answer's
+        thinking -- still starts from the records before that."""
+        best, best_n = None, 0
         for toks in self._by_parent.get(parent, ()):
-            n = len(toks)
-            if n <= most and (best is None or n > len(best)) and tuple(following[:n]) == toks:
-                best = toks
+            n = 0
+            for a, b in zip(toks, following[:most]):
+                if a != b:
+                    break
+                n += 1
+            if n > best_n:
+                best, best_n = toks, n
         if best is None:
             return None
         key = (parent, best)
         self._slots.move_to_end(key)
-        return TailMatch(key, self._slots[key], len(best))
+        return TailMatch(key, self._slots[key], best_n)
 
     def take(self, key: TailKey) -> int:
         """Stop keeping ``key``'s tail; its slot (now the caller's)."""
