@@ -455,8 +455,12 @@ def test_output_text_logprobs_are_the_chat_endpoints(client):
     logprob, the alternatives); streamed, the deltas' join to them (without bytes, as
     OpenAI's events), the done event has them all; ``top_logprobs`` alone returns none."""
     req = dict(input="Tell me about rivers.", ignore_eos=True, **GREEDY)
+    # each from an empty prefix cache: records reused from the last one's kept tail would
+    # move the last bits of the logprobs
+    post_ok(client, "/reset_prefix_cache")
     body = post_ok(client, "/v1/responses", include=LOGPROBS, top_logprobs=3, **req)
     (part,) = body["output"][0]["content"]
+    post_ok(client, "/reset_prefix_cache")
     chat = post_ok(client, "/v1/chat/completions", temperature=0, max_tokens=12,
                    ignore_eos=True, logprobs=True, top_logprobs=3,
                    messages=[{"role": "user", "content": "Tell me about rivers."}])
@@ -468,6 +472,7 @@ def test_output_text_logprobs_are_the_chat_endpoints(client):
     parsed = _sdk_parse(body)
     assert [lp.logprob for lp in parsed.output[0].content[0].logprobs] == \
         [e["logprob"] for e in want]
+    post_ok(client, "/reset_prefix_cache")
     events = _events(client, include=LOGPROBS, top_logprobs=3, **req)
     deltas = [d["logprobs"] for n, d in events if n == "response.output_text.delta"]
     assert [e for lps in deltas for e in lps] == _delta_form(want)
