@@ -91,13 +91,14 @@ def test_mla(amx_emulated, bs):
 @pytest.mark.parametrize("defines", [("-DWS_KSB=128",), ("-DWS_KSB=512",), ("-DWS_QK_TM=0",),
                                      ("-DWS_PV_PF=0",), ("-DWS_QK_PF=0",),
                                      ("-DWS_PV_PF=0", "-DWS_QK_PF=0"), ("-DWS_PV_PAR=0",),
-                                     ("-DWS_PF_SPREAD=1",)])
+                                     ("-DWS_PF_SPREAD=0",)])
 def test_mla_with_the_kernels_compile_time_knobs(monkeypatch, defines):
     """The builds ``bench.cpu_phases --defines`` compares: shorter and longer online-softmax
     passes (token slots per pass), the C layout's Q.K in the parity form instead of on
     token-major copies, P.V without its L1 prefetch, the token-major Q.K without its own, neither,
     the GPU layout's P.V on a pair-interleaved copy of V instead of V in place, and the L2
-    prefetch spread over each pass compute the same as the oracle."""
+    prefetch kept a block ahead during Q.K instead of spread over each pass (the default)
+    compute the same as the oracle."""
     swap_in(cpu.build_test_variant(("-DWS_AMX_EMULATE",) + defines), monkeypatch)
     try:
         spec = KVSpec.mla(1, 512, 64, torch.bfloat16)

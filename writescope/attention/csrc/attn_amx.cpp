@@ -63,10 +63,14 @@
 //  * Software prefetch into L2 (ws_pf_*): a cursor over the item's blocks from its second one,
 //    a few lines per tile step; during a pass's Q.K it runs one block ahead of the blocks being
 //    read, during P.V it covers the next pass (an item of one pass is prefetched too).
-//    -DWS_PF_SPREAD=1: the next pass's lines spread over the whole of this pass, Q.K and P.V
-//    (no one-block limit during Q.K): on the 2-core AMX dev VM (fifty-third session), where a
-//    core's DRAM waits add to its tile work, bench.cpu_ab at distance 1 read 1.07-1.08x for
-//    MLA and 1.02-1.03x for GQA; not yet timed on a 16-core host, so off by default.
+//    WS_PF_SPREAD (default 1): the next pass's lines spread over the whole of this pass, Q.K
+//    and P.V (no one-block limit during Q.K; -DWS_PF_SPREAD=0 restores the limit). On the
+//    2-core AMX dev VM (fifty-third session), where a core's DRAM waits add to its tile work,
+//    bench.cpu_ab at distance 1 read 1.07-1.08x for MLA and 1.02-1.03x for GQA. On 16-core
+//    hosts: the fifty-fifth session's H200 host 0.98-1.06x (MLA 1 x 256K +6%, the rest level);
+//    the seventy-seventh's H100 host (bench/results/2026-12-07e-h100 calls 2 and 3) at the
+//    default distance 2, 1.01-1.06x in 17 of 18 ratios over three runs (both families, every
+//    size; 0.996x in the other), mixed at distance 1 (0.94-1.09x). Never more than 2% slower.
 // Intel's AMX programming reference / SDM (TILECFG, TDPBF16PS operand format) and oneDNN's
 // brgemm kernels (VNNI B operands, several C tiles sharing A/B loads) were read for the tile
 // configuration and blocking; the kernel is our own. Building with -DWS_AMX_EMULATE (tests only)
@@ -181,7 +185,7 @@ struct ItemPf {
 };
 
 #ifndef WS_PF_SPREAD
-#define WS_PF_SPREAD 0
+#define WS_PF_SPREAD 1
 #endif
 static inline void ipf_step(ItemPf& p) {
     int64_t k = p.k;
