@@ -327,6 +327,16 @@ def chat_engine(path, template: str, **options):
     return eng
 
 
+def abort_left(request, names=("prio", "fcfs")) -> None:
+    """Abort whatever is left in the engines of the ``LLM`` fixtures ``names`` that the test
+    used (an autouse fixture's teardown): a failing test's requests do not stay queued in the
+    shared engines for the next."""
+    for name in names:
+        if name in request.fixturenames:
+            eng = request.getfixturevalue(name).llm_engine
+            eng.abort_request(list(eng.requests) + list(eng.fanout.parents))
+
+
 def post_ok(client, path: str, **body) -> dict:
     """POST ``body`` as JSON; the answer's JSON, after checking it is a 200."""
     r = client.post(path, json=body)

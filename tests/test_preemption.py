@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import abort_left
 from writescope import LLM, SamplingParams
 from writescope.core import RequestOutputKind, RequestStatus
 from writescope.engine.beam import BeamSearchParams
@@ -37,12 +38,8 @@ def fcfs(tiny_qwen3_moe):
 
 @pytest.fixture(autouse=True)
 def _nothing_left_behind(request):
-    """A failing test's requests do not stay queued in the shared engines for the next."""
     yield
-    for name in ("prio", "fcfs"):
-        if name in request.fixturenames:
-            eng = request.getfixturevalue(name).llm_engine
-            eng.abort_request(list(eng.requests) + list(eng.fanout.parents))
+    abort_left(request)
 
 
 def alone(llm, prompt, params) -> list[int]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import in_process_server, post_ok
+from conftest import abort_left, in_process_server, post_ok
 from writescope import LLM, SamplingParams
 from writescope.core import InvalidRequestError, Request
 from writescope.engine.scheduler import Scheduler
@@ -30,12 +30,8 @@ def fcfs(tiny_qwen3_moe):
 
 @pytest.fixture(autouse=True)
 def _nothing_left_behind(request):
-    """A failing test's requests do not stay queued in the shared engines for the next."""
     yield
-    for name in ("prio", "fcfs"):
-        if name in request.fixturenames:
-            eng = request.getfixturevalue(name).llm_engine
-            eng.abort_request(list(eng.requests) + list(eng.fanout.parents))
+    abort_left(request)
 
 
 def finish_order(eng) -> list[str]:
