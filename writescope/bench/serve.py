@@ -226,9 +226,11 @@ class LaunchedServer:
     """``writescope serve --port 0`` in a subprocess; its URL read from the ready line.
 
     ``LaunchedServer(args)`` starts the process and returns at once; :meth:`wait_ready` blocks
-    until the server prints its ready line (or raises with the process's last output)."""
+    until the server prints its ready line (or raises with the process's last output).
+    ``preexec_fn``: run in the child before it starts (``subprocess.Popen``'s)."""
 
-    def __init__(self, serve_args: list[str], env: dict | None = None) -> None:
+    def __init__(self, serve_args: list[str], env: dict | None = None,
+                 preexec_fn=None) -> None:
         cmd = [sys.executable, "-m", "writescope.cli", "serve", "--host", "127.0.0.1",
                "--port", "0", "--no-access-log", "--log-level", "warning", *serve_args]
         self.cmd = cmd
@@ -237,7 +239,8 @@ class LaunchedServer:
         env["PYTHONPATH"] = os.pathsep.join(x for x in (root, env.get("PYTHONPATH")) if x)
         env.setdefault("PYTHONUNBUFFERED", "1")
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, text=True, bufsize=1, env=env)
+                                     stdin=subprocess.DEVNULL, text=True, bufsize=1, env=env,
+                                     preexec_fn=preexec_fn)
         self.lines: list[str] = []
         self.url: str | None = None
         self._ready = threading.Event()

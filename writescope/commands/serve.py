@@ -188,6 +188,8 @@ def run(args: argparse.Namespace) -> int:
         owner.close()  # (where the engine loop ran, it closed the thread already: harmless)
         signal.signal(signal.SIGTERM, previous)
         sock.close()
+    if signal.SIGINT in server.stop_signals:  # uvicorn's re-raise was ignored (SIG_IGN
+        raise KeyboardInterrupt                # inherited): Ctrl-C's exit all the same
     if not server.started:
         print("writescope serve: the server failed to start", file=sys.stderr)
         return 1

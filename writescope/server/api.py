@@ -748,6 +748,14 @@ class GracefulServer(uvicorn.Server):
         super().__init__(config)
         self.app_server: OpenAIServer = app.state.server
         self.grace_s = grace_s
+        #: the signals that stopped it, in order (``writescope serve`` exits 130 after a
+        #: SIGINT even where uvicorn's re-raise of it is ignored: a server started with SIGINT
+        #: ignored, as a shell's background job is)
+        self.stop_signals: list[int] = []
+
+    def handle_exit(self, sig: int, frame) -> None:
+        self.stop_signals.append(sig)
+        super().handle_exit(sig, frame)
 
     async def shutdown(self, sockets=None) -> None:
         for server in self.servers:
