@@ -12,6 +12,7 @@ message's text is found after the reasoning's, so a stream, which asks as the te
 gives the same tokens in its deltas as the whole response."""
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import TYPE_CHECKING
 
 from .token_bytes import CharOffsets
@@ -48,9 +49,13 @@ class TextLogprobs:
             return range(0)
         b = a + len(content)
         self._spans()
-        inside = [i for i, (s, e) in enumerate(zip(self.starts, self.ends))
-                  if (s < b and e > a) or (s == e and a <= s < b)]
-        return range(inside[0], inside[-1] + 1) if inside else range(0)
+        # the tokens with s < b and e > a, or s == e in [a, b): one run, since starts and ends
+        # never decrease (bisection: a stream asks at every delta)
+        i = bisect_left(self.ends, a)
+        while i < len(self.ends) and self.ends[i] == a and self.starts[i] < a:
+            i += 1  # ends where the message starts
+        j = bisect_left(self.starts, b)  # the first token at or after the message's end
+        return range(i, j) if i < j else range(0)
 
     def entries(self, span: range, with_bytes: bool = True) -> list[dict]:
         """Tokens ``span``'s logprobs: OpenAI's ``Logprob`` of an ``output_text`` part, or
