@@ -43,17 +43,23 @@ def _routing(N, E, k, seed=1):
     return ids, w
 
 
+def _expert_h(x, ids, gate, up):
+    """Each (token t, slot j, expert e, h = silu(gate_e x_t) * up_e x_t) in float64 (x, gate
+    and up already float64)."""
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e = int(ids[t, j])
+            yield t, j, e, F.silu(gate[e] @ x[t]) * (up[e] @ x[t])
+
+
 def ref64(x, ids, w, gate, up, down, round_h_to=None):
     """float64 oracle: sum_j w[t,j] * down_e(silu(gate_e x) * up_e x), token by token."""
     x, gate, up, down = (t.double() for t in (x, gate, up, down))
     out = torch.zeros(x.shape[0], down.shape[1], dtype=torch.float64)
-    for t in range(x.shape[0]):
-        for j in range(ids.shape[1]):
-            e = int(ids[t, j])
-            h = F.silu(gate[e] @ x[t]) * (up[e] @ x[t])
-            if round_h_to is not None:
-                h = h.to(round_h_to).double()
-            out[t] += float(w[t, j]) * (down[e] @ h)
+    for t, j, e, h in _expert_h(x, ids, gate, up):
+        if round_h_to is not None:
+            h = h.to(round_h_to).double()
+        out[t] += float(w[t, j]) * (down[e] @ h)
     return out
 
 
@@ -64,15 +70,12 @@ def bf16_tie_slack(x, ids, w, gate, up, down, rel: float = 2.0 ** -18):
     moving the output by up to ``w * |down[:, i]| * ulp``. Zero where no h is that close."""
     x, gate, up, down = (t.double() for t in (x, gate, up, down))
     slack = torch.zeros(x.shape[0], down.shape[1], dtype=torch.float64)
-    for t in range(x.shape[0]):
-        for j in range(ids.shape[1]):
-            e = int(ids[t, j])
-            h = F.silu(gate[e] @ x[t]) * (up[e] @ x[t])
-            hb = h.to(torch.bfloat16).double()
-            ulp = torch.ldexp(torch.ones_like(hb), torch.frexp(hb.abs().clamp_min(1e-30))[1] - 8)
-            near = ((h - hb).abs() - ulp / 2).abs() <= rel * h.abs()
-            if near.any():
-                slack[t] += abs(float(w[t, j])) * (down[e][:, near].abs() @ ulp[near])
+    for t, j, e, h in _expert_h(x, ids, gate, up):
+        hb = h.to(torch.bfloat16).double()
+        ulp = torch.ldexp(torch.ones_like(hb), torch.frexp(hb.abs().clamp_min(1e-30))[1] - 8)
+        near = ((h - hb).abs() - ulp / 2).abs() <= rel * h.abs()
+        if near.any():
+            slack[t] += abs(float(w[t, j])) * (down[e][:, near].abs() @ ulp[near])
     return slack
 
 
