@@ -1327,6 +1327,29 @@ def test_an_expert_threads_variant_sets_the_cpu_experts_team(tiny_qwen3_moe, tmp
     assert rc == 0 and seen[-1] == 1 and cpu_experts.num_threads_setting() is None
 
 
+def test_split_spilled_and_team_lock_variants_set_the_engine_s_steps(tiny_qwen3_moe, tmp_path,
+                                                                   monkeypatch):
+    """``writescope@split_spilled=1`` runs that policy's rows with the runner splitting spilled
+    decode steps into two sub-batches with the experts on the CPU (its rows count split steps;
+    the engine's own setting keeps them whole), ``writescope@team_lock=0`` with the CPU job
+    queues' lock off; the policies after them, and the engine after the grid, have the engine's
+    own settings back. A value other than 0 or 1 fails that row."""
+    from writescope.attention import cpu as cpu_attention
+    monkeypatch.setenv("WRITESCOPE_CUDA_GRAPHS", "pieces")  # (the piecewise steps on the CPU)
+    rows, seen = _variant_rows(
+        tiny_qwen3_moe, tmp_path, monkeypatch,
+        "writescope@split_spilled=1,writescope,writescope@team_lock=0,writescope@split_spilled=2",
+        lambda engine: (engine.runner.expert_pipeline, cpu_attention.team_lock()),
+        "--experts", "cpu")
+    own = seen[1][0]
+    assert own != "all" and seen == [("all", True), (own, True), (own, False)]
+    assert not any(r.get("error") for r in rows[:3])
+    assert "split_spilled must be 0 or 1" in rows[3]["error"]
+    assert rows[0]["pipelined_steps"] > 0 and rows[1]["pipelined_steps"] == 0
+    assert rows[0]["output_token_ids"] == rows[1]["output_token_ids"] == rows[2]["output_token_ids"]
+    assert cpu_attention.team_lock() is True
+
+
 def test_a_cpu_threads_variant_sets_the_cache_s_attention_team(tiny_qwen3_moe, tmp_path, monkeypatch):
     """``writescope@cpu_threads=2`` runs writescope with the CPU attention kernel's calls planned
     for two threads in that policy's cache (the row records it), the plain policy with

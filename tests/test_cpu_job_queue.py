@@ -457,3 +457,83 @@ def test_a_bad_timer_slack_setting_is_refused(monkeypatch):
             precise_naps()
         with pytest.raises(ValueError, match="WRITESCOPE_TIMER_SLACK_NS"):
             cpu.CpuJobQueue()
+
+
+@pytest.fixture
+def team_lock():
+    """``cpu.set_team_lock`` back to its setting after the test."""
+    before = cpu.team_lock()
+    yield cpu.set_team_lock
+    cpu.set_team_lock(before)
+
+
+def test_two_queues_calls_share_the_cores_one_at_a_time(team_lock):
+    """Two job queues with calls ready at once -- one's CPU attention, the other's CPU routed
+    experts, as a step split into two sub-batches has them -- run their kernels one at a time
+    under the team lock (csrc/attn_ops.cpp ``g_team_mu``): no call's kernel interval (inputs
+    ready and the cores taken, to done) overlaps another queue's. The results are those of
+    each call alone, and a call's wait for the cores counts as waiting, not as its kernel.
+    (Without the lock both teams ran at once: the check below fails with
+    ``WRITESCOPE_CPU_TEAM_LOCK=0``.)"""
+    from writescope.layers.cpu_experts import CpuExperts, get_lib
+    if get_lib() is None:
+        pytest.skip("CPU expert kernel unavailable")
+    team_lock(True)
+    spec = KVSpec.mla(3, 256, 32, torch.bfloat16)
+    gen = torch.Generator().manual_seed(21)
+    lens = [[32] * 96, [32] * 64 + [7]]
+    n = sum(len(x) for x in lens)
+    pool = torch.randn(cpu_pool_shape(spec, n, 32), generator=gen).to(torch.bfloat16)
+    perm = torch.randperm(n, generator=gen).tolist()
+    batch = BlockBatch.build([1, 1], [[perm.pop() for _ in x] for x in lens], lens)
+    q = torch.randn(2, 16, spec.k_dim, generator=gen).to(torch.bfloat16)
+    plan = cpu.CpuAttentionPlan(pool[0], "cpu", spec, batch, 0.05, 2, 16, q.dtype)
+    want_attn = plan(q, pool[1])
+    ex = CpuExperts.random(16, 256, 512, torch.bfloat16, seed=9)
+    hidden = torch.randn(24, 256, generator=gen).to(torch.bfloat16)
+    ids = torch.randint(0, 16, (24, 4), generator=gen, dtype=torch.int32)
+    w = torch.rand(24, 4, generator=gen)
+    want_ex = ex.forward(hidden, ids, w)
+    words = np.zeros(2, dtype=np.int64)
+    attn_q, expert_q = cpu.CpuJobQueue(), cpu.CpuJobQueue()
+    calls = 6
+    try:
+        outs, results = [], []
+        for _ in range(calls):  # every input ready at once (no ready words)
+            o, l = torch.empty_like(want_attn[0]), torch.empty_like(want_attn[1])
+            attn_q.submit(plan, q, pool[1], o, l, ready=None, done=None)
+            outs.append((o, l))
+            res = torch.empty(24, 256, dtype=torch.bfloat16)
+            ex._submit_native(expert_q, hidden, ids, w, res, ready=None,
+                              done=(words.ctypes.data + 8, 1))
+            results.append(res)
+        assert attn_q.drain(timeout_s=60)[0] == calls
+        assert expert_q.drain(timeout_s=60)[0] == calls
+        spans = {name: [(ready, done) for _, ready, done in queue.times()]
+                 for name, queue in (("attention", attn_q), ("experts", expert_q))}
+    finally:
+        attn_q.close()
+        expert_q.close()
+    assert all(len(s) == calls for s in spans.values())
+    for a0, a1 in spans["attention"]:
+        for e0, e1 in spans["experts"]:
+            assert a1 <= e0 or e1 <= a0, (
+                f"attention's kernel {a0:.6f}-{a1:.6f} overlaps the experts' {e0:.6f}-{e1:.6f}")
+    for o, l in outs:
+        assert torch.equal(o, want_attn[0]) and torch.equal(l, want_attn[1])
+    for res in results:
+        assert torch.equal(res, want_ex)
+
+
+def test_the_team_lock_setting(team_lock, monkeypatch):
+    """``set_team_lock`` returns the setting before and reaches the library; ``None`` goes
+    back to ``WRITESCOPE_CPU_TEAM_LOCK`` (on unless it says 0/off/false/no)."""
+    assert team_lock(False) in (True, False) and cpu.team_lock() is False
+    assert cpu._load().ws_set_team_lock(0) == 0  # the library holds the same setting
+    assert team_lock(True) is False and cpu._load().ws_set_team_lock(1) == 1
+    monkeypatch.setenv("WRITESCOPE_CPU_TEAM_LOCK", "off")
+    team_lock(None)
+    assert cpu.team_lock() is False
+    monkeypatch.setenv("WRITESCOPE_CPU_TEAM_LOCK", "1")
+    team_lock(None)
+    assert cpu.team_lock() is True

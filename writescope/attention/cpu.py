@@ -158,6 +158,11 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         lib.ws_queue_drain_to.argtypes = [p, i64, d, p]
     except AttributeError:
         pass
+    try:  # (likewise)
+        lib.ws_set_team_lock.restype = i
+        lib.ws_set_team_lock.argtypes = [i]
+    except AttributeError:
+        pass
     lib.ws_queue_times.restype = i
     lib.ws_queue_times.argtypes = [p, p, i]
     lib.ws_queue_free.restype = None
@@ -201,6 +206,8 @@ def use_library(lib: ctypes.CDLL):
         raise RuntimeError(f"the CPU kernel is not available: {_load_error}")
     prev, prev_features, prev_amx = _lib, _features, _amx_ok
     lib.ws_set_prefetch_blocks(_prefetch_blocks)
+    if hasattr(lib, "ws_set_team_lock"):
+        lib.ws_set_team_lock(int(_team_lock))
     _lib = lib
     if getattr(lib, "ws_emulated_tiles", False) and _features & _F_BF16:
         _features, _amx_ok = _features | _F_AMX, True
@@ -230,6 +237,7 @@ def _load() -> ctypes.CDLL | None:
             if not _features & _F_AVX2:
                 raise RuntimeError("the CPU lacks AVX2+FMA")
             lib.ws_set_prefetch_blocks(_prefetch_blocks)
+            lib.ws_set_team_lock(int(_team_lock))
             _lib = lib
         except Exception as e:  # no compiler, failed build, unsupported CPU: torch fallback
             _load_error = f"{type(e).__name__}: {e}"
@@ -297,6 +305,37 @@ def set_prefetch_blocks(n: int | None, *, from_profile: bool = False) -> None:
 
 def get_prefetch_blocks() -> int:
     return _prefetch_blocks
+
+
+def _team_lock_env() -> bool:
+    v = os.environ.get("WRITESCOPE_CPU_TEAM_LOCK", "1").strip().lower()
+    return v not in ("0", "off", "false", "no")
+
+
+#: whether the job queues' calls run one at a time on the CPU's cores (:func:`set_team_lock`)
+_team_lock = _team_lock_env()
+
+
+def set_team_lock(on: bool | None) -> bool:
+    """Whether the native job queues' calls (:class:`CpuJobQueue`: CPU attention and the CPU
+    routed experts' calls) take one process-wide lock for their kernels, so that two queues'
+    thread teams never run at once on the same cores (``csrc/attn_ops.cpp``, ``g_team_mu``).
+    A call takes it once its inputs are ready, never while it waits for them. On by default
+    (``WRITESCOPE_CPU_TEAM_LOCK=0``: off); ``None``: back to the environment's setting. It
+    matters where two queues have ready calls at once: a decode step split into two
+    sub-batches with the experts on the CPU and CPU attention (``WRITESCOPE_PIPELINE_EXPERTS=
+    all``). Returns the setting before."""
+    global _team_lock
+    before = _team_lock
+    _team_lock = _team_lock_env() if on is None else bool(on)
+    if _lib is not None and hasattr(_lib, "ws_set_team_lock"):
+        _lib.ws_set_team_lock(int(_team_lock))
+    return before
+
+
+def team_lock() -> bool:
+    """:func:`set_team_lock`'s setting."""
+    return _team_lock
 
 
 def prefetch_chosen_by_user() -> bool:

@@ -268,10 +268,26 @@ def swap_kv_policy(engine, policy: str, *, cpu_share: float) -> None:
     the CPU routed experts' team size while this policy's rows run (a policy without it runs
     with the engine's own), so that two team sizes alternate round by round in one process, and
     ``expert_link``, the link's share of small decode steps' CPU experts (0: none;
-    ``layers/expert_link.py``) while its rows run."""
+    ``layers/expert_link.py``) while its rows run. Two more switch the engine's steps for a
+    policy's rows: ``split_spilled=1`` splits decode steps that stream or attend spilled KV
+    into two sub-batches with the experts on the CPU (the runner's
+    ``WRITESCOPE_PIPELINE_EXPERTS=all``; ``0``: not, the engine's own setting otherwise), and
+    ``team_lock=0|1`` whether the CPU job queues' calls take the cores one at a time
+    (``attention.cpu.set_team_lock``)."""
+    from ..attention import cpu as cpu_attention
     from ..layers import cpu_experts
     name, sets = split_variant(policy)
     sets = dict(sets)
+    split = sets.pop("split_spilled", None)
+    lock = sets.pop("team_lock", None)
+    for key, value in (("split_spilled", split), ("team_lock", lock)):
+        if value is not None and value not in (0, 1):
+            raise ValueError(f"policy {policy!r}: {key} must be 0 or 1")
+    if split is not None and getattr(engine, "runner", None) is None:
+        raise ValueError(f"policy {policy!r}: split_spilled needs the engine's model runner")
+    if not hasattr(engine, "bench_team_lock"):
+        engine.bench_team_lock = cpu_attention.team_lock()
+    cpu_attention.set_team_lock(engine.bench_team_lock if lock is None else bool(lock))
     threads = sets.pop("cpu_threads", None)
     if threads is not None and (threads != int(threads) or threads < 1):
         raise ValueError(f"policy {policy!r}: cpu_threads must be a whole number >= 1")
@@ -293,6 +309,13 @@ def swap_kv_policy(engine, policy: str, *, cpu_share: float) -> None:
         link.share = engine.bench_expert_link if link_share is None else float(link_share)
     engine.set_kv_policy(name, cpu_share=cpu_share,
                          cpu_threads=None if threads is None else int(threads))
+    runner = getattr(engine, "runner", None)  # (the new cache's runner)
+    if runner is not None:
+        if not hasattr(engine, "bench_expert_pipeline"):  # the engine's own, before any variant
+            engine.bench_expert_pipeline = runner.expert_pipeline
+        own = engine.bench_expert_pipeline
+        runner.expert_pipeline = own if split is None else (
+            "all" if split else ("auto" if own == "all" else own))
     pol = engine.cache.policy
     for key, value in sets.items():
         current = getattr(pol, key, None)
@@ -496,6 +519,11 @@ class Grid:
             cpu_experts.set_num_threads(engine.bench_expert_threads)
         if hasattr(engine, "bench_expert_link") and engine.expert_link is not None:
             engine.expert_link.share = engine.bench_expert_link  # (and its link share)
+        if hasattr(engine, "bench_expert_pipeline"):  # (its steps' form)
+            engine.runner.expert_pipeline = engine.bench_expert_pipeline
+        if hasattr(engine, "bench_team_lock"):  # (and the CPU queues' lock)
+            from ..attention import cpu as cpu_attention
+            cpu_attention.set_team_lock(engine.bench_team_lock)
         for peer_name in s.peers:
             self._run_peer(engine, model, cfg, peer_name, vram_budget, ws_tokens, bar)
         del engine

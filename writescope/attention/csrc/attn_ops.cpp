@@ -638,9 +638,24 @@ void fill_uncovered(const CallArgs& a, const Plan& plan) {
 // threads) -- no gain alone, and with all 16 cores in the team a 4-5 ms p90 (a spinning member
 // displaced by the thread raising the word). Spinning keeps every core of the team busy while
 // it waits, so the engine turns it off when CPU experts share those cores.
+// The CPU's cores run one job queue's call at a time (ws_set_team_lock; on by default): a queued
+// call takes this lock once its inputs are ready and holds it for its kernel only. Each queue's
+// calls run in their own thread's team, so without it a step split into two sub-batches with
+// routed experts on the CPU would run one sub-batch's attention team and the other's experts
+// team at once, 2 x 15 threads on 16 cores. A holder never waits for the device (its ready word
+// was seen before it locked), so a call waiting for its inputs cannot hold up one whose inputs
+// have landed. Uncontended -- one batch a step, whose attention and experts alternate -- it
+// costs a lock and an unlock a call.
+std::mutex g_team_mu;
+std::atomic<int> g_team_lock{1};
+
+std::mutex* team_lock() {
+    return g_team_lock.load(std::memory_order_relaxed) ? &g_team_mu : nullptr;
+}
+
 int flagged_call(const CallArgs& a, const volatile int64_t* ready, int64_t ready_value,
                  int64_t* done, int64_t done_value, double timeout_s, double spin_s,
-                 const std::atomic<int>* cancel, double* times) {
+                 const std::atomic<int>* cancel, double* times, std::mutex* cores = nullptr) {
     static thread_local Plan plan;
     const double t0 = now_s();
     double t1 = t0;
@@ -648,9 +663,11 @@ int flagged_call(const CallArgs& a, const volatile int64_t* ready, int64_t ready
     int nitems = 0, nunits = 0, team = 1;
     int rc = plan_call(a, plan, J, nitems, nunits, team);
     const bool early = rc == 0 && ready && spin_s > 0 && nitems > 0;
+    bool locked = false;  // `cores` held (by this thread: the parallel region's master is it)
     if (rc == 0 && !early) {
         rc = wait_ready(ready, ready_value, timeout_s, cancel, 0.0);
-        t1 = now_s();
+        if (rc == 0 && cores) { cores->lock(); locked = true; }
+        t1 = now_s();  // (the wait for the cores counts as waiting, not as the kernel's)
         if (rc == 0) {
             fill_uncovered(a, plan);
             std::atomic<int> next{0}, next_unit{0};
@@ -671,6 +688,7 @@ int flagged_call(const CallArgs& a, const volatile int64_t* ready, int64_t ready
 #endif
             if (master) {
                 const int w = wait_ready(ready, ready_value, timeout_s, cancel, spin_s);
+                if (w == 0 && cores) { cores->lock(); locked = true; }
                 t1 = now_s();
                 state.store(w == 0 ? 1 : w, std::memory_order_release);
             } else {
@@ -687,6 +705,7 @@ int flagged_call(const CallArgs& a, const volatile int64_t* ready, int64_t ready
         }
         rc = state.load() == 1 ? 0 : state.load();
     }
+    if (locked) cores->unlock();
     if (rc == 0 || rc == -10 || rc == -11) {
         plan.qpack.trim();
         plan.part.trim();
@@ -771,16 +790,19 @@ void queue_main(WsQueue* Q) {
         } else if (c.fn) {
             const double t0 = now_s();
             rc = wait_ready(c.ready, c.ready_value, c.timeout_s, &Q->stop, c.spin_s);
-            const double t1 = now_s();
             if (rc == 0 && c.consume_ready && c.ready)
                 __atomic_store_n((int64_t*)c.ready, (int64_t)0, __ATOMIC_RELAXED);
+            std::mutex* cores = rc == 0 ? team_lock() : nullptr;
+            if (cores) cores->lock();
+            const double t1 = now_s();
             if (rc == 0) rc = c.fn(c.arg);
+            if (cores) cores->unlock();
             if (c.done) __atomic_store_n(c.done, c.done_value, __ATOMIC_RELEASE);
             t[0] = t1 - t0;
             t[1] = now_s() - t1;
         } else {
             rc = flagged_call(c.a, c.ready, c.ready_value, c.done, c.done_value, c.timeout_s,
-                              c.spin_s, &Q->stop, t);
+                              c.spin_s, &Q->stop, t, team_lock());
         }
         {
             std::lock_guard<std::mutex> lk(Q->mu);
@@ -841,6 +863,10 @@ int ws_amx_request() {
 int ws_default_threads() { return default_threads(); }
 
 void ws_set_prefetch_blocks(int n) { g_prefetch_blocks = n < 0 ? 0 : n > 64 ? 64 : n; }
+
+// Whether the job queues' calls take the CPU's one-team-at-a-time lock (see g_team_mu); cpu.py
+// sets it at load (WRITESCOPE_CPU_TEAM_LOCK, default on). Returns the setting before.
+int ws_set_team_lock(int on) { return g_team_lock.exchange(on ? 1 : 0); }
 
 // ws_attend_ex between two flag words, all without the caller's interpreter lock (ctypes drops it
 // for the whole call): wait until *ready >= ready_value (the device stream raises it once this
