@@ -652,9 +652,8 @@ def test_a_background_response_is_polled_to_its_end(client, engine):
     nxt = post_ok(client, "/v1/responses", input="More.", previous_response_id=bg["id"],
                   **GREEDY)
     assert nxt["status"] in ("completed", "incomplete")
-    for extra, param in (({"store": False}, "background"), ({"stream": True}, "stream")):
-        r = client.post("/v1/responses", json={"background": True, **req, **extra})
-        assert r.status_code == 400 and r.json()["error"]["param"] == param
+    r = client.post("/v1/responses", json={"background": True, "store": False, **req})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "background"
 
 
 def test_cancel_aborts_a_background_response_and_frees_the_engine(client, engine):
@@ -698,6 +697,165 @@ def test_cancel_aborts_a_background_response_and_frees_the_engine(client, engine
     assert client.get(f"/v1/responses/{run['id']}").status_code == 404
 
 
+def _replayed(client, rid: str, **params) -> list[tuple[str, dict]]:
+    """``GET /v1/responses/{id}?stream=true``'s (SSE event name, data) pairs."""
+    with client.stream("GET", f"/v1/responses/{rid}",
+                       params={"stream": "true", **params}) as r:
+        assert r.status_code == 200, r.read()
+        assert r.headers["content-type"].startswith("text/event-stream")
+        text = "".join(r.iter_text())
+    out = []
+    for block in text.strip().split("\n\n") if text.strip() else []:
+        lines = dict(ln.split(": ", 1) for ln in block.split("\n"))
+        out.append((lines["event"], json.loads(lines["data"])))
+    return out
+
+
+def _deltas(events) -> str:
+    """The output text a stream's deltas wrote: the SDK's events or (name, data) pairs."""
+    pairs = [e if isinstance(e, tuple) else (e.type, {"delta": getattr(e, "delta", "")})
+             for e in events]
+    return "".join(d["delta"] for n, d in pairs if n == "response.output_text.delta")
+
+
+def test_a_streamed_background_response_sends_a_foreground_streams_events(client, engine):
+    """``background`` and ``stream``: the answer is the foreground stream's events (the same
+    items and text), the response ``queued`` first (``response.created``,
+    ``response.queued``, as OpenAI's); its events are kept while it is stored: ``GET
+    /v1/responses/{id}?stream=true`` replays them all, the same, and the finished response
+    is the last event's; deleted, they go with it."""
+    openai, sdk = _sdk(client)
+    server = client.app.state.server
+    req = dict(input="Tell me about rivers.", ignore_eos=True, temperature=0,
+               max_output_tokens=24)
+    fg = _events(client, **req)
+    bg = _events(client, background=True, **req)
+    names = [n for n, _ in bg]
+    assert names == ["response.created", "response.queued"] + [n for n, _ in fg][1:]
+    assert [d["sequence_number"] for _, d in bg] == list(range(len(bg)))
+    assert all(d["type"] == n for n, d in bg)
+    created, queued, started = (d["response"] for _, d in bg[:3])
+    assert created["status"] == queued["status"] == "queued" and created["background"] is True
+    assert started["status"] == "in_progress" and created["output"] == []
+    last = bg[-1][1]["response"]
+    assert bg[-1][0] == "response.incomplete" and last["status"] == "incomplete"
+    assert _deltas(bg) == _deltas(fg) == _message_text(last) == _message_text(fg[-1][1]["response"])
+    assert last["usage"]["output_tokens"] == 24
+    rid = last["id"]
+    assert client.get(f"/v1/responses/{rid}").json() == last
+    assert _replayed(client, rid) == bg  # replayed from the start, the same events
+    streamed = list(sdk.responses.retrieve(rid, stream=True))
+    assert [(e.type, e.sequence_number) for e in streamed] == \
+        [(n, d["sequence_number"]) for n, d in bg]
+    assert streamed[-1].response.output_text == _message_text(last)
+    assert _replayed(client, rid, starting_after=len(bg) - 1) == []  # nothing after the last
+    # the SDK's own client reads the stream as it comes
+    events = list(sdk.responses.create(input="Hi", background=True, stream=True,
+                                       temperature=0, max_output_tokens=8,
+                                       extra_body={"ignore_eos": True}))
+    assert [e.type for e in events[:3]] == ["response.created", "response.queued",
+                                            "response.in_progress"]
+    assert events[-1].type == "response.incomplete"
+    assert _deltas(events) == events[-1].response.output_text
+    assert _idle(engine, server) and server.background.running == {}
+    assert server.response_store.events(rid) is not None
+    assert client.delete(f"/v1/responses/{rid}").status_code == 200
+    assert server.response_store.events(rid) is None
+    assert client.get(f"/v1/responses/{rid}", params={"stream": "true"}).status_code == 404
+
+
+def test_a_background_stream_outlives_its_reader_and_resumes_where_it_left(client, engine):
+    """A client that leaves a background stream mid-way leaves the response running: it
+    finishes (nothing aborted) and stays retrievable; ``GET ...?stream=true&starting_after=N``
+    sends exactly the events after N (those stored, then those to come), so that the deltas
+    read before and after join into the final text."""
+    openai, sdk = _sdk(client)
+    server = client.app.state.server
+    stream = sdk.responses.create(input="Tell me about rivers.", background=True, stream=True,
+                                  temperature=0, max_output_tokens=120,
+                                  extra_body={"ignore_eos": True})
+    seen = []
+    for event in stream:  # up to its second delta
+        seen.append(event)
+        if sum(e.type == "response.output_text.delta" for e in seen) == 2:
+            break
+    stream.close()  # the client leaves mid-stream
+    rid = seen[0].response.id
+    cursor = seen[-1].sequence_number
+    assert [e.sequence_number for e in seen] == list(range(cursor + 1))
+    rest = list(sdk.responses.retrieve(rid, stream=True, starting_after=cursor))
+    assert [e.sequence_number for e in rest] == list(range(cursor + 1, cursor + 1 + len(rest)))
+    assert rest[-1].type == "response.incomplete"
+    final = sdk.responses.retrieve(rid)
+    assert final.status == "incomplete" and final.usage.output_tokens == 120
+    assert _deltas(seen) + _deltas(rest) == final.output_text == rest[-1].response.output_text
+    again = _replayed(client, rid, starting_after=cursor)
+    assert [(n, d["sequence_number"]) for n, d in again] == \
+        [(e.type, e.sequence_number) for e in rest]
+    assert _idle(engine, server) and server.background.running == {}
+
+
+def test_cancel_ends_a_background_stream(client, engine):
+    """Cancelling a streamed background response ends its streams (the one that created it
+    and one that follows it) with its last events, the response ``cancelled`` with what it
+    wrote; the engine is left with nothing; a later replay ends the same way."""
+    openai, sdk = _sdk(client)
+    server = client.app.state.server
+    stream = sdk.responses.create(input="Tell me about rivers.", background=True, stream=True,
+                                  temperature=0, max_output_tokens=480,
+                                  extra_body={"ignore_eos": True})
+    it = iter(stream)
+    seen = [next(it)]
+    rid = seen[0].response.id
+    follower = iter(sdk.responses.retrieve(rid, stream=True))
+    followed = [next(follower)]
+    for event in it:
+        seen.append(event)
+        if event.type == "response.output_text.delta":
+            break
+    cancelled = sdk.responses.cancel(rid)
+    assert cancelled.status == "cancelled" and cancelled.usage.output_tokens < 480
+    seen += list(it)  # the stream ends
+    followed += list(follower)
+    assert [e.sequence_number for e in seen] == list(range(len(seen)))
+    assert [(e.type, e.sequence_number) for e in followed] == \
+        [(e.type, e.sequence_number) for e in seen]
+    last = seen[-1]
+    assert last.type == "response.incomplete" and last.response.status == "cancelled"
+    assert last.response.output_text == cancelled.output_text == _deltas(seen)
+    assert client.get(f"/v1/responses/{rid}").json()["status"] == "cancelled"
+    replay = _replayed(client, rid)
+    assert replay[-1][1]["response"]["status"] == "cancelled" and len(replay) == len(seen)
+    assert _idle(engine, server) and server.background.running == {}
+
+
+def test_only_a_streamed_background_response_streams_again(client):
+    """``GET /v1/responses/{id}?stream=true`` on a response that keeps no events (a
+    foreground one, or a background one created without stream) is a 400 in OpenAI's error
+    format; an unknown id a 404; a ``starting_after`` or ``stream`` that is no such value a
+    400 naming it."""
+    openai, sdk = _sdk(client)
+    fg = post_ok(client, "/v1/responses", input="hi", **GREEDY)
+    r = client.get(f"/v1/responses/{fg['id']}", params={"stream": "true"})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["param"] == "stream"
+    assert "background" in err["message"]
+    with pytest.raises(openai.BadRequestError):
+        list(sdk.responses.retrieve(fg["id"], stream=True))
+    bg = post_ok(client, "/v1/responses", input="hi", background=True, **GREEDY)
+    _poll(client, bg["id"])
+    r = client.get(f"/v1/responses/{bg['id']}", params={"stream": "true"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stream"
+    assert client.get("/v1/responses/resp_nope", params={"stream": "true"}).status_code == 404
+    for params, param in (({"stream": "true", "starting_after": "x"}, "starting_after"),
+                          ({"stream": "maybe"}, "stream")):
+        r = client.get(f"/v1/responses/{bg['id']}", params=params)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param
+    assert client.get(f"/v1/responses/{fg['id']}", params={"stream": "false"}).json() == \
+        client.get(f"/v1/responses/{fg['id']}").json()
+
+
 def test_without_the_store_responses_are_answered_not_kept(engine):
     """``writescope serve --no-responses-store`` (``create_app(responses_store=False)``):
     ``store: true`` is answered as ``store: false`` (vLLM's, its store disabled), nothing
@@ -719,6 +877,8 @@ def test_without_the_store_responses_are_answered_not_kept(engine):
         assert events[-1][1]["response"]["store"] is False
         with pytest.raises(openai.NotFoundError):
             sdk.responses.retrieve(events[-1][1]["response"]["id"])
-        r = c.post("/v1/responses", json={"input": "hi", "background": True, **GREEDY})
-        assert r.status_code == 400 and r.json()["error"]["param"] == "background"
+        for stream in (False, True):
+            r = c.post("/v1/responses", json={"input": "hi", "background": True,
+                                              "stream": stream, **GREEDY})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "background"
         assert len(c.app.state.server.response_store) == 0

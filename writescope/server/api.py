@@ -863,7 +863,7 @@ def create_app(engine: Any, *, served_model_names: Sequence[str] | None = None,
 
     @app.get("/v1/responses/{response_id}")
     async def response_(request: Request, response_id: str):
-        return JSONResponse(responses.retrieve(server, request, response_id))
+        return responses.retrieve(server, request, response_id)
 
     @app.delete("/v1/responses/{response_id}")
     async def delete_response(request: Request, response_id: str):

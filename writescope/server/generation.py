@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from ..core import InvalidRequestError, SamplingParams
 from . import protocol as P
+from .engine_loop import Delta
 
 if TYPE_CHECKING:
     from .api import OpenAIServer
@@ -105,6 +106,15 @@ class Generation:
         if self._open:
             self._open = False
             self.server.active -= 1
+
+    def cancel(self) -> None:
+        """Abort what still runs and wake whoever waits for its next update (the engine sends
+        nothing for an abort): each unfinished choice ends "abort" as if the engine had said
+        so, and what follows the generation to its end (a stream's events) writes that end."""
+        for c in self.choices:
+            if not c.finished:
+                self.queue.put_nowait((c.index, Delta([], None, None, None, "abort")))
+        self.abort_unfinished()
 
     def abort_unfinished(self) -> None:
         for c in self.choices:

@@ -2,18 +2,33 @@
 request is admitted, stored ``queued`` and answered at once; its generation goes on in a task
 of the server's event loop, which stores it ``in_progress`` from its first tokens and, once it
 ends, as the finished response (``GET /v1/responses/{id}`` polls it). ``POST
-/v1/responses/{id}/cancel`` cancels the task: the engine request is aborted (its KV freed
-before the engine's next step) and the response stored ``cancelled`` with what it wrote."""
+/v1/responses/{id}/cancel`` ends the generation as an abort (the engine request aborted, its KV
+freed before the engine's next step) and the response is stored ``cancelled`` with what it
+wrote.
+
+With ``stream: true`` too, the task writes the response's stream events -- a foreground
+stream's (``ResponseView.events``), starting ``response.created`` and ``response.queued`` --
+into an :class:`~.response_events.EventLog` kept with the stored response; the ``POST``'s
+answer follows that log, and so does each ``GET /v1/responses/{id}?stream=true`` (from
+``starting_after``). A reader that leaves ends its own stream only: the generation goes on. A
+cancel ends the streams with the response's last events, its status "cancelled"."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import TYPE_CHECKING
 
 from . import protocol as P
 from .engine_loop import EngineFailure
+from .response_events import EventLog
+from .sse import SSEResponse
+
+log = logging.getLogger("writescope.server")
 
 if TYPE_CHECKING:
     from .api import OpenAIServer
+    from .generation import Generation
+    from .response_store import ResponseStore
     from .responses import ResponseView
 
 
@@ -22,40 +37,74 @@ class BackgroundResponses:
 
     def __init__(self) -> None:
         self.running: dict[str, asyncio.Task] = {}
+        self._gens: dict[str, "Generation"] = {}
 
     async def start(self, server: "OpenAIServer", view: "ResponseView") -> dict:
         """Admit the generation (a 400 where it cannot run, as in the foreground), store it
-        queued, and leave it running; the queued response."""
+        queued (a streamed one with its event log), and leave it running; the queued
+        response."""
         await view.gen.submit()
+        if view.req.stream:
+            view.event_log = EventLog()
         body = view.response(in_progress=True)
         body.status = "queued"
-        server.response_store.put(view.rid, body.model_dump(), [], view.req.input_items())
+        server.response_store.put(view.rid, body.model_dump(), [], view.req.input_items(),
+                                  view.event_log)
+        self._gens[view.rid] = view.gen
         self.running[view.rid] = asyncio.ensure_future(self._run(server, view))
         return body.model_dump()
 
     async def _run(self, server: "OpenAIServer", view: "ResponseView") -> None:
-        gen, store = view.gen, server.response_store
+        gen, store, events = view.gen, server.response_store, view.event_log
         failure = None
+        stored_end = False  # whether the stream stored the finished response itself
         try:
-            while gen.unfinished():
-                await gen.next_updates()
-                stored = store.get(view.rid)
-                if stored is not None and stored[0]["status"] == "queued":
-                    stored[0]["status"] = "in_progress"
-        except asyncio.CancelledError:  # cancelled (or the server stops): aborted below
+            if events is None:
+                while gen.unfinished():
+                    await gen.next_updates()
+                    _started(store, view.rid)
+            else:
+                async for event in view.events(queued=True):
+                    events.append(event)
+                    if event.startswith("event: response.in_progress\n"):
+                        _started(store, view.rid)
+                failure = view.failure  # written as the stream's error event
+                stored_end = failure is None
+        except asyncio.CancelledError:  # the server stops, or the response is deleted
             pass
-        except EngineFailure as e:
+        except Exception as e:  # noqa: BLE001 -- an engine failure (or a bug): it failed
+            if not isinstance(e, EngineFailure):
+                log.exception("background response %s failed", view.rid)
             failure = e
         finally:
             gen.close()  # aborts what still runs: the choice ends "abort", the response cancelled
             self.running.pop(view.rid, None)
-        if failure is None:
-            view.final()
-            return
-        body = view.response()
-        body.status, body.usage = "failed", view.usage("")
-        body.error = {"code": "server_error", "message": str(failure)}
-        store.put(view.rid, body.model_dump(), [], view.req.input_items())
+            self._gens.pop(view.rid, None)
+        try:
+            if failure is not None:
+                body = view.response()
+                body.status, body.usage = "failed", view.usage("")
+                body.error = {"code": "server_error", "message": str(failure)}
+                store.put(view.rid, body.model_dump(), [], view.req.input_items(), events)
+            elif not stored_end:
+                view.final()
+        finally:
+            if events is not None:
+                events.close()  # its readers' streams end
+
+    def follow(self, server: "OpenAIServer", rid: str, response: dict,
+               after: int | None = None) -> SSEResponse:
+        """A streamed background response's events after sequence number ``after`` (None:
+        all), then those to come until it ends; one that is not a background response, or
+        was not streamed (it keeps no events), is a 400."""
+        events = server.response_store.events(rid)
+        if events is None:
+            why = ("was not created with background true" if not response.get("background")
+                   else "was created with background true but without stream true")
+            raise P.APIError(f"Response '{rid}' cannot be streamed: it {why}, and only a "
+                             "background response created with stream true keeps its events. "
+                             "Retrieve it without stream.", param="stream")
+        return SSEResponse(events.follow(after), on_close=lambda: None)  # the generation goes on
 
     async def cancel(self, server: "OpenAIServer", rid: str, response: dict) -> dict:
         """Cancel a background response (``response``, as stored): the cancelled response. One
@@ -67,7 +116,7 @@ class BackgroundResponses:
                              param="response_id")
         task = self.running.get(rid)
         if task is not None:
-            task.cancel()
+            self._gens[rid].cancel()  # its end written as an abort's (a stream's last events)
             await asyncio.wait({task})
             return server.response_store.get(rid)[0]
         if response["status"] == "cancelled":
@@ -77,6 +126,13 @@ class BackgroundResponses:
                          "response can be cancelled)", param="response_id")
 
     def stop(self) -> None:
-        """The server stops: cancel what still runs."""
+        """The server stops: cancel what still runs (their streams end)."""
         for task in list(self.running.values()):
             task.cancel()
+
+
+def _started(store: "ResponseStore", rid: str) -> None:
+    """The stored response is in progress (no longer queued)."""
+    stored = store.get(rid)
+    if stored is not None and stored[0]["status"] == "queued":
+        stored[0]["status"] = "in_progress"

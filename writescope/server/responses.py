@@ -10,7 +10,9 @@ budget cut it short; with ``include: ["message.output_text.logprobs"]`` the outp
 log-probabilities (server/response_logprobs.py). ``store`` keeps it (server/response_store.py) for
 ``GET /v1/responses/{id}``, ``GET /v1/responses/{id}/input_items`` and ``previous_response_id``,
 until ``DELETE /v1/responses/{id}``; ``background`` answers at once and generates in the server,
-``POST /v1/responses/{id}/cancel`` stops it (server/response_background.py).
+``POST /v1/responses/{id}/cancel`` stops it (server/response_background.py); with ``stream`` too,
+the answer is its stream of events, which ``GET /v1/responses/{id}?stream=true`` (from
+``starting_after``) replays and follows, whoever left.
 
 Streamed (``stream: true``), the same response is sent as OpenAI's typed server-sent events
 (``event: <type>`` and ``data: {"type", "sequence_number", ...}``): ``response.created``,
@@ -21,7 +23,8 @@ Streamed (``stream: true``), the same response is sent as OpenAI's typed server-
 ``response.function_call_arguments.delta``/``.done``, ``response.output_item.done``); then
 ``response.completed`` (``response.incomplete`` where it did not complete, as OpenAI's) with
 the whole response. An engine failure mid-stream is an ``error``
-event."""
+event. A background response's stream starts ``response.created`` and ``response.queued`` (its
+status "queued") before ``response.in_progress``, as OpenAI's."""
 from __future__ import annotations
 
 import asyncio
@@ -38,6 +41,7 @@ from . import responses_protocol as R
 from .chat_output import ChatOutput
 from .engine_loop import EngineFailure
 from .generation import Generation
+from .response_events import EventLog
 from .response_logprobs import TextLogprobs
 from .sse import deltas, error_body
 
@@ -75,14 +79,33 @@ async def create(server: "OpenAIServer", request: Request) -> Response:
                                          "input")
     view = ResponseView(server, req, gen, out, rid, model, earlier)
     if req.background:
-        return JSONResponse(await server.background.start(server, view))
+        body = await server.background.start(server, view)
+        if req.stream:
+            return server.background.follow(server, rid, body)
+        return JSONResponse(body)
     return await server.respond(request, gen, bool(req.stream), view.events, view.final)
 
 
-def retrieve(server: "OpenAIServer", request: Request, rid: str) -> dict:
-    """``GET /v1/responses/{id}``: a stored response."""
+def retrieve(server: "OpenAIServer", request: Request, rid: str) -> Response:
+    """``GET /v1/responses/{id}``: a stored response; with ``stream=true``, a streamed
+    background response's events after ``starting_after`` (all without it), then those to
+    come (server/response_background.py)."""
     server.check_auth(request)
-    return _stored(server, rid, "response_id")[0]
+    response = _stored(server, rid, "response_id")[0]
+    q = request.query_params
+    stream = q.get("stream", "false").lower()
+    if stream not in ("true", "false", "1", "0"):
+        raise P.APIError(f"stream must be true or false (got {q.get('stream')!r})",
+                         param="stream")
+    if stream in ("false", "0"):
+        return JSONResponse(response)
+    after = q.get("starting_after")
+    try:
+        after = None if after is None else int(after)
+    except ValueError:
+        raise P.APIError(f"starting_after must be an integer, an event's sequence_number "
+                         f"(got {after!r})", param="starting_after") from None
+    return server.background.follow(server, rid, response, after)
 
 
 async def cancel(server: "OpenAIServer", request: Request, rid: str) -> dict:
@@ -154,6 +177,10 @@ class ResponseView:
         self.rid, self.model = rid, model
         self.earlier = list(earlier)  # the turns of previous_response_id
         self.created_at = P.now_s()
+        #: a streamed background response's events, kept with it (server/response_events.py)
+        self.event_log: EventLog | None = None
+        #: what ended the stream early (an engine failure, written as its ``error`` event)
+        self.failure: Exception | None = None
         self.msg_id, self.rs_id = R.new_id("msg"), R.new_id("rs")
         #: per tool call (its index): the output item's id and the call's id
         self.fc_ids: dict[int, tuple[str, str]] = {}
@@ -229,7 +256,7 @@ class ResponseView:
                          "function": {"name": item.name, "arguments": item.arguments}})
             turns = self.earlier + self.req.turns() + [answer]
             self.server.response_store.put(self.rid, body.model_dump(), turns,
-                                           self.req.input_items())
+                                           self.req.input_items(), self.event_log)
         return body
 
     def _message(self, text: str, status: str, logprobs: list[dict]) -> R.MessageItem:
@@ -274,7 +301,9 @@ class ResponseView:
         return lo
 
     # -- the stream ------------------------------------------------------------------------------
-    async def events(self) -> AsyncIterator[str]:
+    async def events(self, queued: bool = False) -> AsyncIterator[str]:
+        """The response as OpenAI's stream events; ``queued``: a background response's, which
+        is ``queued`` before it is in progress."""
         seq = itertools.count()
 
         def event(kind: str, **fields: Any) -> str:
@@ -282,7 +311,12 @@ class ResponseView:
             return f"event: {kind}\ndata: {json.dumps(data)}\n\n"
 
         start = self.response(in_progress=True).model_dump()
-        yield event("response.created", response=start)
+        if queued:
+            waiting = dict(start, status="queued")
+            yield event("response.created", response=waiting)
+            yield event("response.queued", response=waiting)
+        else:
+            yield event("response.created", response=start)
         yield event("response.in_progress", response=start)
         items: list[dict] = []  # the items opened: {"kind", "id", "text", "open"}
 
@@ -392,6 +426,7 @@ class ResponseView:
             kind = "response.completed" if final.status == "completed" else "response.incomplete"
             yield event(kind, response=final.model_dump())
         except (EngineFailure, P.APIError) as e:
+            self.failure = e
             err = error_body(e)["error"]
             yield event("error", code=err["code"] or err["type"], message=err["message"],
                         param=err["param"])

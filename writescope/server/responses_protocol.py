@@ -15,8 +15,9 @@ other than ``message.output_text.logprobs`` (the output text's log-probabilities
 ``top_logprobs`` alternatives: server/response_logprobs.py), input images, files and audio -- is
 a 400 naming the field. ``store`` (default
 true) keeps the response in memory for ``GET /v1/responses/{id}`` and for a later request's
-``previous_response_id`` (server/response_store.py). ``background`` (with ``store``, not
-streamed) answers at once and generates in the server (server/response_background.py). An
+``previous_response_id`` (server/response_store.py). ``background`` (with ``store``) answers
+at once -- streamed, with its events, which a later GET can stream again -- and generates in the
+server (server/response_background.py). An
 earlier turn's ``reasoning`` item is dropped from the prompt, as chat templates drop earlier turns' thinking."""
 from __future__ import annotations
 
@@ -160,10 +161,6 @@ class ResponsesRequest(P._Strict):
             return P.APIError("background responses are stored (their result is polled with "
                               "GET /v1/responses/{id}): leave store out or true",
                               param="background")
-        if self.background and self.stream:
-            return P.APIError("a background response is not streamed here: poll it with "
-                              "GET /v1/responses/{id}, or leave background out",
-                              param="stream", code="unsupported_parameter")
         for value in self.include or []:
             if value not in INCLUDABLE:
                 return P.APIError(f"include {value!r} is not supported (only "
