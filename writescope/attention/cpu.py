@@ -741,7 +741,8 @@ class CpuJobQueue:
 
     def times(self, max_calls: int = 4096) -> list[tuple[float, float, float]]:
         """The finished calls' host times since the last take, oldest first: ``(popped from the
-        queue, inputs ready -- the kernel starts --, done)`` in seconds on the clock of
+        queue, the kernel starts -- its inputs ready and the cores taken (:func:`set_team_lock`)
+        --, it ends -- its done word is stored right after)`` in seconds on the clock of
         :func:`time.perf_counter` (CLOCK_MONOTONIC, Linux)."""
         if self._q is None:
             return []

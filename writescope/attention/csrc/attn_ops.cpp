@@ -655,7 +655,8 @@ std::mutex* team_lock() {
 
 int flagged_call(const CallArgs& a, const volatile int64_t* ready, int64_t ready_value,
                  int64_t* done, int64_t done_value, double timeout_s, double spin_s,
-                 const std::atomic<int>* cancel, double* times, std::mutex* cores = nullptr) {
+                 const std::atomic<int>* cancel, double* times, std::mutex* cores = nullptr,
+                 double* span = nullptr) {
     static thread_local Plan plan;
     const double t0 = now_s();
     double t1 = t0;
@@ -705,15 +706,20 @@ int flagged_call(const CallArgs& a, const volatile int64_t* ready, int64_t ready
         }
         rc = state.load() == 1 ? 0 : state.load();
     }
-    if (locked) cores->unlock();
     if (rc == 0 || rc == -10 || rc == -11) {
         plan.qpack.trim();
         plan.part.trim();
     }
+    const double t2 = now_s();
+    if (locked) cores->unlock();
     if (done) __atomic_store_n(done, done_value, __ATOMIC_RELEASE);
     if (times) {
         times[0] = t1 - t0;
-        times[1] = now_s() - t1;
+        times[1] = t2 - t1;
+    }
+    if (span) {  // the kernel's own interval, inside the cores' lock where taken
+        span[0] = t1;
+        span[1] = t2;
     }
     return rc;
 }
@@ -752,8 +758,9 @@ struct WsQueue {
     int64_t submitted = 0, completed = 0;  // under mu
     int64_t drained = 0;                    // calls a drain has covered, under mu
     std::deque<CallRecord> records;         // calls drained .. completed, under mu
-    // per call since the last ws_queue_times: {popped, ready seen, done stored} on
-    // CLOCK_MONOTONIC (Python's time.perf_counter on Linux), at most kMaxTimes calls
+    // per call since the last ws_queue_times: {popped, kernel starts (ready seen and the cores
+    // taken), kernel ends (done is stored right after)} on CLOCK_MONOTONIC (Python's
+    // time.perf_counter on Linux), at most kMaxTimes calls
     std::vector<double> times;
 };
 constexpr size_t kMaxTimes = 1 << 14;
@@ -783,6 +790,7 @@ void queue_main(WsQueue* Q) {
         }
         double t[2] = {0.0, 0.0};
         const double popped = now_s();
+        double span[2] = {popped, popped};  // the kernel's start and end
         int rc;
         if (Q->stop.load()) {  // not run: the device must not wait for it
             rc = -11;
@@ -796,22 +804,23 @@ void queue_main(WsQueue* Q) {
             if (cores) cores->lock();
             const double t1 = now_s();
             if (rc == 0) rc = c.fn(c.arg);
+            const double t2 = now_s();
             if (cores) cores->unlock();
             if (c.done) __atomic_store_n(c.done, c.done_value, __ATOMIC_RELEASE);
             t[0] = t1 - t0;
-            t[1] = now_s() - t1;
+            t[1] = t2 - t1;
+            span[0] = t1;
+            span[1] = t2;
         } else {
             rc = flagged_call(c.a, c.ready, c.ready_value, c.done, c.done_value, c.timeout_s,
-                              c.spin_s, &Q->stop, t, team_lock());
+                              c.spin_s, &Q->stop, t, team_lock(), span);
         }
         {
             std::lock_guard<std::mutex> lk(Q->mu);
             ++Q->completed;
             Q->records.push_back(CallRecord{t[0], t[1], rc});
-            if (Q->times.size() < 3 * kMaxTimes) {
-                const double done = now_s();
-                Q->times.insert(Q->times.end(), {popped, done - t[1], done});
-            }
+            if (Q->times.size() < 3 * kMaxTimes)
+                Q->times.insert(Q->times.end(), {popped, span[0], span[1]});
         }
         Q->idle.notify_all();
     }
@@ -1067,7 +1076,7 @@ int ws_queue_drain(void* queue, double timeout_s, double* stats) {
 }
 
 // The calls' host times since the last call of this (oldest first, at most kMaxTimes): up to
-// `max` triples {popped from the queue, inputs ready (the kernel starts), done stored} in
+// `max` triples {popped from the queue, the kernel starts, it ends (done is stored)} in
 // seconds on CLOCK_MONOTONIC into out. Returns the number of triples written; the rest are
 // dropped.
 int ws_queue_times(void* queue, double* out, int max) {
