@@ -48,7 +48,9 @@ def expert_pipeline_mode() -> str:
     sub-batches, each one's CPU expert calls overlapping the other's GPU work,
     ``graphs.pipelined_pieces``, each sub-batch attending through resident buffers so that the
     step stays CUDA graphs), ``all`` (every graphed decode step of two or more sequences, also
-    those whose attention runs eagerly: measured slower) or ``off`` (0).
+    those whose attention runs eagerly: measured slower -- Qwen3-30B-A3B 4 x 128K with spilled KV
+    on an H200 host 344.5 ms against 333.7 one batch, bench/results/2026-12-07f-h200) or
+    ``off`` (0).
 
     On an H100 host (bench/results/2026-12-05j-h100, call 2; Qwen3-30B-A3B, 32 GiB, batch 4,
     kv auto): FP8 4 x 8K 16.1 ms one batch against 12.6 split (``auto``: 11.8, split chosen),

@@ -626,8 +626,26 @@ void fill_uncovered(const CallArgs& a, const Plan& plan) {
     }
 }
 
+// The CPU's cores run one job queue's call at a time (ws_set_team_lock; on by default): a queued
+// call takes this lock once its inputs are ready and holds it for its kernel only. Each queue's
+// calls run in their own thread's team, so without it a step split into two sub-batches with
+// routed experts on the CPU would run one sub-batch's attention team and the other's experts
+// team at once, 2 x 15 threads on 16 cores (Qwen3-30B-A3B 4 x 128K on an H200 host: the
+// experts took 209-215 ms a step so, 157 with the lock; bench/results/2026-12-07f-h200). A
+// holder never waits for the device (its ready word was seen before it locked), so a call
+// waiting for its inputs cannot hold up one whose inputs have landed. Uncontended -- one batch
+// a step, whose attention and experts alternate -- it costs a lock and an unlock a call.
+std::mutex g_team_mu;
+std::atomic<int> g_team_lock{1};
+
+std::mutex* team_lock() {
+    return g_team_lock.load(std::memory_order_relaxed) ? &g_team_mu : nullptr;
+}
+
 // Plans and runs one call between the flag words (see ws_attend_flagged); `cancel` (optional)
-// makes a wait give up (-11). times: {seconds waiting for ready, seconds after it}.
+// makes a wait give up (-11). times: {seconds waiting for ready (and for `cores`), seconds
+// after it}; span: the kernel's own {start, end}. cores (optional): the team lock, taken once
+// the ready word is seen, given back before done is stored.
 //
 // spin_s > 0 (with a ready word) starts the team *before* the wait: every member spins on it
 // for up to spin_s (then sleeps 20 us at a time), so the work starts on awake cores the moment
@@ -638,21 +656,6 @@ void fill_uncovered(const CallArgs& a, const Plan& plan) {
 // threads) -- no gain alone, and with all 16 cores in the team a 4-5 ms p90 (a spinning member
 // displaced by the thread raising the word). Spinning keeps every core of the team busy while
 // it waits, so the engine turns it off when CPU experts share those cores.
-// The CPU's cores run one job queue's call at a time (ws_set_team_lock; on by default): a queued
-// call takes this lock once its inputs are ready and holds it for its kernel only. Each queue's
-// calls run in their own thread's team, so without it a step split into two sub-batches with
-// routed experts on the CPU would run one sub-batch's attention team and the other's experts
-// team at once, 2 x 15 threads on 16 cores. A holder never waits for the device (its ready word
-// was seen before it locked), so a call waiting for its inputs cannot hold up one whose inputs
-// have landed. Uncontended -- one batch a step, whose attention and experts alternate -- it
-// costs a lock and an unlock a call.
-std::mutex g_team_mu;
-std::atomic<int> g_team_lock{1};
-
-std::mutex* team_lock() {
-    return g_team_lock.load(std::memory_order_relaxed) ? &g_team_mu : nullptr;
-}
-
 int flagged_call(const CallArgs& a, const volatile int64_t* ready, int64_t ready_value,
                  int64_t* done, int64_t done_value, double timeout_s, double spin_s,
                  const std::atomic<int>* cancel, double* times, std::mutex* cores = nullptr,
