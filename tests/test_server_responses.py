@@ -882,3 +882,31 @@ def test_without_the_store_responses_are_answered_not_kept(engine):
                                               "stream": stream, **GREEDY})
             assert r.status_code == 400 and r.json()["error"]["param"] == "background"
         assert len(c.app.state.server.response_store) == 0
+
+
+def test_a_running_background_responses_id_is_not_taken_again(client, engine):
+    """A request naming the id of a background response that still runs (``request_id`` or
+    ``X-Request-Id``: a retried POST, a proxy's id) is a 400 naming ``request_id``: it does
+    not take the running one's place in the store, whose run would then be out of reach (its
+    cancel refused, its DELETE undone when it ends, GET showing the other's result)."""
+    server = client.app.state.server
+    long = dict(input="Tell me about rivers.", ignore_eos=True, temperature=0,
+                max_output_tokens=480)
+    first = post_ok(client, "/v1/responses", background=True, stream=False,
+                    request_id="same", **long)
+    assert first["id"] == "resp_same"
+    for extra, headers in (({"request_id": "same", "background": True}, {}),
+                           ({"background": True, "stream": True}, {"x-request-id": "same"}),
+                           ({"request_id": "same"}, {})):
+        r = client.post("/v1/responses", json={**long, **extra}, headers=headers)
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == "request_id" and "still" in err["message"]
+    cancelled = client.post("/v1/responses/resp_same/cancel")
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    assert _idle(engine, server) and server.background.running == {}
+    # once it has ended, the id may be used again
+    again = post_ok(client, "/v1/responses", input="hi", background=True, request_id="same",
+                    **GREEDY)
+    assert _poll(client, again["id"])["status"] in ("completed", "incomplete")
+    assert _idle(engine, server) and server.background.running == {}

@@ -43,16 +43,26 @@ class BackgroundResponses:
         """Admit the generation (a 400 where it cannot run, as in the foreground), store it
         queued (a streamed one with its event log), and leave it running; the queued
         response."""
-        await view.gen.submit()
+        if self.busy(view.rid):
+            raise id_taken(view.rid)
+        self._gens[view.rid] = view.gen  # the id reserved while it is admitted
+        try:
+            await view.gen.submit()
+        except BaseException:
+            self._gens.pop(view.rid, None)
+            raise
         if view.req.stream:
             view.event_log = EventLog()
         body = view.response(in_progress=True)
         body.status = "queued"
         server.response_store.put(view.rid, body.model_dump(), [], view.req.input_items(),
                                   view.event_log)
-        self._gens[view.rid] = view.gen
         self.running[view.rid] = asyncio.ensure_future(self._run(server, view))
         return body.model_dump()
+
+    def busy(self, rid: str) -> bool:
+        """Whether a background response of id ``rid`` is being admitted or still runs."""
+        return rid in self._gens
 
     async def _run(self, server: "OpenAIServer", view: "ResponseView") -> None:
         gen, store, events = view.gen, server.response_store, view.event_log
@@ -129,6 +139,14 @@ class BackgroundResponses:
         """The server stops: cancel what still runs (their streams end)."""
         for task in list(self.running.values()):
             task.cancel()
+
+
+def id_taken(rid: str) -> P.APIError:
+    """A request naming a running background response's id (``request_id`` or X-Request-Id):
+    it may not take that response's place in the store, whose run would be out of reach."""
+    return P.APIError(f"A background response with id '{rid}' is still running: a request "
+                      "may not reuse its id until it has ended (use another request_id or "
+                      "X-Request-Id, or cancel it first).", param="request_id")
 
 
 def _started(store: "ResponseStore", rid: str) -> None:

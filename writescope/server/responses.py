@@ -41,6 +41,7 @@ from . import responses_protocol as R
 from .chat_output import ChatOutput
 from .engine_loop import EngineFailure
 from .generation import Generation
+from .response_background import id_taken
 from .response_events import EventLog
 from .response_logprobs import TextLogprobs
 from .sse import deltas, error_body
@@ -75,6 +76,8 @@ async def create(server: "OpenAIServer", request: Request) -> Response:
     chat = req.as_chat(earlier)
     given = request.headers.get("x-request-id") or req.request_id
     rid = f"resp_{given}" if given else R.new_id("resp")
+    if server.background.busy(rid):  # it would take a running response's place in the store
+        raise id_taken(rid)
     gen, out = await server.prepare_chat(chat, arrival, P.new_id(rid), "max_output_tokens",
                                          "input")
     view = ResponseView(server, req, gen, out, rid, model, earlier)
