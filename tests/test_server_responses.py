@@ -910,3 +910,33 @@ def test_a_running_background_responses_id_is_not_taken_again(client, engine):
                     **GREEDY)
     assert _poll(client, again["id"])["status"] in ("completed", "incomplete")
     assert _idle(engine, server) and server.background.running == {}
+
+
+def test_deleting_a_running_background_stream_ends_its_streams_with_their_last_events(
+        client, engine):
+    """DELETE of a streamed background response that still runs stops it as a cancel does:
+    its open streams end with its last events (the response ``cancelled``), not cut short
+    with no final event, which a client cannot tell from a dropped connection."""
+    openai, sdk = _sdk(client)
+    server = client.app.state.server
+    stream = sdk.responses.create(input="Tell me about rivers.", background=True, stream=True,
+                                  temperature=0, max_output_tokens=480,
+                                  extra_body={"ignore_eos": True})
+    it = iter(stream)
+    seen = [next(it)]
+    rid = seen[0].response.id
+    follower = iter(sdk.responses.retrieve(rid, stream=True))
+    followed = [next(follower)]
+    for event in it:
+        seen.append(event)
+        if event.type == "response.output_text.delta":
+            break
+    assert client.delete(f"/v1/responses/{rid}").json()["deleted"] is True
+    seen += list(it)
+    followed += list(follower)
+    for events in (seen, followed):
+        assert [e.sequence_number for e in events] == list(range(len(events)))
+        assert events[-1].type == "response.incomplete"
+        assert events[-1].response.status == "cancelled"
+    assert _idle(engine, server) and server.background.running == {}
+    assert client.get(f"/v1/responses/{rid}").status_code == 404

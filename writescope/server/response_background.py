@@ -124,16 +124,24 @@ class BackgroundResponses:
             raise P.APIError(f"Response '{rid}' is not a background response: only responses "
                              "created with background true can be cancelled",
                              param="response_id")
-        task = self.running.get(rid)
-        if task is not None:
-            self._gens[rid].cancel()  # its end written as an abort's (a stream's last events)
-            await asyncio.wait({task})
+        if await self.end(rid):
             return server.response_store.get(rid)[0]
         if response["status"] == "cancelled":
             return response
         raise P.APIError(f"Cannot cancel response '{rid}': its status is "
                          f"'{response['status']}' (only a queued or in-progress background "
                          "response can be cancelled)", param="response_id")
+
+    async def end(self, rid: str) -> bool:
+        """Abort response ``rid`` if it still runs and wait for its end, written as an abort's
+        (stored cancelled, a stream's last events: its readers' streams end with them); False
+        where it was not running."""
+        task = self.running.get(rid)
+        if task is None:
+            return False
+        self._gens[rid].cancel()
+        await asyncio.wait({task})
+        return True
 
     def stop(self) -> None:
         """The server stops: cancel what still runs (their streams end)."""

@@ -122,10 +122,8 @@ async def delete(server: "OpenAIServer", request: Request, rid: str) -> dict:
     """``DELETE /v1/responses/{id}``: a stored response forgotten (OpenAI's answer)."""
     server.check_auth(request)
     _stored(server, rid, "response_id")
-    task = server.background.running.get(rid)
-    if task is not None:  # still running: stopped first (its KV freed)
-        task.cancel()
-        await asyncio.wait({task})
+    # still running: stopped first as a cancel does (its KV freed, its streams ended)
+    await server.background.end(rid)
     server.response_store.delete(rid)
     return {"id": rid, "object": "response", "deleted": True}
 
