@@ -27,7 +27,6 @@ event. A background response's stream starts ``response.created`` and ``response
 status "queued") before ``response.in_progress``, as OpenAI's."""
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
 import time
