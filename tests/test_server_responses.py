@@ -948,3 +948,49 @@ def test_deleting_a_running_background_stream_ends_its_streams_with_their_last_e
         assert events[-1].response.status == "cancelled"
     assert _idle(engine, server) and server.background.running == {}
     assert client.get(f"/v1/responses/{rid}").status_code == 404
+
+
+def test_finished_responses_events_are_kept_within_a_budget(client, engine, monkeypatch):
+    """The store keeps finished streamed responses' events up to its budget in all
+    (``response_store.EVENT_BYTES``); past it the least recently used finished ones let theirs
+    go (never a running one's): the response is still retrieved, and a GET stream of it is a
+    400 saying so. The latest ones still replay."""
+    import asyncio
+
+    from writescope.server.response_events import EventLog
+    from writescope.server.response_store import ResponseStore
+
+    def log(n: int, closed: bool = True) -> EventLog:
+        async def make():
+            e = EventLog()
+            e.append("x" * n)
+            if closed:
+                e.close()
+            return e
+        return asyncio.run(make())
+    store = ResponseStore(event_bytes=250)
+    store.put("a", {"id": "a"}, [], events=log(100))
+    store.put("b", {"id": "b"}, [], events=log(100, closed=False))  # running
+    store.put("c", {"id": "c"}, [], events=log(100))
+    assert store.events("a") is None and store.events_dropped("a")  # the oldest finished
+    assert store.events("b") is not None and store.events("c") is not None
+    assert store.get("a")[0] == {"id": "a"}
+    store.put("d", {"id": "d"}, [], events=log(100))
+    assert store.events("b") is not None  # running: kept over budget
+    assert store.events("c") is None and store.events_dropped("c")
+    store.delete("c")
+    assert not store.events_dropped("c")
+    server = client.app.state.server
+    monkeypatch.setattr(server, "response_store", ResponseStore(event_bytes=1))
+    req = dict(input="Tell me about rivers.", ignore_eos=True, temperature=0,
+               max_output_tokens=6)
+    first = _events(client, background=True, **req)[-1][1]["response"]["id"]
+    last = _events(client, background=True, **req)
+    rid = last[-1][1]["response"]["id"]
+    assert _idle(engine, server)
+    r = client.get(f"/v1/responses/{first}", params={"stream": "true"})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["param"] == "stream" and "no longer kept" in err["message"]
+    assert client.get(f"/v1/responses/{first}").json()["status"] == "incomplete"
+    assert _replayed(client, rid) == last  # the latest keeps its events while it is the one

@@ -105,9 +105,15 @@ class BackgroundResponses:
     def follow(self, server: "OpenAIServer", rid: str, response: dict,
                after: int | None = None) -> SSEResponse:
         """A streamed background response's events after sequence number ``after`` (None:
-        all), then those to come until it ends; one that is not a background response, or
-        was not streamed (it keeps no events), is a 400."""
-        events = server.response_store.events(rid)
+        all), then those to come until it ends; one that is not a background response, was
+        not streamed (it keeps no events) or whose events the store let go, is a 400."""
+        store = server.response_store
+        events = store.events(rid)
+        if events is None and store.events_dropped(rid):
+            raise P.APIError(f"Response '{rid}' cannot be streamed: it has finished and its "
+                             "events are no longer kept (the server keeps the latest "
+                             f"{store.event_bytes / 2**20:g} MiB of finished responses' "
+                             "events). Retrieve it without stream.", param="stream")
         if events is None:
             why = ("was not created with background true" if not response.get("background")
                    else "was created with background true but without stream true")

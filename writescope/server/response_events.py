@@ -15,10 +15,12 @@ class EventLog:
     def __init__(self) -> None:
         self.events: list[str] = []  # the SSE text of each event, by sequence number
         self.closed = False  # no event comes after the last
+        self.nbytes = 0  # the events' characters (the store keeps a budget of them)
         self._changed = asyncio.Event()
 
     def append(self, event: str) -> None:
         self.events.append(event)
+        self.nbytes += len(event)
         self._wake()
 
     def close(self) -> None:

@@ -6,8 +6,11 @@ of them, each with its conversation (the input's messages after those of its
 events (server/response_events.py: ``GET /v1/responses/{id}?stream=true`` replays them), so
 that ``GET /v1/responses/{id}`` returns it and a request naming it as ``previous_response_id``
 continues that conversation, until ``DELETE /v1/responses/{id}`` (or until it is dropped as the
-least recently used: its events go with it). Nothing outlives the server (vLLM's store is in
-memory too)."""
+least recently used: its events go with it). The events of finished responses are kept up to
+:data:`EVENT_BYTES` in all (a streamed response's events are some 40 times its text: a delta
+event a token, and its whole body twice); past it the least recently used finished responses
+keep no events (:meth:`ResponseStore.events_dropped`), while the responses themselves stay.
+Nothing outlives the server (vLLM's store is in memory too)."""
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -17,20 +20,39 @@ if TYPE_CHECKING:
     from .response_events import EventLog
 
 CAPACITY = 1024
+#: the characters of finished responses' events kept in all (see the module docstring)
+EVENT_BYTES = 64 << 20
 
 
 class ResponseStore:
-    def __init__(self, capacity: int = CAPACITY) -> None:
+    def __init__(self, capacity: int = CAPACITY, event_bytes: int | None = None) -> None:
         self.capacity = capacity
+        self.event_bytes = EVENT_BYTES if event_bytes is None else event_bytes
         self._items: OrderedDict[str, tuple[dict, list[dict], list[dict], EventLog | None]] = \
             OrderedDict()
+        self._dropped: set[str] = set()  # stored responses whose events were let go
 
     def put(self, rid: str, response: dict, conversation: list[dict],
             input_items: list[dict] = (), events: EventLog | None = None) -> None:
         self._items[rid] = (response, conversation, list(input_items), events)
         self._items.move_to_end(rid)
+        self._dropped.discard(rid)
         while len(self._items) > self.capacity:  # the least recently used go first
-            self._items.popitem(last=False)
+            self._dropped.discard(self._items.popitem(last=False)[0])
+        self._trim_events()
+
+    def _trim_events(self) -> None:
+        """Let the least recently used finished responses' events go while those kept
+        exceed :attr:`event_bytes` (a running response's are never let go)."""
+        logs = [(rid, item[3]) for rid, item in self._items.items() if item[3] is not None]
+        total = sum(log.nbytes for _, log in logs)
+        for rid, log in logs:  # least recently used first
+            if total <= self.event_bytes:
+                break
+            if log.closed:
+                self._items[rid] = self._items[rid][:3] + (None,)
+                self._dropped.add(rid)
+                total -= log.nbytes
 
     def get(self, rid: str) -> tuple[dict, list[dict]] | None:
         """The stored response and its conversation (None: never stored, or dropped)."""
@@ -51,8 +73,13 @@ class ResponseStore:
         item = self._items.get(rid)
         return None if item is None else item[3]
 
+    def events_dropped(self, rid: str) -> bool:
+        """Whether the stored response had events that were let go (:attr:`event_bytes`)."""
+        return rid in self._dropped
+
     def delete(self, rid: str) -> bool:
         """Forget a response; False where none was kept."""
+        self._dropped.discard(rid)
         return self._items.pop(rid, None) is not None
 
     def __len__(self) -> int:
