@@ -803,12 +803,10 @@ def test_a_background_stream_outlives_its_reader_and_resumes_where_it_left(clien
     assert _idle(engine, server) and server.background.running == {}
 
 
-def test_cancel_ends_a_background_stream(client, engine):
-    """Cancelling a streamed background response ends its streams (the one that created it
-    and one that follows it) with its last events, the response ``cancelled`` with what it
-    wrote; the engine is left with nothing; a later replay ends the same way."""
-    openai, sdk = _sdk(client)
-    server = client.app.state.server
+def _running_stream(sdk):
+    """A streamed background response of 480 tokens, read up to its first text delta, and a
+    second stream following it from its first event: ``(its events to come, those read, its
+    id, the follower's to come, the follower's read)``."""
     stream = sdk.responses.create(input="Tell me about rivers.", background=True, stream=True,
                                   temperature=0, max_output_tokens=480,
                                   extra_body={"ignore_eos": True})
@@ -821,6 +819,16 @@ def test_cancel_ends_a_background_stream(client, engine):
         seen.append(event)
         if event.type == "response.output_text.delta":
             break
+    return it, seen, rid, follower, followed
+
+
+def test_cancel_ends_a_background_stream(client, engine):
+    """Cancelling a streamed background response ends its streams (the one that created it
+    and one that follows it) with its last events, the response ``cancelled`` with what it
+    wrote; the engine is left with nothing; a later replay ends the same way."""
+    openai, sdk = _sdk(client)
+    server = client.app.state.server
+    it, seen, rid, follower, followed = _running_stream(sdk)
     cancelled = sdk.responses.cancel(rid)
     assert cancelled.status == "cancelled" and cancelled.usage.output_tokens < 480
     seen += list(it)  # the stream ends
@@ -927,18 +935,7 @@ def test_deleting_a_running_background_stream_ends_its_streams_with_their_last_e
     with no final event, which a client cannot tell from a dropped connection."""
     openai, sdk = _sdk(client)
     server = client.app.state.server
-    stream = sdk.responses.create(input="Tell me about rivers.", background=True, stream=True,
-                                  temperature=0, max_output_tokens=480,
-                                  extra_body={"ignore_eos": True})
-    it = iter(stream)
-    seen = [next(it)]
-    rid = seen[0].response.id
-    follower = iter(sdk.responses.retrieve(rid, stream=True))
-    followed = [next(follower)]
-    for event in it:
-        seen.append(event)
-        if event.type == "response.output_text.delta":
-            break
+    it, seen, rid, follower, followed = _running_stream(sdk)
     assert client.delete(f"/v1/responses/{rid}").json()["deleted"] is True
     seen += list(it)
     followed += list(follower)
