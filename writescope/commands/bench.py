@@ -44,7 +44,9 @@ def register(subparsers) -> None:
                         "settings in one run (with --rounds, alternated); @cpu_threads=N and "
                         "@expert_threads=N set the CPU attention and CPU experts' team sizes, "
                         "@expert_link=S the link's share of small decode steps' CPU experts "
-                        "(0: none)")
+                        "(0: none), @split_spilled=1 runs spilled decode steps with the experts "
+                        "on the CPU as two sub-batches, @team_lock=0 lets the CPU job queues' "
+                        "thread teams run at once")
     p.add_argument("--peer", action="append", default=[], metavar="NAME",
                    help="external peer run on the same weights and prompts: transformers")
     p.add_argument("--peer-offload-weights", action="store_true",
