@@ -131,10 +131,12 @@ def test_workload_counts(client):
     r = client.post("/v1/completions", json=dict(prompt=P, max_tokens=5, ignore_eos=True,
                                                  stream=True))             # 20 + 5 (19 cached)
     assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]")
-    echo = _post(client, prompt=P, max_tokens=0, echo=True)                 # 20 (19 cached) + 1
+    # ignore_eos everywhere: a sampled end of sequence (two of 320 tokens) would end a request
+    # as "stop", not "length"
+    echo = _post(client, prompt=P, max_tokens=0, echo=True, ignore_eos=True)  # 20 (19 cached) + 1
     assert echo["usage"]["completion_tokens"] == 0
-    _post(client, prompt=prefix, max_tokens=1, cache_salt="qa")             # 150 + 1
-    hit = _post(client, prompt=prefix, max_tokens=1, cache_salt="qa")       # 150 (149 cached) + 1
+    _post(client, prompt=prefix, max_tokens=1, cache_salt="qa", ignore_eos=True)        # 150 + 1
+    hit = _post(client, prompt=prefix, max_tokens=1, cache_salt="qa", ignore_eos=True)  # 150 (149 c.) + 1
     # its two blocks (128), then 21 of the 22 records its first run left in its kept tail
     # (``kvcache/tails.py``): all of the prompt but its last token, which is computed anyway
     assert hit["usage"]["prompt_tokens_details"]["cached_tokens"] == 128 + 21
