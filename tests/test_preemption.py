@@ -327,7 +327,8 @@ def test_a_server_stream_preempted_midway_neither_repeats_nor_loses_text(tiny_qw
         t = threading.Thread(target=stream)
         t.start()
         assert first.wait(60)
-        high = post_ok(client, "/v1/completions", prompt="hello", max_tokens=2, priority=0)
+        high = post_ok(client, "/v1/completions", prompt="hello", max_tokens=2, priority=0,
+                       ignore_eos=True)
         assert high["choices"][0]["finish_reason"] == "length"
         t.join(120)
         assert not t.is_alive() and "".join(pieces) == want
