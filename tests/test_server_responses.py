@@ -991,3 +991,78 @@ def test_finished_responses_events_are_kept_within_a_budget(client, engine, monk
     assert err["param"] == "stream" and "no longer kept" in err["message"]
     assert client.get(f"/v1/responses/{first}").json()["status"] == "incomplete"
     assert _replayed(client, rid) == last  # the latest keeps its events while it is the one
+
+
+def test_a_queued_background_stream_is_in_progress_from_its_first_tokens(tiny_qwen3_moe):
+    """One sequence at a time: a streamed background response behind a running one stays
+    queued while that one runs -- its events ``response.created`` and ``response.queued``
+    only, its stored status "queued" -- and ``response.in_progress`` comes with its first
+    tokens, once the other is cancelled (it was sent at once, before it ran); one cancelled
+    while it waits never is in progress."""
+    import time
+    eng = chat_engine(tiny_qwen3_moe, TEMPLATE, **OPTS, max_num_seqs=1)
+    with in_process_server(eng) as c:
+        server = c.app.state.server
+        first = post_ok(c, "/v1/responses", input="Tell me about rivers.", background=True,
+                        ignore_eos=True, temperature=0, max_output_tokens=480)
+        assert _poll(c, first["id"], until=("in_progress",))["status"] == "in_progress"
+        with c.stream("POST", "/v1/responses", json=dict(
+                input="Hi", background=True, stream=True, ignore_eos=True, temperature=0,
+                max_output_tokens=6)) as r:
+            lines = r.iter_lines()
+            names = []
+            for line in lines:
+                if line.startswith("event: "):
+                    names.append(line[7:])
+                elif line.startswith("data: ") and len(names) == 2:
+                    rid = json.loads(line[6:])["response"]["id"]
+                    break
+            assert names == ["response.created", "response.queued"]
+            time.sleep(0.5)  # the first runs on; the second waits for its sequence slot
+            assert first["id"] in server.background.running
+            assert len(server.response_store.events(rid).events) == 2
+            assert c.get(f"/v1/responses/{rid}").json()["status"] == "queued"
+            # one cancelled while it waits never was in progress
+            with c.stream("POST", "/v1/responses", json=dict(
+                    input="Hi", background=True, stream=True, max_output_tokens=6)) as r3:
+                events = r3.iter_lines()
+                third = json.loads(next(ln for ln in events if ln.startswith("data: "))[6:])
+                assert c.post(f"/v1/responses/{third['response']['id']}/cancel").status_code == 200
+                rest = [ln[7:] for ln in events if ln.startswith("event: ")]
+                assert rest[0] == "response.queued" and rest[-1] == "response.incomplete"
+                assert "response.in_progress" not in rest
+            assert c.post(f"/v1/responses/{first['id']}/cancel").status_code == 200
+            names += [line[7:] for line in lines if line.startswith("event: ")]
+        assert names[2] == "response.in_progress" and names[-1] == "response.incomplete"
+        done = c.get(f"/v1/responses/{rid}").json()
+        assert done["status"] == "incomplete" and done["usage"]["output_tokens"] == 6
+        assert _idle(eng, server) and server.background.running == {}
+
+
+def test_a_stream_that_fails_ends_with_an_error_event(client, engine, monkeypatch):
+    """Whatever ends a stream early -- here a bug in writing its deltas -- is its last event,
+    an ``error`` (the foreground's and a background one's; before, a background stream's
+    readers saw it end with no final event, and a foreground one was cut off). The
+    background response is stored ``failed`` with that error; nothing is left running."""
+    from writescope.server.chat_output import ChatOutput
+
+    def broken(self, c):
+        raise RuntimeError("a bug while writing a delta")
+    monkeypatch.setattr(ChatOutput, "delta", broken)
+    server = client.app.state.server
+    req = dict(input="Tell me about rivers.", ignore_eos=True, temperature=0,
+               max_output_tokens=24)
+    fg = _events(client, **req)
+    assert [n for n, _ in fg] == ["response.created", "response.in_progress", "error"]
+    bg = _events(client, background=True, **req)
+    assert [n for n, _ in bg] == ["response.created", "response.queued",
+                                  "response.in_progress", "error"]
+    for events in (fg, bg):
+        err = events[-1][1]
+        assert err["code"] == "server_error" and "a bug while writing" in err["message"]
+        assert err["sequence_number"] == len(events) - 1
+    rid = bg[0][1]["response"]["id"]
+    assert _idle(engine, server) and server.background.running == {}
+    stored = client.get(f"/v1/responses/{rid}").json()
+    assert stored["status"] == "failed" and "a bug while writing" in stored["error"]["message"]
+    assert _replayed(client, rid) == bg

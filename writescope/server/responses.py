@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import time
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
@@ -44,6 +45,8 @@ from .response_background import id_taken
 from .response_events import EventLog
 from .response_logprobs import TextLogprobs
 from .sse import deltas, error_body
+
+log = logging.getLogger("writescope.server")
 
 if TYPE_CHECKING:
     from .api import OpenAIServer
@@ -303,7 +306,9 @@ class ResponseView:
     # -- the stream ------------------------------------------------------------------------------
     async def events(self, queued: bool = False) -> AsyncIterator[str]:
         """The response as OpenAI's stream events; ``queued``: a background response's, which
-        is ``queued`` before it is in progress."""
+        is ``queued`` until its first tokens come (``response.in_progress`` then; none where
+        it is cancelled before it starts). Whatever ends it early -- an engine failure, or
+        a bug -- is its last event, an ``error``, and ``failure``."""
         seq = itertools.count()
 
         def event(kind: str, **fields: Any) -> str:
@@ -311,13 +316,14 @@ class ResponseView:
             return f"event: {kind}\ndata: {json.dumps(data)}\n\n"
 
         start = self.response(in_progress=True).model_dump()
+        started = not queued
         if queued:
             waiting = dict(start, status="queued")
             yield event("response.created", response=waiting)
             yield event("response.queued", response=waiting)
         else:
             yield event("response.created", response=start)
-        yield event("response.in_progress", response=start)
+            yield event("response.in_progress", response=start)
         items: list[dict] = []  # the items opened: {"kind", "id", "text", "open"}
 
         def opened(kind: str, call: int = -1, name: str = "") -> list[str]:
@@ -389,7 +395,10 @@ class ResponseView:
             return items[-1]["kind"] if items and items[-1]["open"] else None
 
         try:
-            async for c, _piece, _start, _end in deltas(self.gen):
+            async for c, _piece, _start, end in deltas(self.gen):
+                if not started and (end or c.finish_reason != "abort"):
+                    started = True  # its first tokens (or its end, with none)
+                    yield event("response.in_progress", response=start)
                 d, _reason = self.out.delta(c)
                 if d is None:
                     continue
@@ -425,7 +434,9 @@ class ResponseView:
                     yield e
             kind = "response.completed" if final.status == "completed" else "response.incomplete"
             yield event(kind, response=final.model_dump())
-        except (EngineFailure, P.APIError) as e:
+        except Exception as e:  # noqa: BLE001 -- the stream ends with an error event
+            if not isinstance(e, (EngineFailure, P.APIError)):
+                log.exception("the stream of response %s failed", self.rid)
             self.failure = e
             err = error_body(e)["error"]
             yield event("error", code=err["code"] or err["type"], message=err["message"],
