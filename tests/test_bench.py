@@ -425,11 +425,14 @@ def test_step_profile_counts_a_decode_steps_ops(tiny_deepseek_v2, tmp_path, caps
     assert 0 < res["outside_cache_step_s"] < res["step_s_unprofiled"]
     assert step_profile.main(["--model", str(tiny_deepseek_v2), "--batch", "2", "--context", "0.25k",
                               "--warmup", "1", "--steps", "2", "--top", "3", "--prefill",
-                              "synthetic", "--num-gpu-blocks", "1", "--json", str(out)]) == 0
+                              "synthetic", "--num-gpu-blocks", "1", "--timeline",
+                              "--json", str(out)]) == 0
     res = json.loads(out.read_text())
     assert res["prefill"] == "synthetic" and res["aten_ops_per_step"] > 100
     assert "aten ops" in capsys.readouterr().out
     assert "cprofile" not in res
+    # --timeline without CUDA: no native queue's calls, so no chain (and no failure)
+    assert "cpu_chain" not in res
 
 
 def test_step_profile_takes_config_overrides_and_kv_cache_memory(tiny_deepseek_v2, tmp_path):
@@ -1581,3 +1584,55 @@ def test_fresh_pages_bench_reads_new_buffers_pass_by_pass(tmp_path):
     assert json.loads(out.read_text())["buffer_bytes"] == int(0.01 * 2**30) // 64 * 64
     with pytest.raises(SystemExit, match="--gib must be > 0"):
         fresh_pages.main(["--gib", "0"])
+
+
+def test_the_cpu_chain_splits_a_step_into_kernels_and_the_waits_between_them(capsys):
+    """``bench.cpu_chain``: two layers of attention then experts (the second layer's attention
+    in two calls), times in seconds: the kernels, the waits from one kind to the other, the
+    wait between two calls of one kind, the start and end -- summing to the step -- and a split
+    step's overlap counted once."""
+    from writescope.bench.cpu_chain import cpu_chain, print_cpu_chain
+    att = [(0.001, 0.004), (0.010, 0.012), (0.0125, 0.013)]
+    exp = [(0.005, 0.008), (0.014, 0.017)]
+    c = cpu_chain(att, exp, 0.0, 0.020)
+    assert c["attention_ms"] == pytest.approx(5.5) and c["experts_ms"] == pytest.approx(6.0)
+    assert c["att_to_exp"] == 2 and c["att_to_exp_ms"] == pytest.approx(2.0)
+    assert c["exp_to_att"] == 1 and c["exp_to_att_ms"] == pytest.approx(2.0)
+    assert c["same_kind_gap_ms"] == pytest.approx(0.5) and c["overlap_ms"] == 0
+    assert c["before_ms"] == pytest.approx(1.0) and c["after_ms"] == pytest.approx(3.0)
+    parts = ("before_ms", "attention_ms", "experts_ms", "att_to_exp_ms", "exp_to_att_ms",
+             "same_kind_gap_ms", "after_ms")
+    assert sum(c[k] for k in parts) - c["overlap_ms"] == pytest.approx(c["step_ms"])
+    print_cpu_chain(c)
+    out = capsys.readouterr().out
+    assert "attention kernels 5.5 (3 calls)" in out and "experts -> attention 2.0 (1, 2000 us" in out
+    # a split step: one sub-batch's experts beside the other's attention
+    s = cpu_chain([(0.0, 0.004)], [(0.002, 0.006)], 0.0, 0.006)
+    assert s["overlap_ms"] == pytest.approx(2.0) and s["after_ms"] == pytest.approx(0.0)
+    assert sum(s[k] for k in parts) - s["overlap_ms"] == pytest.approx(6.0)
+    none = cpu_chain([], [], 0.0, 0.002)
+    assert none["before_ms"] == pytest.approx(2.0)
+    print_cpu_chain(none)
+    assert capsys.readouterr().out == ""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_step_profile_lays_a_spilled_steps_cpu_kernels_in_one_chain(tiny_qwen3_moe, tmp_path,
+                                                                    capsys):
+    """On CUDA, ``--timeline`` of steps whose spilled KV the CPU attends (``--kv-policy cpu``)
+    with the experts on the CPU: each layer's attention call (the attention's native queue)
+    and expert call on one chain, with a wait from each kind to the other."""
+    from writescope.bench import step_profile
+    out = tmp_path / "p.json"
+    assert step_profile.main(["--model", str(tiny_qwen3_moe), "--batch", "2", "--context",
+                              "0.25k", "--warmup", "2", "--steps", "3", "--top", "3",
+                              "--experts", "cpu", "--kv-policy", "cpu", "--num-gpu-blocks", "1",
+                              "--prefill", "synthetic", "--timeline", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    c, layers = res["cpu_chain"], res["layers"]
+    assert c["attention_calls"] >= layers and 1 <= c["expert_calls"] <= layers
+    assert c["att_to_exp"] == c["expert_calls"] and c["exp_to_att"] == c["expert_calls"] - 1
+    assert c["attention_ms"] > 0 and c["experts_ms"] > 0 and c["overlap_ms"] == 0
+    assert c["before_ms"] > 0 and c["after_ms"] > 0
+    assert "CPU chain (median of the unprofiled steps)" in capsys.readouterr().out

@@ -14,6 +14,10 @@ calls with two timing events a call (``WRITESCOPE_EXPERT_TIMELINE``, ``layers/cp
 the device's own work between one call's result and the next call's inputs, and each call's
 span from its inputs to the device past its wait -- the CPU kernels (the native queue's time)
 plus the hand-off (the ready word, the queue's pick-up, the done word reaching the device).
+It also lays each step's CPU attention kernels (the attention's native job queue) and expert
+kernels side by side on the host's clock (:mod:`.cpu_chain`): in a spilled step with the
+experts on the CPU, the cores' time a step is those kernels plus the waits from one kind to
+the other (the device's work and the hand-offs between them) and the step's start and end.
 
 ``--cprofile N`` then runs N more steps under :mod:`cProfile` and lists the Python functions
 that take the most host time per step (self and cumulative), with the attention calls
@@ -28,6 +32,7 @@ import os
 import time
 
 
+from .cpu_chain import cpu_chain, print_cpu_chain
 from .row import make_prompts
 from ..attention.launch import compiled_resources, pdl_enabled
 from ..units import parse_count
@@ -63,7 +68,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cprofile", type=int, default=0, metavar="N",
                     help="then N more steps under cProfile: the Python functions by host time")
     ap.add_argument("--timeline", action="store_true",
-                    help="split each unprofiled step along its CPU expert calls (CUDA)")
+                    help="split each unprofiled step along its CPU expert calls and its CPU "
+                         "kernels' chain (CUDA)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     from .grid import parse_overrides
@@ -102,12 +108,15 @@ def main(argv=None) -> int:
     from ..layers import cpu_experts, cpu_experts_calls
     cpu_experts.take_timeline()
     cpu_experts.take_host_timeline()
+    attention_times = _attention_times(eng)  # (the calls so far taken away)
     plain, expert_s, host_s, chains = [], [], [], []  # the same steps with no profiler attached
+    cpu_chains = []  # the CPU's attention and expert kernels of each step, as one chain
     cache_s = []  # the cache's own step time (step_s: from after begin_step's plan to end_step)
     for _ in range(args.steps):
         t0 = time.perf_counter()
         eng.step()
-        plain.append(time.perf_counter() - t0)
+        t1 = time.perf_counter()
+        plain.append(t1 - t0)
         cache_s.append((eng.cache.last_timing or {}).get("step_s", float("nan")))
         expert_s.append(eng.runner.last_times.get("cpu_expert_s") or 0.0)
         host_s.append(eng.runner.last_times.get("forward_host_s", float("nan")))
@@ -115,7 +124,12 @@ def main(argv=None) -> int:
             chains.append(chain_split(cpu_experts.take_timeline(), plain[-1], expert_s[-1],
                                       cpu_experts_calls.last_queue_stats,
                                       eng.runner.last_times.get("cpu_expert_bytes")))
-            chains[-1].update(host_chain(cpu_experts.take_host_timeline()))
+            calls = cpu_experts.take_host_timeline()
+            chains[-1].update(host_chain(calls))
+            att = attention_times()
+            if att or calls:
+                cpu_chains.append(cpu_chain(att, [(c["ready"], c["done"]) for c in calls],
+                                            t0, t1))
     if args.timeline:  # the profiled steps below record no events
         os.environ.pop("WRITESCOPE_EXPERT_TIMELINE", None)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if eng.device.type == "cuda" else [])
@@ -203,6 +217,10 @@ def main(argv=None) -> int:
         res["expert_chain"] = {k: sorted(c[k] for c in chains)[len(chains) // 2]
                                for k in chains[0]}
         print_chain(res["expert_chain"])
+    if cpu_chains:
+        res["cpu_chain"] = {k: sorted(c[k] for c in cpu_chains)[len(cpu_chains) // 2]
+                            for k in cpu_chains[0]}
+        print_cpu_chain(res["cpu_chain"])
     res["compiled"] = compiled_resources()
     if res["compiled"]:
         print(f"\n{'Triton kernel (compiled forms)':32s} {'warps':>5s} {'stages':>6s} "
@@ -217,6 +235,17 @@ def main(argv=None) -> int:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)
     return 0
+
+
+def _attention_times(eng):
+    """A function giving the CPU attention queue's kernel intervals ``(start, end)`` since its
+    last call (the native job queue of the cache's hybrid attention, made at its first use;
+    none where the CPU side runs otherwise)."""
+    def take() -> list[tuple[float, float]]:
+        q = getattr(getattr(eng.cache, "hybrid", None), "_queue", None)
+        return [(t[1], t[2]) for t in q.times()] if q is not None else []
+    take()
+    return take
 
 
 def chain_split(marks: list[tuple[float, float]], step_s: float, kernel_s: float,
