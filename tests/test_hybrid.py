@@ -888,3 +888,24 @@ def test_shared_t_blocks_stream_once_and_match_reference(spec, hq, stage_bytes_b
     else:  # pieces of a block: nothing to share
         assert moved == t_gpu.num_blocks
     ha.close()
+
+
+def test_the_staging_ring_size_is_a_setting(monkeypatch):
+    """``WRITESCOPE_STAGING_BYTES`` (a byte size) sets the engine's T staging ring, which the
+    activations' reserve counts on CUDA (planner/activations.py); a size that is not positive
+    is refused by name."""
+    from writescope.attention.hybrid import DEFAULT_STAGING_BYTES, staging_bytes
+    from writescope.planner import activations as act
+    from writescope.models.config import ModelConfig
+    monkeypatch.delenv("WRITESCOPE_STAGING_BYTES", raising=False)
+    assert staging_bytes() == DEFAULT_STAGING_BYTES
+    cfg = ModelConfig.from_hf("qwen3-30b-a3b")
+    before = act.reserve_bytes(cfg, torch.bfloat16, 16384, 131072)
+    monkeypatch.setenv("WRITESCOPE_STAGING_BYTES", "1GiB")
+    assert staging_bytes() == 2**30
+    assert act.reserve_bytes(cfg, torch.bfloat16, 16384, 131072) - before == \
+        2**30 - DEFAULT_STAGING_BYTES
+    for bad in ("0", "-1", "lots"):
+        monkeypatch.setenv("WRITESCOPE_STAGING_BYTES", bad)
+        with pytest.raises(ValueError, match="WRITESCOPE_STAGING_BYTES"):
+            staging_bytes()

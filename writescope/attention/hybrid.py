@@ -62,6 +62,24 @@ from .torch_paged import attend_torch
 DEFAULT_STAGING_BYTES = 512 * 2**20
 
 
+def staging_bytes() -> int:
+    """The engine's T staging ring: :data:`DEFAULT_STAGING_BYTES`, or ``WRITESCOPE_STAGING_BYTES``
+    (a byte size such as ``1GiB``, for experiments: how far ahead of its consumer the link may
+    run; the engine counts the ring against the VRAM budget)."""
+    from ..units import parse_bytes
+    v = os.environ.get("WRITESCOPE_STAGING_BYTES", "").strip()
+    if not v:
+        return DEFAULT_STAGING_BYTES
+    try:
+        n = parse_bytes(v)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"WRITESCOPE_STAGING_BYTES must be a positive byte size (e.g. 1GiB), "
+                         f"got {v!r}")
+    return n
+
+
 def _empty_result(nq: int, hq: int, dv: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     return (torch.zeros(nq, hq, dv, dtype=torch.float32, device=device),
             torch.full((nq, hq), float("-inf"), dtype=torch.float32, device=device))

@@ -23,7 +23,7 @@ from ..core import (FinishReason, InvalidRequestError, Request, RequestOutput,
 from ..kvcache.cache import InplaceKVCache, plan_layout
 from ..kvcache.placement import make_policy
 from ..layers.grammar import Grammars
-from ..attention.hybrid import DEFAULT_STAGING_BYTES
+from ..attention.hybrid import staging_bytes
 from ..attention.gather import DEFAULT_GATHER_BYTES
 from ..kvcache.regions import DEFAULT_BLOCK_SIZE, Region
 from ..models.loader import build_model
@@ -256,7 +256,7 @@ class LLMEngine(EngineSizing):
                             "activations_s": time.perf_counter() - t2}
         # the T staging ring and the C gather buffers live in HBM too (only on CUDA; elsewhere
         # T and C are read in place)
-        staging = DEFAULT_STAGING_BYTES if self.device.type == "cuda" else 0
+        staging = staging_bytes() if self.device.type == "cuda" else 0
         gather = DEFAULT_GATHER_BYTES if self.device.type == "cuda" else 0
         #: MoE layers whose routed experts were moved to the CPU once the activations were known
         #: (:meth:`_fit_experts_around_kv`)

@@ -92,10 +92,10 @@ def reserve_bytes(cfg: "ModelConfig", dtype: torch.dtype, max_num_batched_tokens
     staging ring and gather buffers. ``cuda=False``: the warm-up and the buffers are not
     counted (off CUDA the engine plans its activations from the config instead)."""
     from ..attention.gather import DEFAULT_GATHER_BYTES
-    from ..attention.hybrid import DEFAULT_STAGING_BYTES
+    from ..attention.hybrid import staging_bytes
     out = context_gather_bytes(cfg, dtype, max_model_len)
     if cuda:
         n = min(int(max_num_batched_tokens), int(max_model_len))
-        out += warmup_peak_bytes(cfg, dtype, n, cpu_experts) + DEFAULT_STAGING_BYTES \
+        out += warmup_peak_bytes(cfg, dtype, n, cpu_experts) + staging_bytes() \
             + DEFAULT_GATHER_BYTES
     return out
