@@ -127,7 +127,8 @@ def main(argv=None) -> int:
             calls = cpu_experts.take_host_timeline()
             chains[-1].update(host_chain(calls))
             att = attention_times()
-            if att or calls:
+            # (no chain where the CPU experts ran but their host times did not match up)
+            if (att or calls) and (calls or not expert_s[-1]):
                 cpu_chains.append(cpu_chain(att, [(c["ready"], c["done"]) for c in calls],
                                             t0, t1))
     if args.timeline:  # the profiled steps below record no events
