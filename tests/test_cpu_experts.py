@@ -285,11 +285,15 @@ def test_fallback_without_compiler(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("queue", ["native", "python"])
-def test_cuda_hidden_round_trip(queue, monkeypatch):
+@pytest.mark.parametrize("result", ["copy", "kernel"])
+def test_cuda_hidden_round_trip(queue, result, monkeypatch):
     """The device waits for the CPU's result: on the native job queue (no Python between the
-    ready and done words) or on the Python worker; the same bits either way, and a failing call
-    (an expert id out of range) is raised at the step's end instead of hanging the stream."""
+    ready and done words) or on the Python worker, the result copied to the device or read
+    there in place (``WRITESCOPE_CPU_EXPERT_RESULT``); the same bits every way, and a failing
+    call (an expert id out of range) is raised at the step's end instead of hanging the
+    stream."""
     monkeypatch.setenv("WRITESCOPE_CPU_EXPERT_QUEUE", queue)
+    monkeypatch.setenv("WRITESCOPE_CPU_EXPERT_RESULT", result)
     E, H, I, k, N = 8, 128, 96, 2, 19
     bf = torch.bfloat16
     gate, up, down = (t.to(bf) for t in _weights(E, H, I))
@@ -315,6 +319,60 @@ def test_cuda_hidden_round_trip(queue, monkeypatch):
     with pytest.raises((RuntimeError, IndexError), match="-1|out of range"):
         ce.raise_pending_errors()
     ce.raise_pending_errors()  # reported once
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_results_read_in_place_stay_theirs_while_the_launcher_runs_ahead(monkeypatch):
+    """``WRITESCOPE_CPU_EXPERT_RESULT=kernel``: a chain of 24 calls, each on the last one's
+    output, launched without waiting: every result read in place by the device matches the
+    chain copied by the copy engine -- no pinned result was handed to a later call before the
+    device had read it (``cpu_experts_calls.keep_until_read``) -- and a copy engine busy with a
+    large host-to-device copy on another stream changes nothing."""
+    from writescope.layers import pinned_read
+    E, H, I, k, N = 8, 128, 96, 2, 4
+    bf = torch.bfloat16
+    layer = CpuExperts.from_weights(*(t.to(bf).cuda() for t in _weights(E, H, I)), dtype=bf)
+    ids, w = _routing(N, E, k)
+    ids, w = ids.cuda(), w.cuda()
+    x = torch.randn(N, H, device="cuda").to(bf)
+
+    def chain():
+        y = x
+        for _ in range(24):
+            y = layer.wait(layer.submit(y, ids, w)) * 0.5
+        ce.raise_pending_errors()
+        torch.cuda.synchronize()
+        return y.cpu()
+    monkeypatch.setenv("WRITESCOPE_CPU_EXPERT_RESULT", "copy")
+    want = chain()
+    monkeypatch.setenv("WRITESCOPE_CPU_EXPERT_RESULT", "kernel")
+    assert pinned_read.in_place(torch.device("cuda"))
+    big = torch.empty(256 * 2**20, dtype=torch.uint8, pin_memory=True)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        dst = big.to("cuda", non_blocking=True)
+    got = chain()
+    side.synchronize()
+    assert torch.equal(got, want) and dst.numel() == big.numel()
+    pinned = torch.randn(3, 1000).pin_memory()
+    assert torch.equal(pinned_read.to_device(pinned, torch.device("cuda")).cpu(), pinned)
+    with pytest.raises(ValueError, match="pinned"):
+        pinned_read.to_device(torch.randn(4), torch.device("cuda"))
+
+
+def test_the_cpu_expert_result_setting(monkeypatch):
+    """``WRITESCOPE_CPU_EXPERT_RESULT``: copy (default) or kernel; anything else is refused
+    by name; never in place off CUDA."""
+    from writescope.layers import pinned_read
+    monkeypatch.delenv("WRITESCOPE_CPU_EXPERT_RESULT", raising=False)
+    assert pinned_read.result_mode() == "copy"
+    monkeypatch.setenv("WRITESCOPE_CPU_EXPERT_RESULT", "kernel")
+    assert pinned_read.result_mode() == "kernel"
+    assert not pinned_read.in_place(torch.device("cpu"))
+    monkeypatch.setenv("WRITESCOPE_CPU_EXPERT_RESULT", "dma")
+    with pytest.raises(ValueError, match="WRITESCOPE_CPU_EXPERT_RESULT"):
+        pinned_read.result_mode()
 
 
 @pytest.mark.gpu

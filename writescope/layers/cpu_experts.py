@@ -54,6 +54,7 @@ import torch
 import torch.nn.functional as F
 
 from . import cpu_experts_calls as calls
+from . import pinned_read
 from .cpu_experts_calls import (ExpertsMark, eager_calls, mark, raise_pending_errors, settle,
                                 take_host_timeline, take_routed_bytes, take_timeline, timeline_on)
 from .cpu_experts_lib import (AMX_MIN_TOKENS, ISA_NAMES, amx_min_tokens, available_isas,
@@ -621,6 +622,9 @@ class CpuExperts:
                 calls.note_result_seen(handle.mark)
             if handle.future is not None:  # (the native queue's calls: drained at the step's end)
                 calls.defer_result(handle.future)
+            if pinned_read.in_place(handle.device):  # read by the device's cores, in place
+                calls.keep_until_read(handle.result)
+                return pinned_read.to_device(handle.result, handle.device)
             return handle.result.to(handle.device, non_blocking=True)
         out = handle.future.result()
         if handle.device.type != "cpu":

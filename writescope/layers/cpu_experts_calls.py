@@ -48,6 +48,10 @@ _MAX_LAYERS = 1024
 # reused after _MAX_LAYERS instances), so a wait can never be met by an older instance's value
 _flag_seq = [0] * _MAX_LAYERS
 _pending: list[concurrent.futures.Future] = []
+# pinned results the device reads in place (layers/pinned_read.py), kept from their step's end
+# (raise_pending_errors) until the next step's: the engine's step end waits for the device
+_kept: list[torch.Tensor] = []
+_kept_prev: list[torch.Tensor] = []
 
 
 class WsMoeJob(ctypes.Structure):
@@ -260,8 +264,9 @@ def raise_pending_errors() -> float | None:
     the first failure among them (and a device wait that gave up), clear the pending list.
     Returns the kernel seconds of the calls that ran on the native queue or inline (the planner
     corrects its experts' rate with them), or None when none did."""
-    global _pending, _native_pending, _inline_s, last_queue_stats
+    global _pending, _native_pending, _inline_s, last_queue_stats, _kept, _kept_prev
     jobs, _pending = _pending, []
+    _kept_prev, _kept = _kept, []  # the step before's are read by now; this step's not yet
     native, _native_pending = _native_pending, 0
     errors = []
     for f in jobs:
@@ -345,6 +350,13 @@ def note_result_seen(inputs_event) -> None:
         seen = torch.cuda.Event(enable_timing=True)
         seen.record()
         _timeline.append((inputs_event, seen))
+
+
+def keep_until_read(t: torch.Tensor) -> None:
+    """A pinned result the device reads in place, in stream order: kept alive until the end of
+    the step after this one's (see ``_kept``), so that torch's pinned allocator cannot hand its
+    memory to a later call before the device has read it."""
+    _kept.append(t)
 
 
 def defer_result(future: concurrent.futures.Future) -> None:

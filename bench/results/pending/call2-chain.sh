@@ -9,14 +9,18 @@
 # routing, plus the hand-off) and experts -> attention (the next layer's queries), and the
 # step's start and end. The same engine settings as cpu_grid's writescope row, the call's own
 # calibration; then the same with the staging ring doubled (1 GiB: does the link's lookahead
-# matter?). CALL_S=420; Qwen3's random experts take ~60 s to build a run.
+# matter?), and with the CPU experts' result read by the GPU's cores in place instead of copied
+# by a copy engine that the ring's 268 MB copies keep busy (WRITESCOPE_CPU_EXPERT_RESULT=kernel,
+# layers/pinned_read.py: do the experts -> attention waits shrink?). If kernel wins, a later
+# call runs the five-policy row under it (cpu_grid ... --policies writescope,static).
+# CALL_S=560; Qwen3's random experts take ~60 s to build a run.
 source bench/results/run-helper.sh
-call_begin ${CALL_S:-420}
+call_begin ${CALL_S:-560}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $R/gpu.txt
 calibrate_profile 60
 chain() {
   local name=$1; shift
-  run $name 170 env "$@" python -m writescope.bench.step_profile --model qwen3-30b-a3b \
+  run $name 150 env "$@" python -m writescope.bench.step_profile --model qwen3-30b-a3b \
     --random-weights --profile $P --vram-budget 32GiB --experts cpu --batch 4 --context 128k \
     --max-num-batched-tokens 16384 --prefill synthetic --warmup 4 --steps 6 --top 12 \
     --timeline --json $R/$name.json
@@ -24,4 +28,5 @@ chain() {
 }
 chain chain-default WRITESCOPE_STACKS_EVERY_S=150
 chain chain-ring1g WRITESCOPE_STAGING_BYTES=1GiB
+chain chain-result-kernel WRITESCOPE_CPU_EXPERT_RESULT=kernel
 call_end
