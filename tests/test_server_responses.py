@@ -1018,7 +1018,7 @@ def test_a_queued_background_stream_is_in_progress_from_its_first_tokens(tiny_qw
                     rid = json.loads(line[6:])["response"]["id"]
                     break
             assert names == ["response.created", "response.queued"]
-            time.sleep(0.5)  # the first runs on; the second waits for its sequence slot
+            time.sleep(0.3)  # the first runs on; the second waits for its sequence slot
             assert first["id"] in server.background.running
             assert len(server.response_store.events(rid).events) == 2
             assert c.get(f"/v1/responses/{rid}").json()["status"] == "queued"
