@@ -1066,3 +1066,32 @@ def test_a_stream_that_fails_ends_with_an_error_event(client, engine, monkeypatc
     stored = client.get(f"/v1/responses/{rid}").json()
     assert stored["status"] == "failed" and "a bug while writing" in stored["error"]["message"]
     assert _replayed(client, rid) == bg
+
+
+def test_a_cancel_and_a_delete_at_once_both_answer(client, engine):
+    """A cancel and a DELETE of one running background response at the same time (two
+    clients, or one retrying): both wait for its end; the DELETE forgets it, and the cancel
+    answers the cancelled response as it ended. Before, the cancel, woken after the DELETE had
+    forgotten it, read the store's None: a 500 and a traceback (the soak test,
+    bench/soak_server.py, found it)."""
+    import asyncio
+
+    import httpx
+    server = client.app.state.server
+    bg = post_ok(client, "/v1/responses", input="Tell me about rivers.", background=True,
+                 ignore_eos=True, temperature=0, max_output_tokens=480)
+    rid = bg["id"]
+
+    async def at_once():  # on the app's event loop, as two clients' requests
+        transport = httpx.ASGITransport(app=client.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as c:
+            return await asyncio.gather(c.delete(f"/v1/responses/{rid}"),
+                                        c.post(f"/v1/responses/{rid}/cancel"))
+    deleted, cancelled = client.portal.call(at_once)
+    assert deleted.status_code == 200 and deleted.json()["deleted"] is True
+    assert cancelled.status_code == 200, cancelled.text
+    body = cancelled.json()
+    assert body["id"] == rid and body["status"] == "cancelled"
+    assert body["usage"]["output_tokens"] < 480
+    assert _idle(engine, server) and server.background.running == {}
+    assert client.get(f"/v1/responses/{rid}").status_code == 404
