@@ -1095,3 +1095,34 @@ def test_a_cancel_and_a_delete_at_once_both_answer(client, engine):
     assert body["usage"]["output_tokens"] < 480
     assert _idle(engine, server) and server.background.running == {}
     assert client.get(f"/v1/responses/{rid}").status_code == 404
+
+
+def test_a_running_background_response_stays_in_a_full_store(client, engine, monkeypatch):
+    """The store keeps the most recently used responses, but never lets a running background
+    response go: it would be out of reach while it runs (its GET and its cancel a 404, its
+    generation going on unstoppable), then back when it ends. A streamed one (whose run does
+    not touch its stored response once in progress) was let go by newer responses; they push
+    out the least recently used finished ones instead."""
+    from writescope.server.response_store import ResponseStore
+    server = client.app.state.server
+    monkeypatch.setattr(server, "response_store", ResponseStore(capacity=2))
+    with client.stream("POST", "/v1/responses", json=dict(
+            input="Tell me about rivers.", background=True, stream=True, ignore_eos=True,
+            temperature=0, max_output_tokens=480)) as r:
+        for line in r.iter_lines():  # up to its first text; the reader leaves, it runs on
+            if line.startswith("data: ") and '"sequence_number": 0' in line:
+                rid = json.loads(line[6:])["response"]["id"]
+            if line == "event: response.output_text.delta":
+                break
+    done = [post_ok(client, "/v1/responses", input="hi", **GREEDY)["id"] for _ in range(3)]
+    got = client.get(f"/v1/responses/{rid}")
+    assert got.status_code == 200 and got.json()["status"] == "in_progress", got.text
+    assert client.get(f"/v1/responses/{done[-1]}").status_code == 200
+    assert client.get(f"/v1/responses/{done[0]}").status_code == 404
+    r = client.post(f"/v1/responses/{rid}/cancel")
+    assert r.status_code == 200 and r.json()["status"] == "cancelled"
+    assert _idle(engine, server) and server.background.running == {}
+    # ended, it is a finished response like the others: newer ones push it out
+    post_ok(client, "/v1/responses", input="hi", **GREEDY)
+    post_ok(client, "/v1/responses", input="hi", **GREEDY)
+    assert client.get(f"/v1/responses/{rid}").status_code == 404
