@@ -66,7 +66,7 @@ class BackgroundResponses:
 
     async def _run(self, server: "OpenAIServer", view: "ResponseView") -> dict:
         """Generate the response to its end and store it; the response as stored (what a
-        cancel answers, even where a DELETE forgets it before the cancel wakes)."""
+        cancel answers, even where a DELETE has forgotten it by the time the cancel wakes)."""
         gen, store, events = view.gen, server.response_store, view.event_log
         failure = None
         stored_end = False  # whether the stream stored the finished response itself
@@ -99,11 +99,13 @@ class BackgroundResponses:
                 body.error = {"code": "server_error", "message": str(failure)}
                 store.put(view.rid, body.model_dump(), [], view.req.input_items(), events)
             elif not stored_end:
-                view.final()
+                body = view.final()
+            else:  # the stream stored it as it ended (the same response)
+                body = view.response()
         finally:
             if events is not None:
                 events.close()  # its readers' streams end
-        return store.get(view.rid)[0]  # (just stored: the most recently used)
+        return body.model_dump()
 
     def follow(self, server: "OpenAIServer", rid: str, response: dict,
                after: int | None = None) -> SSEResponse:
