@@ -1126,3 +1126,27 @@ def test_a_running_background_response_stays_in_a_full_store(client, engine, mon
     post_ok(client, "/v1/responses", input="hi", **GREEDY)
     post_ok(client, "/v1/responses", input="hi", **GREEDY)
     assert client.get(f"/v1/responses/{rid}").status_code == 404
+
+
+def test_a_foreground_response_does_not_take_a_running_background_ones_place(client, engine):
+    """A background response that reuses the id of a foreground one still running
+    (``request_id``: a client retrying in the background) keeps its place in the store: the
+    foreground one, ending first, is answered but not stored over it, which would leave the
+    background one out of reach while it runs (GET showing the other, its cancel a 400 "not a
+    background response"), as ``id_taken`` keeps it the other way round."""
+    server = client.app.state.server
+    with client.stream("POST", "/v1/responses", json=dict(
+            input="Tell me about rivers.", stream=True, request_id="both", ignore_eos=True,
+            temperature=0, max_output_tokens=60)) as fg:
+        lines = fg.iter_lines()
+        assert next(lines) == "event: response.created"
+        bg = post_ok(client, "/v1/responses", input="Tell me about rivers.", background=True,
+                     request_id="both", ignore_eos=True, temperature=0, max_output_tokens=480)
+        events = [ln[7:] for ln in lines if ln.startswith("event: ")]
+    assert bg["id"] == "resp_both" and events[-1] == "response.incomplete"
+    assert "resp_both" in server.background.running  # the foreground one ended first
+    got = client.get("/v1/responses/resp_both").json()
+    assert got["background"] is True and got["status"] in ("queued", "in_progress")
+    r = client.post("/v1/responses/resp_both/cancel")
+    assert r.status_code == 200 and r.json()["status"] == "cancelled"
+    assert _idle(engine, server) and server.background.running == {}
