@@ -412,20 +412,23 @@ def pooled(rid: str) -> bool:
     return rid.startswith("resp_soak-")
 
 
-def id_taken(r: httpx.Response, body: dict) -> bool:
-    """A 400 for reusing a running background response's id (expected, for a pooled id)."""
-    return (r.status_code == 400 and "request_id" in body
-            and "is still running" in r.text)
+def refused_ok(r: httpx.Response, body: dict) -> bool:
+    """An expected refusal of a Responses request: a 404 or a 400 "context length exceeded"
+    for a ``previous_response_id`` (deleted meanwhile; the chain grown too long), a 400 for
+    reusing a running background response's id (a pooled ``request_id``)."""
+    prev = "previous_response_id" in body
+    return (r.status_code == 404 and prev
+            or r.status_code == 400 and prev and "context_length_exceeded" in r.text
+            or r.status_code == 400 and "request_id" in body and "is still running" in r.text)
 
 
 async def s_responses(st: State, client: httpx.AsyncClient) -> str:
     rng = st.rng
     body = resp_body(rng, st)
     stream = rng.random() < 0.5
-    prev = body.get("previous_response_id")
     if not stream:
         r = await client.post("/v1/responses", json=body)
-        if r.status_code == 404 and prev or id_taken(r, body):  # (the chain's head deleted)
+        if refused_ok(r, body):
             return "expected_error"
         if r.status_code != 200:
             raise Bad(f"POST /v1/responses: {r.status_code}: {r.text[:200]}")
@@ -436,7 +439,7 @@ async def s_responses(st: State, client: httpx.AsyncClient) -> str:
             st.finished_ids.append(obj["id"])
         return "ok"
     async with client.stream("POST", "/v1/responses", json={**body, "stream": True}) as r:
-        if r.status_code == 404 and prev or id_taken(r, body):
+        if refused_ok(r, body):
             await r.aread()
             return "expected_error"
         if r.status_code != 200:
@@ -492,7 +495,7 @@ async def s_background(st: State, client: httpx.AsyncClient) -> str:
     if rng.random() < 0.4:
         body["max_output_tokens"] = rng.randint(60, 160)
     r = await client.post("/v1/responses", json=body)
-    if r.status_code == 404 and body.get("previous_response_id") or id_taken(r, body):
+    if refused_ok(r, body):
         return "expected_error"
     if r.status_code != 200:
         raise Bad(f"background POST: {r.status_code}: {r.text[:200]}")
@@ -543,7 +546,7 @@ async def s_background_stream(st: State, client: httpx.AsyncClient) -> str:
 
     async def reader() -> str:
         async with client.stream("POST", "/v1/responses", json=body) as r:
-            if r.status_code == 404 and body.get("previous_response_id") or id_taken(r, body):
+            if refused_ok(r, body):
                 await r.aread()
                 return "expected_error"
             if r.status_code != 200:
@@ -794,15 +797,17 @@ def at_shutdown(st: State, e: Exception, t0: float) -> str | None:
         return None
     if isinstance(e, httpx.ConnectError) or isinstance(e, Bad) and " 503" in str(e):
         return "refused_at_shutdown"
-    if isinstance(e, httpx.RemoteProtocolError) and t0 >= st.sigterm_at:
+    if (isinstance(e, httpx.TransportError) and not isinstance(e, httpx.TimeoutException)
+            and t0 >= st.sigterm_at):  # a closed connection: RemoteProtocolError, ReadError
         return "refused_at_shutdown"
     return None
 
 
-async def worker(st: State, timeout: float) -> None:
-    names = [s[0] for s in SCENARIOS]
-    weights = [s[1] for s in SCENARIOS]
-    fns = {s[0]: s[2] for s in SCENARIOS}
+async def worker(st: State, timeout: float, only: list[str] | None) -> None:
+    chosen = [s for s in SCENARIOS if only is None or s[0] in only]
+    names = [s[0] for s in chosen]
+    weights = [s[1] for s in chosen]
+    fns = {s[0]: s[2] for s in chosen}
     limits = httpx.Limits(max_connections=8, max_keepalive_connections=4)
     async with httpx.AsyncClient(base_url=st.base, timeout=httpx.Timeout(timeout),
                                  limits=limits) as client:
@@ -956,7 +961,7 @@ async def final_checks(st: State, args, problems: list[str]) -> dict:
 async def run_load(st: State, args, proc: subprocess.Popen | None) -> dict | None:
     """The load for ``args.duration`` s; with ``--sigterm-under-load``, then SIGTERM while it
     goes on, until the server has exited: how it exited."""
-    tasks = [asyncio.ensure_future(worker(st, args.timeout))
+    tasks = [asyncio.ensure_future(worker(st, args.timeout, args.scenarios))
              for _ in range(args.concurrency)]
     scrape = asyncio.ensure_future(scraper(st))
     await asyncio.sleep(args.duration)
@@ -990,6 +995,9 @@ def main(argv=None) -> int:
     ap.add_argument("--grace", type=float, default=10, help="--shutdown-timeout (default 10)")
     ap.add_argument("--max-model-len", type=int, default=1024)
     ap.add_argument("--max-num-seqs", type=int, default=4)
+    ap.add_argument("--scenarios", type=lambda v: v.split(","), metavar="NAME,...",
+                    help="only these scenarios (default all: " +
+                    ",".join(s[0] for s in SCENARIOS) + ")")
     ap.add_argument("--sigterm-under-load", action="store_true",
                     help="send SIGTERM at the end of --duration with the load still on, "
                     "instead of the drain and its checks: every request under way must end "
