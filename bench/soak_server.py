@@ -439,11 +439,10 @@ async def s_responses(st: State, client: httpx.AsyncClient) -> str:
             st.finished_ids.append(obj["id"])
         return "ok"
     async with client.stream("POST", "/v1/responses", json={**body, "stream": True}) as r:
-        if refused_ok(r, body):
-            await r.aread()
-            return "expected_error"
         if r.status_code != 200:
             await r.aread()
+            if refused_ok(r, body):
+                return "expected_error"
             raise Bad(f"stream POST /v1/responses: {r.status_code}: {r.text[:200]}")
         await read_responses_stream(r, leave(rng))
     return "ok"
@@ -546,11 +545,10 @@ async def s_background_stream(st: State, client: httpx.AsyncClient) -> str:
 
     async def reader() -> str:
         async with client.stream("POST", "/v1/responses", json=body) as r:
-            if refused_ok(r, body):
-                await r.aread()
-                return "expected_error"
             if r.status_code != 200:
                 await r.aread()
+                if refused_ok(r, body):
+                    return "expected_error"
                 raise Bad(f"background stream POST: {r.status_code}: {r.text[:200]}")
             seq = 0
             leave_after = leave(rng)
