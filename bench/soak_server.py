@@ -169,21 +169,22 @@ async def read_openai_stream(resp: httpx.Response, leave_after: int | None) -> d
                 finish[i] = c["finish_reason"]
     if last != "[DONE]":
         raise Bad(f"stream did not end with [DONE] (last {str(last)[:120]!r})")
-    if errors:
-        raise Bad(f"stream error event: {errors[0]}")
-    return {"chunks": chunks, "tokens": tokens, "finish": finish, "usage": usage}
+    return {"chunks": chunks, "tokens": tokens, "finish": finish, "usage": usage,
+            "errors": errors}
 
 
 def check_choices(body: dict, tokens: dict[int, int] | None, finish: dict[int, str],
-                  usage: dict | None) -> None:
+                  usage: dict | None, stopping: bool = False) -> None:
     """Every choice finished, each within its token budget (all of it where it ended
-    "length"); the tokens counted (``tokens``: from log-probabilities) are the usage's."""
+    "length"); the tokens counted (``tokens``: from log-probabilities) are the usage's.
+    ``stopping``: after SIGTERM, when a choice may also end "abort" (the grace ran out)."""
     prompts = body["prompt"] if isinstance(body.get("prompt"), list) else [None]
     want = body.get("n", 1) * len(prompts)
     if sorted(finish) != list(range(want)):
         raise Bad(f"finish reasons for choices {sorted(finish)}, {want} choices due")
     for i, reason in finish.items():
-        if reason not in ("stop", "length", "tool_calls"):
+        if reason not in ("stop", "length", "tool_calls") and not (stopping and
+                                                                  reason == "abort"):
             raise Bad(f"choice {i}: finish_reason {reason}")
     if tokens is None or body.get("echo") or body.get("use_beam_search") or body.get("tools"):
         return
@@ -311,7 +312,7 @@ async def plain(st: State, client: httpx.AsyncClient, path: str, body: dict, str
                 for c in obj["choices"]:
                     lp = c.get("logprobs") or {}
                     tokens[c["index"]] = len(lp.get("content") or lp.get("tokens") or [])
-            check_choices(body, tokens, finish, obj["usage"])
+            check_choices(body, tokens, finish, obj["usage"], st.sigterm_at is not None)
         return "ok"
     body.pop("prompt_logprobs", None)  # (not with stream, as vLLM's)
     async with client.stream("POST", path, json={**body, "stream": True}) as r:
@@ -322,8 +323,13 @@ async def plain(st: State, client: httpx.AsyncClient, path: str, body: dict, str
             await read_responses_stream(r, leave_after)
         else:
             got = await read_openai_stream(r, leave_after)
+            if got["errors"]:  # after SIGTERM a beam search's stream ends so (503's code)
+                if st.sigterm_at is not None and all(e.get("code") == "unavailable"
+                                                     for e in got["errors"]):
+                    return "refused_at_shutdown"
+                raise Bad(f"stream error event: {got['errors'][0]}")
             check_choices(body, got["tokens"] if body.get("logprobs") else None,
-                          got["finish"], got["usage"])
+                          got["finish"], got["usage"], st.sigterm_at is not None)
     return "ok"
 
 
