@@ -1066,3 +1066,87 @@ def test_a_stream_that_fails_ends_with_an_error_event(client, engine, monkeypatc
     stored = client.get(f"/v1/responses/{rid}").json()
     assert stored["status"] == "failed" and "a bug while writing" in stored["error"]["message"]
     assert _replayed(client, rid) == bg
+
+
+def test_a_cancel_and_a_delete_at_once_both_answer(client, engine):
+    """A cancel and a DELETE of one running background response at the same time (two
+    clients, or one retrying): both wait for its end; the DELETE forgets it, and the cancel
+    answers the cancelled response as it ended. Before, the cancel, woken after the DELETE had
+    forgotten it, read the store's None: a 500 and a traceback (the soak test,
+    bench/soak_server.py, found it)."""
+    import asyncio
+
+    import httpx
+    server = client.app.state.server
+    bg = post_ok(client, "/v1/responses", input="Tell me about rivers.", background=True,
+                 ignore_eos=True, temperature=0, max_output_tokens=480)
+    rid = bg["id"]
+
+    async def at_once():  # on the app's event loop, as two clients' requests
+        transport = httpx.ASGITransport(app=client.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as c:
+            return await asyncio.gather(c.delete(f"/v1/responses/{rid}"),
+                                        c.post(f"/v1/responses/{rid}/cancel"))
+    deleted, cancelled = client.portal.call(at_once)
+    assert deleted.status_code == 200 and deleted.json()["deleted"] is True
+    assert cancelled.status_code == 200, cancelled.text
+    body = cancelled.json()
+    assert body["id"] == rid and body["status"] == "cancelled"
+    assert body["usage"]["output_tokens"] < 480
+    assert _idle(engine, server) and server.background.running == {}
+    assert client.get(f"/v1/responses/{rid}").status_code == 404
+
+
+def test_a_running_background_response_stays_in_a_full_store(client, engine, monkeypatch):
+    """The store keeps the most recently used responses, but never lets a running background
+    response go: it would be out of reach while it runs (its GET and its cancel a 404, its
+    generation going on unstoppable), then back when it ends. A streamed one (whose run does
+    not touch its stored response once in progress) was let go by newer responses; they push
+    out the least recently used finished ones instead."""
+    from writescope.server.response_store import ResponseStore
+    server = client.app.state.server
+    monkeypatch.setattr(server, "response_store", ResponseStore(capacity=2))
+    with client.stream("POST", "/v1/responses", json=dict(
+            input="Tell me about rivers.", background=True, stream=True, ignore_eos=True,
+            temperature=0, max_output_tokens=480)) as r:
+        for line in r.iter_lines():  # up to its first text; the reader leaves, it runs on
+            if line.startswith("data: ") and '"sequence_number": 0' in line:
+                rid = json.loads(line[6:])["response"]["id"]
+            if line == "event: response.output_text.delta":
+                break
+    done = [post_ok(client, "/v1/responses", input="hi", **GREEDY)["id"] for _ in range(3)]
+    got = client.get(f"/v1/responses/{rid}")
+    assert got.status_code == 200 and got.json()["status"] == "in_progress", got.text
+    assert client.get(f"/v1/responses/{done[-1]}").status_code == 200
+    assert client.get(f"/v1/responses/{done[0]}").status_code == 404
+    r = client.post(f"/v1/responses/{rid}/cancel")
+    assert r.status_code == 200 and r.json()["status"] == "cancelled"
+    assert _idle(engine, server) and server.background.running == {}
+    # ended, it is a finished response like the others: newer ones push it out
+    post_ok(client, "/v1/responses", input="hi", **GREEDY)
+    post_ok(client, "/v1/responses", input="hi", **GREEDY)
+    assert client.get(f"/v1/responses/{rid}").status_code == 404
+
+
+def test_a_foreground_response_does_not_take_a_running_background_ones_place(client, engine):
+    """A background response that reuses the id of a foreground one still running
+    (``request_id``: a client retrying in the background) keeps its place in the store: the
+    foreground one, ending first, is answered but not stored over it, which would leave the
+    background one out of reach while it runs (GET showing the other, its cancel a 400 "not a
+    background response"), as ``id_taken`` keeps it the other way round."""
+    server = client.app.state.server
+    with client.stream("POST", "/v1/responses", json=dict(
+            input="Tell me about rivers.", stream=True, request_id="both", ignore_eos=True,
+            temperature=0, max_output_tokens=60)) as fg:
+        lines = fg.iter_lines()
+        assert next(lines) == "event: response.created"
+        bg = post_ok(client, "/v1/responses", input="Tell me about rivers.", background=True,
+                     request_id="both", ignore_eos=True, temperature=0, max_output_tokens=480)
+        events = [ln[7:] for ln in lines if ln.startswith("event: ")]
+    assert bg["id"] == "resp_both" and events[-1] == "response.incomplete"
+    assert "resp_both" in server.background.running  # the foreground one ended first
+    got = client.get("/v1/responses/resp_both").json()
+    assert got["background"] is True and got["status"] in ("queued", "in_progress")
+    r = client.post("/v1/responses/resp_both/cancel")
+    assert r.status_code == 200 and r.json()["status"] == "cancelled"
+    assert _idle(engine, server) and server.background.running == {}

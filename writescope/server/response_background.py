@@ -64,7 +64,9 @@ class BackgroundResponses:
         """Whether a background response of id ``rid`` is being admitted or still runs."""
         return rid in self._gens
 
-    async def _run(self, server: "OpenAIServer", view: "ResponseView") -> None:
+    async def _run(self, server: "OpenAIServer", view: "ResponseView") -> dict:
+        """Generate the response to its end and store it; the response as stored (what a
+        cancel answers, even where a DELETE has forgotten it by the time the cancel wakes)."""
         gen, store, events = view.gen, server.response_store, view.event_log
         failure = None
         stored_end = False  # whether the stream stored the finished response itself
@@ -97,10 +99,13 @@ class BackgroundResponses:
                 body.error = {"code": "server_error", "message": str(failure)}
                 store.put(view.rid, body.model_dump(), [], view.req.input_items(), events)
             elif not stored_end:
-                view.final()
+                body = view.final()
+            else:  # the stream stored it as it ended (the same response)
+                body = view.response()
         finally:
             if events is not None:
                 events.close()  # its readers' streams end
+        return body.model_dump()
 
     def follow(self, server: "OpenAIServer", rid: str, response: dict,
                after: int | None = None) -> SSEResponse:
@@ -130,24 +135,26 @@ class BackgroundResponses:
             raise P.APIError(f"Response '{rid}' is not a background response: only responses "
                              "created with background true can be cancelled",
                              param="response_id")
-        if await self.end(rid):
-            return server.response_store.get(rid)[0]
+        ended = await self.end(rid)
+        if ended is not None:
+            return ended
         if response["status"] == "cancelled":
             return response
         raise P.APIError(f"Cannot cancel response '{rid}': its status is "
                          f"'{response['status']}' (only a queued or in-progress background "
                          "response can be cancelled)", param="response_id")
 
-    async def end(self, rid: str) -> bool:
+    async def end(self, rid: str) -> dict | None:
         """Abort response ``rid`` if it still runs and wait for its end, written as an abort's
-        (stored cancelled, a stream's last events: its readers' streams end with them); False
-        where it was not running."""
+        (stored cancelled, a stream's last events: its readers' streams end with them); the
+        response as it ended (a cancel and a DELETE may both wait: the store may have
+        forgotten it by the time the other wakes), None where it was not running."""
         task = self.running.get(rid)
         if task is None:
-            return False
+            return None
         self._gens[rid].cancel()
         await asyncio.wait({task})
-        return True
+        return task.result()
 
     def stop(self) -> None:
         """The server stops: cancel what still runs (their streams end)."""

@@ -6,7 +6,8 @@ of them, each with its conversation (the input's messages after those of its
 events (server/response_events.py: ``GET /v1/responses/{id}?stream=true`` replays them), so
 that ``GET /v1/responses/{id}`` returns it and a request naming it as ``previous_response_id``
 continues that conversation, until ``DELETE /v1/responses/{id}`` (or until it is dropped as the
-least recently used: its events go with it). The events of finished responses are kept up to
+least recently used finished one: its events go with it; a running background response is
+never dropped). The events of finished responses are kept up to
 :data:`EVENT_BYTES` in all (a streamed response's events are some 40 times its text: a delta
 event a token, and its whole body twice); past it the least recently used finished responses
 keep no events (:meth:`ResponseStore.events_dropped`), while the responses themselves stay.
@@ -14,12 +15,15 @@ Nothing outlives the server (vLLM's store is in memory too)."""
 from __future__ import annotations
 
 from collections import OrderedDict
+from itertools import islice
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .response_events import EventLog
 
 CAPACITY = 1024
+#: a background response's statuses while it runs
+RUNNING = ("queued", "in_progress")
 #: the characters of finished responses' events kept in all (see the module docstring)
 EVENT_BYTES = 64 << 20
 
@@ -37,9 +41,21 @@ class ResponseStore:
         self._items[rid] = (response, conversation, list(input_items), events)
         self._items.move_to_end(rid)
         self._dropped.discard(rid)
-        while len(self._items) > self.capacity:  # the least recently used go first
-            self._dropped.discard(self._items.popitem(last=False)[0])
+        if len(self._items) > self.capacity:
+            self._evict()
         self._trim_events()
+
+    def _evict(self) -> None:
+        """Let the least recently used finished responses go while more than :attr:`capacity`
+        are kept. A running background response (stored queued or in progress) is never let
+        go: its GET and cancel would be a 404 while it runs on, out of reach, until it ends
+        and is stored again (a streamed one's run does not touch it between its first tokens
+        and its end, so it ages like a finished one)."""
+        finished = (rid for rid, item in self._items.items()
+                    if item[0].get("status") not in RUNNING)
+        for rid in list(islice(finished, len(self._items) - self.capacity)):
+            del self._items[rid]
+            self._dropped.discard(rid)
 
     def _trim_events(self) -> None:
         """Let the least recently used finished responses' events go while those kept

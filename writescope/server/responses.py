@@ -246,9 +246,13 @@ class ResponseView:
         return body
 
     def final(self) -> R.ResponsesResponse:
-        """The finished response, kept (with its conversation) where ``store`` asks."""
+        """The finished response, kept (with its conversation) where ``store`` asks -- but a
+        foreground one not where a background response took its id while it ran (a reused
+        ``request_id``): that one's place it must not take (``id_taken``, the other way
+        round), or the background response would be out of reach while it runs."""
         body = self.response()
-        if body.store:
+        taken = not self.req.background and self.server.background.busy(self.rid)
+        if body.store and not taken:
             answer: dict[str, Any] = {"role": "assistant", "content": None}
             for item in body.output:
                 if item.type == "message":
