@@ -1066,6 +1066,12 @@ def test_a_stream_that_fails_ends_with_an_error_event(client, engine, monkeypatc
     stored = client.get(f"/v1/responses/{rid}").json()
     assert stored["status"] == "failed" and "a bug while writing" in stored["error"]["message"]
     assert _replayed(client, rid) == bg
+    # a request continuing from the failed response keeps its input as history (it had none)
+    monkeypatch.undo()
+    more = dict(input="More.", temperature=0, max_output_tokens=2)
+    alone = post_ok(client, "/v1/responses", **more)
+    after = post_ok(client, "/v1/responses", previous_response_id=rid, **more)
+    assert after["usage"]["input_tokens"] > alone["usage"]["input_tokens"] + 5
 
 
 def test_a_cancel_and_a_delete_at_once_both_answer(client, engine):

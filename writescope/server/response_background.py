@@ -97,7 +97,9 @@ class BackgroundResponses:
                 body = view.response()
                 body.status, body.usage = "failed", view.usage("")
                 body.error = {"code": "server_error", "message": str(failure)}
-                store.put(view.rid, body.model_dump(), [], view.req.input_items(), events)
+                # its turns without an answer: a request continuing from it keeps the history
+                store.put(view.rid, body.model_dump(), view.earlier + view.req.turns(),
+                          view.req.input_items(), events)
             elif not stored_end:
                 body = view.final()
             else:  # the stream stored it as it ended (the same response)
