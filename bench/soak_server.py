@@ -428,17 +428,25 @@ def refused_ok(r: httpx.Response, body: dict) -> bool:
             or r.status_code == 400 and "request_id" in body and "is still running" in r.text)
 
 
+async def post_response(client: httpx.AsyncClient, body: dict, what: str) -> dict | None:
+    """``POST /v1/responses`` answered 200: its body; None for a refusal the body asked for
+    (:func:`refused_ok`); any other answer is :class:`Bad`."""
+    r = await client.post("/v1/responses", json=body)
+    if refused_ok(r, body):
+        return None
+    if r.status_code != 200:
+        raise Bad(f"{what}: {r.status_code}: {r.text[:200]}")
+    return r.json()
+
+
 async def s_responses(st: State, client: httpx.AsyncClient) -> str:
     rng = st.rng
     body = resp_body(rng, st)
     stream = rng.random() < 0.5
     if not stream:
-        r = await client.post("/v1/responses", json=body)
-        if refused_ok(r, body):
+        obj = await post_response(client, body, "POST /v1/responses")
+        if obj is None:
             return "expected_error"
-        if r.status_code != 200:
-            raise Bad(f"POST /v1/responses: {r.status_code}: {r.text[:200]}")
-        obj = r.json()
         if obj["status"] not in ("completed", "incomplete"):
             raise Bad(f"response status {obj['status']}")
         if not pooled(obj["id"]):
@@ -499,12 +507,9 @@ async def s_background(st: State, client: httpx.AsyncClient) -> str:
     body = {**resp_body(rng, st), "background": True}
     if rng.random() < 0.4:
         body["max_output_tokens"] = rng.randint(60, 160)
-    r = await client.post("/v1/responses", json=body)
-    if refused_ok(r, body):
+    obj = await post_response(client, body, "background POST")
+    if obj is None:
         return "expected_error"
-    if r.status_code != 200:
-        raise Bad(f"background POST: {r.status_code}: {r.text[:200]}")
-    obj = r.json()
     rid = obj["id"]
     if obj["status"] != "queued":
         raise Bad(f"background answered status {obj['status']}")
