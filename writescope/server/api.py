@@ -741,7 +741,9 @@ class GracefulServer(uvicorn.Server):
     """uvicorn's server with a shutdown that suits a generation server: stop accepting and close
     idle connections, give running requests ``grace_s`` to finish, then cancel the rest through
     the engine (streams end with ``finish_reason: "abort"`` and ``[DONE]``, waiting non-streaming
-    requests get a 503) instead of killing their tasks mid-write, then uvicorn's own shutdown
+    requests get a 503; a beam search, whose hypotheses are not done, ends its stream with an
+    ``error`` event of code "unavailable" and ``[DONE]``, as its unstreamed form's 503) instead
+    of killing their tasks mid-write, then uvicorn's own shutdown
     (its ``timeout_graceful_shutdown`` is the backstop) and the app's lifespan shutdown."""
 
     def __init__(self, config: uvicorn.Config, app: FastAPI, grace_s: float) -> None:
