@@ -158,6 +158,12 @@ class CpuSide:
             g.cpu_paired = (len(g.cpu_plans) == 2 and pair_calls()
                             and g.cpu_plans[0][1].pairs_with(g.cpu_plans[1][1]))
 
+    def queue_times(self) -> list[tuple[float, float]]:
+        """The native job queue's kernel intervals ``(start, end)`` since the last take (its
+        ``CpuJobQueue.times``), on :func:`time.perf_counter`'s clock; none before the queue's
+        first use or where the CPU side runs otherwise."""
+        return [(t[1], t[2]) for t in self._queue.times()] if self._queue is not None else []
+
     def _native_submit(self, layer: int, g: Group, q_host, ready, out_bufs) -> bool:
         """Hand one layer's CPU side to the native job queue (``cpu.CpuJobQueue``) when it can
         run there: the device waits for it, the compiled kernel attends one region straight

@@ -243,8 +243,8 @@ def _attention_times(eng):
     last call (the native job queue of the cache's hybrid attention, made at its first use;
     none where the CPU side runs otherwise)."""
     def take() -> list[tuple[float, float]]:
-        q = getattr(getattr(eng.cache, "hybrid", None), "_queue", None)
-        return [(t[1], t[2]) for t in q.times()] if q is not None else []
+        hybrid = getattr(eng.cache, "hybrid", None)
+        return hybrid.queue_times() if hybrid is not None else []
     take()
     return take
 
