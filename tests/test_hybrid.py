@@ -101,6 +101,36 @@ def test_split_pieces_cover_batch():
     assert got == [[(4, 16), (5, 16), (6, 16), (7, 16), (8, 3)], [], [(20, 16), (21, 16), (1, 9)]]
 
 
+@pytest.mark.parametrize("equal", ["1", "0"])
+def test_a_layer_larger_than_half_the_ring_is_cut_into_equal_pieces(monkeypatch, equal):
+    """A layer's 9 blocks in a ring of 16: two pieces of 5 and 4 blocks in 3 slots (1.5 layers
+    in flight), not 8 and 1 in 2 slots (``WRITESCOPE_STAGING_EQUAL_PIECES=0``, as before); the
+    same bytes reach the same positions either way."""
+    monkeypatch.setenv("WRITESCOPE_STAGING_EQUAL_PIECES", equal)
+    pool = torch.randn(3, 24, 4, 2, 8)
+    ids = [[2, 3, 4, 9, 10], [7, 8, 20, 21]]
+    b = BlockBatch.build([1, 1], ids, [[4] * 5, [4, 4, 4, 1]])
+    ring = StagingRing((4, 2, 8), torch.float32, "cpu", staging_bytes=16 * 4 * 2 * 8 * 4)
+    plan = ring.plan(b)
+    want = ([5, 4], 5, 3) if equal == "1" else ([8, 1], 8, 2)
+    assert ([p.num_blocks for p in plan.pieces], plan.slot_blocks, plan.num_slots) == want
+    flat = [x for row in ids for x in row]
+    ring.begin(pool, plan, [0, 1, 2])
+    for layer in range(3):
+        at = 0
+        for i, piece in enumerate(plan.pieces):
+            v = ring.acquire(layer, i)
+            assert torch.equal(v, pool[layer, flat[at:at + piece.num_blocks]])
+            at += piece.num_blocks
+            ring.release(layer, i)
+    ring.finish()
+    # a layer that fits half the ring stays one piece; a capped piece is evened out too
+    small = BlockBatch.build([1], [[1, 2, 3]], [[4, 4, 4]])
+    assert [p.num_blocks for p in ring.plan(small).pieces] == [3]
+    assert [p.num_blocks for p in ring.plan(b, max_slot_blocks=4).pieces] == \
+        ([3, 3, 3] if equal == "1" else [4, 4, 1])
+
+
 def test_ring_stages_right_bytes_in_order():
     pool = torch.randn(3, 12, 4, 2, 8)
     b = BlockBatch.build([1, 1], [[2, 3, 4, 9], [7, 8]], [[4] * 4, [4, 1]])

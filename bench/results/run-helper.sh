@@ -186,3 +186,17 @@ for r in json.load(open(sys.argv[2]))["rows"]:
 PY
   done
 }
+
+# chain NAME CAP [VAR=value...]: issue 6's CPU-experts Qwen3-30B-A3B 4 x 128K decode step under
+# `bench.step_profile --timeline` (32 GiB, synthetic prefill, 4 warm-up steps, 8 timed and 8 profiled)
+# against $P (calibrate_profile first) with the given environment, into $R/NAME.json; prints
+# the step's time and its CPU chain (bench/cpu_chain.py: the CPU attention and expert kernels,
+# the waits between them, the step's start and end).
+chain() {
+  local name=$1 cap=$2; shift 2
+  run $name $cap env WRITESCOPE_STACKS_EVERY_S=150 "$@" python -m writescope.bench.step_profile \
+    --model qwen3-30b-a3b --random-weights --profile $P --vram-budget 32GiB --experts cpu \
+    --batch 4 --context 128k --max-num-batched-tokens 16384 --prefill synthetic --warmup 4 \
+    --steps 8 --top 12 --timeline --json $R/$name.json
+  grep -A2 -E "^CPU chain|^CPU expert chain|^decode step" $R/$name.log | head -12
+}

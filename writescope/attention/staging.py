@@ -102,6 +102,16 @@ class StagedPiece:
         self.copies = strided_copies([tuple(r) for r in self.runs.tolist()], self.strided)
 
 
+def equal_pieces() -> bool:
+    """Whether a layer cut into pieces is cut into pieces of equal size (default) or into pieces
+    of half the ring and a remainder, as before (``WRITESCOPE_STAGING_EQUAL_PIECES=0``, to
+    compare). The ring holds ``capacity // slot`` pieces in flight: a layer of 276 MB in the
+    default 536 MB ring was a 268 MB and an 8 MB piece in 2 slots (the next layer's big piece
+    waited for this layer's to be consumed: one layer of lookahead); as two of 138 MB it has 3
+    slots (1.5 layers), with the same number of copies and kernels."""
+    return os.environ.get("WRITESCOPE_STAGING_EQUAL_PIECES", "1") != "0"
+
+
 def stage_shared() -> bool:
     """Whether a block that several sequences list is moved once a piece (default) or once per
     listing, as before (``WRITESCOPE_STAGE_SHARED=0``, to compare: ``bench.shared_prefix``; the
@@ -460,8 +470,9 @@ class StagingRing:
     def plan(self, batch: BlockBatch | list[BlockBatch | None],
              max_slot_blocks: int | None = None) -> StagePlan:
         """Pieces and slots for one step's T batch: a piece is a whole layer if two fit in the
-        ring (then as many layers are in flight as fit), else half the ring. ``batch`` may be a
-        list (a step's sub-batches, None for one without T blocks): no piece then spans two of
+        ring (then as many layers are in flight as fit), else a layer is cut into the fewest
+        pieces of at most half the ring, of equal size (:func:`equal_pieces`). ``batch`` may be
+        a list (a step's sub-batches, None for one without T blocks): no piece then spans two of
         them, each piece's ``part`` says whose it is, and a layer's pieces follow list order."""
         parts = batch if isinstance(batch, (list, tuple)) else [batch]
         nnz = sum(distinct_blocks(b) for b in parts if b is not None)  # (a shared block once)
@@ -469,6 +480,9 @@ class StagingRing:
         slot = max(1, min(nnz, cap // 2 if cap >= 2 else cap))
         if max_slot_blocks:
             slot = max(1, min(slot, max_slot_blocks))
+        if nnz > slot and equal_pieces():
+            k = -(-nnz // slot)  # the fewest pieces a layer needs ...
+            slot = -(-nnz // k)  # ... each as large as the others
         pieces = []
         for k, b in enumerate(parts):
             if b is None or b.num_blocks == 0:
