@@ -1636,3 +1636,43 @@ def test_step_profile_lays_a_spilled_steps_cpu_kernels_in_one_chain(tiny_qwen3_m
     assert c["attention_ms"] > 0 and c["experts_ms"] > 0 and c["overlap_ms"] == 0
     assert c["before_ms"] > 0 and c["after_ms"] > 0
     assert "CPU chain (median of the unprofiled steps)" in capsys.readouterr().out
+
+
+def test_the_link_split_gives_a_timed_steps_idle_link(capsys):
+    """``bench.link_idle``: the link's busy time and its idle time before, between and after its
+    copies on the device's clock, and the host's time outside the device's step; None for a
+    step without the device's timing."""
+    from writescope.bench.link_idle import link_split, median_split, print_link
+    t = {"dev_first_copy_s": 0.001, "dev_last_copy_s": 0.030, "dev_end_s": 0.036,
+         "pcie_s": 0.025, "pcie_bytes": 1.25e9}
+    s = link_split(t, 0.040)
+    assert s["busy_ms"] == pytest.approx(25.0) and s["before_ms"] == pytest.approx(1.0)
+    assert s["between_ms"] == pytest.approx(4.0) and s["after_ms"] == pytest.approx(6.0)
+    assert s["host_outside_ms"] == pytest.approx(4.0) and s["busy_gbps"] == pytest.approx(50.0)
+    parts = ("busy_ms", "before_ms", "between_ms", "after_ms", "host_outside_ms")
+    assert sum(s[k] for k in parts) == pytest.approx(40.0)  # the parts make up the wall step
+    assert link_split({**t, "pcie_s": None}, 0.04) is None and link_split({}, 0.04) is None
+    m = median_split([s, link_split({**t, "pcie_s": 0.020}, 0.040), s])
+    assert m["busy_ms"] == pytest.approx(25.0) and m["between_ms"] == pytest.approx(4.0)
+    print_link(m)
+    assert "idle before its first copy 1.0 ms, between copies 4.0 ms" in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_step_profile_times_a_streamed_steps_link(tiny_qwen3_moe, tmp_path, capsys,
+                                                  monkeypatch):
+    """On CUDA, a step whose spilled KV is streamed (``--kv-policy transfer``, one resident
+    block) and timed on the device (every step here): the link's busy time and its idle time,
+    which with the host's time outside the device's step make up the wall step."""
+    from writescope.bench import step_profile
+    monkeypatch.setenv("WRITESCOPE_TIMING_EVERY", "1")
+    out = tmp_path / "p.json"
+    assert step_profile.main(["--model", str(tiny_qwen3_moe), "--batch", "2", "--context",
+                              "0.25k", "--warmup", "2", "--steps", "3", "--top", "3",
+                              "--kv-policy", "transfer", "--num-gpu-blocks", "1",
+                              "--prefill", "synthetic", "--json", str(out)]) == 0
+    link = json.loads(out.read_text())["link"]
+    assert link["steps"] == 3 and link["busy_ms"] > 0 and link["link_gb"] > 0
+    assert link["device_step_ms"] >= link["busy_ms"] + link["before_ms"]
+    assert "link (timed steps' median): busy" in capsys.readouterr().out

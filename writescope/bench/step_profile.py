@@ -19,6 +19,10 @@ kernels side by side on the host's clock (:mod:`.cpu_chain`): in a spilled step 
 experts on the CPU, the cores' time a step is those kernels plus the waits from one kind to
 the other (the device's work and the hand-offs between them) and the step's start and end.
 
+Where the step streams T blocks, the unprofiled steps timed on the device (one in
+``WRITESCOPE_TIMING_EVERY``) also give the link's busy time and its idle time before, between
+and after its copies (:mod:`.link_idle`).
+
 ``--cprofile N`` then runs N more steps under :mod:`cProfile` and lists the Python functions
 that take the most host time per step (self and cumulative), with the attention calls
 (``HybridAttention.launch`` / ``finish``) broken down: torch.profiler sees framework ops and
@@ -33,6 +37,7 @@ import time
 
 
 from .cpu_chain import cpu_chain, print_cpu_chain
+from .link_idle import link_split, median_split, print_link
 from .row import make_prompts
 from ..attention.launch import compiled_resources, pdl_enabled
 from ..units import parse_count
@@ -111,6 +116,7 @@ def main(argv=None) -> int:
     attention_times = _attention_times(eng)  # (the calls so far taken away)
     plain, expert_s, host_s, chains = [], [], [], []  # the same steps with no profiler attached
     cpu_chains = []  # the CPU's attention and expert kernels of each step, as one chain
+    links = []  # the link's busy and idle time in the timed steps (link_idle.py)
     cache_s = []  # the cache's own step time (step_s: from after begin_step's plan to end_step)
     for _ in range(args.steps):
         t0 = time.perf_counter()
@@ -120,6 +126,9 @@ def main(argv=None) -> int:
         cache_s.append((eng.cache.last_timing or {}).get("step_s", float("nan")))
         expert_s.append(eng.runner.last_times.get("cpu_expert_s") or 0.0)
         host_s.append(eng.runner.last_times.get("forward_host_s", float("nan")))
+        link = link_split(eng.cache.last_timing or {}, plain[-1])
+        if link is not None:
+            links.append(link)
         if args.timeline:
             chains.append(chain_split(cpu_experts.take_timeline(), plain[-1], expert_s[-1],
                                       cpu_experts_calls.last_queue_stats,
@@ -222,6 +231,10 @@ def main(argv=None) -> int:
         res["cpu_chain"] = {k: sorted(c[k] for c in cpu_chains)[len(cpu_chains) // 2]
                             for k in cpu_chains[0]}
         print_cpu_chain(res["cpu_chain"])
+    if links:
+        res["link"] = median_split(links)
+        res["link"]["steps"] = len(links)
+        print_link(res["link"])
     res["compiled"] = compiled_resources()
     if res["compiled"]:
         print(f"\n{'Triton kernel (compiled forms)':32s} {'warps':>5s} {'stages':>6s} "
