@@ -98,6 +98,37 @@ def test_hybrid_cuda_vs_reference(shape, backend, cpu_wait, ring_blocks, cpu_res
     ha.close()
 
 
+@pytest.mark.parametrize("shape", ["gqa", "mla"])
+@pytest.mark.parametrize("ring_blocks", [3, 40])
+def test_hybrid_cuda_with_units_staged_ahead(shape, ring_blocks, monkeypatch):
+    """``WRITESCOPE_STAGING_AHEAD=1`` on the copy stream: each step after the first starts from
+    units the step before staged while its last layers ran (the link's copies of the next step
+    in flight while this one ends); every layer's result is the reference's, every step counts
+    its own link bytes, and the timed steps' copy time and first/last copies are measured."""
+    _triton()
+    monkeypatch.setenv("WRITESCOPE_STAGING_AHEAD", "1")
+    monkeypatch.setenv("WRITESCOPE_TIMING_EVERY", "2")
+    spec, hq = SHAPES[shape]
+    bs = 16
+    case = _mixed_case(shape, bs)
+    blk = bs * spec.num_kv_heads * spec.rec_dim * 2
+    ha = HybridAttention(case.pools, spec, "cuda", cpu_threads=2, staging_bytes=ring_blocks * blk)
+    n_t = dict(case.plan.gpu)[Region.T].num_blocks
+    for step in range(5):
+        q = case.random_q("cuda", seed=step)
+        ha.begin_step(case.plan)
+        outs = [ha.attend(layer, q) for layer in range(spec.num_layers)]
+        tm = ha.end_step()
+        for layer, (o, l) in enumerate(outs):
+            ro, rl = case.reference(layer, q)
+            _check(o, l, ro, rl)
+        assert tm["pcie_bytes"] == n_t * blk * spec.num_layers
+        if step % 2 == 0:
+            assert tm["pcie_s"] > 0 and tm["dev_last_copy_s"] <= tm["dev_end_s"]
+    assert ha.ring.ahead_units["used"] > 0 and ha.ring.ahead_units["dropped"] == 0
+    ha.close()
+
+
 def _slow_or_failing_cpu(case: Case, delay_s: float, fail_layer: int | None):
     """A CPU side that sleeps before each call and raises on one layer's C blocks."""
     from writescope.attention.torch_paged import attend_torch

@@ -131,6 +131,78 @@ def test_a_layer_larger_than_half_the_ring_is_cut_into_equal_pieces(monkeypatch,
         ([3, 3, 3] if equal == "1" else [4, 4, 1])
 
 
+def _consume(ring, pool, plan, layers, flat):
+    """Take every unit of a begun step in order, checking each slot's bytes against the pool."""
+    for layer in layers:
+        at = 0
+        for i, piece in enumerate(plan.pieces):
+            v = ring.acquire(layer, i)
+            assert torch.equal(v, pool[layer, flat[at:at + piece.num_blocks]]), (layer, i)
+            at += piece.num_blocks
+            ring.release(layer, i)
+
+
+def test_the_ring_stages_the_next_steps_first_units_ahead(monkeypatch):
+    """``WRITESCOPE_STAGING_AHEAD=1``: once a step's units are all issued, the slots its last
+    units free take the next step's first units (as many as the window allows); the next step
+    with the same plan starts with them (the same bytes, the same copies counted in it), one
+    with another plan drops them and stages its own."""
+    monkeypatch.setenv("WRITESCOPE_STAGING_AHEAD", "1")
+    pool = torch.randn(3, 24, 4, 2, 8)
+    ids = [[2, 3, 4, 9, 10], [7, 8, 20, 21]]
+    flat = [x for row in ids for x in row]
+    b = BlockBatch.build([1, 1], ids, [[4] * 5, [4, 4, 4, 1]])
+    ring = StagingRing((4, 2, 8), torch.float32, "cpu", staging_bytes=16 * 4 * 2 * 8 * 4)
+    assert ring.ahead
+    plan = ring.plan(b)  # two pieces a layer in 3 slots
+    ring.begin(pool, plan, [0, 1, 2])
+    _consume(ring, pool, plan, [0, 1, 2], flat)
+    first = (ring.copier.copies, ring.copier.bytes)
+    ring.finish()
+    assert ring.ahead_units == {"used": 0, "dropped": 0}
+    pool[0, 2] += 1  # (not a T block's life -- they never change -- but shows what was moved)
+    ring.begin(pool, plan, [0, 1, 2])
+    assert ring._issued == 3 and ring.ahead_units["used"] == 3  # layer 0 and layer 1's first
+    with pytest.raises(AssertionError):  # the first unit was moved in the step before
+        _consume(ring, pool, plan, [0], flat)
+    pool[0, 2] -= 1
+    ring.begin(pool, plan, [0, 1, 2])  # the step before was left: nothing staged ahead
+    assert ring._issued == 1 and ring.ahead_units["used"] == 3
+    _consume(ring, pool, plan, [0, 1, 2], flat)
+    assert (ring.copier.copies, ring.copier.bytes) == first
+    ring.finish()
+    other = ring.plan(b)  # an equal plan, another object: its own units
+    ring.begin(pool, other, [0, 1, 2])
+    assert ring._issued == 1 and ring.ahead_units["dropped"] == 3
+    _consume(ring, pool, other, [0, 1, 2], flat)
+    assert (ring.copier.copies, ring.copier.bytes) == first
+    ring.finish()
+    ring.drop_ahead()
+    assert ring.ahead_units == {"used": 3, "dropped": 6}
+    ring.begin(pool, other, [2, 1, 0])  # nothing staged ahead now
+    _consume(ring, pool, other, [2, 1, 0], flat)
+    ring.finish()
+
+
+@pytest.mark.parametrize("spec", [GQA, MLA])
+def test_hybrid_steps_with_units_staged_ahead_match_the_reference(monkeypatch, spec):
+    """Three steps of one plan with the staging ring working ahead: the second and third start
+    from units the step before staged, and every layer's result is the reference's; every step
+    counts the same link bytes."""
+    monkeypatch.setenv("WRITESCOPE_STAGING_AHEAD", "1")
+    case = build_case(spec, 4, [70, 3, 0, 129, 40], q_counts=[1, 3, 2, 1, 4], block_size=8,
+                      frac={"G": 0.2, "T": 0.5, "C": 0.3}, cpu_t_frac=0.3, seed=2)
+    blk = 8 * spec.num_kv_heads * spec.rec_dim * 4
+    ha = HybridAttention(case.pools, spec, "cpu", cpu_threads=1, staging_bytes=7 * blk,
+                         stage_t=True)
+    n_t_gpu = dict(case.plan.gpu)[Region.T].num_blocks
+    for _ in range(3):
+        tm = check_all_layers(case, ha)
+        assert tm["pcie_bytes"] == n_t_gpu * blk * spec.num_layers
+    assert ha.ring.ahead_units["used"] > 0 and ha.ring.ahead_units["dropped"] == 0
+    ha.close()
+
+
 def test_ring_stages_right_bytes_in_order():
     pool = torch.randn(3, 12, 4, 2, 8)
     b = BlockBatch.build([1, 1], [[2, 3, 4, 9], [7, 8]], [[4] * 4, [4, 1]])

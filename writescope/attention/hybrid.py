@@ -239,6 +239,8 @@ class HybridAttention(CpuSide):
         self._timed = not cuda or (self._step_id - 1) % self.timing_every == 0
         if self.ring is not None and hasattr(self.ring.copier, "stream"):
             self.ring.copier.timed = self._timed
+            # copies staged ahead during this step are the next step's (staging_ahead)
+            self.ring.ahead_timed = self._step_id % self.timing_every == 0
         self._ev_start = self._tick() if cuda and self._timed else None
         self._launch_flags = launch_flags(self.device)  # the Triton launches' flags, for the step
         self._pinned_step = {}
@@ -266,6 +268,8 @@ class HybridAttention(CpuSide):
             staged.append(t)
         self._stage_plan = None
         t_plan = time.perf_counter()
+        if self.ring is not None and all(t is None for t in staged):
+            self.ring.drop_ahead()  # (units staged ahead are for the step right after theirs)
         if any(t is not None for t in staged):
             sp, dev_batches = self._stage_planned(staged)
             self._stage_plan = sp
@@ -649,7 +653,7 @@ class HybridAttention(CpuSide):
             if tl_ and self._ev_start is not None:
                 end = self._tick()
                 end.synchronize()
-                self.ring.copier.stream.synchronize()
+                self.ring.last_copy().synchronize()  # (not the next step's units staged ahead)
                 self.timings["dev_first_copy_s"] = self._ev_start.elapsed_time(tl_[0][0]) / 1e3
                 self.timings["dev_last_copy_s"] = self._ev_start.elapsed_time(tl_[-1][1]) / 1e3
                 self.timings["dev_end_s"] = self._ev_start.elapsed_time(end) / 1e3

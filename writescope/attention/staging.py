@@ -112,6 +112,14 @@ def equal_pieces() -> bool:
     return os.environ.get("WRITESCOPE_STAGING_EQUAL_PIECES", "1") != "0"
 
 
+def staging_ahead() -> bool:
+    """Whether the ring stages the next step's first units during this step's last layers
+    (``WRITESCOPE_STAGING_AHEAD=1``; off by default until measured): the link otherwise waits
+    from the step's last copy to the next step's first -- the last layers, the head, sampling
+    and the host's work between steps -- in a step whose length the link may set."""
+    return os.environ.get("WRITESCOPE_STAGING_AHEAD", "0") == "1"
+
+
 def stage_shared() -> bool:
     """Whether a block that several sequences list is moved once a piece (default) or once per
     listing, as before (``WRITESCOPE_STAGE_SHARED=0``, to compare: ``bench.shared_prefix``; the
@@ -261,12 +269,27 @@ class SyncCopier:
     def release(self) -> object:
         return None
 
-    def elapsed_s(self) -> float:
+    def elapsed_s(self, until=None) -> float:
         return 0.0
 
     def reset(self) -> None:
         self.copies = 0
         self.bytes = 0
+
+    def mark(self) -> tuple:
+        return (self.copies, self.bytes, 0)
+
+    def split_since(self, mark: tuple) -> tuple:
+        """What was counted since ``mark`` (copies, bytes, timing pairs), taken off this step's
+        counts: copies made for the next step (:meth:`StagingRing.begin`'s staging ahead)."""
+        out = (self.copies - mark[0], self.bytes - mark[1], [])
+        self.copies, self.bytes = mark[0], mark[1]
+        return out
+
+    def restore(self, stash: tuple) -> None:
+        """Count ``stash`` (from :meth:`split_since`) in this step."""
+        self.copies += stash[0]
+        self.bytes += stash[1]
 
 
 @functools.lru_cache(maxsize=None)
@@ -416,9 +439,14 @@ class CudaCopier:
         ev.record(self._current())
         return ev
 
-    def elapsed_s(self) -> float | None:
-        """Busy seconds of this step's copies (None when the step was not timed)."""
-        self.stream.synchronize()
+    def elapsed_s(self, until=None) -> float | None:
+        """Busy seconds of this step's copies (None when the step was not timed). Waits for the
+        copy stream, or only until the event ``until`` (the step's last copy: copies staged
+        ahead for the next step may still run)."""
+        if until is not None:
+            until.synchronize()
+        else:
+            self.stream.synchronize()
         if not self.timed:
             return None
         return sum(a.elapsed_time(b) for a, b in self._timing) / 1e3
@@ -427,6 +455,23 @@ class CudaCopier:
         self.copies = 0
         self.bytes = 0
         self._timing = []
+
+    def mark(self) -> tuple:
+        return (self.copies, self.bytes, len(self._timing))
+
+    def split_since(self, mark: tuple) -> tuple:
+        """What was counted since ``mark`` (copies, bytes, timing pairs), taken off this step's
+        counts: copies made for the next step (:meth:`StagingRing.begin`'s staging ahead)."""
+        out = (self.copies - mark[0], self.bytes - mark[1], self._timing[mark[2]:])
+        self.copies, self.bytes = mark[0], mark[1]
+        del self._timing[mark[2]:]
+        return out
+
+    def restore(self, stash: tuple) -> None:
+        """Count ``stash`` (from :meth:`split_since`) in this step, its copies first."""
+        self.copies += stash[0]
+        self.bytes += stash[1]
+        self._timing[:0] = stash[2]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -461,6 +506,15 @@ class StagingRing:
         self.copier = copier
         self._plan: StagePlan | None = None
         self._units: list[tuple[int, int]] = []
+        #: stage the next step's first units during this step's last layers
+        #: (:func:`staging_ahead`); ``ahead_timed`` says whether those copies are timed (the
+        #: next step's timing, set by the caller each step)
+        self.ahead = staging_ahead()
+        self.ahead_timed = True
+        self._slot_base = 0  # the slot of this step's unit u is (base + u) % num_slots
+        self._ahead: dict | None = None  # units staged ahead: the plan, layers, pool, events
+        #: units staged ahead and then used by the next step, or dropped (its plan differed)
+        self.ahead_units = {"used": 0, "dropped": 0}
 
     @property
     def staging_bytes(self) -> int:
@@ -497,6 +551,9 @@ class StagingRing:
         off = slot * p.slot_blocks * self.block_elems
         return self.buffer[off:off + n * self.block_elems].view(n, *self.block_shape)
 
+    def _slot(self, u: int) -> int:
+        return (self._slot_base + u) % self._plan.num_slots
+
     def begin(self, pool: torch.Tensor, plan: StagePlan, layers: list[int],
               issue_now: int = 1) -> None:
         """Start a step: ``pool [L, N, bs, H, R]`` (pinned host); units are staged for
@@ -505,9 +562,16 @@ class StagingRing:
         Only ``issue_now`` units are issued here (enough to start PCIe); the rest of the window
         is issued by :meth:`top_up` / :meth:`release`, i.e. while the host would otherwise wait
         for the CPU side -- each DMA run costs the host a driver call, and a layer of many
-        sequences has many runs."""
+        sequences has many runs.
+
+        Units the last step staged ahead (:func:`staging_ahead`) are this step's first when it
+        has the same plan (the same object: the hybrid attention keeps a step's plan while its T
+        batch is unchanged, and T blocks never change once written), layers and pool; else they
+        are dropped (their slots are written again after them, on the same stream)."""
+        ahead, self._ahead = self._ahead, None
         self._pool = pool
         self._plan = plan
+        self._layers = tuple(layers)
         self._units = [(l, i) for l in layers for i in range(len(plan.pieces))]
         self._unit_of = {u: k for k, u in enumerate(self._units)}
         self._filled: list = [None] * len(self._units)
@@ -515,8 +579,26 @@ class StagingRing:
         self._issued = 0
         self._released = 0
         self.copier.reset()
+        if ahead is not None and ahead["plan"] is plan and ahead["layers"] == tuple(layers) \
+                and ahead["pool"] is pool:
+            k = len(ahead["filled"])
+            self._slot_base = ahead["base"]
+            self._filled[:k] = ahead["filled"]
+            self._issued = k
+            self.copier.restore(ahead["counts"])
+            self.ahead_units["used"] += k
+        else:
+            self._slot_base = 0
+            if ahead is not None:
+                self.ahead_units["dropped"] += len(ahead["filled"])
         self.copier.fence()
         self._issue(limit=issue_now)
+
+    def drop_ahead(self) -> None:
+        """Forget the units staged ahead (a step without T blocks to stream came between)."""
+        if self._ahead is not None:
+            self.ahead_units["dropped"] += len(self._ahead["filled"])
+            self._ahead = None
 
     def top_up(self) -> None:
         """Issue every unit the ring has room for."""
@@ -526,15 +608,46 @@ class StagingRing:
     def _issue(self, limit: int | None = None) -> None:
         p = self._plan
         window = p.num_slots if limit is None else min(p.num_slots, max(1, limit))
-        while self._issued < len(self._units) and self._issued < self._released + window:
+        n = len(self._units)
+        while self._issued < n and self._issued < self._released + window:
             u = self._issued
             layer, i = self._units[u]
-            piece = p.pieces[i]
-            slot = u % p.num_slots
-            dst = self.slot_view(slot, piece.num_blocks)
-            self._filled[u] = self.copier.copy_unit(dst, self._pool[layer], piece.copies,
-                                                    self._free[slot])
+            self._filled[u] = self._copy(u, layer, i)
             self._issued += 1
+        if limit is None and self.ahead and self._issued == n:
+            self._issue_ahead(window)
+
+    def _copy(self, u: int, layer: int, piece: int):
+        slot = self._slot(u)
+        p = self._plan.pieces[piece]
+        return self.copier.copy_unit(self.slot_view(slot, p.num_blocks), self._pool[layer],
+                                     p.copies, self._free[slot])
+
+    def _issue_ahead(self, window: int) -> None:
+        """The next step's first units, as this step's units ``n, n + 1, ...``, as far as the
+        window allows (at most one step's units): into the slots this step's last units free,
+        after their consumers, while the link would otherwise wait for the step's end."""
+        n = len(self._units)
+        a = self._ahead
+        if a is None:
+            a = self._ahead = {"plan": self._plan, "layers": self._layers, "pool": self._pool,
+                               "filled": [],
+                "base": (self._slot_base + n) % self._plan.num_slots, "counts": (0, 0, [])}
+        copier = self.copier
+        timed = getattr(copier, "timed", None)
+        while len(a["filled"]) < n and n + len(a["filled"]) < self._released + window:
+            j = len(a["filled"])
+            layer, i = self._units[j]
+            mark = copier.mark()
+            if timed is not None:
+                copier.timed = self.ahead_timed
+            try:
+                a["filled"].append(self._copy(n + j, layer, i))
+            finally:
+                if timed is not None:
+                    copier.timed = timed
+            c = copier.split_since(mark)
+            a["counts"] = (a["counts"][0] + c[0], a["counts"][1] + c[1], a["counts"][2] + c[2])
 
     def acquire(self, layer: int, piece: int) -> torch.Tensor:
         """The slot holding ``(layer, piece)``; the current stream waits until it is filled."""
@@ -545,19 +658,29 @@ class StagingRing:
         if u >= self._issued:  # cannot happen while consumption is in order
             self._issue()
         self.copier.wait_filled(self._filled[u])
-        return self.slot_view(u % self._plan.num_slots, self._plan.pieces[piece].num_blocks)
+        return self.slot_view(self._slot(u), self._plan.pieces[piece].num_blocks)
 
     def release(self, layer: int, piece: int) -> None:
         """The consumer of ``(layer, piece)`` is enqueued: its slot may be refilled after it."""
         u = self._unit_of[(layer, piece)]
-        self._free[u % self._plan.num_slots] = self.copier.release()
+        self._free[self._slot(u)] = self.copier.release()
         self._released = u + 1
         self._issue()
 
+    def last_copy(self):
+        """The event after this step's last issued copy (None when there is none): what to wait
+        for instead of the copy stream, which may be moving the next step's units."""
+        if self._plan is None or self._issued == 0:
+            return None
+        return self._filled[min(self._issued, len(self._units)) - 1]
+
     def finish(self) -> float | None:
         """End the step; returns the copy stream's busy seconds (0 for the synchronous copier,
-        None for a step the copier did not time)."""
-        t = self.copier.elapsed_s() if self._plan is not None else 0.0
+        None for a step the copier did not time). Units staged ahead stay in flight."""
+        if self._plan is None:
+            t = 0.0
+        else:
+            t = self.copier.elapsed_s(self.last_copy() if self._ahead is not None else None)
         self._plan = None
         self._pool = None
         return t
