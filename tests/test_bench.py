@@ -1676,3 +1676,30 @@ def test_step_profile_times_a_streamed_steps_link(tiny_qwen3_moe, tmp_path, caps
     assert link["steps"] == 3 and link["busy_ms"] > 0 and link["link_gb"] > 0
     assert link["device_step_ms"] >= link["busy_ms"] + link["before_ms"]
     assert "link (timed steps' median): busy" in capsys.readouterr().out
+
+
+def test_result_path_needs_cuda_and_sane_sizes():
+    """``bench.result_path`` says what it needs rather than failing inside torch."""
+    from writescope.bench import result_path
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="needs a CUDA device"):
+            result_path.main([])
+    else:
+        with pytest.raises(SystemExit, match="--busy-mb takes sizes in MB"):
+            result_path.main(["--busy-mb", "lots"])
+        with pytest.raises(SystemExit, match="must be > 0"):
+            result_path.main(["--reps", "0"])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_result_path_times_both_ways_alone_and_beside_a_busy_link(tmp_path):
+    """On CUDA: a small result's transfer by copy engine and by in-place kernel, with the link
+    idle and busy, each row's median within its maximum; JSON written."""
+    from writescope.bench import result_path
+    out = tmp_path / "r.json"
+    res = result_path.main(["--busy-mb", "8", "--reps", "3", "--json", str(out)])
+    assert [(r["busy_mb"], r["mode"]) for r in res["rows"]] == \
+        [(0.0, "copy"), (0.0, "kernel"), (8.0, "copy"), (8.0, "kernel")]
+    assert all(0 < r["median_us"] <= r["max_us"] for r in res["rows"])
+    assert json.loads(out.read_text())["result_bytes"] == res["result_bytes"]
