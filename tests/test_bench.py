@@ -1672,8 +1672,10 @@ def test_step_profile_times_a_streamed_steps_link(tiny_qwen3_moe, tmp_path, caps
                               "0.25k", "--warmup", "2", "--steps", "3", "--top", "3",
                               "--kv-policy", "transfer", "--num-gpu-blocks", "1",
                               "--prefill", "synthetic", "--json", str(out)]) == 0
-    link = json.loads(out.read_text())["link"]
+    res = json.loads(out.read_text())
+    link = res["link"]
     assert link["steps"] == 3 and link["busy_ms"] > 0 and link["link_gb"] > 0
+    assert res["staging"]["plans"]["made"] >= 1 and res["staging"]["ahead"] is False
     assert link["device_step_ms"] >= link["busy_ms"] + link["before_ms"]
     assert "link (timed steps' median): busy" in capsys.readouterr().out
 

@@ -186,6 +186,9 @@ def main(argv=None) -> int:
         "outside_cache_step_s": sorted(w - c for w, c in zip(plain, cache_s))[len(plain) // 2],
         # WRITESCOPE_PIPELINE_EXPERTS: steps with CPU experts split into two sub-batches
         "expert_pipeline": eng.runner.expert_pipeline,
+        # the staging ring over the whole run: steps that made a new staging plan or kept the
+        # last one, and units staged ahead that the next step used or dropped (its plan new)
+        "staging": _staging_stats(eng),
         "engine": {k: v for k, v in eng.stats().items()
                    if k.startswith("graphs.") or k in ("kv.resident_steps", "kv.pipelined_steps",
                                                         "kv.steps")},
@@ -235,6 +238,11 @@ def main(argv=None) -> int:
         res["link"] = median_split(links)
         res["link"]["steps"] = len(links)
         print_link(res["link"])
+        st = res["staging"]
+        if st:
+            print(f"staging plans made {st['plans'].get('made')}, reused {st['plans'].get('reused')}"
+                  + (f"; units staged ahead used {st['ahead_units']['used']}, dropped "
+                     f"{st['ahead_units']['dropped']}" if st["ahead"] else ""))
     res["compiled"] = compiled_resources()
     if res["compiled"]:
         print(f"\n{'Triton kernel (compiled forms)':32s} {'warps':>5s} {'stages':>6s} "
@@ -249,6 +257,17 @@ def main(argv=None) -> int:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)
     return 0
+
+
+def _staging_stats(eng) -> dict:
+    """The hybrid attention's staging plans made and reused, and its ring's units staged ahead
+    used and dropped ({} without a staging ring)."""
+    hybrid = getattr(eng.cache, "hybrid", None)
+    ring = getattr(hybrid, "ring", None)
+    if ring is None:
+        return {}
+    return {"plans": dict(hybrid.stage_plans), "ahead": ring.ahead,
+            "ahead_units": dict(ring.ahead_units)}
 
 
 def _attention_times(eng):
