@@ -1,10 +1,9 @@
 #!/bin/bash
 # The whole GPU suite on one tree: the call to make before an issue touching GPU code is
 # resolved (H100 hosts took 206-401 s for it, the H200 210-260 s; give it CALL_S=560). Then,
-# in the time left, issue 6's CPU-experts 4 x 128K step under step_profile's CPU chain with the
-# staging ring's equal pieces (the default since the eightieth session) and without them
-# (WRITESCOPE_STAGING_EQUAL_PIECES=0: a 268 MB and an 8 MB piece in 2 slots, one layer of
-# lookahead). Carry .whl: llguidance 1.9.1 -- 1.6.1 failed the grammar test -- and jsonschema
+# in the time left, the result-path bench and issue 6's CPU-experts 4 x 128K step under
+# step_profile's CPU chain with the experts' result copied (the default) and read in place
+# (pending/call2-chain.sh says why). Carry .whl: llguidance 1.9.1 -- 1.6.1 failed the grammar test -- and jsonschema
 # with its dependencies; accelerate is in the image. Works on an H100 or an H200 machine.
 # .whl is not in git (.git/info/exclude); on a fresh dev machine rebuild it first:
 #   P="--no-deps --only-binary=:all: --python-version 3.12 --implementation cp"
@@ -18,7 +17,10 @@ call_begin ${CALL_S:-560}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee $R/gpu.txt
 gpu_tests 430
 grep -E "passed|failed|^FAILED" $R/gpu-tests.log | tail -6
-calibrate_profile 50
-chain chain-equal 110
-chain chain-unequal 110 WRITESCOPE_STAGING_EQUAL_PIECES=0
+run result-path 40 python -m writescope.bench.result_path --busy-mb 138,268 --reps 40 \
+  --json $R/result_path.json
+grep "link busy" $R/result-path.log
+calibrate_profile 45
+chain chain-equal 95
+chain chain-result-kernel 95 WRITESCOPE_CPU_EXPERT_RESULT=kernel
 call_end

@@ -1,31 +1,33 @@
 #!/bin/bash
-# Where issue 6's CPU-experts 4 x 128K step goes beyond its kernels (written in the seventy-ninth
-# session, which had no device time). The seventy-eighth's row (bench/results/2026-12-07f-h100,
-# call 1): writescope 338.3 ms a step against a 287.5 ms bound, its CPU attention 151 ms and
-# experts 146 ms a step; the rest (~41 ms) is waits between them and the step's ends, and the
-# planner learned a fixed overhead of 18-26 ms a step. `bench.step_profile --timeline` lays
-# each step's CPU attention and expert kernels on one chain (bench/cpu_chain.py): the waits
-# attention -> experts (the device's merge, which needs the layer's staged T blocks, o_proj and
-# routing, plus the hand-off) and experts -> attention (the next layer's queries), and the
-# step's start and end, and the link's busy and idle time. Five variants on one host, one process each (the chain helper in
+# Issue 6's CPU-experts 4 x 128K step beyond its kernels. The eightieth session's one call
+# (bench/results/2026-12-07g-h100, H100): 342-347 ms a step (382 in the host's first run); the
+# CPU's attention 137-144 ms and experts 152-172 ms, the waits experts -> attention 714-751 us a
+# layer (34-35 ms a step; 1,295 us in the first run) against 150-170 us attention -> experts,
+# and the link busy 308-348 ms of the device's 332-378 ms step, idle 16-20 ms between copies
+# and 9-13 ms after its last. Suspect: the experts' result, a small host-to-device copy on the
+# compute stream, waits behind the staging ring's 138-268 MB pieces on the copy engine (the
+# attention's result is read in place and its waits are short). First the result-path bench
+# (bench.result_path: the small copy's latency alone and beside such pieces, by copy engine and
+# by in-place kernel), then the chain, one process each (~75-85 s, the chain helper in
 # run-helper.sh), the call's own calibration:
-# - chain-equal: the defaults (since the eightieth session a layer's 276 MB of T blocks is two
-#   138 MB pieces in 3 slots of the 512 MiB ring: 1.5 layers in flight);
-# - chain-unequal: WRITESCOPE_STAGING_EQUAL_PIECES=0, as before (268 + 8 MB in 2 slots);
+# - chain-result-kernel: WRITESCOPE_CPU_EXPERT_RESULT=kernel (the result read in place);
+# - chain-equal: the defaults (a 276 MB layer as two 138 MB pieces in 3 slots);
+# - chain-unequal: WRITESCOPE_STAGING_EQUAL_PIECES=0 (268 + 8 MB in 2 slots, as before);
 # - chain-ahead: WRITESCOPE_STAGING_AHEAD=1 (the next step's first units staged during this
-#   step's last layers: the link's idle time after its last copy, bench/link_idle.py);
-# - chain-ring1g: a 1 GiB ring (whole layers, 3 in flight: does more lookahead matter?);
-# - chain-result-kernel: the CPU experts' result read by the GPU's cores in place instead of
-#   copied by a copy engine that the ring's copies keep busy (WRITESCOPE_CPU_EXPERT_RESULT=kernel,
-#   layers/pinned_read.py: do the experts -> attention waits shrink?).
-# CALL_S=560; Qwen3's random experts take ~60 s to build a run.
+#   step's last layers; step_profile now prints the units used and dropped);
+# - chain-equal-2: the defaults again (the eightieth's first run on a fresh host was slow).
+# CALL_S=560; carry .whl.
 source bench/results/run-helper.sh
 call_begin ${CALL_S:-560}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $R/gpu.txt
-calibrate_profile 50
-chain chain-equal 95
-chain chain-ahead 95 WRITESCOPE_STAGING_AHEAD=1
-chain chain-unequal 95 WRITESCOPE_STAGING_EQUAL_PIECES=0
-chain chain-ring1g 95 WRITESCOPE_STAGING_BYTES=1GiB
+run result-path 40 python -m writescope.bench.result_path --busy-mb 138,268 --reps 40 \
+  --json $R/result_path.json
+grep "link busy" $R/result-path.log
+calibrate_profile 45
 chain chain-result-kernel 95 WRITESCOPE_CPU_EXPERT_RESULT=kernel
+chain chain-equal 95
+chain chain-unequal 95 WRITESCOPE_STAGING_EQUAL_PIECES=0
+chain chain-ahead 95 WRITESCOPE_STAGING_AHEAD=1
+chain chain-equal-2 95
+grep -h -E "^link|^staging plans" $R/chain-*.log
 call_end
