@@ -63,6 +63,20 @@ def _mixed_case(shape, bs=16):
                       seed=4)
 
 
+def _checked_step(ha, case: Case, step: int) -> dict:
+    """One step of every layer over ``case.plan`` with fresh queries, each layer's result
+    checked against the reference on the device; the step's timings."""
+    q = case.random_q("cuda", seed=step)
+    ha.begin_step(case.plan)
+    outs = [ha.attend(layer, q) for layer in range(case.spec.num_layers)]
+    tm = ha.end_step()
+    for layer, (o, l) in enumerate(outs):
+        assert o.device.type == "cuda"
+        ro, rl = case.reference(layer, q)
+        _check(o, l, ro, rl)
+    return tm
+
+
 @pytest.mark.parametrize("shape", ["gqa", "mla"])
 @pytest.mark.parametrize("backend,cpu_wait", [("triton", "device"), ("triton", "host"),
                                               ("torch", "host")])
@@ -80,14 +94,7 @@ def test_hybrid_cuda_vs_reference(shape, backend, cpu_wait, ring_blocks, cpu_res
                          staging_bytes=min(ring_blocks, 4096) * blk, backend=backend,
                          cpu_result=cpu_result, cpu_wait=cpu_wait)
     for step in range(2):
-        q = case.random_q("cuda", seed=step)
-        ha.begin_step(case.plan)
-        outs = [ha.attend(layer, q) for layer in range(spec.num_layers)]
-        tm = ha.end_step()
-        for layer, (o, l) in enumerate(outs):
-            assert o.device.type == "cuda"
-            ro, rl = case.reference(layer, q)
-            _check(o, l, ro, rl)
+        tm = _checked_step(ha, case, step)
         n_t = dict(case.plan.gpu)[Region.T].num_blocks
         assert tm["pcie_bytes"] == n_t * blk * spec.num_layers
         assert tm["cpu_s"] > 0
@@ -115,13 +122,7 @@ def test_hybrid_cuda_with_units_staged_ahead(shape, ring_blocks, monkeypatch):
     ha = HybridAttention(case.pools, spec, "cuda", cpu_threads=2, staging_bytes=ring_blocks * blk)
     n_t = dict(case.plan.gpu)[Region.T].num_blocks
     for step in range(5):
-        q = case.random_q("cuda", seed=step)
-        ha.begin_step(case.plan)
-        outs = [ha.attend(layer, q) for layer in range(spec.num_layers)]
-        tm = ha.end_step()
-        for layer, (o, l) in enumerate(outs):
-            ro, rl = case.reference(layer, q)
-            _check(o, l, ro, rl)
+        tm = _checked_step(ha, case, step)
         assert tm["pcie_bytes"] == n_t * blk * spec.num_layers
         if step % 2 == 0:
             assert tm["pcie_s"] > 0 and tm["dev_last_copy_s"] <= tm["dev_end_s"]
