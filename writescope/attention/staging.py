@@ -630,8 +630,8 @@ class StagingRing:
         n = len(self._units)
         a = self._ahead
         if a is None:
-            a = self._ahead = {"plan": self._plan, "layers": self._layers, "pool": self._pool,
-                               "filled": [],
+            a = self._ahead = {
+                "plan": self._plan, "layers": self._layers, "pool": self._pool, "filled": [],
                 "base": (self._slot_base + n) % self._plan.num_slots, "counts": (0, 0, [])}
         copier = self.copier
         timed = getattr(copier, "timed", None)

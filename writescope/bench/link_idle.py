@@ -8,7 +8,9 @@ first copy's start, the last copy's end, the step's end, and the copy stream's b
 :func:`link_split` turns them into the link's idle time before its first copy, between copies
 (the ring full, waiting for a slot's consumer), after its last copy, and the host's time
 outside the device's step (the wall step less the device's span: scheduling, the step plan,
-the outputs)."""
+the outputs). The parts sum to the wall step. With units staged ahead
+(``WRITESCOPE_STAGING_AHEAD=1``) the step's first copies began in the step before: the time
+"before its first copy" is then negative."""
 from __future__ import annotations
 
 

@@ -74,8 +74,9 @@ def main(argv=None) -> dict:
             lat = sorted(_latencies(mode, src, args.reps, busy, busy_dst))
             rows.append({"busy_mb": mb, "mode": mode, "median_us": statistics.median(lat),
                          "p90_us": lat[int(0.9 * (len(lat) - 1))], "max_us": lat[-1]})
-            print(f"link busy with {mb:6.0f} MB pieces  {mode:6s}  median {rows[-1]['median_us']:8.1f} us"
-                  f"  p90 {rows[-1]['p90_us']:8.1f} us  max {rows[-1]['max_us']:8.1f} us")
+            r = rows[-1]
+            print(f"link busy with {mb:6.0f} MB pieces  {mode:6s}  median {r['median_us']:8.1f} "
+                  f"us  p90 {r['p90_us']:8.1f} us  max {r['max_us']:8.1f} us")
         del busy, busy_dst
     res = {"result_bytes": src.numel() * src.element_size(), "reps": args.reps, "rows": rows,
            "device": torch.cuda.get_device_name()}
