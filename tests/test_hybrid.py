@@ -101,6 +101,17 @@ def test_split_pieces_cover_batch():
     assert got == [[(4, 16), (5, 16), (6, 16), (7, 16), (8, 3)], [], [(20, 16), (21, 16), (1, 9)]]
 
 
+def _consume(ring, pool, plan, layers, flat):
+    """Take every unit of a begun step in order, checking each slot's bytes against the pool."""
+    for layer in layers:
+        at = 0
+        for i, piece in enumerate(plan.pieces):
+            v = ring.acquire(layer, i)
+            assert torch.equal(v, pool[layer, flat[at:at + piece.num_blocks]]), (layer, i)
+            at += piece.num_blocks
+            ring.release(layer, i)
+
+
 @pytest.mark.parametrize("equal", ["1", "0"])
 def test_a_layer_larger_than_half_the_ring_is_cut_into_equal_pieces(monkeypatch, equal):
     """A layer's 9 blocks in a ring of 16: two pieces of 5 and 4 blocks in 3 slots (1.5 layers
@@ -116,30 +127,13 @@ def test_a_layer_larger_than_half_the_ring_is_cut_into_equal_pieces(monkeypatch,
     assert ([p.num_blocks for p in plan.pieces], plan.slot_blocks, plan.num_slots) == want
     flat = [x for row in ids for x in row]
     ring.begin(pool, plan, [0, 1, 2])
-    for layer in range(3):
-        at = 0
-        for i, piece in enumerate(plan.pieces):
-            v = ring.acquire(layer, i)
-            assert torch.equal(v, pool[layer, flat[at:at + piece.num_blocks]])
-            at += piece.num_blocks
-            ring.release(layer, i)
+    _consume(ring, pool, plan, [0, 1, 2], flat)
     ring.finish()
     # a layer that fits half the ring stays one piece; a capped piece is evened out too
     small = BlockBatch.build([1], [[1, 2, 3]], [[4, 4, 4]])
     assert [p.num_blocks for p in ring.plan(small).pieces] == [3]
     assert [p.num_blocks for p in ring.plan(b, max_slot_blocks=4).pieces] == \
         ([3, 3, 3] if equal == "1" else [4, 4, 1])
-
-
-def _consume(ring, pool, plan, layers, flat):
-    """Take every unit of a begun step in order, checking each slot's bytes against the pool."""
-    for layer in layers:
-        at = 0
-        for i, piece in enumerate(plan.pieces):
-            v = ring.acquire(layer, i)
-            assert torch.equal(v, pool[layer, flat[at:at + piece.num_blocks]]), (layer, i)
-            at += piece.num_blocks
-            ring.release(layer, i)
 
 
 def test_the_ring_stages_the_next_steps_first_units_ahead(monkeypatch):
