@@ -20,6 +20,15 @@ def test_cuda_fp32_matches_transformers(all_tiny, placement):
     assert s["engine.cuda_peak_bytes"] <= s["engine.vram_budget"]
 
 
+@pytest.mark.parametrize("placement", ["mixed", "all-T"])
+def test_cuda_units_staged_ahead_match_transformers(all_tiny, placement, monkeypatch):
+    """``WRITESCOPE_STAGING_AHEAD=1``: decode steps that start from the T units the step before
+    staged during its last layers generate transformers' greedy tokens; some units were used."""
+    monkeypatch.setenv("WRITESCOPE_STAGING_AHEAD", "1")
+    llm = generate_checked(all_tiny, device="cuda", **PLACEMENTS[placement])
+    assert llm.engine.cache.hybrid.ring.ahead_units["used"] > 0
+
+
 @pytest.mark.parametrize("placement", ["mixed", "all-T", "all-C"])
 def test_cuda_prefix_cache_hits_match_transformers(all_tiny, placement):
     """Prefix caching on CUDA: prompts start from blocks left in G, T (pinned, streamed) or C
