@@ -47,7 +47,12 @@ def test_cuda_bf16_within_logprob_tolerance(all_tiny):
     assert abs(out.logprobs[0] - ref_lps[0]) < 0.05
 
 
-def test_cuda_batch_with_cpu_experts(all_tiny):
+@pytest.mark.parametrize("result", ["copy", "kernel"])
+def test_cuda_batch_with_cpu_experts(all_tiny, result, monkeypatch):
+    """The experts on the CPU, their results brought back by a copy engine (the default) or
+    read in place by a kernel (``WRITESCOPE_CPU_EXPERT_RESULT=kernel``): the CPU engine's
+    greedy tokens."""
+    monkeypatch.setenv("WRITESCOPE_CPU_EXPERT_RESULT", result)
     prompts = [prompt_ids(320, n, seed=n) for n in (3, 70, 150)]
     a = engine(all_tiny, device="cuda", experts="cpu", **PLACEMENTS["mixed"]).generate(prompts, GREEDY)
     b = engine(all_tiny, device="cpu", **PLACEMENTS["mixed"]).generate(prompts, GREEDY)
