@@ -458,14 +458,17 @@ def test_step_profile_splits_a_step_along_its_expert_chain(capsys):
     the calls' spans, their CPU kernels (the queue's seconds) and the hand-off left over."""
     from writescope.bench import step_profile
     marks = [(0.0, 1.0), (1.5, 3.0), (3.2, 4.0)]
-    c = step_profile.chain_split(marks, 0.006, 0.002, (3, 0.0009, 0.002), 2_000_000)
-    assert c["calls"] == 3
+    c = step_profile.chain_split(marks, 0.006, 0.002, (3, 0.0009, 0.002), 2_000_000,
+                                 [0.05, None, 0.04])
+    assert c["calls"] == 3 and c["result_ms"] == pytest.approx(0.09)
     assert c["calls_ms"] == pytest.approx(3.3) and c["device_between_ms"] == pytest.approx(0.7)
     assert c["kernels_ms"] == pytest.approx(2.0) and c["handoff_ms"] == pytest.approx(1.3)
     assert c["outside_ms"] == pytest.approx(2.0) and c["queue_wait_ms"] == pytest.approx(0.9)
     assert c["kernel_gbps"] == pytest.approx(1.0)
     step_profile.print_chain(c)
-    assert "3 calls, step 6.0 ms = outside the chain 2.0" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "3 calls, step 6.0 ms = outside the chain 2.0" in out
+    assert "results from seen to on the device (copy or in-place read): 0.09 ms (30 us" in out
     # on the host's clock: call 1 was queued 0.3 ms after call 0 was done, its inputs came
     # 0.1 ms later; the launching thread queued a call every 1.5 ms
     calls = [dict(enter=0.0, pushed=1e-4, wait=2e-4, popped=1e-4, ready=3e-4, done=13e-4),
@@ -476,6 +479,7 @@ def test_step_profile_splits_a_step_along_its_expert_chain(capsys):
     assert h["pickup_ms"] == pytest.approx(0.3) and step_profile.host_chain([]) == {}
     empty = step_profile.chain_split([], 0.006, None, None, None)
     assert empty["calls"] == 0 and empty["outside_ms"] == pytest.approx(6.0)
+    assert empty["result_ms"] != empty["result_ms"]  # NaN: nothing marked
     step_profile.print_chain(empty)
     assert "no eager CPU expert calls timed" in capsys.readouterr().out
 

@@ -399,6 +399,9 @@ def test_timeline_marks_each_device_waited_call(monkeypatch):
     marks = ce.take_timeline()
     assert len(marks) == 3 and marks[0][0] == 0.0
     assert all(b >= a for a, b in marks)
+    from writescope.layers import cpu_experts_calls
+    res = cpu_experts_calls.last_result_ms  # each result's copy to the device, marked
+    assert len(res) == 3 and all(r is not None and r >= 0 for r in res)
     assert all(marks[i][0] >= marks[i - 1][1] for i in range(1, 3))  # each call waits for the last
     assert ce.take_timeline() == []  # taken once
 

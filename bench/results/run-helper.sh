@@ -198,5 +198,5 @@ chain() {
     --model qwen3-30b-a3b --random-weights --profile $P --vram-budget 32GiB --experts cpu \
     --batch 4 --context 128k --max-num-batched-tokens 16384 --prefill synthetic --warmup 4 \
     --steps 8 --top 12 --timeline --json $R/$name.json
-  grep -A2 -E "^CPU chain|^decode step" $R/$name.log | head -8; grep -E "^link|^staging plans" $R/$name.log
+  grep -A2 -E "^CPU chain|^decode step" $R/$name.log | head -8; grep -E "^link|^staging plans|results from seen" $R/$name.log
 }

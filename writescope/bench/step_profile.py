@@ -130,9 +130,11 @@ def main(argv=None) -> int:
         if link is not None:
             links.append(link)
         if args.timeline:
-            chains.append(chain_split(cpu_experts.take_timeline(), plain[-1], expert_s[-1],
+            marks = cpu_experts.take_timeline()
+            chains.append(chain_split(marks, plain[-1], expert_s[-1],
                                       cpu_experts_calls.last_queue_stats,
-                                      eng.runner.last_times.get("cpu_expert_bytes")))
+                                      eng.runner.last_times.get("cpu_expert_bytes"),
+                                      cpu_experts_calls.last_result_ms))
             calls = cpu_experts.take_host_timeline()
             chains[-1].update(host_chain(calls))
             att = attention_times()
@@ -282,7 +284,7 @@ def _attention_times(eng):
 
 
 def chain_split(marks: list[tuple[float, float]], step_s: float, kernel_s: float,
-                queue_stats, routed_bytes: int | None) -> dict:
+                queue_stats, routed_bytes: int | None, result_ms: list | None = None) -> dict:
     """One step's CPU expert chain from :func:`~writescope.layers.cpu_experts.take_timeline`'s
     ``(ready, seen)`` device times (ms): ``calls``; ``device_between_ms``, the device's time from
     one call's result seen to the next call's inputs copied (its own work between two calls);
@@ -292,12 +294,15 @@ def chain_split(marks: list[tuple[float, float]], step_s: float, kernel_s: float
     ``outside_ms``, the step's wall time outside the chain (before the first call and after the
     last: the first layers, the head, sampling, the step's start and end on the host);
     ``queue_wait_ms``, the queue thread's time waiting for inputs; ``kernel_gbps``, the expert
-    bytes the calls read over the kernels' time."""
+    bytes the calls read over the kernels' time; ``result_ms``, from each call's result seen to
+    its result on the device (the copy, or the in-place read), summed over the calls that have
+    it (:data:`~writescope.layers.cpu_experts_calls.last_result_ms`; NaN when none has)."""
     calls = len(marks)
     spans = sum(b - a for a, b in marks)
     between = sum(marks[i][0] - marks[i - 1][1] for i in range(1, calls))
     kernels = (kernel_s or 0.0) * 1e3
-    return {"calls": calls, "step_ms": step_s * 1e3, "device_between_ms": between,
+    landed = [r for r in (result_ms or []) if r is not None]
+    return {"result_ms": sum(landed) if landed else float("nan"), "calls": calls, "step_ms": step_s * 1e3, "device_between_ms": between,
            "calls_ms": spans, "kernels_ms": kernels, "handoff_ms": spans - kernels,
            "outside_ms": step_s * 1e3 - (marks[-1][1] - marks[0][0] if marks else 0.0),
            "queue_wait_ms": (queue_stats[1] * 1e3 if queue_stats else float("nan")),
@@ -344,6 +349,9 @@ def print_chain(c: dict) -> None:
           f"({c['kernel_gbps']:.1f} GB/s of expert weights), hand-off {c['handoff_ms']:.1f} ms "
           f"({c['handoff_ms'] / n * 1e3:.0f} us a call); the queue waited "
           f"{c['queue_wait_ms']:.1f} ms for inputs")
+    if c.get("result_ms") == c.get("result_ms"):  # (not NaN)
+        print(f"  results from seen to on the device (copy or in-place read): "
+              f"{c['result_ms']:.2f} ms ({c['result_ms'] / n * 1e3:.0f} us a call)")
     if "launcher_late_ms" in c:
         print(f"  on the host's clock: kernels {c['host_kernels_ms']:.1f} ms; between a call's "
               f"done and the next call's start {c['launcher_late_ms']:.1f} ms with the next call "

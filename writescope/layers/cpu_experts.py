@@ -618,14 +618,16 @@ class CpuExperts:
                 calls.note_wait_entered(handle.host)
             flags = calls.host_flags(torch.device(handle.device))
             flags.wait(self._slot, handle.seq)
-            if handle.mark is not None:
-                calls.note_result_seen(handle.mark)
+            entry = calls.note_result_seen(handle.mark) if handle.mark is not None else None
             if handle.future is not None:  # (the native queue's calls: drained at the step's end)
                 calls.defer_result(handle.future)
             if pinned_read.in_place(handle.device):  # read by the device's cores, in place
                 calls.keep_until_read(handle.result)
-                return pinned_read.to_device(handle.result, handle.device)
-            return handle.result.to(handle.device, non_blocking=True)
+                out = pinned_read.to_device(handle.result, handle.device)
+            else:
+                out = handle.result.to(handle.device, non_blocking=True)
+            calls.note_result_landed(entry)
+            return out
         out = handle.future.result()
         if handle.device.type != "cpu":
             out = out.to(handle.device, non_blocking=True)

@@ -246,17 +246,26 @@ def take_host_timeline() -> list[dict]:
             for m, t in zip(marks, q)]
 
 
+#: per call of the last :func:`take_timeline`: milliseconds from the result seen to the result
+#: on the device (its copy or in-place read), or None where that was not marked
+last_result_ms: list = []
+
+
 def take_timeline() -> list[tuple[float, float]]:
     """The device-waited calls since the last take, in order, as ``(ready, seen)`` milliseconds
     on the device's clock relative to the first call's ready event (``WRITESCOPE_EXPERT_TIMELINE``
-    on; synchronises with the last event). Empty when off or when no call ran."""
-    global _timeline
+    on; synchronises with the last event). Empty when off or when no call ran. Each call's time
+    from its result seen to its result on the device goes to :data:`last_result_ms`."""
+    global _timeline, last_result_ms
     marks, _timeline = _timeline, []
     if not marks:
+        last_result_ms = []
         return []
-    marks[-1][1].synchronize()
+    last = marks[-1]
+    (last[2] if last[2] is not None else last[1]).synchronize()
     t0 = marks[0][0]
-    return [(t0.elapsed_time(a), t0.elapsed_time(b)) for a, b in marks]
+    last_result_ms = [b.elapsed_time(c) if c is not None else None for _, b, c in marks]
+    return [(t0.elapsed_time(a), t0.elapsed_time(b)) for a, b, _ in marks]
 
 
 def raise_pending_errors() -> float | None:
@@ -343,13 +352,26 @@ def note_wait_entered(host: tuple) -> None:
         _host_marks.append((*host, time.perf_counter()))
 
 
-def note_result_seen(inputs_event) -> None:
+def note_result_seen(inputs_event) -> list | None:
     """Timeline on: a timing event on the stream past the device's wait for a call whose inputs
-    were marked by ``inputs_event`` (:func:`take_timeline`)."""
+    were marked by ``inputs_event`` (:func:`take_timeline`); returns the call's entry for
+    :func:`note_result_landed` (None past the timeline's cap)."""
     if len(_timeline) < _TIMELINE_MAX:
         seen = torch.cuda.Event(enable_timing=True)
         seen.record()
-        _timeline.append((inputs_event, seen))
+        entry = [inputs_event, seen, None]
+        _timeline.append(entry)
+        return entry
+    return None
+
+
+def note_result_landed(entry: list | None) -> None:
+    """Timeline on: a timing event on the stream once the call of ``entry`` (from
+    :func:`note_result_seen`) has its result on the device."""
+    if entry is not None:
+        landed = torch.cuda.Event(enable_timing=True)
+        landed.record()
+        entry[2] = landed
 
 
 def keep_until_read(t: torch.Tensor) -> None:
