@@ -8,7 +8,8 @@
 # compute stream, waits behind the staging ring's 138-268 MB pieces on the copy engine (the
 # attention's result is read in place and its waits are short). First the result-path bench
 # (bench.result_path: the small copy's latency alone and beside such pieces, by copy engine and
-# by in-place kernel), then the chain, one process each (~75-85 s, the chain helper in
+# by in-place kernel), then the chain, one process each (the expert chain now also gives each
+# call's result from seen to on the device: the copy's own time in the engine) (~75-85 s, the chain helper in
 # run-helper.sh), the call's own calibration:
 # - chain-result-kernel: WRITESCOPE_CPU_EXPERT_RESULT=kernel (the result read in place);
 # - chain-equal: the defaults (a 276 MB layer as two 138 MB pieces in 3 slots);
