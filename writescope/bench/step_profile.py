@@ -302,12 +302,13 @@ def chain_split(marks: list[tuple[float, float]], step_s: float, kernel_s: float
     between = sum(marks[i][0] - marks[i - 1][1] for i in range(1, calls))
     kernels = (kernel_s or 0.0) * 1e3
     landed = [r for r in (result_ms or []) if r is not None]
-    return {"result_ms": sum(landed) if landed else float("nan"), "calls": calls, "step_ms": step_s * 1e3, "device_between_ms": between,
-           "calls_ms": spans, "kernels_ms": kernels, "handoff_ms": spans - kernels,
-           "outside_ms": step_s * 1e3 - (marks[-1][1] - marks[0][0] if marks else 0.0),
-           "queue_wait_ms": (queue_stats[1] * 1e3 if queue_stats else float("nan")),
-           "kernel_gbps": (routed_bytes / kernel_s / 1e9 if routed_bytes and kernel_s
-                           else float("nan"))}
+    return {"calls": calls, "step_ms": step_s * 1e3, "device_between_ms": between,
+            "result_ms": sum(landed) if landed else float("nan"), "calls_ms": spans,
+            "kernels_ms": kernels, "handoff_ms": spans - kernels,
+            "outside_ms": step_s * 1e3 - (marks[-1][1] - marks[0][0] if marks else 0.0),
+            "queue_wait_ms": (queue_stats[1] * 1e3 if queue_stats else float("nan")),
+            "kernel_gbps": (routed_bytes / kernel_s / 1e9 if routed_bytes and kernel_s
+                            else float("nan"))}
 
 
 def host_chain(calls: list[dict]) -> dict:
