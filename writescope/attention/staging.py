@@ -236,17 +236,44 @@ class StagePlan:
 # copy engines
 # ----------------------------------------------------------------------------------------------
 
-class SyncCopier:
+class CopyCounts:
+    """A copier's counts for the current step: DMA calls, bytes and (timed copiers) each copy's
+    pair of timing events. Copies staged ahead for the next step are split off and counted in
+    that step (:meth:`StagingRing.begin`)."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.copies = 0
+        self.bytes = 0
+        self._timing: list = []
+
+    def mark(self) -> tuple:
+        return (self.copies, self.bytes, len(self._timing))
+
+    def split_since(self, mark: tuple) -> tuple:
+        """What was counted since ``mark`` (copies, bytes, timing pairs), taken off this step's
+        counts."""
+        out = (self.copies - mark[0], self.bytes - mark[1], self._timing[mark[2]:])
+        self.copies, self.bytes = mark[0], mark[1]
+        del self._timing[mark[2]:]
+        return out
+
+    def restore(self, stash: tuple) -> None:
+        """Count ``stash`` (from :meth:`split_since`) in this step, its copies first."""
+        self.copies += stash[0]
+        self.bytes += stash[1]
+        self._timing[:0] = stash[2]
+
+
+class SyncCopier(CopyCounts):
     """Synchronous stand-in for the copy stream (CPU-only machines and tests)."""
 
     timed = False
 
-    def __init__(self):
-        self.copies = 0
-        self.bytes = 0
-
     def copy_unit(self, dst: torch.Tensor, src_layer: torch.Tensor, copies: list, wait_free,
-                  ) -> object:
+                  timed: bool | None = None) -> object:
         rec = src_layer[0].numel() * src_layer.element_size()
         for s, d, n, rows, pitch in copies:
             if rows == 1:
@@ -271,25 +298,6 @@ class SyncCopier:
 
     def elapsed_s(self, until=None) -> float:
         return 0.0
-
-    def reset(self) -> None:
-        self.copies = 0
-        self.bytes = 0
-
-    def mark(self) -> tuple:
-        return (self.copies, self.bytes, 0)
-
-    def split_since(self, mark: tuple) -> tuple:
-        """What was counted since ``mark`` (copies, bytes, timing pairs), taken off this step's
-        counts: copies made for the next step (:meth:`StagingRing.begin`'s staging ahead)."""
-        out = (self.copies - mark[0], self.bytes - mark[1], [])
-        self.copies, self.bytes = mark[0], mark[1]
-        return out
-
-    def restore(self, stash: tuple) -> None:
-        """Count ``stash`` (from :meth:`split_since`) in this step."""
-        self.copies += stash[0]
-        self.bytes += stash[1]
 
 
 @functools.lru_cache(maxsize=None)
@@ -336,7 +344,7 @@ def driver_htod_2d():
     return fn
 
 
-class CudaCopier:
+class CudaCopier(CopyCounts):
     """H2D copies on a dedicated stream; device events for flow control and timing.
 
     Each copy is one ``cuMemcpyHtoDAsync`` on the copy stream, called through ctypes (~2 us of
@@ -354,11 +362,9 @@ class CudaCopier:
     timed = True
 
     def __init__(self, device: torch.device):
+        super().__init__()
         self.device = device
         self.stream = torch.cuda.Stream(device=device)
-        self.copies = 0
-        self.bytes = 0
-        self._timing: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self._consumer = None
         self._htod = driver_htod() if os.environ.get("WRITESCOPE_DRIVER_COPY", "1") != "0" \
             else None
@@ -381,8 +387,10 @@ class CudaCopier:
             return False
         return True
 
-    def copy_unit(self, dst, src_layer, copies, wait_free):
-        timed = self.timed
+    def copy_unit(self, dst, src_layer, copies, wait_free, timed: bool | None = None):
+        """One unit's copies after ``wait_free``; the event after them. Timed as the copier is,
+        or as ``timed`` says (copies staged ahead are timed as the next step is)."""
+        timed = self.timed if timed is None else timed
         s0 = torch.cuda.Event(enable_timing=True) if timed else None
         s1 = torch.cuda.Event(enable_timing=timed)
         st = self.stream
@@ -451,27 +459,6 @@ class CudaCopier:
             return None
         return sum(a.elapsed_time(b) for a, b in self._timing) / 1e3
 
-    def reset(self) -> None:
-        self.copies = 0
-        self.bytes = 0
-        self._timing = []
-
-    def mark(self) -> tuple:
-        return (self.copies, self.bytes, len(self._timing))
-
-    def split_since(self, mark: tuple) -> tuple:
-        """What was counted since ``mark`` (copies, bytes, timing pairs), taken off this step's
-        counts: copies made for the next step (:meth:`StagingRing.begin`'s staging ahead)."""
-        out = (self.copies - mark[0], self.bytes - mark[1], self._timing[mark[2]:])
-        self.copies, self.bytes = mark[0], mark[1]
-        del self._timing[mark[2]:]
-        return out
-
-    def restore(self, stash: tuple) -> None:
-        """Count ``stash`` (from :meth:`split_since`) in this step, its copies first."""
-        self.copies += stash[0]
-        self.bytes += stash[1]
-        self._timing[:0] = stash[2]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -617,11 +604,11 @@ class StagingRing:
         if limit is None and self.ahead and self._issued == n:
             self._issue_ahead(window)
 
-    def _copy(self, u: int, layer: int, piece: int):
+    def _copy(self, u: int, layer: int, piece: int, timed: bool | None = None):
         slot = self._slot(u)
         p = self._plan.pieces[piece]
         return self.copier.copy_unit(self.slot_view(slot, p.num_blocks), self._pool[layer],
-                                     p.copies, self._free[slot])
+                                     p.copies, self._free[slot], timed)
 
     def _issue_ahead(self, window: int) -> None:
         """The next step's first units, as this step's units ``n, n + 1, ...``, as far as the
@@ -634,18 +621,11 @@ class StagingRing:
                 "plan": self._plan, "layers": self._layers, "pool": self._pool, "filled": [],
                 "base": (self._slot_base + n) % self._plan.num_slots, "counts": (0, 0, [])}
         copier = self.copier
-        timed = getattr(copier, "timed", None)
         while len(a["filled"]) < n and n + len(a["filled"]) < self._released + window:
             j = len(a["filled"])
             layer, i = self._units[j]
             mark = copier.mark()
-            if timed is not None:
-                copier.timed = self.ahead_timed
-            try:
-                a["filled"].append(self._copy(n + j, layer, i))
-            finally:
-                if timed is not None:
-                    copier.timed = timed
+            a["filled"].append(self._copy(n + j, layer, i, timed=self.ahead_timed))
             c = copier.split_since(mark)
             a["counts"] = (a["counts"][0] + c[0], a["counts"][1] + c[1], a["counts"][2] + c[2])
 
