@@ -597,6 +597,38 @@ def test_the_placement_margin_comes_from_the_environment(monkeypatch):
             policy()
 
 
+def test_a_held_share_keeps_each_sequences_cpu_t_blocks_through_small_moves(monkeypatch):
+    """WRITESCOPE_SHARE_HOLD: a sequence keeps the last step's count of T blocks read in place
+    while the plan's new count is within the hold (a fraction of its private T blocks, at least
+    one block), so the streamed T batch -- and the staging ring's plan -- stays the same; a
+    larger move is taken whole; a released sequence starts afresh. Off (0) by default; a bad
+    value is a clear error."""
+    regs = tuple([Region.G] * 4 + [Region.T] * 400)
+    seq = SeqKV(0, 64 * 404 + 3, regs)
+
+    def counts(p, fractions):
+        out = []
+        for f in fractions:
+            monkeypatch.setattr(p, "_current_plan", lambda sid, f=f: {"t_fraction_to_cpu": f})
+            out.append(p.assign(seq))
+        return out
+
+    moves = [0.30, 0.305, 0.31, 0.32, 0.3225, 0.0, 0.001]
+    assert counts(policy(), moves) == [120, 122, 124, 128, 129, 0, 0]  # default: no hold
+    monkeypatch.setenv("WRITESCOPE_SHARE_HOLD", "0.01")  # 4 of 400 blocks
+    p = policy()
+    assert counts(p, moves) == [120, 120, 120, 128, 128, 0, 0]
+    assert p.stats()["planner.held_assigns"] == 3
+    p.release(0)
+    assert counts(p, [0.305]) == [122]  # (no count to keep)
+    monkeypatch.setenv("WRITESCOPE_SHARE_HOLD", "0.0001")  # under a block: one block
+    assert counts(policy(), [0.30, 0.3025, 0.305]) == [120, 120, 122]
+    for bad in ("-0.1", "lots", "inf"):
+        monkeypatch.setenv("WRITESCOPE_SHARE_HOLD", bad)
+        with pytest.raises(ValueError, match="WRITESCOPE_SHARE_HOLD"):
+            policy()
+
+
 def test_placement_plans_with_the_gpu_kernel_not_a_slower_measured_factor():
     """The GPU side's factor is timed with device events around its launches (host gaps, cold
     steps): above 1 it would let CPU attention hide under GPU time that is not there. Placement

@@ -138,19 +138,41 @@ UNVERIFIED_CPU_FACTOR = 2.0
 PLACEMENT_CPU_MARGIN = 1.4
 
 
-def placement_cpu_margin() -> float:
-    """``WRITESCOPE_PLACEMENT_CPU_MARGIN`` when set (a number > 0; 1 plans C with the CPU's
-    measured rate), else :data:`PLACEMENT_CPU_MARGIN`."""
-    text = os.environ.get("WRITESCOPE_PLACEMENT_CPU_MARGIN", "").strip()
+def _env_number(name: str, default: float, allow_zero: bool = False) -> float:
+    """The environment's number ``name`` (> 0, or >= 0 with ``allow_zero``), else ``default``;
+    a ValueError naming the setting for anything else."""
+    text = os.environ.get(name, "").strip()
     if not text:
-        return PLACEMENT_CPU_MARGIN
+        return default
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not value > 0 or not math.isfinite(value):
-        raise ValueError(f"WRITESCOPE_PLACEMENT_CPU_MARGIN must be a number > 0, not {text!r}")
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"{name} must be a number {'>=' if allow_zero else '>'} 0, not {text!r}")
     return value
+
+
+def placement_cpu_margin() -> float:
+    """``WRITESCOPE_PLACEMENT_CPU_MARGIN`` when set (a number > 0; 1 plans C with the CPU's
+    measured rate), else :data:`PLACEMENT_CPU_MARGIN`."""
+    return _env_number("WRITESCOPE_PLACEMENT_CPU_MARGIN", PLACEMENT_CPU_MARGIN)
+
+
+#: a sequence's CPU-read T blocks stay the last step's while the new count is within this
+#: fraction of its private T blocks (0: off, the default). See :func:`share_hold`.
+SHARE_HOLD = 0.0
+
+
+def share_hold() -> float:
+    """``WRITESCOPE_SHARE_HOLD`` when set (a fraction >= 0), else :data:`SHARE_HOLD`: a
+    sequence keeps the last step's count of oldest T blocks read by the CPU in place while the
+    plan's new count differs from it by at most this fraction of its private T blocks (at
+    least one block when > 0). The planner's rate corrections move the share a little every
+    step; each move changes the streamed T batch, and with it the staging ring's plan, which
+    drops the units staged ahead for the step (``WRITESCOPE_STAGING_AHEAD``). Holding costs at
+    most this fraction of the spilled KV on the slower side."""
+    return _env_number("WRITESCOPE_SHARE_HOLD", SHARE_HOLD, allow_zero=True)
 
 
 #: the first CPU-timed step is not used when it took more than this times the model's time
@@ -222,6 +244,10 @@ class WriteScopePolicy(PlacementPolicy):
         #: its per-layer placement, ``experts="auto"`` may put only some layers' there)
         self.experts_on_cpu = rl.cpu_expert_layers(model_config, experts_on_cpu)
         self.placement_cpu_margin = placement_cpu_margin()
+        self.share_hold = share_hold()
+        #: seq_id -> its T blocks the CPU read in place at its last assign() (share_hold)
+        self._held: dict[int, int] = {}
+        self.held_assigns = 0  # assign() calls that kept the last count (share_hold)
         #: decode steps with CPU attention run as two interleaved sub-batches (set by the
         #: engine from its runner): the model overlaps CPU attention with the GPU's dense work
         self.pipelined = bool(pipelined)
@@ -279,6 +305,7 @@ class WriteScopePolicy(PlacementPolicy):
         # its blocks are free: placement no longer counts it; its view goes with the next
         # observe() (the step plan and stats() still show the batch that last ran)
         self._expected.pop(seq_id, None)
+        self._held.pop(seq_id, None)
         self._gone.add(seq_id)
 
     def expect(self, queued: dict[int, int]) -> None:
@@ -439,6 +466,14 @@ class WriteScopePolicy(PlacementPolicy):
         _, n_c, n_t = self._counts(seq.regions)
         own = max(0, n_t - seq.shared_t)  # the cache gives the CPU its oldest private T blocks
         n_cpu_t = min(own, int(math.floor(plan["t_fraction_to_cpu"] * own + 0.5)))
+        if self.share_hold > 0:
+            last = self._held.get(seq.seq_id)
+            hold = max(1, int(self.share_hold * own))
+            if last is not None and last != n_cpu_t and last <= own and \
+                    abs(n_cpu_t - last) <= hold:
+                n_cpu_t = last
+                self.held_assigns += 1
+            self._held[seq.seq_id] = n_cpu_t
         bs = self.block_size or DEFAULT_BLOCK_SIZE
         self._assigned["cpu_c"] += n_c * bs
         self._assigned["cpu_t"] += n_cpu_t * bs
@@ -633,6 +668,7 @@ class WriteScopePolicy(PlacementPolicy):
             # distinct shared T blocks the plan gives the CPU (read once for all holders)
             "planner.shared_t_cpu_blocks": plan.get("shared_t_cpu_blocks", 0),
             "planner.probes": self.probes,
+            "planner.held_assigns": self.held_assigns,
             "planner.cpu_verified": self.cpu_verified,
             "planner.step_overhead_s": max(0.0, self.step_overhead_s),
         }
