@@ -1680,6 +1680,7 @@ def test_step_profile_times_a_streamed_steps_link(tiny_qwen3_moe, tmp_path, caps
     link = res["link"]
     assert link["steps"] == 3 and link["busy_ms"] > 0 and link["link_gb"] > 0
     assert res["staging"]["plans"]["made"] >= 1 and res["staging"]["ahead"] is False
+    assert res["staging"]["held_assigns"] == 0  # (transfer holds nothing)
     assert link["device_step_ms"] >= link["busy_ms"] + link["before_ms"]
     assert "link (timed steps' median): busy" in capsys.readouterr().out
 

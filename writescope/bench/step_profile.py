@@ -244,7 +244,8 @@ def main(argv=None) -> int:
         if st:
             print(f"staging plans made {st['plans'].get('made')}, reused {st['plans'].get('reused')}"
                   + (f"; units staged ahead used {st['ahead_units']['used']}, dropped "
-                     f"{st['ahead_units']['dropped']}" if st["ahead"] else ""))
+                     f"{st['ahead_units']['dropped']}" if st["ahead"] else "")
+                  + (f"; CPU-read T counts held {st['held_assigns']}" if st["held_assigns"] else ""))
     res["compiled"] = compiled_resources()
     if res["compiled"]:
         print(f"\n{'Triton kernel (compiled forms)':32s} {'warps':>5s} {'stages':>6s} "
@@ -262,14 +263,16 @@ def main(argv=None) -> int:
 
 
 def _staging_stats(eng) -> dict:
-    """The hybrid attention's staging plans made and reused, and its ring's units staged ahead
-    used and dropped ({} without a staging ring)."""
+    """The hybrid attention's staging plans made and reused, its ring's units staged ahead
+    used and dropped, and the planner's held CPU-read T counts (``WRITESCOPE_SHARE_HOLD``;
+    {} without a staging ring)."""
     hybrid = getattr(eng.cache, "hybrid", None)
     ring = getattr(hybrid, "ring", None)
     if ring is None:
         return {}
     return {"plans": dict(hybrid.stage_plans), "ahead": ring.ahead,
-            "ahead_units": dict(ring.ahead_units)}
+            "ahead_units": dict(ring.ahead_units),
+            "held_assigns": getattr(eng.cache.policy, "held_assigns", 0)}
 
 
 def _attention_times(eng):
