@@ -364,13 +364,13 @@ def test_results_read_in_place_stay_theirs_while_the_launcher_runs_ahead(monkeyp
 
 
 def test_the_cpu_expert_result_setting(monkeypatch):
-    """``WRITESCOPE_CPU_EXPERT_RESULT``: copy (default) or kernel; anything else is refused
+    """``WRITESCOPE_CPU_EXPERT_RESULT``: kernel (default) or copy; anything else is refused
     by name; never in place off CUDA."""
     from writescope.layers import pinned_read
     monkeypatch.delenv("WRITESCOPE_CPU_EXPERT_RESULT", raising=False)
-    assert pinned_read.result_mode() == "copy"
-    monkeypatch.setenv("WRITESCOPE_CPU_EXPERT_RESULT", "kernel")
     assert pinned_read.result_mode() == "kernel"
+    monkeypatch.setenv("WRITESCOPE_CPU_EXPERT_RESULT", "copy")
+    assert pinned_read.result_mode() == "copy"
     assert not pinned_read.in_place(torch.device("cpu"))
     monkeypatch.setenv("WRITESCOPE_CPU_EXPERT_RESULT", "dma")
     with pytest.raises(ValueError, match="WRITESCOPE_CPU_EXPERT_RESULT"):
