@@ -6,8 +6,8 @@ A CPU expert call's result (a few KB a decode step) returns to the device on the
 In a step that streams T blocks, a copy stream moves pieces of 138-268 MB at the same time. This
 times, with device events around it on the compute stream, the result's transfer by a copy
 engine (``Tensor.to``, ``WRITESCOPE_CPU_EXPERT_RESULT=copy``) and by a kernel that reads it in
-place (``layers/pinned_read.py``, ``kernel``, the default since 2026-12-08): alone, and with another stream copying
-pieces of each ``--busy-mb`` size back to back. If the copy waits behind a piece, its latency
+place (``layers/pinned_read.py``, ``kernel``, the default since 2026-12-08): alone, and with
+another stream copying pieces of each ``--busy-mb`` size back to back. If the copy waits behind a piece, its latency
 grows toward a piece's time (~2.6-5 ms at ~53 GB/s); the kernel's should not."""
 from __future__ import annotations
 
