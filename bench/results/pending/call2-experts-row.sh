@@ -1,9 +1,10 @@
 #!/bin/bash
-# The eighty-first session's last call, in the device time left (~500 s): the GPU tests of the
-# modules that build CPU expert calls on CUDA, now that their result is read in place by default
+# A shorter call than call1-suite-row.sh (written in the eighty-first session for the ~500 s it
+# had left, and not run: no machine started): the GPU tests of the modules that build CPU expert
+# calls on CUDA, now that their result is read in place by default
 # (WRITESCOPE_CPU_EXPERT_RESULT=kernel), then issue 6's CPU-experts Qwen3-30B-A3B 4 x 128K row
 # (writescope and static; the seventy-eighth's 0.850 and 0.841 of the bound) under the defaults.
-# CALL_S=340; carry .whl.
+# CALL_S=340; carry .whl (call1-suite-row.sh says how to rebuild it).
 source bench/results/run-helper.sh
 call_begin ${CALL_S:-340}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee $R/gpu.txt
