@@ -229,12 +229,10 @@ def main(argv=None) -> int:
         for r in res["top_device_ops"]:
             print(f"{r['op'][:72]:72s} {r['calls_per_step']:10.1f} {r['device_ms_per_step']:8.2f}")
     if chains:
-        res["expert_chain"] = {k: sorted(c[k] for c in chains)[len(chains) // 2]
-                               for k in chains[0]}
+        res["expert_chain"] = median_split(chains)
         print_chain(res["expert_chain"])
     if cpu_chains:
-        res["cpu_chain"] = {k: sorted(c[k] for c in cpu_chains)[len(cpu_chains) // 2]
-                            for k in cpu_chains[0]}
+        res["cpu_chain"] = median_split(cpu_chains)
         print_cpu_chain(res["cpu_chain"])
     if links:
         res["link"] = median_split(links)
