@@ -68,15 +68,31 @@ static inline void ws_pf_init(WsPf& pf, const WsArgs* a, const WsItem* it, int b
 #ifndef WS_PF_HINT
 #define WS_PF_HINT _MM_HINT_T1
 #endif
+// WS_SW_PF=0 builds the kernels without these software prefetches (an experiment's knob:
+// `bench.cpu_ab --defines WS_SW_PF=0`, e.g. with --cold-bytes 0 for the kernels' compute alone).
+#ifndef WS_SW_PF
+#define WS_SW_PF 1
+#endif
+// The next k lines (fewer at the block's end). A pointer walk, with no division per line in the
+// GPU layout: the loop is the kernels' most frequent (a line of the next block per 64 bytes of
+// this one's), and its old form took 8 instructions a line in the C layout and a 64-bit
+// division a line in the GPU layout.
 static inline void ws_pf_step(WsPf& pf, int64_t k) {
-    if (pf.row_stride == 0) {
-        for (; k > 0 && pf.next < pf.total; --k, ++pf.next) _mm_prefetch(pf.base + pf.next * 64, WS_PF_HINT);
+    const int64_t end = pf.next + k < pf.total ? pf.next + k : pf.total;
+    if (end <= pf.next) return;
+    if (!WS_SW_PF) {
+    } else if (pf.row_stride == 0) {
+        for (const char *p = pf.base + pf.next * 64, *e = pf.base + end * 64; p < e; p += 64)
+            _mm_prefetch(p, WS_PF_HINT);
     } else {
-        for (; k > 0 && pf.next < pf.total; --k, ++pf.next) {
-            const int64_t r = pf.next / pf.lines_per_row, j = pf.next - r * pf.lines_per_row;
-            _mm_prefetch(pf.base + r * pf.row_stride + j * 64, WS_PF_HINT);
+        int64_t r = pf.next / pf.lines_per_row, j = pf.next - r * pf.lines_per_row;
+        const char* row = pf.base + r * pf.row_stride;
+        for (int64_t i = pf.next; i < end; ++i) {
+            _mm_prefetch(row + j * 64, WS_PF_HINT);
+            if (++j == pf.lines_per_row) { j = 0; row += pf.row_stride; }
         }
     }
+    pf.next = end;
 }
 
 // Copy the first n tokens of a block into `dst` in the C tile format ([pad/2][R][2]) and zero
