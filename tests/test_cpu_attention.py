@@ -267,3 +267,21 @@ def test_bf16_dot_product_path_falls_back_for_other_dims():
             check(*cpu.attend_cpu(q, pool, layout, spec, batch, 0.15), ref_o, ref_l, 5e-3)
     finally:
         cpu.set_isa("auto")
+
+
+def test_auto_prefetch_level_by_core(monkeypatch):
+    """``auto`` runs the AVX-512 BF16 kernel prefetching into L1 on Zen 5 (AMD family 26) only,
+    into L2 elsewhere; a CPU without AVX-512 BF16 or with AMX is unaffected."""
+    zen4 = "vendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+    zen5 = "vendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n"
+    intel = "vendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\n"
+    assert cpu.zen5_cpuinfo(zen5)
+    assert not cpu.zen5_cpuinfo(zen4) and not cpu.zen5_cpuinfo(intel) and not cpu.zen5_cpuinfo("")
+    for have, l1, want in [(["avx2", "avx512", "avx512bf16", "avx512bf16-l2"], True, "avx512bf16"),
+                           (["avx2", "avx512", "avx512bf16", "avx512bf16-l2"], False, "avx512bf16-l2"),
+                           (["avx2", "avx512", "avx512bf16", "avx512bf16-l2", "amx"], False, "amx"),
+                           (["avx2", "avx512"], False, "avx512")]:
+        monkeypatch.setattr(cpu, "isas", lambda have=have: have)
+        monkeypatch.setattr(cpu, "l1_prefetch_core", lambda l1=l1: l1)
+        assert cpu.get_isa(torch.bfloat16) == want
+        assert cpu.get_isa(torch.float32) == "avx512"

@@ -192,7 +192,7 @@ def test_bf16_queries_entry_point():
             (batch.q_indptr, batch.kv_indptr, batch.kv_blocks, batch.kv_lens)]
     out = torch.empty_like(ref_o)
     lse = torch.empty_like(ref_l)
-    isa = {"avx2": 0, "avx512": 1, "amx": 2, "avx512bf16": 3}[cpu.get_isa(spec.dtype)]
+    isa = cpu._ISA_CODE[cpu.get_isa(spec.dtype)]
     args = [q16.data_ptr(), 1, q16.shape[0], q16.shape[1], pool.data_ptr(), 1, 0, pool.stride(0),
             spec.num_kv_heads, 32, spec.rec_dim, spec.k_offset, spec.k_dim, spec.v_offset,
             spec.v_dim, *(t.data_ptr() for t in ints), batch.num_seqs, 0.125, out.data_ptr(),

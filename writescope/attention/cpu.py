@@ -23,17 +23,20 @@ ISA: ``WRITESCOPE_CPU_ATTN_ISA`` = ``auto`` (default) | ``amx`` | ``avx512bf16``
 ``avx512bf16-l2`` | ``avx512`` | ``avx2``, or :func:`set_isa`. ``auto`` picks, for bf16 KV, AMX,
 else AVX-512 BF16 dot products (``csrc/attn_bf16.cpp``), else fp32 FMAs on widened bf16; fp32 KV
 always takes the FMA path. ``avx512bf16-l2`` is the BF16 kernel prefetching into L2 instead of
-L1 (``csrc/attn_bf16_l2.cpp``): faster on some cores (Zen 4), not on others; an engine runs the
-variant its profile's calibration found fastest per attention family.
+L1 (``csrc/attn_bf16_l2.cpp``): faster on some cores (Zen 4), not on others (Zen 5), and
+``auto``'s choice but on Zen 5 (:func:`l1_prefetch_core`); an engine runs the variant its
+profile's calibration found fastest per attention family.
 """
 from __future__ import annotations
 
 import collections
 import contextlib
 import ctypes
+import functools
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -367,8 +370,28 @@ def get_isa(dtype: torch.dtype = torch.bfloat16) -> str:
     if "amx" in have and dtype == torch.bfloat16:
         return "amx"
     if "avx512bf16" in have and dtype == torch.bfloat16:
-        return "avx512bf16"
+        return "avx512bf16" if l1_prefetch_core() else "avx512bf16-l2"
     return "avx512" if "avx512" in have else "avx2"
+
+
+@functools.lru_cache(maxsize=1)
+def l1_prefetch_core() -> bool:
+    """Whether ``auto``'s AVX-512 BF16 kernel prefetches into L1 (``avx512bf16``) rather than L2
+    (``avx512bf16-l2``): on AMD family-26 cores (Zen 5), where L1 read 1.00-1.11x faster
+    (eighteenth session, ``bench.cpu_ab``); everywhere else L2, as the other kernels prefetch
+    (on the Zen 4 dev VMs L2 reads 1.2-1.5x faster: 24-26 against 16-18 GB/s in the eighty-second
+    session's issue-8 table). A profile's calibrated variant overrides either."""
+    try:
+        return zen5_cpuinfo(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        return False
+
+
+def zen5_cpuinfo(info: str) -> bool:
+    """Whether /proc/cpuinfo's text names an AMD family-26 (Zen 5) processor."""
+    vendor = re.search(r"^vendor_id\s*:\s*(\S+)", info, re.M)
+    family = re.search(r"^cpu family\s*:\s*(\d+)", info, re.M)
+    return bool(vendor and family and vendor.group(1) == "AuthenticAMD" and int(family.group(1)) == 26)
 
 
 def _usable_cores() -> int:

@@ -18,8 +18,9 @@
 * with ``--isa profile``, each shape on the kernel variant (and AMX prefetch distance) that
   ``writescope calibrate`` chose for its attention family on this machine -- what the engine
   runs -- instead of the kernel's own default (``auto``: on CPUs without AMX the AVX-512 BF16
-  kernel prefetching into L1, which the 2-core Zen 4 dev VM reads 1.2-1.5x slower than the
-  same kernel prefetching into L2, the variant its calibration picks);
+  kernel prefetching into L2, or into L1 on Zen 5 cores, ``cpu.l1_prefetch_core``; until the
+  eighty-second session into L1 everywhere, which the 2-core Zen 4 dev VM reads 1.2-1.5x
+  slower; a machine without a profile runs ``auto``);
 * the torch-matmul path: bf16 matmuls + fp32 softmax over the same KV held dense and
   head-major (``torch_gbps``, the best torch can do), and the engine's portable paged path
   :func:`attend_torch` on the pool (``torch_paged_gbps``),
