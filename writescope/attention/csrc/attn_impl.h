@@ -81,6 +81,7 @@ static inline void ws_pf_step(WsPf& pf, int64_t k) {
     const int64_t end = pf.next + k < pf.total ? pf.next + k : pf.total;
     if (end <= pf.next) return;
     if (!WS_SW_PF) {
+        // no prefetch; the cursor still advances (the AMX kernel's ipf_step moves on by it)
     } else if (pf.row_stride == 0) {
         for (const char *p = pf.base + pf.next * 64, *e = pf.base + end * 64; p < e; p += 64)
             _mm_prefetch(p, WS_PF_HINT);
