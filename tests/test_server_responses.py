@@ -697,6 +697,26 @@ def test_cancel_aborts_a_background_response_and_frees_the_engine(client, engine
     assert client.get(f"/v1/responses/{run['id']}").status_code == 404
 
 
+def test_cancel_racing_the_response_s_own_end_is_a_400(client, engine, monkeypatch):
+    """A cancel whose abort reaches a background response as it ends by itself (its length,
+    its last token: the task still running, its generation done) answers as for one that had
+    ended: a 400 naming its status, not a 200 with a response that was not cancelled (the
+    soak test's follow+cancel race, eighty-second session)."""
+    server = client.app.state.server
+    done = post_ok(client, "/v1/responses", input="hi", background=True, max_output_tokens=2,
+                   ignore_eos=True, temperature=0)
+    final = _poll(client, done["id"])
+    assert final["status"] == "incomplete"
+
+    async def ended_meanwhile(rid):  # the task's result: the response as it ended
+        return final
+
+    monkeypatch.setattr(server.background, "end", ended_meanwhile)
+    r = client.post(f"/v1/responses/{done['id']}/cancel")
+    assert r.status_code == 400 and "its status is 'incomplete'" in r.json()["error"]["message"]
+    assert client.get(f"/v1/responses/{done['id']}").json()["status"] == "incomplete"
+
+
 def _replayed(client, rid: str, **params) -> list[tuple[str, dict]]:
     """``GET /v1/responses/{id}?stream=true``'s (SSE event name, data) pairs."""
     with client.stream("GET", f"/v1/responses/{rid}",

@@ -137,13 +137,14 @@ class BackgroundResponses:
             raise P.APIError(f"Response '{rid}' is not a background response: only responses "
                              "created with background true can be cancelled",
                              param="response_id")
+        # (one still running may end by itself -- its last token, its length -- before the
+        # abort reaches it: that is a response that had ended, not a cancelled one)
         ended = await self.end(rid)
-        if ended is not None:
-            return ended
-        if response["status"] == "cancelled":
-            return response
+        now = ended if ended is not None else response
+        if now["status"] == "cancelled":
+            return now
         raise P.APIError(f"Cannot cancel response '{rid}': its status is "
-                         f"'{response['status']}' (only a queued or in-progress background "
+                         f"'{now['status']}' (only a queued or in-progress background "
                          "response can be cancelled)", param="response_id")
 
     async def end(self, rid: str) -> dict | None:
