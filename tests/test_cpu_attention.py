@@ -275,6 +275,7 @@ def test_auto_prefetch_level_by_core(monkeypatch):
     zen4 = "vendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
     zen5 = "vendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n"
     intel = "vendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\n"
+    monkeypatch.setattr(cpu, "_isa", "auto")  # whatever $WRITESCOPE_CPU_ATTN_ISA says
     assert cpu.zen5_cpuinfo(zen5)
     assert not cpu.zen5_cpuinfo(zen4) and not cpu.zen5_cpuinfo(intel) and not cpu.zen5_cpuinfo("")
     for have, l1, want in [(["avx2", "avx512", "avx512bf16", "avx512bf16-l2"], True, "avx512bf16"),
