@@ -1562,8 +1562,28 @@ def test_beam_search_bench_times_beam_and_decode_steps(tiny_qwen3_moe, tmp_path)
     (row,) = json.loads(out.read_text())["rows"]
     assert row["context"] == 40 and row["beam_width"] == 2
     assert 0 < row["add_requests_ms"] < row["beam_step_ms"] and row["decode_step_ms"] > 0
+    assert "cprofile" not in json.loads(out.read_text())
     with pytest.raises(SystemExit):
         beam_search.main(["--model", str(tiny_qwen3_moe), "--device", "cpu", "--steps", "1"])
+    with pytest.raises(SystemExit):
+        beam_search.main(["--model", str(tiny_qwen3_moe), "--device", "cpu", "--cprofile", "1"])
+
+
+def test_beam_search_bench_profiles_beam_steps(tiny_qwen3_moe, tmp_path, capsys):
+    """``--cprofile N``: a search of N steps at the longest context, its N - 1 steps after the
+    first under cProfile; the engine's step is among the functions by cumulative time."""
+    from writescope.bench import beam_search
+    out = tmp_path / "b.json"
+    assert beam_search.main(["--model", str(tiny_qwen3_moe), "--device", "cpu", "--dtype",
+                             "float32", "--contexts", "24", "40", "--beam-width", "2", "--steps",
+                             "2", "--reps", "1", "--cprofile", "4", "--top", "30",
+                             "--json", str(out)]) == 0
+    cp = json.loads(out.read_text())["cprofile"]
+    assert cp["context"] == 40 and cp["steps"] == 3 and cp["wall_ms_per_step"] > 0
+    assert len(cp["by_cum"]) == 30
+    step = [r for r in cp["by_cum"] if r["function"].endswith("(step)") and "engine.py" in r["function"]]
+    assert step and step[0]["calls_per_step"] == 1.0
+    assert "cProfile, 3 steps" in capsys.readouterr().out
 
 
 def test_fresh_pages_bench_reads_new_buffers_pass_by_pass(tmp_path):

@@ -253,7 +253,7 @@ def main(argv=None) -> int:
                   f"{r['registers']!s:>5s} {r['spilled']!s:>7s} {r['shared']!s:>7s} "
                   f"{r['dependent']}")
     if args.cprofile > 0:
-        res["cprofile"] = python_profile(eng, args.cprofile, args.top)
+        res["cprofile"] = python_profile(eng.step, args.cprofile, args.top)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)
@@ -363,8 +363,9 @@ def print_chain(c: dict) -> None:
               f"after being queued, summed")
 
 
-def python_profile(eng, steps: int, top: int) -> dict:
-    """``steps`` decode steps under cProfile: wall ms per step and the ``top`` functions by self
+def python_profile(step, steps: int, top: int) -> dict:
+    """``steps`` calls of ``step`` (one step: ``engine.step``, or a beam search's step,
+    ``bench.beam_search``) under cProfile: wall ms per step and the ``top`` functions by self
     and by cumulative host ms per step, printed and returned."""
     import cProfile
     import pstats
@@ -373,7 +374,7 @@ def python_profile(eng, steps: int, top: int) -> dict:
     t0 = time.perf_counter()
     pr.enable()
     for _ in range(steps):
-        eng.step()
+        step()
     pr.disable()
     wall = (time.perf_counter() - t0) / steps
     st = pstats.Stats(pr)
