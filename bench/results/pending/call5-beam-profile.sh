@@ -5,10 +5,8 @@
 # bookkeeping of a 32K beam step (adding the four requests, scheduling, the cache's begin and end,
 # the outputs) is ~3.4 ms against ~2.1 ms for a decode step, so most of the H100's extra 13 ms is
 # not that bookkeeping as the dev VM runs it. This call times the same rows again and then runs
-# a 32K search under cProfile (`--cprofile 8`: the Python functions by host ms a step), then
-# the same decode steps' host profile for comparison (step_profile's --cprofile on a decode row
-# of the default model is not the same shape, so the beam bench's own decode rows are the
-# reference). CALL_S=150; carry .whl.
+# a 32K search under cProfile (`--cprofile 8`: the Python functions by host ms a step; a step's
+# device work shows as the launching thread's waits). CALL_S=150; carry .whl.
 source bench/results/run-helper.sh
 call_begin ${CALL_S:-150}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $R/gpu.txt
