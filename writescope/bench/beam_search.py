@@ -69,10 +69,7 @@ def profile_beam_steps(engine, context: int, width: int, steps: int, top: int) -
         engine.step()
     search = beam_steps(engine, prompt, width, steps)
     next(search)  # the first step prefills the prompt's last block once
-    out = python_profile(lambda: next(search), steps - 1, top)
-    for _ in search:  # (none left: the search ran its steps)
-        pass
-    return {"context": context, **out}
+    return {"context": context, **python_profile(lambda: next(search), steps - 1, top)}
 
 
 def _decode_steps(engine, prompt: list[int], width: int, steps: int) -> float:
